@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs everything mixtune needs to build and test from Debian 12 packages (run as root).
+set -euo pipefail
+PKGS=(build-essential cmake ninja-build pkg-config
+      nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
+      libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox)
+missing=()
+for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if ((${#missing[@]})); then
+  SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
