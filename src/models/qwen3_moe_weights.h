@@ -1,0 +1,70 @@
+// Parameters of Qwen3-MoE (and dense Qwen3) in the engine's layout.
+// Experts are stacked per layer as Transformers v5 holds them in memory (hf-numerics.md §3.3):
+//   experts_gate_up [E, 2I, H]  rows 0..I-1 = gate_proj, rows I..2I-1 = up_proj
+//   experts_down    [E, H, I]
+// Every linear weight is [out, in] as in nn.Linear. The same struct holds gradients.
+#pragma once
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "models/qwen3_moe_config.h"
+
+namespace mt {
+
+struct Qwen3MoeLayerWeights {
+  Tensor input_norm;  // [H]           model.layers.L.input_layernorm.weight
+  Tensor q_proj;      // [heads*D, H]  model.layers.L.self_attn.q_proj.weight
+  Tensor k_proj;      // [kv*D, H]
+  Tensor v_proj;      // [kv*D, H]
+  Tensor o_proj;      // [H, heads*D]
+  Tensor q_norm;      // [D]
+  Tensor k_norm;      // [D]
+  Tensor post_norm;   // [H]           model.layers.L.post_attention_layernorm.weight
+  // MoE layers
+  Tensor router;           // [E, H]     model.layers.L.mlp.gate.weight
+  Tensor experts_gate_up;  // [E, 2I, H] (HF: experts.e.gate_proj / up_proj, stacked)
+  Tensor experts_down;     // [E, H, I]  (HF: experts.e.down_proj, stacked)
+  // Dense MLP layers (mlp_only_layers, decoder_sparse_step, or a dense Qwen3)
+  Tensor mlp_gate;  // [F, H]
+  Tensor mlp_up;    // [F, H]
+  Tensor mlp_down;  // [H, F]
+};
+
+struct Qwen3MoeWeights {
+  Tensor embed;       // [V, H]  model.embed_tokens.weight
+  std::vector<Qwen3MoeLayerWeights> layers;
+  Tensor final_norm;  // [H]     model.norm.weight
+  Tensor lm_head;     // [V, H]  lm_head.weight; undefined when tie_word_embeddings (embed is used)
+
+  // Every parameter with its in-memory (v5) name, in Transformers' state_dict order:
+  //   model.embed_tokens.weight, per layer: self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm,
+  //   mlp.{gate, experts.gate_up_proj, experts.down_proj} or mlp.{gate,up,down}_proj,
+  //   input_layernorm, post_attention_layernorm; model.norm.weight, lm_head.weight (untied only).
+  std::vector<std::pair<std::string, Tensor*>> named_parameters();
+  std::vector<std::pair<std::string, const Tensor*>> named_parameters() const;
+
+  // Tensors shaped like the parameters for `cfg`, zero-filled, of `dtype` (gradient buffers, moments).
+  static Qwen3MoeWeights zeros_like_config(const Qwen3MoeConfig& cfg, DType dtype);
+  // Seeded random init as Transformers does: normal(0, initializer_range) for linear, embedding,
+  // router and expert weights; ones for every RMSNorm weight.
+  static Qwen3MoeWeights random_init(const Qwen3MoeConfig& cfg, DType dtype, uint64_t seed);
+
+  // Conversion from the checkpoint names (per-expert tensors) to this layout. `lookup` returns the
+  // tensor stored under an HF name, or an undefined Tensor if absent; `all_names` lists every name
+  // stored so extras can be reported. Checks presence, shapes and dtypes and throws mt::Error naming
+  // `source` (a file or directory) and the tensor. Tensors are converted to `dtype`.
+  static Qwen3MoeWeights from_hf(const Qwen3MoeConfig& cfg, DType dtype,
+                                 const std::function<Tensor(const std::string&)>& lookup,
+                                 const std::vector<std::string>& all_names, const std::string& source);
+  // The checkpoint names and tensors (per-expert, original layouts) in state_dict order, as
+  // save_pretrained writes them. Tied lm_head is omitted. Tensors may be views into this struct.
+  std::vector<std::pair<std::string, Tensor>> to_hf(const Qwen3MoeConfig& cfg) const;
+
+  int64_t parameter_count() const;
+};
+
+}  // namespace mt
