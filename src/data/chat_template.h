@@ -1,0 +1,80 @@
+// Chat conversations -> model text, byte for byte as Transformers' apply_chat_template renders
+// them (hf-numerics.md §10). The real template text runs in mixtune's Jinja interpreter
+// (jinja.h); the Qwen3 template ships inside the binary (chat_template_qwen3()).
+//
+// Answer-only loss: chat_render_qwen3_spans() also returns, per assistant message, the byte span
+// of the text the model is trained on: everything after "<|im_start|>assistant\n" up to and
+// including "<|im_end|>" (the stop token must be learned), excluding the "\n" that follows it
+// (the template writes it between turns; it is context, as in TRL/LLaMA-Factory ChatML masks).
+// That span includes the "<think>...</think>" block where the template renders one.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "data/jinja.h"
+
+namespace mt {
+
+struct ChatToolCall {
+  std::string name;
+  nlohmann::ordered_json arguments;  // a JSON string (written raw) or an object (written as json.dumps)
+};
+
+struct ChatMessage {
+  std::string role;  // system, user, assistant, tool
+  std::string content;
+  // Absent (nullopt) and "" differ in the template: when set, even to "", it replaces the
+  // <think>...</think> block parsed out of `content`.
+  std::optional<std::string> reasoning_content;
+  std::vector<ChatToolCall> tool_calls;  // assistant only
+};
+
+struct ChatOptions {
+  bool add_generation_prompt = false;
+  bool enable_thinking = true;
+  nlohmann::ordered_json tools;  // null or an array of tool definitions (key order is kept in the text)
+};
+
+// Byte offsets [begin, end) into the rendered text.
+using ChatSpan = std::pair<size_t, size_t>;
+
+struct ChatRender {
+  std::string text;
+  std::vector<ChatSpan> assistant_spans;  // one per assistant message, in order
+};
+
+// OpenAI-format messages: [{"role", "content", "reasoning_content"?, "tool_calls"?: [{"type":
+// "function", "function": {"name", "arguments"}}]}]. A flat call {"name", "arguments"} is accepted
+// too (the template reads either). content may be null or missing only on an assistant message
+// with tool calls (read as ""). Other keys (name, tool_call_id, ...) are ignored, as the template
+// ignores them. Errors are one line: "<what>: messages[2].role: unknown role 'foo' (valid: ...)".
+std::vector<ChatMessage> chat_messages_from_json(const nlohmann::ordered_json& messages, std::string_view what);
+
+// null or an array of objects; errors name "<what>: tools[i]".
+nlohmann::ordered_json chat_tools_from_json(const nlohmann::ordered_json& tools, std::string_view what);
+
+// The messages as the template sees them (OpenAI-format dicts).
+nlohmann::ordered_json chat_messages_to_json(const std::vector<ChatMessage>& messages);
+
+// Renders with any HF chat template: variables messages, tools, add_generation_prompt,
+// enable_thinking. Checks the messages first (roles, UTF-8, tool calls) with one-line errors.
+std::string chat_render(const JinjaTemplate& tmpl, const std::vector<ChatMessage>& messages, const ChatOptions& options);
+
+// The Qwen3 chat template (tokenizer_config.json of Qwen3 / Qwen3-MoE, 4,116 chars), compiled once.
+std::string_view chat_template_qwen3();
+const JinjaTemplate& chat_template_qwen3_compiled();
+
+std::string chat_render_qwen3(const std::vector<ChatMessage>& messages, const ChatOptions& options);
+
+// Render + assistant spans for the Qwen3 (ChatML) layout. Rejects messages or tools whose text
+// contains "<|im_start|>" or "<|im_end|>" (the turn boundaries would be ambiguous, and the
+// tokenizer would turn them into control tokens), naming the field.
+ChatRender chat_render_qwen3_spans(const std::vector<ChatMessage>& messages, const ChatOptions& options);
+
+}  // namespace mt
