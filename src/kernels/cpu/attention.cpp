@@ -1,0 +1,131 @@
+#include "kernels/cpu/attention.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/cpu_tensor.h"
+
+// NOTE: the (batch, head) loop is serial and each matmul is one cblas_sgemm (threaded by OpenBLAS);
+// row-wise softmax work is OpenMP-parallel. Calling the pthread OpenBLAS from inside an OpenMP
+// region would oversubscribe the cores and contend on its thread pool.
+
+namespace mt::cpu {
+
+namespace {
+
+void check_shapes(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& doc) {
+  MT_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0, "attention heads {} / kv_heads {}", s.heads,
+           s.kv_heads);
+  check_f32(q, "attention q", {s.batch, s.seq, s.heads, s.head_dim});
+  check_f32(k, "attention k", {s.batch, s.seq, s.kv_heads, s.head_dim});
+  check_f32(v, "attention v", {s.batch, s.seq, s.kv_heads, s.head_dim});
+  if (doc.defined())
+    MT_CHECK(doc.dtype() == DType::I32 && doc.shape() == Shape({s.batch, s.seq}), "attention doc ids {}",
+             doc.desc());
+}
+
+// Fills P[i, j] (row stride S) with softmax probabilities for query rows of one (b, h), masked
+// entries 0. `scores` holds scale·Q·Kᵀ on entry. If lse_out is set it is written, else lse_in is used.
+void softmax_rows(int64_t S, float* P, const int32_t* doc, float* lse_out, const float* lse_in) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < S; ++i) {
+    float* row = P + i * S;
+    float lse;
+    if (lse_out) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j <= i; ++j)
+        if (!doc || doc[j] == doc[i]) m = std::max(m, row[j]);
+      double sum = 0.0;
+      for (int64_t j = 0; j <= i; ++j)
+        if (!doc || doc[j] == doc[i]) sum += std::exp(static_cast<double>(row[j] - m));
+      lse = m + static_cast<float>(std::log(sum));
+      lse_out[i] = lse;
+    } else {
+      lse = lse_in[i];
+    }
+    for (int64_t j = 0; j < S; ++j)
+      row[j] = (j <= i && (!doc || doc[j] == doc[i])) ? std::exp(row[j] - lse) : 0.0f;
+  }
+}
+
+}  // namespace
+
+Tensor attention_forward(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& doc, bool bf16, Tensor& lse) {
+  check_shapes(s, q, k, v, doc);
+  const int64_t B = s.batch, S = s.seq, Hq = s.heads, Hk = s.kv_heads, D = s.head_dim, group = Hq / Hk;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  Tensor out = Tensor::empty(q.shape(), DType::F32);
+  lse = Tensor::empty({B, Hq, S}, DType::F32);
+  std::vector<float> P(static_cast<size_t>(S * S));
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* dp = doc.defined() ? doc.data_as<int32_t>() + b * S : nullptr;
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t g = h / group;
+      const float* qp = q.data_as<float>() + (b * S * Hq + h) * D;
+      const float* kp = k.data_as<float>() + (b * S * Hk + g) * D;
+      const float* vp = v.data_as<float>() + (b * S * Hk + g) * D;
+      float* op = out.data_as<float>() + (b * S * Hq + h) * D;
+      gemm_nt(S, S, D, scale, qp, Hq * D, kp, Hk * D, 0.0f, P.data(), S);
+      softmax_rows(S, P.data(), dp, lse.data_as<float>() + (b * Hq + h) * S, nullptr);
+      if (bf16) round_bf16_inplace(P.data(), S * S);
+      gemm_nn(S, D, S, 1.0f, P.data(), S, vp, Hk * D, 0.0f, op, Hq * D);
+    }
+  }
+  if (bf16) round_bf16_inplace(out.data_as<float>(), out.numel());
+  return out;
+}
+
+void attention_backward(const AttentionShape& s, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& doc, const Tensor& lse, bool bf16, Tensor& dq, Tensor& dk,
+                        Tensor& dv) {
+  check_shapes(s, q, k, v, doc);
+  const int64_t B = s.batch, S = s.seq, Hq = s.heads, Hk = s.kv_heads, D = s.head_dim, group = Hq / Hk;
+  check_f32(dout, "attention dout", q.shape());
+  check_f32(lse, "attention lse", {B, Hq, S});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  dq = Tensor::empty(q.shape(), DType::F32);
+  dk = Tensor::zeros(k.shape(), DType::F32);
+  dv = Tensor::zeros(v.shape(), DType::F32);
+  std::vector<float> P(static_cast<size_t>(S * S)), dP(static_cast<size_t>(S * S));
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* dp = doc.defined() ? doc.data_as<int32_t>() + b * S : nullptr;
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t g = h / group;
+      const float* qp = q.data_as<float>() + (b * S * Hq + h) * D;
+      const float* kp = k.data_as<float>() + (b * S * Hk + g) * D;
+      const float* vp = v.data_as<float>() + (b * S * Hk + g) * D;
+      const float* gp = dout.data_as<float>() + (b * S * Hq + h) * D;
+      float* dqp = dq.data_as<float>() + (b * S * Hq + h) * D;
+      float* dkp = dk.data_as<float>() + (b * S * Hk + g) * D;
+      float* dvp = dv.data_as<float>() + (b * S * Hk + g) * D;
+      gemm_nt(S, S, D, scale, qp, Hq * D, kp, Hk * D, 0.0f, P.data(), S);
+      softmax_rows(S, P.data(), dp, nullptr, lse.data_as<float>() + (b * Hq + h) * S);
+      // dV += Pᵀ·dO with the P the forward multiplied (bf16-rounded in bf16 mode).
+      if (bf16) {
+        std::vector<float> Pr(P);
+        round_bf16_inplace(Pr.data(), S * S);
+        gemm_tn(S, D, S, 1.0f, Pr.data(), S, gp, Hq * D, 1.0f, dvp, Hk * D);
+      } else {
+        gemm_tn(S, D, S, 1.0f, P.data(), S, gp, Hq * D, 1.0f, dvp, Hk * D);
+      }
+      gemm_nt(S, S, D, 1.0f, gp, Hq * D, vp, Hk * D, 0.0f, dP.data(), S);
+      // Softmax backward: dS = P ⊙ (dP − Σ_j P·dP), in place into dP.
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < S; ++i) {
+        const float* pr = P.data() + i * S;
+        float* gr = dP.data() + i * S;
+        double dot = 0.0;
+        for (int64_t j = 0; j <= i; ++j) dot += static_cast<double>(pr[j]) * gr[j];
+        const float d = static_cast<float>(dot);
+        for (int64_t j = 0; j < S; ++j) gr[j] = pr[j] * (gr[j] - d);
+      }
+      gemm_nn(S, D, S, scale, dP.data(), S, kp, Hk * D, 0.0f, dqp, Hq * D);
+      gemm_tn(S, D, S, scale, dP.data(), S, qp, Hq * D, 1.0f, dkp, Hk * D);
+    }
+  }
+}
+
+}  // namespace mt::cpu

@@ -1,0 +1,159 @@
+#include "kernels/cpu/experts.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cpu/cpu_tensor.h"
+#include "kernels/cpu/swiglu.h"
+
+namespace mt::cpu {
+
+namespace {
+struct Dims {
+  int64_t T, k, E, H, I;
+};
+
+Dims check_dims(const Tensor& gate_up, const Tensor& down, const Tensor& weights) {
+  MT_CHECK(gate_up.ndim() == 3 && down.ndim() == 3, "experts weights {} / {}", gate_up.desc(), down.desc());
+  MT_CHECK(weights.ndim() == 2, "experts routing weights {}", weights.desc());
+  Dims d{weights.dim(0), weights.dim(1), gate_up.dim(0), gate_up.dim(2), gate_up.dim(1) / 2};
+  check_param(gate_up, "experts gate_up", {d.E, 2 * d.I, d.H});
+  check_param(down, "experts down", {d.E, d.H, d.I});
+  check_f32(weights, "experts routing weights", {d.T, d.k});
+  return d;
+}
+}  // namespace
+
+Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weights, const Tensor& gate_up,
+                       const Tensor& down, bool bf16, ExpertsSaved* saved) {
+  const Dims d = check_dims(gate_up, down, weights);
+  const int64_t T = d.T, k = d.k, E = d.E, H = d.H, I = d.I, N = T * k;
+  check_f32(x, "experts input", {T, H});
+  MT_CHECK(index.dtype() == DType::I32 && index.shape() == Shape({T, k}), "experts index {}", index.desc());
+  ExpertsSaved local;
+  ExpertsSaved& s = saved ? *saved : local;
+  const int32_t* idx = index.data_as<int32_t>();
+  for (int64_t i = 0; i < N; ++i)
+    MT_CHECK(idx[i] >= 0 && idx[i] < E, "expert index {} outside [0, {})", idx[i], E);
+
+  // Counting sort of the slots by expert, stable in slot order.
+  s.offsets.assign(static_cast<size_t>(E + 1), 0);
+  for (int64_t i = 0; i < N; ++i) s.offsets[idx[i] + 1]++;
+  for (int64_t e = 0; e < E; ++e) s.offsets[e + 1] += s.offsets[e];
+  s.slot.assign(static_cast<size_t>(N), 0);
+  s.row.assign(static_cast<size_t>(N), 0);
+  std::vector<int64_t> fill(s.offsets.begin(), s.offsets.end() - 1);
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t r = fill[idx[i]]++;
+    s.slot[r] = static_cast<int32_t>(i);
+    s.row[i] = static_cast<int32_t>(r);
+  }
+
+  s.xg = Tensor::empty({N, H}, DType::F32);
+  s.gate_up = Tensor::empty({N, 2 * I}, DType::F32);
+  s.act = Tensor::empty({N, I}, DType::F32);
+  s.y = Tensor::empty({N, H}, DType::F32);
+  const float* xp = x.data_as<float>();
+  float* xg = s.xg.data_as<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N; ++r) std::memcpy(xg + r * H, xp + (s.slot[r] / k) * H, sizeof(float) * H);
+
+  float* gu = s.gate_up.data_as<float>();
+  float* act = s.act.data_as<float>();
+  float* y = s.y.data_as<float>();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = s.offsets[e], cnt = s.offsets[e + 1] - r0;
+    if (cnt == 0) continue;
+    Tensor w1 = param_f32(gate_up[e]);
+    Tensor w2 = param_f32(down[e]);
+    gemm_nt(cnt, 2 * I, H, 1.0f, xg + r0 * H, H, w1.data_as<float>(), H, 0.0f, gu + r0 * 2 * I, 2 * I);
+    if (bf16) round_bf16_inplace(gu + r0 * 2 * I, cnt * 2 * I);
+    swiglu_forward_rows(cnt, I, gu + r0 * 2 * I, gu + r0 * 2 * I + I, 2 * I, act + r0 * I, I, bf16);
+    gemm_nt(cnt, H, I, 1.0f, act + r0 * I, I, w2.data_as<float>(), I, 0.0f, y + r0 * H, H);
+    if (bf16) round_bf16_inplace(y + r0 * H, cnt * H);
+  }
+
+  Tensor out = Tensor::empty({T, H}, DType::F32);
+  float* op = out.data_as<float>();
+  const float* wp = weights.data_as<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = op + t * H;
+    for (int64_t h = 0; h < H; ++h) o[h] = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      const float w = wp[t * k + j];
+      const float* yr = y + static_cast<int64_t>(s.row[t * k + j]) * H;
+      for (int64_t h = 0; h < H; ++h) o[h] += bf16 ? round_bf16(yr[h] * w) : yr[h] * w;
+    }
+    if (bf16)
+      for (int64_t h = 0; h < H; ++h) o[h] = round_bf16(o[h]);
+  }
+  return out;
+}
+
+void experts_backward(const Tensor& dout, const Tensor& weights, const Tensor& gate_up, const Tensor& down,
+                      const ExpertsSaved& s, Tensor& dx, Tensor& dweights, Tensor& dgate_up, Tensor& ddown) {
+  const Dims d = check_dims(gate_up, down, weights);
+  const int64_t T = d.T, k = d.k, E = d.E, H = d.H, I = d.I, N = T * k;
+  check_f32(dout, "experts dout", {T, H});
+  check_f32(dgate_up, "experts dgate_up", {E, 2 * I, H});
+  check_f32(ddown, "experts ddown", {E, H, I});
+  MT_CHECK(static_cast<int64_t>(s.slot.size()) == N && s.y.defined(), "experts backward without a saved forward");
+  const float* g = dout.data_as<float>();
+  const float* wp = weights.data_as<float>();
+  const float* y = s.y.data_as<float>();
+  dweights = Tensor::empty({T, k}, DType::F32);
+  float* dwp = dweights.data_as<float>();
+  Tensor dy = Tensor::empty({N, H}, DType::F32);
+  float* dyp = dy.data_as<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N; ++r) {
+    const int64_t sl = s.slot[r], t = sl / k;
+    const float* gr = g + t * H;
+    const float* yr = y + r * H;
+    double dot = 0.0;
+    for (int64_t h = 0; h < H; ++h) {
+      dot += static_cast<double>(gr[h]) * yr[h];
+      dyp[r * H + h] = gr[h] * wp[sl];
+    }
+    dwp[sl] = static_cast<float>(dot);
+  }
+
+  Tensor dact = Tensor::empty({N, I}, DType::F32);
+  Tensor dgu = Tensor::empty({N, 2 * I}, DType::F32);
+  Tensor dxg = Tensor::empty({N, H}, DType::F32);
+  const float* xg = s.xg.data_as<float>();
+  const float* gu = s.gate_up.data_as<float>();
+  const float* act = s.act.data_as<float>();
+  float* dap = dact.data_as<float>();
+  float* dgp = dgu.data_as<float>();
+  float* dxp = dxg.data_as<float>();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = s.offsets[e], cnt = s.offsets[e + 1] - r0;
+    if (cnt == 0) continue;
+    Tensor w1 = param_f32(gate_up[e]);
+    Tensor w2 = param_f32(down[e]);
+    float* dw1 = dgate_up.data_as<float>() + e * 2 * I * H;
+    float* dw2 = ddown.data_as<float>() + e * H * I;
+    gemm_nn(cnt, I, H, 1.0f, dyp + r0 * H, H, w2.data_as<float>(), I, 0.0f, dap + r0 * I, I);
+    gemm_tn(H, I, cnt, 1.0f, dyp + r0 * H, H, act + r0 * I, I, 1.0f, dw2, I);
+    swiglu_backward_rows(cnt, I, dap + r0 * I, I, gu + r0 * 2 * I, gu + r0 * 2 * I + I, 2 * I, dgp + r0 * 2 * I,
+                         dgp + r0 * 2 * I + I, 2 * I);
+    gemm_nn(cnt, H, 2 * I, 1.0f, dgp + r0 * 2 * I, 2 * I, w1.data_as<float>(), H, 0.0f, dxp + r0 * H, H);
+    gemm_tn(2 * I, H, cnt, 1.0f, dgp + r0 * 2 * I, 2 * I, xg + r0 * H, H, 1.0f, dw1, H);
+  }
+
+  dx = Tensor::empty({T, H}, DType::F32);
+  float* dxo = dx.data_as<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = dxo + t * H;
+    for (int64_t h = 0; h < H; ++h) o[h] = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      const float* src = dxp + static_cast<int64_t>(s.row[t * k + j]) * H;
+      for (int64_t h = 0; h < H; ++h) o[h] += src[h];
+    }
+  }
+}
+
+}  // namespace mt::cpu
