@@ -1,0 +1,29 @@
+// Pre-norm self-attention block of Qwen3 / Qwen3-MoE (hf-numerics.md §2):
+//   a = input_norm(x); q = rope(q_norm(q_proj a)); k = rope(k_norm(k_proj a)); v = v_proj a
+//   y = x + o_proj(attention(q, k, v))
+// The block input x is kept by the caller; the intermediates live in AttentionBlockActs so a caller
+// may drop them and recompute by running the forward again.
+#pragma once
+#include "core/tensor.h"
+#include "layers/block_env.h"
+#include "models/qwen3_moe_weights.h"
+
+namespace mt {
+
+struct AttentionBlockActs {
+  Tensor a;        // [T, H]        normalised input
+  Tensor q, k;     // [T, heads*D], [T, kv*D] projections before QK-norm
+  Tensor qr, kr;   // [B, S, heads, D], [B, S, kv, D] after QK-norm and RoPE
+  Tensor v;        // [B, S, kv, D]
+  Tensor o;        // [B, S, heads, D] attention output
+  Tensor lse;      // [B, heads, S]
+};
+
+// x F32 [T, H] -> y F32 [T, H]. acts may be null (forward only).
+Tensor attention_block_forward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x,
+                               AttentionBlockActs* acts);
+// dy [T, H] -> dx [T, H] (including the residual path); parameter gradients added into g.
+Tensor attention_block_backward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x,
+                                const AttentionBlockActs& acts, const Tensor& dy, Qwen3MoeLayerWeights& g);
+
+}  // namespace mt

@@ -1,0 +1,23 @@
+// What every decoder block of a step shares: batch geometry, the config, the numerics mode, the
+// RoPE tables of this batch's positions and the packed-document ids.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "kernels/cpu/rope.h"
+#include "models/qwen3_moe_config.h"
+
+namespace mt {
+
+struct BlockEnv {
+  const Qwen3MoeConfig* cfg = nullptr;
+  int64_t batch = 0, seq = 0;  // tokens T = batch · seq, activations are [T, hidden]
+  bool bf16 = false;           // parameters are BF16: round where Transformers rounds
+  cpu::RopeTables rope;        // [T, head_dim]
+  Tensor doc_ids;              // I32 [batch, seq], or undefined: plain causal attention
+
+  int64_t tokens() const { return batch * seq; }
+  float eps() const { return static_cast<float>(cfg->rms_norm_eps); }
+};
+
+}  // namespace mt

@@ -1,0 +1,38 @@
+#include "layers/moe_block.h"
+
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/residual.h"
+#include "kernels/cpu/rmsnorm.h"
+
+namespace mt {
+
+Tensor moe_block_forward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& h, MoeBlockActs* acts) {
+  const Qwen3MoeConfig& c = *env.cfg;
+  MoeBlockActs local;
+  MoeBlockActs& s = acts ? *acts : local;
+  s.n = cpu::rmsnorm_forward(h, w.post_norm, env.eps(), env.bf16);
+  s.logits = cpu::linear_forward(s.n, w.router, env.bf16);
+  s.route = cpu::router_forward(s.logits, c.num_experts_per_tok, c.norm_topk_prob, env.bf16);
+  Tensor out = cpu::experts_forward(s.n, s.route.index, s.route.weights, w.experts_gate_up, w.experts_down,
+                                    env.bf16, &s.experts);
+  return cpu::residual_add(h, out, env.bf16);
+}
+
+Tensor moe_block_backward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& h,
+                          const MoeBlockActs& s, const Tensor& dy, const Tensor& dlogits_extra,
+                          Qwen3MoeLayerWeights& g) {
+  const Qwen3MoeConfig& c = *env.cfg;
+  Tensor dn, dweights;
+  cpu::experts_backward(dy, s.route.weights, w.experts_gate_up, w.experts_down, s.experts, dn, dweights,
+                        g.experts_gate_up, g.experts_down);
+  Tensor dlogits = cpu::router_backward(dweights, s.route, c.norm_topk_prob);
+  if (dlogits_extra.defined()) cpu::add_inplace(dlogits, dlogits_extra);
+  Tensor tmp = Tensor::empty(s.n.shape(), DType::F32);
+  cpu::linear_backward(dlogits, s.n, w.router, &tmp, &g.router);
+  cpu::add_inplace(dn, tmp);
+  Tensor dh = cpu::rmsnorm_backward(dn, h, w.post_norm, env.eps(), g.post_norm);
+  cpu::add_inplace(dh, dy);
+  return dh;
+}
+
+}  // namespace mt

@@ -1,0 +1,288 @@
+#include "models/qwen3_moe_model.h"
+
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/aux_loss.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/rope.h"
+#include "layers/attention_block.h"
+#include "layers/block_env.h"
+#include "layers/lm_head.h"
+#include "layers/mlp_block.h"
+#include "layers/moe_block.h"
+
+namespace mt {
+
+namespace {
+
+// Every parameter of the model with the shape cfg implies, as (name, tensor, shape).
+struct ParamSpec {
+  std::string name;
+  const Tensor* t;
+  Shape shape;
+};
+
+std::vector<ParamSpec> param_specs(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w) {
+  const int64_t H = c.hidden_size, D = c.head_dim, V = c.vocab_size;
+  std::vector<ParamSpec> s;
+  s.push_back({"model.embed_tokens.weight", &w.embed, {V, H}});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const auto& L = w.layers[l];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    s.push_back({p + "input_layernorm.weight", &L.input_norm, {H}});
+    s.push_back({p + "self_attn.q_proj.weight", &L.q_proj, {c.num_attention_heads * D, H}});
+    s.push_back({p + "self_attn.k_proj.weight", &L.k_proj, {c.num_key_value_heads * D, H}});
+    s.push_back({p + "self_attn.v_proj.weight", &L.v_proj, {c.num_key_value_heads * D, H}});
+    s.push_back({p + "self_attn.o_proj.weight", &L.o_proj, {H, c.num_attention_heads * D}});
+    s.push_back({p + "self_attn.q_norm.weight", &L.q_norm, {D}});
+    s.push_back({p + "self_attn.k_norm.weight", &L.k_norm, {D}});
+    s.push_back({p + "post_attention_layernorm.weight", &L.post_norm, {H}});
+    if (c.is_moe_layer(l)) {
+      const int64_t E = c.num_experts, I = c.moe_intermediate_size;
+      s.push_back({p + "mlp.gate.weight", &L.router, {E, H}});
+      s.push_back({p + "mlp.experts.gate_up_proj", &L.experts_gate_up, {E, 2 * I, H}});
+      s.push_back({p + "mlp.experts.down_proj", &L.experts_down, {E, H, I}});
+    } else {
+      const int64_t F = c.intermediate_size;
+      s.push_back({p + "mlp.gate_proj.weight", &L.mlp_gate, {F, H}});
+      s.push_back({p + "mlp.up_proj.weight", &L.mlp_up, {F, H}});
+      s.push_back({p + "mlp.down_proj.weight", &L.mlp_down, {H, F}});
+    }
+  }
+  s.push_back({"model.norm.weight", &w.final_norm, {H}});
+  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", &w.lm_head, {V, H}});
+  return s;
+}
+
+// what: "parameter" or "gradient". dtype: the one every tensor must have.
+void check_params(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, const char* what, DType dtype) {
+  if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers)
+    fail("{}s have {} layers, config num_hidden_layers is {}", what, w.layers.size(), c.num_hidden_layers);
+  for (const ParamSpec& p : param_specs(c, w)) {
+    if (!p.t->defined()) fail("{} {} is missing", what, p.name);
+    if (!p.t->device().is_cpu()) fail("{} {} is on {}, the CPU model needs it on cpu", what, p.name,
+                                      p.t->device().str());
+    if (p.t->dtype() != dtype)
+      fail("{} {}: expected dtype {}, found {}", what, p.name, dtype_safetensors_name(dtype),
+           dtype_safetensors_name(p.t->dtype()));
+    if (p.t->shape() != p.shape)
+      fail("{} {}: expected shape {}, found {}", what, p.name, shape_str(p.shape), shape_str(p.t->shape()));
+  }
+}
+
+void check_config(const Qwen3MoeConfig& c) {
+  auto need = [](bool ok, const char* field, int64_t v) {
+    if (!ok) fail("config: {} = {} is not supported by the model", field, v);
+  };
+  need(c.vocab_size > 0, "vocab_size", c.vocab_size);
+  need(c.hidden_size > 0, "hidden_size", c.hidden_size);
+  need(c.num_hidden_layers >= 0, "num_hidden_layers", c.num_hidden_layers);
+  need(c.num_attention_heads > 0, "num_attention_heads", c.num_attention_heads);
+  need(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0, "num_key_value_heads",
+       c.num_key_value_heads);
+  need(c.head_dim > 0 && c.head_dim % 2 == 0, "head_dim", c.head_dim);
+  if (c.attention_bias) fail("config: attention_bias = true is not supported (Qwen3 checkpoints have no biases)");
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.is_moe_layer(l)) {
+      need(c.moe_intermediate_size > 0, "moe_intermediate_size", c.moe_intermediate_size);
+      need(c.num_experts_per_tok >= 1 && c.num_experts_per_tok <= c.num_experts, "num_experts_per_tok",
+           c.num_experts_per_tok);
+    } else {
+      need(c.intermediate_size > 0, "intermediate_size", c.intermediate_size);
+    }
+  }
+}
+
+struct Prepared {
+  BlockEnv env;
+  Tensor targets;  // I64 [T] shifted labels, or undefined
+};
+
+Prepared prepare_batch(const Qwen3MoeConfig& c, const Batch& b, bool bf16, bool document_mask) {
+  const Tensor& ids = b.input_ids;
+  if (!ids.defined() || ids.dtype() != DType::I64 || ids.ndim() != 2 || ids.dim(0) < 1 || ids.dim(1) < 1)
+    fail("batch: input_ids must be I64 [B, S] with B, S >= 1, found {}", ids.defined() ? ids.desc() : "none");
+  const int64_t B = ids.dim(0), S = ids.dim(1);
+  auto check_like = [&](const Tensor& t, const char* name) {
+    if (t.defined() && (t.dtype() != DType::I64 || t.shape() != ids.shape()))
+      fail("batch: {} must be I64 {} like input_ids, found {}", name, shape_str(ids.shape()), t.desc());
+  };
+  check_like(b.labels, "labels");
+  check_like(b.position_ids, "position_ids");
+  const int64_t* ip = ids.data_as<int64_t>();
+  for (int64_t i = 0; i < B * S; ++i)
+    if (ip[i] < 0 || ip[i] >= c.vocab_size)
+      fail("batch: input_ids[{}, {}] = {} is outside the vocabulary [0, {})", i / S, i % S, ip[i], c.vocab_size);
+
+  Prepared p;
+  p.env.cfg = &c;
+  p.env.batch = B;
+  p.env.seq = S;
+  p.env.bf16 = bf16;
+  Tensor pos;
+  if (b.position_ids.defined()) {
+    pos = b.position_ids;
+    // Packed documents: a break wherever the position does not step by exactly 1.
+    const int64_t* pp = pos.data_as<int64_t>();
+    bool packed = false;
+    Tensor doc = Tensor::empty({B, S}, DType::I32);
+    int32_t* dp = doc.data_as<int32_t>();
+    for (int64_t r = 0; r < B; ++r) {
+      int32_t d = 0;
+      for (int64_t s = 0; s < S; ++s) {
+        if (s > 0 && pp[r * S + s] - pp[r * S + s - 1] != 1) {
+          ++d;
+          packed = true;
+        }
+        dp[r * S + s] = d;
+      }
+    }
+    if (packed && document_mask) p.env.doc_ids = doc;
+  } else {
+    pos = Tensor::empty({B, S}, DType::I64);
+    int64_t* pp = pos.data_as<int64_t>();
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t s = 0; s < S; ++s) pp[r * S + s] = s;
+  }
+  p.env.rope = cpu::rope_tables(pos, c.head_dim, c.rope_theta, bf16);
+  if (b.labels.defined()) p.targets = cpu::causal_lm_targets(b.labels, c.vocab_size);
+  return p;
+}
+
+bool aux_enabled(const Qwen3MoeConfig& c) {
+  if (!c.output_router_logits) return false;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    if (c.is_moe_layer(l)) return true;
+  return false;
+}
+
+int64_t count_targets(const Tensor& targets) {
+  int64_t n = 0;
+  const int64_t* y = targets.data_as<int64_t>();
+  for (int64_t i = 0; i < targets.numel(); ++i) n += y[i] != -100;
+  return n;
+}
+
+double ce_divisor(const LossOptions& o, int64_t count) {
+  if (o.ce_divisor < 0) fail("loss options: ce_divisor must be >= 0, found {}", o.ce_divisor);
+  return o.ce_divisor > 0 ? o.ce_divisor : static_cast<double>(count);
+}
+
+}  // namespace
+
+Qwen3MoeModel::Qwen3MoeModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, const ModelOptions& opts)
+    : cfg_(cfg), w_(weights), opts_(opts) {
+  check_config(cfg_);
+  if (!w_.embed.defined()) fail("parameter model.embed_tokens.weight is missing");
+  const DType dt = w_.embed.dtype();
+  if (dt != DType::F32 && dt != DType::BF16)
+    fail("parameter model.embed_tokens.weight: dtype {} is not supported (F32 or BF16)",
+         dtype_safetensors_name(dt));
+  check_params(cfg_, w_, "parameter", dt);
+  bf16_ = dt == DType::BF16;
+}
+
+ForwardResult Qwen3MoeModel::forward(const Batch& b, bool want_logits, const LossOptions& o) {
+  Prepared p = prepare_batch(cfg_, b, bf16_, opts_.packed_document_mask);
+  const BlockEnv& env = p.env;
+  const bool aux_on = aux_enabled(cfg_);
+  Tensor x = cpu::embedding_forward(b.input_ids.view({env.tokens()}), w_.embed);
+  std::vector<Tensor> router_logits;
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    const auto& L = w_.layers[l];
+    x = attention_block_forward(env, L, x, nullptr);
+    if (cfg_.is_moe_layer(l)) {
+      MoeBlockActs acts;
+      x = moe_block_forward(env, L, x, aux_on ? &acts : nullptr);
+      if (aux_on) router_logits.push_back(acts.logits);
+    } else {
+      x = mlp_block_forward(env, L, x, nullptr);
+    }
+  }
+  const Tensor& head = cfg_.tie_word_embeddings ? w_.embed : w_.lm_head;
+  LmHeadOutput lm = lm_head_forward(env, w_.final_norm, head, x, p.targets, want_logits);
+  ForwardResult r;
+  if (aux_on) r.aux_loss = cpu::aux_loss_forward(router_logits, cfg_.num_experts_per_tok, bf16_, nullptr);
+  if (p.targets.defined()) {
+    r.tokens = lm.count;
+    const double div = ce_divisor(o, lm.count);
+    r.ce_loss = div > 0 ? lm.ce_sum / div : 0.0;
+    r.loss = r.ce_loss + (aux_on ? cfg_.router_aux_loss_coef * r.aux_loss : 0.0);
+  }
+  if (want_logits) r.logits = lm.logits.view({env.batch, env.seq, cfg_.vocab_size});
+  return r;
+}
+
+ForwardResult Qwen3MoeModel::forward_backward(const Batch& b, Qwen3MoeWeights& grads, const LossOptions& o) {
+  if (!b.labels.defined()) fail("batch: forward_backward needs labels");
+  check_params(cfg_, grads, "gradient", DType::F32);
+  Prepared p = prepare_batch(cfg_, b, bf16_, opts_.packed_document_mask);
+  const BlockEnv& env = p.env;
+  const bool aux_on = aux_enabled(cfg_);
+  const int64_t nl = cfg_.num_hidden_layers;
+
+  // Forward, keeping every block input and its intermediates.
+  Tensor ids = b.input_ids.view({env.tokens()});
+  std::vector<Tensor> attn_in(nl), ffn_in(nl);
+  std::vector<AttentionBlockActs> attn_acts(nl);
+  std::vector<MoeBlockActs> moe_acts(nl);
+  std::vector<MlpBlockActs> mlp_acts(nl);
+  Tensor x = cpu::embedding_forward(ids, w_.embed);
+  std::vector<Tensor> router_logits;
+  std::vector<int64_t> moe_layers;
+  for (int64_t l = 0; l < nl; ++l) {
+    const auto& L = w_.layers[l];
+    attn_in[l] = x;
+    x = attention_block_forward(env, L, x, &attn_acts[l]);
+    ffn_in[l] = x;
+    if (cfg_.is_moe_layer(l)) {
+      x = moe_block_forward(env, L, x, &moe_acts[l]);
+      router_logits.push_back(moe_acts[l].logits);
+      moe_layers.push_back(l);
+    } else {
+      x = mlp_block_forward(env, L, x, &mlp_acts[l]);
+    }
+  }
+
+  ForwardResult r;
+  const int64_t count = count_targets(p.targets);
+  const double div = ce_divisor(o, count);
+  const float scale = div > 0 ? static_cast<float>(1.0 / div) : 0.0f;
+  const Tensor& head = cfg_.tie_word_embeddings ? w_.embed : w_.lm_head;
+  Tensor& dhead = cfg_.tie_word_embeddings ? grads.embed : grads.lm_head;
+  LmHeadOutput lm;
+  Tensor dx = lm_head_forward_backward(env, w_.final_norm, head, x, p.targets, scale, grads.final_norm, dhead, &lm);
+  r.tokens = lm.count;
+  r.ce_loss = div > 0 ? lm.ce_sum / div : 0.0;
+
+  std::vector<Tensor> dlogits_aux(nl);
+  if (aux_on) {
+    cpu::AuxLossSaved saved;
+    r.aux_loss = cpu::aux_loss_forward(router_logits, cfg_.num_experts_per_tok, bf16_, &saved);
+    std::vector<Tensor> d;
+    for (const Tensor& t : router_logits) d.push_back(Tensor::zeros(t.shape(), DType::F32));
+    cpu::aux_loss_backward(cfg_.router_aux_loss_coef, router_logits, saved, bf16_, d);
+    for (size_t i = 0; i < moe_layers.size(); ++i) dlogits_aux[moe_layers[i]] = d[i];
+  }
+  r.loss = r.ce_loss + (aux_on ? cfg_.router_aux_loss_coef * r.aux_loss : 0.0);
+
+  for (int64_t l = nl - 1; l >= 0; --l) {
+    const auto& L = w_.layers[l];
+    auto& G = grads.layers[l];
+    if (cfg_.is_moe_layer(l))
+      dx = moe_block_backward(env, L, ffn_in[l], moe_acts[l], dx, dlogits_aux[l], G);
+    else
+      dx = mlp_block_backward(env, L, ffn_in[l], mlp_acts[l], dx, G);
+    moe_acts[l] = {};
+    mlp_acts[l] = {};
+    dx = attention_block_backward(env, L, attn_in[l], attn_acts[l], dx, G);
+    attn_acts[l] = {};
+  }
+  cpu::embedding_backward(ids, dx, grads.embed);
+  return r;
+}
+
+}  // namespace mt

@@ -1,0 +1,62 @@
+// Qwen3MoeForCausalLM / Qwen3ForCausalLM on the CPU reference backend: forward, loss and an explicit
+// backward over the blocks in src/layers (no general autograd). Numerics follow Transformers 5.17:
+// plain fp32 for F32 parameters, the bf16 rounding points of hf-numerics.md §1.1 for BF16 parameters.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "models/qwen3_moe_config.h"
+#include "models/qwen3_moe_weights.h"
+
+namespace mt {
+
+struct Batch {
+  Tensor input_ids;     // I64 [B, S]
+  Tensor labels;        // I64 [B, S] (unshifted, -100 = ignore) or undefined
+  Tensor position_ids;  // I64 [B, S] or undefined => 0..S-1 per row. A new packed document starts
+                        // wherever a position is not the previous one + 1 (HF find_packed_sequence_indices).
+};
+
+struct LossOptions {
+  double ce_divisor = 0;  // > 0: CE sum / ce_divisor (Trainer's num_items_in_batch); else mean over valid tokens
+};
+
+struct ForwardResult {
+  double loss = 0, ce_loss = 0, aux_loss = 0;
+  int64_t tokens = 0;  // valid shifted labels
+  Tensor logits;       // F32 [B, S, V] if requested
+};
+
+struct ModelOptions {
+  // Packed documents (position_ids restarting) attend only within themselves, as HF's
+  // find_packed_sequence_indices mask and flash-attention varlen do. NOTE: HF 5.17 with sdpa builds
+  // that mask only when no cache exists; a model run with config use_cache = true (the default, and
+  // how tests/fixtures/qwen3_moe was produced) gets a DynamicCache and plain causal attention across
+  // documents (RoPE still uses the restarted positions). false reproduces that.
+  bool packed_document_mask = true;
+};
+
+class Qwen3MoeModel {
+ public:
+  // Checks every parameter's shape and dtype (all F32 or all BF16) against cfg; throws mt::Error.
+  Qwen3MoeModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, const ModelOptions& opts = {});
+
+  // loss = ce_loss + router_aux_loss_coef · aux_loss when cfg.output_router_logits and the model has MoE
+  // layers, else ce_loss. Without labels the losses are 0. With no valid label the CE is 0 (HF's
+  // mean would be NaN; with a ce_divisor it is 0 as here).
+  ForwardResult forward(const Batch& b, bool want_logits, const LossOptions& o = {});
+  // Adds d(loss)/d(param) into grads (F32, shaped like the params: Qwen3MoeWeights::zeros_like_config).
+  // Needs labels.
+  ForwardResult forward_backward(const Batch& b, Qwen3MoeWeights& grads, const LossOptions& o = {});
+
+  const Qwen3MoeConfig& config() const { return cfg_; }
+  bool bf16() const { return bf16_; }
+
+ private:
+  Qwen3MoeConfig cfg_;
+  Qwen3MoeWeights& w_;
+  ModelOptions opts_;
+  bool bf16_ = false;
+};
+
+}  // namespace mt
