@@ -3,7 +3,8 @@
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config
       nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
-      libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox)
+      libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
+      libonig-dev libutf8proc-dev)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
