@@ -29,7 +29,7 @@ void check_shapes(const AttentionShape& s, const Tensor& q, const Tensor& k, con
 // Fills P[i, j] (row stride S) with softmax probabilities for query rows of one (b, h), masked
 // entries 0. `scores` holds scale·Q·Kᵀ on entry. If lse_out is set it is written, else lse_in is used.
 void softmax_rows(int64_t S, float* P, const int32_t* doc, float* lse_out, const float* lse_in) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((S * S) >= kParallelMinWork)
   for (int64_t i = 0; i < S; ++i) {
     float* row = P + i * S;
     float lse;
@@ -113,7 +113,7 @@ void attention_backward(const AttentionShape& s, const Tensor& dout, const Tenso
       }
       gemm_nt(S, S, D, 1.0f, gp, Hq * D, vp, Hk * D, 0.0f, dP.data(), S);
       // Softmax backward: dS = P ⊙ (dP − Σ_j P·dP), in place into dP.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((S * S) >= kParallelMinWork)
       for (int64_t i = 0; i < S; ++i) {
         const float* pr = P.data() + i * S;
         float* gr = dP.data() + i * S;

@@ -61,7 +61,7 @@ void aux_loss_backward(double daux, const std::vector<Tensor>& logits, const Aux
     float* pp = p.data_as<float>();
     softmax_rows_f32(logits[l].data_as<float>(), T, E, pp, bf16);
     float* g = dlogits[l].data_as<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((T * E) >= kParallelMinWork)
     for (int64_t t = 0; t < T; ++t) {
       double dot = 0.0;
       for (int64_t e = 0; e < E; ++e) dot += static_cast<double>(pp[t * E + e]) * dp[e];

@@ -10,6 +10,10 @@
 
 namespace mt::cpu {
 
+// Element count below which a row loop stays serial: waking the OpenMP team costs more than tiny
+// work, badly so on a loaded machine. Results do not depend on it (every row is computed alike).
+constexpr int64_t kParallelMinWork = int64_t{1} << 15;
+
 // Internal contract checks (a caller bug if they fire): F32 on the CPU with the given shape.
 void check_f32(const Tensor& t, const char* what, const Shape& shape);
 void check_f32_numel(const Tensor& t, const char* what, int64_t numel);

@@ -52,7 +52,7 @@ CrossEntropyResult cross_entropy_forward(const Tensor& logits, const Tensor& tar
   const float* z = logits.data_as<float>();
   const int64_t* y = targets.data_as<int64_t>();
   std::vector<double> per_row(static_cast<size_t>(N), 0.0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((N * V) >= kParallelMinWork)
   for (int64_t t = 0; t < N; ++t) {
     if (y[t] == kIgnore) continue;
     per_row[t] = static_cast<double>(row_lse(z + t * V, V)) - static_cast<double>(z[t * V + y[t]]);
@@ -73,7 +73,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, float s
   const float* z = logits.data_as<float>();
   const int64_t* y = targets.data_as<int64_t>();
   float* d = dlogits.data_as<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((N * V) >= kParallelMinWork)
   for (int64_t t = 0; t < N; ++t) {
     float* dr = d + t * V;
     if (y[t] == kIgnore) {

@@ -55,7 +55,7 @@ Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weigh
   s.y = Tensor::empty({N, H}, DType::F32);
   const float* xp = x.data_as<float>();
   float* xg = s.xg.data_as<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((N * H) >= kParallelMinWork)
   for (int64_t r = 0; r < N; ++r) std::memcpy(xg + r * H, xp + (s.slot[r] / k) * H, sizeof(float) * H);
 
   float* gu = s.gate_up.data_as<float>();
@@ -76,7 +76,7 @@ Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weigh
   Tensor out = Tensor::empty({T, H}, DType::F32);
   float* op = out.data_as<float>();
   const float* wp = weights.data_as<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((T * H * k) >= kParallelMinWork)
   for (int64_t t = 0; t < T; ++t) {
     float* o = op + t * H;
     for (int64_t h = 0; h < H; ++h) o[h] = 0.0f;
@@ -106,7 +106,7 @@ void experts_backward(const Tensor& dout, const Tensor& weights, const Tensor& g
   float* dwp = dweights.data_as<float>();
   Tensor dy = Tensor::empty({N, H}, DType::F32);
   float* dyp = dy.data_as<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((N * H) >= kParallelMinWork)
   for (int64_t r = 0; r < N; ++r) {
     const int64_t sl = s.slot[r], t = sl / k;
     const float* gr = g + t * H;
@@ -145,7 +145,7 @@ void experts_backward(const Tensor& dout, const Tensor& weights, const Tensor& g
 
   dx = Tensor::empty({T, H}, DType::F32);
   float* dxo = dx.data_as<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((T * H * k) >= kParallelMinWork)
   for (int64_t t = 0; t < T; ++t) {
     float* o = dxo + t * H;
     for (int64_t h = 0; h < H; ++h) o[h] = 0.0f;

@@ -29,7 +29,7 @@ Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, bool bf16) {
   const float* xp = x.data_as<float>();
   const float* wp = wf.data_as<float>();
   float* op = out.data_as<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((rows * n) >= kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = xp + r * n;
     float* orow = op + r * n;
@@ -55,7 +55,7 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, floa
   const float* wp = wf.data_as<float>();
   float* dxp = dx.data_as<float>();
   std::vector<float> rstd(static_cast<size_t>(rows));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((rows * n) >= kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = xp + r * n;
     const float* gr = gp + r * n;
@@ -69,7 +69,7 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, floa
   }
   // dw: column sums in a fixed row order (no dependence on the thread count).
   float* dwp = dw.data_as<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((rows * n) >= kParallelMinWork)
   for (int64_t i = 0; i < n; ++i) {
     double s = 0.0;
     for (int64_t r = 0; r < rows; ++r) s += static_cast<double>(gp[r * n + i]) * (xp[r * n + i] * rstd[r]);

@@ -23,7 +23,7 @@ RopeTables rope_tables(const Tensor& positions, int64_t D, double theta, bool bf
   const int64_t* pos = positions.data_as<int64_t>();
   float* c = t.cos.data_as<float>();
   float* s = t.sin.data_as<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((T * D) >= kParallelMinWork)
   for (int64_t r = 0; r < T; ++r) {
     const float p = static_cast<float>(pos[r]);
     for (int64_t i = 0; i < half; ++i) {
@@ -48,7 +48,7 @@ Tensor rope_forward(const Tensor& x, const RopeTables& t, bool bf16) {
   const float* c = t.cos.data_as<float>();
   const float* s = t.sin.data_as<float>();
   float* o = out.data_as<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((T * heads * D) >= kParallelMinWork)
   for (int64_t r = 0; r < T; ++r) {
     for (int64_t h = 0; h < heads; ++h) {
       const float* xr = xp + (r * heads + h) * D;
@@ -74,7 +74,7 @@ Tensor rope_backward(const Tensor& dy, const RopeTables& t) {
   const float* c = t.cos.data_as<float>();
   const float* s = t.sin.data_as<float>();
   float* d = dx.data_as<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((T * heads * D) >= kParallelMinWork)
   for (int64_t r = 0; r < T; ++r) {
     for (int64_t h = 0; h < heads; ++h) {
       const float* gr = g + (r * heads + h) * D;

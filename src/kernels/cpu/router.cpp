@@ -11,7 +11,7 @@
 namespace mt::cpu {
 
 void softmax_rows_f32(const float* x, int64_t rows, int64_t n, float* out, bool round_out) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((rows * n) >= kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
     float* o = out + r * n;
@@ -51,7 +51,7 @@ RouterOutput router_forward(const Tensor& logits, int64_t k, bool norm_topk_prob
   int32_t* idx = r.index.data_as<int32_t>();
   float* val = r.value.data_as<float>();
   float* w = r.weights.data_as<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((T * E) >= kParallelMinWork)
   for (int64_t t = 0; t < T; ++t) {
     topk_row(p + t * E, E, k, idx + t * k);
     float sum = 0.0f;
@@ -75,7 +75,7 @@ Tensor router_backward(const Tensor& dweights, const RouterOutput& r, bool norm_
   const float* val = r.value.data_as<float>();
   const float* dw = dweights.data_as<float>();
   float* dl = dlogits.data_as<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((T * E) >= kParallelMinWork)
   for (int64_t t = 0; t < T; ++t) {
     std::vector<float> dp(static_cast<size_t>(E), 0.0f);
     if (norm_topk_prob) {

@@ -9,7 +9,7 @@ namespace mt::cpu {
 
 void swiglu_forward_rows(int64_t rows, int64_t F, const float* g, const float* u, int64_t ld_in, float* a,
                          int64_t ld_out, bool bf16) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((rows * F) >= kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < F; ++i) {
       const float x = g[r * ld_in + i];
@@ -21,7 +21,7 @@ void swiglu_forward_rows(int64_t rows, int64_t F, const float* g, const float* u
 
 void swiglu_backward_rows(int64_t rows, int64_t F, const float* da, int64_t ld_da, const float* g, const float* u,
                           int64_t ld_in, float* dg, float* du, int64_t ld_out) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((rows * F) >= kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < F; ++i) {
       const float x = g[r * ld_in + i];

@@ -1,0 +1,291 @@
+// Whole-model checks on tiny random configs: finite differences of the loss against forward_backward
+// for every parameter tensor, packed documents against separate runs, losses options, bf16 mode,
+// determinism across thread counts, and batch / parameter validation.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "core/float_convert.h"
+#include "models/qwen3_moe_model.h"
+
+namespace mt {
+namespace {
+
+Qwen3MoeConfig tiny_config(bool tied) {
+  Qwen3MoeConfig c;
+  c.architecture = "Qwen3MoeForCausalLM";
+  c.model_type = "qwen3_moe";
+  c.vocab_size = 23;
+  c.hidden_size = 12;
+  c.intermediate_size = 10;
+  c.moe_intermediate_size = 5;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 6;  // != hidden / heads
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.mlp_only_layers = {1};
+  c.norm_topk_prob = true;
+  c.tie_word_embeddings = tied;
+  c.output_router_logits = true;
+  c.router_aux_loss_coef = 0.1;  // large enough that the aux gradient is visible
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 10000.0;
+  c.initializer_range = 0.4;
+  return c;
+}
+
+Qwen3MoeWeights tiny_weights(const Qwen3MoeConfig& c, uint64_t seed) {
+  Qwen3MoeWeights w = Qwen3MoeWeights::random_init(c, DType::F32, seed);
+  // Norm weights away from 1 so their gradients are exercised non-trivially.
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, 0.1f);
+  for (auto& [name, t] : w.named_parameters())
+    if (t->ndim() == 1)
+      for (int64_t i = 0; i < t->numel(); ++i) t->data_as<float>()[i] = 1.0f + d(g);
+  return w;
+}
+
+Tensor i64(const Shape& s, const std::vector<int64_t>& v) {
+  Tensor t = Tensor::empty(s, DType::I64);
+  std::copy(v.begin(), v.end(), t.data_as<int64_t>());
+  return t;
+}
+
+Batch tiny_batch(int64_t V, uint64_t seed) {
+  const int B = 2, S = 7;
+  std::mt19937_64 g(seed);
+  std::vector<int64_t> ids(B * S), labels(B * S);
+  for (auto& x : ids) x = (int64_t)(g() % V);
+  for (int i = 0; i < B * S; ++i) labels[i] = (i % 5 == 3) ? -100 : ids[i];
+  // Row 1 holds two packed documents (positions restart at 4).
+  std::vector<int64_t> pos = {0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 0, 1, 2};
+  return {i64({B, S}, ids), i64({B, S}, labels), i64({B, S}, pos)};
+}
+
+void check_gradients(bool tied) {
+  Qwen3MoeConfig c = tiny_config(tied);
+  Qwen3MoeWeights w = tiny_weights(c, tied ? 11 : 12);
+  Qwen3MoeModel m(c, w);
+  Batch b = tiny_batch(c.vocab_size, 5);
+  LossOptions o;
+  o.ce_divisor = 1.0;  // CE sum: larger gradients relative to fp32 noise in the loss
+  Qwen3MoeWeights g = Qwen3MoeWeights::zeros_like_config(c, DType::F32);
+  const double L0 = m.forward_backward(b, g, o).loss;
+  EXPECT_NEAR(m.forward(b, false, o).loss, L0, 1e-6 * std::fabs(L0));
+  std::mt19937_64 rng(99);
+  const float h = 2e-3f;
+  int checked = 0, skipped = 0;
+  auto params = w.named_parameters();
+  auto grads = g.named_parameters();
+  ASSERT_EQ(params.size(), grads.size());
+  for (size_t p = 0; p < params.size(); ++p) {
+    Tensor& t = *params[p].second;
+    const float* gp = grads[p].second->data_as<float>();
+    float* tp = t.data_as<float>();
+    double gmax = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) gmax = std::max(gmax, (double)std::fabs(gp[i]));
+    EXPECT_GT(gmax, 0.0) << params[p].first << " has an all-zero gradient";
+    // Directional derivative along a random direction (aggregates many entries, robust to noise)...
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> dir(t.numel()), orig(tp, tp + t.numel());
+    double analytic = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) dir[i] = nd(rng), analytic += (double)gp[i] * dir[i];
+    auto at = [&](float s) {
+      for (int64_t i = 0; i < t.numel(); ++i) tp[i] = orig[i] + s * dir[i];
+      return m.forward(b, false, o).loss;
+    };
+    const double hd = 1e-3;
+    const double lp = at(hd), lm = at(-hd);
+    std::copy(orig.begin(), orig.end(), tp);
+    const double fd_dir = (lp - lm) / (2 * hd);
+    const double one_p = (lp - L0) / hd, one_m = (L0 - lm) / hd;
+    if (std::fabs(one_p - one_m) > 0.2 * std::fabs(fd_dir) + 1e-2) {
+      ++skipped;  // a top-k selection flipped inside the step
+    } else {
+      EXPECT_NEAR(analytic, fd_dir, 2e-2 * std::fabs(fd_dir) + 2e-3) << params[p].first << " (direction)";
+      ++checked;
+    }
+    // ...and 4 single entries, preferring ones with a sizeable gradient.
+    for (int k = 0; k < 4; ++k) {
+      int64_t i = (int64_t)(rng() % t.numel());
+      for (int tries = 0; tries < 8 && std::fabs(gp[i]) < 0.1 * gmax; ++tries) i = (int64_t)(rng() % t.numel());
+      const float x0 = tp[i];
+      tp[i] = x0 + h;
+      const double ep = m.forward(b, false, o).loss;
+      tp[i] = x0 - h;
+      const double em = m.forward(b, false, o).loss;
+      tp[i] = x0;
+      const double fd = (ep - em) / (2 * h);
+      const double sp = (ep - L0) / h, sm = (L0 - em) / h;
+      if (std::fabs(sp - sm) > 0.2 * std::fabs(fd) + 2e-2) {
+        ++skipped;
+        continue;
+      }
+      EXPECT_NEAR(gp[i], fd, 2e-2 * std::fabs(fd) + 2e-3 * std::max(1.0, gmax))
+          << params[p].first << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 5 * skipped) << "too many routing flips to check gradients";
+}
+
+TEST(ModelGrad, FiniteDifferencesUntied) { check_gradients(false); }
+TEST(ModelGrad, FiniteDifferencesTied) { check_gradients(true); }
+
+TEST(ModelForward, PackedDocumentsEqualSeparateRuns) {
+  Qwen3MoeConfig c = tiny_config(false);
+  Qwen3MoeWeights w = tiny_weights(c, 21);
+  Qwen3MoeModel m(c, w);
+  std::vector<int64_t> a = {3, 7, 1, 9}, d = {4, 4, 20};
+  std::vector<int64_t> both = a;
+  both.insert(both.end(), d.begin(), d.end());
+  Batch packed{i64({1, 7}, both), Tensor(), i64({1, 7}, {0, 1, 2, 3, 0, 1, 2})};
+  auto lp = m.forward(packed, true).logits.to_floats();
+  auto la = m.forward({i64({1, 4}, a), Tensor(), Tensor()}, true).logits.to_floats();
+  auto ld = m.forward({i64({1, 3}, d), Tensor(), Tensor()}, true).logits.to_floats();
+  la.insert(la.end(), ld.begin(), ld.end());
+  ASSERT_EQ(la.size(), lp.size());
+  for (size_t i = 0; i < lp.size(); ++i) EXPECT_NEAR(lp[i], la[i], 1e-5) << i;
+  // Without the document mask (HF with use_cache = true) the second document sees the first.
+  ModelOptions no_mask;
+  no_mask.packed_document_mask = false;
+  Qwen3MoeModel mc(c, w, no_mask);
+  auto lc = mc.forward(packed, true).logits.to_floats();
+  double diff = 0;
+  for (size_t i = 4 * 23; i < lc.size(); ++i) diff = std::max(diff, (double)std::fabs(lc[i] - lp[i]));
+  EXPECT_GT(diff, 1e-3);
+  for (size_t i = 0; i < 4 * 23; ++i) EXPECT_EQ(lc[i], lp[i]);
+}
+
+TEST(ModelForward, LossOptionsAndIgnoredLabels) {
+  Qwen3MoeConfig c = tiny_config(false);
+  Qwen3MoeWeights w = tiny_weights(c, 22);
+  Qwen3MoeModel m(c, w);
+  Batch b = tiny_batch(c.vocab_size, 6);
+  ForwardResult mean = m.forward(b, false);
+  EXPECT_EQ(mean.tokens, 9);  // 12 shifted targets; labels[0, 3], labels[1, 1] and labels[1, 6] are -100
+  EXPECT_NEAR(mean.loss, mean.ce_loss + 0.1 * mean.aux_loss, 1e-12);
+  EXPECT_GT(mean.aux_loss, 1.0);
+  LossOptions o;
+  o.ce_divisor = 40;
+  ForwardResult sum = m.forward(b, false, o);
+  EXPECT_NEAR(sum.ce_loss, mean.ce_loss * 9 / 40, 1e-6);
+  // All labels ignored: CE 0, no NaN anywhere, gradients only from the aux loss.
+  for (int64_t i = 0; i < b.labels.numel(); ++i) b.labels.data_as<int64_t>()[i] = -100;
+  Qwen3MoeWeights g = Qwen3MoeWeights::zeros_like_config(c, DType::F32);
+  ForwardResult r = m.forward_backward(b, g);
+  EXPECT_EQ(r.tokens, 0);
+  EXPECT_EQ(r.ce_loss, 0.0);
+  EXPECT_NEAR(r.loss, 0.1 * r.aux_loss, 1e-12);
+  for (auto& [name, t] : g.named_parameters())
+    for (float v : t->to_floats()) ASSERT_TRUE(std::isfinite(v)) << name;
+  for (float v : g.lm_head.to_floats()) EXPECT_EQ(v, 0.0f);
+  // Aux off: loss is the CE alone and aux is reported 0.
+  c.output_router_logits = false;
+  Qwen3MoeModel m2(c, w);
+  ForwardResult r2 = m2.forward(tiny_batch(c.vocab_size, 6), false);
+  EXPECT_EQ(r2.aux_loss, 0.0);
+  EXPECT_EQ(r2.loss, r2.ce_loss);
+}
+
+TEST(ModelForward, DeterministicAcrossThreadCounts) {
+  Qwen3MoeConfig c = tiny_config(true);
+  Qwen3MoeWeights w = tiny_weights(c, 23);
+  Qwen3MoeModel m(c, w);
+  Batch b = tiny_batch(c.vocab_size, 7);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  Qwen3MoeWeights g1 = Qwen3MoeWeights::zeros_like_config(c, DType::F32);
+  ForwardResult r1 = m.forward_backward(b, g1);
+  omp_set_num_threads(std::max(2, saved));
+  Qwen3MoeWeights g2 = Qwen3MoeWeights::zeros_like_config(c, DType::F32);
+  ForwardResult r2 = m.forward_backward(b, g2);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(r1.loss, r2.loss);
+  auto p1 = g1.named_parameters(), p2 = g2.named_parameters();
+  for (size_t i = 0; i < p1.size(); ++i) EXPECT_EQ(p1[i].second->to_floats(), p2[i].second->to_floats()) << p1[i].first;
+}
+
+TEST(ModelForward, Bf16CloseToFp32OnTheSameWeights) {
+  Qwen3MoeConfig c = tiny_config(false);
+  Qwen3MoeWeights w32 = tiny_weights(c, 24);
+  Qwen3MoeWeights w16 = Qwen3MoeWeights::zeros_like_config(c, DType::BF16);
+  auto src = w32.named_parameters(), dst = w16.named_parameters();
+  for (size_t i = 0; i < src.size(); ++i) {
+    dst[i].second->copy_from(*src[i].second);  // rounds to bf16
+    src[i].second->copy_from(*dst[i].second);  // fp32 copy of the same values
+  }
+  Qwen3MoeModel m32(c, w32), m16(c, w16);
+  EXPECT_TRUE(m16.bf16());
+  Batch b = tiny_batch(c.vocab_size, 8);
+  Qwen3MoeWeights g32 = Qwen3MoeWeights::zeros_like_config(c, DType::F32);
+  Qwen3MoeWeights g16 = Qwen3MoeWeights::zeros_like_config(c, DType::F32);
+  ForwardResult r32 = m32.forward_backward(b, g32), r16 = m16.forward_backward(b, g16);
+  EXPECT_NE(r32.loss, r16.loss);  // the rounding emulation is active
+  EXPECT_NEAR(r16.loss, r32.loss, 1e-2 * r32.loss);
+  auto l16 = m16.forward(b, true).logits.to_floats();
+  for (float v : l16) ASSERT_EQ(v, round_bf16(v));  // logits are bf16 values
+  // Gradients: same direction (cosine) per tensor.
+  auto a = g32.named_parameters(), d = g16.named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto x = a[i].second->to_floats(), y = d[i].second->to_floats();
+    double xy = 0, xx = 0, yy = 0;
+    for (size_t j = 0; j < x.size(); ++j) xy += (double)x[j] * y[j], xx += (double)x[j] * x[j], yy += (double)y[j] * y[j];
+    EXPECT_GT(xy / std::sqrt(xx * yy + 1e-30), 0.95) << a[i].first;
+  }
+}
+
+void expect_one_line_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error, expected one mentioning " << needle;
+  } catch (const Error& e) {
+    const std::string s = e.what();
+    EXPECT_NE(s.find(needle), std::string::npos) << s;
+    EXPECT_EQ(s.find('\n'), std::string::npos) << s;
+  }
+}
+
+TEST(ModelValidation, BadBatchesAndParameters) {
+  Qwen3MoeConfig c = tiny_config(false);
+  Qwen3MoeWeights w = tiny_weights(c, 25);
+  Qwen3MoeModel m(c, w);
+  Batch b = tiny_batch(c.vocab_size, 9);
+  b.input_ids.data_as<int64_t>()[3] = 23;
+  expect_one_line_error([&] { m.forward(b, false); }, "input_ids[0, 3] = 23");
+  b = tiny_batch(c.vocab_size, 9);
+  b.labels.data_as<int64_t>()[8] = -7;
+  expect_one_line_error([&] { m.forward(b, false); }, "labels[1, 1] = -7");
+  b = tiny_batch(c.vocab_size, 9);
+  b.position_ids = i64({1, 14}, std::vector<int64_t>(14, 0));
+  expect_one_line_error([&] { m.forward(b, false); }, "position_ids");
+  b = tiny_batch(c.vocab_size, 9);
+  b.labels = Tensor();
+  Qwen3MoeWeights g = Qwen3MoeWeights::zeros_like_config(c, DType::F32);
+  expect_one_line_error([&] { m.forward_backward(b, g); }, "needs labels");
+  expect_one_line_error([&] { m.forward({Tensor::empty({2, 0}, DType::I64), Tensor(), Tensor()}, false); },
+                        "input_ids");
+  Qwen3MoeWeights g16 = Qwen3MoeWeights::zeros_like_config(c, DType::BF16);
+  expect_one_line_error([&] { m.forward_backward(tiny_batch(c.vocab_size, 9), g16); }, "gradient model.embed_tokens");
+  LossOptions bad;
+  bad.ce_divisor = -1;
+  expect_one_line_error([&] { m.forward(tiny_batch(c.vocab_size, 9), false, bad); }, "ce_divisor");
+
+  Qwen3MoeWeights w2 = tiny_weights(c, 25);
+  w2.layers[2].experts_down = Tensor::zeros({4, 12, 6}, DType::F32);
+  expect_one_line_error([&] { Qwen3MoeModel x(c, w2); }, "model.layers.2.mlp.experts.down_proj");
+  Qwen3MoeWeights w3 = tiny_weights(c, 25);
+  w3.lm_head = Tensor();
+  expect_one_line_error([&] { Qwen3MoeModel x(c, w3); }, "lm_head.weight is missing");
+  Qwen3MoeConfig cb = c;
+  cb.attention_bias = true;
+  expect_one_line_error([&] { Qwen3MoeModel x(cb, w); }, "attention_bias");
+}
+
+}  // namespace
+}  // namespace mt
