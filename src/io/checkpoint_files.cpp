@@ -213,6 +213,9 @@ std::vector<std::string> checkpoint_write_tensors(const std::string& dir,
     if (!seen.insert(name).second) fail("writing checkpoint {}: duplicate tensor {}", dir, json_quote_short(name));
     if (!utf8_valid(name)) fail("writing checkpoint {}: tensor name {} is not valid UTF-8", dir, json_quote_short(name));
     if (!t.defined()) fail("writing checkpoint {}: tensor {} is undefined", dir, json_quote_short(name));
+    // Checked up front so that a bad tensor fails the save before any shard is written.
+    if (!t.device().is_cpu())
+      fail("writing checkpoint {}: tensor {} is on {}, expected cpu", dir, json_quote_short(name), t.device().str());
     total_parameters += t.numel();
     total_size += static_cast<int64_t>(t.nbytes());
   }

@@ -211,6 +211,10 @@ TEST(SafetensorsReject, MetadataNotStringMap) {
   BadFile(st_bytes(R"({"__metadata__":{"format":1}})", "")).expect({"__metadata__", "\"format\"", "string"});
   BadFile(st_bytes(R"({"__metadata__":["pt"]})", "")).expect({"__metadata__", "object"});
 }
+TEST(SafetensorsReject, DeepNestingFailsWithoutRecursion) {
+  const std::string deep = "{\"t\":" + std::string(200000, '[') + std::string(200000, ']') + "}";
+  BadFile(st_bytes(deep, "")).expect({"nested deeper than"});
+}
 TEST(SafetensorsReject, NotARegularFile) {
   ScratchDir d;
   expect_error([&] { SafetensorsFile::open(d.path.string()); }, {d.path.string(), "not a regular file"});
