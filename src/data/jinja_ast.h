@@ -128,4 +128,20 @@ struct JinjaProgram {
   JBody body;
 };
 
+namespace jinja {
+
+// Data is template text; the tag delimiters are tokens of their own; Op holds operators/brackets.
+struct Token {
+  enum class K { Data, VarBegin, VarEnd, BlockBegin, BlockEnd, Name, Str, Int, Float, Op, Eof };
+  K k;
+  std::string s;  // text, name, decoded string literal, number spelling, operator
+  int line;
+};
+
+// Normalises newlines, drops one trailing newline (jinja2's keep_trailing_newline=False) and
+// tokenizes; errors name "<name> line N".
+std::vector<Token> lex(std::string_view text, std::string_view name);
+
+}  // namespace jinja
+
 }  // namespace mt

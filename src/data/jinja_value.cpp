@@ -112,10 +112,7 @@ long double number_of(const JValue& v) {
 
 bool jvalue_equal(const JValue& a, const JValue& b) {
   using K = JValue::Kind;
-  if (a.is_number() && b.is_number()) {
-    if (a.kind != K::Float && b.kind != K::Float) return number_of(a) == number_of(b);
-    return number_of(a) == number_of(b);
-  }
+  if (a.is_number() && b.is_number()) return number_of(a) == number_of(b);  // 1 == 1.0 == True
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case K::Undefined:
@@ -363,15 +360,28 @@ std::string utf8_encode(std::u32string_view s) {
 }
 
 std::string py_strip(std::string_view s, const std::string* chars, bool left, bool right) {
-  std::u32string cps = utf8_decode(s);
+  // Decodes only the code points at the two ends (contents can be long).
   std::u32string set = chars ? utf8_decode(*chars) : std::u32string();
   auto strip_it = [&](char32_t c) { return chars ? set.find(c) != std::u32string::npos : py_isspace(c); };
-  size_t b = 0, e = cps.size();
+  auto cont = [&](size_t i) { return (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80; };
+  size_t b = 0, e = s.size();
   if (left)
-    while (b < e && strip_it(cps[b])) ++b;
+    while (b < e) {
+      size_t n = 1;
+      while (b + n < e && cont(b + n)) ++n;
+      std::u32string cp = utf8_decode(s.substr(b, n));
+      if (cp.size() != 1 || !strip_it(cp[0])) break;
+      b += n;
+    }
   if (right)
-    while (e > b && strip_it(cps[e - 1])) --e;
-  return utf8_encode(std::u32string_view(cps).substr(b, e - b));
+    while (e > b) {
+      size_t start = e - 1;
+      while (start > b && cont(start)) --start;
+      std::u32string cp = utf8_decode(s.substr(start, e - start));
+      if (cp.size() != 1 || !strip_it(cp[0])) break;
+      e = start;
+    }
+  return std::string(s.substr(b, e - b));
 }
 
 }  // namespace mt
