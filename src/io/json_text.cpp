@@ -88,8 +88,8 @@ nlohmann::ordered_json json_parse_strict(std::string_view text, std::string_view
   // One key set per open object: nlohmann silently keeps the last of duplicate keys, which
   // would let a hostile file say two things about one tensor.
   std::vector<std::set<std::string>> keys;
-  auto cb = [&](int depth, nlohmann::detail::parse_event_t ev, J& parsed) -> bool {
-    using E = nlohmann::detail::parse_event_t;
+  auto cb = [&](int depth, J::parse_event_t ev, J& parsed) -> bool {
+    using E = J::parse_event_t;
     if ((ev == E::object_start || ev == E::array_start) && depth >= max_depth)
       fail("{}: JSON nested deeper than {} levels", what, max_depth);
     if (ev == E::object_start) keys.emplace_back();

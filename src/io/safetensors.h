@@ -23,7 +23,8 @@ struct SafetensorsInfo {
 class SafetensorsFile {
  public:
   // Maps `path` read-only and validates the whole header against the file size; throws
-  // mt::Error naming the file and the tensor/field on any inconsistency.
+  // mt::Error naming the file and the tensor/field on any inconsistency. NOTE: like any
+  // mmap reader, a file truncated by another process while mapped faults (SIGBUS) on access.
   static SafetensorsFile open(const std::string& path);
 
   const std::string& path() const { return path_; }
