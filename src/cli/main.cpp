@@ -1,19 +1,33 @@
 // mixtune command-line entry point: each subcommand lives in its own cmd_*.cpp.
 #include <CLI/CLI.hpp>
-#include <fmt/format.h>
 
 #include <cstdio>
+#include <exception>
+#include <new>
 
+#include "cli/cmd_tokenize.h"
+#include "cli/commands.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"mixtune: fine-tune Mixture-of-Experts models stored in Hugging Face format"};
   app.require_subcommand(1);
+  mt::cli::add_inspect_command(app);
+  mt::cli::add_init_command(app);
+  mt::cli::add_score_command(app);
+  mt::cli::add_convert_command(app);
+  mt::cli::add_tokenize_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const mt::Error& e) {
+    std::fprintf(stderr, "mixtune: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mixtune: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "mixtune: error: %s\n", e.what());
     return 1;
   }

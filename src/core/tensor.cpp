@@ -143,24 +143,33 @@ Tensor Tensor::clone() const {
 }
 
 namespace {
+// Element i of a buffer that may be mis-aligned for its type (a foreign safetensors file need not
+// align its data section), so every read goes through memcpy.
+template <typename T>
+T load_raw(const void* p, int64_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const char*>(p) + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
+  return v;
+}
+
 float load_as_float(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::F32: return static_cast<const float*>(p)[i];
-    case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::F16: return f16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::F64: return static_cast<float>(static_cast<const double*>(p)[i]);
-    case DType::F8_E4M3: return fp8_e4m3_to_float(static_cast<const uint8_t*>(p)[i]);
-    case DType::F8_E5M2: return fp8_e5m2_to_float(static_cast<const uint8_t*>(p)[i]);
-    case DType::F8_E8M0: return fp8_e8m0_to_float(static_cast<const uint8_t*>(p)[i]);
-    case DType::I32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
-    case DType::I64: return static_cast<float>(static_cast<const int64_t*>(p)[i]);
-    case DType::U8: return static_cast<float>(static_cast<const uint8_t*>(p)[i]);
-    case DType::Bool: return static_cast<const uint8_t*>(p)[i] ? 1.0f : 0.0f;
-    case DType::I8: return static_cast<float>(static_cast<const int8_t*>(p)[i]);
-    case DType::I16: return static_cast<float>(static_cast<const int16_t*>(p)[i]);
-    case DType::U16: return static_cast<float>(static_cast<const uint16_t*>(p)[i]);
-    case DType::U32: return static_cast<float>(static_cast<const uint32_t*>(p)[i]);
-    case DType::U64: return static_cast<float>(static_cast<const uint64_t*>(p)[i]);
+    case DType::F32: return load_raw<float>(p, i);
+    case DType::BF16: return bf16_to_float(load_raw<uint16_t>(p, i));
+    case DType::F16: return f16_to_float(load_raw<uint16_t>(p, i));
+    case DType::F64: return static_cast<float>(load_raw<double>(p, i));
+    case DType::F8_E4M3: return fp8_e4m3_to_float(load_raw<uint8_t>(p, i));
+    case DType::F8_E5M2: return fp8_e5m2_to_float(load_raw<uint8_t>(p, i));
+    case DType::F8_E8M0: return fp8_e8m0_to_float(load_raw<uint8_t>(p, i));
+    case DType::I32: return static_cast<float>(load_raw<int32_t>(p, i));
+    case DType::I64: return static_cast<float>(load_raw<int64_t>(p, i));
+    case DType::U8: return static_cast<float>(load_raw<uint8_t>(p, i));
+    case DType::Bool: return load_raw<uint8_t>(p, i) ? 1.0f : 0.0f;
+    case DType::I8: return static_cast<float>(load_raw<int8_t>(p, i));
+    case DType::I16: return static_cast<float>(load_raw<int16_t>(p, i));
+    case DType::U16: return static_cast<float>(load_raw<uint16_t>(p, i));
+    case DType::U32: return static_cast<float>(load_raw<uint32_t>(p, i));
+    case DType::U64: return static_cast<float>(load_raw<uint64_t>(p, i));
   }
   return 0.0f;
 }
@@ -188,8 +197,7 @@ void Tensor::copy_from(const Tensor& src) {
   const int64_t n = numel();
   if (src.dtype_ == DType::F64 && dtype_ == DType::F32) {
     auto* d = data_as<float>();
-    auto* s = src.data_as<double>();
-    for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(s[i]);
+    for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(load_raw<double>(src.data(), i));
     return;
   }
   for (int64_t i = 0; i < n; ++i) store_from_float(data(), dtype_, i, load_as_float(src.data(), src.dtype_, i));

@@ -30,9 +30,9 @@ struct ForwardResult {
 struct ModelOptions {
   // Packed documents (position_ids restarting) attend only within themselves, as HF's
   // find_packed_sequence_indices mask and flash-attention varlen do. NOTE: HF 5.17 with sdpa builds
-  // that mask only when no cache exists; a model run with config use_cache = true (the default, and
-  // how tests/fixtures/qwen3_moe was produced) gets a DynamicCache and plain causal attention across
-  // documents (RoPE still uses the restarted positions). false reproduces that.
+  // that mask only when no cache exists (use_cache=False, as tests/fixtures/qwen3_moe was made); with
+  // config use_cache = true (the default) it gets a DynamicCache and plain causal attention across
+  // documents (RoPE still uses the restarted positions). false reproduces that behaviour.
   bool packed_document_mask = true;
 };
 

@@ -124,6 +124,7 @@ def ce_loss(logits, labels):
 
 def run_batch(model, b):
     kw = {k: v for k, v in b.items()}
+    kw["use_cache"] = False  # with a cache HF 5.17 skips the packed-document mask
     out = model(**kw)
     aux = getattr(out, "aux_loss", None)
     ce, n = ce_loss(out.logits.detach(), b["labels"])
@@ -169,13 +170,13 @@ def make_variant(out_dir, idx, name, arch, overrides):
         bs = batches(config.vocab_size, gen)
         with torch.no_grad():
             for b in bs.values():
-                model(**b)
+                model(**b, use_cache=False)
         gap = margin.min_gap if margin else float("inf")
         if gap > 1e-4:
             break
         print(f"{name}: seed {seed} has router gap {gap:.2e}, retrying", flush=True)
     print(f"{name}: seed {seed}, router gap {gap:.3e}, config {config.to_dict()}", flush=True)
-    meta = dict(variant=name, architecture=arch, seed=seed, router_min_gap=gap,
+    meta = dict(variant=name, architecture=arch, seed=seed, router_min_gap=gap if gap != float("inf") else None,
                 transformers=transformers.__version__, torch=torch.__version__,
                 adamw_one_step=dict(ADAMW_ONE_STEP, betas=list(ADAMW_ONE_STEP["betas"])), batches={})
     ckpt = os.path.join(vdir, "ckpt")

@@ -14,5 +14,13 @@ rc1=${PIPESTATUS[0]}
 python3 tools/hf_reference/make_tokenizer_goldens.py tests/fixtures/tokenizer/corpus.json "$WORK/fixtures/tokenizer" \
   qwen3="$WORK/tok/qwen3.json" deepseek_v3="$WORK/tok/deepseek_v3.json" gptoss="$WORK/tok/gptoss.json" 2>&1 | tee "$WORK/fixtures/tokenizer_goldens.log"
 rc2=${PIPESTATUS[0]}
+rc3=skipped
+# With a mixtune binary carried in .carry/bin (and its non-system libraries in .carry/lib), check its outputs
+# with Transformers: converted checkpoints load, and `score` matches on a larger random checkpoint.
+if [[ -x .carry/bin/mixtune ]]; then
+  LD_LIBRARY_PATH="$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" python3 tools/hf_reference/verify_mixtune.py \
+    .carry/bin/mixtune "$WORK/fixtures/qwen3_moe" /tmp/verify 2>&1 | tee "$WORK/fixtures/verify_mixtune.log"
+  rc3=${PIPESTATUS[0]}
+fi
 tar czf "$OUTDIR/reference.tar.gz" -C "$WORK" fixtures
-echo "model fixtures rc=$rc1 tokenizer goldens rc=$rc2"
+echo "model fixtures rc=$rc1 tokenizer goldens rc=$rc2 verify rc=$rc3"

@@ -1,0 +1,67 @@
+// mixtune init: a randomly initialised checkpoint from a config.json or a named preset.
+#include <fmt/format.h>
+
+#include <fstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "models/causal_lm.h"
+#include "models/presets.h"
+
+namespace mt::cli {
+
+namespace {
+struct InitArgs {
+  std::string config_file, preset, out, dtype;
+  uint64_t seed = 1234;
+  int64_t layers = 0;
+};
+
+void run_init(const InitArgs& a) {
+  nlohmann::json j;
+  std::string source;
+  if (!a.config_file.empty()) {
+    std::ifstream f(a.config_file);
+    if (!f) fail("{}: cannot open", a.config_file);
+    j = nlohmann::json::parse(f, nullptr, false);
+    if (j.is_discarded()) fail("{}: not valid JSON", a.config_file);
+    source = a.config_file;
+  } else {
+    j = preset_config_json(a.preset);
+    source = "preset " + a.preset;
+  }
+  if (a.layers > 0) j["num_hidden_layers"] = a.layers;
+  Qwen3MoeConfig cfg = Qwen3MoeConfig::from_json(j, source);
+  DType dtype = a.dtype.empty() ? cfg.dtype : parse_param_dtype(a.dtype, "--dtype");
+  if (dtype != DType::F32 && dtype != DType::BF16) dtype = DType::F32;
+  CausalLM m = CausalLM::from_config(cfg, dtype, a.seed);
+  m.save_pretrained(a.out);
+  fmt::print("wrote {} ({} parameters, {}, seed {})\n", a.out, m.weights.parameter_count(),
+             dtype_torch_name(dtype), a.seed);
+}
+}  // namespace
+
+void add_init_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("init", "Write a randomly initialised checkpoint (normal(0, initializer_range))");
+  static InitArgs a;
+  auto* g = cmd->add_option_group("source");
+  g->add_option("--config", a.config_file, "config.json to initialise");
+  std::string presets;
+  for (const auto& p : preset_list()) presets += "\n  " + p.name + ": " + p.description;
+  g->add_option("--preset", a.preset, "named shape:" + presets);
+  g->require_option(1);
+  cmd->add_option("OUT", a.out, "output directory")->required();
+  cmd->add_option("--seed", a.seed, "random seed");
+  cmd->add_option("--dtype", a.dtype, "parameter dtype: bfloat16 | float32 (default: the config's)");
+  cmd->add_option("--layers", a.layers, "override num_hidden_layers");
+  cmd->callback([] { run_init(a); });
+}
+
+DType parse_param_dtype(const std::string& s, const char* option) {
+  auto t = dtype_from_torch_name(s);
+  if (!t || (*t != DType::F32 && *t != DType::BF16))
+    fail("{}: bad dtype '{}' (valid: bfloat16, float32)", option, s);
+  return *t;
+}
+
+}  // namespace mt::cli

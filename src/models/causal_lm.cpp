@@ -1,0 +1,228 @@
+#include "models/causal_lm.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include "core/error.h"
+#include "io/atomic_dir.h"
+#include "io/checkpoint_files.h"
+#include "io/hf_cache.h"
+#include "models/registry.h"
+
+namespace mt {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string>& carried_file_names() {
+  static const std::vector<std::string> names = {
+      "generation_config.json", "tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json",
+      "added_tokens.json",      "vocab.json",      "merges.txt",            "chat_template.jinja",
+      "chat_template.json",     "tokenizer.model",
+  };
+  return names;
+}
+
+namespace {
+
+// The dtype all float tensors of a checkpoint share, if they do.
+std::optional<DType> uniform_float_dtype(const CheckpointFiles& files) {
+  std::optional<DType> found;
+  for (const auto& n : files.names()) {
+    DType t = files.info(n).dtype;
+    if (!dtype_is_float(t)) continue;
+    if (found && *found != t) return std::nullopt;
+    found = t;
+  }
+  return found;
+}
+
+void check_trainable_dtype(DType t, const std::string& what) {
+  if (t != DType::F32 && t != DType::BF16)
+    fail("{}: parameter dtype {} is not supported for training (use float32 or bfloat16)", what,
+         dtype_torch_name(t));
+}
+
+void copy_carried_file(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
+  if (ec) fail("{}: cannot copy to {}: {}", from.string(), to.string(), ec.message());
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  f.close();
+  if (!f) fail("{}: write failed", path.string());
+}
+
+}  // namespace
+
+CausalLM CausalLM::from_pretrained(const std::string& path_or_repo_id, const LoadOptions& options) {
+  const std::string dir = hf_resolve_model_path(path_or_repo_id);
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(config_path)) fail("{}: no config.json in the model directory", dir);
+  CausalLM m;
+  m.config = Qwen3MoeConfig::from_file(config_path);
+  architecture_lookup(m.config.architecture, config_path);
+  CheckpointFiles files = CheckpointFiles::open(dir);
+  m.source_dtype = uniform_float_dtype(files).value_or(m.config.dtype);
+  m.dtype = options.dtype.value_or(m.source_dtype);
+  check_trainable_dtype(m.dtype, config_path);
+  m.weights = Qwen3MoeWeights::from_hf(
+      m.config, m.dtype, [&](const std::string& name) { return files.has(name) ? files.tensor(name) : Tensor(); },
+      files.names(), dir);
+  m.source_dir = dir;
+  if (!files.index_metadata().empty() || files.shard_files().size() > 1)
+    for (const auto& n : files.names()) m.source_shard_of[n] = files.shard_of(n);
+  m.config.dtype = m.dtype;
+  return m;
+}
+
+CausalLM CausalLM::from_config(const Qwen3MoeConfig& config, DType dtype, uint64_t seed) {
+  check_trainable_dtype(dtype, "init");
+  CausalLM m;
+  m.config = config;
+  m.config.dtype = dtype;
+  m.dtype = dtype;
+  m.source_dtype = dtype;
+  m.weights = Qwen3MoeWeights::random_init(m.config, dtype, seed);
+  return m;
+}
+
+void CausalLM::cast(DType dtype) {
+  check_trainable_dtype(dtype, "cast");
+  if (dtype == this->dtype) return;
+  for (auto& [name, t] : weights.named_parameters()) *t = t->to(dtype);
+  this->dtype = dtype;
+  config.dtype = dtype;
+}
+
+namespace {
+
+// Sort key of one saved tensor: its in-memory (v5) parameter name, then the position inside the
+// stacked tensor it was split from.
+struct SaveKey {
+  std::string group;  // in-memory name
+  int part = 0;       // gate_up_proj: 0 = gate_proj, 1 = up_proj
+  long expert = 0;
+};
+
+SaveKey save_key(const std::string& name) {
+  static const std::regex expert_re(R"(^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$)");
+  std::smatch m;
+  if (!std::regex_match(name, m, expert_re)) return {name, 0, 0};
+  const std::string which = m[3];
+  return {m[1].str() + (which == "down_proj" ? ".down_proj" : ".gate_up_proj"), which == "up_proj" ? 1 : 0,
+          std::stol(m[2])};
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> hf_save_order(std::vector<std::pair<std::string, Tensor>> tensors) {
+  std::vector<std::pair<SaveKey, size_t>> keys;
+  keys.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) keys.push_back({save_key(tensors[i].first), i});
+  std::stable_sort(keys.begin(), keys.end(), [](const auto& a, const auto& b) {
+    if (a.first.group != b.first.group) return a.first.group < b.first.group;
+    if (a.first.part != b.first.part) return a.first.part < b.first.part;
+    return a.first.expert < b.first.expert;
+  });
+  std::vector<std::pair<std::string, Tensor>> out;
+  out.reserve(tensors.size());
+  for (const auto& k : keys) out.push_back(std::move(tensors[k.second]));
+  return out;
+}
+
+std::map<std::string, std::string> hf_shard_mapping(const std::vector<std::pair<std::string, Tensor>>& ordered,
+                                                    int64_t max_shard_bytes) {
+  // Transformers' reverted expert tensors are views sharing one storage per (layer, down | gate | up);
+  // huggingface_hub's split_torch_state_dict_into_shards places each storage as one unit (sized by the
+  // whole storage) where its first tensor falls, and gives a unit larger than the limit a shard of its own.
+  struct Unit {
+    std::vector<std::string> names;
+    int64_t bytes = 0;
+  };
+  std::vector<Unit> units;
+  std::string last_unit_key;
+  for (const auto& [name, t] : ordered) {
+    SaveKey k = save_key(name);
+    const bool expert = k.group != name;
+    const std::string unit_key = expert ? k.group + "#" + std::to_string(k.part) : std::string();
+    if (!expert || unit_key != last_unit_key) units.emplace_back();
+    units.back().names.push_back(name);
+    units.back().bytes += static_cast<int64_t>(t.nbytes());
+    last_unit_key = unit_key;
+  }
+  std::vector<std::vector<const Unit*>> shards;
+  std::vector<const Unit*> current;
+  int64_t current_bytes = 0;
+  for (const Unit& u : units) {
+    if (u.bytes > max_shard_bytes) {
+      shards.push_back({&u});
+      continue;
+    }
+    if (current_bytes + u.bytes > max_shard_bytes) {
+      shards.push_back(current);
+      current.clear();
+      current_bytes = 0;
+    }
+    current.push_back(&u);
+    current_bytes += u.bytes;
+  }
+  if (!current.empty()) shards.push_back(current);
+  std::map<std::string, std::string> shard_of;
+  if (shards.size() <= 1) return shard_of;  // one shard: model.safetensors without an index
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+    for (const Unit* u : shards[i])
+      for (const auto& n : u->names) shard_of[n] = file;
+  }
+  return shard_of;
+}
+
+void CausalLM::save_pretrained(const std::string& dir, const SaveOptions& options) const {
+  // Transformers sorts the names of models it converts on load (qwen3_moe); others keep state_dict order.
+  auto tensors = config.model_type == "qwen3_moe" ? hf_save_order(weights.to_hf(config)) : weights.to_hf(config);
+  CheckpointWriteOptions wo;
+  wo.max_shard_bytes = std::numeric_limits<int64_t>::max();
+  // The source layout is reused only when it still describes these tensors (same names, same dtype).
+  if (options.reuse_source_sharding && !options.max_shard_bytes && !source_shard_of.empty() &&
+      dtype == source_dtype) {
+    bool covers = true;
+    for (const auto& [n, t] : tensors) covers = covers && source_shard_of.count(n);
+    if (covers) wo.shard_of = source_shard_of;
+  }
+  if (!wo.shard_of) {
+    auto mapping = hf_shard_mapping(tensors, options.max_shard_bytes.value_or(50'000'000'000));
+    if (!mapping.empty()) wo.shard_of = std::move(mapping);
+  }
+  AtomicDirWriter out(dir);
+  Qwen3MoeConfig cfg = config;
+  cfg.dtype = dtype;
+  write_text(fs::path(out.path()) / "config.json", cfg.to_json().dump(2) + "\n");
+  bool have_generation_config = false;
+  if (!source_dir.empty()) {
+    for (const auto& name : carried_file_names()) {
+      fs::path from = fs::path(source_dir) / name;
+      if (!fs::is_regular_file(from)) continue;
+      copy_carried_file(from, fs::path(out.path()) / name);
+      have_generation_config = have_generation_config || name == "generation_config.json";
+    }
+  }
+  if (!have_generation_config) {
+    nlohmann::json g = {{"_from_model_config", true}};
+    for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
+      if (config.raw.contains(k) && !config.raw[k].is_null()) g[k] = config.raw[k];
+    write_text(fs::path(out.path()) / "generation_config.json", g.dump(2) + "\n");
+  }
+  checkpoint_write_tensors(out.path(), tensors, wo);
+  out.commit();
+}
+
+}  // namespace mt

@@ -1,0 +1,60 @@
+// The Hugging Face-style entry points: a causal LM loaded from a checkpoint directory (or a repo id
+// in the local hub cache) and saved back in the original Hugging Face names, layouts and sharding.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "models/qwen3_moe_config.h"
+#include "models/qwen3_moe_weights.h"
+
+namespace mt {
+
+struct LoadOptions {
+  // Parameter storage dtype. Unset ("auto"): the dtype the checkpoint's float tensors are stored in
+  // when they all agree, else config.json's dtype; so an unchanged save rewrites identical bytes.
+  std::optional<DType> dtype;
+};
+
+struct SaveOptions {
+  std::optional<int64_t> max_shard_bytes;  // unset: reuse the source's shard mapping, else "50GB"
+  bool reuse_source_sharding = true;       // only when the tensor names and dtypes are unchanged
+};
+
+class CausalLM {
+ public:
+  static CausalLM from_pretrained(const std::string& path_or_repo_id, const LoadOptions& options = {});
+  // A freshly initialised model (normal(0, initializer_range), norms = 1) for `config`.
+  static CausalLM from_config(const Qwen3MoeConfig& config, DType dtype, uint64_t seed);
+
+  // Writes config.json, generation_config.json, tokenizer files carried from the source, and the
+  // weights (per-expert HF names) atomically: a failed save leaves `dir` as it was.
+  void save_pretrained(const std::string& dir, const SaveOptions& options = {}) const;
+  // Converts the parameters to `dtype` (the source shard mapping is kept; bytes change).
+  void cast(DType dtype);
+
+  Qwen3MoeConfig config;
+  Qwen3MoeWeights weights;
+  DType dtype = DType::F32;
+  std::string source_dir;                          // empty for from_config
+  std::map<std::string, std::string> source_shard_of;  // tensor -> shard file, when loaded from shards
+  DType source_dtype = DType::F32;
+};
+
+// Files besides the weights that a save carries over from the source directory.
+const std::vector<std::string>& carried_file_names();
+
+// save_pretrained's tensor order (Transformers 5.17): sorted by the in-memory (v5) parameter name,
+// each stacked expert tensor expanded in place — down_proj experts 0..E-1; gate_up_proj as gate_proj
+// 0..E-1 then up_proj 0..E-1. Greedy sharding follows this order.
+std::vector<std::pair<std::string, Tensor>> hf_save_order(std::vector<std::pair<std::string, Tensor>> tensors);
+
+// save_pretrained's shard assignment for tensors in hf_save_order (huggingface_hub's greedy rule over
+// storage units): tensor -> "model-0000k-of-0000N.safetensors"; empty when everything fits in one file.
+std::map<std::string, std::string> hf_shard_mapping(const std::vector<std::pair<std::string, Tensor>>& ordered,
+                                                    int64_t max_shard_bytes);
+
+}  // namespace mt

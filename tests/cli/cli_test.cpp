@@ -1,0 +1,138 @@
+// The `mixtune` binary end to end: init → inspect → score → convert, and that bad input gives one
+// line on stderr naming the file and field, exit code 1, and no output directory left behind.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int code;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+RunResult run(const std::string& args) {
+  const fs::path err_file = fs::temp_directory_path() / "mt_cli_stderr.txt";
+  std::string cmd = std::string(MIXTUNE_BINARY) + " " + args + " 2>" + err_file.string();
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int status = pclose(p);
+  std::ifstream e(err_file);
+  std::string err((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
+  return {WEXITSTATUS(status), out, err};
+}
+
+void write(const fs::path& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary);
+  f << s;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = fs::temp_directory_path() / ("mt_cli_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  fs::path dir;
+};
+
+void expect_one_line_error(const RunResult& r, const std::string& must_contain) {
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("mixtune: error: ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find(must_contain), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, InitInspectScoreConvert) {
+  const fs::path model = dir / "model";
+  RunResult r = run("init --preset qwen3-moe-test --seed 3 " + model.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(model / "config.json"));
+  r = run("inspect --json " + model.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["architecture"], "Qwen3MoeForCausalLM");
+  EXPECT_EQ(j["layers"], 2);
+  EXPECT_EQ(j["experts"], 8);
+  // 512·64·2 (untied) + 64 + 2·(attention 64·64·2 + 64·32·2 + 2·16 + 2·64, router 8·64, experts 8·3·64·32)
+  const int64_t attn = 64 * 64 * 2 + 64 * 32 * 2 + 2 * 16 + 2 * 64;
+  const int64_t total = 512 * 64 * 2 + 64 + 2 * (attn + 8 * 64 + 8 * 3 * 64 * 32);
+  EXPECT_EQ(j["parameters"]["total"], total);
+  EXPECT_EQ(j["parameters"]["active_per_token"], total - 2 * 6 * 3 * 64 * 32);
+
+  write(dir / "data.jsonl",
+        "{\"input_ids\": [1, 5, 9, 200, 7], \"labels\": [-100, 5, 9, 200, 7]}\n"
+        "{\"input_ids\": [3, 4, 5, 6, 7]}\n");
+  r = run("score --model " + model.string() + " --data " + (dir / "data.jsonl").string() + " --logits " +
+          (dir / "logits.npy").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto s = nlohmann::json::parse(r.out);
+  EXPECT_EQ(s["tokens"], 4 + 4);  // labels shifted inside: 4 targets per row
+  // A random model predicts close to uniformly: loss near ln(512) = 6.238.
+  EXPECT_NEAR(s["ce_loss"].get<double>(), 6.238, 0.3);
+  EXPECT_EQ(fs::file_size(dir / "logits.npy"), 128u + 2 * 5 * 512 * 4);
+
+  r = run("convert --in " + model.string() + " --out " + (dir / "bf16").string() + " --dtype bfloat16");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("score --model " + (dir / "bf16").string() + " --data " + (dir / "data.jsonl").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto s16 = nlohmann::json::parse(r.out);
+  EXPECT_EQ(s16["dtype"], "bfloat16");
+  EXPECT_NEAR(s16["loss"].get<double>(), s["loss"].get<double>(), 1e-2 * s["loss"].get<double>());
+}
+
+TEST_F(Cli, BadInputIsOneLineExitOneAndNoPartialOutput) {
+  const fs::path model = dir / "model";
+  ASSERT_EQ(run("init --preset qwen3-moe-test " + model.string()).code, 0);
+  // Unknown architecture.
+  fs::copy(model, dir / "arch", fs::copy_options::recursive);
+  {
+    std::ifstream f(dir / "arch/config.json");
+    auto c = nlohmann::json::parse(f);
+    c["architectures"] = {"LlamaForCausalLM"};
+    write(dir / "arch/config.json", c.dump());
+  }
+  RunResult r = run("convert --in " + (dir / "arch").string() + " --out " + (dir / "out1").string());
+  expect_one_line_error(r, "LlamaForCausalLM");
+  EXPECT_NE(r.err.find("Qwen3MoeForCausalLM"), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir / "out1"));
+  // top-k larger than the number of experts.
+  fs::copy(model, dir / "topk", fs::copy_options::recursive);
+  {
+    std::ifstream f(dir / "topk/config.json");
+    auto c = nlohmann::json::parse(f);
+    c["num_experts_per_tok"] = 9;
+    write(dir / "topk/config.json", c.dump());
+  }
+  expect_one_line_error(run("score --model " + (dir / "topk").string() + " --data x"), "num_experts_per_tok");
+  // A truncated shard.
+  fs::copy(model, dir / "trunc", fs::copy_options::recursive);
+  const fs::path shard = dir / "trunc/model.safetensors";
+  fs::resize_file(shard, fs::file_size(shard) - 100);
+  r = run("convert --in " + (dir / "trunc").string() + " --out " + (dir / "out2").string());
+  expect_one_line_error(r, "model.safetensors");
+  EXPECT_FALSE(fs::exists(dir / "out2"));
+  // A bad data line names the file, the line and the field.
+  write(dir / "bad.jsonl", "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, 2, 99999]}\n");
+  r = run("score --model " + model.string() + " --data " + (dir / "bad.jsonl").string());
+  expect_one_line_error(r, "bad.jsonl:2: field 'input_ids'");
+  // Unknown preset lists the valid ones.
+  expect_one_line_error(run("init --preset nope " + (dir / "x").string()), "qwen3-30b-a3b");
+  // A missing model directory.
+  expect_one_line_error(run("inspect " + (dir / "missing").string()), "missing");
+}
+
+}  // namespace
