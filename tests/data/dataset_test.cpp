@@ -1,0 +1,531 @@
+// Dataset::load (four line formats, answer-only labels, errors, truncation) with the real Qwen3 tokenizer,
+// and DataLoader (packing layout, seeded order, epochs, resume) on hand-made pre-tokenized documents.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <set>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "data/chat_template.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+
+namespace mt {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+using Ids = std::vector<int32_t>;
+
+const Tokenizer& qwen3() {
+  static const Tokenizer tok = [] {
+    fs::path dir = fs::path(MIXTUNE_SOURCE_DIR) / ".deps/data";
+    if (const char* d = std::getenv("MIXTUNE_DATA_DIR"); d && *d) dir = d;
+    const fs::path p = dir / "tokenizers/qwen3/tokenizer.json";
+    if (!fs::exists(p)) throw std::runtime_error(p.string() + " is missing: run scripts/fetch-data.sh");
+    return Tokenizer::from_file(p.string());
+  }();
+  return tok;
+}
+
+// A JSONL file under the temp dir, removed at the end of the test.
+struct TempJsonl {
+  fs::path path;
+  explicit TempJsonl(const std::string& text) {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path = fs::temp_directory_path() /
+           ("mixtune_dataset_" + std::to_string(::getpid()) + "_" + info->name() + "_" + std::to_string(counter()++) +
+            ".jsonl");
+    std::ofstream(path, std::ios::binary) << text;
+  }
+  ~TempJsonl() { std::error_code ec; fs::remove(path, ec); }
+  static int& counter() {
+    static int c = 0;
+    return c;
+  }
+};
+
+DatasetOptions opts(const TempJsonl& f, int64_t seq_len = 4096) {
+  DatasetOptions o;
+  o.path = f.path.string();
+  o.seq_len = seq_len;
+  return o;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+Ids concat(std::initializer_list<Ids> parts) {
+  Ids out;
+  for (const Ids& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+TEST(Dataset, ChatTrainsExactlyOnAssistantTokens) {
+  const Tokenizer& tok = qwen3();
+  const json messages = json::parse(R"([
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "Thanks!"},
+    {"role": "assistant", "content": "You're welcome."}])");
+  TempJsonl f(json{{"messages", messages}}.dump() + "\n");
+  const Dataset d = Dataset::load(opts(f), &tok, tok.vocab_size());
+  ASSERT_EQ(d.examples().size(), 1u);
+  const Example& ex = d.examples()[0];
+
+  // Piecewise encoding equals encoding the whole rendered text at once.
+  const std::string text = chat_render_qwen3(chat_messages_from_json(messages, "t"), ChatOptions{false, false, {}});
+  EXPECT_EQ(ex.input_ids, tok.encode(text));
+  ASSERT_EQ(ex.labels.size(), ex.input_ids.size());
+
+  // Maximal runs of trained labels; each trained label equals its token.
+  std::vector<Ids> runs;
+  std::vector<size_t> run_starts;
+  for (size_t i = 0; i < ex.labels.size(); ++i) {
+    if (ex.labels[i] == -100) continue;
+    EXPECT_EQ(ex.labels[i], ex.input_ids[i]) << i;
+    if (i == 0 || ex.labels[i - 1] == -100) {
+      runs.emplace_back();
+      run_starts.push_back(i);
+    }
+    runs.back().push_back(ex.labels[i]);
+  }
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(tok.decode(runs[0]), "4<|im_end|>");
+  EXPECT_EQ(tok.decode(runs[1]), "<think>\n\n</think>\n\nYou're welcome.<|im_end|>");
+  const int32_t im_start = *tok.token_to_id("<|im_start|>");
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(runs[r].back(), *tok.token_to_id("<|im_end|>"));
+    // Just before the run: <|im_start|> "assistant" "\n" (all context).
+    const size_t s = run_starts[r];
+    ASSERT_GE(s, 3u);
+    EXPECT_EQ(ex.input_ids[s - 3], im_start);
+    EXPECT_EQ(tok.decode({ex.input_ids[s - 2], ex.input_ids[s - 1]}), "assistant\n");
+  }
+  EXPECT_EQ(d.stats().trained_tokens, static_cast<int64_t>(runs[0].size() + runs[1].size()));
+  EXPECT_EQ(d.stats().tokens, static_cast<int64_t>(ex.input_ids.size()));
+  EXPECT_EQ(d.stats().examples, 1);
+  EXPECT_EQ(d.stats().lines, 1);
+}
+
+TEST(Dataset, ChatWithoutAssistantIsKeptUntrained) {
+  const Tokenizer& tok = qwen3();
+  TempJsonl f(R"({"messages": [{"role": "user", "content": "hello"}]})"
+              "\n");
+  const Dataset d = Dataset::load(opts(f), &tok, tok.vocab_size());
+  ASSERT_EQ(d.examples().size(), 1u);
+  EXPECT_EQ(d.examples()[0].input_ids, tok.encode("<|im_start|>user\nhello<|im_end|>\n"));
+  EXPECT_EQ(d.stats().trained_tokens, 0);
+}
+
+TEST(Dataset, PromptCompletionMasksThePrompt) {
+  const Tokenizer& tok = qwen3();
+  TempJsonl f(R"({"prompt": "The capital of France is", "completion": " Paris."})"
+              "\n");
+  const Dataset d = Dataset::load(opts(f), &tok, tok.vocab_size());
+  ASSERT_EQ(d.examples().size(), 1u);
+  const Ids p = tok.encode("The capital of France is"), c = tok.encode(" Paris.");
+  const int32_t eot = *tok.token_to_id("<|endoftext|>");
+  EXPECT_EQ(eot, 151643);
+  EXPECT_EQ(d.examples()[0].input_ids, concat({p, c, {eot}}));
+  EXPECT_EQ(d.examples()[0].labels, concat({Ids(p.size(), -100), c, {eot}}));
+  EXPECT_EQ(d.stats().trained_tokens, static_cast<int64_t>(c.size() + 1));
+}
+
+TEST(Dataset, TextTrainsOnEveryTokenPlusEos) {
+  const Tokenizer& tok = qwen3();
+  TempJsonl f("{\"text\": \"Hello world, this is text.\"}\n\n   \n{\"text\": \"\"}\n");
+  const Dataset d = Dataset::load(opts(f), &tok, tok.vocab_size());
+  ASSERT_EQ(d.examples().size(), 2u);
+  const Ids want = concat({tok.encode("Hello world, this is text."), {151643}});
+  EXPECT_EQ(d.examples()[0].input_ids, want);
+  EXPECT_EQ(d.examples()[0].labels, want);
+  EXPECT_EQ(d.examples()[1].input_ids, Ids{151643});  // empty text: just EOS
+  EXPECT_EQ(d.stats().lines, 2);                      // blank lines are not counted
+}
+
+TEST(Dataset, PreTokenizedAsGiven) {
+  TempJsonl f("{\"input_ids\": [1, 2, 3], \"labels\": [-100, 2, 3]}\n{\"input_ids\": [4, 5]}\n");
+  const Dataset d = Dataset::load(opts(f), nullptr, 10);
+  ASSERT_EQ(d.examples().size(), 2u);
+  EXPECT_EQ(d.examples()[0].input_ids, (Ids{1, 2, 3}));
+  EXPECT_EQ(d.examples()[0].labels, (Ids{-100, 2, 3}));
+  EXPECT_EQ(d.examples()[1].labels, (Ids{4, 5}));
+  EXPECT_EQ(d.stats().tokens, 5);
+  EXPECT_EQ(d.stats().trained_tokens, 4);
+
+  TempJsonl bad("{\"input_ids\": [1, 10]}\n");
+  EXPECT_EQ(error_of([&] { Dataset::load(opts(bad), nullptr, 10); }),
+            bad.path.string() + ":1: input_ids[1]: token id 10 is outside the vocabulary [0, 10)");
+  TempJsonl bad_len("{\"input_ids\": [1, 2], \"labels\": [1]}\n");
+  EXPECT_EQ(error_of([&] { Dataset::load(opts(bad_len), nullptr, 10); }),
+            bad_len.path.string() + ":1: labels: has 1 values but input_ids has 2");
+  TempJsonl bad_label("{\"input_ids\": [1, 2], \"labels\": [1, -1]}\n");
+  EXPECT_EQ(error_of([&] { Dataset::load(opts(bad_label), nullptr, 10); }),
+            bad_label.path.string() + ":1: labels[1]: token id -1 is outside the vocabulary [0, 10) and is not -100");
+}
+
+TEST(Dataset, MalformedLinesErrorOrAreSkipped) {
+  const Tokenizer& tok = qwen3();
+  TempJsonl f(
+      "{\"text\": \"ok\"}\n"
+      "{\"text\": \n"
+      "{\"prompt\": \"p\"}\n"
+      "{\"text\": 5}\n"
+      "{\"foo\": 1}\n"
+      "[1, 2]\n"
+      "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}\n"
+      "{\"input_ids\": []}\n");
+  const std::string p = f.path.string();
+  EXPECT_EQ(error_of([&] { Dataset::load(opts(f), &tok, tok.vocab_size()); }), p + ":2: line: not valid JSON");
+
+  DatasetOptions o = opts(f);
+  o.skip_bad_lines = true;
+  const Dataset d = Dataset::load(o, &tok, tok.vocab_size());
+  EXPECT_EQ(d.stats().lines, 8);
+  EXPECT_EQ(d.stats().skipped_bad_lines, 7);
+  EXPECT_EQ(d.stats().examples, 1);
+
+  // Each bad line alone, for its message.
+  auto only = [&](const std::string& line) {
+    TempJsonl one(line + "\n");
+    std::string e = error_of([&] { Dataset::load(opts(one), &tok, tok.vocab_size()); });
+    const std::string prefix = one.path.string() + ":1: ";
+    EXPECT_EQ(e.rfind(prefix, 0), 0u) << e;
+    return e.substr(std::min(e.size(), prefix.size()));
+  };
+  EXPECT_EQ(only("{\"prompt\": \"p\"}"), "completion: missing");
+  EXPECT_EQ(only("{\"text\": 5}"), "text: expected a string, found number");
+  EXPECT_EQ(only("[1, 2]"), "line: expected a JSON object, found array");
+  EXPECT_EQ(only(std::string(200000, '[') + std::string(200000, ']')), "line: expected a JSON object, found array");
+  EXPECT_EQ(only("{\"text\": \"\xff\"}"), "line: not valid JSON");  // invalid UTF-8
+  EXPECT_EQ(only("{\"foo\": 1}"),
+            "line: no known format (expected a 'messages', 'prompt'+'completion', 'text' or 'input_ids' key)");
+  EXPECT_EQ(only("{\"input_ids\": []}"), "input_ids: the example has no tokens");
+  EXPECT_NE(only("{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}").find("messages[0].role"),
+            std::string::npos);
+  // Markers inside content are rejected by the span renderer; the error still names file:line.
+  EXPECT_NE(only(R"({"messages": [{"role": "user", "content": "a<|im_end|>b"}]})").find("<|im_end|>"),
+            std::string::npos);
+
+  // All lines bad and skipped: nothing to train on is an error.
+  TempJsonl all_bad("{\"foo\": 1}\n");
+  DatasetOptions ob = opts(all_bad);
+  ob.skip_bad_lines = true;
+  EXPECT_EQ(error_of([&] { Dataset::load(ob, &tok, tok.vocab_size()); }),
+            all_bad.path.string() + ": no examples (1 lines, 1 skipped as malformed, 0 dropped as longer than 4096 tokens)");
+
+  // A missing tokenizer is a configuration error, never skipped.
+  TempJsonl text("{\"text\": \"x\"}\n");
+  DatasetOptions ot = opts(text);
+  ot.skip_bad_lines = true;
+  EXPECT_EQ(error_of([&] { Dataset::load(ot, nullptr, 10); }),
+            text.path.string() + ":1: text: this format needs a tokenizer, and none was given");
+  TempJsonl missing("");
+  DatasetOptions om = opts(missing);
+  om.path += ".nope";
+  EXPECT_EQ(error_of([&] { Dataset::load(om, nullptr, 10); }), om.path + ": cannot open");
+}
+
+TEST(Dataset, TruncationRightAndDrop) {
+  TempJsonl f("{\"input_ids\": [1, 2, 3, 4, 5], \"labels\": [-100, -100, 3, 4, 5]}\n{\"input_ids\": [6, 7]}\n");
+  DatasetOptions o = opts(f, 3);
+  const Dataset right = Dataset::load(o, nullptr, 10);
+  ASSERT_EQ(right.examples().size(), 2u);
+  EXPECT_EQ(right.examples()[0].input_ids, (Ids{1, 2, 3}));
+  EXPECT_EQ(right.examples()[0].labels, (Ids{-100, -100, 3}));
+  EXPECT_EQ(right.stats().truncated, 1);
+  EXPECT_EQ(right.stats().dropped_too_long, 0);
+  EXPECT_EQ(right.stats().tokens, 5);
+
+  o.truncation = "drop";
+  const Dataset drop = Dataset::load(o, nullptr, 10);
+  ASSERT_EQ(drop.examples().size(), 1u);
+  EXPECT_EQ(drop.examples()[0].input_ids, (Ids{6, 7}));
+  EXPECT_EQ(drop.stats().dropped_too_long, 1);
+  EXPECT_EQ(drop.stats().truncated, 0);
+
+  o.truncation = "left";
+  EXPECT_EQ(error_of([&] { Dataset::load(o, nullptr, 10); }),
+            "data.truncation: 'left' is not a valid choice (valid: right, drop)");
+}
+
+TEST(Dataset, CacheHitMissAndCorruption) {
+  const Tokenizer& tok = qwen3();
+  TempJsonl f("{\"text\": \"cached text\"}\n{\"prompt\": \"a\", \"completion\": \"b\"}\nnot json\n");
+  const fs::path dir = f.path.string() + ".cache";
+  DatasetOptions o = opts(f);
+  o.cache_dir = dir.string();
+  o.skip_bad_lines = true;
+  const Dataset fresh = Dataset::load(o, &tok, tok.vocab_size());
+  EXPECT_FALSE(fresh.stats().from_cache);
+  auto cache_files = [&] {
+    std::vector<fs::path> out;
+    for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path());
+    return out;
+  };
+  ASSERT_EQ(cache_files().size(), 1u);  // no temp file left behind
+  const fs::path cache = cache_files()[0];
+
+  auto same = [](const Dataset& a, const Dataset& b) {
+    ASSERT_EQ(a.examples().size(), b.examples().size());
+    for (size_t i = 0; i < a.examples().size(); ++i) {
+      EXPECT_EQ(a.examples()[i].input_ids, b.examples()[i].input_ids);
+      EXPECT_EQ(a.examples()[i].labels, b.examples()[i].labels);
+    }
+    const DatasetStats &x = a.stats(), &y = b.stats();
+    EXPECT_EQ(std::vector<int64_t>({x.lines, x.examples, x.skipped_bad_lines, x.truncated, x.dropped_too_long,
+                                    x.tokens, x.trained_tokens}),
+              std::vector<int64_t>({y.lines, y.examples, y.skipped_bad_lines, y.truncated, y.dropped_too_long,
+                                    y.tokens, y.trained_tokens}));
+  };
+  const Dataset hit = Dataset::load(o, &tok, tok.vocab_size());
+  EXPECT_TRUE(hit.stats().from_cache);
+  EXPECT_EQ(hit.stats().skipped_bad_lines, 1);
+  same(fresh, hit);
+
+  // Another option -> another key (a second file); the first stays valid.
+  DatasetOptions o2 = o;
+  o2.seq_len = 3;
+  EXPECT_FALSE(Dataset::load(o2, &tok, tok.vocab_size()).stats().from_cache);
+  EXPECT_EQ(cache_files().size(), 2u);
+  EXPECT_TRUE(Dataset::load(o, &tok, tok.vocab_size()).stats().from_cache);
+
+  // A truncated or garbled cache file is ignored and rebuilt.
+  fs::resize_file(cache, fs::file_size(cache) - 3);
+  const Dataset rebuilt = Dataset::load(o, &tok, tok.vocab_size());
+  EXPECT_FALSE(rebuilt.stats().from_cache);
+  same(fresh, rebuilt);
+  {
+    std::fstream g(cache, std::ios::in | std::ios::out | std::ios::binary);
+    g.seekp(-4, std::ios::end);
+    const int32_t huge = 1 << 30;  // a label outside the vocabulary
+    g.write(reinterpret_cast<const char*>(&huge), 4);
+  }
+  EXPECT_FALSE(Dataset::load(o, &tok, tok.vocab_size()).stats().from_cache);
+  EXPECT_TRUE(Dataset::load(o, &tok, tok.vocab_size()).stats().from_cache);
+
+  // Changing the data file changes the key.
+  std::ofstream(f.path, std::ios::app) << "{\"text\": \"more\"}\n";
+  const Dataset changed = Dataset::load(o, &tok, tok.vocab_size());
+  EXPECT_FALSE(changed.stats().from_cache);
+  EXPECT_EQ(changed.stats().examples, 3);
+  fs::remove_all(dir);
+}
+
+// Documents i = 0..n-1 of the given lengths, tokens 100*(i+1)+k, labels = tokens.
+Dataset make_docs(const std::vector<int>& lengths, std::unique_ptr<TempJsonl>& keep) {
+  std::string text;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    json ids = json::array();
+    for (int k = 0; k < lengths[i]; ++k) ids.push_back(100 * (i + 1) + k);
+    text += json{{"input_ids", ids}}.dump() + "\n";
+  }
+  keep = std::make_unique<TempJsonl>(text);
+  return Dataset::load(opts(*keep, 64), nullptr, 100000);
+}
+
+std::vector<int64_t> values(const Tensor& t) {
+  const int64_t* p = t.data_as<int64_t>();
+  return std::vector<int64_t>(p, p + t.numel());
+}
+
+TEST(DataLoader, PackingLayoutExact) {
+  std::unique_ptr<TempJsonl> f;
+  const Dataset d = make_docs({3, 2, 4, 1, 6}, f);
+  LoaderOptions o;
+  o.micro_batch_size = 2;
+  o.seq_len = 6;
+  o.shuffle = false;
+  o.pad_id = 7;
+  DataLoader l(d, o);
+  EXPECT_EQ(l.batches_per_epoch(), 2);
+  MicroBatch b;
+  ASSERT_TRUE(l.next(b));
+  EXPECT_EQ(b.input_ids.shape(), (Shape{2, 6}));
+  // Row 0: doc0 (3) + doc1 (2) + 1 pad; doc2 (4) does not fit. Row 1: doc2 (4) + doc3 (1) + 1 pad.
+  EXPECT_EQ(values(b.input_ids), (std::vector<int64_t>{100, 101, 102, 200, 201, 7, 300, 301, 302, 303, 400, 7}));
+  EXPECT_EQ(values(b.labels),
+            (std::vector<int64_t>{-100, 101, 102, -100, 201, -100, -100, 301, 302, 303, -100, -100}));
+  EXPECT_EQ(values(b.position_ids), (std::vector<int64_t>{0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 0, 0}));
+  EXPECT_EQ(b.valid_labels, 3 + 3);
+  EXPECT_EQ(b.documents, 4);
+  EXPECT_EQ(l.position().epoch, 0);
+  EXPECT_EQ(l.position().cursor, 4);
+  // Last batch of the epoch: one row, a full-length document, no padding.
+  ASSERT_TRUE(l.next(b));
+  EXPECT_EQ(b.input_ids.shape(), (Shape{1, 6}));
+  EXPECT_EQ(values(b.input_ids), (std::vector<int64_t>{500, 501, 502, 503, 504, 505}));
+  EXPECT_EQ(values(b.labels), (std::vector<int64_t>{-100, 501, 502, 503, 504, 505}));
+  EXPECT_EQ(values(b.position_ids), (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(b.valid_labels, 5);
+  EXPECT_EQ(b.documents, 1);
+  EXPECT_FALSE(l.next(b));
+  EXPECT_FALSE(l.next(b));
+
+  // Padding run longer than one token: positions 0..n-1.
+  LoaderOptions o1 = o;
+  o1.micro_batch_size = 1;
+  o1.seq_len = 9;
+  DataLoader l1(d, o1);
+  ASSERT_TRUE(l1.next(b));  // doc0+doc1+doc2 = 9 exactly
+  EXPECT_EQ(values(b.position_ids), (std::vector<int64_t>{0, 1, 2, 0, 1, 0, 1, 2, 3}));
+  ASSERT_TRUE(l1.next(b));  // doc3 (1) + doc4 (6) = 7, then 2 padding
+  EXPECT_EQ(values(b.input_ids), (std::vector<int64_t>{400, 500, 501, 502, 503, 504, 505, 7, 7}));
+  EXPECT_EQ(values(b.position_ids), (std::vector<int64_t>{0, 0, 1, 2, 3, 4, 5, 0, 1}));
+  EXPECT_EQ(values(b.labels), (std::vector<int64_t>{-100, -100, 501, 502, 503, 504, 505, -100, -100}));
+  EXPECT_FALSE(l1.next(b));
+
+  LoaderOptions short_seq = o;
+  short_seq.seq_len = 5;
+  EXPECT_EQ(error_of([&] { DataLoader bad(d, short_seq); }),
+            "data loader: example 4 has 6 tokens, more than the loader's seq_len 5 (load the dataset with the same "
+            "seq_len)");
+}
+
+TEST(DataLoader, NoPackingOneDocumentPerRow) {
+  std::unique_ptr<TempJsonl> f;
+  const Dataset d = make_docs({3, 2, 4, 1, 6}, f);
+  LoaderOptions o;
+  o.micro_batch_size = 2;
+  o.seq_len = 6;
+  o.shuffle = false;
+  o.pack = false;
+  DataLoader l(d, o);
+  EXPECT_EQ(l.batches_per_epoch(), 3);
+  MicroBatch b;
+  ASSERT_TRUE(l.next(b));
+  EXPECT_EQ(values(b.input_ids), (std::vector<int64_t>{100, 101, 102, 0, 0, 0, 200, 201, 0, 0, 0, 0}));
+  EXPECT_EQ(values(b.position_ids), (std::vector<int64_t>{0, 1, 2, 0, 1, 2, 0, 1, 0, 1, 2, 3}));
+  EXPECT_EQ(values(b.labels), (std::vector<int64_t>{-100, 101, 102, -100, -100, -100, -100, 201, -100, -100, -100, -100}));
+  EXPECT_EQ(b.valid_labels, 3);
+  EXPECT_EQ(b.documents, 2);
+  ASSERT_TRUE(l.next(b));
+  EXPECT_EQ(b.documents, 2);
+  ASSERT_TRUE(l.next(b));
+  EXPECT_EQ(b.input_ids.shape(), (Shape{1, 6}));
+  EXPECT_FALSE(l.next(b));
+}
+
+// First token of every document in a batch, in row order (documents start where position_ids == 0 and the
+// token is not padding; pad_id 0 is never a document token here).
+std::vector<int64_t> doc_heads(const MicroBatch& b) {
+  std::vector<int64_t> out;
+  const auto ids = values(b.input_ids), pos = values(b.position_ids);
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (pos[i] == 0 && ids[i] != 0) out.push_back(ids[i]);
+  return out;
+}
+
+std::vector<std::vector<int64_t>> drain(DataLoader& l) {
+  std::vector<std::vector<int64_t>> out;
+  MicroBatch b;
+  while (l.next(b)) {
+    std::vector<int64_t> all = values(b.input_ids);
+    for (int64_t v : values(b.labels)) all.push_back(v);
+    for (int64_t v : values(b.position_ids)) all.push_back(v);
+    out.push_back(all);
+  }
+  return out;
+}
+
+TEST(DataLoader, SeededShuffleEpochsAndResume) {
+  std::vector<int> lengths;
+  for (int i = 0; i < 23; ++i) lengths.push_back(1 + (i * 7) % 9);
+  std::unique_ptr<TempJsonl> f;
+  const Dataset d = make_docs(lengths, f);
+  LoaderOptions o;
+  o.micro_batch_size = 3;
+  o.seq_len = 12;
+  o.epochs = 3;
+  o.seed = 42;
+
+  // Each epoch: every document exactly once, batches never mix epochs, a different order each epoch.
+  DataLoader l(d, o);
+  std::vector<std::vector<int64_t>> epoch_orders(3);
+  std::vector<int64_t> batches_in_epoch(3, 0);
+  MicroBatch b;
+  while (true) {
+    const int64_t e = l.position().epoch;
+    const int64_t bpe = l.batches_per_epoch();
+    if (!l.next(b)) break;
+    ASSERT_LT(e, 3);
+    if (batches_in_epoch[e] == 0) {
+      EXPECT_GT(bpe, 0);
+    }
+    ++batches_in_epoch[e];
+    for (int64_t h : doc_heads(b)) epoch_orders[e].push_back(h);
+    EXPECT_TRUE(l.position().epoch == e || (l.position().epoch == e + 1 && l.position().cursor == 0));
+    EXPECT_LE(b.input_ids.dim(0), 3);
+  }
+  std::vector<int64_t> sorted_heads;
+  for (size_t i = 0; i < lengths.size(); ++i) sorted_heads.push_back(100 * (i + 1));
+  for (int e = 0; e < 3; ++e) {
+    std::vector<int64_t> s = epoch_orders[e];
+    std::sort(s.begin(), s.end());
+    EXPECT_EQ(s, sorted_heads) << "epoch " << e;
+    EXPECT_NE(epoch_orders[e], sorted_heads) << "epoch " << e << " not shuffled";
+  }
+  EXPECT_NE(epoch_orders[0], epoch_orders[1]);
+  EXPECT_EQ(l.position().epoch, 3);
+  EXPECT_FALSE(l.next(b));
+
+  // batches_per_epoch matches what each epoch yielded (a fresh loader restored at each epoch's start).
+  for (int e = 0; e < 3; ++e) {
+    DataLoader le(d, o);
+    le.restore({e, 0});
+    EXPECT_EQ(le.batches_per_epoch(), batches_in_epoch[e]) << e;
+  }
+
+  // Same seed: identical batches; another seed: another order.
+  DataLoader a(d, o), a2(d, o);
+  const auto full = drain(a);
+  EXPECT_EQ(full, drain(a2));
+  LoaderOptions o2 = o;
+  o2.seed = 43;
+  DataLoader c(d, o2);
+  EXPECT_NE(full, drain(c));
+  LoaderOptions ns = o;
+  ns.shuffle = false;
+  DataLoader plain(d, ns);
+  ASSERT_TRUE(plain.next(b));
+  EXPECT_EQ(doc_heads(b)[0], 100);
+
+  // Resume after k batches gives exactly the remaining batches of the uninterrupted run.
+  for (size_t k = 0; k <= full.size(); ++k) {
+    DataLoader first(d, o);
+    for (size_t i = 0; i < k; ++i) {
+      ASSERT_TRUE(first.next(b));
+    }
+    const LoaderPosition p = first.position();
+    DataLoader resumed(d, o);
+    resumed.restore(p);
+    const auto rest = drain(resumed);
+    ASSERT_EQ(rest.size(), full.size() - k) << k;
+    EXPECT_TRUE(std::equal(rest.begin(), rest.end(), full.begin() + k)) << k;
+  }
+  // A position at the very end of an epoch resumes into the next one.
+  DataLoader end_of_epoch(d, o);
+  end_of_epoch.restore({0, static_cast<int64_t>(lengths.size())});
+  EXPECT_EQ(drain(end_of_epoch).size(), static_cast<size_t>(batches_in_epoch[1] + batches_in_epoch[2]));
+  DataLoader bad(d, o);
+  EXPECT_EQ(error_of([&] { bad.restore({0, 24}); }),
+            "data loader: cannot restore position epoch 0 cursor 24 (dataset has 23 examples)");
+}
+
+}  // namespace
+}  // namespace mt
