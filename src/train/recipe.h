@@ -1,0 +1,73 @@
+// The training recipe: a YAML file for `mixtune finetune RECIPE.yaml [--set key.path=value ...]`.
+// Every key has a default except model.path, data.train and checkpoint.dir.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+struct RecipeModel {
+  std::string path;
+  std::string dtype = "bfloat16";  // bfloat16 | float32
+};
+
+struct RecipeData {
+  std::string train;
+  std::string eval;  // empty = no eval set
+  int64_t seq_len = 4096;
+  bool pack = true;
+  std::string truncation = "right";  // right | drop
+  bool skip_bad_lines = false;
+};
+
+struct RecipeTrain {
+  int64_t micro_batch_size = 1;
+  int64_t grad_accum = 1;
+  int64_t max_steps = 0;  // 0 = until the epochs end
+  int64_t epochs = 1;
+  uint64_t seed = 1234;
+  std::string device = "auto";  // auto | cpu | cuda | cuda:N
+  int64_t eval_every = 0;       // 0 = never
+};
+
+struct RecipeOptimizer {
+  std::string name = "adamw";
+  double lr = 1e-5;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  std::string master_weights = "float32";  // float32 | none
+};
+
+struct RecipeSchedule {
+  std::string name = "constant";  // constant | linear | cosine
+  int64_t warmup_steps = 0;
+  double min_lr_ratio = 0.0;
+};
+
+struct RecipeClip {
+  double max_grad_norm = 1.0;  // 0 disables clipping
+};
+
+struct RecipeCheckpoint {
+  std::string dir;
+  int64_t every_steps = 0;  // 0 = only the final checkpoint
+  int64_t keep_last = 2;
+};
+
+struct Recipe {
+  RecipeModel model;
+  RecipeData data;
+  RecipeTrain train;
+  RecipeOptimizer optimizer;
+  RecipeSchedule schedule;
+  RecipeClip clip;
+  RecipeCheckpoint checkpoint;
+};
+
+// Loads and validates a recipe; each of `sets` is "section.key=value" (value parsed as YAML,
+// e.g. "optimizer.betas=[0.9,0.95]") and is applied before validation. Throws a one-line mt::Error.
+Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets);
+
+}  // namespace mt

@@ -1,0 +1,250 @@
+#include "train/recipe.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "core/error.h"
+
+namespace mt {
+namespace {
+
+// Writes `text` to a fresh temp file; removed at scope end.
+struct TempRecipe {
+  std::string path;
+  explicit TempRecipe(const std::string& text) {
+    static int n = 0;
+    path = (std::filesystem::temp_directory_path() /
+            ("mixtune_recipe_" + std::to_string(::getpid()) + "_" + std::to_string(n++) + ".yaml"))
+               .string();
+    std::ofstream(path) << text;
+  }
+  ~TempRecipe() { std::filesystem::remove(path); }
+};
+
+const char* kMinimal = "model: {path: /m}\ndata: {train: t.jsonl}\ncheckpoint: {dir: /ck}\n";
+
+// Loads and returns the error text ("" if it loaded).
+std::string load_error(const std::string& text, const std::vector<std::string>& sets = {}) {
+  TempRecipe f(text);
+  try {
+    recipe_load(f.path, sets);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_EQ(msg.rfind(f.path, 0), 0u) << "message must start with the file: " << msg;
+    return msg.substr(f.path.size());
+  }
+  return "";
+}
+
+TEST(Recipe, FullRecipeParses) {
+  TempRecipe f(R"(
+model:
+  path: /models/qwen3-moe
+  dtype: float32
+data:
+  train: train.jsonl
+  eval: eval.jsonl
+  seq_len: 2048
+  pack: false
+  truncation: drop
+  skip_bad_lines: true
+train:
+  micro_batch_size: 4
+  grad_accum: 8
+  max_steps: 500
+  epochs: 3
+  seed: 42
+  device: cuda:1
+  eval_every: 50
+optimizer:
+  name: adamw
+  lr: 2.5e-4
+  betas: [0.8, 0.95]
+  eps: 1.0e-6
+  weight_decay: 0.1
+  master_weights: none
+schedule:
+  name: cosine
+  warmup_steps: 20
+  min_lr_ratio: 0.1
+clip:
+  max_grad_norm: 0
+checkpoint:
+  dir: /ck
+  every_steps: 100
+  keep_last: 5
+)");
+  const Recipe r = recipe_load(f.path, {});
+  EXPECT_EQ(r.model.path, "/models/qwen3-moe");
+  EXPECT_EQ(r.model.dtype, "float32");
+  EXPECT_EQ(r.data.train, "train.jsonl");
+  EXPECT_EQ(r.data.eval, "eval.jsonl");
+  EXPECT_EQ(r.data.seq_len, 2048);
+  EXPECT_FALSE(r.data.pack);
+  EXPECT_EQ(r.data.truncation, "drop");
+  EXPECT_TRUE(r.data.skip_bad_lines);
+  EXPECT_EQ(r.train.micro_batch_size, 4);
+  EXPECT_EQ(r.train.grad_accum, 8);
+  EXPECT_EQ(r.train.max_steps, 500);
+  EXPECT_EQ(r.train.epochs, 3);
+  EXPECT_EQ(r.train.seed, 42u);
+  EXPECT_EQ(r.train.device, "cuda:1");
+  EXPECT_EQ(r.train.eval_every, 50);
+  EXPECT_EQ(r.optimizer.name, "adamw");
+  EXPECT_DOUBLE_EQ(r.optimizer.lr, 2.5e-4);
+  EXPECT_DOUBLE_EQ(r.optimizer.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(r.optimizer.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(r.optimizer.eps, 1e-6);
+  EXPECT_DOUBLE_EQ(r.optimizer.weight_decay, 0.1);
+  EXPECT_EQ(r.optimizer.master_weights, "none");
+  EXPECT_EQ(r.schedule.name, "cosine");
+  EXPECT_EQ(r.schedule.warmup_steps, 20);
+  EXPECT_DOUBLE_EQ(r.schedule.min_lr_ratio, 0.1);
+  EXPECT_DOUBLE_EQ(r.clip.max_grad_norm, 0.0);
+  EXPECT_EQ(r.checkpoint.dir, "/ck");
+  EXPECT_EQ(r.checkpoint.every_steps, 100);
+  EXPECT_EQ(r.checkpoint.keep_last, 5);
+}
+
+TEST(Recipe, Defaults) {
+  TempRecipe f(kMinimal);
+  const Recipe r = recipe_load(f.path, {});
+  EXPECT_EQ(r.model.path, "/m");
+  EXPECT_EQ(r.model.dtype, "bfloat16");
+  EXPECT_EQ(r.data.eval, "");
+  EXPECT_EQ(r.data.seq_len, 4096);
+  EXPECT_TRUE(r.data.pack);
+  EXPECT_EQ(r.data.truncation, "right");
+  EXPECT_FALSE(r.data.skip_bad_lines);
+  EXPECT_EQ(r.train.micro_batch_size, 1);
+  EXPECT_EQ(r.train.grad_accum, 1);
+  EXPECT_EQ(r.train.max_steps, 0);
+  EXPECT_EQ(r.train.epochs, 1);
+  EXPECT_EQ(r.train.seed, 1234u);
+  EXPECT_EQ(r.train.device, "auto");
+  EXPECT_EQ(r.train.eval_every, 0);
+  EXPECT_DOUBLE_EQ(r.optimizer.lr, 1e-5);
+  EXPECT_DOUBLE_EQ(r.optimizer.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(r.optimizer.beta2, 0.999);
+  EXPECT_DOUBLE_EQ(r.optimizer.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(r.optimizer.weight_decay, 0.0);
+  EXPECT_EQ(r.optimizer.master_weights, "float32");
+  EXPECT_EQ(r.schedule.name, "constant");
+  EXPECT_EQ(r.schedule.warmup_steps, 0);
+  EXPECT_DOUBLE_EQ(r.schedule.min_lr_ratio, 0.0);
+  EXPECT_DOUBLE_EQ(r.clip.max_grad_norm, 1.0);
+  EXPECT_EQ(r.checkpoint.every_steps, 0);
+  EXPECT_EQ(r.checkpoint.keep_last, 2);
+}
+
+TEST(Recipe, SetOverridesScalarAndList) {
+  TempRecipe f(std::string(kMinimal) + "train: {grad_accum: 2}\n");
+  const Recipe r = recipe_load(
+      f.path, {"train.grad_accum=16", "optimizer.betas=[0.9,0.95]", "data.pack=false", "model.path=/other"});
+  EXPECT_EQ(r.train.grad_accum, 16);
+  EXPECT_DOUBLE_EQ(r.optimizer.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(r.optimizer.beta2, 0.95);
+  EXPECT_FALSE(r.data.pack);
+  EXPECT_EQ(r.model.path, "/other");
+  // A --set can supply a required key missing from the file; overrides are validated too.
+  TempRecipe g("model: {path: /m}\ndata: {train: t}\n");
+  EXPECT_EQ(recipe_load(g.path, {"checkpoint.dir=/x"}).checkpoint.dir, "/x");
+  EXPECT_EQ(load_error(kMinimal, {"train.grad_accum=0"}),
+            ": train.grad_accum: must be an integer >= 1 (found '0')");
+}
+
+TEST(Recipe, UnknownKeyAndSection) {
+  EXPECT_EQ(load_error(std::string(kMinimal) + "train: {foo: 1}\n"),
+            ": unknown key 'train.foo' (valid keys in 'train': micro_batch_size, grad_accum, max_steps, epochs, "
+            "seed, device, eval_every)");
+  EXPECT_EQ(load_error(std::string(kMinimal) + "trian: {epochs: 1}\n"),
+            ": unknown section 'trian' (valid sections: model, data, train, optimizer, schedule, clip, checkpoint)");
+  EXPECT_EQ(load_error(std::string(kMinimal) + "clip: 3\n"), ": clip: must be a mapping of keys (found 3)");
+  EXPECT_EQ(load_error("- a\n- b\n"), ": the recipe must be a mapping of sections (found a list)");
+}
+
+TEST(Recipe, BadValuesNameTheKeyPath) {
+  const std::string m = kMinimal;
+  EXPECT_EQ(load_error(m + "train: {micro_batch_size: abc}\n"),
+            ": train.micro_batch_size: must be an integer >= 1 (found 'abc')");
+  EXPECT_EQ(load_error(m + "train: {micro_batch_size: 1.5}\n"),
+            ": train.micro_batch_size: must be an integer >= 1 (found '1.5')");
+  EXPECT_EQ(load_error("model: {path: /m}\ncheckpoint: {dir: /c}\ndata: {train: t, seq_len: 0}\n"),
+            ": data.seq_len: must be an integer >= 1 (found '0')");
+  EXPECT_EQ(load_error(m + "optimizer: {lr: 0}\n"), ": optimizer.lr: must be a number > 0 (found '0')");
+  EXPECT_EQ(load_error(m + "optimizer: {lr: .nan}\n"), ": optimizer.lr: must be a number > 0 (found '.nan')");
+  EXPECT_EQ(load_error(m + "optimizer: {eps: -1e-8}\n"), ": optimizer.eps: must be a number > 0 (found '-1e-8')");
+  EXPECT_EQ(load_error(m + "optimizer: {betas: [0.9, 1.0]}\n"),
+            ": optimizer.betas: each beta must be a number in [0, 1) (found '1.0')");
+  EXPECT_EQ(load_error(m + "optimizer: {betas: [-0.1, 0.9]}\n"),
+            ": optimizer.betas: each beta must be a number in [0, 1) (found '-0.1')");
+  EXPECT_EQ(load_error(m + "optimizer: {betas: [0.9]}\n"),
+            ": optimizer.betas: must be a list [beta1, beta2] (found 'a list')");
+  EXPECT_EQ(load_error(m + "schedule: {min_lr_ratio: 1.5}\n"),
+            ": schedule.min_lr_ratio: must be a number in [0, 1] (found '1.5')");
+  EXPECT_EQ(load_error(m + "schedule: {warmup_steps: -1}\n"),
+            ": schedule.warmup_steps: must be an integer >= 0 (found '-1')");
+  EXPECT_EQ(load_error(m + "checkpoint_x: 1\n").find("unknown section 'checkpoint_x'"), 2u);
+  EXPECT_EQ(load_error("model: {path: /m}\ndata: {train: t}\ncheckpoint: {dir: /c, keep_last: 0}\n"),
+            ": checkpoint.keep_last: must be an integer >= 1 (found '0')");
+  EXPECT_EQ(load_error(m + "train: {grad_accum: 0}\n"), ": train.grad_accum: must be an integer >= 1 (found '0')");
+  EXPECT_EQ(load_error(m + "clip: {max_grad_norm: -1}\n"), ": clip.max_grad_norm: must be a number >= 0 (found '-1')");
+  EXPECT_EQ(load_error(m + "train: {pack: 1}\n").find("unknown key 'train.pack'"), 2u);
+  EXPECT_EQ(load_error("model: {path: /m}\ncheckpoint: {dir: /c}\ndata: {train: t, pack: maybe}\n"),
+            ": data.pack: must be true or false (found 'maybe')");
+}
+
+TEST(Recipe, EnumsListChoices) {
+  const std::string m = kMinimal;
+  EXPECT_EQ(load_error(m + "schedule: {name: step}\n"),
+            ": schedule.name: must be one of constant, linear, cosine (found 'step')");
+  EXPECT_EQ(load_error("model: {path: /m, dtype: fp16}\ndata: {train: t}\ncheckpoint: {dir: /c}\n"),
+            ": model.dtype: must be one of bfloat16, float32 (found 'fp16')");
+  EXPECT_EQ(load_error(m + "train: {device: gpu}\n"),
+            ": train.device: must be one of auto, cpu, cuda, cuda:N (found 'gpu')");
+  EXPECT_EQ(load_error(m + "train: {device: 'cuda:x'}\n"),
+            ": train.device: must be one of auto, cpu, cuda, cuda:N (found 'cuda:x')");
+  EXPECT_EQ(load_error(m + "optimizer: {name: sgd}\n"), ": optimizer.name: must be one of adamw (found 'sgd')");
+  EXPECT_EQ(load_error(m + "optimizer: {master_weights: bf16}\n"),
+            ": optimizer.master_weights: must be one of float32, none (found 'bf16')");
+}
+
+TEST(Recipe, RequiredKeys) {
+  EXPECT_EQ(load_error("data: {train: t}\ncheckpoint: {dir: /c}\n"), ": model.path: required key is missing");
+  EXPECT_EQ(load_error("model: {path: /m}\ncheckpoint: {dir: /c}\n"), ": data.train: required key is missing");
+  EXPECT_EQ(load_error("model: {path: /m}\ndata: {train: t}\n"), ": checkpoint.dir: required key is missing");
+  EXPECT_EQ(load_error(""), ": model.path: required key is missing");
+}
+
+TEST(Recipe, BadSetNamesTheArgument) {
+  EXPECT_EQ(load_error(kMinimal, {"train.grad_accum"}), ": --set 'train.grad_accum': expected section.key=value");
+  EXPECT_EQ(load_error(kMinimal, {"train.foo=1"}),
+            ": --set 'train.foo=1': unknown key 'train.foo' (valid keys in 'train': micro_batch_size, grad_accum, "
+            "max_steps, epochs, seed, device, eval_every)");
+  EXPECT_EQ(load_error(kMinimal, {"bogus.x=1"}).find(": --set 'bogus.x=1': unknown section 'bogus'"), 0u);
+  EXPECT_EQ(load_error(kMinimal, {"train=1"}).find(": --set 'train=1': unknown key 'train'"), 0u);
+  EXPECT_EQ(load_error(kMinimal, {"optimizer.betas=[0.9,"}).find(": --set 'optimizer.betas=[0.9,': value is not"),
+            0u);
+}
+
+TEST(Recipe, YamlSyntaxErrorHasLineAndColumn) {
+  const std::string e = load_error("model:\n  path: /m\ndata: [unclosed\n");
+  EXPECT_EQ(e.find(":4:"), 0u) << e;  // yaml-cpp reports the end of input for an unclosed flow list
+  EXPECT_NE(e.find("YAML syntax error"), std::string::npos) << e;
+  const std::string e2 = load_error("model:\n  path: /m\n    bad: indent\n");
+  EXPECT_EQ(e2.find(":3:"), 0u) << e2;
+  try {
+    recipe_load("/nonexistent/recipe.yaml", {});
+    FAIL();
+  } catch (const Error& err) {
+    EXPECT_STREQ(err.what(), "/nonexistent/recipe.yaml: cannot open recipe file");
+  }
+}
+
+}  // namespace
+}  // namespace mt
