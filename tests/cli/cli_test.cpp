@@ -9,6 +9,8 @@
 #include <fstream>
 #include <string>
 
+#include <unistd.h>
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -20,7 +22,8 @@ struct RunResult {
 };
 
 RunResult run(const std::string& args) {
-  const fs::path err_file = fs::temp_directory_path() / "mt_cli_stderr.txt";
+  // One file per process: ctest runs the tests of this file in parallel processes.
+  const fs::path err_file = fs::temp_directory_path() / ("mt_cli_stderr_" + std::to_string(::getpid()) + ".txt");
   std::string cmd = std::string(MIXTUNE_BINARY) + " " + args + " 2>" + err_file.string();
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
