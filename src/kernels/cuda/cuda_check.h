@@ -1,0 +1,38 @@
+// Error checks for CUDA runtime and cuBLASLt calls: a failure throws mt::Error naming the call,
+// file:line and the library's error string, e.g.
+//   "CUDA error at src/kernels/cuda/x.cu:12: cudaMalloc(&p, n): out of memory (cudaErrorMemoryAllocation)".
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+namespace mt::cuda {
+
+[[noreturn]] void cuda_fail(cudaError_t e, const char* expr, const char* file, int line);
+[[noreturn]] void cublas_fail(cublasStatus_t s, const char* expr, const char* file, int line);
+
+inline void cuda_check(cudaError_t e, const char* expr, const char* file, int line) {
+  if (e != cudaSuccess) cuda_fail(e, expr, file, line);
+}
+inline void cublas_check(cublasStatus_t s, const char* expr, const char* file, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS) cublas_fail(s, expr, file, line);
+}
+
+}  // namespace mt::cuda
+
+#define MT_CUDA_CHECK(expr) ::mt::cuda::cuda_check((expr), #expr, __FILE__, __LINE__)
+#define MT_CUBLAS_CHECK(expr) ::mt::cuda::cublas_check((expr), #expr, __FILE__, __LINE__)
+// After a kernel launch: reports a bad launch configuration at once (asynchronous faults surface later).
+#define MT_CUDA_CHECK_LAUNCH() ::mt::cuda::cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+namespace mt::cuda {
+// Contract checks usable in .cu files (nvcc cannot compile fmt's consteval format strings, so the
+// .cu files do not include core/error.h): throws mt::Error "<msg> (<expr> failed at file:line)".
+[[noreturn]] void require_fail(const char* file, int line, const char* expr, const std::string& msg);
+}  // namespace mt::cuda
+
+#define MT_CUDA_REQUIRE(cond, msg)                                                     \
+  do {                                                                                 \
+    if (!(cond)) ::mt::cuda::require_fail(__FILE__, __LINE__, #cond, (msg));           \
+  } while (0)

@@ -1,0 +1,156 @@
+#include "kernels/cuda/device_allocator.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace mt::cuda {
+
+namespace {
+constexpr int kMaxDevices = 64;
+constexpr size_t kSmallLimit = size_t{1} << 20;  // below: 512-byte classes; above: 2 MiB classes
+constexpr size_t kSmallRound = 512;
+constexpr size_t kLargeRound = size_t{2} << 20;
+
+size_t size_class(size_t n) {
+  if (n == 0) n = 1;
+  const size_t r = n <= kSmallLimit ? kSmallRound : kLargeRound;
+  return (n + r - 1) / r * r;
+}
+
+struct DevicePool {
+  std::multimap<size_t, void*> free_blocks;     // size -> block
+  std::unordered_map<void*, size_t> in_use;     // block -> size
+  AllocatorStats stats;
+};
+
+struct Allocator {
+  std::mutex mutex;
+  DevicePool pools[kMaxDevices];
+};
+
+// Never destroyed: Tensors freed during static destruction must still find it.
+Allocator& allocator() {
+  static Allocator* a = new Allocator();
+  return *a;
+}
+
+DevicePool& pool(int device) {
+  MT_CHECK(device >= 0 && device < kMaxDevices, "cuda device index {}", device);
+  return allocator().pools[device];
+}
+
+// cudaMalloc/cudaFree act on the current device: switch for the call and switch back.
+struct DeviceGuard {
+  int prev = -1;
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+    if (prev != device) MT_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceGuard() {
+    if (prev >= 0) cudaSetDevice(prev);
+  }
+};
+
+void release_cached(int device, DevicePool& p) {
+  DeviceGuard g(device);
+  for (auto& [size, ptr] : p.free_blocks) {
+    cudaFree(ptr);
+    p.stats.reserved_bytes -= static_cast<int64_t>(size);
+  }
+  p.free_blocks.clear();
+}
+
+void note_peaks(AllocatorStats& s) {
+  s.peak_allocated_bytes = std::max(s.peak_allocated_bytes, s.allocated_bytes);
+  s.peak_reserved_bytes = std::max(s.peak_reserved_bytes, s.reserved_bytes);
+}
+
+// Static registration: runs when the (whole-archive linked) CUDA library is part of the program.
+struct Registrar {
+  Registrar() { allocator_register(); }
+} g_registrar;
+}  // namespace
+
+void* device_alloc(int device, size_t nbytes) {
+  const size_t cls = size_class(nbytes);
+  std::lock_guard<std::mutex> lock(allocator().mutex);
+  DevicePool& p = pool(device);
+  // Best fit among cached blocks, accepting at most 1/8 slack so a small request cannot pin a huge block.
+  auto it = p.free_blocks.lower_bound(cls);
+  if (it != p.free_blocks.end() && it->first <= cls + cls / 8) {
+    void* ptr = it->second;
+    const size_t size = it->first;
+    p.free_blocks.erase(it);
+    p.in_use.emplace(ptr, size);
+    p.stats.allocated_bytes += static_cast<int64_t>(size);
+    p.stats.cache_hits++;
+    note_peaks(p.stats);
+    return ptr;
+  }
+  void* ptr = nullptr;
+  {
+    DeviceGuard g(device);
+    cudaError_t e = cudaMalloc(&ptr, cls);
+    if (e == cudaErrorMemoryAllocation && !p.free_blocks.empty()) {
+      cudaGetLastError();
+      release_cached(device, p);
+      e = cudaMalloc(&ptr, cls);
+    }
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      fail("CUDA out of memory on cuda:{}: allocating {} bytes ({} allocated, {} reserved by mixtune)", device,
+           nbytes, p.stats.allocated_bytes, p.stats.reserved_bytes);
+    }
+    MT_CUDA_CHECK(e);
+  }
+  p.in_use.emplace(ptr, cls);
+  p.stats.allocated_bytes += static_cast<int64_t>(cls);
+  p.stats.reserved_bytes += static_cast<int64_t>(cls);
+  p.stats.cuda_malloc_calls++;
+  note_peaks(p.stats);
+  return ptr;
+}
+
+void device_free(int device, void* ptr) {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lock(allocator().mutex);
+  if (device < 0 || device >= kMaxDevices) return;
+  DevicePool& p = allocator().pools[device];
+  auto it = p.in_use.find(ptr);
+  if (it == p.in_use.end()) return;  // not ours: ignore rather than corrupt the cache
+  p.stats.allocated_bytes -= static_cast<int64_t>(it->second);
+  p.free_blocks.emplace(it->second, ptr);
+  p.in_use.erase(it);
+}
+
+AllocatorStats allocator_stats(int device) {
+  std::lock_guard<std::mutex> lock(allocator().mutex);
+  return pool(device).stats;
+}
+
+void allocator_reset_peak(int device) {
+  std::lock_guard<std::mutex> lock(allocator().mutex);
+  AllocatorStats& s = pool(device).stats;
+  s.peak_allocated_bytes = s.allocated_bytes;
+  s.peak_reserved_bytes = s.reserved_bytes;
+}
+
+void allocator_empty_cache(int device) {
+  std::lock_guard<std::mutex> lock(allocator().mutex);
+  release_cached(device, pool(device));
+}
+
+void allocator_register() {
+  DeviceAllocator a;
+  a.alloc = [](int index, size_t n) { return device_alloc(index, n); };
+  a.free = [](int index, void* p) { device_free(index, p); };
+  register_cuda_allocator(a);
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,104 @@
+// CUDA infrastructure: error reporting, device discovery, allocator, host<->device copies.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_allocator.h"
+#include "kernels/cuda/device_context.h"
+#include "kernels/cuda/device_copy.h"
+#include "cuda_test_util.h"
+
+namespace mt {
+namespace {
+
+TEST(CudaDevice, CheckThrowsWithFileLineAndCudaString) {
+  try {
+    MT_CUDA_CHECK(cudaErrorInvalidValue);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("device_test.cpp:"), std::string::npos) << m;
+    EXPECT_NE(m.find("cudaErrorInvalidValue"), std::string::npos) << m;
+    EXPECT_NE(m.find("invalid argument"), std::string::npos) << m;
+  }
+  try {
+    MT_CUBLAS_CHECK(CUBLAS_STATUS_NOT_SUPPORTED);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUBLAS_STATUS_NOT_SUPPORTED"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaDevice, CountNeverThrows) {
+  int n = -1;
+  EXPECT_NO_THROW(n = cuda::device_count());
+  EXPECT_GE(n, 0);
+}
+
+TEST(CudaDevice, MissingDeviceIsAnError) {
+  const int n = cuda::device_count();
+  EXPECT_THROW(cuda::device_context(n), Error);
+  if (n == 0) EXPECT_THROW(Tensor::empty({4}, DType::F32, Device::cuda(0)), Error);
+}
+
+TEST(CudaDevice, RoundTripAndZeroFill) {
+  MT_SKIP_WITHOUT_CUDA();
+  Tensor h = test::host_random({3, 5, 7}, 1);
+  Tensor d = cuda::to_device(h, 0);
+  EXPECT_TRUE(d.device().is_cuda());
+  Tensor back = cuda::to_host(d);
+  EXPECT_EQ(back.shape(), h.shape());
+  EXPECT_EQ(back.to_floats(), h.to_floats());
+  // A row view copies only its rows.
+  Tensor r = cuda::to_host(d.rows(1, 2));
+  std::vector<float> hv = h.to_floats(), rv = r.to_floats();
+  EXPECT_EQ(rv, std::vector<float>(hv.begin() + 35, hv.begin() + 70));
+  auto& ctx = cuda::device_context(0);
+  Tensor c = Tensor::empty(d.shape(), d.dtype(), d.device());
+  cuda::copy_async(c, d, ctx.stream);
+  EXPECT_EQ(cuda::to_host(c).to_floats(), hv);
+  cuda::fill_zero_async(c, ctx.stream);
+  EXPECT_EQ(cuda::to_host(c).to_floats(), std::vector<float>(hv.size(), 0.0f));
+  Tensor empty = cuda::to_device(Tensor::empty({0, 4}, DType::BF16), 0);
+  EXPECT_EQ(cuda::to_host(empty).numel(), 0);
+}
+
+TEST(CudaDevice, AllocatorCachesAndAccounts) {
+  MT_SKIP_WITHOUT_CUDA();
+  cuda::device_context(0);
+  const auto before = cuda::allocator_stats(0);
+  const auto mem_before = memory_stats(Device::cuda(0));
+  void* first = nullptr;
+  {
+    Tensor t = Tensor::empty({1000, 1000}, DType::F32, Device::cuda(0));
+    first = t.data();
+    const auto s = cuda::allocator_stats(0);
+    EXPECT_GE(s.allocated_bytes - before.allocated_bytes, 4000000);
+    EXPECT_GE(s.reserved_bytes, s.allocated_bytes);
+    EXPECT_EQ(memory_stats(Device::cuda(0)).current_bytes - mem_before.current_bytes, 4000000);
+  }
+  const auto freed = cuda::allocator_stats(0);
+  EXPECT_EQ(freed.allocated_bytes, before.allocated_bytes);
+  EXPECT_GE(freed.reserved_bytes, before.reserved_bytes + 4000000);  // kept in the cache
+  Tensor again = Tensor::empty({1000, 1000}, DType::F32, Device::cuda(0));
+  EXPECT_EQ(again.data(), first);  // reused, no new cudaMalloc
+  EXPECT_EQ(cuda::allocator_stats(0).cuda_malloc_calls, freed.cuda_malloc_calls);
+  EXPECT_GE(cuda::allocator_stats(0).peak_allocated_bytes, 4000000);
+}
+
+TEST(CudaDevice, OutOfMemoryIsAnError) {
+  MT_SKIP_WITHOUT_CUDA();
+  cuda::device_context(0);
+  try {
+    Tensor t = Tensor::empty({int64_t{1} << 50}, DType::F32, Device::cuda(0));
+    FAIL() << "allocated 4 PiB";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory on cuda:0"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace mt
