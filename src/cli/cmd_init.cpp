@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "data/tokenizer.h"
 #include "models/causal_lm.h"
 #include "models/presets.h"
 
@@ -12,7 +13,7 @@ namespace mt::cli {
 
 namespace {
 struct InitArgs {
-  std::string config_file, preset, out, dtype;
+  std::string config_file, preset, out, dtype, tokenizer;
   uint64_t seed = 1234;
   int64_t layers = 0;
 };
@@ -35,6 +36,15 @@ void run_init(const InitArgs& a) {
   DType dtype = a.dtype.empty() ? cfg.dtype : parse_param_dtype(a.dtype, "--dtype");
   if (dtype != DType::F32 && dtype != DType::BF16) dtype = DType::F32;
   CausalLM m = CausalLM::from_config(cfg, dtype, a.seed);
+  if (!a.tokenizer.empty()) {
+    // The tokenizer files are carried into the checkpoint like any source directory's.
+    const std::string tok_file = a.tokenizer + "/tokenizer.json";
+    const Tokenizer tok = Tokenizer::from_file(tok_file);
+    if (tok.vocab_size() > cfg.vocab_size)
+      fail("--tokenizer: {} has {} tokens but the model's vocab_size is {}", tok_file, tok.vocab_size(),
+           cfg.vocab_size);
+    m.source_dir = a.tokenizer;
+  }
   m.save_pretrained(a.out);
   fmt::print("wrote {} ({} parameters, {}, seed {})\n", a.out, m.weights.parameter_count(),
              dtype_torch_name(dtype), a.seed);
@@ -54,6 +64,7 @@ void add_init_command(CLI::App& app) {
   cmd->add_option("--seed", a.seed, "random seed");
   cmd->add_option("--dtype", a.dtype, "parameter dtype: bfloat16 | float32 (default: the config's)");
   cmd->add_option("--layers", a.layers, "override num_hidden_layers");
+  cmd->add_option("--tokenizer", a.tokenizer, "directory whose tokenizer files are copied into OUT");
   cmd->callback([] { run_init(a); });
 }
 

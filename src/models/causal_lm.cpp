@@ -187,6 +187,12 @@ std::map<std::string, std::string> hf_shard_mapping(const std::vector<std::pair<
 }
 
 void CausalLM::save_pretrained(const std::string& dir, const SaveOptions& options) const {
+  AtomicDirWriter out(dir);
+  write_pretrained_files(out.path(), options);
+  out.commit();
+}
+
+void CausalLM::write_pretrained_files(const std::string& dir, const SaveOptions& options) const {
   // Transformers sorts the names of models it converts on load (qwen3_moe); others keep state_dict order.
   auto tensors = config.model_type == "qwen3_moe" ? hf_save_order(weights.to_hf(config)) : weights.to_hf(config);
   CheckpointWriteOptions wo;
@@ -202,16 +208,15 @@ void CausalLM::save_pretrained(const std::string& dir, const SaveOptions& option
     auto mapping = hf_shard_mapping(tensors, options.max_shard_bytes.value_or(50'000'000'000));
     if (!mapping.empty()) wo.shard_of = std::move(mapping);
   }
-  AtomicDirWriter out(dir);
   Qwen3MoeConfig cfg = config;
   cfg.dtype = dtype;
-  write_text(fs::path(out.path()) / "config.json", cfg.to_json().dump(2) + "\n");
+  write_text(fs::path(dir) / "config.json", cfg.to_json().dump(2) + "\n");
   bool have_generation_config = false;
   if (!source_dir.empty()) {
     for (const auto& name : carried_file_names()) {
       fs::path from = fs::path(source_dir) / name;
       if (!fs::is_regular_file(from)) continue;
-      copy_carried_file(from, fs::path(out.path()) / name);
+      copy_carried_file(from, fs::path(dir) / name);
       have_generation_config = have_generation_config || name == "generation_config.json";
     }
   }
@@ -219,10 +224,9 @@ void CausalLM::save_pretrained(const std::string& dir, const SaveOptions& option
     nlohmann::json g = {{"_from_model_config", true}};
     for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
       if (config.raw.contains(k) && !config.raw[k].is_null()) g[k] = config.raw[k];
-    write_text(fs::path(out.path()) / "generation_config.json", g.dump(2) + "\n");
+    write_text(fs::path(dir) / "generation_config.json", g.dump(2) + "\n");
   }
-  checkpoint_write_tensors(out.path(), tensors, wo);
-  out.commit();
+  checkpoint_write_tensors(dir, tensors, wo);
 }
 
 }  // namespace mt

@@ -33,6 +33,9 @@ class CausalLM {
   // Writes config.json, generation_config.json, tokenizer files carried from the source, and the
   // weights (per-expert HF names) atomically: a failed save leaves `dir` as it was.
   void save_pretrained(const std::string& dir, const SaveOptions& options = {}) const;
+  // The same files written into an existing directory, without the atomic swap: for callers that
+  // assemble a larger all-or-nothing directory (training checkpoints) themselves.
+  void write_pretrained_files(const std::string& dir, const SaveOptions& options = {}) const;
   // Converts the parameters to `dtype` (the source shard mapping is kept; bytes change).
   void cast(DType dtype);
 

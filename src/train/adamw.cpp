@@ -65,7 +65,7 @@ AdamW::AdamW(std::vector<std::pair<std::string, Tensor*>> params, AdamWOptions o
     s.param = p;
     s.exp_avg = Tensor::zeros(p->shape(), DType::F32);
     s.exp_avg_sq = Tensor::zeros(p->shape(), DType::F32);
-    if (p->dtype() == DType::BF16) s.master = p->to(DType::F32);
+    if (p->dtype() == DType::BF16 && options.master_weights) s.master = p->to(DType::F32);
     s.decay = decays ? decays(name) : true;
     slots_.push_back(std::move(s));
   }
@@ -117,6 +117,13 @@ void AdamW::step(const std::vector<const Tensor*>& grads, double lr) {
         float g = g_bf16 ? bf16_to_float(g16[k]) : g32[k];
         w[k] = adamw_element(w[k], g, m[k], v[k], ps);
         out[k] = float_to_bf16(w[k]);
+      }
+    } else if (s.param->dtype() == DType::BF16) {
+      uint16_t* w = s.param->data_as<uint16_t>();
+#pragma omp parallel for if (n >= kParallelMin)
+      for (int64_t k = 0; k < n; ++k) {
+        float g = g_bf16 ? bf16_to_float(g16[k]) : g32[k];
+        w[k] = float_to_bf16(adamw_element(bf16_to_float(w[k]), g, m[k], v[k], ps));
       }
     } else {
       float* w = s.param->data_as<float>();

@@ -2,8 +2,8 @@
 //   p *= 1 - lr*wd;  m = lerp(m, g, 1-b1);  v = b2*v + (1-b2)*g*g;
 //   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
 // Element math in fp32 exactly as torch orders it; bias corrections in double (Python floats).
-// BF16 parameters get an fp32 master copy that the update runs on; the parameter then holds
-// bf16(master) (round to nearest even). Moments are always fp32.
+// BF16 parameters get an fp32 master copy that the update runs on (unless master_weights is off); the
+// parameter then holds bf16(master) (round to nearest even). Moments are always fp32.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -21,6 +21,9 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
+  // BF16 parameters: true keeps an fp32 master copy; false updates from the bf16 value itself and
+  // rounds back to bf16 every step (half the state memory; small updates can vanish in rounding).
+  bool master_weights = true;
 };
 
 // HF Trainer's rule (Trainer.get_decay_parameter_names): no weight decay for biases and

@@ -22,9 +22,10 @@ struct Section {
 const std::vector<Section>& recipe_schema() {
   static const std::vector<Section> s = {
       {"model", {"path", "dtype"}},
-      {"data", {"train", "eval", "seq_len", "pack", "truncation", "skip_bad_lines"}},
-      {"train", {"micro_batch_size", "grad_accum", "max_steps", "epochs", "seed", "device", "eval_every"}},
-      {"optimizer", {"name", "lr", "betas", "eps", "weight_decay", "master_weights"}},
+      {"data", {"train", "eval", "seq_len", "pack", "truncation", "skip_bad_lines", "tokenizer"}},
+      {"train", {"micro_batch_size", "grad_accum", "max_steps", "epochs", "seed", "device", "eval_every",
+                 "log_every", "max_nonfinite_steps"}},
+      {"optimizer", {"name", "lr", "betas", "eps", "weight_decay", "master_weights", "decay_norms_and_biases"}},
       {"schedule", {"name", "warmup_steps", "min_lr_ratio"}},
       {"clip", {"max_grad_norm"}},
       {"checkpoint", {"dir", "every_steps", "keep_last"}},
@@ -209,6 +210,7 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
   rc.data.pack = r.boolean("data", "pack", rc.data.pack);
   rc.data.truncation = r.choice("data", "truncation", rc.data.truncation, {"right", "drop"});
   rc.data.skip_bad_lines = r.boolean("data", "skip_bad_lines", rc.data.skip_bad_lines);
+  rc.data.tokenizer = r.str("data", "tokenizer", rc.data.tokenizer);
 
   rc.train.micro_batch_size = r.integer("train", "micro_batch_size", rc.train.micro_batch_size, 1);
   rc.train.grad_accum = r.integer("train", "grad_accum", rc.train.grad_accum, 1);
@@ -226,6 +228,8 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
     if (!ok) r.bad("train", "device", "must be one of auto, cpu, cuda, cuda:N", r.get("train", "device"));
   }
   rc.train.eval_every = r.integer("train", "eval_every", rc.train.eval_every, 0);
+  rc.train.log_every = r.integer("train", "log_every", rc.train.log_every, 1);
+  rc.train.max_nonfinite_steps = r.integer("train", "max_nonfinite_steps", rc.train.max_nonfinite_steps, 1);
 
   rc.optimizer.name = r.choice("optimizer", "name", rc.optimizer.name, {"adamw"});
   rc.optimizer.lr = r.real("optimizer", "lr", rc.optimizer.lr, 0, true, kInf, true, "must be a number > 0");
@@ -240,6 +244,8 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
       r.real("optimizer", "weight_decay", rc.optimizer.weight_decay, 0, false, kInf, true, "must be a number >= 0");
   rc.optimizer.master_weights =
       r.choice("optimizer", "master_weights", rc.optimizer.master_weights, {"float32", "none"});
+  rc.optimizer.decay_norms_and_biases =
+      r.boolean("optimizer", "decay_norms_and_biases", rc.optimizer.decay_norms_and_biases);
 
   rc.schedule.name = r.choice("schedule", "name", rc.schedule.name, {"constant", "linear", "cosine"});
   rc.schedule.warmup_steps = r.integer("schedule", "warmup_steps", rc.schedule.warmup_steps, 0);

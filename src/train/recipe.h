@@ -19,6 +19,7 @@ struct RecipeData {
   bool pack = true;
   std::string truncation = "right";  // right | drop
   bool skip_bad_lines = false;
+  std::string tokenizer;  // directory with tokenizer.json; empty = model.path
 };
 
 struct RecipeTrain {
@@ -29,6 +30,8 @@ struct RecipeTrain {
   uint64_t seed = 1234;
   std::string device = "auto";  // auto | cpu | cuda | cuda:N
   int64_t eval_every = 0;       // 0 = never
+  int64_t log_every = 1;        // progress lines (not a TTY) every N steps; metrics.jsonl gets every step
+  int64_t max_nonfinite_steps = 5;  // consecutive NaN/Inf steps (skipped) before training stops
 };
 
 struct RecipeOptimizer {
@@ -38,6 +41,9 @@ struct RecipeOptimizer {
   double eps = 1e-8;
   double weight_decay = 0.0;
   std::string master_weights = "float32";  // float32 | none
+  // false: HF Trainer's rule (no decay for norm weights and biases); true: decay every parameter, as
+  // torch.optim.AdamW(model.parameters()) does.
+  bool decay_norms_and_biases = false;
 };
 
 struct RecipeSchedule {

@@ -1,0 +1,57 @@
+// mixtune finetune RECIPE.yaml [--set key.path=value ...] [--resume]
+// SIGINT / SIGTERM: finish the current optimizer step, write a checkpoint, exit with 130 / 143.
+// A second signal kills the process at once (the default action is restored by the first).
+#include <csignal>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "train/recipe.h"
+#include "train/trainer.h"
+
+namespace mt::cli {
+
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+  std::signal(sig, SIG_DFL);
+}
+
+struct FinetuneArgs {
+  std::string recipe;
+  std::vector<std::string> sets;
+  bool resume = false;
+};
+
+void run_finetune(const FinetuneArgs& a) {
+  const Recipe recipe = recipe_load(a.recipe, a.sets);
+  FinetuneOptions o;
+  o.resume = a.resume;
+  o.stop_requested = [] { return g_stop_signal != 0; };
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  const FinetuneResult r = finetune(recipe, o);
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (r.interrupted) {
+    std::fflush(stdout);
+    std::exit(128 + static_cast<int>(g_stop_signal));
+  }
+}
+
+}  // namespace
+
+void add_finetune_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("finetune", "Fine-tune a model as a YAML recipe says (docs: README, Recipes)");
+  static FinetuneArgs a;
+  cmd->add_option("RECIPE", a.recipe, "recipe YAML file")->required();
+  cmd->add_option("--set", a.sets, "override a recipe key: section.key=value (YAML value), repeatable");
+  cmd->add_flag("--resume", a.resume, "continue from <checkpoint.dir>/latest");
+  cmd->callback([] { run_finetune(a); });
+}
+
+}  // namespace mt::cli

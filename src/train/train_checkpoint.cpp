@@ -1,0 +1,157 @@
+#include "train/train_checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "io/atomic_dir.h"
+#include "io/atomic_file.h"
+#include "io/json_text.h"
+#include "io/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace mt {
+namespace {
+
+constexpr const char* kStateFormat = "mixtune-trainer-state-1";
+constexpr const char* kPrefix = "checkpoint-";
+
+std::string checkpoint_name(int64_t step) { return fmt::format("{}{:06d}", kPrefix, step); }
+
+// The step of a "checkpoint-<digits>" directory name, or -1.
+int64_t checkpoint_step(const std::string& name) {
+  if (name.rfind(kPrefix, 0) != 0) return -1;
+  const std::string digits = name.substr(std::strlen(kPrefix));
+  if (digits.empty() || digits.size() > 15) return -1;
+  for (char c : digits)
+    if (c < '0' || c > '9') return -1;
+  return std::stoll(digits);
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) fail("{}: cannot open", p.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void prune(const fs::path& run_dir, const std::string& keep_name, int64_t keep_last) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  for (const auto& e : fs::directory_iterator(run_dir)) {
+    if (!e.is_directory()) continue;
+    const std::string name = e.path().filename().string();
+    const int64_t step = checkpoint_step(name);
+    if (step >= 0) found.emplace_back(step, name);
+  }
+  std::sort(found.begin(), found.end());
+  int64_t excess = static_cast<int64_t>(found.size()) - keep_last;
+  for (const auto& [step, name] : found) {
+    if (excess <= 0) break;
+    if (name == keep_name) continue;
+    std::error_code ec;
+    fs::remove_all(run_dir / name, ec);
+    if (ec) fail("{}: cannot remove old checkpoint: {}", (run_dir / name).string(), ec.message());
+    --excess;
+  }
+}
+
+}  // namespace
+
+std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& model, AdamW& optimizer,
+                                  const TrainerState& state, int64_t keep_last) {
+  const std::string name = checkpoint_name(state.step);
+  const fs::path final_dir = fs::path(run_dir) / name;
+  {
+    AtomicDirWriter out(final_dir.string());
+    model.write_pretrained_files(out.path());
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (auto& [n, t] : optimizer.named_state()) tensors.emplace_back(n, *t);
+    safetensors_write((fs::path(out.path()) / "optimizer.safetensors").string(), tensors,
+                      {{"format", "mixtune-adamw"}});
+    nlohmann::ordered_json j;
+    j["format"] = kStateFormat;
+    j["step"] = state.step;
+    j["optimizer_steps"] = state.optimizer_steps;
+    j["loader"] = {{"epoch", state.loader.epoch}, {"cursor", state.loader.cursor}};
+    j["nonfinite_streak"] = state.nonfinite_streak;
+    j["tokens_seen"] = state.tokens_seen;
+    j["identity"] = state.identity;
+    const std::string text = j.dump(2) + "\n";
+    file_write_atomic((fs::path(out.path()) / "trainer_state.json").string(), {text});
+    out.commit();
+  }
+  const std::string pointer = name + "\n";
+  file_write_atomic((fs::path(run_dir) / "latest").string(), {pointer});
+  prune(run_dir, name, keep_last);
+  return final_dir.string();
+}
+
+std::string train_checkpoint_latest(const std::string& run_dir) {
+  const fs::path pointer = fs::path(run_dir) / "latest";
+  if (!fs::exists(pointer)) return "";
+  std::string name = read_file(pointer);
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
+  if (checkpoint_step(name) < 0) fail("{}: does not name a checkpoint directory (found '{}')", pointer.string(), name);
+  const fs::path dir = fs::path(run_dir) / name;
+  for (const char* f : {"trainer_state.json", "optimizer.safetensors", "config.json"})
+    if (!fs::is_regular_file(dir / f)) fail("{}: {} is missing: the checkpoint is incomplete", dir.string(), f);
+  return dir.string();
+}
+
+TrainerState train_state_read(const std::string& checkpoint_dir) {
+  const fs::path p = fs::path(checkpoint_dir) / "trainer_state.json";
+  const std::string where = p.string();
+  const nlohmann::ordered_json j = json_parse_strict(read_file(p), where);
+  if (!j.is_object()) fail("{}: expected a JSON object", where);
+  auto field = [&](const char* key) -> const nlohmann::ordered_json& {
+    if (!j.contains(key)) fail("{}: {}: missing", where, key);
+    return j[key];
+  };
+  auto integer = [&](const nlohmann::ordered_json& v, const std::string& key) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) fail("{}: {}: expected an integer >= 0, found {}", where, key, v.dump());
+    return v.get<int64_t>();
+  };
+  if (field("format") != kStateFormat)
+    fail("{}: format: expected \"{}\", found {}", where, kStateFormat, field("format").dump());
+  TrainerState s;
+  s.step = integer(field("step"), "step");
+  s.optimizer_steps = integer(field("optimizer_steps"), "optimizer_steps");
+  const auto& loader = field("loader");
+  if (!loader.is_object() || !loader.contains("epoch") || !loader.contains("cursor"))
+    fail("{}: loader: expected {{\"epoch\": N, \"cursor\": N}}", where);
+  s.loader.epoch = integer(loader["epoch"], "loader.epoch");
+  s.loader.cursor = integer(loader["cursor"], "loader.cursor");
+  s.nonfinite_streak = integer(field("nonfinite_streak"), "nonfinite_streak");
+  s.tokens_seen = integer(field("tokens_seen"), "tokens_seen");
+  s.identity = nlohmann::json::parse(field("identity").dump());
+  return s;
+}
+
+void optimizer_state_read(const std::string& checkpoint_dir, AdamW& optimizer) {
+  const std::string path = (fs::path(checkpoint_dir) / "optimizer.safetensors").string();
+  SafetensorsFile f = SafetensorsFile::open(path);
+  auto state = optimizer.named_state();
+  for (auto& [name, dst] : state) {
+    if (!f.has(name)) fail("{}: tensor '{}' is missing", path, name);
+    const SafetensorsInfo& info = f.info(name);
+    if (info.dtype != DType::F32 || info.shape != dst->shape())
+      fail("{}: tensor '{}' is {} {} (expected F32 {})", path, name, dtype_safetensors_name(info.dtype),
+           shape_str(info.shape), shape_str(dst->shape()));
+    // memcpy: the mapped bytes need not be aligned for float loads.
+    const Tensor src = f.tensor(name);
+    std::memcpy(dst->data(), src.data(), dst->nbytes());
+  }
+  if (f.names().size() != state.size())
+    fail("{}: holds {} tensors, the optimizer has {} (a different model or master_weights setting?)", path,
+         f.names().size(), state.size());
+}
+
+}  // namespace mt

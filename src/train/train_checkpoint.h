@@ -1,0 +1,40 @@
+// Training checkpoints: <run_dir>/checkpoint-<step>/ holds the model in Hugging Face format (loadable
+// by Transformers as is) plus optimizer.safetensors (AdamW moments and fp32 master weights) and
+// trainer_state.json (step, loader position, counters, the recipe fields a resume must agree with).
+// A checkpoint is assembled in a temporary directory, fsynced and renamed into place; only then does
+// <run_dir>/latest (one line: the directory name) move to it, so `latest` never names a partial save.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "data/dataset.h"
+#include "models/causal_lm.h"
+#include "train/adamw.h"
+
+namespace mt {
+
+struct TrainerState {
+  int64_t step = 0;             // optimizer steps completed (skipped non-finite steps included)
+  int64_t optimizer_steps = 0;  // AdamW's t (skipped steps excluded)
+  LoaderPosition loader;        // where the next micro-batch comes from
+  int64_t nonfinite_streak = 0;
+  int64_t tokens_seen = 0;      // input tokens of all micro-batches so far
+  nlohmann::json identity;      // recipe fields that must be unchanged to resume (see trainer.cpp)
+};
+
+// Saves checkpoint-<step>, moves `latest` to it, then removes the oldest checkpoint-* directories
+// beyond keep_last (never the one `latest` names). Returns the checkpoint directory.
+std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& model, AdamW& optimizer,
+                                  const TrainerState& state, int64_t keep_last);
+
+// The checkpoint directory `latest` names, or "" when the run has none. A `latest` naming a missing
+// or incomplete directory is an error.
+std::string train_checkpoint_latest(const std::string& run_dir);
+
+TrainerState train_state_read(const std::string& checkpoint_dir);
+// Copies optimizer.safetensors into the optimizer's state (every name, shape and dtype checked).
+void optimizer_state_read(const std::string& checkpoint_dir, AdamW& optimizer);
+
+}  // namespace mt

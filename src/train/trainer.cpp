@@ -1,0 +1,363 @@
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <limits>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "io/hf_cache.h"
+#include "models/causal_lm.h"
+#include "models/qwen3_moe_model.h"
+#include "train/adamw.h"
+#include "train/grad_clip.h"
+#include "train/lr_schedule.h"
+#include "train/metrics_log.h"
+#include "train/progress.h"
+#include "train/train_checkpoint.h"
+
+namespace fs = std::filesystem;
+
+namespace mt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The recipe settings that decide which batches a step sees and how parameters are stored: a resume
+// with any of them changed would not continue the same run, so it is refused. (lr, schedule, clipping,
+// max_steps, eval and checkpoint settings may change between resumes.)
+nlohmann::json recipe_identity(const Recipe& r) {
+  nlohmann::json j;
+  j["model.dtype"] = r.model.dtype;
+  j["data.train"] = fs::absolute(r.data.train).lexically_normal().string();
+  j["data.seq_len"] = r.data.seq_len;
+  j["data.pack"] = r.data.pack;
+  j["data.truncation"] = r.data.truncation;
+  j["train.micro_batch_size"] = r.train.micro_batch_size;
+  j["train.grad_accum"] = r.train.grad_accum;
+  j["train.seed"] = r.train.seed;
+  j["optimizer.master_weights"] = r.optimizer.master_weights;
+  return j;
+}
+
+void identity_check(const nlohmann::json& recipe, const nlohmann::json& saved, const std::string& ckpt) {
+  for (const auto& [key, value] : recipe.items()) {
+    if (!saved.contains(key)) fail("{}: trainer_state.json: identity.{}: missing", ckpt, key);
+    if (saved[key] != value)
+      fail("cannot resume from {}: {} is {} in the recipe but was {} when the checkpoint was written", ckpt, key,
+           value.dump(), saved[key].dump());
+  }
+}
+
+Batch batch_of(const MicroBatch& mb) {
+  Batch b;
+  b.input_ids = mb.input_ids;
+  b.labels = mb.labels;
+  b.position_ids = mb.position_ids;
+  return b;
+}
+
+int32_t pad_id_of(const Qwen3MoeConfig& cfg, const Tokenizer* tok) {
+  if (cfg.raw.contains("pad_token_id") && cfg.raw["pad_token_id"].is_number_integer()) {
+    const int64_t id = cfg.raw["pad_token_id"].get<int64_t>();
+    if (id >= 0 && id < cfg.vocab_size) return static_cast<int32_t>(id);
+  }
+  if (tok)
+    if (auto id = tok->token_to_id("<|endoftext|>"); id && *id < cfg.vocab_size) return *id;
+  return 0;
+}
+
+struct EvalResult {
+  double ce_loss = 0, aux_loss = 0;
+  int64_t tokens = 0;
+};
+
+// Token-weighted CE over the whole eval set (no shuffling, one pass), and the mean aux loss per batch.
+EvalResult evaluate(Qwen3MoeModel& model, const Dataset& data, LoaderOptions lo) {
+  lo.shuffle = false;
+  lo.epochs = 1;
+  DataLoader loader(data, lo);
+  MicroBatch mb;
+  EvalResult r;
+  double ce_sum = 0, aux_sum = 0;
+  int64_t batches = 0;
+  while (loader.next(mb)) {
+    LossOptions o;
+    o.ce_divisor = 1;  // ce_loss = the CE sum of this batch
+    ForwardResult f = model.forward(batch_of(mb), false, o);
+    ce_sum += f.ce_loss;
+    aux_sum += f.aux_loss;
+    r.tokens += f.tokens;
+    ++batches;
+  }
+  r.ce_loss = r.tokens > 0 ? ce_sum / static_cast<double>(r.tokens) : 0;
+  r.aux_loss = batches > 0 ? aux_sum / static_cast<double>(batches) : 0;
+  return r;
+}
+
+std::string dataset_summary(const char* what, const DatasetOptions& o, const DatasetStats& s) {
+  return fmt::format("{} data {}: {} examples, {} tokens ({} trained){}{}{}", what, o.path, s.examples, s.tokens,
+                     s.trained_tokens, s.from_cache ? ", from cache" : "",
+                     s.skipped_bad_lines ? fmt::format(", {} malformed lines skipped", s.skipped_bad_lines) : "",
+                     s.truncated || s.dropped_too_long
+                         ? fmt::format(", {} truncated, {} dropped as too long", s.truncated, s.dropped_too_long)
+                         : "");
+}
+
+}  // namespace
+
+FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
+  if (r.train.device.rfind("cuda", 0) == 0)
+    fail("train.device: '{}': this build trains on the CPU only (the CUDA training path is not built yet); use "
+         "auto or cpu",
+         r.train.device);
+  const bool tty = o.progress_tty >= 0 ? o.progress_tty == 1 : isatty(fileno(o.log)) == 1;
+  ProgressReporter progress(o.log, tty, r.train.log_every);
+  const fs::path run_dir = r.checkpoint.dir;
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec) fail("checkpoint.dir: cannot create {}: {}", run_dir.string(), ec.message());
+
+  // Resume point (or refuse to start over an existing run by accident).
+  TrainerState st;
+  st.identity = recipe_identity(r);
+  const std::string latest = train_checkpoint_latest(run_dir.string());
+  std::string resume_dir;
+  if (o.resume) {
+    if (latest.empty())
+      fail("--resume: {} has no checkpoint to resume from (no 'latest' file)", run_dir.string());
+    resume_dir = latest;
+    TrainerState saved = train_state_read(resume_dir);
+    identity_check(st.identity, saved.identity, resume_dir);
+    saved.identity = st.identity;
+    st = saved;
+  } else if (!latest.empty()) {
+    fail("checkpoint.dir: {} already holds a run (latest: {}); pass --resume to continue it, or choose another "
+         "directory",
+         run_dir.string(), fs::path(latest).filename().string());
+  }
+
+  // Model, tokenizer, data.
+  LoadOptions lo;
+  lo.dtype = r.model.dtype == "float32" ? DType::F32 : DType::BF16;
+  CausalLM lm = CausalLM::from_pretrained(resume_dir.empty() ? r.model.path : resume_dir, lo);
+  const Qwen3MoeConfig& cfg = lm.config;
+  const std::string tok_dir = r.data.tokenizer.empty() ? hf_resolve_model_path(r.model.path) : r.data.tokenizer;
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (fs::is_regular_file(fs::path(tok_dir) / "tokenizer.json")) {
+    tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_file((fs::path(tok_dir) / "tokenizer.json").string()));
+  } else if (!r.data.tokenizer.empty()) {
+    fail("data.tokenizer: {} has no tokenizer.json", tok_dir);
+  }
+  DatasetOptions dopt;
+  dopt.path = r.data.train;
+  dopt.seq_len = r.data.seq_len;
+  dopt.truncation = r.data.truncation;
+  dopt.skip_bad_lines = r.data.skip_bad_lines;
+  dopt.cache_dir = (run_dir / "data-cache").string();
+  const Dataset train_data = Dataset::load(dopt, tokenizer.get(), cfg.vocab_size);
+  progress.message(dataset_summary("train", dopt, train_data.stats()));
+  std::unique_ptr<Dataset> eval_data;
+  DatasetOptions eopt = dopt;
+  if (!r.data.eval.empty()) {
+    eopt.path = r.data.eval;
+    eval_data = std::make_unique<Dataset>(Dataset::load(eopt, tokenizer.get(), cfg.vocab_size));
+    progress.message(dataset_summary("eval", eopt, eval_data->stats()));
+  }
+
+  LoaderOptions lopt;
+  lopt.micro_batch_size = r.train.micro_batch_size;
+  lopt.seq_len = r.data.seq_len;
+  lopt.pack = r.data.pack;
+  lopt.shuffle = true;
+  lopt.seed = r.train.seed;
+  // As the HF Trainer: max_steps > 0 overrides epochs (the data repeats as often as needed).
+  lopt.epochs = r.train.max_steps > 0 ? std::numeric_limits<int64_t>::max() / 4 : r.train.epochs;
+  lopt.pad_id = pad_id_of(cfg, tokenizer.get());
+  DataLoader loader(train_data, lopt);
+  const int64_t batches_per_epoch = loader.batches_per_epoch();
+  const int64_t total_steps =
+      r.train.max_steps > 0 ? r.train.max_steps
+                            : std::max<int64_t>(1, (batches_per_epoch * r.train.epochs + r.train.grad_accum - 1) /
+                                                       r.train.grad_accum);
+
+  Qwen3MoeModel model(cfg, lm.weights);
+  Qwen3MoeWeights grads = Qwen3MoeWeights::zeros_like_config(cfg, DType::F32);
+  std::vector<Tensor*> grad_list;
+  for (auto& [name, g] : grads.named_parameters()) grad_list.push_back(g);
+  std::vector<const Tensor*> grad_const(grad_list.begin(), grad_list.end());
+
+  AdamWOptions aopt;
+  aopt.lr = r.optimizer.lr;
+  aopt.beta1 = r.optimizer.beta1;
+  aopt.beta2 = r.optimizer.beta2;
+  aopt.eps = r.optimizer.eps;
+  aopt.weight_decay = r.optimizer.weight_decay;
+  aopt.master_weights = r.optimizer.master_weights == "float32";
+  std::function<bool(const std::string&)> decays;
+  if (!r.optimizer.decay_norms_and_biases) decays = adamw_hf_decays;
+  AdamW optimizer(lm.weights.named_parameters(), aopt, decays);
+
+  if (!resume_dir.empty()) {
+    optimizer_state_read(resume_dir, optimizer);
+    optimizer.set_step_count(st.optimizer_steps);
+    loader.restore(st.loader);
+    progress.message(fmt::format("resumed from {} at step {}", resume_dir, st.step));
+  }
+  LrSchedule sched;
+  sched.name = r.schedule.name;
+  sched.peak_lr = r.optimizer.lr;
+  sched.warmup_steps = r.schedule.warmup_steps;
+  sched.total_steps = total_steps;
+  sched.min_lr_ratio = r.schedule.min_lr_ratio;
+
+  MetricsLog metrics((run_dir / "metrics.jsonl").string(), resume_dir.empty() ? -1 : st.step);
+  progress.message(fmt::format("model {}: {} parameters ({}), {} steps of {} x {} micro-batches x {} tokens",
+                               r.model.path, lm.weights.parameter_count(), r.model.dtype, total_steps,
+                               r.train.grad_accum, r.train.micro_batch_size, r.data.seq_len));
+
+  FinetuneResult result;
+  int64_t last_saved_step = resume_dir.empty() ? -1 : st.step;
+  std::deque<double> recent_step_seconds;
+  std::vector<MicroBatch> window;
+  bool data_done = false;
+  while (st.step < total_steps && !data_done) {
+    const auto t0 = Clock::now();
+    window.clear();
+    for (int64_t i = 0; i < r.train.grad_accum; ++i) {
+      MicroBatch mb;
+      if (!loader.next(mb)) {
+        data_done = true;
+        break;
+      }
+      window.push_back(std::move(mb));
+    }
+    if (window.empty()) break;
+    // HF Trainer: num_items_in_batch = valid labels of the whole accumulation window.
+    int64_t window_labels = 0, window_tokens = 0;
+    for (const auto& mb : window) {
+      window_labels += mb.valid_labels;
+      window_tokens += mb.input_ids.numel();
+    }
+    for (Tensor* g : grad_list) std::memset(g->data(), 0, g->nbytes());
+    LossOptions lopts;
+    lopts.ce_divisor = static_cast<double>(std::max<int64_t>(1, window_labels));
+    double loss = 0, ce = 0, aux = 0;
+    for (const auto& mb : window) {
+      ForwardResult f = model.forward_backward(batch_of(mb), grads, lopts);
+      loss += f.loss;
+      ce += f.ce_loss;
+      aux += f.aux_loss;
+    }
+    aux /= static_cast<double>(window.size());
+    const double grad_norm = grad_global_norm(grad_list);
+    const double lr = lr_at(sched, st.step);
+    const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
+    if (finite) {
+      grad_clip_to(grad_list, grad_norm, r.clip.max_grad_norm);
+      optimizer.step(grad_const, lr);
+      st.nonfinite_streak = 0;
+    } else {
+      ++st.nonfinite_streak;
+    }
+    ++st.step;
+    st.optimizer_steps = optimizer.step_count();
+    st.loader = loader.position();
+    st.tokens_seen += window_tokens;
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    recent_step_seconds.push_back(seconds);
+    if (recent_step_seconds.size() > 20) recent_step_seconds.pop_front();
+    double avg = 0;
+    for (double s : recent_step_seconds) avg += s;
+    avg /= static_cast<double>(recent_step_seconds.size());
+
+    nlohmann::ordered_json rec;
+    rec["step"] = st.step;
+    rec["loss"] = finite ? nlohmann::ordered_json(loss) : nlohmann::ordered_json(nullptr);
+    rec["ce_loss"] = std::isfinite(ce) ? nlohmann::ordered_json(ce) : nlohmann::ordered_json(nullptr);
+    rec["aux_loss"] = std::isfinite(aux) ? nlohmann::ordered_json(aux) : nlohmann::ordered_json(nullptr);
+    rec["grad_norm"] = std::isfinite(grad_norm) ? nlohmann::ordered_json(grad_norm) : nlohmann::ordered_json(nullptr);
+    rec["lr"] = lr;
+    rec["tokens"] = window_tokens;
+    rec["trained_tokens"] = window_labels;
+    rec["tokens_per_s"] = seconds > 0 ? static_cast<double>(window_tokens) / seconds : 0.0;
+    rec["peak_memory_bytes"] = memory_stats(Device::cpu()).peak_bytes;
+    rec["epoch"] = st.loader.epoch;
+    if (!finite) rec["skipped"] = true;
+
+    StepReport rep;
+    rep.step = st.step;
+    rep.total_steps = total_steps;
+    rep.loss = loss;
+    rep.lr = lr;
+    rep.grad_norm = grad_norm;
+    rep.tokens_per_s = rec["tokens_per_s"].get<double>();
+    rep.seconds_per_step = avg;
+    rep.skipped = !finite;
+    if (!finite) {
+      progress.message(fmt::format("warning: step {}: non-finite {} ({} in a row); the update was skipped",
+                                   st.step, std::isfinite(loss) ? "gradients" : "loss", st.nonfinite_streak));
+      if (st.nonfinite_streak >= r.train.max_nonfinite_steps) {
+        metrics.append(rec);
+        fail("training diverged: {} consecutive steps with a non-finite loss or gradients (last: step {}); lower "
+             "optimizer.lr, enable clip.max_grad_norm or check the data (train.max_nonfinite_steps = {})",
+             st.nonfinite_streak, st.step, r.train.max_nonfinite_steps);
+      }
+    }
+    if (eval_data && r.train.eval_every > 0 && st.step % r.train.eval_every == 0) {
+      const EvalResult e = evaluate(model, *eval_data, lopt);
+      rec["eval_loss"] = e.ce_loss;
+      rec["eval_aux_loss"] = e.aux_loss;
+      rec["eval_tokens"] = e.tokens;
+      progress.message(fmt::format("step {}: eval_loss {:.4f} over {} tokens", st.step, e.ce_loss, e.tokens));
+    }
+    metrics.append(rec);
+    progress.step(rep);
+    result.last_loss = loss;
+
+    const bool stop = o.stop_requested && o.stop_requested();
+    const bool periodic = r.checkpoint.every_steps > 0 && st.step % r.checkpoint.every_steps == 0;
+    if ((periodic && st.step < total_steps) || stop) {
+      result.last_checkpoint = train_checkpoint_save(run_dir.string(), lm, optimizer, st, r.checkpoint.keep_last);
+      last_saved_step = st.step;
+      progress.message(fmt::format("checkpoint: {}", result.last_checkpoint));
+    }
+    if (stop) {
+      progress.finish();
+      progress.message(fmt::format("interrupted at step {}; continue with --resume", st.step));
+      result.steps = st.step;
+      result.interrupted = true;
+      return result;
+    }
+  }
+  progress.finish();
+  result.steps = st.step;
+  // The end state is also a resumable checkpoint when periodic checkpoints are on (a later --resume with a
+  // larger max_steps continues from it).
+  if (r.checkpoint.every_steps > 0 && last_saved_step != st.step) {
+    result.last_checkpoint = train_checkpoint_save(run_dir.string(), lm, optimizer, st, r.checkpoint.keep_last);
+  }
+  result.final_dir = (run_dir / "final").string();
+  lm.save_pretrained(result.final_dir);
+  progress.message(fmt::format("final model: {}", result.final_dir));
+  const std::string why = loss_plot_write((run_dir / "metrics.jsonl").string(), (run_dir / "loss.png").string());
+  if (why.empty())
+    progress.message(fmt::format("loss curve: {}", (run_dir / "loss.png").string()));
+  else
+    progress.message("warning: no loss plot: " + why);
+  return result;
+}
+
+}  // namespace mt
