@@ -41,7 +41,9 @@ TEST(CudaDevice, CountNeverThrows) {
 TEST(CudaDevice, MissingDeviceIsAnError) {
   const int n = cuda::device_count();
   EXPECT_THROW(cuda::device_context(n), Error);
-  if (n == 0) EXPECT_THROW(Tensor::empty({4}, DType::F32, Device::cuda(0)), Error);
+  if (n == 0) {
+    EXPECT_THROW(Tensor::empty({4}, DType::F32, Device::cuda(0)), Error);
+  }
 }
 
 TEST(CudaDevice, RoundTripAndZeroFill) {

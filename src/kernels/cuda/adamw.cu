@@ -1,0 +1,223 @@
+#include "kernels/cuda/adamw.h"
+
+#include <cmath>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/multi_tensor.cuh"
+#include "kernels/cuda/tensor_checks.h"
+
+namespace mt::cuda {
+
+namespace {
+
+enum : uint8_t { kParamF32 = 1, kParamBf16 = 2, kGradBf16 = 4, kHasMaster = 8 };
+
+struct AdamWLaunch {
+  MultiTensorTable table;
+  void* param[kMultiTensorMax];
+  float* master[kMultiTensorMax];
+  const void* grad[kMultiTensorMax];
+  void* m[kMultiTensorMax];
+  void* v[kMultiTensorMax];
+  int64_t offset[kMultiTensorMax];
+  float decay_mul[kMultiTensorMax];
+  uint8_t flags[kMultiTensorMax];
+};
+
+struct AdamWScalars {
+  float w1, beta2, one_minus_b2, bc2_sqrt, eps, neg_step;
+  bool moments_bf16;
+  uint64_t seed;
+};
+
+// at::lerp as torch computes it: an fma on the side of the smaller weight.
+__device__ inline float lerp_torch(float self, float end, float w) {
+  const float d = __fsub_rn(end, self);
+  return fabsf(w) < 0.5f ? fmaf(w, d, self) : fmaf(-d, __fsub_rn(1.0f, w), end);
+}
+
+__device__ inline uint32_t hash32(uint64_t x) {  // splitmix64 finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return static_cast<uint32_t>((x ^ (x >> 31)) >> 32);
+}
+
+// Stochastic rounding to bf16: add 16 random bits below the kept ones and truncate, so the expected
+// value equals the fp32 value. Non-finite values round to nearest.
+__device__ inline bf16 bf16_stochastic(float v, uint32_t r) {
+  if (!isfinite(v)) return __float2bfloat16_rn(v);
+  const uint32_t bits = (__float_as_uint(v) + (r & 0xffffu)) & 0xffff0000u;
+  return __ushort_as_bfloat16(static_cast<unsigned short>(bits >> 16));
+}
+
+__global__ void adamw_kernel(AdamWLaunch L, AdamWScalars s, const float* __restrict__ clip) {
+  const int64_t b = blockIdx.x;
+  const int i = table_tensor(L.table, b);
+  const int64_t begin = (b - L.table.chunk_begin[i]) * kChunkElems;
+  const int64_t end = min(L.table.numel[i], begin + kChunkElems);
+  const uint8_t f = L.flags[i];
+  const float coef = clip ? *clip : 1.0f;
+  const float decay_mul = L.decay_mul[i];
+  for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
+    float g = (f & kGradBf16) ? __bfloat162float(static_cast<const bf16*>(L.grad[i])[k])
+                              : static_cast<const float*>(L.grad[i])[k];
+    if (clip) g = __fmul_rn(g, coef);
+    float p;
+    if (f & kHasMaster) p = L.master[i][k];
+    else if (f & kParamBf16) p = __bfloat162float(static_cast<const bf16*>(L.param[i])[k]);
+    else p = static_cast<const float*>(L.param[i])[k];
+    float m, v;
+    if (s.moments_bf16) {
+      m = __bfloat162float(static_cast<const bf16*>(L.m[i])[k]);
+      v = __bfloat162float(static_cast<const bf16*>(L.v[i])[k]);
+    } else {
+      m = static_cast<const float*>(L.m[i])[k];
+      v = static_cast<const float*>(L.v[i])[k];
+    }
+    // torch's _single_tensor_adamw, op by op (no contraction into fma except inside lerp, as torch).
+    p = __fmul_rn(p, decay_mul);
+    m = lerp_torch(m, g, s.w1);
+    v = __fmul_rn(v, s.beta2);
+    v = __fadd_rn(v, __fmul_rn(__fmul_rn(s.one_minus_b2, g), g));
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bc2_sqrt), s.eps);
+    p = __fadd_rn(p, __fdiv_rn(__fmul_rn(s.neg_step, m), denom));
+    if (s.moments_bf16) {
+      static_cast<bf16*>(L.m[i])[k] = __float2bfloat16_rn(m);
+      static_cast<bf16*>(L.v[i])[k] = __float2bfloat16_rn(v);
+    } else {
+      static_cast<float*>(L.m[i])[k] = m;
+      static_cast<float*>(L.v[i])[k] = v;
+    }
+    if (f & kHasMaster) {
+      L.master[i][k] = p;
+      static_cast<bf16*>(L.param[i])[k] = __float2bfloat16_rn(p);
+    } else if (f & kParamBf16) {
+      static_cast<bf16*>(L.param[i])[k] = bf16_stochastic(p, hash32(s.seed ^ static_cast<uint64_t>(L.offset[i] + k)));
+    } else {
+      static_cast<float*>(L.param[i])[k] = p;
+    }
+  }
+}
+
+__global__ void bf16_to_f32_kernel(const bf16* __restrict__ in, float* __restrict__ out, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __bfloat162float(in[i]);
+}
+
+}  // namespace
+
+CudaAdamW::CudaAdamW(std::vector<std::pair<std::string, Tensor*>> params, CudaAdamWOptions options,
+                     const std::function<bool(const std::string&)>& decays, cudaStream_t stream)
+    : options_(options) {
+  const char* op = "CudaAdamW";
+  const AdamWOptions& o = options.hyper;
+  MT_CUDA_REQUIRE(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1,
+                  std::string(op) + ": betas must be in [0, 1) (found " + std::to_string(o.beta1) + ", " +
+                      std::to_string(o.beta2) + ")");
+  MT_CUDA_REQUIRE(o.eps >= 0 && o.weight_decay >= 0 && o.lr >= 0,
+                  std::string(op) + ": lr, eps and weight_decay must be >= 0");
+  MT_CUDA_REQUIRE(options.moment_dtype == DType::F32 || options.moment_dtype == DType::BF16,
+                  std::string(op) + ": moments must be F32 or BF16");
+  int64_t offset = 0;
+  for (auto& [name, p] : params) {
+    MT_CUDA_REQUIRE(p && p->defined() && p->device().is_cuda() &&
+                        (p->dtype() == DType::F32 || p->dtype() == DType::BF16),
+                    std::string(op) + ": parameter '" + name + "' must be an F32 or BF16 CUDA tensor, got " +
+                        (p ? tensor_where(*p) : std::string("null")));
+    if (slots_.empty()) device_ = p->device().index;
+    MT_CUDA_REQUIRE(p->device().index == device_, std::string(op) + ": parameter '" + name + "' is on " +
+                                                      p->device().str() + ", others on cuda:" + std::to_string(device_));
+    Slot s;
+    s.name = name;
+    s.param = p;
+    const Device d = p->device();
+    s.exp_avg = Tensor::empty(p->shape(), options.moment_dtype, d);
+    s.exp_avg_sq = Tensor::empty(p->shape(), options.moment_dtype, d);
+    fill_zero_async(s.exp_avg, stream);
+    fill_zero_async(s.exp_avg_sq, stream);
+    if (p->dtype() == DType::BF16 && options.bf16_master) {
+      s.master = Tensor::empty(p->shape(), DType::F32, d);
+      if (p->numel() > 0) {
+        bf16_to_f32_kernel<<<blocks_for(p->numel(), 256), 256, 0, stream>>>(p->data_as<bf16>(), s.master.data_as<float>(),
+                                                                          p->numel());
+        MT_CUDA_CHECK_LAUNCH();
+      }
+    }
+    s.decay = decays ? decays(name) : true;
+    s.offset = offset;
+    offset += p->numel();
+    slots_.push_back(std::move(s));
+  }
+}
+
+void CudaAdamW::step(const std::vector<const Tensor*>& grads, double lr, const Tensor* clip_coef, cudaStream_t stream) {
+  const char* op = "CudaAdamW::step";
+  MT_CUDA_REQUIRE(grads.size() == slots_.size(), std::string(op) + ": " + std::to_string(grads.size()) +
+                                                     " gradients for " + std::to_string(slots_.size()) + " parameters");
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Tensor* g = grads[i];
+    const Slot& s = slots_[i];
+    MT_CUDA_REQUIRE(g && g->defined() && g->shape() == s.param->shape() && g->device() == s.param->device() &&
+                        (g->dtype() == DType::F32 || g->dtype() == DType::BF16),
+                    std::string(op) + ": gradient of '" + s.name + "' must be F32|BF16 " + shape_str(s.param->shape()) +
+                        " on " + s.param->device().str() + ", got " + (g ? tensor_where(*g) : std::string("null")));
+  }
+  if (clip_coef) check_tensor(*clip_coef, op, device_, DType::F32, 1);
+  ++step_;
+  // As torch: Python floats (double) for the bias corrections, rounded to float where they enter fp32 math.
+  const AdamWOptions& o = options_.hyper;
+  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(step_));
+  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(step_));
+  AdamWScalars sc;
+  sc.w1 = static_cast<float>(1.0 - o.beta1);
+  sc.beta2 = static_cast<float>(o.beta2);
+  sc.one_minus_b2 = static_cast<float>(1.0 - o.beta2);
+  sc.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  sc.eps = static_cast<float>(o.eps);
+  sc.neg_step = static_cast<float>(-(lr / bc1));
+  sc.moments_bf16 = options_.moment_dtype == DType::BF16;
+  sc.seed = options_.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(step_) * 0xd1b54a32d192ed03ull;
+  const float decay_mul = static_cast<float>(1.0 - lr * o.weight_decay);
+  const float* clip = clip_coef ? clip_coef->data_as<float>() : nullptr;
+
+  AdamWLaunch L{};
+  auto flush = [&]() {
+    if (L.table.count == 0) return;
+    const int64_t blocks = table_finish(L.table);
+    adamw_kernel<<<static_cast<unsigned>(blocks), kMultiTensorThreads, 0, stream>>>(L, sc, clip);
+    MT_CUDA_CHECK_LAUNCH();
+    L.table.count = 0;
+  };
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (s.param->numel() == 0) continue;
+    const int c = L.table.count;
+    L.param[c] = s.param->data();
+    L.master[c] = s.master.defined() ? s.master.data_as<float>() : nullptr;
+    L.grad[c] = grads[i]->data();
+    L.m[c] = s.exp_avg.data();
+    L.v[c] = s.exp_avg_sq.data();
+    L.offset[c] = s.offset;
+    L.decay_mul[c] = s.decay ? decay_mul : 1.0f;
+    L.flags[c] = static_cast<uint8_t>((s.param->dtype() == DType::BF16 ? kParamBf16 : kParamF32) |
+                                      (grads[i]->dtype() == DType::BF16 ? kGradBf16 : 0) |
+                                      (s.master.defined() ? kHasMaster : 0));
+    L.table.numel[c] = s.param->numel();
+    if (++L.table.count == kMultiTensorMax) flush();
+  }
+  flush();
+}
+
+std::vector<std::pair<std::string, Tensor*>> CudaAdamW::named_state() {
+  std::vector<std::pair<std::string, Tensor*>> r;
+  for (Slot& s : slots_) {
+    r.emplace_back(s.name + ".exp_avg", &s.exp_avg);
+    r.emplace_back(s.name + ".exp_avg_sq", &s.exp_avg_sq);
+    if (s.master.defined()) r.emplace_back(s.name + ".master", &s.master);
+  }
+  return r;
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,123 @@
+#include "kernels/cuda/grad_norm.h"
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/multi_tensor.cuh"
+#include "kernels/cuda/tensor_checks.h"
+
+namespace mt::cuda {
+
+namespace {
+
+struct NormLaunch {
+  MultiTensorTable table;
+  const void* g[kMultiTensorMax];
+  bool bf16[kMultiTensorMax];
+  int64_t partial_base;  // where this launch's blocks write in `partial`
+  int64_t tensor_base;   // global index of this launch's first tensor
+};
+
+// partial[block] = Σ g² over the block's chunk, fp32, reduced in a fixed order.
+__global__ void sumsq_chunks_kernel(NormLaunch L, float* partial) {
+  __shared__ float scratch[32];
+  const int64_t b = blockIdx.x;
+  const int i = table_tensor(L.table, b);
+  const int64_t begin = (b - L.table.chunk_begin[i]) * kChunkElems;
+  const int64_t end = min(L.table.numel[i], begin + kChunkElems);
+  float s = 0.0f;
+  if (L.bf16[i]) {
+    const bf16* g = static_cast<const bf16*>(L.g[i]);
+    for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
+      const float v = __bfloat162float(g[k]);
+      s += v * v;
+    }
+  } else {
+    const float* g = static_cast<const float*>(L.g[i]);
+    for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) s += g[k] * g[k];
+  }
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) partial[L.partial_base + b] = s;
+}
+
+// Block i: the norm of launch tensor i = fp32(sqrt(Σ its chunk partials)) (double sums, fixed order).
+__global__ void tensor_norm_kernel(NormLaunch L, const float* __restrict__ partial, float* tensor_norm) {
+  __shared__ double sq[256];
+  const int i = blockIdx.x;
+  double s = 0.0;
+  for (int64_t k = L.table.chunk_begin[i] + threadIdx.x; k < L.table.chunk_begin[i + 1]; k += blockDim.x)
+    s += partial[L.partial_base + k];
+  sq[threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double t = 0.0;
+    for (int k = 0; k < static_cast<int>(blockDim.x); ++k) t += sq[k];
+    tensor_norm[L.tensor_base + i] = static_cast<float>(sqrt(t));
+  }
+}
+
+// One block: total = sqrt(Σ_t norm_t²) in double, and the clipping coefficient.
+__global__ void norm_finish_kernel(const float* __restrict__ tensor_norm, int64_t tensors, float max_norm,
+                                   float* norm_out, float* coef_out) {
+  __shared__ double sq[256];
+  double s = 0.0;
+  for (int64_t t = threadIdx.x; t < tensors; t += blockDim.x) {
+    const double n = tensor_norm[t];
+    s += n * n;
+  }
+  sq[threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int k = 0; k < static_cast<int>(blockDim.x); ++k) total += sq[k];
+    const double norm = sqrt(total);
+    *norm_out = static_cast<float>(norm);
+    *coef_out = max_norm > 0.0f ? static_cast<float>(fmin(1.0, max_norm / (norm + 1e-6))) : 1.0f;
+  }
+}
+
+}  // namespace
+
+void grad_norm_clip_coef(const std::vector<const Tensor*>& grads, float max_norm, Tensor& norm, Tensor& coef,
+                         cudaStream_t stream) {
+  const char* op = "grad_norm_clip_coef";
+  MT_CUDA_REQUIRE(norm.defined() && norm.device().is_cuda(), std::string(op) + ": norm must be a CUDA F32 [1]");
+  const int dev = norm.device().index;
+  check_tensor(norm, op, dev, DType::F32, 1);
+  check_tensor(coef, op, dev, DType::F32, 1);
+  int64_t total_chunks = 0, tensors = 0;
+  for (const Tensor* g : grads) {
+    MT_CUDA_REQUIRE(g != nullptr, std::string(op) + ": null gradient");
+    check_float_dtype(*g, op);
+    MT_CUDA_REQUIRE(g->device() == norm.device(),
+                    std::string(op) + ": gradient " + tensor_where(*g) + " not on " + norm.device().str());
+    total_chunks += chunks_of(g->numel());
+    tensors += g->numel() > 0 ? 1 : 0;
+  }
+  const Device d = Device::cuda(dev);
+  Tensor partial = Tensor::empty({std::max<int64_t>(total_chunks, 1)}, DType::F32, d);
+  Tensor tensor_norm = Tensor::empty({std::max<int64_t>(tensors, 1)}, DType::F32, d);
+  NormLaunch L{};
+  auto flush = [&]() {
+    if (L.table.count == 0) return;
+    const int64_t blocks = table_finish(L.table);
+    sumsq_chunks_kernel<<<static_cast<unsigned>(blocks), kMultiTensorThreads, 0, stream>>>(L, partial.data_as<float>());
+    MT_CUDA_CHECK_LAUNCH();
+    tensor_norm_kernel<<<L.table.count, 256, 0, stream>>>(L, partial.data_as<float>(), tensor_norm.data_as<float>());
+    MT_CUDA_CHECK_LAUNCH();
+    L.partial_base += blocks;
+    L.tensor_base += L.table.count;
+    L.table.count = 0;
+  };
+  for (const Tensor* g : grads) {
+    if (g->numel() == 0) continue;  // a zero norm: contributes nothing
+    L.g[L.table.count] = g->data();
+    L.bf16[L.table.count] = g->dtype() == DType::BF16;
+    L.table.numel[L.table.count] = g->numel();
+    if (++L.table.count == kMultiTensorMax) flush();
+  }
+  flush();
+  norm_finish_kernel<<<1, 256, 0, stream>>>(tensor_norm.data_as<float>(), tensors, max_norm, norm.data_as<float>(),
+                                            coef.data_as<float>());
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mt::cuda

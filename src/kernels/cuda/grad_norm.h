@@ -1,0 +1,20 @@
+// Global gradient norm and the clipping coefficient, on the device, with torch's
+// clip_grad_norm_ semantics (as train/grad_clip.h on the CPU):
+//   total = ‖(‖g_1‖, ‖g_2‖, …)‖₂ (each tensor's norm rounded to fp32), coef = min(1, max_norm / (total + 1e-6)).
+// Deterministic: fixed chunks summed in a fixed order (no atomics). Nothing is synchronised; the AdamW
+// kernel reads `coef` from device memory and multiplies the gradients as it reads them.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mt::cuda {
+
+// grads: F32|BF16 CUDA tensors on one device. norm, coef: F32 [1] (overwritten). max_norm <= 0: coef = 1.
+// A NaN/Inf gradient gives a NaN/Inf norm (and a NaN coef), as torch without error_if_nonfinite.
+void grad_norm_clip_coef(const std::vector<const Tensor*>& grads, float max_norm, Tensor& norm, Tensor& coef,
+                         cudaStream_t stream);
+
+}  // namespace mt::cuda

@@ -1,0 +1,146 @@
+#include "kernels/cuda/linear_cross_entropy.h"
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/tensor_checks.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kRowThreads = 512;
+constexpr int64_t kIgnore = -100;
+
+template <typename I>
+__device__ inline int64_t target_at(const I* y, int64_t t, int64_t V) {
+  const int64_t v = static_cast<int64_t>(y[t]);
+  return (v >= 0 && v < V) ? v : kIgnore;
+}
+
+// One block per row of the chunk: online max/sum of exp in fp32, the row's loss, then the gradient
+// over the logits in place.
+template <typename T, typename I>
+__global__ void cross_entropy_rows_kernel(T* logits, const I* __restrict__ targets, int64_t row0, int64_t V,
+                                          float grad_scale, bool grad, float* row_loss) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  T* z = logits + r * V;
+  const int64_t y = target_at(targets, row0 + r, V);
+  if (y == kIgnore) {
+    if (threadIdx.x == 0) row_loss[row0 + r] = 0.0f;
+    if (grad)
+      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) Elt<T>::store(z, i, 0.0f);
+    return;
+  }
+  float m = -INFINITY, s = 0.0f;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const float v = Elt<T>::load(z, i);
+    if (v > m) {
+      s = s * expf(m - v) + 1.0f;
+      m = v;
+    } else {
+      s += expf(v - m);
+    }
+  }
+  const float zy = Elt<T>::load(z, y);  // read before any thread overwrites the row
+  const float M = block_max(m, scratch);
+  const float S = block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), scratch);
+  const float lse = M + logf(S);
+  if (threadIdx.x == 0) row_loss[row0 + r] = lse - zy;
+  if (!grad) return;
+  __syncthreads();  // every thread has read z[y]
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    float g = grad_scale * expf(Elt<T>::load(z, i) - lse);
+    if (i == y) g -= grad_scale;
+    Elt<T>::store(z, i, g);
+  }
+}
+
+// Σ row_loss over valid rows and their count, by one block in a fixed order.
+template <typename I>
+__global__ void loss_reduce_kernel(const float* __restrict__ row_loss, const I* __restrict__ targets, int64_t T,
+                                   int64_t V, float* loss_sum, int32_t* count) {
+  __shared__ float scratch[32];
+  float s = 0.0f, c = 0.0f;
+  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
+    if (target_at(targets, t, V) == kIgnore) continue;
+    s += row_loss[t];
+    c += 1.0f;
+  }
+  s = block_sum(s, scratch);
+  c = block_sum(c, scratch);  // exact: integers below 2^24 per block-level partial
+  if (threadIdx.x == 0) {
+    *loss_sum = s;
+    *count = static_cast<int32_t>(c);
+  }
+}
+
+template <typename T, typename I>
+void run(const Tensor& x, const Tensor& w, const Tensor& targets, const LinearCrossEntropyArgs& a, Tensor& loss_sum,
+         Tensor& count, Tensor* dx, Tensor* dw, cudaStream_t stream) {
+  const int dev = x.device().index;
+  const int64_t T_ = x.dim(0), H = x.dim(1), V = w.dim(0);
+  const Device d = Device::cuda(dev);
+  const int64_t C = std::max<int64_t>(1, std::min(a.chunk_rows, T_));
+  Tensor logits = Tensor::empty({C, V}, x.dtype(), d);
+  Tensor row_loss = Tensor::empty({std::max<int64_t>(T_, 1)}, DType::F32, d);
+  const I* y = targets.data_as<I>();
+  for (int64_t r0 = 0; r0 < T_; r0 += C) {
+    const int64_t rows = std::min(C, T_ - r0);
+    Tensor xc = x.rows(r0, r0 + rows);
+    Tensor lc = logits.rows(0, rows);
+    linear_forward(xc, w, lc, stream);
+    cross_entropy_rows_kernel<T, I><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+        lc.data_as<T>(), y, r0, V, a.grad_scale, a.compute_grad, row_loss.data_as<float>());
+    MT_CUDA_CHECK_LAUNCH();
+    if (!a.compute_grad) continue;
+    Tensor dxc = dx->rows(r0, r0 + rows);
+    linear_backward_input(lc, w, dxc, stream, 0.0f);
+    linear_backward_weight(lc, xc, *dw, stream, 1.0f);
+  }
+  loss_reduce_kernel<I><<<1, 1024, 0, stream>>>(row_loss.data_as<float>(), y, T_, V, loss_sum.data_as<float>(),
+                                                count.data_as<int32_t>());
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, const LinearCrossEntropyArgs& args,
+                          Tensor& loss_sum, Tensor& count, Tensor* dx, Tensor* dw, cudaStream_t stream) {
+  const char* op = "linear_cross_entropy";
+  check_float_dtype(x, op);
+  MT_CUDA_REQUIRE(x.ndim() == 2 && w.ndim() == 2 && x.dim(1) == w.dim(1),
+                  std::string(op) + ": x " + tensor_where(x) + " and w " + tensor_where(w) + " are not [T, H], [V, H]");
+  const int dev = x.device().index;
+  const int64_t T = x.dim(0), H = x.dim(1), V = w.dim(0);
+  check_tensor(w, op, dev, x.dtype(), V * H);
+  MT_CUDA_REQUIRE(targets.defined() && targets.device() == x.device() &&
+                      (targets.dtype() == DType::I64 || targets.dtype() == DType::I32) && targets.numel() == T,
+                  std::string(op) + ": targets must be I64|I32 [" + std::to_string(T) + "] on " + x.device().str() +
+                      ", got " + tensor_where(targets));
+  check_tensor(loss_sum, op, dev, DType::F32, 1);
+  check_tensor(count, op, dev, DType::I32, 1);
+  MT_CUDA_REQUIRE(args.chunk_rows > 0, std::string(op) + ": chunk_rows must be positive");
+  if (args.compute_grad) {
+    MT_CUDA_REQUIRE(dx && dw, std::string(op) + ": compute_grad needs dx and dw");
+    check_tensor(*dx, op, dev, x.dtype(), T * H);
+    check_tensor(*dw, op, dev, DType::F32, V * H);
+  }
+  const bool i64 = targets.dtype() == DType::I64;
+  if (x.dtype() == DType::BF16) {
+    if (i64)
+      run<bf16, int64_t>(x, w, targets, args, loss_sum, count, dx, dw, stream);
+    else
+      run<bf16, int32_t>(x, w, targets, args, loss_sum, count, dx, dw, stream);
+  } else {
+    if (i64)
+      run<float, int64_t>(x, w, targets, args, loss_sum, count, dx, dw, stream);
+    else
+      run<float, int32_t>(x, w, targets, args, loss_sum, count, dx, dw, stream);
+  }
+}
+
+}  // namespace mt::cuda

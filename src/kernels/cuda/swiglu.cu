@@ -1,0 +1,104 @@
+#include "kernels/cuda/swiglu.h"
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/tensor_checks.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+__device__ inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+template <typename T>
+__global__ void swiglu_forward_kernel(const T* __restrict__ gu, const float* __restrict__ w, T* __restrict__ out,
+                                      int64_t N, int64_t F) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N * F) return;
+  const int64_t r = i / F, c = i - r * F;
+  const float g = Elt<T>::load(gu, r * 2 * F + c), u = Elt<T>::load(gu, r * 2 * F + F + c);
+  float a = Elt<T>::round(Elt<T>::round(g / (1.0f + expf(-g))) * u);
+  if (w) a = a * w[r];
+  Elt<T>::store(out, i, a);
+}
+
+// One warp per row (the routing-weight gradient is a row sum, kept in a fixed lane/shuffle order).
+template <typename T>
+__global__ void swiglu_backward_kernel(const T* __restrict__ dout, const T* __restrict__ gu,
+                                       const float* __restrict__ w, T* __restrict__ dgu, float* dw, int64_t N,
+                                       int64_t F) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= N) return;
+  const float wr = w ? w[r] : 1.0f;
+  float dot = 0.0f;
+  for (int64_t c = lane; c < F; c += 32) {
+    const float g = Elt<T>::load(gu, r * 2 * F + c), u = Elt<T>::load(gu, r * 2 * F + F + c);
+    const float d = Elt<T>::load(dout, r * F + c);
+    const float sig = sigmoid(g);
+    if (dw) dot += d * Elt<T>::round(Elt<T>::round(g * sig) * u);
+    const float da = d * wr;
+    Elt<T>::store(dgu, r * 2 * F + F + c, da * g * sig);
+    Elt<T>::store(dgu, r * 2 * F + c, da * u * sig * (1.0f + g * (1.0f - sig)));  // silu'(g)
+  }
+  if (dw) {
+    dot = warp_sum(dot);
+    if (lane == 0) dw[r] = dot;
+  }
+}
+
+struct Dims {
+  int device;
+  int64_t N, F;
+};
+
+Dims check_gate_up(const Tensor& gate_up, const char* op) {
+  check_float_dtype(gate_up, op);
+  MT_CUDA_REQUIRE(gate_up.ndim() == 2 && gate_up.dim(1) % 2 == 0,
+                  std::string(op) + ": gate_up must be [N, 2F], got " + tensor_where(gate_up));
+  return {gate_up.device().index, gate_up.dim(0), gate_up.dim(1) / 2};
+}
+
+}  // namespace
+
+void swiglu_forward(const Tensor& gate_up, const Tensor* row_weight, Tensor& out, cudaStream_t stream) {
+  const char* op = "swiglu_forward";
+  const Dims d = check_gate_up(gate_up, op);
+  check_tensor(out, op, d.device, gate_up.dtype(), d.N * d.F);
+  if (row_weight) check_tensor(*row_weight, op, d.device, DType::F32, d.N);
+  if (d.N * d.F == 0) return;
+  const float* w = row_weight ? row_weight->data_as<float>() : nullptr;
+  const unsigned blocks = blocks_for(d.N * d.F, 256);
+  if (gate_up.dtype() == DType::BF16)
+    swiglu_forward_kernel<bf16><<<blocks, 256, 0, stream>>>(gate_up.data_as<bf16>(), w, out.data_as<bf16>(), d.N, d.F);
+  else
+    swiglu_forward_kernel<float><<<blocks, 256, 0, stream>>>(gate_up.data_as<float>(), w, out.data_as<float>(), d.N,
+                                                             d.F);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor* row_weight, Tensor& dgate_up,
+                     Tensor* drow_weight, cudaStream_t stream) {
+  const char* op = "swiglu_backward";
+  const Dims d = check_gate_up(gate_up, op);
+  check_tensor(dout, op, d.device, gate_up.dtype(), d.N * d.F);
+  check_tensor(dgate_up, op, d.device, gate_up.dtype(), d.N * 2 * d.F);
+  if (row_weight) check_tensor(*row_weight, op, d.device, DType::F32, d.N);
+  MT_CUDA_REQUIRE(!drow_weight || row_weight, std::string(op) + ": drow_weight given without row_weight");
+  if (drow_weight) check_tensor(*drow_weight, op, d.device, DType::F32, d.N);
+  if (d.N == 0) return;
+  const float* w = row_weight ? row_weight->data_as<float>() : nullptr;
+  float* dw = drow_weight ? drow_weight->data_as<float>() : nullptr;
+  const unsigned blocks = blocks_for(d.N, kWarpsPerBlock);
+  if (gate_up.dtype() == DType::BF16)
+    swiglu_backward_kernel<bf16><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
+        dout.data_as<bf16>(), gate_up.data_as<bf16>(), w, dgate_up.data_as<bf16>(), dw, d.N, d.F);
+  else
+    swiglu_backward_kernel<float><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
+        dout.data_as<float>(), gate_up.data_as<float>(), w, dgate_up.data_as<float>(), dw, d.N, d.F);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mt::cuda

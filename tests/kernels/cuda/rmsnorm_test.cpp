@@ -1,0 +1,108 @@
+// CUDA RMSNorm (+ fused residual add, QK-norm shapes) against the CPU reference.
+// Thresholds: BF16 outputs carry HF's two roundings; the device sums x² in fp32 (the CPU in double),
+// so an element can land one bf16 step (2^-8 relative) away, twice: max-norm 8e-3 (about two bf16 ulps
+// of the largest value), rel-L2 3e-3 (such flips are rare). F32: 1e-5 / 1e-6 (summation order only).
+// dw is fp32 on both sides (sums over rows): 1e-4 / 1e-5.
+#include <gtest/gtest.h>
+
+#include <span>
+
+#include "core/error.h"
+#include "cuda_test_util.h"
+#include "kernels/cpu/residual.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cuda/device_context.h"
+#include "kernels/cuda/rmsnorm.h"
+
+namespace mt {
+namespace {
+
+struct NormCase {
+  int64_t rows, n;
+};
+const NormCase kCases[] = {{1, 1}, {7, 33}, {26 * 5, 128}, {65, 1000}, {3, 4096}, {300, 64}};
+constexpr float kEps = 1e-6f;
+
+void run_case(const NormCase& c, DType dt, bool residual, uint64_t seed) {
+  const bool bf = dt == DType::BF16;
+  const std::string what = std::string(bf ? "bf16" : "f32") + (residual ? " residual" : "") + " rows=" +
+                           std::to_string(c.rows) + " n=" + std::to_string(c.n);
+  auto& ctx = cuda::device_context(0);
+  Tensor x = test::host_random({c.rows, c.n}, seed, 1.5f, bf);
+  Tensor r = test::host_random({c.rows, c.n}, seed + 1, 1.0f, bf);
+  Tensor w = test::host_random({c.n}, seed + 2, 0.3f, bf);
+  for (float& v : std::span(w.data_as<float>(), c.n)) v = bf ? round_bf16(v + 1.0f) : v + 1.0f;
+
+  // CPU reference.
+  Tensor h = residual ? cpu::residual_add(x, r, bf) : x;
+  Tensor want = cpu::rmsnorm_forward(h, w, kEps, bf);
+
+  Tensor dx_ = test::device_from_host(x, dt), dr = test::device_from_host(r, dt), dw_ = test::device_from_host(w, dt);
+  Tensor out = Tensor::empty(x.shape(), dt, Device::cuda(0));
+  Tensor sum = Tensor::empty(x.shape(), dt, Device::cuda(0));
+  Tensor rstd = Tensor::empty({c.rows}, DType::F32, Device::cuda(0));
+  if (residual)
+    cuda::rmsnorm_residual_forward(dx_, dr, dw_, kEps, sum, out, &rstd, ctx.stream);
+  else
+    cuda::rmsnorm_forward(dx_, dw_, kEps, out, &rstd, ctx.stream);
+  const double tol = bf ? 8e-3 : 1e-5, l2 = bf ? 3e-3 : 1e-6;
+  test::expect_near_normalised(test::device_floats(out), want.to_floats(), tol, l2, what + " out");
+  if (residual) test::expect_near_normalised(test::device_floats(sum), h.to_floats(), 0.0, 0.0, what + " sum");
+
+  // Backward (dw accumulates onto a non-zero start).
+  Tensor dy = test::host_random({c.rows, c.n}, seed + 3, 1.0f, bf);
+  Tensor dres = test::host_random({c.rows, c.n}, seed + 4, 0.5f, bf);
+  Tensor dw0 = test::host_random({c.n}, seed + 5, 1.0f);
+  Tensor dw_cpu = dw0.clone();
+  Tensor dx_cpu = cpu::rmsnorm_backward(dy, h, w, kEps, dw_cpu);
+  if (residual) cpu::add_inplace(dx_cpu, dres);
+  Tensor ddy = test::device_from_host(dy, dt), ddres = test::device_from_host(dres, dt);
+  Tensor dh = test::device_from_host(h, dt);
+  Tensor ddw = test::device_from_host(dw0, DType::F32);
+  Tensor ddx = Tensor::empty(x.shape(), dt, Device::cuda(0));
+  cuda::rmsnorm_backward(ddy, dh, dw_, kEps, ddx, ddw, residual ? &ddres : nullptr, ctx.stream);
+  test::expect_near_normalised(test::device_floats(ddx), dx_cpu.to_floats(), bf ? 4e-3 : 1e-5, bf ? 3e-3 : 1e-6,
+                               what + " dx");
+  test::expect_near_normalised(test::device_floats(ddw), dw_cpu.to_floats(), 1e-4, 1e-5, what + " dw");
+  // In place: dx over dy gives the same result.
+  cuda::rmsnorm_backward(ddy, dh, dw_, kEps, ddy, ddw, residual ? &ddres : nullptr, ctx.stream);
+  EXPECT_EQ(test::device_floats(ddy), test::device_floats(ddx)) << what << " in-place dx";
+}
+
+TEST(CudaRmsnorm, MatchesCpuBf16) {
+  MT_SKIP_WITHOUT_CUDA();
+  uint64_t seed = 100;
+  for (const auto& c : kCases) run_case(c, DType::BF16, false, seed += 10);
+}
+
+TEST(CudaRmsnorm, MatchesCpuF32) {
+  MT_SKIP_WITHOUT_CUDA();
+  uint64_t seed = 200;
+  for (const auto& c : kCases) run_case(c, DType::F32, false, seed += 10);
+}
+
+TEST(CudaRmsnorm, ResidualVariantMatchesCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  uint64_t seed = 300;
+  for (const auto& c : kCases) {
+    run_case(c, DType::BF16, true, seed += 10);
+    run_case(c, DType::F32, true, seed += 10);
+  }
+}
+
+TEST(CudaRmsnorm, RejectsMismatchedTensors) {
+  MT_SKIP_WITHOUT_CUDA();
+  auto& ctx = cuda::device_context(0);
+  Tensor x = Tensor::empty({4, 8}, DType::BF16, Device::cuda(0));
+  Tensor w = Tensor::empty({7}, DType::BF16, Device::cuda(0));
+  Tensor out = Tensor::empty({4, 8}, DType::BF16, Device::cuda(0));
+  EXPECT_THROW(cuda::rmsnorm_forward(x, w, kEps, out, nullptr, ctx.stream), Error);
+  Tensor w32 = Tensor::empty({8}, DType::F32, Device::cuda(0));
+  EXPECT_THROW(cuda::rmsnorm_forward(x, w32, kEps, out, nullptr, ctx.stream), Error);
+  Tensor host = Tensor::empty({4, 8}, DType::BF16);
+  Tensor w8 = Tensor::empty({8}, DType::BF16, Device::cuda(0));
+  EXPECT_THROW(cuda::rmsnorm_forward(host, w8, kEps, out, nullptr, ctx.stream), Error);
+}
+
+}  // namespace
+}  // namespace mt
