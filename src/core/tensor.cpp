@@ -36,7 +36,6 @@ std::shared_ptr<Storage> Storage::allocate(Device d, size_t nbytes) {
   auto s = std::shared_ptr<Storage>(new Storage());
   s->device_ = d;
   s->nbytes_ = nbytes;
-  s->owned_ = true;
   size_t n = nbytes == 0 ? kCpuAlign : (nbytes + kCpuAlign - 1) / kCpuAlign * kCpuAlign;
   if (d.is_cpu()) {
     s->data_ = std::aligned_alloc(kCpuAlign, n);
@@ -45,6 +44,7 @@ std::shared_ptr<Storage> Storage::allocate(Device d, size_t nbytes) {
     if (!g_cuda_alloc.alloc) fail("this build has no CUDA backend (asked for {} bytes on {})", nbytes, d.str());
     s->data_ = g_cuda_alloc.alloc(d.index, n);
   }
+  s->owned_ = true;  // only now: a failed allocation must not be freed or un-counted by ~Storage
   memory_note_alloc(d, nbytes);
   return s;
 }

@@ -59,6 +59,8 @@ struct DeviceGuard {
 
 void release_cached(int device, DevicePool& p) {
   DeviceGuard g(device);
+  // Cached blocks may still be read by queued kernels (stream-ordered reuse): let them finish first.
+  if (!p.free_blocks.empty()) cudaDeviceSynchronize();
   for (auto& [size, ptr] : p.free_blocks) {
     cudaFree(ptr);
     p.stats.reserved_bytes -= static_cast<int64_t>(size);

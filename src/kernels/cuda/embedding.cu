@@ -22,21 +22,21 @@ __global__ void embedding_forward_kernel(const I* __restrict__ ids, const T* __r
 
 // Sort keys: the id, or V for an out-of-range id (sorted last, then skipped). Values: token index.
 template <typename I>
-__global__ void embedding_keys_kernel(const I* __restrict__ ids, int32_t* keys, int32_t* vals, int64_t N, int64_t V) {
+__global__ void embedding_keys_kernel(const I* __restrict__ ids, uint32_t* keys, int32_t* vals, int64_t N, int64_t V) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N) return;
   const int64_t id = static_cast<int64_t>(ids[i]);
-  keys[i] = (id >= 0 && id < V) ? static_cast<int32_t>(id) : static_cast<int32_t>(V);
+  keys[i] = (id >= 0 && id < V) ? static_cast<uint32_t>(id) : static_cast<uint32_t>(V);
   vals[i] = static_cast<int32_t>(i);
 }
 
 // Block p handles the run of equal keys starting at sorted position p (other blocks exit): each
 // thread owns columns and sums the run's rows in token order (the sort is stable).
 template <typename T>
-__global__ void embedding_backward_kernel(const int32_t* __restrict__ keys, const int32_t* __restrict__ vals,
+__global__ void embedding_backward_kernel(const uint32_t* __restrict__ keys, const int32_t* __restrict__ vals,
                                           const T* __restrict__ dout, float* dtable, int64_t N, int64_t H, int64_t V) {
   const int64_t p = blockIdx.x;
-  const int32_t key = keys[p];
+  const uint32_t key = keys[p];
   if (key >= V || (p > 0 && keys[p - 1] == key)) return;
   int64_t end = p + 1;
   while (end < N && keys[end] == key) ++end;
@@ -103,32 +103,32 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, c
   check_tensor(dout, op, dev, dout.dtype(), N * H);
   if (N == 0 || H == 0) return;
   const Device d = Device::cuda(dev);
-  Tensor keys = Tensor::empty({N}, DType::I32, d), vals = Tensor::empty({N}, DType::I32, d);
-  Tensor keys_sorted = Tensor::empty({N}, DType::I32, d), vals_sorted = Tensor::empty({N}, DType::I32, d);
+  Tensor keys = Tensor::empty({N}, DType::U32, d), vals = Tensor::empty({N}, DType::I32, d);
+  Tensor keys_sorted = Tensor::empty({N}, DType::U32, d), vals_sorted = Tensor::empty({N}, DType::I32, d);
   if (ids.dtype() == DType::I64)
-    embedding_keys_kernel<int64_t><<<blocks_for(N, 256), 256, 0, stream>>>(ids.data_as<int64_t>(), keys.data_as<int32_t>(),
+    embedding_keys_kernel<int64_t><<<blocks_for(N, 256), 256, 0, stream>>>(ids.data_as<int64_t>(), keys.data_as<uint32_t>(),
                                                                            vals.data_as<int32_t>(), N, V);
   else
-    embedding_keys_kernel<int32_t><<<blocks_for(N, 256), 256, 0, stream>>>(ids.data_as<int32_t>(), keys.data_as<int32_t>(),
+    embedding_keys_kernel<int32_t><<<blocks_for(N, 256), 256, 0, stream>>>(ids.data_as<int32_t>(), keys.data_as<uint32_t>(),
                                                                            vals.data_as<int32_t>(), N, V);
   MT_CUDA_CHECK_LAUNCH();
   const int end_bit = bits_for(V);
   size_t temp_bytes = 0;
-  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys.data_as<int32_t>(),
-                                                keys_sorted.data_as<int32_t>(), vals.data_as<int32_t>(),
+  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys.data_as<uint32_t>(),
+                                                keys_sorted.data_as<uint32_t>(), vals.data_as<int32_t>(),
                                                 vals_sorted.data_as<int32_t>(), static_cast<int>(N), 0, end_bit, stream));
   Tensor temp = Tensor::empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))}, DType::U8, d);
-  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, keys.data_as<int32_t>(),
-                                                keys_sorted.data_as<int32_t>(), vals.data_as<int32_t>(),
+  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, keys.data_as<uint32_t>(),
+                                                keys_sorted.data_as<uint32_t>(), vals.data_as<int32_t>(),
                                                 vals_sorted.data_as<int32_t>(), static_cast<int>(N), 0, end_bit, stream));
   const unsigned threads = H >= 256 ? 256 : 32 * static_cast<unsigned>((H + 31) / 32);
   if (dout.dtype() == DType::BF16)
     embedding_backward_kernel<bf16><<<static_cast<unsigned>(N), threads, 0, stream>>>(
-        keys_sorted.data_as<int32_t>(), vals_sorted.data_as<int32_t>(), dout.data_as<bf16>(), dtable.data_as<float>(),
+        keys_sorted.data_as<uint32_t>(), vals_sorted.data_as<int32_t>(), dout.data_as<bf16>(), dtable.data_as<float>(),
         N, H, V);
   else
     embedding_backward_kernel<float><<<static_cast<unsigned>(N), threads, 0, stream>>>(
-        keys_sorted.data_as<int32_t>(), vals_sorted.data_as<int32_t>(), dout.data_as<float>(), dtable.data_as<float>(),
+        keys_sorted.data_as<uint32_t>(), vals_sorted.data_as<int32_t>(), dout.data_as<float>(), dtable.data_as<float>(),
         N, H, V);
   MT_CUDA_CHECK_LAUNCH();
 }

@@ -73,33 +73,41 @@ TEST(CudaDevice, AllocatorCachesAndAccounts) {
   cuda::device_context(0);
   const auto before = cuda::allocator_stats(0);
   const auto mem_before = memory_stats(Device::cuda(0));
-  void* first = nullptr;
+  cuda::AllocatorStats during;
   {
     Tensor t = Tensor::empty({1000, 1000}, DType::F32, Device::cuda(0));
-    first = t.data();
-    const auto s = cuda::allocator_stats(0);
-    EXPECT_GE(s.allocated_bytes - before.allocated_bytes, 4000000);
-    EXPECT_GE(s.reserved_bytes, s.allocated_bytes);
+    during = cuda::allocator_stats(0);
+    EXPECT_GE(during.allocated_bytes - before.allocated_bytes, 4000000);
+    EXPECT_LE(during.allocated_bytes - before.allocated_bytes, 4000000 + (2 << 20));  // one 2 MiB class
+    EXPECT_GE(during.reserved_bytes, during.allocated_bytes);
+    EXPECT_GE(during.peak_allocated_bytes, during.allocated_bytes);
     EXPECT_EQ(memory_stats(Device::cuda(0)).current_bytes - mem_before.current_bytes, 4000000);
   }
   const auto freed = cuda::allocator_stats(0);
   EXPECT_EQ(freed.allocated_bytes, before.allocated_bytes);
-  EXPECT_GE(freed.reserved_bytes, before.reserved_bytes + 4000000);  // kept in the cache
+  EXPECT_EQ(freed.reserved_bytes, during.reserved_bytes);  // kept in the cache, not returned
+  EXPECT_EQ(memory_stats(Device::cuda(0)).current_bytes, mem_before.current_bytes);
   Tensor again = Tensor::empty({1000, 1000}, DType::F32, Device::cuda(0));
-  EXPECT_EQ(again.data(), first);  // reused, no new cudaMalloc
-  EXPECT_EQ(cuda::allocator_stats(0).cuda_malloc_calls, freed.cuda_malloc_calls);
-  EXPECT_GE(cuda::allocator_stats(0).peak_allocated_bytes, 4000000);
+  const auto reused = cuda::allocator_stats(0);
+  EXPECT_EQ(reused.cuda_malloc_calls, freed.cuda_malloc_calls) << "a cached block of the same class was not reused";
+  EXPECT_EQ(reused.cache_hits, freed.cache_hits + 1);
+  // Emptying the cache returns every unused block.
+  cuda::allocator_empty_cache(0);
+  const auto emptied = cuda::allocator_stats(0);
+  EXPECT_EQ(emptied.reserved_bytes, emptied.allocated_bytes);
 }
 
 TEST(CudaDevice, OutOfMemoryIsAnError) {
   MT_SKIP_WITHOUT_CUDA();
   cuda::device_context(0);
+  const auto mem_before = memory_stats(Device::cuda(0));
   try {
     Tensor t = Tensor::empty({int64_t{1} << 50}, DType::F32, Device::cuda(0));
     FAIL() << "allocated 4 PiB";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("out of memory on cuda:0"), std::string::npos) << e.what();
   }
+  EXPECT_EQ(memory_stats(Device::cuda(0)).current_bytes, mem_before.current_bytes) << "a failed allocation was counted";
 }
 
 }  // namespace
