@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   mt::cli::add_score_command(app);
   mt::cli::add_convert_command(app);
   mt::cli::add_tokenize_command(app);
+  mt::cli::add_generate_command(app);
   mt::cli::add_finetune_command(app);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,24 @@
+// Causal grouped-query attention of new queries against a KV cache (generation): the n queries sit at
+// positions offset..offset+n-1, the cache holds keys/values for positions 0..offset+n-1 (the new ones
+// already appended), and query r sees keys 0..offset+r. Prefill is offset = 0, a decode step n = 1.
+// Numerics are those of attention_forward (hf-numerics.md §1.1): scale D^-0.5, fp32 scores and
+// softmax (max-subtracted, sum in double), bf16 mode rounds the probabilities before P·V and the output.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace mt::cpu {
+
+struct AttentionDecodeShape {
+  int64_t offset = 0;  // position of the first query
+  int64_t queries = 0; // n
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+};
+
+// q F32 [n, heads, D]; k_cache, v_cache F32 [capacity, kv_heads, D] with capacity >= offset + n (rows
+// past offset + n are not read). Returns out F32 [n, heads, D].
+Tensor attention_decode_forward(const AttentionDecodeShape& s, const Tensor& q, const Tensor& k_cache,
+                                const Tensor& v_cache, bool bf16);
+
+}  // namespace mt::cpu

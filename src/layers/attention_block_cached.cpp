@@ -1,0 +1,34 @@
+#include "layers/attention_block_cached.h"
+
+#include "core/error.h"
+#include "kernels/cpu/attention_decode.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/residual.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+
+namespace mt {
+
+Tensor attention_block_forward_cached(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x,
+                                      int64_t offset, Tensor& k_cache, Tensor& v_cache) {
+  const Qwen3MoeConfig& c = *env.cfg;
+  const int64_t n = env.tokens(), Hq = c.num_attention_heads, Hk = c.num_key_value_heads, D = c.head_dim;
+  MT_CHECK(env.batch == 1, "cached attention runs one sequence, batch is {}", env.batch);
+  MT_CHECK(offset >= 0 && offset + n <= k_cache.dim(0), "cache rows [{}, {}) of {}", offset, offset + n,
+           k_cache.desc());
+  Tensor a = cpu::rmsnorm_forward(x, w.input_norm, env.eps(), env.bf16);
+  Tensor q = cpu::linear_forward(a, w.q_proj, env.bf16);
+  Tensor k = cpu::linear_forward(a, w.k_proj, env.bf16);
+  Tensor v = cpu::linear_forward(a, w.v_proj, env.bf16);
+  // QK-norm per head over head_dim, before RoPE.
+  Tensor qn = cpu::rmsnorm_forward(q.view({n, Hq, D}), w.q_norm, env.eps(), env.bf16);
+  Tensor kn = cpu::rmsnorm_forward(k.view({n, Hk, D}), w.k_norm, env.eps(), env.bf16);
+  Tensor qr = cpu::rope_forward(qn, env.rope, env.bf16);
+  k_cache.rows(offset, offset + n).copy_from(cpu::rope_forward(kn, env.rope, env.bf16));
+  v_cache.rows(offset, offset + n).copy_from(v.view({n, Hk, D}));
+  Tensor o = cpu::attention_decode_forward({offset, n, Hq, Hk, D}, qr, k_cache, v_cache, env.bf16);
+  Tensor out = cpu::linear_forward(o.view({n, Hq * D}), w.o_proj, env.bf16);
+  return cpu::residual_add(x, out, env.bf16);
+}
+
+}  // namespace mt
