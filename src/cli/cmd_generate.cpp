@@ -6,6 +6,7 @@
 // as it is generated, or printed as one JSON object with --json.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>

@@ -1,6 +1,6 @@
-// Next-token choice from a logits row, as Transformers' generate() does it (hf-numerics: generation
-// logits warpers): greedy argmax when temperature is 0, else the warpers in HF order — temperature,
-// then top-k, then top-p — and a draw from the softmax of what is left. The draw uses mixtune's seeded
+// Next-token choice from a logits row, as Transformers' generate() does it: greedy argmax when
+// temperature is 0, else the logits warpers in HF order — TemperatureLogitsWarper, TopKLogitsWarper,
+// TopPLogitsWarper — and a draw from the softmax of what is left. The draw uses mixtune's seeded
 // Rng, so a seed reproduces a run of mixtune (not of torch.multinomial).
 #pragma once
 #include <cstdint>
