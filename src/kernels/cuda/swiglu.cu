@@ -38,7 +38,7 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ dout, const T* __re
     const float g = Elt<T>::load(gu, r * 2 * F + c), u = Elt<T>::load(gu, r * 2 * F + F + c);
     const float d = Elt<T>::load(dout, r * F + c);
     const float sig = sigmoid(g);
-    if (dw) dot += d * Elt<T>::round(Elt<T>::round(g * sig) * u);
+    if (dw) dot += d * Elt<T>::round(Elt<T>::round(g / (1.0f + expf(-g))) * u);  // the forward's a, bit for bit
     const float da = d * wr;
     Elt<T>::store(dgu, r * 2 * F + F + c, da * g * sig);
     Elt<T>::store(dgu, r * 2 * F + c, da * u * sig * (1.0f + g * (1.0f - sig)));  // silu'(g)

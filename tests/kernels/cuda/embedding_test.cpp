@@ -1,6 +1,7 @@
 // CUDA embedding lookup and its sorted (deterministic) gradient against the CPU reference.
 // Forward is a copy: exact. Backward sums the same fp32/bf16 values as the CPU but associates them
-// differently ((g + Σ rows) instead of ((g + r1) + r2)…): max-norm 1e-5, rel-L2 1e-6; and two runs on
+// differently ((g + Σ rows) instead of ((g + r1) + r2)…; a frequent id sums ~1400 rows): max-norm 1e-5,
+// rel-L2 1e-5 (a missing or doubled row is ~1e-2); and two runs on
 // the device must agree bit for bit.
 #include <gtest/gtest.h>
 
@@ -57,7 +58,7 @@ void run_case(int64_t N, int64_t V, int64_t H, DType dt, DType id_dt, uint64_t s
   cuda::embedding_backward(dids, ddout, g1, ctx.stream);
   cuda::embedding_backward(dids, ddout, g2, ctx.stream);
   const std::vector<float> got = test::device_floats(g1);
-  test::expect_near_normalised(got, gcpu.to_floats(), 1e-5, 1e-6, what + " backward");
+  test::expect_near_normalised(got, gcpu.to_floats(), 1e-5, 1e-5, what + " backward");
   EXPECT_EQ(got, test::device_floats(g2)) << what << ": backward is not deterministic";
 }
 

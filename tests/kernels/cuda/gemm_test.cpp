@@ -2,7 +2,8 @@
 // Inputs are bf16-representable, so both sides multiply the same numbers; they differ in fp32
 // accumulation order (relative ~1e-6 of the row's magnitude) and, for a BF16 output, one rounding:
 //   BF16 out: max-norm 4e-3 (one bf16 step of the largest value plus order), rel-L2 3e-3.
-//   F32 out:  max-norm 1e-5, rel-L2 1e-6 (F32 inputs use CUBLAS_COMPUTE_32F: no TF32).
+//   F32 out:  max-norm 2e-5, rel-L2 5e-6 (a K-long fp32 dot product carries ~u·√K relative rounding
+//   noise on each side; F32 inputs use CUBLAS_COMPUTE_32F: no TF32).
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -30,7 +31,7 @@ void run_case(const GemmCase& c, DType in_dt, DType out_dt, uint64_t seed) {
   Tensor x = test::host_random({c.M, c.K}, seed, 1.0f, true);
   Tensor w = test::host_random({c.N, c.K}, seed + 1, 0.1f, true);
   Tensor dx_ = test::device_from_host(x, in_dt), dw_ = test::device_from_host(w, in_dt);
-  const double tol = bf_out ? 4e-3 : 1e-5, l2 = bf_out ? 3e-3 : 1e-6;
+  const double tol = bf_out ? 4e-3 : 2e-5, l2 = bf_out ? 3e-3 : 5e-6;
 
   // y = x·Wᵀ
   Tensor want = cpu::linear_forward(x, w, bf_out);
@@ -50,7 +51,7 @@ void run_case(const GemmCase& c, DType in_dt, DType out_dt, uint64_t seed) {
   test::expect_near_normalised(test::device_floats(ddx), dx_cpu.to_floats(), tol, l2, what + " dx");
   Tensor ddw = cuda::to_device(dw0, 0);
   cuda::linear_backward_weight(ddy, dx_, ddw, ctx.stream, 1.0f);
-  test::expect_near_normalised(test::device_floats(ddw), dw_cpu.to_floats(), 1e-5, 1e-6, what + " dW (fp32, beta 1)");
+  test::expect_near_normalised(test::device_floats(ddw), dw_cpu.to_floats(), 2e-5, 5e-6, what + " dW (fp32, beta 1)");
 }
 
 TEST(CudaGemm, LinearFormsMatchCpu) {
@@ -72,7 +73,7 @@ TEST(CudaGemm, MisalignedViewsAndPlanCache) {
   Tensor want = cpu::linear_forward(x.rows(1, M), w, false);
   Tensor y = Tensor::empty({M - 1, N}, DType::F32, Device::cuda(0));
   cuda::linear_forward(dx_.rows(1, M), dw_, y, ctx.stream);
-  test::expect_near_normalised(test::device_floats(y), want.to_floats(), 1e-5, 1e-6, "misaligned x");
+  test::expect_near_normalised(test::device_floats(y), want.to_floats(), 2e-5, 5e-6, "misaligned x");
   const int64_t plans = cuda::gemm_plan_count();
   cuda::linear_forward(dx_.rows(1, M), dw_, y, ctx.stream);
   EXPECT_EQ(cuda::gemm_plan_count(), plans) << "the same GEMM built a second plan";

@@ -4,8 +4,8 @@
 // reference applies the same two roundings. Remaining differences: fp32 accumulation order, which can
 // move a logit by one bf16 step.
 //   loss sum: relative 2e-3 (BF16), 1e-5 (F32); count exact.
-//   dx: max-norm 8e-3, rel-L2 3e-3 (BF16 output, one rounding + rare flips); F32 1e-5 / 1e-6.
-//   dW (fp32 accumulate): 4e-3 / 2e-3 (BF16), 1e-5 / 1e-6 (F32).
+//   dx: max-norm 8e-3, rel-L2 3e-3 (BF16 output, one rounding + rare flips); F32 3e-5 / 1e-5 (a V-long
+//   fp32 dot product on each side).  dW (fp32 accumulate): 4e-3 / 2e-3 (BF16), 3e-5 / 1e-5 (F32).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -66,9 +66,9 @@ void run_case(int64_t T, int64_t H, int64_t V, int64_t chunk, double ignore_frac
   const Tensor got_count = cuda::to_host(count);
   EXPECT_EQ(got_count.data_as<int32_t>()[0], ref.count) << what;
   EXPECT_NEAR(got_loss, ref.loss_sum, (bf ? 2e-3 : 1e-5) * std::max(1.0, std::fabs(ref.loss_sum))) << what << " loss";
-  test::expect_near_normalised(test::device_floats(gx), dx_ref.to_floats(), bf ? 8e-3 : 1e-5, bf ? 3e-3 : 1e-6,
+  test::expect_near_normalised(test::device_floats(gx), dx_ref.to_floats(), bf ? 8e-3 : 3e-5, bf ? 3e-3 : 1e-5,
                                what + " dx");
-  test::expect_near_normalised(test::device_floats(gw), dw_ref.to_floats(), bf ? 4e-3 : 1e-5, bf ? 2e-3 : 1e-6,
+  test::expect_near_normalised(test::device_floats(gw), dw_ref.to_floats(), bf ? 4e-3 : 3e-5, bf ? 2e-3 : 1e-5,
                                what + " dW");
 
   // Loss only: same loss, gradients untouched.

@@ -1,7 +1,8 @@
 // CUDA RMSNorm (+ fused residual add, QK-norm shapes) against the CPU reference.
 // Thresholds: BF16 outputs carry HF's two roundings; the device sums x² in fp32 (the CPU in double),
 // so an element can land one bf16 step (2^-8 relative) away, twice: max-norm 8e-3 (about two bf16 ulps
-// of the largest value), rel-L2 3e-3 (such flips are rare). F32: 1e-5 / 1e-6 (summation order only).
+// of the largest value), rel-L2 3e-3 (such flips are rare). F32: 2e-5 / 5e-6 (rsqrtf's 2 ulp and the
+// fp32 row sums of the backward).
 // dw is fp32 on both sides (sums over rows): 1e-4 / 1e-5.
 #include <gtest/gtest.h>
 
@@ -45,7 +46,7 @@ void run_case(const NormCase& c, DType dt, bool residual, uint64_t seed) {
     cuda::rmsnorm_residual_forward(dx_, dr, dw_, kEps, sum, out, &rstd, ctx.stream);
   else
     cuda::rmsnorm_forward(dx_, dw_, kEps, out, &rstd, ctx.stream);
-  const double tol = bf ? 8e-3 : 1e-5, l2 = bf ? 3e-3 : 1e-6;
+  const double tol = bf ? 8e-3 : 2e-5, l2 = bf ? 3e-3 : 5e-6;
   test::expect_near_normalised(test::device_floats(out), want.to_floats(), tol, l2, what + " out");
   if (residual) test::expect_near_normalised(test::device_floats(sum), h.to_floats(), 0.0, 0.0, what + " sum");
 
@@ -61,7 +62,7 @@ void run_case(const NormCase& c, DType dt, bool residual, uint64_t seed) {
   Tensor ddw = test::device_from_host(dw0, DType::F32);
   Tensor ddx = Tensor::empty(x.shape(), dt, Device::cuda(0));
   cuda::rmsnorm_backward(ddy, dh, dw_, kEps, ddx, ddw, residual ? &ddres : nullptr, ctx.stream);
-  test::expect_near_normalised(test::device_floats(ddx), dx_cpu.to_floats(), bf ? 4e-3 : 1e-5, bf ? 3e-3 : 1e-6,
+  test::expect_near_normalised(test::device_floats(ddx), dx_cpu.to_floats(), bf ? 4e-3 : 2e-5, bf ? 3e-3 : 5e-6,
                                what + " dx");
   test::expect_near_normalised(test::device_floats(ddw), dw_cpu.to_floats(), 1e-4, 1e-5, what + " dw");
   // In place: dx over dy gives the same result.

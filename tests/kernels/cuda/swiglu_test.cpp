@@ -4,7 +4,7 @@
 // between libm and CUDA, which can flip a rounding: max-norm 8e-3 (two bf16 steps), rel-L2 2e-3.
 // Backward: the CPU keeps fp32, the device rounds once to bf16: 4e-3 / 3e-3. F32: 1e-5 / 1e-6.
 // The routing-weight gradient is an fp32 row sum (of bf16-rounded activations in BF16): 2e-3 / 1e-3
-// in BF16 (a flipped activation moves it), 1e-5 / 1e-6 in F32.
+// in BF16 (a flipped activation moves it), 1e-4 / 1e-5 in F32 (an F-long fp32 row sum).
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -70,7 +70,7 @@ void run_case(int64_t N, int64_t F, bool weighted, DType dt, uint64_t seed) {
   test::expect_near_normalised(test::device_floats(dgu_out), dwant, bf ? 4e-3 : 1e-5, bf ? 3e-3 : 1e-6,
                                what + " dgate_up");
   if (weighted)
-    test::expect_near_normalised(test::device_floats(ddrow), drow, bf ? 2e-3 : 1e-5, bf ? 1e-3 : 1e-6,
+    test::expect_near_normalised(test::device_floats(ddrow), drow, bf ? 2e-3 : 1e-4, bf ? 1e-3 : 1e-5,
                                  what + " drow_weight");
 }
 
