@@ -6,6 +6,7 @@
 #include <limits>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <regex>
 #include <set>
 
@@ -48,10 +49,18 @@ void check_trainable_dtype(DType t, const std::string& what) {
          dtype_torch_name(t));
 }
 
-void copy_carried_file(const fs::path& from, const fs::path& to) {
-  std::error_code ec;
-  fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
-  if (ec) fail("{}: cannot copy to {}: {}", from.string(), to.string(), ec.message());
+std::map<std::string, std::string> read_carried_files(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& name : carried_file_names()) {
+    const fs::path from = fs::path(dir) / name;
+    if (!fs::is_regular_file(from)) continue;
+    std::ifstream in(from, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (!in.good() && !in.eof()) fail("{}: read failed", from.string());
+    out[name] = ss.str();
+  }
+  return out;
 }
 
 void write_text(const fs::path& path, const std::string& text) {
@@ -78,6 +87,7 @@ CausalLM CausalLM::from_pretrained(const std::string& path_or_repo_id, const Loa
       m.config, m.dtype, [&](const std::string& name) { return files.has(name) ? files.tensor(name) : Tensor(); },
       files.names(), dir);
   m.source_dir = dir;
+  m.carried_files = read_carried_files(dir);
   if (!files.index_metadata().empty() || files.shard_files().size() > 1)
     for (const auto& n : files.names()) m.source_shard_of[n] = files.shard_of(n);
   m.config.dtype = m.dtype;
@@ -211,14 +221,13 @@ void CausalLM::write_pretrained_files(const std::string& dir, const SaveOptions&
   Qwen3MoeConfig cfg = config;
   cfg.dtype = dtype;
   write_text(fs::path(dir) / "config.json", cfg.to_json().dump(2) + "\n");
+  // Files held since load (the source directory may be gone by now, e.g. a pruned training checkpoint),
+  // else those present in source_dir.
+  const auto carried = carried_files.empty() && !source_dir.empty() ? read_carried_files(source_dir) : carried_files;
   bool have_generation_config = false;
-  if (!source_dir.empty()) {
-    for (const auto& name : carried_file_names()) {
-      fs::path from = fs::path(source_dir) / name;
-      if (!fs::is_regular_file(from)) continue;
-      copy_carried_file(from, fs::path(dir) / name);
-      have_generation_config = have_generation_config || name == "generation_config.json";
-    }
+  for (const auto& [name, bytes] : carried) {
+    write_text(fs::path(dir) / name, bytes);
+    have_generation_config = have_generation_config || name == "generation_config.json";
   }
   if (!have_generation_config) {
     nlohmann::json g = {{"_from_model_config", true}};

@@ -43,6 +43,7 @@ class CausalLM {
   Qwen3MoeWeights weights;
   DType dtype = DType::F32;
   std::string source_dir;                          // empty for from_config
+  std::map<std::string, std::string> carried_files;  // carried_file_names() read at load: name -> bytes
   std::map<std::string, std::string> source_shard_of;  // tensor -> shard file, when loaded from shards
   DType source_dtype = DType::F32;
 };
