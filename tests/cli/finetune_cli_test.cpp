@@ -1,0 +1,110 @@
+// `mixtune finetune` as a process: a bad recipe is one line + exit 1; SIGTERM mid-run writes a checkpoint and
+// exits 143, and --resume finishes the run.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kFixtures = std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/qwen3_moe/";
+
+// Starts the binary with stdout/stderr to `log`; returns the pid.
+pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(MIXTUNE_BINARY));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(MIXTUNE_BINARY, argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int wait_exit(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+size_t lines_in(const fs::path& p) {
+  const std::string s = slurp(p);
+  return static_cast<size_t>(std::count(s.begin(), s.end(), '\n'));
+}
+
+class FinetuneCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = fs::temp_directory_path() / ("mt_finetune_cli_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::ofstream(dir / "recipe.yaml") << "model: {path: " << kFixtures << "moe_gqa_aux/ckpt, dtype: float32}\n"
+                                       << "data: {train: " << kFixtures << "train5/train.jsonl, seq_len: 16}\n"
+                                       << "train: {max_steps: 1000000}\n"
+                                       << "optimizer: {lr: 1.0e-4}\n"
+                                       << "checkpoint: {dir: " << (dir / "run").string() << "}\n";
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  fs::path dir;
+};
+
+TEST_F(FinetuneCli, BadRecipeIsOneLineError) {
+  std::ofstream(dir / "bad.yaml") << "model: {path: x}\ndata: {train: y, seq_lenn: 3}\ncheckpoint: {dir: z}\n";
+  const pid_t pid = spawn({"finetune", (dir / "bad.yaml").string()}, dir / "log");
+  EXPECT_EQ(wait_exit(pid), 1);
+  const std::string log = slurp(dir / "log");
+  EXPECT_EQ(log.rfind("mixtune: error: ", 0), 0u) << log;
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 1) << log;
+  EXPECT_NE(log.find("unknown key 'data.seq_lenn'"), std::string::npos) << log;
+}
+
+TEST_F(FinetuneCli, SigtermCheckpointsAndResumeFinishes) {
+  const pid_t pid = spawn({"finetune", (dir / "recipe.yaml").string()}, dir / "log");
+  const fs::path metrics = dir / "run" / "metrics.jsonl";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((!fs::exists(metrics) || lines_in(metrics) < 3) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_GE(lines_in(metrics), 3u) << slurp(dir / "log");
+  kill(pid, SIGTERM);
+  EXPECT_EQ(wait_exit(pid), 143) << slurp(dir / "log");
+  const std::string latest = slurp(dir / "run" / "latest");
+  ASSERT_EQ(latest.rfind("checkpoint-", 0), 0u) << latest;
+  const fs::path ckpt = dir / "run" / latest.substr(0, latest.size() - 1);
+  EXPECT_TRUE(fs::exists(ckpt / "trainer_state.json"));
+  EXPECT_TRUE(fs::exists(ckpt / "optimizer.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "run" / "final"));
+  const int64_t step = std::stoll(latest.substr(std::string("checkpoint-").size()));
+  // The metrics end at the checkpointed step.
+  EXPECT_EQ(lines_in(metrics), static_cast<size_t>(step));
+
+  const pid_t resumed = spawn({"finetune", (dir / "recipe.yaml").string(), "--resume", "--set",
+                               "train.max_steps=" + std::to_string(step + 2)},
+                              dir / "log2");
+  EXPECT_EQ(wait_exit(resumed), 0) << slurp(dir / "log2");
+  EXPECT_TRUE(fs::exists(dir / "run" / "final" / "config.json"));
+  EXPECT_EQ(lines_in(metrics), static_cast<size_t>(step + 2));
+  EXPECT_NE(slurp(dir / "log2").find("resumed from"), std::string::npos);
+}
+
+}  // namespace
