@@ -1,0 +1,127 @@
+// Flash attention forward and backward at Qwen3-30B-A3B attention shapes (32 query heads, 4 KV heads,
+// head_dim 128, causal) for one long sequence and for packed documents. Prints one JSON object with the
+// time and TFLOP/s of each pass. FLOPs count the causal half only: forward 2 GEMMs, backward 5 (2.5x),
+// each 2·S_visible·D per head, as FlashAttention's benchmarks do.
+//
+// usage: mixtune_bench_flash_attention [--seq S] [--batch B] [--heads H] [--kv-heads K] [--head-dim D]
+//                                      [--doc-len L] [--reps R]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/float_convert.h"
+#include "core/tensor.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_context.h"
+#include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/flash_attention.h"
+
+namespace {
+
+using mt::DType;
+using mt::Tensor;
+
+Tensor random_bf16(const mt::Shape& s, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  Tensor h = Tensor::empty(s, DType::BF16);
+  uint16_t* p = h.data_as<uint16_t>();
+  for (int64_t i = 0; i < h.numel(); ++i) p[i] = mt::float_to_bf16(d(g));
+  return mt::cuda::to_device(h, 0);
+}
+
+template <typename F>
+double time_ms(int reps, cudaStream_t stream, F&& f) {
+  for (int i = 0; i < 2; ++i) f();
+  cudaEvent_t a, b;
+  MT_CUDA_CHECK(cudaEventCreate(&a));
+  MT_CUDA_CHECK(cudaEventCreate(&b));
+  MT_CUDA_CHECK(cudaEventRecord(a, stream));
+  for (int i = 0; i < reps; ++i) f();
+  MT_CUDA_CHECK(cudaEventRecord(b, stream));
+  MT_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  MT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / reps;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t S = 4096, B = 1, Hq = 32, Hk = 4, D = 128, doc_len = 0;
+  int reps = 10;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", s.c_str());
+      return 2;
+    }
+    const int64_t v = std::atoll(argv[++i]);
+    if (s == "--seq")
+      S = v;
+    else if (s == "--batch")
+      B = v;
+    else if (s == "--heads")
+      Hq = v;
+    else if (s == "--kv-heads")
+      Hk = v;
+    else if (s == "--head-dim")
+      D = v;
+    else if (s == "--doc-len")
+      doc_len = v;
+    else if (s == "--reps")
+      reps = static_cast<int>(v);
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", s.c_str());
+      return 2;
+    }
+  }
+  try {
+    mt::cuda::DeviceContext& ctx = mt::cuda::device_context(0);
+    cudaDeviceProp prop{};
+    MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const int64_t T = B * S;
+    Tensor q = random_bf16({T, Hq, D}, 1), k = random_bf16({T, Hk, D}, 2), v = random_bf16({T, Hk, D}, 3);
+    Tensor dout = random_bf16({T, Hq, D}, 4);
+    Tensor doc;
+    double visible = 0;  // (query, key) pairs attended
+    if (doc_len > 0) {
+      Tensor h = Tensor::empty({B, S}, DType::I32);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < S; ++i) h.data_as<int32_t>()[b * S + i] = static_cast<int32_t>(i / doc_len);
+      doc = mt::cuda::to_device(h, 0);
+      for (int64_t i0 = 0; i0 < S; i0 += doc_len) {
+        const double n = static_cast<double>(std::min(doc_len, S - i0));
+        visible += B * n * (n + 1) / 2;
+      }
+    } else {
+      visible = B * static_cast<double>(S) * (S + 1) / 2;
+    }
+    mt::cuda::AttentionDocs docs = mt::cuda::attention_docs_from_ids(doc, B, S, 0, ctx.stream);
+    const mt::cuda::FlashAttentionShape fs{T, Hq, Hk, D};
+    Tensor out, lse, dq, dk, dv;
+    const double fwd_ms =
+        time_ms(reps, ctx.stream, [&] { mt::cuda::flash_attention_forward(fs, q, k, v, docs, out, lse, ctx.stream); });
+    const double bwd_ms = time_ms(reps, ctx.stream, [&] {
+      mt::cuda::flash_attention_backward(fs, dout, q, k, v, out, lse, docs, dq, dk, dv, ctx.stream);
+    });
+    const double fwd_flops = 4.0 * visible * D * Hq, bwd_flops = 2.5 * fwd_flops;
+    std::printf(
+        "{\"bench\": \"flash_attention\", \"gpu\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"heads\": %lld, "
+        "\"kv_heads\": %lld, \"head_dim\": %lld, \"doc_len\": %lld,\n",
+        prop.name, (long long)B, (long long)S, (long long)Hq, (long long)Hk, (long long)D, (long long)doc_len);
+    std::printf(" \"forward\": {\"ms\": %.4f, \"tflops\": %.1f}, \"backward\": {\"ms\": %.4f, \"tflops\": %.1f}}\n",
+                fwd_ms, fwd_flops / fwd_ms * 1e-9, bwd_ms, bwd_flops / bwd_ms * 1e-9);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,315 @@
+// Grouped expert GEMM at Qwen3-30B-A3B layer shapes (hidden 2048, moe_intermediate 768, 128 experts,
+// top-8, 4096 tokens by default) against a cuBLASLt dense GEMM of the same FLOPs, plus the permutation
+// kernels around it. Prints one JSON object: per op the time, TFLOP/s (GB/s for the memory-bound ops)
+// and the ratio to cuBLASLt.
+//
+// usage: mixtune_bench_grouped_gemm [--tokens N] [--hidden H] [--inter I] [--experts E] [--topk K]
+//                                   [--balanced] [--reps R]
+// Routing: each token takes the top-k of (N(0,1) noise + a per-expert bias ~ N(0, 0.5)), a skewed load
+// like a real router's; --balanced gives every expert the same count (results say which).
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/float_convert.h"
+#include "core/tensor.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_context.h"
+#include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/moe_permute.h"
+
+namespace {
+
+using mt::DType;
+using mt::Tensor;
+
+struct Args {
+  int64_t tokens = 4096, hidden = 2048, inter = 768, experts = 128, topk = 8;
+  bool balanced = false;
+  int reps = 20;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    auto next = [&]() -> int64_t {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", s.c_str());
+        std::exit(2);
+      }
+      return std::atoll(argv[++i]);
+    };
+    if (s == "--tokens")
+      a.tokens = next();
+    else if (s == "--hidden")
+      a.hidden = next();
+    else if (s == "--inter")
+      a.inter = next();
+    else if (s == "--experts")
+      a.experts = next();
+    else if (s == "--topk")
+      a.topk = next();
+    else if (s == "--reps")
+      a.reps = static_cast<int>(next());
+    else if (s == "--balanced")
+      a.balanced = true;
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", s.c_str());
+      std::exit(2);
+    }
+  }
+  return a;
+}
+
+// Random bf16 device tensor (values ~ N(0, scale)), filled on the host once.
+Tensor random_bf16(const mt::Shape& s, uint64_t seed, float scale) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  Tensor h = Tensor::empty(s, DType::BF16);
+  uint16_t* p = h.data_as<uint16_t>();
+  for (int64_t i = 0; i < h.numel(); ++i) p[i] = mt::float_to_bf16(d(g));
+  return mt::cuda::to_device(h, 0);
+}
+
+template <typename F>
+double time_ms(int reps, cudaStream_t stream, F&& f) {
+  for (int i = 0; i < 3; ++i) f();  // warm-up
+  cudaEvent_t a, b;
+  MT_CUDA_CHECK(cudaEventCreate(&a));
+  MT_CUDA_CHECK(cudaEventCreate(&b));
+  MT_CUDA_CHECK(cudaEventRecord(a, stream));
+  for (int i = 0; i < reps; ++i) f();
+  MT_CUDA_CHECK(cudaEventRecord(b, stream));
+  MT_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  MT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  MT_CUDA_CHECK(cudaEventDestroy(a));
+  MT_CUDA_CHECK(cudaEventDestroy(b));
+  return ms / reps;
+}
+
+// Row-major dense GEMM through cuBLASLt (column-major underneath):
+//   nt:  C[M][N] (bf16)  = A[M][K] · B[N][K]ᵀ
+//   nn:  C[M][N] (bf16)  = A[M][K] · B[K][N]
+//   tn:  C[M][N] (fp32) += A[K][M]ᵀ · B[K][N]
+struct DenseGemm {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  float beta = 0.0f;
+  const void *a = nullptr, *b = nullptr;
+  void* c = nullptr;
+
+  DenseGemm(const char* kind, int64_t M, int64_t N, int64_t K, const void* A, const void* B, void* C)
+      : a(A), b(B), c(C) {
+    mt::cuda::DeviceContext& ctx = mt::cuda::device_context(0);
+    // Column-major view: Cc [N, M] = op(Bc) · op(Ac), the arguments swapped.
+    cublasOperation_t op_first, op_second;
+    int64_t first_rows, first_cols, first_ld, second_rows, second_cols, second_ld;
+    cudaDataType_t ct = CUDA_R_16BF;
+    const std::string k = kind;
+    if (k == "nt") {  // B[N][K] = col-major [K, N] -> T ; A[M][K] = col-major [K, M] -> N
+      op_first = CUBLAS_OP_T, first_rows = K, first_cols = N, first_ld = K;
+      op_second = CUBLAS_OP_N, second_rows = K, second_cols = M, second_ld = K;
+    } else if (k == "nn") {  // B[K][N] = col-major [N, K] -> N ; A[M][K] = col-major [K, M] -> N
+      op_first = CUBLAS_OP_N, first_rows = N, first_cols = K, first_ld = N;
+      op_second = CUBLAS_OP_N, second_rows = K, second_cols = M, second_ld = K;
+    } else {  // tn: B[K][N] = col-major [N, K] -> N ; A[K][M] = col-major [M, K] -> T
+      op_first = CUBLAS_OP_N, first_rows = N, first_cols = K, first_ld = N;
+      op_second = CUBLAS_OP_T, second_rows = M, second_cols = K, second_ld = M;
+      ct = CUDA_R_32F;
+      beta = 1.0f;
+    }
+    MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, first_rows, first_cols, first_ld));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, second_rows, second_cols, second_ld));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, ct, N, M, N));
+    cublasLtMatmulPreference_t pref;
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = ctx.workspace_bytes;
+    MT_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.lt, desc, la, lb, lc, lc, pref, 1, &res, &found));
+    if (found == 0) {
+      std::fprintf(stderr, "cuBLASLt has no algorithm for %s %lld x %lld x %lld\n", kind, (long long)M, (long long)N,
+                   (long long)K);
+      std::exit(1);
+    }
+    algo = res.algo;
+    cublasLtMatmulPreferenceDestroy(pref);
+  }
+  void run() {
+    mt::cuda::DeviceContext& ctx = mt::cuda::device_context(0);
+    const float alpha = 1.0f;
+    // First operand is B (see above), second is A.
+    MT_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, desc, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &algo, ctx.workspace,
+                                   ctx.workspace_bytes, ctx.stream));
+  }
+  ~DenseGemm() {
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  try {
+    mt::cuda::DeviceContext& ctx = mt::cuda::device_context(0);
+    cudaStream_t st = ctx.stream;
+    cudaDeviceProp prop{};
+    MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const int64_t T = a.tokens, H = a.hidden, I = a.inter, E = a.experts, k = a.topk, N = T * k;
+
+    // Routing on the host (top-k of noise + per-expert bias), then the device plan.
+    std::mt19937_64 g(1234);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> bias(E);
+    for (auto& b : bias) b = a.balanced ? 0.0f : 0.5f * nd(g);
+    Tensor idx_h = Tensor::empty({T, k}, DType::I32);
+    int32_t* idx = idx_h.data_as<int32_t>();
+    std::vector<int> order(E);
+    std::vector<float> score(E);
+    for (int64_t t = 0; t < T; ++t) {
+      if (a.balanced) {
+        for (int64_t s = 0; s < k; ++s) idx[t * k + s] = static_cast<int32_t>((t * k + s) % E);
+        continue;
+      }
+      for (int64_t e = 0; e < E; ++e) score[e] = nd(g) + bias[e], order[e] = static_cast<int>(e);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int x, int y) { return score[x] > score[y]; });
+      for (int64_t s = 0; s < k; ++s) idx[t * k + s] = order[s];
+    }
+    std::vector<int64_t> counts(E, 0);
+    for (int64_t i = 0; i < N; ++i) counts[idx[i]]++;
+    const int64_t cmin = *std::min_element(counts.begin(), counts.end()),
+                  cmax = *std::max_element(counts.begin(), counts.end());
+    const int64_t empty = std::count(counts.begin(), counts.end(), 0);
+    Tensor index = mt::cuda::to_device(idx_h, 0);
+    mt::cuda::MoePlan plan = mt::cuda::moe_plan(index, E, st);
+
+    Tensor x = random_bf16({T, H}, 1, 1.0f), xg = random_bf16({N, H}, 2, 1.0f);
+    Tensor w1 = random_bf16({E, 2 * I, H}, 3, 0.02f), w2 = random_bf16({E, H, I}, 4, 0.02f);
+    Tensor gu = random_bf16({N, 2 * I}, 5, 1.0f), act = random_bf16({N, I}, 6, 1.0f);
+    Tensor y = random_bf16({N, H}, 7, 1.0f), dy = random_bf16({N, H}, 8, 1.0f);
+    Tensor dact = random_bf16({N, I}, 9, 1.0f), dgu = random_bf16({N, 2 * I}, 10, 1.0f);
+    Tensor dxg = random_bf16({N, H}, 11, 1.0f);
+    auto zeros_f32 = [&](const mt::Shape& s) {
+      Tensor t = Tensor::empty(s, DType::F32, mt::Device::cuda(0));
+      mt::cuda::fill_zero_async(t, ctx.stream);
+      return t;
+    };
+    Tensor dw1 = zeros_f32({E, 2 * I, H}), dw2 = zeros_f32({E, H, I});
+    Tensor wts = mt::cuda::to_device(Tensor::from_floats({T, k}, std::vector<float>(T * k, 0.125f)), 0);
+    Tensor out = Tensor::empty({T, H}, DType::BF16, mt::Device::cuda(0));
+    Tensor dwts = Tensor::empty({T, k}, DType::F32, mt::Device::cuda(0));
+    // Dense operands for cuBLASLt of the same sizes (one big "expert").
+    Tensor dense_w1 = random_bf16({2 * I, H}, 12, 0.02f), dense_w2 = random_bf16({H, I}, 13, 0.02f);
+    Tensor ddw1 = zeros_f32({2 * I, H}), ddw2 = zeros_f32({H, I});
+    Tensor dense_out = Tensor::empty({N, 2 * I}, DType::BF16, mt::Device::cuda(0));
+    Tensor dense_out2 = Tensor::empty({N, H}, DType::BF16, mt::Device::cuda(0));
+    Tensor dense_out3 = Tensor::empty({N, I}, DType::BF16, mt::Device::cuda(0));
+
+    struct Row {
+      std::string op;
+      double flops, ms, dense_ms;
+    };
+    std::vector<Row> rows;
+    auto gemm_row = [&](const char* op, double flops, auto&& grouped, DenseGemm& dense) {
+      const double ms = time_ms(a.reps, st, grouped);
+      const double dms = time_ms(a.reps, st, [&] { dense.run(); });
+      rows.push_back({op, flops, ms, dms});
+    };
+    const double f_gu = 2.0 * N * (2 * I) * H, f_dn = 2.0 * N * H * I;
+    {
+      DenseGemm d("nt", N, 2 * I, H, xg.data(), dense_w1.data(), dense_out.data());
+      gemm_row(
+          "fwd_gate_up", f_gu, [&] { mt::cuda::grouped_gemm_forward(xg, w1, plan.offsets, gu, st); }, d);
+    }
+    {
+      DenseGemm d("nt", N, H, I, act.data(), dense_w2.data(), dense_out2.data());
+      gemm_row(
+          "fwd_down", f_dn, [&] { mt::cuda::grouped_gemm_forward(act, w2, plan.offsets, y, st); }, d);
+    }
+    {
+      DenseGemm d("nn", N, I, H, dy.data(), dense_w2.data(), dense_out3.data());
+      gemm_row(
+          "dgrad_down", f_dn, [&] { mt::cuda::grouped_gemm_dgrad(dy, w2, plan.offsets, dact, st); }, d);
+    }
+    {
+      DenseGemm d("nn", N, H, 2 * I, dgu.data(), dense_w1.data(), dense_out2.data());
+      gemm_row(
+          "dgrad_gate_up", f_gu, [&] { mt::cuda::grouped_gemm_dgrad(dgu, w1, plan.offsets, dxg, st); }, d);
+    }
+    {
+      DenseGemm d("tn", H, I, N, dy.data(), act.data(), ddw2.data());
+      gemm_row(
+          "wgrad_down", f_dn, [&] { mt::cuda::grouped_gemm_wgrad(dy, act, plan.offsets, dw2, true, st); }, d);
+    }
+    {
+      DenseGemm d("tn", 2 * I, H, N, dgu.data(), xg.data(), ddw1.data());
+      gemm_row(
+          "wgrad_gate_up", f_gu, [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, dw1, true, st); }, d);
+    }
+    // Memory-bound permutation kernels: bytes moved per call.
+    struct MemRow {
+      std::string op;
+      double bytes, ms;
+    };
+    std::vector<MemRow> mem;
+    mem.push_back({"plan", N * 4.0 * 3, time_ms(a.reps, st, [&] { plan = mt::cuda::moe_plan(index, E, st); })});
+    mem.push_back({"gather", 2.0 * N * H * 2, time_ms(a.reps, st, [&] { xg = mt::cuda::moe_gather(x, plan, st); })});
+    mem.push_back(
+        {"combine", (N + T) * H * 2.0, time_ms(a.reps, st, [&] { mt::cuda::moe_combine(y, wts, plan, out, st); })});
+    mem.push_back({"combine_backward", (T + 2.0 * N) * H * 2,
+                   time_ms(a.reps, st, [&] { mt::cuda::moe_combine_backward(out, y, wts, plan, dy, dwts, st); })});
+    mem.push_back({"gather_backward", (N + T) * H * 2.0,
+                   time_ms(a.reps, st, [&] { mt::cuda::moe_gather_backward(dxg, plan, out, st); })});
+
+    double tot_flops = 0, tot_ms = 0, tot_dense = 0;
+    std::printf("{\"bench\": \"grouped_gemm\", \"gpu\": \"%s\", \"sms\": %d,\n", prop.name, prop.multiProcessorCount);
+    std::printf(
+        " \"shape\": {\"tokens\": %lld, \"hidden\": %lld, \"moe_intermediate\": %lld, \"experts\": %lld, "
+        "\"top_k\": %lld, \"routing\": \"%s\", \"rows_per_expert_min\": %lld, \"rows_per_expert_max\": %lld, "
+        "\"empty_experts\": %lld},\n",
+        (long long)T, (long long)H, (long long)I, (long long)E, (long long)k, a.balanced ? "balanced" : "skewed-random",
+        (long long)cmin, (long long)cmax, (long long)empty);
+    std::printf(" \"gemm\": [\n");
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      tot_flops += r.flops, tot_ms += r.ms, tot_dense += r.dense_ms;
+      std::printf(
+          "  {\"op\": \"%s\", \"gflop\": %.1f, \"ms\": %.4f, \"tflops\": %.1f, \"cublaslt_dense_ms\": %.4f, "
+          "\"cublaslt_dense_tflops\": %.1f, \"ratio_to_dense\": %.3f}%s\n",
+          r.op.c_str(), r.flops * 1e-9, r.ms, r.flops / r.ms * 1e-9, r.dense_ms, r.flops / r.dense_ms * 1e-9,
+          r.dense_ms / r.ms, i + 1 < rows.size() ? "," : "");
+    }
+    std::printf(" ],\n \"gemm_total\": {\"ms\": %.4f, \"tflops\": %.1f, \"cublaslt_dense_tflops\": %.1f},\n", tot_ms,
+                tot_flops / tot_ms * 1e-9, tot_flops / tot_dense * 1e-9);
+    std::printf(" \"memory_bound\": [\n");
+    for (size_t i = 0; i < mem.size(); ++i)
+      std::printf("  {\"op\": \"%s\", \"ms\": %.4f, \"gbps\": %.0f}%s\n", mem[i].op.c_str(), mem[i].ms,
+                  mem[i].bytes / mem[i].ms * 1e-6, i + 1 < mem.size() ? "," : "");
+    std::printf(" ]}\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

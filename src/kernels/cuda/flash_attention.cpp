@@ -1,0 +1,108 @@
+#include "kernels/cuda/flash_attention.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/cuda/device_tensor_check.h"
+#include "kernels/cuda/flash_attention_kernels.h"
+
+namespace mt::cuda {
+
+namespace {
+
+void check_flat(const Tensor& t, const char* what, DType dt, int64_t numel, Device dev) {
+  MT_CHECK(t.defined(), "{} is undefined", what);
+  MT_CHECK(t.device() == dev, "{} on {}, expected {}", what, t.device().str(), dev.str());
+  MT_CHECK(t.dtype() == dt && t.numel() == numel, "{}: expected {} with {} elements, found {}", what,
+           dtype_safetensors_name(dt), numel, t.desc());
+}
+
+detail::FlashArgs check_args(const FlashAttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionDocs& docs) {
+  MT_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0, "flash attention heads {} / kv_heads {}",
+           s.heads, s.kv_heads);
+  MT_CHECK(s.head_dim == 64 || s.head_dim == 128, "flash attention head_dim {} (supported: 64, 128)", s.head_dim);
+  MT_CHECK(s.tokens >= 0 && s.tokens * s.heads < (int64_t{1} << 31) && s.heads <= 65535,
+           "flash attention: {} tokens x {} heads", s.tokens, s.heads);
+  MT_CHECK(q.defined() && q.device().is_cuda(), "flash attention q must be a CUDA tensor");
+  const Device dev = q.device();
+  check_flat(q, "flash attention q", DType::BF16, s.tokens * s.heads * s.head_dim, dev);
+  check_flat(k, "flash attention k", DType::BF16, s.tokens * s.kv_heads * s.head_dim, dev);
+  check_flat(v, "flash attention v", DType::BF16, s.tokens * s.kv_heads * s.head_dim, dev);
+  check_flat(docs.start, "attention doc start", DType::I32, s.tokens, dev);
+  check_flat(docs.end, "attention doc end", DType::I32, s.tokens, dev);
+  detail::FlashArgs a;
+  a.T = static_cast<int>(s.tokens);
+  a.Hq = static_cast<int>(s.heads);
+  a.Hk = static_cast<int>(s.kv_heads);
+  a.D = static_cast<int>(s.head_dim);
+  a.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  a.doc_start = docs.start.data_as<int32_t>();
+  a.doc_end = docs.end.data_as<int32_t>();
+  return a;
+}
+
+void ensure(Tensor& t, const Tensor& like, const char* what) {
+  if (!t.defined())
+    t = Tensor::empty(like.shape(), like.dtype(), like.device());
+  else
+    check_flat(t, what, like.dtype(), like.numel(), like.device());
+}
+
+}  // namespace
+
+AttentionDocs attention_docs_from_ids(const Tensor& doc, int64_t batch, int64_t seq, int device, cudaStream_t stream) {
+  MT_CHECK(batch >= 0 && seq >= 0 && batch * seq < (int64_t{1} << 31) && batch <= 65535,
+           "attention docs: batch {} x seq {}", batch, seq);
+  if (doc.defined()) check_device_tensor(doc, "attention doc ids", DType::I32, {batch, seq});
+  AttentionDocs d{Tensor::empty({batch * seq}, DType::I32, Device::cuda(device)),
+                  Tensor::empty({batch * seq}, DType::I32, Device::cuda(device))};
+  detail::attention_docs_from_ids_launch(doc.defined() ? doc.data_as<int32_t>() : nullptr, static_cast<int>(batch),
+                                         static_cast<int>(seq), d.start.data_as<int32_t>(), d.end.data_as<int32_t>(),
+                                         stream);
+  return d;
+}
+
+AttentionDocs attention_docs_from_cu_seqlens(const Tensor& cu_seqlens, int64_t tokens, cudaStream_t stream) {
+  MT_CHECK(cu_seqlens.defined() && cu_seqlens.ndim() == 1 && cu_seqlens.dim(0) >= 1,
+           "attention cu_seqlens must be [docs + 1]");
+  check_device_tensor(cu_seqlens, "attention cu_seqlens", DType::I32, {cu_seqlens.dim(0)});
+  MT_CHECK(tokens >= 0 && tokens < (int64_t{1} << 31), "attention docs: {} tokens", tokens);
+  AttentionDocs d{Tensor::empty({tokens}, DType::I32, cu_seqlens.device()),
+                  Tensor::empty({tokens}, DType::I32, cu_seqlens.device())};
+  detail::attention_docs_from_cu_seqlens_launch(cu_seqlens.data_as<int32_t>(), static_cast<int>(cu_seqlens.dim(0) - 1),
+                                                d.start.data_as<int32_t>(), d.end.data_as<int32_t>(), stream);
+  return d;
+}
+
+void flash_attention_forward(const FlashAttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionDocs& docs, Tensor& out, Tensor& lse, cudaStream_t stream) {
+  const detail::FlashArgs a = check_args(s, q, k, v, docs);
+  ensure(out, q, "flash attention out");
+  if (!lse.defined())
+    lse = Tensor::empty({s.heads, s.tokens}, DType::F32, q.device());
+  else
+    check_flat(lse, "flash attention lse", DType::F32, s.heads * s.tokens, q.device());
+  detail::flash_fwd_launch(a, q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(), stream);
+}
+
+void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionDocs& docs,
+                              Tensor& dq, Tensor& dk, Tensor& dv, cudaStream_t stream) {
+  const detail::FlashArgs a = check_args(s, q, k, v, docs);
+  check_flat(dout, "flash attention dout", DType::BF16, q.numel(), q.device());
+  check_flat(out, "flash attention out", DType::BF16, q.numel(), q.device());
+  check_flat(lse, "flash attention lse", DType::F32, s.heads * s.tokens, q.device());
+  ensure(dq, q, "flash attention dq");
+  ensure(dk, k, "flash attention dk");
+  ensure(dv, v, "flash attention dv");
+  Tensor dq_acc = Tensor::empty({q.numel()}, DType::F32, q.device());
+  Tensor dk_acc = Tensor::empty({k.numel()}, DType::F32, q.device());
+  Tensor dv_acc = Tensor::empty({k.numel()}, DType::F32, q.device());
+  Tensor delta = Tensor::empty({s.heads, s.tokens}, DType::F32, q.device());
+  detail::flash_bwd_launch(a, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(), dq.data(),
+                           dk.data(), dv.data(), dq_acc.data_as<float>(), dk_acc.data_as<float>(),
+                           dv_acc.data_as<float>(), delta.data_as<float>(), stream);
+}
+
+}  // namespace mt::cuda

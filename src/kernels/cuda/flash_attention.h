@@ -1,0 +1,45 @@
+// Flash attention on the GPU (the CPU twin is kernels/cpu/attention.h): causal grouped-query attention
+// over packed documents, bf16 in/out, fp32 softmax, scale D^-0.5. Forward saves the log-sum-exp of each
+// score row; backward recomputes the probabilities from it (FlashAttention-2 dataflow, mma.sync).
+//
+// Tokens are one packed sequence of T = B·S rows (batch rows concatenated): token t attends to keys
+// [doc_start[t], t]. Documents are contiguous runs (as packing makes them); a batch row boundary is
+// always a document boundary. Head dims 64 and 128; heads % kv_heads == 0 (query head h reads KV head
+// h / (heads / kv_heads), as repeat_kv does). Every call is asynchronous on `stream`.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace mt::cuda {
+
+struct AttentionDocs {
+  Tensor start;  // I32 [T]: first token of t's document
+  Tensor end;    // I32 [T]: one past the last token of t's document
+};
+
+// doc I32 [B, S] on a CUDA device (a new document starts where the id changes), or undefined: each
+// batch row is one causal sequence.
+AttentionDocs attention_docs_from_ids(const Tensor& doc, int64_t batch, int64_t seq, int device, cudaStream_t stream);
+// cu_seqlens I32 [docs + 1] on a CUDA device: 0 = cu[0] < ... < cu[docs] = tokens.
+AttentionDocs attention_docs_from_cu_seqlens(const Tensor& cu_seqlens, int64_t tokens, cudaStream_t stream);
+
+struct FlashAttentionShape {
+  int64_t tokens = 0, heads = 0, kv_heads = 0, head_dim = 0;
+};
+
+// q BF16 [T, heads, D] (any shape with that many elements, e.g. [B, S, heads, D]), k, v BF16
+// [T, kv_heads, D] -> out BF16 like q, lse F32 [heads, T] (natural log). Undefined outputs are
+// allocated here; defined ones are checked and overwritten.
+void flash_attention_forward(const FlashAttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionDocs& docs, Tensor& out, Tensor& lse, cudaStream_t stream);
+
+// dout like out -> dq like q, dk/dv like k (BF16; allocated here when undefined). fp32 accumulation in
+// device workspace; not bitwise reproducible run to run (fp32 atomics), see NOTES.md.
+void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionDocs& docs,
+                              Tensor& dq, Tensor& dk, Tensor& dv, cudaStream_t stream);
+
+}  // namespace mt::cuda

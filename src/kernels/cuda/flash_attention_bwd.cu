@@ -1,0 +1,327 @@
+#include <cuda_bf16.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/flash_attention_kernels.h"
+#include "kernels/cuda/mma_sm80.cuh"
+
+// Flash attention backward (FlashAttention-2 dataflow, mma.sync). Three launches:
+//   1. delta[h][t] = Σ_d dO·O (fp32), one warp per (token, head).
+//   2. one block per (query head, 128-key tile), 8 warps owning 16 keys each. The block walks the query
+//      rows that can see its keys in steps of BMQ (Q, dO, lse, delta double-buffered with cp.async) and
+//      recomputes Pᵀ = exp(K·Qᵀ·scale − lse) transposed, so Pᵀ and dSᵀ = Pᵀ ⊙ (V·dOᵀ − delta) sit in the
+//      score registers as A fragments for dV += Pᵀ·dO and dK += dSᵀ·Q. dSᵀ goes through shared memory for
+//      dQ += dS·K, which is added to an fp32 buffer with atomics; at the end dK, dV (this head's part
+//      of its KV head) are added to fp32 buffers with atomics.
+//   3. fp32 buffers -> bf16 outputs (dQ and dK take the softmax scale here).
+// NOTE: fp32 atomics make dQ/dK/dV not bitwise reproducible run to run (the sum order varies); the
+// values agree to fp32 rounding.
+
+namespace mt::cuda {
+
+namespace {
+
+using mma::bf16;
+
+constexpr int kBwdBN = 128, kBwdWarps = 8, kBwdThreads = kBwdWarps * 32;
+
+// p[0] += a, p[1] += b (p 8-byte aligned). One vector atomic on Hopper: the dQ atomics are what bounds
+// this kernel (L2 throughput), so halving their count matters.
+__device__ __forceinline__ void atomic_add2(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(p), make_float2(a, b));
+#else
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+#endif
+}
+
+template <int D>
+struct BwdCfg {
+  static constexpr int BMQ = D <= 64 ? 64 : 32;  // query rows per step (register budget: dK, dV live all along)
+  static constexpr int LDS = BMQ + 8;            // dSᵀ staging row stride (elements): conflict-free ldmatrix
+  static constexpr int Q_BYTES = BMQ * D * 2;
+  // K, V, 2 x (Q, dO), dSᵀ, then 2 x (lse, delta, doc_start) of BMQ each.
+  static constexpr int SMEM = 2 * kBwdBN * D * 2 + 4 * Q_BYTES + kBwdBN * LDS * 2 + 2 * 3 * BMQ * 4;
+};
+
+template <int ROWS, int D>
+__device__ __forceinline__ void load_rows(uint32_t s, const bf16* base, int row0, int T, int H, int head) {
+  constexpr int CH = D / 8;
+  static_assert(ROWS * CH % kBwdThreads == 0, "tile chunks must split evenly");
+#pragma unroll
+  for (int it = 0; it < ROWS * CH / kBwdThreads; ++it) {
+    const int idx = it * kBwdThreads + threadIdx.x;
+    const int i = idx / CH, c = idx % CH, t = row0 + i;
+    const bool valid = t < T;
+    const bf16* src = valid ? base + (static_cast<int64_t>(t) * H + head) * D + c * 8 : base;
+    mma::cp_async_16(s + mma::swz(i, c * 8, CH), src, valid);
+  }
+}
+
+// One warp per (token, head): delta = Σ_d dO · O.
+template <int D>
+__global__ void flash_bwd_delta_kernel(const bf16* __restrict__ dout, const bf16* __restrict__ out, int T, int Hq,
+                                       float* __restrict__ delta) {
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (w >= static_cast<int64_t>(T) * Hq) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t t = w / Hq, h = w % Hq;
+  const bf16* g = dout + w * D;
+  const bf16* o = out + w * D;
+  float acc = 0.0f;
+  for (int d = lane * 2; d < D; d += 64) {
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g + d));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(o + d));
+    acc += a.x * b.x + a.y * b.y;
+  }
+  acc = mma::warp_sum(acc);
+  if (lane == 0) delta[h * T + t] = acc;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kBwdThreads)
+    flash_bwd_kernel(detail::FlashArgs a, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                     const bf16* __restrict__ v, const bf16* __restrict__ dout, const float* __restrict__ lse,
+                     const float* __restrict__ delta, float* __restrict__ dq_acc, float* __restrict__ dk_acc,
+                     float* __restrict__ dv_acc) {
+  using C = BwdCfg<D>;
+  constexpr int BN = kBwdBN, BMQ = C::BMQ, CH = D / 8, NQ = BMQ / 8, ND = D / 8;
+  // dQ step tile BMQ x D split over the warps: WQ warps along queries (16 rows each), the rest along D.
+  constexpr int WQ = BMQ / 16, WD = kBwdWarps / WQ, DQN = D / WD / 8;
+  static_assert(WQ * WD == kBwdWarps && DQN % 2 == 0, "dQ warp split");
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sK = mma::smem_u32(smem);
+  const uint32_t sV = sK + BN * D * 2;
+  const uint32_t sQ0 = sV + BN * D * 2;                                         // 2 buffers
+  const uint32_t sO0 = sQ0 + 2 * C::Q_BYTES;                                    // dO, 2 buffers
+  bf16* sdS = reinterpret_cast<bf16*>(smem + 2 * BN * D * 2 + 4 * C::Q_BYTES);  // [BN][LDS]
+  float* s_lse = reinterpret_cast<float*>(sdS + BN * C::LDS);                   // [2][BMQ], log2 units
+  float* s_delta = s_lse + 2 * BMQ;                                             // [2][BMQ]
+  int* s_ds = reinterpret_cast<int*>(s_delta + 2 * BMQ);                        // [2][BMQ]
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, qd = lane & 3, mi_ = lane >> 3;
+  const int h = blockIdx.x, hk = h / (a.Hq / a.Hk);
+  const int T = a.T;
+  const int k0 = blockIdx.y * BN;  // tile 0 (the most queries) is scheduled first
+  const int k_last = min(k0 + BN, T) - 1;
+  const int q_lo = k0, q_hi = a.doc_end[k_last] - 1;
+  const int nsteps = (q_hi - q_lo + BMQ) / BMQ;
+  const float scale_log2 = a.scale * 1.4426950408889634f;
+
+  auto load_step = [&](int buf, int qs) {
+    load_rows<BMQ, D>(sQ0 + buf * C::Q_BYTES, q, qs, T, a.Hq, h);
+    load_rows<BMQ, D>(sO0 + buf * C::Q_BYTES, dout, qs, T, a.Hq, h);
+    for (int i = threadIdx.x; i < BMQ; i += kBwdThreads) {
+      const int t = qs + i;
+      const bool valid = t < T;
+      s_lse[buf * BMQ + i] = valid ? lse[static_cast<int64_t>(h) * T + t] * 1.4426950408889634f : 0.0f;
+      s_delta[buf * BMQ + i] = valid ? delta[static_cast<int64_t>(h) * T + t] : 0.0f;
+      s_ds[buf * BMQ + i] = valid ? a.doc_start[t] : INT_MAX;  // rows past T see no key
+    }
+  };
+
+  load_rows<BN, D>(sK, k, k0, T, a.Hk, hk);
+  load_rows<BN, D>(sV, v, k0, T, a.Hk, hk);
+  load_step(0, q_lo);
+  mma::cp_async_commit();
+
+  const int kr0 = k0 + warp * 16 + g, kr1 = kr0 + 8;  // this thread's key rows
+  float dk[ND][4], dv[ND][4];
+#pragma unroll
+  for (int j = 0; j < ND; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) dk[j][c] = 0.0f, dv[j][c] = 0.0f;
+
+  for (int st = 0; st < nsteps; ++st) {
+    const int qs = q_lo + st * BMQ, buf = st & 1;
+    const uint32_t sQ = sQ0 + buf * C::Q_BYTES, sO = sO0 + buf * C::Q_BYTES;
+    const float* lse2 = s_lse + buf * BMQ;
+    const float* dlt = s_delta + buf * BMQ;
+    const int* dsq = s_ds + buf * BMQ;
+    mma::cp_async_wait<0>();
+    __syncthreads();
+    if (st + 1 < nsteps) load_step(buf ^ 1, qs + BMQ);
+    mma::cp_async_commit();
+
+    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: the warp's 16 keys x BMQ queries.
+    float sp[NQ][4], dp[NQ][4];
+#pragma unroll
+    for (int j = 0; j < NQ; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) sp[j][c] = 0.0f, dp[j][c] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ak[4], av[4];
+      mma::ldmatrix_x4(ak, sK + mma::swz(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8, CH));
+      mma::ldmatrix_x4(av, sV + mma::swz(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8, CH));
+#pragma unroll
+      for (int pr = 0; pr < NQ / 2; ++pr) {
+        uint32_t bq[4], bo[4];
+        const int row = 16 * pr + (mi_ >> 1) * 8 + (lane & 7), col = kk * 16 + (mi_ & 1) * 8;
+        mma::ldmatrix_x4(bq, sQ + mma::swz(row, col, CH));
+        mma::ldmatrix_x4(bo, sO + mma::swz(row, col, CH));
+        mma::mma_16816(sp[2 * pr], ak, bq[0], bq[1]);
+        mma::mma_16816(sp[2 * pr + 1], ak, bq[2], bq[3]);
+        mma::mma_16816(dp[2 * pr], av, bo[0], bo[1]);
+        mma::mma_16816(dp[2 * pr + 1], av, bo[2], bo[3]);
+      }
+    }
+
+    // Pᵀ = exp2(s·scale·log2e − lse·log2e) on visible (key, query) pairs; dSᵀ = Pᵀ ⊙ (dPᵀ − delta).
+    // Masking is skipped when every key of the tile is visible to every query of the step.
+    const bool full = k0 + BN - 1 <= qs && k0 >= dsq[BMQ - 1];
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int qi = 8 * j + 2 * qd + (c & 1);
+        const int key = c < 2 ? kr0 : kr1, qt = qs + qi;
+        const bool vis = full || (key <= qt && key >= dsq[qi]);
+        const float p = vis ? exp2f(sp[j][c] * scale_log2 - lse2[qi]) : 0.0f;
+        sp[j][c] = p;
+        dp[j][c] = p * (dp[j][c] - dlt[qi]);
+      }
+    }
+
+    // dV += Pᵀ·dO and dK += dSᵀ·Q (queries 16t..16t+15 = score tiles 2t, 2t+1 as the A operand's k).
+#pragma unroll
+    for (int t = 0; t < BMQ / 16; ++t) {
+      uint32_t pa[4], sa[4];
+      pa[0] = mma::pack_bf16(sp[2 * t][0], sp[2 * t][1]);
+      pa[1] = mma::pack_bf16(sp[2 * t][2], sp[2 * t][3]);
+      pa[2] = mma::pack_bf16(sp[2 * t + 1][0], sp[2 * t + 1][1]);
+      pa[3] = mma::pack_bf16(sp[2 * t + 1][2], sp[2 * t + 1][3]);
+      sa[0] = mma::pack_bf16(dp[2 * t][0], dp[2 * t][1]);
+      sa[1] = mma::pack_bf16(dp[2 * t][2], dp[2 * t][3]);
+      sa[2] = mma::pack_bf16(dp[2 * t + 1][0], dp[2 * t + 1][1]);
+      sa[3] = mma::pack_bf16(dp[2 * t + 1][2], dp[2 * t + 1][3]);
+      // dSᵀ (bf16) to shared memory for dQ: rows = keys, columns = queries.
+      bf16* r0p = sdS + (warp * 16 + g) * C::LDS + 16 * t + 2 * qd;
+      *reinterpret_cast<uint32_t*>(r0p) = sa[0];
+      *reinterpret_cast<uint32_t*>(r0p + 8 * C::LDS) = sa[1];
+      *reinterpret_cast<uint32_t*>(r0p + 8) = sa[2];
+      *reinterpret_cast<uint32_t*>(r0p + 8 * C::LDS + 8) = sa[3];
+#pragma unroll
+      for (int pr = 0; pr < D / 16; ++pr) {
+        uint32_t bo[4], bq[4];
+        const int row = 16 * t + (mi_ & 1) * 8 + (lane & 7), col = 16 * pr + (mi_ >> 1) * 8;
+        mma::ldmatrix_x4_trans(bo, sO + mma::swz(row, col, CH));
+        mma::ldmatrix_x4_trans(bq, sQ + mma::swz(row, col, CH));
+        mma::mma_16816(dv[2 * pr], pa, bo[0], bo[1]);
+        mma::mma_16816(dv[2 * pr + 1], pa, bo[2], bo[3]);
+        mma::mma_16816(dk[2 * pr], sa, bq[0], bq[1]);
+        mma::mma_16816(dk[2 * pr + 1], sa, bq[2], bq[3]);
+      }
+    }
+    __syncthreads();
+
+    // dQ[step rows] += dS·K: A = dS (queries x keys) read transposed from dSᵀ, B = K (keys x D).
+    {
+      const int wq = (warp % WQ) * 16, wd = (warp / WQ) * (D / WD);
+      float dq[DQN][4];
+#pragma unroll
+      for (int j = 0; j < DQN; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t as[4];
+        mma::ldmatrix_x4_trans(
+            as, mma::smem_u32(sdS + (kk * 16 + (mi_ >> 1) * 8 + (lane & 7)) * C::LDS + wq + (mi_ & 1) * 8));
+#pragma unroll
+        for (int pr = 0; pr < DQN / 2; ++pr) {
+          uint32_t bk[4];
+          mma::ldmatrix_x4_trans(
+              bk, sK + mma::swz(kk * 16 + (mi_ & 1) * 8 + (lane & 7), wd + 16 * pr + (mi_ >> 1) * 8, CH));
+          mma::mma_16816(dq[2 * pr], as, bk[0], bk[1]);
+          mma::mma_16816(dq[2 * pr + 1], as, bk[2], bk[3]);
+        }
+      }
+      const int qa = qs + wq + g, qb = qa + 8;
+#pragma unroll
+      for (int j = 0; j < DQN; ++j) {
+        const int d = wd + 8 * j + 2 * qd;
+        if (qa < T) atomic_add2(dq_acc + (static_cast<int64_t>(qa) * a.Hq + h) * D + d, dq[j][0], dq[j][1]);
+        if (qb < T) atomic_add2(dq_acc + (static_cast<int64_t>(qb) * a.Hq + h) * D + d, dq[j][2], dq[j][3]);
+      }
+    }
+  }
+
+  // This head's share of dK, dV for the KV head.
+#pragma unroll
+  for (int j = 0; j < ND; ++j) {
+    const int d = 8 * j + 2 * qd;
+    if (kr0 < T) {
+      const int64_t o = (static_cast<int64_t>(kr0) * a.Hk + hk) * D + d;
+      atomic_add2(dk_acc + o, dk[j][0], dk[j][1]);
+      atomic_add2(dv_acc + o, dv[j][0], dv[j][1]);
+    }
+    if (kr1 < T) {
+      const int64_t o = (static_cast<int64_t>(kr1) * a.Hk + hk) * D + d;
+      atomic_add2(dk_acc + o, dk[j][2], dk[j][3]);
+      atomic_add2(dv_acc + o, dv[j][2], dv[j][3]);
+    }
+  }
+}
+
+// fp32 accumulators -> bf16, times `mul` (the softmax scale for dQ and dK).
+__global__ void scale_to_bf16_kernel(const float* __restrict__ src, int64_t n, float mul, bf16* __restrict__ dst) {
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 2; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * 2) {
+    const float2 v = *reinterpret_cast<const float2*>(src + i);
+    *reinterpret_cast<__nv_bfloat162*>(dst + i) = __floats2bfloat162_rn(v.x * mul, v.y * mul);
+  }
+}
+
+void to_bf16(const float* src, int64_t n, float mul, void* dst, cudaStream_t stream) {
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n / 2 + 255) / 256, 65536);
+  scale_to_bf16_kernel<<<static_cast<int>(blocks), 256, 0, stream>>>(src, n, mul, static_cast<bf16*>(dst));
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void bwd_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                  const bf16* out, const float* lse, float* dq_acc, float* dk_acc, float* dv_acc, float* delta,
+                  cudaStream_t stream) {
+  const int64_t rows = static_cast<int64_t>(a.T) * a.Hq;
+  flash_bwd_delta_kernel<D><<<static_cast<int>((rows + 7) / 8), 256, 0, stream>>>(dout, out, a.T, a.Hq, delta);
+  MT_CUDA_CHECK_LAUNCH();
+  constexpr int smem = BwdCfg<D>::SMEM;
+  auto kern = flash_bwd_kernel<D>;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid(a.Hq, (a.T + kBwdBN - 1) / kBwdBN);
+  kern<<<grid, kBwdThreads, smem, stream>>>(a, q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+namespace detail {
+
+void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
+                      const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc, float* dk_acc,
+                      float* dv_acc, float* delta, cudaStream_t stream) {
+  if (a.T == 0) return;
+  const int64_t nq = static_cast<int64_t>(a.T) * a.Hq * a.D, nk = static_cast<int64_t>(a.T) * a.Hk * a.D;
+  MT_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, nq * sizeof(float), stream));
+  MT_CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, nk * sizeof(float), stream));
+  MT_CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, nk * sizeof(float), stream));
+  auto go = [&](auto d_c) {
+    constexpr int D = decltype(d_c)::value;
+    bwd_launch_d<D>(a, static_cast<const bf16*>(dout), static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+                    static_cast<const bf16*>(v), static_cast<const bf16*>(out), lse, dq_acc, dk_acc, dv_acc, delta,
+                    stream);
+  };
+  if (a.D == 64)
+    go(std::integral_constant<int, 64>{});
+  else
+    go(std::integral_constant<int, 128>{});
+  to_bf16(dq_acc, nq, a.scale, dq, stream);
+  to_bf16(dk_acc, nk, a.scale, dk, stream);
+  to_bf16(dv_acc, nk, 1.0f, dv, stream);
+}
+
+}  // namespace detail
+}  // namespace mt::cuda

@@ -1,0 +1,218 @@
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/flash_attention_kernels.h"
+#include "kernels/cuda/mma_sm80.cuh"
+
+// Flash attention forward (FlashAttention-2 dataflow, mma.sync): one block per (query head, 128-query
+// tile), 8 warps of 16 query rows. K/V tiles of 64 keys stream through a cp.async double buffer; the
+// running max / sum stay in registers (scores in the log2 domain, exp2), P is rounded to bf16 straight
+// from the score accumulators into A fragments for P·V. A query tile may span several packed
+// documents: its key range is [doc_start(first query), last query], masked per element only in tiles
+// that are not entirely visible to every row.
+
+namespace mt::cuda {
+
+namespace {
+
+using mma::bf16;
+
+constexpr int kFwdBM = 128, kFwdBN = 64, kFwdWarps = 8, kFwdThreads = kFwdWarps * 32;
+
+template <int D>
+constexpr int fwd_smem_bytes() {
+  return (kFwdBM * D + 4 * kFwdBN * D) * 2;  // Q + double-buffered K and V
+}
+
+// Rows [row0, row0 + ROWS) of a [T][H][D] tensor at head `head` into a swizzled [ROWS][D] tile;
+// rows >= T are zero-filled.
+template <int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_rows(uint32_t s, const bf16* base, int row0, int T, int H, int head) {
+  constexpr int CH = D / 8;
+#pragma unroll
+  for (int it = 0; it < (ROWS * CH + THREADS - 1) / THREADS; ++it) {
+    const int idx = it * THREADS + threadIdx.x;
+    if (ROWS * CH % THREADS != 0 && idx >= ROWS * CH) break;
+    const int i = idx / CH, c = idx % CH, t = row0 + i;
+    const bool valid = t < T;
+    const bf16* src = valid ? base + (static_cast<int64_t>(t) * H + head) * D + c * 8 : base;
+    mma::cp_async_16(s + mma::swz(i, c * 8, CH), src, valid);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kFwdThreads, 1)
+    flash_fwd_kernel(detail::FlashArgs a, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                     const bf16* __restrict__ v, bf16* __restrict__ out, float* __restrict__ lse) {
+  constexpr int BM = kFwdBM, BN = kFwdBN, CH = D / 8, NO = D / 8, NS = BN / 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sQ = mma::smem_u32(smem);
+  const uint32_t sK0 = sQ + BM * D * 2;  // two K buffers, then two V buffers
+  const uint32_t sV0 = sK0 + 2 * BN * D * 2;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, qd = lane & 3, mi_ = lane >> 3;
+  const int h = blockIdx.x, hk = h / (a.Hq / a.Hk);
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest key ranges first
+  const int T = a.T;
+  const int q_last = min(q0 + BM, T) - 1;
+  const int kv_lo = a.doc_start[q0];
+  const int ds_max = a.doc_start[q_last];
+  const int ntiles = (q_last - kv_lo + BN) / BN;
+
+  load_rows<BM, D, kFwdThreads>(sQ, q, q0, T, a.Hq, h);
+  load_rows<BN, D, kFwdThreads>(sK0, k, kv_lo, T, a.Hk, hk);
+  load_rows<BN, D, kFwdThreads>(sV0, v, kv_lo, T, a.Hk, hk);
+  mma::cp_async_commit();
+
+  const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+  const int ds0 = r0 < T ? a.doc_start[r0] : T, ds1 = r1 < T ? a.doc_start[r1] : T;
+  const float scale_log2 = a.scale * 1.4426950408889634f;
+  float o[NO][4];
+#pragma unroll
+  for (int j = 0; j < NO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+  for (int jt = 0; jt < ntiles; ++jt) {
+    const int k0 = kv_lo + jt * BN;
+    const uint32_t sK = sK0 + (jt & 1) * BN * D * 2, sV = sV0 + (jt & 1) * BN * D * 2;
+    mma::cp_async_wait<0>();
+    __syncthreads();  // this tile landed, and every warp is done with the other buffer
+    if (jt + 1 < ntiles) {
+      load_rows<BN, D, kFwdThreads>(sK0 + ((jt + 1) & 1) * BN * D * 2, k, k0 + BN, T, a.Hk, hk);
+      load_rows<BN, D, kFwdThreads>(sV0 + ((jt + 1) & 1) * BN * D * 2, v, k0 + BN, T, a.Hk, hk);
+    }
+    mma::cp_async_commit();
+
+    // S = Q · Kᵀ for the warp's 16 rows x BN keys.
+    float s[NS][4];
+#pragma unroll
+    for (int j = 0; j < NS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t af[4];
+      mma::ldmatrix_x4(af, sQ + mma::swz(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8, CH));
+#pragma unroll
+      for (int pr = 0; pr < NS / 2; ++pr) {
+        uint32_t b[4];
+        mma::ldmatrix_x4(b, sK + mma::swz(16 * pr + (mi_ >> 1) * 8 + (lane & 7), kk * 16 + (mi_ & 1) * 8, CH));
+        mma::mma_16816(s[2 * pr], af, b[0], b[1]);
+        mma::mma_16816(s[2 * pr + 1], af, b[2], b[3]);
+      }
+    }
+
+    // Scale into the log2 domain; mask unless every key of the tile is visible to every row of the block.
+    const bool full = k0 + BN - 1 <= q0 && k0 >= ds_max;
+    float tmax0 = -INFINITY, tmax1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float x = s[j][c] * scale_log2;
+        if (!full) {
+          const int key = k0 + 8 * j + 2 * qd + (c & 1);
+          const int row = c < 2 ? r0 : r1, ds = c < 2 ? ds0 : ds1;
+          if (key > row || key < ds) x = -INFINITY;
+        }
+        s[j][c] = x;
+      }
+      tmax0 = fmaxf(tmax0, fmaxf(s[j][0], s[j][1]));
+      tmax1 = fmaxf(tmax1, fmaxf(s[j][2], s[j][3]));
+    }
+#pragma unroll
+    for (int o_ = 1; o_ < 4; o_ <<= 1) {
+      tmax0 = fmaxf(tmax0, __shfl_xor_sync(0xffffffffu, tmax0, o_));
+      tmax1 = fmaxf(tmax1, __shfl_xor_sync(0xffffffffu, tmax1, o_));
+    }
+    const float mn0 = fmaxf(m0, tmax0), mn1 = fmaxf(m1, tmax1);
+    // A row with no visible key so far keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN.
+    const float base0 = mn0 == -INFINITY ? 0.0f : mn0, base1 = mn1 == -INFINITY ? 0.0f : mn1;
+    const float alpha0 = exp2f(m0 - base0), alpha1 = exp2f(m1 - base1);
+    m0 = mn0, m1 = mn1;
+    l0 *= alpha0, l1 *= alpha1;
+#pragma unroll
+    for (int j = 0; j < NO; ++j) o[j][0] *= alpha0, o[j][1] *= alpha0, o[j][2] *= alpha1, o[j][3] *= alpha1;
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      s[j][0] = exp2f(s[j][0] - base0), s[j][1] = exp2f(s[j][1] - base0);
+      s[j][2] = exp2f(s[j][2] - base1), s[j][3] = exp2f(s[j][3] - base1);
+      l0 += s[j][0] + s[j][1], l1 += s[j][2] + s[j][3];
+    }
+
+    // O += P · V, P rounded to bf16 from the score registers (keys 16t..16t+15 = score tiles 2t, 2t+1).
+#pragma unroll
+    for (int t = 0; t < BN / 16; ++t) {
+      uint32_t pa[4];
+      pa[0] = mma::pack_bf16(s[2 * t][0], s[2 * t][1]);
+      pa[1] = mma::pack_bf16(s[2 * t][2], s[2 * t][3]);
+      pa[2] = mma::pack_bf16(s[2 * t + 1][0], s[2 * t + 1][1]);
+      pa[3] = mma::pack_bf16(s[2 * t + 1][2], s[2 * t + 1][3]);
+#pragma unroll
+      for (int pr = 0; pr < D / 16; ++pr) {
+        uint32_t b[4];
+        mma::ldmatrix_x4_trans(b, sV + mma::swz(16 * t + (mi_ & 1) * 8 + (lane & 7), 16 * pr + (mi_ >> 1) * 8, CH));
+        mma::mma_16816(o[2 * pr], pa, b[0], b[1]);
+        mma::mma_16816(o[2 * pr + 1], pa, b[2], b[3]);
+      }
+    }
+  }
+
+  // Finish: full row sums across the quad, normalise, stage the warp's rows in its own part of sQ.
+#pragma unroll
+  for (int o_ = 1; o_ < 4; o_ <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, o_);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, o_);
+  }
+  const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+  unsigned char* sq_bytes = smem;
+#pragma unroll
+  for (int j = 0; j < NO; ++j) {
+    const int col = 8 * j + 2 * qd;
+    *reinterpret_cast<uint32_t*>(sq_bytes + mma::swz(warp * 16 + g, col, CH)) =
+        mma::pack_bf16(o[j][0] * inv0, o[j][1] * inv0);
+    *reinterpret_cast<uint32_t*>(sq_bytes + mma::swz(warp * 16 + g + 8, col, CH)) =
+        mma::pack_bf16(o[j][2] * inv1, o[j][3] * inv1);
+  }
+  if (qd == 0) {
+    constexpr float kLn2 = 0.6931471805599453f;
+    if (r0 < T) lse[static_cast<int64_t>(h) * T + r0] = l0 > 0.0f ? (m0 + log2f(l0)) * kLn2 : -INFINITY;
+    if (r1 < T) lse[static_cast<int64_t>(h) * T + r1] = l1 > 0.0f ? (m1 + log2f(l1)) * kLn2 : -INFINITY;
+  }
+  __syncwarp();
+#pragma unroll
+  for (int it = 0; it < 16 * CH / 32; ++it) {
+    const int idx = it * 32 + lane;
+    const int i = warp * 16 + idx / CH, c = idx % CH, t = q0 + i;
+    if (t < T)
+      *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(t) * a.Hq + h) * D + c * 8) =
+          *reinterpret_cast<const uint4*>(sq_bytes + mma::swz(i, c * 8, CH));
+  }
+}
+
+template <int D>
+void fwd_launch_d(const detail::FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
+                  cudaStream_t stream) {
+  constexpr int smem = fwd_smem_bytes<D>();
+  auto kern = flash_fwd_kernel<D>;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid(a.Hq, (a.T + kFwdBM - 1) / kFwdBM);
+  kern<<<grid, kFwdThreads, smem, stream>>>(a, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+                                            static_cast<const bf16*>(v), static_cast<bf16*>(out), lse);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+namespace detail {
+
+void flash_fwd_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
+                      cudaStream_t stream) {
+  if (a.T == 0) return;
+  if (a.D == 64)
+    fwd_launch_d<64>(a, q, k, v, out, lse, stream);
+  else
+    fwd_launch_d<128>(a, q, k, v, out, lse, stream);
+}
+
+}  // namespace detail
+}  // namespace mt::cuda

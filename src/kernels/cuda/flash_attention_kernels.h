@@ -1,0 +1,33 @@
+// Raw launchers of the flash-attention kernels (flash_attention_fwd.cu, flash_attention_bwd.cu,
+// attention_docs.cu), called by flash_attention.cpp after its checks. Layouts: q/out/dout [T][Hq][D],
+// k/v [T][Hk][D] bf16; lse/delta [Hq][T] fp32; doc_start/doc_end [T] int32 (token t attends to keys
+// [doc_start[t], t]; doc_end[t] is one past the last token of t's document).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace mt::cuda::detail {
+
+struct FlashArgs {
+  int T = 0, Hq = 0, Hk = 0, D = 0;
+  float scale = 0.0f;  // softmax scale, D^-0.5
+  const int32_t* doc_start = nullptr;
+  const int32_t* doc_end = nullptr;
+};
+
+void flash_fwd_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
+                      cudaStream_t stream);
+
+// Workspace (fp32, zeroed here): dq_acc [T][Hq][D], dk_acc / dv_acc [T][Hk][D], delta [Hq][T].
+void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
+                      const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc, float* dk_acc,
+                      float* dv_acc, float* delta, cudaStream_t stream);
+
+// Document bounds from doc ids [B][S] (doc == null: each row is one document), or from cu_seqlens [docs + 1].
+void attention_docs_from_ids_launch(const int32_t* doc, int B, int S, int32_t* start, int32_t* end,
+                                    cudaStream_t stream);
+void attention_docs_from_cu_seqlens_launch(const int32_t* cu, int docs, int32_t* start, int32_t* end,
+                                           cudaStream_t stream);
+
+}  // namespace mt::cuda::detail

@@ -1,0 +1,71 @@
+#include "kernels/cuda/grouped_gemm.h"
+
+#include <cstdint>
+
+#include "core/error.h"
+#include "kernels/cuda/device_context.h"
+#include "kernels/cuda/device_tensor_check.h"
+#include "kernels/cuda/grouped_gemm_kernels.h"
+
+namespace mt::cuda {
+
+namespace {
+
+bool aligned16(const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data()) & 15u) == 0; }
+
+void check_common(const char* op, const Tensor& offsets, int64_t E, int64_t nout, int64_t k,
+                  std::initializer_list<const Tensor*> data) {
+  check_device_tensor(offsets, "grouped gemm offsets", DType::I32, {E + 1});
+  MT_CHECK(E >= 1 && E <= 4096, "{}: {} experts", op, E);
+  MT_CHECK(nout % 8 == 0 && k % 8 == 0 && nout > 0 && k > 0 && nout < (int64_t{1} << 30) && k < (int64_t{1} << 30),
+           "{}: dimensions {} x {} must be positive multiples of 8", op, nout, k);
+  for (const Tensor* t : data) {
+    MT_CHECK(aligned16(*t), "{}: {} is not 16-byte aligned", op, t->desc());
+    check_same_device(*t, offsets, op);
+  }
+}
+
+}  // namespace
+
+void grouped_gemm_forward(const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& y, cudaStream_t stream) {
+  MT_CHECK(x.defined() && w.defined() && x.ndim() == 2 && w.ndim() == 3,
+           "grouped gemm forward: x [N, K], w [E, Nout, K]");
+  const int64_t N = x.dim(0), K = x.dim(1), E = w.dim(0), Nout = w.dim(1);
+  check_device_tensor(x, "grouped gemm x", DType::BF16, {N, K});
+  check_device_tensor(w, "grouped gemm w", DType::BF16, {E, Nout, K});
+  check_device_tensor(y, "grouped gemm y", DType::BF16, {N, Nout});
+  check_common("grouped gemm forward", offsets, E, Nout, K, {&x, &w, &y});
+  DeviceContext& ctx = device_context(x.device().index);
+  detail::grouped_gemm_fwd_launch(x.data(), w.data(), y.data(), offsets.data_as<int32_t>(), static_cast<int>(E), N,
+                                  static_cast<int>(Nout), static_cast<int>(K), ctx.sm_count, stream);
+}
+
+void grouped_gemm_dgrad(const Tensor& dy, const Tensor& w, const Tensor& offsets, Tensor& dx, cudaStream_t stream) {
+  MT_CHECK(dy.defined() && w.defined() && dy.ndim() == 2 && w.ndim() == 3,
+           "grouped gemm dgrad: dy [N, Nout], w [E, Nout, K]");
+  const int64_t N = dy.dim(0), Nout = dy.dim(1), E = w.dim(0), K = w.dim(2);
+  check_device_tensor(dy, "grouped gemm dy", DType::BF16, {N, Nout});
+  check_device_tensor(w, "grouped gemm w", DType::BF16, {E, Nout, K});
+  check_device_tensor(dx, "grouped gemm dx", DType::BF16, {N, K});
+  check_common("grouped gemm dgrad", offsets, E, Nout, K, {&dy, &w, &dx});
+  DeviceContext& ctx = device_context(dy.device().index);
+  detail::grouped_gemm_dgrad_launch(dy.data(), w.data(), dx.data(), offsets.data_as<int32_t>(), static_cast<int>(E), N,
+                                    static_cast<int>(Nout), static_cast<int>(K), ctx.sm_count, stream);
+}
+
+void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets, Tensor& dw, bool accumulate,
+                        cudaStream_t stream) {
+  MT_CHECK(dy.defined() && x.defined() && dw.defined() && dy.ndim() == 2 && x.ndim() == 2 && dw.ndim() == 3,
+           "grouped gemm wgrad: dy [N, Nout], x [N, K], dw [E, Nout, K]");
+  const int64_t N = dy.dim(0), Nout = dy.dim(1), K = x.dim(1), E = dw.dim(0);
+  check_device_tensor(dy, "grouped gemm dy", DType::BF16, {N, Nout});
+  check_device_tensor(x, "grouped gemm x", DType::BF16, {N, K});
+  check_device_tensor(dw, "grouped gemm dw", DType::F32, {E, Nout, K});
+  check_common("grouped gemm wgrad", offsets, E, Nout, K, {&dy, &x, &dw});
+  DeviceContext& ctx = device_context(dy.device().index);
+  detail::grouped_gemm_wgrad_launch(dy.data(), x.data(), dw.data_as<float>(), offsets.data_as<int32_t>(),
+                                    static_cast<int>(E), static_cast<int>(Nout), static_cast<int>(K), accumulate,
+                                    ctx.sm_count, stream);
+}
+
+}  // namespace mt::cuda

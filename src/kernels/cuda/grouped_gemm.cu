@@ -1,0 +1,356 @@
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/grouped_gemm_kernels.h"
+#include "kernels/cuda/mma_sm80.cuh"
+
+// Grouped expert GEMM, one templated kernel for the three products of an expert layer (NOTES.md,
+// "Grouped expert GEMM"). The logical product is C[m][n] = Σ_k A(m, k) · B(n, k):
+//   Fwd   (M-grouped): A = X rows of expert e [rows][K]   B = W_e [N][K]           C = Y rows [rows][N] bf16
+//   Dgrad (M-grouped): A = dY rows [rows][J]             B = W_e [J][N] (k = j)   C = dX rows [rows][N] bf16
+//   Wgrad (K-grouped): A = dY rows, read as [k = row][m]  B = X rows [k = row][n]  C = dW_e [M][N] fp32 (+=)
+// Tiles BM x BN x BK with a cp.async multi-stage pipeline into XOR-swizzled shared memory, ldmatrix
+// (.trans where the operand is stored k-major-by-rows) and mma.sync m16n8k16. The grid is persistent:
+// each block reads the device offsets, builds the (expert, m-tile, n-tile) schedule in shared memory and
+// strides over it, so token counts never travel to the host and empty experts cost nothing.
+
+namespace mt::cuda {
+
+namespace {
+
+using mma::bf16;
+
+// NOTE: one configuration for all three modes (the Qwen3-30B-A3B shapes are multiples of 128 and the
+// expert row counts average a few hundred). 8 warps as 2 (m) x 4 (n), warp tile 64 x 32.
+constexpr int BM = 128, BN = 128, BK = 64, STAGES = 3;
+// Blocks per SM the compiler must fit. Measured on an H200 (bench/grouped_gemm_bench.cpp): the
+// M-grouped products run best with one block (~220 registers, no spills), the K-grouped wgrad with two
+// (registers capped at 128, a few bytes of spills): its tiles are short (a few hundred rows of
+// reduction) and end in an fp32 read-add-write, which a second resident block overlaps.
+#ifndef MT_GROUPED_GEMM_MIN_BLOCKS
+#define MT_GROUPED_GEMM_MIN_BLOCKS 1
+#endif
+#ifndef MT_GROUPED_GEMM_WGRAD_MIN_BLOCKS
+#define MT_GROUPED_GEMM_WGRAD_MIN_BLOCKS 2
+#endif
+constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = WARPS_M * WARPS_N * 32;
+constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N, MI = WTM / 16, NI = WTN / 8;
+constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK;  // elements per stage
+constexpr int PIPE_BYTES = STAGES * (A_STAGE + B_STAGE) * 2;
+constexpr int C_PAD = 8;  // staging row padding (elements): conflict-free fragment writes
+static_assert(BM * (BN + C_PAD) * 4 <= PIPE_BYTES, "fp32 epilogue staging must fit in the pipeline buffers");
+static_assert(BK % 64 == 0 && BM % 64 == 0 && BN % 64 == 0, "swizzle needs rows of >= 8 16-byte chunks");
+
+enum class Mode { Fwd, Dgrad, Wgrad };
+
+struct Problem {
+  const bf16* A;
+  int64_t lda;
+  const bf16* B;
+  int64_t ldb, b_stride;  // b_stride: elements between experts' B (Fwd/Dgrad), 0 for Wgrad
+  void* C;
+  int64_t ldc, c_stride;  // c_stride: elements between experts' C (Wgrad)
+  const int32_t* offsets;
+  int E, M, N, K;  // Fwd/Dgrad: N, K (rows come from offsets). Wgrad: M, N (reduction rows from offsets)
+  bool accumulate;
+};
+
+// Copies a rows x (chunks·8) tile into swizzled shared memory; rows >= row_lim or columns >= col_lim
+// are zero-filled. g points at the tile's (row 0, column col0).
+template <int ROWS, int CHUNKS>
+__device__ __forceinline__ void load_tile(uint32_t s, const bf16* g, int64_t ld, int row_lim, int col0, int col_lim) {
+  constexpr int TOTAL = ROWS * CHUNKS;
+  static_assert(TOTAL % THREADS == 0, "tile chunks must split evenly over the threads");
+#pragma unroll
+  for (int it = 0; it < TOTAL / THREADS; ++it) {
+    const int idx = it * THREADS + threadIdx.x;
+    const int i = idx / CHUNKS, c = idx % CHUNKS;
+    const bool valid = i < row_lim && col0 + c * 8 < col_lim;
+    const bf16* src = valid ? g + i * ld + c * 8 : g;
+    mma::cp_async_16(s + mma::swz(i, c * 8, CHUNKS), src, valid);
+  }
+}
+
+template <Mode MODE>
+__global__ void __launch_bounds__(THREADS,
+                                  MODE == Mode::Wgrad ? MT_GROUPED_GEMM_WGRAD_MIN_BLOCKS : MT_GROUPED_GEMM_MIN_BLOCKS)
+    grouped_gemm_kernel(Problem p) {
+  constexpr bool A_K = MODE != Mode::Wgrad;  // A stored [m][k] (else [k][m])
+  constexpr bool B_K = MODE == Mode::Fwd;    // B stored [n][k] (else [k][n])
+  extern __shared__ __align__(128) unsigned char smem[];
+  int* s_off = reinterpret_cast<int*>(smem + PIPE_BYTES);  // [E + 1] offsets
+  int* s_tiles = s_off + (p.E + 1);                        // [E + 1] m-tile prefix (M-grouped)
+  const uint32_t sbase = mma::smem_u32(smem);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm0 = (warp / WARPS_N) * WTM, wn0 = (warp % WARPS_N) * WTN;
+
+  // ---- schedule: offsets into shared memory, and (M-grouped) the exclusive prefix of m-tiles.
+  for (int e = tid; e <= p.E; e += THREADS) s_off[e] = p.offsets[e];
+  __syncthreads();
+  const int ntn = (p.N + BN - 1) / BN;
+  int64_t total;
+  if constexpr (MODE != Mode::Wgrad) {
+    __shared__ int s_warp[THREADS / 32];
+    const int per = (p.E + THREADS - 1) / THREADS, e0 = min(tid * per, p.E), e1 = min(e0 + per, p.E);
+    int local = 0;
+    for (int e = e0; e < e1; ++e) local += (s_off[e + 1] - s_off[e] + BM - 1) / BM;
+    int incl = local;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (lane == 31) s_warp[warp] = incl;
+    __syncthreads();
+    int before = 0;
+    for (int w = 0; w < warp; ++w) before += s_warp[w];
+    int run = before + incl - local;
+    for (int e = e0; e < e1; ++e) {
+      s_tiles[e] = run;
+      run += (s_off[e + 1] - s_off[e] + BM - 1) / BM;
+    }
+    if (tid == THREADS - 1) s_tiles[p.E] = before + incl;
+    __syncthreads();
+    total = static_cast<int64_t>(s_tiles[p.E]) * ntn;
+  } else {
+    total = static_cast<int64_t>(p.E) * ((p.M + BM - 1) / BM) * ntn;
+  }
+
+  for (int64_t tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    int e, m0, n0, row0, row_end, KT;
+    if constexpr (MODE != Mode::Wgrad) {
+      const int mt = static_cast<int>(tile / ntn);
+      n0 = static_cast<int>(tile % ntn) * BN;
+      int lo = 0, hi = p.E;  // largest e with s_tiles[e] <= mt
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (s_tiles[mid] <= mt)
+          lo = mid;
+        else
+          hi = mid;
+      }
+      e = lo;
+      row0 = s_off[e] + (mt - s_tiles[e]) * BM;
+      row_end = s_off[e + 1];
+      m0 = row0;
+      KT = (p.K + BK - 1) / BK;
+    } else {
+      const int mtm = (p.M + BM - 1) / BM;
+      const int64_t per_e = static_cast<int64_t>(mtm) * ntn;
+      e = static_cast<int>(tile / per_e);
+      const int rem = static_cast<int>(tile % per_e);
+      m0 = (rem / ntn) * BM;
+      n0 = (rem % ntn) * BN;
+      row0 = s_off[e];
+      row_end = s_off[e + 1];
+      KT = (row_end - row0 + BK - 1) / BK;
+      if (KT == 0 && p.accumulate) continue;  // nothing to add for an expert without tokens
+    }
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int j = 0; j < NI; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+
+    const bf16* Bexp = p.B + static_cast<int64_t>(e) * p.b_stride;
+    auto load_stage = [&](int stage, int kt) {
+      const uint32_t sA = sbase + stage * A_STAGE * 2;
+      const uint32_t sB = sbase + (STAGES * A_STAGE + stage * B_STAGE) * 2;
+      const int k0 = kt * BK;
+      if constexpr (MODE == Mode::Wgrad) {
+        const int r = row0 + k0;  // reduction rows of this stage
+        load_tile<BK, BM / 8>(sA, p.A + static_cast<int64_t>(r) * p.lda + m0, p.lda, row_end - r, m0, p.M);
+        load_tile<BK, BN / 8>(sB, Bexp + static_cast<int64_t>(r) * p.ldb + n0, p.ldb, row_end - r, n0, p.N);
+      } else {
+        load_tile<BM, BK / 8>(sA, p.A + static_cast<int64_t>(row0) * p.lda + k0, p.lda, row_end - row0, k0, p.K);
+        if constexpr (B_K)
+          load_tile<BN, BK / 8>(sB, Bexp + static_cast<int64_t>(n0) * p.ldb + k0, p.ldb, p.N - n0, k0, p.K);
+        else
+          load_tile<BK, BN / 8>(sB, Bexp + static_cast<int64_t>(k0) * p.ldb + n0, p.ldb, p.K - k0, n0, p.N);
+      }
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < KT) load_stage(s, s);
+      mma::cp_async_commit();
+    }
+    for (int kt = 0; kt < KT; ++kt) {
+      mma::cp_async_wait<STAGES - 2>();
+      __syncthreads();
+      const int nk = kt + STAGES - 1;
+      if (nk < KT) load_stage(nk % STAGES, nk);
+      mma::cp_async_commit();
+      const int stage = kt % STAGES;
+      const uint32_t sA = sbase + stage * A_STAGE * 2;
+      const uint32_t sB = sbase + (STAGES * A_STAGE + stage * B_STAGE) * 2;
+      const int mi_ = lane >> 3;
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        uint32_t a[MI][4], b[NI][2];
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+          if constexpr (A_K)
+            mma::ldmatrix_x4(a[i], sA + mma::swz(wm0 + 16 * i + (lane & 15), kk * 16 + (lane >> 4) * 8, BK / 8));
+          else
+            mma::ldmatrix_x4_trans(
+                a[i], sA + mma::swz(kk * 16 + (mi_ >> 1) * 8 + (lane & 7), wm0 + 16 * i + (mi_ & 1) * 8, BM / 8));
+        }
+#pragma unroll
+        for (int j = 0; j < NI / 2; ++j) {
+          uint32_t r[4];
+          if constexpr (B_K)
+            mma::ldmatrix_x4(
+                r, sB + mma::swz(wn0 + 16 * j + (mi_ >> 1) * 8 + (lane & 7), kk * 16 + (mi_ & 1) * 8, BK / 8));
+          else
+            mma::ldmatrix_x4_trans(
+                r, sB + mma::swz(kk * 16 + (mi_ & 1) * 8 + (lane & 7), wn0 + 16 * j + (mi_ >> 1) * 8, BN / 8));
+          b[2 * j][0] = r[0], b[2 * j][1] = r[1], b[2 * j + 1][0] = r[2], b[2 * j + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+          for (int j = 0; j < NI; ++j) mma::mma_16816(acc[i][j], a[i], b[j][0], b[j][1]);
+      }
+    }
+    mma::cp_async_wait<0>();
+    __syncthreads();
+
+    // ---- epilogue through shared memory, 16-byte global accesses.
+    const int g = lane >> 2, q = lane & 3;
+    if constexpr (MODE != Mode::Wgrad) {
+      bf16* sC = reinterpret_cast<bf16*>(smem);
+      constexpr int LDS = BN + C_PAD;
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j) {
+          const int r = wm0 + 16 * i + g, c = wn0 + 8 * j + 2 * q;
+          *reinterpret_cast<uint32_t*>(sC + r * LDS + c) = mma::pack_bf16(acc[i][j][0], acc[i][j][1]);
+          *reinterpret_cast<uint32_t*>(sC + (r + 8) * LDS + c) = mma::pack_bf16(acc[i][j][2], acc[i][j][3]);
+        }
+      __syncthreads();
+      bf16* C = static_cast<bf16*>(p.C);
+      for (int idx = tid; idx < BM * BN / 8; idx += THREADS) {
+        const int i = idx / (BN / 8), c = (idx % (BN / 8)) * 8;
+        if (row0 + i < row_end && n0 + c < p.N)
+          *reinterpret_cast<uint4*>(C + static_cast<int64_t>(row0 + i) * p.ldc + n0 + c) =
+              *reinterpret_cast<const uint4*>(sC + i * LDS + c);
+      }
+    } else {
+      float* sC = reinterpret_cast<float*>(smem);
+      constexpr int LDS = BN + C_PAD;
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j) {
+          const int r = wm0 + 16 * i + g, c = wn0 + 8 * j + 2 * q;
+          *reinterpret_cast<float2*>(sC + r * LDS + c) = make_float2(acc[i][j][0], acc[i][j][1]);
+          *reinterpret_cast<float2*>(sC + (r + 8) * LDS + c) = make_float2(acc[i][j][2], acc[i][j][3]);
+        }
+      __syncthreads();
+      float* C = static_cast<float*>(p.C) + static_cast<int64_t>(e) * p.c_stride;
+      for (int idx = tid; idx < BM * BN / 4; idx += THREADS) {
+        const int i = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
+        if (m0 + i < p.M && n0 + c < p.N) {
+          float4* dst = reinterpret_cast<float4*>(C + static_cast<int64_t>(m0 + i) * p.ldc + n0 + c);
+          float4 v = *reinterpret_cast<const float4*>(sC + i * LDS + c);
+          if (p.accumulate) {
+            const float4 o = *dst;
+            v.x += o.x, v.y += o.y, v.z += o.z, v.w += o.w;
+          }
+          *dst = v;
+        }
+      }
+    }
+    __syncthreads();  // the next tile's prologue reuses the staging memory
+  }
+}
+
+template <Mode MODE>
+void launch(const Problem& p, int64_t max_tiles, int sm_count, cudaStream_t stream) {
+  if (max_tiles <= 0) return;
+  auto kern = grouped_gemm_kernel<MODE>;
+  const size_t smem = PIPE_BYTES + 2 * (p.E + 1) * sizeof(int);
+  // Attribute and occupancy are per kernel and device; cheap enough to query at every launch.
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  int per_sm = 0;
+  MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, THREADS, smem));
+  const int64_t grid = std::min<int64_t>(max_tiles, static_cast<int64_t>(std::max(per_sm, 1)) * sm_count);
+  kern<<<static_cast<int>(grid), THREADS, smem, stream>>>(p);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+namespace detail {
+
+void grouped_gemm_fwd_launch(const void* x, const void* w, void* y, const int32_t* offsets, int E, int64_t rows, int N,
+                             int K, int sm_count, cudaStream_t stream) {
+  Problem p{static_cast<const bf16*>(x),
+            K,
+            static_cast<const bf16*>(w),
+            K,
+            static_cast<int64_t>(N) * K,
+            y,
+            N,
+            0,
+            offsets,
+            E,
+            0,
+            N,
+            K,
+            false};
+  launch<Mode::Fwd>(p, (rows / BM + E) * ceil_div(N, BN), sm_count, stream);
+}
+
+void grouped_gemm_dgrad_launch(const void* dy, const void* w, void* dx, const int32_t* offsets, int E, int64_t rows,
+                               int J, int K, int sm_count, cudaStream_t stream) {
+  // dX [rows][K] = dY [rows][J] · W_e [J][K]: reduction over J, output columns K.
+  Problem p{static_cast<const bf16*>(dy),
+            J,
+            static_cast<const bf16*>(w),
+            K,
+            static_cast<int64_t>(J) * K,
+            dx,
+            K,
+            0,
+            offsets,
+            E,
+            0,
+            K,
+            J,
+            false};
+  launch<Mode::Dgrad>(p, (rows / BM + E) * ceil_div(K, BN), sm_count, stream);
+}
+
+void grouped_gemm_wgrad_launch(const void* dy, const void* x, float* dw, const int32_t* offsets, int E, int M, int N,
+                               bool accumulate, int sm_count, cudaStream_t stream) {
+  // dW_e [M][N] (+)= Σ_r dY[r][m] · X[r][n].
+  Problem p{static_cast<const bf16*>(dy),
+            M,
+            static_cast<const bf16*>(x),
+            N,
+            0,
+            dw,
+            N,
+            static_cast<int64_t>(M) * N,
+            offsets,
+            E,
+            M,
+            N,
+            0,
+            accumulate};
+  launch<Mode::Wgrad>(p, static_cast<int64_t>(E) * ceil_div(M, BM) * ceil_div(N, BN), sm_count, stream);
+}
+
+}  // namespace detail
+}  // namespace mt::cuda

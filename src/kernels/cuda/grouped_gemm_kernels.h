@@ -1,0 +1,20 @@
+// Raw launchers of the grouped expert GEMM (grouped_gemm.cu), called by grouped_gemm.cpp after its checks.
+// All matrices are row-major bf16 (dw fp32); offsets is the device array [E + 1] of moe_plan.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace mt::cuda::detail {
+
+// y [rows][N] = x [rows][K] · w_eᵀ, w [E][N][K]. `rows` (host) bounds offsets[E] and sizes the grid.
+void grouped_gemm_fwd_launch(const void* x, const void* w, void* y, const int32_t* offsets, int E, int64_t rows, int N,
+                             int K, int sm_count, cudaStream_t stream);
+// dx [rows][K] = dy [rows][J] · w_e, w [E][J][K].
+void grouped_gemm_dgrad_launch(const void* dy, const void* w, void* dx, const int32_t* offsets, int E, int64_t rows,
+                               int J, int K, int sm_count, cudaStream_t stream);
+// dw [E][M][N] (+)= dy_eᵀ · x_e, dy [rows][M], x [rows][N].
+void grouped_gemm_wgrad_launch(const void* dy, const void* x, float* dw, const int32_t* offsets, int E, int M, int N,
+                               bool accumulate, int sm_count, cudaStream_t stream);
+
+}  // namespace mt::cuda::detail

@@ -1,0 +1,47 @@
+// Token permutation for the experts on the GPU: the expert-contiguous layout that the grouped GEMM
+// consumes (kernels/cuda/grouped_gemm.h), built on the device from the router's top-k ids with no
+// host sync, and the gather / combine (unpermute) around the expert GEMMs, with their backward.
+//
+// Layout contract: slot t·k + s (token t, choice s) goes to grouped row row_of_slot[t·k + s]; the rows
+// of expert e are [offsets[e], offsets[e+1]), in ascending slot order (a stable counting sort, so the
+// layout is deterministic and equal to the CPU's ExpertsSaved). Experts with no tokens have empty ranges.
+//
+// Routing weights are applied in the combine, as HF's grouped_mm path does (hf-numerics.md §1.3):
+// out[t] = Σ_s bf16(w[t,s] · y[row]) summed in fp32 and rounded once. Passing no weights gives the plain
+// sum, for a caller that applied the weights earlier (e.g. in the expert activation, cuda/swiglu.h).
+// Every call is asynchronous on `stream`.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace mt::cuda {
+
+struct MoePlan {
+  Tensor offsets;      // I32 [E + 1]
+  Tensor row_of_slot;  // I32 [T·k]: slot -> grouped row
+  Tensor slot_of_row;  // I32 [T·k]: grouped row -> slot
+  int64_t tokens = 0, top_k = 0, experts = 0;
+};
+
+// index I32 [T, k] on a CUDA device with values in [0, experts) (as router_forward makes them; an id
+// outside is clamped into range, never written out of bounds).
+MoePlan moe_plan(const Tensor& index, int64_t experts, cudaStream_t stream);
+
+// x BF16 [T, H] -> BF16 [T·k, H], grouped row r = x[slot_of_row[r] / k].
+Tensor moe_gather(const Tensor& x, const MoePlan& plan, cudaStream_t stream);
+
+// y BF16 [T·k, H] (grouped rows), weights F32 [T, k] or undefined -> out BF16|F32 [T, H] (overwritten).
+void moe_combine(const Tensor& y, const Tensor& weights, const MoePlan& plan, Tensor& out, cudaStream_t stream);
+
+// dout BF16|F32 [T, H] -> dy BF16 [T·k, H]: dy[row] = bf16(dout[t] · w[t,s]) (or dout[t] without weights),
+// and, with weights, dweights F32 [T, k] = Σ_h dout[t, h] · y[row, h]. Outputs allocated by the caller.
+void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& weights, const MoePlan& plan, Tensor& dy,
+                          Tensor& dweights, cudaStream_t stream);
+
+// dxg BF16 [T·k, H] -> dx BF16|F32 [T, H] = Σ_s dxg[row(t, s)] (fp32 sum, one rounding), overwritten.
+void moe_gather_backward(const Tensor& dxg, const MoePlan& plan, Tensor& dx, cudaStream_t stream);
+
+}  // namespace mt::cuda

@@ -1,0 +1,365 @@
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <type_traits>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/mma_sm80.cuh"
+#include "kernels/cuda/router_kernels.h"
+
+// Layout: one warp per token; lane l owns experts l, l+32, l+64, ... (EPL = experts per lane, a compile-
+// time constant so the per-lane arrays stay in registers). Each block's 8 warps reduce their aux
+// statistics in shared memory into one partial row per block; a second kernel sums the rows in a fixed
+// order, so the statistics are bitwise reproducible run to run.
+
+namespace mt::cuda {
+
+namespace {
+
+using mma::bf16;
+constexpr int kWarps = detail::kRouterWarps;
+constexpr int kNone = INT_MAX;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float round_bf16_dev(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+__device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_out(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+// Total order of the top-k: NaN first, then larger value, then lower index.
+__device__ __forceinline__ bool ranks_before(float va, int ia, float vb, int ib) {
+  if (ib == kNone) return ia != kNone;
+  if (ia == kNone) return false;
+  const bool na = isnan(va), nb = isnan(vb);
+  if (na != nb) return na;
+  if (!na && va != vb) return va > vb;
+  return ia < ib;
+}
+
+// fp32 softmax of one token's logits, as softmax_rows_f32 does on the CPU: max, exp(x − max) in fp32,
+// the sum in double, one fp32 division. Lanes beyond E hold p = 0.
+template <int EPL, typename Tin>
+__device__ __forceinline__ void softmax_token(const Tin* row, int E, int lane, float (&p)[EPL]) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < EPL; ++j) {
+    const int e = lane + 32 * j;
+    p[j] = e < E ? to_float(row[e]) : -INFINITY;
+    m = fmaxf(m, p[j]);
+  }
+  m = mma::warp_max(m);
+  double s = 0.0;
+#pragma unroll
+  for (int j = 0; j < EPL; ++j) {
+    const int e = lane + 32 * j;
+    p[j] = e < E ? expf(p[j] - m) : 0.0f;
+    s += p[j];
+  }
+  const float fs = static_cast<float>(mma::warp_sum(s));
+#pragma unroll
+  for (int j = 0; j < EPL; ++j) p[j] = p[j] / fs;
+}
+
+// Top-k over the warp's probabilities. Returns this lane's mask of selected j (bit j = expert lane+32j);
+// lane s < k receives the s-th selection in (idx, val).
+template <int EPL>
+__device__ __forceinline__ uint32_t topk_warp(const float (&p)[EPL], int E, int k, int lane, int& idx, float& val) {
+  uint32_t taken = 0;
+#pragma unroll
+  for (int j = 0; j < EPL; ++j)
+    if (lane + 32 * j >= E) taken |= 1u << j;
+  const uint32_t padding = taken;
+  for (int s = 0; s < k; ++s) {
+    float bv = 0.0f;
+    int bi = kNone;
+#pragma unroll
+    for (int j = 0; j < EPL; ++j)
+      if (!((taken >> j) & 1u) && ranks_before(p[j], lane + 32 * j, bv, bi)) bv = p[j], bi = lane + 32 * j;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ranks_before(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    if (bi != kNone && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+    if (lane == s) idx = bi, val = bv;
+  }
+  return taken & ~padding;
+}
+
+template <int EPL, typename Tin>
+__global__ void __launch_bounds__(kWarps * 32)
+    router_forward_kernel(const Tin* __restrict__ logits, int T, int E, int k, bool norm, bool bf16_mode,
+                          int tokens_per_block, int32_t* __restrict__ index, float* __restrict__ weights,
+                          int32_t* __restrict__ part_count, float* __restrict__ part_psum) {
+  extern __shared__ float smem[];  // [kWarps][E] psum, then [kWarps][E] counts (as int)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool stats = part_count != nullptr;
+  int cnt[EPL];
+  float ps[EPL];
+#pragma unroll
+  for (int j = 0; j < EPL; ++j) cnt[j] = 0, ps[j] = 0.0f;
+
+  const int t0 = blockIdx.x * tokens_per_block, t1 = min(T, t0 + tokens_per_block);
+  for (int t = t0 + warp; t < t1; t += kWarps) {
+    float p[EPL];
+    softmax_token<EPL>(logits + static_cast<int64_t>(t) * E, E, lane, p);
+    int idx = 0;
+    float val = 0.0f;
+    const uint32_t sel = topk_warp<EPL>(p, E, k, lane, idx, val);
+    // Renormalise in slot order, the CPU's summation order.
+    float sum = 0.0f;
+    for (int s = 0; s < k; ++s) sum += __shfl_sync(0xffffffffu, val, s);
+    if (lane < k) {
+      const float v = norm ? val / sum : val;
+      index[static_cast<int64_t>(t) * k + lane] = idx;
+      weights[static_cast<int64_t>(t) * k + lane] = bf16_mode ? round_bf16_dev(v) : v;
+    }
+    if (stats) {
+      if (bf16_mode) {
+        // HF's aux loss takes softmax(bf16 logits) in bf16 and its own top-k of those values.
+#pragma unroll
+        for (int j = 0; j < EPL; ++j) p[j] = round_bf16_dev(p[j]);
+        int i2;
+        float v2;
+        const uint32_t sel2 = topk_warp<EPL>(p, E, k, lane, i2, v2);
+#pragma unroll
+        for (int j = 0; j < EPL; ++j) cnt[j] += (sel2 >> j) & 1u, ps[j] += p[j];
+      } else {
+#pragma unroll
+        for (int j = 0; j < EPL; ++j) cnt[j] += (sel >> j) & 1u, ps[j] += p[j];
+      }
+    }
+  }
+  if (!stats) return;
+  float* s_psum = smem;
+  int* s_cnt = reinterpret_cast<int*>(smem + kWarps * E);
+#pragma unroll
+  for (int j = 0; j < EPL; ++j) {
+    const int e = lane + 32 * j;
+    if (e < E) s_psum[warp * E + e] = ps[j], s_cnt[warp * E + e] = cnt[j];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    float a = 0.0f;
+    int c = 0;
+    for (int w = 0; w < kWarps; ++w) a += s_psum[w * E + e], c += s_cnt[w * E + e];
+    part_psum[static_cast<int64_t>(blockIdx.x) * E + e] = a;
+    part_count[static_cast<int64_t>(blockIdx.x) * E + e] = c;
+  }
+}
+
+// One warp per expert: sums the per-block partial rows (fixed order) into the step's statistics.
+__global__ void aux_stats_reduce_kernel(const int32_t* __restrict__ part_count, const float* __restrict__ part_psum,
+                                        int rows, int E, int32_t* __restrict__ count, float* __restrict__ psum) {
+  const int e = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (e >= E) return;
+  double a = 0.0;
+  int c = 0;
+  for (int r = lane; r < rows; r += 32)
+    a += part_psum[static_cast<int64_t>(r) * E + e], c += part_count[static_cast<int64_t>(r) * E + e];
+  a = mma::warp_sum(a);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+  if (lane == 0) {
+    count[e] += c;
+    psum[e] = static_cast<float>(static_cast<double>(psum[e]) + a);
+  }
+}
+
+__global__ void aux_loss_finish_kernel(const int32_t* __restrict__ count, const float* __restrict__ psum, int E,
+                                       double rows, bool bf16_mode, double daux, float* __restrict__ aux,
+                                       float* __restrict__ aux_dp) {
+  __shared__ double s_part[32];
+  double a = 0.0;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const double f = rows > 0 ? count[e] / rows : 0.0;
+    double P = rows > 0 ? psum[e] / rows : 0.0;
+    if (bf16_mode) P = static_cast<double>(round_bf16_dev(static_cast<float>(P)));
+    a += f * P;
+    aux_dp[e] = static_cast<float>(rows > 0 ? daux * E * f / rows : 0.0);
+  }
+  a = mma::warp_sum(a);
+  if ((threadIdx.x & 31) == 0) s_part[threadIdx.x / 32] = a;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double t = 0.0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) t += s_part[w];
+    aux[0] = static_cast<float>(t * E);
+  }
+}
+
+template <int EPL, typename Tin, typename Tout>
+__global__ void __launch_bounds__(kWarps * 32)
+    router_backward_kernel(const float* __restrict__ dweights, const Tin* __restrict__ logits,
+                           const int32_t* __restrict__ index, const float* __restrict__ aux_dp, int T, int E, int k,
+                           bool norm, bool bf16_mode, Tout* __restrict__ dlogits) {
+  const int lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (t >= T) return;
+  float p[EPL];
+  softmax_token<EPL>(logits + static_cast<int64_t>(t) * E, E, lane, p);
+  const int my_idx = lane < k ? index[static_cast<int64_t>(t) * k + lane] : 0;
+  const float my_dw = lane < k ? dweights[static_cast<int64_t>(t) * k + lane] : 0.0f;
+  // p at each selected expert, fetched from its owner lane into the slot's lane.
+  float my_p = 0.0f;
+  for (int s = 0; s < k; ++s) {
+    const int e = min(max(__shfl_sync(0xffffffffu, my_idx, s), 0), E - 1);
+    float pj = 0.0f;
+#pragma unroll
+    for (int j = 0; j < EPL; ++j)
+      if (j == (e >> 5)) pj = p[j];
+    pj = __shfl_sync(0xffffffffu, pj, e & 31);
+    if (lane == s) my_p = pj;
+  }
+  float g = my_dw;
+  if (norm) {
+    // v'_s = v_s / Σv: dv_s = (dv'_s − Σ_j dv'_j·v'_j) / Σv.
+    float sum = 0.0f;
+    for (int s = 0; s < k; ++s) sum += __shfl_sync(0xffffffffu, my_p, s);
+    const double dot = mma::warp_sum(lane < k ? static_cast<double>(my_dw) * (my_p / sum) : 0.0);
+    g = (my_dw - static_cast<float>(dot)) / sum;
+  }
+  float dp[EPL];
+#pragma unroll
+  for (int j = 0; j < EPL; ++j) dp[j] = 0.0f;
+  for (int s = 0; s < k; ++s) {
+    const int e = min(max(__shfl_sync(0xffffffffu, my_idx, s), 0), E - 1);
+    const float gs = __shfl_sync(0xffffffffu, g, s);
+    if ((e & 31) == lane) {
+#pragma unroll
+      for (int j = 0; j < EPL; ++j)
+        if (j == (e >> 5)) dp[j] += gs;
+    }
+  }
+  double dot = 0.0;
+#pragma unroll
+  for (int j = 0; j < EPL; ++j) dot += static_cast<double>(p[j]) * dp[j];
+  const float fdot = static_cast<float>(mma::warp_sum(dot));
+  float dl[EPL];
+#pragma unroll
+  for (int j = 0; j < EPL; ++j) dl[j] = p[j] * (dp[j] - fdot);
+  if (aux_dp) {
+    float pa[EPL], ad[EPL];
+    double dot2 = 0.0;
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) {
+      const int e = lane + 32 * j;
+      pa[j] = bf16_mode ? round_bf16_dev(p[j]) : p[j];
+      ad[j] = e < E ? aux_dp[e] : 0.0f;
+      dot2 += static_cast<double>(pa[j]) * ad[j];
+    }
+    const float fdot2 = static_cast<float>(mma::warp_sum(dot2));
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) dl[j] += pa[j] * (ad[j] - fdot2);
+  }
+#pragma unroll
+  for (int j = 0; j < EPL; ++j) {
+    const int e = lane + 32 * j;
+    if (e < E) store_out(dlogits + static_cast<int64_t>(t) * E + e, dl[j]);
+  }
+}
+
+int experts_per_lane(int64_t E) {
+  int epl = 1;
+  while (epl * 32 < E) epl *= 2;
+  return epl;
+}
+
+// Dispatch on the experts-per-lane constant.
+template <typename F>
+void with_epl(int epl, F&& f) {
+  switch (epl) {
+    case 1:
+      f(std::integral_constant<int, 1>{});
+      break;
+    case 2:
+      f(std::integral_constant<int, 2>{});
+      break;
+    case 4:
+      f(std::integral_constant<int, 4>{});
+      break;
+    case 8:
+      f(std::integral_constant<int, 8>{});
+      break;
+    case 16:
+      f(std::integral_constant<int, 16>{});
+      break;
+    case 32:
+      f(std::integral_constant<int, 32>{});
+      break;
+    default:
+      break;  // experts_per_lane never exceeds 32 (E <= 1024 is checked by the caller)
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+void router_forward_launch(const void* logits, bool logits_bf16, int T, int E, int k, bool norm, bool bf16_mode,
+                           int tokens_per_block, int blocks, int32_t* index, float* weights, int32_t* part_count,
+                           float* part_psum, cudaStream_t stream) {
+  const size_t smem = part_count ? static_cast<size_t>(kWarps) * E * 8 : 0;
+  with_epl(experts_per_lane(E), [&](auto epl_c) {
+    constexpr int EPL = decltype(epl_c)::value;
+    auto launch = [&](auto* in) {
+      using Tin = std::remove_const_t<std::remove_pointer_t<decltype(in)>>;
+      auto kern = router_forward_kernel<EPL, Tin>;
+      if (smem > 48 * 1024)
+        MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      kern<<<blocks, kWarps * 32, smem, stream>>>(in, T, E, k, norm, bf16_mode, tokens_per_block, index, weights,
+                                                  part_count, part_psum);
+      MT_CUDA_CHECK_LAUNCH();
+    };
+    if (logits_bf16)
+      launch(static_cast<const bf16*>(logits));
+    else
+      launch(static_cast<const float*>(logits));
+  });
+}
+
+void aux_stats_reduce_launch(const int32_t* part_count, const float* part_psum, int rows, int E, int32_t* count,
+                             float* psum, cudaStream_t stream) {
+  constexpr int kWarpsPerBlock = 8;
+  aux_stats_reduce_kernel<<<(E + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream>>>(
+      part_count, part_psum, rows, E, count, psum);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void aux_loss_finish_launch(const int32_t* count, const float* psum, int E, double rows, bool bf16_mode, double daux,
+                            float* aux, float* aux_dp, cudaStream_t stream) {
+  aux_loss_finish_kernel<<<1, 256, 0, stream>>>(count, psum, E, rows, bf16_mode, daux, aux, aux_dp);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void router_backward_launch(const float* dweights, const void* logits, bool logits_bf16, const int32_t* index,
+                            const float* aux_dp, int T, int E, int k, bool norm, bool bf16_mode, void* dlogits,
+                            bool dlogits_bf16, cudaStream_t stream) {
+  const int blocks = (T + kWarps - 1) / kWarps;
+  with_epl(experts_per_lane(E), [&](auto epl_c) {
+    constexpr int EPL = decltype(epl_c)::value;
+    auto launch = [&](auto* in, auto* out) {
+      using Tin = std::remove_const_t<std::remove_pointer_t<decltype(in)>>;
+      using Tout = std::remove_pointer_t<decltype(out)>;
+      router_backward_kernel<EPL, Tin, Tout>
+          <<<blocks, kWarps * 32, 0, stream>>>(dweights, in, index, aux_dp, T, E, k, norm, bf16_mode, out);
+      MT_CUDA_CHECK_LAUNCH();
+    };
+    auto with_out = [&](auto* in) {
+      if (dlogits_bf16)
+        launch(in, static_cast<bf16*>(dlogits));
+      else
+        launch(in, static_cast<float*>(dlogits));
+    };
+    if (logits_bf16)
+      with_out(static_cast<const bf16*>(logits));
+    else
+      with_out(static_cast<const float*>(logits));
+  });
+}
+
+}  // namespace detail
+}  // namespace mt::cuda

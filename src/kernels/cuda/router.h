@@ -1,0 +1,49 @@
+// Fused top-k router of Qwen3-MoE on the GPU (the CPU twin is kernels/cpu/router.h + aux_loss.h):
+// after the router GEMM, one warp per token does softmax (fp32) -> top-k -> optional renormalisation
+// -> routing weights, and gathers the load-balancing statistics (per-expert top-k counts and the sum of
+// the router probabilities) without a host sync. Backward recomputes the softmax from the logits.
+//
+// Tie rule as on the CPU: equal probabilities go to the lower expert index; NaN ranks above numbers.
+// Limits: E <= 1024 experts, 1 <= top_k <= min(E, 32). Every call is asynchronous on `stream`.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace mt::cuda {
+
+struct RouterResult {
+  Tensor index;    // I32 [T, k] selected experts, by descending probability
+  Tensor weights;  // F32 [T, k] routing weights (after renormalisation; bf16-rounded values in bf16 mode)
+};
+
+// Aux-loss statistics of one optimizer step, summed over every MoE layer (hf-numerics.md §1.5):
+// count[e] = rows whose top-k holds e, psum[e] = Σ p[·, e]. In bf16 mode both use the bf16-rounded
+// probabilities and their own top-k, as HF's load_balancing_loss_func does. `rows` is host-side
+// (tokens × layers added so far), known without reading the device.
+struct AuxStats {
+  Tensor count;  // I32 [E]
+  Tensor psum;   // F32 [E]
+  int64_t rows = 0;
+};
+AuxStats aux_stats_zeros(int64_t experts, int device, cudaStream_t stream);
+
+// logits F32|BF16 [T, E] on a CUDA device. When `stats` is given, this layer's statistics are added.
+RouterResult router_forward(const Tensor& logits, int64_t top_k, bool norm_topk_prob, bool bf16, AuxStats* stats,
+                            cudaStream_t stream);
+
+// From the summed statistics: aux (F32 [1]) = E · Σ_e f_e · P_e with f_e = count/rows, P_e = psum/rows
+// (bf16 mode: P_e rounded to bf16), and aux_dp (F32 [E]) = daux · E · f_e / rows, the gradient of the
+// aux loss w.r.t. each probability that router_backward spreads through every layer's softmax.
+// Both outputs are allocated here; zero rows give aux = 0 and aux_dp = 0.
+void aux_loss_finish(const AuxStats& stats, bool bf16, double daux, Tensor& aux, Tensor& aux_dp, cudaStream_t stream);
+
+// dweights F32 [T, k] = d(loss)/d(routing weights) -> dlogits [T, E] (F32 or BF16, allocated by the
+// caller), through the renormalisation, the top-k gather and the softmax; plus, when aux_dp is defined,
+// the aux-loss path through the (bf16 mode: rounded) probabilities. Overwrites dlogits.
+void router_backward(const Tensor& dweights, const Tensor& logits, const RouterResult& r, bool norm_topk_prob,
+                     const Tensor& aux_dp, bool bf16, Tensor& dlogits, cudaStream_t stream);
+
+}  // namespace mt::cuda

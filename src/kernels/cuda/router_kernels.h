@@ -1,0 +1,23 @@
+// Raw launchers of the router kernels (router.cu), called by router.cpp after its checks. Pointers are
+// device pointers; every launch is queued on `stream`.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace mt::cuda::detail {
+
+constexpr int kRouterWarps = 8;  // warps (one token each at a time) per router block
+
+void router_forward_launch(const void* logits, bool logits_bf16, int T, int E, int k, bool norm, bool bf16_mode,
+                           int tokens_per_block, int blocks, int32_t* index, float* weights, int32_t* part_count,
+                           float* part_psum, cudaStream_t stream);
+void aux_stats_reduce_launch(const int32_t* part_count, const float* part_psum, int rows, int E, int32_t* count,
+                             float* psum, cudaStream_t stream);
+void aux_loss_finish_launch(const int32_t* count, const float* psum, int E, double rows, bool bf16_mode, double daux,
+                            float* aux, float* aux_dp, cudaStream_t stream);
+void router_backward_launch(const float* dweights, const void* logits, bool logits_bf16, const int32_t* index,
+                            const float* aux_dp, int T, int E, int k, bool norm, bool bf16_mode, void* dlogits,
+                            bool dlogits_bf16, cudaStream_t stream);
+
+}  // namespace mt::cuda::detail

@@ -1,0 +1,181 @@
+// CUDA flash attention (forward + backward) against cpu::attention_forward / attention_backward in bf16
+// mode: causal GQA over packed documents, odd sequence lengths, many short documents, one long document,
+// head_dim 64 and 128.
+//
+// Thresholds: both sides take the same bf16 inputs and compute scores and softmax in fp32. The CPU rounds
+// the normalised P to bf16 before P·V; the GPU rounds the unnormalised exp (FlashAttention's order) and
+// normalises after, then rounds the output once: outputs agree to about one bf16 rounding (max-norm 1e-2,
+// rel-L2 5e-3). The log-sum-exp is fp32 on both sides: 1e-4 absolute. The backward multiplies bf16 P
+// and bf16 dS on tensor cores where the CPU keeps dS in fp32, and its outputs are bf16: max-norm 2e-2,
+// rel-L2 1e-2. A masking or indexing error gives O(1) errors. Measured on an H200: out up to 5.6e-3 / 2.8e-3,
+// lse 1e-6, gradients up to 5.1e-3 / 2.8e-3.
+#include "kernels/cuda/flash_attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda_test_util.h"
+#include "error_report.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cuda/device_context.h"
+#include "kernels/cuda/device_copy.h"
+
+namespace mt {
+namespace {
+
+cudaStream_t stream0() { return cuda::device_context(0).stream; }
+
+struct AttnCase {
+  int B, S, Hq, Hk, D;
+  int min_doc, max_doc;  // document lengths drawn uniformly; 0 = no doc ids (one causal sequence per row)
+};
+
+std::vector<int32_t> make_docs(const AttnCase& c, uint64_t seed) {
+  std::vector<int32_t> doc;
+  if (c.min_doc == 0) return doc;
+  std::mt19937_64 g(seed);
+  std::uniform_int_distribution<int> len(c.min_doc, c.max_doc);
+  doc.resize(static_cast<size_t>(c.B) * c.S);
+  int id = 0;
+  for (int b = 0; b < c.B; ++b)
+    for (int i = 0; i < c.S;) {
+      const int n = std::min(len(g), c.S - i);
+      for (int j = 0; j < n; ++j) doc[b * c.S + i + j] = id;
+      i += n, ++id;
+    }
+  return doc;
+}
+
+Tensor host_i32(const Shape& s, const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty(s, DType::I32);
+  std::copy(v.begin(), v.end(), t.data_as<int32_t>());
+  return t;
+}
+
+std::vector<int32_t> host_ints(const Tensor& dev) {
+  Tensor h = cuda::to_host(dev);
+  return {h.data_as<int32_t>(), h.data_as<int32_t>() + h.numel()};
+}
+
+void check_case(const AttnCase& c, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "B " << c.B << " S " << c.S << " Hq " << c.Hq << " Hk " << c.Hk << " D " << c.D
+                                  << " docs " << c.min_doc << ".." << c.max_doc);
+  const int T = c.B * c.S;
+  const std::vector<int32_t> doc = make_docs(c, seed);
+  Tensor q = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 1, 1.0f, true);
+  Tensor k = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 2, 1.0f, true);
+  Tensor v = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 3, 1.0f, true);
+  Tensor dout = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 4, 1.0f, true);
+  Tensor doc_h = doc.empty() ? Tensor() : host_i32({c.B, c.S}, doc);
+
+  const cpu::AttentionShape cs{c.B, c.S, c.Hq, c.Hk, c.D};
+  Tensor want_lse;
+  Tensor want = cpu::attention_forward(cs, q, k, v, doc_h, true, want_lse);
+  Tensor want_dq, want_dk, want_dv;
+  cpu::attention_backward(cs, dout, q, k, v, doc_h, want_lse, true, want_dq, want_dk, want_dv);
+
+  cuda::AttentionDocs docs =
+      cuda::attention_docs_from_ids(doc_h.defined() ? cuda::to_device(doc_h, 0) : Tensor(), c.B, c.S, 0, stream0());
+  const cuda::FlashAttentionShape fs{T, c.Hq, c.Hk, c.D};
+  Tensor qd = test::device_from_host(q, DType::BF16), kd = test::device_from_host(k, DType::BF16),
+         vd = test::device_from_host(v, DType::BF16);
+  Tensor out, lse;
+  cuda::flash_attention_forward(fs, qd, kd, vd, docs, out, lse, stream0());
+  EXPECT_EQ(out.shape(), q.shape());
+  test::expect_norm(test::device_floats(out), want.to_floats(), 1e-2, 5e-3, "attention out");
+
+  // lse: GPU [Hq, B·S], CPU [B, Hq, S].
+  std::vector<float> gl = test::device_floats(lse), wl = want_lse.to_floats(), glr(wl.size());
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < c.Hq; ++h)
+      for (int i = 0; i < c.S; ++i) glr[(b * c.Hq + h) * c.S + i] = gl[static_cast<size_t>(h) * T + b * c.S + i];
+  double worst = 0;
+  for (size_t i = 0; i < wl.size(); ++i) worst = std::max(worst, std::fabs(double(glr[i]) - wl[i]));
+  EXPECT_LE(worst, 1e-4) << "lse";
+  if (std::getenv("MT_PRINT_ERRORS")) std::printf("[ error    ] lse: max abs %.3g (limit 1e-4)\n", worst);
+
+  Tensor dq, dk, dv;
+  cuda::flash_attention_backward(fs, test::device_from_host(dout, DType::BF16), qd, kd, vd, out, lse, docs, dq, dk, dv,
+                                 stream0());
+  test::expect_norm(test::device_floats(dq), want_dq.to_floats(), 2e-2, 1e-2, "dq");
+  test::expect_norm(test::device_floats(dk), want_dk.to_floats(), 2e-2, 1e-2, "dk");
+  test::expect_norm(test::device_floats(dv), want_dv.to_floats(), 2e-2, 1e-2, "dv");
+}
+
+TEST(CudaFlashAttention, OddLengthNoDocumentsD64) {
+  MT_SKIP_WITHOUT_CUDA();
+  check_case({1, 77, 4, 2, 64, 0, 0}, 10);
+  check_case({2, 130, 2, 1, 64, 0, 0}, 11);  // two batch rows: each its own causal sequence
+}
+
+TEST(CudaFlashAttention, ManyShortDocumentsD128) {
+  MT_SKIP_WITHOUT_CUDA();
+  check_case({2, 300, 8, 2, 128, 1, 40}, 20);
+  check_case({3, 129, 6, 3, 64, 1, 150}, 21);  // documents spanning query and key tiles
+}
+
+TEST(CudaFlashAttention, OneLongDocumentD128) {
+  MT_SKIP_WITHOUT_CUDA();
+  check_case({1, 1000, 4, 1, 128, 1000, 1000}, 30);
+  check_case({1, 517, 2, 2, 128, 60, 200}, 31);  // no GQA
+}
+
+// cu_seqlens and doc ids describe the same documents; the kernels then give identical bits.
+TEST(CudaFlashAttention, CuSeqlensEqualsDocIds) {
+  MT_SKIP_WITHOUT_CUDA();
+  const AttnCase c{2, 200, 4, 2, 64, 5, 60};
+  const std::vector<int32_t> doc = make_docs(c, 40);
+  std::vector<int32_t> cu{0};
+  for (int t = 1; t <= c.B * c.S; ++t)
+    if (t == c.B * c.S || doc[t] != doc[t - 1]) cu.push_back(t);
+  cuda::AttentionDocs a =
+      cuda::attention_docs_from_ids(cuda::to_device(host_i32({c.B, c.S}, doc), 0), c.B, c.S, 0, stream0());
+  cuda::AttentionDocs b = cuda::attention_docs_from_cu_seqlens(
+      cuda::to_device(host_i32({static_cast<int64_t>(cu.size())}, cu), 0), c.B * c.S, stream0());
+  EXPECT_EQ(host_ints(a.start), host_ints(b.start));
+  EXPECT_EQ(host_ints(a.end), host_ints(b.end));
+  std::vector<int32_t> st = host_ints(a.start), en = host_ints(a.end);
+  for (int t = 0; t < c.B * c.S; ++t) {
+    ASSERT_LE(st[t], t);
+    ASSERT_GT(en[t], t);
+    ASSERT_EQ(doc[st[t]], doc[t]);
+    ASSERT_EQ(doc[en[t] - 1], doc[t]);
+    if (st[t] > 0) {
+      ASSERT_NE(doc[st[t] - 1], doc[t]);
+    }
+    if (en[t] < c.B * c.S) {
+      ASSERT_NE(doc[en[t]], doc[t]);
+    }
+  }
+  Tensor q = test::device_from_host(test::host_random({c.B * c.S, c.Hq, c.D}, 1, 1.0f, true), DType::BF16);
+  Tensor kv = test::device_from_host(test::host_random({c.B * c.S, c.Hk, c.D}, 2, 1.0f, true), DType::BF16);
+  const cuda::FlashAttentionShape fs{c.B * c.S, c.Hq, c.Hk, c.D};
+  Tensor o1, l1, o2, l2;
+  cuda::flash_attention_forward(fs, q, kv, kv, a, o1, l1, stream0());
+  cuda::flash_attention_forward(fs, q, kv, kv, b, o2, l2, stream0());
+  EXPECT_EQ(test::device_floats(o1), test::device_floats(o2));
+}
+
+TEST(CudaFlashAttention, BadShapesAreErrors) {
+  MT_SKIP_WITHOUT_CUDA();
+  cuda::AttentionDocs docs = cuda::attention_docs_from_ids(Tensor(), 1, 8, 0, stream0());
+  Tensor q = Tensor::empty({8, 2, 96}, DType::BF16, Device::cuda(0));
+  Tensor kv = Tensor::empty({8, 1, 96}, DType::BF16, Device::cuda(0));
+  Tensor out, lse;
+  EXPECT_THROW(cuda::flash_attention_forward({8, 2, 1, 96}, q, kv, kv, docs, out, lse, stream0()),
+               Error);  // head_dim 96
+  Tensor q3 = Tensor::empty({8, 3, 64}, DType::BF16, Device::cuda(0));
+  Tensor kv2 = Tensor::empty({8, 2, 64}, DType::BF16, Device::cuda(0));
+  EXPECT_THROW(cuda::flash_attention_forward({8, 3, 2, 64}, q3, kv2, kv2, docs, out, lse, stream0()), Error);  // 3 % 2
+  Tensor qf = Tensor::empty({8, 2, 64}, DType::F32, Device::cuda(0));
+  Tensor kv1 = Tensor::empty({8, 1, 64}, DType::BF16, Device::cuda(0));
+  EXPECT_THROW(cuda::flash_attention_forward({8, 2, 1, 64}, qf, kv1, kv1, docs, out, lse, stream0()), Error);  // fp32 q
+}
+
+}  // namespace
+}  // namespace mt

@@ -1,0 +1,224 @@
+// CUDA grouped expert GEMM (forward, dgrad, K-grouped wgrad) against a double-precision host loop, with
+// uneven and empty experts, partial tiles in every dimension, and rows past offsets[E] left untouched;
+// then the whole routed-experts layer (plan, gather, two grouped GEMMs, combine and their backward)
+// against cpu::experts_forward / experts_backward in bf16 mode.
+//
+// Thresholds: inputs are bf16 values, products accumulate in fp32 (tensor cores) and the bf16 outputs
+// are rounded once, at most 2^-8 (3.9e-3) of an element: max-norm 6e-3, rel-L2 3e-3 (measured on an
+// H200: up to 3.4e-3 and 1.7e-3). The fp32 wgrad only differs by summation order: 1e-5. The experts layer
+// chains three bf16 roundings (gate/up, activation, down) whose rounding points match the CPU, but a
+// different fp32 accumulation order can flip any of them: max-norm 1e-2, rel-L2 5e-3; its fp32 gradients
+// pass through bf16 tensors on the GPU (dY, dgate_up, dX): max-norm 2e-2, rel-L2 1e-2 (measured: 3.6e-3
+// and 1.7e-3 forward, at most 3.8e-3 and 3.3e-3 backward).
+#include "kernels/cuda/grouped_gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "core/float_convert.h"
+#include "cuda_test_util.h"
+#include "error_report.h"
+#include "kernels/cpu/experts.h"
+#include "kernels/cpu/swiglu.h"
+#include "kernels/cuda/device_context.h"
+#include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/moe_permute.h"
+
+namespace mt {
+namespace {
+
+cudaStream_t stream0() { return cuda::device_context(0).stream; }
+
+Tensor device_i32(const std::vector<int32_t>& v) {
+  Tensor h = Tensor::empty({static_cast<int64_t>(v.size())}, DType::I32);
+  std::copy(v.begin(), v.end(), h.data_as<int32_t>());
+  return cuda::to_device(h, 0);
+}
+
+std::vector<int32_t> offsets_of(const std::vector<int>& counts) {
+  std::vector<int32_t> off(counts.size() + 1, 0);
+  for (size_t e = 0; e < counts.size(); ++e) off[e + 1] = off[e] + counts[e];
+  return off;
+}
+
+struct GemmCase {
+  std::vector<int> counts;  // rows per expert
+  int extra_rows;           // rows past offsets[E] (must stay untouched)
+  int nout, k;
+};
+
+TEST(CudaGroupedGemm, ForwardDgradWgradMatchDoubleReference) {
+  MT_SKIP_WITHOUT_CUDA();
+  const GemmCase cases[] = {
+      {{0, 1, 130, 0, 257, 64, 3}, 5, 200, 136},  // empty experts, partial m/n/k tiles
+      {{128, 128}, 0, 128, 64},                   // exact tiles
+      {{0, 0, 0}, 7, 64, 64},                     // no rows at all
+      {{300, 17, 511, 1, 256, 0, 90, 129}, 0, 384, 264},
+  };
+  for (const GemmCase& c : cases) {
+    const int E = static_cast<int>(c.counts.size()), Nout = c.nout, K = c.k;
+    const std::vector<int32_t> off = offsets_of(c.counts);
+    const int rows = off[E], N = rows + c.extra_rows;
+    SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " Nout " << Nout << " K " << K);
+    Tensor x = test::host_random({N, K}, 11, 1.0f, true), w = test::host_random({E, Nout, K}, 12, 0.05f, true);
+    Tensor dy = test::host_random({N, Nout}, 13, 1.0f, true);
+    std::vector<float> xv = x.to_floats(), wv = w.to_floats(), dyv = dy.to_floats();
+    auto expert_of = [&](int r) {
+      return static_cast<int>(std::upper_bound(off.begin(), off.end(), r) - off.begin()) - 1;
+    };
+    Tensor offsets = device_i32(off);
+
+    // Forward: y[r][n] = Σ_k x[r][k] w[e][n][k]. Rows past offsets[E] keep their sentinel.
+    std::vector<float> want_y(static_cast<size_t>(N) * Nout, 7.0f);
+    for (int r = 0; r < rows; ++r) {
+      const int e = expert_of(r);
+      for (int n = 0; n < Nout; ++n) {
+        double s = 0;
+        for (int kk = 0; kk < K; ++kk) s += double(xv[r * K + kk]) * wv[(static_cast<size_t>(e) * Nout + n) * K + kk];
+        want_y[r * Nout + n] = static_cast<float>(s);
+      }
+    }
+    Tensor y = test::device_from_host(Tensor::from_floats({N, Nout}, std::vector<float>(N * Nout, 7.0f)), DType::BF16);
+    cuda::grouped_gemm_forward(test::device_from_host(x, DType::BF16), test::device_from_host(w, DType::BF16), offsets,
+                               y, stream0());
+    std::vector<float> yv = test::device_floats(y);
+    test::expect_norm(yv, want_y, 6e-3, 3e-3, "forward y");
+    for (int r = rows; r < N; ++r) ASSERT_EQ(yv[r * Nout], 7.0f) << "row past offsets[E] was written";
+
+    // Dgrad: dx[r][k] = Σ_n dy[r][n] w[e][n][k].
+    std::vector<float> want_dx(static_cast<size_t>(N) * K, 7.0f);
+    for (int r = 0; r < rows; ++r) {
+      const int e = expert_of(r);
+      for (int kk = 0; kk < K; ++kk) {
+        double s = 0;
+        for (int n = 0; n < Nout; ++n)
+          s += double(dyv[r * Nout + n]) * wv[(static_cast<size_t>(e) * Nout + n) * K + kk];
+        want_dx[r * K + kk] = static_cast<float>(s);
+      }
+    }
+    Tensor dx = test::device_from_host(Tensor::from_floats({N, K}, std::vector<float>(N * K, 7.0f)), DType::BF16);
+    cuda::grouped_gemm_dgrad(test::device_from_host(dy, DType::BF16), test::device_from_host(w, DType::BF16), offsets,
+                             dx, stream0());
+    test::expect_norm(test::device_floats(dx), want_dx, 6e-3, 3e-3, "dgrad dx");
+
+    // Wgrad: dw[e][n][k] = Σ_{r of e} dy[r][n] x[r][k]; overwrite (empty experts -> 0), then accumulate.
+    std::vector<float> want_dw(static_cast<size_t>(E) * Nout * K, 0.0f);
+    for (int e = 0; e < E; ++e)
+      for (int n = 0; n < Nout; ++n)
+        for (int kk = 0; kk < K; ++kk) {
+          double s = 0;
+          for (int r = off[e]; r < off[e + 1]; ++r) s += double(dyv[r * Nout + n]) * xv[r * K + kk];
+          want_dw[(static_cast<size_t>(e) * Nout + n) * K + kk] = static_cast<float>(s);
+        }
+    Tensor start = test::host_random({E, Nout, K}, 14);
+    Tensor dw = cuda::to_device(start, 0);
+    cuda::grouped_gemm_wgrad(test::device_from_host(dy, DType::BF16), test::device_from_host(x, DType::BF16), offsets,
+                             dw, false, stream0());
+    test::expect_norm(test::device_floats(dw), want_dw, 1e-5, 1e-5, "wgrad (overwrite)");
+    std::vector<float> sv = start.to_floats(), want_acc(want_dw.size());
+    for (size_t i = 0; i < want_dw.size(); ++i) want_acc[i] = want_dw[i] + sv[i];
+    Tensor dw2 = cuda::to_device(start, 0);
+    cuda::grouped_gemm_wgrad(test::device_from_host(dy, DType::BF16), test::device_from_host(x, DType::BF16), offsets,
+                             dw2, true, stream0());
+    test::expect_norm(test::device_floats(dw2), want_acc, 1e-5, 1e-5, "wgrad (accumulate)");
+  }
+}
+
+TEST(CudaGroupedGemm, BadShapesAreErrors) {
+  MT_SKIP_WITHOUT_CUDA();
+  Tensor off = device_i32({0, 4, 8});
+  Tensor x = Tensor::empty({8, 12}, DType::BF16, Device::cuda(0));  // K = 12: not a multiple of 8
+  Tensor w = Tensor::empty({2, 16, 12}, DType::BF16, Device::cuda(0));
+  Tensor y = Tensor::empty({8, 16}, DType::BF16, Device::cuda(0));
+  EXPECT_THROW(cuda::grouped_gemm_forward(x, w, off, y, stream0()), Error);
+  Tensor x2 = Tensor::empty({8, 16}, DType::BF16, Device::cuda(0));
+  Tensor w3 = Tensor::empty({3, 16, 16}, DType::BF16, Device::cuda(0));  // 3 experts, offsets for 2
+  EXPECT_THROW(cuda::grouped_gemm_forward(x2, w3, off, y, stream0()), Error);
+  Tensor wf = Tensor::empty({2, 16, 16}, DType::F32, Device::cuda(0));  // fp32 weights
+  EXPECT_THROW(cuda::grouped_gemm_forward(x2, wf, off, y, stream0()), Error);
+}
+
+// The routed-experts layer on the GPU kernels vs cpu::experts_forward/backward (bf16 mode). The SwiGLU
+// between the GEMMs is done on the host with the CPU op (same rounding points), so this test checks the
+// layout contract between plan, gather, grouped GEMM and combine end to end.
+TEST(CudaGroupedGemm, ExpertsLayerMatchesCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  const int T = 200, k = 4, E = 12, H = 64, I = 48, N = T * k;
+  std::mt19937_64 g(3);
+  std::vector<int32_t> idx(N);
+  for (int t = 0; t < T; ++t) {
+    std::vector<int> p(E - 2);  // experts 10 and 11 never chosen
+    std::iota(p.begin(), p.end(), 0);
+    std::shuffle(p.begin(), p.end(), g);
+    for (int s = 0; s < k; ++s) idx[t * k + s] = p[s];
+  }
+  Tensor index = Tensor::empty({T, k}, DType::I32);
+  std::copy(idx.begin(), idx.end(), index.data_as<int32_t>());
+  Tensor x = test::host_random({T, H}, 21, 1.0f, true);
+  Tensor wts = test::host_random({T, k}, 22, 0.3f, true);
+  Tensor gate_up = test::host_random({E, 2 * I, H}, 23, 0.1f, true);
+  Tensor down = test::host_random({E, H, I}, 24, 0.1f, true);
+
+  cpu::ExpertsSaved saved;
+  Tensor want = cpu::experts_forward(x, index, wts, gate_up, down, true, &saved);
+
+  cuda::MoePlan plan = cuda::moe_plan(cuda::to_device(index, 0), E, stream0());
+  Tensor xg = cuda::moe_gather(test::device_from_host(x, DType::BF16), plan, stream0());
+  Tensor gu_w = test::device_from_host(gate_up, DType::BF16), dn_w = test::device_from_host(down, DType::BF16);
+  Tensor gu = Tensor::empty({N, 2 * I}, DType::BF16, Device::cuda(0));
+  cuda::grouped_gemm_forward(xg, gu_w, plan.offsets, gu, stream0());
+  // SwiGLU on the host, as cpu::experts_forward does it (bf16: silu rounded, product rounded).
+  Tensor gu_h = cuda::to_host(gu).to(DType::F32);
+  Tensor act_h = Tensor::empty({N, I}, DType::F32);
+  cpu::swiglu_forward_rows(N, I, gu_h.data_as<float>(), gu_h.data_as<float>() + I, 2 * I, act_h.data_as<float>(), I,
+                           true);
+  Tensor act = test::device_from_host(act_h, DType::BF16);
+  Tensor yg = Tensor::empty({N, H}, DType::BF16, Device::cuda(0));
+  cuda::grouped_gemm_forward(act, dn_w, plan.offsets, yg, stream0());
+  Tensor out = Tensor::empty({T, H}, DType::F32, Device::cuda(0));
+  Tensor wts_dev = cuda::to_device(wts, 0);
+  cuda::moe_combine(yg, wts_dev, plan, out, stream0());
+  test::expect_norm(test::device_floats(out), want.to_floats(), 1e-2, 5e-3, "experts out");
+
+  // Backward.
+  Tensor dout = test::host_random({T, H}, 25, 1.0f, true);
+  Tensor want_dx, want_dw;
+  Tensor want_dgu = Tensor::zeros({E, 2 * I, H}, DType::F32), want_ddn = Tensor::zeros({E, H, I}, DType::F32);
+  cpu::experts_backward(dout, wts, gate_up, down, saved, want_dx, want_dw, want_dgu, want_ddn);
+
+  Tensor dy = Tensor::empty({N, H}, DType::BF16, Device::cuda(0));
+  Tensor dwts = Tensor::empty({T, k}, DType::F32, Device::cuda(0));
+  cuda::moe_combine_backward(test::device_from_host(dout, DType::BF16), yg, wts_dev, plan, dy, dwts, stream0());
+  Tensor dact = Tensor::empty({N, I}, DType::BF16, Device::cuda(0));
+  cuda::grouped_gemm_dgrad(dy, dn_w, plan.offsets, dact, stream0());
+  Tensor ddn = Tensor::empty({E, H, I}, DType::F32, Device::cuda(0));
+  cuda::grouped_gemm_wgrad(dy, act, plan.offsets, ddn, false, stream0());
+  Tensor dact_h = cuda::to_host(dact).to(DType::F32);
+  Tensor dgu_h = Tensor::empty({N, 2 * I}, DType::F32);
+  cpu::swiglu_backward_rows(N, I, dact_h.data_as<float>(), I, gu_h.data_as<float>(), gu_h.data_as<float>() + I, 2 * I,
+                            dgu_h.data_as<float>(), dgu_h.data_as<float>() + I, 2 * I);
+  Tensor dgu = test::device_from_host(dgu_h, DType::BF16);
+  Tensor dxg = Tensor::empty({N, H}, DType::BF16, Device::cuda(0));
+  cuda::grouped_gemm_dgrad(dgu, gu_w, plan.offsets, dxg, stream0());
+  Tensor dguw = Tensor::empty({E, 2 * I, H}, DType::F32, Device::cuda(0));
+  cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, dguw, false, stream0());
+  Tensor dx = Tensor::empty({T, H}, DType::F32, Device::cuda(0));
+  cuda::moe_gather_backward(dxg, plan, dx, stream0());
+
+  test::expect_norm(test::device_floats(dwts), want_dw.to_floats(), 2e-2, 1e-2, "dweights");
+  test::expect_norm(test::device_floats(dx), want_dx.to_floats(), 2e-2, 1e-2, "dx");
+  test::expect_norm(test::device_floats(ddn), want_ddn.to_floats(), 2e-2, 1e-2, "ddown");
+  test::expect_norm(test::device_floats(dguw), want_dgu.to_floats(), 2e-2, 1e-2, "dgate_up");
+  // Experts 10 and 11 received no tokens: their gradients are exactly zero.
+  std::vector<float> dg = test::device_floats(dguw);
+  for (size_t i = static_cast<size_t>(10) * 2 * I * H; i < dg.size(); ++i) ASSERT_EQ(dg[i], 0.0f);
+}
+
+}  // namespace
+}  // namespace mt
