@@ -62,8 +62,14 @@ void run_case(const NormCase& c, DType dt, bool residual, uint64_t seed) {
   Tensor ddw = test::device_from_host(dw0, DType::F32);
   Tensor ddx = Tensor::empty(x.shape(), dt, Device::cuda(0));
   cuda::rmsnorm_backward(ddy, dh, dw_, kEps, ddx, ddw, residual ? &ddres : nullptr, ctx.stream);
-  test::expect_near_normalised(test::device_floats(ddx), dx_cpu.to_floats(), bf ? 4e-3 : 2e-5, bf ? 3e-3 : 5e-6,
-                               what + " dx");
+  if (c.n == 1) {
+    // One element per row: y = w·sign(x) has dx = 0 exactly; both sides hold rounding noise of the
+    // cancellation (measured on the H200: ~2e-8 against dy·w ~ 1), so compare on that scale.
+    for (float v : test::device_floats(ddx)) EXPECT_LE(std::abs(v), 1e-5f) << what << " dx";
+  } else {
+    test::expect_near_normalised(test::device_floats(ddx), dx_cpu.to_floats(), bf ? 4e-3 : 2e-5, bf ? 3e-3 : 5e-6,
+                                 what + " dx");
+  }
   test::expect_near_normalised(test::device_floats(ddw), dw_cpu.to_floats(), 1e-4, 1e-5, what + " dw");
   // In place: dx over dy gives the same result.
   cuda::rmsnorm_backward(ddy, dh, dw_, kEps, ddy, ddw, residual ? &ddres : nullptr, ctx.stream);
