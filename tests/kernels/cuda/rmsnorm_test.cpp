@@ -62,8 +62,8 @@ void run_case(const NormCase& c, DType dt, bool residual, uint64_t seed) {
   Tensor ddw = test::device_from_host(dw0, DType::F32);
   Tensor ddx = Tensor::empty(x.shape(), dt, Device::cuda(0));
   cuda::rmsnorm_backward(ddy, dh, dw_, kEps, ddx, ddw, residual ? &ddres : nullptr, ctx.stream);
-  if (c.n == 1) {
-    // One element per row: y = w·sign(x) has dx = 0 exactly; both sides hold rounding noise of the
+  if (c.n == 1 && !residual && !bf) {
+    // F32, one element per row, no residual: y = w·sign(x) has dx = 0 exactly; both sides hold rounding noise of the
     // cancellation (measured on the H200: ~2e-8 against dy·w ~ 1), so compare on that scale.
     for (float v : test::device_floats(ddx)) EXPECT_LE(std::abs(v), 1e-5f) << what << " dx";
   } else {
