@@ -1,0 +1,319 @@
+#include "train/memory_plan.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.h"
+
+namespace mt {
+
+namespace {
+
+// Byte counts are summed in 128-bit integers: with the limits below (dimensions <= 2^31, layers <=
+// 2^16, tokens <= 2^40) the largest term is about 2^120 bytes, so nothing overflows, and a result
+// past int64 is clamped (it never fits).
+using wide = __int128;
+
+constexpr int64_t kMaxDim = int64_t{1} << 31;
+constexpr int64_t kMaxLayers = 65536;
+constexpr int64_t kMaxTokens = int64_t{1} << 40;      // micro_batch * seq of a request
+constexpr int64_t kMaxSearchSeq = int64_t{1} << 22;   // max_seq search bound (4M tokens per row)
+constexpr int64_t kMaxSearchBatch = int64_t{1} << 20; // max_micro_batch search bound
+constexpr int64_t kSeqStep = 128;                     // max_seq is a multiple of this
+
+// Rows of one chunk of the fused LM head + cross-entropy (cuda::LinearCrossEntropyArgs::chunk_rows).
+constexpr int64_t kLossChunkRows = 1024;
+// cuBLASLt workspace of the device context (one per device, as llm.c does).
+constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
+// The caching allocator rounds every block up and cannot always reuse a freed block for a larger
+// request: headroom on top of the exact tensor sizes.
+constexpr int64_t kAllocatorSlackBytes = int64_t{256} << 20;
+
+constexpr wide kBf16 = 2, kF32 = 4, kI32 = 4, kI64 = 8;
+
+// Dimensions of one request, as wide integers so products cannot overflow.
+struct Dims {
+  wide T, H, Hq, Hkv, D, E, k, I, F, V, Tk;
+};
+
+Dims dims_of(const Qwen3MoeConfig& c, int64_t tokens) {
+  Dims d;
+  d.T = tokens;
+  d.H = c.hidden_size;
+  d.Hq = c.num_attention_heads;
+  d.Hkv = c.num_key_value_heads;
+  d.D = c.head_dim;
+  d.E = c.num_experts;
+  d.k = c.num_experts_per_tok;
+  d.I = c.moe_intermediate_size;
+  d.F = c.intermediate_size;
+  d.V = c.vocab_size;
+  d.Tk = d.T * d.k;
+  return d;
+}
+
+// ---- parameters (element counts) ----
+
+wide attention_param_count(const Dims& d) {
+  return d.H * d.Hq * d.D + 2 * d.H * d.Hkv * d.D + d.Hq * d.D * d.H  // q, k, v, o projections
+         + 2 * d.D                                                   // q_norm, k_norm
+         + 2 * d.H;                                                  // input and post-attention norms
+}
+wide moe_param_count(const Dims& d) { return d.E * d.H + d.E * 2 * d.I * d.H + d.E * d.H * d.I; }
+wide dense_param_count(const Dims& d) { return 3 * d.F * d.H; }
+
+// ---- activations saved by forward for backward, per layer ----
+
+// x_in is the layer input (the residual stream); it is the only tensor kept under full recompute.
+wide layer_input_bytes(const Dims& d) { return d.T * d.H * kBf16; }
+
+// Attention: a = input norm output, q/k/v projections, qr/kr after q/k-norm and RoPE, o attention
+// output, lse the log-sum-exp flash attention keeps. Selective recompute drops a, qr and kr
+// (cheap element-wise ops redone in backward).
+wide attention_saved_bytes(const Dims& d, Recompute r) {
+  wide a = d.T * d.H * kBf16;
+  wide q = d.T * d.Hq * d.D * kBf16, kv = d.T * d.Hkv * d.D * kBf16;
+  wide o = d.T * d.Hq * d.D * kBf16, lse = d.Hq * d.T * kF32;
+  wide kept = q + kv /*k*/ + kv /*v*/ + o + lse;
+  return r == Recompute::none ? kept + a + q /*qr*/ + kv /*kr*/ : kept;
+}
+
+// MoE MLP: x_mid residual after attention, n post-attention norm output, router logits, top-k index
+// (i32) and weight (f32), the permutation plan (expert offsets, row_of_slot, slot_of_row), xg tokens
+// gathered per expert, gu gate/up GEMM output, h SwiGLU output, yd down GEMM output. Selective
+// recompute drops n, xg and h.
+wide moe_saved_bytes(const Dims& d, Recompute r) {
+  wide x_mid = d.T * d.H * kBf16, n = d.T * d.H * kBf16;
+  wide logits = d.T * d.E * kBf16;
+  wide route = d.Tk * kI32 + d.Tk * kF32;
+  wide plan = (d.E + 1) * kI32 + d.Tk * kI32 + d.Tk * kI32;
+  wide xg = d.Tk * d.H * kBf16, gu = d.Tk * 2 * d.I * kBf16, h = d.Tk * d.I * kBf16, yd = d.Tk * d.H * kBf16;
+  wide kept = x_mid + logits + route + plan + gu + yd;
+  return r == Recompute::none ? kept + n + xg + h : kept;
+}
+
+// Dense MLP: x_mid, n, gate_up GEMM output, h SwiGLU output; selective drops n and h.
+wide dense_saved_bytes(const Dims& d, Recompute r) {
+  wide x_mid = d.T * d.H * kBf16, n = d.T * d.H * kBf16;
+  wide gate_up = d.T * 2 * d.F * kBf16, h = d.T * d.F * kBf16;
+  return r == Recompute::none ? x_mid + n + gate_up + h : x_mid + gate_up;
+}
+
+wide layer_saved_bytes(const Dims& d, bool moe, Recompute r) {
+  if (r == Recompute::full) return layer_input_bytes(d);
+  return layer_input_bytes(d) + attention_saved_bytes(d, r) + (moe ? moe_saved_bytes(d, r) : dense_saved_bytes(d, r));
+}
+
+// After the last layer: final residual x, final-norm output, targets and input ids (i64), RoPE cos and
+// sin tables (f32, D/2 per token each), document start/end per token (i32) for packed attention.
+wide model_saved_bytes(const Dims& d) {
+  return 2 * d.T * d.H * kBf16 + d.T * kI64 + d.T * kI64 + 2 * d.T * (d.D / 2) * kF32 + 2 * d.T * kI32;
+}
+
+// ---- transients: alive on top of the saved activations at one moment ----
+
+// Backward of attention: dout, the flash kernel's fp32 dq/dk/dv accumulators and delta, dq/dk/dv,
+// the gradients after RoPE (dqn, dkn) and before q/k-norm, da, and two residual-gradient buffers.
+wide attention_backward_bytes(const Dims& d) {
+  wide q = d.T * d.Hq * d.D * kBf16, kv = d.T * d.Hkv * d.D * kBf16, th = d.T * d.H * kBf16;
+  wide flash = (d.Hq + 2 * d.Hkv) * d.D * d.T * kF32 + d.Hq * d.T * kF32;
+  return q /*do*/ + flash + q + 2 * kv /*dq dk dv*/ + q + kv /*dqn dkn*/ + q + kv /*pre-norm*/ + th /*da*/ +
+         2 * th /*residual grads*/;
+}
+
+// Backward of the MoE MLP: dyd, dh, dgu, dxg per slot, dn, d(routing weights) f32, d(router logits).
+wide moe_backward_bytes(const Dims& d) {
+  return d.Tk * d.H * kBf16 + d.Tk * d.I * kBf16 + d.Tk * 2 * d.I * kBf16 + d.Tk * d.H * kBf16 +
+         d.T * d.H * kBf16 + d.Tk * kF32 + d.T * d.E * kBf16;
+}
+
+// Backward of the dense MLP: d(gate_up), dh, dn.
+wide dense_backward_bytes(const Dims& d) {
+  return d.T * 2 * d.F * kBf16 + d.T * d.F * kBf16 + d.T * d.H * kBf16;
+}
+
+// One layer's backward: what recompute dropped is re-materialised (for full recompute, everything
+// but the saved input), plus the gradient buffers.
+wide layer_backward_peak_bytes(const Dims& d, bool moe, Recompute r) {
+  wide rematerialised = layer_saved_bytes(d, moe, Recompute::none) - layer_saved_bytes(d, moe, r);
+  return rematerialised + attention_backward_bytes(d) + (moe ? moe_backward_bytes(d) : dense_backward_bytes(d));
+}
+
+// Fused LM head + cross-entropy: one logits chunk of min(1024, T) rows counted in fp32 twice (logits
+// and their gradient; the kernel writes the gradient in place in the model dtype, so this is an upper
+// bound), the per-row loss (f32) and dx.
+wide head_loss_bytes(const Dims& d) {
+  wide rows = std::min<wide>(kLossChunkRows, d.T);
+  return 2 * rows * d.V * kF32 + d.T * kF32 + d.T * d.H * kBf16;
+}
+
+int64_t clamp64(wide v) {
+  constexpr wide hi = std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(v > hi ? hi : v);
+}
+
+struct Layers {
+  int64_t moe = 0, dense = 0;
+};
+
+Layers layers_of(const Qwen3MoeConfig& c) {
+  Layers l;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) (c.is_moe_layer(i) ? l.moe : l.dense)++;
+  return l;
+}
+
+// Every component for `tokens` tokens, without the searches.
+MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, int64_t tokens, Recompute r, bool master) {
+  const Qwen3MoeConfig& c = in.cfg;
+  Dims d = dims_of(c, tokens);
+  wide count = d.V * d.H /*embed*/ + d.H /*final norm*/ + (c.tie_word_embeddings ? 0 : d.V * d.H /*lm_head*/) +
+               layers.moe * (attention_param_count(d) + moe_param_count(d)) +
+               layers.dense * (attention_param_count(d) + dense_param_count(d));
+  wide saved = model_saved_bytes(d) + layers.moe * layer_saved_bytes(d, true, r) +
+               layers.dense * layer_saved_bytes(d, false, r);
+  wide transient = head_loss_bytes(d);
+  if (layers.moe > 0) transient = std::max(transient, layer_backward_peak_bytes(d, true, r));
+  if (layers.dense > 0) transient = std::max(transient, layer_backward_peak_bytes(d, false, r));
+  wide moment_bytes = in.bf16_moments ? kBf16 : kF32;
+
+  MemoryPlan p;
+  p.param_count = clamp64(count);
+  p.params = clamp64(count * kBf16);
+  p.grads = clamp64(count * kF32);
+  p.optimizer = clamp64(count * (2 * moment_bytes + (master ? kF32 : 0)));
+  p.activations_saved = clamp64(saved);
+  p.activations_transient = clamp64(transient);
+  p.activations = clamp64(saved + transient);
+  p.workspace = kCublasWorkspaceBytes + kAllocatorSlackBytes;
+  p.total = clamp64(count * kBf16 + count * kF32 + count * (2 * moment_bytes + (master ? kF32 : 0)) + saved +
+                    transient + p.workspace);
+  p.available = in.device_bytes - in.reserve_bytes;
+  p.fits = p.total <= p.available;
+  return p;
+}
+
+// Largest x in [1, hi] with fits(x), or 0; fits is monotone (true up to some x, false after).
+template <typename Fits>
+int64_t search_largest(int64_t hi, Fits fits) {
+  if (hi < 1 || !fits(1)) return 0;
+  int64_t lo = 1;  // fits(lo) holds
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+void check_range(const char* field, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi) fail("memory plan: {} must be in [{}, {}] (found {})", field, lo, hi, v);
+}
+
+double gib(int64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30); }
+
+std::string optimizer_desc(const MemoryPlan& p) {
+  return fmt::format("m,v {}, {}", p.bf16_moments ? "bf16" : "fp32", p.fp32_master ? "fp32 master" : "no master");
+}
+
+}  // namespace
+
+Recompute recompute_parse(const std::string& name, const std::string& where) {
+  if (name == "none") return Recompute::none;
+  if (name == "selective") return Recompute::selective;
+  if (name == "full") return Recompute::full;
+  std::string shown;
+  for (size_t i = 0; i < name.size() && i < 60; ++i) shown += (name[i] >= 0x20 && name[i] < 0x7f) ? name[i] : '?';
+  fail("{}: unknown recompute mode (expected none, selective or full, found \"{}{}\")", where, shown,
+       name.size() > 60 ? "..." : "");
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::none: return "none";
+    case Recompute::selective: return "selective";
+    case Recompute::full: return "full";
+  }
+  return "unknown";
+}
+
+MemoryPlan memory_plan(const MemoryPlanInput& in) {
+  const Qwen3MoeConfig& c = in.cfg;
+  check_range("num_hidden_layers", c.num_hidden_layers, 1, kMaxLayers);
+  check_range("hidden_size", c.hidden_size, 1, kMaxDim);
+  check_range("vocab_size", c.vocab_size, 1, kMaxDim);
+  check_range("num_attention_heads", c.num_attention_heads, 1, kMaxDim);
+  check_range("num_key_value_heads", c.num_key_value_heads, 1, kMaxDim);
+  check_range("head_dim", c.head_dim, 1, kMaxDim);
+  check_range("num_experts", c.num_experts, 0, kMaxDim);
+  check_range("num_experts_per_tok", c.num_experts_per_tok, c.num_experts > 0 ? 1 : 0, c.num_experts);
+  check_range("moe_intermediate_size", c.moe_intermediate_size, 0, kMaxDim);
+  check_range("intermediate_size", c.intermediate_size, 0, kMaxDim);
+  check_range("micro_batch", in.micro_batch, 1, kMaxTokens);
+  check_range("seq", in.seq, 1, kMaxTokens / in.micro_batch);
+  check_range("device_bytes", in.device_bytes, 1, std::numeric_limits<int64_t>::max());
+  check_range("reserve_bytes", in.reserve_bytes, 0, in.device_bytes);
+
+  const Layers layers = layers_of(c);
+  MemoryPlan p = plan_bytes(in, layers, in.micro_batch * in.seq, in.recompute, in.fp32_master);
+  p.layers = c.num_hidden_layers;
+  p.moe_layers = layers.moe;
+  p.micro_batch = in.micro_batch;
+  p.seq = in.seq;
+  p.device_bytes = in.device_bytes;
+  p.reserve_bytes = in.reserve_bytes;
+  p.recompute = in.recompute;
+  p.fp32_master = in.fp32_master;
+  p.bf16_moments = in.bf16_moments;
+  p.full_recompute_fits = plan_bytes(in, layers, in.micro_batch * in.seq, Recompute::full, in.fp32_master).fits;
+  p.no_master_fits = plan_bytes(in, layers, in.micro_batch * in.seq, in.recompute, false).fits;
+
+  auto fits_tokens = [&](int64_t tokens) { return plan_bytes(in, layers, tokens, in.recompute, in.fp32_master).fits; };
+  // The searches never go below the request's own size, so a request that fits is always within them.
+  int64_t batch_hi = std::max(in.micro_batch, std::min(kMaxSearchBatch, kMaxTokens / in.seq));
+  p.max_micro_batch = search_largest(batch_hi, [&](int64_t b) { return fits_tokens(b * in.seq); });
+  int64_t seq_hi = std::max(in.seq, std::min(kMaxSearchSeq, kMaxTokens / in.micro_batch)) / kSeqStep;
+  p.max_seq = kSeqStep * search_largest(seq_hi, [&](int64_t s) { return fits_tokens(in.micro_batch * s * kSeqStep); });
+  return p;
+}
+
+std::string MemoryPlan::table() const {
+  std::string t = fmt::format(
+      "memory plan: {} layers ({} MoE), {:.2f} B parameters, micro_batch {} x seq {} = {} tokens, recompute {}\n",
+      layers, moe_layers, static_cast<double>(param_count) / 1e9, micro_batch, seq, micro_batch * seq,
+      recompute_name(recompute));
+  auto row = [&](const char* name, const std::string& what, int64_t bytes) {
+    t += fmt::format("  {:<12} {:<34} {:>9.2f} GiB\n", name, what, gib(bytes));
+  };
+  row("parameters", "bf16", params);
+  row("gradients", "fp32", grads);
+  row("optimizer", optimizer_desc(*this), optimizer);
+  row("activations",
+      fmt::format("saved {:.2f} + peak transient {:.2f}", gib(activations_saved), gib(activations_transient)),
+      activations);
+  row("workspace", "cuBLASLt + allocator slack", workspace);
+  row("total", "", total);
+  row("available", fmt::format("device {:.2f} - reserve {:.2f}", gib(device_bytes), gib(reserve_bytes)), available);
+  t += fmt::format("  {}: largest micro_batch at seq {}: {}; largest seq at micro_batch {}: {}",
+                   fits ? "fits" : "DOES NOT FIT", seq, max_micro_batch, micro_batch, max_seq);
+  return t;
+}
+
+std::string MemoryPlan::refusal() const {
+  if (fits) return "";
+  std::string s = fmt::format(
+      "does not fit: needs {:.2f} GiB of {:.2f} GiB available (params {:.2f}, grads {:.2f}, optimizer {:.2f} [{}], "
+      "activations {:.2f}, workspace {:.2f} GiB at micro_batch {} x seq {}, recompute {})",
+      gib(total), gib(available), gib(params), gib(grads), gib(optimizer), optimizer_desc(*this), gib(activations),
+      gib(workspace), micro_batch, seq, recompute_name(recompute));
+  s += max_micro_batch > 0 ? fmt::format("; largest micro_batch that fits at seq {}: {}", seq, max_micro_batch)
+                           : fmt::format("; no micro_batch fits at seq {}", seq);
+  s += max_seq > 0 ? fmt::format("; largest seq at micro_batch {}: {}", micro_batch, max_seq)
+                   : fmt::format("; no seq fits at micro_batch {}", micro_batch);
+  if (recompute != Recompute::full && full_recompute_fits) s += "; or set train.recompute: full";
+  if (fp32_master && no_master_fits) s += "; or set optimizer.master_weights: none";
+  return s;
+}
+
+}  // namespace mt

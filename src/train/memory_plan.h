@@ -1,0 +1,59 @@
+// Up-front GPU memory plan of the CUDA training path, in the spirit of llm.c: before training, add up
+// what the model will keep (bf16 parameters, fp32 gradients, AdamW state, saved activations plus the
+// largest transient of one step, workspace), print it, and refuse a configuration that cannot fit,
+// naming the largest micro-batch and sequence length that would.
+// The byte counts mirror what the CUDA model allocates; memory_plan.cpp lists every tensor counted.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "models/qwen3_moe_config.h"
+
+namespace mt {
+
+enum class Recompute { none, selective, full };
+
+// "none" | "selective" | "full"; anything else throws a one-line mt::Error naming `where`
+// (e.g. "recipe.yaml: train.recompute").
+Recompute recompute_parse(const std::string& name, const std::string& where);
+const char* recompute_name(Recompute r);
+
+struct MemoryPlanInput {
+  Qwen3MoeConfig cfg;
+  int64_t micro_batch = 1, seq = 4096;
+  Recompute recompute = Recompute::selective;
+  bool fp32_master = true;    // optimizer keeps fp32 master copies of the bf16 params
+  bool bf16_moments = false;  // AdamW moments in bf16 (else fp32)
+  int64_t device_bytes = 0;   // total memory of the GPU (cudaMemGetInfo total)
+  int64_t reserve_bytes = 0;  // kept free for the CUDA context / fragmentation (caller picks, e.g. 1.5 GiB + 3%)
+};
+
+struct MemoryPlan {
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0, total = 0;
+  int64_t available = 0;        // device_bytes - reserve_bytes
+  bool fits = false;
+  int64_t max_micro_batch = 0;  // largest micro_batch at this seq that fits (0: none)
+  int64_t max_seq = 0;          // largest seq (multiple of 128) at this micro_batch that fits (0: none)
+
+  // activations = activations_saved + activations_transient: what forward keeps for backward, plus the
+  // largest buffer set alive at one moment on top of it (one layer's backward, or the LM head's loss).
+  int64_t activations_saved = 0, activations_transient = 0;
+  // The request, for table() and refusal().
+  int64_t param_count = 0, layers = 0, moe_layers = 0;
+  int64_t micro_batch = 0, seq = 0, device_bytes = 0, reserve_bytes = 0;
+  Recompute recompute = Recompute::selective;
+  bool fp32_master = true, bf16_moments = false;
+  bool full_recompute_fits = false;  // the same request with recompute = full fits
+  bool no_master_fits = false;       // the same request without fp32 master weights fits
+
+  std::string table() const;    // multi-line human table in GiB, for the training log
+  // One line: "does not fit: needs X GiB of Y GiB (...); largest micro_batch that fits at seq S: M;
+  // largest seq at micro_batch B: N[; or set train.recompute: full]". Empty when the plan fits.
+  std::string refusal() const;
+};
+
+// Throws a one-line mt::Error for sizes out of range (micro_batch, seq, device_bytes, reserve_bytes,
+// config dimensions). A plan that does not fit is not an error: check `fits`.
+MemoryPlan memory_plan(const MemoryPlanInput& in);
+
+}  // namespace mt

@@ -1,0 +1,364 @@
+// The memory plan against byte counts worked out by hand, tensor by tensor, for the qwen3-moe-test
+// shapes (hidden 64, 2 layers, 8 experts top-2, moe_intermediate 32, vocab 512, head_dim 16, 4/2 heads),
+// and against the Qwen3-30B-A3B 12-layer slice of anchors.md.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "models/presets.h"
+#include "train/memory_plan.h"
+
+namespace mt {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+constexpr int64_t kH200Bytes = 143771566080;  // cudaMemGetInfo total of an H200
+constexpr int64_t kH200Reserve = 3 * kGiB / 2 + kH200Bytes * 3 / 100;
+
+int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+
+Qwen3MoeConfig preset(const char* name, int64_t layers = 0) {
+  nlohmann::json j = preset_config_json(name);
+  if (layers > 0) j["num_hidden_layers"] = layers;
+  return Qwen3MoeConfig::from_json(j, name);
+}
+
+// qwen3-moe-test at micro_batch 2 x seq 128: T = 256 tokens, Tk = T * top_k = 512 expert slots.
+MemoryPlanInput tiny_input(Recompute r) {
+  MemoryPlanInput in;
+  in.cfg = preset("qwen3-moe-test");
+  in.micro_batch = 2;
+  in.seq = 128;
+  in.recompute = r;
+  in.fp32_master = true;
+  in.bf16_moments = false;
+  in.device_bytes = kGiB;
+  in.reserve_bytes = 0;
+  return in;
+}
+
+// Parameters of qwen3-moe-test, per tensor.
+const int64_t kTinyParams = sum({
+    512 * 64,  // embed_tokens
+    512 * 64,  // lm_head (untied)
+    64,        // final norm
+    2 * sum({
+            64 * 64,           // q_proj: 4 heads x 16
+            32 * 64,           // k_proj: 2 heads x 16
+            32 * 64,           // v_proj
+            64 * 64,           // o_proj
+            16, 16,            // q_norm, k_norm
+            64, 64,            // input, post-attention norms
+            8 * 64,            // router
+            8 * 2 * 32 * 64,   // experts gate_up
+            8 * 64 * 32,       // experts down
+        }),
+});
+
+// Saved per MoE layer at T = 256 with recompute none; marked (s) the tensors selective drops.
+const int64_t kLayerKeptBySelective = sum({
+    256 * 64 * 2,       // x_in
+    256 * 64 * 2,       // q
+    256 * 32 * 2,       // k
+    256 * 32 * 2,       // v
+    256 * 64 * 2,       // o
+    4 * 256 * 4,        // lse f32
+    256 * 64 * 2,       // x_mid
+    256 * 8 * 2,        // router logits
+    512 * 4 + 512 * 4,  // route index i32 + weight f32
+    9 * 4,              // plan offsets (E + 1) i32
+    512 * 4 + 512 * 4,  // row_of_slot, slot_of_row
+    512 * 64 * 2,       // gu = 2 x 32
+    512 * 64 * 2,       // yd
+});
+const int64_t kLayerDroppedBySelective = sum({
+    256 * 64 * 2,  // a (s)
+    256 * 64 * 2,  // qr (s)
+    256 * 32 * 2,  // kr (s)
+    256 * 64 * 2,  // n (s)
+    512 * 64 * 2,  // xg (s)
+    512 * 32 * 2,  // h (s)
+});
+const int64_t kLayerNone = kLayerKeptBySelective + kLayerDroppedBySelective;
+const int64_t kLayerInput = 256 * 64 * 2;
+// After the last layer: final x, final-norm output, targets i64, input ids i64, rope cos + sin
+// (8 f32 per token each), doc start + end i32.
+const int64_t kModelSaved = 256 * 64 * 2 * 2 + 256 * 8 + 256 * 8 + 2 * 256 * 8 * 4 + 2 * 256 * 4;
+
+// One MoE layer's backward buffers.
+const int64_t kLayerBackward = sum({
+    512 * 64 * 2,               // dyd
+    512 * 32 * 2,               // dh
+    512 * 64 * 2,               // dgu
+    512 * 64 * 2,               // dxg
+    256 * 64 * 2,               // dn
+    512 * 4,                    // dweights f32
+    256 * 8 * 2,                // dlogits
+    256 * 64 * 2,               // do
+    (4 + 2 * 2) * 16 * 256 * 4, // flash fp32 dq/dk/dv accumulators
+    4 * 256 * 4,                // flash delta
+    256 * 64 * 2,               // dq
+    256 * 32 * 2 * 2,           // dk, dv
+    256 * 64 * 2 + 256 * 32 * 2, // dqn, dkn
+    256 * 64 * 2 + 256 * 32 * 2, // dq, dk before q/k-norm
+    256 * 64 * 2,               // da
+    2 * 256 * 64 * 2,           // two residual-gradient buffers
+});
+// LM head + loss: a chunk of min(1024, 256) rows x 512 logits in f32, twice; row loss f32; dx.
+const int64_t kHeadLoss = 2 * 256 * 512 * 4 + 256 * 4 + 256 * 64 * 2;
+
+TEST(MemoryPlan, TinyParamsGradsOptimizerExact) {
+  MemoryPlan p = memory_plan(tiny_input(Recompute::selective));
+  EXPECT_EQ(kTinyParams, 189824);
+  EXPECT_EQ(p.param_count, kTinyParams);
+  EXPECT_EQ(p.params, kTinyParams * 2);
+  EXPECT_EQ(p.grads, kTinyParams * 4);
+  EXPECT_EQ(p.optimizer, kTinyParams * (4 + 4 + 4));  // fp32 m, v, master
+  EXPECT_EQ(p.workspace, (32 + 256) * (int64_t{1} << 20));
+
+  MemoryPlanInput in = tiny_input(Recompute::selective);
+  in.bf16_moments = true;
+  in.fp32_master = false;
+  EXPECT_EQ(memory_plan(in).optimizer, kTinyParams * (2 + 2));
+  in.fp32_master = true;
+  EXPECT_EQ(memory_plan(in).optimizer, kTinyParams * (2 + 2 + 4));
+
+  in.cfg.tie_word_embeddings = true;  // no lm_head
+  EXPECT_EQ(memory_plan(in).param_count, kTinyParams - 512 * 64);
+}
+
+TEST(MemoryPlan, TinyActivationsExactPerRecomputeMode) {
+  // none: head/loss transient (1,082,368) beats one layer's backward (698,368).
+  MemoryPlan none = memory_plan(tiny_input(Recompute::none));
+  EXPECT_EQ(none.activations_saved, kModelSaved + 2 * kLayerNone);
+  EXPECT_EQ(kLayerBackward, 698368);
+  EXPECT_EQ(none.activations_transient, kHeadLoss);
+  EXPECT_EQ(none.activations, 1136712 + 1082368);
+
+  // selective: the dropped tensors come back for one layer's backward; the head still dominates.
+  MemoryPlan sel = memory_plan(tiny_input(Recompute::selective));
+  EXPECT_EQ(sel.activations_saved, kModelSaved + 2 * kLayerKeptBySelective);
+  EXPECT_EQ(kLayerDroppedBySelective + kLayerBackward, 911360);
+  EXPECT_EQ(sel.activations_transient, kHeadLoss);
+  EXPECT_EQ(sel.activations, 710728 + 1082368);
+
+  // full: only x_in per layer; backward re-materialises the rest of one layer, which now dominates.
+  MemoryPlan full = memory_plan(tiny_input(Recompute::full));
+  EXPECT_EQ(full.activations_saved, kModelSaved + 2 * kLayerInput);
+  EXPECT_EQ(full.activations_transient, kLayerNone - kLayerInput + kLayerBackward);
+  EXPECT_EQ(full.activations, 153600 + 1189924);
+
+  for (const MemoryPlan* p : {&none, &sel, &full}) {
+    EXPECT_EQ(p->total, p->params + p->grads + p->optimizer + p->activations + p->workspace);
+    EXPECT_EQ(p->available, kGiB);
+    EXPECT_TRUE(p->fits);
+    EXPECT_EQ(p->refusal(), "");
+  }
+}
+
+TEST(MemoryPlan, DenseLayerCountsTheDenseMlp) {
+  MemoryPlanInput in = tiny_input(Recompute::none);
+  in.cfg.mlp_only_layers = {0};  // layer 0 takes the dense MLP (intermediate_size 128)
+  MemoryPlan p = memory_plan(in);
+  EXPECT_EQ(p.moe_layers, 1);
+  const int64_t moe_mlp = 8 * 64 + 8 * 2 * 32 * 64 + 8 * 64 * 32;
+  EXPECT_EQ(p.param_count, kTinyParams - moe_mlp + 3 * 128 * 64);
+  const int64_t moe_mlp_saved = kLayerNone - sum({
+                                                  256 * 64 * 2,  // x_in
+                                                  256 * 64 * 2,  // a
+                                                  256 * 64 * 2,  // q
+                                                  256 * 32 * 2,  // k
+                                                  256 * 64 * 2,  // qr
+                                                  256 * 32 * 2,  // kr
+                                                  256 * 32 * 2,  // v
+                                                  256 * 64 * 2,  // o
+                                                  4 * 256 * 4,   // lse
+                                              });
+  const int64_t dense_mlp_saved = sum({256 * 64 * 2,    // x_mid
+                                       256 * 64 * 2,    // n
+                                       256 * 256 * 2,   // gate_up
+                                       256 * 128 * 2}); // h
+  EXPECT_EQ(p.activations_saved, kModelSaved + 2 * kLayerNone - moe_mlp_saved + dense_mlp_saved);
+}
+
+TEST(MemoryPlan, ActivationsShrinkWithMoreRecompute) {
+  for (int64_t seq : {128, 4096}) {
+    MemoryPlanInput in = tiny_input(Recompute::none);
+    in.seq = seq;
+    int64_t none = memory_plan(in).activations;
+    in.recompute = Recompute::selective;
+    int64_t sel = memory_plan(in).activations;
+    in.recompute = Recompute::full;
+    int64_t full = memory_plan(in).activations;
+    EXPECT_GT(none, sel) << "seq " << seq;
+    EXPECT_GT(sel, full) << "seq " << seq;
+  }
+}
+
+MemoryPlanInput slice_input(bool master, bool bf16_moments) {
+  MemoryPlanInput in;
+  in.cfg = preset("qwen3-30b-a3b", 12);
+  in.micro_batch = 1;
+  in.seq = 4096;
+  in.recompute = Recompute::selective;
+  in.fp32_master = master;
+  in.bf16_moments = bf16_moments;
+  in.device_bytes = kH200Bytes;
+  in.reserve_bytes = kH200Reserve;
+  return in;
+}
+
+TEST(MemoryPlan, Qwen3_30B_A3B_TwelveLayerSliceFitsOnH200WithBf16State) {
+  MemoryPlan p = memory_plan(slice_input(false, true));
+  // anchors.md: 12-layer slice = 8.10 B parameters. Exactly: embed + lm_head 2 x 151936 x 2048, final
+  // norm 2048, 12 x (attention 18,874,368 + norms 4,352 + router 262,144 + experts 603,979,776).
+  EXPECT_EQ(p.param_count, int64_t{8099779584});
+  EXPECT_NEAR(static_cast<double>(p.param_count), 8.10e9, 8.10e9 * 0.005);
+  EXPECT_EQ(p.layers, 12);
+  EXPECT_EQ(p.moe_layers, 12);
+  EXPECT_EQ(p.params + p.grads + p.optimizer, p.param_count * (2 + 4 + 2 + 2));  // 75.4 GiB
+  EXPECT_TRUE(p.fits) << p.table();
+  EXPECT_GT(p.activations, 4 * kGiB);
+  EXPECT_LT(p.activations, 6 * kGiB);
+  EXPECT_EQ(p.refusal(), "");
+  // The searches agree with the plan itself: the reported maxima fit, one step more does not.
+  MemoryPlanInput in = slice_input(false, true);
+  in.micro_batch = p.max_micro_batch;
+  EXPECT_TRUE(memory_plan(in).fits);
+  in.micro_batch = p.max_micro_batch + 1;
+  EXPECT_FALSE(memory_plan(in).fits);
+  in.micro_batch = 1;
+  EXPECT_EQ(p.max_seq % 128, 0);
+  EXPECT_GE(p.max_seq, 4096);
+  in.seq = p.max_seq;
+  EXPECT_TRUE(memory_plan(in).fits);
+  in.seq = p.max_seq + 128;
+  EXPECT_FALSE(memory_plan(in).fits);
+
+  std::string t = p.table();
+  EXPECT_NE(t.find("8.10 B parameters"), std::string::npos) << t;
+  EXPECT_NE(t.find("recompute selective"), std::string::npos) << t;
+  EXPECT_NE(t.find("fits: largest micro_batch at seq 4096: " + std::to_string(p.max_micro_batch)), std::string::npos)
+      << t;
+}
+
+TEST(MemoryPlan, Qwen3_30B_A3B_TwelveLayerSliceRefusesFp32MasterAndMoments) {
+  // 2 + 4 + 12 = 18 bytes per parameter = 135.8 GiB before activations: past the whole GPU.
+  MemoryPlan p = memory_plan(slice_input(true, false));
+  EXPECT_EQ(p.params + p.grads + p.optimizer, p.param_count * 18);
+  EXPECT_GT(p.params + p.grads + p.optimizer, kH200Bytes);
+  EXPECT_FALSE(p.fits);
+  EXPECT_EQ(p.max_micro_batch, 0);
+  EXPECT_EQ(p.max_seq, 0);
+  std::string r = p.refusal();
+  EXPECT_EQ(r.rfind("does not fit: needs 141.14 GiB of 128.38 GiB available", 0), 0u) << r;
+  EXPECT_NE(r.find("no micro_batch fits at seq 4096; no seq fits at micro_batch 1"), std::string::npos) << r;
+  EXPECT_EQ(r.find("train.recompute: full"), std::string::npos) << r;  // recompute cannot save this one
+  EXPECT_NE(r.find("or set optimizer.master_weights: none"), std::string::npos) << r;
+  EXPECT_EQ(r.find('\n'), std::string::npos);
+}
+
+TEST(MemoryPlan, RefusalNamesLargestMicroBatchAndSeq) {
+  MemoryPlanInput in = slice_input(false, true);
+  in.recompute = Recompute::none;
+  in.micro_batch = 16;
+  MemoryPlan p = memory_plan(in);
+  ASSERT_FALSE(p.fits);
+  ASSERT_GT(p.max_micro_batch, 0);
+  ASSERT_GT(p.max_seq, 0);
+  std::string r = p.refusal();
+  EXPECT_NE(r.find("largest micro_batch that fits at seq 4096: " + std::to_string(p.max_micro_batch) + ";"),
+            std::string::npos) << r;
+  EXPECT_NE(r.find("largest seq at micro_batch 16: " + std::to_string(p.max_seq)), std::string::npos) << r;
+  EXPECT_NE(r.find("; or set train.recompute: full"), std::string::npos) << r;
+  EXPECT_EQ(r.find("master_weights"), std::string::npos) << r;  // there is no master to drop
+
+  MemoryPlanInput at = in;
+  at.micro_batch = p.max_micro_batch;
+  EXPECT_TRUE(memory_plan(at).fits);
+  at.micro_batch = p.max_micro_batch + 1;
+  EXPECT_FALSE(memory_plan(at).fits);
+  at = in;
+  at.seq = p.max_seq;
+  EXPECT_TRUE(memory_plan(at).fits);
+  at.seq = p.max_seq + 128;
+  EXPECT_FALSE(memory_plan(at).fits);
+  at = in;
+  at.recompute = Recompute::full;
+  EXPECT_TRUE(memory_plan(at).fits);
+}
+
+TEST(MemoryPlan, RecomputeParse) {
+  EXPECT_EQ(recompute_parse("none", "w"), Recompute::none);
+  EXPECT_EQ(recompute_parse("selective", "w"), Recompute::selective);
+  EXPECT_EQ(recompute_parse("full", "w"), Recompute::full);
+  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
+    EXPECT_EQ(recompute_parse(recompute_name(r), "w"), r);
+  try {
+    recompute_parse("partial", "recipe.yaml: train.recompute");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "recipe.yaml: train.recompute: unknown recompute mode (expected none, selective or full, found "
+                 "\"partial\")");
+  }
+  EXPECT_THROW(recompute_parse("", "w"), Error);
+  EXPECT_THROW(recompute_parse("Full", "w"), Error);
+  try {
+    recompute_parse(std::string("a\nb") + std::string(100, 'x'), "w");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+  }
+}
+
+TEST(MemoryPlan, RejectsBadSizesWithOneLine) {
+  auto expect_error = [](MemoryPlanInput in, const std::string& field) {
+    try {
+      memory_plan(in);
+      ADD_FAILURE() << "no error for " << field;
+    } catch (const Error& e) {
+      std::string w = e.what();
+      EXPECT_NE(w.find("memory plan: " + field + " must be in"), std::string::npos) << w;
+      EXPECT_EQ(w.find('\n'), std::string::npos) << w;
+    }
+  };
+  MemoryPlanInput in = tiny_input(Recompute::none);
+  in.micro_batch = 0;
+  expect_error(in, "micro_batch");
+  in = tiny_input(Recompute::none);
+  in.seq = -5;
+  expect_error(in, "seq");
+  in.seq = int64_t{1} << 62;  // micro_batch x seq would overflow
+  expect_error(in, "seq");
+  in = tiny_input(Recompute::none);
+  in.device_bytes = 0;
+  expect_error(in, "device_bytes");
+  in = tiny_input(Recompute::none);
+  in.reserve_bytes = in.device_bytes + 1;
+  expect_error(in, "reserve_bytes");
+  in = tiny_input(Recompute::none);
+  in.cfg.hidden_size = 0;
+  expect_error(in, "hidden_size");
+  in = tiny_input(Recompute::none);
+  in.cfg.num_experts_per_tok = 9;
+  expect_error(in, "num_experts_per_tok");
+  expect_error(MemoryPlanInput{}, "num_hidden_layers");  // a default (empty) config
+}
+
+TEST(MemoryPlan, NothingFitsWhenParametersAloneAreTooBig) {
+  MemoryPlanInput in = tiny_input(Recompute::full);
+  in.device_bytes = 1 << 20;  // 1 MiB: below the workspace alone
+  MemoryPlan p = memory_plan(in);
+  EXPECT_FALSE(p.fits);
+  EXPECT_EQ(p.max_micro_batch, 0);
+  EXPECT_EQ(p.max_seq, 0);
+  EXPECT_NE(p.refusal().find("no micro_batch fits at seq 128"), std::string::npos) << p.refusal();
+}
+
+}  // namespace
+}  // namespace mt
