@@ -57,14 +57,15 @@ std::vector<ParamSpec> param_specs(const Qwen3MoeConfig& c, const Qwen3MoeWeight
   return s;
 }
 
-// what: "parameter" or "gradient". dtype: the one every tensor must have.
-void check_params(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, const char* what, DType dtype) {
+}  // namespace
+
+void weights_check(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, const char* what, DType dtype, Device device) {
   if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers)
     fail("{}s have {} layers, config num_hidden_layers is {}", what, w.layers.size(), c.num_hidden_layers);
   for (const ParamSpec& p : param_specs(c, w)) {
     if (!p.t->defined()) fail("{} {} is missing", what, p.name);
-    if (!p.t->device().is_cpu()) fail("{} {} is on {}, the CPU model needs it on cpu", what, p.name,
-                                      p.t->device().str());
+    if (p.t->device() != device)
+      fail("{} {} is on {}, the model needs it on {}", what, p.name, p.t->device().str(), device.str());
     if (p.t->dtype() != dtype)
       fail("{} {}: expected dtype {}, found {}", what, p.name, dtype_safetensors_name(dtype),
            dtype_safetensors_name(p.t->dtype()));
@@ -73,7 +74,15 @@ void check_params(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, const char*
   }
 }
 
-void check_config(const Qwen3MoeConfig& c) {
+namespace {
+
+void check_params(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, const char* what, DType dtype) {
+  weights_check(c, w, what, dtype, Device::cpu());
+}
+
+}  // namespace
+
+void model_config_check(const Qwen3MoeConfig& c) {
   auto need = [](bool ok, const char* field, int64_t v) {
     if (!ok) fail("config: {} = {} is not supported by the model", field, v);
   };
@@ -96,58 +105,22 @@ void check_config(const Qwen3MoeConfig& c) {
   }
 }
 
+namespace {
+
 struct Prepared {
   BlockEnv env;
   Tensor targets;  // I64 [T] shifted labels, or undefined
 };
 
 Prepared prepare_batch(const Qwen3MoeConfig& c, const Batch& b, bool bf16, bool document_mask) {
-  const Tensor& ids = b.input_ids;
-  if (!ids.defined() || ids.dtype() != DType::I64 || ids.ndim() != 2 || ids.dim(0) < 1 || ids.dim(1) < 1)
-    fail("batch: input_ids must be I64 [B, S] with B, S >= 1, found {}", ids.defined() ? ids.desc() : "none");
-  const int64_t B = ids.dim(0), S = ids.dim(1);
-  auto check_like = [&](const Tensor& t, const char* name) {
-    if (t.defined() && (t.dtype() != DType::I64 || t.shape() != ids.shape()))
-      fail("batch: {} must be I64 {} like input_ids, found {}", name, shape_str(ids.shape()), t.desc());
-  };
-  check_like(b.labels, "labels");
-  check_like(b.position_ids, "position_ids");
-  const int64_t* ip = ids.data_as<int64_t>();
-  for (int64_t i = 0; i < B * S; ++i)
-    if (ip[i] < 0 || ip[i] >= c.vocab_size)
-      fail("batch: input_ids[{}, {}] = {} is outside the vocabulary [0, {})", i / S, i % S, ip[i], c.vocab_size);
-
+  batch_validate(c, b);
   Prepared p;
   p.env.cfg = &c;
-  p.env.batch = B;
-  p.env.seq = S;
+  p.env.batch = b.input_ids.dim(0);
+  p.env.seq = b.input_ids.dim(1);
   p.env.bf16 = bf16;
-  Tensor pos;
-  if (b.position_ids.defined()) {
-    pos = b.position_ids;
-    // Packed documents: a break wherever the position does not step by exactly 1.
-    const int64_t* pp = pos.data_as<int64_t>();
-    bool packed = false;
-    Tensor doc = Tensor::empty({B, S}, DType::I32);
-    int32_t* dp = doc.data_as<int32_t>();
-    for (int64_t r = 0; r < B; ++r) {
-      int32_t d = 0;
-      for (int64_t s = 0; s < S; ++s) {
-        if (s > 0 && pp[r * S + s] - pp[r * S + s - 1] != 1) {
-          ++d;
-          packed = true;
-        }
-        dp[r * S + s] = d;
-      }
-    }
-    if (packed && document_mask) p.env.doc_ids = doc;
-  } else {
-    pos = Tensor::empty({B, S}, DType::I64);
-    int64_t* pp = pos.data_as<int64_t>();
-    for (int64_t r = 0; r < B; ++r)
-      for (int64_t s = 0; s < S; ++s) pp[r * S + s] = s;
-  }
-  p.env.rope = cpu::rope_tables(pos, c.head_dim, c.rope_theta, bf16);
+  if (document_mask) p.env.doc_ids = batch_document_ids(b);
+  p.env.rope = cpu::rope_tables(batch_positions(b), c.head_dim, c.rope_theta, bf16);
   if (b.labels.defined()) p.targets = cpu::causal_lm_targets(b.labels, c.vocab_size);
   return p;
 }
@@ -173,9 +146,58 @@ double ce_divisor(const LossOptions& o, int64_t count) {
 
 }  // namespace
 
+void batch_validate(const Qwen3MoeConfig& c, const Batch& b) {
+  const Tensor& ids = b.input_ids;
+  if (!ids.defined() || ids.dtype() != DType::I64 || ids.ndim() != 2 || ids.dim(0) < 1 || ids.dim(1) < 1)
+    fail("batch: input_ids must be I64 [B, S] with B, S >= 1, found {}", ids.defined() ? ids.desc() : "none");
+  MT_CHECK(ids.device().is_cpu(), "batch: input_ids must be on the CPU, found {}", ids.device().str());
+  const int64_t B = ids.dim(0), S = ids.dim(1);
+  auto check_like = [&](const Tensor& t, const char* name) {
+    if (t.defined() && (t.dtype() != DType::I64 || t.shape() != ids.shape() || !t.device().is_cpu()))
+      fail("batch: {} must be I64 {} like input_ids on the CPU, found {}", name, shape_str(ids.shape()), t.desc());
+  };
+  check_like(b.labels, "labels");
+  check_like(b.position_ids, "position_ids");
+  const int64_t* ip = ids.data_as<int64_t>();
+  for (int64_t i = 0; i < B * S; ++i)
+    if (ip[i] < 0 || ip[i] >= c.vocab_size)
+      fail("batch: input_ids[{}, {}] = {} is outside the vocabulary [0, {})", i / S, i % S, ip[i], c.vocab_size);
+}
+
+Tensor batch_positions(const Batch& b) {
+  if (b.position_ids.defined()) return b.position_ids;
+  const int64_t B = b.input_ids.dim(0), S = b.input_ids.dim(1);
+  Tensor pos = Tensor::empty({B, S}, DType::I64);
+  int64_t* pp = pos.data_as<int64_t>();
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t s = 0; s < S; ++s) pp[r * S + s] = s;
+  return pos;
+}
+
+Tensor batch_document_ids(const Batch& b) {
+  if (!b.position_ids.defined()) return Tensor();
+  const int64_t B = b.position_ids.dim(0), S = b.position_ids.dim(1);
+  // Packed documents: a break wherever the position does not step by exactly 1.
+  const int64_t* pp = b.position_ids.data_as<int64_t>();
+  bool packed = false;
+  Tensor doc = Tensor::empty({B, S}, DType::I32);
+  int32_t* dp = doc.data_as<int32_t>();
+  for (int64_t r = 0; r < B; ++r) {
+    int32_t d = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      if (s > 0 && pp[r * S + s] - pp[r * S + s - 1] != 1) {
+        ++d;
+        packed = true;
+      }
+      dp[r * S + s] = d;
+    }
+  }
+  return packed ? doc : Tensor();
+}
+
 Qwen3MoeModel::Qwen3MoeModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, const ModelOptions& opts)
     : cfg_(cfg), w_(weights), opts_(opts) {
-  check_config(cfg_);
+  model_config_check(cfg_);
   if (!w_.embed.defined()) fail("parameter model.embed_tokens.weight is missing");
   const DType dt = w_.embed.dtype();
   if (dt != DType::F32 && dt != DType::BF16)

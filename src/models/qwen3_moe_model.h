@@ -17,6 +17,21 @@ struct Batch {
                         // wherever a position is not the previous one + 1 (HF find_packed_sequence_indices).
 };
 
+// Throws on a config the model cannot run (head counts, sizes, attention_bias).
+void model_config_check(const Qwen3MoeConfig& cfg);
+// Checks every parameter's presence, shape, dtype and device against cfg; `what` ("parameter",
+// "gradient") names the tensors in the error.
+void weights_check(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& w, const char* what, DType dtype, Device device);
+
+// Checks input_ids (I64 [B, S], ids inside the vocabulary), labels and position_ids (like input_ids);
+// throws a one-line mt::Error naming the field.
+void batch_validate(const Qwen3MoeConfig& cfg, const Batch& b);
+// position_ids, or 0..S-1 per row when undefined.
+Tensor batch_positions(const Batch& b);
+// I32 [B, S] document index per token when position_ids restart inside a row (packed documents), else
+// undefined (every row is one causal sequence).
+Tensor batch_document_ids(const Batch& b);
+
 struct LossOptions {
   double ce_divisor = 0;  // > 0: CE sum / ce_divisor (Trainer's num_items_in_batch); else mean over valid tokens
 };

@@ -46,35 +46,35 @@ void parameters_visit(W& w, F&& f) {
 bool name_is_norm(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
 
 // Every parameter allocated (uninitialised) with the shapes `cfg` implies.
-Qwen3MoeWeights weights_alloc(const Qwen3MoeConfig& cfg, DType dtype) {
+Qwen3MoeWeights weights_alloc(const Qwen3MoeConfig& cfg, DType dtype, Device device = Device::cpu()) {
   const int64_t H = cfg.hidden_size, V = cfg.vocab_size, D = cfg.head_dim;
   const int64_t nq = cfg.num_attention_heads * D, nkv = cfg.num_key_value_heads * D;
   const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, F = cfg.intermediate_size;
   Qwen3MoeWeights w;
-  w.embed = Tensor::empty({V, H}, dtype);
+  w.embed = Tensor::empty({V, H}, dtype, device);
   w.layers.resize(static_cast<size_t>(cfg.num_hidden_layers));
   for (size_t l = 0; l < w.layers.size(); ++l) {
     Qwen3MoeLayerWeights& L = w.layers[l];
-    L.input_norm = Tensor::empty({H}, dtype);
-    L.q_proj = Tensor::empty({nq, H}, dtype);
-    L.k_proj = Tensor::empty({nkv, H}, dtype);
-    L.v_proj = Tensor::empty({nkv, H}, dtype);
-    L.o_proj = Tensor::empty({H, nq}, dtype);
-    L.q_norm = Tensor::empty({D}, dtype);
-    L.k_norm = Tensor::empty({D}, dtype);
-    L.post_norm = Tensor::empty({H}, dtype);
+    L.input_norm = Tensor::empty({H}, dtype, device);
+    L.q_proj = Tensor::empty({nq, H}, dtype, device);
+    L.k_proj = Tensor::empty({nkv, H}, dtype, device);
+    L.v_proj = Tensor::empty({nkv, H}, dtype, device);
+    L.o_proj = Tensor::empty({H, nq}, dtype, device);
+    L.q_norm = Tensor::empty({D}, dtype, device);
+    L.k_norm = Tensor::empty({D}, dtype, device);
+    L.post_norm = Tensor::empty({H}, dtype, device);
     if (cfg.is_moe_layer(static_cast<int64_t>(l))) {
-      L.router = Tensor::empty({E, H}, dtype);
-      L.experts_gate_up = Tensor::empty({E, 2 * I, H}, dtype);
-      L.experts_down = Tensor::empty({E, H, I}, dtype);
+      L.router = Tensor::empty({E, H}, dtype, device);
+      L.experts_gate_up = Tensor::empty({E, 2 * I, H}, dtype, device);
+      L.experts_down = Tensor::empty({E, H, I}, dtype, device);
     } else {
-      L.mlp_gate = Tensor::empty({F, H}, dtype);
-      L.mlp_up = Tensor::empty({F, H}, dtype);
-      L.mlp_down = Tensor::empty({H, F}, dtype);
+      L.mlp_gate = Tensor::empty({F, H}, dtype, device);
+      L.mlp_up = Tensor::empty({F, H}, dtype, device);
+      L.mlp_down = Tensor::empty({H, F}, dtype, device);
     }
   }
-  w.final_norm = Tensor::empty({H}, dtype);
-  if (!cfg.tie_word_embeddings) w.lm_head = Tensor::empty({V, H}, dtype);
+  w.final_norm = Tensor::empty({H}, dtype, device);
+  if (!cfg.tie_word_embeddings) w.lm_head = Tensor::empty({V, H}, dtype, device);
   return w;
 }
 
@@ -101,6 +101,11 @@ std::vector<std::pair<std::string, const Tensor*>> Qwen3MoeWeights::named_parame
   std::vector<std::pair<std::string, const Tensor*>> r;
   parameters_visit(*this, [&](const std::string& n, const Tensor& t) { r.emplace_back(n, &t); });
   return r;
+}
+
+Qwen3MoeWeights Qwen3MoeWeights::empty_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device) {
+  check_param_dtype(dtype, "empty_like_config");
+  return weights_alloc(cfg, dtype, device);
 }
 
 Qwen3MoeWeights Qwen3MoeWeights::zeros_like_config(const Qwen3MoeConfig& cfg, DType dtype) {

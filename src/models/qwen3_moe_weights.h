@@ -49,6 +49,8 @@ struct Qwen3MoeWeights {
 
   // Tensors shaped like the parameters for `cfg`, zero-filled, of `dtype` (gradient buffers, moments).
   static Qwen3MoeWeights zeros_like_config(const Qwen3MoeConfig& cfg, DType dtype);
+  // Uninitialised tensors shaped like the parameters, on `device` (device buffers for the CUDA path).
+  static Qwen3MoeWeights empty_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device);
   // Seeded random init as Transformers does: normal(0, initializer_range) for linear, embedding,
   // router and expert weights; ones for every RMSNorm weight.
   static Qwen3MoeWeights random_init(const Qwen3MoeConfig& cfg, DType dtype, uint64_t seed);

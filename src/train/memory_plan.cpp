@@ -139,12 +139,11 @@ wide layer_backward_peak_bytes(const Dims& d, bool moe, Recompute r) {
   return rematerialised + attention_backward_bytes(d) + (moe ? moe_backward_bytes(d) : dense_backward_bytes(d));
 }
 
-// Fused LM head + cross-entropy: one logits chunk of min(1024, T) rows counted in fp32 twice (logits
-// and their gradient; the kernel writes the gradient in place in the model dtype, so this is an upper
-// bound), the per-row loss (f32) and dx.
+// Fused LM head + cross-entropy (kernels/cuda/linear_cross_entropy.cu): one bf16 logits chunk of
+// min(1024, T) rows (the gradient is written over it in place), the per-row loss (f32) and dx.
 wide head_loss_bytes(const Dims& d) {
   wide rows = std::min<wide>(kLossChunkRows, d.T);
-  return 2 * rows * d.V * kF32 + d.T * kF32 + d.T * d.H * kBf16;
+  return rows * d.V * kBf16 + d.T * kF32 + d.T * d.H * kBf16;
 }
 
 int64_t clamp64(wide v) {
@@ -179,13 +178,15 @@ MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, int64_t t
   MemoryPlan p;
   p.param_count = clamp64(count);
   p.params = clamp64(count * kBf16);
-  p.grads = clamp64(count * kF32);
+  const wide expert_count = layers.moe * (moe_param_count(d) - d.E * d.H /*router*/);
+  const wide grad_bytes = count * kF32 - (in.bf16_expert_grads ? expert_count * (kF32 - kBf16) : 0);
+  p.grads = clamp64(grad_bytes);
   p.optimizer = clamp64(count * (2 * moment_bytes + (master ? kF32 : 0)));
   p.activations_saved = clamp64(saved);
   p.activations_transient = clamp64(transient);
   p.activations = clamp64(saved + transient);
   p.workspace = kCublasWorkspaceBytes + kAllocatorSlackBytes;
-  p.total = clamp64(count * kBf16 + count * kF32 + count * (2 * moment_bytes + (master ? kF32 : 0)) + saved +
+  p.total = clamp64(count * kBf16 + grad_bytes + count * (2 * moment_bytes + (master ? kF32 : 0)) + saved +
                     transient + p.workspace);
   p.available = in.device_bytes - in.reserve_bytes;
   p.fits = p.total <= p.available;
@@ -266,6 +267,7 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   p.recompute = in.recompute;
   p.fp32_master = in.fp32_master;
   p.bf16_moments = in.bf16_moments;
+  p.bf16_expert_grads = in.bf16_expert_grads;
   p.full_recompute_fits = plan_bytes(in, layers, in.micro_batch * in.seq, Recompute::full, in.fp32_master).fits;
   p.no_master_fits = plan_bytes(in, layers, in.micro_batch * in.seq, in.recompute, false).fits;
 
@@ -287,7 +289,7 @@ std::string MemoryPlan::table() const {
     t += fmt::format("  {:<12} {:<34} {:>9.2f} GiB\n", name, what, gib(bytes));
   };
   row("parameters", "bf16", params);
-  row("gradients", "fp32", grads);
+  row("gradients", bf16_expert_grads ? "fp32, experts bf16" : "fp32", grads);
   row("optimizer", optimizer_desc(*this), optimizer);
   row("activations",
       fmt::format("saved {:.2f} + peak transient {:.2f}", gib(activations_saved), gib(activations_transient)),

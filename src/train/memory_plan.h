@@ -24,6 +24,7 @@ struct MemoryPlanInput {
   Recompute recompute = Recompute::selective;
   bool fp32_master = true;    // optimizer keeps fp32 master copies of the bf16 params
   bool bf16_moments = false;  // AdamW moments in bf16 (else fp32)
+  bool bf16_expert_grads = false;  // stacked expert-weight gradients in bf16 (else fp32, as every other gradient)
   int64_t device_bytes = 0;   // total memory of the GPU (cudaMemGetInfo total)
   int64_t reserve_bytes = 0;  // kept free for the CUDA context / fragmentation (caller picks, e.g. 1.5 GiB + 3%)
 };
@@ -42,7 +43,7 @@ struct MemoryPlan {
   int64_t param_count = 0, layers = 0, moe_layers = 0;
   int64_t micro_batch = 0, seq = 0, device_bytes = 0, reserve_bytes = 0;
   Recompute recompute = Recompute::selective;
-  bool fp32_master = true, bf16_moments = false;
+  bool fp32_master = true, bf16_moments = false, bf16_expert_grads = false;
   bool full_recompute_fits = false;  // the same request with recompute = full fits
   bool no_master_fits = false;       // the same request without fp32 master weights fits
 

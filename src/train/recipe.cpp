@@ -24,8 +24,9 @@ const std::vector<Section>& recipe_schema() {
       {"model", {"path", "dtype"}},
       {"data", {"train", "eval", "seq_len", "pack", "truncation", "skip_bad_lines", "tokenizer"}},
       {"train", {"micro_batch_size", "grad_accum", "max_steps", "epochs", "seed", "device", "eval_every",
-                 "log_every", "max_nonfinite_steps"}},
-      {"optimizer", {"name", "lr", "betas", "eps", "weight_decay", "master_weights", "decay_norms_and_biases"}},
+                 "log_every", "max_nonfinite_steps", "recompute"}},
+      {"optimizer", {"name", "lr", "betas", "eps", "weight_decay", "master_weights", "moment_dtype", "expert_grad_dtype",
+                     "decay_norms_and_biases"}},
       {"schedule", {"name", "warmup_steps", "min_lr_ratio"}},
       {"clip", {"max_grad_norm"}},
       {"checkpoint", {"dir", "every_steps", "keep_last"}},
@@ -230,6 +231,7 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
   rc.train.eval_every = r.integer("train", "eval_every", rc.train.eval_every, 0);
   rc.train.log_every = r.integer("train", "log_every", rc.train.log_every, 1);
   rc.train.max_nonfinite_steps = r.integer("train", "max_nonfinite_steps", rc.train.max_nonfinite_steps, 1);
+  rc.train.recompute = r.choice("train", "recompute", rc.train.recompute, {"none", "selective", "full"});
 
   rc.optimizer.name = r.choice("optimizer", "name", rc.optimizer.name, {"adamw"});
   rc.optimizer.lr = r.real("optimizer", "lr", rc.optimizer.lr, 0, true, kInf, true, "must be a number > 0");
@@ -244,6 +246,10 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
       r.real("optimizer", "weight_decay", rc.optimizer.weight_decay, 0, false, kInf, true, "must be a number >= 0");
   rc.optimizer.master_weights =
       r.choice("optimizer", "master_weights", rc.optimizer.master_weights, {"float32", "none"});
+  rc.optimizer.moment_dtype =
+      r.choice("optimizer", "moment_dtype", rc.optimizer.moment_dtype, {"float32", "bfloat16"});
+  rc.optimizer.expert_grad_dtype =
+      r.choice("optimizer", "expert_grad_dtype", rc.optimizer.expert_grad_dtype, {"float32", "bfloat16"});
   rc.optimizer.decay_norms_and_biases =
       r.boolean("optimizer", "decay_norms_and_biases", rc.optimizer.decay_norms_and_biases);
 

@@ -32,6 +32,9 @@ struct RecipeTrain {
   int64_t eval_every = 0;       // 0 = never
   int64_t log_every = 1;        // progress lines (not a TTY) every N steps; metrics.jsonl gets every step
   int64_t max_nonfinite_steps = 5;  // consecutive NaN/Inf steps (skipped) before training stops
+  // CUDA activation memory: none | selective (recompute norms, RoPE, expert gathers, SwiGLU in the
+  // backward) | full (keep only each layer's input, rerun the layer before its backward).
+  std::string recompute = "selective";
 };
 
 struct RecipeOptimizer {
@@ -41,6 +44,10 @@ struct RecipeOptimizer {
   double eps = 1e-8;
   double weight_decay = 0.0;
   std::string master_weights = "float32";  // float32 | none
+  std::string moment_dtype = "float32";    // float32 | bfloat16 (CUDA only: half the moment memory)
+  // float32 | bfloat16 (CUDA only): expert-weight gradients accumulated in bf16, as Transformers does with
+  // bf16 parameters; halves the largest gradient buffers. The other gradients stay float32.
+  std::string expert_grad_dtype = "float32";
   // false: HF Trainer's rule (no decay for norm weights and biases); true: decay every parameter, as
   // torch.optim.AdamW(model.parameters()) does.
   bool decay_norms_and_biases = false;

@@ -67,13 +67,19 @@ void prune(const fs::path& run_dir, const std::string& keep_name, int64_t keep_l
 
 std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& model, AdamW& optimizer,
                                   const TrainerState& state, int64_t keep_last) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [n, t] : optimizer.named_state()) tensors.emplace_back(n, *t);
+  return train_checkpoint_save(run_dir, model, tensors, state, keep_last);
+}
+
+std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& model,
+                                  const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                  const TrainerState& state, int64_t keep_last) {
   const std::string name = checkpoint_name(state.step);
   const fs::path final_dir = fs::path(run_dir) / name;
   {
     AtomicDirWriter out(final_dir.string());
     model.write_pretrained_files(out.path());
-    std::vector<std::pair<std::string, Tensor>> tensors;
-    for (auto& [n, t] : optimizer.named_state()) tensors.emplace_back(n, *t);
     safetensors_write((fs::path(out.path()) / "optimizer.safetensors").string(), tensors,
                       {{"format", "mixtune-adamw"}});
     nlohmann::ordered_json j;
@@ -136,15 +142,19 @@ TrainerState train_state_read(const std::string& checkpoint_dir) {
 }
 
 void optimizer_state_read(const std::string& checkpoint_dir, AdamW& optimizer) {
+  optimizer_state_read(checkpoint_dir, optimizer.named_state());
+}
+
+void optimizer_state_read(const std::string& checkpoint_dir,
+                          const std::vector<std::pair<std::string, Tensor*>>& state) {
   const std::string path = (fs::path(checkpoint_dir) / "optimizer.safetensors").string();
   SafetensorsFile f = SafetensorsFile::open(path);
-  auto state = optimizer.named_state();
   for (auto& [name, dst] : state) {
     if (!f.has(name)) fail("{}: tensor '{}' is missing", path, name);
     const SafetensorsInfo& info = f.info(name);
-    if (info.dtype != DType::F32 || info.shape != dst->shape())
-      fail("{}: tensor '{}' is {} {} (expected F32 {})", path, name, dtype_safetensors_name(info.dtype),
-           shape_str(info.shape), shape_str(dst->shape()));
+    if (info.dtype != dst->dtype() || info.shape != dst->shape())
+      fail("{}: tensor '{}' is {} {} (expected {} {})", path, name, dtype_safetensors_name(info.dtype),
+           shape_str(info.shape), dtype_safetensors_name(dst->dtype()), shape_str(dst->shape()));
     // memcpy: the mapped bytes need not be aligned for float loads.
     const Tensor src = f.tensor(name);
     std::memcpy(dst->data(), src.data(), dst->nbytes());

@@ -6,6 +6,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +28,10 @@ struct TrainerState {
 
 // Saves checkpoint-<step>, moves `latest` to it, then removes the oldest checkpoint-* directories
 // beyond keep_last (never the one `latest` names). Returns the checkpoint directory.
+// optimizer_state: host tensors named "<param>.exp_avg" etc. (TrainEngine::optimizer_state_host).
+std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& model,
+                                  const std::vector<std::pair<std::string, Tensor>>& optimizer_state,
+                                  const TrainerState& state, int64_t keep_last);
 std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& model, AdamW& optimizer,
                                   const TrainerState& state, int64_t keep_last);
 
@@ -34,7 +40,8 @@ std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& mo
 std::string train_checkpoint_latest(const std::string& run_dir);
 
 TrainerState train_state_read(const std::string& checkpoint_dir);
-// Copies optimizer.safetensors into the optimizer's state (every name, shape and dtype checked).
+// Copies optimizer.safetensors into `state` (host tensors; every name, shape and dtype checked).
+void optimizer_state_read(const std::string& checkpoint_dir, const std::vector<std::pair<std::string, Tensor*>>& state);
 void optimizer_state_read(const std::string& checkpoint_dir, AdamW& optimizer);
 
 }  // namespace mt

@@ -21,12 +21,11 @@
 #include "io/hf_cache.h"
 #include "models/causal_lm.h"
 #include "models/qwen3_moe_model.h"
-#include "train/adamw.h"
-#include "train/grad_clip.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
 #include "train/progress.h"
 #include "train/train_checkpoint.h"
+#include "train/train_engine.h"
 
 namespace fs = std::filesystem;
 
@@ -85,7 +84,7 @@ struct EvalResult {
 };
 
 // Token-weighted CE over the whole eval set (no shuffling, one pass), and the mean aux loss per batch.
-EvalResult evaluate(Qwen3MoeModel& model, const Dataset& data, LoaderOptions lo) {
+EvalResult evaluate(TrainEngine& engine, const Dataset& data, LoaderOptions lo) {
   lo.shuffle = false;
   lo.epochs = 1;
   DataLoader loader(data, lo);
@@ -94,12 +93,10 @@ EvalResult evaluate(Qwen3MoeModel& model, const Dataset& data, LoaderOptions lo)
   double ce_sum = 0, aux_sum = 0;
   int64_t batches = 0;
   while (loader.next(mb)) {
-    LossOptions o;
-    o.ce_divisor = 1;  // ce_loss = the CE sum of this batch
-    ForwardResult f = model.forward(batch_of(mb), false, o);
-    ce_sum += f.ce_loss;
-    aux_sum += f.aux_loss;
-    r.tokens += f.tokens;
+    const EngineEval e = engine.eval(batch_of(mb));
+    ce_sum += e.ce_sum;
+    aux_sum += e.aux_loss;
+    r.tokens += e.tokens;
     ++batches;
   }
   r.ce_loss = r.tokens > 0 ? ce_sum / static_cast<double>(r.tokens) : 0;
@@ -119,10 +116,8 @@ std::string dataset_summary(const char* what, const DatasetOptions& o, const Dat
 }  // namespace
 
 FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
-  if (r.train.device.rfind("cuda", 0) == 0)
-    fail("train.device: '{}': this build trains on the CPU only (the CUDA training path is not built yet); use "
-         "auto or cpu",
-         r.train.device);
+  std::string device_why;
+  const int device = train_device_resolve(r, &device_why);
   const bool tty = o.progress_tty >= 0 ? o.progress_tty == 1 : isatty(fileno(o.log)) == 1;
   ProgressReporter progress(o.log, tty, r.train.log_every);
   const fs::path run_dir = r.checkpoint.dir;
@@ -193,26 +188,14 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
                             : std::max<int64_t>(1, (batches_per_epoch * r.train.epochs + r.train.grad_accum - 1) /
                                                        r.train.grad_accum);
 
-  Qwen3MoeModel model(cfg, lm.weights);
-  Qwen3MoeWeights grads = Qwen3MoeWeights::zeros_like_config(cfg, DType::F32);
-  std::vector<Tensor*> grad_list;
-  for (auto& [name, g] : grads.named_parameters()) grad_list.push_back(g);
-  std::vector<const Tensor*> grad_const(grad_list.begin(), grad_list.end());
-
-  AdamWOptions aopt;
-  aopt.lr = r.optimizer.lr;
-  aopt.beta1 = r.optimizer.beta1;
-  aopt.beta2 = r.optimizer.beta2;
-  aopt.eps = r.optimizer.eps;
-  aopt.weight_decay = r.optimizer.weight_decay;
-  aopt.master_weights = r.optimizer.master_weights == "float32";
-  std::function<bool(const std::string&)> decays;
-  if (!r.optimizer.decay_norms_and_biases) decays = adamw_hf_decays;
-  AdamW optimizer(lm.weights.named_parameters(), aopt, decays);
+  std::unique_ptr<TrainEngine> engine =
+      device < 0 ? cpu_engine_create(lm, r) : cuda_engine_hooks()->create(lm, r, device, o.log);
+  progress.message(fmt::format("device: {}{}", engine->device_name(),
+                               r.train.device == "auto" ? " (train.device auto: " + device_why + ")" : ""));
 
   if (!resume_dir.empty()) {
-    optimizer_state_read(resume_dir, optimizer);
-    optimizer.set_step_count(st.optimizer_steps);
+    engine->optimizer_state_load(resume_dir);
+    engine->set_optimizer_steps(st.optimizer_steps);
     loader.restore(st.loader);
     progress.message(fmt::format("resumed from {} at step {}", resume_dir, st.step));
   }
@@ -251,29 +234,17 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
       window_labels += mb.valid_labels;
       window_tokens += mb.input_ids.numel();
     }
-    for (Tensor* g : grad_list) std::memset(g->data(), 0, g->nbytes());
-    LossOptions lopts;
-    lopts.ce_divisor = static_cast<double>(std::max<int64_t>(1, window_labels));
-    double loss = 0, ce = 0, aux = 0;
-    for (const auto& mb : window) {
-      ForwardResult f = model.forward_backward(batch_of(mb), grads, lopts);
-      loss += f.loss;
-      ce += f.ce_loss;
-      aux += f.aux_loss;
-    }
-    aux /= static_cast<double>(window.size());
-    const double grad_norm = grad_global_norm(grad_list);
+    std::vector<Batch> batches;
+    for (const auto& mb : window) batches.push_back(batch_of(mb));
     const double lr = lr_at(sched, st.step);
-    const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
-    if (finite) {
-      grad_clip_to(grad_list, grad_norm, r.clip.max_grad_norm);
-      optimizer.step(grad_const, lr);
-      st.nonfinite_streak = 0;
-    } else {
-      ++st.nonfinite_streak;
-    }
+    // HF Trainer: the CE of every micro-batch is divided by the valid labels of the whole window.
+    const EngineStep es =
+        engine->step(batches, static_cast<double>(std::max<int64_t>(1, window_labels)), lr, r.clip.max_grad_norm);
+    const double loss = es.loss, ce = es.ce_loss, aux = es.aux_loss, grad_norm = es.grad_norm;
+    const bool finite = es.finite;
+    st.nonfinite_streak = finite ? 0 : st.nonfinite_streak + 1;
     ++st.step;
-    st.optimizer_steps = optimizer.step_count();
+    st.optimizer_steps = engine->optimizer_steps();
     st.loader = loader.position();
     st.tokens_seen += window_tokens;
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -293,7 +264,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
     rec["tokens"] = window_tokens;
     rec["trained_tokens"] = window_labels;
     rec["tokens_per_s"] = seconds > 0 ? static_cast<double>(window_tokens) / seconds : 0.0;
-    rec["peak_memory_bytes"] = memory_stats(Device::cpu()).peak_bytes;
+    rec["peak_memory_bytes"] = engine->peak_memory_bytes();
     rec["epoch"] = st.loader.epoch;
     if (!finite) rec["skipped"] = true;
 
@@ -317,7 +288,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
       }
     }
     if (eval_data && r.train.eval_every > 0 && st.step % r.train.eval_every == 0) {
-      const EvalResult e = evaluate(model, *eval_data, lopt);
+      const EvalResult e = evaluate(*engine, *eval_data, lopt);
       rec["eval_loss"] = e.ce_loss;
       rec["eval_aux_loss"] = e.aux_loss;
       rec["eval_tokens"] = e.tokens;
@@ -330,7 +301,9 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
     const bool stop = o.stop_requested && o.stop_requested();
     const bool periodic = r.checkpoint.every_steps > 0 && st.step % r.checkpoint.every_steps == 0;
     if ((periodic && st.step < total_steps) || stop) {
-      result.last_checkpoint = train_checkpoint_save(run_dir.string(), lm, optimizer, st, r.checkpoint.keep_last);
+      engine->weights_to_host();
+      result.last_checkpoint =
+          train_checkpoint_save(run_dir.string(), lm, engine->optimizer_state_host(), st, r.checkpoint.keep_last);
       last_saved_step = st.step;
       progress.message(fmt::format("checkpoint: {}", result.last_checkpoint));
     }
@@ -346,8 +319,10 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   result.steps = st.step;
   // The end state is also a resumable checkpoint when periodic checkpoints are on (a later --resume with a
   // larger max_steps continues from it).
+  engine->weights_to_host();
   if (r.checkpoint.every_steps > 0 && last_saved_step != st.step) {
-    result.last_checkpoint = train_checkpoint_save(run_dir.string(), lm, optimizer, st, r.checkpoint.keep_last);
+    result.last_checkpoint =
+        train_checkpoint_save(run_dir.string(), lm, engine->optimizer_state_host(), st, r.checkpoint.keep_last);
   }
   result.final_dir = (run_dir / "final").string();
   lm.save_pretrained(result.final_dir);

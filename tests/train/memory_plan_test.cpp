@@ -108,8 +108,9 @@ const int64_t kLayerBackward = sum({
     256 * 64 * 2,               // da
     2 * 256 * 64 * 2,           // two residual-gradient buffers
 });
-// LM head + loss: a chunk of min(1024, 256) rows x 512 logits in f32, twice; row loss f32; dx.
-const int64_t kHeadLoss = 2 * 256 * 512 * 4 + 256 * 4 + 256 * 64 * 2;
+// LM head + loss: a bf16 chunk of min(1024, 256) rows x 512 logits (gradient written in place); row loss
+// f32; dx.
+const int64_t kHeadLoss = 256 * 512 * 2 + 256 * 4 + 256 * 64 * 2;
 
 TEST(MemoryPlan, TinyParamsGradsOptimizerExact) {
   MemoryPlan p = memory_plan(tiny_input(Recompute::selective));
@@ -127,24 +128,30 @@ TEST(MemoryPlan, TinyParamsGradsOptimizerExact) {
   in.fp32_master = true;
   EXPECT_EQ(memory_plan(in).optimizer, kTinyParams * (2 + 2 + 4));
 
+  // bf16 expert gradients: the stacked expert weights (2 layers x (gate_up 8x64x64 + down 8x64x32)) at 2 bytes.
+  MemoryPlanInput bg = tiny_input(Recompute::selective);
+  bg.bf16_expert_grads = true;
+  EXPECT_EQ(memory_plan(bg).grads, kTinyParams * 4 - 2 * (8 * 2 * 32 * 64 + 8 * 64 * 32) * 2);
+
   in.cfg.tie_word_embeddings = true;  // no lm_head
   EXPECT_EQ(memory_plan(in).param_count, kTinyParams - 512 * 64);
 }
 
 TEST(MemoryPlan, TinyActivationsExactPerRecomputeMode) {
-  // none: head/loss transient (1,082,368) beats one layer's backward (698,368).
+  // none: one layer's backward (698,368) beats the head/loss transient (295,936).
   MemoryPlan none = memory_plan(tiny_input(Recompute::none));
   EXPECT_EQ(none.activations_saved, kModelSaved + 2 * kLayerNone);
   EXPECT_EQ(kLayerBackward, 698368);
-  EXPECT_EQ(none.activations_transient, kHeadLoss);
-  EXPECT_EQ(none.activations, 1136712 + 1082368);
+  EXPECT_EQ(kHeadLoss, 295936);
+  EXPECT_EQ(none.activations_transient, kLayerBackward);
+  EXPECT_EQ(none.activations, 1136712 + 698368);
 
-  // selective: the dropped tensors come back for one layer's backward; the head still dominates.
+  // selective: the dropped tensors come back for one layer's backward.
   MemoryPlan sel = memory_plan(tiny_input(Recompute::selective));
   EXPECT_EQ(sel.activations_saved, kModelSaved + 2 * kLayerKeptBySelective);
   EXPECT_EQ(kLayerDroppedBySelective + kLayerBackward, 911360);
-  EXPECT_EQ(sel.activations_transient, kHeadLoss);
-  EXPECT_EQ(sel.activations, 710728 + 1082368);
+  EXPECT_EQ(sel.activations_transient, 911360);
+  EXPECT_EQ(sel.activations, 710728 + 911360);
 
   // full: only x_in per layer; backward re-materialises the rest of one layer, which now dominates.
   MemoryPlan full = memory_plan(tiny_input(Recompute::full));
@@ -255,7 +262,7 @@ TEST(MemoryPlan, Qwen3_30B_A3B_TwelveLayerSliceRefusesFp32MasterAndMoments) {
   EXPECT_EQ(p.max_micro_batch, 0);
   EXPECT_EQ(p.max_seq, 0);
   std::string r = p.refusal();
-  EXPECT_EQ(r.rfind("does not fit: needs 141.14 GiB of 128.38 GiB available", 0), 0u) << r;
+  EXPECT_EQ(r.rfind("does not fit: needs 140.88 GiB of 128.38 GiB available", 0), 0u) << r;
   EXPECT_NE(r.find("no micro_batch fits at seq 4096; no seq fits at micro_batch 1"), std::string::npos) << r;
   EXPECT_EQ(r.find("train.recompute: full"), std::string::npos) << r;  // recompute cannot save this one
   EXPECT_NE(r.find("or set optimizer.master_weights: none"), std::string::npos) << r;

@@ -16,6 +16,7 @@
 #include "fixture_tensors.h"
 #include "models/causal_lm.h"
 #include "train/recipe.h"
+#include "train/train_engine.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -248,7 +249,7 @@ TEST(Trainer, RefusesToOverwriteOrMisresume) {
   }
 }
 
-TEST(Trainer, EvalLossAndCudaRefusal) {
+TEST(Trainer, EvalLossAndDeviceChoice) {
   io_test::ScratchDir dir;
   Quiet q;
   Recipe r = recipe_for(dir, "moe_gqa_aux",
@@ -261,8 +262,19 @@ TEST(Trainer, EvalLossAndCudaRefusal) {
   // Eval on the training data after training: below the first step's loss.
   EXPECT_LT(m[3]["eval_loss"].get<double>(), m[0]["ce_loss"].get<double>());
   EXPECT_EQ(m[1]["eval_tokens"].get<int64_t>(), 12);
-  Recipe cuda = recipe_for(dir, "moe_gqa_aux", {"train.device=cuda"});
-  EXPECT_THROW(finetune(cuda, q.options()), Error);
+  // train.device: cuda without a usable device (or without CUDA support) is refused with the reason.
+  const CudaEngineHooks* hooks = cuda_engine_hooks();
+  if (!hooks || hooks->device_count() == 0) {
+    Recipe cuda = recipe_for(dir, "moe_gqa_aux", {"train.device=cuda", "checkpoint.dir=" + dir.file("run2")});
+    try {
+      finetune(cuda, q.options());
+      FAIL() << "train.device: cuda accepted without a device";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_TRUE(m.find("no CUDA device") != std::string::npos || m.find("no CUDA support") != std::string::npos)
+          << m;
+    }
+  }
 }
 
 }  // namespace

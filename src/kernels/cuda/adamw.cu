@@ -52,6 +52,10 @@ __device__ inline bf16 bf16_stochastic(float v, uint32_t r) {
   return __ushort_as_bfloat16(static_cast<unsigned short>(bits >> 16));
 }
 
+// Elements per thread per pass: their loads are issued together (memory-level parallelism; the
+// kernel is bandwidth-bound), each keeps the coalesced stride-blockDim layout.
+constexpr int kAdamwIlp = 4;
+
 __global__ void adamw_kernel(AdamWLaunch L, AdamWScalars s, const float* __restrict__ clip) {
   const int64_t b = blockIdx.x;
   const int i = table_tensor(L.table, b);
@@ -60,43 +64,55 @@ __global__ void adamw_kernel(AdamWLaunch L, AdamWScalars s, const float* __restr
   const uint8_t f = L.flags[i];
   const float coef = clip ? *clip : 1.0f;
   const float decay_mul = L.decay_mul[i];
-  for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
-    float g = (f & kGradBf16) ? __bfloat162float(static_cast<const bf16*>(L.grad[i])[k])
-                              : static_cast<const float*>(L.grad[i])[k];
-    if (clip) g = __fmul_rn(g, coef);
-    float p;
-    if (f & kHasMaster) p = L.master[i][k];
-    else if (f & kParamBf16) p = __bfloat162float(static_cast<const bf16*>(L.param[i])[k]);
-    else p = static_cast<const float*>(L.param[i])[k];
-    float m, v;
-    if (s.moments_bf16) {
-      m = __bfloat162float(static_cast<const bf16*>(L.m[i])[k]);
-      v = __bfloat162float(static_cast<const bf16*>(L.v[i])[k]);
-    } else {
-      m = static_cast<const float*>(L.m[i])[k];
-      v = static_cast<const float*>(L.v[i])[k];
+  const int64_t stride = blockDim.x;
+  for (int64_t k0 = begin + threadIdx.x; k0 < end; k0 += stride * kAdamwIlp) {
+    float g[kAdamwIlp], p[kAdamwIlp], m[kAdamwIlp], v[kAdamwIlp];
+#pragma unroll
+    for (int u = 0; u < kAdamwIlp; ++u) {
+      const int64_t k = k0 + u * stride;
+      if (k >= end) break;
+      g[u] = (f & kGradBf16) ? __bfloat162float(static_cast<const bf16*>(L.grad[i])[k])
+                             : static_cast<const float*>(L.grad[i])[k];
+      if (f & kHasMaster) p[u] = L.master[i][k];
+      else if (f & kParamBf16) p[u] = __bfloat162float(static_cast<const bf16*>(L.param[i])[k]);
+      else p[u] = static_cast<const float*>(L.param[i])[k];
+      if (s.moments_bf16) {
+        m[u] = __bfloat162float(static_cast<const bf16*>(L.m[i])[k]);
+        v[u] = __bfloat162float(static_cast<const bf16*>(L.v[i])[k]);
+      } else {
+        m[u] = static_cast<const float*>(L.m[i])[k];
+        v[u] = static_cast<const float*>(L.v[i])[k];
+      }
     }
-    // torch's _single_tensor_adamw, op by op (no contraction into fma except inside lerp, as torch).
-    p = __fmul_rn(p, decay_mul);
-    m = lerp_torch(m, g, s.w1);
-    v = __fmul_rn(v, s.beta2);
-    v = __fadd_rn(v, __fmul_rn(__fmul_rn(s.one_minus_b2, g), g));
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bc2_sqrt), s.eps);
-    p = __fadd_rn(p, __fdiv_rn(__fmul_rn(s.neg_step, m), denom));
-    if (s.moments_bf16) {
-      static_cast<bf16*>(L.m[i])[k] = __float2bfloat16_rn(m);
-      static_cast<bf16*>(L.v[i])[k] = __float2bfloat16_rn(v);
-    } else {
-      static_cast<float*>(L.m[i])[k] = m;
-      static_cast<float*>(L.v[i])[k] = v;
-    }
-    if (f & kHasMaster) {
-      L.master[i][k] = p;
-      static_cast<bf16*>(L.param[i])[k] = __float2bfloat16_rn(p);
-    } else if (f & kParamBf16) {
-      static_cast<bf16*>(L.param[i])[k] = bf16_stochastic(p, hash32(s.seed ^ static_cast<uint64_t>(L.offset[i] + k)));
-    } else {
-      static_cast<float*>(L.param[i])[k] = p;
+#pragma unroll
+    for (int u = 0; u < kAdamwIlp; ++u) {
+      const int64_t k = k0 + u * stride;
+      if (k >= end) break;
+      float gu = g[u], pu = p[u], mu = m[u], vu = v[u];
+      if (clip) gu = __fmul_rn(gu, coef);
+      // torch's _single_tensor_adamw, op by op (no contraction into fma except inside lerp, as torch).
+      pu = __fmul_rn(pu, decay_mul);
+      mu = lerp_torch(mu, gu, s.w1);
+      vu = __fmul_rn(vu, s.beta2);
+      vu = __fadd_rn(vu, __fmul_rn(__fmul_rn(s.one_minus_b2, gu), gu));
+      const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vu), s.bc2_sqrt), s.eps);
+      pu = __fadd_rn(pu, __fdiv_rn(__fmul_rn(s.neg_step, mu), denom));
+      if (s.moments_bf16) {
+        static_cast<bf16*>(L.m[i])[k] = __float2bfloat16_rn(mu);
+        static_cast<bf16*>(L.v[i])[k] = __float2bfloat16_rn(vu);
+      } else {
+        static_cast<float*>(L.m[i])[k] = mu;
+        static_cast<float*>(L.v[i])[k] = vu;
+      }
+      if (f & kHasMaster) {
+        L.master[i][k] = pu;
+        static_cast<bf16*>(L.param[i])[k] = __float2bfloat16_rn(pu);
+      } else if (f & kParamBf16) {
+        static_cast<bf16*>(L.param[i])[k] =
+            bf16_stochastic(pu, hash32(s.seed ^ static_cast<uint64_t>(L.offset[i] + k)));
+      } else {
+        static_cast<float*>(L.param[i])[k] = pu;
+      }
     }
   }
 }

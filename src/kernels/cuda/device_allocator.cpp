@@ -23,8 +23,15 @@ size_t size_class(size_t n) {
   return (n + r - 1) / r * r;
 }
 
+// A miss while this much is cached (and unusable for the request) first returns the cache to the driver:
+// blocks are never split, so without it a training step's changing mix of sizes strands gigabytes
+// (reserved far above allocated). The release synchronises the device, which happens while the
+// allocation pattern is still being learned (the first steps); a steady step hits the cache.
+constexpr size_t kCacheReleaseBytes = size_t{2} << 30;
+
 struct DevicePool {
   std::multimap<size_t, void*> free_blocks;     // size -> block
+  size_t free_bytes = 0;                        // Σ sizes in free_blocks
   std::unordered_map<void*, size_t> in_use;     // block -> size
   AllocatorStats stats;
 };
@@ -66,6 +73,7 @@ void release_cached(int device, DevicePool& p) {
     p.stats.reserved_bytes -= static_cast<int64_t>(size);
   }
   p.free_blocks.clear();
+  p.free_bytes = 0;
 }
 
 void note_peaks(AllocatorStats& s) {
@@ -89,6 +97,7 @@ void* device_alloc(int device, size_t nbytes) {
     void* ptr = it->second;
     const size_t size = it->first;
     p.free_blocks.erase(it);
+    p.free_bytes -= size;
     p.in_use.emplace(ptr, size);
     p.stats.allocated_bytes += static_cast<int64_t>(size);
     p.stats.cache_hits++;
@@ -97,6 +106,10 @@ void* device_alloc(int device, size_t nbytes) {
   }
   void* ptr = nullptr;
   {
+    if (p.free_bytes > std::max(kCacheReleaseBytes, cls)) {
+      release_cached(device, p);
+      p.stats.cache_releases++;
+    }
     DeviceGuard g(device);
     cudaError_t e = cudaMalloc(&ptr, cls);
     if (e == cudaErrorMemoryAllocation && !p.free_blocks.empty()) {
@@ -128,6 +141,7 @@ void device_free(int device, void* ptr) {
   if (it == p.in_use.end()) return;  // not ours: ignore rather than corrupt the cache
   p.stats.allocated_bytes -= static_cast<int64_t>(it->second);
   p.free_blocks.emplace(it->second, ptr);
+  p.free_bytes += it->second;
   p.in_use.erase(it);
 }
 

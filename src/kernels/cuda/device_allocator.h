@@ -19,6 +19,7 @@ struct AllocatorStats {
   int64_t peak_reserved_bytes = 0;
   int64_t cuda_malloc_calls = 0;
   int64_t cache_hits = 0;
+  int64_t cache_releases = 0;        // times the cache was returned to the driver to satisfy a miss
 };
 
 // Raw interface (what Tensor storage uses). device_alloc throws mt::Error on out-of-memory after

@@ -39,6 +39,26 @@ void copy_async(Tensor& dst, const Tensor& src, cudaStream_t stream) {
   MT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream));
 }
 
+void copy_host_to_device(Tensor& dst, const Tensor& host) {
+  MT_CHECK(dst.shape() == host.shape() && dst.dtype() == host.dtype(), "copy {} into {}", host.desc(), dst.desc());
+  MT_CHECK(dst.device().is_cuda() && host.device().is_cpu(), "host-to-device copy from {} to {}",
+           host.device().str(), dst.device().str());
+  if (dst.nbytes() == 0) return;
+  DeviceContext& ctx = device_context(dst.device().index);
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), host.data(), dst.nbytes(), cudaMemcpyHostToDevice, ctx.stream));
+  stream_sync(ctx.stream);
+}
+
+void copy_device_to_host(Tensor& host, const Tensor& dev) {
+  MT_CHECK(dev.shape() == host.shape() && dev.dtype() == host.dtype(), "copy {} into {}", dev.desc(), host.desc());
+  MT_CHECK(dev.device().is_cuda() && host.device().is_cpu(), "device-to-host copy from {} to {}",
+           dev.device().str(), host.device().str());
+  if (dev.nbytes() == 0) return;
+  DeviceContext& ctx = device_context(dev.device().index);
+  MT_CUDA_CHECK(cudaMemcpyAsync(host.data(), dev.data(), dev.nbytes(), cudaMemcpyDeviceToHost, ctx.stream));
+  stream_sync(ctx.stream);
+}
+
 void fill_zero_async(Tensor& t, cudaStream_t stream) {
   MT_CHECK(t.device().is_cuda(), "fill_zero_async on {}", t.device().str());
   if (t.nbytes() == 0) return;

@@ -16,6 +16,9 @@ Tensor to_host(const Tensor& dev);
 
 // dst <- src on the device (same shape and dtype, both on one device), queued on `stream`.
 void copy_async(Tensor& dst, const Tensor& src, cudaStream_t stream);
+// Into an existing tensor (same shape and dtype), waiting for the copy: host -> device, device -> host.
+void copy_host_to_device(Tensor& dst, const Tensor& host);
+void copy_device_to_host(Tensor& host, const Tensor& dev);
 // Sets every byte of a device tensor to 0, queued on `stream`.
 void fill_zero_async(Tensor& t, cudaStream_t stream);
 

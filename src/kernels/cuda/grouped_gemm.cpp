@@ -60,10 +60,10 @@ void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets
   const int64_t N = dy.dim(0), Nout = dy.dim(1), K = x.dim(1), E = dw.dim(0);
   check_device_tensor(dy, "grouped gemm dy", DType::BF16, {N, Nout});
   check_device_tensor(x, "grouped gemm x", DType::BF16, {N, K});
-  check_device_tensor(dw, "grouped gemm dw", DType::F32, {E, Nout, K});
+  check_device_tensor2(dw, "grouped gemm dw", DType::F32, DType::BF16, {E, Nout, K});
   check_common("grouped gemm wgrad", offsets, E, Nout, K, {&dy, &x, &dw});
   DeviceContext& ctx = device_context(dy.device().index);
-  detail::grouped_gemm_wgrad_launch(dy.data(), x.data(), dw.data_as<float>(), offsets.data_as<int32_t>(),
+  detail::grouped_gemm_wgrad_launch(dy.data(), x.data(), dw.data(), dw.dtype() == DType::BF16, offsets.data_as<int32_t>(),
                                     static_cast<int>(E), static_cast<int>(Nout), static_cast<int>(K), accumulate,
                                     ctx.sm_count, stream);
 }

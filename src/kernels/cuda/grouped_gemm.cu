@@ -56,6 +56,7 @@ struct Problem {
   const int32_t* offsets;
   int E, M, N, K;  // Fwd/Dgrad: N, K (rows come from offsets). Wgrad: M, N (reduction rows from offsets)
   bool accumulate;
+  bool c_bf16;     // Wgrad: C is BF16 (the sum taken in fp32, rounded once per call) instead of F32
 };
 
 // Copies a rows x (chunks·8) tile into swizzled shared memory; rows >= row_lim or columns >= col_lim
@@ -255,17 +256,51 @@ __global__ void __launch_bounds__(THREADS,
           *reinterpret_cast<float2*>(sC + (r + 8) * LDS + c) = make_float2(acc[i][j][2], acc[i][j][3]);
         }
       __syncthreads();
-      float* C = static_cast<float*>(p.C) + static_cast<int64_t>(e) * p.c_stride;
-      for (int idx = tid; idx < BM * BN / 4; idx += THREADS) {
-        const int i = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
-        if (m0 + i < p.M && n0 + c < p.N) {
-          float4* dst = reinterpret_cast<float4*>(C + static_cast<int64_t>(m0 + i) * p.ldc + n0 + c);
-          float4 v = *reinterpret_cast<const float4*>(sC + i * LDS + c);
-          if (p.accumulate) {
-            const float4 o = *dst;
-            v.x += o.x, v.y += o.y, v.z += o.z, v.w += o.w;
+      // Read-add-write of the dW tile: the old values of EPI_BATCH 4-element groups are loaded before any
+      // is stored, so a thread waits for one round trip per batch instead of one per group (the tile
+      // epilogue is most of a wgrad block's time: its reduction is only an expert's few hundred rows).
+      constexpr int GROUPS = BM * BN / 4 / THREADS, EPI_BATCH = 8;
+      static_assert(GROUPS % EPI_BATCH == 0, "epilogue batches");
+#pragma unroll
+      for (int g0 = 0; g0 < GROUPS; g0 += EPI_BATCH) {
+        float4 old[EPI_BATCH];
+        int64_t at[EPI_BATCH];
+        bool ok[EPI_BATCH];
+#pragma unroll
+        for (int u = 0; u < EPI_BATCH; ++u) {
+          const int idx = (g0 + u) * THREADS + tid;
+          const int i = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
+          ok[u] = m0 + i < p.M && n0 + c < p.N;
+          at[u] = static_cast<int64_t>(e) * p.c_stride + static_cast<int64_t>(m0 + i) * p.ldc + n0 + c;
+          old[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (ok[u] && p.accumulate) {
+            if (p.c_bf16) {
+              // 4 bf16 = 8 bytes: N % 8 == 0 and 16-byte aligned rows keep this aligned.
+              const uint2 o = *reinterpret_cast<const uint2*>(static_cast<const bf16*>(p.C) + at[u]);
+              const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o.x));
+              const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o.y));
+              old[u] = make_float4(lo.x, lo.y, hi.x, hi.y);
+            } else {
+              old[u] = *reinterpret_cast<const float4*>(static_cast<const float*>(p.C) + at[u]);
+            }
           }
-          *dst = v;
+        }
+#pragma unroll
+        for (int u = 0; u < EPI_BATCH; ++u) {
+          if (!ok[u]) continue;
+          const int idx = (g0 + u) * THREADS + tid;
+          const int i = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
+          float4 v = *reinterpret_cast<const float4*>(sC + i * LDS + c);
+          v.x += old[u].x, v.y += old[u].y, v.z += old[u].z, v.w += old[u].w;
+          if (p.c_bf16) {
+            const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+            uint2 out;
+            out.x = *reinterpret_cast<const uint32_t*>(&lo);
+            out.y = *reinterpret_cast<const uint32_t*>(&hi);
+            *reinterpret_cast<uint2*>(static_cast<bf16*>(p.C) + at[u]) = out;
+          } else {
+            *reinterpret_cast<float4*>(static_cast<float*>(p.C) + at[u]) = v;
+          }
         }
       }
     }
@@ -308,6 +343,7 @@ void grouped_gemm_fwd_launch(const void* x, const void* w, void* y, const int32_
             0,
             N,
             K,
+            false,
             false};
   launch<Mode::Fwd>(p, (rows / BM + E) * ceil_div(N, BN), sm_count, stream);
 }
@@ -328,12 +364,13 @@ void grouped_gemm_dgrad_launch(const void* dy, const void* w, void* dx, const in
             0,
             K,
             J,
+            false,
             false};
   launch<Mode::Dgrad>(p, (rows / BM + E) * ceil_div(K, BN), sm_count, stream);
 }
 
-void grouped_gemm_wgrad_launch(const void* dy, const void* x, float* dw, const int32_t* offsets, int E, int M, int N,
-                               bool accumulate, int sm_count, cudaStream_t stream) {
+void grouped_gemm_wgrad_launch(const void* dy, const void* x, void* dw, bool dw_bf16, const int32_t* offsets, int E,
+                               int M, int N, bool accumulate, int sm_count, cudaStream_t stream) {
   // dW_e [M][N] (+)= Σ_r dY[r][m] · X[r][n].
   Problem p{static_cast<const bf16*>(dy),
             M,
@@ -348,7 +385,8 @@ void grouped_gemm_wgrad_launch(const void* dy, const void* x, float* dw, const i
             M,
             N,
             0,
-            accumulate};
+            accumulate,
+            dw_bf16};
   launch<Mode::Wgrad>(p, static_cast<int64_t>(E) * ceil_div(M, BM) * ceil_div(N, BN), sm_count, stream);
 }
 

@@ -5,7 +5,8 @@
 // Shapes (N = rows of the grouped layout, at least offsets[E]; rows past offsets[E] are not touched):
 //   forward  y  BF16 [N, Nout] = x BF16 [N, K] · w_eᵀ        w BF16 [E, Nout, K]  (nn.Linear layout)
 //   dgrad    dx BF16 [N, K]    = dy BF16 [N, Nout] · w_e
-//   wgrad    dw F32 [E, Nout, K] (+)= dy_eᵀ · x_e            (K-grouped: the reduction runs over expert e's rows)
+//   wgrad    dw F32|BF16 [E, Nout, K] (+)= dy_eᵀ · x_e       (K-grouped: the reduction runs over expert e's rows;
+//            a BF16 dw gets the fp32 sum of this call added to it and rounded once, as bf16 autograd does)
 // Requires Nout % 8 == 0, K % 8 == 0 and 16-byte aligned data (16-byte copies); offsets I32 [E + 1]
 // non-decreasing with offsets[0] = 0 and offsets[E] <= N (moe_plan makes them so; not re-checked on the host).
 // Every call is asynchronous on `stream`.

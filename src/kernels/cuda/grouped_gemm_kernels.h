@@ -14,7 +14,7 @@ void grouped_gemm_fwd_launch(const void* x, const void* w, void* y, const int32_
 void grouped_gemm_dgrad_launch(const void* dy, const void* w, void* dx, const int32_t* offsets, int E, int64_t rows,
                                int J, int K, int sm_count, cudaStream_t stream);
 // dw [E][M][N] (+)= dy_eᵀ · x_e, dy [rows][M], x [rows][N].
-void grouped_gemm_wgrad_launch(const void* dy, const void* x, float* dw, const int32_t* offsets, int E, int M, int N,
-                               bool accumulate, int sm_count, cudaStream_t stream);
+void grouped_gemm_wgrad_launch(const void* dy, const void* x, void* dw, bool dw_bf16, const int32_t* offsets, int E,
+                               int M, int N, bool accumulate, int sm_count, cudaStream_t stream);
 
 }  // namespace mt::cuda::detail

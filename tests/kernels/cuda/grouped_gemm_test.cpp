@@ -127,6 +127,15 @@ TEST(CudaGroupedGemm, ForwardDgradWgradMatchDoubleReference) {
     cuda::grouped_gemm_wgrad(test::device_from_host(dy, DType::BF16), test::device_from_host(x, DType::BF16), offsets,
                              dw2, true, stream0());
     test::expect_norm(test::device_floats(dw2), want_acc, 1e-5, 1e-5, "wgrad (accumulate)");
+    // BF16 dw (pure-bf16 gradients): the fp32 sum plus the bf16 start, rounded once: within one bf16
+    // rounding (2^-9 relative) of the exact value.
+    Tensor start16 = test::host_random({E, Nout, K}, 14, 1.0f, /*bf16_values=*/true);
+    std::vector<float> s16 = start16.to_floats(), want16(want_dw.size());
+    for (size_t i = 0; i < want_dw.size(); ++i) want16[i] = want_dw[i] + s16[i];
+    Tensor dw3 = test::device_from_host(start16, DType::BF16);
+    cuda::grouped_gemm_wgrad(test::device_from_host(dy, DType::BF16), test::device_from_host(x, DType::BF16), offsets,
+                             dw3, true, stream0());
+    test::expect_norm(test::device_floats(dw3), want16, 4e-3, 3e-3, "wgrad (bf16 accumulate)");
   }
 }
 

@@ -1,0 +1,45 @@
+#include "kernels/cuda/phase_timer.h"
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace mt::cuda {
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::attention: return "attention";
+    case Phase::experts: return "experts";
+    case Phase::dispatch: return "dispatch";
+    case Phase::head_loss: return "head_loss";
+    case Phase::optimizer: return "optimizer";
+    case Phase::other: return "other";
+  }
+  return "other";
+}
+
+PhaseTimer::~PhaseTimer() {
+  for (cudaEvent_t e : pool_) cudaEventDestroy(e);
+}
+
+void PhaseTimer::mark(Phase p, cudaStream_t stream) {
+  if (!enabled_) return;
+  if (used_ == pool_.size()) {
+    cudaEvent_t e;
+    MT_CUDA_CHECK(cudaEventCreate(&e));
+    pool_.push_back(e);
+    phases_.push_back(p);
+  }
+  phases_[used_] = p;
+  MT_CUDA_CHECK(cudaEventRecord(pool_[used_], stream));
+  ++used_;
+}
+
+void PhaseTimer::collect() {
+  for (size_t i = 0; i + 1 < used_; ++i) {
+    float ms = 0;
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, pool_[i], pool_[i + 1]));
+    totals_[static_cast<int>(phases_[i])] += ms;
+  }
+  used_ = 0;
+}
+
+}  // namespace mt::cuda

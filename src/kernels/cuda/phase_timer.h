@@ -1,0 +1,41 @@
+// Per-phase GPU time of a training step, measured with CUDA events recorded on the compute stream
+// (no host sync while recording; read once after the step's sync). Disabled timers record nothing.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <vector>
+
+namespace mt::cuda {
+
+enum class Phase { attention, experts, dispatch, head_loss, optimizer, other };
+constexpr int kPhaseCount = 6;
+const char* phase_name(Phase p);
+
+class PhaseTimer {
+ public:
+  PhaseTimer() = default;
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+  ~PhaseTimer();
+
+  void enable(bool on) { enabled_ = on; }
+  bool enabled() const { return enabled_; }
+  // From now on (in stream order) GPU time counts towards `p`.
+  void mark(Phase p, cudaStream_t stream);
+  // Adds the time between consecutive marks to their phases and forgets the marks. The stream must
+  // have passed the last mark (call after a sync). The interval after the last mark is not counted:
+  // end a measured region with mark(Phase::other, ...).
+  void collect();
+  const std::array<double, kPhaseCount>& totals_ms() const { return totals_; }
+  void reset_totals() { totals_.fill(0.0); }
+
+ private:
+  bool enabled_ = false;
+  std::vector<cudaEvent_t> pool_;
+  std::vector<Phase> phases_;  // phases_[i] starts at pool_[i]
+  size_t used_ = 0;
+  std::array<double, kPhaseCount> totals_{};
+};
+
+}  // namespace mt::cuda

@@ -1,0 +1,106 @@
+#include "layers/cuda/attention_block_cuda.h"
+
+#include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
+
+namespace mt {
+
+namespace {
+
+cuda::FlashAttentionShape flash_shape(const CudaBlockEnv& env) {
+  const Qwen3MoeConfig& c = *env.cfg;
+  return {env.tokens(), c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+}
+
+// x [T, heads·D] -> rope(rms_norm over each head's D values)
+Tensor norm_rope(const CudaBlockEnv& env, const Tensor& x, const Tensor& norm_w, int64_t heads) {
+  const int64_t T = env.tokens(), D = env.cfg->head_dim;
+  Tensor n = env.bf16({T * heads, D});
+  cuda::rmsnorm_forward(x.view({T * heads, D}), norm_w, env.eps(), n, nullptr, env.stream);
+  cuda::rope_forward(n, env.batch->rope_cos, env.batch->rope_sin, n, env.stream);  // in place
+  return n.view({T, heads * D});
+}
+
+}  // namespace
+
+Tensor attention_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& a,
+                                    AttentionActsCuda& acts) {
+  const Qwen3MoeConfig& c = *env.cfg;
+  const int64_t T = env.tokens(), D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  env.phase(cuda::Phase::attention);
+  acts.a = a;
+  acts.q = env.bf16({T, Hq * D});
+  acts.k = env.bf16({T, Hkv * D});
+  acts.v = env.bf16({T, Hkv * D});
+  cuda::linear_forward(a, w.q_proj, acts.q, env.stream);
+  cuda::linear_forward(a, w.k_proj, acts.k, env.stream);
+  cuda::linear_forward(a, w.v_proj, acts.v, env.stream);
+  acts.qr = norm_rope(env, acts.q, w.q_norm, Hq);
+  acts.kr = norm_rope(env, acts.k, w.k_norm, Hkv);
+  acts.o = env.bf16({T, Hq * D});
+  acts.lse = Tensor();
+  cuda::flash_attention_forward(flash_shape(env), acts.qr, acts.kr, acts.v, env.batch->docs, acts.o, acts.lse,
+                                env.stream);
+  Tensor y = env.bf16({T, c.hidden_size});
+  cuda::linear_forward(acts.o, w.o_proj, y, env.stream);
+  return y;
+}
+
+void attention_acts_drop_cheap(AttentionActsCuda& acts) {
+  acts.a = Tensor();
+  acts.qr = Tensor();
+  acts.kr = Tensor();
+}
+
+void attention_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x,
+                            AttentionActsCuda& acts) {
+  const Qwen3MoeConfig& c = *env.cfg;
+  env.phase(cuda::Phase::attention);
+  if (!acts.a.defined()) {
+    acts.a = env.bf16({env.tokens(), c.hidden_size});
+    cuda::rmsnorm_forward(x, w.input_norm, env.eps(), acts.a, nullptr, env.stream);
+  }
+  if (!acts.qr.defined()) acts.qr = norm_rope(env, acts.q, w.q_norm, c.num_attention_heads);
+  if (!acts.kr.defined()) acts.kr = norm_rope(env, acts.k, w.k_norm, c.num_key_value_heads);
+}
+
+Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w,
+                                     const AttentionActsCuda& acts, const Tensor& dy, Qwen3MoeLayerWeights& g) {
+  const Qwen3MoeConfig& c = *env.cfg;
+  const int64_t T = env.tokens(), D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  env.phase(cuda::Phase::attention);
+  Tensor d_o = env.bf16({T, Hq * D});
+  cuda::linear_backward_input(dy, w.o_proj, d_o, env.stream);
+  cuda::linear_backward_weight(dy, acts.o, g.o_proj, env.stream);
+
+  Tensor dqr, dkr, dv;
+  cuda::flash_attention_backward(flash_shape(env), d_o, acts.qr, acts.kr, acts.v, acts.o, acts.lse, env.batch->docs,
+                                 dqr, dkr, dv, env.stream);
+  d_o = Tensor();
+
+  // Through RoPE (in place: the rotation's transpose) and the QK-norm, back to the projections.
+  auto unrope_unnorm = [&](Tensor& dr, const Tensor& pre_norm, const Tensor& norm_w, Tensor& dnorm_w, int64_t heads) {
+    cuda::rope_backward(dr.view({T, heads, D}), env.batch->rope_cos, env.batch->rope_sin, dr, env.stream);
+    Tensor dpre = env.bf16({T, heads * D});
+    cuda::rmsnorm_backward(dr.view({T * heads, D}), pre_norm.view({T * heads, D}), norm_w, env.eps(), dpre, dnorm_w,
+                           nullptr, env.stream);
+    return dpre;
+  };
+  Tensor dq = unrope_unnorm(dqr, acts.q, w.q_norm, g.q_norm, Hq);
+  dqr = Tensor();
+  Tensor dk = unrope_unnorm(dkr, acts.k, w.k_norm, g.k_norm, Hkv);
+  dkr = Tensor();
+
+  Tensor da = env.bf16({T, c.hidden_size});
+  cuda::linear_backward_input(dq, w.q_proj, da, env.stream, 0.0f);
+  cuda::linear_backward_input(dk, w.k_proj, da, env.stream, 1.0f);
+  cuda::linear_backward_input(dv, w.v_proj, da, env.stream, 1.0f);
+  cuda::linear_backward_weight(dq, acts.a, g.q_proj, env.stream);
+  cuda::linear_backward_weight(dk, acts.a, g.k_proj, env.stream);
+  cuda::linear_backward_weight(dv, acts.a, g.v_proj, env.stream);
+  return da;
+}
+
+}  // namespace mt

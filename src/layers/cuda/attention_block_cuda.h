@@ -1,0 +1,36 @@
+// The Qwen3 attention block on the GPU (CPU twin: layers/attention_block.h):
+//   a = input_norm(x); q = rope(q_norm(q_proj a)); k = rope(k_norm(k_proj a)); v = v_proj a
+//   y = o_proj(flash_attention(q, k, v))      (the residual add is fused into the next norm)
+// Tensors the backward needs live in AttentionActsCuda; the cheap ones (a, qr, kr) may be dropped
+// after the forward and recomputed (selective recompute).
+#pragma once
+#include "core/tensor.h"
+#include "layers/cuda/cuda_block_env.h"
+#include "models/qwen3_moe_weights.h"
+
+namespace mt {
+
+struct AttentionActsCuda {
+  Tensor a;       // [T, H]       normalised block input
+  Tensor q, k;    // [T, Hq·D], [T, Hkv·D] projections before the QK-norm
+  Tensor qr, kr;  // after QK-norm and RoPE
+  Tensor v;       // [T, Hkv·D]
+  Tensor o;       // [T, Hq·D] attention output
+  Tensor lse;     // F32 [Hq, T]
+};
+
+// a (the normalised input, kept in acts) -> y BF16 [T, H], before the residual add.
+Tensor attention_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& a,
+                                    AttentionActsCuda& acts);
+// Drops a, qr, kr (recomputable from the block input and q, k).
+void attention_acts_drop_cheap(AttentionActsCuda& acts);
+// Recomputes what attention_acts_drop_cheap dropped; x is the block input.
+void attention_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x,
+                            AttentionActsCuda& acts);
+// dy BF16 [T, H] (gradient of y) -> da BF16 [T, H] (gradient of the normalised input a); parameter
+// gradients (F32) are added into g (q/k/v/o projections, q/k norms). The input norm's backward is the
+// caller's (it fuses the residual gradient).
+Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w,
+                                     const AttentionActsCuda& acts, const Tensor& dy, Qwen3MoeLayerWeights& g);
+
+}  // namespace mt

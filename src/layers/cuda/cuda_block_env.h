@@ -1,0 +1,26 @@
+// What every CUDA decoder block of a micro-batch shares: the config, the uploaded batch (RoPE tables,
+// document ranges), the stream and the phase timer. Activations are BF16 [T, ·] on the device.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/phase_timer.h"
+#include "models/cuda/cuda_batch.h"
+#include "models/qwen3_moe_config.h"
+
+namespace mt {
+
+struct CudaBlockEnv {
+  const Qwen3MoeConfig* cfg = nullptr;
+  const CudaBatch* batch = nullptr;
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cuda::PhaseTimer* timer = nullptr;  // never null (a disabled timer records nothing)
+
+  int64_t tokens() const { return batch->tokens(); }
+  float eps() const { return static_cast<float>(cfg->rms_norm_eps); }
+  Device dev() const { return Device::cuda(device); }
+  Tensor bf16(const Shape& s) const { return Tensor::empty(s, DType::BF16, dev()); }
+  void phase(cuda::Phase p) const { timer->mark(p, stream); }
+};
+
+}  // namespace mt

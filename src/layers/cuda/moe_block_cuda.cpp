@@ -1,0 +1,96 @@
+#include "layers/cuda/moe_block_cuda.h"
+
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/swiglu.h"
+
+namespace mt {
+
+Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& n,
+                              cuda::AuxStats* stats, MoeActsCuda& acts) {
+  const Qwen3MoeConfig& c = *env.cfg;
+  const int64_t T = env.tokens(), H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok,
+                I = c.moe_intermediate_size;
+  env.phase(cuda::Phase::dispatch);
+  acts.n = n;
+  acts.logits = env.bf16({T, E});
+  cuda::linear_forward(n, w.router, acts.logits, env.stream);
+  acts.route = cuda::router_forward(acts.logits, K, c.norm_topk_prob, /*bf16=*/true, stats, env.stream);
+  acts.plan = cuda::moe_plan(acts.route.index, E, env.stream);
+  acts.xg = cuda::moe_gather(n, acts.plan, env.stream);
+
+  env.phase(cuda::Phase::experts);
+  acts.gu = env.bf16({T * K, 2 * I});
+  cuda::grouped_gemm_forward(acts.xg, w.experts_gate_up, acts.plan.offsets, acts.gu, env.stream);
+  acts.h = env.bf16({T * K, I});
+  cuda::swiglu_forward(acts.gu, nullptr, acts.h, env.stream);
+  acts.yd = env.bf16({T * K, H});
+  cuda::grouped_gemm_forward(acts.h, w.experts_down, acts.plan.offsets, acts.yd, env.stream);
+
+  env.phase(cuda::Phase::dispatch);
+  Tensor out = env.bf16({T, H});
+  cuda::moe_combine(acts.yd, acts.route.weights, acts.plan, out, env.stream);
+  return out;
+}
+
+void moe_acts_drop_cheap(MoeActsCuda& acts) {
+  acts.n = Tensor();
+  acts.xg = Tensor();
+  acts.h = Tensor();
+}
+
+void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x_mid,
+                      MoeActsCuda& acts) {
+  const Qwen3MoeConfig& c = *env.cfg;
+  const int64_t T = env.tokens(), K = c.num_experts_per_tok, I = c.moe_intermediate_size;
+  env.phase(cuda::Phase::other);
+  if (!acts.n.defined()) {
+    acts.n = env.bf16({T, c.hidden_size});
+    cuda::rmsnorm_forward(x_mid, w.post_norm, env.eps(), acts.n, nullptr, env.stream);
+  }
+  env.phase(cuda::Phase::dispatch);
+  if (!acts.xg.defined()) acts.xg = cuda::moe_gather(acts.n, acts.plan, env.stream);
+  env.phase(cuda::Phase::experts);
+  if (!acts.h.defined()) {
+    acts.h = env.bf16({T * K, I});
+    cuda::swiglu_forward(acts.gu, nullptr, acts.h, env.stream);
+  }
+}
+
+Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const MoeActsCuda& acts,
+                               const Tensor& dout, const Tensor& aux_dp, Qwen3MoeLayerWeights& g) {
+  const Qwen3MoeConfig& c = *env.cfg;
+  const int64_t T = env.tokens(), H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok,
+                I = c.moe_intermediate_size;
+  env.phase(cuda::Phase::dispatch);
+  Tensor dyd = env.bf16({T * K, H});
+  Tensor dweights = Tensor::empty({T, K}, DType::F32, env.dev());
+  cuda::moe_combine_backward(dout, acts.yd, acts.route.weights, acts.plan, dyd, dweights, env.stream);
+
+  env.phase(cuda::Phase::experts);
+  Tensor dh = env.bf16({T * K, I});
+  cuda::grouped_gemm_dgrad(dyd, w.experts_down, acts.plan.offsets, dh, env.stream);
+  cuda::grouped_gemm_wgrad(dyd, acts.h, acts.plan.offsets, g.experts_down, /*accumulate=*/true, env.stream);
+  dyd = Tensor();
+  Tensor dgu = env.bf16({T * K, 2 * I});
+  cuda::swiglu_backward(dh, acts.gu, nullptr, dgu, nullptr, env.stream);
+  dh = Tensor();
+  Tensor dxg = env.bf16({T * K, H});
+  cuda::grouped_gemm_dgrad(dgu, w.experts_gate_up, acts.plan.offsets, dxg, env.stream);
+  cuda::grouped_gemm_wgrad(dgu, acts.xg, acts.plan.offsets, g.experts_gate_up, /*accumulate=*/true, env.stream);
+  dgu = Tensor();
+
+  env.phase(cuda::Phase::dispatch);
+  Tensor dn = env.bf16({T, H});
+  cuda::moe_gather_backward(dxg, acts.plan, dn, env.stream);
+  dxg = Tensor();
+  Tensor dlogits = env.bf16({T, E});
+  cuda::router_backward(dweights, acts.logits, acts.route, c.norm_topk_prob, aux_dp, /*bf16=*/true, dlogits,
+                        env.stream);
+  cuda::linear_backward_input(dlogits, w.router, dn, env.stream, 1.0f);
+  cuda::linear_backward_weight(dlogits, acts.n, g.router, env.stream);
+  return dn;
+}
+
+}  // namespace mt

@@ -1,0 +1,37 @@
+// The Qwen3-MoE sparse block on the GPU (CPU twin: layers/moe_block.h), without a host sync:
+//   logits = router(n); top-k routing (fused softmax/top-k/renorm, aux statistics on the device);
+//   tokens permuted into the expert-contiguous layout; gate_up = grouped GEMM; h = SwiGLU;
+//   y_e = grouped GEMM (down); out = Σ_slots w · y_e       (the residual add is fused into the next norm)
+// The cheap tensors (n, the gathered input xg, h) may be dropped after the forward and recomputed.
+#pragma once
+#include "core/tensor.h"
+#include "kernels/cuda/moe_permute.h"
+#include "kernels/cuda/router.h"
+#include "layers/cuda/cuda_block_env.h"
+#include "models/qwen3_moe_weights.h"
+
+namespace mt {
+
+struct MoeActsCuda {
+  Tensor n;                  // [T, H] normalised input
+  Tensor logits;             // [T, E] router logits (BF16)
+  cuda::RouterResult route;  // index I32 [T, k], weights F32 [T, k]
+  cuda::MoePlan plan;        // expert-contiguous layout (device offsets)
+  Tensor xg;                 // [T·k, H] gathered inputs
+  Tensor gu;                 // [T·k, 2I] gate|up
+  Tensor h;                  // [T·k, I] SwiGLU output
+  Tensor yd;                 // [T·k, H] expert outputs before the routing weights
+};
+
+// n -> out BF16 [T, H]. stats: this layer's aux statistics are added (null: none, e.g. a recompute).
+Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& n,
+                              cuda::AuxStats* stats, MoeActsCuda& acts);
+void moe_acts_drop_cheap(MoeActsCuda& acts);  // drops n, xg, h
+// Recomputes what moe_acts_drop_cheap dropped; x_mid is the block input (before the post-attention norm).
+void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x_mid, MoeActsCuda& acts);
+// dout BF16 [T, H] -> dn BF16 [T, H] (gradient of the normalised input). aux_dp (F32 [E] or undefined):
+// the aux-loss gradient w.r.t. the router probabilities. Parameter gradients are added into g.
+Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const MoeActsCuda& acts,
+                               const Tensor& dout, const Tensor& aux_dp, Qwen3MoeLayerWeights& g);
+
+}  // namespace mt

@@ -1,0 +1,27 @@
+// One micro-batch on the GPU: validated on the host (ids inside the vocabulary, shapes), then copied
+// with the tables every layer shares (RoPE cos/sin of the batch's positions, packed-document ranges).
+// Uploading a whole accumulation window before its first forward keeps host syncs out of the step.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "kernels/cuda/flash_attention.h"
+#include "models/qwen3_moe_config.h"
+#include "models/qwen3_moe_model.h"
+
+namespace mt {
+
+struct CudaBatch {
+  int64_t batch = 0, seq = 0;
+  Tensor ids;                // I64 [T] on the device, T = batch · seq
+  Tensor targets;            // I64 [T] shifted labels (-100 = ignore), or undefined
+  int64_t target_count = 0;  // valid targets (counted on the host)
+  Tensor rope_cos, rope_sin; // F32 [T, head_dim / 2]
+  cuda::AttentionDocs docs;  // per token: its document's [start, end)
+  int64_t tokens() const { return batch * seq; }
+};
+
+// document_mask = false: packed documents attend across each other (see ModelOptions).
+CudaBatch cuda_batch_upload(const Qwen3MoeConfig& cfg, const Batch& b, int device, bool document_mask = true);
+
+}  // namespace mt

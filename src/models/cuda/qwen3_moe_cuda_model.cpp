@@ -1,0 +1,224 @@
+#include "models/cuda/qwen3_moe_cuda_model.h"
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_context.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/linear_cross_entropy.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/router.h"
+#include "layers/cuda/attention_block_cuda.h"
+#include "layers/cuda/moe_block_cuda.h"
+#include "models/qwen3_moe_model.h"
+
+namespace mt {
+
+namespace {
+
+using cuda::Phase;
+
+// One decoder layer's saved state. x_in is the layer input (residual stream), x_mid the stream after
+// the attention residual add (the MoE block's input).
+struct LayerActs {
+  Tensor x_in, x_mid;
+  AttentionActsCuda attn;
+  MoeActsCuda moe;
+};
+
+// Runs layer l from its input stream x and normalised input a; fills acts and returns the MoE output
+// (before its residual add, which the next norm fuses).
+Tensor layer_forward(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& L, const Tensor& x, const Tensor& a,
+                     cuda::AuxStats* stats, LayerActs& acts) {
+  acts.x_in = x;
+  Tensor y = attention_block_forward_cuda(env, L, a, acts.attn);
+  env.phase(Phase::other);
+  acts.x_mid = env.bf16(x.shape());
+  Tensor n = env.bf16(x.shape());
+  cuda::rmsnorm_residual_forward(y, x, L.post_norm, env.eps(), acts.x_mid, n, nullptr, env.stream);
+  return moe_block_forward_cuda(env, L, n, stats, acts.moe);
+}
+
+void layer_release(LayerActs& acts, Recompute r) {
+  if (r == Recompute::none) return;
+  if (r == Recompute::selective) {
+    attention_acts_drop_cheap(acts.attn);
+    moe_acts_drop_cheap(acts.moe);
+    return;
+  }
+  Tensor x = acts.x_in;
+  acts = {};
+  acts.x_in = x;
+}
+
+// Makes every tensor the backward needs present again.
+void layer_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& L, LayerActs& acts, Recompute r) {
+  if (r == Recompute::none) return;
+  if (r == Recompute::full) {
+    env.phase(Phase::other);
+    Tensor a = env.bf16(acts.x_in.shape());
+    cuda::rmsnorm_forward(acts.x_in, L.input_norm, env.eps(), a, nullptr, env.stream);
+    layer_forward(env, L, acts.x_in, a, nullptr, acts);  // same routing: every kernel is deterministic
+    return;
+  }
+  attention_acts_restore(env, L, acts.x_in, acts.attn);
+  moe_acts_restore(env, L, acts.x_mid, acts.moe);
+}
+
+// Gradients: shaped like the parameters, on the device, F32 (the stacked expert weights may be BF16).
+void check_grads(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& w, const Qwen3MoeWeights& g, int device) {
+  auto wp = w.named_parameters();
+  auto gp = g.named_parameters();
+  MT_CHECK(wp.size() == gp.size() && g.layers.size() == w.layers.size(), "gradients: {} tensors for {} parameters",
+           gp.size(), wp.size());
+  for (size_t i = 0; i < wp.size(); ++i) {
+    const Tensor& t = *gp[i].second;
+    const bool expert = gp[i].first.find(".mlp.experts.") != std::string::npos;
+    MT_CHECK(t.defined() && t.device() == Device::cuda(device) && t.shape() == wp[i].second->shape() &&
+                 (t.dtype() == DType::F32 || (expert && t.dtype() == DType::BF16)),
+             "gradient {}: expected F32{} {} on cuda:{}, found {}", gp[i].first, expert ? " or BF16" : "",
+             shape_str(wp[i].second->shape()), device, t.defined() ? t.desc() + " on " + t.device().str() : "none");
+  }
+}
+
+bool config_adds_aux(const Qwen3MoeConfig& c) { return c.output_router_logits && c.num_hidden_layers > 0; }
+
+}  // namespace
+
+Qwen3MoeCudaModel::Qwen3MoeCudaModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, int device,
+                                     const CudaModelOptions& options)
+    : cfg_(cfg), w_(weights), device_(device), opts_(options) {
+  model_config_check(cfg_);
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l)
+    if (!cfg_.is_moe_layer(l))
+      fail("config: layer {} is a dense MLP layer (mlp_only_layers / decoder_sparse_step); the CUDA model runs "
+           "MoE layers only — train this model with train.device: cpu",
+           l);
+  weights_check(cfg_, w_, "parameter", DType::BF16, Device::cuda(device_));
+  aux_on_ = config_adds_aux(cfg_);
+  MT_CHECK(opts_.loss_chunk_rows > 0, "loss_chunk_rows must be positive, found {}", opts_.loss_chunk_rows);
+}
+
+CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
+  const cuda::DeviceContext& ctx = cuda::device_context(device_);
+  CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_};
+  const int64_t T = b.tokens(), H = cfg_.hidden_size, E = cfg_.num_experts;
+  cuda::AuxStats stats;
+  if (aux_on_) stats = cuda::aux_stats_zeros(E, device_, ctx.stream);
+
+  env.phase(Phase::other);
+  Tensor x = env.bf16({T, H});
+  cuda::embedding_forward(b.ids, w_.embed, x, ctx.stream);
+  Tensor a = env.bf16({T, H});
+  cuda::rmsnorm_forward(x, w_.layers.empty() ? w_.final_norm : w_.layers[0].input_norm, env.eps(), a, nullptr,
+                        ctx.stream);
+  Tensor xf = a;
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    LayerActs acts;
+    Tensor y = layer_forward(env, w_.layers[l], x, a, aux_on_ ? &stats : nullptr, acts);
+    env.phase(Phase::other);
+    const Tensor& next_norm = l + 1 < cfg_.num_hidden_layers ? w_.layers[l + 1].input_norm : w_.final_norm;
+    x = env.bf16({T, H});
+    a = env.bf16({T, H});
+    cuda::rmsnorm_residual_forward(y, acts.x_mid, next_norm, env.eps(), x, a, nullptr, ctx.stream);
+    xf = a;
+  }
+  CudaLoss loss;
+  loss.ce_sum = Tensor::empty({1}, DType::F32, env.dev());
+  loss.count = Tensor::empty({1}, DType::I32, env.dev());
+  if (b.targets.defined()) {
+    env.phase(Phase::head_loss);
+    cuda::LinearCrossEntropyArgs args;
+    args.chunk_rows = opts_.loss_chunk_rows;
+    args.compute_grad = false;
+    const Tensor& head = cfg_.tie_word_embeddings ? w_.embed : w_.lm_head;
+    cuda::linear_cross_entropy(xf, head, b.targets, args, loss.ce_sum, loss.count, nullptr, nullptr, ctx.stream);
+  } else {
+    MT_CUDA_CHECK(cudaMemsetAsync(loss.ce_sum.data(), 0, 4, ctx.stream));
+    MT_CUDA_CHECK(cudaMemsetAsync(loss.count.data(), 0, 4, ctx.stream));
+  }
+  if (aux_on_) {
+    Tensor aux_dp;
+    cuda::aux_loss_finish(stats, /*bf16=*/true, 0.0, loss.aux, aux_dp, ctx.stream);
+  }
+  env.phase(Phase::other);
+  return loss;
+}
+
+CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights& grads, double ce_divisor) {
+  MT_CHECK(b.targets.defined(), "batch: forward_backward needs labels");
+  MT_CHECK(ce_divisor > 0, "ce_divisor must be positive, found {}", ce_divisor);
+  check_grads(cfg_, w_, grads, device_);
+  const cuda::DeviceContext& ctx = cuda::device_context(device_);
+  CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_};
+  const int64_t T = b.tokens(), H = cfg_.hidden_size, E = cfg_.num_experts, nl = cfg_.num_hidden_layers;
+  const Recompute rc = opts_.recompute;
+  cuda::AuxStats stats;
+  if (aux_on_) stats = cuda::aux_stats_zeros(E, device_, ctx.stream);
+
+  // Forward, keeping what the recompute policy says.
+  env.phase(Phase::other);
+  Tensor x = env.bf16({T, H});
+  cuda::embedding_forward(b.ids, w_.embed, x, ctx.stream);
+  Tensor a = env.bf16({T, H});
+  cuda::rmsnorm_forward(x, nl > 0 ? w_.layers[0].input_norm : w_.final_norm, env.eps(), a, nullptr, ctx.stream);
+  std::vector<LayerActs> acts(nl);
+  Tensor x_last = x, xf = a;
+  for (int64_t l = 0; l < nl; ++l) {
+    Tensor y = layer_forward(env, w_.layers[l], x, a, aux_on_ ? &stats : nullptr, acts[l]);
+    env.phase(Phase::other);
+    const Tensor& next_norm = l + 1 < nl ? w_.layers[l + 1].input_norm : w_.final_norm;
+    x = env.bf16({T, H});
+    a = env.bf16({T, H});
+    cuda::rmsnorm_residual_forward(y, acts[l].x_mid, next_norm, env.eps(), x, a, nullptr, ctx.stream);
+    layer_release(acts[l], rc);
+    x_last = x;
+    xf = a;
+  }
+
+  // Loss and its gradient w.r.t. the final norm's output; then through the final norm.
+  env.phase(Phase::head_loss);
+  CudaLoss loss;
+  loss.ce_sum = Tensor::empty({1}, DType::F32, env.dev());
+  loss.count = Tensor::empty({1}, DType::I32, env.dev());
+  cuda::LinearCrossEntropyArgs args;
+  args.chunk_rows = opts_.loss_chunk_rows;
+  args.grad_scale = static_cast<float>(1.0 / ce_divisor);
+  const Tensor& head = cfg_.tie_word_embeddings ? w_.embed : w_.lm_head;
+  Tensor& dhead = cfg_.tie_word_embeddings ? grads.embed : grads.lm_head;
+  Tensor dxf = env.bf16({T, H});
+  cuda::linear_cross_entropy(xf, head, b.targets, args, loss.ce_sum, loss.count, &dxf, &dhead, ctx.stream);
+  xf = Tensor();
+  a = Tensor();
+  env.phase(Phase::other);
+  Tensor dx = env.bf16({T, H});
+  cuda::rmsnorm_backward(dxf, x_last, w_.final_norm, env.eps(), dx, grads.final_norm, nullptr, ctx.stream);
+  dxf = Tensor();
+  x = x_last = Tensor();
+
+  Tensor aux_dp;
+  if (aux_on_) cuda::aux_loss_finish(stats, /*bf16=*/true, cfg_.router_aux_loss_coef, loss.aux, aux_dp, ctx.stream);
+
+  // Backward, layer by layer. dx is the gradient of the residual stream after layer l.
+  for (int64_t l = nl - 1; l >= 0; --l) {
+    const auto& L = w_.layers[l];
+    auto& G = grads.layers[l];
+    LayerActs& A = acts[l];
+    layer_restore(env, L, A, rc);
+    Tensor dn = moe_block_backward_cuda(env, L, A.moe, dx, aux_dp, G);
+    env.phase(Phase::other);
+    Tensor dx_mid = env.bf16({T, H});
+    cuda::rmsnorm_backward(dn, A.x_mid, L.post_norm, env.eps(), dx_mid, G.post_norm, &dx, ctx.stream);
+    dn = Tensor();
+    dx = Tensor();
+    A.moe = {};
+    Tensor da = attention_block_backward_cuda(env, L, A.attn, dx_mid, G);
+    env.phase(Phase::other);
+    dx = env.bf16({T, H});
+    cuda::rmsnorm_backward(da, A.x_in, L.input_norm, env.eps(), dx, G.input_norm, &dx_mid, ctx.stream);
+    A = {};
+  }
+  cuda::embedding_backward(b.ids, dx, grads.embed, ctx.stream);
+  return loss;
+}
+
+}  // namespace mt

@@ -1,0 +1,61 @@
+// Qwen3MoeForCausalLM on one GPU (the CPU twin is models/qwen3_moe_model.h): BF16 parameters and
+// activations, FP32 gradients, every op a CUDA kernel or cuBLASLt GEMM queued on the device's stream.
+// Nothing in the layer loop waits for the GPU: expert token counts stay on the device, the losses are
+// returned as device scalars, read after the optimizer step's single sync.
+//
+// Activation memory follows a recompute policy (train.recompute):
+//   none       keep every tensor the backward needs
+//   selective  drop the cheap ones (input norms, QK-norm+RoPE outputs, the gathered expert inputs, the
+//              SwiGLU output) and recompute them in the backward; keep GEMM and attention outputs
+//   full       keep only each layer's input and rerun the layer's forward before its backward
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/cuda/phase_timer.h"
+#include "models/cuda/cuda_batch.h"
+#include "models/qwen3_moe_config.h"
+#include "models/qwen3_moe_weights.h"
+#include "train/memory_plan.h"
+
+namespace mt {
+
+struct CudaModelOptions {
+  Recompute recompute = Recompute::selective;
+  int64_t loss_chunk_rows = 1024;  // rows per chunk of the fused LM head + cross-entropy
+};
+
+// Device scalars of one micro-batch; read them (cuda::to_host) after the step's sync.
+struct CudaLoss {
+  Tensor ce_sum;  // F32 [1]: Σ cross-entropy over the valid targets
+  Tensor count;   // I32 [1]: valid targets
+  Tensor aux;     // F32 [1]: load-balancing loss, undefined when the config does not add it
+};
+
+class Qwen3MoeCudaModel {
+ public:
+  // weights: BF16 on cuda:device (checked); MoE layers only (a dense MLP layer is refused).
+  Qwen3MoeCudaModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, int device,
+                    const CudaModelOptions& options = {});
+
+  CudaLoss forward(const CudaBatch& b);
+  // Adds d(loss)/d(param) into grads (F32 on the device; the stacked expert weights' may be BF16). loss = ce_sum / ce_divisor +
+  // router_aux_loss_coef · aux (when aux_enabled()). Needs targets.
+  CudaLoss forward_backward(const CudaBatch& b, Qwen3MoeWeights& grads, double ce_divisor);
+
+  bool aux_enabled() const { return aux_on_; }
+  const Qwen3MoeConfig& config() const { return cfg_; }
+  int device() const { return device_; }
+  cuda::PhaseTimer& timer() { return timer_; }
+
+ private:
+  Qwen3MoeConfig cfg_;
+  Qwen3MoeWeights& w_;
+  int device_ = 0;
+  CudaModelOptions opts_;
+  bool aux_on_ = false;
+  cuda::PhaseTimer timer_;
+};
+
+}  // namespace mt

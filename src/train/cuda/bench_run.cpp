@@ -1,0 +1,239 @@
+#include "train/cuda/bench_run.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_allocator.h"
+#include "kernels/cuda/device_context.h"
+#include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/random_fill.h"
+#include "models/causal_lm.h"
+#include "models/presets.h"
+#include "train/cuda/cuda_train_step.h"
+
+namespace mt {
+
+namespace {
+
+bool is_norm(const std::string& name) { return name.find("norm") != std::string::npos; }
+
+// Dense bf16 GEMM 8192³ through the same cuBLASLt path the model uses: best of 10 timed runs.
+double measure_gemm_ceiling_tflops(int device) {
+  const int64_t n = 8192;
+  cuda::DeviceContext& ctx = cuda::device_context(device);
+  Tensor a = Tensor::empty({n, n}, DType::BF16, Device::cuda(device));
+  Tensor b = Tensor::empty({n, n}, DType::BF16, Device::cuda(device));
+  Tensor c = Tensor::empty({n, n}, DType::BF16, Device::cuda(device));
+  cuda::fill_normal(a, 1.0f, 1, ctx.stream);
+  cuda::fill_normal(b, 1.0f, 2, ctx.stream);
+  cudaEvent_t e0, e1;
+  MT_CUDA_CHECK(cudaEventCreate(&e0));
+  MT_CUDA_CHECK(cudaEventCreate(&e1));
+  auto run = [&] { cuda::linear_forward(a, b, c, ctx.stream); };
+  for (int i = 0; i < 3; ++i) run();
+  float best = 1e30f;
+  for (int i = 0; i < 10; ++i) {
+    MT_CUDA_CHECK(cudaEventRecord(e0, ctx.stream));
+    run();
+    MT_CUDA_CHECK(cudaEventRecord(e1, ctx.stream));
+    MT_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::min(best, ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 2.0 * static_cast<double>(n) * n * n / (best * 1e-3) / 1e12;
+}
+
+Qwen3MoeConfig bench_config(const BenchOptions& o) {
+  nlohmann::json j;
+  if (!o.model_dir.empty()) {
+    j = Qwen3MoeConfig::from_file(o.model_dir + "/config.json").to_json();
+  } else {
+    j = preset_config_json(o.preset);
+  }
+  if (o.layers > 0) j["num_hidden_layers"] = o.layers;
+  return Qwen3MoeConfig::from_json(j, o.model_dir.empty() ? "preset " + o.preset : o.model_dir);
+}
+
+Batch random_batch(const Qwen3MoeConfig& cfg, int64_t mbs, int64_t seq, std::mt19937_64& g) {
+  Batch b;
+  b.input_ids = Tensor::empty({mbs, seq}, DType::I64);
+  std::uniform_int_distribution<int64_t> d(0, cfg.vocab_size - 1);
+  int64_t* p = b.input_ids.data_as<int64_t>();
+  for (int64_t i = 0; i < mbs * seq; ++i) p[i] = d(g);
+  b.labels = b.input_ids;
+  return b;
+}
+
+}  // namespace
+
+double bench_flops_per_token(const Qwen3MoeConfig& c, int64_t seq) {
+  const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.head_dim);
+  const double Hq = static_cast<double>(c.num_attention_heads), Hkv = static_cast<double>(c.num_key_value_heads);
+  double per_token = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const double proj = H * Hq * D * 2 + H * Hkv * D * 2;  // q, o; k, v
+    const double mlp = c.is_moe_layer(l)
+                           ? static_cast<double>(c.num_experts_per_tok) * 3.0 * H * static_cast<double>(c.moe_intermediate_size)
+                           : 3.0 * H * static_cast<double>(c.intermediate_size);
+    per_token += 6.0 * (proj + mlp) + 6.0 * static_cast<double>(seq) * Hq * D;  // causal: half of 12·S·Hq·D
+  }
+  return per_token + 6.0 * static_cast<double>(c.vocab_size) * H;  // LM head
+}
+
+nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log) {
+  MT_CHECK(o.steps >= 1 && o.warmup >= 0 && o.seq >= 2 && o.micro_batch >= 1 && o.grad_accum >= 1,
+           "bench: steps >= 1, warmup >= 0, seq >= 2, micro_batch >= 1, grad_accum >= 1 (found {}, {}, {}, {}, {})",
+           o.steps, o.warmup, o.seq, o.micro_batch, o.grad_accum);
+  MT_CHECK(o.precision == "bf16" || o.precision == "fp32-master", "bench: --precision must be bf16 or fp32-master, "
+           "found '{}'", o.precision);
+  const int count = cuda::device_count();
+  if (o.device >= count) fail("bench: cuda:{} requested, {} CUDA device(s) found", o.device, count);
+  cuda::device_set(o.device);
+  cuda::DeviceContext& ctx = cuda::device_context(o.device);
+  const Qwen3MoeConfig cfg = bench_config(o);
+  const bool fp32_master = o.precision == "fp32-master";
+
+  size_t free_b = 0, total_b = 0;
+  MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  MemoryPlanInput pin;
+  pin.cfg = cfg;
+  pin.micro_batch = o.micro_batch;
+  pin.seq = o.seq;
+  pin.recompute = o.recompute;
+  pin.fp32_master = fp32_master;
+  pin.bf16_moments = !fp32_master;
+  pin.bf16_expert_grads = !fp32_master;
+  pin.device_bytes = static_cast<int64_t>(total_b);
+  pin.reserve_bytes = (int64_t{3} << 29) + static_cast<int64_t>(total_b) * 3 / 100;
+  const MemoryPlan plan = memory_plan(pin);
+  if (log) std::fprintf(log, "%s\n", plan.table().c_str());
+  if (!plan.fits && !o.force) fail("bench: {} (--force runs it anyway)", plan.refusal());
+
+  const double ceiling = measure_gemm_ceiling_tflops(o.device);
+  cuda::allocator_empty_cache(o.device);
+  cuda::allocator_reset_peak(o.device);
+
+  // Parameters on the device: a checkpoint's, or the Transformers init (normal(0, initializer_range),
+  // norms 1) drawn on the device.
+  Qwen3MoeWeights w;
+  if (!o.model_dir.empty()) {
+    LoadOptions lo;
+    lo.dtype = DType::BF16;
+    CausalLM lm = CausalLM::from_pretrained(o.model_dir, lo);
+    w = Qwen3MoeWeights::empty_like_config(cfg, DType::BF16, Device::cuda(o.device));
+    auto src = lm.weights.named_parameters();
+    auto dst = w.named_parameters();
+    MT_CHECK(src.size() == dst.size(), "bench: {} parameters in {}, the sliced config has {}", src.size(),
+             o.model_dir, dst.size());
+    for (size_t i = 0; i < src.size(); ++i) cuda::copy_host_to_device(*dst[i].second, *src[i].second);
+  } else {
+    w = Qwen3MoeWeights::empty_like_config(cfg, DType::BF16, Device::cuda(o.device));
+    uint64_t k = 0;
+    for (auto& [name, t] : w.named_parameters()) {
+      if (is_norm(name))
+        cuda::fill_constant(*t, 1.0f, ctx.stream);
+      else
+        cuda::fill_normal(*t, static_cast<float>(cfg.initializer_range), o.seed * 1000003 + (++k), ctx.stream);
+    }
+  }
+
+  CudaTrainStepOptions so;
+  so.model.recompute = o.recompute;
+  so.adamw.hyper.lr = 1e-5;
+  so.adamw.hyper.weight_decay = 0.0;
+  so.adamw.bf16_master = fp32_master;
+  so.adamw.moment_dtype = fp32_master ? DType::F32 : DType::BF16;
+  so.adamw.seed = o.seed;
+  so.expert_grad_dtype = fp32_master ? DType::F32 : DType::BF16;  // pure bf16: gradients as Transformers keeps them
+  CudaTrainStep trainer(cfg, w, o.device, so);
+
+  std::mt19937_64 g(o.seed);
+  const int64_t tokens_per_step = o.micro_batch * o.seq * o.grad_accum;
+  nlohmann::ordered_json j;
+  double loss_first = 0, loss_last = 0, timed_s = 0;
+  for (int64_t s = 0; s < o.warmup + o.steps; ++s) {
+    std::vector<Batch> host;
+    std::vector<CudaBatch> window;
+    for (int64_t i = 0; i < o.grad_accum; ++i) {
+      host.push_back(random_batch(cfg, o.micro_batch, o.seq, g));
+      window.push_back(cuda_batch_upload(cfg, host.back(), o.device));
+    }
+    const bool timed = s >= o.warmup;
+    trainer.model().timer().enable(timed);
+    cuda::stream_sync(ctx.stream);
+    const int64_t mallocs0 = cuda::allocator_stats(o.device).cuda_malloc_calls;
+    const auto t0 = std::chrono::steady_clock::now();
+    const EngineStep r = trainer.step(window, static_cast<double>(o.micro_batch * (o.seq - 1) * o.grad_accum),
+                                      1e-5, 1.0);
+    cuda::stream_sync(ctx.stream);
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    trainer.model().timer().collect();
+    if (s == 0) loss_first = r.loss;
+    loss_last = r.loss;
+    if (timed) timed_s += sec;
+    if (log)
+      std::fprintf(log, "bench step %lld/%lld: loss %.4f, %.3f s, %.0f tokens/s, %lld cudaMalloc%s\n",
+                   static_cast<long long>(s + 1), static_cast<long long>(o.warmup + o.steps), r.loss, sec,
+                   tokens_per_step / sec,
+                   static_cast<long long>(cuda::allocator_stats(o.device).cuda_malloc_calls - mallocs0),
+                   timed ? "" : " (warm-up)");
+  }
+  const cuda::AllocatorStats mem = cuda::allocator_stats(o.device);
+  cudaDeviceProp prop{};
+  MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
+  const double tps = static_cast<double>(tokens_per_step * o.steps) / timed_s;
+  const double fpt = bench_flops_per_token(cfg, o.seq);
+  const double tflops = tps * fpt / 1e12;
+
+  j["tool"] = "mixtune";
+  j["command"] = o.command;
+  j["gpu"] = prop.name;
+  j["model"] = {{"preset", o.model_dir.empty() ? o.preset : ""},
+                {"model_dir", o.model_dir},
+                {"layers", cfg.num_hidden_layers},
+                {"params", w.parameter_count()},
+                {"hidden", cfg.hidden_size},
+                {"experts", cfg.num_experts},
+                {"top_k", cfg.num_experts_per_tok}};
+  j["seq"] = o.seq;
+  j["micro_batch"] = o.micro_batch;
+  j["grad_accum"] = o.grad_accum;
+  j["steps"] = o.steps;
+  j["warmup"] = o.warmup;
+  j["precision"] = o.precision;
+  j["recompute"] = recompute_name(o.recompute);
+  j["router"] = "real";
+  j["tokens_per_s_per_gpu"] = tps;
+  j["step_time_s"] = timed_s / static_cast<double>(o.steps);
+  j["flops_per_token"] = fpt;
+  j["model_tflops_per_gpu"] = tflops;
+  j["gemm_ceiling_tflops"] = ceiling;
+  j["mfu_vs_ceiling"] = tflops / ceiling;
+  j["mfu_vs_989"] = tflops / 989.0;
+  j["peak_allocated_bytes"] = mem.peak_allocated_bytes;
+  j["peak_reserved_bytes"] = mem.peak_reserved_bytes;
+  j["memory_plan_bytes"] = plan.total;
+  j["allocator"] = {{"cuda_malloc_calls", mem.cuda_malloc_calls},
+                    {"cache_hits", mem.cache_hits},
+                    {"cache_releases", mem.cache_releases}};
+  nlohmann::ordered_json phases;
+  const auto& totals = trainer.model().timer().totals_ms();
+  for (int p = 0; p < cuda::kPhaseCount; ++p)
+    phases[cuda::phase_name(static_cast<cuda::Phase>(p))] = totals[p] / static_cast<double>(o.steps);
+  j["phases_ms"] = phases;
+  j["loss_first"] = loss_first;
+  j["loss_last"] = loss_last;
+  return j;
+}
+
+}  // namespace mt

@@ -1,0 +1,36 @@
+// `mixtune bench`: timed optimizer steps of the CUDA training path on a model config (a preset sliced
+// to N layers, or a checkpoint's config), synthetic random tokens, the real router. Reports tokens/s,
+// model TFLOP/s (6 × matmul parameters per token + causal attention, router excluded: the NeMo /
+// Megatron formula), MFU against a dense bf16 GEMM measured on the same GPU at start-up, peak memory
+// and a per-phase GPU time breakdown, as one JSON object (bench/README.md describes the fields).
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "models/qwen3_moe_config.h"
+#include "train/memory_plan.h"
+
+namespace mt {
+
+struct BenchOptions {
+  std::string preset = "qwen3-30b-a3b";
+  std::string model_dir;  // non-empty: take the config (and the weights) from this checkpoint
+  int64_t layers = 0;     // > 0: slice the config to this many layers
+  int64_t seq = 4096, micro_batch = 1, grad_accum = 8, steps = 5, warmup = 2;
+  std::string precision = "bf16";  // bf16: bf16 params + bf16 AdamW moments; fp32-master: fp32 masters + moments
+  Recompute recompute = Recompute::none;
+  bool force = false;  // run even when the memory plan says it does not fit
+  int device = 0;
+  uint64_t seed = 1234;
+  std::string command;  // the command line, echoed into the JSON
+};
+
+// Model FLOPs per trained token (fwd + bwd) for cfg at sequence length seq, router GEMM excluded.
+double bench_flops_per_token(const Qwen3MoeConfig& cfg, int64_t seq);
+
+nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log);
+
+}  // namespace mt

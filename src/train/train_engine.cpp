@@ -1,0 +1,136 @@
+#include "train/train_engine.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "train/adamw.h"
+#include "train/grad_clip.h"
+#include "train/train_checkpoint.h"
+
+namespace mt {
+
+namespace {
+
+CudaEngineHooks& hooks_storage() {
+  static CudaEngineHooks h;
+  return h;
+}
+
+class CpuEngine final : public TrainEngine {
+ public:
+  CpuEngine(CausalLM& lm, const Recipe& r)
+      : lm_(lm), model_(lm.config, lm.weights), grads_(Qwen3MoeWeights::zeros_like_config(lm.config, DType::F32)),
+        optimizer_(lm.weights.named_parameters(), adamw_options(r),
+                   r.optimizer.decay_norms_and_biases ? std::function<bool(const std::string&)>() : adamw_hf_decays) {
+    if (r.optimizer.moment_dtype != "float32")
+      fail("optimizer.moment_dtype: '{}' is supported on CUDA only (the CPU optimizer keeps float32 moments)",
+           r.optimizer.moment_dtype);
+    if (r.optimizer.expert_grad_dtype != "float32")
+      fail("optimizer.expert_grad_dtype: '{}' is supported on CUDA only (the CPU keeps float32 gradients)",
+           r.optimizer.expert_grad_dtype);
+    for (auto& [name, g] : grads_.named_parameters()) grad_list_.push_back(g);
+    grad_const_.assign(grad_list_.begin(), grad_list_.end());
+  }
+
+  std::string device_name() const override { return "cpu"; }
+
+  EngineStep step(const std::vector<Batch>& window, double ce_divisor, double lr, double max_grad_norm) override {
+    for (Tensor* g : grad_list_) std::memset(g->data(), 0, g->nbytes());
+    LossOptions lo;
+    lo.ce_divisor = ce_divisor;
+    EngineStep s;
+    for (const Batch& b : window) {
+      ForwardResult f = model_.forward_backward(b, grads_, lo);
+      s.loss += f.loss;
+      s.ce_loss += f.ce_loss;
+      s.aux_loss += f.aux_loss;
+    }
+    if (!window.empty()) s.aux_loss /= static_cast<double>(window.size());
+    s.grad_norm = grad_global_norm(grad_list_);
+    s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
+    if (s.finite) {
+      grad_clip_to(grad_list_, s.grad_norm, max_grad_norm);
+      optimizer_.step(grad_const_, lr);
+    }
+    return s;
+  }
+
+  EngineEval eval(const Batch& b) override {
+    LossOptions o;
+    o.ce_divisor = 1;  // ce_loss = the CE sum of this batch
+    ForwardResult f = model_.forward(b, false, o);
+    return {f.ce_loss, f.aux_loss, f.tokens};
+  }
+
+  int64_t optimizer_steps() const override { return optimizer_.step_count(); }
+  void set_optimizer_steps(int64_t t) override { optimizer_.set_step_count(t); }
+  void weights_to_host() override {}
+  std::vector<std::pair<std::string, Tensor>> optimizer_state_host() override {
+    std::vector<std::pair<std::string, Tensor>> r;
+    for (auto& [n, t] : optimizer_.named_state()) r.emplace_back(n, *t);
+    return r;
+  }
+  void optimizer_state_load(const std::string& dir) override { optimizer_state_read(dir, optimizer_.named_state()); }
+  int64_t peak_memory_bytes() const override { return memory_stats(Device::cpu()).peak_bytes; }
+
+ private:
+  static AdamWOptions adamw_options(const Recipe& r) {
+    AdamWOptions a;
+    a.lr = r.optimizer.lr;
+    a.beta1 = r.optimizer.beta1;
+    a.beta2 = r.optimizer.beta2;
+    a.eps = r.optimizer.eps;
+    a.weight_decay = r.optimizer.weight_decay;
+    a.master_weights = r.optimizer.master_weights == "float32";
+    return a;
+  }
+
+  CausalLM& lm_;
+  Qwen3MoeModel model_;
+  Qwen3MoeWeights grads_;
+  AdamW optimizer_;
+  std::vector<Tensor*> grad_list_;
+  std::vector<const Tensor*> grad_const_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainEngine> cpu_engine_create(CausalLM& lm, const Recipe& r) {
+  return std::make_unique<CpuEngine>(lm, r);
+}
+
+void cuda_engine_register(CudaEngineHooks hooks) { hooks_storage() = std::move(hooks); }
+
+const CudaEngineHooks* cuda_engine_hooks() {
+  const CudaEngineHooks& h = hooks_storage();
+  return h.create ? &h : nullptr;
+}
+
+int train_device_resolve(const Recipe& r, std::string* why) {
+  const std::string& d = r.train.device;
+  if (d == "cpu") return -1;
+  const CudaEngineHooks* h = cuda_engine_hooks();
+  const int count = h ? h->device_count() : 0;
+  if (d == "auto") {
+    if (!h) {
+      if (why) *why = "this build has no CUDA support";
+      return -1;
+    }
+    if (count == 0) {
+      if (why) *why = "no CUDA device found";
+      return -1;
+    }
+    if (why) *why = "a CUDA device is present";
+    return 0;
+  }
+  int index = 0;
+  if (d.size() > 5) index = std::stoi(d.substr(5));  // "cuda:N" (the recipe parser checked the form)
+  if (!h) fail("train.device: '{}': this build of mixtune has no CUDA support (use cpu or auto)", d);
+  if (index >= count)
+    fail("train.device: '{}': {} CUDA device{} found", d, count == 0 ? "no" : std::to_string(count),
+         count == 1 ? "" : "s");
+  return index;
+}
+
+}  // namespace mt

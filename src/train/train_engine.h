@@ -1,0 +1,66 @@
+// Where the numbers of a training step are computed: the trainer (train/trainer.cpp) owns the data,
+// schedule, metrics and checkpoints, and asks an engine to run optimizer steps. The CPU engine is the
+// reference (models/qwen3_moe_model.h + train/adamw.h); the CUDA engine (train/cuda/) runs the same
+// step on one GPU and registers itself here when the binary is built with CUDA.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "models/causal_lm.h"
+#include "models/qwen3_moe_model.h"
+#include "train/recipe.h"
+
+namespace mt {
+
+struct EngineStep {
+  double loss = 0, ce_loss = 0, aux_loss = 0;  // aux: mean over the micro-batches
+  double grad_norm = 0;                        // before clipping
+  bool finite = true;                          // false: the update was skipped
+};
+
+struct EngineEval {
+  double ce_sum = 0, aux_loss = 0;
+  int64_t tokens = 0;
+};
+
+class TrainEngine {
+ public:
+  virtual ~TrainEngine() = default;
+  virtual std::string device_name() const = 0;
+  // One optimizer step: zero the gradients, forward+backward every micro-batch of `window` with the CE
+  // sum divided by ce_divisor, global grad norm, and — when the loss and the norm are finite — clipping
+  // to max_grad_norm (0: off) and AdamW at lr.
+  virtual EngineStep step(const std::vector<Batch>& window, double ce_divisor, double lr, double max_grad_norm) = 0;
+  virtual EngineEval eval(const Batch& b) = 0;
+  virtual int64_t optimizer_steps() const = 0;
+  virtual void set_optimizer_steps(int64_t t) = 0;
+  // Brings the trained parameters into the CausalLM the engine was made from (before a save).
+  virtual void weights_to_host() = 0;
+  // Optimizer state as host tensors named "<param>.exp_avg|exp_avg_sq|master" (for optimizer.safetensors).
+  virtual std::vector<std::pair<std::string, Tensor>> optimizer_state_host() = 0;
+  virtual void optimizer_state_load(const std::string& checkpoint_dir) = 0;
+  virtual int64_t peak_memory_bytes() const = 0;
+};
+
+// The CPU reference engine. lm must outlive it.
+std::unique_ptr<TrainEngine> cpu_engine_create(CausalLM& lm, const Recipe& r);
+
+// The CUDA engine factory, registered by the CUDA library at start-up (absent in a CPU-only build).
+struct CudaEngineHooks {
+  std::function<int()> device_count;
+  std::function<std::unique_ptr<TrainEngine>(CausalLM& lm, const Recipe& r, int device, std::FILE* log)> create;
+};
+void cuda_engine_register(CudaEngineHooks hooks);
+const CudaEngineHooks* cuda_engine_hooks();  // null without CUDA support
+
+// train.device resolved: -1 = CPU, else the CUDA device index. `why` receives a one-line reason for
+// the choice when train.device is auto. Throws for cuda/cuda:N without a usable device.
+int train_device_resolve(const Recipe& r, std::string* why);
+
+}  // namespace mt

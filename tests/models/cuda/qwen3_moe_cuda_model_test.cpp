@@ -1,0 +1,190 @@
+// The CUDA model against the CPU reference model (both BF16 parameters, Transformers' bf16 rounding
+// points on the CPU): loss, aux loss and every parameter gradient of one micro-batch with packed
+// documents, ignored labels and the aux loss on; the recompute policies against each other.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "../../kernels/cuda/cuda_test_util.h"
+#include "core/error.h"
+#include "kernels/cuda/device_copy.h"
+#include "models/cuda/cuda_batch.h"
+#include "models/cuda/qwen3_moe_cuda_model.h"
+#include "models/presets.h"
+#include "models/qwen3_moe_model.h"
+
+namespace mt {
+namespace {
+
+Qwen3MoeConfig small_config(int64_t head_dim, int64_t top_k = 2) {
+  nlohmann::json j = preset_config_json("qwen3-moe-test");
+  j["hidden_size"] = 128;
+  j["head_dim"] = head_dim;
+  j["num_attention_heads"] = 4;
+  j["num_key_value_heads"] = 2;
+  j["moe_intermediate_size"] = 64;
+  j["num_experts"] = 8;
+  j["num_experts_per_tok"] = top_k;
+  j["num_hidden_layers"] = 2;
+  j["output_router_logits"] = true;
+  j["router_aux_loss_coef"] = 0.02;
+  j["initializer_range"] = 0.05;
+  return Qwen3MoeConfig::from_json(j, "test-config");
+}
+
+Qwen3MoeWeights to_device_weights(Qwen3MoeWeights& host) {
+  Qwen3MoeWeights d = host;  // same structure; every tensor replaced below
+  auto src = host.named_parameters();
+  auto dst = d.named_parameters();
+  for (size_t i = 0; i < src.size(); ++i) *dst[i].second = cuda::to_device(*src[i].second, 0);
+  return d;
+}
+
+Qwen3MoeWeights device_zeros_like(const Qwen3MoeConfig& cfg) {
+  Qwen3MoeWeights host = Qwen3MoeWeights::zeros_like_config(cfg, DType::F32);
+  return to_device_weights(host);
+}
+
+// Two rows of 96 tokens; row 1 packs three documents; a few labels ignored.
+Batch test_batch(const Qwen3MoeConfig& cfg) {
+  const int64_t B = 2, S = 96;
+  Batch b;
+  b.input_ids = Tensor::empty({B, S}, DType::I64);
+  b.labels = Tensor::empty({B, S}, DType::I64);
+  b.position_ids = Tensor::empty({B, S}, DType::I64);
+  auto* ids = b.input_ids.data_as<int64_t>();
+  auto* lab = b.labels.data_as<int64_t>();
+  auto* pos = b.position_ids.data_as<int64_t>();
+  uint64_t s = 12345;
+  for (int64_t i = 0; i < B * S; ++i) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    ids[i] = static_cast<int64_t>((s >> 33) % static_cast<uint64_t>(cfg.vocab_size));
+    lab[i] = (i % 7 == 3) ? -100 : ids[i];
+    const int64_t r = i / S, t = i % S;
+    pos[i] = r == 0 ? t : (t < 40 ? t : (t < 70 ? t - 40 : t - 70));
+  }
+  return b;
+}
+
+struct CudaRun {
+  double ce = 0, aux = 0;
+  int64_t count = 0;
+  Qwen3MoeWeights grads;
+};
+
+CudaRun run_cuda(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& dev_w, const Batch& b, Recompute rc, double div) {
+  CudaModelOptions o;
+  o.recompute = rc;
+  o.loss_chunk_rows = 64;  // several chunks
+  Qwen3MoeCudaModel model(cfg, dev_w, 0, o);
+  CudaBatch gb = cuda_batch_upload(cfg, b, 0);
+  CudaRun r;
+  r.grads = device_zeros_like(cfg);
+  CudaLoss l = model.forward_backward(gb, r.grads, div);
+  r.ce = cuda::to_host(l.ce_sum).to_floats()[0] / div;
+  r.count = cuda::to_host(l.count).data_as<int32_t>()[0];
+  r.aux = l.aux.defined() ? cuda::to_host(l.aux).to_floats()[0] : 0.0;
+  return r;
+}
+
+struct Tolerance {
+  double loss, aux, max_norm, rel_l2;
+};
+
+void expect_matches_cpu(const Qwen3MoeConfig& cfg, const Tolerance& tol) {
+  Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 7);
+  Qwen3MoeWeights dev_w = to_device_weights(host_w);
+  const Batch b = test_batch(cfg);
+
+  Qwen3MoeModel cpu(cfg, host_w);
+  Qwen3MoeWeights cpu_g = Qwen3MoeWeights::zeros_like_config(cfg, DType::F32);
+  ForwardResult want = cpu.forward_backward(b, cpu_g);
+  ASSERT_GT(want.tokens, 0);
+
+  CudaRun got = run_cuda(cfg, dev_w, b, Recompute::none, static_cast<double>(want.tokens));
+  EXPECT_EQ(got.count, want.tokens);
+  EXPECT_NEAR(got.ce, want.ce_loss, tol.loss * want.ce_loss);
+  EXPECT_NEAR(got.aux, want.aux_loss, tol.aux * want.aux_loss);
+
+  // Loss through forward() agrees with forward_backward's.
+  {
+    Qwen3MoeCudaModel m(cfg, dev_w, 0);
+    CudaBatch gb = cuda_batch_upload(cfg, b, 0);
+    CudaLoss l = m.forward(gb);
+    EXPECT_NEAR(cuda::to_host(l.ce_sum).to_floats()[0] / static_cast<double>(want.tokens), got.ce, 1e-5 * got.ce);
+  }
+
+  auto want_p = cpu_g.named_parameters();
+  auto got_p = got.grads.named_parameters();
+  ASSERT_EQ(want_p.size(), got_p.size());
+  for (size_t i = 0; i < want_p.size(); ++i)
+    test::expect_near_normalised(test::device_floats(*got_p[i].second), want_p[i].second->to_floats(), tol.max_norm,
+                                 tol.rel_l2, "gradient " + want_p[i].first);
+}
+
+// Every expert selected (top-k = E): no routing decision can flip between the two implementations, so
+// what remains is bf16 activations on both sides with different accumulation orders and rounding points.
+TEST(CudaQwen3MoeModel, MatchesCpuBf16AllExpertsRouted) {
+  MT_SKIP_WITHOUT_CUDA();
+  for (int64_t head_dim : {64, 128}) {
+    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
+    expect_matches_cpu(small_config(head_dim, 8), {5e-3, 1e-2, 0.06, 0.03});
+  }
+}
+
+// Top-2 of 8: the same, plus routing decisions on near-ties that bf16 noise can flip (a token then
+// trains another expert), which moves the router and expert gradients by more.
+TEST(CudaQwen3MoeModel, MatchesCpuBf16TopTwo) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_matches_cpu(small_config(64, 2), {5e-3, 2e-2, 0.35, 0.2});
+}
+
+TEST(CudaQwen3MoeModel, RecomputePoliciesAgree) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Qwen3MoeConfig cfg = small_config(64);
+  Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 11);
+  Qwen3MoeWeights dev_w = to_device_weights(host_w);
+  const Batch b = test_batch(cfg);
+  const CudaRun none = run_cuda(cfg, dev_w, b, Recompute::none, 100.0);
+  for (Recompute rc : {Recompute::selective, Recompute::full}) {
+    SCOPED_TRACE(recompute_name(rc));
+    const CudaRun r = run_cuda(cfg, dev_w, b, rc, 100.0);
+    EXPECT_EQ(r.ce, none.ce);  // the forward is deterministic: same bits
+    EXPECT_EQ(r.aux, none.aux);
+    auto a = r.grads.named_parameters();
+    auto n = none.grads.named_parameters();
+    for (size_t i = 0; i < a.size(); ++i)  // recomputed tensors are bitwise the forward's; only the
+                                           // flash backward's fp32 atomics may reorder sums
+      test::expect_near_normalised(test::device_floats(*a[i].second), test::device_floats(*n[i].second), 2e-3, 1e-3,
+                                   "gradient " + a[i].first);
+  }
+}
+
+TEST(CudaQwen3MoeModel, RefusesFp32ParametersAndDenseLayers) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Qwen3MoeConfig cfg = small_config(64);
+  Qwen3MoeWeights f32 = Qwen3MoeWeights::random_init(cfg, DType::F32, 1);
+  Qwen3MoeWeights dev = to_device_weights(f32);
+  try {
+    Qwen3MoeCudaModel m(cfg, dev, 0);
+    FAIL() << "F32 parameters accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected dtype BF16"), std::string::npos) << e.what();
+  }
+  nlohmann::json j = cfg.to_json();
+  j["mlp_only_layers"] = {1};
+  j["intermediate_size"] = 64;
+  const Qwen3MoeConfig dense = Qwen3MoeConfig::from_json(j, "dense");
+  Qwen3MoeWeights hw = Qwen3MoeWeights::random_init(dense, DType::BF16, 1);
+  Qwen3MoeWeights dw = to_device_weights(hw);
+  try {
+    Qwen3MoeCudaModel m(dense, dw, 0);
+    FAIL() << "dense layer accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 1 is a dense MLP layer"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace mt
