@@ -1,20 +1,26 @@
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <string>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention_kernels.h"
+#include "kernels/cuda/flash_attention_tiles.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
 
 // Flash attention backward (FlashAttention-2 dataflow, mma.sync). Three launches:
 //   1. delta[h][t] = Σ_d dO·O (fp32), one warp per (token, head).
-//   2. one block per (query head, 128-key tile), 8 warps owning 16 keys each. The block walks the query
-//      rows that can see its keys in steps of BMQ (Q, dO, lse, delta double-buffered with cp.async) and
-//      recomputes Pᵀ = exp(K·Qᵀ·scale − lse) transposed, so Pᵀ and dSᵀ = Pᵀ ⊙ (V·dOᵀ − delta) sit in the
-//      score registers as A fragments for dV += Pᵀ·dO and dK += dSᵀ·Q. dSᵀ goes through shared memory for
-//      dQ += dS·K, which is added to an fp32 buffer with atomics; at the end dK, dV (this head's part
-//      of its KV head) are added to fp32 buffers with atomics.
+//   2. one block per (query head, 128-key tile, DH-column slice), 8 warps owning 16 keys each. The block
+//      walks the query rows that can see its keys in steps of BMQ (Q, dO, lse, delta double-buffered
+//      with cp.async) and recomputes Pᵀ = exp(K·Qᵀ·scale − lse) transposed, so Pᵀ and
+//      dSᵀ = Pᵀ ⊙ (V·dOᵀ − delta) sit in the score registers as A fragments for dV += Pᵀ·dO and
+//      dK += dSᵀ·Q (columns of its slice). dSᵀ goes through shared memory for dQ += dS·K (slice
+//      columns), which is added to an fp32 buffer with atomics; at the end dK, dV (this head's part of
+//      its KV head) are added to fp32 buffers with atomics. DH = D except at D = 256 (two slices: the
+//      dK/dV accumulators of a full row would not fit in registers), see flash_attention_tiles.cuh.
 //   3. fp32 buffers -> bf16 outputs (dQ and dK take the softmax scale here).
 // NOTE: fp32 atomics make dQ/dK/dV not bitwise reproducible run to run (the sum order varies); the
 // values agree to fp32 rounding.
@@ -23,9 +29,10 @@ namespace mt::cuda {
 
 namespace {
 
+using flash::kBwdBN;
+using flash::kBwdThreads;
+using flash::kBwdWarps;
 using mma::bf16;
-
-constexpr int kBwdBN = 128, kBwdWarps = 8, kBwdThreads = kBwdWarps * 32;
 
 // p[0] += a, p[1] += b (p 8-byte aligned). One vector atomic on Hopper: the dQ atomics are what bounds
 // this kernel (L2 throughput), so halving their count matters.
@@ -38,15 +45,6 @@ __device__ __forceinline__ void atomic_add2(float* p, float a, float b) {
 #endif
 }
 
-template <int D>
-struct BwdCfg {
-  static constexpr int BMQ = D <= 64 ? 64 : 32;  // query rows per step (register budget: dK, dV live all along)
-  static constexpr int LDS = BMQ + 8;            // dSᵀ staging row stride (elements): conflict-free ldmatrix
-  static constexpr int Q_BYTES = BMQ * D * 2;
-  // K, V, 2 x (Q, dO), dSᵀ, then 2 x (lse, delta, doc_start) of BMQ each.
-  static constexpr int SMEM = 2 * kBwdBN * D * 2 + 4 * Q_BYTES + kBwdBN * LDS * 2 + 2 * 3 * BMQ * 4;
-};
-
 template <int ROWS, int D>
 __device__ __forceinline__ void load_rows(uint32_t s, const bf16* base, int row0, int T, int H, int head) {
   constexpr int CH = D / 8;
@@ -57,7 +55,7 @@ __device__ __forceinline__ void load_rows(uint32_t s, const bf16* base, int row0
     const int i = idx / CH, c = idx % CH, t = row0 + i;
     const bool valid = t < T;
     const bf16* src = valid ? base + (static_cast<int64_t>(t) * H + head) * D + c * 8 : base;
-    mma::cp_async_16(s + mma::swz(i, c * 8, CH), src, valid);
+    mma::cp_async_16(s + flash::tile_offset<CH>(i, c * 8), src, valid);
   }
 }
 
@@ -82,16 +80,14 @@ __global__ void flash_bwd_delta_kernel(const bf16* __restrict__ dout, const bf16
 }
 
 template <int D>
-__global__ void __launch_bounds__(kBwdThreads)
+__global__ void __launch_bounds__(kBwdThreads, flash::BwdCfg<D>::MIN_BLOCKS)
     flash_bwd_kernel(detail::FlashArgs a, const bf16* __restrict__ q, const bf16* __restrict__ k,
                      const bf16* __restrict__ v, const bf16* __restrict__ dout, const float* __restrict__ lse,
                      const float* __restrict__ delta, float* __restrict__ dq_acc, float* __restrict__ dk_acc,
                      float* __restrict__ dv_acc) {
-  using C = BwdCfg<D>;
-  constexpr int BN = kBwdBN, BMQ = C::BMQ, CH = D / 8, NQ = BMQ / 8, ND = D / 8;
-  // dQ step tile BMQ x D split over the warps: WQ warps along queries (16 rows each), the rest along D.
-  constexpr int WQ = BMQ / 16, WD = kBwdWarps / WQ, DQN = D / WD / 8;
-  static_assert(WQ * WD == kBwdWarps && DQN % 2 == 0, "dQ warp split");
+  using C = flash::BwdTiles<D>;
+  constexpr int BN = kBwdBN, BMQ = C::BMQ, DH = C::DH, CH = D / 8, NQ = BMQ / 8, ND = DH / 8;
+  constexpr int WQ = C::WQ, WD = C::WD, DQN = C::DQN;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sK = mma::smem_u32(smem);
   const uint32_t sV = sK + BN * D * 2;
@@ -106,6 +102,7 @@ __global__ void __launch_bounds__(kBwdThreads)
   const int h = blockIdx.x, hk = h / (a.Hq / a.Hk);
   const int T = a.T;
   const int k0 = blockIdx.y * BN;  // tile 0 (the most queries) is scheduled first
+  const int d0 = blockIdx.z * DH;  // this block's columns of dQ, dK, dV: [d0, d0 + DH)
   const int k_last = min(k0 + BN, T) - 1;
   const int q_lo = k0, q_hi = a.doc_end[k_last] - 1;
   const int nsteps = (q_hi - q_lo + BMQ) / BMQ;
@@ -129,7 +126,7 @@ __global__ void __launch_bounds__(kBwdThreads)
   mma::cp_async_commit();
 
   const int kr0 = k0 + warp * 16 + g, kr1 = kr0 + 8;  // this thread's key rows
-  float dk[ND][4], dv[ND][4];
+  float dk[ND][4], dv[ND][4];  // columns d0 + 8j + 2qd (+1)
 #pragma unroll
   for (int j = 0; j < ND; ++j)
 #pragma unroll
@@ -155,14 +152,14 @@ __global__ void __launch_bounds__(kBwdThreads)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t ak[4], av[4];
-      mma::ldmatrix_x4(ak, sK + mma::swz(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8, CH));
-      mma::ldmatrix_x4(av, sV + mma::swz(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8, CH));
+      mma::ldmatrix_x4(ak, sK + flash::tile_offset<CH>(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      mma::ldmatrix_x4(av, sV + flash::tile_offset<CH>(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
 #pragma unroll
       for (int pr = 0; pr < NQ / 2; ++pr) {
         uint32_t bq[4], bo[4];
         const int row = 16 * pr + (mi_ >> 1) * 8 + (lane & 7), col = kk * 16 + (mi_ & 1) * 8;
-        mma::ldmatrix_x4(bq, sQ + mma::swz(row, col, CH));
-        mma::ldmatrix_x4(bo, sO + mma::swz(row, col, CH));
+        mma::ldmatrix_x4(bq, sQ + flash::tile_offset<CH>(row, col));
+        mma::ldmatrix_x4(bo, sO + flash::tile_offset<CH>(row, col));
         mma::mma_16816(sp[2 * pr], ak, bq[0], bq[1]);
         mma::mma_16816(sp[2 * pr + 1], ak, bq[2], bq[3]);
         mma::mma_16816(dp[2 * pr], av, bo[0], bo[1]);
@@ -186,7 +183,8 @@ __global__ void __launch_bounds__(kBwdThreads)
       }
     }
 
-    // dV += Pᵀ·dO and dK += dSᵀ·Q (queries 16t..16t+15 = score tiles 2t, 2t+1 as the A operand's k).
+    // dV += Pᵀ·dO and dK += dSᵀ·Q over the slice's columns (queries 16t..16t+15 = score tiles 2t, 2t+1
+    // as the A operand's k).
 #pragma unroll
     for (int t = 0; t < BMQ / 16; ++t) {
       uint32_t pa[4], sa[4];
@@ -205,11 +203,11 @@ __global__ void __launch_bounds__(kBwdThreads)
       *reinterpret_cast<uint32_t*>(r0p + 8) = sa[2];
       *reinterpret_cast<uint32_t*>(r0p + 8 * C::LDS + 8) = sa[3];
 #pragma unroll
-      for (int pr = 0; pr < D / 16; ++pr) {
+      for (int pr = 0; pr < DH / 16; ++pr) {
         uint32_t bo[4], bq[4];
-        const int row = 16 * t + (mi_ & 1) * 8 + (lane & 7), col = 16 * pr + (mi_ >> 1) * 8;
-        mma::ldmatrix_x4_trans(bo, sO + mma::swz(row, col, CH));
-        mma::ldmatrix_x4_trans(bq, sQ + mma::swz(row, col, CH));
+        const int row = 16 * t + (mi_ & 1) * 8 + (lane & 7), col = d0 + 16 * pr + (mi_ >> 1) * 8;
+        mma::ldmatrix_x4_trans(bo, sO + flash::tile_offset<CH>(row, col));
+        mma::ldmatrix_x4_trans(bq, sQ + flash::tile_offset<CH>(row, col));
         mma::mma_16816(dv[2 * pr], pa, bo[0], bo[1]);
         mma::mma_16816(dv[2 * pr + 1], pa, bo[2], bo[3]);
         mma::mma_16816(dk[2 * pr], sa, bq[0], bq[1]);
@@ -218,9 +216,9 @@ __global__ void __launch_bounds__(kBwdThreads)
     }
     __syncthreads();
 
-    // dQ[step rows] += dS·K: A = dS (queries x keys) read transposed from dSᵀ, B = K (keys x D).
+    // dQ[step rows, slice] += dS·K: A = dS (queries x keys) read transposed from dSᵀ, B = K (keys x DH).
     {
-      const int wq = (warp % WQ) * 16, wd = (warp / WQ) * (D / WD);
+      const int wq = (warp % WQ) * 16, wd = d0 + (warp / WQ) * (DH / WD);
       float dq[DQN][4];
 #pragma unroll
       for (int j = 0; j < DQN; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
@@ -233,7 +231,7 @@ __global__ void __launch_bounds__(kBwdThreads)
         for (int pr = 0; pr < DQN / 2; ++pr) {
           uint32_t bk[4];
           mma::ldmatrix_x4_trans(
-              bk, sK + mma::swz(kk * 16 + (mi_ & 1) * 8 + (lane & 7), wd + 16 * pr + (mi_ >> 1) * 8, CH));
+              bk, sK + flash::tile_offset<CH>(kk * 16 + (mi_ & 1) * 8 + (lane & 7), wd + 16 * pr + (mi_ >> 1) * 8));
           mma::mma_16816(dq[2 * pr], as, bk[0], bk[1]);
           mma::mma_16816(dq[2 * pr + 1], as, bk[2], bk[3]);
         }
@@ -251,7 +249,7 @@ __global__ void __launch_bounds__(kBwdThreads)
   // This head's share of dK, dV for the KV head.
 #pragma unroll
   for (int j = 0; j < ND; ++j) {
-    const int d = 8 * j + 2 * qd;
+    const int d = d0 + 8 * j + 2 * qd;
     if (kr0 < T) {
       const int64_t o = (static_cast<int64_t>(kr0) * a.Hk + hk) * D + d;
       atomic_add2(dk_acc + o, dk[j][0], dk[j][1]);
@@ -281,19 +279,29 @@ void to_bf16(const float* src, int64_t n, float mul, void* dst, cudaStream_t str
   MT_CUDA_CHECK_LAUNCH();
 }
 
+// Checks first (nothing is queued when the device cannot run this head_dim), then zeroes the fp32
+// buffers and runs the three launches.
 template <int D>
 void bwd_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                  const bf16* out, const float* lse, float* dq_acc, float* dk_acc, float* dv_acc, float* delta,
-                  cudaStream_t stream) {
+                  const bf16* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc, float* dk_acc,
+                  float* dv_acc, float* delta, cudaStream_t stream) {
+  constexpr int smem = flash::BwdTiles<D>::SMEM;
+  flash::require_smem(smem, D, "backward");
+  auto kern = flash_bwd_kernel<D>;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int64_t nq = static_cast<int64_t>(a.T) * a.Hq * D, nk = static_cast<int64_t>(a.T) * a.Hk * D;
+  MT_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, nq * sizeof(float), stream));
+  MT_CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, nk * sizeof(float), stream));
+  MT_CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, nk * sizeof(float), stream));
   const int64_t rows = static_cast<int64_t>(a.T) * a.Hq;
   flash_bwd_delta_kernel<D><<<static_cast<int>((rows + 7) / 8), 256, 0, stream>>>(dout, out, a.T, a.Hq, delta);
   MT_CUDA_CHECK_LAUNCH();
-  constexpr int smem = BwdCfg<D>::SMEM;
-  auto kern = flash_bwd_kernel<D>;
-  MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid(a.Hq, (a.T + kBwdBN - 1) / kBwdBN);
+  const dim3 grid(a.Hq, (a.T + kBwdBN - 1) / kBwdBN, flash::BwdTiles<D>::SLICES);
   kern<<<grid, kBwdThreads, smem, stream>>>(a, q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc);
   MT_CUDA_CHECK_LAUNCH();
+  to_bf16(dq_acc, nq, a.scale, dq, stream);
+  to_bf16(dk_acc, nk, a.scale, dk, stream);
+  to_bf16(dv_acc, nk, 1.0f, dv, stream);
 }
 
 }  // namespace
@@ -304,23 +312,21 @@ void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const
                       const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc, float* dk_acc,
                       float* dv_acc, float* delta, cudaStream_t stream) {
   if (a.T == 0) return;
-  const int64_t nq = static_cast<int64_t>(a.T) * a.Hq * a.D, nk = static_cast<int64_t>(a.T) * a.Hk * a.D;
-  MT_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, nq * sizeof(float), stream));
-  MT_CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, nk * sizeof(float), stream));
-  MT_CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, nk * sizeof(float), stream));
   auto go = [&](auto d_c) {
     constexpr int D = decltype(d_c)::value;
     bwd_launch_d<D>(a, static_cast<const bf16*>(dout), static_cast<const bf16*>(q), static_cast<const bf16*>(k),
-                    static_cast<const bf16*>(v), static_cast<const bf16*>(out), lse, dq_acc, dk_acc, dv_acc, delta,
-                    stream);
+                    static_cast<const bf16*>(v), static_cast<const bf16*>(out), lse, dq, dk, dv, dq_acc, dk_acc,
+                    dv_acc, delta, stream);
   };
-  if (a.D == 64)
-    go(std::integral_constant<int, 64>{});
-  else
-    go(std::integral_constant<int, 128>{});
-  to_bf16(dq_acc, nq, a.scale, dq, stream);
-  to_bf16(dk_acc, nk, a.scale, dk, stream);
-  to_bf16(dv_acc, nk, 1.0f, dv, stream);
+  switch (a.D) {
+    case 32: return go(std::integral_constant<int, 32>{});
+    case 64: return go(std::integral_constant<int, 64>{});
+    case 128: return go(std::integral_constant<int, 128>{});
+    case 256: return go(std::integral_constant<int, 256>{});
+    default:
+      MT_CUDA_REQUIRE(false, "flash attention backward: head_dim " + std::to_string(a.D) +
+                                 " (supported: 32, 64, 128, 256)");
+  }
 }
 
 }  // namespace detail

@@ -1,30 +1,26 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention_kernels.h"
+#include "kernels/cuda/flash_attention_tiles.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
 
-// Flash attention forward (FlashAttention-2 dataflow, mma.sync): one block per (query head, 128-query
-// tile), 8 warps of 16 query rows. K/V tiles of 64 keys stream through a cp.async double buffer; the
-// running max / sum stay in registers (scores in the log2 domain, exp2), P is rounded to bf16 straight
-// from the score accumulators into A fragments for P·V. A query tile may span several packed
-// documents: its key range is [doc_start(first query), last query], masked per element only in tiles
-// that are not entirely visible to every row.
+// Flash attention forward (FlashAttention-2 dataflow, mma.sync): one block per (query head, BM-query
+// tile), BM / 16 warps of 16 query rows. K/V tiles of BN keys stream through a cp.async double buffer
+// (BM, BN per head_dim: flash_attention_tiles.cuh); the running max / sum stay in registers (scores in
+// the log2 domain, exp2), P is rounded to bf16 straight from the score accumulators into A fragments
+// for P·V. A query tile may span several packed documents: its key range is [doc_start(first query),
+// last query], masked per element only in tiles that are not entirely visible to every row.
 
 namespace mt::cuda {
 
 namespace {
 
+using flash::FwdCfg;
 using mma::bf16;
-
-constexpr int kFwdBM = 128, kFwdBN = 64, kFwdWarps = 8, kFwdThreads = kFwdWarps * 32;
-
-template <int D>
-constexpr int fwd_smem_bytes() {
-  return (kFwdBM * D + 4 * kFwdBN * D) * 2;  // Q + double-buffered K and V
-}
 
 // Rows [row0, row0 + ROWS) of a [T][H][D] tensor at head `head` into a swizzled [ROWS][D] tile;
 // rows >= T are zero-filled.
@@ -38,15 +34,16 @@ __device__ __forceinline__ void load_rows(uint32_t s, const bf16* base, int row0
     const int i = idx / CH, c = idx % CH, t = row0 + i;
     const bool valid = t < T;
     const bf16* src = valid ? base + (static_cast<int64_t>(t) * H + head) * D + c * 8 : base;
-    mma::cp_async_16(s + mma::swz(i, c * 8, CH), src, valid);
+    mma::cp_async_16(s + flash::tile_offset<CH>(i, c * 8), src, valid);
   }
 }
 
 template <int D>
-__global__ void __launch_bounds__(kFwdThreads, 1)
+__global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)
     flash_fwd_kernel(detail::FlashArgs a, const bf16* __restrict__ q, const bf16* __restrict__ k,
                      const bf16* __restrict__ v, bf16* __restrict__ out, float* __restrict__ lse) {
-  constexpr int BM = kFwdBM, BN = kFwdBN, CH = D / 8, NO = D / 8, NS = BN / 8;
+  constexpr int BM = FwdCfg<D>::BM, BN = FwdCfg<D>::BN, THREADS = FwdCfg<D>::WARPS * 32;
+  constexpr int CH = D / 8, NO = D / 8, NS = BN / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sQ = mma::smem_u32(smem);
   const uint32_t sK0 = sQ + BM * D * 2;  // two K buffers, then two V buffers
@@ -60,9 +57,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int ds_max = a.doc_start[q_last];
   const int ntiles = (q_last - kv_lo + BN) / BN;
 
-  load_rows<BM, D, kFwdThreads>(sQ, q, q0, T, a.Hq, h);
-  load_rows<BN, D, kFwdThreads>(sK0, k, kv_lo, T, a.Hk, hk);
-  load_rows<BN, D, kFwdThreads>(sV0, v, kv_lo, T, a.Hk, hk);
+  load_rows<BM, D, THREADS>(sQ, q, q0, T, a.Hq, h);
+  load_rows<BN, D, THREADS>(sK0, k, kv_lo, T, a.Hk, hk);
+  load_rows<BN, D, THREADS>(sV0, v, kv_lo, T, a.Hk, hk);
   mma::cp_async_commit();
 
   const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
@@ -79,8 +76,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     mma::cp_async_wait<0>();
     __syncthreads();  // this tile landed, and every warp is done with the other buffer
     if (jt + 1 < ntiles) {
-      load_rows<BN, D, kFwdThreads>(sK0 + ((jt + 1) & 1) * BN * D * 2, k, k0 + BN, T, a.Hk, hk);
-      load_rows<BN, D, kFwdThreads>(sV0 + ((jt + 1) & 1) * BN * D * 2, v, k0 + BN, T, a.Hk, hk);
+      load_rows<BN, D, THREADS>(sK0 + ((jt + 1) & 1) * BN * D * 2, k, k0 + BN, T, a.Hk, hk);
+      load_rows<BN, D, THREADS>(sV0 + ((jt + 1) & 1) * BN * D * 2, v, k0 + BN, T, a.Hk, hk);
     }
     mma::cp_async_commit();
 
@@ -91,11 +88,12 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t af[4];
-      mma::ldmatrix_x4(af, sQ + mma::swz(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8, CH));
+      mma::ldmatrix_x4(af, sQ + flash::tile_offset<CH>(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
 #pragma unroll
       for (int pr = 0; pr < NS / 2; ++pr) {
         uint32_t b[4];
-        mma::ldmatrix_x4(b, sK + mma::swz(16 * pr + (mi_ >> 1) * 8 + (lane & 7), kk * 16 + (mi_ & 1) * 8, CH));
+        const int krow = 16 * pr + (mi_ >> 1) * 8 + (lane & 7);
+        mma::ldmatrix_x4(b, sK + flash::tile_offset<CH>(krow, kk * 16 + (mi_ & 1) * 8));
         mma::mma_16816(s[2 * pr], af, b[0], b[1]);
         mma::mma_16816(s[2 * pr + 1], af, b[2], b[3]);
       }
@@ -150,7 +148,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 #pragma unroll
       for (int pr = 0; pr < D / 16; ++pr) {
         uint32_t b[4];
-        mma::ldmatrix_x4_trans(b, sV + mma::swz(16 * t + (mi_ & 1) * 8 + (lane & 7), 16 * pr + (mi_ >> 1) * 8, CH));
+        const int vrow = 16 * t + (mi_ & 1) * 8 + (lane & 7);
+        mma::ldmatrix_x4_trans(b, sV + flash::tile_offset<CH>(vrow, 16 * pr + (mi_ >> 1) * 8));
         mma::mma_16816(o[2 * pr], pa, b[0], b[1]);
         mma::mma_16816(o[2 * pr + 1], pa, b[2], b[3]);
       }
@@ -168,9 +167,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 #pragma unroll
   for (int j = 0; j < NO; ++j) {
     const int col = 8 * j + 2 * qd;
-    *reinterpret_cast<uint32_t*>(sq_bytes + mma::swz(warp * 16 + g, col, CH)) =
+    *reinterpret_cast<uint32_t*>(sq_bytes + flash::tile_offset<CH>(warp * 16 + g, col)) =
         mma::pack_bf16(o[j][0] * inv0, o[j][1] * inv0);
-    *reinterpret_cast<uint32_t*>(sq_bytes + mma::swz(warp * 16 + g + 8, col, CH)) =
+    *reinterpret_cast<uint32_t*>(sq_bytes + flash::tile_offset<CH>(warp * 16 + g + 8, col)) =
         mma::pack_bf16(o[j][2] * inv1, o[j][3] * inv1);
   }
   if (qd == 0) {
@@ -179,24 +178,26 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     if (r1 < T) lse[static_cast<int64_t>(h) * T + r1] = l1 > 0.0f ? (m1 + log2f(l1)) * kLn2 : -INFINITY;
   }
   __syncwarp();
+  static_assert(16 * CH % 32 == 0, "output rows split over the lanes");
 #pragma unroll
   for (int it = 0; it < 16 * CH / 32; ++it) {
     const int idx = it * 32 + lane;
     const int i = warp * 16 + idx / CH, c = idx % CH, t = q0 + i;
     if (t < T)
       *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(t) * a.Hq + h) * D + c * 8) =
-          *reinterpret_cast<const uint4*>(sq_bytes + mma::swz(i, c * 8, CH));
+          *reinterpret_cast<const uint4*>(sq_bytes + flash::tile_offset<CH>(i, c * 8));
   }
 }
 
 template <int D>
 void fwd_launch_d(const detail::FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
                   cudaStream_t stream) {
-  constexpr int smem = fwd_smem_bytes<D>();
+  constexpr int smem = flash::fwd_smem_bytes<D>();
+  flash::require_smem(smem, D, "forward");
   auto kern = flash_fwd_kernel<D>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid(a.Hq, (a.T + kFwdBM - 1) / kFwdBM);
-  kern<<<grid, kFwdThreads, smem, stream>>>(a, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+  const dim3 grid(a.Hq, (a.T + FwdCfg<D>::BM - 1) / FwdCfg<D>::BM);
+  kern<<<grid, FwdCfg<D>::WARPS * 32, smem, stream>>>(a, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
                                             static_cast<const bf16*>(v), static_cast<bf16*>(out), lse);
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -208,10 +209,15 @@ namespace detail {
 void flash_fwd_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
                       cudaStream_t stream) {
   if (a.T == 0) return;
-  if (a.D == 64)
-    fwd_launch_d<64>(a, q, k, v, out, lse, stream);
-  else
-    fwd_launch_d<128>(a, q, k, v, out, lse, stream);
+  switch (a.D) {
+    case 32: return fwd_launch_d<32>(a, q, k, v, out, lse, stream);
+    case 64: return fwd_launch_d<64>(a, q, k, v, out, lse, stream);
+    case 128: return fwd_launch_d<128>(a, q, k, v, out, lse, stream);
+    case 256: return fwd_launch_d<256>(a, q, k, v, out, lse, stream);
+    default:
+      MT_CUDA_REQUIRE(false, "flash attention forward: head_dim " + std::to_string(a.D) +
+                                 " (supported: 32, 64, 128, 256)");
+  }
 }
 
 }  // namespace detail

@@ -1,6 +1,7 @@
 // CUDA flash attention (forward + backward) against cpu::attention_forward / attention_backward in bf16
 // mode: causal GQA over packed documents, odd sequence lengths, many short documents, one long document,
-// head_dim 64 and 128.
+// head_dim 32, 64, 128 and 256 (each has its own tile sizes; 32 its own shared-memory swizzle, 256 a
+// backward split into two column slices: flash_attention_tiles.cuh).
 //
 // Thresholds: both sides take the same bf16 inputs and compute scores and softmax in fp32. The CPU rounds
 // the normalised P to bf16 before P·V; the GPU rounds the unnormalised exp (FlashAttention's order) and
@@ -8,7 +9,7 @@
 // rel-L2 5e-3). The log-sum-exp is fp32 on both sides: 1e-4 absolute. The backward multiplies bf16 P
 // and bf16 dS on tensor cores where the CPU keeps dS in fp32, and its outputs are bf16: max-norm 2e-2,
 // rel-L2 1e-2. A masking or indexing error gives O(1) errors. Measured on an H200: out up to 5.6e-3 / 2.8e-3,
-// lse 1e-6, gradients up to 5.1e-3 / 2.8e-3.
+// lse 1e-6, gradients up to 5.1e-3 / 2.8e-3 (head_dim 64/128; the 32 and 256 cases are not yet run on a GPU).
 #include "kernels/cuda/flash_attention.h"
 
 #include <gtest/gtest.h>
@@ -125,6 +126,27 @@ TEST(CudaFlashAttention, OneLongDocumentD128) {
   check_case({1, 517, 2, 2, 128, 60, 200}, 31);  // no GQA
 }
 
+// head_dim 32: 64-byte shared rows (4 chunks, the half-line swizzle), 64-key forward tiles, two blocks per SM.
+TEST(CudaFlashAttention, HeadDim32) {
+  MT_SKIP_WITHOUT_CUDA();
+  check_case({1, 77, 4, 2, 32, 0, 0}, 50);     // odd length, one query tile
+  check_case({2, 130, 4, 1, 32, 0, 0}, 51);    // two batch rows, MQA, a partial second tile per row
+  check_case({2, 300, 8, 2, 32, 1, 40}, 52);   // many short packed documents
+  check_case({3, 129, 6, 3, 32, 1, 150}, 53);  // documents spanning query and key tiles
+  check_case({1, 700, 4, 4, 32, 700, 700}, 54);  // one long document, no GQA
+  check_case({2, 256, 4, 2, 32, 1, 120}, 55);    // the qwen3-moe-tiny quickstart: packed rows of 256
+}
+
+// head_dim 256: 32-key forward tiles; the backward runs two 128-column slices of dQ/dK/dV per key tile.
+TEST(CudaFlashAttention, HeadDim256) {
+  MT_SKIP_WITHOUT_CUDA();
+  check_case({1, 77, 4, 2, 256, 0, 0}, 60);
+  check_case({2, 130, 2, 1, 256, 0, 0}, 61);
+  check_case({2, 300, 4, 2, 256, 1, 40}, 62);
+  check_case({3, 129, 6, 3, 256, 1, 150}, 63);
+  check_case({1, 517, 4, 1, 256, 517, 517}, 64);  // one long document: unmasked tiles, 5 backward key tiles
+}
+
 // cu_seqlens and doc ids describe the same documents; the kernels then give identical bits.
 TEST(CudaFlashAttention, CuSeqlensEqualsDocIds) {
   MT_SKIP_WITHOUT_CUDA();
@@ -169,6 +191,16 @@ TEST(CudaFlashAttention, BadShapesAreErrors) {
   Tensor out, lse;
   EXPECT_THROW(cuda::flash_attention_forward({8, 2, 1, 96}, q, kv, kv, docs, out, lse, stream0()),
                Error);  // head_dim 96
+  Tensor q16 = Tensor::empty({8, 2, 16}, DType::BF16, Device::cuda(0));
+  Tensor kv16 = Tensor::empty({8, 1, 16}, DType::BF16, Device::cuda(0));
+  EXPECT_THROW(cuda::flash_attention_forward({8, 2, 1, 16}, q16, kv16, kv16, docs, out, lse, stream0()),
+               Error);  // head_dim 16
+  Tensor q512 = Tensor::empty({8, 2, 512}, DType::BF16, Device::cuda(0));
+  Tensor kv512 = Tensor::empty({8, 1, 512}, DType::BF16, Device::cuda(0));
+  Tensor dq, dk, dv;
+  EXPECT_THROW(cuda::flash_attention_backward({8, 2, 1, 512}, q512, q512, kv512, kv512, q512, lse, docs, dq, dk, dv,
+                                              stream0()),
+               Error);  // head_dim 512
   Tensor q3 = Tensor::empty({8, 3, 64}, DType::BF16, Device::cuda(0));
   Tensor kv2 = Tensor::empty({8, 2, 64}, DType::BF16, Device::cuda(0));
   EXPECT_THROW(cuda::flash_attention_forward({8, 3, 2, 64}, q3, kv2, kv2, docs, out, lse, stream0()), Error);  // 3 % 2

@@ -1,0 +1,119 @@
+// Tile sizes of the flash-attention kernels per head_dim, and the shared-memory tile addressing they
+// share. Device/host constants only; include from flash_attention_{fwd,bwd}.cu. The byte counts and
+// measured register use of each configuration are in NOTES.md (flash attention section).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/mma_sm80.cuh"
+
+namespace mt::cuda::flash {
+
+// Byte offset of element (row, col) in a shared tile of CH 16-byte chunks (8 bf16) per row. The chunk
+// index is XOR-swizzled so that the 8 rows read by one ldmatrix 8x8 matrix (8 consecutive rows starting
+// at a multiple of 8, one logical chunk) land in 8 different 16-byte bank groups of a 128-byte line.
+// CH % 8 == 0: mma::swz (chunk ^ row % 8). CH == 4 (head_dim 32): a row is 64 bytes, so rows 2i and
+// 2i+1 share a line; chunk ^ (row / 2) % 4 keeps the chunk inside its row (a bijection) and, with the
+// row's half-line, gives the 8 rows 8 distinct bank groups. (mma::swz itself needs CH % 8 == 0: with
+// 4 chunks its XOR by row % 8 would leave the row.)
+template <int CH>
+__device__ __forceinline__ uint32_t tile_offset(int row, int col) {
+  static_assert(CH == 4 || CH % 8 == 0, "tile rows of 4 or a multiple of 8 chunks");
+  if constexpr (CH % 8 == 0)
+    return mma::swz(row, col, CH);
+  else
+    return static_cast<uint32_t>((row * 4 + ((col >> 3) ^ ((row >> 1) & 3))) * 16 + (col & 7) * 2);
+}
+
+// Forward: a block of WARPS x 16 query rows (BM) walks the key range in tiles of BN keys; Q stays in
+// shared memory, K and V tiles are double-buffered. Per warp the O accumulator is 16 x D fp32 (D / 2
+// registers per thread) and the score tile 16 x BN (BN / 8 registers per thread).
+template <int D>
+struct FwdCfg;
+// Small O accumulator (16 registers): two blocks per SM (registers capped at 128; 115 used, no spills;
+// 128-key tiles would spill at that cap).
+template <>
+struct FwdCfg<32> {
+  static constexpr int BM = 128, BN = 64, WARPS = 8, MIN_BLOCKS = 2;
+};
+template <>
+struct FwdCfg<64> {
+  static constexpr int BM = 128, BN = 64, WARPS = 8, MIN_BLOCKS = 1;
+};
+template <>
+struct FwdCfg<128> {
+  static constexpr int BM = 128, BN = 64, WARPS = 8, MIN_BLOCKS = 1;
+};
+// 128 O registers per thread: key tiles of 32 keep the scores at 16 registers (252 registers, no
+// spills; 64-key tiles spill 132 bytes at the 255 cap), and shared memory at 128 KiB (64 KiB Q +
+// 2 x 2 x 16 KiB K/V), which also fits an sm_80 part.
+template <>
+struct FwdCfg<256> {
+  static constexpr int BM = 128, BN = 32, WARPS = 8, MIN_BLOCKS = 1;
+};
+
+template <int D>
+constexpr int fwd_smem_bytes() {
+  using C = FwdCfg<D>;
+  static_assert(C::BM == 16 * C::WARPS && C::BN % 16 == 0, "forward tile shape");
+  return (C::BM * D + 4 * C::BN * D) * 2;  // Q + double-buffered K and V
+}
+
+// Backward: a block of 8 warps x 16 keys (BN = 128) walks the queries that see its keys in steps of BMQ
+// (Q, dO, lse, delta, doc_start double-buffered). Per warp dK and dV accumulate 16 x DH fp32 in
+// registers (DH / 2 registers per thread each), so DH is capped at 128: for D = 256 each block owns one
+// DH-column slice of dQ/dK/dV (grid z = D / DH) and recomputes Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ over the full
+// D (2 of the 5 GEMMs done twice: 1.4x the FLOPs, traded for no dK/dV exchange between warps).
+template <int D>
+struct BwdCfg;
+// BMQ = 64 is the smallest step the dQ warp split allows at DH = 32 (DQN = 2). Two blocks per SM cap
+// registers at 128: ptxas spills 12 bytes there (198 registers uncapped, one block per SM).
+template <>
+struct BwdCfg<32> {
+  static constexpr int BMQ = 64, DH = 32, MIN_BLOCKS = 2;
+};
+template <>
+struct BwdCfg<64> {
+  static constexpr int BMQ = 64, DH = 64, MIN_BLOCKS = 1;
+};
+template <>
+struct BwdCfg<128> {
+  static constexpr int BMQ = 32, DH = 128, MIN_BLOCKS = 1;
+};
+template <>
+struct BwdCfg<256> {
+  static constexpr int BMQ = 32, DH = 128, MIN_BLOCKS = 1;
+};
+
+constexpr int kBwdBN = 128, kBwdWarps = 8, kBwdThreads = kBwdWarps * 32;
+
+template <int D>
+struct BwdTiles {
+  using C = BwdCfg<D>;
+  static constexpr int BMQ = C::BMQ, DH = C::DH, SLICES = D / DH;
+  static constexpr int LDS = BMQ + 8;  // dSᵀ staging row stride (elements): conflict-free ldmatrix
+  static constexpr int Q_BYTES = BMQ * D * 2;
+  // K, V, 2 x (Q, dO), dSᵀ, then 2 x (lse, delta, doc_start) of BMQ each.
+  static constexpr int SMEM = 2 * kBwdBN * D * 2 + 4 * Q_BYTES + kBwdBN * LDS * 2 + 2 * 3 * BMQ * 4;
+  // dQ step tile BMQ x DH split over the warps: WQ warps along queries (16 rows each), WD along columns.
+  static constexpr int WQ = BMQ / 16, WD = kBwdWarps / WQ, DQN = DH / WD / 8;
+  static_assert(D % DH == 0 && DH % 16 == 0 && BMQ % 16 == 0, "backward tile shape");
+  static_assert(WQ * WD == kBwdWarps && DQN % 2 == 0, "dQ warp split");
+};
+
+// A tile configuration larger than the current device's opt-in shared memory per block (the D = 256
+// backward's 203 KiB on an sm_80 part, which allows 163 KiB) fails here with the numbers, not with
+// cudaFuncSetAttribute's "invalid argument".
+inline void require_smem(int bytes, int head_dim, const char* pass) {
+  int dev = 0, optin = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  MT_CUDA_REQUIRE(bytes <= optin, "flash attention " + std::string(pass) + " at head_dim " + std::to_string(head_dim) +
+                                      " needs " + std::to_string(bytes) + " bytes of shared memory per block; device " +
+                                      std::to_string(dev) + " allows " + std::to_string(optin));
+}
+
+}  // namespace mt::cuda::flash
