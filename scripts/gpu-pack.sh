@@ -11,5 +11,9 @@ done
 for l in libgomp.so.1 libopenblas.so.0 libonig.so.5 libutf8proc.so.2 libyaml-cpp.so.0.7 libgfortran.so.5 libquadmath.so.0; do
   cp -L "/lib/x86_64-linux-gnu/$l" .carry/gpu/lib/
 done
+# The commit the binaries were built from (+dirty when the working tree had changes), for the results.
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+[[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]] && commit="$commit+dirty"
+echo "$commit" > .carry/gpu/COMMIT
 (cd .carry && tar cJf gpu.tar.xz gpu)
 ls -la .carry/gpu.tar.xz

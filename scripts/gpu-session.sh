@@ -7,7 +7,8 @@
 # CARRY_TARBALL: .carry/gpu.tar.xz made by scripts/gpu-pack.sh (bin/ with mixtune, mixtune_tests and the
 # kernel benches, lib/ with the non-system shared libraries they need).
 # STAGES: tests (Cuda* gtests) | standard | fp32master | long | mixtune-standard (mixtune side only) |
-#         kernels (grouped GEMM + flash-attention microbenchmarks)
+#         kernels (grouped GEMM + flash-attention microbenchmarks) | kernels-wgrad1, mixtune-standard-wgrad1
+#         (the same with MIXTUNE_WGRAD_BLOCKS_PER_SM=1) | quickstart (needs .carry/qs.tar.xz)
 set -uo pipefail
 [[ $# -lt 2 ]] && { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
@@ -18,6 +19,7 @@ export NCCL_NVLS_ENABLE=0
 G=/tmp/mixtune-gpu
 rm -rf "$G" && mkdir -p "$G" && tar xJf "$TARBALL" -C "$G" || { echo "cannot unpack $TARBALL" >&2; exit 2; }
 BIN=$G/gpu/bin
+export MIXTUNE_COMMIT=$(cat "$G/gpu/COMMIT" 2>/dev/null || echo unknown)
 export LIB_DIR=$G/gpu/lib
 export LD_LIBRARY_PATH="$LIB_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -30,7 +32,21 @@ for stage in "$@"; do
     standard|fp32master|long) OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$stage" || rc=1 ;;
     mixtune-standard) SIDES=mixtune NAME=mixtune-standard OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     kernels) "$BIN/mixtune_bench_grouped_gemm" > "$OUT/grouped_gemm.json" 2>&1; "$BIN/mixtune_bench_flash_attention" \
-               > "$OUT/flash_attention.json" 2>&1; tail -5 "$OUT"/grouped_gemm.json "$OUT"/flash_attention.json ;;
+               > "$OUT/flash_attention.json" 2>&1; tail -12 "$OUT"/grouped_gemm.json "$OUT"/flash_attention.json ;;
+    kernels-wgrad1) MIXTUNE_WGRAD_BLOCKS_PER_SM=1 "$BIN/mixtune_bench_grouped_gemm" > "$OUT/grouped_gemm_wgrad1.json" 2>&1
+               tail -12 "$OUT/grouped_gemm_wgrad1.json" ;;
+    mixtune-standard-wgrad1) MIXTUNE_WGRAD_BLOCKS_PER_SM=1 SIDES=mixtune NAME=mixtune-standard-wgrad1 OUT=$OUT \
+               bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
+    quickstart)  # the README quickstart's fine-tune on the GPU (data and tokenizer carried in .carry/qs.tar.xz)
+      Q=/tmp/mixtune-qs && rm -rf "$Q" && mkdir -p "$Q" && tar xJf .carry/qs.tar.xz -C "$Q" && rm -rf runs/quickstart \
+        && mkdir -p runs && cp -r "$Q/runs/quickstart" runs/ \
+        && "$BIN/mixtune" init --preset qwen3-moe-tiny --seed 1234 --dtype float32 --tokenizer "$Q/tok" runs/quickstart/base \
+        && { time "$BIN/mixtune" finetune recipes/quickstart.yaml; } > "$OUT/quickstart.log" 2>&1; qrc=$?
+      tail -25 "$OUT/quickstart.log"; [[ $qrc -eq 0 ]] || rc=1
+      cp runs/quickstart/finetune/metrics.jsonl "$OUT/quickstart-metrics.jsonl" 2>/dev/null
+      python3 -c 'import json,sys; ex=json.loads(open("runs/quickstart/data/eval.jsonl").readline()); json.dump([m for m in ex["messages"] if m["role"]!="assistant"], open("/tmp/qs-prompt.json","w")); print("question:", ex["messages"][-2]["content"], "| expected:", ex["messages"][-1]["content"])'
+      "$BIN/mixtune" generate --model runs/quickstart/finetune/final --chat /tmp/qs-prompt.json --temperature 0 \
+        --max-new-tokens 24 --no-thinking ;;
     *) echo "unknown stage $stage" >&2; rc=2 ;;
   esac
 done

@@ -37,11 +37,17 @@ __device__ inline float lerp_torch(float self, float end, float w) {
   return fabsf(w) < 0.5f ? fmaf(w, d, self) : fmaf(-d, __fsub_rn(1.0f, w), end);
 }
 
-__device__ inline uint32_t hash32(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return static_cast<uint32_t>((x ^ (x >> 31)) >> 32);
+// 16 random bits per element for stochastic rounding: a 32-bit integer hash (lowbias32) of the element
+// index folded with the step's seed. 32-bit multiplies only: the pure-bf16 update is arithmetic-bound,
+// and a 64-bit mix per element cost more than the memory traffic.
+__device__ inline uint32_t hash32(uint32_t seed, uint64_t index) {
+  uint32_t x = seed ^ static_cast<uint32_t>(index) ^ (static_cast<uint32_t>(index >> 32) * 0x9e3779b9u);
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
 }
 
 // Stochastic rounding to bf16: add 16 random bits below the kept ones and truncate, so the expected
@@ -65,6 +71,7 @@ __global__ void adamw_kernel(AdamWLaunch L, AdamWScalars s, const float* __restr
   const float coef = clip ? *clip : 1.0f;
   const float decay_mul = L.decay_mul[i];
   const int64_t stride = blockDim.x;
+  const uint32_t seed32 = static_cast<uint32_t>(s.seed ^ (s.seed >> 32));
   for (int64_t k0 = begin + threadIdx.x; k0 < end; k0 += stride * kAdamwIlp) {
     float g[kAdamwIlp], p[kAdamwIlp], m[kAdamwIlp], v[kAdamwIlp];
 #pragma unroll
@@ -109,7 +116,7 @@ __global__ void adamw_kernel(AdamWLaunch L, AdamWScalars s, const float* __restr
         static_cast<bf16*>(L.param[i])[k] = __float2bfloat16_rn(pu);
       } else if (f & kParamBf16) {
         static_cast<bf16*>(L.param[i])[k] =
-            bf16_stochastic(pu, hash32(s.seed ^ static_cast<uint64_t>(L.offset[i] + k)));
+            bf16_stochastic(pu, hash32(seed32, static_cast<uint64_t>(L.offset[i] + k)));
       } else {
         static_cast<float*>(L.param[i])[k] = pu;
       }

@@ -2,16 +2,17 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/grouped_gemm_kernels.h"
 #include "kernels/cuda/mma_sm80.cuh"
 
-// Grouped expert GEMM, one templated kernel for the three products of an expert layer (NOTES.md,
-// "Grouped expert GEMM"). The logical product is C[m][n] = Σ_k A(m, k) · B(n, k):
+// Grouped expert GEMM: a templated M-grouped kernel (forward, dgrad) and a K-grouped one (wgrad) for the
+// three products of an expert layer (NOTES.md, "Grouped expert GEMM"). The logical product is C[m][n] = Σ_k A(m, k) · B(n, k):
 //   Fwd   (M-grouped): A = X rows of expert e [rows][K]   B = W_e [N][K]           C = Y rows [rows][N] bf16
 //   Dgrad (M-grouped): A = dY rows [rows][J]             B = W_e [J][N] (k = j)   C = dX rows [rows][N] bf16
-//   Wgrad (K-grouped): A = dY rows, read as [k = row][m]  B = X rows [k = row][n]  C = dW_e [M][N] fp32 (+=)
+//   Wgrad (K-grouped): A = dY rows, read as [k = row][m]  B = X rows [k = row][n]  C = dW_e [M][N] fp32|bf16 (+=)
 // Tiles BM x BN x BK with a cp.async multi-stage pipeline into XOR-swizzled shared memory, ldmatrix
 // (.trans where the operand is stored k-major-by-rows) and mma.sync m16n8k16. The grid is persistent:
 // each block reads the device offsets, builds the (expert, m-tile, n-tile) schedule in shared memory and
@@ -75,12 +76,11 @@ __device__ __forceinline__ void load_tile(uint32_t s, const bf16* g, int64_t ld,
   }
 }
 
+// M-grouped products (forward, dgrad): rows of the grouped layout, tiles of BM rows inside one expert.
 template <Mode MODE>
-__global__ void __launch_bounds__(THREADS,
-                                  MODE == Mode::Wgrad ? MT_GROUPED_GEMM_WGRAD_MIN_BLOCKS : MT_GROUPED_GEMM_MIN_BLOCKS)
-    grouped_gemm_kernel(Problem p) {
-  constexpr bool A_K = MODE != Mode::Wgrad;  // A stored [m][k] (else [k][m])
-  constexpr bool B_K = MODE == Mode::Fwd;    // B stored [n][k] (else [k][n])
+__global__ void __launch_bounds__(THREADS, MT_GROUPED_GEMM_MIN_BLOCKS) grouped_gemm_kernel(Problem p) {
+  static_assert(MODE != Mode::Wgrad, "the K-grouped wgrad has its own kernel");
+  constexpr bool B_K = MODE == Mode::Fwd;  // B stored [n][k] (else [k][n]); A is always [m][k]
   extern __shared__ __align__(128) unsigned char smem[];
   int* s_off = reinterpret_cast<int*>(smem + PIPE_BYTES);  // [E + 1] offsets
   int* s_tiles = s_off + (p.E + 1);                        // [E + 1] m-tile prefix (M-grouped)
@@ -88,12 +88,12 @@ __global__ void __launch_bounds__(THREADS,
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm0 = (warp / WARPS_N) * WTM, wn0 = (warp % WARPS_N) * WTN;
 
-  // ---- schedule: offsets into shared memory, and (M-grouped) the exclusive prefix of m-tiles.
+  // ---- schedule: offsets into shared memory, and the exclusive prefix of m-tiles.
   for (int e = tid; e <= p.E; e += THREADS) s_off[e] = p.offsets[e];
   __syncthreads();
   const int ntn = (p.N + BN - 1) / BN;
   int64_t total;
-  if constexpr (MODE != Mode::Wgrad) {
+  {
     __shared__ int s_warp[THREADS / 32];
     const int per = (p.E + THREADS - 1) / THREADS, e0 = min(tid * per, p.E), e1 = min(e0 + per, p.E);
     int local = 0;
@@ -116,13 +116,11 @@ __global__ void __launch_bounds__(THREADS,
     if (tid == THREADS - 1) s_tiles[p.E] = before + incl;
     __syncthreads();
     total = static_cast<int64_t>(s_tiles[p.E]) * ntn;
-  } else {
-    total = static_cast<int64_t>(p.E) * ((p.M + BM - 1) / BM) * ntn;
   }
 
   for (int64_t tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    int e, m0, n0, row0, row_end, KT;
-    if constexpr (MODE != Mode::Wgrad) {
+    int e, n0, row0, row_end, KT;
+    {
       const int mt = static_cast<int>(tile / ntn);
       n0 = static_cast<int>(tile % ntn) * BN;
       int lo = 0, hi = p.E;  // largest e with s_tiles[e] <= mt
@@ -136,19 +134,7 @@ __global__ void __launch_bounds__(THREADS,
       e = lo;
       row0 = s_off[e] + (mt - s_tiles[e]) * BM;
       row_end = s_off[e + 1];
-      m0 = row0;
       KT = (p.K + BK - 1) / BK;
-    } else {
-      const int mtm = (p.M + BM - 1) / BM;
-      const int64_t per_e = static_cast<int64_t>(mtm) * ntn;
-      e = static_cast<int>(tile / per_e);
-      const int rem = static_cast<int>(tile % per_e);
-      m0 = (rem / ntn) * BM;
-      n0 = (rem % ntn) * BN;
-      row0 = s_off[e];
-      row_end = s_off[e + 1];
-      KT = (row_end - row0 + BK - 1) / BK;
-      if (KT == 0 && p.accumulate) continue;  // nothing to add for an expert without tokens
     }
 
     float acc[MI][NI][4];
@@ -164,17 +150,11 @@ __global__ void __launch_bounds__(THREADS,
       const uint32_t sA = sbase + stage * A_STAGE * 2;
       const uint32_t sB = sbase + (STAGES * A_STAGE + stage * B_STAGE) * 2;
       const int k0 = kt * BK;
-      if constexpr (MODE == Mode::Wgrad) {
-        const int r = row0 + k0;  // reduction rows of this stage
-        load_tile<BK, BM / 8>(sA, p.A + static_cast<int64_t>(r) * p.lda + m0, p.lda, row_end - r, m0, p.M);
-        load_tile<BK, BN / 8>(sB, Bexp + static_cast<int64_t>(r) * p.ldb + n0, p.ldb, row_end - r, n0, p.N);
-      } else {
-        load_tile<BM, BK / 8>(sA, p.A + static_cast<int64_t>(row0) * p.lda + k0, p.lda, row_end - row0, k0, p.K);
-        if constexpr (B_K)
-          load_tile<BN, BK / 8>(sB, Bexp + static_cast<int64_t>(n0) * p.ldb + k0, p.ldb, p.N - n0, k0, p.K);
-        else
-          load_tile<BK, BN / 8>(sB, Bexp + static_cast<int64_t>(k0) * p.ldb + n0, p.ldb, p.K - k0, n0, p.N);
-      }
+      load_tile<BM, BK / 8>(sA, p.A + static_cast<int64_t>(row0) * p.lda + k0, p.lda, row_end - row0, k0, p.K);
+      if constexpr (B_K)
+        load_tile<BN, BK / 8>(sB, Bexp + static_cast<int64_t>(n0) * p.ldb + k0, p.ldb, p.N - n0, k0, p.K);
+      else
+        load_tile<BK, BN / 8>(sB, Bexp + static_cast<int64_t>(k0) * p.ldb + n0, p.ldb, p.K - k0, n0, p.N);
     };
 
 #pragma unroll
@@ -196,13 +176,8 @@ __global__ void __launch_bounds__(THREADS,
       for (int kk = 0; kk < BK / 16; ++kk) {
         uint32_t a[MI][4], b[NI][2];
 #pragma unroll
-        for (int i = 0; i < MI; ++i) {
-          if constexpr (A_K)
-            mma::ldmatrix_x4(a[i], sA + mma::swz(wm0 + 16 * i + (lane & 15), kk * 16 + (lane >> 4) * 8, BK / 8));
-          else
-            mma::ldmatrix_x4_trans(
-                a[i], sA + mma::swz(kk * 16 + (mi_ >> 1) * 8 + (lane & 7), wm0 + 16 * i + (mi_ & 1) * 8, BM / 8));
-        }
+        for (int i = 0; i < MI; ++i)
+          mma::ldmatrix_x4(a[i], sA + mma::swz(wm0 + 16 * i + (lane & 15), kk * 16 + (lane >> 4) * 8, BK / 8));
 #pragma unroll
         for (int j = 0; j < NI / 2; ++j) {
           uint32_t r[4];
@@ -225,7 +200,7 @@ __global__ void __launch_bounds__(THREADS,
 
     // ---- epilogue through shared memory, 16-byte global accesses.
     const int g = lane >> 2, q = lane & 3;
-    if constexpr (MODE != Mode::Wgrad) {
+    {
       bf16* sC = reinterpret_cast<bf16*>(smem);
       constexpr int LDS = BN + C_PAD;
 #pragma unroll
@@ -244,74 +219,176 @@ __global__ void __launch_bounds__(THREADS,
           *reinterpret_cast<uint4*>(C + static_cast<int64_t>(row0 + i) * p.ldc + n0 + c) =
               *reinterpret_cast<const uint4*>(sC + i * LDS + c);
       }
-    } else {
-      float* sC = reinterpret_cast<float*>(smem);
-      constexpr int LDS = BN + C_PAD;
-#pragma unroll
-      for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NI; ++j) {
-          const int r = wm0 + 16 * i + g, c = wn0 + 8 * j + 2 * q;
-          *reinterpret_cast<float2*>(sC + r * LDS + c) = make_float2(acc[i][j][0], acc[i][j][1]);
-          *reinterpret_cast<float2*>(sC + (r + 8) * LDS + c) = make_float2(acc[i][j][2], acc[i][j][3]);
-        }
-      __syncthreads();
-      // Read-add-write of the dW tile: the old values of EPI_BATCH 4-element groups are loaded before any
-      // is stored, so a thread waits for one round trip per batch instead of one per group (the tile
-      // epilogue is most of a wgrad block's time: its reduction is only an expert's few hundred rows).
-      constexpr int GROUPS = BM * BN / 4 / THREADS, EPI_BATCH = 8;
-      static_assert(GROUPS % EPI_BATCH == 0, "epilogue batches");
-#pragma unroll
-      for (int g0 = 0; g0 < GROUPS; g0 += EPI_BATCH) {
-        float4 old[EPI_BATCH];
-        int64_t at[EPI_BATCH];
-        bool ok[EPI_BATCH];
-#pragma unroll
-        for (int u = 0; u < EPI_BATCH; ++u) {
-          const int idx = (g0 + u) * THREADS + tid;
-          const int i = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
-          ok[u] = m0 + i < p.M && n0 + c < p.N;
-          at[u] = static_cast<int64_t>(e) * p.c_stride + static_cast<int64_t>(m0 + i) * p.ldc + n0 + c;
-          old[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (ok[u] && p.accumulate) {
-            if (p.c_bf16) {
-              // 4 bf16 = 8 bytes: N % 8 == 0 and 16-byte aligned rows keep this aligned.
-              const uint2 o = *reinterpret_cast<const uint2*>(static_cast<const bf16*>(p.C) + at[u]);
-              const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o.x));
-              const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o.y));
-              old[u] = make_float4(lo.x, lo.y, hi.x, hi.y);
-            } else {
-              old[u] = *reinterpret_cast<const float4*>(static_cast<const float*>(p.C) + at[u]);
-            }
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < EPI_BATCH; ++u) {
-          if (!ok[u]) continue;
-          const int idx = (g0 + u) * THREADS + tid;
-          const int i = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
-          float4 v = *reinterpret_cast<const float4*>(sC + i * LDS + c);
-          v.x += old[u].x, v.y += old[u].y, v.z += old[u].z, v.w += old[u].w;
-          if (p.c_bf16) {
-            const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-            uint2 out;
-            out.x = *reinterpret_cast<const uint32_t*>(&lo);
-            out.y = *reinterpret_cast<const uint32_t*>(&hi);
-            *reinterpret_cast<uint2*>(static_cast<bf16*>(p.C) + at[u]) = out;
-          } else {
-            *reinterpret_cast<float4*>(static_cast<float*>(p.C) + at[u]) = v;
-          }
-        }
-      }
     }
     __syncthreads();  // the next tile's prologue reuses the staging memory
   }
 }
 
+
+// K-grouped weight gradient dW_e (+)= dY_eᵀ·X_e: one BM×BN tile of one expert's dW per block and tile, the
+// reduction over that expert's rows (a few hundred per micro-batch: a short main loop). What dominates is
+// the tile's fixed cost — the pipeline fill and the read-add-write of the dW tile — so this kernel
+// overlaps them: once a tile's main loop is done, the next tile's first stages are issued (cp.async)
+// before the current tile's epilogue, and the epilogue goes from registers straight to global memory
+// (no staging through the pipeline buffers), loading a row of fragments' old values before adding.
+template <int MIN_BLOCKS>
+__global__ void __launch_bounds__(THREADS, MIN_BLOCKS) grouped_wgrad_kernel(Problem p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  int* s_off = reinterpret_cast<int*>(smem + PIPE_BYTES);  // [E + 1] offsets
+  const uint32_t sbase = mma::smem_u32(smem);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm0 = (warp / WARPS_N) * WTM, wn0 = (warp % WARPS_N) * WTN;
+  const int g = lane >> 2, q = lane & 3, mi_ = lane >> 3;
+  for (int e = tid; e <= p.E; e += THREADS) s_off[e] = p.offsets[e];
+  __syncthreads();
+  const int ntn = (p.N + BN - 1) / BN, mtm = (p.M + BM - 1) / BM;
+  const int64_t per_e = static_cast<int64_t>(mtm) * ntn, total = p.E * per_e;
+
+  struct Tile {
+    int e, m0, n0, row0, row_end, KT;
+  };
+  auto decode = [&](int64_t t) {
+    Tile x;
+    x.e = static_cast<int>(t / per_e);
+    const int rem = static_cast<int>(t % per_e);
+    x.m0 = (rem / ntn) * BM;
+    x.n0 = (rem % ntn) * BN;
+    x.row0 = s_off[x.e];
+    x.row_end = s_off[x.e + 1];
+    x.KT = (x.row_end - x.row0 + BK - 1) / BK;
+    return x;
+  };
+  // The next tile this block owns that has work (an expert without rows adds nothing when accumulating).
+  auto next_tile = [&](int64_t t) {
+    while (t < total && p.accumulate && s_off[t / per_e + 1] == s_off[t / per_e]) t += gridDim.x;
+    return t;
+  };
+  auto load_stage = [&](const Tile& x, int stage, int kt) {
+    const uint32_t sA = sbase + stage * A_STAGE * 2;
+    const uint32_t sB = sbase + (STAGES * A_STAGE + stage * B_STAGE) * 2;
+    const int r = x.row0 + kt * BK;  // reduction rows of this stage
+    load_tile<BK, BM / 8>(sA, p.A + static_cast<int64_t>(r) * p.lda + x.m0, p.lda, x.row_end - r, x.m0, p.M);
+    load_tile<BK, BN / 8>(sB, p.B + static_cast<int64_t>(r) * p.ldb + x.n0, p.ldb, x.row_end - r, x.n0, p.N);
+  };
+  auto prologue = [&](const Tile& x) {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < x.KT) load_stage(x, s, s);
+      mma::cp_async_commit();
+    }
+  };
+
+  int64_t tile = next_tile(blockIdx.x);
+  if (tile >= total) return;
+  Tile cur = decode(tile);
+  prologue(cur);
+  while (true) {
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int j = 0; j < NI; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+
+    for (int kt = 0; kt < cur.KT; ++kt) {
+      mma::cp_async_wait<STAGES - 2>();
+      __syncthreads();
+      const int nk = kt + STAGES - 1;
+      if (nk < cur.KT) load_stage(cur, nk % STAGES, nk);
+      mma::cp_async_commit();
+      const int stage = kt % STAGES;
+      const uint32_t sA = sbase + stage * A_STAGE * 2;
+      const uint32_t sB = sbase + (STAGES * A_STAGE + stage * B_STAGE) * 2;
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        uint32_t a[MI][4], b[NI][2];
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+          mma::ldmatrix_x4_trans(
+              a[i], sA + mma::swz(kk * 16 + (mi_ >> 1) * 8 + (lane & 7), wm0 + 16 * i + (mi_ & 1) * 8, BM / 8));
+#pragma unroll
+        for (int j = 0; j < NI / 2; ++j) {
+          uint32_t r[4];
+          mma::ldmatrix_x4_trans(
+              r, sB + mma::swz(kk * 16 + (mi_ & 1) * 8 + (lane & 7), wn0 + 16 * j + (mi_ >> 1) * 8, BN / 8));
+          b[2 * j][0] = r[0], b[2 * j][1] = r[1], b[2 * j + 1][0] = r[2], b[2 * j + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+          for (int j = 0; j < NI; ++j) mma::mma_16816(acc[i][j], a[i], b[j][0], b[j][1]);
+      }
+    }
+    mma::cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the pipeline buffers: the next tile may fill them
+
+    const Tile done = cur;
+    tile = next_tile(tile + gridDim.x);
+    if (tile < total) {
+      cur = decode(tile);
+      prologue(cur);
+    }
+
+    // Epilogue of `done` from registers: per i, the 2·NI fragment pairs (rows r and r + 8, columns c, c + 1).
+    const int64_t cbase = static_cast<int64_t>(done.e) * p.c_stride;
+#pragma unroll
+    for (int i = 0; i < MI; ++i) {
+      // Positions are recomputed in the second loop rather than kept: registers are at the 128 cap.
+      auto pos = [&](int j, int h, int64_t& at) {
+        const int r = done.m0 + wm0 + 16 * i + g + 8 * h, c = done.n0 + wn0 + 8 * j + 2 * q;
+        at = cbase + static_cast<int64_t>(r) * p.ldc + c;
+        return r < p.M && c < p.N;  // N % 8 == 0: c < N implies c + 1 < N
+      };
+      float2 old[NI][2];
+#pragma unroll
+      for (int j = 0; j < NI; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          int64_t at;
+          old[j][h] = make_float2(0.f, 0.f);
+          if (pos(j, h, at) && p.accumulate) {
+            if (p.c_bf16)
+              old[j][h] =
+                  __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(static_cast<const bf16*>(p.C) + at));
+            else
+              old[j][h] = *reinterpret_cast<const float2*>(static_cast<const float*>(p.C) + at);
+          }
+        }
+#pragma unroll
+      for (int j = 0; j < NI; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          int64_t at;
+          if (!pos(j, h, at)) continue;
+          const float x = acc[i][j][2 * h] + old[j][h].x, y = acc[i][j][2 * h + 1] + old[j][h].y;
+          if (p.c_bf16)
+            *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(p.C) + at) = __floats2bfloat162_rn(x, y);
+          else
+            *reinterpret_cast<float2*>(static_cast<float*>(p.C) + at) = make_float2(x, y);
+        }
+    }
+    if (tile >= total) break;
+  }
+}
+
+// Blocks per SM the wgrad kernel is compiled for: 2 (128 registers, a few spills; a second block hides
+// the first one's epilogue) by default; MIXTUNE_WGRAD_BLOCKS_PER_SM=1 selects the unspilled one-block
+// build (for measuring which wins on a GPU).
+int wgrad_blocks_per_sm() {
+  static const int v = [] {
+    const char* e = std::getenv("MIXTUNE_WGRAD_BLOCKS_PER_SM");
+    return e && e[0] == '1' ? 1 : MT_GROUPED_GEMM_WGRAD_MIN_BLOCKS;
+  }();
+  return v;
+}
+
 template <Mode MODE>
 void launch(const Problem& p, int64_t max_tiles, int sm_count, cudaStream_t stream) {
   if (max_tiles <= 0) return;
-  auto kern = grouped_gemm_kernel<MODE>;
+  auto kern = grouped_gemm_kernel<MODE == Mode::Wgrad ? Mode::Fwd : MODE>;
+  if constexpr (MODE == Mode::Wgrad)
+    kern = wgrad_blocks_per_sm() == 1 ? grouped_wgrad_kernel<1> : grouped_wgrad_kernel<2>;
   const size_t smem = PIPE_BYTES + 2 * (p.E + 1) * sizeof(int);
   // Attribute and occupancy are per kernel and device; cheap enough to query at every launch.
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <random>
 
@@ -196,6 +197,8 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log) {
   const double tflops = tps * fpt / 1e12;
 
   j["tool"] = "mixtune";
+  const char* commit = std::getenv("MIXTUNE_COMMIT");  // set by scripts/gpu-session.sh from the packed build
+  j["commit"] = commit && *commit ? commit : "unknown";
   j["command"] = o.command;
   j["gpu"] = prop.name;
   j["model"] = {{"preset", o.model_dir.empty() ? o.preset : ""},
