@@ -73,6 +73,7 @@ class CpuEngine final : public TrainEngine {
   }
   void optimizer_state_load(const std::string& dir) override { optimizer_state_read(dir, optimizer_.named_state()); }
   int64_t peak_memory_bytes() const override { return memory_stats(Device::cpu()).peak_bytes; }
+  int64_t peak_reserved_bytes() const override { return peak_memory_bytes(); }
 
  private:
   static AdamWOptions adamw_options(const Recipe& r) {
@@ -107,7 +108,7 @@ const CudaEngineHooks* cuda_engine_hooks() {
   return h.create ? &h : nullptr;
 }
 
-int train_device_resolve(const Recipe& r, std::string* why) {
+int train_device_resolve(const Recipe& r, const Qwen3MoeConfig& cfg, std::string* why) {
   const std::string& d = r.train.device;
   if (d == "cpu") return -1;
   const CudaEngineHooks* h = cuda_engine_hooks();
@@ -121,6 +122,10 @@ int train_device_resolve(const Recipe& r, std::string* why) {
       if (why) *why = "no CUDA device found";
       return -1;
     }
+    if (const std::string no = h->unsupported(cfg); !no.empty()) {
+      if (why) *why = "the CUDA path cannot run this model: " + no;
+      return -1;
+    }
     if (why) *why = "a CUDA device is present";
     return 0;
   }
@@ -130,6 +135,8 @@ int train_device_resolve(const Recipe& r, std::string* why) {
   if (index >= count)
     fail("train.device: '{}': {} CUDA device{} found", d, count == 0 ? "no" : std::to_string(count),
          count == 1 ? "" : "s");
+  if (const std::string no = h->unsupported(cfg); !no.empty())
+    fail("train.device: '{}': the CUDA path cannot run this model: {} (use cpu)", d, no);
   return index;
 }
 

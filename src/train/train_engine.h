@@ -45,7 +45,8 @@ class TrainEngine {
   // Optimizer state as host tensors named "<param>.exp_avg|exp_avg_sq|master" (for optimizer.safetensors).
   virtual std::vector<std::pair<std::string, Tensor>> optimizer_state_host() = 0;
   virtual void optimizer_state_load(const std::string& checkpoint_dir) = 0;
-  virtual int64_t peak_memory_bytes() const = 0;
+  virtual int64_t peak_memory_bytes() const = 0;    // peak allocated (CPU: host tensors; CUDA: device allocator)
+  virtual int64_t peak_reserved_bytes() const = 0;  // CUDA: peak obtained from the driver; CPU: = allocated
 };
 
 // The CPU reference engine. lm must outlive it.
@@ -54,13 +55,15 @@ std::unique_ptr<TrainEngine> cpu_engine_create(CausalLM& lm, const Recipe& r);
 // The CUDA engine factory, registered by the CUDA library at start-up (absent in a CPU-only build).
 struct CudaEngineHooks {
   std::function<int()> device_count;
+  std::function<std::string(const Qwen3MoeConfig&)> unsupported;  // "" or why the model cannot train on CUDA
   std::function<std::unique_ptr<TrainEngine>(CausalLM& lm, const Recipe& r, int device, std::FILE* log)> create;
 };
 void cuda_engine_register(CudaEngineHooks hooks);
 const CudaEngineHooks* cuda_engine_hooks();  // null without CUDA support
 
-// train.device resolved: -1 = CPU, else the CUDA device index. `why` receives a one-line reason for
-// the choice when train.device is auto. Throws for cuda/cuda:N without a usable device.
-int train_device_resolve(const Recipe& r, std::string* why);
+// train.device resolved for a model: -1 = CPU, else the CUDA device index. `why` receives a one-line reason
+// for the choice when train.device is auto (auto falls back to the CPU for a model the CUDA path cannot
+// run). Throws for cuda/cuda:N without a usable device or for an unsupported model.
+int train_device_resolve(const Recipe& r, const Qwen3MoeConfig& cfg, std::string* why);
 
 }  // namespace mt

@@ -116,8 +116,6 @@ std::string dataset_summary(const char* what, const DatasetOptions& o, const Dat
 }  // namespace
 
 FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
-  std::string device_why;
-  const int device = train_device_resolve(r, &device_why);
   const bool tty = o.progress_tty >= 0 ? o.progress_tty == 1 : isatty(fileno(o.log)) == 1;
   ProgressReporter progress(o.log, tty, r.train.log_every);
   const fs::path run_dir = r.checkpoint.dir;
@@ -188,6 +186,8 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
                             : std::max<int64_t>(1, (batches_per_epoch * r.train.epochs + r.train.grad_accum - 1) /
                                                        r.train.grad_accum);
 
+  std::string device_why;
+  const int device = train_device_resolve(r, cfg, &device_why);
   std::unique_ptr<TrainEngine> engine =
       device < 0 ? cpu_engine_create(lm, r) : cuda_engine_hooks()->create(lm, r, device, o.log);
   progress.message(fmt::format("device: {}{}", engine->device_name(),
@@ -265,6 +265,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
     rec["trained_tokens"] = window_labels;
     rec["tokens_per_s"] = seconds > 0 ? static_cast<double>(window_tokens) / seconds : 0.0;
     rec["peak_memory_bytes"] = engine->peak_memory_bytes();
+    rec["peak_reserved_bytes"] = engine->peak_reserved_bytes();
     rec["epoch"] = st.loader.epoch;
     if (!finite) rec["skipped"] = true;
 

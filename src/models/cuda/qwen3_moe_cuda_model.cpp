@@ -1,6 +1,9 @@
 #include "models/cuda/qwen3_moe_cuda_model.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
+#include "kernels/cuda/flash_attention_dims.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/embedding.h"
@@ -84,15 +87,27 @@ bool config_adds_aux(const Qwen3MoeConfig& c) { return c.output_router_logits &&
 
 }  // namespace
 
+std::string cuda_model_unsupported_reason(const Qwen3MoeConfig& c) {
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    if (!c.is_moe_layer(l))
+      return fmt::format("layer {} is a dense MLP layer (mlp_only_layers / decoder_sparse_step); the CUDA model runs "
+                         "MoE layers only",
+                         l);
+  if (!cuda::flash_attention_head_dim_supported(c.head_dim))
+    return fmt::format("head_dim {} has no flash-attention kernel ({})", c.head_dim,
+                       cuda::flash_attention_head_dims());
+  if (c.hidden_size % 8 != 0 || c.moe_intermediate_size % 8 != 0)
+    return fmt::format("hidden_size {} and moe_intermediate_size {} must be multiples of 8 for the grouped GEMM",
+                       c.hidden_size, c.moe_intermediate_size);
+  return "";
+}
+
 Qwen3MoeCudaModel::Qwen3MoeCudaModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, int device,
                                      const CudaModelOptions& options)
     : cfg_(cfg), w_(weights), device_(device), opts_(options) {
   model_config_check(cfg_);
-  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l)
-    if (!cfg_.is_moe_layer(l))
-      fail("config: layer {} is a dense MLP layer (mlp_only_layers / decoder_sparse_step); the CUDA model runs "
-           "MoE layers only — train this model with train.device: cpu",
-           l);
+  if (const std::string why = cuda_model_unsupported_reason(cfg_); !why.empty())
+    fail("config: {} — train this model with train.device: cpu", why);
   weights_check(cfg_, w_, "parameter", DType::BF16, Device::cuda(device_));
   aux_on_ = config_adds_aux(cfg_);
   MT_CHECK(opts_.loss_chunk_rows > 0, "loss_chunk_rows must be positive, found {}", opts_.loss_chunk_rows);

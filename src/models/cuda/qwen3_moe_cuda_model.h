@@ -10,6 +10,7 @@
 //   full       keep only each layer's input and rerun the layer's forward before its backward
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -20,6 +21,10 @@
 #include "train/memory_plan.h"
 
 namespace mt {
+
+// Why the CUDA model cannot run `cfg` ("" when it can): dense MLP layers, a head_dim the flash-attention
+// kernels lack, expert/hidden sizes the grouped GEMM cannot tile.
+std::string cuda_model_unsupported_reason(const Qwen3MoeConfig& cfg);
 
 struct CudaModelOptions {
   Recompute recompute = Recompute::selective;

@@ -138,6 +138,7 @@ class CudaEngine final : public TrainEngine {
   }
 
   int64_t peak_memory_bytes() const override { return cuda::allocator_stats(device_).peak_allocated_bytes; }
+  int64_t peak_reserved_bytes() const override { return cuda::allocator_stats(device_).peak_reserved_bytes; }
 
  private:
   Tensor* host_param(const std::string& name) {
@@ -163,6 +164,7 @@ class CudaEngine final : public TrainEngine {
 // Registers the engine with the trainer when the CUDA library is linked in.
 const bool kRegistered = [] {
   cuda_engine_register({[] { return cuda::device_count(); },
+                        [](const Qwen3MoeConfig& cfg) { return cuda_model_unsupported_reason(cfg); },
                         [](CausalLM& lm, const Recipe& r, int device, std::FILE* log) -> std::unique_ptr<TrainEngine> {
                           return std::make_unique<CudaEngine>(lm, r, device, log);
                         }});
