@@ -4,8 +4,8 @@
 //
 // Tokens are one packed sequence of T = B·S rows (batch rows concatenated): token t attends to keys
 // [doc_start[t], t]. Documents are contiguous runs (as packing makes them); a batch row boundary is
-// always a document boundary. Head dims 32, 64, 128 and 256; heads % kv_heads == 0 (query head h reads KV head
-// h / (heads / kv_heads), as repeat_kv does). Every call is asynchronous on `stream`.
+// always a document boundary. Head dims 16, 32, 64, 128 and 256; heads % kv_heads == 0 (query head h
+// reads KV head h / (heads / kv_heads), as repeat_kv does). Every call is asynchronous on `stream`.
 #pragma once
 #include <cuda_runtime_api.h>
 

@@ -319,13 +319,14 @@ void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const
                     dv_acc, delta, stream);
   };
   switch (a.D) {
+    case 16: return go(std::integral_constant<int, 16>{});
     case 32: return go(std::integral_constant<int, 32>{});
     case 64: return go(std::integral_constant<int, 64>{});
     case 128: return go(std::integral_constant<int, 128>{});
     case 256: return go(std::integral_constant<int, 256>{});
     default:
       MT_CUDA_REQUIRE(false, "flash attention backward: head_dim " + std::to_string(a.D) +
-                                 " (supported: 32, 64, 128, 256)");
+                                 " (supported: 16, 32, 64, 128, 256)");
   }
 }
 

@@ -210,13 +210,14 @@ void flash_fwd_launch(const FlashArgs& a, const void* q, const void* k, const vo
                       cudaStream_t stream) {
   if (a.T == 0) return;
   switch (a.D) {
+    case 16: return fwd_launch_d<16>(a, q, k, v, out, lse, stream);
     case 32: return fwd_launch_d<32>(a, q, k, v, out, lse, stream);
     case 64: return fwd_launch_d<64>(a, q, k, v, out, lse, stream);
     case 128: return fwd_launch_d<128>(a, q, k, v, out, lse, stream);
     case 256: return fwd_launch_d<256>(a, q, k, v, out, lse, stream);
     default:
       MT_CUDA_REQUIRE(false, "flash attention forward: head_dim " + std::to_string(a.D) +
-                                 " (supported: 32, 64, 128, 256)");
+                                 " (supported: 16, 32, 64, 128, 256)");
   }
 }
 

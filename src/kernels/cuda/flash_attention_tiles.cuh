@@ -15,17 +15,23 @@ namespace mt::cuda::flash {
 // Byte offset of element (row, col) in a shared tile of CH 16-byte chunks (8 bf16) per row. The chunk
 // index is XOR-swizzled so that the 8 rows read by one ldmatrix 8x8 matrix (8 consecutive rows starting
 // at a multiple of 8, one logical chunk) land in 8 different 16-byte bank groups of a 128-byte line.
-// CH % 8 == 0: mma::swz (chunk ^ row % 8). CH == 4 (head_dim 32): a row is 64 bytes, so rows 2i and
-// 2i+1 share a line; chunk ^ (row / 2) % 4 keeps the chunk inside its row (a bijection) and, with the
-// row's half-line, gives the 8 rows 8 distinct bank groups. (mma::swz itself needs CH % 8 == 0: with
-// 4 chunks its XOR by row % 8 would leave the row.)
+// CH % 8 == 0: mma::swz (chunk ^ row % 8). CH = 4 or 2 (head_dim 32, 16): a row is 64 or 32 bytes, so
+// R = 8 / CH consecutive rows share a line, and the row's place in its line already gives R distinct
+// bank-group offsets; chunk ^ (row / R) % CH keeps the chunk inside its row (XOR by a value < CH: a
+// bijection of the row's chunks) and makes the 8 / R lines of the 8 rows use different chunks, so the 8
+// rows hit 8 distinct bank groups. (mma::swz itself needs CH % 8 == 0: with fewer chunks its XOR by
+// row % 8 would leave the row.)
+//   CH = 4: chunk ^ (row / 2) % 4;  CH = 2: chunk ^ (row / 4) % 2.
 template <int CH>
 __device__ __forceinline__ uint32_t tile_offset(int row, int col) {
-  static_assert(CH == 4 || CH % 8 == 0, "tile rows of 4 or a multiple of 8 chunks");
-  if constexpr (CH % 8 == 0)
+  static_assert(CH == 2 || CH == 4 || CH % 8 == 0, "tile rows of 2, 4 or a multiple of 8 chunks");
+  if constexpr (CH % 8 == 0) {
     return mma::swz(row, col, CH);
-  else
-    return static_cast<uint32_t>((row * 4 + ((col >> 3) ^ ((row >> 1) & 3))) * 16 + (col & 7) * 2);
+  } else {
+    constexpr unsigned R = 8 / CH;  // rows per 128-byte line
+    const unsigned r = static_cast<unsigned>(row), c = static_cast<unsigned>(col);  // unsigned: / and % are shifts
+    return (r * CH + ((c >> 3) ^ ((r / R) % CH))) * 16 + (c & 7) * 2;
+  }
 }
 
 // Forward: a block of WARPS x 16 query rows (BM) walks the key range in tiles of BN keys; Q stays in
@@ -33,6 +39,12 @@ __device__ __forceinline__ uint32_t tile_offset(int row, int col) {
 // registers per thread) and the score tile 16 x BN (BN / 8 registers per thread).
 template <int D>
 struct FwdCfg;
+// head_dim 16: Q·Kᵀ is one mma k-step and the O accumulator 8 registers. Three blocks per SM (registers
+// capped at 80: 80 used, no spills; 90 at the 128 cap); 128-key tiles spill at 80 (120 registers at 128).
+template <>
+struct FwdCfg<16> {
+  static constexpr int BM = 128, BN = 64, WARPS = 8, MIN_BLOCKS = 3;
+};
 // Small O accumulator (16 registers): two blocks per SM (registers capped at 128; 115 used, no spills;
 // 128-key tiles would spill at that cap).
 template <>
@@ -69,6 +81,13 @@ constexpr int fwd_smem_bytes() {
 // D (2 of the 5 GEMMs done twice: 1.4x the FLOPs, traded for no dK/dV exchange between warps).
 template <int D>
 struct BwdCfg;
+// head_dim 16: the dQ warp split needs DQN = DH / WD / 8 even, so WD = 1 and all 8 warps split the
+// queries: BMQ = 128. The 16 x 128 Sᵀ and dPᵀ tiles are 128 registers per thread: 216 used, one block
+// per SM (two blocks would cap at 128 and spill ~1 KB).
+template <>
+struct BwdCfg<16> {
+  static constexpr int BMQ = 128, DH = 16, MIN_BLOCKS = 1;
+};
 // BMQ = 64 is the smallest step the dQ warp split allows at DH = 32 (DQN = 2). Two blocks per SM cap
 // registers at 128: ptxas spills 12 bytes there (198 registers uncapped, one block per SM).
 template <>

@@ -1,7 +1,7 @@
 // CUDA flash attention (forward + backward) against cpu::attention_forward / attention_backward in bf16
 // mode: causal GQA over packed documents, odd sequence lengths, many short documents, one long document,
-// head_dim 32, 64, 128 and 256 (each has its own tile sizes; 32 its own shared-memory swizzle, 256 a
-// backward split into two column slices: flash_attention_tiles.cuh).
+// head_dim 16, 32, 64, 128 and 256 (each has its own tile sizes; 16 and 32 their own shared-memory
+// swizzle, 256 a backward split into two column slices: flash_attention_tiles.cuh).
 //
 // Thresholds: both sides take the same bf16 inputs and compute scores and softmax in fp32. The CPU rounds
 // the normalised P to bf16 before P·V; the GPU rounds the unnormalised exp (FlashAttention's order) and
@@ -9,7 +9,8 @@
 // rel-L2 5e-3). The log-sum-exp is fp32 on both sides: 1e-4 absolute. The backward multiplies bf16 P
 // and bf16 dS on tensor cores where the CPU keeps dS in fp32, and its outputs are bf16: max-norm 2e-2,
 // rel-L2 1e-2. A masking or indexing error gives O(1) errors. Measured on an H200: out up to 5.6e-3 / 2.8e-3,
-// lse 1e-6, gradients up to 5.1e-3 / 2.8e-3 (head_dim 64/128; the 32 and 256 cases are not yet run on a GPU).
+// lse 1e-6, gradients up to 5.1e-3 / 2.8e-3 (head_dim 64/128; the 16, 32 and 256 cases are not yet run on a
+// GPU).
 #include "kernels/cuda/flash_attention.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -137,6 +139,18 @@ TEST(CudaFlashAttention, HeadDim32) {
   check_case({2, 256, 4, 2, 32, 1, 120}, 55);    // the qwen3-moe-tiny quickstart: packed rows of 256
 }
 
+// head_dim 16: 32-byte shared rows (2 chunks: chunk ^ (row / 4) % 2), Q·Kᵀ in one mma k-step, three forward
+// blocks per SM, 128-query backward steps (the dQ warp split's minimum at 16 columns).
+TEST(CudaFlashAttention, HeadDim16) {
+  MT_SKIP_WITHOUT_CUDA();
+  check_case({1, 77, 4, 2, 16, 0, 0}, 70);       // odd length, one query tile
+  check_case({2, 130, 4, 1, 16, 0, 0}, 71);      // two batch rows, MQA, a partial second tile per row
+  check_case({2, 300, 8, 2, 16, 1, 40}, 72);     // many short packed documents
+  check_case({3, 129, 6, 3, 16, 1, 150}, 73);    // documents spanning query and key tiles
+  check_case({1, 700, 4, 4, 16, 700, 700}, 74);  // one long document, no GQA: unmasked tiles, 6 key tiles
+  check_case({2, 12, 4, 1, 16, 3, 9}, 75);       // the Transformers fixtures' shape: MQA 4/1, a few tokens
+}
+
 // head_dim 256: 32-key forward tiles; the backward runs two 128-column slices of dQ/dK/dV per key tile.
 TEST(CudaFlashAttention, HeadDim256) {
   MT_SKIP_WITHOUT_CUDA();
@@ -191,10 +205,15 @@ TEST(CudaFlashAttention, BadShapesAreErrors) {
   Tensor out, lse;
   EXPECT_THROW(cuda::flash_attention_forward({8, 2, 1, 96}, q, kv, kv, docs, out, lse, stream0()),
                Error);  // head_dim 96
-  Tensor q16 = Tensor::empty({8, 2, 16}, DType::BF16, Device::cuda(0));
-  Tensor kv16 = Tensor::empty({8, 1, 16}, DType::BF16, Device::cuda(0));
-  EXPECT_THROW(cuda::flash_attention_forward({8, 2, 1, 16}, q16, kv16, kv16, docs, out, lse, stream0()),
-               Error);  // head_dim 16
+  Tensor q8 = Tensor::empty({8, 2, 8}, DType::BF16, Device::cuda(0));
+  Tensor kv8 = Tensor::empty({8, 1, 8}, DType::BF16, Device::cuda(0));
+  try {
+    cuda::flash_attention_forward({8, 2, 1, 8}, q8, kv8, kv8, docs, out, lse, stream0());
+    ADD_FAILURE() << "head_dim 8 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim 8 (supported: 16, 32, 64, 128, 256)"), std::string::npos)
+        << e.what();
+  }
   Tensor q512 = Tensor::empty({8, 2, 512}, DType::BF16, Device::cuda(0));
   Tensor kv512 = Tensor::empty({8, 1, 512}, DType::BF16, Device::cuda(0));
   Tensor dq, dk, dv;
