@@ -1,0 +1,225 @@
+// The CUDA model end to end against what Transformers 5.17 computed for the tiny fixture checkpoints
+// (tests/fixtures/qwen3_moe, tools/hf_reference/make_model_fixtures.py). The checkpoint is loaded in bf16
+// as Transformers' bf16 rows were (from_pretrained(dtype=torch.bfloat16): the fp32 weights rounded to
+// bf16), and each fixture batch (plain: 2 x 10 with ignored labels; packed: 1 x 14, two documents;
+// packed2: 2 x 12, five documents) runs through cuda_batch_upload with the document mask (the fixtures
+// were made with use_cache=False, so Transformers masked packed documents: ModelOptions in
+// models/qwen3_moe_model.h).
+//
+// Which fixtures: the CUDA model runs MoE layers only. moe_gqa_aux (mlp_only_layers [1]; its ckpt_bf16
+// too), moe_mha_tied_sparse2 (decoder_sparse_step 2, and head_dim 8) and dense_qwen3 have dense MLP
+// layers and are refused (checked below). moe_mqa_legacy runs: MQA 4/1, head_dim 16 (flash attention's
+// 2-chunk tiles), 4 experts with top-4, tied embeddings, aux loss coef 0.001, legacy config spellings.
+//
+// Thresholds:
+// - CE loss vs Transformers' bf16 CE (meta.json): 5e-3 relative. Going from fp32 to bf16 moves
+//   Transformers' own CE on these batches by 0.4e-3 to 1.3e-3 relative: that is the size of the
+//   model's bf16 rounding noise, and two bf16 implementations that round at the same points but
+//   accumulate in different orders differ by less (the CPU bf16 model: 1.2e-4 to 4.3e-4); 5e-3 leaves
+//   ~4x over the fp32-to-bf16 move. Attending across packed documents instead moves the CE by 2.7e-2
+//   (packed) and 1.05e-2 (packed2) on the CPU model, so a document-mask error fails.
+// - aux loss vs Transformers' bf16 aux: 8e-3 relative, a bound, not a measurement. With top-k = E
+//   every expert takes every token (f_e = 1), so aux = E · Σ_e P_e, where each P_e is a bf16-rounded
+//   mean of bf16-rounded probabilities: on each side Σ_e P_e = 1 ± 2^-8 (one rounding of the
+//   probabilities, one of the means, relative 2^-9 each), so two such implementations differ by at
+//   most 2^-7 relative ≈ 7.8e-3 (the CPU bf16 model: up to 2.0e-3). This catches a missing or doubled
+//   aux, a wrong E or layer count, not a subtle aux error (this fixture's aux is 4 up to rounding:
+//   meta.json has 3.9999 to 4.0012).
+// - total loss = CE + 0.001 · aux vs Transformers' bf16 loss: 5e-3 relative (as CE).
+// - gradients vs the CPU model's bf16 gradients (Qwen3MoeModel on the same bf16 weights, Transformers'
+//   bf16 rounding points; in fp32 the CPU model matches Transformers' gradients to 1e-4 in HfParity):
+//   max-norm 0.06, rel-L2 0.03 per parameter, as CudaQwen3MoeModel.MatchesCpuBf16AllExpertsRouted
+//   (top-k = E there too, so no routing decision can flip; what differs is other accumulation orders,
+//   flash attention's bf16 rounding of the unnormalised P and its bf16 dS, and the fp32 atomics of its
+//   backward). For scale: the CPU bf16 gradients are 0.6e-2 to 4.6e-2 (rel-L2) from Transformers' fp32
+//   gradients on these batches, which is every bf16 rounding point against none; MT_PRINT_ERRORS=1
+//   prints the CUDA gradients' distance to both.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../../kernels/cuda/cuda_test_util.h"
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "kernels/cuda/device_copy.h"
+#include "models/causal_lm.h"
+#include "models/cuda/cuda_batch.h"
+#include "models/cuda/qwen3_moe_cuda_model.h"
+#include "models/qwen3_moe_model.h"
+
+namespace mt {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kBatches[] = {"plain", "packed", "packed2"};
+
+// The binary may run on another machine than the one that built it (scripts/gpu-check.sh carries it):
+// MIXTUNE_SOURCE_DIR in the environment names the source tree there, else the build's source tree, else
+// the working directory (gpu-check runs from the repository root).
+fs::path fixtures_dir() {
+  std::vector<fs::path> roots;
+  if (const char* e = std::getenv("MIXTUNE_SOURCE_DIR"); e && *e) roots.emplace_back(e);
+  roots.emplace_back(MIXTUNE_SOURCE_DIR);
+  roots.push_back(fs::current_path());
+  for (const auto& r : roots)
+    if (fs::is_directory(r / "tests/fixtures/qwen3_moe")) return r / "tests/fixtures/qwen3_moe";
+  return {};
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+
+Batch load_batch(const SafetensorsFile& f) {
+  Batch b;
+  b.input_ids = f.tensor("input_ids").clone();
+  b.labels = f.tensor("labels").clone();
+  if (f.has("position_ids")) b.position_ids = f.tensor("position_ids").clone();
+  return b;
+}
+
+Qwen3MoeWeights to_device_weights(Qwen3MoeWeights& host) {
+  Qwen3MoeWeights d = host;  // same structure; every tensor replaced below
+  auto src = host.named_parameters();
+  auto dst = d.named_parameters();
+  for (size_t i = 0; i < src.size(); ++i) *dst[i].second = cuda::to_device(*src[i].second, 0);
+  return d;
+}
+
+Qwen3MoeWeights device_zeros_like(const Qwen3MoeConfig& cfg) {
+  Qwen3MoeWeights host = Qwen3MoeWeights::zeros_like_config(cfg, DType::F32);
+  return to_device_weights(host);
+}
+
+double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
+  return test::error_stats(a, ref).rel_l2;
+}
+
+double rel_diff(double got, double want) { return std::fabs(got - want) / std::fabs(want); }
+
+class CudaHfFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MT_SKIP_WITHOUT_CUDA();
+    dir_ = fixtures_dir();
+    ASSERT_FALSE(dir_.empty()) << "tests/fixtures/qwen3_moe not found under $MIXTUNE_SOURCE_DIR, " << MIXTUNE_SOURCE_DIR
+                               << " or the working directory";
+  }
+  fs::path dir_;
+};
+
+// Loss and aux loss through forward() and forward_backward(), against Transformers' bf16 numbers.
+TEST_F(CudaHfFixture, MqaLegacyLossMatchesTransformersBf16) {
+  const fs::path vdir = dir_ / "moe_mqa_legacy";
+  const auto meta = read_json(vdir / "meta.json");
+  CausalLM m = CausalLM::from_pretrained((vdir / "ckpt").string(), {DType::BF16});
+  ASSERT_EQ(m.config.head_dim, 16);
+  ASSERT_EQ(m.config.num_experts_per_tok, m.config.num_experts);  // the aux bound above needs top-k = E
+  Qwen3MoeWeights dev_w = to_device_weights(m.weights);
+  Qwen3MoeCudaModel model(m.config, dev_w, 0);
+  ASSERT_TRUE(model.aux_enabled());
+  const double coef = m.config.router_aux_loss_coef;
+  for (const char* bname : kBatches) {
+    SCOPED_TRACE(bname);
+    SafetensorsFile io = SafetensorsFile::open((vdir / (std::string(bname) + ".safetensors")).string());
+    const auto& ref = meta["batches"][bname]["bf16"];
+    const CudaBatch gb = cuda_batch_upload(m.config, load_batch(io), 0);
+    ASSERT_EQ(gb.target_count, ref["tokens"].get<int64_t>());
+
+    const CudaLoss l = model.forward(gb);
+    const int64_t count = cuda::to_host(l.count).data_as<int32_t>()[0];
+    ASSERT_EQ(count, ref["tokens"].get<int64_t>());
+    const double ce = cuda::to_host(l.ce_sum).to_floats()[0] / static_cast<double>(count);
+    ASSERT_TRUE(l.aux.defined());
+    const double aux = cuda::to_host(l.aux).to_floats()[0];
+    EXPECT_LE(rel_diff(ce, ref["ce_loss"].get<double>()), 5e-3) << "ce " << ce << " vs " << ref["ce_loss"];
+    EXPECT_LE(rel_diff(aux, ref["aux_loss"].get<double>()), 8e-3) << "aux " << aux << " vs " << ref["aux_loss"];
+    EXPECT_LE(rel_diff(ce + coef * aux, ref["loss"].get<double>()), 5e-3);
+    if (std::getenv("MT_PRINT_ERRORS"))
+      std::printf("[ error    ] %s: ce %.7g (transformers %.7g, rel %.2e), aux %.7g (%.7g, rel %.2e)\n", bname, ce,
+                  ref["ce_loss"].get<double>(), rel_diff(ce, ref["ce_loss"].get<double>()), aux,
+                  ref["aux_loss"].get<double>(), rel_diff(aux, ref["aux_loss"].get<double>()));
+
+    // forward_backward reports the same losses (the forward is deterministic; the head runs on the
+    // target rows only, so within fp32 rounding rather than bitwise).
+    Qwen3MoeWeights grads = device_zeros_like(m.config);
+    const CudaLoss lb = model.forward_backward(gb, grads, static_cast<double>(gb.target_count));
+    EXPECT_NEAR(cuda::to_host(lb.ce_sum).to_floats()[0] / static_cast<double>(count), ce, 1e-5 * ce);
+    EXPECT_NEAR(cuda::to_host(lb.aux).to_floats()[0], aux, 1e-6 * aux);
+  }
+}
+
+// Every parameter gradient against the CPU model's bf16 gradients on the same weights and batch.
+TEST_F(CudaHfFixture, MqaLegacyGradientsMatchCpuBf16) {
+  const fs::path vdir = dir_ / "moe_mqa_legacy";
+  CausalLM m = CausalLM::from_pretrained((vdir / "ckpt").string(), {DType::BF16});
+  Qwen3MoeWeights dev_w = to_device_weights(m.weights);
+  for (const char* bname : kBatches) {
+    SCOPED_TRACE(bname);
+    SafetensorsFile io = SafetensorsFile::open((vdir / (std::string(bname) + ".safetensors")).string());
+    const Batch b = load_batch(io);
+
+    Qwen3MoeWeights cpu_g = Qwen3MoeWeights::zeros_like_config(m.config, DType::F32);
+    const ForwardResult want = Qwen3MoeModel(m.config, m.weights).forward_backward(b, cpu_g);
+
+    Qwen3MoeCudaModel model(m.config, dev_w, 0);
+    const CudaBatch gb = cuda_batch_upload(m.config, b, 0);
+    ASSERT_EQ(gb.target_count, want.tokens);
+    Qwen3MoeWeights got_g = device_zeros_like(m.config);
+    const CudaLoss l = model.forward_backward(gb, got_g, static_cast<double>(gb.target_count));
+    // The two bf16 models' losses: the same rounding points, other accumulation orders (see the header).
+    EXPECT_LE(rel_diff(cuda::to_host(l.ce_sum).to_floats()[0] / static_cast<double>(want.tokens), want.ce_loss),
+              5e-3);
+
+    auto want_p = cpu_g.named_parameters();
+    auto got_p = got_g.named_parameters();
+    ASSERT_EQ(want_p.size(), got_p.size());
+    for (size_t i = 0; i < want_p.size(); ++i) {
+      const std::string& name = want_p[i].first;
+      ASSERT_EQ(got_p[i].first, name);
+      const std::vector<float> got = test::device_floats(*got_p[i].second), cpu = want_p[i].second->to_floats();
+      test::expect_near_normalised(got, cpu, 0.06, 0.03, "gradient " + name);
+      ASSERT_TRUE(io.has("grad." + name)) << name;
+      if (std::getenv("MT_PRINT_ERRORS")) {
+        const test::ErrorStats e = test::error_stats(got, cpu);
+        const std::vector<float> hf = io.tensor("grad." + name).to_floats();
+        std::printf("[ error    ] %s %s: vs cpu bf16 max-norm %.2e rel-L2 %.2e; rel-L2 vs transformers fp32 %.2e "
+                    "(cpu bf16 %.2e)\n",
+                    bname, name.c_str(), e.max_norm, e.rel_l2, rel_l2(got, hf), rel_l2(cpu, hf));
+      }
+    }
+  }
+}
+
+// The other fixtures have dense MLP layers: the CUDA model refuses them with the layer named.
+TEST_F(CudaHfFixture, DenseLayerFixturesAreRefused) {
+  const struct {
+    const char* ckpt;
+    const char* message;
+  } cases[] = {{"moe_gqa_aux/ckpt_bf16", "layer 1 is a dense MLP layer"},
+               {"moe_mha_tied_sparse2/ckpt", "layer 0 is a dense MLP layer"},
+               {"dense_qwen3/ckpt", "layer 0 is a dense MLP layer"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.ckpt);
+    CausalLM m = CausalLM::from_pretrained((dir_ / c.ckpt).string(), {DType::BF16});
+    Qwen3MoeWeights dev_w = to_device_weights(m.weights);
+    try {
+      Qwen3MoeCudaModel model(m.config, dev_w, 0);
+      ADD_FAILURE() << "dense layers accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.message), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mt
