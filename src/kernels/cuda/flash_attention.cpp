@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/device_tensor_check.h"
+#include "kernels/cuda/flash_attention_dims.h"
 #include "kernels/cuda/flash_attention_kernels.h"
 
 namespace mt::cuda {
@@ -21,8 +22,8 @@ detail::FlashArgs check_args(const FlashAttentionShape& s, const Tensor& q, cons
                              const AttentionDocs& docs) {
   MT_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0, "flash attention heads {} / kv_heads {}",
            s.heads, s.kv_heads);
-  MT_CHECK(s.head_dim == 16 || s.head_dim == 32 || s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256,
-           "flash attention head_dim {} (supported: 16, 32, 64, 128, 256)", s.head_dim);
+  MT_CHECK(flash_attention_head_dim_supported(s.head_dim), "flash attention head_dim {} ({})", s.head_dim,
+           flash_attention_head_dims());
   MT_CHECK(s.tokens >= 0 && s.tokens * s.heads < (int64_t{1} << 31) && s.heads <= 65535,
            "flash attention: {} tokens x {} heads", s.tokens, s.heads);
   MT_CHECK(q.defined() && q.device().is_cuda(), "flash attention q must be a CUDA tensor");

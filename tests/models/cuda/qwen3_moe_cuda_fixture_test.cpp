@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "../../kernels/cuda/cuda_test_util.h"
+#include "cuda_model_test_util.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "kernels/cuda/device_copy.h"
@@ -87,18 +88,8 @@ Batch load_batch(const SafetensorsFile& f) {
   return b;
 }
 
-Qwen3MoeWeights to_device_weights(Qwen3MoeWeights& host) {
-  Qwen3MoeWeights d = host;  // same structure; every tensor replaced below
-  auto src = host.named_parameters();
-  auto dst = d.named_parameters();
-  for (size_t i = 0; i < src.size(); ++i) *dst[i].second = cuda::to_device(*src[i].second, 0);
-  return d;
-}
-
-Qwen3MoeWeights device_zeros_like(const Qwen3MoeConfig& cfg) {
-  Qwen3MoeWeights host = Qwen3MoeWeights::zeros_like_config(cfg, DType::F32);
-  return to_device_weights(host);
-}
+using test::device_zeros_like;
+using test::to_device_weights;
 
 double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
   return test::error_stats(a, ref).rel_l2;

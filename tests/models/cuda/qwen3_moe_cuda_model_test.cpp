@@ -7,6 +7,7 @@
 #include <string>
 
 #include "../../kernels/cuda/cuda_test_util.h"
+#include "cuda_model_test_util.h"
 #include "core/error.h"
 #include "kernels/cuda/device_copy.h"
 #include "models/cuda/cuda_batch.h"
@@ -33,18 +34,8 @@ Qwen3MoeConfig small_config(int64_t head_dim, int64_t top_k = 2) {
   return Qwen3MoeConfig::from_json(j, "test-config");
 }
 
-Qwen3MoeWeights to_device_weights(Qwen3MoeWeights& host) {
-  Qwen3MoeWeights d = host;  // same structure; every tensor replaced below
-  auto src = host.named_parameters();
-  auto dst = d.named_parameters();
-  for (size_t i = 0; i < src.size(); ++i) *dst[i].second = cuda::to_device(*src[i].second, 0);
-  return d;
-}
-
-Qwen3MoeWeights device_zeros_like(const Qwen3MoeConfig& cfg) {
-  Qwen3MoeWeights host = Qwen3MoeWeights::zeros_like_config(cfg, DType::F32);
-  return to_device_weights(host);
-}
+using test::device_zeros_like;
+using test::to_device_weights;
 
 // Two rows of 96 tokens; row 1 packs three documents; a few labels ignored.
 Batch test_batch(const Qwen3MoeConfig& cfg) {
