@@ -5,12 +5,15 @@
 //
 // usage: mixtune_bench_grouped_gemm [--tokens N] [--hidden H] [--inter I] [--experts E] [--topk K]
 //                                   [--balanced] [--reps R]
+// On a cc 9.0 GPU (sm_90a build) the forward products are also timed on the TMA + wgmma kernel
+// ("gemm_sm90": fwd_gate_up_sm90, fwd_down_sm90, with the largest difference from the mma.sync output).
 // Routing: each token takes the top-k of (N(0,1) noise + a per-expert bias ~ N(0, 0.5)), a skewed load
 // like a real router's; --balanced gives every expert the same count (results say which).
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +27,7 @@
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/grouped_gemm_kernels.h"
 #include "kernels/cuda/moe_permute.h"
 
 namespace {
@@ -267,6 +271,39 @@ int main(int argc, char** argv) {
       gemm_row(
           "wgrad_gate_up", f_gu, [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, dw1, true, st); }, d);
     }
+    // The Hopper forward (TMA + wgmma) on the same operands, and how far its output is from mma.sync's.
+    struct Sm90Row {
+      std::string op;
+      double flops, ms, max_abs_diff, max_abs_ref;
+      int64_t non_finite;
+    };
+    std::vector<Sm90Row> sm90;
+    namespace det = mt::cuda::detail;
+    if (ctx.cc_major == 9 && det::grouped_gemm_fwd_sm90_compiled()) {
+      auto sm90_row = [&](const char* op, double flops, const Tensor& in, const Tensor& w, Tensor& out) {
+        det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::MmaSync);
+        mt::cuda::grouped_gemm_forward(in, w, plan.offsets, out, st);
+        const std::vector<float> ref = mt::cuda::to_host(out).to_floats();
+        det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Wgmma);
+        mt::cuda::grouped_gemm_forward(in, w, plan.offsets, out, st);
+        const std::vector<float> got = mt::cuda::to_host(out).to_floats();
+        double diff = 0, refmax = 0;
+        int64_t non_finite = 0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          if (!std::isfinite(got[i])) {
+            ++non_finite;
+            continue;
+          }
+          diff = std::max(diff, std::fabs(double(got[i]) - ref[i]));
+          refmax = std::max(refmax, std::fabs(double(ref[i])));
+        }
+        const double ms = time_ms(a.reps, st, [&] { mt::cuda::grouped_gemm_forward(in, w, plan.offsets, out, st); });
+        det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Auto);
+        sm90.push_back({op, flops, ms, diff, refmax, non_finite});
+      };
+      sm90_row("fwd_gate_up_sm90", f_gu, xg, w1, gu);
+      sm90_row("fwd_down_sm90", f_dn, act, w2, y);
+    }
     // Memory-bound permutation kernels: bytes moved per call.
     struct MemRow {
       std::string op;
@@ -302,6 +339,17 @@ int main(int argc, char** argv) {
     }
     std::printf(" ],\n \"gemm_total\": {\"ms\": %.4f, \"tflops\": %.1f, \"cublaslt_dense_tflops\": %.1f},\n", tot_ms,
                 tot_flops / tot_ms * 1e-9, tot_flops / tot_dense * 1e-9);
+    std::printf(" \"gemm_sm90\": [\n");
+    for (size_t i = 0; i < sm90.size(); ++i) {
+      const Sm90Row& r = sm90[i];
+      std::printf(
+          "  {\"op\": \"%s\", \"gflop\": %.1f, \"ms\": %.4f, \"tflops\": %.1f, \"max_abs_diff_vs_mma_sync\": %.4g, "
+          "\"max_abs_out\": %.4g, \"non_finite\": %lld}%s\n",
+          r.op.c_str(), r.flops * 1e-9, r.ms, r.flops / r.ms * 1e-9, r.max_abs_diff, r.max_abs_ref,
+          static_cast<long long>(r.non_finite),
+          i + 1 < sm90.size() ? "," : "");
+    }
+    std::printf(" ],\n");
     std::printf(" \"memory_bound\": [\n");
     for (size_t i = 0; i < mem.size(); ++i)
       std::printf("  {\"op\": \"%s\", \"ms\": %.4f, \"gbps\": %.0f}%s\n", mem[i].op.c_str(), mem[i].ms,

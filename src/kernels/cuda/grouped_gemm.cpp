@@ -1,6 +1,9 @@
 #include "kernels/cuda/grouped_gemm.h"
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "kernels/cuda/device_context.h"
@@ -10,6 +13,17 @@
 namespace mt::cuda {
 
 namespace {
+
+std::atomic<detail::GroupedFwdKernel> g_fwd_kernel{detail::GroupedFwdKernel::Auto};
+
+// MIXTUNE_GROUPED_GEMM=wgmma opts into the Hopper forward (off by default until measured on a GPU).
+bool wgmma_requested() {
+  static const bool on = [] {
+    const char* e = std::getenv("MIXTUNE_GROUPED_GEMM");
+    return e != nullptr && std::strcmp(e, "wgmma") == 0;
+  }();
+  return on;
+}
 
 bool aligned16(const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data()) & 15u) == 0; }
 
@@ -36,8 +50,24 @@ void grouped_gemm_forward(const Tensor& x, const Tensor& w, const Tensor& offset
   check_device_tensor(y, "grouped gemm y", DType::BF16, {N, Nout});
   check_common("grouped gemm forward", offsets, E, Nout, K, {&x, &w, &y});
   DeviceContext& ctx = device_context(x.device().index);
-  detail::grouped_gemm_fwd_launch(x.data(), w.data(), y.data(), offsets.data_as<int32_t>(), static_cast<int>(E), N,
-                                  static_cast<int>(Nout), static_cast<int>(K), ctx.sm_count, stream);
+  const detail::GroupedFwdKernel kind = detail::grouped_gemm_fwd_kernel_get();
+  const bool tma_shape = N < (int64_t{1} << 31);  // TMA coordinates are int32
+  bool wgmma = false;
+  if (kind == detail::GroupedFwdKernel::Wgmma) {
+    MT_CHECK(ctx.cc_major == 9 && detail::grouped_gemm_fwd_sm90_compiled(),
+             "grouped gemm forward: the wgmma kernel needs a cc 9.0 GPU and an sm_90a build (device {} is cc {}.{})",
+             ctx.device, ctx.cc_major, ctx.cc_minor);
+    MT_CHECK(tma_shape, "grouped gemm forward: the wgmma kernel takes fewer than 2^31 rows, found {}", N);
+    wgmma = true;
+  } else if (kind == detail::GroupedFwdKernel::Auto && wgmma_requested() && ctx.cc_major == 9 && tma_shape) {
+    wgmma = detail::grouped_gemm_fwd_sm90_compiled();
+  }
+  if (wgmma)
+    detail::grouped_gemm_fwd_sm90_launch(x.data(), w.data(), y.data(), offsets.data_as<int32_t>(), static_cast<int>(E),
+                                         N, static_cast<int>(Nout), static_cast<int>(K), ctx.sm_count, stream);
+  else
+    detail::grouped_gemm_fwd_launch(x.data(), w.data(), y.data(), offsets.data_as<int32_t>(), static_cast<int>(E), N,
+                                    static_cast<int>(Nout), static_cast<int>(K), ctx.sm_count, stream);
 }
 
 void grouped_gemm_dgrad(const Tensor& dy, const Tensor& w, const Tensor& offsets, Tensor& dx, cudaStream_t stream) {
@@ -67,5 +97,12 @@ void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets
                                     static_cast<int>(E), static_cast<int>(Nout), static_cast<int>(K), accumulate,
                                     ctx.sm_count, stream);
 }
+
+namespace detail {
+
+void grouped_gemm_fwd_kernel_set(GroupedFwdKernel k) { g_fwd_kernel.store(k); }
+GroupedFwdKernel grouped_gemm_fwd_kernel_get() { return g_fwd_kernel.load(); }
+
+}  // namespace detail
 
 }  // namespace mt::cuda

@@ -17,4 +17,19 @@ void grouped_gemm_dgrad_launch(const void* dy, const void* w, void* dx, const in
 void grouped_gemm_wgrad_launch(const void* dy, const void* x, void* dw, bool dw_bf16, const int32_t* offsets, int E,
                                int M, int N, bool accumulate, int sm_count, cudaStream_t stream);
 
+// Hopper forward (grouped_gemm_sm90.cu: TMA + wgmma), same contract as grouped_gemm_fwd_launch; x and w
+// must be 16-byte aligned (TMA) and rows < 2^31. Throws unless grouped_gemm_fwd_sm90_compiled().
+void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const int32_t* offsets, int E, int64_t rows,
+                                  int N, int K, int sm_count, cudaStream_t stream);
+// True when the current device would run the sm_90a build of that kernel (a cc 9.0 GPU and a build
+// with 90a in CMAKE_CUDA_ARCHITECTURES).
+bool grouped_gemm_fwd_sm90_compiled();
+
+// Which kernel grouped_gemm_forward runs. Auto: the wgmma one when the environment has
+// MIXTUNE_GROUPED_GEMM=wgmma (read once) and grouped_gemm_fwd_sm90_compiled(), else mma.sync. Wgmma
+// forces it (an error where it cannot run); tests and the bench use this. Process-wide.
+enum class GroupedFwdKernel { Auto, MmaSync, Wgmma };
+void grouped_gemm_fwd_kernel_set(GroupedFwdKernel k);
+GroupedFwdKernel grouped_gemm_fwd_kernel_get();
+
 }  // namespace mt::cuda::detail

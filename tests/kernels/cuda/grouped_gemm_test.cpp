@@ -28,6 +28,7 @@
 #include "kernels/cpu/swiglu.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/grouped_gemm_kernels.h"
 #include "kernels/cuda/moe_permute.h"
 
 namespace mt {
@@ -137,6 +138,113 @@ TEST(CudaGroupedGemm, ForwardDgradWgradMatchDoubleReference) {
                              dw3, true, stream0());
     test::expect_norm(test::device_floats(dw3), want16, 4e-3, 3e-3, "wgrad (bf16 accumulate)");
   }
+}
+
+// Σ_k a[k]·b[k] in double, four independent sums (the reference loops below are large).
+double dot_double(const float* a, const float* b, int n) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int k = 0;
+  for (; k + 4 <= n; k += 4) {
+    s0 += double(a[k]) * b[k];
+    s1 += double(a[k + 1]) * b[k + 1];
+    s2 += double(a[k + 2]) * b[k + 2];
+    s3 += double(a[k + 3]) * b[k + 3];
+  }
+  for (; k < n; ++k) s0 += double(a[k]) * b[k];
+  return (s0 + s1) + (s2 + s3);
+}
+
+// Runs grouped_gemm_forward on one kernel for the scope, then back to Auto.
+struct ForwardKernelScope {
+  explicit ForwardKernelScope(cuda::detail::GroupedFwdKernel k) { cuda::detail::grouped_gemm_fwd_kernel_set(k); }
+  ~ForwardKernelScope() { cuda::detail::grouped_gemm_fwd_kernel_set(cuda::detail::GroupedFwdKernel::Auto); }
+};
+
+// The Hopper forward (TMA + wgmma, grouped_gemm_sm90.cu) against the double-precision loop: uneven,
+// single-row and empty experts (tiles whose rows run into the next expert or past the tensor), Nout
+// not a multiple of the 128/256 column tile (both tile widths are picked: 384 and 640 take 128),
+// K below one 64-wide k-step and not a multiple of it, and the Qwen3-30B-A3B expert shapes
+// (gate_up: K 2048 -> 1536, down: K 768 -> 2048). Same thresholds as the mma.sync forward.
+TEST(CudaGroupedGemm, Sm90ForwardMatchesDoubleReference) {
+  MT_SKIP_WITHOUT_CUDA();
+  const cuda::DeviceContext& ctx = cuda::device_context(0);
+  if (ctx.cc_major != 9)
+    GTEST_SKIP() << "the wgmma kernel needs cc 9.x; device is " << ctx.cc_major << "." << ctx.cc_minor;
+  ASSERT_TRUE(cuda::detail::grouped_gemm_fwd_sm90_compiled()) << "cc 9.x device but no sm_90a build of the kernel";
+  ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
+  const GemmCase cases[] = {
+      {{0, 1, 130, 0, 257, 64, 3}, 5, 200, 136},
+      {{128, 128}, 0, 128, 64},
+      {{0, 0, 0}, 7, 64, 64},
+      {{300, 17, 511, 1, 256, 0, 90, 129}, 0, 384, 264},
+      {{5, 70, 0, 133}, 2, 136, 8},         // K = 8: one k-step, mostly zero fill
+      {{3, 200}, 1, 8, 40},                 // Nout = 8
+      {{129, 0, 1, 7, 250}, 3, 640, 256},   // Nout 640: 128-wide column tiles
+      {{1, 7, 129, 0, 1000, 255, 0, 64}, 3, 1536, 2048},
+      {{1, 7, 129, 0, 700, 900, 0, 383, 128}, 0, 2048, 768},
+  };
+  for (const GemmCase& c : cases) {
+    const int E = static_cast<int>(c.counts.size()), Nout = c.nout, K = c.k;
+    const std::vector<int32_t> off = offsets_of(c.counts);
+    const int rows = off[E], N = rows + c.extra_rows;
+    SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " Nout " << Nout << " K " << K);
+    Tensor x = test::host_random({N, K}, 31, 1.0f, true), w = test::host_random({E, Nout, K}, 32, 0.05f, true);
+    std::vector<float> xv = x.to_floats(), wv = w.to_floats();
+    std::vector<float> want(static_cast<size_t>(N) * Nout, 7.0f);
+    for (int e = 0; e < E; ++e)
+      for (int r = off[e]; r < off[e + 1]; ++r)
+        for (int n = 0; n < Nout; ++n)
+          want[static_cast<size_t>(r) * Nout + n] = static_cast<float>(
+              dot_double(&xv[static_cast<size_t>(r) * K], &wv[(static_cast<size_t>(e) * Nout + n) * K], K));
+    Tensor y = test::device_from_host(Tensor::from_floats({N, Nout}, std::vector<float>(size_t(N) * Nout, 7.0f)),
+                                      DType::BF16);
+    cuda::grouped_gemm_forward(test::device_from_host(x, DType::BF16), test::device_from_host(w, DType::BF16),
+                               device_i32(off), y, stream0());
+    std::vector<float> yv = test::device_floats(y);
+    if (rows > 0) test::expect_norm(yv, want, 6e-3, 3e-3, "wgmma forward y");
+    for (int r = rows; r < N; ++r)
+      for (int n = 0; n < Nout; ++n)
+        ASSERT_EQ(yv[static_cast<size_t>(r) * Nout + n], 7.0f) << "row " << r << " past offsets[E] was written";
+  }
+}
+
+// Layout probe of the wgmma kernel (a failure says which element it read): one expert, 128 rows,
+// Nout 256, K 64 (one stage), x one-hot (x[r][k] = 1 where k = r % 64), so y[r][n] = W[n][r % 64].
+// Run 1 has W[n][k] = k + 1, run 2 W[n][k] = n + 1 (exact in bf16): a wrong output gives the k and
+// the n the kernel actually used for it (descriptor, swizzle or fragment mapping errors).
+TEST(CudaGroupedGemm, Sm90ForwardLayoutProbe) {
+  MT_SKIP_WITHOUT_CUDA();
+  const cuda::DeviceContext& ctx = cuda::device_context(0);
+  if (ctx.cc_major != 9) GTEST_SKIP() << "the wgmma kernel needs cc 9.x";
+  ASSERT_TRUE(cuda::detail::grouped_gemm_fwd_sm90_compiled());
+  ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
+  const int R = 128, Nout = 256, K = 64;
+  std::vector<float> xv(static_cast<size_t>(R) * K, 0.0f), wk(static_cast<size_t>(Nout) * K), wn(wk.size());
+  for (int r = 0; r < R; ++r) xv[static_cast<size_t>(r) * K + r % K] = 1.0f;
+  for (int n = 0; n < Nout; ++n)
+    for (int k = 0; k < K; ++k) {
+      wk[static_cast<size_t>(n) * K + k] = float(k + 1);
+      wn[static_cast<size_t>(n) * K + k] = float(n + 1);
+    }
+  Tensor x = test::device_from_host(Tensor::from_floats({R, K}, xv), DType::BF16);
+  Tensor offsets = device_i32({0, R});
+  auto run = [&](const std::vector<float>& w) {
+    Tensor y = Tensor::empty({R, Nout}, DType::BF16, Device::cuda(0));
+    cuda::grouped_gemm_forward(x, test::device_from_host(Tensor::from_floats({1, Nout, K}, w), DType::BF16), offsets,
+                               y, stream0());
+    return test::device_floats(y);
+  };
+  const std::vector<float> yk = run(wk), yn = run(wn);
+  int bad = 0;
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < Nout; ++n) {
+      const size_t i = static_cast<size_t>(r) * Nout + n;
+      if (yk[i] == float(r % K + 1) && yn[i] == float(n + 1)) continue;
+      if (++bad <= 24)
+        ADD_FAILURE() << "y[" << r << "][" << n << "]: read k " << yk[i] - 1 << " (want " << r % K << "), n "
+                      << yn[i] - 1 << " (want " << n << ")";
+    }
+  EXPECT_EQ(bad, 0) << "outputs whose (n, k) are wrong, of " << R * Nout;
 }
 
 TEST(CudaGroupedGemm, BadShapesAreErrors) {
