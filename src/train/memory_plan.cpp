@@ -170,6 +170,8 @@ MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, int64_t t
                layers.dense * (attention_param_count(d) + dense_param_count(d));
   wide saved = model_saved_bytes(d) + layers.moe * layer_saved_bytes(d, true, r) +
                layers.dense * layer_saved_bytes(d, false, r);
+  if (in.pair_expert_wgrad)  // held per MoE layer: dyd [Tk,H], h [Tk,I], dgu [Tk,2I], xg [Tk,H]
+    saved += layers.moe * d.T * d.k * (2 * d.H + 3 * d.I) * kBf16;
   wide transient = head_loss_bytes(d);
   if (layers.moe > 0) transient = std::max(transient, layer_backward_peak_bytes(d, true, r));
   if (layers.dense > 0) transient = std::max(transient, layer_backward_peak_bytes(d, false, r));

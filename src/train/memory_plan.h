@@ -25,6 +25,9 @@ struct MemoryPlanInput {
   bool fp32_master = true;    // optimizer keeps fp32 master copies of the bf16 params
   bool bf16_moments = false;  // AdamW moments in bf16 (else fp32)
   bool bf16_expert_grads = false;  // stacked expert-weight gradients in bf16 (else fp32, as every other gradient)
+  // Expert wgrads of two micro-batches in one pass (layers/cuda/expert_wgrad_pairing.h): one micro-batch's
+  // dY and X of both expert GEMMs held per MoE layer across the micro-batch boundary.
+  bool pair_expert_wgrad = false;
   int64_t device_bytes = 0;   // total memory of the GPU (cudaMemGetInfo total)
   int64_t reserve_bytes = 0;  // kept free for the CUDA context / fragmentation (caller picks, e.g. 1.5 GiB + 3%)
 };

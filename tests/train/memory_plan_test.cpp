@@ -167,6 +167,16 @@ TEST(MemoryPlan, TinyActivationsExactPerRecomputeMode) {
   }
 }
 
+TEST(MemoryPlan, PairedExpertWgradHoldsOneMicroBatchPerMoeLayer) {
+  MemoryPlanInput in = tiny_input(Recompute::selective);
+  const MemoryPlan base = memory_plan(in);
+  in.pair_expert_wgrad = true;
+  const MemoryPlan paired = memory_plan(in);
+  // 2 MoE layers x T·k = 256·2 slots x (dyd H + xg H + h I + dgu 2I = 64 + 64 + 32 + 64) bf16.
+  EXPECT_EQ(paired.activations_saved - base.activations_saved, 2 * 512 * (2 * 64 + 3 * 32) * 2);
+  EXPECT_EQ(paired.activations_transient, base.activations_transient);
+}
+
 TEST(MemoryPlan, DenseLayerCountsTheDenseMlp) {
   MemoryPlanInput in = tiny_input(Recompute::none);
   in.cfg.mlp_only_layers = {0};  // layer 0 takes the dense MLP (intermediate_size 128)

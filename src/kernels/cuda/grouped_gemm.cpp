@@ -98,6 +98,26 @@ void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets
                                     ctx.sm_count, stream);
 }
 
+void grouped_gemm_wgrad2(const Tensor& dy1, const Tensor& x1, const Tensor& offsets1, const Tensor& dy2,
+                         const Tensor& x2, const Tensor& offsets2, Tensor& dw, bool accumulate, cudaStream_t stream) {
+  MT_CHECK(dy1.defined() && x1.defined() && dy2.defined() && x2.defined() && dw.defined() && dy1.ndim() == 2 &&
+               x1.ndim() == 2 && dy2.ndim() == 2 && x2.ndim() == 2 && dw.ndim() == 3,
+           "grouped gemm wgrad2: dy [N, Nout], x [N, K] twice, dw [E, Nout, K]");
+  const int64_t N1 = dy1.dim(0), N2 = dy2.dim(0), Nout = dy1.dim(1), K = x1.dim(1), E = dw.dim(0);
+  check_device_tensor(dy1, "grouped gemm dy1", DType::BF16, {N1, Nout});
+  check_device_tensor(x1, "grouped gemm x1", DType::BF16, {N1, K});
+  check_device_tensor(dy2, "grouped gemm dy2", DType::BF16, {N2, Nout});
+  check_device_tensor(x2, "grouped gemm x2", DType::BF16, {N2, K});
+  check_device_tensor2(dw, "grouped gemm dw", DType::F32, DType::BF16, {E, Nout, K});
+  check_common("grouped gemm wgrad2", offsets1, E, Nout, K, {&dy1, &x1, &dw});
+  check_common("grouped gemm wgrad2", offsets2, E, Nout, K, {&dy2, &x2, &dw});
+  DeviceContext& ctx = device_context(dy1.device().index);
+  detail::grouped_gemm_wgrad_launch(dy1.data(), x1.data(), dw.data(), dw.dtype() == DType::BF16,
+                                    offsets1.data_as<int32_t>(), static_cast<int>(E), static_cast<int>(Nout),
+                                    static_cast<int>(K), accumulate, ctx.sm_count, stream, dy2.data(), x2.data(),
+                                    offsets2.data_as<int32_t>());
+}
+
 namespace detail {
 
 void grouped_gemm_fwd_kernel_set(GroupedFwdKernel k) { g_fwd_kernel.store(k); }

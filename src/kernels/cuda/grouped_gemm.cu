@@ -58,6 +58,11 @@ struct Problem {
   int E, M, N, K;  // Fwd/Dgrad: N, K (rows come from offsets). Wgrad: M, N (reduction rows from offsets)
   bool accumulate;
   bool c_bf16;     // Wgrad: C is BF16 (the sum taken in fp32, rounded once per call) instead of F32
+  // Wgrad with a second segment (two micro-batches reduced in one dW pass): its own rows and offsets,
+  // same lda/ldb. A2 == nullptr: one segment.
+  const bf16* A2 = nullptr;
+  const bf16* B2 = nullptr;
+  const int32_t* offsets2 = nullptr;
 };
 
 // Copies a rows x (chunks·8) tile into swizzled shared memory; rows >= row_lim or columns >= col_lim
@@ -235,17 +240,22 @@ template <int MIN_BLOCKS>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) grouped_wgrad_kernel(Problem p) {
   extern __shared__ __align__(128) unsigned char smem[];
   int* s_off = reinterpret_cast<int*>(smem + PIPE_BYTES);  // [E + 1] offsets
+  int* s_off2 = s_off + (p.E + 1);                          // [E + 1] offsets of the second segment
   const uint32_t sbase = mma::smem_u32(smem);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm0 = (warp / WARPS_N) * WTM, wn0 = (warp % WARPS_N) * WTN;
   const int g = lane >> 2, q = lane & 3, mi_ = lane >> 3;
-  for (int e = tid; e <= p.E; e += THREADS) s_off[e] = p.offsets[e];
+  const bool two = p.A2 != nullptr;
+  for (int e = tid; e <= p.E; e += THREADS) {
+    s_off[e] = p.offsets[e];
+    s_off2[e] = two ? p.offsets2[e] : 0;
+  }
   __syncthreads();
   const int ntn = (p.N + BN - 1) / BN, mtm = (p.M + BM - 1) / BM;
   const int64_t per_e = static_cast<int64_t>(mtm) * ntn, total = p.E * per_e;
 
   struct Tile {
-    int e, m0, n0, row0, row_end, KT;
+    int e, m0, n0, row0, row_end, KT1, row0b, row_endb, KT;  // KT1 k-steps over segment 1, then segment 2
   };
   auto decode = [&](int64_t t) {
     Tile x;
@@ -255,20 +265,29 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) grouped_wgrad_kernel(Prob
     x.n0 = (rem % ntn) * BN;
     x.row0 = s_off[x.e];
     x.row_end = s_off[x.e + 1];
-    x.KT = (x.row_end - x.row0 + BK - 1) / BK;
+    x.KT1 = (x.row_end - x.row0 + BK - 1) / BK;
+    x.row0b = s_off2[x.e];
+    x.row_endb = s_off2[x.e + 1];
+    x.KT = x.KT1 + (x.row_endb - x.row0b + BK - 1) / BK;
     return x;
   };
   // The next tile this block owns that has work (an expert without rows adds nothing when accumulating).
   auto next_tile = [&](int64_t t) {
-    while (t < total && p.accumulate && s_off[t / per_e + 1] == s_off[t / per_e]) t += gridDim.x;
+    while (t < total && p.accumulate && s_off[t / per_e + 1] == s_off[t / per_e] &&
+           s_off2[t / per_e + 1] == s_off2[t / per_e])
+      t += gridDim.x;
     return t;
   };
   auto load_stage = [&](const Tile& x, int stage, int kt) {
     const uint32_t sA = sbase + stage * A_STAGE * 2;
     const uint32_t sB = sbase + (STAGES * A_STAGE + stage * B_STAGE) * 2;
-    const int r = x.row0 + kt * BK;  // reduction rows of this stage
-    load_tile<BK, BM / 8>(sA, p.A + static_cast<int64_t>(r) * p.lda + x.m0, p.lda, x.row_end - r, x.m0, p.M);
-    load_tile<BK, BN / 8>(sB, p.B + static_cast<int64_t>(r) * p.ldb + x.n0, p.ldb, x.row_end - r, x.n0, p.N);
+    const bool first = kt < x.KT1;
+    const bf16* A = first ? p.A : p.A2;
+    const bf16* B = first ? p.B : p.B2;
+    const int r = first ? x.row0 + kt * BK : x.row0b + (kt - x.KT1) * BK;  // reduction rows of this stage
+    const int end = first ? x.row_end : x.row_endb;
+    load_tile<BK, BM / 8>(sA, A + static_cast<int64_t>(r) * p.lda + x.m0, p.lda, end - r, x.m0, p.M);
+    load_tile<BK, BN / 8>(sB, B + static_cast<int64_t>(r) * p.ldb + x.n0, p.ldb, end - r, x.n0, p.N);
   };
   auto prologue = [&](const Tile& x) {
 #pragma unroll
@@ -447,7 +466,8 @@ void grouped_gemm_dgrad_launch(const void* dy, const void* w, void* dx, const in
 }
 
 void grouped_gemm_wgrad_launch(const void* dy, const void* x, void* dw, bool dw_bf16, const int32_t* offsets, int E,
-                               int M, int N, bool accumulate, int sm_count, cudaStream_t stream) {
+                               int M, int N, bool accumulate, int sm_count, cudaStream_t stream, const void* dy2,
+                               const void* x2, const int32_t* offsets2) {
   // dW_e [M][N] (+)= Σ_r dY[r][m] · X[r][n].
   Problem p{static_cast<const bf16*>(dy),
             M,
@@ -463,7 +483,10 @@ void grouped_gemm_wgrad_launch(const void* dy, const void* x, void* dw, bool dw_
             N,
             0,
             accumulate,
-            dw_bf16};
+            dw_bf16,
+            static_cast<const bf16*>(dy2),
+            static_cast<const bf16*>(x2),
+            dy2 ? offsets2 : nullptr};
   launch<Mode::Wgrad>(p, static_cast<int64_t>(E) * ceil_div(M, BM) * ceil_div(N, BN), sm_count, stream);
 }
 

@@ -22,5 +22,9 @@ void grouped_gemm_dgrad(const Tensor& dy, const Tensor& w, const Tensor& offsets
 // accumulate: dw += (else dw =; an expert without rows then gets zeros).
 void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets, Tensor& dw, bool accumulate,
                         cudaStream_t stream);
+// Two micro-batches in one dW pass: dW_e (+)= dy1_eᵀ·x1_e + dy2_eᵀ·x2_e (each pair with its own grouped layout
+// and offsets). Half the dW read-add-write traffic of two calls, which is what bounds the wgrad.
+void grouped_gemm_wgrad2(const Tensor& dy1, const Tensor& x1, const Tensor& offsets1, const Tensor& dy2,
+                         const Tensor& x2, const Tensor& offsets2, Tensor& dw, bool accumulate, cudaStream_t stream);
 
 }  // namespace mt::cuda

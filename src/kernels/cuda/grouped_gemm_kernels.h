@@ -14,8 +14,11 @@ void grouped_gemm_fwd_launch(const void* x, const void* w, void* y, const int32_
 void grouped_gemm_dgrad_launch(const void* dy, const void* w, void* dx, const int32_t* offsets, int E, int64_t rows,
                                int J, int K, int sm_count, cudaStream_t stream);
 // dw [E][M][N] (+)= dy_eᵀ · x_e, dy [rows][M], x [rows][N].
+// dy2/x2/offsets2 (optional, all or none): a second segment of rows reduced into the same dW pass.
 void grouped_gemm_wgrad_launch(const void* dy, const void* x, void* dw, bool dw_bf16, const int32_t* offsets, int E,
-                               int M, int N, bool accumulate, int sm_count, cudaStream_t stream);
+                               int M, int N, bool accumulate, int sm_count, cudaStream_t stream,
+                               const void* dy2 = nullptr, const void* x2 = nullptr,
+                               const int32_t* offsets2 = nullptr);
 
 // Hopper forward (grouped_gemm_sm90.cu: TMA + wgmma), same contract as grouped_gemm_fwd_launch; x and w
 // must be 16-byte aligned (TMA) and rows < 2^31. Throws unless grouped_gemm_fwd_sm90_compiled().

@@ -59,7 +59,14 @@ void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, co
 }
 
 Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const MoeActsCuda& acts,
-                               const Tensor& dout, const Tensor& aux_dp, Qwen3MoeLayerWeights& g) {
+                               const Tensor& dout, const Tensor& aux_dp, Qwen3MoeLayerWeights& g,
+                               ExpertWgradPairing* pairing, int64_t layer) {
+  auto wgrad = [&](ExpertWgradPairing::Which which, const Tensor& dy, const Tensor& x, Tensor& dw) {
+    if (pairing)
+      pairing->add(layer, which, dy, x, acts.plan.offsets, dw, env.stream);
+    else
+      cuda::grouped_gemm_wgrad(dy, x, acts.plan.offsets, dw, /*accumulate=*/true, env.stream);
+  };
   const Qwen3MoeConfig& c = *env.cfg;
   const int64_t T = env.tokens(), H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok,
                 I = c.moe_intermediate_size;
@@ -71,14 +78,14 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeigh
   env.phase(cuda::Phase::experts);
   Tensor dh = env.bf16({T * K, I});
   cuda::grouped_gemm_dgrad(dyd, w.experts_down, acts.plan.offsets, dh, env.stream);
-  cuda::grouped_gemm_wgrad(dyd, acts.h, acts.plan.offsets, g.experts_down, /*accumulate=*/true, env.stream);
+  wgrad(ExpertWgradPairing::down, dyd, acts.h, g.experts_down);
   dyd = Tensor();
   Tensor dgu = env.bf16({T * K, 2 * I});
   cuda::swiglu_backward(dh, acts.gu, nullptr, dgu, nullptr, env.stream);
   dh = Tensor();
   Tensor dxg = env.bf16({T * K, H});
   cuda::grouped_gemm_dgrad(dgu, w.experts_gate_up, acts.plan.offsets, dxg, env.stream);
-  cuda::grouped_gemm_wgrad(dgu, acts.xg, acts.plan.offsets, g.experts_gate_up, /*accumulate=*/true, env.stream);
+  wgrad(ExpertWgradPairing::gate_up, dgu, acts.xg, g.experts_gate_up);
   dgu = Tensor();
 
   env.phase(cuda::Phase::dispatch);

@@ -8,6 +8,7 @@
 #include "kernels/cuda/moe_permute.h"
 #include "kernels/cuda/router.h"
 #include "layers/cuda/cuda_block_env.h"
+#include "layers/cuda/expert_wgrad_pairing.h"
 #include "models/qwen3_moe_weights.h"
 
 namespace mt {
@@ -30,8 +31,10 @@ void moe_acts_drop_cheap(MoeActsCuda& acts);  // drops n, xg, h
 // Recomputes what moe_acts_drop_cheap dropped; x_mid is the block input (before the post-attention norm).
 void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x_mid, MoeActsCuda& acts);
 // dout BF16 [T, H] -> dn BF16 [T, H] (gradient of the normalised input). aux_dp (F32 [E] or undefined):
-// the aux-loss gradient w.r.t. the router probabilities. Parameter gradients are added into g.
+// the aux-loss gradient w.r.t. the router probabilities. Parameter gradients are added into g; the
+// expert weights' go through `pairing` (layer `layer`) when given, else are computed at once.
 Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const MoeActsCuda& acts,
-                               const Tensor& dout, const Tensor& aux_dp, Qwen3MoeLayerWeights& g);
+                               const Tensor& dout, const Tensor& aux_dp, Qwen3MoeLayerWeights& g,
+                               ExpertWgradPairing* pairing = nullptr, int64_t layer = 0);
 
 }  // namespace mt

@@ -111,6 +111,13 @@ Qwen3MoeCudaModel::Qwen3MoeCudaModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights&
   weights_check(cfg_, w_, "parameter", DType::BF16, Device::cuda(device_));
   aux_on_ = config_adds_aux(cfg_);
   MT_CHECK(opts_.loss_chunk_rows > 0, "loss_chunk_rows must be positive, found {}", opts_.loss_chunk_rows);
+  pairing_.resize(cfg_.num_hidden_layers);
+}
+
+void Qwen3MoeCudaModel::flush_expert_grads() {
+  const cuda::DeviceContext& ctx = cuda::device_context(device_);
+  timer_.mark(Phase::experts, ctx.stream);
+  pairing_.flush(ctx.stream);
 }
 
 CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
@@ -219,7 +226,7 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
     auto& G = grads.layers[l];
     LayerActs& A = acts[l];
     layer_restore(env, L, A, rc);
-    Tensor dn = moe_block_backward_cuda(env, L, A.moe, dx, aux_dp, G);
+    Tensor dn = moe_block_backward_cuda(env, L, A.moe, dx, aux_dp, G, opts_.pair_expert_wgrad ? &pairing_ : nullptr, l);
     env.phase(Phase::other);
     Tensor dx_mid = env.bf16({T, H});
     cuda::rmsnorm_backward(dn, A.x_mid, L.post_norm, env.eps(), dx_mid, G.post_norm, &dx, ctx.stream);

@@ -15,6 +15,7 @@
 
 #include "core/tensor.h"
 #include "kernels/cuda/phase_timer.h"
+#include "layers/cuda/expert_wgrad_pairing.h"
 #include "models/cuda/cuda_batch.h"
 #include "models/qwen3_moe_config.h"
 #include "models/qwen3_moe_weights.h"
@@ -29,6 +30,10 @@ std::string cuda_model_unsupported_reason(const Qwen3MoeConfig& cfg);
 struct CudaModelOptions {
   Recompute recompute = Recompute::selective;
   int64_t loss_chunk_rows = 1024;  // rows per chunk of the fused LM head + cross-entropy
+  // Reduce the expert weight gradients of two consecutive forward_backward calls in one dW pass
+  // (layers/cuda/expert_wgrad_pairing.h). The caller must then call flush_expert_grads() after the last
+  // micro-batch of a step, before reading the gradients.
+  bool pair_expert_wgrad = false;
 };
 
 // Device scalars of one micro-batch; read them (cuda::to_host) after the step's sync.
@@ -49,6 +54,9 @@ class Qwen3MoeCudaModel {
   // router_aux_loss_coef · aux (when aux_enabled()). Needs targets.
   CudaLoss forward_backward(const CudaBatch& b, Qwen3MoeWeights& grads, double ce_divisor);
 
+  // Completes the expert weight gradients held by pair_expert_wgrad (no-op otherwise).
+  void flush_expert_grads();
+
   bool aux_enabled() const { return aux_on_; }
   const Qwen3MoeConfig& config() const { return cfg_; }
   int device() const { return device_; }
@@ -61,6 +69,7 @@ class Qwen3MoeCudaModel {
   CudaModelOptions opts_;
   bool aux_on_ = false;
   cuda::PhaseTimer timer_;
+  ExpertWgradPairing pairing_;
 };
 
 }  // namespace mt

@@ -114,6 +114,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log) {
   pin.fp32_master = fp32_master;
   pin.bf16_moments = !fp32_master;
   pin.bf16_expert_grads = !fp32_master;
+  pin.pair_expert_wgrad = true;  // CudaTrainStep pairs them
   pin.device_bytes = static_cast<int64_t>(total_b);
   pin.reserve_bytes = (int64_t{3} << 29) + static_cast<int64_t>(total_b) * 3 / 100;
   const MemoryPlan plan = memory_plan(pin);

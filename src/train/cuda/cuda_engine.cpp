@@ -68,6 +68,7 @@ void plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, std::FI
   in.fp32_master = r.optimizer.master_weights == "float32";
   in.bf16_moments = r.optimizer.moment_dtype == "bfloat16";
   in.bf16_expert_grads = r.optimizer.expert_grad_dtype == "bfloat16";
+  in.pair_expert_wgrad = true;  // CudaTrainStep pairs them
   in.device_bytes = static_cast<int64_t>(total_b);
   // The CUDA context and cuBLASLt live outside the allocator; keep 1.5 GiB + 3% free for them.
   in.reserve_bytes = (int64_t{3} << 29) + static_cast<int64_t>(total_b) * 3 / 100;

@@ -13,6 +13,12 @@ namespace {
 
 float host_scalar(const Tensor& t) { return cuda::to_host(t).to_floats()[0]; }
 
+// The step always flushes after its micro-batches, so the model may pair their expert wgrads.
+CudaModelOptions paired(CudaModelOptions o) {
+  o.pair_expert_wgrad = true;
+  return o;
+}
+
 }  // namespace
 
 Qwen3MoeWeights cuda_grad_buffers(const Qwen3MoeConfig& cfg, DType expert_dtype, int device) {
@@ -28,7 +34,7 @@ Qwen3MoeWeights cuda_grad_buffers(const Qwen3MoeConfig& cfg, DType expert_dtype,
 CudaTrainStep::CudaTrainStep(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, int device,
                              const CudaTrainStepOptions& o)
     : device_(device),
-      model_(cfg, weights, device, o.model),
+      model_(cfg, weights, device, paired(o.model)),
       grads_(cuda_grad_buffers(cfg, o.expert_grad_dtype, device)),
       adamw_(weights.named_parameters(), o.adamw, o.decays, cuda::device_context(device).stream) {
   for (auto& [name, g] : grads_.named_parameters()) grad_list_.push_back(g);
@@ -44,6 +50,7 @@ EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_d
   for (auto& [name, g] : grads_.named_parameters()) cuda::fill_zero_async(*g, stream);
   std::vector<CudaLoss> losses;
   for (const CudaBatch& b : window) losses.push_back(model_.forward_backward(b, grads_, ce_divisor));
+  model_.flush_expert_grads();
   timer.mark(cuda::Phase::optimizer, stream);
   cuda::grad_norm_clip_coef(grad_list_, static_cast<float>(max_grad_norm), norm_, coef_, stream);
 
