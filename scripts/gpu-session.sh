@@ -47,6 +47,10 @@ for stage in "$@"; do
       python3 -c 'import json,sys; ex=json.loads(open("runs/quickstart/data/eval.jsonl").readline()); json.dump([m for m in ex["messages"] if m["role"]!="assistant"], open("/tmp/qs-prompt.json","w")); print("question:", ex["messages"][-2]["content"], "| expected:", ex["messages"][-1]["content"])'
       "$BIN/mixtune" generate --model runs/quickstart/finetune/final --chat /tmp/qs-prompt.json --temperature 0 \
         --max-new-tokens 24 --no-thinking ;;
+    mixtune-standard-unpaired) SIDES=mixtune NAME=mixtune-standard-unpaired OUT=$OUT \
+               bash bench/side_by_side.sh "$BIN/mixtune" standard --mixtune --no-pair-expert-wgrad || rc=1 ;;
+    mixtune-standard-wgmma) MIXTUNE_GROUPED_GEMM=wgmma SIDES=mixtune NAME=mixtune-standard-wgmma OUT=$OUT \
+               bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     *) echo "unknown stage $stage" >&2; rc=2 ;;
   esac
 done

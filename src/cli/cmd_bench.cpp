@@ -16,7 +16,7 @@ namespace {
 struct BenchArgs {
   std::string preset = "qwen3-30b-a3b", model, precision = "bf16", recompute = "none", device = "cuda:0", json_out;
   int64_t layers = 0, seq = 4096, micro_batch = 1, grad_accum = 8, steps = 5, warmup = 2;
-  bool force = false;
+  bool force = false, no_pair_expert_wgrad = false;
 };
 
 void run_bench(const BenchArgs& a, const std::string& command) {
@@ -33,6 +33,7 @@ void run_bench(const BenchArgs& a, const std::string& command) {
   o.precision = a.precision;
   o.recompute = recompute_parse(a.recompute, "--recompute");
   o.force = a.force;
+  o.no_pair_expert_wgrad = a.no_pair_expert_wgrad;
   o.command = command;
   if (a.device == "cuda")
     o.device = 0;
@@ -69,6 +70,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--device", a.device, "cuda or cuda:N");
   cmd->add_option("--json-out", a.json_out, "also write the JSON to this file");
   cmd->add_flag("--force", a.force, "run even when the memory plan says the configuration does not fit");
+  cmd->add_flag("--no-pair-expert-wgrad", a.no_pair_expert_wgrad,
+                "one expert wgrad pass per micro-batch (default: two micro-batches per pass when grad-accum >= 2 "
+                "and the memory plan fits)");
   cmd->callback([cmd] {
     std::string command = "mixtune bench";
     for (const auto* opt : cmd->get_options())

@@ -1,6 +1,7 @@
 #include "kernels/cuda/device_allocator.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -91,9 +92,13 @@ void* device_alloc(int device, size_t nbytes) {
   const size_t cls = size_class(nbytes);
   std::lock_guard<std::mutex> lock(allocator().mutex);
   DevicePool& p = pool(device);
-  // Best fit among cached blocks, accepting at most 1/8 slack so a small request cannot pin a huge block.
+  // Best fit among cached blocks, accepting at most 1/8 slack so a small request cannot pin a huge block —
+  // up to 2x while more than kCacheReleaseBytes sit cached: using a roomier cached block beats returning
+  // the cache (a device sync and a storm of cudaMalloc; measured: 2,210 cudaMalloc per training step with
+  // paired expert wgrads at 1/8, none at 2x).
   auto it = p.free_blocks.lower_bound(cls);
-  if (it != p.free_blocks.end() && it->first <= cls + cls / 8) {
+  const size_t slack = p.free_bytes > kCacheReleaseBytes ? cls : cls / 8;
+  if (it != p.free_blocks.end() && it->first <= cls + slack) {
     void* ptr = it->second;
     const size_t size = it->first;
     p.free_blocks.erase(it);

@@ -114,7 +114,8 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log) {
   pin.fp32_master = fp32_master;
   pin.bf16_moments = !fp32_master;
   pin.bf16_expert_grads = !fp32_master;
-  pin.pair_expert_wgrad = true;  // CudaTrainStep pairs them
+  const bool pair = !o.no_pair_expert_wgrad && pairing_wanted(pin, o.grad_accum);
+  pin.pair_expert_wgrad = pair;
   pin.device_bytes = static_cast<int64_t>(total_b);
   pin.reserve_bytes = (int64_t{3} << 29) + static_cast<int64_t>(total_b) * 3 / 100;
   const MemoryPlan plan = memory_plan(pin);
@@ -156,6 +157,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log) {
   so.adamw.bf16_master = fp32_master;
   so.adamw.moment_dtype = fp32_master ? DType::F32 : DType::BF16;
   so.adamw.seed = o.seed;
+  so.pair_expert_wgrad = pair;
   so.expert_grad_dtype = fp32_master ? DType::F32 : DType::BF16;  // pure bf16: gradients as Transformers keeps them
   CudaTrainStep trainer(cfg, w, o.device, so);
 
@@ -216,6 +218,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log) {
   j["warmup"] = o.warmup;
   j["precision"] = o.precision;
   j["recompute"] = recompute_name(o.recompute);
+  j["pair_expert_wgrad"] = pair;
   j["router"] = "real";
   j["tokens_per_s_per_gpu"] = tps;
   j["step_time_s"] = timed_s / static_cast<double>(o.steps);

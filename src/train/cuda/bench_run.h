@@ -23,6 +23,7 @@ struct BenchOptions {
   std::string precision = "bf16";  // bf16: bf16 params + bf16 AdamW moments; fp32-master: fp32 masters + moments
   Recompute recompute = Recompute::none;
   bool force = false;  // run even when the memory plan says it does not fit
+  bool no_pair_expert_wgrad = false;  // never pair expert wgrads (default: when grad_accum >= 2 and it fits)
   int device = 0;
   uint64_t seed = 1234;
   std::string command;  // the command line, echoed into the JSON

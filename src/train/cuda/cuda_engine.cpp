@@ -56,8 +56,8 @@ CudaTrainStepOptions step_options(const Recipe& r) {
   return o;
 }
 
-// Prints the plan; refuses what cannot fit.
-void plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, std::FILE* log) {
+// Prints the plan; refuses what cannot fit. Returns whether to pair expert wgrads (pairing_wanted).
+bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, std::FILE* log) {
   size_t free_b = 0, total_b = 0;
   MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   MemoryPlanInput in;
@@ -68,13 +68,15 @@ void plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, std::FI
   in.fp32_master = r.optimizer.master_weights == "float32";
   in.bf16_moments = r.optimizer.moment_dtype == "bfloat16";
   in.bf16_expert_grads = r.optimizer.expert_grad_dtype == "bfloat16";
-  in.pair_expert_wgrad = true;  // CudaTrainStep pairs them
   in.device_bytes = static_cast<int64_t>(total_b);
   // The CUDA context and cuBLASLt live outside the allocator; keep 1.5 GiB + 3% free for them.
   in.reserve_bytes = (int64_t{3} << 29) + static_cast<int64_t>(total_b) * 3 / 100;
+  const bool pair = pairing_wanted(in, r.train.grad_accum);
+  in.pair_expert_wgrad = pair;
   const MemoryPlan p = memory_plan(in);
   if (log) std::fprintf(log, "%s\n", p.table().c_str());
   if (!p.fits) fail("cuda:{}: {}", device, p.refusal());
+  return pair;
 }
 
 class CudaEngine final : public TrainEngine {
@@ -85,10 +87,12 @@ class CudaEngine final : public TrainEngine {
       fail("model.dtype float32 with optimizer.master_weights none: on CUDA the model computes in bf16 and "
            "float32 means fp32 master weights; set optimizer.master_weights: float32 or model.dtype: bfloat16");
     cuda::device_set(device_);
-    plan_memory(lm.config, r, device_, log);
+    const bool pair = plan_memory(lm.config, r, device_, log);
     cuda::allocator_reset_peak(device_);
     weights_ = upload_bf16(lm.config, lm.weights, device_);
-    step_ = std::make_unique<CudaTrainStep>(lm.config, weights_, device_, step_options(r));
+    CudaTrainStepOptions so = step_options(r);
+    so.pair_expert_wgrad = pair;
+    step_ = std::make_unique<CudaTrainStep>(lm.config, weights_, device_, so);
     if (host_f32_) masters_from_host();
     cudaDeviceProp prop{};
     MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));

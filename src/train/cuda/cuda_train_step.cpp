@@ -13,13 +13,19 @@ namespace {
 
 float host_scalar(const Tensor& t) { return cuda::to_host(t).to_floats()[0]; }
 
-// The step always flushes after its micro-batches, so the model may pair their expert wgrads.
-CudaModelOptions paired(CudaModelOptions o) {
-  o.pair_expert_wgrad = true;
+// The step flushes after its micro-batches, so the model may pair their expert wgrads.
+CudaModelOptions with_pairing(CudaModelOptions o, bool pair) {
+  o.pair_expert_wgrad = pair;
   return o;
 }
 
 }  // namespace
+
+bool pairing_wanted(MemoryPlanInput in, int64_t grad_accum) {
+  if (grad_accum < 2) return false;  // nothing to pair with: holding would only raise the peak
+  in.pair_expert_wgrad = true;
+  return memory_plan(in).fits;
+}
 
 Qwen3MoeWeights cuda_grad_buffers(const Qwen3MoeConfig& cfg, DType expert_dtype, int device) {
   Qwen3MoeWeights w = Qwen3MoeWeights::empty_like_config(cfg, DType::F32, Device::cuda(device));
@@ -34,7 +40,7 @@ Qwen3MoeWeights cuda_grad_buffers(const Qwen3MoeConfig& cfg, DType expert_dtype,
 CudaTrainStep::CudaTrainStep(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, int device,
                              const CudaTrainStepOptions& o)
     : device_(device),
-      model_(cfg, weights, device, paired(o.model)),
+      model_(cfg, weights, device, with_pairing(o.model, o.pair_expert_wgrad)),
       grads_(cuda_grad_buffers(cfg, o.expert_grad_dtype, device)),
       adamw_(weights.named_parameters(), o.adamw, o.decays, cuda::device_context(device).stream) {
   for (auto& [name, g] : grads_.named_parameters()) grad_list_.push_back(g);

@@ -11,6 +11,7 @@
 #include "kernels/cuda/adamw.h"
 #include "models/cuda/cuda_batch.h"
 #include "models/cuda/qwen3_moe_cuda_model.h"
+#include "train/memory_plan.h"
 #include "train/train_engine.h"
 
 namespace mt {
@@ -18,6 +19,10 @@ namespace mt {
 struct CudaTrainStepOptions {
   CudaModelOptions model;
   DType expert_grad_dtype = DType::F32;  // F32 | BF16 (experts_gate_up / experts_down gradients)
+  // Expert wgrads of two micro-batches in one dW pass (CudaModelOptions::pair_expert_wgrad): half the dW
+  // read-add-write traffic for one micro-batch's expert activations held per layer. The engine and the
+  // bench turn it on when grad_accum >= 2 and the memory plan fits with it (pairing_wanted).
+  bool pair_expert_wgrad = false;
   cuda::CudaAdamWOptions adamw;
   std::function<bool(const std::string&)> decays;  // null: every parameter decays
 };
@@ -42,6 +47,10 @@ class CudaTrainStep {
   cuda::CudaAdamW adamw_;
   Tensor norm_, coef_;
 };
+
+// Whether to pair expert wgrads: grad_accum >= 2 and the plan with the held tensors fits (`in` is the plan
+// input without pairing).
+bool pairing_wanted(MemoryPlanInput in, int64_t grad_accum);
 
 // Gradient buffers: zeros on cuda:device shaped like cfg's parameters, F32 except the stacked expert
 // weights, which get expert_dtype.
