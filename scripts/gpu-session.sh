@@ -49,7 +49,7 @@ for stage in "$@"; do
         --max-new-tokens 24 --no-thinking ;;
     mixtune-standard-unpaired) SIDES=mixtune NAME=mixtune-standard-unpaired OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard --mixtune --no-pair-expert-wgrad || rc=1 ;;
-    mixtune-standard-wgmma) MIXTUNE_GROUPED_GEMM=wgmma SIDES=mixtune NAME=mixtune-standard-wgmma OUT=$OUT \
+    mixtune-standard-mma) MIXTUNE_GROUPED_GEMM=mma SIDES=mixtune NAME=mixtune-standard-mma OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     *) echo "unknown stage $stage" >&2; rc=2 ;;
   esac

@@ -16,11 +16,12 @@ namespace {
 
 std::atomic<detail::GroupedFwdKernel> g_fwd_kernel{detail::GroupedFwdKernel::Auto};
 
-// MIXTUNE_GROUPED_GEMM=wgmma opts into the Hopper forward (off by default until measured on a GPU).
+// The Hopper forward is the default on cc 9.x (H200: 477 / 387 TFLOP/s for gate_up / down vs 260 / 237 with
+// mma.sync, bit-identical outputs); MIXTUNE_GROUPED_GEMM=mma selects the mma.sync kernel everywhere.
 bool wgmma_requested() {
   static const bool on = [] {
     const char* e = std::getenv("MIXTUNE_GROUPED_GEMM");
-    return e != nullptr && std::strcmp(e, "wgmma") == 0;
+    return e == nullptr || std::strcmp(e, "mma") != 0;
   }();
   return on;
 }

@@ -28,8 +28,9 @@ void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const i
 // with 90a in CMAKE_CUDA_ARCHITECTURES).
 bool grouped_gemm_fwd_sm90_compiled();
 
-// Which kernel grouped_gemm_forward runs. Auto: the wgmma one when the environment has
-// MIXTUNE_GROUPED_GEMM=wgmma (read once) and grouped_gemm_fwd_sm90_compiled(), else mma.sync. Wgmma
+// Which kernel grouped_gemm_forward runs. Auto: the wgmma one on a cc 9.x device when
+// grouped_gemm_fwd_sm90_compiled() and the environment does not say MIXTUNE_GROUPED_GEMM=mma (read once),
+// else mma.sync. Wgmma
 // forces it (an error where it cannot run); tests and the bench use this. Process-wide.
 enum class GroupedFwdKernel { Auto, MmaSync, Wgmma };
 void grouped_gemm_fwd_kernel_set(GroupedFwdKernel k);

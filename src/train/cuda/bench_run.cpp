@@ -114,10 +114,10 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log) {
   pin.fp32_master = fp32_master;
   pin.bf16_moments = !fp32_master;
   pin.bf16_expert_grads = !fp32_master;
-  const bool pair = !o.no_pair_expert_wgrad && pairing_wanted(pin, o.grad_accum);
-  pin.pair_expert_wgrad = pair;
   pin.device_bytes = static_cast<int64_t>(total_b);
   pin.reserve_bytes = (int64_t{3} << 29) + static_cast<int64_t>(total_b) * 3 / 100;
+  const bool pair = !o.no_pair_expert_wgrad && pairing_wanted(pin, o.grad_accum);
+  pin.pair_expert_wgrad = pair;
   const MemoryPlan plan = memory_plan(pin);
   if (log) std::fprintf(log, "%s\n", plan.table().c_str());
   if (!plan.fits && !o.force) fail("bench: {} (--force runs it anyway)", plan.refusal());

@@ -56,6 +56,11 @@ struct GemmCase {
 
 TEST(CudaGroupedGemm, ForwardDgradWgradMatchDoubleReference) {
   MT_SKIP_WITHOUT_CUDA();
+  // The mma.sync forward (Sm90ForwardMatchesDoubleReference covers the wgmma one, the default on cc 9.x).
+  cuda::detail::grouped_gemm_fwd_kernel_set(cuda::detail::GroupedFwdKernel::MmaSync);
+  struct Restore {
+    ~Restore() { cuda::detail::grouped_gemm_fwd_kernel_set(cuda::detail::GroupedFwdKernel::Auto); }
+  } restore;
   const GemmCase cases[] = {
       {{0, 1, 130, 0, 257, 64, 3}, 5, 200, 136},  // empty experts, partial m/n/k tiles
       {{128, 128}, 0, 128, 64},                   // exact tiles
