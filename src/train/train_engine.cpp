@@ -21,7 +21,7 @@ class CpuEngine final : public TrainEngine {
  public:
   CpuEngine(CausalLM& lm, const Recipe& r)
       : lm_(lm), model_(lm.config, lm.weights), grads_(Qwen3MoeWeights::zeros_like_config(lm.config, DType::F32)),
-        optimizer_(lm.weights.named_parameters(), adamw_options(r),
+        optimizer_(lm.weights.named_parameters(), adamw_options_from(r),
                    r.optimizer.decay_norms_and_biases ? std::function<bool(const std::string&)>() : adamw_hf_decays) {
     if (r.optimizer.moment_dtype != "float32")
       fail("optimizer.moment_dtype: '{}' is supported on CUDA only (the CPU optimizer keeps float32 moments)",
@@ -76,17 +76,6 @@ class CpuEngine final : public TrainEngine {
   int64_t peak_reserved_bytes() const override { return peak_memory_bytes(); }
 
  private:
-  static AdamWOptions adamw_options(const Recipe& r) {
-    AdamWOptions a;
-    a.lr = r.optimizer.lr;
-    a.beta1 = r.optimizer.beta1;
-    a.beta2 = r.optimizer.beta2;
-    a.eps = r.optimizer.eps;
-    a.weight_decay = r.optimizer.weight_decay;
-    a.master_weights = r.optimizer.master_weights == "float32";
-    return a;
-  }
-
   CausalLM& lm_;
   Qwen3MoeModel model_;
   Qwen3MoeWeights grads_;
@@ -96,6 +85,17 @@ class CpuEngine final : public TrainEngine {
 };
 
 }  // namespace
+
+AdamWOptions adamw_options_from(const Recipe& r) {
+  AdamWOptions a;
+  a.lr = r.optimizer.lr;
+  a.beta1 = r.optimizer.beta1;
+  a.beta2 = r.optimizer.beta2;
+  a.eps = r.optimizer.eps;
+  a.weight_decay = r.optimizer.weight_decay;
+  a.master_weights = r.optimizer.master_weights == "float32";
+  return a;
+}
 
 std::unique_ptr<TrainEngine> cpu_engine_create(CausalLM& lm, const Recipe& r) {
   return std::make_unique<CpuEngine>(lm, r);

@@ -14,6 +14,7 @@
 #include "core/tensor.h"
 #include "models/causal_lm.h"
 #include "models/qwen3_moe_model.h"
+#include "train/adamw.h"
 #include "train/recipe.h"
 
 namespace mt {
@@ -48,6 +49,9 @@ class TrainEngine {
   virtual int64_t peak_memory_bytes() const = 0;    // peak allocated (CPU: host tensors; CUDA: device allocator)
   virtual int64_t peak_reserved_bytes() const = 0;  // CUDA: peak obtained from the driver; CPU: = allocated
 };
+
+// The recipe's optimizer section as AdamW hyper-parameters (both engines).
+AdamWOptions adamw_options_from(const Recipe& r);
 
 // The CPU reference engine. lm must outlive it.
 std::unique_ptr<TrainEngine> cpu_engine_create(CausalLM& lm, const Recipe& r);

@@ -18,6 +18,7 @@
 #include "train/recipe.h"
 #include "train/train_engine.h"
 #include "train/trainer.h"
+#include "train_test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -54,17 +55,7 @@ Recipe recipe_for(const io_test::ScratchDir& dir, const std::string& variant, co
   return recipe_load(path, sets);
 }
 
-struct Quiet {
-  std::FILE* f = std::tmpfile();
-  ~Quiet() { std::fclose(f); }
-  FinetuneOptions options(bool resume = false) {
-    FinetuneOptions o;
-    o.log = f;
-    o.progress_tty = 0;
-    o.resume = resume;
-    return o;
-  }
-};
+using Quiet = test::QuietLog;
 
 // Done-criterion of the pipeline issue: per-step losses within 1e-4 relative of Transformers' 5 AdamW steps
 // on the same packed batch, final weights within 1e-4 absolute.

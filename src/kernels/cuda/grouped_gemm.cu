@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/grouped_gemm_kernels.h"
+#include "kernels/cuda/grouped_schedule.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
 
 // Grouped expert GEMM: a templated M-grouped kernel (forward, dgrad) and a K-grouped one (wgrad) for the
@@ -81,6 +82,41 @@ __device__ __forceinline__ void load_tile(uint32_t s, const bf16* g, int64_t ld,
   }
 }
 
+// One pipeline stage's MMAs into the warp's 64x32 accumulator tile: BK/16 steps of ldmatrix + mma.sync.
+// A_TRANS: A is stored [k][m] in shared memory (wgrad) rather than [m][k]; B_K: B is stored [n][k] (forward)
+// rather than [k][n].
+template <bool A_TRANS, bool B_K>
+__device__ __forceinline__ void mma_stage(float (&acc)[MI][NI][4], uint32_t sA, uint32_t sB, int wm0, int wn0,
+                                          int lane) {
+  const int mi_ = lane >> 3;
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; ++kk) {
+    uint32_t a[MI][4], b[NI][2];
+#pragma unroll
+    for (int i = 0; i < MI; ++i) {
+      if constexpr (A_TRANS)
+        mma::ldmatrix_x4_trans(
+            a[i], sA + mma::swz(kk * 16 + (mi_ >> 1) * 8 + (lane & 7), wm0 + 16 * i + (mi_ & 1) * 8, BM / 8));
+      else
+        mma::ldmatrix_x4(a[i], sA + mma::swz(wm0 + 16 * i + (lane & 15), kk * 16 + (lane >> 4) * 8, BK / 8));
+    }
+#pragma unroll
+    for (int j = 0; j < NI / 2; ++j) {
+      uint32_t r[4];
+      if constexpr (B_K)
+        mma::ldmatrix_x4(r, sB + mma::swz(wn0 + 16 * j + (mi_ >> 1) * 8 + (lane & 7), kk * 16 + (mi_ & 1) * 8, BK / 8));
+      else
+        mma::ldmatrix_x4_trans(
+            r, sB + mma::swz(kk * 16 + (mi_ & 1) * 8 + (lane & 7), wn0 + 16 * j + (mi_ >> 1) * 8, BN / 8));
+      b[2 * j][0] = r[0], b[2 * j][1] = r[1], b[2 * j + 1][0] = r[2], b[2 * j + 1][1] = r[3];
+    }
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int j = 0; j < NI; ++j) mma::mma_16816(acc[i][j], a[i], b[j][0], b[j][1]);
+  }
+}
+
 // M-grouped products (forward, dgrad): rows of the grouped layout, tiles of BM rows inside one expert.
 template <Mode MODE>
 __global__ void __launch_bounds__(THREADS, MT_GROUPED_GEMM_MIN_BLOCKS) grouped_gemm_kernel(Problem p) {
@@ -94,53 +130,13 @@ __global__ void __launch_bounds__(THREADS, MT_GROUPED_GEMM_MIN_BLOCKS) grouped_g
   const int wm0 = (warp / WARPS_N) * WTM, wn0 = (warp % WARPS_N) * WTN;
 
   // ---- schedule: offsets into shared memory, and the exclusive prefix of m-tiles.
-  for (int e = tid; e <= p.E; e += THREADS) s_off[e] = p.offsets[e];
-  __syncthreads();
+  grouped_schedule_build<THREADS, BM>(p.offsets, p.E, s_off, s_tiles);
   const int ntn = (p.N + BN - 1) / BN;
-  int64_t total;
-  {
-    __shared__ int s_warp[THREADS / 32];
-    const int per = (p.E + THREADS - 1) / THREADS, e0 = min(tid * per, p.E), e1 = min(e0 + per, p.E);
-    int local = 0;
-    for (int e = e0; e < e1; ++e) local += (s_off[e + 1] - s_off[e] + BM - 1) / BM;
-    int incl = local;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += v;
-    }
-    if (lane == 31) s_warp[warp] = incl;
-    __syncthreads();
-    int before = 0;
-    for (int w = 0; w < warp; ++w) before += s_warp[w];
-    int run = before + incl - local;
-    for (int e = e0; e < e1; ++e) {
-      s_tiles[e] = run;
-      run += (s_off[e + 1] - s_off[e] + BM - 1) / BM;
-    }
-    if (tid == THREADS - 1) s_tiles[p.E] = before + incl;
-    __syncthreads();
-    total = static_cast<int64_t>(s_tiles[p.E]) * ntn;
-  }
+  const int64_t total = static_cast<int64_t>(s_tiles[p.E]) * ntn;
 
   for (int64_t tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    int e, n0, row0, row_end, KT;
-    {
-      const int mt = static_cast<int>(tile / ntn);
-      n0 = static_cast<int>(tile % ntn) * BN;
-      int lo = 0, hi = p.E;  // largest e with s_tiles[e] <= mt
-      while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (s_tiles[mid] <= mt)
-          lo = mid;
-        else
-          hi = mid;
-      }
-      e = lo;
-      row0 = s_off[e] + (mt - s_tiles[e]) * BM;
-      row_end = s_off[e + 1];
-      KT = (p.K + BK - 1) / BK;
-    }
+    const GroupedTile t = grouped_tile<BM, BN>(tile, ntn, s_off, s_tiles, p.E);
+    const int e = t.e, n0 = t.n0, row0 = t.row0, row_end = t.row_end, KT = (p.K + BK - 1) / BK;
 
     float acc[MI][NI][4];
 #pragma unroll
@@ -176,29 +172,7 @@ __global__ void __launch_bounds__(THREADS, MT_GROUPED_GEMM_MIN_BLOCKS) grouped_g
       const int stage = kt % STAGES;
       const uint32_t sA = sbase + stage * A_STAGE * 2;
       const uint32_t sB = sbase + (STAGES * A_STAGE + stage * B_STAGE) * 2;
-      const int mi_ = lane >> 3;
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        uint32_t a[MI][4], b[NI][2];
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-          mma::ldmatrix_x4(a[i], sA + mma::swz(wm0 + 16 * i + (lane & 15), kk * 16 + (lane >> 4) * 8, BK / 8));
-#pragma unroll
-        for (int j = 0; j < NI / 2; ++j) {
-          uint32_t r[4];
-          if constexpr (B_K)
-            mma::ldmatrix_x4(
-                r, sB + mma::swz(wn0 + 16 * j + (mi_ >> 1) * 8 + (lane & 7), kk * 16 + (mi_ & 1) * 8, BK / 8));
-          else
-            mma::ldmatrix_x4_trans(
-                r, sB + mma::swz(kk * 16 + (mi_ & 1) * 8 + (lane & 7), wn0 + 16 * j + (mi_ >> 1) * 8, BN / 8));
-          b[2 * j][0] = r[0], b[2 * j][1] = r[1], b[2 * j + 1][0] = r[2], b[2 * j + 1][1] = r[3];
-        }
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-#pragma unroll
-          for (int j = 0; j < NI; ++j) mma::mma_16816(acc[i][j], a[i], b[j][0], b[j][1]);
-      }
+      mma_stage<false, B_K>(acc, sA, sB, wm0, wn0, lane);
     }
     mma::cp_async_wait<0>();
     __syncthreads();
@@ -244,7 +218,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) grouped_wgrad_kernel(Prob
   const uint32_t sbase = mma::smem_u32(smem);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm0 = (warp / WARPS_N) * WTM, wn0 = (warp % WARPS_N) * WTN;
-  const int g = lane >> 2, q = lane & 3, mi_ = lane >> 3;
+  const int g = lane >> 2, q = lane & 3;
   const bool two = p.A2 != nullptr;
   for (int e = tid; e <= p.E; e += THREADS) {
     s_off[e] = p.offsets[e];
@@ -319,25 +293,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) grouped_wgrad_kernel(Prob
       const int stage = kt % STAGES;
       const uint32_t sA = sbase + stage * A_STAGE * 2;
       const uint32_t sB = sbase + (STAGES * A_STAGE + stage * B_STAGE) * 2;
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        uint32_t a[MI][4], b[NI][2];
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-          mma::ldmatrix_x4_trans(
-              a[i], sA + mma::swz(kk * 16 + (mi_ >> 1) * 8 + (lane & 7), wm0 + 16 * i + (mi_ & 1) * 8, BM / 8));
-#pragma unroll
-        for (int j = 0; j < NI / 2; ++j) {
-          uint32_t r[4];
-          mma::ldmatrix_x4_trans(
-              r, sB + mma::swz(kk * 16 + (mi_ & 1) * 8 + (lane & 7), wn0 + 16 * j + (mi_ >> 1) * 8, BN / 8));
-          b[2 * j][0] = r[0], b[2 * j][1] = r[1], b[2 * j + 1][0] = r[2], b[2 * j + 1][1] = r[3];
-        }
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-#pragma unroll
-          for (int j = 0; j < NI; ++j) mma::mma_16816(acc[i][j], a[i], b[j][0], b[j][1]);
-      }
+      mma_stage<true, false>(acc, sA, sB, wm0, wn0, lane);
     }
     mma::cp_async_wait<0>();
     __syncthreads();  // every warp is done with the pipeline buffers: the next tile may fill them

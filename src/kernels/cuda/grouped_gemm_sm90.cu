@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/grouped_gemm_kernels.h"
+#include "kernels/cuda/grouped_schedule.cuh"
 
 // Hopper (sm_90a) M-grouped forward of the grouped expert GEMM: y rows of expert e = x rows of e · W_eᵀ,
 // with TMA tile loads and warpgroup MMA (wgmma) from 128-byte-swizzled shared memory (NOTES.md,
@@ -222,60 +223,6 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t desc_a, 
     wgmma_m64n128k16(d, desc_a, desc_b, scale_d);
 }
 
-// s_off[0..E] = offsets, s_tiles[e] = m-tiles (of BM rows) of the experts before e, s_tiles[E] = all.
-// Every thread of the block takes part (two __syncthreads).
-__device__ __forceinline__ void build_schedule(const int32_t* offsets, int E, int* s_off, int* s_tiles) {
-  __shared__ int s_warp[THREADS / 32];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  for (int e = tid; e <= E; e += THREADS) s_off[e] = offsets[e];
-  __syncthreads();
-  const int per = (E + THREADS - 1) / THREADS, e0 = min(tid * per, E), e1 = min(e0 + per, E);
-  int local = 0;
-  for (int e = e0; e < e1; ++e) local += (s_off[e + 1] - s_off[e] + BM - 1) / BM;
-  int incl = local;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += v;
-  }
-  if (lane == 31) s_warp[warp] = incl;
-  __syncthreads();
-  int before = 0;
-  for (int w = 0; w < warp; ++w) before += s_warp[w];
-  int run = before + incl - local;
-  for (int e = e0; e < e1; ++e) {
-    s_tiles[e] = run;
-    run += (s_off[e + 1] - s_off[e] + BM - 1) / BM;
-  }
-  if (tid == THREADS - 1) s_tiles[E] = before + incl;
-  __syncthreads();
-}
-
-struct TilePos {
-  int e, row0, row_end, n0;
-};
-
-// Tile t -> (expert, first row, expert's end row, first column); n fastest, so the blocks working at
-// the same time share an expert's x rows and W_e in L2.
-template <int BN>
-__device__ __forceinline__ TilePos tile_pos(int64_t t, int ntn, const int* s_off, const int* s_tiles, int E) {
-  const int mt = static_cast<int>(t / ntn);
-  TilePos x;
-  x.n0 = static_cast<int>(t % ntn) * BN;
-  int lo = 0, hi = E;  // largest e with s_tiles[e] <= mt (empty experts share their successor's prefix)
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (s_tiles[mid] <= mt)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  x.e = lo;
-  x.row0 = s_off[lo] + (mt - s_tiles[lo]) * BM;
-  x.row_end = s_off[lo + 1];
-  return x;
-}
-
 #endif  // MT_SM90A_DEVICE
 
 template <int BN>
@@ -304,7 +251,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   }
-  build_schedule(p.offsets, p.E, s_off, s_tiles);  // ends with __syncthreads (covers the barrier init)
+  grouped_schedule_build<THREADS, BM>(p.offsets, p.E, s_off, s_tiles);  // ends with __syncthreads (covers the barrier init)
   const int ntn = (p.N + BN - 1) / BN, KT = (p.K + BK - 1) / BK;
   const int64_t total = static_cast<int64_t>(s_tiles[p.E]) * ntn;
 
@@ -317,7 +264,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       int stage = 0;
       uint32_t phase = 0;
       for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-        const TilePos tp = tile_pos<BN>(t, ntn, s_off, s_tiles, p.E);
+        const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
         for (int kb = 0; kb < KT; ++kb) {
           mbar_wait(empty_bar + 8 * stage, phase ^ 1);
           const uint32_t fb = full_bar + 8 * stage;
@@ -340,7 +287,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     int stage = 0;
     uint32_t phase = 0;
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-      const TilePos tp = tile_pos<BN>(t, ntn, s_off, s_tiles, p.E);
+      const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
       int prev = 0;
       for (int kb = 0; kb < KT; ++kb) {
         mbar_wait(full_bar + 8 * stage, phase);

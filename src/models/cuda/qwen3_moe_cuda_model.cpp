@@ -67,6 +67,35 @@ void layer_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& L, Layer
   moe_acts_restore(env, L, acts.x_mid, acts.moe);
 }
 
+// Embedding, every decoder layer and the final norm. keep: each layer's saved tensors (released per
+// `rc`), or null (forward only: dropped as soon as the next layer has its input).
+struct StreamEnd {
+  Tensor x;   // residual stream after the last layer (the final norm's input)
+  Tensor xf;  // final-norm output
+};
+StreamEnd run_layers(const CudaBlockEnv& env, const Qwen3MoeWeights& w, const CudaBatch& b, cuda::AuxStats* stats,
+                     std::vector<LayerActs>* keep, Recompute rc) {
+  const Qwen3MoeConfig& c = *env.cfg;
+  const int64_t T = b.tokens(), H = c.hidden_size, nl = c.num_hidden_layers;
+  env.phase(Phase::other);
+  Tensor x = env.bf16({T, H});
+  cuda::embedding_forward(b.ids, w.embed, x, env.stream);
+  Tensor a = env.bf16({T, H});
+  cuda::rmsnorm_forward(x, nl > 0 ? w.layers[0].input_norm : w.final_norm, env.eps(), a, nullptr, env.stream);
+  for (int64_t l = 0; l < nl; ++l) {
+    LayerActs local;
+    LayerActs& acts = keep ? (*keep)[l] : local;
+    Tensor y = layer_forward(env, w.layers[l], x, a, stats, acts);
+    env.phase(Phase::other);
+    const Tensor& next_norm = l + 1 < nl ? w.layers[l + 1].input_norm : w.final_norm;
+    x = env.bf16({T, H});
+    a = env.bf16({T, H});
+    cuda::rmsnorm_residual_forward(y, acts.x_mid, next_norm, env.eps(), x, a, nullptr, env.stream);
+    if (keep) layer_release(acts, rc);
+  }
+  return {x, a};
+}
+
 // Gradients: shaped like the parameters, on the device, F32 (the stacked expert weights may be BF16).
 void check_grads(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& w, const Qwen3MoeWeights& g, int device) {
   auto wp = w.named_parameters();
@@ -123,27 +152,10 @@ void Qwen3MoeCudaModel::flush_expert_grads() {
 CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
   CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_};
-  const int64_t T = b.tokens(), H = cfg_.hidden_size, E = cfg_.num_experts;
   cuda::AuxStats stats;
-  if (aux_on_) stats = cuda::aux_stats_zeros(E, device_, ctx.stream);
+  if (aux_on_) stats = cuda::aux_stats_zeros(cfg_.num_experts, device_, ctx.stream);
 
-  env.phase(Phase::other);
-  Tensor x = env.bf16({T, H});
-  cuda::embedding_forward(b.ids, w_.embed, x, ctx.stream);
-  Tensor a = env.bf16({T, H});
-  cuda::rmsnorm_forward(x, w_.layers.empty() ? w_.final_norm : w_.layers[0].input_norm, env.eps(), a, nullptr,
-                        ctx.stream);
-  Tensor xf = a;
-  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
-    LayerActs acts;
-    Tensor y = layer_forward(env, w_.layers[l], x, a, aux_on_ ? &stats : nullptr, acts);
-    env.phase(Phase::other);
-    const Tensor& next_norm = l + 1 < cfg_.num_hidden_layers ? w_.layers[l + 1].input_norm : w_.final_norm;
-    x = env.bf16({T, H});
-    a = env.bf16({T, H});
-    cuda::rmsnorm_residual_forward(y, acts.x_mid, next_norm, env.eps(), x, a, nullptr, ctx.stream);
-    xf = a;
-  }
+  const Tensor xf = run_layers(env, w_, b, aux_on_ ? &stats : nullptr, nullptr, Recompute::none).xf;
   CudaLoss loss;
   loss.ce_sum = Tensor::empty({1}, DType::F32, env.dev());
   loss.count = Tensor::empty({1}, DType::I32, env.dev());
@@ -178,24 +190,10 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
   if (aux_on_) stats = cuda::aux_stats_zeros(E, device_, ctx.stream);
 
   // Forward, keeping what the recompute policy says.
-  env.phase(Phase::other);
-  Tensor x = env.bf16({T, H});
-  cuda::embedding_forward(b.ids, w_.embed, x, ctx.stream);
-  Tensor a = env.bf16({T, H});
-  cuda::rmsnorm_forward(x, nl > 0 ? w_.layers[0].input_norm : w_.final_norm, env.eps(), a, nullptr, ctx.stream);
   std::vector<LayerActs> acts(nl);
-  Tensor x_last = x, xf = a;
-  for (int64_t l = 0; l < nl; ++l) {
-    Tensor y = layer_forward(env, w_.layers[l], x, a, aux_on_ ? &stats : nullptr, acts[l]);
-    env.phase(Phase::other);
-    const Tensor& next_norm = l + 1 < nl ? w_.layers[l + 1].input_norm : w_.final_norm;
-    x = env.bf16({T, H});
-    a = env.bf16({T, H});
-    cuda::rmsnorm_residual_forward(y, acts[l].x_mid, next_norm, env.eps(), x, a, nullptr, ctx.stream);
-    layer_release(acts[l], rc);
-    x_last = x;
-    xf = a;
-  }
+  StreamEnd end = run_layers(env, w_, b, aux_on_ ? &stats : nullptr, &acts, rc);
+  Tensor x_last = end.x, xf = end.xf;
+  end = {};
 
   // Loss and its gradient w.r.t. the final norm's output; then through the final norm.
   env.phase(Phase::head_loss);
@@ -210,12 +208,11 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
   Tensor dxf = env.bf16({T, H});
   cuda::linear_cross_entropy(xf, head, b.targets, args, loss.ce_sum, loss.count, &dxf, &dhead, ctx.stream);
   xf = Tensor();
-  a = Tensor();
   env.phase(Phase::other);
   Tensor dx = env.bf16({T, H});
   cuda::rmsnorm_backward(dxf, x_last, w_.final_norm, env.eps(), dx, grads.final_norm, nullptr, ctx.stream);
   dxf = Tensor();
-  x = x_last = Tensor();
+  x_last = Tensor();
 
   Tensor aux_dp;
   if (aux_on_) cuda::aux_loss_finish(stats, /*bf16=*/true, cfg_.router_aux_loss_coef, loss.aux, aux_dp, ctx.stream);

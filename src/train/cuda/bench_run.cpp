@@ -95,6 +95,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log) {
   MT_CHECK(o.steps >= 1 && o.warmup >= 0 && o.seq >= 2 && o.micro_batch >= 1 && o.grad_accum >= 1,
            "bench: steps >= 1, warmup >= 0, seq >= 2, micro_batch >= 1, grad_accum >= 1 (found {}, {}, {}, {}, {})",
            o.steps, o.warmup, o.seq, o.micro_batch, o.grad_accum);
+  MT_CHECK(o.layers >= 0, "bench: --layers must be >= 0 (0: all the model's layers), found {}", o.layers);
   MT_CHECK(o.precision == "bf16" || o.precision == "fp32-master", "bench: --precision must be bf16 or fp32-master, "
            "found '{}'", o.precision);
   const int count = cuda::device_count();

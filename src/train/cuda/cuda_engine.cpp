@@ -41,14 +41,8 @@ Qwen3MoeWeights upload_bf16(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& ho
 CudaTrainStepOptions step_options(const Recipe& r) {
   CudaTrainStepOptions o;
   o.model.recompute = recompute_parse(r.train.recompute, "train.recompute");
-  AdamWOptions& a = o.adamw.hyper;
-  a.lr = r.optimizer.lr;
-  a.beta1 = r.optimizer.beta1;
-  a.beta2 = r.optimizer.beta2;
-  a.eps = r.optimizer.eps;
-  a.weight_decay = r.optimizer.weight_decay;
-  a.master_weights = r.optimizer.master_weights == "float32";
-  o.adamw.bf16_master = a.master_weights;
+  o.adamw.hyper = adamw_options_from(r);
+  o.adamw.bf16_master = o.adamw.hyper.master_weights;
   o.adamw.moment_dtype = r.optimizer.moment_dtype == "bfloat16" ? DType::BF16 : DType::F32;
   o.adamw.seed = r.train.seed;
   o.expert_grad_dtype = r.optimizer.expert_grad_dtype == "bfloat16" ? DType::BF16 : DType::F32;

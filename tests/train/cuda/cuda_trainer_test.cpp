@@ -20,6 +20,7 @@
 #include "models/presets.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
+#include "../train_test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -71,17 +72,7 @@ std::vector<double> losses_of(const fs::path& run) {
   return out;
 }
 
-struct Quiet {
-  std::FILE* f = std::tmpfile();
-  ~Quiet() { std::fclose(f); }
-  FinetuneOptions options(bool resume = false) {
-    FinetuneOptions o;
-    o.log = f;
-    o.progress_tty = 0;
-    o.resume = resume;
-    return o;
-  }
-};
+using Quiet = test::QuietLog;
 
 TEST(CudaTrainer, Bf16TracksCpuFp32LossCurveOver50Steps) {
   MT_SKIP_WITHOUT_CUDA();
