@@ -5,8 +5,9 @@
 //
 // usage: mixtune_bench_grouped_gemm [--tokens N] [--hidden H] [--inter I] [--experts E] [--topk K]
 //                                   [--balanced] [--reps R]
-// On a cc 9.0 GPU (sm_90a build) the forward products are also timed on the TMA + wgmma kernel
-// ("gemm_sm90": fwd_gate_up_sm90, fwd_down_sm90, with the largest difference from the mma.sync output).
+// On a cc 9.0 GPU (sm_90a build) the forward and dgrad products are also timed on the TMA + wgmma kernel
+// ("gemm_sm90": fwd_* and dgrad_*_sm90, with the largest difference from the mma.sync output); the "gemm"
+// rows run whatever grouped_gemm picks by default (wgmma there).
 // Routing: each token takes the top-k of (N(0,1) noise + a per-expert bias ~ N(0, 0.5)), a skewed load
 // like a real router's; --balanced gives every expert the same count (results say which).
 #include <cublasLt.h>
@@ -279,13 +280,14 @@ int main(int argc, char** argv) {
     };
     std::vector<Sm90Row> sm90;
     namespace det = mt::cuda::detail;
-    if (ctx.cc_major == 9 && det::grouped_gemm_fwd_sm90_compiled()) {
-      auto sm90_row = [&](const char* op, double flops, const Tensor& in, const Tensor& w, Tensor& out) {
+    if (ctx.cc_major == 9 && det::grouped_gemm_sm90_compiled()) {
+      // run() writes `out`; it runs once on each kernel, then is timed on the wgmma one.
+      auto sm90_row = [&](const char* op, double flops, Tensor& out, auto&& run) {
         det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::MmaSync);
-        mt::cuda::grouped_gemm_forward(in, w, plan.offsets, out, st);
+        run();
         const std::vector<float> ref = mt::cuda::to_host(out).to_floats();
         det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Wgmma);
-        mt::cuda::grouped_gemm_forward(in, w, plan.offsets, out, st);
+        run();
         const std::vector<float> got = mt::cuda::to_host(out).to_floats();
         double diff = 0, refmax = 0;
         int64_t non_finite = 0;
@@ -297,12 +299,15 @@ int main(int argc, char** argv) {
           diff = std::max(diff, std::fabs(double(got[i]) - ref[i]));
           refmax = std::max(refmax, std::fabs(double(ref[i])));
         }
-        const double ms = time_ms(a.reps, st, [&] { mt::cuda::grouped_gemm_forward(in, w, plan.offsets, out, st); });
+        const double ms = time_ms(a.reps, st, run);
         det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Auto);
         sm90.push_back({op, flops, ms, diff, refmax, non_finite});
       };
-      sm90_row("fwd_gate_up_sm90", f_gu, xg, w1, gu);
-      sm90_row("fwd_down_sm90", f_dn, act, w2, y);
+      sm90_row("fwd_gate_up_sm90", f_gu, gu, [&] { mt::cuda::grouped_gemm_forward(xg, w1, plan.offsets, gu, st); });
+      sm90_row("fwd_down_sm90", f_dn, y, [&] { mt::cuda::grouped_gemm_forward(act, w2, plan.offsets, y, st); });
+      sm90_row("dgrad_down_sm90", f_dn, dact, [&] { mt::cuda::grouped_gemm_dgrad(dy, w2, plan.offsets, dact, st); });
+      sm90_row("dgrad_gate_up_sm90", f_gu, dxg,
+               [&] { mt::cuda::grouped_gemm_dgrad(dgu, w1, plan.offsets, dxg, st); });
     }
     // Memory-bound permutation kernels: bytes moved per call.
     struct MemRow {

@@ -11,7 +11,8 @@ namespace mt::cuda {
 
 namespace {
 
-enum : uint8_t { kParamF32 = 1, kParamBf16 = 2, kGradBf16 = 4, kHasMaster = 8 };
+// kAligned16: every array of the tensor starts 16-byte aligned (the vector path may run).
+enum : uint8_t { kParamF32 = 1, kParamBf16 = 2, kGradBf16 = 4, kHasMaster = 8, kAligned16 = 16 };
 
 struct AdamWLaunch {
   MultiTensorTable table;
@@ -58,71 +59,137 @@ __device__ inline bf16 bf16_stochastic(float v, uint32_t r) {
   return __ushort_as_bfloat16(static_cast<unsigned short>(bits >> 16));
 }
 
-// Elements per thread per pass: their loads are issued together (memory-level parallelism; the
-// kernel is bandwidth-bound), each keeps the coalesced stride-blockDim layout.
-constexpr int kAdamwIlp = 4;
+// One element of torch's _single_tensor_adamw, op by op (no contraction into fma except inside lerp, as
+// torch): updates p, m, v in place.
+__device__ inline void adamw_element(float g, float& p, float& m, float& v, const AdamWScalars& s, float decay_mul,
+                                     const float* clip, float coef) {
+  if (clip) g = __fmul_rn(g, coef);
+  p = __fmul_rn(p, decay_mul);
+  m = lerp_torch(m, g, s.w1);
+  v = __fmul_rn(v, s.beta2);
+  v = __fadd_rn(v, __fmul_rn(__fmul_rn(s.one_minus_b2, g), g));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bc2_sqrt), s.eps);
+  p = __fadd_rn(p, __fdiv_rn(__fmul_rn(s.neg_step, m), denom));
+}
+
+// N consecutive elements from a bf16 or fp32 array; VEC: one 16-byte access per 8 bf16 / 4 fp32.
+template <int N, bool VEC>
+__device__ inline void load_n(const void* base, bool is_bf16, int64_t k, float (&out)[N]) {
+  if (is_bf16) {
+    const bf16* p = static_cast<const bf16*>(base) + k;
+    if constexpr (VEC) {
+#pragma unroll
+      for (int j = 0; j < N; j += 8) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(p + j);
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 f = __bfloat1622float2(h[q]);
+          out[j + 2 * q] = f.x, out[j + 2 * q + 1] = f.y;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < N; ++j) out[j] = __bfloat162float(p[j]);
+    }
+  } else {
+    const float* p = static_cast<const float*>(base) + k;
+    if constexpr (VEC) {
+#pragma unroll
+      for (int j = 0; j < N; j += 4) {
+        const float4 f = *reinterpret_cast<const float4*>(p + j);
+        out[j] = f.x, out[j + 1] = f.y, out[j + 2] = f.z, out[j + 3] = f.w;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < N; ++j) out[j] = p[j];
+    }
+  }
+}
+
+// Stores N values to a bf16 (round to nearest) or fp32 array.
+template <int N, bool VEC>
+__device__ inline void store_n(void* base, bool is_bf16, int64_t k, const float (&in)[N]) {
+  if (is_bf16) {
+    bf16* p = static_cast<bf16*>(base) + k;
+    if constexpr (VEC) {
+#pragma unroll
+      for (int j = 0; j < N; j += 8) {
+        uint4 raw;
+        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) h[q] = __floats2bfloat162_rn(in[j + 2 * q], in[j + 2 * q + 1]);
+        *reinterpret_cast<uint4*>(p + j) = raw;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < N; ++j) p[j] = __float2bfloat16_rn(in[j]);
+    }
+  } else {
+    float* p = static_cast<float*>(base) + k;
+    if constexpr (VEC) {
+#pragma unroll
+      for (int j = 0; j < N; j += 4) *reinterpret_cast<float4*>(p + j) = make_float4(in[j], in[j + 1], in[j + 2], in[j + 3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < N; ++j) p[j] = in[j];
+    }
+  }
+}
+
+// Elements k .. k + N - 1 of tensor i: loads issued together (memory-level parallelism: the update is
+// bandwidth-bound), the math per element, then the stores. VEC needs k % 8 == 0 and 16-byte aligned arrays.
+template <int N, bool VEC>
+__device__ inline void adamw_elements(const AdamWLaunch& L, int i, int64_t k, const AdamWScalars& s,
+                                      uint32_t seed32, const float* clip, float coef) {
+  const uint8_t f = L.flags[i];
+  float g[N], p[N], m[N], v[N];
+  load_n<N, VEC>(L.grad[i], f & kGradBf16, k, g);
+  if (f & kHasMaster)
+    load_n<N, VEC>(L.master[i], false, k, p);
+  else
+    load_n<N, VEC>(L.param[i], f & kParamBf16, k, p);
+  load_n<N, VEC>(L.m[i], s.moments_bf16, k, m);
+  load_n<N, VEC>(L.v[i], s.moments_bf16, k, v);
+  const float decay_mul = L.decay_mul[i];
+#pragma unroll
+  for (int j = 0; j < N; ++j) adamw_element(g[j], p[j], m[j], v[j], s, decay_mul, clip, coef);
+  store_n<N, VEC>(L.m[i], s.moments_bf16, k, m);
+  store_n<N, VEC>(L.v[i], s.moments_bf16, k, v);
+  if (f & kHasMaster) {
+    store_n<N, VEC>(L.master[i], false, k, p);
+    store_n<N, VEC>(L.param[i], true, k, p);
+  } else if (f & kParamBf16) {
+    bf16* out = static_cast<bf16*>(L.param[i]) + k;
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      out[j] = bf16_stochastic(p[j], hash32(seed32, static_cast<uint64_t>(L.offset[i] + k + j)));
+  } else {
+    store_n<N, VEC>(L.param[i], false, k, p);
+  }
+}
+
+// Elements per thread per pass of the vector path (one 16-byte access per bf16 array).
+constexpr int kAdamwVec = 8;
+static_assert(kChunkElems % kAdamwVec == 0, "chunks start on a vector boundary");
 
 __global__ void adamw_kernel(AdamWLaunch L, AdamWScalars s, const float* __restrict__ clip) {
   const int64_t b = blockIdx.x;
   const int i = table_tensor(L.table, b);
-  const int64_t begin = (b - L.table.chunk_begin[i]) * kChunkElems;
+  const int64_t begin = (b - L.table.chunk_begin[i]) * kChunkElems;  // a multiple of kAdamwVec
   const int64_t end = min(L.table.numel[i], begin + kChunkElems);
-  const uint8_t f = L.flags[i];
   const float coef = clip ? *clip : 1.0f;
-  const float decay_mul = L.decay_mul[i];
-  const int64_t stride = blockDim.x;
   const uint32_t seed32 = static_cast<uint32_t>(s.seed ^ (s.seed >> 32));
-  for (int64_t k0 = begin + threadIdx.x; k0 < end; k0 += stride * kAdamwIlp) {
-    float g[kAdamwIlp], p[kAdamwIlp], m[kAdamwIlp], v[kAdamwIlp];
-#pragma unroll
-    for (int u = 0; u < kAdamwIlp; ++u) {
-      const int64_t k = k0 + u * stride;
-      if (k >= end) break;
-      g[u] = (f & kGradBf16) ? __bfloat162float(static_cast<const bf16*>(L.grad[i])[k])
-                             : static_cast<const float*>(L.grad[i])[k];
-      if (f & kHasMaster) p[u] = L.master[i][k];
-      else if (f & kParamBf16) p[u] = __bfloat162float(static_cast<const bf16*>(L.param[i])[k]);
-      else p[u] = static_cast<const float*>(L.param[i])[k];
-      if (s.moments_bf16) {
-        m[u] = __bfloat162float(static_cast<const bf16*>(L.m[i])[k]);
-        v[u] = __bfloat162float(static_cast<const bf16*>(L.v[i])[k]);
-      } else {
-        m[u] = static_cast<const float*>(L.m[i])[k];
-        v[u] = static_cast<const float*>(L.v[i])[k];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kAdamwIlp; ++u) {
-      const int64_t k = k0 + u * stride;
-      if (k >= end) break;
-      float gu = g[u], pu = p[u], mu = m[u], vu = v[u];
-      if (clip) gu = __fmul_rn(gu, coef);
-      // torch's _single_tensor_adamw, op by op (no contraction into fma except inside lerp, as torch).
-      pu = __fmul_rn(pu, decay_mul);
-      mu = lerp_torch(mu, gu, s.w1);
-      vu = __fmul_rn(vu, s.beta2);
-      vu = __fadd_rn(vu, __fmul_rn(__fmul_rn(s.one_minus_b2, gu), gu));
-      const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vu), s.bc2_sqrt), s.eps);
-      pu = __fadd_rn(pu, __fdiv_rn(__fmul_rn(s.neg_step, mu), denom));
-      if (s.moments_bf16) {
-        static_cast<bf16*>(L.m[i])[k] = __float2bfloat16_rn(mu);
-        static_cast<bf16*>(L.v[i])[k] = __float2bfloat16_rn(vu);
-      } else {
-        static_cast<float*>(L.m[i])[k] = mu;
-        static_cast<float*>(L.v[i])[k] = vu;
-      }
-      if (f & kHasMaster) {
-        L.master[i][k] = pu;
-        static_cast<bf16*>(L.param[i])[k] = __float2bfloat16_rn(pu);
-      } else if (f & kParamBf16) {
-        static_cast<bf16*>(L.param[i])[k] =
-            bf16_stochastic(pu, hash32(seed32, static_cast<uint64_t>(L.offset[i] + k)));
-      } else {
-        static_cast<float*>(L.param[i])[k] = pu;
-      }
-    }
+  int64_t tail = begin;
+  if (L.flags[i] & kAligned16) {
+    tail = begin + (end - begin) / kAdamwVec * kAdamwVec;
+    for (int64_t k = begin + kAdamwVec * threadIdx.x; k < tail; k += kAdamwVec * blockDim.x)
+      adamw_elements<kAdamwVec, true>(L, i, k, s, seed32, clip, coef);
   }
+  for (int64_t k = tail + threadIdx.x; k < end; k += blockDim.x) adamw_elements<1, false>(L, i, k, s, seed32, clip, coef);
 }
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 __global__ void bf16_to_f32_kernel(const bf16* __restrict__ in, float* __restrict__ out, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -224,9 +291,11 @@ void CudaAdamW::step(const std::vector<const Tensor*>& grads, double lr, const T
     L.v[c] = s.exp_avg_sq.data();
     L.offset[c] = s.offset;
     L.decay_mul[c] = s.decay ? decay_mul : 1.0f;
+    const bool aligned = aligned16(L.param[c]) && aligned16(L.master[c]) && aligned16(L.grad[c]) &&
+                         aligned16(L.m[c]) && aligned16(L.v[c]);
     L.flags[c] = static_cast<uint8_t>((s.param->dtype() == DType::BF16 ? kParamBf16 : kParamF32) |
                                       (grads[i]->dtype() == DType::BF16 ? kGradBf16 : 0) |
-                                      (s.master.defined() ? kHasMaster : 0));
+                                      (s.master.defined() ? kHasMaster : 0) | (aligned ? kAligned16 : 0));
     L.table.numel[c] = s.param->numel();
     if (++L.table.count == kMultiTensorMax) flush();
   }

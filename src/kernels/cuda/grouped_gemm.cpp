@@ -16,14 +16,29 @@ namespace {
 
 std::atomic<detail::GroupedFwdKernel> g_fwd_kernel{detail::GroupedFwdKernel::Auto};
 
-// The Hopper forward is the default on cc 9.x (H200: 477 / 387 TFLOP/s for gate_up / down vs 260 / 237 with
-// mma.sync, bit-identical outputs); MIXTUNE_GROUPED_GEMM=mma selects the mma.sync kernel everywhere.
+// The Hopper forward and dgrad are the default on cc 9.x (H200 forward: 477 / 387 TFLOP/s for gate_up / down
+// vs 260 / 237 with mma.sync, bit-identical outputs); MIXTUNE_GROUPED_GEMM=mma selects the mma.sync kernels.
 bool wgmma_requested() {
   static const bool on = [] {
     const char* e = std::getenv("MIXTUNE_GROUPED_GEMM");
     return e == nullptr || std::strcmp(e, "mma") != 0;
   }();
   return on;
+}
+
+// Whether forward / dgrad run the Hopper kernel (grouped_gemm_fwd_kernel_get, then the environment).
+bool use_wgmma(const char* op, const DeviceContext& ctx, int64_t rows) {
+  const detail::GroupedFwdKernel kind = detail::grouped_gemm_fwd_kernel_get();
+  const bool tma_shape = rows < (int64_t{1} << 31);  // TMA coordinates are int32
+  if (kind == detail::GroupedFwdKernel::Wgmma) {
+    MT_CHECK(ctx.cc_major == 9 && detail::grouped_gemm_sm90_compiled(),
+             "{}: the wgmma kernel needs a cc 9.0 GPU and an sm_90a build (device {} is cc {}.{})", op, ctx.device,
+             ctx.cc_major, ctx.cc_minor);
+    MT_CHECK(tma_shape, "{}: the wgmma kernel takes fewer than 2^31 rows, found {}", op, rows);
+    return true;
+  }
+  return kind == detail::GroupedFwdKernel::Auto && wgmma_requested() && ctx.cc_major == 9 && tma_shape &&
+         detail::grouped_gemm_sm90_compiled();
 }
 
 bool aligned16(const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data()) & 15u) == 0; }
@@ -51,19 +66,7 @@ void grouped_gemm_forward(const Tensor& x, const Tensor& w, const Tensor& offset
   check_device_tensor(y, "grouped gemm y", DType::BF16, {N, Nout});
   check_common("grouped gemm forward", offsets, E, Nout, K, {&x, &w, &y});
   DeviceContext& ctx = device_context(x.device().index);
-  const detail::GroupedFwdKernel kind = detail::grouped_gemm_fwd_kernel_get();
-  const bool tma_shape = N < (int64_t{1} << 31);  // TMA coordinates are int32
-  bool wgmma = false;
-  if (kind == detail::GroupedFwdKernel::Wgmma) {
-    MT_CHECK(ctx.cc_major == 9 && detail::grouped_gemm_fwd_sm90_compiled(),
-             "grouped gemm forward: the wgmma kernel needs a cc 9.0 GPU and an sm_90a build (device {} is cc {}.{})",
-             ctx.device, ctx.cc_major, ctx.cc_minor);
-    MT_CHECK(tma_shape, "grouped gemm forward: the wgmma kernel takes fewer than 2^31 rows, found {}", N);
-    wgmma = true;
-  } else if (kind == detail::GroupedFwdKernel::Auto && wgmma_requested() && ctx.cc_major == 9 && tma_shape) {
-    wgmma = detail::grouped_gemm_fwd_sm90_compiled();
-  }
-  if (wgmma)
+  if (use_wgmma("grouped gemm forward", ctx, N))
     detail::grouped_gemm_fwd_sm90_launch(x.data(), w.data(), y.data(), offsets.data_as<int32_t>(), static_cast<int>(E),
                                          N, static_cast<int>(Nout), static_cast<int>(K), ctx.sm_count, stream);
   else
@@ -80,8 +83,13 @@ void grouped_gemm_dgrad(const Tensor& dy, const Tensor& w, const Tensor& offsets
   check_device_tensor(dx, "grouped gemm dx", DType::BF16, {N, K});
   check_common("grouped gemm dgrad", offsets, E, Nout, K, {&dy, &w, &dx});
   DeviceContext& ctx = device_context(dy.device().index);
-  detail::grouped_gemm_dgrad_launch(dy.data(), w.data(), dx.data(), offsets.data_as<int32_t>(), static_cast<int>(E), N,
-                                    static_cast<int>(Nout), static_cast<int>(K), ctx.sm_count, stream);
+  if (use_wgmma("grouped gemm dgrad", ctx, N))
+    detail::grouped_gemm_dgrad_sm90_launch(dy.data(), w.data(), dx.data(), offsets.data_as<int32_t>(),
+                                           static_cast<int>(E), N, static_cast<int>(Nout), static_cast<int>(K),
+                                           ctx.sm_count, stream);
+  else
+    detail::grouped_gemm_dgrad_launch(dy.data(), w.data(), dx.data(), offsets.data_as<int32_t>(), static_cast<int>(E),
+                                      N, static_cast<int>(Nout), static_cast<int>(K), ctx.sm_count, stream);
 }
 
 void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets, Tensor& dw, bool accumulate,

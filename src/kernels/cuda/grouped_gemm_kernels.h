@@ -20,18 +20,21 @@ void grouped_gemm_wgrad_launch(const void* dy, const void* x, void* dw, bool dw_
                                const void* dy2 = nullptr, const void* x2 = nullptr,
                                const int32_t* offsets2 = nullptr);
 
-// Hopper forward (grouped_gemm_sm90.cu: TMA + wgmma), same contract as grouped_gemm_fwd_launch; x and w
-// must be 16-byte aligned (TMA) and rows < 2^31. Throws unless grouped_gemm_fwd_sm90_compiled().
+// Hopper kernels (grouped_gemm_sm90.cu: TMA + wgmma), same contracts as grouped_gemm_fwd_launch and
+// grouped_gemm_dgrad_launch; operands must be 16-byte aligned (TMA) and rows < 2^31. They throw unless
+// grouped_gemm_sm90_compiled().
 void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const int32_t* offsets, int E, int64_t rows,
                                   int N, int K, int sm_count, cudaStream_t stream);
-// True when the current device would run the sm_90a build of that kernel (a cc 9.0 GPU and a build
+void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, const int32_t* offsets, int E,
+                                    int64_t rows, int J, int K, int sm_count, cudaStream_t stream);
+// True when the current device would run the sm_90a build of those kernels (a cc 9.0 GPU and a build
 // with 90a in CMAKE_CUDA_ARCHITECTURES).
-bool grouped_gemm_fwd_sm90_compiled();
+bool grouped_gemm_sm90_compiled();
 
-// Which kernel grouped_gemm_forward runs. Auto: the wgmma one on a cc 9.x device when
-// grouped_gemm_fwd_sm90_compiled() and the environment does not say MIXTUNE_GROUPED_GEMM=mma (read once),
-// else mma.sync. Wgmma
-// forces it (an error where it cannot run); tests and the bench use this. Process-wide.
+// Which kernel grouped_gemm_forward and grouped_gemm_dgrad run. Auto: the wgmma one on a cc 9.x device
+// when grouped_gemm_sm90_compiled() and the environment does not say MIXTUNE_GROUPED_GEMM=mma (read
+// once), else mma.sync. Wgmma forces it (an error where it cannot run); tests and the bench use this.
+// Process-wide.
 enum class GroupedFwdKernel { Auto, MmaSync, Wgmma };
 void grouped_gemm_fwd_kernel_set(GroupedFwdKernel k);
 GroupedFwdKernel grouped_gemm_fwd_kernel_get();

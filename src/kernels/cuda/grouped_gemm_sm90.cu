@@ -146,6 +146,15 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
          (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
+// Descriptor of an MN-major (N-major) B tile, as the dgrad's W tile is stored: BN / 64 column chunks, each
+// BK rows (the reduction index) of 64 bf16 (128 bytes, n contiguous), 128-byte swizzled as TMA writes
+// them. For MN-major swizzled layouts the leading byte offset is the stride between 64-wide chunks
+// along N (BK * 128 bytes) and the stride byte offset the stride between groups of 8 rows along K
+// (1024 bytes). Advancing k by 16 rows = +2048 bytes = +128 in the address field.
+__device__ __forceinline__ uint64_t smem_desc_mn(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((BK * 128) >> 4) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -160,6 +169,8 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
 }
 
 // d[64] += A (64x16, smem desc) · B (128x16, smem desc)ᵀ; scale_d == 0 ignores d (first k-step of a tile).
+// TRANS_B = 1: B is stored N-major (rows of k, n contiguous) instead of K-major.
+template <int TRANS_B>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\n"
@@ -169,7 +180,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -178,10 +189,11 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
 }
 
 // d[128] += A (64x16, smem desc) · B (256x16, smem desc)ᵀ; scale_d == 0 ignores d (first k-step of a tile).
+template <int TRANS_B>
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\n"
@@ -195,7 +207,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+      "}, %128, %129, p, 1, 1, 0, %131;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -212,22 +224,25 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
 }
 
-template <int BN>
+template <int BN, bool B_MN>
 __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   if constexpr (BN == 256)
-    wgmma_m64n256k16(d, desc_a, desc_b, scale_d);
+    wgmma_m64n256k16<B_MN ? 1 : 0>(d, desc_a, desc_b, scale_d);
   else
-    wgmma_m64n128k16(d, desc_a, desc_b, scale_d);
+    wgmma_m64n128k16<B_MN ? 1 : 0>(d, desc_a, desc_b, scale_d);
 }
 
 #endif  // MT_SM90A_DEVICE
 
-template <int BN>
+// B_MN = false: forward, the W_e tile is [BN rows of Nout][64 k] (K-major, one TMA box).
+// B_MN = true: dgrad (dx = dy · W_e: the reduction runs over W's rows), the tile is [64 rows of the
+// reduction][BN columns] loaded as BN / 64 boxes of [64][64] (N-major B, wgmma's transposed-B form).
+template <int BN, bool B_MN>
 __global__ void __launch_bounds__(THREADS, 1)
-    grouped_fwd_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
+    grouped_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                             Sm90Args p) {
 #if MT_SM90A_DEVICE
   using Cfg = TileCfg<BN>;
@@ -271,7 +286,13 @@ __global__ void __launch_bounds__(THREADS, 1)
           // Full box bytes even where the box runs past the tensor (TMA counts the zero fill).
           mbar_arrive_expect_tx(fb, Cfg::STAGE_BYTES);
           tma_load_2d(sA + stage * A_BYTES, &map_x, fb, kb * BK, tp.row0);
-          tma_load_3d(sB + stage * Cfg::B_BYTES, &map_w, fb, kb * BK, tp.n0, tp.e);
+          if constexpr (B_MN) {
+#pragma unroll
+            for (int j = 0; j < BN / 64; ++j)
+              tma_load_3d(sB + stage * Cfg::B_BYTES + j * (BK * 128), &map_w, fb, tp.n0 + 64 * j, kb * BK, tp.e);
+          } else {
+            tma_load_3d(sB + stage * Cfg::B_BYTES, &map_w, fb, kb * BK, tp.n0, tp.e);
+          }
           if (++stage == STAGES) stage = 0, phase ^= 1;
         }
       }
@@ -292,10 +313,12 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int kb = 0; kb < KT; ++kb) {
         mbar_wait(full_bar + 8 * stage, phase);
         const uint64_t da = smem_desc(sA + stage * A_BYTES + c * 64 * 128);
-        const uint64_t db = smem_desc(sB + stage * Cfg::B_BYTES);
+        const uint64_t db = B_MN ? smem_desc_mn(sB + stage * Cfg::B_BYTES) : smem_desc(sB + stage * Cfg::B_BYTES);
+        constexpr int b_step = B_MN ? (16 * 128) >> 4 : 2;  // 16 rows of 128 bytes, or 32 bytes along a row
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) wgmma_tile<BN>(acc, da + 2 * kk, db + 2 * kk, (kb | kk) != 0);
+        for (int kk = 0; kk < BK / 16; ++kk)
+          wgmma_tile<BN, B_MN>(acc, da + 2 * kk, db + b_step * kk, (kb | kk) != 0);
         wgmma_commit();
         if (kb > 0) {  // the previous step's MMAs are done reading their stage
           wgmma_wait<1>();
@@ -327,7 +350,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   }
 #else
-  // Built for another architecture: the host never launches this (grouped_gemm_fwd_sm90_compiled).
+  // Built for another architecture: the host never launches this (grouped_gemm_sm90_compiled).
   __trap();
 #endif
 }
@@ -373,24 +396,36 @@ int pick_bn(int N) {
   return pad256 <= pad128 ? 256 : 128;
 }
 
-template <int BN>
+template <int BN, bool B_MN>
 void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const Sm90Args& a, int64_t rows, int sm_count,
                cudaStream_t stream) {
   const int64_t max_tiles = (rows / BM + a.E) * ((a.N + BN - 1) / BN);
   if (max_tiles <= 0) return;
   const size_t smem = smem_bytes<BN>(a.E);
-  auto kern = grouped_fwd_sm90_kernel<BN>;
+  auto kern = grouped_sm90_kernel<BN, B_MN>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int grid = static_cast<int>(std::min<int64_t>(max_tiles, std::max(sm_count, 1)));
   kern<<<grid, THREADS, smem, stream>>>(mx, mw, a);
   MT_CUDA_CHECK_LAUNCH();
 }
 
+// The checks both launchers share (TMA: int32 coordinates, 16-byte aligned global addresses).
+void check_launch(const char* op, const void* a, const void* w, int E, int64_t rows, int N, int K) {
+  MT_CUDA_REQUIRE(detail::grouped_gemm_sm90_compiled(), std::string(op) +
+                                                             ": needs a cc 9.0 GPU and a build with "
+                                                             "CMAKE_CUDA_ARCHITECTURES including 90a");
+  MT_CUDA_REQUIRE(rows < (int64_t{1} << 31) && E >= 1 && E <= 4096 && N % 8 == 0 && K % 8 == 0,
+                  std::string(op) + ": rows must fit TMA's int32 coordinates, E in [1, 4096], both widths "
+                                    "multiples of 8");
+  MT_CUDA_REQUIRE((reinterpret_cast<uintptr_t>(a) & 15u) == 0 && (reinterpret_cast<uintptr_t>(w) & 15u) == 0,
+                  std::string(op) + ": operands must be 16-byte aligned (TMA)");
+}
+
 }  // namespace
 
 namespace detail {
 
-bool grouped_gemm_fwd_sm90_compiled() {
+bool grouped_gemm_sm90_compiled() {
   // The binary the current device would run: 90 only when an sm_90a cubin was built and the device is
   // cc 9.0 (any other GPU runs the sm_80 build, whose body traps). Cached per device.
   constexpr int MAX_DEVICES = 64;
@@ -403,7 +438,7 @@ bool grouped_gemm_fwd_sm90_compiled() {
   if (dev >= 0 && dev < MAX_DEVICES && cached[dev].load() != 0) return cached[dev].load() == 1;
   cudaFuncAttributes attr{};
   bool ok = false;
-  if (cudaFuncGetAttributes(&attr, grouped_fwd_sm90_kernel<256>) == cudaSuccess)
+  if (cudaFuncGetAttributes(&attr, grouped_sm90_kernel<256, false>) == cudaSuccess)
     ok = attr.binaryVersion == 90;
   else
     (void)cudaGetLastError();  // clear this call's error only
@@ -414,13 +449,7 @@ bool grouped_gemm_fwd_sm90_compiled() {
 void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const int32_t* offsets, int E, int64_t rows,
                                   int N, int K, int sm_count, cudaStream_t stream) {
   if (rows <= 0) return;  // no rows: nothing to compute (a tensor map needs non-empty dimensions)
-  MT_CUDA_REQUIRE(grouped_gemm_fwd_sm90_compiled(),
-                  "grouped gemm (wgmma): needs a cc 9.0 GPU and a build with CMAKE_CUDA_ARCHITECTURES including 90a");
-  MT_CUDA_REQUIRE(rows < (int64_t{1} << 31) && E >= 1 && E <= 4096 && N % 8 == 0 && K % 8 == 0,
-                  "grouped gemm (wgmma): rows must fit TMA's int32 coordinates, E in [1, 4096], N and K "
-                  "multiples of 8");
-  MT_CUDA_REQUIRE((reinterpret_cast<uintptr_t>(x) & 15u) == 0 && (reinterpret_cast<uintptr_t>(w) & 15u) == 0,
-                  "grouped gemm (wgmma): x and w must be 16-byte aligned (TMA)");
+  check_launch("grouped gemm forward (wgmma)", x, w, E, rows, N, K);
   const cuuint64_t xdims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
   const cuuint64_t xstrides[1] = {static_cast<cuuint64_t>(K) * 2};
   const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(E)};
@@ -429,11 +458,30 @@ void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const i
   const CUtensorMap mx = make_map("x", x, 2, xdims, xstrides, BM);
   if (pick_bn(N) == 256) {
     const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, 256);
-    launch_bn<256>(mx, mw, a, rows, sm_count, stream);
+    launch_bn<256, false>(mx, mw, a, rows, sm_count, stream);
   } else {
     const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, 128);
-    launch_bn<128>(mx, mw, a, rows, sm_count, stream);
+    launch_bn<128, false>(mx, mw, a, rows, sm_count, stream);
   }
+}
+
+void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, const int32_t* offsets, int E,
+                                    int64_t rows, int J, int K, int sm_count, cudaStream_t stream) {
+  if (rows <= 0) return;
+  check_launch("grouped gemm dgrad (wgmma)", dy, w, E, rows, K, J);
+  // dy [rows][J] is the K-major A operand (reduction J); W [E][J][K] is read as [64 rows of J][64 of K]
+  // boxes (N-major B); dx [rows][K] is the output (width K).
+  const cuuint64_t ydims[2] = {static_cast<cuuint64_t>(J), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t ystrides[1] = {static_cast<cuuint64_t>(J) * 2};
+  const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(J), static_cast<cuuint64_t>(E)};
+  const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(J) * K * 2};
+  const Sm90Args a{offsets, static_cast<bf16*>(dx), E, K, J};
+  const CUtensorMap my = make_map("dy", dy, 2, ydims, ystrides, BM);
+  const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, BK);
+  if (pick_bn(K) == 256)
+    launch_bn<256, true>(my, mw, a, rows, sm_count, stream);
+  else
+    launch_bn<128, true>(my, mw, a, rows, sm_count, stream);
 }
 
 }  // namespace detail

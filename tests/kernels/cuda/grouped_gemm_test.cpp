@@ -170,25 +170,26 @@ struct ForwardKernelScope {
 // not a multiple of the 128/256 column tile (both tile widths are picked: 384 and 640 take 128),
 // K below one 64-wide k-step and not a multiple of it, and the Qwen3-30B-A3B expert shapes
 // (gate_up: K 2048 -> 1536, down: K 768 -> 2048). Same thresholds as the mma.sync forward.
+const GemmCase kSm90Cases[] = {
+    {{0, 1, 130, 0, 257, 64, 3}, 5, 200, 136},
+    {{128, 128}, 0, 128, 64},
+    {{0, 0, 0}, 7, 64, 64},
+    {{300, 17, 511, 1, 256, 0, 90, 129}, 0, 384, 264},
+    {{5, 70, 0, 133}, 2, 136, 8},        // K = 8: one k-step (forward), mostly zero fill
+    {{3, 200}, 1, 8, 40},                // Nout = 8: one k-step (dgrad)
+    {{129, 0, 1, 7, 250}, 3, 640, 256},  // Nout 640: 128-wide column tiles (forward)
+    {{1, 7, 129, 0, 1000, 255, 0, 64}, 3, 1536, 2048},
+    {{1, 7, 129, 0, 700, 900, 0, 383, 128}, 0, 2048, 768},
+};
+
 TEST(CudaGroupedGemm, Sm90ForwardMatchesDoubleReference) {
   MT_SKIP_WITHOUT_CUDA();
   const cuda::DeviceContext& ctx = cuda::device_context(0);
   if (ctx.cc_major != 9)
     GTEST_SKIP() << "the wgmma kernel needs cc 9.x; device is " << ctx.cc_major << "." << ctx.cc_minor;
-  ASSERT_TRUE(cuda::detail::grouped_gemm_fwd_sm90_compiled()) << "cc 9.x device but no sm_90a build of the kernel";
+  ASSERT_TRUE(cuda::detail::grouped_gemm_sm90_compiled()) << "cc 9.x device but no sm_90a build of the kernel";
   ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
-  const GemmCase cases[] = {
-      {{0, 1, 130, 0, 257, 64, 3}, 5, 200, 136},
-      {{128, 128}, 0, 128, 64},
-      {{0, 0, 0}, 7, 64, 64},
-      {{300, 17, 511, 1, 256, 0, 90, 129}, 0, 384, 264},
-      {{5, 70, 0, 133}, 2, 136, 8},         // K = 8: one k-step, mostly zero fill
-      {{3, 200}, 1, 8, 40},                 // Nout = 8
-      {{129, 0, 1, 7, 250}, 3, 640, 256},   // Nout 640: 128-wide column tiles
-      {{1, 7, 129, 0, 1000, 255, 0, 64}, 3, 1536, 2048},
-      {{1, 7, 129, 0, 700, 900, 0, 383, 128}, 0, 2048, 768},
-  };
-  for (const GemmCase& c : cases) {
+  for (const GemmCase& c : kSm90Cases) {
     const int E = static_cast<int>(c.counts.size()), Nout = c.nout, K = c.k;
     const std::vector<int32_t> off = offsets_of(c.counts);
     const int rows = off[E], N = rows + c.extra_rows;
@@ -221,7 +222,7 @@ TEST(CudaGroupedGemm, Sm90ForwardLayoutProbe) {
   MT_SKIP_WITHOUT_CUDA();
   const cuda::DeviceContext& ctx = cuda::device_context(0);
   if (ctx.cc_major != 9) GTEST_SKIP() << "the wgmma kernel needs cc 9.x";
-  ASSERT_TRUE(cuda::detail::grouped_gemm_fwd_sm90_compiled());
+  ASSERT_TRUE(cuda::detail::grouped_gemm_sm90_compiled());
   ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
   const int R = 128, Nout = 256, K = 64;
   std::vector<float> xv(static_cast<size_t>(R) * K, 0.0f), wk(static_cast<size_t>(Nout) * K), wn(wk.size());
@@ -250,6 +251,84 @@ TEST(CudaGroupedGemm, Sm90ForwardLayoutProbe) {
                       << yn[i] - 1 << " (want " << n << ")";
     }
   EXPECT_EQ(bad, 0) << "outputs whose (n, k) are wrong, of " << R * Nout;
+}
+
+// The Hopper dgrad (the same kernel with W read as an N-major B: dx [rows][K] = dy [rows][Nout] · W_e)
+// against the double-precision loop, on the forward's cases: output widths K of 136 (partial 128-wide
+// tile), 264, 640 (128-wide tiles), 2048 and 768 (the Qwen3-30B-A3B gate_up and down dgrads), reduction
+// Nout below one k-step (8) and not a multiple of it (200, 136). Same thresholds.
+TEST(CudaGroupedGemm, Sm90DgradMatchesDoubleReference) {
+  MT_SKIP_WITHOUT_CUDA();
+  const cuda::DeviceContext& ctx = cuda::device_context(0);
+  if (ctx.cc_major != 9) GTEST_SKIP() << "the wgmma kernel needs cc 9.x";
+  ASSERT_TRUE(cuda::detail::grouped_gemm_sm90_compiled());
+  ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
+  for (const GemmCase& c : kSm90Cases) {
+    const int E = static_cast<int>(c.counts.size()), Nout = c.nout, K = c.k;
+    const std::vector<int32_t> off = offsets_of(c.counts);
+    const int rows = off[E], N = rows + c.extra_rows;
+    SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " Nout " << Nout << " K " << K);
+    Tensor dy = test::host_random({N, Nout}, 41, 1.0f, true), w = test::host_random({E, Nout, K}, 42, 0.05f, true);
+    std::vector<float> dyv = dy.to_floats(), wv = w.to_floats();
+    std::vector<float> wt(wv.size());  // W_eᵀ [E][K][Nout], so each output is one contiguous dot product
+    for (int e = 0; e < E; ++e)
+      for (int n = 0; n < Nout; ++n)
+        for (int k = 0; k < K; ++k)
+          wt[(static_cast<size_t>(e) * K + k) * Nout + n] = wv[(static_cast<size_t>(e) * Nout + n) * K + k];
+    std::vector<float> want(static_cast<size_t>(N) * K, 7.0f);
+    for (int e = 0; e < E; ++e)
+      for (int r = off[e]; r < off[e + 1]; ++r)
+        for (int k = 0; k < K; ++k)
+          want[static_cast<size_t>(r) * K + k] = static_cast<float>(
+              dot_double(&dyv[static_cast<size_t>(r) * Nout], &wt[(static_cast<size_t>(e) * K + k) * Nout], Nout));
+    Tensor dx =
+        test::device_from_host(Tensor::from_floats({N, K}, std::vector<float>(size_t(N) * K, 7.0f)), DType::BF16);
+    cuda::grouped_gemm_dgrad(test::device_from_host(dy, DType::BF16), test::device_from_host(w, DType::BF16),
+                             device_i32(off), dx, stream0());
+    std::vector<float> got = test::device_floats(dx);
+    if (rows > 0) test::expect_norm(got, want, 6e-3, 3e-3, "wgmma dgrad dx");
+    for (int r = rows; r < N; ++r)
+      for (int k = 0; k < K; ++k)
+        ASSERT_EQ(got[static_cast<size_t>(r) * K + k], 7.0f) << "row " << r << " past offsets[E] was written";
+  }
+}
+
+// Layout probe of the wgmma dgrad (N-major B): one expert, 128 rows, reduction Nout 64, output K 256,
+// dy one-hot (dy[r][j] = 1 where j = r % 64), so dx[r][k] = W[r % 64][k]. Run 1 has W[j][k] = j + 1,
+// run 2 W[j][k] = k + 1: a wrong output names the reduction row and the column the kernel used.
+TEST(CudaGroupedGemm, Sm90DgradLayoutProbe) {
+  MT_SKIP_WITHOUT_CUDA();
+  const cuda::DeviceContext& ctx = cuda::device_context(0);
+  if (ctx.cc_major != 9) GTEST_SKIP() << "the wgmma kernel needs cc 9.x";
+  ASSERT_TRUE(cuda::detail::grouped_gemm_sm90_compiled());
+  ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
+  const int R = 128, J = 64, K = 256;
+  std::vector<float> dyv(static_cast<size_t>(R) * J, 0.0f), wj(static_cast<size_t>(J) * K), wk(wj.size());
+  for (int r = 0; r < R; ++r) dyv[static_cast<size_t>(r) * J + r % J] = 1.0f;
+  for (int j = 0; j < J; ++j)
+    for (int k = 0; k < K; ++k) {
+      wj[static_cast<size_t>(j) * K + k] = float(j + 1);
+      wk[static_cast<size_t>(j) * K + k] = float(k + 1);
+    }
+  Tensor dy = test::device_from_host(Tensor::from_floats({R, J}, dyv), DType::BF16);
+  Tensor offsets = device_i32({0, R});
+  auto run = [&](const std::vector<float>& w) {
+    Tensor dx = Tensor::empty({R, K}, DType::BF16, Device::cuda(0));
+    cuda::grouped_gemm_dgrad(dy, test::device_from_host(Tensor::from_floats({1, J, K}, w), DType::BF16), offsets, dx,
+                             stream0());
+    return test::device_floats(dx);
+  };
+  const std::vector<float> dj = run(wj), dk = run(wk);
+  int bad = 0;
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < K; ++k) {
+      const size_t i = static_cast<size_t>(r) * K + k;
+      if (dj[i] == float(r % J + 1) && dk[i] == float(k + 1)) continue;
+      if (++bad <= 24)
+        ADD_FAILURE() << "dx[" << r << "][" << k << "]: read row " << dj[i] - 1 << " (want " << r % J << "), column "
+                      << dk[i] - 1 << " (want " << k << ")";
+    }
+  EXPECT_EQ(bad, 0) << "outputs whose (row, column) are wrong, of " << R * K;
 }
 
 TEST(CudaGroupedGemm, BadShapesAreErrors) {
