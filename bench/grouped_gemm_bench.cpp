@@ -5,9 +5,9 @@
 //
 // usage: mixtune_bench_grouped_gemm [--tokens N] [--hidden H] [--inter I] [--experts E] [--topk K]
 //                                   [--balanced] [--reps R]
-// On a cc 9.0 GPU (sm_90a build) the forward and dgrad products are also timed on the TMA + wgmma kernel
-// ("gemm_sm90": fwd_* and dgrad_*_sm90, with the largest difference from the mma.sync output); the "gemm"
-// rows run whatever grouped_gemm picks by default (wgmma there).
+// On a cc 9.0 GPU (sm_90a build) every product is also timed on the TMA + wgmma kernels ("gemm_sm90":
+// fwd_*, dgrad_*, wgrad_* (accumulating into F32 or BF16 dW), with the largest difference from the
+// mma.sync output); the "gemm" rows run whatever grouped_gemm picks by default (wgmma there).
 // Routing: each token takes the top-k of (N(0,1) noise + a per-expert bias ~ N(0, 0.5)), a skewed load
 // like a real router's; --balanced gives every expert the same count (results say which).
 #include <cublasLt.h>
@@ -281,8 +281,8 @@ int main(int argc, char** argv) {
     std::vector<Sm90Row> sm90;
     namespace det = mt::cuda::detail;
     if (ctx.cc_major == 9 && det::grouped_gemm_sm90_compiled()) {
-      // run() writes `out`; it runs once on each kernel, then is timed on the wgmma one.
-      auto sm90_row = [&](const char* op, double flops, Tensor& out, auto&& run) {
+      // run() writes `out`; it runs once on each kernel (compared), then timed() is timed on the wgmma one.
+      auto sm90_row2 = [&](const char* op, double flops, Tensor& out, auto&& run, auto&& timed) {
         det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::MmaSync);
         run();
         const std::vector<float> ref = mt::cuda::to_host(out).to_floats();
@@ -299,15 +299,33 @@ int main(int argc, char** argv) {
           diff = std::max(diff, std::fabs(double(got[i]) - ref[i]));
           refmax = std::max(refmax, std::fabs(double(ref[i])));
         }
-        const double ms = time_ms(a.reps, st, run);
+        const double ms = time_ms(a.reps, st, timed);
         det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Auto);
         sm90.push_back({op, flops, ms, diff, refmax, non_finite});
       };
+      auto sm90_row = [&](const char* op, double flops, Tensor& out, auto&& run) { sm90_row2(op, flops, out, run, run); };
       sm90_row("fwd_gate_up_sm90", f_gu, gu, [&] { mt::cuda::grouped_gemm_forward(xg, w1, plan.offsets, gu, st); });
       sm90_row("fwd_down_sm90", f_dn, y, [&] { mt::cuda::grouped_gemm_forward(act, w2, plan.offsets, y, st); });
       sm90_row("dgrad_down_sm90", f_dn, dact, [&] { mt::cuda::grouped_gemm_dgrad(dy, w2, plan.offsets, dact, st); });
       sm90_row("dgrad_gate_up_sm90", f_gu, dxg,
                [&] { mt::cuda::grouped_gemm_dgrad(dgu, w1, plan.offsets, dxg, st); });
+      // wgrad: compared when overwriting, timed accumulating (the training pattern), into F32 and BF16 dW.
+      Tensor dw1h = Tensor::empty({E, 2 * I, H}, DType::BF16, mt::Device::cuda(0));
+      Tensor dw2h = Tensor::empty({E, H, I}, DType::BF16, mt::Device::cuda(0));
+      mt::cuda::fill_zero_async(dw1h, st);
+      mt::cuda::fill_zero_async(dw2h, st);
+      for (Tensor* dwp : {&dw2, &dw2h}) {
+        const bool h16 = dwp == &dw2h;
+        sm90_row2(h16 ? "wgrad_down_bf16dw_sm90" : "wgrad_down_sm90", f_dn, *dwp,
+                  [&] { mt::cuda::grouped_gemm_wgrad(dy, act, plan.offsets, *dwp, false, st); },
+                  [&] { mt::cuda::grouped_gemm_wgrad(dy, act, plan.offsets, *dwp, true, st); });
+      }
+      for (Tensor* dwp : {&dw1, &dw1h}) {
+        const bool h16 = dwp == &dw1h;
+        sm90_row2(h16 ? "wgrad_gate_up_bf16dw_sm90" : "wgrad_gate_up_sm90", f_gu, *dwp,
+                  [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, *dwp, false, st); },
+                  [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, *dwp, true, st); });
+      }
     }
     // Memory-bound permutation kernels: bytes moved per call.
     struct MemRow {

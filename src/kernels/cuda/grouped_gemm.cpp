@@ -1,5 +1,6 @@
 #include "kernels/cuda/grouped_gemm.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -16,7 +17,7 @@ namespace {
 
 std::atomic<detail::GroupedFwdKernel> g_fwd_kernel{detail::GroupedFwdKernel::Auto};
 
-// The Hopper forward and dgrad are the default on cc 9.x (H200 forward: 477 / 387 TFLOP/s for gate_up / down
+// The Hopper forward, dgrad and wgrad are the default on cc 9.x (H200 forward: 477 / 387 TFLOP/s for gate_up / down
 // vs 260 / 237 with mma.sync, bit-identical outputs); MIXTUNE_GROUPED_GEMM=mma selects the mma.sync kernels.
 bool wgmma_requested() {
   static const bool on = [] {
@@ -102,9 +103,14 @@ void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets
   check_device_tensor2(dw, "grouped gemm dw", DType::F32, DType::BF16, {E, Nout, K});
   check_common("grouped gemm wgrad", offsets, E, Nout, K, {&dy, &x, &dw});
   DeviceContext& ctx = device_context(dy.device().index);
-  detail::grouped_gemm_wgrad_launch(dy.data(), x.data(), dw.data(), dw.dtype() == DType::BF16, offsets.data_as<int32_t>(),
-                                    static_cast<int>(E), static_cast<int>(Nout), static_cast<int>(K), accumulate,
-                                    ctx.sm_count, stream);
+  if (use_wgmma("grouped gemm wgrad", ctx, N))
+    detail::grouped_gemm_wgrad_sm90_launch(dy.data(), x.data(), N, dw.data(), dw.dtype() == DType::BF16,
+                                           offsets.data_as<int32_t>(), static_cast<int>(E), static_cast<int>(Nout),
+                                           static_cast<int>(K), accumulate, ctx.sm_count, stream);
+  else
+    detail::grouped_gemm_wgrad_launch(dy.data(), x.data(), dw.data(), dw.dtype() == DType::BF16,
+                                      offsets.data_as<int32_t>(), static_cast<int>(E), static_cast<int>(Nout),
+                                      static_cast<int>(K), accumulate, ctx.sm_count, stream);
 }
 
 void grouped_gemm_wgrad2(const Tensor& dy1, const Tensor& x1, const Tensor& offsets1, const Tensor& dy2,
@@ -121,6 +127,13 @@ void grouped_gemm_wgrad2(const Tensor& dy1, const Tensor& x1, const Tensor& offs
   check_common("grouped gemm wgrad2", offsets1, E, Nout, K, {&dy1, &x1, &dw});
   check_common("grouped gemm wgrad2", offsets2, E, Nout, K, {&dy2, &x2, &dw});
   DeviceContext& ctx = device_context(dy1.device().index);
+  if (use_wgmma("grouped gemm wgrad2", ctx, std::max(N1, N2))) {
+    detail::grouped_gemm_wgrad_sm90_launch(dy1.data(), x1.data(), N1, dw.data(), dw.dtype() == DType::BF16,
+                                           offsets1.data_as<int32_t>(), static_cast<int>(E), static_cast<int>(Nout),
+                                           static_cast<int>(K), accumulate, ctx.sm_count, stream, dy2.data(),
+                                           x2.data(), N2, offsets2.data_as<int32_t>());
+    return;
+  }
   detail::grouped_gemm_wgrad_launch(dy1.data(), x1.data(), dw.data(), dw.dtype() == DType::BF16,
                                     offsets1.data_as<int32_t>(), static_cast<int>(E), static_cast<int>(Nout),
                                     static_cast<int>(K), accumulate, ctx.sm_count, stream, dy2.data(), x2.data(),

@@ -331,6 +331,56 @@ TEST(CudaGroupedGemm, Sm90DgradLayoutProbe) {
   EXPECT_EQ(bad, 0) << "outputs whose (row, column) are wrong, of " << R * K;
 }
 
+// The Hopper wgrad (K-grouped: dyᵀ and x both MN-major in shared memory, rows past an expert's end zeroed
+// in the stage) against the double-precision sums, on the forward's cases (M = Nout, N = K): experts of
+// 0, 1, 3, 17, 64, 129, 1000 rows (k-steps of 64 with partial last steps), M and N not multiples of the
+// tiles, the Qwen3-30B-A3B shapes. Overwrite (empty experts -> zeros) and accumulate into F32 dW
+// (summation order only: 1e-5), accumulate into BF16 dW (one rounding: 4e-3 / 3e-3).
+TEST(CudaGroupedGemm, Sm90WgradMatchesDoubleReference) {
+  MT_SKIP_WITHOUT_CUDA();
+  const cuda::DeviceContext& ctx = cuda::device_context(0);
+  if (ctx.cc_major != 9) GTEST_SKIP() << "the wgmma kernel needs cc 9.x";
+  ASSERT_TRUE(cuda::detail::grouped_gemm_sm90_compiled());
+  ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
+  for (const GemmCase& c : kSm90Cases) {
+    const int E = static_cast<int>(c.counts.size()), Nout = c.nout, K = c.k;
+    if (static_cast<int64_t>(E) * Nout * K > (int64_t{1} << 26)) continue;  // host reference too slow
+    const std::vector<int32_t> off = offsets_of(c.counts);
+    const int rows = off[E], N = rows + c.extra_rows;
+    SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " Nout " << Nout << " K " << K);
+    Tensor dy = test::host_random({N, Nout}, 51, 1.0f, true), x = test::host_random({N, K}, 52, 1.0f, true);
+    std::vector<float> dyv = dy.to_floats(), xv = x.to_floats();
+    std::vector<float> dyt(static_cast<size_t>(Nout) * N), xt(static_cast<size_t>(K) * N);  // column-major copies
+    for (int r = 0; r < N; ++r) {
+      for (int n = 0; n < Nout; ++n) dyt[static_cast<size_t>(n) * N + r] = dyv[static_cast<size_t>(r) * Nout + n];
+      for (int k = 0; k < K; ++k) xt[static_cast<size_t>(k) * N + r] = xv[static_cast<size_t>(r) * K + k];
+    }
+    std::vector<float> want(static_cast<size_t>(E) * Nout * K);
+    for (int e = 0; e < E; ++e)
+      for (int n = 0; n < Nout; ++n)
+        for (int k = 0; k < K; ++k)
+          want[(static_cast<size_t>(e) * Nout + n) * K + k] =
+              static_cast<float>(dot_double(&dyt[static_cast<size_t>(n) * N + off[e]],
+                                            &xt[static_cast<size_t>(k) * N + off[e]], off[e + 1] - off[e]));
+    Tensor offsets = device_i32(off), ddy = test::device_from_host(dy, DType::BF16);
+    Tensor dx = test::device_from_host(x, DType::BF16);
+    Tensor start = test::host_random({E, Nout, K}, 53, 1.0f, /*bf16_values=*/true);
+    const std::vector<float> sv = start.to_floats();
+    std::vector<float> want_acc(want.size());
+    for (size_t i = 0; i < want.size(); ++i) want_acc[i] = want[i] + sv[i];
+
+    Tensor dw = cuda::to_device(start, 0);
+    cuda::grouped_gemm_wgrad(ddy, dx, offsets, dw, /*accumulate=*/false, stream0());
+    test::expect_norm(test::device_floats(dw), want, 1e-5, 1e-5, "wgmma wgrad (overwrite)");
+    Tensor dw2 = cuda::to_device(start, 0);
+    cuda::grouped_gemm_wgrad(ddy, dx, offsets, dw2, /*accumulate=*/true, stream0());
+    test::expect_norm(test::device_floats(dw2), want_acc, 1e-5, 1e-5, "wgmma wgrad (accumulate)");
+    Tensor dw3 = test::device_from_host(start, DType::BF16);
+    cuda::grouped_gemm_wgrad(ddy, dx, offsets, dw3, /*accumulate=*/true, stream0());
+    test::expect_norm(test::device_floats(dw3), want_acc, 4e-3, 3e-3, "wgmma wgrad (bf16 accumulate)");
+  }
+}
+
 TEST(CudaGroupedGemm, BadShapesAreErrors) {
   MT_SKIP_WITHOUT_CUDA();
   Tensor off = device_i32({0, 4, 8});

@@ -1,7 +1,7 @@
 // The two-segment wgrad (two micro-batches reduced in one dW pass) against a double-precision host sum of
 // both segments' products plus the starting dW: F32 dW (summation order only: 1e-5) and BF16 dW (one
 // rounding of the fp32 sum: max-norm 4e-3, rel-L2 3e-3), segments with different expert counts, empty
-// experts in one segment or both.
+// experts in one segment or both. Run on the mma.sync kernel and, on a cc 9.x GPU, on the wgmma one.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -11,6 +11,7 @@
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/grouped_gemm_kernels.h"
 
 namespace mt {
 namespace {
@@ -48,8 +49,18 @@ TEST(CudaGroupedGemm, WgradOfTwoSegmentsMatchesSumOfBoth) {
   for (int v : c2) n2 += v;
   Tensor dy1 = test::host_random({n1, Nout}, 21, 1.0f, true), x1 = test::host_random({n1, K}, 22, 1.0f, true);
   Tensor dy2 = test::host_random({n2, Nout}, 23, 1.0f, true), x2 = test::host_random({n2, K}, 24, 1.0f, true);
+  namespace det = cuda::detail;
+  struct Restore {
+    ~Restore() { det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Auto); }
+  } restore;
+  std::vector<det::GroupedFwdKernel> kernels = {det::GroupedFwdKernel::MmaSync};
+  if (cuda::device_context(0).cc_major == 9 && det::grouped_gemm_sm90_compiled())
+    kernels.push_back(det::GroupedFwdKernel::Wgmma);
+  for (const det::GroupedFwdKernel kernel : kernels)
   for (const bool bf16 : {false, true}) {
-    SCOPED_TRACE(bf16 ? "bf16 dW" : "fp32 dW");
+    det::grouped_gemm_fwd_kernel_set(kernel);
+    SCOPED_TRACE(testing::Message() << (kernel == det::GroupedFwdKernel::Wgmma ? "wgmma, " : "mma.sync, ")
+                                    << (bf16 ? "bf16 dW" : "fp32 dW"));
     Tensor start = test::host_random({E, Nout, K}, 25, 1.0f, /*bf16_values=*/true);
     std::vector<double> want(static_cast<size_t>(E) * Nout * K);
     const std::vector<float> sv = start.to_floats();
