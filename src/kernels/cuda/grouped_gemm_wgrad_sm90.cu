@@ -20,8 +20,9 @@
 // so in the last k-step of a segment the rows past the expert's end (the next expert's rows, or zero
 // fill past the tensor) are zeroed in shared memory by the consumers before the MMAs read the stage
 // (generic-proxy stores, then fence.proxy.async and a barrier of the 256 consumer threads).
-// Epilogue: the fp32 accumulators are added to dW (F32, or BF16 rounded once) or overwrite it; a tile
-// whose expert has no rows in either segment adds nothing (overwrite: writes zeros).
+// Epilogue: the fp32 accumulators are added to dW (F32, or BF16 rounded once) or overwrite it, with
+// 16-byte accesses after a transpose inside each quad of lanes; a tile whose expert has no rows in either
+// segment adds nothing (overwrite: writes zeros).
 
 namespace mt::cuda {
 
@@ -48,6 +49,57 @@ __device__ __forceinline__ void zero_rows(unsigned char* base, int chunks, int v
   }
 }
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+// Quad transpose: lane q of a quad holds, for column groups j0 .. j0 + 3, the float2 at columns 2q, 2q + 1
+// of row half h (accumulator elements 4j + 2h, 4j + 2h + 1); afterwards out[0..7] are columns 0..7 of group
+// j0 + q. Step s: every lane sends its pair of group j0 + ((q + s) & 3) and receives, from lane
+// (q - s) & 3, that lane's pair of group j0 + q (columns 2((q - s) & 3), +1).
+template <int R>
+__device__ __forceinline__ void quad_transpose(const float (&acc)[R], int j0, int h, int q, int lane, float (&out)[8]) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const int send = (q + s) & 3, from = (q - s) & 3;
+    float x = 0.0f, y = 0.0f;
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
+      if (send == t) x = acc[4 * (j0 + t) + 2 * h], y = acc[4 * (j0 + t) + 2 * h + 1];
+    x = __shfl_sync(0xffffffffu, x, (lane & ~3) | from);
+    y = __shfl_sync(0xffffffffu, y, (lane & ~3) | from);
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
+      if (from == t) out[2 * t] = x, out[2 * t + 1] = y;
+  }
+}
+
+// 8 consecutive dW elements at `at` (16-byte aligned): one 16-byte access for BF16, two for F32.
+__device__ __forceinline__ void load8(const void* dw, bool bf16_dw, int64_t at, float (&v)[8]) {
+  if (bf16_dw) {
+    const uint4 r = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(dw) + at);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&r);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+  } else {
+    const float4* d = reinterpret_cast<const float4*>(static_cast<const float*>(dw) + at);
+    const float4 a = d[0], b = d[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+}
+__device__ __forceinline__ void store8(void* dw, bool bf16_dw, int64_t at, const float (&v)[8]) {
+  if (bf16_dw) {
+    uint4 r;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&r);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(dw) + at) = r;
+  } else {
+    float4* d = reinterpret_cast<float4*>(static_cast<float*>(dw) + at);
+    d[0] = make_float4(v[0], v[1], v[2], v[3]);
+    d[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
 #endif
 
 template <int BN>
@@ -181,46 +233,42 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
 
       // ---- epilogue: per warp 16 m-rows; per 8-column group j the thread holds rows g and g + 8, columns
-      // 2q, 2q + 1. Groups of 8 j: their loads issue together (the read-add-write is latency-bound).
+      // 2q, 2q + 1. A 4 x 4 transpose of float2 inside each quad of lanes turns four groups j0 .. j0 + 3
+      // into 8 contiguous columns per thread (group j0 + q), so the read-add-write of dW moves 16- or
+      // 32-byte vectors and each row segment a warp touches is whole sectors. U quads of groups per round:
+      // their loads issue together (U = 2 spills at BN = 256).
       const int m = tl.m0 + 64 * c + 16 * w + g;
-      const bool ok0 = m < p.M, ok1 = m + 8 < p.M;
-      const int64_t at0 = (static_cast<int64_t>(tl.e) * p.M + m) * p.N, at1 = at0 + 8 * static_cast<int64_t>(p.N);
-      constexpr int G = 8;
+      const int64_t at[2] = {(static_cast<int64_t>(tl.e) * p.M + m) * p.N,
+                             (static_cast<int64_t>(tl.e) * p.M + m + 8) * p.N};
+      const bool ok[2] = {m < p.M, m + 8 < p.M};
+      constexpr int U = BN == 256 ? 1 : 2;
 #pragma unroll
-      for (int j0 = 0; j0 < BN / 8; j0 += G) {
-        float2 old0[G], old1[G];
+      for (int j0 = 0; j0 < BN / 8; j0 += 4 * U) {
+        float v[U][2][8];  // [quad of groups][row half][8 columns]
 #pragma unroll
-        for (int jj = 0; jj < G; ++jj) {
-          const int col = tl.n0 + 8 * (j0 + jj) + 2 * q;  // N % 8 == 0: col < N implies col + 1 < N
-          old0[jj] = old1[jj] = make_float2(0.0f, 0.0f);
-          if (p.accumulate && col < p.N) {
-            if (p.dw_bf16) {
-              const __nv_bfloat162* d = static_cast<const __nv_bfloat162*>(p.dw);
-              if (ok0) old0[jj] = __bfloat1622float2(d[(at0 + col) / 2]);
-              if (ok1) old1[jj] = __bfloat1622float2(d[(at1 + col) / 2]);
-            } else {
-              const float2* d = static_cast<const float2*>(p.dw);
-              if (ok0) old0[jj] = d[(at0 + col) / 2];
-              if (ok1) old1[jj] = d[(at1 + col) / 2];
-            }
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) quad_transpose(acc, j0 + 4 * u, h, q, lane, v[u][h]);
+        float old[U][2][8];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int col = tl.n0 + 8 * (j0 + 4 * u + q);  // N % 8 == 0: the 8 columns are all in or all out
+#pragma unroll
+            for (int i = 0; i < 8; ++i) old[u][h][i] = 0.0f;
+            if (p.accumulate && ok[h] && col < p.N) load8(p.dw, p.dw_bf16, at[h] + col, old[u][h]);
           }
-        }
 #pragma unroll
-        for (int jj = 0; jj < G; ++jj) {
-          const int j = j0 + jj, col = tl.n0 + 8 * j + 2 * q;
-          if (col >= p.N) continue;
-          const float2 v0 = make_float2(old0[jj].x + acc[4 * j], old0[jj].y + acc[4 * j + 1]);
-          const float2 v1 = make_float2(old1[jj].x + acc[4 * j + 2], old1[jj].y + acc[4 * j + 3]);
-          if (p.dw_bf16) {
-            __nv_bfloat162* d = static_cast<__nv_bfloat162*>(p.dw);
-            if (ok0) d[(at0 + col) / 2] = __floats2bfloat162_rn(v0.x, v0.y);
-            if (ok1) d[(at1 + col) / 2] = __floats2bfloat162_rn(v1.x, v1.y);
-          } else {
-            float2* d = static_cast<float2*>(p.dw);
-            if (ok0) d[(at0 + col) / 2] = v0;
-            if (ok1) d[(at1 + col) / 2] = v1;
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int col = tl.n0 + 8 * (j0 + 4 * u + q);
+            if (!ok[h] || col >= p.N) continue;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[u][h][i] += old[u][h][i];
+            store8(p.dw, p.dw_bf16, at[h] + col, v[u][h]);
           }
-        }
       }
     }
   }
