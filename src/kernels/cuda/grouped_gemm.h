@@ -6,7 +6,8 @@
 //   forward  y  BF16 [N, Nout] = x BF16 [N, K] · w_eᵀ        w BF16 [E, Nout, K]  (nn.Linear layout)
 //   dgrad    dx BF16 [N, K]    = dy BF16 [N, Nout] · w_e
 //   wgrad    dw F32|BF16 [E, Nout, K] (+)= dy_eᵀ · x_e       (K-grouped: the reduction runs over expert e's rows;
-//            a BF16 dw gets the fp32 sum of this call added to it and rounded once, as bf16 autograd does)
+//            a BF16 dw gets the fp32 sum of this call added to it and rounded once; the Hopper kernel rounds the
+//            sum to bf16 first and adds in bf16, as bf16 autograd accumulates: two roundings)
 // Requires Nout % 8 == 0, K % 8 == 0 and 16-byte aligned data (16-byte copies); offsets I32 [E + 1]
 // non-decreasing with offsets[0] = 0 and offsets[E] <= N (moe_plan makes them so; not re-checked on the host).
 // Every call is asynchronous on `stream`.

@@ -20,9 +20,13 @@
 // so in the last k-step of a segment the rows past the expert's end (the next expert's rows, or zero
 // fill past the tensor) are zeroed in shared memory by the consumers before the MMAs read the stage
 // (generic-proxy stores, then fence.proxy.async and a barrier of the 256 consumer threads).
-// Epilogue: the fp32 accumulators are added to dW (F32, or BF16 rounded once) or overwrite it, with
-// 16-byte accesses after a transpose inside each quad of lanes; a tile whose expert has no rows in either
-// segment adds nothing (overwrite: writes zeros).
+// Epilogue: no read-add-write round trips on the SM (those made the first version latency-bound: each
+// tile waited for its dW reads). Each consumer warpgroup writes its 64 x BN accumulators, 128 bytes of
+// columns at a time, into a 128B-swizzled staging buffer (double-buffered) and one thread hands it to
+// TMA: a reduce-add into dW (cp.reduce.async.bulk.tensor .add: fp32 adds for F32 dW; for BF16 dW the
+// sum is rounded to bf16 and added in bf16, as Transformers accumulates bf16 gradients), or a plain
+// tensor store when overwriting. A tile whose expert has no rows in either segment adds nothing
+// (overwrite: stores zeros).
 
 namespace mt::cuda {
 
@@ -33,9 +37,24 @@ using namespace sm90;
 struct WgradArgs {
   const int32_t* offsets1;
   const int32_t* offsets2;  // null: one segment
-  void* dw;
   int E, M, N;
-  bool accumulate, dw_bf16;
+  bool accumulate;
+};
+
+// Shared memory: the stages (fewer than the forward's: room for the output staging), two 8 KiB staging
+// buffers per consumer warpgroup, the barriers, both segments' offsets.
+template <int BN>
+struct WgradCfg {
+  static constexpr int STAGES = BN == 256 ? 3 : 5;
+  static constexpr int B_BYTES = BN * BK * 2;
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;  // a multiple of 1024
+  static constexpr int OUT_BYTES = 64 * 128;               // one staging buffer: 64 rows of 128 bytes
+  static constexpr int OUT_TOTAL = 2 * 2 * OUT_BYTES;      // [consumer warpgroup][buffer]
+  static constexpr int BAR_BYTES = 2 * STAGES * 8;
+  static size_t smem_bytes(int E) {
+    return 1024 + PIPE_BYTES + OUT_TOTAL + BAR_BYTES + 2 * static_cast<size_t>(E + 1) * sizeof(int);
+  }
 };
 
 #if MT_SM90A_DEVICE
@@ -50,73 +69,47 @@ __device__ __forceinline__ void zero_rows(unsigned char* base, int chunks, int v
 }
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
-// Quad transpose: lane q of a quad holds, for column groups j0 .. j0 + 3, the float2 at columns 2q, 2q + 1
-// of row half h (accumulator elements 4j + 2h, 4j + 2h + 1); afterwards out[0..7] are columns 0..7 of group
-// j0 + q. Step s: every lane sends its pair of group j0 + ((q + s) & 3) and receives, from lane
-// (q - s) & 3, that lane's pair of group j0 + q (columns 2((q - s) & 3), +1).
-template <int R>
-__device__ __forceinline__ void quad_transpose(const float (&acc)[R], int j0, int h, int q, int lane, float (&out)[8]) {
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    const int send = (q + s) & 3, from = (q - s) & 3;
-    float x = 0.0f, y = 0.0f;
-#pragma unroll
-    for (int t = 0; t < 4; ++t)
-      if (send == t) x = acc[4 * (j0 + t) + 2 * h], y = acc[4 * (j0 + t) + 2 * h + 1];
-    x = __shfl_sync(0xffffffffu, x, (lane & ~3) | from);
-    y = __shfl_sync(0xffffffffu, y, (lane & ~3) | from);
-#pragma unroll
-    for (int t = 0; t < 4; ++t)
-      if (from == t) out[2 * t] = x, out[2 * t + 1] = y;
-  }
+// ---- TMA stores from shared memory (bulk groups: committed per thread, waited for by the same thread)
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
 }
-
-// 8 consecutive dW elements at `at` (16-byte aligned): one 16-byte access for BF16, two for F32.
-__device__ __forceinline__ void load8(const void* dw, bool bf16_dw, int64_t at, float (&v)[8]) {
-  if (bf16_dw) {
-    const uint4 r = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(dw) + at);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&r);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(h[i]);
-      v[2 * i] = f.x, v[2 * i + 1] = f.y;
-    }
-  } else {
-    const float4* d = reinterpret_cast<const float4*>(static_cast<const float*>(dw) + at);
-    const float4 a = d[0], b = d[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  }
+__device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
+  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
 }
-__device__ __forceinline__ void store8(void* dw, bool bf16_dw, int64_t at, const float (&v)[8]) {
-  if (bf16_dw) {
-    uint4 r;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&r);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(dw) + at) = r;
-  } else {
-    float4* d = reinterpret_cast<float4*>(static_cast<float*>(dw) + at);
-    d[0] = make_float4(v[0], v[1], v[2], v[3]);
-    d[1] = make_float4(v[4], v[5], v[6], v[7]);
-  }
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's bulk groups are still reading their shared memory source.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Barrier of one consumer warpgroup (ids 2 and 3; 0 is __syncthreads, 1 the two consumer warpgroups).
+__device__ __forceinline__ void warpgroup_sync(int c) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
 }
 #endif
 
-template <int BN>
+template <int BN, bool DW_BF16>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_wgrad_sm90_kernel(const __grid_constant__ CUtensorMap map_dy1, const __grid_constant__ CUtensorMap map_x1,
                               const __grid_constant__ CUtensorMap map_dy2, const __grid_constant__ CUtensorMap map_x2,
-                              WgradArgs p) {
+                              const __grid_constant__ CUtensorMap map_dw, WgradArgs p) {
 #if MT_SM90A_DEVICE
-  using Cfg = TileCfg<BN>;
+  using Cfg = WgradCfg<BN>;
   constexpr int STAGES = Cfg::STAGES;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* smem = smem_raw + (base - raw);
-  const uint32_t sA = base, sB = base + STAGES * A_BYTES;
-  const uint32_t full_bar = base + Cfg::PIPE_BYTES, empty_bar = full_bar + STAGES * 8;
-  int* s_off1 = reinterpret_cast<int*>(smem + Cfg::PIPE_BYTES + Cfg::BAR_BYTES);
+  const uint32_t sA = base, sB = base + STAGES * A_BYTES, sOut = base + Cfg::PIPE_BYTES;
+  const uint32_t full_bar = sOut + Cfg::OUT_TOTAL, empty_bar = full_bar + STAGES * 8;
+  int* s_off1 = reinterpret_cast<int*>(smem + Cfg::PIPE_BYTES + Cfg::OUT_TOTAL + Cfg::BAR_BYTES);
   int* s_off2 = s_off1 + (p.E + 1);
   const int tid = threadIdx.x;
   const bool two = p.offsets2 != nullptr;
@@ -191,6 +184,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int ctid = tid - 128;
     const int c = ctid / 128;  // m-rows 64c .. 64c + 63 of the tile
     const int w = (ctid / 32) & 3, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    const bool elected = (ctid & 127) == 0;  // issues this warpgroup's TMA stores
+    uint32_t out_count = 0;                  // chunks this warpgroup has staged (buffer = out_count & 1)
     float acc[BN / 2];
     int stage = 0;
     uint32_t phase = 0;
@@ -233,59 +228,60 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
 
       // ---- epilogue: per warp 16 m-rows; per 8-column group j the thread holds rows g and g + 8, columns
-      // 2q, 2q + 1. A 4 x 4 transpose of float2 inside each quad of lanes turns four groups j0 .. j0 + 3
-      // into 8 contiguous columns per thread (group j0 + q), so the read-add-write of dW moves 16- or
-      // 32-byte vectors and each row segment a warp touches is whole sectors. U quads of groups per round:
-      // their loads issue together (U = 2 spills at BN = 256).
-      const int m = tl.m0 + 64 * c + 16 * w + g;
-      const int64_t at[2] = {(static_cast<int64_t>(tl.e) * p.M + m) * p.N,
-                             (static_cast<int64_t>(tl.e) * p.M + m + 8) * p.N};
-      const bool ok[2] = {m < p.M, m + 8 < p.M};
-      constexpr int U = BN == 256 ? 1 : 2;
+      // 2q, 2q + 1 (accumulators 4j .. 4j + 3). Chunks of 128 bytes of columns (CW of them) go through the
+      // staging buffer: 16-byte unit u of row r sits at unit u ^ (r % 8) (the 128-byte swizzle TMA reads).
+      constexpr int ESZ = DW_BF16 ? 2 : 4, CW = 128 / ESZ;
 #pragma unroll
-      for (int j0 = 0; j0 < BN / 8; j0 += 4 * U) {
-        float v[U][2][8];  // [quad of groups][row half][8 columns]
+      for (int ch = 0; ch < BN / CW; ++ch) {
+        const uint32_t buf = sOut + (2 * c + (out_count & 1)) * Cfg::OUT_BYTES;
+        if (elected && out_count >= 2) bulk_wait_read<1>();  // the buffer's previous chunk has been read
+        warpgroup_sync(c);
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) quad_transpose(acc, j0 + 4 * u, h, q, lane, v[u][h]);
-        float old[U][2][8];
-#pragma unroll
-        for (int u = 0; u < U; ++u)
+        for (int jj = 0; jj < CW / 8; ++jj) {
+          const int j = ch * (CW / 8) + jj;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int col = tl.n0 + 8 * (j0 + 4 * u + q);  // N % 8 == 0: the 8 columns are all in or all out
-#pragma unroll
-            for (int i = 0; i < 8; ++i) old[u][h][i] = 0.0f;
-            if (p.accumulate && ok[h] && col < p.N) load8(p.dw, p.dw_bf16, at[h] + col, old[u][h]);
+            const int r = 16 * w + g + 8 * h;
+            const int byte = (8 * jj + 2 * q) * ESZ;
+            const uint32_t at = buf + r * 128 + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15));
+            const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+            if constexpr (DW_BF16) {
+              const __nv_bfloat162 b2 = __floats2bfloat162_rn(v0, v1);
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&b2))
+                           : "memory");
+            } else {
+              asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(v0), "f"(v1) : "memory");
+            }
           }
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int col = tl.n0 + 8 * (j0 + 4 * u + q);
-            if (!ok[h] || col >= p.N) continue;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) v[u][h][i] += old[u][h][i];
-            store8(p.dw, p.dw_bf16, at[h] + col, v[u][h]);
-          }
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        warpgroup_sync(c);
+        if (elected) {
+          if (p.accumulate)
+            tma_reduce_add_3d(&map_dw, buf, tl.n0 + ch * CW, tl.m0 + 64 * c, tl.e);
+          else
+            tma_store_3d(&map_dw, buf, tl.n0 + ch * CW, tl.m0 + 64 * c, tl.e);
+          bulk_commit();
+        }
+        ++out_count;
       }
     }
+    if (elected) bulk_wait_all();  // the staging buffers must outlive the reads of the last chunks
   }
 #else
   __trap();  // built for another architecture: the host never launches this (grouped_gemm_sm90_compiled)
 #endif
 }
 
-template <int BN>
+template <int BN, bool DW_BF16>
 void launch_wgrad(const CUtensorMap* maps, const WgradArgs& a, int sm_count, cudaStream_t stream) {
   const int64_t tiles = static_cast<int64_t>(a.E) * ((a.M + BM - 1) / BM) * ((a.N + BN - 1) / BN);
   if (tiles <= 0) return;
-  const size_t smem = smem_bytes<BN>(a.E);
-  auto kern = grouped_wgrad_sm90_kernel<BN>;
+  const size_t smem = WgradCfg<BN>::smem_bytes(a.E);
+  auto kern = grouped_wgrad_sm90_kernel<BN, DW_BF16>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int grid = static_cast<int>(std::min<int64_t>(tiles, std::max(sm_count, 1)));
-  kern<<<grid, THREADS, smem, stream>>>(maps[0], maps[1], maps[2], maps[3], a);
+  kern<<<grid, THREADS, smem, stream>>>(maps[0], maps[1], maps[2], maps[3], maps[4], a);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -305,7 +301,7 @@ void grouped_gemm_wgrad_sm90_launch(const void* dy, const void* x, int64_t rows,
                       N % 8 == 0,
                   "grouped gemm wgrad (wgmma): rows must fit TMA's int32 coordinates, E in [1, 4096], M and N "
                   "multiples of 8");
-  for (const void* ptr : {dy, x, dy2, x2})
+  for (const void* ptr : {dy, x, dy2, x2, static_cast<const void*>(dw)})
     MT_CUDA_REQUIRE((reinterpret_cast<uintptr_t>(ptr) & 15u) == 0,
                     "grouped gemm wgrad (wgmma): operands must be 16-byte aligned (TMA)");
   // A tensor map needs non-empty dimensions: an empty segment gets a one-row map that is never read
@@ -315,16 +311,21 @@ void grouped_gemm_wgrad_sm90_launch(const void* dy, const void* x, int64_t rows,
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(width) * 2};
     return make_map(what, data, 2, dims, strides, BK);
   };
-  CUtensorMap maps[4];
+  CUtensorMap maps[5];
   maps[0] = map2d("dy", dy, rows, M);
   maps[1] = map2d("x", x, rows, N);
   maps[2] = two ? map2d("dy2", dy2, rows2, M) : maps[0];
   maps[3] = two ? map2d("x2", x2, rows2, N) : maps[1];
-  const WgradArgs a{offsets, two ? offsets2 : nullptr, dw, E, M, N, accumulate, dw_bf16};
-  if (pick_bn(N) == 256)
-    launch_wgrad<256>(maps, a, sm_count, stream);
+  const int esz = dw_bf16 ? 2 : 4;
+  const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
+  const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(N) * esz, static_cast<cuuint64_t>(M) * N * esz};
+  maps[4] = make_map("dw", dw, 3, wdims, wstrides, 64, /*f32=*/!dw_bf16);
+  const WgradArgs a{offsets, two ? offsets2 : nullptr, E, M, N, accumulate};
+  const bool wide = pick_bn(N) == 256;
+  if (dw_bf16)
+    wide ? launch_wgrad<256, true>(maps, a, sm_count, stream) : launch_wgrad<128, true>(maps, a, sm_count, stream);
   else
-    launch_wgrad<128>(maps, a, sm_count, stream);
+    wide ? launch_wgrad<256, false>(maps, a, sm_count, stream) : launch_wgrad<128, false>(maps, a, sm_count, stream);
 }
 
 }  // namespace detail

@@ -226,16 +226,17 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// Row-major bf16 tensor of `rank` dims (dims innermost first), box {64, box_rows, 1...}, 128-byte swizzle,
-// zero fill out of bounds.
+// Row-major bf16 (or fp32) tensor of `rank` dims (dims innermost first), box {128 bytes, box_rows, 1...},
+// 128-byte swizzle, zero fill out of bounds.
 inline CUtensorMap make_map(const char* what, const void* data, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
-                     cuuint32_t box_rows) {
+                            cuuint32_t box_rows, bool f32 = false) {
   CUtensorMap m;
-  const cuuint32_t box[3] = {BK, box_rows, 1}, estride[3] = {1, 1, 1};
-  const CUresult r = tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(data), dims,
-                                          strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  // 128 bytes innermost: 64 bf16 or 32 fp32.
+  const cuuint32_t box[3] = {f32 ? 32u : static_cast<cuuint32_t>(BK), box_rows, 1}, estride[3] = {1, 1, 1};
+  const CUresult r = tensor_map_encoder()(
+      &m, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(data),
+      dims, strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   MT_CUDA_REQUIRE(r == CUDA_SUCCESS, std::string("grouped gemm (wgmma): cuTensorMapEncodeTiled failed for ") + what +
                                          " (CUresult " + std::to_string(static_cast<int>(r)) + ")");
   return m;

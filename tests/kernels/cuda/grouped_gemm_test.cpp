@@ -335,7 +335,9 @@ TEST(CudaGroupedGemm, Sm90DgradLayoutProbe) {
 // in the stage) against the double-precision sums, on the forward's cases (M = Nout, N = K): experts of
 // 0, 1, 3, 17, 64, 129, 1000 rows (k-steps of 64 with partial last steps), M and N not multiples of the
 // tiles, the Qwen3-30B-A3B shapes. Overwrite (empty experts -> zeros) and accumulate into F32 dW
-// (summation order only: 1e-5), accumulate into BF16 dW (one rounding: 4e-3 / 3e-3).
+// (summation order only: 1e-5), accumulate into BF16 dW: the kernel rounds its fp32 sum to bf16 and TMA
+// adds it in bf16 (two roundings, as Transformers accumulates bf16 gradients): each within half an ulp
+// (2^-9) of its operand, so up to ~2 x 2^-9 of the largest value: max-norm 8e-3, rel-L2 3e-3.
 TEST(CudaGroupedGemm, Sm90WgradMatchesDoubleReference) {
   MT_SKIP_WITHOUT_CUDA();
   const cuda::DeviceContext& ctx = cuda::device_context(0);
@@ -377,7 +379,7 @@ TEST(CudaGroupedGemm, Sm90WgradMatchesDoubleReference) {
     test::expect_norm(test::device_floats(dw2), want_acc, 1e-5, 1e-5, "wgmma wgrad (accumulate)");
     Tensor dw3 = test::device_from_host(start, DType::BF16);
     cuda::grouped_gemm_wgrad(ddy, dx, offsets, dw3, /*accumulate=*/true, stream0());
-    test::expect_norm(test::device_floats(dw3), want_acc, 4e-3, 3e-3, "wgmma wgrad (bf16 accumulate)");
+    test::expect_norm(test::device_floats(dw3), want_acc, 8e-3, 3e-3, "wgmma wgrad (bf16 accumulate)");
   }
 }
 

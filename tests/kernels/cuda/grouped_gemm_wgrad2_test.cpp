@@ -1,6 +1,7 @@
 // The two-segment wgrad (two micro-batches reduced in one dW pass) against a double-precision host sum of
 // both segments' products plus the starting dW: F32 dW (summation order only: 1e-5) and BF16 dW (one
-// rounding of the fp32 sum: max-norm 4e-3, rel-L2 3e-3), segments with different expert counts, empty
+// rounding of the fp32 sum: max-norm 4e-3, rel-L2 3e-3; the wgmma kernel rounds the sum to bf16 and adds
+// it in bf16 through TMA, two roundings: max-norm 8e-3), segments with different expert counts, empty
 // experts in one segment or both. Run on the mma.sync kernel and, on a cc 9.x GPU, on the wgmma one.
 #include <gtest/gtest.h>
 
@@ -74,7 +75,8 @@ TEST(CudaGroupedGemm, WgradOfTwoSegmentsMatchesSumOfBoth) {
                               test::device_from_host(x2, DType::BF16), device_offsets(c2), dw, /*accumulate=*/true,
                               stream);
     if (bf16)
-      test::expect_norm(test::device_floats(dw), wantf, 4e-3, 3e-3, "wgrad2 (bf16 dW)");
+      test::expect_norm(test::device_floats(dw), wantf, kernel == det::GroupedFwdKernel::Wgmma ? 8e-3 : 4e-3, 3e-3,
+                        "wgrad2 (bf16 dW)");
     else
       test::expect_norm(test::device_floats(dw), wantf, 1e-5, 1e-5, "wgrad2 (fp32 dW)");
   }
