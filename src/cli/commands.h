@@ -13,6 +13,7 @@ void add_convert_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_finetune_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_launch_command(CLI::App& app);
 
 // "bfloat16" | "float32" (and torch spellings) -> DType; mt::Error naming the option otherwise.
 DType parse_param_dtype(const std::string& s, const char* option);

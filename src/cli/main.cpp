@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   mt::cli::add_generate_command(app);
   mt::cli::add_finetune_command(app);
   mt::cli::add_bench_command(app);
+  mt::cli::add_launch_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

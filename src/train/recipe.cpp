@@ -30,6 +30,7 @@ const std::vector<Section>& recipe_schema() {
       {"schedule", {"name", "warmup_steps", "min_lr_ratio"}},
       {"clip", {"max_grad_norm"}},
       {"checkpoint", {"dir", "every_steps", "keep_last"}},
+      {"parallel", {"timeout_s"}},
   };
   return s;
 }
@@ -264,6 +265,8 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
   rc.checkpoint.dir = r.str("checkpoint", "dir", "", true);
   rc.checkpoint.every_steps = r.integer("checkpoint", "every_steps", rc.checkpoint.every_steps, 0);
   rc.checkpoint.keep_last = r.integer("checkpoint", "keep_last", rc.checkpoint.keep_last, 1);
+
+  rc.parallel.timeout_s = r.integer("parallel", "timeout_s", rc.parallel.timeout_s, 1);
   return rc;
 }
 

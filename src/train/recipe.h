@@ -69,6 +69,12 @@ struct RecipeCheckpoint {
   int64_t keep_last = 2;
 };
 
+// Multi-process jobs (`mixtune launch`, mpirun, srun): every rank runs the recipe; the world size comes
+// from the launcher's environment (distributed/process_group_env.h).
+struct RecipeParallel {
+  int64_t timeout_s = 600;  // a rendezvous or collective that takes longer fails on every rank
+};
+
 struct Recipe {
   RecipeModel model;
   RecipeData data;
@@ -77,6 +83,7 @@ struct Recipe {
   RecipeSchedule schedule;
   RecipeClip clip;
   RecipeCheckpoint checkpoint;
+  RecipeParallel parallel;
 };
 
 // Loads and validates a recipe; each of `sets` is "section.key=value" (value parsed as YAML,

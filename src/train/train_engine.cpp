@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "distributed/communicator.h"
 #include "train/adamw.h"
 #include "train/grad_clip.h"
 #include "train/train_checkpoint.h"
@@ -19,8 +20,8 @@ CudaEngineHooks& hooks_storage() {
 
 class CpuEngine final : public TrainEngine {
  public:
-  CpuEngine(CausalLM& lm, const Recipe& r)
-      : lm_(lm), model_(lm.config, lm.weights), grads_(Qwen3MoeWeights::zeros_like_config(lm.config, DType::F32)),
+  CpuEngine(CausalLM& lm, const Recipe& r, Communicator* comm)
+      : lm_(lm), comm_(comm && comm->size() > 1 ? comm : nullptr), model_(lm.config, lm.weights), grads_(Qwen3MoeWeights::zeros_like_config(lm.config, DType::F32)),
         optimizer_(lm.weights.named_parameters(), adamw_options_from(r),
                    r.optimizer.decay_norms_and_biases ? std::function<bool(const std::string&)>() : adamw_hf_decays) {
     if (r.optimizer.moment_dtype != "float32")
@@ -46,7 +47,15 @@ class CpuEngine final : public TrainEngine {
       s.ce_loss += f.ce_loss;
       s.aux_loss += f.aux_loss;
     }
-    if (!window.empty()) s.aux_loss /= static_cast<double>(window.size());
+    double micro_batches = static_cast<double>(window.size());
+    if (comm_) {
+      ++steps_;
+      reduce_gradients();
+      double sums[4] = {s.loss, s.ce_loss, s.aux_loss, micro_batches};
+      comm_->all_reduce_sum(sums, 4, "all_reduce(loss sums, step " + std::to_string(steps_) + ")");
+      s.loss = sums[0], s.ce_loss = sums[1], s.aux_loss = sums[2], micro_batches = sums[3];
+    }
+    if (micro_batches > 0) s.aux_loss /= micro_batches;
     s.grad_norm = grad_global_norm(grad_list_);
     s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
     if (s.finite) {
@@ -64,6 +73,24 @@ class CpuEngine final : public TrainEngine {
   }
 
   int64_t optimizer_steps() const override { return optimizer_.step_count(); }
+
+  // Every gradient summed over the ranks in one collective (packed into one fp32 buffer).
+  void reduce_gradients() {
+    int64_t n = 0;
+    for (const Tensor* g : grad_list_) n += g->numel();
+    flat_.resize(static_cast<size_t>(n));
+    int64_t at = 0;
+    for (const Tensor* g : grad_list_) {
+      std::memcpy(flat_.data() + at, g->data(), g->nbytes());
+      at += g->numel();
+    }
+    comm_->all_reduce_sum(flat_.data(), n, "all_reduce(gradients, step " + std::to_string(steps_) + ")");
+    at = 0;
+    for (Tensor* g : grad_list_) {
+      std::memcpy(g->data(), flat_.data() + at, g->nbytes());
+      at += g->numel();
+    }
+  }
   void set_optimizer_steps(int64_t t) override { optimizer_.set_step_count(t); }
   void weights_to_host() override {}
   std::vector<std::pair<std::string, Tensor>> optimizer_state_host() override {
@@ -77,6 +104,9 @@ class CpuEngine final : public TrainEngine {
 
  private:
   CausalLM& lm_;
+  Communicator* comm_;  // null: one process
+  int64_t steps_ = 0;   // steps taken in this process (named in collective errors)
+  std::vector<float> flat_;
   Qwen3MoeModel model_;
   Qwen3MoeWeights grads_;
   AdamW optimizer_;
@@ -97,8 +127,8 @@ AdamWOptions adamw_options_from(const Recipe& r) {
   return a;
 }
 
-std::unique_ptr<TrainEngine> cpu_engine_create(CausalLM& lm, const Recipe& r) {
-  return std::make_unique<CpuEngine>(lm, r);
+std::unique_ptr<TrainEngine> cpu_engine_create(CausalLM& lm, const Recipe& r, Communicator* comm) {
+  return std::make_unique<CpuEngine>(lm, r, comm);
 }
 
 void cuda_engine_register(CudaEngineHooks hooks) { hooks_storage() = std::move(hooks); }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,8 @@
 #include "core/memory.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
+#include "distributed/communicator.h"
+#include "distributed/process_group_env.h"
 #include "io/hf_cache.h"
 #include "models/causal_lm.h"
 #include "models/qwen3_moe_model.h"
@@ -37,8 +40,9 @@ using Clock = std::chrono::steady_clock;
 // The recipe settings that decide which batches a step sees and how parameters are stored: a resume
 // with any of them changed would not continue the same run, so it is refused. (lr, schedule, clipping,
 // max_steps, eval and checkpoint settings may change between resumes.)
-nlohmann::json recipe_identity(const Recipe& r) {
+nlohmann::json recipe_identity(const Recipe& r, int world) {
   nlohmann::json j;
+  j["world_size"] = world;  // ranks x grad_accum micro-batches per step
   j["model.dtype"] = r.model.dtype;
   j["data.train"] = fs::absolute(r.data.train).lexically_normal().string();
   j["data.seq_len"] = r.data.seq_len;
@@ -53,6 +57,7 @@ nlohmann::json recipe_identity(const Recipe& r) {
 
 void identity_check(const nlohmann::json& recipe, const nlohmann::json& saved, const std::string& ckpt) {
   for (const auto& [key, value] : recipe.items()) {
+    if (key == "world_size" && !saved.contains(key) && value == 1) continue;  // written before multi-process jobs
     if (!saved.contains(key)) fail("{}: trainer_state.json: identity.{}: missing", ckpt, key);
     if (saved[key] != value)
       fail("cannot resume from {}: {} is {} in the recipe but was {} when the checkpoint was written", ckpt, key,
@@ -116,8 +121,21 @@ std::string dataset_summary(const char* what, const DatasetOptions& o, const Dat
 }  // namespace
 
 FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
-  const bool tty = o.progress_tty >= 0 ? o.progress_tty == 1 : isatty(fileno(o.log)) == 1;
-  ProgressReporter progress(o.log, tty, r.train.log_every);
+  // A multi-process job (mixtune launch, mpirun, srun): every rank runs this function; rank 0 alone prints,
+  // writes metrics and checkpoints. The rendezvous comes first, so no rank touches the run directory
+  // before all have started.
+  const ProcessGroupEnv pg = process_group_env_from_environment();
+  std::unique_ptr<Communicator> comm;
+  if (pg.world > 1) comm = tcp_communicator_create(pg, std::chrono::seconds(r.parallel.timeout_s));
+  const bool lead = pg.rank == 0;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> quiet(lead ? nullptr : std::fopen("/dev/null", "w"), &std::fclose);
+  std::FILE* log = lead ? o.log : quiet.get();
+  if (!log) fail("rank {}: cannot open /dev/null", pg.rank);
+  const bool tty = lead && (o.progress_tty >= 0 ? o.progress_tty == 1 : isatty(fileno(o.log)) == 1);
+  ProgressReporter progress(log, tty, r.train.log_every);
+  if (comm)
+    progress.message(fmt::format("{} ranks ({}), data parallel on the CPU engine: {} micro-batches per step", pg.world,
+                                 pg.source, pg.world * r.train.grad_accum));
   const fs::path run_dir = r.checkpoint.dir;
   std::error_code ec;
   fs::create_directories(run_dir, ec);
@@ -125,7 +143,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
 
   // Resume point (or refuse to start over an existing run by accident).
   TrainerState st;
-  st.identity = recipe_identity(r);
+  st.identity = recipe_identity(r, pg.world);
   const std::string latest = train_checkpoint_latest(run_dir.string());
   std::string resume_dir;
   if (o.resume) {
@@ -160,6 +178,8 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   dopt.truncation = r.data.truncation;
   dopt.skip_bad_lines = r.data.skip_bad_lines;
   dopt.cache_dir = (run_dir / "data-cache").string();
+  // Rank 0 builds the dataset cache before the others read it.
+  if (comm && !lead) comm->barrier("barrier(dataset cache written)");
   const Dataset train_data = Dataset::load(dopt, tokenizer.get(), cfg.vocab_size);
   progress.message(dataset_summary("train", dopt, train_data.stats()));
   std::unique_ptr<Dataset> eval_data;
@@ -169,6 +189,8 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
     eval_data = std::make_unique<Dataset>(Dataset::load(eopt, tokenizer.get(), cfg.vocab_size));
     progress.message(dataset_summary("eval", eopt, eval_data->stats()));
   }
+
+  if (comm && lead) comm->barrier("barrier(dataset cache written)");
 
   LoaderOptions lopt;
   lopt.micro_batch_size = r.train.micro_batch_size;
@@ -187,9 +209,18 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
                                                        r.train.grad_accum);
 
   std::string device_why;
-  const int device = train_device_resolve(r, cfg, &device_why);
+  int device = -1;
+  if (!comm) {
+    device = train_device_resolve(r, cfg, &device_why);
+  } else if (r.train.device != "cpu" && r.train.device != "auto") {
+    fail("train.device: '{}': a job of {} ranks trains on the CPU engine (multi-GPU training is not built yet); "
+         "set train.device: cpu",
+         r.train.device, pg.world);
+  } else {
+    device_why = "multi-process jobs run on the CPU engine";
+  }
   std::unique_ptr<TrainEngine> engine =
-      device < 0 ? cpu_engine_create(lm, r) : cuda_engine_hooks()->create(lm, r, device, o.log);
+      device < 0 ? cpu_engine_create(lm, r, comm.get()) : cuda_engine_hooks()->create(lm, r, device, log);
   progress.message(fmt::format("device: {}{}", engine->device_name(),
                                r.train.device == "auto" ? " (train.device auto: " + device_why + ")" : ""));
 
@@ -206,7 +237,8 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   sched.total_steps = total_steps;
   sched.min_lr_ratio = r.schedule.min_lr_ratio;
 
-  MetricsLog metrics((run_dir / "metrics.jsonl").string(), resume_dir.empty() ? -1 : st.step);
+  std::optional<MetricsLog> metrics;
+  if (lead) metrics.emplace((run_dir / "metrics.jsonl").string(), resume_dir.empty() ? -1 : st.step);
   progress.message(fmt::format("model {}: {} parameters ({}), {} steps of {} x {} micro-batches x {} tokens",
                                r.model.path, lm.weights.parameter_count(), r.model.dtype, total_steps,
                                r.train.grad_accum, r.train.micro_batch_size, r.data.seq_len));
@@ -219,7 +251,10 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   while (st.step < total_steps && !data_done) {
     const auto t0 = Clock::now();
     window.clear();
-    for (int64_t i = 0; i < r.train.grad_accum; ++i) {
+    // Every rank reads the whole global window (grad_accum micro-batches per rank) in the same order and
+    // trains on micro-batches rank, rank + world, ...: one rank with grad_accum x world sees the same
+    // batches, and the loader position is the same on every rank.
+    for (int64_t i = 0; i < r.train.grad_accum * pg.world; ++i) {
       MicroBatch mb;
       if (!loader.next(mb)) {
         data_done = true;
@@ -228,14 +263,15 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
       window.push_back(std::move(mb));
     }
     if (window.empty()) break;
-    // HF Trainer: num_items_in_batch = valid labels of the whole accumulation window.
+    // HF Trainer: num_items_in_batch = valid labels of the whole accumulation window (all ranks).
     int64_t window_labels = 0, window_tokens = 0;
     for (const auto& mb : window) {
       window_labels += mb.valid_labels;
       window_tokens += mb.input_ids.numel();
     }
     std::vector<Batch> batches;
-    for (const auto& mb : window) batches.push_back(batch_of(mb));
+    for (size_t i = static_cast<size_t>(pg.rank); i < window.size(); i += static_cast<size_t>(pg.world))
+      batches.push_back(batch_of(window[i]));
     const double lr = lr_at(sched, st.step);
     // HF Trainer: the CE of every micro-batch is divided by the valid labels of the whole window.
     const EngineStep es =
@@ -282,7 +318,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
       progress.message(fmt::format("warning: step {}: non-finite {} ({} in a row); the update was skipped",
                                    st.step, std::isfinite(loss) ? "gradients" : "loss", st.nonfinite_streak));
       if (st.nonfinite_streak >= r.train.max_nonfinite_steps) {
-        metrics.append(rec);
+        if (metrics) metrics->append(rec);
         fail("training diverged: {} consecutive steps with a non-finite loss or gradients (last: step {}); lower "
              "optimizer.lr, enable clip.max_grad_norm or check the data (train.max_nonfinite_steps = {})",
              st.nonfinite_streak, st.step, r.train.max_nonfinite_steps);
@@ -295,18 +331,25 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
       rec["eval_tokens"] = e.tokens;
       progress.message(fmt::format("step {}: eval_loss {:.4f} over {} tokens", st.step, e.ce_loss, e.tokens));
     }
-    metrics.append(rec);
+    if (metrics) metrics->append(rec);
     progress.step(rep);
     result.last_loss = loss;
 
-    const bool stop = o.stop_requested && o.stop_requested();
+    bool stop = o.stop_requested && o.stop_requested();
+    if (comm) {  // every rank stops after the same step (a signal may reach the ranks at different times)
+      double any = stop ? 1.0 : 0.0;
+      comm->all_reduce_sum(&any, 1, fmt::format("all_reduce(stop request, step {})", st.step));
+      stop = any > 0;
+    }
     const bool periodic = r.checkpoint.every_steps > 0 && st.step % r.checkpoint.every_steps == 0;
     if ((periodic && st.step < total_steps) || stop) {
-      engine->weights_to_host();
-      result.last_checkpoint =
-          train_checkpoint_save(run_dir.string(), lm, engine->optimizer_state_host(), st, r.checkpoint.keep_last);
+      if (lead) {  // the other ranks hold the same parameters and optimizer state
+        engine->weights_to_host();
+        result.last_checkpoint =
+            train_checkpoint_save(run_dir.string(), lm, engine->optimizer_state_host(), st, r.checkpoint.keep_last);
+        progress.message(fmt::format("checkpoint: {}", result.last_checkpoint));
+      }
       last_saved_step = st.step;
-      progress.message(fmt::format("checkpoint: {}", result.last_checkpoint));
     }
     if (stop) {
       progress.finish();
@@ -318,6 +361,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   }
   progress.finish();
   result.steps = st.step;
+  if (!lead) return result;  // rank 0 writes the final model
   // The end state is also a resumable checkpoint when periodic checkpoints are on (a later --resume with a
   // larger max_steps continues from it).
   engine->weights_to_host();

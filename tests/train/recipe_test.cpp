@@ -140,6 +140,7 @@ TEST(Recipe, Defaults) {
   EXPECT_DOUBLE_EQ(r.clip.max_grad_norm, 1.0);
   EXPECT_EQ(r.checkpoint.every_steps, 0);
   EXPECT_EQ(r.checkpoint.keep_last, 2);
+  EXPECT_EQ(r.parallel.timeout_s, 600);
 }
 
 TEST(Recipe, SetOverridesScalarAndList) {
@@ -163,7 +164,7 @@ TEST(Recipe, UnknownKeyAndSection) {
             ": unknown key 'train.foo' (valid keys in 'train': micro_batch_size, grad_accum, max_steps, epochs, "
             "seed, device, eval_every, log_every, max_nonfinite_steps, recompute)");
   EXPECT_EQ(load_error(std::string(kMinimal) + "trian: {epochs: 1}\n"),
-            ": unknown section 'trian' (valid sections: model, data, train, optimizer, schedule, clip, checkpoint)");
+            ": unknown section 'trian' (valid sections: model, data, train, optimizer, schedule, clip, checkpoint, parallel)");
   EXPECT_EQ(load_error(std::string(kMinimal) + "clip: 3\n"), ": clip: must be a mapping of keys (found 3)");
   EXPECT_EQ(load_error("- a\n- b\n"), ": the recipe must be a mapping of sections (found a list)");
 }
@@ -193,6 +194,7 @@ TEST(Recipe, BadValuesNameTheKeyPath) {
   EXPECT_EQ(load_error("model: {path: /m}\ndata: {train: t}\ncheckpoint: {dir: /c, keep_last: 0}\n"),
             ": checkpoint.keep_last: must be an integer >= 1 (found '0')");
   EXPECT_EQ(load_error(m + "train: {grad_accum: 0}\n"), ": train.grad_accum: must be an integer >= 1 (found '0')");
+  EXPECT_EQ(load_error(m + "parallel: {timeout_s: 0}\n"), ": parallel.timeout_s: must be an integer >= 1 (found '0')");
   EXPECT_EQ(load_error(m + "clip: {max_grad_norm: -1}\n"), ": clip.max_grad_norm: must be a number >= 0 (found '-1')");
   EXPECT_EQ(load_error(m + "train: {pack: 1}\n").find("unknown key 'train.pack'"), 2u);
   EXPECT_EQ(load_error("model: {path: /m}\ncheckpoint: {dir: /c}\ndata: {train: t, pack: maybe}\n"),

@@ -1,0 +1,34 @@
+// Collectives between the processes of one training job. Every collective takes `what` (the operation
+// and the data, e.g. "all_reduce(gradients, step 12)") for its error messages, and throws mt::Error naming
+// this rank, the peer and `what` when a peer dies, closes its connection, calls a different collective, or
+// does not answer within the job's timeout: no rank hangs.
+#pragma once
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "distributed/process_group_env.h"
+
+namespace mt {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In-place element-wise sum over the ranks. Every rank receives bitwise the same values, summed in rank
+  // order ((x_0 + x_1) + x_2 ...), so a run does not depend on message timing.
+  virtual void all_reduce_sum(float* data, int64_t n, const std::string& what) = 0;
+  virtual void all_reduce_sum(double* data, int64_t n, const std::string& what) = 0;
+  // root's bytes to every rank.
+  virtual void broadcast(void* data, size_t bytes, int root, const std::string& what) = 0;
+  virtual void barrier(const std::string& what) = 0;
+};
+
+// The CPU communicator: a TCP rendezvous at env.master_addr:master_port (rank 0 listens there), then a
+// full mesh of TCP connections between the ranks. `timeout` bounds the rendezvous and every collective.
+std::unique_ptr<Communicator> tcp_communicator_create(const ProcessGroupEnv& env, std::chrono::milliseconds timeout);
+
+}  // namespace mt

@@ -1,0 +1,27 @@
+// Where this process sits in a multi-process job, read from the launcher's environment:
+//   torchrun style (what `mixtune launch` sets): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+//     MASTER_PORT;
+//   OpenMPI's mpirun: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
+//     OMPI_COMM_WORLD_LOCAL_SIZE;
+//   Slurm's srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE (first number).
+// The first complete set wins in that order. Under mpirun/srun the rendezvous address still comes from
+// MASTER_ADDR / MASTER_PORT (default 127.0.0.1:29500, enough for one node). No variable at all: a single
+// process (rank 0 of 1).
+#pragma once
+#include <string>
+
+namespace mt {
+
+struct ProcessGroupEnv {
+  int rank = 0, world = 1;
+  int local_rank = 0, local_world = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string source = "single process";  // which launcher's variables were read
+};
+
+// Throws mt::Error naming the variable for a malformed or inconsistent value (rank outside the world, a
+// port outside 1..65535, ...).
+ProcessGroupEnv process_group_env_from_environment();
+
+}  // namespace mt

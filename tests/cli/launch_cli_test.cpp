@@ -1,0 +1,185 @@
+// `mixtune launch` end to end on the CPU: data-parallel runs of 2 and 4 ranks against one process that
+// accumulates the same micro-batches (grad_accum x ranks), on the moe_gqa_aux fixture (fp32): the loss and
+// grad-norm trajectories and the final weights must agree within 1e-6 relative (they are bitwise equal
+// with one micro-batch per rank: the gradients are summed in rank order = micro-batch order). Then the
+// launcher's process handling: the rank variables, and a failing rank taking the job down.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "distributed/launcher.h"
+#include "io/safetensors.h"
+
+namespace mt {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kFixtures = std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/qwen3_moe/";
+
+int run(const std::vector<std::string>& args, const fs::path& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(MIXTUNE_BINARY));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(MIXTUNE_BINARY, argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::vector<nlohmann::json> metrics_of(const fs::path& run_dir) {
+  std::vector<nlohmann::json> v;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+class LaunchCli : public ::testing::Test {
+ protected:
+  fs::path dir;
+
+  void SetUp() override {
+    dir = fs::temp_directory_path() / ("mt_launch_cli_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+
+  fs::path recipe(const std::string& name, int grad_accum) {
+    const fs::path p = dir / (name + ".yaml");
+    std::ofstream(p) << "model: {path: " << kFixtures << "moe_gqa_aux/ckpt, dtype: float32}\n"
+                     << "data: {train: " << kFixtures << "train5/train.jsonl, seq_len: 16}\n"
+                     << "train: {max_steps: 4, grad_accum: " << grad_accum << ", device: cpu, seed: 7}\n"
+                     << "optimizer: {lr: 1.0e-3, weight_decay: 0.01}\n"
+                     << "checkpoint: {dir: " << (dir / name).string() << "}\n"
+                     << "parallel: {timeout_s: 60}\n";
+    return p;
+  }
+
+  // The multi-rank run matches the single-process run step by step and in the final weights.
+  void expect_same_run(const std::string& single, const std::string& multi) {
+    const auto a = metrics_of(dir / single), b = metrics_of(dir / multi);
+    ASSERT_EQ(a.size(), 4u);
+    ASSERT_EQ(b.size(), a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      SCOPED_TRACE("step " + std::to_string(i + 1));
+      for (const char* key : {"loss", "ce_loss", "aux_loss", "grad_norm"}) {
+        const double x = a[i][key], y = b[i][key];
+        EXPECT_LE(std::fabs(x - y), 1e-6 * std::fabs(x)) << key << ": " << x << " vs " << y;
+      }
+      EXPECT_EQ(a[i]["tokens"], b[i]["tokens"]);
+      EXPECT_EQ(a[i]["trained_tokens"], b[i]["trained_tokens"]);
+    }
+    size_t tensors = 0;
+    for (const auto& f : fs::directory_iterator(dir / single / "final")) {
+      if (f.path().extension() != ".safetensors") continue;
+      SafetensorsFile wa = SafetensorsFile::open(f.path().string());
+      SafetensorsFile wb = SafetensorsFile::open((dir / multi / "final" / f.path().filename()).string());
+      for (const std::string& name : wa.names()) {
+        const std::vector<float> x = wa.tensor(name).to_floats(), y = wb.tensor(name).to_floats();
+        ASSERT_EQ(x.size(), y.size()) << name;
+        for (size_t i = 0; i < x.size(); ++i)
+          ASSERT_LE(std::fabs(x[i] - y[i]), 1e-6 * std::max(1.0f, std::fabs(x[i]))) << name << " element " << i;
+        ++tensors;
+      }
+    }
+    EXPECT_GT(tensors, 10u);
+  }
+};
+
+TEST_F(LaunchCli, TwoAndFourRanksTrainLikeOneProcess) {
+  ASSERT_EQ(run({"finetune", recipe("single2", 2).string()}, dir / "single2.log"), 0) << slurp(dir / "single2.log");
+  ASSERT_EQ(run({"launch", "--nproc", "2", "--", "finetune", recipe("ranks2", 1).string()}, dir / "ranks2.log"), 0)
+      << slurp(dir / "ranks2.log");
+  expect_same_run("single2", "ranks2");
+  const std::string log2 = slurp(dir / "ranks2.log");
+  EXPECT_NE(log2.find("2 ranks (torchrun-style variables"), std::string::npos) << log2;
+
+  ASSERT_EQ(run({"finetune", recipe("single4", 4).string()}, dir / "single4.log"), 0) << slurp(dir / "single4.log");
+  ASSERT_EQ(run({"launch", "--nproc", "4", "--", "finetune", recipe("ranks4", 1).string()}, dir / "ranks4.log"), 0)
+      << slurp(dir / "ranks4.log");
+  expect_same_run("single4", "ranks4");
+  // Two ranks with two micro-batches each against one process with four: the same batches, the gradient
+  // sums in another order (within 1e-6, not bitwise).
+  ASSERT_EQ(run({"launch", "--nproc", "2", "--", "finetune", recipe("ranks2x2", 2).string()}, dir / "ranks2x2.log"), 0)
+      << slurp(dir / "ranks2x2.log");
+  expect_same_run("single4", "ranks2x2");
+}
+
+TEST_F(LaunchCli, MultiRankJobRefusesCudaDevice) {
+  fs::path p = recipe("cuda", 1);
+  std::ofstream(p, std::ios::app) << "";
+  ASSERT_NE(run({"launch", "--nproc", "2", "--", "finetune", p.string(), "--set", "train.device=cuda"},
+                dir / "cuda.log"),
+            0);
+  const std::string log = slurp(dir / "cuda.log");
+  EXPECT_NE(log.find("a job of 2 ranks trains on the CPU engine"), std::string::npos) << log;
+}
+
+TEST_F(LaunchCli, RanksGetTheirVariables) {
+  LaunchOptions o;
+  o.nproc = 3;
+  o.program = "/bin/sh";
+  o.args = {"-c", "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT > " +
+                      (dir / "rank.").string() + "$RANK"};
+  ASSERT_EQ(launch_ranks(o), 0);
+  std::string port;
+  for (int r = 0; r < 3; ++r) {
+    std::ifstream in(dir / ("rank." + std::to_string(r)));
+    int rank = -1, world = -1, local = -1, local_world = -1;
+    std::string addr, p;
+    in >> rank >> world >> local >> local_world >> addr >> p;
+    EXPECT_EQ(rank, r);
+    EXPECT_EQ(world, 3);
+    EXPECT_EQ(local, r);
+    EXPECT_EQ(local_world, 3);
+    EXPECT_EQ(addr, "127.0.0.1");
+    EXPECT_NE(p, "0");
+    if (r > 0) EXPECT_EQ(p, port);
+    port = p;
+  }
+}
+
+TEST_F(LaunchCli, FailingRankStopsTheJob) {
+  LaunchOptions o;
+  o.nproc = 3;
+  o.program = "/bin/sh";
+  o.args = {"-c", "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60"};
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(launch_ranks(o), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20)) << "the surviving ranks were not stopped";
+}
+
+TEST_F(LaunchCli, BadOptionsAreErrors) {
+  EXPECT_EQ(run({"launch", "--nproc", "0", "--", "finetune", "x.yaml"}, dir / "a.log"), 1);
+  EXPECT_NE(slurp(dir / "a.log").find("--nproc 0 must be in 1..1024"), std::string::npos) << slurp(dir / "a.log");
+  EXPECT_EQ(run({"launch", "--nproc", "2", "--master", "nohost", "--", "finetune", "x.yaml"}, dir / "b.log"), 1);
+  EXPECT_NE(slurp(dir / "b.log").find("'nohost' is not HOST:PORT"), std::string::npos) << slurp(dir / "b.log");
+}
+
+}  // namespace
+}  // namespace mt

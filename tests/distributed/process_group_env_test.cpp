@@ -1,0 +1,116 @@
+// The rank/world/rendezvous variables of torchrun-style launchers, OpenMPI and Slurm, and the errors for
+// malformed ones.
+#include "distributed/process_group_env.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "core/error.h"
+
+namespace mt {
+namespace {
+
+const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                       "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                       "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                       "SLURM_NTASKS_PER_NODE"};
+
+// Sets exactly `vars` among kVars for the scope; restores the previous environment after.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const std::map<std::string, std::string>& vars) {
+    for (const char* v : kVars) {
+      if (const char* old = std::getenv(v)) saved_[v] = old;
+      ::unsetenv(v);
+    }
+    for (const auto& [k, v] : vars) ::setenv(k.c_str(), v.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    for (const char* v : kVars) ::unsetenv(v);
+    for (const auto& [k, v] : saved_) ::setenv(k.c_str(), v.c_str(), 1);
+  }
+
+ private:
+  std::map<std::string, std::string> saved_;
+};
+
+std::string error_of(const std::map<std::string, std::string>& vars) {
+  ScopedEnv env(vars);
+  try {
+    process_group_env_from_environment();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ProcessGroupEnv, NoVariablesIsOneProcess) {
+  ScopedEnv env({});
+  const ProcessGroupEnv e = process_group_env_from_environment();
+  EXPECT_EQ(e.rank, 0);
+  EXPECT_EQ(e.world, 1);
+  EXPECT_EQ(e.master_addr, "127.0.0.1");
+  EXPECT_EQ(e.master_port, 29500);
+}
+
+TEST(ProcessGroupEnv, TorchrunStyle) {
+  ScopedEnv env({{"RANK", "5"},
+                 {"WORLD_SIZE", "8"},
+                 {"LOCAL_RANK", "1"},
+                 {"LOCAL_WORLD_SIZE", "4"},
+                 {"MASTER_ADDR", "10.0.0.7"},
+                 {"MASTER_PORT", "23456"}});
+  const ProcessGroupEnv e = process_group_env_from_environment();
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.world, 8);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world, 4);
+  EXPECT_EQ(e.master_addr, "10.0.0.7");
+  EXPECT_EQ(e.master_port, 23456);
+}
+
+TEST(ProcessGroupEnv, OpenMpiAndSlurm) {
+  {
+    ScopedEnv env({{"OMPI_COMM_WORLD_RANK", "3"},
+                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+    const ProcessGroupEnv e = process_group_env_from_environment();
+    EXPECT_EQ(e.rank, 3);
+    EXPECT_EQ(e.world, 4);
+    EXPECT_EQ(e.local_rank, 1);
+    EXPECT_EQ(e.local_world, 2);
+    EXPECT_NE(e.source.find("OpenMPI"), std::string::npos);
+  }
+  {
+    ScopedEnv env({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "2"},
+                   {"SLURM_NTASKS_PER_NODE", "8(x2)"}});
+    const ProcessGroupEnv e = process_group_env_from_environment();
+    EXPECT_EQ(e.rank, 6);
+    EXPECT_EQ(e.world, 16);
+    EXPECT_EQ(e.local_rank, 2);
+    EXPECT_EQ(e.local_world, 8);
+  }
+  {  // torchrun-style variables win over Slurm's (torchrun inside an allocation)
+    ScopedEnv env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});
+    EXPECT_EQ(process_group_env_from_environment().world, 2);
+  }
+}
+
+TEST(ProcessGroupEnv, BadValuesNameTheVariable) {
+  EXPECT_NE(error_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}}).find("RANK=2 is not below WORLD_SIZE=2"), std::string::npos);
+  EXPECT_NE(error_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}}).find("RANK='x'"), std::string::npos);
+  EXPECT_NE(error_of({{"RANK", "0"}}).find("RANK is set but WORLD_SIZE is not"), std::string::npos);
+  EXPECT_NE(error_of({{"WORLD_SIZE", "0"}, {"RANK", "0"}}).find("WORLD_SIZE=0 must be at least 1"), std::string::npos);
+  EXPECT_NE(error_of({{"MASTER_PORT", "70000"}}).find("MASTER_PORT=70000"), std::string::npos);
+  EXPECT_NE(error_of({{"MASTER_ADDR", ""}}).find("MASTER_ADDR is empty"), std::string::npos);
+  EXPECT_NE(error_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "2"}})
+                .find("LOCAL_RANK=3 is not below LOCAL_WORLD_SIZE=2"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace mt

@@ -1,0 +1,175 @@
+// The CPU communicator with every rank a thread of this process, over loopback: collectives against a
+// serial rank-order computation (bitwise), and the failure modes: a rank that never joins, a peer that
+// goes away mid-collective, ranks that call different collectives, a collective that times out.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "distributed/communicator.h"
+#include "distributed/tcp_socket.h"
+
+namespace mt {
+namespace {
+
+using std::chrono::milliseconds;
+
+int free_port() {
+  int port = 0;
+  tcp_listen("127.0.0.1", 0, &port, "test: free port");
+  return port;
+}
+
+ProcessGroupEnv env_of(int rank, int world, int port) {
+  ProcessGroupEnv e;
+  e.rank = rank;
+  e.world = world;
+  e.master_addr = "127.0.0.1";
+  e.master_port = port;
+  return e;
+}
+
+// Runs body(rank) on `world` threads; returns each rank's error message ("" = none).
+std::vector<std::string> run_ranks(int world, const std::function<void(int)>& body) {
+  std::vector<std::string> err(world);
+  std::vector<std::thread> t;
+  for (int r = 0; r < world; ++r)
+    t.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        err[r] = e.what();
+      }
+    });
+  for (auto& x : t) x.join();
+  return err;
+}
+
+std::vector<float> values(int rank, int64_t n) {
+  std::mt19937 g(1000 + rank);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(g) * (rank + 1);
+  return v;
+}
+
+TEST(TcpCommunicator, AllReduceIsTheRankOrderSumOnEveryRank) {
+  for (const int world : {2, 3, 4}) {
+    const int port = free_port();
+    const int64_t sizes[] = {0, 1, 2, 5, 1000, 100003};
+    std::vector<std::vector<std::vector<float>>> got(world);
+    const auto err = run_ranks(world, [&](int r) {
+      auto comm = tcp_communicator_create(env_of(r, world, port), milliseconds(20000));
+      EXPECT_EQ(comm->rank(), r);
+      EXPECT_EQ(comm->size(), world);
+      for (const int64_t n : sizes) {
+        std::vector<float> v = values(r, n);
+        comm->all_reduce_sum(v.data(), n, "test all_reduce");
+        got[r].push_back(v);
+      }
+    });
+    for (int r = 0; r < world; ++r) ASSERT_EQ(err[r], "") << "world " << world << " rank " << r;
+    for (size_t c = 0; c < std::size(sizes); ++c) {
+      const int64_t n = sizes[c];
+      std::vector<float> want = values(0, n);
+      for (int r = 1; r < world; ++r) {
+        const std::vector<float> v = values(r, n);
+        for (int64_t i = 0; i < n; ++i) want[i] += v[i];
+      }
+      for (int r = 0; r < world; ++r)
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(got[r][c][i], want[i]) << "world " << world << " rank " << r << " n " << n << " element " << i;
+    }
+  }
+}
+
+TEST(TcpCommunicator, DoublesBroadcastAndBarrier) {
+  const int world = 3, port = free_port();
+  std::vector<std::vector<double>> sums(world);
+  std::vector<std::string> text(world);
+  const auto err = run_ranks(world, [&](int r) {
+    auto comm = tcp_communicator_create(env_of(r, world, port), milliseconds(20000));
+    std::vector<double> v = {1.0 * r, 0.1, 1e300 * (r == 1)};
+    comm->all_reduce_sum(v.data(), 3, "doubles");
+    sums[r] = v;
+    char buf[16] = {};
+    if (r == 2) std::snprintf(buf, sizeof(buf), "from rank two");
+    comm->broadcast(buf, sizeof(buf), 2, "broadcast");
+    text[r] = buf;
+    comm->barrier("barrier");
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(err[r], "");
+    EXPECT_EQ(sums[r][0], 3.0);
+    EXPECT_EQ(sums[r][1], (0.1 + 0.1) + 0.1);
+    EXPECT_EQ(sums[r][2], 1e300);
+    EXPECT_EQ(text[r], "from rank two");
+  }
+}
+
+TEST(TcpCommunicator, MissingRankTimesOutNamingIt) {
+  const int port = free_port();
+  const auto err = run_ranks(1, [&](int) { tcp_communicator_create(env_of(0, 3, port), milliseconds(300)); });
+  EXPECT_NE(err[0].find("1 of 3 ranks joined (missing: 1, 2)"), std::string::npos) << err[0];
+}
+
+TEST(TcpCommunicator, PeerThatGoesAwayIsAnError) {
+  const int port = free_port();
+  const auto err = run_ranks(2, [&](int r) {
+    auto comm = tcp_communicator_create(env_of(r, 2, port), milliseconds(20000));
+    if (r == 1) return;  // closes its connections without joining the collective
+    std::vector<float> v(10, 1.0f);
+    comm->all_reduce_sum(v.data(), 10, "all_reduce(gradients, step 3)");
+  });
+  EXPECT_NE(err[0].find("rank 0, peer rank 1, all_reduce(gradients, step 3): the peer closed the connection"),
+            std::string::npos)
+      << err[0];
+  EXPECT_EQ(err[1], "");
+}
+
+TEST(TcpCommunicator, DifferentCollectivesAreAnError) {
+  const int port = free_port();
+  const auto err = run_ranks(2, [&](int r) {
+    auto comm = tcp_communicator_create(env_of(r, 2, port), milliseconds(5000));
+    if (r == 0) {
+      std::vector<float> v(10, 1.0f);
+      comm->all_reduce_sum(v.data(), 10, "all_reduce(x)");
+    } else {
+      comm->barrier("barrier(y)");
+    }
+  });
+  EXPECT_NE(err[0].find("collective mismatch"), std::string::npos) << err[0];
+  EXPECT_NE(err[1].find("collective mismatch"), std::string::npos) << err[1];
+}
+
+TEST(TcpCommunicator, CollectiveTimesOutNamingTheWaitedRank) {
+  const int port = free_port();
+  std::atomic<bool> done{false};
+  const auto err = run_ranks(2, [&](int r) {
+    auto comm = tcp_communicator_create(env_of(r, 2, port), milliseconds(400));
+    if (r == 1) {  // alive but never joins the collective
+      while (!done) std::this_thread::sleep_for(milliseconds(10));
+      return;
+    }
+    try {
+      comm->barrier("barrier(checkpoint)");
+    } catch (...) {
+      done = true;
+      throw;
+    }
+    done = true;
+  });
+  EXPECT_NE(err[0].find("rank 0: barrier(checkpoint) did not complete within 0.4 s (waiting for rank 1)"),
+            std::string::npos)
+      << err[0];
+}
+
+}  // namespace
+}  // namespace mt
