@@ -81,11 +81,16 @@ int launch_ranks(const LaunchOptions& o) {
   int result = 0, alive = o.nproc, first_failed = -1;
   std::chrono::steady_clock::time_point kill_at{};
   bool terminating = false;
+  // After a forwarded SIGINT/SIGTERM the ranks stop on their own (finetune agrees on a step, rank 0 writes a
+  // checkpoint): their 130/143 exits are not failures to stop the others for (a second signal would kill
+  // rank 0 in the middle of its checkpoint).
+  bool stopping = false;
   while (alive > 0) {
     if (g_forward_signal) {
       for (pid_t p : pids)
         if (p > 0) ::kill(p, g_forward_signal);
       g_forward_signal = 0;
+      stopping = true;
     }
     int status = 0;
     const pid_t done = ::waitpid(-1, &status, WNOHANG);
@@ -95,7 +100,10 @@ int launch_ranks(const LaunchOptions& o) {
         pids[i] = -1;
         --alive;
         const int code = status_code(status);
-        if (code != 0 && first_failed < 0) {
+        if (code != 0 && first_failed < 0 && stopping) {
+          first_failed = i;
+          result = code;
+        } else if (code != 0 && first_failed < 0) {
           first_failed = i;
           result = code;
           std::fprintf(stderr, "mixtune: launch: rank %d exited with status %d; stopping the other ranks\n",

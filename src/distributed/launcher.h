@@ -2,7 +2,8 @@
 // (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), waits for them, and makes
 // the job fail as a whole: when one rank exits non-zero or is killed, the others get SIGTERM (then
 // SIGKILL after a grace period) and launch exits with the first failing rank's status. SIGINT/SIGTERM
-// sent to launch are forwarded to every rank (finetune then checkpoints and exits).
+// sent to launch are forwarded to every rank (finetune then checkpoints and exits); from then on the ranks
+// are left to exit on their own.
 #pragma once
 #include <string>
 #include <vector>

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "distributed/launcher.h"
@@ -128,6 +130,45 @@ TEST_F(LaunchCli, TwoAndFourRanksTrainLikeOneProcess) {
   ASSERT_EQ(run({"launch", "--nproc", "2", "--", "finetune", recipe("ranks2x2", 2).string()}, dir / "ranks2x2.log"), 0)
       << slurp(dir / "ranks2x2.log");
   expect_same_run("single4", "ranks2x2");
+}
+
+// SIGTERM to launch reaches every rank; they agree on the step to stop after, rank 0 checkpoints, the job
+// exits 143; a two-rank --resume finishes the run, and a one-process resume of it is refused.
+TEST_F(LaunchCli, SigtermCheckpointsAndTwoRankResumeFinishes) {
+  const fs::path p = recipe("stop", 1);
+  const fs::path metrics = dir / "stop" / "metrics.jsonl";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open((dir / "stop.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl(MIXTUNE_BINARY, MIXTUNE_BINARY, "launch", "--nproc", "2", "--", "finetune", p.c_str(), "--set",
+          "train.max_steps=1000000", nullptr);
+    _exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((!fs::exists(metrics) || metrics_of(dir / "stop").size() < 3) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_GE(metrics_of(dir / "stop").size(), 3u) << slurp(dir / "stop.log");
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 143) << slurp(dir / "stop.log");
+  const std::string latest = slurp(dir / "stop" / "latest");
+  ASSERT_EQ(latest.rfind("checkpoint-", 0), 0u) << latest << slurp(dir / "stop.log");
+  const int64_t step = std::stoll(latest.substr(std::string("checkpoint-").size()));
+  EXPECT_EQ(metrics_of(dir / "stop").size(), static_cast<size_t>(step));
+
+  EXPECT_EQ(run({"finetune", p.string(), "--resume"}, dir / "one.log"), 1);
+  EXPECT_NE(slurp(dir / "one.log").find("world_size is 1 in the recipe but was 2"), std::string::npos)
+      << slurp(dir / "one.log");
+  ASSERT_EQ(run({"launch", "--nproc", "2", "--", "finetune", p.string(), "--resume", "--set",
+                 "train.max_steps=" + std::to_string(step + 2)},
+                dir / "resume.log"),
+            0)
+      << slurp(dir / "resume.log");
+  EXPECT_TRUE(fs::exists(dir / "stop" / "final" / "config.json"));
+  EXPECT_EQ(metrics_of(dir / "stop").size(), static_cast<size_t>(step + 2));
 }
 
 TEST_F(LaunchCli, MultiRankJobRefusesCudaDevice) {
