@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "distributed/process_group_env.h"
 
@@ -24,6 +25,10 @@ class Communicator {
   virtual void all_reduce_sum(double* data, int64_t n, const std::string& what) = 0;
   // root's bytes to every rank.
   virtual void broadcast(void* data, size_t bytes, int root, const std::string& what) = 0;
+  // Within `group` (ranks, the same list on every member, this rank among them): send[j] goes to group[j],
+  // recv[j] receives what group[j] sent to this rank (any size, including zero).
+  virtual void all_to_allv(const std::vector<int>& group, const std::vector<std::vector<float>>& send,
+                           std::vector<std::vector<float>>& recv, const std::string& what) = 0;
   virtual void barrier(const std::string& what) = 0;
 };
 

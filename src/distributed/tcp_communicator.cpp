@@ -5,8 +5,8 @@
 // rank the table of mesh addresses (a rank's address is where its connection to rank 0 came from, rank
 // 0's is MASTER_ADDR). Mesh: rank i connects to every rank j < i and accepts the ranks above it.
 //
-// Collectives move messages with a 16-byte header {sequence number, op, element count, root} that the
-// receiver checks, so ranks that disagree on the order of collectives fail with both sides named instead
+// Collectives move messages with a 16-byte header {sequence number of this pair's exchanges, op, element
+// count} that the receiver checks, so ranks that disagree on the order of collectives fail with both sides named instead
 // of exchanging the wrong bytes. All sends and receives of one phase progress together under poll(), so
 // two ranks sending each other large buffers cannot deadlock on full socket buffers.
 // all_reduce_sum: reduce-scatter (rank r owns chunk r, sums it in rank order) then all-gather.
@@ -43,7 +43,8 @@ struct Header {
   uint32_t seq, op;
   uint64_t count;
 };
-enum Op : uint32_t { kAllReduceF32 = 1, kAllReduceF64 = 2, kBroadcast = 3, kBarrier = 4 };
+enum Op : uint32_t { kAllReduceF32 = 1, kAllReduceF64 = 2, kBroadcast = 3, kBarrier = 4, kAllToAllCounts = 5,
+                     kAllToAll = 6 };
 
 const char* op_name(uint32_t op) {
   switch (op) {
@@ -51,6 +52,8 @@ const char* op_name(uint32_t op) {
     case kAllReduceF64: return "all_reduce(float64)";
     case kBroadcast: return "broadcast";
     case kBarrier: return "barrier";
+    case kAllToAllCounts: return "all_to_allv(counts)";
+    case kAllToAll: return "all_to_allv";
   }
   return "unknown";
 }
@@ -140,6 +143,40 @@ class TcpCommunicator final : public Communicator {
     exchange(x, what);
   }
 
+  void all_to_allv(const std::vector<int>& group, const std::vector<std::vector<float>>& send,
+                   std::vector<std::vector<float>>& recv, const std::string& what) override {
+    const int g = static_cast<int>(group.size());
+    int me = -1;
+    for (int j = 0; j < g; ++j) {
+      if (group[j] < 0 || group[j] >= world_) fail("all_to_allv({}): rank {} outside the world of {}", what, group[j], world_);
+      if (group[j] == rank_) me = j;
+    }
+    if (me < 0 || static_cast<int>(send.size()) != g)
+      fail("all_to_allv({}): rank {} is not in the group or has {} send buffers for {} ranks", what, rank_, send.size(), g);
+    // Counts first (each side then knows how much to receive), then the payloads. The group is the same on
+    // every member, so the headers' sequence numbers stay aligned across the world.
+    std::vector<uint64_t> out_n(g), in_n(g, 0);
+    for (int j = 0; j < g; ++j) out_n[j] = send[j].size();
+    const Header hc = next_header(kAllToAllCounts, static_cast<uint64_t>(g));
+    std::vector<Xfer> x;
+    for (int j = 0; j < g; ++j)
+      if (j != me)
+        x.push_back(Xfer{group[j], reinterpret_cast<const char*>(&out_n[j]), sizeof(uint64_t),
+                         reinterpret_cast<char*>(&in_n[j]), sizeof(uint64_t), hc, true, true});
+    exchange(x, what);
+    recv.assign(g, {});
+    recv[me] = send[me];
+    const Header hp = next_header(kAllToAll, static_cast<uint64_t>(g));
+    x.clear();
+    for (int j = 0; j < g; ++j) {
+      if (j == me) continue;
+      recv[j].resize(in_n[j]);
+      x.push_back(Xfer{group[j], reinterpret_cast<const char*>(send[j].data()), send[j].size() * sizeof(float),
+                       reinterpret_cast<char*>(recv[j].data()), recv[j].size() * sizeof(float), hp, true, true});
+    }
+    exchange(x, what);
+  }
+
   void barrier(const std::string& what) override {
     const Header h = next_header(kBarrier, 0);
     std::vector<Xfer> x;
@@ -169,7 +206,9 @@ class TcpCommunicator final : public Communicator {
           has_recv(hr || r != nullptr) {}
   };
 
-  Header next_header(uint32_t op, uint64_t count) { return Header{++seq_, op, count}; }
+  // The sequence number is set per peer in exchange(): the number of exchanges this pair has had, the same
+  // on both sides, also when collectives run within groups of ranks.
+  static Header next_header(uint32_t op, uint64_t count) { return Header{0, op, count}; }
 
   static std::string peer_address(const Socket& s) {
     sockaddr_storage a{};
@@ -185,8 +224,16 @@ class TcpCommunicator final : public Communicator {
     return "rank " + std::to_string(rank_) + ", peer rank " + std::to_string(peer) + ", " + what;
   }
 
+  // A peer whose connection ended (orderly close, reset or broken pipe: it failed or exited) or broke.
+  [[noreturn]] void peer_failed(int peer, const std::string& what, int err) const {
+    if (err == 0 || err == ECONNRESET || err == EPIPE)
+      fail("{}: the peer closed the connection (did it fail or exit?)", where(peer, what));
+    fail("{}: the connection to the peer failed ({})", where(peer, what), std::strerror(err));
+  }
+
   void exchange(std::vector<Xfer>& xs, const std::string& what) {
     const Deadline deadline = std::chrono::steady_clock::now() + timeout_;
+    for (Xfer& x : xs) x.h.seq = ++peer_seq_[x.peer];
     for (Xfer& x : xs) {
       if (!x.has_send) continue;
       x.out.resize(sizeof(Header) + x.send_n);
@@ -220,8 +267,7 @@ class TcpCommunicator final : public Communicator {
         const int fd = fds[i].fd;
         if (fds[i].revents & POLLOUT) {
           const ssize_t k = ::send(fd, x.out.data() + x.out_done, x.out.size() - x.out_done, MSG_NOSIGNAL | MSG_DONTWAIT);
-          if (k < 0 && errno != EAGAIN && errno != EINTR)
-            fail("{}: the peer is gone ({})", where(x.peer, what), std::strerror(errno));
+          if (k < 0 && errno != EAGAIN && errno != EINTR) peer_failed(x.peer, what, errno);
           if (k > 0) x.out_done += static_cast<size_t>(k);
         }
         if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
@@ -231,9 +277,8 @@ class TcpCommunicator final : public Communicator {
                                                  : x.recv + (x.in_done - sizeof(Header));
           const size_t want = x.in_done < sizeof(Header) ? sizeof(Header) - x.in_done : total - x.in_done;
           const ssize_t k = ::recv(fd, dst, want, MSG_DONTWAIT);
-          if (k == 0) fail("{}: the peer closed the connection (did it fail or exit?)", where(x.peer, what));
-          if (k < 0 && errno != EAGAIN && errno != EINTR)
-            fail("{}: the peer is gone ({})", where(x.peer, what), std::strerror(errno));
+          if (k == 0) peer_failed(x.peer, what, 0);
+          if (k < 0 && errno != EAGAIN && errno != EINTR) peer_failed(x.peer, what, errno);
           if (k > 0) {
             const bool header_was_partial = x.in_done < sizeof(Header);
             x.in_done += static_cast<size_t>(k);
@@ -286,7 +331,7 @@ class TcpCommunicator final : public Communicator {
   int rank_, world_;
   std::chrono::milliseconds timeout_;
   std::vector<Socket> peers_;
-  uint32_t seq_ = 0;
+  std::vector<uint32_t> peer_seq_ = std::vector<uint32_t>(static_cast<size_t>(world_), 0);
 };
 
 }  // namespace

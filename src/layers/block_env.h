@@ -9,12 +9,15 @@
 
 namespace mt {
 
+struct ExpertParallel;
+
 struct BlockEnv {
   const Qwen3MoeConfig* cfg = nullptr;
   int64_t batch = 0, seq = 0;  // tokens T = batch · seq, activations are [T, hidden]
   bool bf16 = false;           // parameters are BF16: round where Transformers rounds
   cpu::RopeTables rope;        // [T, head_dim]
   Tensor doc_ids;              // I32 [batch, seq], or undefined: plain causal attention
+  const ExpertParallel* ep = nullptr;  // MoE experts split over ranks (layers/expert_parallel.h), or local
 
   int64_t tokens() const { return batch * seq; }
   float eps() const { return static_cast<float>(cfg->rms_norm_eps); }

@@ -13,8 +13,10 @@ Tensor moe_block_forward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, con
   s.n = cpu::rmsnorm_forward(h, w.post_norm, env.eps(), env.bf16);
   s.logits = cpu::linear_forward(s.n, w.router, env.bf16);
   s.route = cpu::router_forward(s.logits, c.num_experts_per_tok, c.norm_topk_prob, env.bf16);
-  Tensor out = cpu::experts_forward(s.n, s.route.index, s.route.weights, w.experts_gate_up, w.experts_down,
-                                    env.bf16, &s.experts);
+  Tensor out = env.ep ? ep_experts_forward(*env.ep, s.n, s.route.index, s.route.weights, w.experts_gate_up,
+                                          w.experts_down, env.bf16, &s.ep_experts)
+                     : cpu::experts_forward(s.n, s.route.index, s.route.weights, w.experts_gate_up, w.experts_down,
+                                            env.bf16, &s.experts);
   return cpu::residual_add(h, out, env.bf16);
 }
 
@@ -23,8 +25,12 @@ Tensor moe_block_backward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, co
                           Qwen3MoeLayerWeights& g) {
   const Qwen3MoeConfig& c = *env.cfg;
   Tensor dn, dweights;
-  cpu::experts_backward(dy, s.route.weights, w.experts_gate_up, w.experts_down, s.experts, dn, dweights,
+  if (env.ep)
+    ep_experts_backward(*env.ep, dy, s.route.weights, w.experts_gate_up, w.experts_down, s.ep_experts, dn, dweights,
                         g.experts_gate_up, g.experts_down);
+  else
+    cpu::experts_backward(dy, s.route.weights, w.experts_gate_up, w.experts_down, s.experts, dn, dweights,
+                          g.experts_gate_up, g.experts_down);
   Tensor dlogits = cpu::router_backward(dweights, s.route, c.norm_topk_prob);
   if (dlogits_extra.defined()) cpu::add_inplace(dlogits, dlogits_extra);
   Tensor tmp = Tensor::empty(s.n.shape(), DType::F32);

@@ -5,6 +5,7 @@
 #include "kernels/cpu/experts.h"
 #include "kernels/cpu/router.h"
 #include "layers/block_env.h"
+#include "layers/expert_parallel.h"
 #include "models/qwen3_moe_weights.h"
 
 namespace mt {
@@ -14,6 +15,7 @@ struct MoeBlockActs {
   Tensor logits;              // [T, E] router logits (bf16 values in bf16 mode): also the aux-loss input
   cpu::RouterOutput route;
   cpu::ExpertsSaved experts;
+  EpExpertsSaved ep_experts;  // instead of `experts` under expert parallelism (env.ep)
 };
 
 // h F32 [T, H] -> y F32 [T, H]. acts may be null (forward only) unless the caller wants the logits.

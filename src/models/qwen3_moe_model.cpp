@@ -112,13 +112,15 @@ struct Prepared {
   Tensor targets;  // I64 [T] shifted labels, or undefined
 };
 
-Prepared prepare_batch(const Qwen3MoeConfig& c, const Batch& b, bool bf16, bool document_mask) {
+Prepared prepare_batch(const Qwen3MoeConfig& c, const Batch& b, bool bf16, bool document_mask,
+                       const ExpertParallel* ep) {
   batch_validate(c, b);
   Prepared p;
   p.env.cfg = &c;
   p.env.batch = b.input_ids.dim(0);
   p.env.seq = b.input_ids.dim(1);
   p.env.bf16 = bf16;
+  p.env.ep = ep;
   if (document_mask) p.env.doc_ids = batch_document_ids(b);
   p.env.rope = cpu::rope_tables(batch_positions(b), c.head_dim, c.rope_theta, bf16);
   if (b.labels.defined()) p.targets = cpu::causal_lm_targets(b.labels, c.vocab_size);
@@ -208,7 +210,7 @@ Qwen3MoeModel::Qwen3MoeModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights
 }
 
 ForwardResult Qwen3MoeModel::forward(const Batch& b, bool want_logits, const LossOptions& o) {
-  Prepared p = prepare_batch(cfg_, b, bf16_, opts_.packed_document_mask);
+  Prepared p = prepare_batch(cfg_, b, bf16_, opts_.packed_document_mask, opts_.expert_parallel);
   const BlockEnv& env = p.env;
   const bool aux_on = aux_enabled(cfg_);
   Tensor x = cpu::embedding_forward(b.input_ids.view({env.tokens()}), w_.embed);
@@ -241,7 +243,7 @@ ForwardResult Qwen3MoeModel::forward(const Batch& b, bool want_logits, const Los
 ForwardResult Qwen3MoeModel::forward_backward(const Batch& b, Qwen3MoeWeights& grads, const LossOptions& o) {
   if (!b.labels.defined()) fail("batch: forward_backward needs labels");
   check_params(cfg_, grads, "gradient", DType::F32);
-  Prepared p = prepare_batch(cfg_, b, bf16_, opts_.packed_document_mask);
+  Prepared p = prepare_batch(cfg_, b, bf16_, opts_.packed_document_mask, opts_.expert_parallel);
   const BlockEnv& env = p.env;
   const bool aux_on = aux_enabled(cfg_);
   const int64_t nl = cfg_.num_hidden_layers;

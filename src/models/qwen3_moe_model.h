@@ -42,6 +42,8 @@ struct ForwardResult {
   Tensor logits;       // F32 [B, S, V] if requested
 };
 
+struct ExpertParallel;  // layers/expert_parallel.h
+
 struct ModelOptions {
   // Packed documents (position_ids restarting) attend only within themselves, as HF's
   // find_packed_sequence_indices mask and flash-attention varlen do. NOTE: HF 5.17 with sdpa builds
@@ -49,6 +51,9 @@ struct ModelOptions {
   // config use_cache = true (the default) it gets a DynamicCache and plain causal attention across
   // documents (RoPE still uses the restarted positions). false reproduces that behaviour.
   bool packed_document_mask = true;
+  // Expert parallelism (layers/expert_parallel.h): the MoE experts run on the ranks that own them. Every rank
+  // of the group must then run the same forward/backward calls. Null: all experts run here.
+  const ExpertParallel* expert_parallel = nullptr;
 };
 
 class Qwen3MoeModel {

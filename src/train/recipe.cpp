@@ -30,7 +30,7 @@ const std::vector<Section>& recipe_schema() {
       {"schedule", {"name", "warmup_steps", "min_lr_ratio"}},
       {"clip", {"max_grad_norm"}},
       {"checkpoint", {"dir", "every_steps", "keep_last"}},
-      {"parallel", {"timeout_s"}},
+      {"parallel", {"timeout_s", "ep"}},
   };
   return s;
 }
@@ -267,6 +267,7 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
   rc.checkpoint.keep_last = r.integer("checkpoint", "keep_last", rc.checkpoint.keep_last, 1);
 
   rc.parallel.timeout_s = r.integer("parallel", "timeout_s", rc.parallel.timeout_s, 1);
+  rc.parallel.ep = r.integer("parallel", "ep", rc.parallel.ep, 1);
   return rc;
 }
 

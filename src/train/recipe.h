@@ -73,6 +73,9 @@ struct RecipeCheckpoint {
 // from the launcher's environment (distributed/process_group_env.h).
 struct RecipeParallel {
   int64_t timeout_s = 600;  // a rendezvous or collective that takes longer fails on every rank
+  // Expert parallelism: groups of `ep` consecutive ranks split each MoE layer's experts (E / ep each) and
+  // exchange token rows; 1 = every rank runs all experts. The ranks must be a multiple of ep.
+  int64_t ep = 1;
 };
 
 struct Recipe {

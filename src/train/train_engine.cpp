@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "distributed/communicator.h"
+#include "layers/expert_parallel.h"
 #include "train/adamw.h"
 #include "train/grad_clip.h"
 #include "train/train_checkpoint.h"
@@ -21,7 +22,9 @@ CudaEngineHooks& hooks_storage() {
 class CpuEngine final : public TrainEngine {
  public:
   CpuEngine(CausalLM& lm, const Recipe& r, Communicator* comm)
-      : lm_(lm), comm_(comm && comm->size() > 1 ? comm : nullptr), model_(lm.config, lm.weights), grads_(Qwen3MoeWeights::zeros_like_config(lm.config, DType::F32)),
+      : lm_(lm), comm_(comm && comm->size() > 1 ? comm : nullptr),
+        ep_(expert_parallel_of(lm.config, r, comm_)),
+        model_(lm.config, lm.weights, model_options(ep_)), grads_(Qwen3MoeWeights::zeros_like_config(lm.config, DType::F32)),
         optimizer_(lm.weights.named_parameters(), adamw_options_from(r),
                    r.optimizer.decay_norms_and_biases ? std::function<bool(const std::string&)>() : adamw_hf_decays) {
     if (r.optimizer.moment_dtype != "float32")
@@ -103,8 +106,31 @@ class CpuEngine final : public TrainEngine {
   int64_t peak_reserved_bytes() const override { return peak_memory_bytes(); }
 
  private:
+  // Expert-parallel groups of r.parallel.ep consecutive ranks; empty group: no expert parallelism.
+  static ExpertParallel expert_parallel_of(const Qwen3MoeConfig& cfg, const Recipe& r, Communicator* comm) {
+    ExpertParallel ep;
+    const int64_t n = r.parallel.ep, world = comm ? comm->size() : 1;
+    if (n == 1) return ep;
+    if (world % n != 0)
+      fail("parallel.ep: {} does not divide the {} rank{} of this job", n, world, world == 1 ? "" : "s");
+    if (cfg.num_experts % n != 0)
+      fail("parallel.ep: {} does not divide the model's {} experts", n, cfg.num_experts);
+    ep.comm = comm;
+    const int first = static_cast<int>(comm->rank() / n * n);
+    for (int j = 0; j < n; ++j) ep.group.push_back(first + j);
+    ep.me = comm->rank() - first;
+    ep.experts_per_rank = cfg.num_experts / n;
+    return ep;
+  }
+  static ModelOptions model_options(const ExpertParallel& ep) {
+    ModelOptions o;
+    if (!ep.group.empty()) o.expert_parallel = &ep;
+    return o;
+  }
+
   CausalLM& lm_;
   Communicator* comm_;  // null: one process
+  ExpertParallel ep_;
   int64_t steps_ = 0;   // steps taken in this process (named in collective errors)
   std::vector<float> flat_;
   Qwen3MoeModel model_;

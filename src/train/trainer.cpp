@@ -134,8 +134,11 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   const bool tty = lead && (o.progress_tty >= 0 ? o.progress_tty == 1 : isatty(fileno(o.log)) == 1);
   ProgressReporter progress(log, tty, r.train.log_every);
   if (comm)
-    progress.message(fmt::format("{} ranks ({}), data parallel on the CPU engine: {} micro-batches per step", pg.world,
-                                 pg.source, pg.world * r.train.grad_accum));
+    progress.message(fmt::format("{} ranks ({}), data parallel on the CPU engine: {} micro-batches per step{}",
+                                 pg.world, pg.source, pg.world * r.train.grad_accum,
+                                 r.parallel.ep > 1 ? fmt::format(", experts split over groups of {} ranks",
+                                                                 r.parallel.ep)
+                                                   : std::string()));
   const fs::path run_dir = r.checkpoint.dir;
   std::error_code ec;
   fs::create_directories(run_dir, ec);
@@ -263,6 +266,14 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
       window.push_back(std::move(mb));
     }
     if (window.empty()) break;
+    if (r.parallel.ep > 1 && static_cast<int64_t>(window.size()) < r.train.grad_accum * pg.world) {
+      // Expert parallelism needs every rank to run the same micro-batches count (each MoE layer is a
+      // collective): the last, partial window of the data is not trained.
+      progress.message(fmt::format("the data ends with a partial window of {} micro-batches for {} ranks: not "
+                                   "trained (parallel.ep {} needs the same count on every rank)",
+                                   window.size(), pg.world, r.parallel.ep));
+      break;
+    }
     // HF Trainer: num_items_in_batch = valid labels of the whole accumulation window (all ranks).
     int64_t window_labels = 0, window_tokens = 0;
     for (const auto& mb : window) {
