@@ -1,5 +1,6 @@
 #include "distributed/launcher.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -45,10 +46,10 @@ int launch_ranks(const LaunchOptions& o) {
     fail("launch: --node-rank {} must be below --nnodes {}", o.node_rank, o.nnodes);
   if (o.args.empty()) fail("launch: no command after '--' (e.g. mixtune launch --nproc 2 -- finetune recipe.yaml)");
   int port = o.master_port;
+  Socket rendezvous;  // with an automatic port: the listener itself, handed to rank 0 (no bind race)
   if (port == 0) {
     if (o.nnodes > 1) fail("launch: --master needs an explicit port when --nnodes > 1");
-    // A free port now; the job's rank 0 binds it a moment later (SO_REUSEADDR).
-    tcp_listen(o.master_addr, 0, &port, "launch: picking a free port");
+    rendezvous = tcp_listen(o.master_addr, 0, &port, "launch: rendezvous listener");
   }
   const int world = o.nnodes * o.nproc;
 
@@ -63,6 +64,12 @@ int launch_ranks(const LaunchOptions& o) {
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
       ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      if (rendezvous.valid() && o.node_rank * o.nproc + i == 0) {
+        // Rank 0 inherits the listening socket (it was opened close-on-exec) and is told its number.
+        const int fd = rendezvous.fd();
+        ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) & ~FD_CLOEXEC);
+        ::setenv(kRendezvousFdVar, std::to_string(fd).c_str(), 1);
+      }
       std::vector<char*> argv;
       argv.push_back(const_cast<char*>(o.program.c_str()));
       for (const auto& a : o.args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -73,6 +80,7 @@ int launch_ranks(const LaunchOptions& o) {
     }
     pids[i] = pid;
   }
+  rendezvous.close();  // rank 0 holds it now
 
   struct sigaction sa {};
   sa.sa_handler = on_launch_signal;

@@ -10,6 +10,10 @@
 
 namespace mt {
 
+// With an automatic port (--master HOST:0, the default) launch opens the rendezvous listener itself and rank 0
+// inherits it: this variable names the file descriptor (process_group_env.h reads it).
+inline constexpr const char* kRendezvousFdVar = "MIXTUNE_RENDEZVOUS_FD";
+
 struct LaunchOptions {
   int nproc = 1;                 // processes on this node
   int nnodes = 1, node_rank = 0;

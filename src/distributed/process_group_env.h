@@ -18,6 +18,7 @@ struct ProcessGroupEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string source = "single process";  // which launcher's variables were read
+  int rendezvous_fd = -1;  // rank 0 under `mixtune launch`: the already-listening rendezvous socket
 };
 
 // Throws mt::Error naming the variable for a malformed or inconsistent value (rank outside the world, a

@@ -69,7 +69,9 @@ class TcpCommunicator final : public Communicator {
     Socket mesh = tcp_listen("0.0.0.0", 0, &mesh_port, who + ": mesh listener");
     std::vector<Entry> table(world_);
     if (rank_ == 0) {
-      Socket rv = tcp_listen(env.master_addr, env.master_port, nullptr, who);
+      // Under `mixtune launch` the listener is already open (inherited); else bind MASTER_ADDR:MASTER_PORT.
+      Socket rv = env.rendezvous_fd >= 0 ? Socket(env.rendezvous_fd)
+                                         : tcp_listen(env.master_addr, env.master_port, nullptr, who);
       std::vector<Socket> conns(world_);
       int joined = 1;
       while (joined < world_) {

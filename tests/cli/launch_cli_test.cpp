@@ -221,7 +221,8 @@ TEST_F(LaunchCli, RanksGetTheirVariables) {
   LaunchOptions o;
   o.nproc = 3;
   o.program = "/bin/sh";
-  o.args = {"-c", "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT > " +
+  o.args = {"-c", "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "
+                  "${MIXTUNE_RENDEZVOUS_FD:--1} > " +
                       (dir / "rank.").string() + "$RANK"};
   ASSERT_EQ(launch_ranks(o), 0);
   std::string port;
@@ -229,14 +230,23 @@ TEST_F(LaunchCli, RanksGetTheirVariables) {
     std::ifstream in(dir / ("rank." + std::to_string(r)));
     int rank = -1, world = -1, local = -1, local_world = -1;
     std::string addr, p;
-    in >> rank >> world >> local >> local_world >> addr >> p;
+    int fd = -2;
+    in >> rank >> world >> local >> local_world >> addr >> p >> fd;
+    // Rank 0 inherits launch's rendezvous listener (no race for the port); the others get no descriptor.
+    if (r == 0) {
+      EXPECT_GE(fd, 0);
+    } else {
+      EXPECT_EQ(fd, -1);
+    }
     EXPECT_EQ(rank, r);
     EXPECT_EQ(world, 3);
     EXPECT_EQ(local, r);
     EXPECT_EQ(local_world, 3);
     EXPECT_EQ(addr, "127.0.0.1");
     EXPECT_NE(p, "0");
-    if (r > 0) EXPECT_EQ(p, port);
+    if (r > 0) {
+      EXPECT_EQ(p, port);
+    }
     port = p;
   }
 }

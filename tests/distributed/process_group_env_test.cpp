@@ -16,7 +16,7 @@ namespace {
 const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                        "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                       "SLURM_NTASKS_PER_NODE"};
+                       "SLURM_NTASKS_PER_NODE", "MIXTUNE_RENDEZVOUS_FD"};
 
 // Sets exactly `vars` among kVars for the scope; restores the previous environment after.
 class ScopedEnv {
@@ -70,6 +70,18 @@ TEST(ProcessGroupEnv, TorchrunStyle) {
   EXPECT_EQ(e.local_world, 4);
   EXPECT_EQ(e.master_addr, "10.0.0.7");
   EXPECT_EQ(e.master_port, 23456);
+  EXPECT_EQ(e.rendezvous_fd, -1);
+}
+
+TEST(ProcessGroupEnv, LaunchHandsRankZeroItsListener) {
+  {
+    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MIXTUNE_RENDEZVOUS_FD", "7"}});
+    EXPECT_EQ(process_group_env_from_environment().rendezvous_fd, 7);
+  }
+  {  // only rank 0 listens
+    ScopedEnv env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MIXTUNE_RENDEZVOUS_FD", "7"}});
+    EXPECT_EQ(process_group_env_from_environment().rendezvous_fd, -1);
+  }
 }
 
 TEST(ProcessGroupEnv, OpenMpiAndSlurm) {

@@ -72,8 +72,9 @@ TEST_P(HfParity, Fp32LossLogitsAndGradientsMatchTransformers) {
     ForwardResult fwd = net.forward(b, true);
     EXPECT_LE(std::fabs(fwd.loss - ref["loss"].get<double>()) / std::fabs(ref["loss"].get<double>()), 1e-5);
     EXPECT_LE(std::fabs(fwd.ce_loss - ref["ce_loss"].get<double>()) / ref["ce_loss"].get<double>(), 1e-5);
-    if (!ref["aux_loss"].is_null())
+    if (!ref["aux_loss"].is_null()) {
       EXPECT_NEAR(fwd.aux_loss, ref["aux_loss"].get<double>(), 1e-5 * ref["aux_loss"].get<double>());
+    }
     EXPECT_EQ(fwd.tokens, ref["tokens"].get<int64_t>());
     EXPECT_LE(max_abs_diff(fwd.logits.to_floats(), io.tensor("logits").to_floats()), 1e-4);
 
@@ -158,8 +159,9 @@ TEST_P(HfParity, Bf16LossWithinOnePercentOfTransformersBf16) {
     const auto& b16 = meta["batches"][bname]["bf16"];
     EXPECT_LE(std::fabs(r.loss - b16["loss"].get<double>()) / b16["loss"].get<double>(), 1e-2);
     EXPECT_LE(std::fabs(r.ce_loss - b16["ce_loss"].get<double>()) / b16["ce_loss"].get<double>(), 1e-2);
-    if (!b16["aux_loss"].is_null())
+    if (!b16["aux_loss"].is_null()) {
       EXPECT_LE(std::fabs(r.aux_loss - b16["aux_loss"].get<double>()) / b16["aux_loss"].get<double>(), 1e-2);
+    }
   }
 }
 
