@@ -3,16 +3,15 @@
 // the job fail as a whole: when one rank exits non-zero or is killed, the others get SIGTERM (then
 // SIGKILL after a grace period) and launch exits with the first failing rank's status. SIGINT/SIGTERM
 // sent to launch are forwarded to every rank (finetune then checkpoints and exits); from then on the ranks
-// are left to exit on their own.
+// are left to exit on their own. With an automatic port (--master HOST:0, the default) launch opens the
+// rendezvous listener itself and rank 0 inherits it (kRendezvousFdVar): no other process can take the port.
 #pragma once
 #include <string>
 #include <vector>
 
-namespace mt {
+#include "distributed/process_group_env.h"  // kRendezvousFdVar
 
-// With an automatic port (--master HOST:0, the default) launch opens the rendezvous listener itself and rank 0
-// inherits it: this variable names the file descriptor (process_group_env.h reads it).
-inline constexpr const char* kRendezvousFdVar = "MIXTUNE_RENDEZVOUS_FD";
+namespace mt {
 
 struct LaunchOptions {
   int nproc = 1;                 // processes on this node

@@ -61,7 +61,7 @@ ProcessGroupEnv process_group_env_from_environment() {
     if (a->empty()) fail("environment: MASTER_ADDR is empty");
     e.master_addr = *a;
   }
-  if (const auto fd = env("MIXTUNE_RENDEZVOUS_FD"); fd && e.rank == 0) e.rendezvous_fd = parse_count("MIXTUNE_RENDEZVOUS_FD", *fd);
+  if (const auto fd = env(kRendezvousFdVar); fd && e.rank == 0) e.rendezvous_fd = parse_count(kRendezvousFdVar, *fd);
   if (const auto p = env("MASTER_PORT"); p) {
     const int port = parse_count("MASTER_PORT", *p);
     if (port < 1 || port > 65535) fail("environment: MASTER_PORT={} is not a port (1..65535)", port);

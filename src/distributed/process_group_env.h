@@ -12,6 +12,9 @@
 
 namespace mt {
 
+// Set by `mixtune launch` for rank 0 only: the file descriptor of the rendezvous socket it already listens on.
+inline constexpr const char* kRendezvousFdVar = "MIXTUNE_RENDEZVOUS_FD";
+
 struct ProcessGroupEnv {
   int rank = 0, world = 1;
   int local_rank = 0, local_world = 1;

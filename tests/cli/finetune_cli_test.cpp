@@ -2,10 +2,9 @@
 // exits 143, and --resume finishes the run.
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
+
+#include <algorithm>
 
 #include <chrono>
 #include <filesystem>
@@ -14,39 +13,18 @@
 #include <thread>
 #include <vector>
 
+#include "cli_process.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
 const std::string kFixtures = std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/qwen3_moe/";
 
-// Starts the binary with stdout/stderr to `log`; returns the pid.
-pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(MIXTUNE_BINARY));
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(MIXTUNE_BINARY, argv.data());
-    _exit(127);
-  }
-  return pid;
-}
+using mt::test::slurp;
+using mt::test::wait_exit;
 
-int wait_exit(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+pid_t spawn(const std::vector<std::string>& args, const fs::path& log) { return mt::test::spawn_mixtune(args, log); }
 
 size_t lines_in(const fs::path& p) {
   const std::string s = slurp(p);

@@ -6,9 +6,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli_process.h"
 #include "distributed/launcher.h"
 #include "io/safetensors.h"
 
@@ -29,28 +28,9 @@ namespace fs = std::filesystem;
 
 const std::string kFixtures = std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/qwen3_moe/";
 
-int run(const std::vector<std::string>& args, const fs::path& log) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(MIXTUNE_BINARY));
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(MIXTUNE_BINARY, argv.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+using test::slurp;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+int run(const std::vector<std::string>& args, const fs::path& log) { return test::run_mixtune(args, log); }
 
 std::vector<nlohmann::json> metrics_of(const fs::path& run_dir) {
   std::vector<nlohmann::json> v;
@@ -173,23 +153,14 @@ TEST_F(LaunchCli, ExpertParallelSizeMustDivide) {
 TEST_F(LaunchCli, SigtermCheckpointsAndTwoRankResumeFinishes) {
   const fs::path p = recipe("stop", 1);
   const fs::path metrics = dir / "stop" / "metrics.jsonl";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int fd = ::open((dir / "stop.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execl(MIXTUNE_BINARY, MIXTUNE_BINARY, "launch", "--nproc", "2", "--", "finetune", p.c_str(), "--set",
-          "train.max_steps=1000000", nullptr);
-    _exit(127);
-  }
+  const pid_t pid = test::spawn_mixtune(
+      {"launch", "--nproc", "2", "--", "finetune", p.string(), "--set", "train.max_steps=1000000"}, dir / "stop.log");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while ((!fs::exists(metrics) || metrics_of(dir / "stop").size() < 3) && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_GE(metrics_of(dir / "stop").size(), 3u) << slurp(dir / "stop.log");
   kill(pid, SIGTERM);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 143) << slurp(dir / "stop.log");
+  EXPECT_EQ(test::wait_exit(pid), 143) << slurp(dir / "stop.log");
   const std::string latest = slurp(dir / "stop" / "latest");
   ASSERT_EQ(latest.rfind("checkpoint-", 0), 0u) << latest << slurp(dir / "stop.log");
   const int64_t step = std::stoll(latest.substr(std::string("checkpoint-").size()));

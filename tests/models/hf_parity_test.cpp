@@ -12,34 +12,25 @@
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
 #include "models/qwen3_moe_model.h"
+#include "hf_fixture_util.h"
 #include "train/adamw.h"
 
 namespace mt {
 namespace {
 
 namespace fs = std::filesystem;
+using test::adamw_options;
+using test::load_batch;
+using test::read_json;
 const fs::path kFixtures = fs::path(MIXTUNE_SOURCE_DIR) / "tests/fixtures/qwen3_moe";
 const char* kVariants[] = {"moe_gqa_aux", "moe_mha_tied_sparse2", "moe_mqa_legacy", "dense_qwen3"};
 const char* kBatches[] = {"plain", "packed", "packed2"};
-
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  return nlohmann::json::parse(f);
-}
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
-}
-
-Batch load_batch(const SafetensorsFile& f) {
-  Batch b;
-  b.input_ids = f.tensor("input_ids").clone();
-  b.labels = f.tensor("labels").clone();
-  if (f.has("position_ids")) b.position_ids = f.tensor("position_ids").clone();
-  return b;
 }
 
 double rel_norm_error(const std::vector<float>& a, const std::vector<float>& ref) {
@@ -88,16 +79,6 @@ TEST_P(HfParity, Fp32LossLogitsAndGradientsMatchTransformers) {
       EXPECT_LE(rel_norm_error(g->to_floats(), io.tensor("grad." + name).to_floats()), 1e-4);
     }
   }
-}
-
-AdamWOptions adamw_options(const nlohmann::json& hp) {
-  AdamWOptions o;
-  o.lr = hp["lr"];
-  o.beta1 = hp["betas"][0];
-  o.beta2 = hp["betas"][1];
-  o.eps = hp["eps"];
-  o.weight_decay = hp["weight_decay"];
-  return o;
 }
 
 // The optimizer alone: torch's own gradients in, torch's updated weights out (≤ 1e-5 absolute).

@@ -165,6 +165,26 @@ struct ForwardKernelScope {
   ~ForwardKernelScope() { cuda::detail::grouped_gemm_fwd_kernel_set(cuda::detail::GroupedFwdKernel::Auto); }
 };
 
+// The wgmma kernels' tests: skipped on GPUs other than cc 9.x; a cc 9.x GPU without an sm_90a build fails.
+#define MT_SKIP_WITHOUT_SM90()                                                                              \
+  do {                                                                                                      \
+    MT_SKIP_WITHOUT_CUDA();                                                                                 \
+    const cuda::DeviceContext& sm90_ctx = cuda::device_context(0);                                          \
+    if (sm90_ctx.cc_major != 9)                                                                             \
+      GTEST_SKIP() << "the wgmma kernels need cc 9.x; device is " << sm90_ctx.cc_major << "." << sm90_ctx.cc_minor; \
+    ASSERT_TRUE(cuda::detail::grouped_gemm_sm90_compiled()) << "cc 9.x device but no sm_90a build of the kernels"; \
+  } while (0)
+
+// An M-grouped product's output [N][width]: the rows of the experts near `want`, the rows past offsets[E]
+// still holding the 7.0 sentinel they were filled with.
+void expect_grouped_rows(const std::vector<float>& got, const std::vector<float>& want, int rows, int N, int width,
+                         const char* what) {
+  if (rows > 0) test::expect_norm(got, want, 6e-3, 3e-3, what);
+  for (int r = rows; r < N; ++r)
+    for (int c = 0; c < width; ++c)
+      ASSERT_EQ(got[static_cast<size_t>(r) * width + c], 7.0f) << what << ": row " << r << " past offsets[E] was written";
+}
+
 // The Hopper forward (TMA + wgmma, grouped_gemm_sm90.cu) against the double-precision loop: uneven,
 // single-row and empty experts (tiles whose rows run into the next expert or past the tensor), Nout
 // not a multiple of the 128/256 column tile (both tile widths are picked: 384 and 640 take 128),
@@ -183,11 +203,7 @@ const GemmCase kSm90Cases[] = {
 };
 
 TEST(CudaGroupedGemm, Sm90ForwardMatchesDoubleReference) {
-  MT_SKIP_WITHOUT_CUDA();
-  const cuda::DeviceContext& ctx = cuda::device_context(0);
-  if (ctx.cc_major != 9)
-    GTEST_SKIP() << "the wgmma kernel needs cc 9.x; device is " << ctx.cc_major << "." << ctx.cc_minor;
-  ASSERT_TRUE(cuda::detail::grouped_gemm_sm90_compiled()) << "cc 9.x device but no sm_90a build of the kernel";
+  MT_SKIP_WITHOUT_SM90();
   ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
   for (const GemmCase& c : kSm90Cases) {
     const int E = static_cast<int>(c.counts.size()), Nout = c.nout, K = c.k;
@@ -206,11 +222,7 @@ TEST(CudaGroupedGemm, Sm90ForwardMatchesDoubleReference) {
                                       DType::BF16);
     cuda::grouped_gemm_forward(test::device_from_host(x, DType::BF16), test::device_from_host(w, DType::BF16),
                                device_i32(off), y, stream0());
-    std::vector<float> yv = test::device_floats(y);
-    if (rows > 0) test::expect_norm(yv, want, 6e-3, 3e-3, "wgmma forward y");
-    for (int r = rows; r < N; ++r)
-      for (int n = 0; n < Nout; ++n)
-        ASSERT_EQ(yv[static_cast<size_t>(r) * Nout + n], 7.0f) << "row " << r << " past offsets[E] was written";
+    expect_grouped_rows(test::device_floats(y), want, rows, N, Nout, "wgmma forward y");
   }
 }
 
@@ -219,10 +231,7 @@ TEST(CudaGroupedGemm, Sm90ForwardMatchesDoubleReference) {
 // Run 1 has W[n][k] = k + 1, run 2 W[n][k] = n + 1 (exact in bf16): a wrong output gives the k and
 // the n the kernel actually used for it (descriptor, swizzle or fragment mapping errors).
 TEST(CudaGroupedGemm, Sm90ForwardLayoutProbe) {
-  MT_SKIP_WITHOUT_CUDA();
-  const cuda::DeviceContext& ctx = cuda::device_context(0);
-  if (ctx.cc_major != 9) GTEST_SKIP() << "the wgmma kernel needs cc 9.x";
-  ASSERT_TRUE(cuda::detail::grouped_gemm_sm90_compiled());
+  MT_SKIP_WITHOUT_SM90();
   ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
   const int R = 128, Nout = 256, K = 64;
   std::vector<float> xv(static_cast<size_t>(R) * K, 0.0f), wk(static_cast<size_t>(Nout) * K), wn(wk.size());
@@ -258,10 +267,7 @@ TEST(CudaGroupedGemm, Sm90ForwardLayoutProbe) {
 // tile), 264, 640 (128-wide tiles), 2048 and 768 (the Qwen3-30B-A3B gate_up and down dgrads), reduction
 // Nout below one k-step (8) and not a multiple of it (200, 136). Same thresholds.
 TEST(CudaGroupedGemm, Sm90DgradMatchesDoubleReference) {
-  MT_SKIP_WITHOUT_CUDA();
-  const cuda::DeviceContext& ctx = cuda::device_context(0);
-  if (ctx.cc_major != 9) GTEST_SKIP() << "the wgmma kernel needs cc 9.x";
-  ASSERT_TRUE(cuda::detail::grouped_gemm_sm90_compiled());
+  MT_SKIP_WITHOUT_SM90();
   ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
   for (const GemmCase& c : kSm90Cases) {
     const int E = static_cast<int>(c.counts.size()), Nout = c.nout, K = c.k;
@@ -285,11 +291,7 @@ TEST(CudaGroupedGemm, Sm90DgradMatchesDoubleReference) {
         test::device_from_host(Tensor::from_floats({N, K}, std::vector<float>(size_t(N) * K, 7.0f)), DType::BF16);
     cuda::grouped_gemm_dgrad(test::device_from_host(dy, DType::BF16), test::device_from_host(w, DType::BF16),
                              device_i32(off), dx, stream0());
-    std::vector<float> got = test::device_floats(dx);
-    if (rows > 0) test::expect_norm(got, want, 6e-3, 3e-3, "wgmma dgrad dx");
-    for (int r = rows; r < N; ++r)
-      for (int k = 0; k < K; ++k)
-        ASSERT_EQ(got[static_cast<size_t>(r) * K + k], 7.0f) << "row " << r << " past offsets[E] was written";
+    expect_grouped_rows(test::device_floats(dx), want, rows, N, K, "wgmma dgrad dx");
   }
 }
 
@@ -297,10 +299,7 @@ TEST(CudaGroupedGemm, Sm90DgradMatchesDoubleReference) {
 // dy one-hot (dy[r][j] = 1 where j = r % 64), so dx[r][k] = W[r % 64][k]. Run 1 has W[j][k] = j + 1,
 // run 2 W[j][k] = k + 1: a wrong output names the reduction row and the column the kernel used.
 TEST(CudaGroupedGemm, Sm90DgradLayoutProbe) {
-  MT_SKIP_WITHOUT_CUDA();
-  const cuda::DeviceContext& ctx = cuda::device_context(0);
-  if (ctx.cc_major != 9) GTEST_SKIP() << "the wgmma kernel needs cc 9.x";
-  ASSERT_TRUE(cuda::detail::grouped_gemm_sm90_compiled());
+  MT_SKIP_WITHOUT_SM90();
   ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
   const int R = 128, J = 64, K = 256;
   std::vector<float> dyv(static_cast<size_t>(R) * J, 0.0f), wj(static_cast<size_t>(J) * K), wk(wj.size());
@@ -339,10 +338,7 @@ TEST(CudaGroupedGemm, Sm90DgradLayoutProbe) {
 // adds it in bf16 (two roundings, as Transformers accumulates bf16 gradients): each within half an ulp
 // (2^-9) of its operand, so up to ~2 x 2^-9 of the largest value: max-norm 8e-3, rel-L2 3e-3.
 TEST(CudaGroupedGemm, Sm90WgradMatchesDoubleReference) {
-  MT_SKIP_WITHOUT_CUDA();
-  const cuda::DeviceContext& ctx = cuda::device_context(0);
-  if (ctx.cc_major != 9) GTEST_SKIP() << "the wgmma kernel needs cc 9.x";
-  ASSERT_TRUE(cuda::detail::grouped_gemm_sm90_compiled());
+  MT_SKIP_WITHOUT_SM90();
   ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
   for (const GemmCase& c : kSm90Cases) {
     const int E = static_cast<int>(c.counts.size()), Nout = c.nout, K = c.k;

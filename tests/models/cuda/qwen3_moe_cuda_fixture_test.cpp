@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "../../kernels/cuda/cuda_test_util.h"
+#include "../hf_fixture_util.h"
 #include "cuda_model_test_util.h"
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -79,20 +80,9 @@ fs::path fixtures_dir() {
   return {};
 }
 
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  return nlohmann::json::parse(f);
-}
-
-Batch load_batch(const SafetensorsFile& f) {
-  Batch b;
-  b.input_ids = f.tensor("input_ids").clone();
-  b.labels = f.tensor("labels").clone();
-  if (f.has("position_ids")) b.position_ids = f.tensor("position_ids").clone();
-  return b;
-}
-
 using test::device_zeros_like;
+using test::load_batch;
+using test::read_json;
 using test::to_device_weights;
 
 double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
@@ -209,13 +199,7 @@ TEST_F(CudaHfFixture, MqaLegacyGradientsMatchCpuBf16) {
 // fifth of all elements must be in the first group, so the check cannot pass on zero gradients.
 TEST_F(CudaHfFixture, MqaLegacyOneAdamWStepMatchesTransformers) {
   const fs::path vdir = dir_ / "moe_mqa_legacy";
-  const auto hp = read_json(vdir / "meta.json")["adamw_one_step"];
-  AdamWOptions o;
-  o.lr = hp["lr"];
-  o.beta1 = hp["betas"][0];
-  o.beta2 = hp["betas"][1];
-  o.eps = hp["eps"];
-  o.weight_decay = hp["weight_decay"];
+  const AdamWOptions o = test::adamw_options(read_json(vdir / "meta.json")["adamw_one_step"]);
   CausalLM m32 = CausalLM::from_pretrained((vdir / "ckpt").string(), {DType::F32});
   CausalLM m16 = CausalLM::from_pretrained((vdir / "ckpt").string(), {DType::BF16});
   Qwen3MoeWeights dev_w = to_device_weights(m16.weights);
