@@ -13,6 +13,14 @@ the JSON, with "oom": true, and exits 3; any other failure writes "error" and ex
   python3 bench/hf_baseline.py --layers 12 --seq 4096 --micro-batch 1 --grad-accum 8 --steps 5 --warmup 2
   python3 bench/hf_baseline.py --layers 4 --precision fp32-autocast        # fp32 weights, bf16 autocast
   python3 bench/hf_baseline.py --print-flops --layers 12 --seq 4096        # FLOP formula only (no torch needed)
+  torchrun --nproc-per-node 2 bench/hf_baseline.py --fsdp2 --layers 12     # PyTorch FSDP2 over 2 GPUs
+
+--fsdp2 (under torchrun): every decoder layer and then the root wrapped with torch.distributed.fsdp.fully_shard
+(FSDP2, no expert parallelism: Transformers replicates experts, here they are sharded like every parameter);
+--precision bf16 keeps bf16 parameters and states, fp32-autocast becomes FSDP2 mixed precision (fp32 sharded
+masters, param_dtype bf16, reduce_dtype fp32). Each rank trains on its own random tokens with grad_accum
+micro-batches per step (gradients reduce-scattered every micro-batch, FSDP2's default); rank 0 prints the JSON
+with per-GPU tokens/s and the largest peak memory over the ranks.
 
 torch and transformers are imported inside main() so that compare.py (and a machine without torch) can import the
 FLOP formula from this file.
@@ -100,6 +108,7 @@ def parse_args(argv):
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--fsdp2", action="store_true", help="shard with FSDP2 over the torchrun ranks (LOCAL_RANK GPU)")
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--print-flops", action="store_true", help="print the FLOP formula result and exit")
     a = ap.parse_args(argv)
@@ -244,12 +253,23 @@ def run(a, result):
     result["torch_version"] = torch.__version__
     if not torch.cuda.is_available():
         raise RuntimeError("torch.cuda.is_available() is False: this baseline needs a CUDA GPU")
-    device = torch.device(a.device)
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if a.fsdp2:
+        import torch.distributed as dist
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl", device_id=device)
+        result["gpus"] = world
+        result["parallel"] = "fsdp2"
+    else:
+        device = torch.device(a.device)
     if device.type != "cuda":
         raise RuntimeError(f"--device must be a CUDA device, found {a.device!r}")
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
+    a.device = str(device)
     result["gpu"] = torch.cuda.get_device_name(device)
     result["stage"] = "gemm_ceiling"
 
@@ -264,6 +284,17 @@ def run(a, result):
     cfg = make_config(a)
     param_dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
     model, how = build_model(torch, a, cfg, param_dtype, device)
+    params_total = sum(p.numel() for p in model.parameters())
+    if a.fsdp2:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = MixedPrecisionPolicy() if a.precision == "bf16" else \
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in model.model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        result["fsdp2"] = {"mp_policy": "none (bf16 params)" if a.precision == "bf16" else
+                           "param bf16, reduce fp32, fp32 sharded masters",
+                           "wrapped": "each decoder layer, then the root", "reshard_after_forward": True}
     model.config.use_cache = False
     model.train()
     if a.gradient_checkpointing:
@@ -273,7 +304,7 @@ def run(a, result):
     experts_mod = model.model.layers[0].mlp.experts if hasattr(model.model.layers[0].mlp, "experts") else None
     grouped_fn = ("torch.nn.functional.grouped_mm" if hasattr(torch.nn.functional, "grouped_mm") else
                   "torch._grouped_mm" if hasattr(torch, "_grouped_mm") else "none")
-    params = sum(p.numel() for p in model.parameters())
+    params = params_total
     result["model"]["params"] = params
     result["hf"] = {
         "experts_implementation": experts_active, "experts_requested_via": how,
@@ -297,21 +328,26 @@ def run(a, result):
         log(f"WARNING: parameter count {params} differs from the Qwen3-30B-A3B slice formula {expected_params}")
         result["params_expected"] = expected_params
 
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if a.precision == "fp32-autocast" \
-        else contextlib.nullcontext
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) \
+        if a.precision == "fp32-autocast" and not a.fsdp2 else contextlib.nullcontext
     result["stage"] = "probe"
-    ops = probe_expert_ops(torch, model, device, autocast)
+    ops = probe_expert_ops(torch, model, device, autocast) if not a.fsdp2 else {}
     result["hf"]["probe_ops_256_tokens"] = ops
     grouped_calls = sum(v for k, v in ops.items() if "grouped_mm" in k)
     log(f"ops of one 256-token forward: {ops}")
-    if a.experts_implementation == "grouped_mm" and grouped_calls != 2 * a.layers:
+    if a.experts_implementation == "grouped_mm" and not a.fsdp2 and grouped_calls != 2 * a.layers:
         log(f"WARNING: expected {2 * a.layers} grouped_mm calls (2 per layer) in the probe forward, saw "
             f"{grouped_calls}: the experts may not be running through grouped_mm")
 
     result["stage"] = "optimizer"
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, fused=True)
+    try:
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, fused=True)
+    except (RuntimeError, TypeError) as e:  # a torch without fused AdamW for DTensor parameters
+        log(f"fused AdamW rejected ({e}); using foreach")
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, foreach=True)
+        result["hf"]["optimizer"] = f"torch.optim.AdamW(foreach=True, lr={a.lr:g})"
     gen = torch.Generator(device=device)
-    gen.manual_seed(a.seed)
+    gen.manual_seed(a.seed + 7777 * rank)  # each rank its own tokens
     vocab = QWEN3_30B_A3B["vocab"]
 
     def train_step():
@@ -363,7 +399,7 @@ def run(a, result):
         "loss_last": loss_values[-1],
         "losses": loss_values,
     })
-    log(f"{tps:,.0f} tokens/s, step {step_time:.3f} s, {tflops:.1f} model TFLOP/s, "
+    log(f"{tps:,.0f} tokens/s{' per GPU' if a.fsdp2 else ''}, step {step_time:.3f} s, {tflops:.1f} model TFLOP/s, "
         f"MFU {100 * tflops / ceiling:.1f}% of ceiling, loss {loss_values[0]:.4f} -> {loss_values[-1]:.4f}")
 
 
@@ -390,15 +426,29 @@ def main(argv=None):
         if not is_oom:
             import traceback
             traceback.print_exc(file=sys.stderr)
+    rank = int(os.environ.get("RANK", "0"))
     try:
         import torch
         if torch.cuda.is_available():
             dev = torch.device(a.device)
-            result["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(dev))
-            result["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved(dev))
+            peaks = [int(torch.cuda.max_memory_allocated(dev)), int(torch.cuda.max_memory_reserved(dev))]
+            if a.fsdp2 and rc == 0:  # per GPU: the largest over the ranks
+                import torch.distributed as dist
+                t = torch.tensor(peaks, dtype=torch.int64, device=dev)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                peaks = [int(x) for x in t.tolist()]
+            result["peak_allocated_bytes"], result["peak_reserved_bytes"] = peaks
     except Exception as e:  # noqa: BLE001 -- memory stats are best effort after a failure
         log(f"could not read memory statistics: {e}")
-    emit(result, a.json_out)
+    if rank == 0:
+        emit(result, a.json_out)
+    if a.fsdp2:
+        try:
+            import torch.distributed as dist
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
     return rc
 
 

@@ -8,6 +8,9 @@
 #           fp32master 4 layers, seq 4096, micro-batch 1, grad-accum 8; mixtune --precision fp32-master
 #                      vs HF --precision fp32-autocast (fp32 weights, bf16 autocast)
 #           long       bench/longest_seq.sh for both sides (4 layers, seq 32768, 49152, 65536, ...)
+#           standard2  the standard workload on 2 GPUs: mixtune launch --nproc 2 -- bench --ep 2 against
+#                      torchrun --nproc-per-node 2 hf_baseline.py --fsdp2 (per-GPU figures)
+#           fp32master2  standard2 with fp32 masters (mixtune fp32-master, HF FSDP2 mixed precision)
 #           custom     the standard defaults; give the flags you want to change
 # FLAGS before any marker go to both sides (--layers --seq --micro-batch --grad-accum --steps --warmup, and
 # --precision bf16); flags after --mixtune go to mixtune only (e.g. --recompute full, --balanced-router),
@@ -34,7 +37,9 @@ NAME=${NAME:-$WORKLOAD}
 OUTDIR=${OUT:-bench/out}
 export NCCL_NVLS_ENABLE=0
 case "$SIDES" in both|mixtune|hf) ;; *) echo "side_by_side: SIDES must be both, mixtune or hf, found '$SIDES'" >&2; exit 2;; esac
-case "$WORKLOAD" in standard|fp32master|long|custom) ;; *) echo "side_by_side: unknown workload '$WORKLOAD' (standard, fp32master, long, custom)" >&2; exit 2;; esac
+case "$WORKLOAD" in standard|fp32master|long|custom|standard2|fp32master2) ;; *) echo "side_by_side: unknown workload '$WORKLOAD' (standard, fp32master, long, custom, standard2, fp32master2)" >&2; exit 2;; esac
+NPROC=1
+if [[ "$WORKLOAD" == standard2 || "$WORKLOAD" == fp32master2 ]]; then NPROC=2; fi
 if [[ "$SIDES" != hf && ! -x "$BIN" ]]; then
   echo "side_by_side: mixtune binary $BIN not found or not executable" >&2; exit 2
 fi
@@ -72,6 +77,11 @@ declare -A DEF=([--layers]=12 [--seq]=4096 [--micro-batch]=1 [--grad-accum]=8 [-
 MIX_PRECISION=bf16; HF_PRECISION=bf16
 if [[ "$WORKLOAD" == fp32master ]]; then
   DEF[--layers]=4; MIX_PRECISION=fp32-master; HF_PRECISION=fp32-autocast
+fi
+if [[ "$WORKLOAD" == fp32master2 ]]; then MIX_PRECISION=fp32-master; HF_PRECISION=fp32-autocast; fi
+if [[ $NPROC -gt 1 ]]; then
+  has_flag --ep "${MIX[@]}" || MIX+=(--ep "$NPROC")
+  HF+=(--fsdp2)
 fi
 MIX_ARGS=("${COMMON[@]}"); HF_ARGS=("${COMMON[@]}")
 for flag in --layers --seq --micro-batch --grad-accum --steps --warmup; do
@@ -158,10 +168,14 @@ if [[ "$WORKLOAD" == long ]]; then
 else
   MIX_CMD=("$BIN_ABS" bench --preset qwen3-30b-a3b "${MIX_ARGS[@]}")
   HF_CMD=("$PY" "$HERE/hf_baseline.py" "${HF_ARGS[@]}")
+  if [[ $NPROC -gt 1 ]]; then
+    MIX_CMD=("$BIN_ABS" launch --nproc "$NPROC" -- bench --preset qwen3-30b-a3b "${MIX_ARGS[@]}")
+    HF_CMD=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" "$HERE/hf_baseline.py" "${HF_ARGS[@]}")
+  fi
   [[ "$SIDES" != hf ]] && run_side mixtune "$MJ" "$OUTDIR/$NAME-mixtune.log" "${MIX_CMD[@]}"
   [[ "$SIDES" != mixtune ]] && run_side transformers "$HJ" "$OUTDIR/$NAME-hf.log" "${HF_CMD[@]}"
-  CMD_M="$(printf '%q ' "$BIN" bench --preset qwen3-30b-a3b "${MIX_ARGS[@]}")"
-  CMD_H="$(printf '%q ' python3 bench/hf_baseline.py "${HF_ARGS[@]}")"
+  CMD_M="$(printf '%q ' "${MIX_CMD[@]}")"
+  CMD_H="$(printf '%q ' "${HF_CMD[@]}")"
 fi
 
 "$PY" "$HERE/compare.py" "$MJ" "$HJ" --markdown --title "$NAME" --command-a "${CMD_M% }" --command-b "${CMD_H% }" \

@@ -7,10 +7,11 @@
 # CARRY_TARBALL: .carry/gpu.tar.xz made by scripts/gpu-pack.sh (bin/ with mixtune, mixtune_tests and the
 # kernel benches, lib/ with the non-system shared libraries they need).
 # STAGES: tests (Cuda* gtests) | standard | fp32master | long | mixtune-standard (mixtune side only) |
+#         standard2 | fp32master2 | mixtune-standard2 (two GPUs: EP 2 against FSDP2; kind nvidia-h200-x2) |
 #         kernels (grouped GEMM + flash-attention microbenchmarks) | kernels-wgrad1, mixtune-standard-wgrad1
 #         (the same with MIXTUNE_WGRAD_BLOCKS_PER_SM=1) | quickstart (needs .carry/qs.tar.xz)
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -27,9 +28,11 @@ rc=0
 for stage in "$@"; do
   echo "=== stage $stage ($(date -u +%H:%M:%S))"
   case "$stage" in
-    tests) GTEST_FILTER=${GTEST_FILTER:-Cuda*} bash scripts/gpu-check.sh "$BIN" "$LIB_DIR" 2>&1 | tee "$OUT/tests.log" \
+    tests) MIXTUNE_TEST_BINARY=$BIN/mixtune GTEST_FILTER=${GTEST_FILTER:-Cuda*} bash scripts/gpu-check.sh "$BIN" "$LIB_DIR" 2>&1 | tee "$OUT/tests.log" \
              | tail -60 || rc=1 ;;
-    standard|fp32master|long) OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$stage" || rc=1 ;;
+    standard|fp32master|long|standard2|fp32master2) OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$stage" || rc=1 ;;
+    mixtune-standard2) SIDES=mixtune NAME=mixtune-standard2 OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard2 \
+               || rc=1 ;;
     mixtune-standard) SIDES=mixtune NAME=mixtune-standard OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     kernels) "$BIN/mixtune_bench_grouped_gemm" > "$OUT/grouped_gemm.json" 2>&1; "$BIN/mixtune_bench_flash_attention" \
                > "$OUT/flash_attention.json" 2>&1; tail -12 "$OUT"/grouped_gemm.json "$OUT"/flash_attention.json ;;

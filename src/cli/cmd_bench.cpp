@@ -15,7 +15,7 @@ namespace mt::cli {
 namespace {
 struct BenchArgs {
   std::string preset = "qwen3-30b-a3b", model, precision = "bf16", recompute = "none", device = "cuda:0", json_out;
-  int64_t layers = 0, seq = 4096, micro_batch = 1, grad_accum = 8, steps = 5, warmup = 2;
+  int64_t layers = 0, seq = 4096, micro_batch = 1, grad_accum = 8, steps = 5, warmup = 2, ep = 1;
   bool force = false, no_pair_expert_wgrad = false;
 };
 
@@ -35,6 +35,7 @@ void run_bench(const BenchArgs& a, const std::string& command) {
   o.force = a.force;
   o.no_pair_expert_wgrad = a.no_pair_expert_wgrad;
   o.command = command;
+  o.ep = a.ep;
   if (a.device == "cuda")
     o.device = 0;
   else if (a.device.rfind("cuda:", 0) == 0 && a.device.size() > 5 &&
@@ -42,7 +43,9 @@ void run_bench(const BenchArgs& a, const std::string& command) {
     o.device = std::stoi(a.device.substr(5));
   else
     fail("--device: expected cuda or cuda:N, found '{}'", a.device);
-  const std::string text = bench_run(o, stderr).dump(2) + "\n";
+  const nlohmann::ordered_json j = bench_run(o, stderr);
+  if (j.empty()) return;  // a rank other than 0 of a multi-GPU bench
+  const std::string text = j.dump(2) + "\n";
   std::fputs(text.c_str(), stdout);
   if (!a.json_out.empty()) file_write_atomic(a.json_out, {text});
 #else
@@ -67,7 +70,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--precision", a.precision,
                   "bf16 (bf16 params + bf16 AdamW moments) | fp32-master (fp32 master weights + fp32 moments)");
   cmd->add_option("--recompute", a.recompute, "activation recompute: none | selective | full");
-  cmd->add_option("--device", a.device, "cuda or cuda:N");
+  cmd->add_option("--device", a.device, "cuda or cuda:N (one process; ranks of `mixtune launch` use LOCAL_RANK)");
+  cmd->add_option("--ep", a.ep, "expert-parallel ranks (under mixtune launch --nproc N: experts split over groups of this many)");
   cmd->add_option("--json-out", a.json_out, "also write the JSON to this file");
   cmd->add_flag("--force", a.force, "run even when the memory plan says the configuration does not fit");
   cmd->add_flag("--no-pair-expert-wgrad", a.no_pair_expert_wgrad,

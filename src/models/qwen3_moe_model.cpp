@@ -25,7 +25,7 @@ struct ParamSpec {
   Shape shape;
 };
 
-std::vector<ParamSpec> param_specs(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w) {
+std::vector<ParamSpec> param_specs(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, int64_t experts_held = -1) {
   const int64_t H = c.hidden_size, D = c.head_dim, V = c.vocab_size;
   std::vector<ParamSpec> s;
   s.push_back({"model.embed_tokens.weight", &w.embed, {V, H}});
@@ -43,8 +43,9 @@ std::vector<ParamSpec> param_specs(const Qwen3MoeConfig& c, const Qwen3MoeWeight
     if (c.is_moe_layer(l)) {
       const int64_t E = c.num_experts, I = c.moe_intermediate_size;
       s.push_back({p + "mlp.gate.weight", &L.router, {E, H}});
-      s.push_back({p + "mlp.experts.gate_up_proj", &L.experts_gate_up, {E, 2 * I, H}});
-      s.push_back({p + "mlp.experts.down_proj", &L.experts_down, {E, H, I}});
+      const int64_t held = experts_held >= 0 ? experts_held : E;
+      s.push_back({p + "mlp.experts.gate_up_proj", &L.experts_gate_up, {held, 2 * I, H}});
+      s.push_back({p + "mlp.experts.down_proj", &L.experts_down, {held, H, I}});
     } else {
       const int64_t F = c.intermediate_size;
       s.push_back({p + "mlp.gate_proj.weight", &L.mlp_gate, {F, H}});
@@ -59,10 +60,11 @@ std::vector<ParamSpec> param_specs(const Qwen3MoeConfig& c, const Qwen3MoeWeight
 
 }  // namespace
 
-void weights_check(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, const char* what, DType dtype, Device device) {
+void weights_check(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, const char* what, DType dtype, Device device,
+                   int64_t experts_held) {
   if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers)
     fail("{}s have {} layers, config num_hidden_layers is {}", what, w.layers.size(), c.num_hidden_layers);
-  for (const ParamSpec& p : param_specs(c, w)) {
+  for (const ParamSpec& p : param_specs(c, w, experts_held)) {
     if (!p.t->defined()) fail("{} {} is missing", what, p.name);
     if (p.t->device() != device)
       fail("{} {} is on {}, the model needs it on {}", what, p.name, p.t->device().str(), device.str());

@@ -21,7 +21,9 @@ struct Batch {
 void model_config_check(const Qwen3MoeConfig& cfg);
 // Checks every parameter's presence, shape, dtype and device against cfg; `what` ("parameter",
 // "gradient") names the tensors in the error.
-void weights_check(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& w, const char* what, DType dtype, Device device);
+// experts_held >= 0: the stacked expert tensors hold that many experts (an expert-parallel slice).
+void weights_check(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& w, const char* what, DType dtype, Device device,
+                   int64_t experts_held = -1);
 
 // Checks input_ids (I64 [B, S], ids inside the vocabulary), labels and position_ids (like input_ids);
 // throws a one-line mt::Error naming the field.

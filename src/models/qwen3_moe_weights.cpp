@@ -46,7 +46,8 @@ void parameters_visit(W& w, F&& f) {
 bool name_is_norm(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
 
 // Every parameter allocated (uninitialised) with the shapes `cfg` implies.
-Qwen3MoeWeights weights_alloc(const Qwen3MoeConfig& cfg, DType dtype, Device device = Device::cpu()) {
+Qwen3MoeWeights weights_alloc(const Qwen3MoeConfig& cfg, DType dtype, Device device = Device::cpu(),
+                              int64_t experts_held = -1) {
   const int64_t H = cfg.hidden_size, V = cfg.vocab_size, D = cfg.head_dim;
   const int64_t nq = cfg.num_attention_heads * D, nkv = cfg.num_key_value_heads * D;
   const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, F = cfg.intermediate_size;
@@ -65,8 +66,9 @@ Qwen3MoeWeights weights_alloc(const Qwen3MoeConfig& cfg, DType dtype, Device dev
     L.post_norm = Tensor::empty({H}, dtype, device);
     if (cfg.is_moe_layer(static_cast<int64_t>(l))) {
       L.router = Tensor::empty({E, H}, dtype, device);
-      L.experts_gate_up = Tensor::empty({E, 2 * I, H}, dtype, device);
-      L.experts_down = Tensor::empty({E, H, I}, dtype, device);
+      const int64_t held = experts_held >= 0 ? experts_held : E;
+      L.experts_gate_up = Tensor::empty({held, 2 * I, H}, dtype, device);
+      L.experts_down = Tensor::empty({held, H, I}, dtype, device);
     } else {
       L.mlp_gate = Tensor::empty({F, H}, dtype, device);
       L.mlp_up = Tensor::empty({F, H}, dtype, device);
@@ -103,9 +105,10 @@ std::vector<std::pair<std::string, const Tensor*>> Qwen3MoeWeights::named_parame
   return r;
 }
 
-Qwen3MoeWeights Qwen3MoeWeights::empty_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device) {
+Qwen3MoeWeights Qwen3MoeWeights::empty_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device,
+                                                   int64_t experts_held) {
   check_param_dtype(dtype, "empty_like_config");
-  return weights_alloc(cfg, dtype, device);
+  return weights_alloc(cfg, dtype, device, experts_held);
 }
 
 Qwen3MoeWeights Qwen3MoeWeights::zeros_like_config(const Qwen3MoeConfig& cfg, DType dtype) {

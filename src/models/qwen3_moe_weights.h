@@ -50,7 +50,9 @@ struct Qwen3MoeWeights {
   // Tensors shaped like the parameters for `cfg`, zero-filled, of `dtype` (gradient buffers, moments).
   static Qwen3MoeWeights zeros_like_config(const Qwen3MoeConfig& cfg, DType dtype);
   // Uninitialised tensors shaped like the parameters, on `device` (device buffers for the CUDA path).
-  static Qwen3MoeWeights empty_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device);
+  // experts_held >= 0: the stacked expert tensors hold that many experts (an expert-parallel rank's slice).
+  static Qwen3MoeWeights empty_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device,
+                                           int64_t experts_held = -1);
   // Seeded random init as Transformers does: normal(0, initializer_range) for linear, embedding,
   // router and expert weights; ones for every RMSNorm weight.
   static Qwen3MoeWeights random_init(const Qwen3MoeConfig& cfg, DType dtype, uint64_t seed);

@@ -165,23 +165,28 @@ Layers layers_of(const Qwen3MoeConfig& c) {
 MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, int64_t tokens, Recompute r, bool master) {
   const Qwen3MoeConfig& c = in.cfg;
   Dims d = dims_of(c, tokens);
+  const wide ep = std::max<int64_t>(in.expert_parallel, 1);
+  const wide expert_count = layers.moe * (moe_param_count(d) - d.E * d.H /*router*/);  // the whole model's
   wide count = d.V * d.H /*embed*/ + d.H /*final norm*/ + (c.tie_word_embeddings ? 0 : d.V * d.H /*lm_head*/) +
                layers.moe * (attention_param_count(d) + moe_param_count(d)) +
                layers.dense * (attention_param_count(d) + dense_param_count(d));
+  count -= expert_count - expert_count / ep;  // the experts this rank holds
   wide saved = model_saved_bytes(d) + layers.moe * layer_saved_bytes(d, true, r) +
                layers.dense * layer_saved_bytes(d, false, r);
+  if (ep > 1 && r == Recompute::selective)  // the received expert rows xg [Tk,H] are kept, not re-dispatched
+    saved += layers.moe * d.T * d.k * d.H * kBf16;
   if (in.pair_expert_wgrad)  // held per MoE layer: dyd [Tk,H], h [Tk,I], dgu [Tk,2I], xg [Tk,H]
     saved += layers.moe * d.T * d.k * (2 * d.H + 3 * d.I) * kBf16;
   wide transient = head_loss_bytes(d);
-  if (layers.moe > 0) transient = std::max(transient, layer_backward_peak_bytes(d, true, r));
+  if (layers.moe > 0)  // under EP, plus the source-major copy of a dispatch
+    transient = std::max(transient, layer_backward_peak_bytes(d, true, r) + (ep > 1 ? d.T * d.k * d.H * kBf16 : 0));
   if (layers.dense > 0) transient = std::max(transient, layer_backward_peak_bytes(d, false, r));
   wide moment_bytes = in.bf16_moments ? kBf16 : kF32;
 
   MemoryPlan p;
   p.param_count = clamp64(count);
   p.params = clamp64(count * kBf16);
-  const wide expert_count = layers.moe * (moe_param_count(d) - d.E * d.H /*router*/);
-  const wide grad_bytes = count * kF32 - (in.bf16_expert_grads ? expert_count * (kF32 - kBf16) : 0);
+  const wide grad_bytes = count * kF32 - (in.bf16_expert_grads ? expert_count / ep * (kF32 - kBf16) : 0);
   p.grads = clamp64(grad_bytes);
   p.optimizer = clamp64(count * (2 * moment_bytes + (master ? kF32 : 0)));
   p.activations_saved = clamp64(saved);
@@ -257,10 +262,12 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   check_range("seq", in.seq, 1, kMaxTokens / in.micro_batch);
   check_range("device_bytes", in.device_bytes, 1, std::numeric_limits<int64_t>::max());
   check_range("reserve_bytes", in.reserve_bytes, 0, in.device_bytes);
+  check_range("expert_parallel", in.expert_parallel, 1, std::max<int64_t>(c.num_experts, 1));
 
   const Layers layers = layers_of(c);
   MemoryPlan p = plan_bytes(in, layers, in.micro_batch * in.seq, in.recompute, in.fp32_master);
   p.layers = c.num_hidden_layers;
+  p.expert_parallel = in.expert_parallel;
   p.moe_layers = layers.moe;
   p.micro_batch = in.micro_batch;
   p.seq = in.seq;
@@ -284,9 +291,10 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
 
 std::string MemoryPlan::table() const {
   std::string t = fmt::format(
-      "memory plan: {} layers ({} MoE), {:.2f} B parameters, micro_batch {} x seq {} = {} tokens, recompute {}\n",
-      layers, moe_layers, static_cast<double>(param_count) / 1e9, micro_batch, seq, micro_batch * seq,
-      recompute_name(recompute));
+      "memory plan: {} layers ({} MoE), {:.2f} B parameters{}, micro_batch {} x seq {} = {} tokens, recompute {}\n",
+      layers, moe_layers, static_cast<double>(param_count) / 1e9,
+      expert_parallel > 1 ? fmt::format(" on this rank (experts split over {} ranks)", expert_parallel) : "",
+      micro_batch, seq, micro_batch * seq, recompute_name(recompute));
   auto row = [&](const char* name, const std::string& what, int64_t bytes) {
     t += fmt::format("  {:<12} {:<34} {:>9.2f} GiB\n", name, what, gib(bytes));
   };

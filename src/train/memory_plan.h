@@ -28,6 +28,9 @@ struct MemoryPlanInput {
   // Expert wgrads of two micro-batches in one pass (layers/cuda/expert_wgrad_pairing.h): one micro-batch's
   // dY and X of both expert GEMMs held per MoE layer across the micro-batch boundary.
   bool pair_expert_wgrad = false;
+  // Expert parallelism over this many ranks: each holds 1/ep of the stacked expert weights (and their
+  // gradients and optimizer state) and keeps the rows it received for its experts under selective recompute.
+  int64_t expert_parallel = 1;
   int64_t device_bytes = 0;   // total memory of the GPU (cudaMemGetInfo total)
   int64_t reserve_bytes = 0;  // kept free for the CUDA context / fragmentation (caller picks, e.g. 1.5 GiB + 3%)
 };
@@ -43,7 +46,8 @@ struct MemoryPlan {
   // largest buffer set alive at one moment on top of it (one layer's backward, or the LM head's loss).
   int64_t activations_saved = 0, activations_transient = 0;
   // The request, for table() and refusal().
-  int64_t param_count = 0, layers = 0, moe_layers = 0;
+  int64_t param_count = 0, layers = 0, moe_layers = 0;  // param_count: held on this rank
+  int64_t expert_parallel = 1;
   int64_t micro_batch = 0, seq = 0, device_bytes = 0, reserve_bytes = 0;
   Recompute recompute = Recompute::selective;
   bool fp32_master = true, bf16_moments = false, bf16_expert_grads = false;

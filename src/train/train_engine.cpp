@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "core/memory.h"
 #include "distributed/communicator.h"
@@ -164,11 +166,13 @@ const CudaEngineHooks* cuda_engine_hooks() {
   return h.create ? &h : nullptr;
 }
 
-int train_device_resolve(const Recipe& r, const Qwen3MoeConfig& cfg, std::string* why) {
+int train_device_resolve(const Recipe& r, const Qwen3MoeConfig& cfg, std::string* why, int local_rank,
+                         int local_world) {
   const std::string& d = r.train.device;
   if (d == "cpu") return -1;
   const CudaEngineHooks* h = cuda_engine_hooks();
   const int count = h ? h->device_count() : 0;
+  const bool ranks = local_world > 1;  // one GPU per rank of this node: the rank's LOCAL_RANK
   if (d == "auto") {
     if (!h) {
       if (why) *why = "this build has no CUDA support";
@@ -178,19 +182,31 @@ int train_device_resolve(const Recipe& r, const Qwen3MoeConfig& cfg, std::string
       if (why) *why = "no CUDA device found";
       return -1;
     }
+    if (ranks && count < local_world) {
+      if (why) *why = fmt::format("{} ranks on this node but {} CUDA device{}", local_world, count, count == 1 ? "" : "s");
+      return -1;
+    }
     if (const std::string no = h->unsupported(cfg); !no.empty()) {
       if (why) *why = "the CUDA path cannot run this model: " + no;
       return -1;
     }
-    if (why) *why = "a CUDA device is present";
-    return 0;
+    if (why) *why = ranks ? "one CUDA device per rank" : "a CUDA device is present";
+    return ranks ? local_rank : 0;
   }
   int index = 0;
   if (d.size() > 5) index = std::stoi(d.substr(5));  // "cuda:N" (the recipe parser checked the form)
   if (!h) fail("train.device: '{}': this build of mixtune has no CUDA support (use cpu or auto)", d);
+  if (ranks) {
+    if (d != "cuda")
+      fail("train.device: '{}': in a job of several ranks each rank uses the GPU of its LOCAL_RANK; set "
+           "train.device: cuda (or auto)",
+           d);
+    index = local_rank;
+  }
   if (index >= count)
-    fail("train.device: '{}': {} CUDA device{} found", d, count == 0 ? "no" : std::to_string(count),
-         count == 1 ? "" : "s");
+    fail("train.device: '{}': {} needs CUDA device {} but {} CUDA device{} found", d,
+         ranks ? fmt::format("local rank {}", local_rank) : std::string("the job"), index,
+         count == 0 ? "no" : std::to_string(count), count == 1 ? " was" : "s were");
   if (const std::string no = h->unsupported(cfg); !no.empty())
     fail("train.device: '{}': the CUDA path cannot run this model: {} (use cpu)", d, no);
   return index;

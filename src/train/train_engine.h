@@ -65,14 +65,21 @@ std::unique_ptr<TrainEngine> cpu_engine_create(CausalLM& lm, const Recipe& r, Co
 struct CudaEngineHooks {
   std::function<int()> device_count;
   std::function<std::string(const Qwen3MoeConfig&)> unsupported;  // "" or why the model cannot train on CUDA
-  std::function<std::unique_ptr<TrainEngine>(CausalLM& lm, const Recipe& r, int device, std::FILE* log)> create;
+  // comm: the job's host communicator when it has more than one rank (each rank trains on its own GPU,
+  // gradients summed over NCCL; parallel.ep splits the experts), else null.
+  std::function<std::unique_ptr<TrainEngine>(CausalLM& lm, const Recipe& r, int device, std::FILE* log,
+                                             Communicator* comm)>
+      create;
 };
 void cuda_engine_register(CudaEngineHooks hooks);
 const CudaEngineHooks* cuda_engine_hooks();  // null without CUDA support
 
 // train.device resolved for a model: -1 = CPU, else the CUDA device index. `why` receives a one-line reason
 // for the choice when train.device is auto (auto falls back to the CPU for a model the CUDA path cannot
-// run). Throws for cuda/cuda:N without a usable device or for an unsupported model.
-int train_device_resolve(const Recipe& r, const Qwen3MoeConfig& cfg, std::string* why);
+// run). Throws for cuda/cuda:N without a usable device or for an unsupported model. With several ranks on
+// this node (local_world > 1) each rank takes the GPU of its local rank; auto falls back to the CPU when
+// the node has fewer GPUs than ranks, and cuda:N is refused.
+int train_device_resolve(const Recipe& r, const Qwen3MoeConfig& cfg, std::string* why, int local_rank = 0,
+                         int local_world = 1);
 
 }  // namespace mt

@@ -134,7 +134,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   const bool tty = lead && (o.progress_tty >= 0 ? o.progress_tty == 1 : isatty(fileno(o.log)) == 1);
   ProgressReporter progress(log, tty, r.train.log_every);
   if (comm)
-    progress.message(fmt::format("{} ranks ({}), data parallel on the CPU engine: {} micro-batches per step{}",
+    progress.message(fmt::format("{} ranks ({}), data parallel: {} micro-batches per step{}",
                                  pg.world, pg.source, pg.world * r.train.grad_accum,
                                  r.parallel.ep > 1 ? fmt::format(", experts split over groups of {} ranks",
                                                                  r.parallel.ep)
@@ -212,18 +212,18 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
                                                        r.train.grad_accum);
 
   std::string device_why;
-  int device = -1;
-  if (!comm) {
-    device = train_device_resolve(r, cfg, &device_why);
-  } else if (r.train.device != "cpu" && r.train.device != "auto") {
-    fail("train.device: '{}': a job of {} ranks trains on the CPU engine (multi-GPU training is not built yet); "
-         "set train.device: cpu",
-         r.train.device, pg.world);
-  } else {
-    device_why = "multi-process jobs run on the CPU engine";
+  // Every rank must agree on the engine (a rank on the CPU and another on a GPU cannot share collectives).
+  int device = train_device_resolve(r, cfg, &device_why, pg.local_rank, comm ? std::max(pg.local_world, 1) : 1);
+  if (comm) {
+    double on_gpu[2] = {device >= 0 ? 1.0 : 0.0, 1.0};
+    comm->all_reduce_sum(on_gpu, 2, "all_reduce(engine choice)");
+    if (on_gpu[0] != 0 && on_gpu[0] != on_gpu[1])
+      fail("rank {}: train.device {}: {} of {} ranks found a usable GPU; every rank needs one (or set train.device: "
+           "cpu)",
+           pg.rank, r.train.device, static_cast<int>(on_gpu[0]), pg.world);
   }
-  std::unique_ptr<TrainEngine> engine =
-      device < 0 ? cpu_engine_create(lm, r, comm.get()) : cuda_engine_hooks()->create(lm, r, device, log);
+  std::unique_ptr<TrainEngine> engine = device < 0 ? cpu_engine_create(lm, r, comm.get())
+                                                   : cuda_engine_hooks()->create(lm, r, device, log, comm.get());
   progress.message(fmt::format("device: {}{}", engine->device_name(),
                                r.train.device == "auto" ? " (train.device auto: " + device_why + ")" : ""));
 
@@ -354,10 +354,10 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
     }
     const bool periodic = r.checkpoint.every_steps > 0 && st.step % r.checkpoint.every_steps == 0;
     if ((periodic && st.step < total_steps) || stop) {
-      if (lead) {  // the other ranks hold the same parameters and optimizer state
-        engine->weights_to_host();
-        result.last_checkpoint =
-            train_checkpoint_save(run_dir.string(), lm, engine->optimizer_state_host(), st, r.checkpoint.keep_last);
+      engine->weights_to_host();  // every rank: under expert parallelism rank 0 gathers the experts
+      auto state = engine->optimizer_state_host();
+      if (lead) {
+        result.last_checkpoint = train_checkpoint_save(run_dir.string(), lm, state, st, r.checkpoint.keep_last);
         progress.message(fmt::format("checkpoint: {}", result.last_checkpoint));
       }
       last_saved_step = st.step;
@@ -372,14 +372,16 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   }
   progress.finish();
   result.steps = st.step;
-  if (!lead) return result;  // rank 0 writes the final model
+  // Every rank takes part in bringing the weights (and state) to rank 0: under expert parallelism the
+  // other ranks send it their experts. Rank 0 writes the final model.
+  engine->weights_to_host();
+  const bool final_checkpoint = r.checkpoint.every_steps > 0 && last_saved_step != st.step;
+  auto final_state = final_checkpoint ? engine->optimizer_state_host() : std::vector<std::pair<std::string, Tensor>>{};
+  if (!lead) return result;
   // The end state is also a resumable checkpoint when periodic checkpoints are on (a later --resume with a
   // larger max_steps continues from it).
-  engine->weights_to_host();
-  if (r.checkpoint.every_steps > 0 && last_saved_step != st.step) {
-    result.last_checkpoint =
-        train_checkpoint_save(run_dir.string(), lm, engine->optimizer_state_host(), st, r.checkpoint.keep_last);
-  }
+  if (final_checkpoint)
+    result.last_checkpoint = train_checkpoint_save(run_dir.string(), lm, final_state, st, r.checkpoint.keep_last);
   result.final_dir = (run_dir / "final").string();
   lm.save_pretrained(result.final_dir);
   progress.message(fmt::format("final model: {}", result.final_dir));

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -13,18 +14,26 @@
 
 namespace mt::test {
 
+// The binary under test: $MIXTUNE_TEST_BINARY when set (a test binary carried to another machine, e.g. by
+// scripts/gpu-session.sh), else the one this build made.
+inline const char* mixtune_binary() {
+  const char* env = std::getenv("MIXTUNE_TEST_BINARY");
+  return env && *env ? env : MIXTUNE_BINARY;
+}
+
 // Starts `mixtune args...` with stdout/stderr to `log`; returns the pid.
 inline pid_t spawn_mixtune(const std::vector<std::string>& args, const std::filesystem::path& log) {
+  const char* binary = mixtune_binary();
   const pid_t pid = fork();
   if (pid == 0) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
     std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(MIXTUNE_BINARY));
+    argv.push_back(const_cast<char*>(binary));
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    execv(MIXTUNE_BINARY, argv.data());
+    execv(binary, argv.data());
     _exit(127);
   }
   return pid;

@@ -177,6 +177,25 @@ TEST(MemoryPlan, PairedExpertWgradHoldsOneMicroBatchPerMoeLayer) {
   EXPECT_EQ(paired.activations_transient, base.activations_transient);
 }
 
+TEST(MemoryPlan, ExpertParallelHoldsItsShareOfTheExperts) {
+  MemoryPlanInput in = tiny_input(Recompute::selective);
+  const MemoryPlan one = memory_plan(in);
+  in.expert_parallel = 2;
+  const MemoryPlan two = memory_plan(in);
+  // 2 layers x (gate_up 8x64x64 + down 8x64x32) expert weights; each of 2 ranks holds 4 of the 8 experts.
+  const int64_t experts = 2 * (8 * 2 * 32 * 64 + 8 * 64 * 32);
+  EXPECT_EQ(two.param_count, kTinyParams - experts / 2);
+  EXPECT_EQ(two.params, (kTinyParams - experts / 2) * 2);
+  EXPECT_EQ(two.grads, (kTinyParams - experts / 2) * 4);
+  EXPECT_EQ(two.optimizer, (kTinyParams - experts / 2) * 12);
+  // The received expert rows xg [T·k, H] stay saved per MoE layer; a dispatch's source-major copy is transient.
+  EXPECT_EQ(two.activations_saved - one.activations_saved, 2 * 512 * 64 * 2);
+  EXPECT_EQ(two.activations_transient - one.activations_transient, 512 * 64 * 2);
+  EXPECT_NE(two.table().find("on this rank (experts split over 2 ranks)"), std::string::npos) << two.table();
+  in.expert_parallel = 9;  // more ranks than experts
+  EXPECT_THROW(memory_plan(in), Error);
+}
+
 TEST(MemoryPlan, DenseLayerCountsTheDenseMlp) {
   MemoryPlanInput in = tiny_input(Recompute::none);
   in.cfg.mlp_only_layers = {0};  // layer 0 takes the dense MLP (intermediate_size 128)

@@ -13,7 +13,7 @@ struct NormLaunch {
   const void* g[kMultiTensorMax];
   bool bf16[kMultiTensorMax];
   int64_t partial_base;  // where this launch's blocks write in `partial`
-  int64_t tensor_base;   // global index of this launch's first tensor
+  int64_t index[kMultiTensorMax];  // each launch tensor's position in the gradient list
 };
 
 // partial[block] = Σ g² over the block's chunk, fp32, reduced in a fixed order.
@@ -38,8 +38,8 @@ __global__ void sumsq_chunks_kernel(NormLaunch L, float* partial) {
   if (threadIdx.x == 0) partial[L.partial_base + b] = s;
 }
 
-// Block i: the norm of launch tensor i = fp32(sqrt(Σ its chunk partials)) (double sums, fixed order).
-__global__ void tensor_norm_kernel(NormLaunch L, const float* __restrict__ partial, float* tensor_norm) {
+// Block i: Σ g² of launch tensor i (double sums of its chunk partials, fixed order).
+__global__ void tensor_sumsq_kernel(NormLaunch L, const float* __restrict__ partial, double* tensor_sumsq) {
   __shared__ double sq[256];
   const int i = blockIdx.x;
   double s = 0.0;
@@ -50,17 +50,18 @@ __global__ void tensor_norm_kernel(NormLaunch L, const float* __restrict__ parti
   if (threadIdx.x == 0) {
     double t = 0.0;
     for (int k = 0; k < static_cast<int>(blockDim.x); ++k) t += sq[k];
-    tensor_norm[L.tensor_base + i] = static_cast<float>(sqrt(t));
+    tensor_sumsq[L.index[i]] = t;
   }
 }
 
-// One block: total = sqrt(Σ_t norm_t²) in double, and the clipping coefficient.
-__global__ void norm_finish_kernel(const float* __restrict__ tensor_norm, int64_t tensors, float max_norm,
+// One block: each tensor's norm fp32(sqrt(Σ g²)), total = sqrt(Σ_t norm_t²) in double, and the clipping
+// coefficient.
+__global__ void norm_finish_kernel(const double* __restrict__ tensor_sumsq, int64_t tensors, float max_norm,
                                    float* norm_out, float* coef_out) {
   __shared__ double sq[256];
   double s = 0.0;
   for (int64_t t = threadIdx.x; t < tensors; t += blockDim.x) {
-    const double n = tensor_norm[t];
+    const double n = static_cast<float>(sqrt(tensor_sumsq[t]));
     s += n * n;
   }
   sq[threadIdx.x] = s;
@@ -77,45 +78,48 @@ __global__ void norm_finish_kernel(const float* __restrict__ tensor_norm, int64_
 }  // namespace
 
 void grad_norm_clip_coef(const std::vector<const Tensor*>& grads, float max_norm, Tensor& norm, Tensor& coef,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const std::function<void(Tensor&)>& reduce_sumsq) {
   const char* op = "grad_norm_clip_coef";
   MT_CUDA_REQUIRE(norm.defined() && norm.device().is_cuda(), std::string(op) + ": norm must be a CUDA F32 [1]");
   const int dev = norm.device().index;
   check_tensor(norm, op, dev, DType::F32, 1);
   check_tensor(coef, op, dev, DType::F32, 1);
-  int64_t total_chunks = 0, tensors = 0;
+  int64_t total_chunks = 0;
   for (const Tensor* g : grads) {
     MT_CUDA_REQUIRE(g != nullptr, std::string(op) + ": null gradient");
     check_float_dtype(*g, op);
     MT_CUDA_REQUIRE(g->device() == norm.device(),
                     std::string(op) + ": gradient " + tensor_where(*g) + " not on " + norm.device().str());
     total_chunks += chunks_of(g->numel());
-    tensors += g->numel() > 0 ? 1 : 0;
   }
+  const int64_t tensors = static_cast<int64_t>(grads.size());
   const Device d = Device::cuda(dev);
   Tensor partial = Tensor::empty({std::max<int64_t>(total_chunks, 1)}, DType::F32, d);
-  Tensor tensor_norm = Tensor::empty({std::max<int64_t>(tensors, 1)}, DType::F32, d);
+  Tensor tensor_sumsq = Tensor::empty({std::max<int64_t>(tensors, 1)}, DType::F64, d);
+  MT_CUDA_CHECK(cudaMemsetAsync(tensor_sumsq.data(), 0, tensor_sumsq.nbytes(), stream));  // empty tensors: 0
   NormLaunch L{};
   auto flush = [&]() {
     if (L.table.count == 0) return;
     const int64_t blocks = table_finish(L.table);
     sumsq_chunks_kernel<<<static_cast<unsigned>(blocks), kMultiTensorThreads, 0, stream>>>(L, partial.data_as<float>());
     MT_CUDA_CHECK_LAUNCH();
-    tensor_norm_kernel<<<L.table.count, 256, 0, stream>>>(L, partial.data_as<float>(), tensor_norm.data_as<float>());
+    tensor_sumsq_kernel<<<L.table.count, 256, 0, stream>>>(L, partial.data_as<float>(), tensor_sumsq.data_as<double>());
     MT_CUDA_CHECK_LAUNCH();
     L.partial_base += blocks;
-    L.tensor_base += L.table.count;
     L.table.count = 0;
   };
-  for (const Tensor* g : grads) {
+  for (size_t gi = 0; gi < grads.size(); ++gi) {
+    const Tensor* g = grads[gi];
     if (g->numel() == 0) continue;  // a zero norm: contributes nothing
+    L.index[L.table.count] = static_cast<int64_t>(gi);
     L.g[L.table.count] = g->data();
     L.bf16[L.table.count] = g->dtype() == DType::BF16;
     L.table.numel[L.table.count] = g->numel();
     if (++L.table.count == kMultiTensorMax) flush();
   }
   flush();
-  norm_finish_kernel<<<1, 256, 0, stream>>>(tensor_norm.data_as<float>(), tensors, max_norm, norm.data_as<float>(),
+  if (reduce_sumsq) reduce_sumsq(tensor_sumsq);
+  norm_finish_kernel<<<1, 256, 0, stream>>>(tensor_sumsq.data_as<double>(), tensors, max_norm, norm.data_as<float>(),
                                             coef.data_as<float>());
   MT_CUDA_CHECK_LAUNCH();
 }

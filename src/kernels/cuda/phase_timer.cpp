@@ -11,6 +11,8 @@ const char* phase_name(Phase p) {
     case Phase::dispatch: return "dispatch";
     case Phase::head_loss: return "head_loss";
     case Phase::optimizer: return "optimizer";
+    case Phase::comm: return "comm";
+    case Phase::grad_sync: return "grad_sync";
     case Phase::other: return "other";
   }
   return "other";

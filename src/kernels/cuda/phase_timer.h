@@ -8,8 +8,10 @@
 
 namespace mt::cuda {
 
-enum class Phase { attention, experts, dispatch, head_loss, optimizer, other };
-constexpr int kPhaseCount = 6;
+// comm: the expert-parallel all-to-alls (and their row-count exchange); grad_sync: the gradient
+// all-reduce of a multi-GPU step. Both are NCCL kernels on the compute stream.
+enum class Phase { attention, experts, dispatch, head_loss, optimizer, comm, grad_sync, other };
+constexpr int kPhaseCount = 8;
 const char* phase_name(Phase p);
 
 class PhaseTimer {

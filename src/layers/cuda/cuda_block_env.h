@@ -9,12 +9,16 @@
 
 namespace mt {
 
+class CudaExpertParallel;
+
 struct CudaBlockEnv {
   const Qwen3MoeConfig* cfg = nullptr;
   const CudaBatch* batch = nullptr;
   int device = 0;
   cudaStream_t stream = nullptr;
   cuda::PhaseTimer* timer = nullptr;  // never null (a disabled timer records nothing)
+  const CudaExpertParallel* ep = nullptr;  // expert parallelism (layers/cuda/expert_parallel_cuda.h), or none
+  int64_t layer = -1;                      // the decoder layer being run (named in collective errors)
 
   int64_t tokens() const { return batch->tokens(); }
   float eps() const { return static_cast<float>(cfg->rms_norm_eps); }

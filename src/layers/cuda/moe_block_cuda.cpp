@@ -1,11 +1,21 @@
 #include "layers/cuda/moe_block_cuda.h"
 
+#include <string>
+
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/swiglu.h"
 
 namespace mt {
+
+namespace {
+
+std::string ep_what(const CudaBlockEnv& env, const char* op) {
+  return "layer " + std::to_string(env.layer) + ": " + op;
+}
+
+}  // namespace
 
 Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& n,
                               cuda::AuxStats* stats, MoeActsCuda& acts) {
@@ -19,14 +29,27 @@ Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeight
   acts.route = cuda::router_forward(acts.logits, K, c.norm_topk_prob, /*bf16=*/true, stats, env.stream);
   acts.plan = cuda::moe_plan(acts.route.index, E, env.stream);
   acts.xg = cuda::moe_gather(n, acts.plan, env.stream);
+  acts.expert_offsets = acts.plan.offsets;
+  if (env.ep) {
+    env.phase(cuda::Phase::comm);
+    acts.ep = ep_dispatch_plan(*env.ep, acts.plan.offsets, env.stream, ep_what(env, "expert dispatch plan"));
+    acts.xg = ep_to_experts(*env.ep, acts.ep, acts.xg, env.stream, ep_what(env, "all_to_allv(expert dispatch, forward)"));
+    acts.expert_offsets = acts.ep.layout.local_offsets;
+  }
+  const int64_t N = acts.xg.dim(0);
 
   env.phase(cuda::Phase::experts);
-  acts.gu = env.bf16({T * K, 2 * I});
-  cuda::grouped_gemm_forward(acts.xg, w.experts_gate_up, acts.plan.offsets, acts.gu, env.stream);
-  acts.h = env.bf16({T * K, I});
+  acts.gu = env.bf16({N, 2 * I});
+  cuda::grouped_gemm_forward(acts.xg, w.experts_gate_up, acts.expert_offsets, acts.gu, env.stream);
+  acts.h = env.bf16({N, I});
   cuda::swiglu_forward(acts.gu, nullptr, acts.h, env.stream);
-  acts.yd = env.bf16({T * K, H});
-  cuda::grouped_gemm_forward(acts.h, w.experts_down, acts.plan.offsets, acts.yd, env.stream);
+  acts.yd = env.bf16({N, H});
+  cuda::grouped_gemm_forward(acts.h, w.experts_down, acts.expert_offsets, acts.yd, env.stream);
+  if (env.ep) {
+    env.phase(cuda::Phase::comm);
+    acts.yd = ep_from_experts(*env.ep, acts.ep, acts.yd, T * K, env.stream,
+                              ep_what(env, "all_to_allv(expert combine, forward)"));
+  }
 
   env.phase(cuda::Phase::dispatch);
   Tensor out = env.bf16({T, H});
@@ -36,14 +59,14 @@ Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeight
 
 void moe_acts_drop_cheap(MoeActsCuda& acts) {
   acts.n = Tensor();
-  acts.xg = Tensor();
+  if (!acts.ep.active()) acts.xg = Tensor();
   acts.h = Tensor();
 }
 
 void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x_mid,
                       MoeActsCuda& acts) {
   const Qwen3MoeConfig& c = *env.cfg;
-  const int64_t T = env.tokens(), K = c.num_experts_per_tok, I = c.moe_intermediate_size;
+  const int64_t T = env.tokens(), I = c.moe_intermediate_size;
   env.phase(cuda::Phase::other);
   if (!acts.n.defined()) {
     acts.n = env.bf16({T, c.hidden_size});
@@ -53,7 +76,7 @@ void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, co
   if (!acts.xg.defined()) acts.xg = cuda::moe_gather(acts.n, acts.plan, env.stream);
   env.phase(cuda::Phase::experts);
   if (!acts.h.defined()) {
-    acts.h = env.bf16({T * K, I});
+    acts.h = env.bf16({acts.gu.dim(0), I});
     cuda::swiglu_forward(acts.gu, nullptr, acts.h, env.stream);
   }
 }
@@ -63,30 +86,40 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeigh
                                ExpertWgradPairing* pairing, int64_t layer) {
   auto wgrad = [&](ExpertWgradPairing::Which which, const Tensor& dy, const Tensor& x, Tensor& dw) {
     if (pairing)
-      pairing->add(layer, which, dy, x, acts.plan.offsets, dw, env.stream);
+      pairing->add(layer, which, dy, x, acts.expert_offsets, dw, env.stream);
     else
-      cuda::grouped_gemm_wgrad(dy, x, acts.plan.offsets, dw, /*accumulate=*/true, env.stream);
+      cuda::grouped_gemm_wgrad(dy, x, acts.expert_offsets, dw, /*accumulate=*/true, env.stream);
   };
   const Qwen3MoeConfig& c = *env.cfg;
   const int64_t T = env.tokens(), H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok,
                 I = c.moe_intermediate_size;
+  const int64_t N = acts.xg.dim(0);
   env.phase(cuda::Phase::dispatch);
   Tensor dyd = env.bf16({T * K, H});
   Tensor dweights = Tensor::empty({T, K}, DType::F32, env.dev());
   cuda::moe_combine_backward(dout, acts.yd, acts.route.weights, acts.plan, dyd, dweights, env.stream);
+  if (acts.ep.active()) {
+    env.phase(cuda::Phase::comm);
+    dyd = ep_to_experts(*env.ep, acts.ep, dyd, env.stream, ep_what(env, "all_to_allv(expert dispatch, backward)"));
+  }
 
   env.phase(cuda::Phase::experts);
-  Tensor dh = env.bf16({T * K, I});
-  cuda::grouped_gemm_dgrad(dyd, w.experts_down, acts.plan.offsets, dh, env.stream);
+  Tensor dh = env.bf16({N, I});
+  cuda::grouped_gemm_dgrad(dyd, w.experts_down, acts.expert_offsets, dh, env.stream);
   wgrad(ExpertWgradPairing::down, dyd, acts.h, g.experts_down);
   dyd = Tensor();
-  Tensor dgu = env.bf16({T * K, 2 * I});
+  Tensor dgu = env.bf16({N, 2 * I});
   cuda::swiglu_backward(dh, acts.gu, nullptr, dgu, nullptr, env.stream);
   dh = Tensor();
-  Tensor dxg = env.bf16({T * K, H});
-  cuda::grouped_gemm_dgrad(dgu, w.experts_gate_up, acts.plan.offsets, dxg, env.stream);
+  Tensor dxg = env.bf16({N, H});
+  cuda::grouped_gemm_dgrad(dgu, w.experts_gate_up, acts.expert_offsets, dxg, env.stream);
   wgrad(ExpertWgradPairing::gate_up, dgu, acts.xg, g.experts_gate_up);
   dgu = Tensor();
+  if (acts.ep.active()) {
+    env.phase(cuda::Phase::comm);
+    dxg = ep_from_experts(*env.ep, acts.ep, dxg, T * K, env.stream,
+                          ep_what(env, "all_to_allv(expert combine, backward)"));
+  }
 
   env.phase(cuda::Phase::dispatch);
   Tensor dn = env.bf16({T, H});

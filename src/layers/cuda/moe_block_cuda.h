@@ -3,11 +3,15 @@
 //   tokens permuted into the expert-contiguous layout; gate_up = grouped GEMM; h = SwiGLU;
 //   y_e = grouped GEMM (down); out = Σ_slots w · y_e       (the residual add is fused into the next norm)
 // The cheap tensors (n, the gathered input xg, h) may be dropped after the forward and recomputed.
+// Under expert parallelism (env.ep) the expert GEMMs run on this rank's experts only, on the rows every
+// rank of the group sent them (layers/cuda/expert_parallel_cuda.h); xg then holds those received rows
+// (expert-major) and is kept, since recomputing it would mean dispatching again.
 #pragma once
 #include "core/tensor.h"
 #include "kernels/cuda/moe_permute.h"
 #include "kernels/cuda/router.h"
 #include "layers/cuda/cuda_block_env.h"
+#include "layers/cuda/expert_parallel_cuda.h"
 #include "layers/cuda/expert_wgrad_pairing.h"
 #include "models/qwen3_moe_weights.h"
 
@@ -18,10 +22,12 @@ struct MoeActsCuda {
   Tensor logits;             // [T, E] router logits (BF16)
   cuda::RouterResult route;  // index I32 [T, k], weights F32 [T, k]
   cuda::MoePlan plan;        // expert-contiguous layout (device offsets)
-  Tensor xg;                 // [T·k, H] gathered inputs
-  Tensor gu;                 // [T·k, 2I] gate|up
-  Tensor h;                  // [T·k, I] SwiGLU output
-  Tensor yd;                 // [T·k, H] expert outputs before the routing weights
+  Tensor xg;                 // [N, H] the expert GEMMs' input rows (N = T·k; under EP: this rank's experts' rows)
+  Tensor gu;                 // [N, 2I] gate|up
+  Tensor h;                  // [N, I] SwiGLU output
+  Tensor yd;                 // [T·k, H] expert outputs before the routing weights, in plan order
+  Tensor expert_offsets;     // I32: the grouped GEMMs' offsets (plan.offsets, or the EP layout's local ones)
+  EpDispatch ep;             // under EP: this micro-batch's row counts per group rank
 };
 
 // n -> out BF16 [T, H]. stats: this layer's aux statistics are added (null: none, e.g. a recompute).

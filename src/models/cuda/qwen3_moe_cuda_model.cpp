@@ -85,7 +85,9 @@ StreamEnd run_layers(const CudaBlockEnv& env, const Qwen3MoeWeights& w, const Cu
   for (int64_t l = 0; l < nl; ++l) {
     LayerActs local;
     LayerActs& acts = keep ? (*keep)[l] : local;
-    Tensor y = layer_forward(env, w.layers[l], x, a, stats, acts);
+    CudaBlockEnv lenv = env;
+    lenv.layer = l;
+    Tensor y = layer_forward(lenv, w.layers[l], x, a, stats, acts);
     env.phase(Phase::other);
     const Tensor& next_norm = l + 1 < nl ? w.layers[l + 1].input_norm : w.final_norm;
     x = env.bf16({T, H});
@@ -97,7 +99,7 @@ StreamEnd run_layers(const CudaBlockEnv& env, const Qwen3MoeWeights& w, const Cu
 }
 
 // Gradients: shaped like the parameters, on the device, F32 (the stacked expert weights may be BF16).
-void check_grads(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& w, const Qwen3MoeWeights& g, int device) {
+void check_grads(const Qwen3MoeWeights& w, const Qwen3MoeWeights& g, int device) {
   auto wp = w.named_parameters();
   auto gp = g.named_parameters();
   MT_CHECK(wp.size() == gp.size() && g.layers.size() == w.layers.size(), "gradients: {} tensors for {} parameters",
@@ -137,10 +139,14 @@ Qwen3MoeCudaModel::Qwen3MoeCudaModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights&
   model_config_check(cfg_);
   if (const std::string why = cuda_model_unsupported_reason(cfg_); !why.empty())
     fail("config: {} — train this model with train.device: cpu", why);
-  weights_check(cfg_, w_, "parameter", DType::BF16, Device::cuda(device_));
+  weights_check(cfg_, w_, "parameter", DType::BF16, Device::cuda(device_), experts_held());
   aux_on_ = config_adds_aux(cfg_);
   MT_CHECK(opts_.loss_chunk_rows > 0, "loss_chunk_rows must be positive, found {}", opts_.loss_chunk_rows);
   pairing_.resize(cfg_.num_hidden_layers);
+}
+
+int64_t Qwen3MoeCudaModel::experts_held() const {
+  return opts_.expert_parallel ? opts_.expert_parallel->experts_per_rank() : cfg_.num_experts;
 }
 
 void Qwen3MoeCudaModel::flush_expert_grads() {
@@ -151,7 +157,7 @@ void Qwen3MoeCudaModel::flush_expert_grads() {
 
 CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
-  CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_};
+  CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_, opts_.expert_parallel};
   cuda::AuxStats stats;
   if (aux_on_) stats = cuda::aux_stats_zeros(cfg_.num_experts, device_, ctx.stream);
 
@@ -181,9 +187,9 @@ CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
 CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights& grads, double ce_divisor) {
   MT_CHECK(b.targets.defined(), "batch: forward_backward needs labels");
   MT_CHECK(ce_divisor > 0, "ce_divisor must be positive, found {}", ce_divisor);
-  check_grads(cfg_, w_, grads, device_);
+  check_grads(w_, grads, device_);
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
-  CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_};
+  CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_, opts_.expert_parallel};
   const int64_t T = b.tokens(), H = cfg_.hidden_size, E = cfg_.num_experts, nl = cfg_.num_hidden_layers;
   const Recompute rc = opts_.recompute;
   cuda::AuxStats stats;
@@ -222,8 +228,10 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
     const auto& L = w_.layers[l];
     auto& G = grads.layers[l];
     LayerActs& A = acts[l];
-    layer_restore(env, L, A, rc);
-    Tensor dn = moe_block_backward_cuda(env, L, A.moe, dx, aux_dp, G, opts_.pair_expert_wgrad ? &pairing_ : nullptr, l);
+    CudaBlockEnv lenv = env;
+    lenv.layer = l;
+    layer_restore(lenv, L, A, rc);
+    Tensor dn = moe_block_backward_cuda(lenv, L, A.moe, dx, aux_dp, G, opts_.pair_expert_wgrad ? &pairing_ : nullptr, l);
     env.phase(Phase::other);
     Tensor dx_mid = env.bf16({T, H});
     cuda::rmsnorm_backward(dn, A.x_mid, L.post_norm, env.eps(), dx_mid, G.post_norm, &dx, ctx.stream);

@@ -15,6 +15,7 @@
 
 #include "core/tensor.h"
 #include "kernels/cuda/phase_timer.h"
+#include "layers/cuda/expert_parallel_cuda.h"
 #include "layers/cuda/expert_wgrad_pairing.h"
 #include "models/cuda/cuda_batch.h"
 #include "models/qwen3_moe_config.h"
@@ -34,6 +35,9 @@ struct CudaModelOptions {
   // (layers/cuda/expert_wgrad_pairing.h). The caller must then call flush_expert_grads() after the last
   // micro-batch of a step, before reading the gradients.
   bool pair_expert_wgrad = false;
+  // Expert parallelism: the stacked expert weights (and their gradients) hold this rank's experts only,
+  // [E/ep, ...], and every MoE layer dispatches its rows over the group. Null: all experts here.
+  const CudaExpertParallel* expert_parallel = nullptr;
 };
 
 // Device scalars of one micro-batch; read them (cuda::to_host) after the step's sync.
@@ -60,6 +64,8 @@ class Qwen3MoeCudaModel {
   bool aux_enabled() const { return aux_on_; }
   const Qwen3MoeConfig& config() const { return cfg_; }
   int device() const { return device_; }
+  // Experts held here: E, or E/ep under expert parallelism.
+  int64_t experts_held() const;
   cuda::PhaseTimer& timer() { return timer_; }
 
  private:

@@ -9,6 +9,9 @@
 #include <random>
 
 #include "core/error.h"
+#include "distributed/communicator.h"
+#include "distributed/cuda/nccl_communicator.h"
+#include "distributed/process_group_env.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/device_context.h"
@@ -91,19 +94,61 @@ double bench_flops_per_token(const Qwen3MoeConfig& c, int64_t seq) {
   return per_token + 6.0 * static_cast<double>(c.vocab_size) * H;  // LM head
 }
 
-nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log) {
+namespace {
+
+bool is_expert(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+
+// The multi-GPU side of a bench: communicators and expert parallelism (empty for one process).
+struct BenchRanks {
+  ProcessGroupEnv pg;
+  std::unique_ptr<Communicator> host;
+  std::unique_ptr<NcclCommunicator> world, ep_comm, replicas;
+  std::unique_ptr<CudaExpertParallel> ep;
+  CudaStepCollectives collectives() const {
+    CudaStepCollectives c;
+    c.host = host.get();
+    c.world = world.get();
+    c.expert_replicas = replicas.get();
+    c.ep = ep.get();
+    return c;
+  }
+};
+
+}  // namespace
+
+nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   MT_CHECK(o.steps >= 1 && o.warmup >= 0 && o.seq >= 2 && o.micro_batch >= 1 && o.grad_accum >= 1,
            "bench: steps >= 1, warmup >= 0, seq >= 2, micro_batch >= 1, grad_accum >= 1 (found {}, {}, {}, {}, {})",
            o.steps, o.warmup, o.seq, o.micro_batch, o.grad_accum);
   MT_CHECK(o.layers >= 0, "bench: --layers must be >= 0 (0: all the model's layers), found {}", o.layers);
   MT_CHECK(o.precision == "bf16" || o.precision == "fp32-master", "bench: --precision must be bf16 or fp32-master, "
            "found '{}'", o.precision);
+  BenchRanks ranks;
+  ranks.pg = process_group_env_from_environment();
+  const int world = ranks.pg.world, rank = ranks.pg.rank;
+  if (o.ep < 1 || world % o.ep != 0) fail("bench: --ep {} must divide the {} rank(s) of this job", o.ep, world);
+  std::FILE* log = rank == 0 ? log_in : nullptr;
+  const int device = world > 1 ? ranks.pg.local_rank : o.device;
   const int count = cuda::device_count();
-  if (o.device >= count) fail("bench: cuda:{} requested, {} CUDA device(s) found", o.device, count);
-  cuda::device_set(o.device);
-  cuda::DeviceContext& ctx = cuda::device_context(o.device);
+  if (device >= count) fail("bench: rank {} needs cuda:{}, {} CUDA device(s) found", rank, device, count);
+  cuda::device_set(device);
+  cuda::DeviceContext& ctx = cuda::device_context(device);
   const Qwen3MoeConfig cfg = bench_config(o);
+  if (cfg.num_experts % o.ep != 0) fail("bench: --ep {} does not divide the model's {} experts", o.ep, cfg.num_experts);
   const bool fp32_master = o.precision == "fp32-master";
+
+  if (world > 1) {
+    ranks.host = tcp_communicator_create(ranks.pg, std::chrono::seconds(600));
+    ranks.world = NcclCommunicator::create(*ranks.host, device, std::chrono::seconds(600));
+    if (o.ep > 1) {
+      const int group = static_cast<int>(rank / o.ep), member = static_cast<int>(rank % o.ep);
+      ranks.ep_comm = ranks.world->split(group, member, "expert-parallel group");
+      if (world > o.ep) ranks.replicas = ranks.world->split(member, group, "expert replicas");
+      ranks.ep = std::make_unique<CudaExpertParallel>(*ranks.ep_comm, cfg.num_experts);
+    }
+  }
+  const int64_t held = ranks.ep ? ranks.ep->experts_per_rank() : cfg.num_experts;
+  const int64_t first_expert = ranks.ep ? ranks.ep->first_expert() : 0;
 
   size_t free_b = 0, total_b = 0;
   MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -115,6 +160,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log) {
   pin.fp32_master = fp32_master;
   pin.bf16_moments = !fp32_master;
   pin.bf16_expert_grads = !fp32_master;
+  pin.expert_parallel = o.ep;
   pin.device_bytes = static_cast<int64_t>(total_b);
   pin.reserve_bytes = (int64_t{3} << 29) + static_cast<int64_t>(total_b) * 3 / 100;
   const bool pair = !o.no_pair_expert_wgrad && pairing_wanted(pin, o.grad_accum);
@@ -123,31 +169,33 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log) {
   if (log) std::fprintf(log, "%s\n", plan.table().c_str());
   if (!plan.fits && !o.force) fail("bench: {} (--force runs it anyway)", plan.refusal());
 
-  const double ceiling = measure_gemm_ceiling_tflops(o.device);
-  cuda::allocator_empty_cache(o.device);
-  cuda::allocator_reset_peak(o.device);
+  const double ceiling = measure_gemm_ceiling_tflops(device);
+  cuda::allocator_empty_cache(device);
+  cuda::allocator_reset_peak(device);
 
   // Parameters on the device: a checkpoint's, or the Transformers init (normal(0, initializer_range),
-  // norms 1) drawn on the device.
-  Qwen3MoeWeights w;
+  // norms 1) drawn on the device. Every rank draws the same replicated parameters; expert slices differ.
+  Qwen3MoeWeights w = Qwen3MoeWeights::empty_like_config(cfg, DType::BF16, Device::cuda(device), held);
   if (!o.model_dir.empty()) {
     LoadOptions lo;
     lo.dtype = DType::BF16;
     CausalLM lm = CausalLM::from_pretrained(o.model_dir, lo);
-    w = Qwen3MoeWeights::empty_like_config(cfg, DType::BF16, Device::cuda(o.device));
     auto src = lm.weights.named_parameters();
     auto dst = w.named_parameters();
     MT_CHECK(src.size() == dst.size(), "bench: {} parameters in {}, the sliced config has {}", src.size(),
              o.model_dir, dst.size());
-    for (size_t i = 0; i < src.size(); ++i) cuda::copy_host_to_device(*dst[i].second, *src[i].second);
+    for (size_t i = 0; i < src.size(); ++i) {
+      const Tensor& h = *src[i].second;
+      cuda::copy_host_to_device(*dst[i].second, is_expert(src[i].first) ? h.rows(first_expert, first_expert + held) : h);
+    }
   } else {
-    w = Qwen3MoeWeights::empty_like_config(cfg, DType::BF16, Device::cuda(o.device));
     uint64_t k = 0;
     for (auto& [name, t] : w.named_parameters()) {
+      const uint64_t seed = o.seed * 1000003 + (++k) + (is_expert(name) ? 7919ull * static_cast<uint64_t>(first_expert) : 0);
       if (is_norm(name))
         cuda::fill_constant(*t, 1.0f, ctx.stream);
       else
-        cuda::fill_normal(*t, static_cast<float>(cfg.initializer_range), o.seed * 1000003 + (++k), ctx.stream);
+        cuda::fill_normal(*t, static_cast<float>(cfg.initializer_range), seed, ctx.stream);
     }
   }
 
@@ -160,42 +208,60 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log) {
   so.adamw.seed = o.seed;
   so.pair_expert_wgrad = pair;
   so.expert_grad_dtype = fp32_master ? DType::F32 : DType::BF16;  // pure bf16: gradients as Transformers keeps them
-  CudaTrainStep trainer(cfg, w, o.device, so);
+  so.collectives = ranks.collectives();
+  CudaTrainStep trainer(cfg, w, device, so);
 
-  std::mt19937_64 g(o.seed);
-  const int64_t tokens_per_step = o.micro_batch * o.seq * o.grad_accum;
+  std::mt19937_64 g(o.seed + 7777ull * static_cast<uint64_t>(rank));  // each rank its own tokens
+  const int64_t tokens_per_step = o.micro_batch * o.seq * o.grad_accum;  // per GPU
   nlohmann::ordered_json j;
   double loss_first = 0, loss_last = 0, timed_s = 0;
+  int64_t a2a_bytes = 0;
   for (int64_t s = 0; s < o.warmup + o.steps; ++s) {
     std::vector<Batch> host;
     std::vector<CudaBatch> window;
     for (int64_t i = 0; i < o.grad_accum; ++i) {
       host.push_back(random_batch(cfg, o.micro_batch, o.seq, g));
-      window.push_back(cuda_batch_upload(cfg, host.back(), o.device));
+      window.push_back(cuda_batch_upload(cfg, host.back(), device));
     }
     const bool timed = s >= o.warmup;
     trainer.model().timer().enable(timed);
     cuda::stream_sync(ctx.stream);
-    const int64_t mallocs0 = cuda::allocator_stats(o.device).cuda_malloc_calls;
+    if (ranks.host) ranks.host->barrier("barrier(bench step " + std::to_string(s + 1) + ")");
+    const int64_t mallocs0 = cuda::allocator_stats(device).cuda_malloc_calls;
+    const int64_t sent0 = ranks.ep ? ranks.ep->bytes_sent() : 0;
     const auto t0 = std::chrono::steady_clock::now();
-    const EngineStep r = trainer.step(window, static_cast<double>(o.micro_batch * (o.seq - 1) * o.grad_accum),
-                                      1e-5, 1.0);
+    const EngineStep r = trainer.step(
+        window, static_cast<double>(o.micro_batch * (o.seq - 1) * o.grad_accum * world), 1e-5, 1.0);
     cuda::stream_sync(ctx.stream);
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     trainer.model().timer().collect();
     if (s == 0) loss_first = r.loss;
     loss_last = r.loss;
-    if (timed) timed_s += sec;
+    if (timed) {
+      timed_s += sec;
+      if (ranks.ep) a2a_bytes += ranks.ep->bytes_sent() - sent0;
+    }
     if (log)
-      std::fprintf(log, "bench step %lld/%lld: loss %.4f, %.3f s, %.0f tokens/s, %lld cudaMalloc%s\n",
+      std::fprintf(log, "bench step %lld/%lld: loss %.4f, %.3f s, %.0f tokens/s%s, %lld cudaMalloc%s\n",
                    static_cast<long long>(s + 1), static_cast<long long>(o.warmup + o.steps), r.loss, sec,
-                   tokens_per_step / sec,
-                   static_cast<long long>(cuda::allocator_stats(o.device).cuda_malloc_calls - mallocs0),
+                   tokens_per_step / sec, world > 1 ? " per GPU" : "",
+                   static_cast<long long>(cuda::allocator_stats(device).cuda_malloc_calls - mallocs0),
                    timed ? "" : " (warm-up)");
   }
-  const cuda::AllocatorStats mem = cuda::allocator_stats(o.device);
+  const cuda::AllocatorStats mem = cuda::allocator_stats(device);
+  // Per-GPU memory: the largest over the ranks.
+  double peaks[2] = {static_cast<double>(mem.peak_allocated_bytes), static_cast<double>(mem.peak_reserved_bytes)};
+  if (ranks.host) {
+    double all[2 * 64] = {};
+    MT_CHECK(world <= 64, "bench: at most 64 ranks");
+    all[2 * rank] = peaks[0];
+    all[2 * rank + 1] = peaks[1];
+    ranks.host->all_reduce_sum(all, 2 * world, "all_reduce(peak memory)");
+    for (int q = 0; q < world; ++q) peaks[0] = std::max(peaks[0], all[2 * q]), peaks[1] = std::max(peaks[1], all[2 * q + 1]);
+  }
+  if (rank != 0) return j;
   cudaDeviceProp prop{};
-  MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
+  MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   const double tps = static_cast<double>(tokens_per_step * o.steps) / timed_s;
   const double fpt = bench_flops_per_token(cfg, o.seq);
   const double tflops = tps * fpt / 1e12;
@@ -205,10 +271,12 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log) {
   j["commit"] = commit && *commit ? commit : "unknown";
   j["command"] = o.command;
   j["gpu"] = prop.name;
+  j["gpus"] = world;
+  j["ep"] = o.ep;
   j["model"] = {{"preset", o.model_dir.empty() ? o.preset : ""},
                 {"model_dir", o.model_dir},
                 {"layers", cfg.num_hidden_layers},
-                {"params", w.parameter_count()},
+                {"params_on_gpu0", w.parameter_count()},
                 {"hidden", cfg.hidden_size},
                 {"experts", cfg.num_experts},
                 {"top_k", cfg.num_experts_per_tok}};
@@ -228,8 +296,8 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log) {
   j["gemm_ceiling_tflops"] = ceiling;
   j["mfu_vs_ceiling"] = tflops / ceiling;
   j["mfu_vs_989"] = tflops / 989.0;
-  j["peak_allocated_bytes"] = mem.peak_allocated_bytes;
-  j["peak_reserved_bytes"] = mem.peak_reserved_bytes;
+  j["peak_allocated_bytes"] = static_cast<int64_t>(peaks[0]);
+  j["peak_reserved_bytes"] = static_cast<int64_t>(peaks[1]);
   j["memory_plan_bytes"] = plan.total;
   j["allocator"] = {{"cuda_malloc_calls", mem.cuda_malloc_calls},
                     {"cache_hits", mem.cache_hits},
@@ -239,6 +307,17 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log) {
   for (int p = 0; p < cuda::kPhaseCount; ++p)
     phases[cuda::phase_name(static_cast<cuda::Phase>(p))] = totals[p] / static_cast<double>(o.steps);
   j["phases_ms"] = phases;
+  if (ranks.ep) {
+    // The all-to-alls run on the compute stream: their time is the comm phase, none of it hidden.
+    const double comm_ms = totals[static_cast<int>(cuda::Phase::comm)] / static_cast<double>(o.steps);
+    const double bytes = static_cast<double>(a2a_bytes) / static_cast<double>(o.steps);
+    j["all_to_all"] = {{"bytes_sent_per_step_gpu0", bytes},
+                       {"comm_ms_per_step", comm_ms},
+                       {"achieved_gb_per_s", comm_ms > 0 ? bytes / (comm_ms * 1e-3) / 1e9 : 0.0},
+                       {"hidden_fraction", 0.0},
+                       {"note", "NCCL send/recv on the compute stream, not overlapped; comm_ms includes waiting "
+                                "for the slower rank and the per-layer row-count exchange"}};
+  }
   j["loss_first"] = loss_first;
   j["loss_last"] = loss_last;
   return j;

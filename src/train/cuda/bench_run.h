@@ -3,6 +3,9 @@
 // model TFLOP/s (6 × matmul parameters per token + causal attention, router excluded: the NeMo /
 // Megatron formula), MFU against a dense bf16 GEMM measured on the same GPU at start-up, peak memory
 // and a per-phase GPU time breakdown, as one JSON object (bench/README.md describes the fields).
+// Under `mixtune launch --nproc N -- bench ...` (or mpirun) every rank trains on its own GPU (LOCAL_RANK)
+// with its own grad_accum micro-batches, gradients summed over NCCL; --ep splits the experts. Rank 0
+// prints the JSON (per-GPU figures, and the expert all-to-all's bytes and bandwidth).
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -24,7 +27,8 @@ struct BenchOptions {
   Recompute recompute = Recompute::none;
   bool force = false;  // run even when the memory plan says it does not fit
   bool no_pair_expert_wgrad = false;  // never pair expert wgrads (default: when grad_accum >= 2 and it fits)
-  int device = 0;
+  int device = 0;   // one process; a multi-rank job uses LOCAL_RANK
+  int64_t ep = 1;   // expert-parallel ranks (multi-rank jobs)
   uint64_t seed = 1234;
   std::string command;  // the command line, echoed into the JSON
 };
@@ -32,6 +36,7 @@ struct BenchOptions {
 // Model FLOPs per trained token (fwd + bwd) for cfg at sequence length seq, router GEMM excluded.
 double bench_flops_per_token(const Qwen3MoeConfig& cfg, int64_t seq);
 
+// The JSON on rank 0; an empty object on the other ranks.
 nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log);
 
 }  // namespace mt

@@ -3,12 +3,16 @@
 // float32 on CUDA means bf16 compute with fp32 master weights (the masters are what a save writes).
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "distributed/communicator.h"
+#include "distributed/cuda/nccl_communicator.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
@@ -26,13 +30,23 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// Every host parameter uploaded as BF16 (rounded to nearest even when the host holds F32).
-Qwen3MoeWeights upload_bf16(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& host, int device) {
-  Qwen3MoeWeights d = Qwen3MoeWeights::empty_like_config(cfg, DType::BF16, Device::cuda(device));
+bool is_expert_param(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+
+// The rows of a host parameter this rank holds: all of it, or under expert parallelism its experts' slice.
+struct ExpertSlice {
+  int64_t first = 0, count = -1;  // count < 0: every expert
+  Tensor of(const std::string& name, const Tensor& host) const {
+    return count >= 0 && is_expert_param(name) ? host.rows(first, first + count) : host;
+  }
+};
+
+// Every host parameter (this rank's slice) uploaded as BF16 (rounded to nearest even when the host holds F32).
+Qwen3MoeWeights upload_bf16(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& host, int device, const ExpertSlice& sl) {
+  Qwen3MoeWeights d = Qwen3MoeWeights::empty_like_config(cfg, DType::BF16, Device::cuda(device), sl.count);
   auto src = host.named_parameters();
   auto dst = d.named_parameters();
   for (size_t i = 0; i < src.size(); ++i) {
-    const Tensor& h = *src[i].second;
+    const Tensor h = sl.of(src[i].first, *src[i].second);
     cuda::copy_host_to_device(*dst[i].second, h.dtype() == DType::BF16 ? h : h.to(DType::BF16));
   }
   return d;
@@ -51,7 +65,7 @@ CudaTrainStepOptions step_options(const Recipe& r) {
 }
 
 // Prints the plan; refuses what cannot fit. Returns whether to pair expert wgrads (pairing_wanted).
-bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, std::FILE* log) {
+bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, int64_t ep, std::FILE* log) {
   size_t free_b = 0, total_b = 0;
   MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   MemoryPlanInput in;
@@ -62,6 +76,7 @@ bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, std::FI
   in.fp32_master = r.optimizer.master_weights == "float32";
   in.bf16_moments = r.optimizer.moment_dtype == "bfloat16";
   in.bf16_expert_grads = r.optimizer.expert_grad_dtype == "bfloat16";
+  in.expert_parallel = ep;
   in.device_bytes = static_cast<int64_t>(total_b);
   // The CUDA context and cuBLASLt live outside the allocator; keep 1.5 GiB + 3% free for them.
   in.reserve_bytes = (int64_t{3} << 29) + static_cast<int64_t>(total_b) * 3 / 100;
@@ -75,22 +90,32 @@ bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, std::FI
 
 class CudaEngine final : public TrainEngine {
  public:
-  CudaEngine(CausalLM& lm, const Recipe& r, int device, std::FILE* log)
+  // comm: the job's host communicator when it has more than one rank (one GPU per rank), else null.
+  CudaEngine(CausalLM& lm, const Recipe& r, int device, std::FILE* log, Communicator* comm)
       : lm_(lm), device_(device), host_f32_(lm.weights.embed.dtype() == DType::F32) {
     if (host_f32_ && r.optimizer.master_weights != "float32")
       fail("model.dtype float32 with optimizer.master_weights none: on CUDA the model computes in bf16 and "
            "float32 means fp32 master weights; set optimizer.master_weights: float32 or model.dtype: bfloat16");
     cuda::device_set(device_);
-    const bool pair = plan_memory(lm.config, r, device_, log);
+    CudaStepCollectives col;
+    if (comm && comm->size() > 1) col = join(*comm, r);
+    const bool pair = plan_memory(lm.config, r, device_, ep_ ? ep_->ranks() : 1, log);
     cuda::allocator_reset_peak(device_);
-    weights_ = upload_bf16(lm.config, lm.weights, device_);
+    if (ep_) slice_ = {ep_->first_expert(), ep_->experts_per_rank()};
+    weights_ = upload_bf16(lm.config, lm.weights, device_, slice_);
     CudaTrainStepOptions so = step_options(r);
     so.pair_expert_wgrad = pair;
+    so.collectives = col;
     step_ = std::make_unique<CudaTrainStep>(lm.config, weights_, device_, so);
     if (host_f32_) masters_from_host();
     cudaDeviceProp prop{};
     MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
     name_ = fmt::format("cuda:{} ({})", device_, prop.name);
+    if (comm && comm->size() > 1)
+      name_ += fmt::format(", rank {} of {}{}", comm->rank(), comm->size(),
+                           ep_ ? fmt::format(", experts {}..{} of {}", slice_.first, slice_.first + slice_.count - 1,
+                                             lm.config.num_experts)
+                               : std::string());
   }
 
   std::string device_name() const override { return name_; }
@@ -106,40 +131,122 @@ class CudaEngine final : public TrainEngine {
   int64_t optimizer_steps() const override { return step_->optimizer().step_count(); }
   void set_optimizer_steps(int64_t t) override { step_->optimizer().set_step_count(t); }
 
+  // Rank 0 writes the checkpoints: under expert parallelism the other ranks of its group send it their
+  // experts (every rank calls this; ranks with nothing to send return at once).
   void weights_to_host() override {
+    if (!writes_output() && !sends_experts()) return;
     if (host_f32_) {
       for (auto& [name, t] : step_->optimizer().named_state())
-        if (ends_with(name, ".master")) cuda::copy_device_to_host(*host_param(name.substr(0, name.size() - 7)), *t);
+        if (ends_with(name, ".master")) to_host_full(name, *t, *host_param(name.substr(0, name.size() - 7)));
       return;
     }
     auto src = weights_.named_parameters();
     auto dst = lm_.weights.named_parameters();
-    for (size_t i = 0; i < src.size(); ++i) cuda::copy_device_to_host(*dst[i].second, *src[i].second);
+    for (size_t i = 0; i < src.size(); ++i) to_host_full(src[i].first, *src[i].second, *dst[i].second);
   }
 
   std::vector<std::pair<std::string, Tensor>> optimizer_state_host() override {
     std::vector<std::pair<std::string, Tensor>> r;
-    for (auto& [name, t] : step_->optimizer().named_state()) r.emplace_back(name, cuda::to_host(*t));
+    if (!writes_output() && !sends_experts()) return r;
+    for (auto& [name, t] : step_->optimizer().named_state()) {
+      if (!writes_output()) {  // a sender: its experts' state goes to rank 0, nothing is kept here
+        Tensor unused;
+        if (is_expert_param(name)) to_host_full(name, *t, unused);
+        continue;
+      }
+      Shape full = t->shape();
+      if (slice_.count >= 0 && is_expert_param(name)) full[0] = lm_.config.num_experts;
+      Tensor h = Tensor::empty(full, t->dtype());
+      to_host_full(name, *t, h);
+      r.emplace_back(name, std::move(h));
+    }
     return r;
   }
 
+  // Every rank reads the whole optimizer file and keeps its slice.
   void optimizer_state_load(const std::string& dir) override {
     auto state = step_->optimizer().named_state();
     std::vector<Tensor> host;
     host.reserve(state.size());
     std::vector<std::pair<std::string, Tensor*>> targets;
     for (auto& [name, t] : state) {
-      host.push_back(Tensor::empty(t->shape(), t->dtype()));
+      Shape full = t->shape();
+      if (slice_.count >= 0 && is_expert_param(name)) full[0] = lm_.config.num_experts;
+      host.push_back(Tensor::empty(full, t->dtype()));
       targets.emplace_back(name, &host.back());
     }
     optimizer_state_read(dir, targets);
-    for (size_t i = 0; i < state.size(); ++i) cuda::copy_host_to_device(*state[i].second, host[i]);
+    for (size_t i = 0; i < state.size(); ++i)
+      cuda::copy_host_to_device(*state[i].second, slice_.of(state[i].first, host[i]));
   }
 
   int64_t peak_memory_bytes() const override { return cuda::allocator_stats(device_).peak_allocated_bytes; }
   int64_t peak_reserved_bytes() const override { return cuda::allocator_stats(device_).peak_reserved_bytes; }
 
  private:
+  // The collectives of a multi-GPU job: NCCL over every rank, and under parallel.ep the expert-parallel
+  // groups (consecutive ranks, as the CPU engine forms them) and the groups of ranks holding the same experts.
+  CudaStepCollectives join(Communicator& comm, const Recipe& r) {
+    rank_ = comm.rank();
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s) * 1000);
+    world_ = NcclCommunicator::create(comm, device_, timeout);
+    CudaStepCollectives col;
+    col.host = &comm;
+    col.world = world_.get();
+    const int64_t ep = r.parallel.ep, world = comm.size(), E = lm_.config.num_experts;
+    if (ep > 1) {
+      if (world % ep != 0) fail("parallel.ep: {} does not divide the {} ranks of this job", ep, world);
+      if (E % ep != 0) fail("parallel.ep: {} does not divide the model's {} experts", ep, E);
+      const int group = static_cast<int>(comm.rank() / ep), member = static_cast<int>(comm.rank() % ep);
+      ep_comm_ = world_->split(group, member, "expert-parallel group");
+      if (world > ep) replicas_ = world_->split(member, group, "expert replicas");
+      ep_ = std::make_unique<CudaExpertParallel>(*ep_comm_, E);
+      col.ep = ep_.get();
+      col.expert_replicas = replicas_.get();
+    }
+    return col;
+  }
+
+  bool writes_output() const { return rank_ == 0; }
+  // Ranks 1..ep-1 (the first expert-parallel group) hold experts rank 0 lacks.
+  bool sends_experts() const { return ep_ && rank_ != 0 && rank_ < ep_->ranks(); }
+
+  // dev (this rank's parameter or state tensor) into host (full shape). Under expert parallelism the
+  // first group's ranks send their experts' rows to rank 0, which receives them one rank at a time.
+  void to_host_full(const std::string& name, const Tensor& dev, Tensor& host) {
+    if (slice_.count < 0 || !is_expert_param(name)) {
+      if (writes_output()) copy_to_host_converting(dev, host);
+      return;
+    }
+    cudaStream_t stream = cuda::device_context(device_).stream;
+    NcclCommunicator& ep = ep_->comm();
+    const int64_t el = slice_.count;
+    if (sends_experts()) {
+      Tensor& d = const_cast<Tensor&>(dev);
+      ep.send_recv(d.data(), static_cast<int64_t>(d.nbytes()), ep.rank(), 0, stream, "send(" + name + " experts)");
+      ep.wait(stream, "send(" + name + " experts to rank 0)");
+      return;
+    }
+    Tensor own = host.rows(0, el);
+    copy_to_host_converting(dev, own);
+    Tensor buf = Tensor::empty(dev.shape(), dev.dtype(), dev.device());
+    for (int j = 1; j < ep.size(); ++j) {
+      ep.send_recv(buf.data(), static_cast<int64_t>(buf.nbytes()), j, 0, stream, "recv(" + name + " experts)");
+      ep.wait(stream, "recv(" + name + " experts from group rank " + std::to_string(j) + ")");
+      Tensor part = host.rows(j * el, (j + 1) * el);
+      copy_to_host_converting(buf, part);
+    }
+  }
+
+  static void copy_to_host_converting(const Tensor& dev, Tensor& host) {
+    if (host.dtype() == dev.dtype()) {
+      cuda::copy_device_to_host(host, dev);
+      return;
+    }
+    const Tensor h = cuda::to_host(dev).to(host.dtype());
+    std::memcpy(host.data(), h.data(), host.nbytes());
+  }
+
   Tensor* host_param(const std::string& name) {
     for (auto& [n, t] : lm_.weights.named_parameters())
       if (n == name) return t;
@@ -149,12 +256,19 @@ class CudaEngine final : public TrainEngine {
   // fp32 masters start from the host's fp32 values, not from their bf16 rounding.
   void masters_from_host() {
     for (auto& [name, t] : step_->optimizer().named_state())
-      if (ends_with(name, ".master")) cuda::copy_host_to_device(*t, *host_param(name.substr(0, name.size() - 7)));
+      if (ends_with(name, ".master")) {
+        const std::string param = name.substr(0, name.size() - 7);
+        cuda::copy_host_to_device(*t, slice_.of(param, *host_param(param)));
+      }
   }
 
   CausalLM& lm_;
   int device_;
   bool host_f32_;
+  int rank_ = 0;
+  std::unique_ptr<NcclCommunicator> world_, ep_comm_, replicas_;
+  std::unique_ptr<CudaExpertParallel> ep_;
+  ExpertSlice slice_;
   std::string name_;
   Qwen3MoeWeights weights_;
   std::unique_ptr<CudaTrainStep> step_;
@@ -164,8 +278,9 @@ class CudaEngine final : public TrainEngine {
 const bool kRegistered = [] {
   cuda_engine_register({[] { return cuda::device_count(); },
                         [](const Qwen3MoeConfig& cfg) { return cuda_model_unsupported_reason(cfg); },
-                        [](CausalLM& lm, const Recipe& r, int device, std::FILE* log) -> std::unique_ptr<TrainEngine> {
-                          return std::make_unique<CudaEngine>(lm, r, device, log);
+                        [](CausalLM& lm, const Recipe& r, int device, std::FILE* log,
+                           Communicator* comm) -> std::unique_ptr<TrainEngine> {
+                          return std::make_unique<CudaEngine>(lm, r, device, log, comm);
                         }});
   return true;
 }();

@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "distributed/communicator.h"
+#include "distributed/cuda/nccl_communicator.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/grad_norm.h"
@@ -14,10 +16,13 @@ namespace {
 float host_scalar(const Tensor& t) { return cuda::to_host(t).to_floats()[0]; }
 
 // The step flushes after its micro-batches, so the model may pair their expert wgrads.
-CudaModelOptions with_pairing(CudaModelOptions o, bool pair) {
-  o.pair_expert_wgrad = pair;
+CudaModelOptions model_options(CudaModelOptions o, const CudaTrainStepOptions& so) {
+  o.pair_expert_wgrad = so.pair_expert_wgrad;
+  o.expert_parallel = so.collectives.ep;
   return o;
 }
+
+bool is_expert_param(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
 
 }  // namespace
 
@@ -27,8 +32,8 @@ bool pairing_wanted(MemoryPlanInput in, int64_t grad_accum) {
   return memory_plan(in).fits;
 }
 
-Qwen3MoeWeights cuda_grad_buffers(const Qwen3MoeConfig& cfg, DType expert_dtype, int device) {
-  Qwen3MoeWeights w = Qwen3MoeWeights::empty_like_config(cfg, DType::F32, Device::cuda(device));
+Qwen3MoeWeights cuda_grad_buffers(const Qwen3MoeConfig& cfg, DType expert_dtype, int device, int64_t experts_held) {
+  Qwen3MoeWeights w = Qwen3MoeWeights::empty_like_config(cfg, DType::F32, Device::cuda(device), experts_held);
   cuda::DeviceContext& ctx = cuda::device_context(device);
   for (auto& L : w.layers)
     for (Tensor* t : {&L.experts_gate_up, &L.experts_down})
@@ -40,10 +45,15 @@ Qwen3MoeWeights cuda_grad_buffers(const Qwen3MoeConfig& cfg, DType expert_dtype,
 CudaTrainStep::CudaTrainStep(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, int device,
                              const CudaTrainStepOptions& o)
     : device_(device),
-      model_(cfg, weights, device, with_pairing(o.model, o.pair_expert_wgrad)),
-      grads_(cuda_grad_buffers(cfg, o.expert_grad_dtype, device)),
+      col_(o.collectives),
+      model_(cfg, weights, device, model_options(o.model, o)),
+      grads_(cuda_grad_buffers(cfg, o.expert_grad_dtype, device, model_.experts_held())),
       adamw_(weights.named_parameters(), o.adamw, o.decays, cuda::device_context(device).stream) {
-  for (auto& [name, g] : grads_.named_parameters()) grad_list_.push_back(g);
+  MT_CHECK(!col_.ep || col_.world, "expert parallelism needs the world communicator");
+  for (auto& [name, g] : grads_.named_parameters()) {
+    grad_list_.push_back(g);
+    is_expert_.push_back(is_expert_param(name));
+  }
   norm_ = Tensor::empty({1}, DType::F32, Device::cuda(device));
   coef_ = Tensor::empty({1}, DType::F32, Device::cuda(device));
 }
@@ -57,10 +67,19 @@ EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_d
   std::vector<CudaLoss> losses;
   for (const CudaBatch& b : window) losses.push_back(model_.forward_backward(b, grads_, ce_divisor));
   model_.flush_expert_grads();
+  ++steps_;
+  if (col_.active()) {
+    timer.mark(cuda::Phase::grad_sync, stream);
+    reduce_gradients(stream);
+  }
   timer.mark(cuda::Phase::optimizer, stream);
-  cuda::grad_norm_clip_coef(grad_list_, static_cast<float>(max_grad_norm), norm_, coef_, stream);
+  std::function<void(Tensor&)> reduce;
+  if (col_.ep) reduce = [&](Tensor& sumsq) { reduce_expert_sumsq(sumsq, stream); };
+  cuda::grad_norm_clip_coef(grad_list_, static_cast<float>(max_grad_norm), norm_, coef_, stream, reduce);
 
-  // The step's one sync: the losses and the norm decide whether the update runs.
+  // The step's one sync: the losses and the norm decide whether the update runs. Across GPUs the wait
+  // is bounded by the job's timeout.
+  if (col_.active()) col_.world->wait(stream, "step " + std::to_string(steps_) + ": gradient reduction");
   EngineStep s;
   s.grad_norm = host_scalar(norm_);
   const double coef = model_.config().router_aux_loss_coef;
@@ -71,11 +90,39 @@ EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_d
     s.aux_loss += aux;
     s.loss += ce + (l.aux.defined() ? coef * aux : 0.0);
   }
-  if (!window.empty()) s.aux_loss /= static_cast<double>(window.size());
+  double micro_batches = static_cast<double>(window.size());
+  if (col_.host) {  // every rank's loss sums (each rank ran its own micro-batches)
+    double sums[4] = {s.loss, s.ce_loss, s.aux_loss, micro_batches};
+    col_.host->all_reduce_sum(sums, 4, "all_reduce(loss sums, step " + std::to_string(steps_) + ")");
+    s.loss = sums[0], s.ce_loss = sums[1], s.aux_loss = sums[2], micro_batches = sums[3];
+  }
+  if (micro_batches > 0) s.aux_loss /= micro_batches;
   s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
   if (s.finite) adamw_.step(grad_list_, lr, &coef_, stream);
   timer.mark(cuda::Phase::other, stream);
   return s;
+}
+
+void CudaTrainStep::reduce_gradients(cudaStream_t stream) {
+  std::vector<NcclCommunicator::Buffer> replicated, experts;
+  for (size_t i = 0; i < grad_list_.size(); ++i) {
+    Tensor* g = const_cast<Tensor*>(grad_list_[i]);
+    NcclCommunicator::Buffer b{g->data(), g->numel(), g->dtype()};
+    (is_expert_[i] && col_.ep ? experts : replicated).push_back(b);
+  }
+  const std::string step = "step " + std::to_string(steps_);
+  col_.world->all_reduce_sum(replicated, stream, "all_reduce(gradients, " + step + ")");
+  if (!experts.empty() && col_.expert_replicas)
+    col_.expert_replicas->all_reduce_sum(experts, stream, "all_reduce(expert gradients over replicas, " + step + ")");
+}
+
+// Each expert tensor's Σ g² over the EP group (every rank holds a slice of the experts).
+void CudaTrainStep::reduce_expert_sumsq(Tensor& sumsq, cudaStream_t stream) {
+  std::vector<NcclCommunicator::Buffer> parts;
+  double* base = sumsq.data_as<double>();
+  for (size_t i = 0; i < grad_list_.size(); ++i)
+    if (is_expert_[i]) parts.push_back({base + i, 1, DType::F64});
+  col_.ep->comm().all_reduce_sum(parts, stream, "all_reduce(expert gradient norms, step " + std::to_string(steps_) + ")");
 }
 
 EngineEval CudaTrainStep::eval(const CudaBatch& b) {

@@ -16,6 +16,22 @@
 
 namespace mt {
 
+class Communicator;
+class NcclCommunicator;
+
+// The collectives of a multi-GPU step (all null: one GPU). Gradients of the replicated parameters are
+// summed over `world` once per optimizer step (after the last micro-batch); the experts' over
+// `expert_replicas` (the ranks holding the same experts when world > ep) or, without expert parallelism,
+// over `world`. Under expert parallelism the experts' squared norms are summed over the EP group so the
+// clipping norm is the whole model's. Loss sums travel over `host` (the TCP communicator).
+struct CudaStepCollectives {
+  Communicator* host = nullptr;
+  NcclCommunicator* world = nullptr;
+  NcclCommunicator* expert_replicas = nullptr;
+  const CudaExpertParallel* ep = nullptr;
+  bool active() const { return world != nullptr; }
+};
+
 struct CudaTrainStepOptions {
   CudaModelOptions model;
   DType expert_grad_dtype = DType::F32;  // F32 | BF16 (experts_gate_up / experts_down gradients)
@@ -25,6 +41,7 @@ struct CudaTrainStepOptions {
   bool pair_expert_wgrad = false;
   cuda::CudaAdamWOptions adamw;
   std::function<bool(const std::string&)> decays;  // null: every parameter decays
+  CudaStepCollectives collectives;
 };
 
 class CudaTrainStep {
@@ -41,9 +58,15 @@ class CudaTrainStep {
 
  private:
   int device_;
+  void reduce_gradients(cudaStream_t stream);
+  void reduce_expert_sumsq(Tensor& sumsq, cudaStream_t stream);
+
+  CudaStepCollectives col_;
+  int64_t steps_ = 0;  // steps taken here (named in collective errors)
   Qwen3MoeCudaModel model_;
   Qwen3MoeWeights grads_;
   std::vector<const Tensor*> grad_list_;
+  std::vector<bool> is_expert_;  // per grad_list_ entry
   cuda::CudaAdamW adamw_;
   Tensor norm_, coef_;
 };
@@ -53,7 +76,8 @@ class CudaTrainStep {
 bool pairing_wanted(MemoryPlanInput in, int64_t grad_accum);
 
 // Gradient buffers: zeros on cuda:device shaped like cfg's parameters, F32 except the stacked expert
-// weights, which get expert_dtype.
-Qwen3MoeWeights cuda_grad_buffers(const Qwen3MoeConfig& cfg, DType expert_dtype, int device);
+// weights, which get expert_dtype (and hold experts_held experts when >= 0).
+Qwen3MoeWeights cuda_grad_buffers(const Qwen3MoeConfig& cfg, DType expert_dtype, int device,
+                                  int64_t experts_held = -1);
 
 }  // namespace mt

@@ -1,0 +1,203 @@
+#include "distributed/cuda/nccl_communicator.h"
+
+#include <nccl.h>
+
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "distributed/communicator.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_context.h"
+
+namespace mt {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
+    case DType::I32: return ncclInt32;
+    case DType::I64: return ncclInt64;
+    case DType::U8: return ncclUint8;
+    default: fail("NCCL: dtype {} has no NCCL type", dtype_safetensors_name(t));
+  }
+}
+
+ncclConfig_t nonblocking_config() {
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  c.blocking = 0;
+  return c;
+}
+
+// Polls until a non-blocking communicator's pending operation has finished; returns its final state.
+// Gives up (returning ncclInProgress) at `deadline`.
+ncclResult_t poll_comm(ncclComm_t comm, Clock::time_point deadline) {
+  ncclResult_t state = ncclInProgress;
+  for (int spins = 0;; ++spins) {
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return ncclInternalError;
+    if (state != ncclInProgress || Clock::now() > deadline) return state;
+    if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+std::string nccl_error_text(ncclComm_t comm, ncclResult_t r) {
+  std::string s = ncclGetErrorString(r);
+  if (const char* last = comm ? ncclGetLastError(comm) : nullptr; last && *last) s += std::string(" (") + last + ")";
+  return s;
+}
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(ncclComm* comm, int rank, int size, int device,
+                                   std::chrono::milliseconds timeout, std::string name)
+    : comm_(comm), rank_(rank), size_(size), device_(device), timeout_(timeout), name_(std::move(name)) {}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& host, int device,
+                                                           std::chrono::milliseconds timeout) {
+  cuda::device_set(device);
+  ncclUniqueId id{};
+  if (host.rank() == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) fail("rank 0: ncclGetUniqueId failed: {}", ncclGetErrorString(r));
+  }
+  host.broadcast(&id, sizeof id, 0, "broadcast(NCCL unique id)");
+  ncclConfig_t config = nonblocking_config();
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, host.size(), id, host.rank(), &config);
+  if (r != ncclSuccess && r != ncclInProgress)
+    fail("rank {}: NCCL initialisation on cuda:{} failed: {}", host.rank(), device, nccl_error_text(comm, r));
+  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(comm, host.rank(), host.size(), device, timeout, "NCCL"));
+  c->settle(r, "ncclCommInitRankConfig", fmt::format("NCCL initialisation on cuda:{}", device));
+  // Every rank has joined before the first collective is queued.
+  host.barrier("barrier(NCCL communicator ready)");
+  return c;
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (!comm_) return;
+  // A healthy communicator finalises (flushing its pending work) within the timeout; else it is aborted.
+  const ncclResult_t f = ncclCommFinalize(comm_);
+  const bool ok = (f == ncclSuccess || f == ncclInProgress) && poll_comm(comm_, Clock::now() + timeout_) == ncclSuccess;
+  if (ok)
+    ncclCommDestroy(comm_);
+  else
+    ncclCommAbort(comm_);
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, const std::string& name) {
+  ncclConfig_t config = nonblocking_config();
+  ncclComm_t sub = nullptr;
+  const ncclResult_t r = ncclCommSplit(comm_, color, key, &sub, &config);
+  settle(r, "ncclCommSplit", "split(" + name + ")");
+  if (sub == nullptr) fail("rank {}: split({}) gave no communicator", rank_, name);
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  if (poll_comm(sub, deadline) != ncclSuccess) {
+    ncclCommAbort(sub);
+    abort_and_fail(fmt::format("split({}) did not complete", name));
+  }
+  int n = 0, me = 0;
+  ncclCommCount(sub, &n);
+  ncclCommUserRank(sub, &me);
+  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(sub, me, n, device_, timeout_, name));
+}
+
+void NcclCommunicator::settle(int result, const char* call, const std::string& what) {
+  const auto r = static_cast<ncclResult_t>(result);
+  if (r == ncclSuccess) return;
+  if (r != ncclInProgress) abort_and_fail(fmt::format("{} failed in {}: {}", call, what, nccl_error_text(comm_, r)));
+  const ncclResult_t s = poll_comm(comm_, Clock::now() + timeout_);
+  if (s == ncclInProgress)
+    abort_and_fail(fmt::format("{} did not complete within {:g} s ({})", what, timeout_.count() / 1000.0, call));
+  if (s != ncclSuccess) abort_and_fail(fmt::format("{} failed in {}: {}", call, what, nccl_error_text(comm_, s)));
+}
+
+void NcclCommunicator::abort_and_fail(const std::string& why) {
+  if (comm_) ncclCommAbort(comm_);
+  comm_ = nullptr;
+  broken_ = true;
+  fail("rank {} ({} rank {} of {}): {}", rank_, name_, rank_, size_, why);
+}
+
+void NcclCommunicator::all_reduce_sum(void* data, int64_t count, DType dtype, cudaStream_t stream,
+                                      const std::string& what) {
+  all_reduce_sum(std::vector<Buffer>{{data, count, dtype}}, stream, what);
+}
+
+void NcclCommunicator::all_reduce_sum(const std::vector<Buffer>& buffers, cudaStream_t stream,
+                                      const std::string& what) {
+  MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);
+  settle(ncclGroupStart(), "ncclGroupStart", what);
+  for (const Buffer& b : buffers)
+    if (b.count > 0)
+      settle(ncclAllReduce(b.data, b.data, static_cast<size_t>(b.count), nccl_type(b.dtype), ncclSum, comm_, stream),
+             "ncclAllReduce", what);
+  settle(ncclGroupEnd(), "ncclGroupEnd", what);
+}
+
+void NcclCommunicator::all_gather(const void* send, void* recv, int64_t count, DType dtype, cudaStream_t stream,
+                                  const std::string& what) {
+  MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);
+  settle(ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(dtype), comm_, stream), "ncclAllGather",
+         what);
+}
+
+void NcclCommunicator::all_to_allv(const void* send, const std::vector<int64_t>& send_first,
+                                   const std::vector<int64_t>& send_rows, void* recv,
+                                   const std::vector<int64_t>& recv_first, const std::vector<int64_t>& recv_rows,
+                                   int64_t row_bytes, cudaStream_t stream, const std::string& what) {
+  MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);
+  const size_t n = static_cast<size_t>(size_);
+  MT_CHECK(send_first.size() == n && send_rows.size() == n && recv_first.size() == n && recv_rows.size() == n,
+           "{}: all_to_allv needs {} entries per list", what, n);
+  const char* s = static_cast<const char*>(send);
+  char* d = static_cast<char*>(recv);
+  settle(ncclGroupStart(), "ncclGroupStart", what);
+  for (int j = 0; j < size_; ++j) {
+    if (send_rows[j] > 0)
+      settle(ncclSend(s + send_first[j] * row_bytes, static_cast<size_t>(send_rows[j] * row_bytes), ncclUint8, j,
+                      comm_, stream),
+             "ncclSend", what);
+    if (recv_rows[j] > 0)
+      settle(ncclRecv(d + recv_first[j] * row_bytes, static_cast<size_t>(recv_rows[j] * row_bytes), ncclUint8, j,
+                      comm_, stream),
+             "ncclRecv", what);
+  }
+  settle(ncclGroupEnd(), "ncclGroupEnd", what);
+}
+
+void NcclCommunicator::send_recv(void* data, int64_t bytes, int from, int to, cudaStream_t stream,
+                                 const std::string& what) {
+  MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);
+  if (bytes == 0 || from == to) return;
+  if (rank_ == from)
+    settle(ncclSend(data, static_cast<size_t>(bytes), ncclUint8, to, comm_, stream), "ncclSend", what);
+  else if (rank_ == to)
+    settle(ncclRecv(data, static_cast<size_t>(bytes), ncclUint8, from, comm_, stream), "ncclRecv", what);
+}
+
+void NcclCommunicator::wait(cudaStream_t stream, const std::string& what) {
+  MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  for (int spins = 0;; ++spins) {
+    const cudaError_t q = cudaStreamQuery(stream);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) MT_CUDA_CHECK(q);
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &state);
+    if (state != ncclSuccess && state != ncclInProgress)
+      abort_and_fail(fmt::format("{} failed: {}", what, nccl_error_text(comm_, state)));
+    if (Clock::now() > deadline)
+      abort_and_fail(fmt::format("{} did not complete within {:g} s (a peer stopped or is in another collective)",
+                                 what, timeout_.count() / 1000.0));
+    if (spins > 2000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+}  // namespace mt

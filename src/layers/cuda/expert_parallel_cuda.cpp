@@ -1,0 +1,87 @@
+#include "layers/cuda/expert_parallel_cuda.h"
+
+#include <cuda_runtime_api.h>
+
+#include "core/error.h"
+#include "distributed/cuda/nccl_communicator.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace mt {
+
+CudaExpertParallel::CudaExpertParallel(NcclCommunicator& comm, int64_t experts) : comm_(comm), experts_(experts) {
+  MT_CHECK(comm.size() >= 1 && experts % comm.size() == 0, "expert parallel: {} experts over {} ranks", experts,
+           comm.size());
+  per_rank_ = experts / comm.size();
+  const size_t bytes = sizeof(int32_t) * static_cast<size_t>(comm.size()) * static_cast<size_t>(experts + 1);
+  MT_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), bytes));
+}
+
+CudaExpertParallel::~CudaExpertParallel() {
+  if (pinned_) cudaFreeHost(pinned_);
+}
+
+int CudaExpertParallel::me() const { return comm_.rank(); }
+int CudaExpertParallel::ranks() const { return comm_.size(); }
+
+EpDispatch ep_dispatch_plan(const CudaExpertParallel& ep, const Tensor& plan_offsets, cudaStream_t stream,
+                            const std::string& what) {
+  const int64_t E = ep.experts(), g = ep.ranks(), el = ep.experts_per_rank();
+  const int me = ep.me();
+  MT_CHECK(plan_offsets.defined() && plan_offsets.dtype() == DType::I32 && plan_offsets.numel() == E + 1,
+           "{}: plan offsets must be I32 [{}], found {}", what, E + 1,
+           plan_offsets.defined() ? plan_offsets.desc() : std::string("none"));
+  Tensor gathered = Tensor::empty({g, E + 1}, DType::I32, plan_offsets.device());
+  ep.comm().all_gather(plan_offsets.data(), gathered.data(), E + 1, DType::I32, stream, what + ": all_gather(offsets)");
+  EpDispatch d;
+  d.layout = cuda::ep_layout(gathered, me, el, stream);
+  MT_CUDA_CHECK(cudaMemcpyAsync(ep.pinned_offsets(), gathered.data(), gathered.nbytes(), cudaMemcpyDeviceToHost, stream));
+  ep.comm().wait(stream, what + ": row counts");
+  auto off = [&](int64_t s, int64_t e) { return static_cast<int64_t>(ep.pinned_offsets()[s * (E + 1) + e]); };
+  d.send_first.resize(g);
+  d.send_rows.resize(g);
+  d.recv_first.resize(g);
+  d.recv_rows.resize(g);
+  for (int64_t j = 0; j < g; ++j) {
+    d.send_first[j] = off(me, j * el);
+    d.send_rows[j] = off(me, (j + 1) * el) - d.send_first[j];
+    d.recv_first[j] = d.recv_total;
+    d.recv_rows[j] = off(j, (me + 1) * el) - off(j, me * el);
+    if (d.send_rows[j] < 0 || d.recv_rows[j] < 0 || off(j, E) < 0)
+      fail("{}: rank {} of the expert-parallel group sent inconsistent offsets", what, j);
+    d.recv_total += d.recv_rows[j];
+  }
+  return d;
+}
+
+Tensor ep_to_experts(const CudaExpertParallel& ep, const EpDispatch& d, const Tensor& rows, cudaStream_t stream,
+                     const std::string& what) {
+  MT_CHECK(rows.defined() && rows.ndim() == 2 && rows.dtype() == DType::BF16, "{}: rows must be BF16 [slots, H]", what);
+  const int64_t H = rows.dim(1), n = std::max<int64_t>(d.recv_total, 1);
+  const int64_t row_bytes = H * static_cast<int64_t>(sizeof(uint16_t));
+  Tensor source_major = Tensor::empty({n, H}, DType::BF16, rows.device());
+  ep.comm().all_to_allv(rows.data(), d.send_first, d.send_rows, source_major.data(), d.recv_first, d.recv_rows,
+                       row_bytes, stream, what);
+  for (int64_t r : d.send_rows) ep.count_sent(r * row_bytes);
+  Tensor expert_major = Tensor::empty({n, H}, DType::BF16, rows.device());
+  cuda::ep_regroup(source_major, d.layout, /*to_expert_major=*/true, expert_major, stream);
+  return expert_major;
+}
+
+Tensor ep_from_experts(const CudaExpertParallel& ep, const EpDispatch& d, const Tensor& expert_rows, int64_t slots,
+                       cudaStream_t stream, const std::string& what) {
+  MT_CHECK(expert_rows.defined() && expert_rows.ndim() == 2 && expert_rows.dtype() == DType::BF16 &&
+               expert_rows.dim(0) == std::max<int64_t>(d.recv_total, 1),
+           "{}: expected BF16 [{}, H] expert rows", what, std::max<int64_t>(d.recv_total, 1));
+  const int64_t H = expert_rows.dim(1);
+  const int64_t row_bytes = H * static_cast<int64_t>(sizeof(uint16_t));
+  Tensor source_major = Tensor::empty(expert_rows.shape(), DType::BF16, expert_rows.device());
+  cuda::ep_regroup(expert_rows, d.layout, /*to_expert_major=*/false, source_major, stream);
+  Tensor out = Tensor::empty({slots, H}, DType::BF16, expert_rows.device());
+  // The way back swaps the roles: what this rank received from j returns to j.
+  ep.comm().all_to_allv(source_major.data(), d.recv_first, d.recv_rows, out.data(), d.send_first, d.send_rows,
+                       row_bytes, stream, what);
+  for (int64_t r : d.recv_rows) ep.count_sent(r * row_bytes);
+  return out;
+}
+
+}  // namespace mt

@@ -1,0 +1,78 @@
+// Expert parallelism on the GPU (the CPU twin is layers/expert_parallel.h): the experts of every MoE layer
+// are split over an expert-parallel group of ranks (group rank j owns experts [j·El, (j+1)·El), El = E/ep),
+// and each token slot's row travels to the rank owning its expert and back, over NCCL.
+//
+//   dispatch plan   all_gather of every rank's moe_plan offsets (device), then one host wait per layer and
+//                   micro-batch to read the row counts NCCL needs (the backward and a recompute reuse them)
+//   to experts      the rows in this rank's plan order are already grouped by destination rank (the plan
+//                   sorts by expert): one contiguous NCCL send per destination, received source-major,
+//                   then regrouped expert-major for the grouped GEMMs (kernels/cuda/ep_regroup.h)
+//   from experts    the inverse: expert-major -> source-major, one send back per source, landing in this
+//                   rank's plan order where the combine reads them
+// The backward moves the output gradients to the experts and the input gradients back the same way.
+// Communication runs on the compute stream (not overlapped yet). A slot routed to two experts of the same
+// rank is sent twice (no deduplication yet).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/cuda/ep_regroup.h"
+
+namespace mt {
+
+class NcclCommunicator;
+
+class CudaExpertParallel {
+ public:
+  // comm: the expert-parallel group (its rank order is the expert order); experts: the model's E.
+  CudaExpertParallel(NcclCommunicator& comm, int64_t experts);
+  ~CudaExpertParallel();
+  CudaExpertParallel(const CudaExpertParallel&) = delete;
+  CudaExpertParallel& operator=(const CudaExpertParallel&) = delete;
+
+  NcclCommunicator& comm() const { return comm_; }
+  int me() const;
+  int ranks() const;
+  int64_t experts_per_rank() const { return per_rank_; }
+  int64_t first_expert() const { return me() * per_rank_; }
+
+  int64_t experts() const { return experts_; }
+
+  // Bytes sent by this rank's dispatch/return calls so far, for the bench's bandwidth figure.
+  int64_t bytes_sent() const { return bytes_sent_; }
+  void count_sent(int64_t bytes) const { bytes_sent_ += bytes; }
+  // Page-locked room for every group rank's plan offsets ([ranks, E + 1] I32): the host wait reads it.
+  int32_t* pinned_offsets() const { return pinned_; }
+
+ private:
+  NcclCommunicator& comm_;
+  int64_t experts_ = 0, per_rank_ = 0;
+  int32_t* pinned_ = nullptr;  // page-locked copy of the gathered offsets (the host wait reads it)
+  mutable int64_t bytes_sent_ = 0;
+};
+
+// One layer's dispatch of one micro-batch.
+struct EpDispatch {
+  cuda::EpLayout layout;  // device: source-major <-> expert-major segments, expert-major offsets
+  std::vector<int64_t> send_first, send_rows;  // per group rank, in this rank's plan-order rows
+  std::vector<int64_t> recv_first, recv_rows;  // per group rank, in the source-major buffer
+  int64_t recv_total = 0;                      // rows of this rank's experts (N)
+  bool active() const { return layout.ranks > 0; }
+};
+
+// Collective over the group. plan_offsets: this rank's moe_plan offsets, I32 [E + 1] on the device.
+EpDispatch ep_dispatch_plan(const CudaExpertParallel& ep, const Tensor& plan_offsets, cudaStream_t stream,
+                            const std::string& what);
+// Collective. rows BF16 [T·k, H] in this rank's plan order -> BF16 [max(N, 1), H]: the rows of this rank's
+// experts, expert-major (layout.local_offsets); a spare row keeps the buffer non-empty when N = 0.
+Tensor ep_to_experts(const CudaExpertParallel& ep, const EpDispatch& d, const Tensor& rows, cudaStream_t stream,
+                     const std::string& what);
+// Collective, the inverse: expert-major rows [max(N, 1), H] -> BF16 [slots, H] in this rank's plan order.
+Tensor ep_from_experts(const CudaExpertParallel& ep, const EpDispatch& d, const Tensor& expert_rows, int64_t slots,
+                       cudaStream_t stream, const std::string& what);
+
+}  // namespace mt

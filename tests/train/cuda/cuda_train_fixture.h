@@ -1,0 +1,76 @@
+// The CUDA training tests' model and data: a small MoE (head_dim 64 for the flash-attention kernels,
+// 8 experts) saved as an F32 checkpoint, 64 pre-tokenized examples with a learnable pattern (each
+// sequence counts up from a random start), a recipe writer and the metrics reader.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../../io/io_test_util.h"
+#include "models/causal_lm.h"
+#include "models/presets.h"
+#include "train/recipe.h"
+
+namespace mt {
+
+inline void write_model_and_data(const io_test::ScratchDir& dir) {
+  nlohmann::json j = preset_config_json("qwen3-moe-test");
+  j["hidden_size"] = 128;
+  j["head_dim"] = 64;
+  j["num_attention_heads"] = 4;
+  j["num_key_value_heads"] = 2;
+  j["moe_intermediate_size"] = 64;
+  j["output_router_logits"] = true;
+  j["router_aux_loss_coef"] = 0.01;
+  j["initializer_range"] = 0.05;
+  CausalLM lm = CausalLM::from_config(Qwen3MoeConfig::from_json(j, "test"), DType::F32, 3);
+  lm.save_pretrained(dir.file("model"));
+  std::ofstream out(dir.file("train.jsonl"));
+  uint64_t s = 99;
+  for (int e = 0; e < 64; ++e) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    const int start = static_cast<int>((s >> 33) % 400), len = 20 + static_cast<int>((s >> 20) % 40);
+    nlohmann::json ids = nlohmann::json::array();
+    for (int i = 0; i < len; ++i) ids.push_back(start + i);
+    out << nlohmann::json{{"input_ids", ids}, {"labels", ids}}.dump() << "\n";
+  }
+}
+
+// Writes <run>.yaml (50 steps of micro-batch 2, grad_accum 2, on the CPU unless overridden) and returns its path.
+inline std::string write_recipe(const io_test::ScratchDir& dir, const std::string& run) {
+  const std::string path = dir.file(run + ".yaml");
+  std::ofstream(path) << "model: {path: " << dir.file("model") << ", dtype: float32}\n"
+                      << "data: {train: " << dir.file("train.jsonl") << ", seq_len: 64, pack: true}\n"
+                      << "train: {micro_batch_size: 2, grad_accum: 2, max_steps: 50, seed: 5, device: cpu}\n"
+                      << "optimizer: {lr: 2.0e-3, betas: [0.9, 0.95], weight_decay: 0.01}\n"
+                      << "schedule: {name: cosine, warmup_steps: 5}\n"
+                      << "clip: {max_grad_norm: 1.0}\n"
+                      << "checkpoint: {dir: " << dir.file(run) << "}\n"
+                      << "parallel: {timeout_s: 120}\n";
+  return path;
+}
+
+inline Recipe recipe(const io_test::ScratchDir& dir, const std::string& run, const std::vector<std::string>& sets) {
+  return recipe_load(write_recipe(dir, run), sets);
+}
+
+inline std::vector<nlohmann::json> metrics_of(const std::filesystem::path& run) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+inline std::vector<double> losses_of(const std::filesystem::path& run) {
+  std::vector<double> out;
+  for (const auto& m : metrics_of(run)) out.push_back(m["loss"].get<double>());
+  return out;
+}
+
+}  // namespace mt
