@@ -61,22 +61,45 @@ NcclCommunicator::NcclCommunicator(ncclComm* comm, int rank, int size, int devic
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& host, int device,
                                                            std::chrono::milliseconds timeout) {
+  std::vector<int> all(static_cast<size_t>(host.size()));
+  for (int r = 0; r < host.size(); ++r) all[static_cast<size_t>(r)] = r;
+  return create_group(host, device, timeout, {all}, "NCCL");
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create_group(Communicator& host, int device,
+                                                                 std::chrono::milliseconds timeout,
+                                                                 const std::vector<std::vector<int>>& groups,
+                                                                 const std::string& name) {
   cuda::device_set(device);
-  ncclUniqueId id{};
-  if (host.rank() == 0) {
-    const ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess) fail("rank 0: ncclGetUniqueId failed: {}", ncclGetErrorString(r));
+  const int me = host.rank();
+  int my_group = -1, my_rank = -1;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    MT_CHECK(!groups[g].empty(), "{}: empty group", name);
+    for (size_t i = 0; i < groups[g].size(); ++i)
+      if (groups[g][i] == me) my_group = static_cast<int>(g), my_rank = static_cast<int>(i);
   }
-  host.broadcast(&id, sizeof id, 0, "broadcast(NCCL unique id)");
+  MT_CHECK(my_group >= 0, "{}: rank {} is in none of the groups", name, me);
+  ncclUniqueId mine{};
+  for (size_t g = 0; g < groups.size(); ++g) {
+    ncclUniqueId id{};
+    const int root = groups[g][0];
+    if (me == root) {
+      const ncclResult_t r = ncclGetUniqueId(&id);
+      if (r != ncclSuccess) fail("rank {}: ncclGetUniqueId failed ({}): {}", me, name, ncclGetErrorString(r));
+    }
+    host.broadcast(&id, sizeof id, root, "broadcast(" + name + " unique id)");
+    if (static_cast<int>(g) == my_group) mine = id;
+  }
+  const int n = static_cast<int>(groups[static_cast<size_t>(my_group)].size());
   ncclConfig_t config = nonblocking_config();
   ncclComm_t comm = nullptr;
-  const ncclResult_t r = ncclCommInitRankConfig(&comm, host.size(), id, host.rank(), &config);
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, n, mine, my_rank, &config);
   if (r != ncclSuccess && r != ncclInProgress)
-    fail("rank {}: NCCL initialisation on cuda:{} failed: {}", host.rank(), device, nccl_error_text(comm, r));
-  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(comm, host.rank(), host.size(), device, timeout, "NCCL"));
-  c->settle(r, "ncclCommInitRankConfig", fmt::format("NCCL initialisation on cuda:{}", device));
+    fail("rank {}: {} initialisation on cuda:{} failed: {}", me, name, device, nccl_error_text(comm, r));
+  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(comm, my_rank, n, device, timeout, name));
+  c->settle(r, "ncclCommInitRankConfig", fmt::format("{} initialisation on cuda:{}", name, device));
   // Every rank has joined before the first collective is queued.
-  host.barrier("barrier(NCCL communicator ready)");
+  host.barrier("barrier(" + name + " ready)");
   return c;
 }
 
@@ -89,23 +112,6 @@ NcclCommunicator::~NcclCommunicator() {
     ncclCommDestroy(comm_);
   else
     ncclCommAbort(comm_);
-}
-
-std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, const std::string& name) {
-  ncclConfig_t config = nonblocking_config();
-  ncclComm_t sub = nullptr;
-  const ncclResult_t r = ncclCommSplit(comm_, color, key, &sub, &config);
-  settle(r, "ncclCommSplit", "split(" + name + ")");
-  if (sub == nullptr) fail("rank {}: split({}) gave no communicator", rank_, name);
-  const Clock::time_point deadline = Clock::now() + timeout_;
-  if (poll_comm(sub, deadline) != ncclSuccess) {
-    ncclCommAbort(sub);
-    abort_and_fail(fmt::format("split({}) did not complete", name));
-  }
-  int n = 0, me = 0;
-  ncclCommCount(sub, &n);
-  ncclCommUserRank(sub, &me);
-  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(sub, me, n, device_, timeout_, name));
 }
 
 void NcclCommunicator::settle(int result, const char* call, const std::string& what) {

@@ -32,9 +32,14 @@ class NcclCommunicator {
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
-  // Collective over this communicator's ranks: ranks with the same color form a new communicator, ordered
-  // by key. `name` appears in error messages ("expert-parallel group").
-  std::unique_ptr<NcclCommunicator> split(int color, int key, const std::string& name);
+  // Collective over every rank of `host`: `groups` partitions the job's ranks (the same list on every
+  // rank); this rank joins a communicator among the members of its group, ranked in the listed order.
+  // Each group's first member makes that group's unique id and broadcasts it over `host`. `name` appears
+  // in error messages ("expert-parallel group").
+  static std::unique_ptr<NcclCommunicator> create_group(Communicator& host, int device,
+                                                        std::chrono::milliseconds timeout,
+                                                        const std::vector<std::vector<int>>& groups,
+                                                        const std::string& name);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -72,7 +77,7 @@ class NcclCommunicator {
   ncclComm* comm_ = nullptr;
   int rank_ = 0, size_ = 1, device_ = 0;
   std::chrono::milliseconds timeout_;
-  std::string name_;  // "NCCL" or the split's name
+  std::string name_;  // "NCCL" or the group's name
   bool broken_ = false;
 };
 

@@ -8,6 +8,18 @@
 
 namespace mt {
 
+std::vector<std::vector<int>> expert_parallel_groups(int world, int64_t ep) {
+  std::vector<std::vector<int>> g(static_cast<size_t>(world / ep));
+  for (int r = 0; r < world; ++r) g[static_cast<size_t>(r / ep)].push_back(r);
+  return g;
+}
+
+std::vector<std::vector<int>> expert_replica_groups(int world, int64_t ep) {
+  std::vector<std::vector<int>> g(static_cast<size_t>(ep));
+  for (int r = 0; r < world; ++r) g[static_cast<size_t>(r % ep)].push_back(r);
+  return g;
+}
+
 CudaExpertParallel::CudaExpertParallel(NcclCommunicator& comm, int64_t experts) : comm_(comm), experts_(experts) {
   MT_CHECK(comm.size() >= 1 && experts % comm.size() == 0, "expert parallel: {} experts over {} ranks", experts,
            comm.size());

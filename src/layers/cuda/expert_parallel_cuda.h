@@ -26,6 +26,12 @@ namespace mt {
 
 class NcclCommunicator;
 
+// The expert-parallel groups of a job of `world` ranks with groups of `ep`: consecutive ranks
+// {0..ep-1}, {ep..2ep-1}, ... (as the CPU engine forms them); and the groups of ranks that hold the same
+// experts (the same position in their group): {0, ep, 2ep, ...}, {1, ep+1, ...}, ...
+std::vector<std::vector<int>> expert_parallel_groups(int world, int64_t ep);
+std::vector<std::vector<int>> expert_replica_groups(int world, int64_t ep);
+
 class CudaExpertParallel {
  public:
   // comm: the expert-parallel group (its rank order is the expert order); experts: the model's E.

@@ -141,9 +141,12 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     ranks.host = tcp_communicator_create(ranks.pg, std::chrono::seconds(600));
     ranks.world = NcclCommunicator::create(*ranks.host, device, std::chrono::seconds(600));
     if (o.ep > 1) {
-      const int group = static_cast<int>(rank / o.ep), member = static_cast<int>(rank % o.ep);
-      ranks.ep_comm = ranks.world->split(group, member, "expert-parallel group");
-      if (world > o.ep) ranks.replicas = ranks.world->split(member, group, "expert replicas");
+      const auto timeout = std::chrono::seconds(600);
+      ranks.ep_comm = NcclCommunicator::create_group(*ranks.host, device, timeout,
+                                                     expert_parallel_groups(world, o.ep), "expert-parallel group");
+      if (world > o.ep)
+        ranks.replicas = NcclCommunicator::create_group(*ranks.host, device, timeout,
+                                                        expert_replica_groups(world, o.ep), "expert replicas");
       ranks.ep = std::make_unique<CudaExpertParallel>(*ranks.ep_comm, cfg.num_experts);
     }
   }

@@ -197,9 +197,11 @@ class CudaEngine final : public TrainEngine {
     if (ep > 1) {
       if (world % ep != 0) fail("parallel.ep: {} does not divide the {} ranks of this job", ep, world);
       if (E % ep != 0) fail("parallel.ep: {} does not divide the model's {} experts", ep, E);
-      const int group = static_cast<int>(comm.rank() / ep), member = static_cast<int>(comm.rank() % ep);
-      ep_comm_ = world_->split(group, member, "expert-parallel group");
-      if (world > ep) replicas_ = world_->split(member, group, "expert replicas");
+      ep_comm_ = NcclCommunicator::create_group(comm, device_, timeout, expert_parallel_groups(world, ep),
+                                                "expert-parallel group");
+      if (world > ep)
+        replicas_ = NcclCommunicator::create_group(comm, device_, timeout, expert_replica_groups(world, ep),
+                                                   "expert replicas");
       ep_ = std::make_unique<CudaExpertParallel>(*ep_comm_, E);
       col.ep = ep_.get();
       col.expert_replicas = replicas_.get();
