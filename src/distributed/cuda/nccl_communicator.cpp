@@ -164,8 +164,15 @@ void NcclCommunicator::all_to_allv(const void* send, const std::vector<int64_t>&
            "{}: all_to_allv needs {} entries per list", what, n);
   const char* s = static_cast<const char*>(send);
   char* d = static_cast<char*>(recv);
+  // This rank's own rows: a device copy, not a trip through NCCL.
+  MT_CHECK(send_rows[rank_] == recv_rows[rank_], "{}: {} rows to itself but {} expected back", what,
+           send_rows[rank_], recv_rows[rank_]);
+  if (send_rows[rank_] > 0)
+    MT_CUDA_CHECK(cudaMemcpyAsync(d + recv_first[rank_] * row_bytes, s + send_first[rank_] * row_bytes,
+                                  static_cast<size_t>(send_rows[rank_] * row_bytes), cudaMemcpyDeviceToDevice, stream));
   settle(ncclGroupStart(), "ncclGroupStart", what);
   for (int j = 0; j < size_; ++j) {
+    if (j == rank_) continue;
     if (send_rows[j] > 0)
       settle(ncclSend(s + send_first[j] * row_bytes, static_cast<size_t>(send_rows[j] * row_bytes), ncclUint8, j,
                       comm_, stream),

@@ -73,7 +73,8 @@ Tensor ep_to_experts(const CudaExpertParallel& ep, const EpDispatch& d, const Te
   Tensor source_major = Tensor::empty({n, H}, DType::BF16, rows.device());
   ep.comm().all_to_allv(rows.data(), d.send_first, d.send_rows, source_major.data(), d.recv_first, d.recv_rows,
                        row_bytes, stream, what);
-  for (int64_t r : d.send_rows) ep.count_sent(r * row_bytes);
+  for (int j = 0; j < ep.ranks(); ++j)
+    if (j != ep.me()) ep.count_sent(d.send_rows[j] * row_bytes);
   Tensor expert_major = Tensor::empty({n, H}, DType::BF16, rows.device());
   cuda::ep_regroup(source_major, d.layout, /*to_expert_major=*/true, expert_major, stream);
   return expert_major;
@@ -92,7 +93,8 @@ Tensor ep_from_experts(const CudaExpertParallel& ep, const EpDispatch& d, const 
   // The way back swaps the roles: what this rank received from j returns to j.
   ep.comm().all_to_allv(source_major.data(), d.recv_first, d.recv_rows, out.data(), d.send_first, d.send_rows,
                        row_bytes, stream, what);
-  for (int64_t r : d.recv_rows) ep.count_sent(r * row_bytes);
+  for (int j = 0; j < ep.ranks(); ++j)
+    if (j != ep.me()) ep.count_sent(d.recv_rows[j] * row_bytes);
   return out;
 }
 

@@ -48,7 +48,8 @@ class CudaExpertParallel {
 
   int64_t experts() const { return experts_; }
 
-  // Bytes sent by this rank's dispatch/return calls so far, for the bench's bandwidth figure.
+  // Bytes this rank's dispatch/return calls sent to other ranks so far (its own rows are a local copy),
+  // for the bench's bandwidth figure.
   int64_t bytes_sent() const { return bytes_sent_; }
   void count_sent(int64_t bytes) const { bytes_sent_ += bytes; }
   // Page-locked room for every group rank's plan offsets ([ranks, E + 1] I32): the host wait reads it.
