@@ -31,6 +31,10 @@ for stage in "$@"; do
     tests) MIXTUNE_TEST_BINARY=$BIN/mixtune GTEST_FILTER=${GTEST_FILTER:-Cuda*} bash scripts/gpu-check.sh "$BIN" "$LIB_DIR" 2>&1 | tee "$OUT/tests.log" \
              | tail -60 || rc=1 ;;
     standard|fp32master|long|standard2|fp32master2) OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$stage" || rc=1 ;;
+    mixtune-standard2-dp) SIDES=mixtune NAME=mixtune-standard2-dp OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" \
+               standard2 --mixtune --ep 1 || rc=1 ;;
+    mixtune-standard2-blocking) MIXTUNE_NCCL_BLOCKING=1 SIDES=mixtune NAME=mixtune-standard2-blocking OUT=$OUT \
+               bash bench/side_by_side.sh "$BIN/mixtune" standard2 || rc=1 ;;
     mixtune-standard2) SIDES=mixtune NAME=mixtune-standard2 OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard2 \
                || rc=1 ;;
     mixtune-standard) SIDES=mixtune NAME=mixtune-standard OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;

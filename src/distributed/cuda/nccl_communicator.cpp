@@ -2,6 +2,8 @@
 
 #include <nccl.h>
 
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include <fmt/format.h>
@@ -30,9 +32,12 @@ ncclDataType_t nccl_type(DType t) {
   }
 }
 
+// Non-blocking unless MIXTUNE_NCCL_BLOCKING=1 (an experiment switch: a blocking communicator queues its
+// kernels in the calling thread, without the polling round trip).
 ncclConfig_t nonblocking_config() {
   ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
-  c.blocking = 0;
+  const char* b = std::getenv("MIXTUNE_NCCL_BLOCKING");
+  c.blocking = b && std::string(b) == "1" ? 1 : 0;
   return c;
 }
 
