@@ -11,6 +11,7 @@ const char* phase_name(Phase p) {
     case Phase::dispatch: return "dispatch";
     case Phase::head_loss: return "head_loss";
     case Phase::optimizer: return "optimizer";
+    case Phase::comm_plan: return "comm_plan";
     case Phase::comm: return "comm";
     case Phase::grad_sync: return "grad_sync";
     case Phase::other: return "other";

@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+
 #include "core/error.h"
 #include "distributed/cuda/nccl_communicator.h"
 #include "kernels/cuda/cuda_check.h"
@@ -47,7 +49,9 @@ EpDispatch ep_dispatch_plan(const CudaExpertParallel& ep, const Tensor& plan_off
   EpDispatch d;
   d.layout = cuda::ep_layout(gathered, me, el, stream);
   MT_CUDA_CHECK(cudaMemcpyAsync(ep.pinned_offsets(), gathered.data(), gathered.nbytes(), cudaMemcpyDeviceToHost, stream));
+  const auto t0 = std::chrono::steady_clock::now();
   ep.comm().wait(stream, what + ": row counts");
+  ep.count_wait(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   auto off = [&](int64_t s, int64_t e) { return static_cast<int64_t>(ep.pinned_offsets()[s * (E + 1) + e]); };
   d.send_first.resize(g);
   d.send_rows.resize(g);

@@ -52,6 +52,9 @@ class CudaExpertParallel {
   // for the bench's bandwidth figure.
   int64_t bytes_sent() const { return bytes_sent_; }
   void count_sent(int64_t bytes) const { bytes_sent_ += bytes; }
+  // Host seconds spent waiting for the row counts so far (the GPU finishing everything queued before them).
+  double host_wait_s() const { return host_wait_s_; }
+  void count_wait(double s) const { host_wait_s_ += s; }
   // Page-locked room for every group rank's plan offsets ([ranks, E + 1] I32): the host wait reads it.
   int32_t* pinned_offsets() const { return pinned_; }
 
@@ -60,6 +63,7 @@ class CudaExpertParallel {
   int64_t experts_ = 0, per_rank_ = 0;
   int32_t* pinned_ = nullptr;  // page-locked copy of the gathered offsets (the host wait reads it)
   mutable int64_t bytes_sent_ = 0;
+  mutable double host_wait_s_ = 0;
 };
 
 // One layer's dispatch of one micro-batch.

@@ -31,8 +31,9 @@ Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeight
   acts.xg = cuda::moe_gather(n, acts.plan, env.stream);
   acts.expert_offsets = acts.plan.offsets;
   if (env.ep) {
-    env.phase(cuda::Phase::comm);
+    env.phase(cuda::Phase::comm_plan);
     acts.ep = ep_dispatch_plan(*env.ep, acts.plan.offsets, env.stream, ep_what(env, "expert dispatch plan"));
+    env.phase(cuda::Phase::comm);
     acts.xg = ep_to_experts(*env.ep, acts.ep, acts.xg, env.stream, ep_what(env, "all_to_allv(expert dispatch, forward)"));
     acts.expert_offsets = acts.ep.layout.local_offsets;
   }
