@@ -52,6 +52,12 @@ ncclResult_t poll_comm(ncclComm_t comm, Clock::time_point deadline) {
   }
 }
 
+// MIXTUNE_NCCL_A2A=p2p keeps send/recv for two ranks (for comparison).
+bool two_rank_broadcast() {
+  const char* v = std::getenv("MIXTUNE_NCCL_A2A");
+  return !(v && std::string(v) == "p2p");
+}
+
 std::string nccl_error_text(ncclComm_t comm, ncclResult_t r) {
   std::string s = ncclGetErrorString(r);
   if (const char* last = comm ? ncclGetLastError(comm) : nullptr; last && *last) s += std::string(" (") + last + ")";
@@ -175,6 +181,23 @@ void NcclCommunicator::all_to_allv(const void* send, const std::vector<int64_t>&
   if (send_rows[rank_] > 0)
     MT_CUDA_CHECK(cudaMemcpyAsync(d + recv_first[rank_] * row_bytes, s + send_first[rank_] * row_bytes,
                                   static_cast<size_t>(send_rows[rank_] * row_bytes), cudaMemcpyDeviceToDevice, stream));
+  if (size_ == 2 && two_rank_broadcast()) {
+    // NCCL gives a send/recv pair two channels per peer (≈70 GB/s over NVLink on the H200s); a broadcast
+    // from each rank runs on the ring's channels. With two ranks each broadcast reaches exactly the peer.
+    const int other = 1 - rank_;
+    settle(ncclGroupStart(), "ncclGroupStart", what);
+    for (int root = 0; root < 2; ++root) {
+      const int64_t rows = root == rank_ ? send_rows[other] : recv_rows[other];
+      if (rows == 0) continue;  // both ranks see the same count
+      char* root_rows = const_cast<char*>(s) + send_first[other] * row_bytes;
+      void* out = root == rank_ ? root_rows : d + recv_first[other] * row_bytes;  // in place on the root
+      settle(ncclBroadcast(root == rank_ ? root_rows : nullptr, out, static_cast<size_t>(rows * row_bytes), ncclUint8,
+                           root, comm_, stream),
+             "ncclBroadcast", what);
+    }
+    settle(ncclGroupEnd(), "ncclGroupEnd", what);
+    return;
+  }
   settle(ncclGroupStart(), "ncclGroupStart", what);
   for (int j = 0; j < size_; ++j) {
     if (j == rank_) continue;

@@ -59,7 +59,8 @@ class NcclCommunicator {
                   const std::string& what);
   // Rows of row_bytes: send_rows[j] rows starting at row send_first[j] of `send` go to rank j; rank j's rows
   // for this rank land at row recv_first[j] of `recv` (recv_rows[j] of them). Zero-row pairs send nothing;
-  // this rank's own rows are a device-to-device copy.
+  // this rank's own rows are a device-to-device copy. Two ranks exchange with one broadcast each (NCCL's
+  // send/recv pair is limited to two channels per peer); more ranks use grouped send/recv.
   void all_to_allv(const void* send, const std::vector<int64_t>& send_first, const std::vector<int64_t>& send_rows,
                    void* recv, const std::vector<int64_t>& recv_first, const std::vector<int64_t>& recv_rows,
                    int64_t row_bytes, cudaStream_t stream, const std::string& what);
