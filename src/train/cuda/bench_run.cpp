@@ -173,6 +173,38 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   if (!plan.fits && !o.force) fail("bench: {} (--force runs it anyway)", plan.refusal());
 
   const double ceiling = measure_gemm_ceiling_tflops(device);
+  // The expert all-to-all alone: one layer's dispatch volume (T·k rows of H bf16, half of them to the
+  // peer for EP 2), 20 times, timed on the GPU: what the transport gives without the training around it.
+  nlohmann::ordered_json probe;
+  if (ranks.ep) {
+    const int g = ranks.ep->ranks(), me = ranks.ep->me();
+    const int64_t rows = o.micro_batch * o.seq * cfg.num_experts_per_tok, H = cfg.hidden_size;
+    std::vector<int64_t> first(g), count(g);
+    for (int j = 0; j < g; ++j) count[j] = rows / g, first[j] = j * (rows / g);
+    Tensor a = Tensor::empty({rows, H}, DType::BF16, Device::cuda(device));
+    Tensor b = Tensor::empty({rows, H}, DType::BF16, Device::cuda(device));
+    cudaEvent_t e0, e1;
+    MT_CUDA_CHECK(cudaEventCreate(&e0));
+    MT_CUDA_CHECK(cudaEventCreate(&e1));
+    auto once = [&] {
+      ranks.ep->comm().all_to_allv(a.data(), first, count, b.data(), first, count, H * 2, ctx.stream, "probe");
+    };
+    for (int i = 0; i < 3; ++i) once();
+    ranks.ep->comm().wait(ctx.stream, "probe warm-up");
+    MT_CUDA_CHECK(cudaEventRecord(e0, ctx.stream));
+    for (int i = 0; i < 20; ++i) once();
+    MT_CUDA_CHECK(cudaEventRecord(e1, ctx.stream));
+    ranks.ep->comm().wait(ctx.stream, "probe");
+    float ms = 0;
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    const double remote = static_cast<double>(rows - rows / g) * static_cast<double>(H) * 2.0;
+    probe = {{"rows_per_call", rows}, {"remote_bytes_per_call", remote}, {"ms_per_call", ms / 20.0},
+             {"gb_per_s", remote / (ms / 20.0 * 1e-3) / 1e9}};
+    if (log) std::fprintf(log, "all-to-all probe (rank %d): %.3f ms per call, %.1f GB/s\n", me, ms / 20.0,
+                          remote / (ms / 20.0 * 1e-3) / 1e9);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
   cuda::allocator_empty_cache(device);
   cuda::allocator_reset_peak(device);
 
@@ -323,6 +355,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
                        {"host_wait_for_counts_ms_per_step", host_wait_s * 1e3 / static_cast<double>(o.steps)},
                        {"achieved_gb_per_s", comm_ms > 0 ? bytes / (comm_ms * 1e-3) / 1e9 : 0.0},
                        {"hidden_fraction", 0.0},
+                       {"alone", probe},
                        {"note", "NCCL send/recv on the compute stream, not overlapped; comm_ms (all_to_allv + "
                                 "regroup) includes waiting for the slower rank; the row-count exchange (all_gather + "
                                 "host wait) is apart"}};
