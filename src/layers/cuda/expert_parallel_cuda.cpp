@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
@@ -36,6 +37,14 @@ CudaExpertParallel::~CudaExpertParallel() {
 
 int CudaExpertParallel::me() const { return comm_.rank(); }
 int CudaExpertParallel::ranks() const { return comm_.size(); }
+
+int64_t ep_padded_rows(int64_t n) {
+  if (n <= 16) return std::max<int64_t>(n, 1);
+  int64_t p = 1;
+  while (p * 2 <= n) p *= 2;
+  const int64_t step = p / 16;
+  return (n + step - 1) / step * step;
+}
 
 EpDispatch ep_dispatch_plan(const CudaExpertParallel& ep, const Tensor& plan_offsets, cudaStream_t stream,
                             const std::string& what) {
@@ -72,7 +81,7 @@ EpDispatch ep_dispatch_plan(const CudaExpertParallel& ep, const Tensor& plan_off
 Tensor ep_to_experts(const CudaExpertParallel& ep, const EpDispatch& d, const Tensor& rows, cudaStream_t stream,
                      const std::string& what) {
   MT_CHECK(rows.defined() && rows.ndim() == 2 && rows.dtype() == DType::BF16, "{}: rows must be BF16 [slots, H]", what);
-  const int64_t H = rows.dim(1), n = std::max<int64_t>(d.recv_total, 1);
+  const int64_t H = rows.dim(1), n = ep_padded_rows(d.recv_total);
   const int64_t row_bytes = H * static_cast<int64_t>(sizeof(uint16_t));
   Tensor source_major = Tensor::empty({n, H}, DType::BF16, rows.device());
   ep.comm().all_to_allv(rows.data(), d.send_first, d.send_rows, source_major.data(), d.recv_first, d.recv_rows,
@@ -87,8 +96,8 @@ Tensor ep_to_experts(const CudaExpertParallel& ep, const EpDispatch& d, const Te
 Tensor ep_from_experts(const CudaExpertParallel& ep, const EpDispatch& d, const Tensor& expert_rows, int64_t slots,
                        cudaStream_t stream, const std::string& what) {
   MT_CHECK(expert_rows.defined() && expert_rows.ndim() == 2 && expert_rows.dtype() == DType::BF16 &&
-               expert_rows.dim(0) == std::max<int64_t>(d.recv_total, 1),
-           "{}: expected BF16 [{}, H] expert rows", what, std::max<int64_t>(d.recv_total, 1));
+               expert_rows.dim(0) == ep_padded_rows(d.recv_total),
+           "{}: expected BF16 [{}, H] expert rows", what, ep_padded_rows(d.recv_total));
   const int64_t H = expert_rows.dim(1);
   const int64_t row_bytes = H * static_cast<int64_t>(sizeof(uint16_t));
   Tensor source_major = Tensor::empty(expert_rows.shape(), DType::BF16, expert_rows.device());

@@ -78,11 +78,17 @@ struct EpDispatch {
 // Collective over the group. plan_offsets: this rank's moe_plan offsets, I32 [E + 1] on the device.
 EpDispatch ep_dispatch_plan(const CudaExpertParallel& ep, const Tensor& plan_offsets, cudaStream_t stream,
                             const std::string& what);
-// Collective. rows BF16 [T·k, H] in this rank's plan order -> BF16 [max(N, 1), H]: the rows of this rank's
-// experts, expert-major (layout.local_offsets); a spare row keeps the buffer non-empty when N = 0.
+// The rows of the buffers holding N received rows: N rounded up to 1/16 of its power of two (at most 6%
+// more, at least 1). The received count changes with every layer and micro-batch; a few repeating sizes
+// let the caching allocator reuse its blocks instead of calling cudaMalloc (and returning its cache, a
+// device sync) thousands of times a step. The rows past N are never read as data.
+int64_t ep_padded_rows(int64_t n);
+
+// Collective. rows BF16 [T·k, H] in this rank's plan order -> BF16 [ep_padded_rows(N), H]: the rows of this
+// rank's experts, expert-major (layout.local_offsets).
 Tensor ep_to_experts(const CudaExpertParallel& ep, const EpDispatch& d, const Tensor& rows, cudaStream_t stream,
                      const std::string& what);
-// Collective, the inverse: expert-major rows [max(N, 1), H] -> BF16 [slots, H] in this rank's plan order.
+// Collective, the inverse: expert-major rows [ep_padded_rows(N), H] -> BF16 [slots, H] in this rank's plan order.
 Tensor ep_from_experts(const CudaExpertParallel& ep, const EpDispatch& d, const Tensor& expert_rows, int64_t slots,
                        cudaStream_t stream, const std::string& what);
 

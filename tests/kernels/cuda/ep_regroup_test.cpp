@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "cuda_test_util.h"
 #include "kernels/cuda/ep_regroup.h"
+#include "layers/cuda/expert_parallel_cuda.h"
 
 namespace mt {
 namespace {
@@ -67,6 +69,31 @@ TEST(CudaEpRegroup, LayoutAndRoundTripMatchReference) {
   Tensor d_back = Tensor::empty({N, H}, DType::BF16, Device::cuda(0));
   cuda::ep_regroup(d_exp, L, /*to_expert_major=*/false, d_back, stream);
   EXPECT_EQ(cuda::to_host(d_back).to_floats(), src);
+}
+
+}  // namespace
+}  // namespace mt
+
+namespace mt {
+namespace {
+
+// Buffer rows for N received rows: never fewer than N (nor than 1), at most 1/16 more, and few distinct
+// values around a typical count (the allocator reuses them).
+TEST(CudaEpRegroup, PaddedRowsBoundAndRepeat) {
+  EXPECT_EQ(ep_padded_rows(0), 1);
+  EXPECT_EQ(ep_padded_rows(1), 1);
+  EXPECT_EQ(ep_padded_rows(16), 16);
+  EXPECT_EQ(ep_padded_rows(17), 17);
+  EXPECT_EQ(ep_padded_rows(32768), 32768);
+  EXPECT_EQ(ep_padded_rows(32769), 32768 + 2048);
+  std::set<int64_t> sizes;
+  for (int64_t n = 1; n < 100000; ++n) {
+    const int64_t p = ep_padded_rows(n);
+    ASSERT_GE(p, n);
+    ASSERT_LE(p, n + n / 16 + 1) << n;
+    if (n >= 30000 && n <= 36000) sizes.insert(p);
+  }
+  EXPECT_LE(sizes.size(), 5u);  // 30k..36k rows: 30720, 31744, 32768, 34816, 36864
 }
 
 }  // namespace
