@@ -28,7 +28,15 @@ size_t size_class(size_t n) {
 // blocks are never split, so without it a training step's changing mix of sizes strands gigabytes
 // (reserved far above allocated). The release synchronises the device, which happens while the
 // allocation pattern is still being learned (the first steps); a steady step hits the cache.
-constexpr size_t kCacheReleaseBytes = size_t{2} << 30;
+// MIXTUNE_ALLOC_RELEASE_GIB overrides the 2 GiB (an experiment switch).
+size_t cache_release_bytes() {
+  static const size_t v = [] {
+    const char* e = std::getenv("MIXTUNE_ALLOC_RELEASE_GIB");
+    const long gib = e && *e ? std::strtol(e, nullptr, 10) : 2;
+    return static_cast<size_t>(gib > 0 ? gib : 2) << 30;
+  }();
+  return v;
+}
 
 struct DevicePool {
   std::multimap<size_t, void*> free_blocks;     // size -> block
@@ -93,11 +101,11 @@ void* device_alloc(int device, size_t nbytes) {
   std::lock_guard<std::mutex> lock(allocator().mutex);
   DevicePool& p = pool(device);
   // Best fit among cached blocks, accepting at most 1/8 slack so a small request cannot pin a huge block —
-  // up to 2x while more than kCacheReleaseBytes sit cached: using a roomier cached block beats returning
+  // up to 2x while more than cache_release_bytes() sit cached: using a roomier cached block beats returning
   // the cache (a device sync and a storm of cudaMalloc; measured: 2,210 cudaMalloc per training step with
   // paired expert wgrads at 1/8, none at 2x).
   auto it = p.free_blocks.lower_bound(cls);
-  const size_t slack = p.free_bytes > kCacheReleaseBytes ? cls : cls / 8;
+  const size_t slack = p.free_bytes > cache_release_bytes() ? cls : cls / 8;
   if (it != p.free_blocks.end() && it->first <= cls + slack) {
     void* ptr = it->second;
     const size_t size = it->first;
@@ -111,7 +119,7 @@ void* device_alloc(int device, size_t nbytes) {
   }
   void* ptr = nullptr;
   {
-    if (p.free_bytes > std::max(kCacheReleaseBytes, cls)) {
+    if (p.free_bytes > std::max(cache_release_bytes(), cls)) {
       release_cached(device, p);
       p.stats.cache_releases++;
     }
