@@ -24,18 +24,32 @@ size_t size_class(size_t n) {
   return (n + r - 1) / r * r;
 }
 
-// A miss while this much is cached (and unusable for the request) first returns the cache to the driver:
-// blocks are never split, so without it a training step's changing mix of sizes strands gigabytes
-// (reserved far above allocated). The release synchronises the device, which happens while the
-// allocation pattern is still being learned (the first steps); a steady step hits the cache.
-// MIXTUNE_ALLOC_RELEASE_GIB overrides the 2 GiB (an experiment switch).
-size_t cache_release_bytes() {
-  static const size_t v = [] {
+// While more than this is cached, a request may take a cached block up to twice its size (rather than
+// leaving gigabytes of roomy blocks unused).
+constexpr size_t kRoomySlackBytes = size_t{2} << 30;
+
+// A miss while more than this is cached (and unusable for the request) first returns the cache to the
+// driver: blocks are never split, so a changing mix of sizes strands memory (reserved above allocated).
+// The release synchronises the device and is followed by a storm of cudaMalloc calls, so it must be rare:
+// the threshold is a quarter of the device's memory (MIXTUNE_ALLOC_RELEASE_GIB overrides it). At 2 GiB,
+// an expert-parallel step (receive buffers of changing sizes) released ~90 times and made ~2,000 cudaMalloc
+// calls per step: 25.9k tokens/s per GPU against 34.9k with the cache kept (bench/NOTES.md). A cudaMalloc
+// that fails still returns the whole cache and retries.
+size_t cache_release_bytes(int device) {
+  static size_t per_device[64] = {};
+  if (device < 0 || device >= 64) return kRoomySlackBytes;
+  if (per_device[device] == 0) {
     const char* e = std::getenv("MIXTUNE_ALLOC_RELEASE_GIB");
-    const long gib = e && *e ? std::strtol(e, nullptr, 10) : 2;
-    return static_cast<size_t>(gib > 0 ? gib : 2) << 30;
-  }();
-  return v;
+    const long gib = e && *e ? std::strtol(e, nullptr, 10) : 0;
+    size_t free_b = 0, total_b = 0;
+    if (gib > 0)
+      per_device[device] = static_cast<size_t>(gib) << 30;
+    else if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && total_b > 0)
+      per_device[device] = std::max(kRoomySlackBytes, total_b / 4);
+    else
+      per_device[device] = kRoomySlackBytes;
+  }
+  return per_device[device];
 }
 
 struct DevicePool {
@@ -101,11 +115,11 @@ void* device_alloc(int device, size_t nbytes) {
   std::lock_guard<std::mutex> lock(allocator().mutex);
   DevicePool& p = pool(device);
   // Best fit among cached blocks, accepting at most 1/8 slack so a small request cannot pin a huge block —
-  // up to 2x while more than cache_release_bytes() sit cached: using a roomier cached block beats returning
+  // up to 2x while more than kRoomySlackBytes sit cached: using a roomier cached block beats returning
   // the cache (a device sync and a storm of cudaMalloc; measured: 2,210 cudaMalloc per training step with
   // paired expert wgrads at 1/8, none at 2x).
   auto it = p.free_blocks.lower_bound(cls);
-  const size_t slack = p.free_bytes > cache_release_bytes() ? cls : cls / 8;
+  const size_t slack = p.free_bytes > kRoomySlackBytes ? cls : cls / 8;
   if (it != p.free_blocks.end() && it->first <= cls + slack) {
     void* ptr = it->second;
     const size_t size = it->first;
@@ -119,11 +133,11 @@ void* device_alloc(int device, size_t nbytes) {
   }
   void* ptr = nullptr;
   {
-    if (p.free_bytes > std::max(cache_release_bytes(), cls)) {
+    DeviceGuard g(device);
+    if (p.free_bytes > std::max(cache_release_bytes(device), cls)) {
       release_cached(device, p);
       p.stats.cache_releases++;
     }
-    DeviceGuard g(device);
     cudaError_t e = cudaMalloc(&ptr, cls);
     if (e == cudaErrorMemoryAllocation && !p.free_blocks.empty()) {
       cudaGetLastError();
