@@ -30,26 +30,25 @@ constexpr size_t kRoomySlackBytes = size_t{2} << 30;
 
 // A miss while more than this is cached (and unusable for the request) first returns the cache to the
 // driver: blocks are never split, so a changing mix of sizes strands memory (reserved above allocated).
-// The release synchronises the device and is followed by a storm of cudaMalloc calls, so it must be rare:
-// the threshold is a quarter of the device's memory (MIXTUNE_ALLOC_RELEASE_GIB overrides it). At 2 GiB,
-// an expert-parallel step (receive buffers of changing sizes) released ~90 times and made ~2,000 cudaMalloc
-// calls per step: 25.9k tokens/s per GPU against 34.9k with the cache kept (bench/NOTES.md). A cudaMalloc
+// The release synchronises the device and is followed by a storm of cudaMalloc calls, so it must be rare.
+// 2 GiB by default: a single-GPU step's sizes repeat, it settles at 0 cudaMalloc per step with reserved
+// ≈ allocated. A multi-GPU step's do not (received expert rows change with every layer and micro-batch):
+// at 2 GiB an expert-parallel step released ~90 times and called cudaMalloc ~2,000 times, 25.9k tokens/s
+// per GPU against 34.9k with a quarter of the device as the threshold (bench/NOTES.md), so the multi-GPU
+// engines raise it (allocator_set_release_threshold). MIXTUNE_ALLOC_RELEASE_GIB overrides both. A cudaMalloc
 // that fails still returns the whole cache and retries.
+constexpr size_t kDefaultReleaseBytes = size_t{2} << 30;
+size_t g_release_bytes[64] = {};
+
 size_t cache_release_bytes(int device) {
-  static size_t per_device[64] = {};
-  if (device < 0 || device >= 64) return kRoomySlackBytes;
-  if (per_device[device] == 0) {
+  static const size_t env = [] {
     const char* e = std::getenv("MIXTUNE_ALLOC_RELEASE_GIB");
     const long gib = e && *e ? std::strtol(e, nullptr, 10) : 0;
-    size_t free_b = 0, total_b = 0;
-    if (gib > 0)
-      per_device[device] = static_cast<size_t>(gib) << 30;
-    else if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && total_b > 0)
-      per_device[device] = std::max(kRoomySlackBytes, total_b / 4);
-    else
-      per_device[device] = kRoomySlackBytes;
-  }
-  return per_device[device];
+    return gib > 0 ? static_cast<size_t>(gib) << 30 : size_t{0};
+  }();
+  if (env) return env;
+  if (device >= 0 && device < 64 && g_release_bytes[device]) return g_release_bytes[device];
+  return kDefaultReleaseBytes;
 }
 
 struct DevicePool {
@@ -157,6 +156,12 @@ void* device_alloc(int device, size_t nbytes) {
   p.stats.cuda_malloc_calls++;
   note_peaks(p.stats);
   return ptr;
+}
+
+void allocator_set_release_threshold(int device, size_t bytes) {
+  std::lock_guard<std::mutex> lock(allocator().mutex);
+  MT_CHECK(device >= 0 && device < 64, "cuda device index {}", device);
+  g_release_bytes[device] = bytes;
 }
 
 void device_free(int device, void* ptr) {

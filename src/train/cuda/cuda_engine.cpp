@@ -3,6 +3,7 @@
 // float32 on CUDA means bf16 compute with fp32 master weights (the masters are what a save writes).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -190,6 +191,12 @@ class CudaEngine final : public TrainEngine {
     rank_ = comm.rank();
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s) * 1000);
     world_ = NcclCommunicator::create(comm, device_, timeout);
+    // Multi-GPU steps allocate buffers of changing sizes: keep up to a quarter of the device cached.
+    {
+      size_t free_b = 0, total_b = 0;
+      MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+      cuda::allocator_set_release_threshold(device_, std::max<size_t>(size_t{2} << 30, total_b / 4));
+    }
     CudaStepCollectives col;
     col.host = &comm;
     col.world = world_.get();
