@@ -11,6 +11,8 @@
 #           standard2  the standard workload on 2 GPUs: mixtune launch --nproc 2 -- bench --ep 2 against
 #                      torchrun --nproc-per-node 2 hf_baseline.py --fsdp2 (per-GPU figures)
 #           fp32master2  standard2 with fp32 masters (mixtune fp32-master, HF FSDP2 mixed precision)
+#           full8      8 GPUs (kind nvidia-h200-x8), all 48 layers: mixtune --ep 8 --recompute selective against
+#                      torchrun FSDP2 (add --hf --gradient-checkpointing if the baseline runs out of memory)
 #           custom     the standard defaults; give the flags you want to change
 # FLAGS before any marker go to both sides (--layers --seq --micro-batch --grad-accum --steps --warmup, and
 # --precision bf16); flags after --mixtune go to mixtune only (e.g. --recompute full, --balanced-router),
@@ -37,9 +39,10 @@ NAME=${NAME:-$WORKLOAD}
 OUTDIR=${OUT:-bench/out}
 export NCCL_NVLS_ENABLE=0
 case "$SIDES" in both|mixtune|hf) ;; *) echo "side_by_side: SIDES must be both, mixtune or hf, found '$SIDES'" >&2; exit 2;; esac
-case "$WORKLOAD" in standard|fp32master|long|custom|standard2|fp32master2) ;; *) echo "side_by_side: unknown workload '$WORKLOAD' (standard, fp32master, long, custom, standard2, fp32master2)" >&2; exit 2;; esac
+case "$WORKLOAD" in standard|fp32master|long|custom|standard2|fp32master2|full8) ;; *) echo "side_by_side: unknown workload '$WORKLOAD' (standard, fp32master, long, custom, standard2, fp32master2, full8)" >&2; exit 2;; esac
 NPROC=1
 if [[ "$WORKLOAD" == standard2 || "$WORKLOAD" == fp32master2 ]]; then NPROC=2; fi
+if [[ "$WORKLOAD" == full8 ]]; then NPROC=8; fi
 if [[ "$SIDES" != hf && ! -x "$BIN" ]]; then
   echo "side_by_side: mixtune binary $BIN not found or not executable" >&2; exit 2
 fi
@@ -79,6 +82,10 @@ if [[ "$WORKLOAD" == fp32master ]]; then
   DEF[--layers]=4; MIX_PRECISION=fp32-master; HF_PRECISION=fp32-autocast
 fi
 if [[ "$WORKLOAD" == fp32master2 ]]; then MIX_PRECISION=fp32-master; HF_PRECISION=fp32-autocast; fi
+if [[ "$WORKLOAD" == full8 ]]; then
+  DEF[--layers]=48
+  has_flag --recompute "${MIX[@]}" || MIX+=(--recompute selective)
+fi
 if [[ $NPROC -gt 1 ]]; then
   has_flag --ep "${MIX[@]}" || MIX+=(--ep "$NPROC")
   HF+=(--fsdp2)

@@ -8,6 +8,7 @@
 # kernel benches, lib/ with the non-system shared libraries they need).
 # STAGES: tests (Cuda* gtests) | standard | fp32master | long | mixtune-standard (mixtune side only) |
 #         standard2 | fp32master2 | mixtune-standard2 (two GPUs: EP 2 against FSDP2; kind nvidia-h200-x2) |
+#         full8 (eight GPUs, 48 layers, EP 8 against FSDP2; kind nvidia-h200-x8) |
 #         kernels (grouped GEMM + flash-attention microbenchmarks) | kernels-wgrad1, mixtune-standard-wgrad1
 #         (the same with MIXTUNE_WGRAD_BLOCKS_PER_SM=1) | quickstart (needs .carry/qs.tar.xz)
 set -uo pipefail
@@ -30,7 +31,7 @@ for stage in "$@"; do
   case "$stage" in
     tests) MIXTUNE_TEST_BINARY=$BIN/mixtune GTEST_FILTER=${GTEST_FILTER:-Cuda*} bash scripts/gpu-check.sh "$BIN" "$LIB_DIR" 2>&1 | tee "$OUT/tests.log" \
              | tail -60 || rc=1 ;;
-    standard|fp32master|long|standard2|fp32master2) OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$stage" || rc=1 ;;
+    standard|fp32master|long|standard2|fp32master2|full8) OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$stage" || rc=1 ;;
     mixtune-standard2-dp) SIDES=mixtune NAME=mixtune-standard2-dp OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" \
                standard2 --mixtune --ep 1 || rc=1 ;;
     mixtune-standard2-blocking) MIXTUNE_NCCL_BLOCKING=1 SIDES=mixtune NAME=mixtune-standard2-blocking OUT=$OUT \

@@ -6,6 +6,9 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "models/presets.h"
+#include "models/qwen3_moe_config.h"
+#include "train/memory_plan.h"
 #ifdef MIXTUNE_WITH_CUDA
 #include "train/cuda/bench_run.h"
 #endif
@@ -16,10 +19,54 @@ namespace {
 struct BenchArgs {
   std::string preset = "qwen3-30b-a3b", model, precision = "bf16", recompute = "none", device = "cuda:0", json_out;
   int64_t layers = 0, seq = 4096, micro_batch = 1, grad_accum = 8, steps = 5, warmup = 2, ep = 1;
-  bool force = false, no_pair_expert_wgrad = false;
+  bool force = false, no_pair_expert_wgrad = false, plan_only = false;
+  double device_gib = 133.9;  // an H200's cudaMemGetInfo total (143,771,566,080 bytes)
 };
 
+// --plan-only: the memory plan one GPU of the run would print, without a GPU (a dry run for machines not at
+// hand, e.g. 8 ranks of a full-depth model). The bench's own precision settings; expert wgrads paired when
+// grad-accum >= 2 and that still fits. Exit status 0 when it fits, else the refusal (exit 1).
+void run_plan_only(const BenchArgs& a) {
+  nlohmann::json j;
+  if (!a.model.empty())
+    j = Qwen3MoeConfig::from_file(a.model + "/config.json").to_json();
+  else
+    j = preset_config_json(a.preset);
+  if (a.layers > 0) j["num_hidden_layers"] = a.layers;
+  if (a.layers < 0) fail("--layers must be >= 0 (0: all the model's layers), found {}", a.layers);
+  if (!(a.device_gib > 0 && a.device_gib < 1e6)) fail("--device-gib must be positive, found {}", a.device_gib);
+  if (a.precision != "bf16" && a.precision != "fp32-master")
+    fail("--precision must be bf16 or fp32-master, found '{}'", a.precision);
+  MemoryPlanInput in;
+  in.cfg = Qwen3MoeConfig::from_json(j, a.model.empty() ? "preset " + a.preset : a.model);
+  if (a.ep < 1 || in.cfg.num_experts % a.ep != 0)
+    fail("--ep {} must be >= 1 and divide the model's {} experts", a.ep, in.cfg.num_experts);
+  in.micro_batch = a.micro_batch;
+  in.seq = a.seq;
+  in.recompute = recompute_parse(a.recompute, "--recompute");
+  const bool fp32_master = a.precision == "fp32-master";
+  in.fp32_master = fp32_master;
+  in.bf16_moments = !fp32_master;
+  in.bf16_expert_grads = !fp32_master;
+  in.expert_parallel = a.ep;
+  in.device_bytes = static_cast<int64_t>(a.device_gib * static_cast<double>(int64_t{1} << 30));
+  in.reserve_bytes = (int64_t{3} << 29) + in.device_bytes * 3 / 100;  // as the CUDA engine keeps free
+  if (a.grad_accum >= 2 && !a.no_pair_expert_wgrad) {
+    MemoryPlanInput paired = in;
+    paired.pair_expert_wgrad = true;
+    if (memory_plan(paired).fits) in = paired;
+  }
+  const MemoryPlan plan = memory_plan(in);
+  std::printf("%s\n", plan.table().c_str());
+  std::fflush(stdout);
+  if (!plan.fits) fail("bench --plan-only: {}", plan.refusal());
+}
+
 void run_bench(const BenchArgs& a, const std::string& command) {
+  if (a.plan_only) {
+    run_plan_only(a);
+    return;
+  }
 #ifdef MIXTUNE_WITH_CUDA
   BenchOptions o;
   o.preset = a.preset;
@@ -74,6 +121,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--ep", a.ep, "expert-parallel ranks (under mixtune launch --nproc N: experts split over groups of this many)");
   cmd->add_option("--json-out", a.json_out, "also write the JSON to this file");
   cmd->add_flag("--force", a.force, "run even when the memory plan says the configuration does not fit");
+  cmd->add_flag("--plan-only", a.plan_only,
+                "print the memory plan of one GPU (with --ep: one expert-parallel rank) and exit; needs no GPU");
+  cmd->add_option("--device-gib", a.device_gib, "--plan-only: the GPU's memory in GiB (default 133.9, an H200)");
   cmd->add_flag("--no-pair-expert-wgrad", a.no_pair_expert_wgrad,
                 "one expert wgrad pass per micro-batch (default: two micro-batches per pass when grad-accum >= 2 "
                 "and the memory plan fits)");

@@ -97,6 +97,22 @@ TEST_F(Cli, InitInspectScoreConvert) {
   EXPECT_NEAR(s16["loss"].get<double>(), s["loss"].get<double>(), 1e-2 * s["loss"].get<double>());
 }
 
+// The memory plan dry run needs no GPU: the full 48-layer Qwen3-30B-A3B does not fit one H200 with bf16 state
+// (227 GiB of parameters and state alone), and fits one of 8 expert-parallel H200s at seq 4096.
+TEST_F(Cli, BenchPlanOnlyDryRun) {
+  RunResult one = run("bench --plan-only --preset qwen3-30b-a3b --seq 4096");
+  EXPECT_EQ(one.code, 1) << one.out << one.err;
+  EXPECT_NE(one.out.find("memory plan: 48 layers (48 MoE)"), std::string::npos) << one.out;
+  EXPECT_NE(one.err.find("does not fit"), std::string::npos) << one.err;
+  RunResult eight = run("bench --plan-only --preset qwen3-30b-a3b --seq 4096 --ep 8 --recompute selective");
+  EXPECT_EQ(eight.code, 0) << eight.out << eight.err;
+  EXPECT_NE(eight.out.find("on this rank (experts split over 8 ranks)"), std::string::npos) << eight.out;
+  EXPECT_NE(eight.out.find("fits: largest micro_batch"), std::string::npos) << eight.out;
+  RunResult bad = run("bench --plan-only --preset qwen3-30b-a3b --ep 3");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("--ep 3 must be >= 1 and divide the model's 128 experts"), std::string::npos) << bad.err;
+}
+
 TEST_F(Cli, BadInputIsOneLineExitOneAndNoPartialOutput) {
   const fs::path model = dir / "model";
   ASSERT_EQ(run("init --preset qwen3-moe-test " + model.string()).code, 0);
