@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -122,6 +124,8 @@ class CudaEngine final : public TrainEngine {
   std::string device_name() const override { return name_; }
 
   EngineStep step(const std::vector<Batch>& window, double ce_divisor, double lr, double max_grad_norm) override {
+    ++steps_;
+    stall_if_asked();
     std::vector<CudaBatch> gpu;
     for (const Batch& b : window) gpu.push_back(cuda_batch_upload(lm_.config, b, device_));
     return step_->step(gpu, ce_divisor, lr, max_grad_norm);
@@ -185,6 +189,18 @@ class CudaEngine final : public TrainEngine {
   int64_t peak_reserved_bytes() const override { return cuda::allocator_stats(device_).peak_reserved_bytes; }
 
  private:
+  // Fault injection for the failure-handling test (tests/train/cuda/cuda_multi_gpu_test.cpp):
+  // MIXTUNE_TEST_STALL="RANK:STEP" makes that rank stop answering before that step's first collective, as a
+  // hung process would; the other ranks must give up after parallel.timeout_s.
+  void stall_if_asked() {
+    const char* v = std::getenv("MIXTUNE_TEST_STALL");
+    if (!v || !*v || !world_) return;
+    int rank = -1;
+    long step = -1;
+    if (std::sscanf(v, "%d:%ld", &rank, &step) != 2 || rank != rank_ || step != steps_) return;
+    std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+
   // The collectives of a multi-GPU job: NCCL over every rank, and under parallel.ep the expert-parallel
   // groups (consecutive ranks, as the CPU engine forms them) and the groups of ranks holding the same experts.
   CudaStepCollectives join(Communicator& comm, const Recipe& r) {
@@ -275,6 +291,7 @@ class CudaEngine final : public TrainEngine {
   int device_;
   bool host_f32_;
   int rank_ = 0;
+  int64_t steps_ = 0;  // step() calls in this process
   std::unique_ptr<NcclCommunicator> world_, ep_comm_, replicas_;
   std::unique_ptr<CudaExpertParallel> ep_;
   ExpertSlice slice_;

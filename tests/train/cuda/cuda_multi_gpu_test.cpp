@@ -6,7 +6,9 @@
 // reading its experts' optimizer state) repeats the straight run. Skipped without two GPUs.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -129,6 +131,31 @@ TEST(CudaMultiGpu, ExpertParallelCheckpointResumes) {
   ASSERT_EQ(s.weights.embed.dtype(), DType::F32);
   for (size_t l = 0; l < s.weights.layers.size(); ++l)
     EXPECT_LT(rel_l2(s.weights.layers[l].experts_gate_up, r.weights.layers[l].experts_gate_up), 1e-3) << "layer " << l;
+}
+
+// A rank that stops answering (MIXTUNE_TEST_STALL: rank 1 hangs before step 3) makes rank 0's NCCL wait give up
+// after parallel.timeout_s with the layer and the operation named; the launcher then stops the hung rank, the
+// job exits non-zero within seconds, and no checkpoint is marked latest.
+TEST(CudaMultiGpu, StalledRankTimesOutWithLayerAndOperationNamed) {
+  MT_SKIP_WITHOUT_TWO_GPUS();
+  io_test::ScratchDir dir;
+  write_model_and_data(dir);
+  const std::vector<std::string> sets = {"train.device=cuda", "parallel.ep=2", "parallel.timeout_s=5",
+                                         "train.max_steps=6"};
+  ::setenv("MIXTUNE_TEST_STALL", "1:3", 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = run(finetune_args(write_recipe(dir, "stall"), sets, 2), dir.path / "stall.log");
+  ::unsetenv("MIXTUNE_TEST_STALL");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string log = test::slurp(dir.path / "stall.log");
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_LT(secs, 90.0) << log;
+  EXPECT_NE(log.find("did not complete within 5 s"), std::string::npos) << log;
+  EXPECT_NE(log.find("rank 0"), std::string::npos) << log;
+  EXPECT_NE(log.find("layer 0: expert dispatch plan"), std::string::npos) << log;
+  EXPECT_EQ(losses_of(dir.path / "stall").size(), 2u);  // steps 1 and 2 finished
+  EXPECT_FALSE(fs::exists(dir.path / "stall" / "latest"));
+  EXPECT_FALSE(fs::exists(dir.path / "stall" / "final"));
 }
 
 }  // namespace
