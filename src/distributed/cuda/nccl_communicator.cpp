@@ -2,6 +2,7 @@
 
 #include <nccl.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -67,8 +68,9 @@ std::string nccl_error_text(ncclComm_t comm, ncclResult_t r) {
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(ncclComm* comm, int rank, int size, int device,
-                                   std::chrono::milliseconds timeout, std::string name)
-    : comm_(comm), rank_(rank), size_(size), device_(device), timeout_(timeout), name_(std::move(name)) {}
+                                   std::chrono::milliseconds timeout, std::string name, int host_rank)
+    : comm_(comm), rank_(rank), size_(size), device_(device), host_rank_(host_rank), timeout_(timeout),
+      name_(std::move(name)) {}
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& host, int device,
                                                            std::chrono::milliseconds timeout) {
@@ -107,7 +109,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create_group(Communicator& h
   const ncclResult_t r = ncclCommInitRankConfig(&comm, n, mine, my_rank, &config);
   if (r != ncclSuccess && r != ncclInProgress)
     fail("rank {}: {} initialisation on cuda:{} failed: {}", me, name, device, nccl_error_text(comm, r));
-  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(comm, my_rank, n, device, timeout, name));
+  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(comm, my_rank, n, device, timeout, name, me));
   c->settle(r, "ncclCommInitRankConfig", fmt::format("{} initialisation on cuda:{}", name, device));
   // Every rank has joined before the first collective is queued.
   host.barrier("barrier(" + name + " ready)");
@@ -135,11 +137,23 @@ void NcclCommunicator::settle(int result, const char* call, const std::string& w
   if (s != ncclSuccess) abort_and_fail(fmt::format("{} failed in {}: {}", call, what, nccl_error_text(comm_, s)));
 }
 
+// A collective that failed or timed out leaves NCCL kernels and peers in an unknown state: unwinding through
+// the CUDA and NCCL destructors (a device synchronisation, a finalize that waits for the peers) could hang the
+// very process that is reporting the hang. So, as PyTorch's NCCL watchdog does, the process reports the error
+// in mixtune's one-line format and exits; the launcher (or mpirun/srun) then stops the other ranks. A watchdog
+// thread bounds ncclCommAbort itself.
 void NcclCommunicator::abort_and_fail(const std::string& why) {
+  const std::string msg = fmt::format("rank {} ({} rank {} of {}): {}", host_rank_, name_, rank_, size_, why);
+  std::fprintf(stderr, "mixtune: error: %s\n", msg.c_str());
+  std::fflush(stderr);
+  broken_ = true;
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    std::_Exit(1);
+  }).detach();
   if (comm_) ncclCommAbort(comm_);
   comm_ = nullptr;
-  broken_ = true;
-  fail("rank {} ({} rank {} of {}): {}", rank_, name_, rank_, size_, why);
+  std::_Exit(1);
 }
 
 void NcclCommunicator::all_reduce_sum(void* data, int64_t count, DType dtype, cudaStream_t stream,

@@ -2,8 +2,9 @@
 // communicator (distributed/communicator.h): rank 0 makes the NCCL unique id and broadcasts it over the
 // TCP mesh, so no MPI is needed. Every operation is queued on the caller's stream and returns at once;
 // wait() is the only call that blocks, and it does so with the job's timeout: when a collective does not
-// complete in time (a peer died or called something else) it aborts the communicator and throws an
-// mt::Error naming this rank and the operation — never a hang.
+// complete in time (a peer died or called something else) it prints "mixtune: error: rank R (...): <operation>
+// did not complete within T s", aborts the communicator and exits the process with status 1 (unwinding
+// through CUDA and NCCL state after such a failure can itself hang); the launcher stops the other ranks.
 //
 // The communicator is non-blocking (ncclConfig blocking = 0): connection set-up inside a call is polled
 // with the same deadline.
@@ -72,12 +73,13 @@ class NcclCommunicator {
 
  private:
   NcclCommunicator(ncclComm* comm, int rank, int size, int device, std::chrono::milliseconds timeout,
-                   std::string name);
+                   std::string name, int host_rank);
   void settle(int result, const char* call, const std::string& what);  // polls a non-blocking call to completion
-  [[noreturn]] void abort_and_fail(const std::string& why);
+  [[noreturn]] void abort_and_fail(const std::string& why);  // reports, aborts, exits the process
 
   ncclComm* comm_ = nullptr;
   int rank_ = 0, size_ = 1, device_ = 0;
+  int host_rank_ = 0;  // this process's rank in the job
   std::chrono::milliseconds timeout_;
   std::string name_;  // "NCCL" or the group's name
   bool broken_ = false;

@@ -6,12 +6,18 @@
 // reading its experts' optimizer state) repeats the straight run. Skipped without two GPUs.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../../cli/cli_process.h"
@@ -144,10 +150,39 @@ TEST(CudaMultiGpu, StalledRankTimesOutWithLayerAndOperationNamed) {
                                          "train.max_steps=6"};
   ::setenv("MIXTUNE_TEST_STALL", "1:3", 1);
   const auto t0 = std::chrono::steady_clock::now();
-  const int rc = run(finetune_args(write_recipe(dir, "stall"), sets, 2), dir.path / "stall.log");
+  // The job runs in its own process group so that a hang (the failure this test looks for) is ended by the
+  // test, not left holding the GPUs.
+  const std::vector<std::string> args = finetune_args(write_recipe(dir, "stall"), sets, 2);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    const int fd = ::open((dir.path / "stall.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(test::mixtune_binary()));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(test::mixtune_binary(), argv.data());
+    _exit(127);
+  }
   ::unsetenv("MIXTUNE_TEST_STALL");
+  int status = 0, rc = -1;
+  while (true) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      break;
+    }
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(120)) {
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string log = test::slurp(dir.path / "stall.log");
+  ASSERT_GE(rc, 0) << "the job hung for 120 s and was killed:\n" << log;
   EXPECT_NE(rc, 0) << log;
   EXPECT_LT(secs, 90.0) << log;
   EXPECT_NE(log.find("did not complete within 5 s"), std::string::npos) << log;
