@@ -50,12 +50,8 @@ void run_plan_only(const BenchArgs& a) {
   in.bf16_expert_grads = !fp32_master;
   in.expert_parallel = a.ep;
   in.device_bytes = static_cast<int64_t>(a.device_gib * static_cast<double>(int64_t{1} << 30));
-  in.reserve_bytes = (int64_t{3} << 29) + in.device_bytes * 3 / 100;  // as the CUDA engine keeps free
-  if (a.grad_accum >= 2 && !a.no_pair_expert_wgrad) {
-    MemoryPlanInput paired = in;
-    paired.pair_expert_wgrad = true;
-    if (memory_plan(paired).fits) in = paired;
-  }
+  in.reserve_bytes = memory_plan_reserve_bytes(in.device_bytes);
+  in.pair_expert_wgrad = !a.no_pair_expert_wgrad && pairing_wanted(in, a.grad_accum);
   const MemoryPlan plan = memory_plan(in);
   std::printf("%s\n", plan.table().c_str());
   std::fflush(stdout);

@@ -289,6 +289,12 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   return p;
 }
 
+bool pairing_wanted(MemoryPlanInput in, int64_t grad_accum) {
+  if (grad_accum < 2) return false;  // nothing to pair with: holding would only raise the peak
+  in.pair_expert_wgrad = true;
+  return memory_plan(in).fits;
+}
+
 std::string MemoryPlan::table() const {
   std::string t = fmt::format(
       "memory plan: {} layers ({} MoE), {:.2f} B parameters{}, micro_batch {} x seq {} = {} tokens, recompute {}\n",

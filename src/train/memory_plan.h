@@ -60,6 +60,14 @@ struct MemoryPlan {
   std::string refusal() const;
 };
 
+// What the CUDA path keeps free outside the allocator (the CUDA context, cuBLASLt, NCCL): 1.5 GiB + 3% of
+// the device.
+inline int64_t memory_plan_reserve_bytes(int64_t device_bytes) { return (int64_t{3} << 29) + device_bytes * 3 / 100; }
+
+// Whether to pair expert wgrads (layers/cuda/expert_wgrad_pairing.h): grad_accum >= 2 and the plan with the
+// held tensors fits (`in` is the plan input without pairing).
+bool pairing_wanted(MemoryPlanInput in, int64_t grad_accum);
+
 // Throws a one-line mt::Error for sizes out of range (micro_batch, seq, device_bytes, reserve_bytes,
 // config dimensions). A plan that does not fit is not an error: check `fits`.
 MemoryPlan memory_plan(const MemoryPlanInput& in);

@@ -1,7 +1,7 @@
 // Where the numbers of a training step are computed: the trainer (train/trainer.cpp) owns the data,
 // schedule, metrics and checkpoints, and asks an engine to run optimizer steps. The CPU engine is the
 // reference (models/qwen3_moe_model.h + train/adamw.h); the CUDA engine (train/cuda/) runs the same
-// step on one GPU and registers itself here when the binary is built with CUDA.
+// step on one GPU, or on several over NCCL, and registers itself here when the binary is built with CUDA.
 #pragma once
 #include <cstdint>
 #include <cstdio>

@@ -35,7 +35,7 @@ ncclDataType_t nccl_type(DType t) {
 
 // Non-blocking unless MIXTUNE_NCCL_BLOCKING=1 (an experiment switch: a blocking communicator queues its
 // kernels in the calling thread, without the polling round trip).
-ncclConfig_t nonblocking_config() {
+ncclConfig_t comm_config() {
   ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
   const char* b = std::getenv("MIXTUNE_NCCL_BLOCKING");
   c.blocking = b && std::string(b) == "1" ? 1 : 0;
@@ -104,7 +104,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create_group(Communicator& h
     if (static_cast<int>(g) == my_group) mine = id;
   }
   const int n = static_cast<int>(groups[static_cast<size_t>(my_group)].size());
-  ncclConfig_t config = nonblocking_config();
+  ncclConfig_t config = comm_config();
   ncclComm_t comm = nullptr;
   const ncclResult_t r = ncclCommInitRankConfig(&comm, n, mine, my_rank, &config);
   if (r != ncclSuccess && r != ncclInProgress)

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "distributed/communicator.h"
-#include "distributed/cuda/nccl_communicator.h"
+#include "train/cuda/cuda_job_collectives.h"
 #include "distributed/process_group_env.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_allocator.h"
@@ -96,22 +96,11 @@ double bench_flops_per_token(const Qwen3MoeConfig& c, int64_t seq) {
 
 namespace {
 
-bool is_expert(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
-
-// The multi-GPU side of a bench: communicators and expert parallelism (empty for one process).
+// The multi-GPU side of a bench (empty for one process).
 struct BenchRanks {
   ProcessGroupEnv pg;
   std::unique_ptr<Communicator> host;
-  std::unique_ptr<NcclCommunicator> world, ep_comm, replicas;
-  std::unique_ptr<CudaExpertParallel> ep;
-  CudaStepCollectives collectives() const {
-    CudaStepCollectives c;
-    c.host = host.get();
-    c.world = world.get();
-    c.expert_replicas = replicas.get();
-    c.ep = ep.get();
-    return c;
-  }
+  CudaJobCollectives job;
 };
 
 }  // namespace
@@ -139,25 +128,12 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
 
   if (world > 1) {
     ranks.host = tcp_communicator_create(ranks.pg, std::chrono::seconds(600));
-    ranks.world = NcclCommunicator::create(*ranks.host, device, std::chrono::seconds(600));
-    // Multi-GPU steps allocate buffers of changing sizes: keep up to a quarter of the device cached.
-    {
-      size_t free_b = 0, total_b = 0;
-      MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-      cuda::allocator_set_release_threshold(device, std::max<size_t>(size_t{2} << 30, total_b / 4));
-    }
-    if (o.ep > 1) {
-      const auto timeout = std::chrono::seconds(600);
-      ranks.ep_comm = NcclCommunicator::create_group(*ranks.host, device, timeout,
-                                                     expert_parallel_groups(world, o.ep), "expert-parallel group");
-      if (world > o.ep)
-        ranks.replicas = NcclCommunicator::create_group(*ranks.host, device, timeout,
-                                                        expert_replica_groups(world, o.ep), "expert replicas");
-      ranks.ep = std::make_unique<CudaExpertParallel>(*ranks.ep_comm, cfg.num_experts);
-    }
+    ranks.job = cuda_job_collectives_create(*ranks.host, device, std::chrono::seconds(600), o.ep, cfg.num_experts,
+                                            "bench --ep");
   }
-  const int64_t held = ranks.ep ? ranks.ep->experts_per_rank() : cfg.num_experts;
-  const int64_t first_expert = ranks.ep ? ranks.ep->first_expert() : 0;
+  CudaExpertParallel* ep = ranks.job.ep.get();
+  const int64_t held = ep ? ep->experts_per_rank() : cfg.num_experts;
+  const int64_t first_expert = ep ? ep->first_expert() : 0;
 
   size_t free_b = 0, total_b = 0;
   MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -171,7 +147,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   pin.bf16_expert_grads = !fp32_master;
   pin.expert_parallel = o.ep;
   pin.device_bytes = static_cast<int64_t>(total_b);
-  pin.reserve_bytes = (int64_t{3} << 29) + static_cast<int64_t>(total_b) * 3 / 100;
+  pin.reserve_bytes = memory_plan_reserve_bytes(pin.device_bytes);
   const bool pair = !o.no_pair_expert_wgrad && pairing_wanted(pin, o.grad_accum);
   pin.pair_expert_wgrad = pair;
   const MemoryPlan plan = memory_plan(pin);
@@ -182,8 +158,8 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   // The expert all-to-all alone: one layer's dispatch volume (T·k rows of H bf16, half of them to the
   // peer for EP 2), 20 times, timed on the GPU: what the transport gives without the training around it.
   nlohmann::ordered_json probe;
-  if (ranks.ep) {
-    const int g = ranks.ep->ranks(), me = ranks.ep->me();
+  if (ep) {
+    const int g = ep->ranks(), me = ep->me();
     const int64_t rows = o.micro_batch * o.seq * cfg.num_experts_per_tok, H = cfg.hidden_size;
     std::vector<int64_t> first(g), count(g);
     for (int j = 0; j < g; ++j) count[j] = rows / g, first[j] = j * (rows / g);
@@ -193,14 +169,14 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     MT_CUDA_CHECK(cudaEventCreate(&e0));
     MT_CUDA_CHECK(cudaEventCreate(&e1));
     auto once = [&] {
-      ranks.ep->comm().all_to_allv(a.data(), first, count, b.data(), first, count, H * 2, ctx.stream, "probe");
+      ep->comm().all_to_allv(a.data(), first, count, b.data(), first, count, H * 2, ctx.stream, "probe");
     };
     for (int i = 0; i < 3; ++i) once();
-    ranks.ep->comm().wait(ctx.stream, "probe warm-up");
+    ep->comm().wait(ctx.stream, "probe warm-up");
     MT_CUDA_CHECK(cudaEventRecord(e0, ctx.stream));
     for (int i = 0; i < 20; ++i) once();
     MT_CUDA_CHECK(cudaEventRecord(e1, ctx.stream));
-    ranks.ep->comm().wait(ctx.stream, "probe");
+    ep->comm().wait(ctx.stream, "probe");
     float ms = 0;
     MT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
     const double remote = static_cast<double>(rows - rows / g) * static_cast<double>(H) * 2.0;
@@ -227,12 +203,12 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
              o.model_dir, dst.size());
     for (size_t i = 0; i < src.size(); ++i) {
       const Tensor& h = *src[i].second;
-      cuda::copy_host_to_device(*dst[i].second, is_expert(src[i].first) ? h.rows(first_expert, first_expert + held) : h);
+      cuda::copy_host_to_device(*dst[i].second, param_is_stacked_expert(src[i].first) ? h.rows(first_expert, first_expert + held) : h);
     }
   } else {
     uint64_t k = 0;
     for (auto& [name, t] : w.named_parameters()) {
-      const uint64_t seed = o.seed * 1000003 + (++k) + (is_expert(name) ? 7919ull * static_cast<uint64_t>(first_expert) : 0);
+      const uint64_t seed = o.seed * 1000003 + (++k) + (param_is_stacked_expert(name) ? 7919ull * static_cast<uint64_t>(first_expert) : 0);
       if (is_norm(name))
         cuda::fill_constant(*t, 1.0f, ctx.stream);
       else
@@ -249,7 +225,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   so.adamw.seed = o.seed;
   so.pair_expert_wgrad = pair;
   so.expert_grad_dtype = fp32_master ? DType::F32 : DType::BF16;  // pure bf16: gradients as Transformers keeps them
-  so.collectives = ranks.collectives();
+  so.collectives = ranks.job.step();
   CudaTrainStep trainer(cfg, w, device, so);
 
   std::mt19937_64 g(o.seed + 7777ull * static_cast<uint64_t>(rank));  // each rank its own tokens
@@ -270,8 +246,8 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     cuda::stream_sync(ctx.stream);
     if (ranks.host) ranks.host->barrier("barrier(bench step " + std::to_string(s + 1) + ")");
     const int64_t mallocs0 = cuda::allocator_stats(device).cuda_malloc_calls;
-    const int64_t sent0 = ranks.ep ? ranks.ep->bytes_sent() : 0;
-    const double wait0 = ranks.ep ? ranks.ep->host_wait_s() : 0;
+    const int64_t sent0 = ep ? ep->bytes_sent() : 0;
+    const double wait0 = ep ? ep->host_wait_s() : 0;
     const auto t0 = std::chrono::steady_clock::now();
     const EngineStep r = trainer.step(
         window, static_cast<double>(o.micro_batch * (o.seq - 1) * o.grad_accum * world), 1e-5, 1.0);
@@ -282,7 +258,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     loss_last = r.loss;
     if (timed) {
       timed_s += sec;
-      if (ranks.ep) a2a_bytes += ranks.ep->bytes_sent() - sent0, host_wait_s += ranks.ep->host_wait_s() - wait0;
+      if (ep) a2a_bytes += ep->bytes_sent() - sent0, host_wait_s += ep->host_wait_s() - wait0;
     }
     if (log)
       std::fprintf(log, "bench step %lld/%lld: loss %.4f, %.3f s, %.0f tokens/s%s, %lld cudaMalloc%s\n",
@@ -350,7 +326,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   for (int p = 0; p < cuda::kPhaseCount; ++p)
     phases[cuda::phase_name(static_cast<cuda::Phase>(p))] = totals[p] / static_cast<double>(o.steps);
   j["phases_ms"] = phases;
-  if (ranks.ep) {
+  if (ep) {
     // The all-to-alls run on the compute stream: their time is the comm phase, none of it hidden.
     const double comm_ms = totals[static_cast<int>(cuda::Phase::comm)] / static_cast<double>(o.steps);
     const double plan_ms = totals[static_cast<int>(cuda::Phase::comm_plan)] / static_cast<double>(o.steps);

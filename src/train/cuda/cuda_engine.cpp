@@ -3,7 +3,6 @@
 // float32 on CUDA means bf16 compute with fp32 master weights (the masters are what a save writes).
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +15,7 @@
 #include "core/error.h"
 #include "distributed/communicator.h"
 #include "distributed/cuda/nccl_communicator.h"
+#include "train/cuda/cuda_job_collectives.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
@@ -33,13 +33,11 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-bool is_expert_param(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
-
 // The rows of a host parameter this rank holds: all of it, or under expert parallelism its experts' slice.
 struct ExpertSlice {
   int64_t first = 0, count = -1;  // count < 0: every expert
   Tensor of(const std::string& name, const Tensor& host) const {
-    return count >= 0 && is_expert_param(name) ? host.rows(first, first + count) : host;
+    return count >= 0 && param_is_stacked_expert(name) ? host.rows(first, first + count) : host;
   }
 };
 
@@ -81,8 +79,7 @@ bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, int64_t
   in.bf16_expert_grads = r.optimizer.expert_grad_dtype == "bfloat16";
   in.expert_parallel = ep;
   in.device_bytes = static_cast<int64_t>(total_b);
-  // The CUDA context and cuBLASLt live outside the allocator; keep 1.5 GiB + 3% free for them.
-  in.reserve_bytes = (int64_t{3} << 29) + static_cast<int64_t>(total_b) * 3 / 100;
+  in.reserve_bytes = memory_plan_reserve_bytes(in.device_bytes);
   const bool pair = pairing_wanted(in, r.train.grad_accum);
   in.pair_expert_wgrad = pair;
   const MemoryPlan p = memory_plan(in);
@@ -156,11 +153,11 @@ class CudaEngine final : public TrainEngine {
     for (auto& [name, t] : step_->optimizer().named_state()) {
       if (!writes_output()) {  // a sender: its experts' state goes to rank 0, nothing is kept here
         Tensor unused;
-        if (is_expert_param(name)) to_host_full(name, *t, unused);
+        if (param_is_stacked_expert(name)) to_host_full(name, *t, unused);
         continue;
       }
       Shape full = t->shape();
-      if (slice_.count >= 0 && is_expert_param(name)) full[0] = lm_.config.num_experts;
+      if (slice_.count >= 0 && param_is_stacked_expert(name)) full[0] = lm_.config.num_experts;
       Tensor h = Tensor::empty(full, t->dtype());
       to_host_full(name, *t, h);
       r.emplace_back(name, std::move(h));
@@ -176,7 +173,7 @@ class CudaEngine final : public TrainEngine {
     std::vector<std::pair<std::string, Tensor*>> targets;
     for (auto& [name, t] : state) {
       Shape full = t->shape();
-      if (slice_.count >= 0 && is_expert_param(name)) full[0] = lm_.config.num_experts;
+      if (slice_.count >= 0 && param_is_stacked_expert(name)) full[0] = lm_.config.num_experts;
       host.push_back(Tensor::empty(full, t->dtype()));
       targets.emplace_back(name, &host.back());
     }
@@ -194,42 +191,20 @@ class CudaEngine final : public TrainEngine {
   // hung process would; the other ranks must give up after parallel.timeout_s.
   void stall_if_asked() {
     const char* v = std::getenv("MIXTUNE_TEST_STALL");
-    if (!v || !*v || !world_) return;
+    if (!v || !*v || !job_.world) return;
     int rank = -1;
     long step = -1;
     if (std::sscanf(v, "%d:%ld", &rank, &step) != 2 || rank != rank_ || step != steps_) return;
     std::this_thread::sleep_for(std::chrono::hours(1));
   }
 
-  // The collectives of a multi-GPU job: NCCL over every rank, and under parallel.ep the expert-parallel
-  // groups (consecutive ranks, as the CPU engine forms them) and the groups of ranks holding the same experts.
+  // The collectives of a multi-GPU job (train/cuda/cuda_job_collectives.h).
   CudaStepCollectives join(Communicator& comm, const Recipe& r) {
     rank_ = comm.rank();
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s) * 1000);
-    world_ = NcclCommunicator::create(comm, device_, timeout);
-    // Multi-GPU steps allocate buffers of changing sizes: keep up to a quarter of the device cached.
-    {
-      size_t free_b = 0, total_b = 0;
-      MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-      cuda::allocator_set_release_threshold(device_, std::max<size_t>(size_t{2} << 30, total_b / 4));
-    }
-    CudaStepCollectives col;
-    col.host = &comm;
-    col.world = world_.get();
-    const int64_t ep = r.parallel.ep, world = comm.size(), E = lm_.config.num_experts;
-    if (ep > 1) {
-      if (world % ep != 0) fail("parallel.ep: {} does not divide the {} ranks of this job", ep, world);
-      if (E % ep != 0) fail("parallel.ep: {} does not divide the model's {} experts", ep, E);
-      ep_comm_ = NcclCommunicator::create_group(comm, device_, timeout, expert_parallel_groups(world, ep),
-                                                "expert-parallel group");
-      if (world > ep)
-        replicas_ = NcclCommunicator::create_group(comm, device_, timeout, expert_replica_groups(world, ep),
-                                                   "expert replicas");
-      ep_ = std::make_unique<CudaExpertParallel>(*ep_comm_, E);
-      col.ep = ep_.get();
-      col.expert_replicas = replicas_.get();
-    }
-    return col;
+    job_ = cuda_job_collectives_create(comm, device_, timeout, r.parallel.ep, lm_.config.num_experts, "parallel.ep");
+    ep_ = job_.ep.get();
+    return job_.step();
   }
 
   bool writes_output() const { return rank_ == 0; }
@@ -239,7 +214,7 @@ class CudaEngine final : public TrainEngine {
   // dev (this rank's parameter or state tensor) into host (full shape). Under expert parallelism the
   // first group's ranks send their experts' rows to rank 0, which receives them one rank at a time.
   void to_host_full(const std::string& name, const Tensor& dev, Tensor& host) {
-    if (slice_.count < 0 || !is_expert_param(name)) {
+    if (slice_.count < 0 || !param_is_stacked_expert(name)) {
       if (writes_output()) copy_to_host_converting(dev, host);
       return;
     }
@@ -292,8 +267,8 @@ class CudaEngine final : public TrainEngine {
   bool host_f32_;
   int rank_ = 0;
   int64_t steps_ = 0;  // step() calls in this process
-  std::unique_ptr<NcclCommunicator> world_, ep_comm_, replicas_;
-  std::unique_ptr<CudaExpertParallel> ep_;
+  CudaJobCollectives job_;
+  CudaExpertParallel* ep_ = nullptr;  // job_.ep
   ExpertSlice slice_;
   std::string name_;
   Qwen3MoeWeights weights_;

@@ -22,15 +22,7 @@ CudaModelOptions model_options(CudaModelOptions o, const CudaTrainStepOptions& s
   return o;
 }
 
-bool is_expert_param(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
-
 }  // namespace
-
-bool pairing_wanted(MemoryPlanInput in, int64_t grad_accum) {
-  if (grad_accum < 2) return false;  // nothing to pair with: holding would only raise the peak
-  in.pair_expert_wgrad = true;
-  return memory_plan(in).fits;
-}
 
 Qwen3MoeWeights cuda_grad_buffers(const Qwen3MoeConfig& cfg, DType expert_dtype, int device, int64_t experts_held) {
   Qwen3MoeWeights w = Qwen3MoeWeights::empty_like_config(cfg, DType::F32, Device::cuda(device), experts_held);
@@ -52,7 +44,7 @@ CudaTrainStep::CudaTrainStep(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights
   MT_CHECK(!col_.ep || col_.world, "expert parallelism needs the world communicator");
   for (auto& [name, g] : grads_.named_parameters()) {
     grad_list_.push_back(g);
-    is_expert_.push_back(is_expert_param(name));
+    is_expert_.push_back(param_is_stacked_expert(name));
   }
   norm_ = Tensor::empty({1}, DType::F32, Device::cuda(device));
   coef_ = Tensor::empty({1}, DType::F32, Device::cuda(device));

@@ -71,10 +71,6 @@ class CudaTrainStep {
   Tensor norm_, coef_;
 };
 
-// Whether to pair expert wgrads: grad_accum >= 2 and the plan with the held tensors fits (`in` is the plan
-// input without pairing).
-bool pairing_wanted(MemoryPlanInput in, int64_t grad_accum);
-
 // Gradient buffers: zeros on cuda:device shaped like cfg's parameters, F32 except the stacked expert
 // weights, which get expert_dtype (and hold experts_held experts when >= 0).
 Qwen3MoeWeights cuda_grad_buffers(const Qwen3MoeConfig& cfg, DType expert_dtype, int device,
