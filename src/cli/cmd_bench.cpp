@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "distributed/ep_dispatch_mode.h"
 #include "io/atomic_file.h"
 #include "models/presets.h"
 #include "models/qwen3_moe_config.h"
@@ -18,6 +19,7 @@ namespace mt::cli {
 namespace {
 struct BenchArgs {
   std::string preset = "qwen3-30b-a3b", model, precision = "bf16", recompute = "none", device = "cuda:0", json_out;
+  std::string ep_dispatch = "auto";
   int64_t layers = 0, seq = 4096, micro_batch = 1, grad_accum = 8, steps = 5, warmup = 2, ep = 1;
   bool force = false, no_pair_expert_wgrad = false, plan_only = false;
   double device_gib = 133.9;  // an H200's cudaMemGetInfo total (143,771,566,080 bytes)
@@ -49,6 +51,8 @@ void run_plan_only(const BenchArgs& a) {
   in.bf16_moments = !fp32_master;
   in.bf16_expert_grads = !fp32_master;
   in.expert_parallel = a.ep;
+  in.ep_all_gather = a.ep > 1 && ep_dispatch_mode_parse(a.ep_dispatch, a.ep, in.cfg.num_experts_per_tok,
+                                                        "--ep-dispatch") == EpDispatchMode::all_gather;
   in.device_bytes = static_cast<int64_t>(a.device_gib * static_cast<double>(int64_t{1} << 30));
   in.reserve_bytes = memory_plan_reserve_bytes(in.device_bytes);
   in.pair_expert_wgrad = !a.no_pair_expert_wgrad && pairing_wanted(in, a.grad_accum);
@@ -79,6 +83,7 @@ void run_bench(const BenchArgs& a, const std::string& command) {
   o.no_pair_expert_wgrad = a.no_pair_expert_wgrad;
   o.command = command;
   o.ep = a.ep;
+  o.ep_dispatch = a.ep_dispatch;
   if (a.device == "cuda")
     o.device = 0;
   else if (a.device.rfind("cuda:", 0) == 0 && a.device.size() > 5 &&
@@ -115,6 +120,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--recompute", a.recompute, "activation recompute: none | selective | full");
   cmd->add_option("--device", a.device, "cuda or cuda:N (one process; ranks of `mixtune launch` use LOCAL_RANK)");
   cmd->add_option("--ep", a.ep, "expert-parallel ranks (under mixtune launch --nproc N: experts split over groups of this many)");
+  cmd->add_option("--ep-dispatch", a.ep_dispatch,
+                  "how tokens reach the experts: all_gather (each token once per rank), all_to_all (each routed "
+                  "slot to its expert's rank), auto (all_gather while ep <= top-k)")
+      ->check(CLI::IsMember({"auto", "all_gather", "all_to_all"}));
   cmd->add_option("--json-out", a.json_out, "also write the JSON to this file");
   cmd->add_flag("--force", a.force, "run even when the memory plan says the configuration does not fit");
   cmd->add_flag("--plan-only", a.plan_only,

@@ -173,13 +173,18 @@ MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, int64_t t
   count -= expert_count - expert_count / ep;  // the experts this rank holds
   wide saved = model_saved_bytes(d) + layers.moe * layer_saved_bytes(d, true, r) +
                layers.dense * layer_saved_bytes(d, false, r);
-  if (ep > 1 && r == Recompute::selective)  // the received expert rows xg [Tk,H] are kept, not re-dispatched
+  const bool gathers = ep > 1 && in.ep_all_gather;
+  if (gathers && r != Recompute::full)  // the gathered n_all [ep·T, H] and routing weights f32 [ep·T, k]
+    saved += layers.moe * ep * d.T * (d.H * kBf16 + d.k * kF32);
+  else if (ep > 1 && r == Recompute::selective)  // the received expert rows xg [Tk,H] are kept, not re-dispatched
     saved += layers.moe * d.T * d.k * d.H * kBf16;
   if (in.pair_expert_wgrad)  // held per MoE layer: dyd [Tk,H], h [Tk,I], dgu [Tk,2I], xg [Tk,H]
     saved += layers.moe * d.T * d.k * (2 * d.H + 3 * d.I) * kBf16;
   wide transient = head_loss_bytes(d);
-  if (layers.moe > 0)  // under EP, plus the source-major copy of a dispatch
-    transient = std::max(transient, layer_backward_peak_bytes(d, true, r) + (ep > 1 ? d.T * d.k * d.H * kBf16 : 0));
+  // Under EP, plus the source-major copy of a dispatch (all_to_all), or the gathered output gradient and the
+  // input gradient's partial sums, [ep·T, H] each (all_gather).
+  const wide ep_extra = gathers ? 2 * ep * d.T * d.H * kBf16 : (ep > 1 ? d.T * d.k * d.H * kBf16 : 0);
+  if (layers.moe > 0) transient = std::max(transient, layer_backward_peak_bytes(d, true, r) + ep_extra);
   if (layers.dense > 0) transient = std::max(transient, layer_backward_peak_bytes(d, false, r));
   wide moment_bytes = in.bf16_moments ? kBf16 : kF32;
 

@@ -31,6 +31,9 @@ struct MemoryPlanInput {
   // Expert parallelism over this many ranks: each holds 1/ep of the stacked expert weights (and their
   // gradients and optimizer state) and keeps the rows it received for its experts under selective recompute.
   int64_t expert_parallel = 1;
+  // The all-gather dispatch (distributed/ep_dispatch_mode.h): each MoE layer keeps the group's gathered
+  // input [ep·T, H] and routing weights instead of the received expert rows.
+  bool ep_all_gather = false;
   int64_t device_bytes = 0;   // total memory of the GPU (cudaMemGetInfo total)
   int64_t reserve_bytes = 0;  // kept free for the CUDA context / fragmentation (caller picks, e.g. 1.5 GiB + 3%)
 };

@@ -30,7 +30,7 @@ const std::vector<Section>& recipe_schema() {
       {"schedule", {"name", "warmup_steps", "min_lr_ratio"}},
       {"clip", {"max_grad_norm"}},
       {"checkpoint", {"dir", "every_steps", "keep_last"}},
-      {"parallel", {"timeout_s", "ep"}},
+      {"parallel", {"timeout_s", "ep", "ep_dispatch"}},
   };
   return s;
 }
@@ -268,6 +268,8 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
 
   rc.parallel.timeout_s = r.integer("parallel", "timeout_s", rc.parallel.timeout_s, 1);
   rc.parallel.ep = r.integer("parallel", "ep", rc.parallel.ep, 1);
+  rc.parallel.ep_dispatch =
+      r.choice("parallel", "ep_dispatch", rc.parallel.ep_dispatch, {"auto", "all_gather", "all_to_all"});
   return rc;
 }
 

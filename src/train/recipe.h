@@ -76,6 +76,10 @@ struct RecipeParallel {
   // Expert parallelism: groups of `ep` consecutive ranks split each MoE layer's experts (E / ep each) and
   // exchange token rows; 1 = every rank runs all experts. The ranks must be a multiple of ep.
   int64_t ep = 1;
+  // How the CUDA engine brings tokens to the experts (layers/cuda/expert_parallel_cuda.h): all_gather (each
+  // token once per rank of the group), all_to_all (each routed slot to its expert's rank), or auto
+  // (all_gather while ep <= the model's top-k). The CPU engine always sends per slot.
+  std::string ep_dispatch = "auto";
 };
 
 struct Recipe {

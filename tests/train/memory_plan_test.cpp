@@ -192,6 +192,14 @@ TEST(MemoryPlan, ExpertParallelHoldsItsShareOfTheExperts) {
   EXPECT_EQ(two.activations_saved - one.activations_saved, 2 * 512 * 64 * 2);
   EXPECT_EQ(two.activations_transient - one.activations_transient, 512 * 64 * 2);
   EXPECT_NE(two.table().find("on this rank (experts split over 2 ranks)"), std::string::npos) << two.table();
+  // The all-gather dispatch keeps the group's input [2·T, H] bf16 and routing weights [2·T, k] f32 per MoE layer
+  // instead; its backward holds the gathered output gradient and the input gradient's partial sums, [2·T, H] each.
+  in.ep_all_gather = true;
+  const MemoryPlan gathers = memory_plan(in);
+  EXPECT_EQ(gathers.params, two.params);
+  EXPECT_EQ(gathers.activations_saved - one.activations_saved, 2 * 2 * 256 * (64 * 2 + 2 * 4));
+  EXPECT_EQ(gathers.activations_transient - one.activations_transient, 2 * 2 * 256 * 64 * 2);
+  in.ep_all_gather = false;
   in.expert_parallel = 9;  // more ranks than experts
   EXPECT_THROW(memory_plan(in), Error);
 }

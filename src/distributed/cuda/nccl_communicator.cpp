@@ -179,6 +179,22 @@ void NcclCommunicator::all_gather(const void* send, void* recv, int64_t count, D
          what);
 }
 
+void NcclCommunicator::all_gather(const std::vector<Gather>& parts, cudaStream_t stream, const std::string& what) {
+  MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);
+  settle(ncclGroupStart(), "ncclGroupStart", what);
+  for (const Gather& g : parts)
+    settle(ncclAllGather(g.send, g.recv, static_cast<size_t>(g.count), nccl_type(g.dtype), comm_, stream),
+           "ncclAllGather", what);
+  settle(ncclGroupEnd(), "ncclGroupEnd", what);
+}
+
+void NcclCommunicator::reduce_scatter_sum(const void* send, void* recv, int64_t count, DType dtype,
+                                          cudaStream_t stream, const std::string& what) {
+  MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);
+  settle(ncclReduceScatter(send, recv, static_cast<size_t>(count), nccl_type(dtype), ncclSum, comm_, stream),
+         "ncclReduceScatter", what);
+}
+
 void NcclCommunicator::all_to_allv(const void* send, const std::vector<int64_t>& send_first,
                                    const std::vector<int64_t>& send_rows, void* recv,
                                    const std::vector<int64_t>& recv_first, const std::vector<int64_t>& recv_rows,

@@ -58,6 +58,17 @@ class NcclCommunicator {
   // recv[r·count .. (r+1)·count) = rank r's send (count elements of dtype).
   void all_gather(const void* send, void* recv, int64_t count, DType dtype, cudaStream_t stream,
                   const std::string& what);
+  // Several all-gathers fused into one NCCL group (one launch).
+  struct Gather {
+    const void* send;
+    void* recv;
+    int64_t count;
+    DType dtype;
+  };
+  void all_gather(const std::vector<Gather>& parts, cudaStream_t stream, const std::string& what);
+  // recv (count elements) = Σ over ranks of their send[rank()·count .. (rank()+1)·count) (F32, F64, BF16).
+  void reduce_scatter_sum(const void* send, void* recv, int64_t count, DType dtype, cudaStream_t stream,
+                          const std::string& what);
   // Rows of row_bytes: send_rows[j] rows starting at row send_first[j] of `send` go to rank j; rank j's rows
   // for this rank land at row recv_first[j] of `recv` (recv_rows[j] of them). Zero-row pairs send nothing;
   // this rank's own rows are a device-to-device copy. Two ranks exchange with one broadcast each (NCCL's

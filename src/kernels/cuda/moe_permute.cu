@@ -170,14 +170,17 @@ __global__ void gather_kernel(const bf16* __restrict__ x, int64_t N, int H, int 
 // The whole warp walks H together (lanes past H stay in step) because the slot loop uses shuffles.
 template <int U, bool WEIGHTED, typename Tout>
 __global__ void combine_kernel(const bf16* __restrict__ y, const float* __restrict__ weights,
-                               const int32_t* __restrict__ row_of_slot, int64_t T, int k, int H,
-                               Tout* __restrict__ out) {
+                               const int32_t* __restrict__ row_of_slot, const int32_t* __restrict__ row_limit,
+                               int64_t T, int k, int H, Tout* __restrict__ out) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (t >= T) return;
   const int lane = threadIdx.x & 31;
   // Row ids and weights of the k slots, read once into registers of lanes 0..k-1, then broadcast to
   // per-slot registers: k <= 32.
-  const int my_row = lane < k ? row_of_slot[t * k + lane] : 0;
+  // Slots whose row is at or past *row_limit belong to another rank's experts (a local plan): -1, skipped.
+  const int limit = row_limit ? *row_limit : INT32_MAX;
+  int my_row = lane < k ? row_of_slot[t * k + lane] : 0;
+  if (my_row >= limit) my_row = -1;
   const float my_w = (WEIGHTED && lane < k) ? weights[t * k + lane] : 0.0f;
   for (int h0 = 0; h0 < H; h0 += 32 * U) {
     const int h = h0 + lane * U;
@@ -188,7 +191,7 @@ __global__ void combine_kernel(const bf16* __restrict__ y, const float* __restri
     for (int s = 0; s < k; ++s) {
       const int64_t r = __shfl_sync(0xffffffffu, my_row, s);
       const float w = WEIGHTED ? __shfl_sync(0xffffffffu, my_w, s) : 1.0f;
-      if (active) {
+      if (active && r >= 0) {
         float v[U];
         load_u<U>(y + r * H + h, v);
 #pragma unroll
@@ -203,11 +206,16 @@ __global__ void combine_kernel(const bf16* __restrict__ y, const float* __restri
 template <int U, bool WEIGHTED, typename Tin>
 __global__ void combine_backward_kernel(const Tin* __restrict__ dout, const bf16* __restrict__ y,
                                         const float* __restrict__ weights, const int32_t* __restrict__ row_of_slot,
-                                        int64_t N, int k, int H, bf16* __restrict__ dy, float* __restrict__ dweights) {
+                                        const int32_t* __restrict__ row_limit, int64_t N, int k, int H,
+                                        bf16* __restrict__ dy, float* __restrict__ dweights) {
   const int64_t slot = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (slot >= N) return;
   const int lane = threadIdx.x & 31;
   const int64_t t = slot / k, r = row_of_slot[slot];
+  if (row_limit && r >= *row_limit) {  // another rank's expert: no row here, no weight gradient from here
+    if (WEIGHTED && lane == 0) dweights[slot] = 0.0f;
+    return;
+  }
   const float w = WEIGHTED ? weights[slot] : 1.0f;
   float dot = 0.0f;
   for (int h = lane * U; h < H; h += 32 * U) {
@@ -227,6 +235,15 @@ __global__ void combine_backward_kernel(const Tin* __restrict__ dout, const bf16
     dot = mma::warp_sum(dot);
     if (lane == 0) dweights[slot] = dot;
   }
+}
+
+// Expert ids -> a local plan's ids: [first, first + count) -> [0, count), every other id -> count.
+__global__ void local_ids_kernel(const int32_t* __restrict__ index, int64_t N, int first, int count,
+                                 int32_t* __restrict__ out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N) return;
+  const int e = index[i] - first;
+  out[i] = (e >= 0 && e < count) ? e : count;
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -254,6 +271,13 @@ void moe_plan_launch(const int32_t* index, int64_t N, int E, int32_t* chunk_coun
   }
 }
 
+void moe_local_ids_launch(const int32_t* index, int64_t N, int first, int count, int32_t* out,
+                          cudaStream_t stream) {
+  if (N == 0) return;
+  local_ids_kernel<<<static_cast<int>((N + 255) / 256), 256, 0, stream>>>(index, N, first, count, out);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
 void moe_gather_launch(const void* x, int64_t N, int H, int k, const int32_t* slot_of_row, void* xg,
                        cudaStream_t stream) {
   if (N == 0 || H == 0) return;
@@ -266,8 +290,8 @@ void moe_gather_launch(const void* x, int64_t N, int H, int k, const int32_t* sl
   MT_CUDA_CHECK_LAUNCH();
 }
 
-void moe_combine_launch(const void* y, const float* weights, const int32_t* row_of_slot, int64_t T, int k, int H,
-                        void* out, bool out_f32, cudaStream_t stream) {
+void moe_combine_launch(const void* y, const float* weights, const int32_t* row_of_slot, const int32_t* row_limit,
+                        int64_t T, int k, int H, void* out, bool out_f32, cudaStream_t stream) {
   if (T == 0 || H == 0) return;
   const bf16* ys = static_cast<const bf16*>(y);
   const bool vec = H % 8 == 0 && aligned16(y) && aligned16(out);
@@ -275,7 +299,8 @@ void moe_combine_launch(const void* y, const float* weights, const int32_t* row_
     constexpr int U = decltype(u_c)::value;
     constexpr bool W = decltype(w_c)::value;
     using Tout = std::remove_pointer_t<decltype(o)>;
-    combine_kernel<U, W, Tout><<<row_blocks(T), kRowWarps * 32, 0, stream>>>(ys, weights, row_of_slot, T, k, H, o);
+    combine_kernel<U, W, Tout>
+        <<<row_blocks(T), kRowWarps * 32, 0, stream>>>(ys, weights, row_of_slot, row_limit, T, k, H, o);
     MT_CUDA_CHECK_LAUNCH();
   };
   auto with_out = [&](auto u_c, auto w_c) {
@@ -297,8 +322,8 @@ void moe_combine_launch(const void* y, const float* weights, const int32_t* row_
 }
 
 void moe_combine_backward_launch(const void* dout, bool dout_f32, const void* y, const float* weights,
-                                 const int32_t* row_of_slot, int64_t T, int k, int H, void* dy, float* dweights,
-                                 cudaStream_t stream) {
+                                 const int32_t* row_of_slot, const int32_t* row_limit, int64_t T, int k, int H,
+                                 void* dy, float* dweights, cudaStream_t stream) {
   const int64_t N = T * k;
   if (N == 0) return;
   const bf16* ys = static_cast<const bf16*>(y);
@@ -309,7 +334,8 @@ void moe_combine_backward_launch(const void* dout, bool dout_f32, const void* y,
     constexpr bool W = decltype(w_c)::value;
     using Tin = std::remove_const_t<std::remove_pointer_t<decltype(g)>>;
     combine_backward_kernel<U, W, Tin>
-        <<<row_blocks(N), kRowWarps * 32, 0, stream>>>(g, ys, weights, row_of_slot, N, k, H, dys, dweights);
+        <<<row_blocks(N), kRowWarps * 32, 0, stream>>>(g, ys, weights, row_of_slot, row_limit, N, k, H, dys,
+                                                        dweights);
     MT_CUDA_CHECK_LAUNCH();
   };
   auto with_in = [&](auto u_c, auto w_c) {

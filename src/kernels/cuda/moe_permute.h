@@ -24,20 +24,35 @@ struct MoePlan {
   Tensor row_of_slot;  // I32 [T·k]: slot -> grouped row
   Tensor slot_of_row;  // I32 [T·k]: grouped row -> slot
   int64_t tokens = 0, top_k = 0, experts = 0;
+  // A local plan (moe_plan_local) has one more bucket than live experts: the slots routed to other ranks'
+  // experts, sorted last (rows from offsets[live_experts] on). The combine and its backward skip them.
+  int64_t live_experts = 0;
+  bool local() const { return live_experts < experts; }
+  Tensor live_offsets() const { return offsets.rows(0, live_experts + 1); }  // the grouped GEMMs' offsets
 };
 
 // index I32 [T, k] on a CUDA device with values in [0, experts) (as router_forward makes them; an id
 // outside is clamped into range, never written out of bounds).
 MoePlan moe_plan(const Tensor& index, int64_t experts, cudaStream_t stream);
 
+// The plan of one rank's experts [first, first + count) of `experts` (expert parallelism by all-gather: the
+// rank sees every token of its group and runs only its own experts): the live buckets are those experts,
+// the last bucket every other slot. Rows of live expert j: [offsets[j], offsets[j+1]); the live row count
+// offsets[count] stays on the device (the caller reads it to size the expert buffers).
+MoePlan moe_plan_local(const Tensor& index, int64_t experts, int64_t first, int64_t count, cudaStream_t stream);
+
 // x BF16 [T, H] -> BF16 [T·k, H], grouped row r = x[slot_of_row[r] / k].
 Tensor moe_gather(const Tensor& x, const MoePlan& plan, cudaStream_t stream);
+// The first `rows` grouped rows into xg BF16 [>= rows, H] (a local plan's live rows; rows past are untouched).
+void moe_gather_rows(const Tensor& x, const MoePlan& plan, int64_t rows, Tensor& xg, cudaStream_t stream);
 
-// y BF16 [T·k, H] (grouped rows), weights F32 [T, k] or undefined -> out BF16|F32 [T, H] (overwritten).
+// y BF16 [T·k, H] (grouped rows; a local plan: [>= live rows, H]), weights F32 [T, k] or undefined -> out
+// BF16|F32 [T, H] (overwritten; a local plan sums only its live slots, a token with none gets zeros).
 void moe_combine(const Tensor& y, const Tensor& weights, const MoePlan& plan, Tensor& out, cudaStream_t stream);
 
 // dout BF16|F32 [T, H] -> dy BF16 [T·k, H]: dy[row] = bf16(dout[t] · w[t,s]) (or dout[t] without weights),
 // and, with weights, dweights F32 [T, k] = Σ_h dout[t, h] · y[row, h]. Outputs allocated by the caller.
+// A local plan writes only its live rows of dy ([>= live rows, H]) and zero dweights for the other slots.
 void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& weights, const MoePlan& plan, Tensor& dy,
                           Tensor& dweights, cudaStream_t stream);
 

@@ -15,13 +15,18 @@ void moe_plan_launch(const int32_t* index, int64_t N, int E, int32_t* chunk_coun
 void moe_gather_launch(const void* x, int64_t N, int H, int k, const int32_t* slot_of_row, void* xg,
                        cudaStream_t stream);
 
-// weights may be null (plain sum). out_f32 selects the output dtype (else bf16).
-void moe_combine_launch(const void* y, const float* weights, const int32_t* row_of_slot, int64_t T, int k, int H,
-                        void* out, bool out_f32, cudaStream_t stream);
+// out[i] = index[i] - first when that is in [0, count), else count (the bucket of other ranks' experts).
+void moe_local_ids_launch(const int32_t* index, int64_t N, int first, int count, int32_t* out, cudaStream_t stream);
 
-// weights may be null (then dweights is not written). dout_f32 selects dout's dtype (else bf16).
+// weights may be null (plain sum). out_f32 selects the output dtype (else bf16). row_limit (device, may be
+// null): slots whose row is >= *row_limit are skipped.
+void moe_combine_launch(const void* y, const float* weights, const int32_t* row_of_slot, const int32_t* row_limit,
+                        int64_t T, int k, int H, void* out, bool out_f32, cudaStream_t stream);
+
+// weights may be null (then dweights is not written). dout_f32 selects dout's dtype (else bf16). row_limit as
+// for the combine: a skipped slot writes no dy row and a zero dweight.
 void moe_combine_backward_launch(const void* dout, bool dout_f32, const void* y, const float* weights,
-                                 const int32_t* row_of_slot, int64_t T, int k, int H, void* dy, float* dweights,
-                                 cudaStream_t stream);
+                                 const int32_t* row_of_slot, const int32_t* row_limit, int64_t T, int k, int H,
+                                 void* dy, float* dweights, cudaStream_t stream);
 
 }  // namespace mt::cuda::detail

@@ -19,6 +19,7 @@ struct CudaBlockEnv {
   cuda::PhaseTimer* timer = nullptr;  // never null (a disabled timer records nothing)
   const CudaExpertParallel* ep = nullptr;  // expert parallelism (layers/cuda/expert_parallel_cuda.h), or none
   int64_t layer = -1;                      // the decoder layer being run (named in collective errors)
+  bool ep_gather = true;  // the all-gather dispatch is allowed for this micro-batch (same token count everywhere)
 
   int64_t tokens() const { return batch->tokens(); }
   float eps() const { return static_cast<float>(cfg->rms_norm_eps); }

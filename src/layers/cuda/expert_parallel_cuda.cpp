@@ -23,15 +23,22 @@ std::vector<std::vector<int>> expert_replica_groups(int world, int64_t ep) {
   return g;
 }
 
-CudaExpertParallel::CudaExpertParallel(NcclCommunicator& comm, int64_t experts) : comm_(comm), experts_(experts) {
+CudaExpertParallel::CudaExpertParallel(NcclCommunicator& comm, int64_t experts, EpDispatchMode mode)
+    : comm_(comm), experts_(experts), mode_(mode) {
   MT_CHECK(comm.size() >= 1 && experts % comm.size() == 0, "expert parallel: {} experts over {} ranks", experts,
            comm.size());
   per_rank_ = experts / comm.size();
   const size_t bytes = sizeof(int32_t) * static_cast<size_t>(comm.size()) * static_cast<size_t>(experts + 1);
   MT_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), bytes));
+  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
 }
 
 CudaExpertParallel::~CudaExpertParallel() {
+  if (join_) cudaEventDestroy(join_);
+  if (fork_) cudaEventDestroy(fork_);
+  if (side_) cudaStreamDestroy(side_);
   if (pinned_) cudaFreeHost(pinned_);
 }
 
@@ -109,6 +116,75 @@ Tensor ep_from_experts(const CudaExpertParallel& ep, const EpDispatch& d, const 
   for (int j = 0; j < ep.ranks(); ++j)
     if (j != ep.me()) ep.count_sent(d.recv_rows[j] * row_bytes);
   return out;
+}
+
+namespace {
+
+Shape with_rows(const Shape& s, int64_t rows) {
+  Shape out = s;
+  out[0] = rows;
+  return out;
+}
+
+}  // namespace
+
+std::vector<Tensor> ep_all_gather_rows(const CudaExpertParallel& ep, const std::vector<Tensor>& xs,
+                                       cudaStream_t stream, const std::string& what) {
+  const int64_t g = ep.ranks();
+  std::vector<Tensor> out;
+  std::vector<NcclCommunicator::Gather> parts;
+  for (const Tensor& x : xs) {
+    MT_CHECK(x.defined() && x.ndim() >= 1 && x.device().is_cuda(), "{}: expected device rows", what);
+    out.push_back(Tensor::empty(with_rows(x.shape(), g * x.dim(0)), x.dtype(), x.device()));
+    parts.push_back({x.data(), out.back().data(), x.numel(), x.dtype()});
+    ep.count_sent((g - 1) * x.nbytes());
+  }
+  ep.comm().all_gather(parts, stream, what);
+  return out;
+}
+
+Tensor ep_reduce_scatter_rows(const CudaExpertParallel& ep, const Tensor& partial, cudaStream_t stream,
+                              const std::string& what) {
+  const int64_t g = ep.ranks();
+  MT_CHECK(partial.defined() && partial.ndim() >= 1 && partial.dim(0) % g == 0, "{}: expected [{}·T, ...] rows",
+           what, g);
+  Tensor out = Tensor::empty(with_rows(partial.shape(), partial.dim(0) / g), partial.dtype(), partial.device());
+  ep.comm().reduce_scatter_sum(partial.data(), out.data(), out.numel(), partial.dtype(), stream, what);
+  ep.count_sent((g - 1) * out.nbytes());
+  return out;
+}
+
+EpPendingSums ep_reduce_scatter_async(const CudaExpertParallel& ep, const std::vector<Tensor>& partials,
+                                      cudaStream_t stream, const std::string& what) {
+  EpPendingSums p;
+  p.inputs = partials;
+  MT_CUDA_CHECK(cudaEventRecord(ep.fork_event(), stream));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(ep.side_stream(), ep.fork_event(), 0));
+  for (const Tensor& t : partials) p.results.push_back(ep_reduce_scatter_rows(ep, t, ep.side_stream(), what));
+  MT_CUDA_CHECK(cudaEventRecord(ep.join_event(), ep.side_stream()));
+  p.pending = true;
+  return p;
+}
+
+void ep_join(const CudaExpertParallel& ep, EpPendingSums& p, cudaStream_t stream) {
+  if (!p.pending) return;
+  MT_CUDA_CHECK(cudaStreamWaitEvent(stream, ep.join_event(), 0));
+  p.inputs.clear();  // freed after the join: later work on `stream` is ordered after the reduce-scatters
+  p.pending = false;
+}
+
+int64_t ep_live_rows(const CudaExpertParallel& ep, const Tensor& plan_offsets, int64_t live_experts,
+                     cudaStream_t stream, const std::string& what) {
+  MT_CHECK(plan_offsets.defined() && plan_offsets.dtype() == DType::I32 && plan_offsets.numel() > live_experts,
+           "{}: plan offsets must be I32 with more than {} entries", what, live_experts);
+  MT_CUDA_CHECK(cudaMemcpyAsync(ep.pinned_offsets(), plan_offsets.data_as<int32_t>() + live_experts,
+                                sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  const auto t0 = std::chrono::steady_clock::now();
+  ep.comm().wait(stream, what);
+  ep.count_wait(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  const int64_t n = ep.pinned_offsets()[0];
+  if (n < 0) fail("{}: negative row count {}", what, n);
+  return n;
 }
 
 }  // namespace mt

@@ -1,7 +1,18 @@
 // Expert parallelism on the GPU (the CPU twin is layers/expert_parallel.h): the experts of every MoE layer
-// are split over an expert-parallel group of ranks (group rank j owns experts [j·El, (j+1)·El), El = E/ep),
-// and each token slot's row travels to the rank owning its expert and back, over NCCL.
+// are split over an expert-parallel group of ranks (group rank j owns experts [j·El, (j+1)·El), El = E/ep).
+// Two ways to bring the tokens to the experts over NCCL (EpDispatchMode):
 //
+// all_gather (the default while ep <= top-k): every rank of the group receives each token once — the
+//   normalised input and the routing (ids, weights) are all-gathered, [T, ·] -> [ep·T, ·] — and runs its own
+//   experts on every token routed to them (a local plan, kernels/cuda/moe_permute.h). Its weighted partial
+//   sums go back with one reduce-scatter, [ep·T, H] -> [T, H]. Each token travels once per rank, not once
+//   per routed expert (with top-8 over 2 ranks, 4 slots per rank on average), and the message sizes are
+//   fixed: NCCL needs no row counts. The one host read left is the number of rows of this rank's experts
+//   (to size the expert buffers), once per layer and micro-batch in the forward. The backward all-gathers the
+//   output gradient and reduce-scatters the input gradient (on a side stream, under the expert wgrad) and
+//   the routing-weight gradients.
+//
+// all_to_all: each token slot's row travels to the rank owning its expert and back:
 //   dispatch plan   all_gather of every rank's moe_plan offsets (device), then one host wait per layer and
 //                   micro-batch to read the row counts NCCL needs (the backward and a recompute reuse them)
 //   to experts      the rows in this rank's plan order are already grouped by destination rank (the plan
@@ -10,8 +21,8 @@
 //   from experts    the inverse: expert-major -> source-major, one send back per source, landing in this
 //                   rank's plan order where the combine reads them
 // The backward moves the output gradients to the experts and the input gradients back the same way.
-// Communication runs on the compute stream (not overlapped yet). A slot routed to two experts of the same
-// rank is sent twice (no deduplication yet).
+// Communication runs on the compute stream. A slot routed to two experts of the same rank is sent twice:
+// it pays when ep > top-k (each token then reaches fewer ranks than the group has).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -20,11 +31,13 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "distributed/ep_dispatch_mode.h"
 #include "kernels/cuda/ep_regroup.h"
 
 namespace mt {
 
 class NcclCommunicator;
+
 
 // The expert-parallel groups of a job of `world` ranks with groups of `ep`: consecutive ranks
 // {0..ep-1}, {ep..2ep-1}, ... (as the CPU engine forms them); and the groups of ranks that hold the same
@@ -35,7 +48,7 @@ std::vector<std::vector<int>> expert_replica_groups(int world, int64_t ep);
 class CudaExpertParallel {
  public:
   // comm: the expert-parallel group (its rank order is the expert order); experts: the model's E.
-  CudaExpertParallel(NcclCommunicator& comm, int64_t experts);
+  CudaExpertParallel(NcclCommunicator& comm, int64_t experts, EpDispatchMode mode);
   ~CudaExpertParallel();
   CudaExpertParallel(const CudaExpertParallel&) = delete;
   CudaExpertParallel& operator=(const CudaExpertParallel&) = delete;
@@ -47,6 +60,11 @@ class CudaExpertParallel {
   int64_t first_expert() const { return me() * per_rank_; }
 
   int64_t experts() const { return experts_; }
+  EpDispatchMode mode() const { return mode_; }
+  // The side stream of overlapped collectives (ep_reduce_scatter_async), and its fork/join events.
+  cudaStream_t side_stream() const { return side_; }
+  cudaEvent_t fork_event() const { return fork_; }
+  cudaEvent_t join_event() const { return join_; }
 
   // Bytes this rank's dispatch/return calls sent to other ranks so far (its own rows are a local copy),
   // for the bench's bandwidth figure.
@@ -61,6 +79,9 @@ class CudaExpertParallel {
  private:
   NcclCommunicator& comm_;
   int64_t experts_ = 0, per_rank_ = 0;
+  EpDispatchMode mode_ = EpDispatchMode::all_gather;
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
   int32_t* pinned_ = nullptr;  // page-locked copy of the gathered offsets (the host wait reads it)
   mutable int64_t bytes_sent_ = 0;
   mutable double host_wait_s_ = 0;
@@ -91,5 +112,30 @@ Tensor ep_to_experts(const CudaExpertParallel& ep, const EpDispatch& d, const Te
 // Collective, the inverse: expert-major rows [ep_padded_rows(N), H] -> BF16 [slots, H] in this rank's plan order.
 Tensor ep_from_experts(const CudaExpertParallel& ep, const EpDispatch& d, const Tensor& expert_rows, int64_t slots,
                        cudaStream_t stream, const std::string& what);
+
+// --- all_gather mode ---
+
+// Collective: each x [T, ...] (any dtype NCCL moves) -> [ep·T, ...], group rank j's rows at j·T; one NCCL
+// group for all of them.
+std::vector<Tensor> ep_all_gather_rows(const CudaExpertParallel& ep, const std::vector<Tensor>& xs,
+                                       cudaStream_t stream, const std::string& what);
+// Collective: partial [ep·T, ...] (BF16 or F32) -> [T, ...], the sum over the group of each rank's slice for
+// this rank.
+Tensor ep_reduce_scatter_rows(const CudaExpertParallel& ep, const Tensor& partial, cudaStream_t stream,
+                              const std::string& what);
+// The same reduce-scatters on the side stream, started after the work queued on `stream` so far: `stream`
+// may go on with other work; ep_join makes it wait for the results. One pending batch at a time.
+struct EpPendingSums {
+  std::vector<Tensor> results;  // [T, ...] each, valid on `stream` after ep_join
+  std::vector<Tensor> inputs;   // kept alive until the join (the allocator reuses freed blocks at once)
+  bool pending = false;
+};
+EpPendingSums ep_reduce_scatter_async(const CudaExpertParallel& ep, const std::vector<Tensor>& partials,
+                                      cudaStream_t stream, const std::string& what);
+void ep_join(const CudaExpertParallel& ep, EpPendingSums& p, cudaStream_t stream);
+// The live row count of a local plan (its offsets[live_experts]), read on the host: one wait per layer
+// and micro-batch, bounded by the job's timeout.
+int64_t ep_live_rows(const CudaExpertParallel& ep, const Tensor& plan_offsets, int64_t live_experts,
+                     cudaStream_t stream, const std::string& what);
 
 }  // namespace mt

@@ -15,6 +15,10 @@ std::string ep_what(const CudaBlockEnv& env, const char* op) {
   return "layer " + std::to_string(env.layer) + ": " + op;
 }
 
+bool ep_gathers(const CudaBlockEnv& env) {
+  return env.ep && env.ep->mode() == EpDispatchMode::all_gather && env.ep_gather;
+}
+
 }  // namespace
 
 Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& n,
@@ -27,15 +31,34 @@ Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeight
   acts.logits = env.bf16({T, E});
   cuda::linear_forward(n, w.router, acts.logits, env.stream);
   acts.route = cuda::router_forward(acts.logits, K, c.norm_topk_prob, /*bf16=*/true, stats, env.stream);
-  acts.plan = cuda::moe_plan(acts.route.index, E, env.stream);
-  acts.xg = cuda::moe_gather(n, acts.plan, env.stream);
-  acts.expert_offsets = acts.plan.offsets;
-  if (env.ep) {
-    env.phase(cuda::Phase::comm_plan);
-    acts.ep = ep_dispatch_plan(*env.ep, acts.plan.offsets, env.stream, ep_what(env, "expert dispatch plan"));
+  if (ep_gathers(env)) {
+    // Every token of the group once; this rank's experts pick their slots from it (a local plan).
+    const CudaExpertParallel& ep = *env.ep;
     env.phase(cuda::Phase::comm);
-    acts.xg = ep_to_experts(*env.ep, acts.ep, acts.xg, env.stream, ep_what(env, "all_to_allv(expert dispatch, forward)"));
-    acts.expert_offsets = acts.ep.layout.local_offsets;
+    std::vector<Tensor> all = ep_all_gather_rows(ep, {n, acts.route.index, acts.route.weights}, env.stream,
+                                                 ep_what(env, "all_gather(tokens and routing, forward)"));
+    acts.n_all = all[0], acts.w_all = all[2];
+    env.phase(cuda::Phase::dispatch);
+    acts.plan = cuda::moe_plan_local(all[1], E, ep.first_expert(), ep.experts_per_rank(), env.stream);
+    env.phase(cuda::Phase::comm_plan);
+    acts.live_rows = ep_live_rows(ep, acts.plan.offsets, ep.experts_per_rank(), env.stream,
+                                  ep_what(env, "row count of this rank's experts"));
+    env.phase(cuda::Phase::dispatch);
+    acts.xg = env.bf16({ep_padded_rows(acts.live_rows), H});
+    cuda::moe_gather_rows(acts.n_all, acts.plan, acts.live_rows, acts.xg, env.stream);
+    acts.expert_offsets = acts.plan.live_offsets();
+  } else {
+    acts.plan = cuda::moe_plan(acts.route.index, E, env.stream);
+    acts.xg = cuda::moe_gather(n, acts.plan, env.stream);
+    acts.expert_offsets = acts.plan.offsets;
+    if (env.ep) {
+      env.phase(cuda::Phase::comm_plan);
+      acts.ep = ep_dispatch_plan(*env.ep, acts.plan.offsets, env.stream, ep_what(env, "expert dispatch plan"));
+      env.phase(cuda::Phase::comm);
+      acts.xg = ep_to_experts(*env.ep, acts.ep, acts.xg, env.stream,
+                              ep_what(env, "all_to_allv(expert dispatch, forward)"));
+      acts.expert_offsets = acts.ep.layout.local_offsets;
+    }
   }
   const int64_t N = acts.xg.dim(0);
 
@@ -46,6 +69,13 @@ Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeight
   cuda::swiglu_forward(acts.gu, nullptr, acts.h, env.stream);
   acts.yd = env.bf16({N, H});
   cuda::grouped_gemm_forward(acts.h, w.experts_down, acts.expert_offsets, acts.yd, env.stream);
+  if (ep_gathers(env)) {
+    env.phase(cuda::Phase::dispatch);
+    Tensor partial = env.bf16({acts.n_all.dim(0), H});
+    cuda::moe_combine(acts.yd, acts.w_all, acts.plan, partial, env.stream);
+    env.phase(cuda::Phase::comm);
+    return ep_reduce_scatter_rows(*env.ep, partial, env.stream, ep_what(env, "reduce_scatter(expert combine, forward)"));
+  }
   if (env.ep) {
     env.phase(cuda::Phase::comm);
     acts.yd = ep_from_experts(*env.ep, acts.ep, acts.yd, T * K, env.stream,
@@ -74,7 +104,12 @@ void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, co
     cuda::rmsnorm_forward(x_mid, w.post_norm, env.eps(), acts.n, nullptr, env.stream);
   }
   env.phase(cuda::Phase::dispatch);
-  if (!acts.xg.defined()) acts.xg = cuda::moe_gather(acts.n, acts.plan, env.stream);
+  if (!acts.xg.defined() && acts.n_all.defined()) {
+    acts.xg = env.bf16({ep_padded_rows(acts.live_rows), c.hidden_size});
+    cuda::moe_gather_rows(acts.n_all, acts.plan, acts.live_rows, acts.xg, env.stream);
+  } else if (!acts.xg.defined()) {
+    acts.xg = cuda::moe_gather(acts.n, acts.plan, env.stream);
+  }
   env.phase(cuda::Phase::experts);
   if (!acts.h.defined()) {
     acts.h = env.bf16({acts.gu.dim(0), I});
@@ -95,10 +130,23 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeigh
   const int64_t T = env.tokens(), H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok,
                 I = c.moe_intermediate_size;
   const int64_t N = acts.xg.dim(0);
-  env.phase(cuda::Phase::dispatch);
-  Tensor dyd = env.bf16({T * K, H});
-  Tensor dweights = Tensor::empty({T, K}, DType::F32, env.dev());
-  cuda::moe_combine_backward(dout, acts.yd, acts.route.weights, acts.plan, dyd, dweights, env.stream);
+  const bool gathers = acts.n_all.defined();
+  Tensor dyd, dweights;
+  if (gathers) {
+    // The group's output gradients once per rank; this rank's slots of them.
+    env.phase(cuda::Phase::comm);
+    Tensor dout_all = ep_all_gather_rows(*env.ep, {dout}, env.stream,
+                                         ep_what(env, "all_gather(output gradient, backward)"))[0];
+    env.phase(cuda::Phase::dispatch);
+    dyd = env.bf16({N, H});
+    dweights = Tensor::empty({dout_all.dim(0), K}, DType::F32, env.dev());
+    cuda::moe_combine_backward(dout_all, acts.yd, acts.w_all, acts.plan, dyd, dweights, env.stream);
+  } else {
+    env.phase(cuda::Phase::dispatch);
+    dyd = env.bf16({T * K, H});
+    dweights = Tensor::empty({T, K}, DType::F32, env.dev());
+    cuda::moe_combine_backward(dout, acts.yd, acts.route.weights, acts.plan, dyd, dweights, env.stream);
+  }
   if (acts.ep.active()) {
     env.phase(cuda::Phase::comm);
     dyd = ep_to_experts(*env.ep, acts.ep, dyd, env.stream, ep_what(env, "all_to_allv(expert dispatch, backward)"));
@@ -114,8 +162,26 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeigh
   dh = Tensor();
   Tensor dxg = env.bf16({N, H});
   cuda::grouped_gemm_dgrad(dgu, w.experts_gate_up, acts.expert_offsets, dxg, env.stream);
-  wgrad(ExpertWgradPairing::gate_up, dgu, acts.xg, g.experts_gate_up);
-  dgu = Tensor();
+  Tensor dn;
+  if (gathers) {
+    // The input gradients' partial sums go back to their ranks on the side stream, under the wgrad.
+    env.phase(cuda::Phase::dispatch);
+    Tensor dn_partial = env.bf16({acts.n_all.dim(0), H});
+    cuda::moe_gather_backward(dxg, acts.plan, dn_partial, env.stream);
+    dxg = Tensor();
+    EpPendingSums sums = ep_reduce_scatter_async(*env.ep, {dn_partial, dweights}, env.stream,
+                                                 ep_what(env, "reduce_scatter(input gradient, backward)"));
+    dn_partial = Tensor(), dweights = Tensor();
+    env.phase(cuda::Phase::experts);
+    wgrad(ExpertWgradPairing::gate_up, dgu, acts.xg, g.experts_gate_up);
+    dgu = Tensor();
+    env.phase(cuda::Phase::comm);
+    ep_join(*env.ep, sums, env.stream);
+    dn = sums.results[0], dweights = sums.results[1];
+  } else {
+    wgrad(ExpertWgradPairing::gate_up, dgu, acts.xg, g.experts_gate_up);
+    dgu = Tensor();
+  }
   if (acts.ep.active()) {
     env.phase(cuda::Phase::comm);
     dxg = ep_from_experts(*env.ep, acts.ep, dxg, T * K, env.stream,
@@ -123,9 +189,11 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeigh
   }
 
   env.phase(cuda::Phase::dispatch);
-  Tensor dn = env.bf16({T, H});
-  cuda::moe_gather_backward(dxg, acts.plan, dn, env.stream);
-  dxg = Tensor();
+  if (!gathers) {
+    dn = env.bf16({T, H});
+    cuda::moe_gather_backward(dxg, acts.plan, dn, env.stream);
+    dxg = Tensor();
+  }
   Tensor dlogits = env.bf16({T, E});
   cuda::router_backward(dweights, acts.logits, acts.route, c.norm_topk_prob, aux_dp, /*bf16=*/true, dlogits,
                         env.stream);

@@ -3,9 +3,11 @@
 //   tokens permuted into the expert-contiguous layout; gate_up = grouped GEMM; h = SwiGLU;
 //   y_e = grouped GEMM (down); out = Σ_slots w · y_e       (the residual add is fused into the next norm)
 // The cheap tensors (n, the gathered input xg, h) may be dropped after the forward and recomputed.
-// Under expert parallelism (env.ep) the expert GEMMs run on this rank's experts only, on the rows every
-// rank of the group sent them (layers/cuda/expert_parallel_cuda.h); xg then holds those received rows
-// (expert-major) and is kept, since recomputing it would mean dispatching again.
+// Under expert parallelism (env.ep) the expert GEMMs run on this rank's experts only
+// (layers/cuda/expert_parallel_cuda.h). all_gather mode: the plan is a local plan over the group's
+// gathered tokens (n_all, w_all kept for the backward; xg is cheap again, gathered from n_all).
+// all_to_all mode: xg holds the rows every rank sent (expert-major) and is kept, since recomputing it
+// would mean dispatching again.
 #pragma once
 #include "core/tensor.h"
 #include "kernels/cuda/moe_permute.h"
@@ -21,7 +23,9 @@ struct MoeActsCuda {
   Tensor n;                  // [T, H] normalised input
   Tensor logits;             // [T, E] router logits (BF16)
   cuda::RouterResult route;  // index I32 [T, k], weights F32 [T, k]
-  cuda::MoePlan plan;        // expert-contiguous layout (device offsets)
+  cuda::MoePlan plan;        // expert-contiguous layout (device offsets); all_gather EP: the local plan
+  Tensor n_all, w_all;       // all_gather EP: the group's n [ep·T, H] and routing weights F32 [ep·T, k]
+  int64_t live_rows = 0;     // all_gather EP: rows of this rank's experts (the buffers hold ep_padded_rows)
   Tensor xg;                 // [N, H] the expert GEMMs' input rows (N = T·k; under EP: this rank's experts' rows)
   Tensor gu;                 // [N, 2I] gate|up
   Tensor h;                  // [N, I] SwiGLU output

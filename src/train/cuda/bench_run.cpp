@@ -128,8 +128,10 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
 
   if (world > 1) {
     ranks.host = tcp_communicator_create(ranks.pg, std::chrono::seconds(600));
+    const EpDispatchMode dispatch =
+        ep_dispatch_mode_parse(o.ep_dispatch, o.ep, cfg.num_experts_per_tok, "bench --ep-dispatch");
     ranks.job = cuda_job_collectives_create(*ranks.host, device, std::chrono::seconds(600), o.ep, cfg.num_experts,
-                                            "bench --ep");
+                                            dispatch, "bench --ep");
   }
   CudaExpertParallel* ep = ranks.job.ep.get();
   const int64_t held = ep ? ep->experts_per_rank() : cfg.num_experts;
@@ -146,6 +148,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   pin.bf16_moments = !fp32_master;
   pin.bf16_expert_grads = !fp32_master;
   pin.expert_parallel = o.ep;
+  pin.ep_all_gather = ep && ep->mode() == EpDispatchMode::all_gather;
   pin.device_bytes = static_cast<int64_t>(total_b);
   pin.reserve_bytes = memory_plan_reserve_bytes(pin.device_bytes);
   const bool pair = !o.no_pair_expert_wgrad && pairing_wanted(pin, o.grad_accum);
@@ -155,21 +158,27 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   if (!plan.fits && !o.force) fail("bench: {} (--force runs it anyway)", plan.refusal());
 
   const double ceiling = measure_gemm_ceiling_tflops(device);
-  // The expert all-to-all alone: one layer's dispatch volume (T·k rows of H bf16, half of them to the
-  // peer for EP 2), 20 times, timed on the GPU: what the transport gives without the training around it.
+  // One layer's expert exchange alone, 20 times, timed on the GPU: what the transport gives without the
+  // training around it. all_to_all mode: the dispatch volume (T·k rows of H bf16, (ep-1)/ep of them remote);
+  // all_gather mode: the forward all-gather of T rows.
   nlohmann::ordered_json probe;
   if (ep) {
     const int g = ep->ranks(), me = ep->me();
-    const int64_t rows = o.micro_batch * o.seq * cfg.num_experts_per_tok, H = cfg.hidden_size;
+    const bool gathers = ep->mode() == EpDispatchMode::all_gather;
+    const int64_t tokens = o.micro_batch * o.seq, H = cfg.hidden_size;
+    const int64_t rows = gathers ? tokens : tokens * cfg.num_experts_per_tok;
     std::vector<int64_t> first(g), count(g);
     for (int j = 0; j < g; ++j) count[j] = rows / g, first[j] = j * (rows / g);
     Tensor a = Tensor::empty({rows, H}, DType::BF16, Device::cuda(device));
-    Tensor b = Tensor::empty({rows, H}, DType::BF16, Device::cuda(device));
+    Tensor b = Tensor::empty({gathers ? g * rows : rows, H}, DType::BF16, Device::cuda(device));
     cudaEvent_t e0, e1;
     MT_CUDA_CHECK(cudaEventCreate(&e0));
     MT_CUDA_CHECK(cudaEventCreate(&e1));
     auto once = [&] {
-      ep->comm().all_to_allv(a.data(), first, count, b.data(), first, count, H * 2, ctx.stream, "probe");
+      if (gathers)
+        ep->comm().all_gather(a.data(), b.data(), a.numel(), DType::BF16, ctx.stream, "probe");
+      else
+        ep->comm().all_to_allv(a.data(), first, count, b.data(), first, count, H * 2, ctx.stream, "probe");
     };
     for (int i = 0; i < 3; ++i) once();
     ep->comm().wait(ctx.stream, "probe warm-up");
@@ -179,10 +188,12 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     ep->comm().wait(ctx.stream, "probe");
     float ms = 0;
     MT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    const double remote = static_cast<double>(rows - rows / g) * static_cast<double>(H) * 2.0;
-    probe = {{"rows_per_call", rows}, {"remote_bytes_per_call", remote}, {"ms_per_call", ms / 20.0},
+    const double remote =
+        static_cast<double>(gathers ? (g - 1) * rows : rows - rows / g) * static_cast<double>(H) * 2.0;
+    probe = {{"operation", gathers ? "all_gather" : "all_to_allv"},
+             {"rows_per_call", rows}, {"remote_bytes_per_call", remote}, {"ms_per_call", ms / 20.0},
              {"gb_per_s", remote / (ms / 20.0 * 1e-3) / 1e9}};
-    if (log) std::fprintf(log, "all-to-all probe (rank %d): %.3f ms per call, %.1f GB/s\n", me, ms / 20.0,
+    if (log) std::fprintf(log, "expert exchange probe (rank %d): %.3f ms per call, %.1f GB/s\n", me, ms / 20.0,
                           remote / (ms / 20.0 * 1e-3) / 1e9);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
@@ -292,6 +303,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   j["gpu"] = prop.name;
   j["gpus"] = world;
   j["ep"] = o.ep;
+  if (ep) j["ep_dispatch"] = ep_dispatch_mode_name(ep->mode());
   j["model"] = {{"preset", o.model_dir.empty() ? o.preset : ""},
                 {"model_dir", o.model_dir},
                 {"layers", cfg.num_hidden_layers},
@@ -327,20 +339,32 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     phases[cuda::phase_name(static_cast<cuda::Phase>(p))] = totals[p] / static_cast<double>(o.steps);
   j["phases_ms"] = phases;
   if (ep) {
-    // The all-to-alls run on the compute stream: their time is the comm phase, none of it hidden.
+    // comm_ms: compute-stream time in the comm phase (collectives on the compute stream, waiting for the
+    // slower rank, and the joins of side-stream reduce-scatters). hidden_fraction: 1 - comm_ms / the time
+    // this step's bytes take at the probe's rate (0 when nothing overlaps; it cannot see load imbalance).
     const double comm_ms = totals[static_cast<int>(cuda::Phase::comm)] / static_cast<double>(o.steps);
     const double plan_ms = totals[static_cast<int>(cuda::Phase::comm_plan)] / static_cast<double>(o.steps);
     const double bytes = static_cast<double>(a2a_bytes) / static_cast<double>(o.steps);
-    j["all_to_all"] = {{"bytes_sent_per_step_gpu0", bytes},
-                       {"comm_ms_per_step", comm_ms},
-                       {"row_count_exchange_ms_per_step", plan_ms},
-                       {"host_wait_for_counts_ms_per_step", host_wait_s * 1e3 / static_cast<double>(o.steps)},
-                       {"achieved_gb_per_s", comm_ms > 0 ? bytes / (comm_ms * 1e-3) / 1e9 : 0.0},
-                       {"hidden_fraction", 0.0},
-                       {"alone", probe},
-                       {"note", "NCCL send/recv on the compute stream, not overlapped; comm_ms (all_to_allv + "
-                                "regroup) includes waiting for the slower rank; the row-count exchange (all_gather + "
-                                "host wait) is apart"}};
+    const double probe_gbs = probe.contains("gb_per_s") ? probe["gb_per_s"].get<double>() : 0.0;
+    const double alone_ms = probe_gbs > 0 ? bytes / (probe_gbs * 1e9) * 1e3 : 0.0;
+    const bool gathers = ep->mode() == EpDispatchMode::all_gather;
+    j["all_to_all"] = {
+        {"mode", ep_dispatch_mode_name(ep->mode())},
+        {"bytes_sent_per_step_gpu0", bytes},
+        {"comm_ms_per_step", comm_ms},
+        {"row_count_exchange_ms_per_step", plan_ms},
+        {"host_wait_for_counts_ms_per_step", host_wait_s * 1e3 / static_cast<double>(o.steps)},
+        {"achieved_gb_per_s", comm_ms > 0 ? bytes / (comm_ms * 1e-3) / 1e9 : 0.0},
+        {"bytes_at_probe_rate_ms_per_step", alone_ms},
+        {"hidden_fraction", alone_ms > 0 ? std::max(0.0, 1.0 - comm_ms / alone_ms) : 0.0},
+        {"alone", probe},
+        {"note", gathers ? "all_gather mode: tokens and output gradients all-gathered on the compute stream, the "
+                           "forward combine reduce-scattered on it, the backward input gradient reduce-scattered "
+                           "on a side stream under the expert wgrad; comm_plan is the host read of this rank's "
+                           "expert row count"
+                         : "all_to_all mode: NCCL send/recv on the compute stream, not overlapped; comm_ms "
+                           "(all_to_allv + regroup) includes waiting for the slower rank; the row-count exchange "
+                           "(all_gather + host wait) is apart"}};
   }
   j["loss_first"] = loss_first;
   j["loss_last"] = loss_last;

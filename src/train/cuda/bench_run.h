@@ -29,6 +29,7 @@ struct BenchOptions {
   bool no_pair_expert_wgrad = false;  // never pair expert wgrads (default: when grad_accum >= 2 and it fits)
   int device = 0;   // one process; a multi-rank job uses LOCAL_RANK
   int64_t ep = 1;   // expert-parallel ranks (multi-rank jobs)
+  std::string ep_dispatch = "auto";  // auto | all_gather | all_to_all (layers/cuda/expert_parallel_cuda.h)
   uint64_t seed = 1234;
   std::string command;  // the command line, echoed into the JSON
 };

@@ -78,6 +78,8 @@ bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, int64_t
   in.bf16_moments = r.optimizer.moment_dtype == "bfloat16";
   in.bf16_expert_grads = r.optimizer.expert_grad_dtype == "bfloat16";
   in.expert_parallel = ep;
+  in.ep_all_gather = ep > 1 && ep_dispatch_mode_parse(r.parallel.ep_dispatch, ep, cfg.num_experts_per_tok,
+                                                      "parallel.ep_dispatch") == EpDispatchMode::all_gather;
   in.device_bytes = static_cast<int64_t>(total_b);
   in.reserve_bytes = memory_plan_reserve_bytes(in.device_bytes);
   const bool pair = pairing_wanted(in, r.train.grad_accum);
@@ -202,7 +204,10 @@ class CudaEngine final : public TrainEngine {
   CudaStepCollectives join(Communicator& comm, const Recipe& r) {
     rank_ = comm.rank();
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s) * 1000);
-    job_ = cuda_job_collectives_create(comm, device_, timeout, r.parallel.ep, lm_.config.num_experts, "parallel.ep");
+    const EpDispatchMode dispatch = ep_dispatch_mode_parse(r.parallel.ep_dispatch, r.parallel.ep,
+                                                           lm_.config.num_experts_per_tok, "parallel.ep_dispatch");
+    job_ = cuda_job_collectives_create(comm, device_, timeout, r.parallel.ep, lm_.config.num_experts, dispatch,
+                                       "parallel.ep");
     ep_ = job_.ep.get();
     return job_.step();
   }

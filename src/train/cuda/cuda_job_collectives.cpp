@@ -21,7 +21,8 @@ CudaStepCollectives CudaJobCollectives::step() const {
 }
 
 CudaJobCollectives cuda_job_collectives_create(Communicator& host, int device, std::chrono::milliseconds timeout,
-                                               int64_t ep, int64_t experts, const char* what) {
+                                               int64_t ep, int64_t experts, EpDispatchMode dispatch,
+                                               const char* what) {
   const int world = host.size();
   if (ep < 1 || world % ep != 0) fail("{}: {} does not divide the {} ranks of this job", what, ep, world);
   if (experts % ep != 0) fail("{}: {} does not divide the model's {} experts", what, ep, experts);
@@ -37,7 +38,7 @@ CudaJobCollectives cuda_job_collectives_create(Communicator& host, int device, s
     if (world > ep)
       c.replicas = NcclCommunicator::create_group(host, device, timeout, expert_replica_groups(world, ep),
                                                   "expert replicas");
-    c.ep = std::make_unique<CudaExpertParallel>(*c.ep_comm, experts);
+    c.ep = std::make_unique<CudaExpertParallel>(*c.ep_comm, experts, dispatch);
   }
   return c;
 }

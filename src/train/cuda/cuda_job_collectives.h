@@ -25,8 +25,9 @@ struct CudaJobCollectives {
 
 // Collective over every rank of `host` (more than one). ep: the expert-parallel group size (1: none);
 // `what` names the setting in errors ("parallel.ep", "--ep"). Throws for an ep that does not divide the
-// ranks or the model's `experts`.
+// ranks or the model's `experts`. dispatch: the EP dispatch mode (ep_dispatch_mode_parse).
 CudaJobCollectives cuda_job_collectives_create(Communicator& host, int device, std::chrono::milliseconds timeout,
-                                               int64_t ep, int64_t experts, const char* what);
+                                               int64_t ep, int64_t experts, EpDispatchMode dispatch,
+                                               const char* what);
 
 }  // namespace mt

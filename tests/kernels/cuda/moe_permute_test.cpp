@@ -171,6 +171,102 @@ TEST(CudaPermute, GatherCombineAndBackward) {
   }
 }
 
+// A local plan (expert parallelism by all-gather): each of 4 ranks takes experts [4j, 4j+4) of 16 over every
+// token. Its plan is the counting sort of the remapped ids (other ranks' experts in one last bucket); the
+// gather fills only the live rows; the combine sums only the live slots (bit for bit as the host does);
+// its backward writes only live rows (each bf16(dout·w), as the full plan) and zero weight gradients
+// elsewhere; over the 4 ranks every slot is live exactly once.
+TEST(CudaPermute, LocalPlanRunsOnlyThisRanksExperts) {
+  MT_SKIP_WITHOUT_CUDA();
+  const int T = 300, k = 8, E = 16, H = 64, ranks = 4, per = E / ranks;
+  auto idx = random_index(T, k, E, E, 23);
+  const Tensor idx_dev = device_index(T, k, idx);
+  Tensor x = test::host_random({T, H}, 1, 1.0f, true);
+  Tensor w = test::host_random({T, k}, 3, 0.3f, true);
+  Tensor dout = test::host_random({T, H}, 4, 1.0f, true);
+  const Tensor x_dev = test::device_from_host(x, DType::BF16), w_dev = cuda::to_device(w, 0);
+  const Tensor dout_dev = test::device_from_host(dout, DType::BF16);
+  const std::vector<float> xv = x.to_floats(), wv = w.to_floats(), gv = dout.to_floats();
+  std::vector<int> slot_seen(static_cast<size_t>(T) * k, 0);
+  std::vector<double> dw_sum(static_cast<size_t>(T) * k, 0.0);
+  for (int rank = 0; rank < ranks; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    std::vector<int32_t> local(idx.size());
+    for (size_t i = 0; i < idx.size(); ++i) {
+      const int e = idx[i] - rank * per;
+      local[i] = e >= 0 && e < per ? e : per;
+    }
+    HostPlan want = host_plan(local, per + 1);
+    cuda::MoePlan plan = cuda::moe_plan_local(idx_dev, E, rank * per, per, stream0());
+    ASSERT_TRUE(plan.local());
+    EXPECT_EQ(host_ints(plan.offsets), want.offsets);
+    EXPECT_EQ(host_ints(plan.row_of_slot), want.row);
+    EXPECT_EQ(host_ints(plan.live_offsets()).size(), static_cast<size_t>(per + 1));
+    const int live = want.offsets[per];
+    EXPECT_GT(live, 0);
+    EXPECT_LT(live, T * k);
+
+    // Gather into a buffer with spare rows: rows past `live` keep their marker.
+    Tensor xg = test::device_from_host(test::host_random({live + 5, H}, 9, 1.0f, true), DType::BF16);
+    const std::vector<float> before = test::device_floats(xg);
+    cuda::moe_gather_rows(x_dev, plan, live, xg, stream0());
+    const std::vector<float> xgv = test::device_floats(xg);
+    for (int r = 0; r < live + 5; ++r)
+      for (int h = 0; h < H; ++h) {
+        const float expect = r < live ? xv[(want.slot[r] / k) * H + h] : before[static_cast<size_t>(r) * H + h];
+        ASSERT_EQ(xgv[static_cast<size_t>(r) * H + h], expect) << "row " << r;
+      }
+
+    // Expert outputs for the live rows only; the combine must not read past them.
+    Tensor y = test::host_random({live, H}, 5 + rank, 1.0f, true);
+    const std::vector<float> yv = y.to_floats();
+    const Tensor y_dev = test::device_from_host(y, DType::BF16);
+    std::vector<float> want_out(static_cast<size_t>(T) * H), want_sum(static_cast<size_t>(T) * H);
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h) {
+        float acc = 0.0f, plain = 0.0f;
+        for (int s = 0; s < k; ++s) {
+          const int r = want.row[t * k + s];
+          if (r >= live) continue;
+          acc += round_bf16(yv[static_cast<size_t>(r) * H + h] * wv[t * k + s]);
+          plain += yv[static_cast<size_t>(r) * H + h];
+        }
+        want_out[t * H + h] = acc;
+        want_sum[t * H + h] = round_bf16(plain);
+      }
+    Tensor out = Tensor::empty({T, H}, DType::F32, Device::cuda(0));
+    cuda::moe_combine(y_dev, w_dev, plan, out, stream0());
+    EXPECT_EQ(test::device_floats(out), want_out);
+    Tensor sum = Tensor::empty({T, H}, DType::BF16, Device::cuda(0));
+    cuda::moe_gather_backward(y_dev, plan, sum, stream0());
+    EXPECT_EQ(test::device_floats(sum), want_sum);
+
+    // Backward: live rows of dy, zero weight gradients for other ranks' slots.
+    Tensor dy = Tensor::empty({live, H}, DType::BF16, Device::cuda(0));
+    Tensor dw = Tensor::empty({T, k}, DType::F32, Device::cuda(0));
+    cuda::moe_combine_backward(dout_dev, y_dev, w_dev, plan, dy, dw, stream0());
+    const std::vector<float> dyv = test::device_floats(dy), dwv = test::device_floats(dw);
+    for (int i = 0; i < T * k; ++i) {
+      const int t = i / k, r = want.row[i];
+      if (r >= live) {
+        ASSERT_EQ(dwv[i], 0.0f) << "slot " << i;
+        continue;
+      }
+      ++slot_seen[i];
+      dw_sum[i] += dwv[i];
+      for (int h = 0; h < H; ++h)
+        ASSERT_EQ(dyv[static_cast<size_t>(r) * H + h], round_bf16(gv[t * H + h] * wv[i])) << "slot " << i;
+    }
+  }
+  // Every slot was live on exactly one rank, so summing the ranks' weight gradients (the reduce-scatter)
+  // gives each slot its one non-zero value.
+  for (int i = 0; i < T * k; ++i) {
+    ASSERT_EQ(slot_seen[i], 1) << "slot " << i;
+    EXPECT_NE(dw_sum[i], 0.0) << "slot " << i;
+  }
+  EXPECT_THROW(cuda::moe_plan_local(idx_dev, E, 12, 8, stream0()), Error);  // past the last expert
+}
+
 TEST(CudaPermute, BadShapesAreErrors) {
   MT_SKIP_WITHOUT_CUDA();
   Tensor idx = device_index(2, 2, {0, 1, 1, 0});

@@ -1,6 +1,6 @@
 // Training on two GPUs (`mixtune launch --nproc 2 -- finetune`, NCCL) against one GPU that accumulates
 // the same micro-batches (grad_accum x 2): data parallel (parallel.ep 1) and expert parallel (ep 2, each
-// GPU holding 4 of the 8 experts, token rows sent over NCCL) track the one-GPU loss curve over 50 steps
+// GPU holding 4 of the 8 experts; tokens all-gathered, and per-slot rows sent with all_to_all) track the one-GPU loss curve over 50 steps
 // within bf16 tolerance, and the expert-parallel run's final checkpoint holds every expert in its place
 // (rank 1's experts gathered by rank 0). An expert-parallel run stopped at step 3 and resumed (each rank
 // reading its experts' optimizer state) repeats the straight run. Skipped without two GPUs.
@@ -70,16 +70,20 @@ TEST(CudaMultiGpu, DataAndExpertParallelTrackOneGpuOver50Steps) {
   std::vector<std::string> one = gpu;
   one.push_back("train.grad_accum=4");
   ASSERT_EQ(run(finetune_args(write_recipe(dir, "one"), one, 1), dir.path / "one.log"), 0) << test::slurp(dir.path / "one.log");
-  std::vector<std::string> dp = gpu, ep = gpu;
-  ep.push_back("parallel.ep=2");
+  std::vector<std::string> dp = gpu, ep = gpu, ep_a2a = gpu;
+  ep.push_back("parallel.ep=2");  // top-2 over 2 ranks: auto picks the all-gather dispatch
+  ep_a2a.push_back("parallel.ep=2");
+  ep_a2a.push_back("parallel.ep_dispatch=all_to_all");
   ASSERT_EQ(run(finetune_args(write_recipe(dir, "dp2"), dp, 2), dir.path / "dp2.log"), 0) << test::slurp(dir.path / "dp2.log");
   ASSERT_EQ(run(finetune_args(write_recipe(dir, "ep2"), ep, 2), dir.path / "ep2.log"), 0) << test::slurp(dir.path / "ep2.log");
+  ASSERT_EQ(run(finetune_args(write_recipe(dir, "ep2a2a"), ep_a2a, 2), dir.path / "ep2a2a.log"), 0)
+      << test::slurp(dir.path / "ep2a2a.log");
   const std::string ep_log = test::slurp(dir.path / "ep2.log");
   EXPECT_NE(ep_log.find("rank 0 of 2, experts 0..3 of 8"), std::string::npos) << ep_log;
 
   const std::vector<double> a = losses_of(dir.path / "one");
   ASSERT_EQ(a.size(), 50u);
-  for (const char* run_name : {"dp2", "ep2"}) {
+  for (const char* run_name : {"dp2", "ep2", "ep2a2a"}) {
     SCOPED_TRACE(run_name);
     const std::vector<double> b = losses_of(dir.path / run_name);
     ASSERT_EQ(b.size(), a.size());
@@ -97,17 +101,19 @@ TEST(CudaMultiGpu, DataAndExpertParallelTrackOneGpuOver50Steps) {
   // Every expert of the gathered checkpoint is where the one-GPU run has it (a misplaced slice would
   // differ by about the weights' own size).
   CausalLM x = CausalLM::from_pretrained((dir.path / "one" / "final").string());
-  CausalLM y = CausalLM::from_pretrained((dir.path / "ep2" / "final").string());
   CausalLM init = CausalLM::from_pretrained(dir.file("model"));
-  for (size_t l = 0; l < x.weights.layers.size(); ++l) {
-    const auto& X = x.weights.layers[l];
-    const auto& Y = y.weights.layers[l];
-    for (int64_t e = 0; e < X.experts_gate_up.dim(0); ++e) {
-      SCOPED_TRACE("layer " + std::to_string(l) + " expert " + std::to_string(e));
-      EXPECT_LT(rel_l2(X.experts_gate_up[e], Y.experts_gate_up[e]), 0.05);
-      EXPECT_LT(rel_l2(X.experts_down[e], Y.experts_down[e]), 0.05);
-      // and training moved them (the comparison is not between two copies of the initial weights)
-      EXPECT_GT(rel_l2(init.weights.layers[l].experts_down[e], X.experts_down[e]), 0.01);
+  for (const char* run_name : {"ep2", "ep2a2a"}) {
+    CausalLM y = CausalLM::from_pretrained((dir.path / run_name / "final").string());
+    for (size_t l = 0; l < x.weights.layers.size(); ++l) {
+      const auto& X = x.weights.layers[l];
+      const auto& Y = y.weights.layers[l];
+      for (int64_t e = 0; e < X.experts_gate_up.dim(0); ++e) {
+        SCOPED_TRACE(std::string(run_name) + " layer " + std::to_string(l) + " expert " + std::to_string(e));
+        EXPECT_LT(rel_l2(X.experts_gate_up[e], Y.experts_gate_up[e]), 0.05);
+        EXPECT_LT(rel_l2(X.experts_down[e], Y.experts_down[e]), 0.05);
+        // and training moved them (the comparison is not between two copies of the initial weights)
+        EXPECT_GT(rel_l2(init.weights.layers[l].experts_down[e], X.experts_down[e]), 0.01);
+      }
     }
   }
 }
@@ -187,7 +193,8 @@ TEST(CudaMultiGpu, StalledRankTimesOutWithLayerAndOperationNamed) {
   EXPECT_LT(secs, 90.0) << log;
   EXPECT_NE(log.find("did not complete within 5 s"), std::string::npos) << log;
   EXPECT_NE(log.find("rank 0"), std::string::npos) << log;
-  EXPECT_NE(log.find("layer 0: expert dispatch plan"), std::string::npos) << log;
+  // The all-gather dispatch's first wait in layer 0 is the read of its experts' row count.
+  EXPECT_NE(log.find("layer 0: row count of this rank's experts"), std::string::npos) << log;
   EXPECT_EQ(losses_of(dir.path / "stall").size(), 2u);  // steps 1 and 2 finished
   EXPECT_FALSE(fs::exists(dir.path / "stall" / "latest"));
   EXPECT_FALSE(fs::exists(dir.path / "stall" / "final"));
