@@ -2,12 +2,27 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <new>
 
 #include "cli/cmd_tokenize.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/exit_policy.h"
+
+namespace {
+
+// After the error is printed: a multi-rank GPU job skips the process teardown (core/exit_policy.h).
+int failed() {
+  if (mt::exit_fast_on_error()) {
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
+  return 1;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"mixtune: fine-tune Mixture-of-Experts models stored in Hugging Face format"};
@@ -27,13 +42,13 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const mt::Error& e) {
     std::fprintf(stderr, "mixtune: error: %s\n", e.what());
-    return 1;
+    return failed();
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "mixtune: error: out of memory\n");
-    return 1;
+    return failed();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mixtune: error: %s\n", e.what());
-    return 1;
+    return failed();
   }
   return 0;
 }

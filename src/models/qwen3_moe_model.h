@@ -15,6 +15,10 @@ struct Batch {
   Tensor labels;        // I64 [B, S] (unshifted, -100 = ignore) or undefined
   Tensor position_ids;  // I64 [B, S] or undefined => 0..S-1 per row. A new packed document starts
                         // wherever a position is not the previous one + 1 (HF find_packed_sequence_indices).
+  // In a multi-rank job: every rank runs a micro-batch of this token count at this point of the step (the
+  // last micro-batches of an epoch may be shorter on some ranks). The GPU's all-gather expert dispatch
+  // needs it; without it the per-slot dispatch runs.
+  bool uniform_across_ranks = true;
 };
 
 // Throws on a config the model cannot run (head counts, sizes, attention_bias).

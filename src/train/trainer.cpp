@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <memory>
@@ -16,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/exit_policy.h"
 #include "core/memory.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
@@ -222,8 +224,18 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
            "cpu)",
            pg.rank, r.train.device, static_cast<int>(on_gpu[0]), pg.world);
   }
-  std::unique_ptr<TrainEngine> engine = device < 0 ? cpu_engine_create(lm, r, comm.get())
-                                                   : cuda_engine_hooks()->create(lm, r, device, log, comm.get());
+  // A multi-rank GPU job abandons its engine if an error propagates (core/exit_policy.h): destroying NCCL
+  // communicators and device memory can wait forever on the peer that failed.
+  if (comm && device >= 0) set_exit_fast_on_error(true);
+  struct AbandonOnError {
+    void operator()(TrainEngine* e) const {
+      if (exit_fast_on_error() && std::uncaught_exceptions() > 0) return;
+      delete e;
+    }
+  };
+  std::unique_ptr<TrainEngine, AbandonOnError> engine(
+      device < 0 ? cpu_engine_create(lm, r, comm.get()).release()
+                 : cuda_engine_hooks()->create(lm, r, device, log, comm.get()).release());
   progress.message(fmt::format("device: {}{}", engine->device_name(),
                                r.train.device == "auto" ? " (train.device auto: " + device_why + ")" : ""));
 
@@ -281,8 +293,15 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
       window_tokens += mb.input_ids.numel();
     }
     std::vector<Batch> batches;
-    for (size_t i = static_cast<size_t>(pg.rank); i < window.size(); i += static_cast<size_t>(pg.world))
+    const size_t world = static_cast<size_t>(pg.world);
+    for (size_t i = static_cast<size_t>(pg.rank); i < window.size(); i += world) {
       batches.push_back(batch_of(window[i]));
+      // This micro-batch's peers on the other ranks: window[first .. first + world).
+      const size_t first = i - i % world;
+      for (size_t j = first; j < std::min(first + world, window.size()); ++j)
+        batches.back().uniform_across_ranks &= window[j].input_ids.numel() == window[i].input_ids.numel();
+      if (window.size() < first + world) batches.back().uniform_across_ranks = false;
+    }
     const double lr = lr_at(sched, st.step);
     // HF Trainer: the CE of every micro-batch is divided by the valid labels of the whole window.
     const EngineStep es =

@@ -19,7 +19,9 @@ struct CudaBlockEnv {
   cuda::PhaseTimer* timer = nullptr;  // never null (a disabled timer records nothing)
   const CudaExpertParallel* ep = nullptr;  // expert parallelism (layers/cuda/expert_parallel_cuda.h), or none
   int64_t layer = -1;                      // the decoder layer being run (named in collective errors)
-  bool ep_gather = true;  // the all-gather dispatch is allowed for this micro-batch (same token count everywhere)
+  // The all-gather expert dispatch may run for this micro-batch (every rank has one of the same token
+  // count, CudaBatch::uniform_across_ranks); else the per-slot all_to_all, which takes any count.
+  bool ep_gather = true;
 
   int64_t tokens() const { return batch->tokens(); }
   float eps() const { return static_cast<float>(cfg->rms_norm_eps); }

@@ -13,6 +13,7 @@ CudaBatch cuda_batch_upload(const Qwen3MoeConfig& cfg, const Batch& b, int devic
   CudaBatch g;
   g.batch = b.input_ids.dim(0);
   g.seq = b.input_ids.dim(1);
+  g.uniform_across_ranks = b.uniform_across_ranks;
   const int64_t T = g.tokens();
   g.ids = cuda::to_device(b.input_ids.view({T}), device);
   if (b.labels.defined()) {

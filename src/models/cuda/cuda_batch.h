@@ -18,6 +18,7 @@ struct CudaBatch {
   int64_t target_count = 0;  // valid targets (counted on the host)
   Tensor rope_cos, rope_sin; // F32 [T, head_dim / 2]
   cuda::AttentionDocs docs;  // per token: its document's [start, end)
+  bool uniform_across_ranks = true;  // Batch::uniform_across_ranks
   int64_t tokens() const { return batch * seq; }
 };
 

@@ -158,7 +158,7 @@ void Qwen3MoeCudaModel::flush_expert_grads() {
 CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
   CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_, opts_.expert_parallel};
-  env.ep_gather = ep_gather_;
+  env.ep_gather = b.uniform_across_ranks;
   cuda::AuxStats stats;
   if (aux_on_) stats = cuda::aux_stats_zeros(cfg_.num_experts, device_, ctx.stream);
 
@@ -191,7 +191,7 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
   check_grads(w_, grads, device_);
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
   CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_, opts_.expert_parallel};
-  env.ep_gather = ep_gather_;
+  env.ep_gather = b.uniform_across_ranks;
   const int64_t T = b.tokens(), H = cfg_.hidden_size, E = cfg_.num_experts, nl = cfg_.num_hidden_layers;
   const Recompute rc = opts_.recompute;
   cuda::AuxStats stats;

@@ -67,10 +67,6 @@ class Qwen3MoeCudaModel {
   // Experts held here: E, or E/ep under expert parallelism.
   int64_t experts_held() const;
   cuda::PhaseTimer& timer() { return timer_; }
-  // Whether the next forward may use the all-gather expert dispatch (when the expert-parallel group was
-  // made with it): only when every rank of the group has a micro-batch of the same token count, which the
-  // caller establishes (CudaTrainStep); otherwise the per-slot all_to_all dispatch, which takes any count.
-  void set_ep_gather(bool on) { ep_gather_ = on; }
 
  private:
   Qwen3MoeConfig cfg_;
@@ -78,7 +74,6 @@ class Qwen3MoeCudaModel {
   int device_ = 0;
   CudaModelOptions opts_;
   bool aux_on_ = false;
-  bool ep_gather_ = true;
   cuda::PhaseTimer timer_;
   ExpertWgradPairing pairing_;
 };

@@ -56,26 +56,8 @@ EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_d
   cuda::PhaseTimer& timer = model_.timer();
   timer.mark(cuda::Phase::other, stream);
   for (auto& [name, g] : grads_.named_parameters()) cuda::fill_zero_async(*g, stream);
-  // The all-gather expert dispatch needs the same token count on every rank; the last micro-batch of an epoch
-  // may be shorter on some. One host exchange per step finds the micro-batches where the counts agree.
-  std::vector<bool> uniform(window.size(), true);
-  if (col_.ep && col_.ep->mode() == EpDispatchMode::all_gather && col_.host) {
-    std::vector<double> t(2 * window.size());
-    for (size_t i = 0; i < window.size(); ++i) {
-      const double n = static_cast<double>(window[i].tokens());
-      t[2 * i] = n, t[2 * i + 1] = n * n;
-    }
-    col_.host->all_reduce_sum(t.data(), static_cast<int64_t>(t.size()),
-                              "all_reduce(token counts, step " + std::to_string(steps_ + 1) + ")");
-    const double ranks = col_.host->size();
-    for (size_t i = 0; i < window.size(); ++i) uniform[i] = t[2 * i + 1] * ranks == t[2 * i] * t[2 * i];
-  }
   std::vector<CudaLoss> losses;
-  for (size_t i = 0; i < window.size(); ++i) {
-    model_.set_ep_gather(uniform[i]);
-    losses.push_back(model_.forward_backward(window[i], grads_, ce_divisor));
-  }
-  model_.set_ep_gather(true);
+  for (const CudaBatch& b : window) losses.push_back(model_.forward_backward(b, grads_, ce_divisor));
   model_.flush_expert_grads();
   ++steps_;
   if (col_.active()) {

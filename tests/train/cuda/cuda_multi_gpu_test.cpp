@@ -147,57 +147,67 @@ TEST(CudaMultiGpu, ExpertParallelCheckpointResumes) {
 
 // A rank that stops answering (MIXTUNE_TEST_STALL: rank 1 hangs before step 3) makes rank 0's NCCL wait give up
 // after parallel.timeout_s with the layer and the operation named; the launcher then stops the hung rank, the
-// job exits non-zero within seconds, and no checkpoint is marked latest.
+// job exits non-zero within seconds, and no checkpoint is marked latest. Both expert dispatches: the first wait
+// of layer 0 is the read of this rank's expert row count (all_gather) or of the row counts (all_to_all).
 TEST(CudaMultiGpu, StalledRankTimesOutWithLayerAndOperationNamed) {
   MT_SKIP_WITHOUT_TWO_GPUS();
   io_test::ScratchDir dir;
   write_model_and_data(dir);
-  const std::vector<std::string> sets = {"train.device=cuda", "parallel.ep=2", "parallel.timeout_s=5",
-                                         "train.max_steps=6"};
-  ::setenv("MIXTUNE_TEST_STALL", "1:3", 1);
-  const auto t0 = std::chrono::steady_clock::now();
-  // The job runs in its own process group so that a hang (the failure this test looks for) is ended by the
-  // test, not left holding the GPUs.
-  const std::vector<std::string> args = finetune_args(write_recipe(dir, "stall"), sets, 2);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    const int fd = ::open((dir.path / "stall.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(test::mixtune_binary()));
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(test::mixtune_binary(), argv.data());
-    _exit(127);
-  }
-  ::unsetenv("MIXTUNE_TEST_STALL");
-  int status = 0, rc = -1;
-  while (true) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      break;
+  struct Case {
+    const char* mode;
+    const char* first_wait;
+  };
+  for (const Case& c : {Case{"all_gather", "layer 0: row count of this rank's experts"},
+                        Case{"all_to_all", "layer 0: expert dispatch plan"}}) {
+    SCOPED_TRACE(c.mode);
+    const std::string name = std::string("stall_") + c.mode;
+    const std::vector<std::string> sets = {"train.device=cuda", "parallel.ep=2", "parallel.timeout_s=5",
+                                           "train.max_steps=6", std::string("parallel.ep_dispatch=") + c.mode};
+    ::setenv("MIXTUNE_TEST_STALL", "1:3", 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    // The job runs in its own process group so that a hang (the failure this test looks for) is ended by the
+    // test, not left holding the GPUs.
+    const std::vector<std::string> args = finetune_args(write_recipe(dir, name), sets, 2);
+    const fs::path log_path = dir.path / (name + ".log");
+    const pid_t pid = fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      std::vector<char*> argv;
+      argv.push_back(const_cast<char*>(test::mixtune_binary()));
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(test::mixtune_binary(), argv.data());
+      _exit(127);
     }
-    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(120)) {
-      ::kill(-pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      break;
+    ::unsetenv("MIXTUNE_TEST_STALL");
+    int status = 0, rc = -1;
+    while (true) {
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        break;
+      }
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(90)) {
+        ::kill(-pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string log = test::slurp(log_path);
+    ASSERT_GE(rc, 0) << "the job hung for 90 s and was killed:\n" << log;
+    EXPECT_NE(rc, 0) << log;
+    EXPECT_LT(secs, 60.0) << log;
+    EXPECT_NE(log.find("did not complete within 5 s"), std::string::npos) << log;
+    EXPECT_NE(log.find("rank 0"), std::string::npos) << log;
+    EXPECT_NE(log.find(c.first_wait), std::string::npos) << log;
+    EXPECT_EQ(losses_of(dir.path / name).size(), 2u);  // steps 1 and 2 finished
+    EXPECT_FALSE(fs::exists(dir.path / name / "latest"));
+    EXPECT_FALSE(fs::exists(dir.path / name / "final"));
   }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::string log = test::slurp(dir.path / "stall.log");
-  ASSERT_GE(rc, 0) << "the job hung for 120 s and was killed:\n" << log;
-  EXPECT_NE(rc, 0) << log;
-  EXPECT_LT(secs, 90.0) << log;
-  EXPECT_NE(log.find("did not complete within 5 s"), std::string::npos) << log;
-  EXPECT_NE(log.find("rank 0"), std::string::npos) << log;
-  // The all-gather dispatch's first wait in layer 0 is the read of its experts' row count.
-  EXPECT_NE(log.find("layer 0: row count of this rank's experts"), std::string::npos) << log;
-  EXPECT_EQ(losses_of(dir.path / "stall").size(), 2u);  // steps 1 and 2 finished
-  EXPECT_FALSE(fs::exists(dir.path / "stall" / "latest"));
-  EXPECT_FALSE(fs::exists(dir.path / "stall" / "final"));
 }
 
 }  // namespace
