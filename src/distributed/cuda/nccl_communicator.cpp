@@ -174,46 +174,17 @@ void NcclCommunicator::all_reduce_sum(const std::vector<Buffer>& buffers, cudaSt
 
 void NcclCommunicator::all_gather(const void* send, void* recv, int64_t count, DType dtype, cudaStream_t stream,
                                   const std::string& what) {
-  all_gather({Gather{send, recv, count, dtype}}, stream, what);
-}
-
-void NcclCommunicator::swap_with_peer(const void* send, void* recv, int64_t bytes, cudaStream_t stream,
-                                      const std::string& what) {
   MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);
-  MT_CHECK(size_ == 2, "{}: swap_with_peer needs two ranks, this communicator has {}", what, size_);
-  const int other = 1 - rank_;
-  settle(ncclGroupStart(), "ncclGroupStart", what);
-  if (two_rank_broadcast()) {
-    for (int root = 0; root < 2; ++root) {
-      void* root_buf = const_cast<void*>(send);  // in place on the root: nothing is written there
-      settle(ncclBroadcast(root == rank_ ? send : nullptr, root == rank_ ? root_buf : recv, static_cast<size_t>(bytes),
-                           ncclUint8, root, comm_, stream),
-             "ncclBroadcast", what);
-    }
-  } else {
-    settle(ncclSend(send, static_cast<size_t>(bytes), ncclUint8, other, comm_, stream), "ncclSend", what);
-    settle(ncclRecv(recv, static_cast<size_t>(bytes), ncclUint8, other, comm_, stream), "ncclRecv", what);
-  }
-  settle(ncclGroupEnd(), "ncclGroupEnd", what);
+  settle(ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(dtype), comm_, stream), "ncclAllGather",
+         what);
 }
 
 void NcclCommunicator::all_gather(const std::vector<Gather>& parts, cudaStream_t stream, const std::string& what) {
   MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);
   settle(ncclGroupStart(), "ncclGroupStart", what);
-  for (const Gather& g : parts) {
-    const size_t count = static_cast<size_t>(g.count);
-    if (size_ == 2 && two_rank_broadcast()) {
-      // Two ranks: one broadcast from each (each root also copies its own part into place). On the H200s a
-      // 16 MiB ncclAllGather between two GPUs ran at 62-87 GB/s, broadcasts at ~250 (see all_to_allv).
-      const size_t bytes = count * dtype_size(g.dtype);
-      for (int root = 0; root < 2; ++root)
-        settle(ncclBroadcast(root == rank_ ? g.send : nullptr, static_cast<char*>(g.recv) + root * bytes, bytes,
-                             ncclUint8, root, comm_, stream),
-               "ncclBroadcast", what);
-    } else {
-      settle(ncclAllGather(g.send, g.recv, count, nccl_type(g.dtype), comm_, stream), "ncclAllGather", what);
-    }
-  }
+  for (const Gather& g : parts)
+    settle(ncclAllGather(g.send, g.recv, static_cast<size_t>(g.count), nccl_type(g.dtype), comm_, stream),
+           "ncclAllGather", what);
   settle(ncclGroupEnd(), "ncclGroupEnd", what);
 }
 

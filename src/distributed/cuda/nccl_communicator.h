@@ -58,8 +58,7 @@ class NcclCommunicator {
   // recv[r·count .. (r+1)·count) = rank r's send (count elements of dtype).
   void all_gather(const void* send, void* recv, int64_t count, DType dtype, cudaStream_t stream,
                   const std::string& what);
-  // Several all-gathers fused into one NCCL group (one launch). Two ranks use one broadcast per rank instead
-  // (faster on NVLink, as in all_to_allv).
+  // Several all-gathers fused into one NCCL group (one launch).
   struct Gather {
     const void* send;
     void* recv;
@@ -67,9 +66,6 @@ class NcclCommunicator {
     DType dtype;
   };
   void all_gather(const std::vector<Gather>& parts, cudaStream_t stream, const std::string& what);
-  // Two ranks only: `bytes` from this rank's `send` land in the peer's `recv` and the peer's in this rank's
-  // (one broadcast per rank, as in all_to_allv).
-  void swap_with_peer(const void* send, void* recv, int64_t bytes, cudaStream_t stream, const std::string& what);
   // recv (count elements) = Σ over ranks of their send[rank()·count .. (rank()+1)·count) (F32, F64, BF16).
   void reduce_scatter_sum(const void* send, void* recv, int64_t count, DType dtype, cudaStream_t stream,
                           const std::string& what);

@@ -7,7 +7,6 @@
 
 #include "core/error.h"
 #include "distributed/cuda/nccl_communicator.h"
-#include "kernels/cuda/add.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace mt {
@@ -145,23 +144,12 @@ std::vector<Tensor> ep_all_gather_rows(const CudaExpertParallel& ep, const std::
 }
 
 Tensor ep_reduce_scatter_rows(const CudaExpertParallel& ep, const Tensor& partial, cudaStream_t stream,
-                              const std::string& what, std::vector<Tensor>* keep) {
+                              const std::string& what) {
   const int64_t g = ep.ranks();
   MT_CHECK(partial.defined() && partial.ndim() >= 1 && partial.dim(0) % g == 0, "{}: expected [{}·T, ...] rows",
            what, g);
   Tensor out = Tensor::empty(with_rows(partial.shape(), partial.dim(0) / g), partial.dtype(), partial.device());
-  if (g == 2) {
-    // Two ranks: swap the slices meant for the peer, then add the arriving one to this rank's own (one
-    // rounding, as NCCL's sum of two). NCCL's reduce-scatter between two H200s ran far below a broadcast.
-    const int64_t rows = out.dim(0), me = ep.me();
-    Tensor arrived = Tensor::empty(out.shape(), out.dtype(), out.device());
-    ep.comm().swap_with_peer(partial.rows((1 - me) * rows, (2 - me) * rows).data(), arrived.data(), out.nbytes(),
-                             stream, what);
-    cuda::add(partial.rows(me * rows, (me + 1) * rows), arrived, out, stream);
-    if (keep) keep->push_back(arrived);
-  } else {
-    ep.comm().reduce_scatter_sum(partial.data(), out.data(), out.numel(), partial.dtype(), stream, what);
-  }
+  ep.comm().reduce_scatter_sum(partial.data(), out.data(), out.numel(), partial.dtype(), stream, what);
   ep.count_sent((g - 1) * out.nbytes());
   return out;
 }
@@ -172,8 +160,7 @@ EpPendingSums ep_reduce_scatter_async(const CudaExpertParallel& ep, const std::v
   p.inputs = partials;
   MT_CUDA_CHECK(cudaEventRecord(ep.fork_event(), stream));
   MT_CUDA_CHECK(cudaStreamWaitEvent(ep.side_stream(), ep.fork_event(), 0));
-  for (const Tensor& t : partials)
-    p.results.push_back(ep_reduce_scatter_rows(ep, t, ep.side_stream(), what, &p.inputs));
+  for (const Tensor& t : partials) p.results.push_back(ep_reduce_scatter_rows(ep, t, ep.side_stream(), what));
   MT_CUDA_CHECK(cudaEventRecord(ep.join_event(), ep.side_stream()));
   p.pending = true;
   return p;

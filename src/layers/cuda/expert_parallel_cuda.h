@@ -120,10 +120,9 @@ Tensor ep_from_experts(const CudaExpertParallel& ep, const EpDispatch& d, const 
 std::vector<Tensor> ep_all_gather_rows(const CudaExpertParallel& ep, const std::vector<Tensor>& xs,
                                        cudaStream_t stream, const std::string& what);
 // Collective: partial [ep·T, ...] (BF16 or F32) -> [T, ...], the sum over the group of each rank's slice for
-// this rank. Two ranks swap slices and add (kernels/cuda/add.h); `keep` (when given) receives the temporary,
-// for a caller on another stream that must keep it alive until it joins.
+// this rank.
 Tensor ep_reduce_scatter_rows(const CudaExpertParallel& ep, const Tensor& partial, cudaStream_t stream,
-                              const std::string& what, std::vector<Tensor>* keep = nullptr);
+                              const std::string& what);
 // The same reduce-scatters on the side stream, started after the work queued on `stream` so far: `stream`
 // may go on with other work; ep_join makes it wait for the results. One pending batch at a time.
 struct EpPendingSums {
