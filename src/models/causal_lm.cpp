@@ -85,7 +85,8 @@ CausalLM CausalLM::from_pretrained(const std::string& path_or_repo_id, const Loa
   check_trainable_dtype(m.dtype, config_path);
   m.weights = Qwen3MoeWeights::from_hf(
       m.config, m.dtype, [&](const std::string& name) { return files.has(name) ? files.tensor(name) : Tensor(); },
-      files.names(), dir);
+      files.names(), dir, options.expert_first, options.expert_count);
+  m.experts_partial = options.expert_count >= 0 && options.expert_count < m.config.num_experts;
   m.source_dir = dir;
   m.carried_files = read_carried_files(dir);
   if (!files.index_metadata().empty() || files.shard_files().size() > 1)
@@ -203,6 +204,8 @@ void CausalLM::save_pretrained(const std::string& dir, const SaveOptions& option
 }
 
 void CausalLM::write_pretrained_files(const std::string& dir, const SaveOptions& options) const {
+  if (experts_partial)
+    fail("{}: cannot save a model loaded with only some of its experts (LoadOptions::expert_count)", dir);
   // Transformers sorts the names of models it converts on load (qwen3_moe); others keep state_dict order.
   auto tensors = config.model_type == "qwen3_moe" ? hf_save_order(weights.to_hf(config)) : weights.to_hf(config);
   CheckpointWriteOptions wo;

@@ -17,6 +17,10 @@ struct LoadOptions {
   // Parameter storage dtype. Unset ("auto"): the dtype the checkpoint's float tensors are stored in
   // when they all agree, else config.json's dtype; so an unchanged save rewrites identical bytes.
   std::optional<DType> dtype;
+  // expert_count >= 0: only experts [expert_first, expert_first + expert_count) of each MoE layer are read
+  // from the shards (an expert-parallel GPU rank's share; Qwen3MoeWeights::from_hf). The model is then
+  // `experts_partial` and refuses to be saved until the rest has been written in.
+  int64_t expert_first = 0, expert_count = -1;
 };
 
 struct SaveOptions {
@@ -46,6 +50,7 @@ class CausalLM {
   std::map<std::string, std::string> carried_files;  // carried_file_names() read at load: name -> bytes
   std::map<std::string, std::string> source_shard_of;  // tensor -> shard file, when loaded from shards
   DType source_dtype = DType::F32;
+  bool experts_partial = false;  // loaded with LoadOptions::expert_count: the other experts are unset
 };
 
 // Files besides the weights that a save carries over from the source directory.

@@ -147,9 +147,14 @@ Qwen3MoeWeights Qwen3MoeWeights::random_init(const Qwen3MoeConfig& cfg, DType dt
 
 Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
                                          const std::function<Tensor(const std::string&)>& lookup,
-                                         const std::vector<std::string>& all_names, const std::string& source) {
+                                         const std::vector<std::string>& all_names, const std::string& source,
+                                         int64_t expert_first, int64_t expert_count) {
   check_param_dtype(dtype, source);
   const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size;
+  if (expert_count < 0) expert_first = 0, expert_count = E;
+  MT_CHECK(expert_first >= 0 && expert_first + expert_count <= E, "{}: experts [{}, {}) of {}", source, expert_first,
+           expert_first + expert_count, E);
+  const int64_t e0 = expert_first, e1 = expert_first + expert_count;
   const std::set<std::string> stored(all_names.begin(), all_names.end());
   std::set<std::string> used;
 
@@ -159,7 +164,7 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
     Tensor t;
   };
   // How the checkpoint tensors of one parameter are laid into it.
-  enum class Fill { Whole, PerExpertGateUp, PerExpertDown };
+  enum class Fill { Whole, StackedExperts, PerExpertGateUp, PerExpertDown };
   struct Plan {
     std::vector<Source> parts;
     Fill fill = Fill::Whole;
@@ -196,7 +201,7 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
       // save_original_format=False checkpoints hold the fused v5 tensors; the default holds per-expert ones.
       const std::string fused_gu = p + "mlp.experts.gate_up_proj", fused_down = p + "mlp.experts.down_proj";
       if (stored.count(fused_gu)) {
-        whole(fetch(fused_gu, {E, 2 * I, H}));
+        sources.push_back(Plan{{fetch(fused_gu, {E, 2 * I, H})}, Fill::StackedExperts});
       } else {
         std::vector<Source> parts;  // gate_0, up_0, gate_1, up_1, ...
         for (int64_t e = 0; e < E; ++e) {
@@ -207,7 +212,7 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
         sources.push_back({std::move(parts), Fill::PerExpertGateUp});
       }
       if (stored.count(fused_down)) {
-        whole(fetch(fused_down, {E, H, I}));
+        sources.push_back(Plan{{fetch(fused_down, {E, H, I})}, Fill::StackedExperts});
       } else {
         std::vector<Source> parts;
         for (int64_t e = 0; e < E; ++e)
@@ -250,14 +255,17 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
       case Fill::Whole:
         jobs.push_back({src[0].t, dst});
         break;
+      case Fill::StackedExperts:
+        jobs.push_back({src[0].t.rows(e0, e1), dst.rows(e0, e1)});
+        break;
       case Fill::PerExpertGateUp:  // [E, 2I, H]: gate rows first, then up (HF Concatenate(dim=1))
-        for (int64_t e = 0; e < E; ++e) {
+        for (int64_t e = e0; e < e1; ++e) {
           jobs.push_back({src[2 * e].t, dst[e].rows(0, I)});
           jobs.push_back({src[2 * e + 1].t, dst[e].rows(I, 2 * I)});
         }
         break;
       case Fill::PerExpertDown:
-        for (int64_t e = 0; e < E; ++e) jobs.push_back({src[e].t, dst[e]});
+        for (int64_t e = e0; e < e1; ++e) jobs.push_back({src[e].t, dst[e]});
         break;
     }
   }

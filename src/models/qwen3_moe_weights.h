@@ -67,9 +67,14 @@ struct Qwen3MoeWeights {
   // tensor stored under an HF name, or an undefined Tensor if absent; `all_names` lists every name
   // stored so extras can be reported. Checks presence, shapes and dtypes and throws mt::Error naming
   // `source` (a file or directory) and the tensor. Tensors are converted to `dtype`.
+  // expert_count >= 0: only experts [expert_first, expert_first + expert_count) of each MoE layer are read
+  // and copied (an expert-parallel rank's share); the stacked tensors keep all E rows, the others
+  // unwritten (their pages are never touched, so they cost no memory until something writes them).
+  // Every tensor's presence, shape and dtype is still checked.
   static Qwen3MoeWeights from_hf(const Qwen3MoeConfig& cfg, DType dtype,
                                  const std::function<Tensor(const std::string&)>& lookup,
-                                 const std::vector<std::string>& all_names, const std::string& source);
+                                 const std::vector<std::string>& all_names, const std::string& source,
+                                 int64_t expert_first = 0, int64_t expert_count = -1);
   // The checkpoint names and tensors (per-expert, original layouts) in state_dict order, as
   // save_pretrained writes them. Tied lm_head is omitted. Tensors may be views into this struct.
   std::vector<std::pair<std::string, Tensor>> to_hf(const Qwen3MoeConfig& cfg) const;

@@ -165,10 +165,34 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
          run_dir.string(), fs::path(latest).filename().string());
   }
 
+  // The engine first (from the model's config): an expert-parallel GPU rank then reads only its experts.
+  const std::string model_src = resume_dir.empty() ? r.model.path : resume_dir;
+  const std::string model_dir = hf_resolve_model_path(model_src);
+  const fs::path config_path = fs::path(model_dir) / "config.json";
+  if (!fs::exists(config_path)) fail("{}: no config.json in the model directory", model_dir);
+  const Qwen3MoeConfig model_cfg = Qwen3MoeConfig::from_file(config_path.string());
+  std::string device_why;
+  // Every rank must agree on the engine (a rank on the CPU and another on a GPU cannot share collectives).
+  int device = train_device_resolve(r, model_cfg, &device_why, pg.local_rank, comm ? std::max(pg.local_world, 1) : 1);
+  if (comm) {
+    double on_gpu[2] = {device >= 0 ? 1.0 : 0.0, 1.0};
+    comm->all_reduce_sum(on_gpu, 2, "all_reduce(engine choice)");
+    if (on_gpu[0] != 0 && on_gpu[0] != on_gpu[1])
+      fail("rank {}: train.device {}: {} of {} ranks found a usable GPU; every rank needs one (or set train.device: "
+           "cpu)",
+           pg.rank, r.train.device, static_cast<int>(on_gpu[0]), pg.world);
+  }
+
   // Model, tokenizer, data.
   LoadOptions lo;
   lo.dtype = r.model.dtype == "float32" ? DType::F32 : DType::BF16;
-  CausalLM lm = CausalLM::from_pretrained(resume_dir.empty() ? r.model.path : resume_dir, lo);
+  const int64_t ep = r.parallel.ep;
+  if (comm && device >= 0 && ep > 1 && pg.world % ep == 0 && model_cfg.num_experts % ep == 0) {
+    // Its expert-parallel group is ranks of consecutive numbers; its experts [g·E/ep, (g+1)·E/ep), g = rank % ep.
+    lo.expert_count = model_cfg.num_experts / ep;
+    lo.expert_first = (pg.rank % ep) * lo.expert_count;
+  }
+  CausalLM lm = CausalLM::from_pretrained(model_src, lo);
   const Qwen3MoeConfig& cfg = lm.config;
   const std::string tok_dir = r.data.tokenizer.empty() ? hf_resolve_model_path(r.model.path) : r.data.tokenizer;
   std::unique_ptr<Tokenizer> tokenizer;
@@ -213,17 +237,6 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
                             : std::max<int64_t>(1, (batches_per_epoch * r.train.epochs + r.train.grad_accum - 1) /
                                                        r.train.grad_accum);
 
-  std::string device_why;
-  // Every rank must agree on the engine (a rank on the CPU and another on a GPU cannot share collectives).
-  int device = train_device_resolve(r, cfg, &device_why, pg.local_rank, comm ? std::max(pg.local_world, 1) : 1);
-  if (comm) {
-    double on_gpu[2] = {device >= 0 ? 1.0 : 0.0, 1.0};
-    comm->all_reduce_sum(on_gpu, 2, "all_reduce(engine choice)");
-    if (on_gpu[0] != 0 && on_gpu[0] != on_gpu[1])
-      fail("rank {}: train.device {}: {} of {} ranks found a usable GPU; every rank needs one (or set train.device: "
-           "cpu)",
-           pg.rank, r.train.device, static_cast<int>(on_gpu[0]), pg.world);
-  }
   // A multi-rank GPU job abandons its engine if an error propagates (core/exit_policy.h): destroying NCCL
   // communicators and device memory can wait forever on the peer that failed.
   if (comm && device >= 0) set_exit_fast_on_error(true);

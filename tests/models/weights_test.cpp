@@ -1,11 +1,18 @@
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <map>
+#include <sys/mman.h>
 
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <stdexcept>
+
+#include "../io/io_test_util.h"
 #include "../train/fixture_tensors.h"
 #include "core/error.h"
 #include "core/float_convert.h"
+#include "models/causal_lm.h"
 #include "models/qwen3_moe_weights.h"
 
 namespace mt {
@@ -301,6 +308,71 @@ TEST(Qwen3MoeWeights, Errors) {
   m["model.layers.1.mlp.experts.0.up_proj.weight"] = Tensor::zeros({4, 8}, DType::F32);  // experts in a dense layer
   expect_load_error(cfg, m, {"1 unexpected tensor(s)", "model.layers.1.mlp.experts.0.up_proj.weight"});
   EXPECT_NO_THROW(load(cfg, good));
+}
+
+// Memory that faults on any access: a tensor the loader must not read.
+Tensor no_access_tensor(const Shape& shape, DType dtype) {
+  size_t bytes = dtype_size(dtype);
+  for (int64_t d : shape) bytes *= static_cast<size_t>(d);
+  void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
+  std::shared_ptr<void> keep(p, [bytes](void* q) { ::munmap(q, bytes); });
+  return Tensor::from_storage(Storage::borrow(p, bytes, Device::cpu(), keep), 0, shape, dtype);
+}
+
+// An expert-parallel rank's load: only experts [first, first + count) are read and copied, for per-expert HF
+// tensors (the others are inaccessible memory here: touching them would crash the test) and the fused v5
+// ones; every other parameter loads in full. A CausalLM loaded so refuses to be saved.
+TEST(Qwen3MoeWeights, LoadsOnlyItsShareOfTheExperts) {
+  const Qwen3MoeConfig cfg = tiny_config(false);
+  const Qwen3MoeWeights w = Qwen3MoeWeights::random_init(cfg, DType::F32, 11);
+  for (bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "fused" : "per-expert");
+    HfMap m;
+    if (fused) {
+      for (const auto& [n, t] : w.named_parameters()) m[n] = t->clone();
+    } else {
+      m = to_map(w.to_hf(cfg));
+      for (auto& [n, t] : m)
+        if (n.find("experts.0.") != std::string::npos || n.find("experts.2.") != std::string::npos)
+          t = no_access_tensor(t.shape(), t.dtype());
+    }
+    auto lookup = [&](const std::string& n) {
+      auto it = m.find(n);
+      return it == m.end() ? Tensor() : it->second;
+    };
+    const Qwen3MoeWeights got = Qwen3MoeWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 1, 1);
+    const auto want = w.named_parameters(), have = got.named_parameters();
+    ASSERT_EQ(want.size(), have.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      const std::string& n = want[i].first;
+      if (param_is_stacked_expert(n))
+        EXPECT_TRUE(tensor_bytes_equal((*want[i].second)[1], (*have[i].second)[1])) << n;
+      else
+        EXPECT_TRUE(tensor_bytes_equal(*want[i].second, *have[i].second)) << n;
+    }
+    EXPECT_THROW(Qwen3MoeWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 2, 2), Error);
+  }
+
+  io_test::ScratchDir dir;
+  CausalLM full = CausalLM::from_config(cfg, DType::F32, 3);
+  full.save_pretrained(dir.file("model"));
+  LoadOptions lo;
+  lo.expert_first = 2;
+  lo.expert_count = 1;
+  CausalLM part = CausalLM::from_pretrained(dir.file("model"), lo);
+  EXPECT_TRUE(part.experts_partial);
+  EXPECT_TRUE(tensor_bytes_equal(full.weights.layers[0].experts_down[2], part.weights.layers[0].experts_down[2]));
+  try {
+    part.save_pretrained(dir.file("again"));
+    ADD_FAILURE() << "a partially loaded model was saved";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot save a model loaded with only some of its experts"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("again")));
+  lo.expert_count = -1;
+  EXPECT_FALSE(CausalLM::from_pretrained(dir.file("model"), lo).experts_partial);
 }
 
 // Against the checkpoints Transformers 5.17 wrote (tests/fixtures): loads, writes back the exact

@@ -142,11 +142,13 @@ class CudaEngine final : public TrainEngine {
     if (host_f32_) {
       for (auto& [name, t] : step_->optimizer().named_state())
         if (ends_with(name, ".master")) to_host_full(name, *t, *host_param(name.substr(0, name.size() - 7)));
+      if (writes_output()) lm_.experts_partial = false;  // every expert gathered in
       return;
     }
     auto src = weights_.named_parameters();
     auto dst = lm_.weights.named_parameters();
     for (size_t i = 0; i < src.size(); ++i) to_host_full(src[i].first, *src[i].second, *dst[i].second);
+    if (writes_output()) lm_.experts_partial = false;  // every expert gathered in
   }
 
   std::vector<std::pair<std::string, Tensor>> optimizer_state_host() override {
