@@ -145,18 +145,23 @@ void optimizer_state_read(const std::string& checkpoint_dir, AdamW& optimizer) {
   optimizer_state_read(checkpoint_dir, optimizer.named_state());
 }
 
-void optimizer_state_read(const std::string& checkpoint_dir,
-                          const std::vector<std::pair<std::string, Tensor*>>& state) {
+void optimizer_state_read(const std::string& checkpoint_dir, const std::vector<std::pair<std::string, Tensor*>>& state,
+                          int64_t expert_first, int64_t expert_count) {
   const std::string path = (fs::path(checkpoint_dir) / "optimizer.safetensors").string();
   SafetensorsFile f = SafetensorsFile::open(path);
   for (auto& [name, dst] : state) {
     if (!f.has(name)) fail("{}: tensor '{}' is missing", path, name);
     const SafetensorsInfo& info = f.info(name);
-    if (info.dtype != dst->dtype() || info.shape != dst->shape())
+    const bool rows = expert_count >= 0 && param_is_stacked_expert(name);
+    Shape want = dst->shape();
+    if (rows && !info.shape.empty()) want[0] = info.shape[0];  // the file holds every expert
+    if (info.dtype != dst->dtype() || info.shape != want || (rows && (dst->shape().empty() ||
+                                                                     dst->dim(0) != expert_count ||
+                                                                     expert_first + expert_count > want[0])))
       fail("{}: tensor '{}' is {} {} (expected {} {})", path, name, dtype_safetensors_name(info.dtype),
-           shape_str(info.shape), dtype_safetensors_name(dst->dtype()), shape_str(dst->shape()));
-    // memcpy: the mapped bytes need not be aligned for float loads.
-    const Tensor src = f.tensor(name);
+           shape_str(info.shape), dtype_safetensors_name(dst->dtype()), shape_str(rows ? want : dst->shape()));
+    // memcpy: the mapped bytes need not be aligned for float loads. Only the copied rows' pages are read.
+    const Tensor src = rows ? f.tensor(name).rows(expert_first, expert_first + expert_count) : f.tensor(name);
     std::memcpy(dst->data(), src.data(), dst->nbytes());
   }
   if (f.names().size() != state.size())

@@ -41,7 +41,10 @@ std::string train_checkpoint_latest(const std::string& run_dir);
 
 TrainerState train_state_read(const std::string& checkpoint_dir);
 // Copies optimizer.safetensors into `state` (host tensors; every name, shape and dtype checked).
-void optimizer_state_read(const std::string& checkpoint_dir, const std::vector<std::pair<std::string, Tensor*>>& state);
+// expert_count >= 0: the stacked expert tensors' targets hold experts [expert_first, expert_first + expert_count)
+// only (an expert-parallel rank's share), and only those rows are read from the file.
+void optimizer_state_read(const std::string& checkpoint_dir, const std::vector<std::pair<std::string, Tensor*>>& state,
+                          int64_t expert_first = 0, int64_t expert_count = -1);
 void optimizer_state_read(const std::string& checkpoint_dir, AdamW& optimizer);
 
 }  // namespace mt

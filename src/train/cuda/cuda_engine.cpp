@@ -169,21 +169,18 @@ class CudaEngine final : public TrainEngine {
     return r;
   }
 
-  // Every rank reads the whole optimizer file and keeps its slice.
+  // Each rank reads its share of the optimizer file: every non-expert tensor, its own experts' rows.
   void optimizer_state_load(const std::string& dir) override {
     auto state = step_->optimizer().named_state();
     std::vector<Tensor> host;
     host.reserve(state.size());
     std::vector<std::pair<std::string, Tensor*>> targets;
     for (auto& [name, t] : state) {
-      Shape full = t->shape();
-      if (slice_.count >= 0 && param_is_stacked_expert(name)) full[0] = lm_.config.num_experts;
-      host.push_back(Tensor::empty(full, t->dtype()));
+      host.push_back(Tensor::empty(t->shape(), t->dtype()));  // this rank's experts only
       targets.emplace_back(name, &host.back());
     }
-    optimizer_state_read(dir, targets);
-    for (size_t i = 0; i < state.size(); ++i)
-      cuda::copy_host_to_device(*state[i].second, slice_.of(state[i].first, host[i]));
+    optimizer_state_read(dir, targets, slice_.count >= 0 ? slice_.first : 0, slice_.count);
+    for (size_t i = 0; i < state.size(); ++i) cuda::copy_host_to_device(*state[i].second, host[i]);
   }
 
   int64_t peak_memory_bytes() const override { return cuda::allocator_stats(device_).peak_allocated_bytes; }
