@@ -1,7 +1,9 @@
 // Flash attention forward and backward at Qwen3-30B-A3B attention shapes (32 query heads, 4 KV heads,
 // head_dim 128, causal) for one long sequence and for packed documents. Prints one JSON object with the
 // time and TFLOP/s of each pass. FLOPs count the causal half only: forward 2 GEMMs, backward 5 (2.5x),
-// each 2·S_visible·D per head, as FlashAttention's benchmarks do.
+// each 2·S_visible·D per head, as FlashAttention's benchmarks do. "forward" is the kernel the library
+// picks (forward_kernel); where head_dim 128 has two forwards (a cc 9.0 GPU), forward_by_kernel times
+// both, the Hopper one (sm90: TMA + wgmma) and the mma.sync one, and forward_speedup is mma / sm90.
 //
 // usage: mixtune_bench_flash_attention [--seq S] [--batch B] [--heads H] [--kv-heads K] [--head-dim D]
 //                                      [--doc-len L] [--reps R]
@@ -20,6 +22,7 @@
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/flash_attention_kernels.h"
 
 namespace {
 
@@ -107,18 +110,40 @@ int main(int argc, char** argv) {
     mt::cuda::AttentionDocs docs = mt::cuda::attention_docs_from_ids(doc, B, S, 0, ctx.stream);
     const mt::cuda::FlashAttentionShape fs{T, Hq, Hk, D};
     Tensor out, lse, dq, dk, dv;
-    const double fwd_ms =
-        time_ms(reps, ctx.stream, [&] { mt::cuda::flash_attention_forward(fs, q, k, v, docs, out, lse, ctx.stream); });
+    namespace det = mt::cuda::detail;
+    det::FlashArgs fa;
+    fa.T = static_cast<int>(T), fa.Hq = static_cast<int>(Hq), fa.Hk = static_cast<int>(Hk), fa.D = static_cast<int>(D);
+    const bool have_sm90 = det::flash_fwd_sm90_supported(fa);
+    auto forward_ms = [&](det::FlashFwdKernel kind) {
+      det::flash_fwd_kernel_set(kind);
+      const double ms = time_ms(reps, ctx.stream, [&] {
+        mt::cuda::flash_attention_forward(fs, q, k, v, docs, out, lse, ctx.stream);
+      });
+      det::flash_fwd_kernel_set(det::FlashFwdKernel::Auto);
+      return ms;
+    };
+    const double fwd_ms = forward_ms(det::FlashFwdKernel::Auto);
+    const double mma_ms = have_sm90 ? forward_ms(det::FlashFwdKernel::MmaSync) : fwd_ms;
+    const double sm90_ms = have_sm90 ? forward_ms(det::FlashFwdKernel::Sm90) : 0.0;
+    // The backward reads out and lse of the last forward (identical up to rounding either way).
     const double bwd_ms = time_ms(reps, ctx.stream, [&] {
       mt::cuda::flash_attention_backward(fs, dout, q, k, v, out, lse, docs, dq, dk, dv, ctx.stream);
     });
     const double fwd_flops = 4.0 * visible * D * Hq, bwd_flops = 2.5 * fwd_flops;
+    const char* env = std::getenv("MIXTUNE_FLASH_FWD");
+    const char* auto_kernel = have_sm90 && (env == nullptr || std::string(env) != "mma") ? "sm90" : "mma";
     std::printf(
         "{\"bench\": \"flash_attention\", \"gpu\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"heads\": %lld, "
         "\"kv_heads\": %lld, \"head_dim\": %lld, \"doc_len\": %lld,\n",
         prop.name, (long long)B, (long long)S, (long long)Hq, (long long)Hk, (long long)D, (long long)doc_len);
-    std::printf(" \"forward\": {\"ms\": %.4f, \"tflops\": %.1f}, \"backward\": {\"ms\": %.4f, \"tflops\": %.1f}}\n",
-                fwd_ms, fwd_flops / fwd_ms * 1e-9, bwd_ms, bwd_flops / bwd_ms * 1e-9);
+    std::printf(" \"forward_kernel\": \"%s\", \"forward\": {\"ms\": %.4f, \"tflops\": %.1f},\n", auto_kernel, fwd_ms,
+                fwd_flops / fwd_ms * 1e-9);
+    if (have_sm90)
+      std::printf(
+          " \"forward_by_kernel\": {\"sm90\": {\"ms\": %.4f, \"tflops\": %.1f}, \"mma\": {\"ms\": %.4f, \"tflops\": "
+          "%.1f}}, \"forward_speedup\": %.2f,\n",
+          sm90_ms, fwd_flops / sm90_ms * 1e-9, mma_ms, fwd_flops / mma_ms * 1e-9, mma_ms / sm90_ms);
+    std::printf(" \"backward\": {\"ms\": %.4f, \"tflops\": %.1f}}\n", bwd_ms, bwd_flops / bwd_ms * 1e-9);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -1,6 +1,9 @@
 #include "kernels/cuda/flash_attention.h"
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "kernels/cuda/device_tensor_check.h"
@@ -44,6 +47,37 @@ detail::FlashArgs check_args(const FlashAttentionShape& s, const Tensor& q, cons
   return a;
 }
 
+std::atomic<detail::FlashFwdKernel> g_fwd_kernel{detail::FlashFwdKernel::Auto};
+
+// The Hopper forward is the default where it runs (head_dim 128 on a cc 9.0 GPU); MIXTUNE_FLASH_FWD=mma
+// selects the mma.sync kernel (read once; for A/B measurements).
+bool sm90_forward_allowed() {
+  static const bool on = [] {
+    const char* e = std::getenv("MIXTUNE_FLASH_FWD");
+    return e == nullptr || std::strcmp(e, "mma") != 0;
+  }();
+  return on;
+}
+
+bool aligned16(const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data()) & 15u) == 0; }
+
+// Whether the forward runs the sm90 kernel (flash_fwd_kernel_get, then the environment).
+bool use_sm90_forward(const detail::FlashArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& out) {
+  const detail::FlashFwdKernel kind = detail::flash_fwd_kernel_get();
+  if (kind == detail::FlashFwdKernel::MmaSync) return false;
+  const bool aligned = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out);
+  if (kind == detail::FlashFwdKernel::Sm90) {
+    MT_CHECK(detail::flash_fwd_sm90_supported(a),
+             "flash attention forward: the sm90 kernel needs head_dim 128 (got {}), a cc 9.0 GPU and an sm_90a "
+             "build",
+             a.D);
+    MT_CHECK(aligned, "flash attention forward: the sm90 kernel needs 16-byte aligned q, k, v and out");
+    return true;
+  }
+  return sm90_forward_allowed() && aligned && detail::flash_fwd_sm90_supported(a);
+}
+
 void ensure(Tensor& t, const Tensor& like, const char* what) {
   if (!t.defined())
     t = Tensor::empty(like.shape(), like.dtype(), like.device());
@@ -85,7 +119,11 @@ void flash_attention_forward(const FlashAttentionShape& s, const Tensor& q, cons
     lse = Tensor::empty({s.heads, s.tokens}, DType::F32, q.device());
   else
     check_flat(lse, "flash attention lse", DType::F32, s.heads * s.tokens, q.device());
-  detail::flash_fwd_launch(a, q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(), stream);
+  if (s.tokens == 0) return;
+  if (use_sm90_forward(a, q, k, v, out))
+    detail::flash_fwd_sm90_launch(a, q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(), stream);
+  else
+    detail::flash_fwd_launch(a, q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(), stream);
 }
 
 void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, const Tensor& q, const Tensor& k,
@@ -106,5 +144,12 @@ void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, 
                            dk.data(), dv.data(), dq_acc.data_as<float>(), dk_acc.data_as<float>(),
                            dv_acc.data_as<float>(), delta.data_as<float>(), stream);
 }
+
+namespace detail {
+
+void flash_fwd_kernel_set(FlashFwdKernel k) { g_fwd_kernel.store(k); }
+FlashFwdKernel flash_fwd_kernel_get() { return g_fwd_kernel.load(); }
+
+}  // namespace detail
 
 }  // namespace mt::cuda

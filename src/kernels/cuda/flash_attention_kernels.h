@@ -1,7 +1,7 @@
-// Raw launchers of the flash-attention kernels (flash_attention_fwd.cu, flash_attention_bwd.cu,
-// attention_docs.cu), called by flash_attention.cpp after its checks. Layouts: q/out/dout [T][Hq][D],
-// k/v [T][Hk][D] bf16; lse/delta [Hq][T] fp32; doc_start/doc_end [T] int32 (token t attends to keys
-// [doc_start[t], t]; doc_end[t] is one past the last token of t's document).
+// Raw launchers of the flash-attention kernels (flash_attention_fwd.cu, flash_attention_fwd_sm90.cu,
+// flash_attention_bwd.cu, attention_docs.cu), called by flash_attention.cpp after its checks. Layouts:
+// q/out/dout [T][Hq][D], k/v [T][Hk][D] bf16; lse/delta [Hq][T] fp32; doc_start/doc_end [T] int32 (token
+// t attends to keys [doc_start[t], t]; doc_end[t] is one past the last token of t's document).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -18,6 +18,21 @@ struct FlashArgs {
 
 void flash_fwd_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
                       cudaStream_t stream);
+
+// Hopper forward (flash_attention_fwd_sm90.cu: TMA + wgmma), same contract as flash_fwd_launch for
+// head_dim 128; q, k, v, out 16-byte aligned. Supported: D == 128 and the current device runs its
+// sm_90a build (a cc 9.0 GPU and 90a in CMAKE_CUDA_ARCHITECTURES; cached per device). The launcher
+// throws where it is not supported.
+bool flash_fwd_sm90_supported(const FlashArgs& a);
+void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
+                           cudaStream_t stream);
+
+// Which forward flash_attention_forward runs. Auto: the sm90 one where flash_fwd_sm90_supported and the
+// environment does not say MIXTUNE_FLASH_FWD=mma (read once), else mma.sync. MmaSync / Sm90 force one
+// (Sm90 is an error where it cannot run); tests and the bench use this. Process-wide.
+enum class FlashFwdKernel { Auto, MmaSync, Sm90 };
+void flash_fwd_kernel_set(FlashFwdKernel k);
+FlashFwdKernel flash_fwd_kernel_get();
 
 // Workspace (fp32, zeroed here): dq_acc [T][Hq][D], dk_acc / dv_acc [T][Hk][D], delta [Hq][T].
 void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,

@@ -9,8 +9,9 @@
 // rel-L2 5e-3). The log-sum-exp is fp32 on both sides: 1e-4 absolute. The backward multiplies bf16 P
 // and bf16 dS on tensor cores where the CPU keeps dS in fp32, and its outputs are bf16: max-norm 2e-2,
 // rel-L2 1e-2. A masking or indexing error gives O(1) errors. Measured on an H200: out up to 5.6e-3 / 2.8e-3,
-// lse 1e-6, gradients up to 5.1e-3 / 2.8e-3 (head_dim 64/128; the 16, 32 and 256 cases are not yet run on a
-// GPU).
+// lse 1e-6, gradients up to 5.1e-3 / 2.8e-3 (head_dim 64/128; 16, 32, 256: out up to 6.4e-3 / 2.9e-3,
+// gradients up to 6.2e-3 / 3.4e-3). On a cc 9.0 GPU the head_dim 128 cases run the Hopper forward
+// (flash_attention_fwd_sm90.cu); Sm90AndMmaSyncForwardsAgreeD128 runs both head_dim 128 forwards.
 #include "kernels/cuda/flash_attention.h"
 
 #include <gtest/gtest.h>
@@ -27,6 +28,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/flash_attention_kernels.h"
 
 namespace mt {
 namespace {
@@ -65,6 +67,18 @@ std::vector<int32_t> host_ints(const Tensor& dev) {
   return {h.data_as<int32_t>(), h.data_as<int32_t>() + h.numel()};
 }
 
+// Largest |a − b| between the GPU lse [Hq, B·S] and the CPU one [B, Hq, S].
+double lse_max_abs(const AttnCase& c, const std::vector<float>& gpu, const std::vector<float>& cpu) {
+  const int T = c.B * c.S;
+  double worst = 0;
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < c.Hq; ++h)
+      for (int i = 0; i < c.S; ++i)
+        worst = std::max(worst, std::fabs(double(gpu[static_cast<size_t>(h) * T + b * c.S + i]) -
+                                          cpu[(static_cast<size_t>(b) * c.Hq + h) * c.S + i]));
+  return worst;
+}
+
 void check_case(const AttnCase& c, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << "B " << c.B << " S " << c.S << " Hq " << c.Hq << " Hk " << c.Hk << " D " << c.D
                                   << " docs " << c.min_doc << ".." << c.max_doc);
@@ -92,13 +106,7 @@ void check_case(const AttnCase& c, uint64_t seed) {
   EXPECT_EQ(out.shape(), q.shape());
   test::expect_norm(test::device_floats(out), want.to_floats(), 1e-2, 5e-3, "attention out");
 
-  // lse: GPU [Hq, B·S], CPU [B, Hq, S].
-  std::vector<float> gl = test::device_floats(lse), wl = want_lse.to_floats(), glr(wl.size());
-  for (int b = 0; b < c.B; ++b)
-    for (int h = 0; h < c.Hq; ++h)
-      for (int i = 0; i < c.S; ++i) glr[(b * c.Hq + h) * c.S + i] = gl[static_cast<size_t>(h) * T + b * c.S + i];
-  double worst = 0;
-  for (size_t i = 0; i < wl.size(); ++i) worst = std::max(worst, std::fabs(double(glr[i]) - wl[i]));
+  const double worst = lse_max_abs(c, test::device_floats(lse), want_lse.to_floats());
   EXPECT_LE(worst, 1e-4) << "lse";
   if (std::getenv("MT_PRINT_ERRORS")) std::printf("[ error    ] lse: max abs %.3g (limit 1e-4)\n", worst);
 
@@ -108,6 +116,95 @@ void check_case(const AttnCase& c, uint64_t seed) {
   test::expect_norm(test::device_floats(dq), want_dq.to_floats(), 2e-2, 1e-2, "dq");
   test::expect_norm(test::device_floats(dk), want_dk.to_floats(), 2e-2, 1e-2, "dk");
   test::expect_norm(test::device_floats(dv), want_dv.to_floats(), 2e-2, 1e-2, "dv");
+}
+
+// Forward-kernel choice for one scope (back to Auto at exit).
+struct FwdKernelScope {
+  explicit FwdKernelScope(cuda::detail::FlashFwdKernel k) { cuda::detail::flash_fwd_kernel_set(k); }
+  ~FwdKernelScope() { cuda::detail::flash_fwd_kernel_set(cuda::detail::FlashFwdKernel::Auto); }
+  FwdKernelScope(const FwdKernelScope&) = delete;
+  FwdKernelScope& operator=(const FwdKernelScope&) = delete;
+};
+
+// Whether device 0 runs the Hopper forward (head_dim 128, cc 9.0, sm_90a build).
+bool sm90_forward_runs() {
+  (void)stream0();  // makes device 0 current
+  cuda::detail::FlashArgs a;
+  a.T = 128, a.Hq = 1, a.Hk = 1, a.D = 128;
+  return cuda::detail::flash_fwd_sm90_supported(a);
+}
+
+struct FwdOut {
+  std::vector<float> out, lse;
+};
+
+// One forward with the given kernel on inputs drawn from `seed` (the same inputs for the same case and seed).
+FwdOut forward_with(cuda::detail::FlashFwdKernel kind, const AttnCase& c, uint64_t seed) {
+  const std::vector<int32_t> doc = make_docs(c, seed);
+  const Tensor doc_h = doc.empty() ? Tensor() : host_i32({c.B, c.S}, doc);
+  cuda::AttentionDocs docs =
+      cuda::attention_docs_from_ids(doc_h.defined() ? cuda::to_device(doc_h, 0) : Tensor(), c.B, c.S, 0, stream0());
+  const Tensor q = test::device_from_host(test::host_random({c.B, c.S, c.Hq, c.D}, seed + 1, 1.0f, true), DType::BF16);
+  const Tensor k = test::device_from_host(test::host_random({c.B, c.S, c.Hk, c.D}, seed + 2, 1.0f, true), DType::BF16);
+  const Tensor v = test::device_from_host(test::host_random({c.B, c.S, c.Hk, c.D}, seed + 3, 1.0f, true), DType::BF16);
+  FwdKernelScope scope(kind);
+  Tensor out, lse;
+  cuda::flash_attention_forward({int64_t{c.B} * c.S, c.Hq, c.Hk, c.D}, q, k, v, docs, out, lse, stream0());
+  return {test::device_floats(out), test::device_floats(lse)};
+}
+
+// head_dim 128 has two forwards: the Hopper one (TMA + wgmma, 128 x 128 tiles; Auto on a cc 9.0 GPU) and
+// the mma.sync one (128 x 64 tiles; every other GPU, or MIXTUNE_FLASH_FWD=mma). Both against the CPU on
+// small cases, then against each other at the benchmark's size (seq 4096, 32 / 4 heads: the CPU
+// reference would take minutes there): one causal sequence, packed documents of 1..1500 tokens (document
+// starts inside 128-row query tiles and inside key tiles), and two batch rows with T = 3974 (not a
+// multiple of 128: a partial last query tile and key tiles running past T). Different tile widths give
+// different running maxima where P is rounded to bf16, so the outputs differ by about one bf16 rounding
+// (max-norm 1e-2, rel-L2 5e-3); the lse is fp32 on both: 1e-3 absolute.
+TEST(CudaFlashAttention, Sm90AndMmaSyncForwardsAgreeD128) {
+  MT_SKIP_WITHOUT_CUDA();
+  if (!sm90_forward_runs())
+    GTEST_SKIP() << "the sm90 flash-attention forward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
+  using K = cuda::detail::FlashFwdKernel;
+  for (const AttnCase& c : {AttnCase{2, 300, 8, 2, 128, 1, 150}, AttnCase{1, 700, 4, 1, 128, 0, 0}}) {
+    SCOPED_TRACE(testing::Message() << "vs CPU: B " << c.B << " S " << c.S << " Hq " << c.Hq << " Hk " << c.Hk
+                                    << " docs " << c.min_doc << ".." << c.max_doc);
+    const uint64_t seed = 80 + c.S;
+    const std::vector<int32_t> doc = make_docs(c, seed);
+    Tensor want_lse;
+    const Tensor want = cpu::attention_forward(
+        {c.B, c.S, c.Hq, c.Hk, c.D}, test::host_random({c.B, c.S, c.Hq, c.D}, seed + 1, 1.0f, true),
+        test::host_random({c.B, c.S, c.Hk, c.D}, seed + 2, 1.0f, true),
+        test::host_random({c.B, c.S, c.Hk, c.D}, seed + 3, 1.0f, true),
+        doc.empty() ? Tensor() : host_i32({c.B, c.S}, doc), true, want_lse);
+    for (const K kind : {K::Sm90, K::MmaSync}) {
+      const std::string name = kind == K::Sm90 ? "sm90" : "mma";
+      const FwdOut got = forward_with(kind, c, seed);
+      test::expect_norm(got.out, want.to_floats(), 1e-2, 5e-3, name + " out");
+      const double worst = lse_max_abs(c, got.lse, want_lse.to_floats());
+      EXPECT_LE(worst, 1e-4) << name << " lse";
+    }
+  }
+  for (const AttnCase& c : {AttnCase{1, 4096, 32, 4, 128, 0, 0}, AttnCase{1, 4096, 32, 4, 128, 1, 1500},
+                            AttnCase{2, 1987, 32, 4, 128, 1, 700}}) {
+    SCOPED_TRACE(testing::Message() << "sm90 vs mma: B " << c.B << " S " << c.S << " docs " << c.min_doc << ".."
+                                    << c.max_doc);
+    const uint64_t seed = 90 + c.S + c.max_doc;
+    const FwdOut a = forward_with(K::Sm90, c, seed), b = forward_with(K::MmaSync, c, seed);
+    test::expect_norm(a.out, b.out, 1e-2, 5e-3, "sm90 vs mma out");
+    ASSERT_EQ(a.lse.size(), b.lse.size());
+    double worst = 0;
+    size_t non_finite = 0;
+    for (size_t i = 0; i < a.lse.size(); ++i) {
+      if (!std::isfinite(a.lse[i]) || !std::isfinite(b.lse[i]))
+        ++non_finite;
+      else
+        worst = std::max(worst, std::fabs(double(a.lse[i]) - b.lse[i]));
+    }
+    EXPECT_EQ(non_finite, 0u) << "lse: every row sees at least itself";
+    EXPECT_LE(worst, 1e-3) << "sm90 vs mma lse";
+    if (std::getenv("MT_PRINT_ERRORS")) std::printf("[ error    ] sm90 vs mma lse: max abs %.3g (limit 1e-3)\n", worst);
+  }
 }
 
 TEST(CudaFlashAttention, OddLengthNoDocumentsD64) {
