@@ -31,13 +31,15 @@ constexpr size_t kRoomySlackBytes = size_t{2} << 30;
 // A miss while more than this is cached (and unusable for the request) first returns the cache to the
 // driver: blocks are never split, so a changing mix of sizes strands memory (reserved above allocated).
 // The release synchronises the device and is followed by a storm of cudaMalloc calls, so it must be rare.
-// 2 GiB by default: a single-GPU step's sizes repeat, it settles at 0 cudaMalloc per step with reserved
-// ≈ allocated. A multi-GPU step's do not (received expert rows change with every layer and micro-batch):
+// 4 GiB by default: a single-GPU step's sizes repeat; at 2 GiB the standard workload still released the
+// cache ~4 times per step (~900 cudaMalloc per step, optimizer phase 84 instead of 65 ms), at 4 GiB 44.3k
+// instead of 42.2k tokens/s with the same peak (73.8 allocated / 74.2 GiB reserved; 6 and 10 GiB: no faster,
+// reserved 76.4 / 78.6 GiB). A multi-GPU step's sizes do not repeat (received expert rows change with every layer and micro-batch):
 // at 2 GiB an expert-parallel step released ~90 times and called cudaMalloc ~2,000 times, 25.9k tokens/s
 // per GPU against 34.9k with a quarter of the device as the threshold (bench/NOTES.md), so the multi-GPU
 // engines raise it (allocator_set_release_threshold). MIXTUNE_ALLOC_RELEASE_GIB overrides both. A cudaMalloc
 // that fails still returns the whole cache and retries.
-constexpr size_t kDefaultReleaseBytes = size_t{2} << 30;
+constexpr size_t kDefaultReleaseBytes = size_t{4} << 30;
 size_t g_release_bytes[64] = {};
 
 size_t cache_release_bytes(int device) {

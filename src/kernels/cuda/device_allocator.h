@@ -31,7 +31,7 @@ AllocatorStats allocator_stats(int device);
 void allocator_reset_peak(int device);
 // Returns every cached (unused) block to the driver. Synchronises the device.
 void allocator_empty_cache(int device);
-// A miss while more than `bytes` sit cached returns the cache to the driver first (a device sync); 2 GiB
+// A miss while more than `bytes` sit cached returns the cache to the driver first (a device sync); 4 GiB
 // unless set. Raised by the multi-GPU engines, whose allocation sizes change from step to step.
 void allocator_set_release_threshold(int device, size_t bytes);
 // Registers device_alloc/device_free with core/tensor (idempotent; also done at program start).

@@ -31,7 +31,7 @@ CudaJobCollectives cuda_job_collectives_create(Communicator& host, int device, s
   c.world = NcclCommunicator::create(host, device, timeout);
   size_t free_b = 0, total_b = 0;
   MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  cuda::allocator_set_release_threshold(device, std::max<size_t>(size_t{2} << 30, total_b / 4));
+  cuda::allocator_set_release_threshold(device, std::max<size_t>(size_t{4} << 30, total_b / 4));
   if (ep > 1) {
     c.ep_comm = NcclCommunicator::create_group(host, device, timeout, expert_parallel_groups(world, ep),
                                                "expert-parallel group");
