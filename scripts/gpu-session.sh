@@ -9,6 +9,7 @@
 # STAGES: tests (Cuda* gtests) | standard | fp32master | long | mixtune-standard (mixtune side only) |
 #         standard2 | fp32master2 | mixtune-standard2 (two GPUs: EP 2 against FSDP2; kind nvidia-h200-x2) |
 #         mixtune-standard2-a2a (the same with the per-slot all_to_all dispatch) | mixtune-standard2-selective |
+#         mixtune-long (the long workload, mixtune side only; BUDGET_S default 240) |
 #         full8 (eight GPUs, 48 layers, EP 8 against FSDP2; kind nvidia-h200-x8) |
 #         kernels (grouped GEMM + flash-attention microbenchmarks) | kernels-wgrad1, mixtune-standard-wgrad1
 #         (the same with MIXTUNE_WGRAD_BLOCKS_PER_SM=1) | quickstart (needs .carry/qs.tar.xz)
@@ -37,6 +38,8 @@ for stage in "$@"; do
                standard2 --mixtune --ep 1 || rc=1 ;;
     mixtune-standard2-blocking) MIXTUNE_NCCL_BLOCKING=1 SIDES=mixtune NAME=mixtune-standard2-blocking OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard2 || rc=1 ;;
+    mixtune-long) SIDES=mixtune NAME=mixtune-long BUDGET_S=${BUDGET_S:-240} OUT=$OUT bash bench/side_by_side.sh \
+               "$BIN/mixtune" long || rc=1 ;;
     mixtune-standard2-selective) SIDES=mixtune NAME=mixtune-standard2-selective OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard2 --mixtune --recompute selective || rc=1 ;;
     mixtune-standard2-a2a) SIDES=mixtune NAME=mixtune-standard2-a2a OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" \
