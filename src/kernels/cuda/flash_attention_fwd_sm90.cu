@@ -1,4 +1,3 @@
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -353,35 +352,6 @@ CUtensorMap rows_map(const char* what, const void* data, int T, int H) {
   return m;
 }
 
-// Whether the current device runs the sm_90a build of the kernel: a cc 9.0 device and a binary built
-// for 90a (any other GPU would run the sm_80 build, whose body traps). Cached per device.
-bool device_runs_sm90() {
-  constexpr int MAX_DEVICES = 64;
-  static std::atomic<int> cached[MAX_DEVICES];  // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (dev >= 0 && dev < MAX_DEVICES && cached[dev].load() != 0) return cached[dev].load() == 1;
-  int major = 0, minor = 0;
-  bool ok = false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess) {
-    cudaFuncAttributes attr{};
-    if (major == 9 && minor == 0) {
-      if (cudaFuncGetAttributes(&attr, flash_fwd_sm90_kernel) == cudaSuccess)
-        ok = attr.binaryVersion == 90;
-      else
-        (void)cudaGetLastError();  // clear this call's error only
-    }
-  } else {
-    (void)cudaGetLastError();
-  }
-  if (dev >= 0 && dev < MAX_DEVICES) cached[dev].store(ok ? 1 : 2);
-  return ok;
-}
-
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
@@ -392,7 +362,7 @@ bool flash_fwd_sm90_supported(const FlashArgs& a) {
   // gridDim.y holds the query tiles (at most 65535); TMA coordinates are int32 (T·H < 2^31 is checked
   // by the caller).
   return a.D == kD && a.Hk > 0 && a.Hq % a.Hk == 0 && (static_cast<int64_t>(a.T) + kBM - 1) / kBM <= 65535 &&
-         device_runs_sm90();
+         sm90::device_runs_sm90a<flash_fwd_sm90_kernel>();
 }
 
 void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,

@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -188,26 +187,7 @@ void check_launch(const char* op, const void* a, const void* w, int E, int64_t r
 
 namespace detail {
 
-bool grouped_gemm_sm90_compiled() {
-  // The binary the current device would run: 90 only when an sm_90a cubin was built and the device is
-  // cc 9.0 (any other GPU runs the sm_80 build, whose body traps). Cached per device.
-  constexpr int MAX_DEVICES = 64;
-  static std::atomic<int> cached[MAX_DEVICES];  // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (dev >= 0 && dev < MAX_DEVICES && cached[dev].load() != 0) return cached[dev].load() == 1;
-  cudaFuncAttributes attr{};
-  bool ok = false;
-  if (cudaFuncGetAttributes(&attr, grouped_sm90_kernel<256, false>) == cudaSuccess)
-    ok = attr.binaryVersion == 90;
-  else
-    (void)cudaGetLastError();  // clear this call's error only
-  if (dev >= 0 && dev < MAX_DEVICES) cached[dev].store(ok ? 1 : 2);
-  return ok;
-}
+bool grouped_gemm_sm90_compiled() { return sm90::device_runs_sm90a<grouped_sm90_kernel<256, false>>(); }
 
 void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const int32_t* offsets, int E, int64_t rows,
                                   int N, int K, int sm_count, cudaStream_t stream) {

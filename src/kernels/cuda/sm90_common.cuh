@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <cudaTypedefs.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -250,6 +251,29 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t desc_a, 
 #endif  // MT_SM90A_DEVICE
 
 // ---- host ----
+
+// Whether the current device runs the sm_90a build of `Kernel`: cudaFuncGetAttributes reports binaryVersion 90
+// only for an sm_90a cubin on a cc 9.0 device (any other GPU runs the sm_80 build, whose body traps). Cached
+// per device (one cache per kernel).
+template <auto Kernel>
+bool device_runs_sm90a() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (dev >= 0 && dev < kMaxDevices && cached[dev].load() != 0) return cached[dev].load() == 1;
+  cudaFuncAttributes attr{};
+  bool ok = false;
+  if (cudaFuncGetAttributes(&attr, Kernel) == cudaSuccess)
+    ok = attr.binaryVersion == 90;
+  else
+    (void)cudaGetLastError();  // clear this call's error only
+  if (dev >= 0 && dev < kMaxDevices) cached[dev].store(ok ? 1 : 2);
+  return ok;
+}
 
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
