@@ -161,9 +161,16 @@ __device__ inline void adamw_elements(const AdamWLaunch& L, int i, int64_t k, co
     store_n<N, VEC>(L.param[i], true, k, p);
   } else if (f & kParamBf16) {
     bf16* out = static_cast<bf16*>(L.param[i]) + k;
+    alignas(16) bf16 r[N];
 #pragma unroll
-    for (int j = 0; j < N; ++j)
-      out[j] = bf16_stochastic(p[j], hash32(seed32, static_cast<uint64_t>(L.offset[i] + k + j)));
+    for (int j = 0; j < N; ++j) r[j] = bf16_stochastic(p[j], hash32(seed32, static_cast<uint64_t>(L.offset[i] + k + j)));
+    if constexpr (VEC) {  // one 16-byte store per 8 (eight 2-byte stores per thread cost more than the math)
+#pragma unroll
+      for (int j = 0; j < N; j += 8) *reinterpret_cast<uint4*>(out + j) = *reinterpret_cast<const uint4*>(r + j);
+    } else {
+#pragma unroll
+      for (int j = 0; j < N; ++j) out[j] = r[j];
+    }
   } else {
     store_n<N, VEC>(L.param[i], false, k, p);
   }

@@ -62,6 +62,23 @@ __device__ inline float block_max(float v, float* scratch) {
   return warp_max(t);
 }
 
+// 16-byte packets of 8 bf16 (one vector load/store) to and from fp32, round-to-nearest-even.
+__device__ inline void bf16x8_to_float(const uint4& raw, float (&f)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 t = __bfloat1622float2(h[q]);
+    f[2 * q] = t.x, f[2 * q + 1] = t.y;
+  }
+}
+__device__ inline uint4 float_to_bf16x8(const float (&f)[8]) {
+  uint4 raw;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) h[q] = __floats2bfloat162_rn(f[2 * q], f[2 * q + 1]);
+  return raw;
+}
+
 inline unsigned blocks_for(int64_t n, int threads) {
   return static_cast<unsigned>((n + threads - 1) / threads);
 }

@@ -1,5 +1,8 @@
 #include "kernels/cuda/rmsnorm.h"
 
+#include <algorithm>
+#include <type_traits>
+
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/tensor_checks.h"
@@ -105,6 +108,235 @@ __global__ void rmsnorm_dx_kernel(const T* dy, const T* __restrict__ x, const T*
   Elt<T>::store(dx, i, v);
 }
 
+// ---- bf16 rows held in registers (the common shapes: n = 256·VPL, or n ≤ 128 with fewer lanes) ----
+// A group of LANES lanes owns one row; lane l holds the 16-byte packets l, l + LANES, … (VPL of them), so
+// a row is read once (coalesced) and every later use comes from registers. The separate kernels above
+// re-read each row up to three times with 2-byte loads, and reduced dw with one thread per column.
+
+template <int LANES>
+__device__ inline float group_sum(float v) {
+#pragma unroll
+  for (int o = LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <int VPL, int LANES>
+__global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x, const bf16* res,
+                                                                   const bf16* __restrict__ w, bf16* sum, bf16* out,
+                                                                   float* rstd_out, int64_t rows, float eps) {
+  constexpr int kN = VPL * LANES * 8;
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
+  const int lane = threadIdx.x % LANES;
+  const bool valid = row < rows;  // no early return: the whole warp takes part in the shuffles
+  const int64_t base = (valid ? row : 0) * kN;
+  uint4 h[VPL];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) {
+    const int64_t off = base + static_cast<int64_t>(j * LANES + lane) * 8;
+    float f[8];
+    h[j] = valid ? *reinterpret_cast<const uint4*>(x + off) : make_uint4(0, 0, 0, 0);
+    bf16x8_to_float(h[j], f);
+    if (res) {  // h = bf16(x + res), the new residual stream
+      float r[8];
+      bf16x8_to_float(valid ? *reinterpret_cast<const uint4*>(res + off) : make_uint4(0, 0, 0, 0), r);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] += r[e];
+      h[j] = float_to_bf16x8(f);
+      bf16x8_to_float(h[j], f);
+      if (valid) *reinterpret_cast<uint4*>(sum + off) = h[j];
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+  }
+  ss = group_sum<LANES>(ss);
+  const float rstd = rsqrtf(ss / static_cast<float>(kN) + eps);
+  if (!valid) return;
+  if (rstd_out && lane == 0) rstd_out[row] = rstd;
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) {
+    const int c = (j * LANES + lane) * 8;
+    float f[8], wf[8];
+    bf16x8_to_float(h[j], f);
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(w + c), wf);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = wf[e] * Elt<bf16>::round(f[e] * rstd);
+    *reinterpret_cast<uint4*>(out + base + c) = float_to_bf16x8(f);
+  }
+}
+
+// The whole backward in one pass over the rows. Worker g (a group of LANES lanes) takes rows g, g + W, …
+// (W workers in all, fixed by the shape), computes each row's stats, writes dx and adds dy ⊙ x·rstd
+// into its own column sums; the block's sums become partial[block] (summed in order by rmsnorm_dw_sum_kernel).
+template <int VPL, int LANES>
+__global__ void __launch_bounds__(256) rmsnorm_backward_rows_kernel(const bf16* dy, const bf16* __restrict__ x,
+                                                                    const bf16* __restrict__ w, const bf16* dres,
+                                                                    bf16* dx, float* __restrict__ partial,
+                                                                    int64_t rows, float eps) {
+  constexpr int kN = VPL * LANES * 8;
+  const int64_t g = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
+  const int64_t workers = static_cast<int64_t>(gridDim.x) * blockDim.x / LANES;
+  const int lane = threadIdx.x % LANES;
+  float acc[VPL][8];  // w is re-read from L1 where needed: registers go to these sums
+#pragma unroll
+  for (int j = 0; j < VPL; ++j)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[j][e] = 0.0f;
+  // Every worker runs the same number of iterations (shuffles need the whole warp); rows past the end
+  // are masked.
+  const int64_t iters = (rows + workers - 1) / workers;
+  for (int64_t it = 0; it < iters; ++it) {
+    const int64_t row = g + it * workers;
+    const bool valid = row < rows;
+    const int64_t base = (valid ? row : 0) * kN;
+    uint4 dyv[VPL], xv[VPL];
+    float ss = 0.0f, dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+      const int64_t off = base + static_cast<int64_t>(j * LANES + lane) * 8;
+      dyv[j] = valid ? *reinterpret_cast<const uint4*>(dy + off) : make_uint4(0, 0, 0, 0);
+      xv[j] = valid ? *reinterpret_cast<const uint4*>(x + off) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+      float d[8], xf[8], wf[8];
+      bf16x8_to_float(dyv[j], d);
+      bf16x8_to_float(xv[j], xf);
+      bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(w + (j * LANES + lane) * 8)), wf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        ss += xf[e] * xf[e];
+        dot += d[e] * wf[e] * xf[e];
+      }
+    }
+    ss = group_sum<LANES>(ss);
+    dot = group_sum<LANES>(dot);
+    if (!valid) continue;
+    const float rs = rsqrtf(ss / static_cast<float>(kN) + eps);
+    const float m = dot * rs / static_cast<float>(kN);
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+      const int64_t off = base + static_cast<int64_t>(j * LANES + lane) * 8;
+      float d[8], xf[8], wf[8], o[8];
+      bf16x8_to_float(dyv[j], d);
+      bf16x8_to_float(xv[j], xf);
+      bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(w + (j * LANES + lane) * 8)), wf);
+      float r[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (dres) bf16x8_to_float(*reinterpret_cast<const uint4*>(dres + off), r);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        acc[j][e] += d[e] * (xf[e] * rs);
+        o[e] = rs * (d[e] * wf[e] - xf[e] * rs * m) + r[e];
+      }
+      *reinterpret_cast<uint4*>(dx + off) = float_to_bf16x8(o);
+    }
+  }
+  // The block's groups add their sums pairwise through shared memory (a fixed tree), and group 0 writes
+  // the block's partial row: one row per block keeps the final column sums short.
+  constexpr int kGroups = 256 / LANES;
+  __shared__ float4 red[kGroups / 2 > 0 ? kGroups / 2 : 1][VPL * LANES * 2];
+  const int grp = threadIdx.x / LANES;
+#pragma unroll
+  for (int half = kGroups / 2; half >= 1; half /= 2) {
+    if (grp >= half && grp < 2 * half)
+#pragma unroll
+      for (int j = 0; j < VPL; ++j) {
+        red[grp - half][(j * LANES + lane) * 2] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+        red[grp - half][(j * LANES + lane) * 2 + 1] = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
+      }
+    __syncthreads();
+    if (grp < half)
+#pragma unroll
+      for (int j = 0; j < VPL; ++j) {
+        const float4 a = red[grp][(j * LANES + lane) * 2], b = red[grp][(j * LANES + lane) * 2 + 1];
+        acc[j][0] += a.x, acc[j][1] += a.y, acc[j][2] += a.z, acc[j][3] += a.w;
+        acc[j][4] += b.x, acc[j][5] += b.y, acc[j][6] += b.z, acc[j][7] += b.w;
+      }
+    __syncthreads();
+  }
+  if (grp != 0) return;
+  float* prow = partial + static_cast<int64_t>(blockIdx.x) * kN;
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) {
+    const int c = (j * LANES + lane) * 8;
+    *reinterpret_cast<float4*>(prow + c) = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    *reinterpret_cast<float4*>(prow + c + 4) = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
+  }
+}
+
+// dw[c] += Σ_b partial[b][c]: a block of 32 columns × 32 row strides (eight loads in flight per thread),
+// then the 32 sums added in a fixed order (deterministic).
+__global__ void __launch_bounds__(1024) rmsnorm_dw_sum_kernel(const float* __restrict__ partial, float* dw,
+                                                              int64_t parts, int64_t n) {
+  __shared__ float s[32][33];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  float v = 0.0f;
+  if (c < n) {
+    int64_t k = threadIdx.y;
+    for (; k + 7 * 32 < parts; k += 8 * 32) {
+      float t[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) t[u] = partial[(k + u * 32) * n + c];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v += t[u];
+    }
+    for (; k < parts; k += 32) v += partial[k * n + c];
+  }
+  s[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < n) {
+    float t = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 32; ++k) t += s[k][threadIdx.x];
+    dw[c] += t;
+  }
+}
+
+// Lanes per row and packets per lane for a row of n bf16, or {0, 0} where the register path does not apply.
+struct RowLayout {
+  int vpl = 0, lanes = 0;
+};
+RowLayout row_layout(int64_t n) {
+  if (n % 8 != 0) return {};
+  const int64_t packets = n / 8;
+  if (packets <= 32 && (packets & (packets - 1)) == 0) return {1, static_cast<int>(packets)};
+  if (packets % 32 != 0) return {};
+  const int64_t vpl = packets / 32;
+  if (vpl == 1 || vpl == 2 || vpl == 4 || vpl == 6 || vpl == 8 || vpl == 12 || vpl == 16)
+    return {static_cast<int>(vpl), 32};
+  return {};
+}
+
+bool aligned16(const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Calls f.template operator()<VPL, LANES>() for the layout (one of the instantiated pairs, VPL ≤ kMaxVpl).
+template <int kMaxVpl, typename F>
+void with_row_layout(RowLayout l, F&& f) {
+  if (l.lanes < 32) {
+    switch (l.lanes) {
+      case 1: return f.template operator()<1, 1>();
+      case 2: return f.template operator()<1, 2>();
+      case 4: return f.template operator()<1, 4>();
+      case 8: return f.template operator()<1, 8>();
+      case 16: return f.template operator()<1, 16>();
+    }
+  }
+  switch (l.vpl) {
+    case 1: return f.template operator()<1, 32>();
+    case 2: return f.template operator()<2, 32>();
+    case 4: return f.template operator()<4, 32>();
+    case 6: return f.template operator()<6, 32>();
+    case 8: return f.template operator()<8, 32>();
+    case 12:
+      if constexpr (kMaxVpl >= 12) return f.template operator()<12, 32>();
+      break;
+    case 16:
+      if constexpr (kMaxVpl >= 16) return f.template operator()<16, 32>();
+      break;
+  }
+  MT_CUDA_REQUIRE(false, "rmsnorm: no row layout for this width");
+}
+
 struct Rows {
   int device;
   int64_t rows, n;
@@ -124,6 +356,22 @@ template <typename T>
 void launch_forward(const Tensor& x, const Tensor* res, const Tensor& w, float eps, Tensor* sum, Tensor& out,
                     Tensor* rstd, const Rows& r, cudaStream_t stream) {
   if (r.rows == 0 || r.n == 0) return;
+  if constexpr (std::is_same_v<T, bf16>) {
+    const RowLayout l = row_layout(r.n);
+    const bf16* resp = res ? res->data_as<bf16>() : nullptr;
+    bf16* sump = sum ? sum->data_as<bf16>() : nullptr;
+    if (l.lanes > 0 && aligned16(x.data()) && aligned16(resp) && aligned16(w.data()) && aligned16(sump) &&
+        aligned16(out.data())) {
+      with_row_layout<16>(l, [&]<int VPL, int LANES>() {
+        const unsigned blocks = blocks_for(r.rows * LANES, 256);
+        rmsnorm_forward_rows_kernel<VPL, LANES><<<blocks, 256, 0, stream>>>(
+            x.data_as<bf16>(), resp, w.data_as<bf16>(), sump, out.data_as<bf16>(),
+            rstd ? rstd->data_as<float>() : nullptr, r.rows, eps);
+        MT_CUDA_CHECK_LAUNCH();
+      });
+      return;
+    }
+  }
   rmsnorm_forward_kernel<T><<<blocks_for(r.rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
       x.data_as<T>(), res ? res->data_as<T>() : nullptr, w.data_as<T>(), sum ? sum->data_as<T>() : nullptr,
       out.data_as<T>(), rstd ? rstd->data_as<float>() : nullptr, r.rows, r.n, eps);
@@ -148,6 +396,30 @@ void launch_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float e
                      const Tensor* dres, const Rows& r, cudaStream_t stream) {
   if (r.rows == 0 || r.n == 0) return;
   const Device d = Device::cuda(r.device);
+  if constexpr (std::is_same_v<T, bf16>) {
+    // Up to 8 packets per lane: wider rows (64 dw sums per lane already fill the registers) spill.
+    const RowLayout l = row_layout(r.n).vpl <= 8 ? row_layout(r.n) : RowLayout{};
+    const bf16* dresp = dres ? dres->data_as<bf16>() : nullptr;
+    if (l.lanes > 0 && aligned16(dy.data()) && aligned16(x.data()) && aligned16(w.data()) && aligned16(dresp) &&
+        aligned16(dx.data())) {
+      with_row_layout<8>(l, [&]<int VPL, int LANES>() {
+        // Workers: enough to fill the GPU (~1k rows of 2048 at a time) with at least 8 rows each on tall
+        // inputs (fewer partial rows to sum); fixed by the shape, so dw is deterministic.
+        const int64_t per_block = 256 / LANES;
+        const int64_t workers = std::min<int64_t>(r.rows, std::max<int64_t>(1024 * 32 / LANES, r.rows / 8));
+        const int64_t blocks = (workers + per_block - 1) / per_block;
+        Tensor partial = Tensor::empty({blocks, r.n}, DType::F32, d);
+        rmsnorm_backward_rows_kernel<VPL, LANES><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+            dy.data_as<bf16>(), x.data_as<bf16>(), w.data_as<bf16>(), dresp, dx.data_as<bf16>(),
+            partial.data_as<float>(), r.rows, eps);
+        MT_CUDA_CHECK_LAUNCH();
+        rmsnorm_dw_sum_kernel<<<blocks_for(r.n, 32), dim3(32, 32), 0, stream>>>(partial.data_as<float>(),
+                                                                              dw.data_as<float>(), blocks, r.n);
+        MT_CUDA_CHECK_LAUNCH();
+      });
+      return;
+    }
+  }
   Tensor rstd = Tensor::empty({r.rows}, DType::F32, d);
   Tensor m = Tensor::empty({r.rows}, DType::F32, d);
   rmsnorm_row_stats_kernel<T><<<blocks_for(r.rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(

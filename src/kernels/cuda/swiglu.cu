@@ -49,6 +49,64 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ dout, const T* __re
   }
 }
 
+// bf16 with F % 8 == 0 and 16-byte aligned rows: the same math on 8 columns per thread with 16-byte
+// loads and stores (the per-element kernels above moved 2 bytes per access and ran at ~1.4 TB/s).
+__device__ inline float swiglu_a_bf16(float g, float u) {
+  return Elt<bf16>::round(Elt<bf16>::round(g / (1.0f + expf(-g))) * u);
+}
+
+__global__ void swiglu_forward_bf16x8_kernel(const bf16* __restrict__ gu, const float* __restrict__ w,
+                                             bf16* __restrict__ out, int64_t N, int64_t F) {
+  const int64_t packets = F / 8;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N * packets) return;
+  const int64_t r = i / packets, c = (i - r * packets) * 8;
+  float g[8], u[8], a[8];
+  bf16x8_to_float(*reinterpret_cast<const uint4*>(gu + r * 2 * F + c), g);
+  bf16x8_to_float(*reinterpret_cast<const uint4*>(gu + r * 2 * F + F + c), u);
+  const float wr = w ? w[r] : 1.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    a[e] = swiglu_a_bf16(g[e], u[e]);
+    if (w) a[e] = a[e] * wr;
+  }
+  *reinterpret_cast<uint4*>(out + r * F + c) = float_to_bf16x8(a);
+}
+
+__global__ void swiglu_backward_bf16x8_kernel(const bf16* __restrict__ dout, const bf16* __restrict__ gu,
+                                              const float* __restrict__ w, bf16* __restrict__ dgu, float* dw,
+                                              int64_t N, int64_t F) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= N) return;
+  const float wr = w ? w[r] : 1.0f;
+  float dot = 0.0f;
+  for (int64_t c = lane * 8; c < F; c += 32 * 8) {
+    float g[8], u[8], d[8], dg[8], du[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(gu + r * 2 * F + c), g);
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(gu + r * 2 * F + F + c), u);
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(dout + r * F + c), d);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float sig = sigmoid(g[e]);
+      if (dw) dot += d[e] * swiglu_a_bf16(g[e], u[e]);
+      const float da = d[e] * wr;
+      du[e] = da * g[e] * sig;
+      dg[e] = da * u[e] * sig * (1.0f + g[e] * (1.0f - sig));
+    }
+    *reinterpret_cast<uint4*>(dgu + r * 2 * F + c) = float_to_bf16x8(dg);
+    *reinterpret_cast<uint4*>(dgu + r * 2 * F + F + c) = float_to_bf16x8(du);
+  }
+  if (dw) {
+    dot = warp_sum(dot);
+    if (lane == 0) dw[r] = dot;
+  }
+}
+
+bool packed_bf16(const Tensor& t, int64_t F) {
+  return t.dtype() == DType::BF16 && F % 8 == 0 && (reinterpret_cast<uintptr_t>(t.data()) & 15u) == 0;
+}
+
 struct Dims {
   int device;
   int64_t N, F;
@@ -70,6 +128,12 @@ void swiglu_forward(const Tensor& gate_up, const Tensor* row_weight, Tensor& out
   if (row_weight) check_tensor(*row_weight, op, d.device, DType::F32, d.N);
   if (d.N * d.F == 0) return;
   const float* w = row_weight ? row_weight->data_as<float>() : nullptr;
+  if (packed_bf16(gate_up, d.F) && packed_bf16(out, d.F)) {
+    swiglu_forward_bf16x8_kernel<<<blocks_for(d.N * (d.F / 8), 256), 256, 0, stream>>>(
+        gate_up.data_as<bf16>(), w, out.data_as<bf16>(), d.N, d.F);
+    MT_CUDA_CHECK_LAUNCH();
+    return;
+  }
   const unsigned blocks = blocks_for(d.N * d.F, 256);
   if (gate_up.dtype() == DType::BF16)
     swiglu_forward_kernel<bf16><<<blocks, 256, 0, stream>>>(gate_up.data_as<bf16>(), w, out.data_as<bf16>(), d.N, d.F);
@@ -92,6 +156,12 @@ void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor* ro
   const float* w = row_weight ? row_weight->data_as<float>() : nullptr;
   float* dw = drow_weight ? drow_weight->data_as<float>() : nullptr;
   const unsigned blocks = blocks_for(d.N, kWarpsPerBlock);
+  if (packed_bf16(gate_up, d.F) && packed_bf16(dout, d.F) && packed_bf16(dgate_up, d.F)) {
+    swiglu_backward_bf16x8_kernel<<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
+        dout.data_as<bf16>(), gate_up.data_as<bf16>(), w, dgate_up.data_as<bf16>(), dw, d.N, d.F);
+    MT_CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (gate_up.dtype() == DType::BF16)
     swiglu_backward_kernel<bf16><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
         dout.data_as<bf16>(), gate_up.data_as<bf16>(), w, dgate_up.data_as<bf16>(), dw, d.N, d.F);
