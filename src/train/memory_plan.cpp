@@ -21,8 +21,8 @@ constexpr int64_t kMaxSearchSeq = int64_t{1} << 22;   // max_seq search bound (4
 constexpr int64_t kMaxSearchBatch = int64_t{1} << 20; // max_micro_batch search bound
 constexpr int64_t kSeqStep = 128;                     // max_seq is a multiple of this
 
-// Rows of one chunk of the fused LM head + cross-entropy (cuda::LinearCrossEntropyArgs::chunk_rows).
-constexpr int64_t kLossChunkRows = 1024;
+// Rows of one chunk of the fused LM head + cross-entropy (CudaModelOptions::loss_chunk_rows).
+constexpr int64_t kLossChunkRows = 4096;
 // cuBLASLt workspace of the device context (one per device, as llm.c does).
 constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
 // The caching allocator rounds every block up and cannot always reuse a freed block for a larger
@@ -140,7 +140,7 @@ wide layer_backward_peak_bytes(const Dims& d, bool moe, Recompute r) {
 }
 
 // Fused LM head + cross-entropy (kernels/cuda/linear_cross_entropy.cu): one bf16 logits chunk of
-// min(1024, T) rows (the gradient is written over it in place), the per-row loss (f32) and dx.
+// min(4096, T) rows (the gradient is written over it in place), the per-row loss (f32) and dx.
 wide head_loss_bytes(const Dims& d) {
   wide rows = std::min<wide>(kLossChunkRows, d.T);
   return rows * d.V * kBf16 + d.T * kF32 + d.T * d.H * kBf16;

@@ -108,7 +108,7 @@ const int64_t kLayerBackward = sum({
     256 * 64 * 2,               // da
     2 * 256 * 64 * 2,           // two residual-gradient buffers
 });
-// LM head + loss: a bf16 chunk of min(1024, 256) rows x 512 logits (gradient written in place); row loss
+// LM head + loss: a bf16 chunk of min(4096, 256) rows x 512 logits (gradient written in place); row loss
 // f32; dx.
 const int64_t kHeadLoss = 256 * 512 * 2 + 256 * 4 + 256 * 64 * 2;
 
