@@ -3,7 +3,8 @@
 // time and TFLOP/s of each pass. FLOPs count the causal half only: forward 2 GEMMs, backward 5 (2.5x),
 // each 2·S_visible·D per head, as FlashAttention's benchmarks do. "forward" is the kernel the library
 // picks (forward_kernel); where head_dim 128 has two forwards (a cc 9.0 GPU), forward_by_kernel times
-// both, the Hopper one (sm90: TMA + wgmma) and the mma.sync one, and forward_speedup is mma / sm90.
+// both, the Hopper one (sm90: TMA + wgmma) and the mma.sync one, and forward_speedup is mma / sm90;
+// "backward", backward_kernel, backward_by_kernel and backward_speedup likewise for the backward.
 //
 // usage: mixtune_bench_flash_attention [--seq S] [--batch B] [--heads H] [--kv-heads K] [--head-dim D]
 //                                      [--doc-len L] [--reps R]
@@ -114,6 +115,7 @@ int main(int argc, char** argv) {
     det::FlashArgs fa;
     fa.T = static_cast<int>(T), fa.Hq = static_cast<int>(Hq), fa.Hk = static_cast<int>(Hk), fa.D = static_cast<int>(D);
     const bool have_sm90 = det::flash_fwd_sm90_supported(fa);
+    const bool have_bwd_sm90 = det::flash_bwd_sm90_supported(fa);
     auto forward_ms = [&](det::FlashFwdKernel kind) {
       det::flash_fwd_kernel_set(kind);
       const double ms = time_ms(reps, ctx.stream, [&] {
@@ -126,9 +128,17 @@ int main(int argc, char** argv) {
     const double mma_ms = have_sm90 ? forward_ms(det::FlashFwdKernel::MmaSync) : fwd_ms;
     const double sm90_ms = have_sm90 ? forward_ms(det::FlashFwdKernel::Sm90) : 0.0;
     // The backward reads out and lse of the last forward (identical up to rounding either way).
-    const double bwd_ms = time_ms(reps, ctx.stream, [&] {
-      mt::cuda::flash_attention_backward(fs, dout, q, k, v, out, lse, docs, dq, dk, dv, ctx.stream);
-    });
+    auto backward_ms = [&](det::FlashBwdKernel kind) {
+      det::flash_bwd_kernel_set(kind);
+      const double ms = time_ms(reps, ctx.stream, [&] {
+        mt::cuda::flash_attention_backward(fs, dout, q, k, v, out, lse, docs, dq, dk, dv, ctx.stream);
+      });
+      det::flash_bwd_kernel_set(det::FlashBwdKernel::Auto);
+      return ms;
+    };
+    const double bwd_ms = backward_ms(det::FlashBwdKernel::Auto);
+    const double bwd_mma_ms = have_bwd_sm90 ? backward_ms(det::FlashBwdKernel::MmaSync) : bwd_ms;
+    const double bwd_sm90_ms = have_bwd_sm90 ? backward_ms(det::FlashBwdKernel::Sm90) : 0.0;
     const double fwd_flops = 4.0 * visible * D * Hq, bwd_flops = 2.5 * fwd_flops;
     const char* env = std::getenv("MIXTUNE_FLASH_FWD");
     const char* auto_kernel = have_sm90 && (env == nullptr || std::string(env) != "mma") ? "sm90" : "mma";
@@ -143,6 +153,15 @@ int main(int argc, char** argv) {
           " \"forward_by_kernel\": {\"sm90\": {\"ms\": %.4f, \"tflops\": %.1f}, \"mma\": {\"ms\": %.4f, \"tflops\": "
           "%.1f}}, \"forward_speedup\": %.2f,\n",
           sm90_ms, fwd_flops / sm90_ms * 1e-9, mma_ms, fwd_flops / mma_ms * 1e-9, mma_ms / sm90_ms);
+    const char* benv = std::getenv("MIXTUNE_FLASH_BWD");
+    const char* auto_bwd = have_bwd_sm90 && (benv == nullptr || std::string(benv) != "mma") ? "sm90" : "mma";
+    std::printf(" \"backward_kernel\": \"%s\",", auto_bwd);
+    if (have_bwd_sm90)
+      std::printf(
+          " \"backward_by_kernel\": {\"sm90\": {\"ms\": %.4f, \"tflops\": %.1f}, \"mma\": {\"ms\": %.4f, "
+          "\"tflops\": %.1f}}, \"backward_speedup\": %.2f,\n",
+          bwd_sm90_ms, bwd_flops / bwd_sm90_ms * 1e-9, bwd_mma_ms, bwd_flops / bwd_mma_ms * 1e-9,
+          bwd_mma_ms / bwd_sm90_ms);
     std::printf(" \"backward\": {\"ms\": %.4f, \"tflops\": %.1f}}\n", bwd_ms, bwd_flops / bwd_ms * 1e-9);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

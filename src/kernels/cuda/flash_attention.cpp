@@ -78,6 +78,35 @@ bool use_sm90_forward(const detail::FlashArgs& a, const Tensor& q, const Tensor&
   return sm90_forward_allowed() && aligned && detail::flash_fwd_sm90_supported(a);
 }
 
+std::atomic<detail::FlashBwdKernel> g_bwd_kernel{detail::FlashBwdKernel::Auto};
+
+// The Hopper backward is the default where it runs (head_dim 128 on a cc 9.0 GPU); MIXTUNE_FLASH_BWD=mma
+// selects the mma.sync kernel (read once; for A/B measurements).
+bool sm90_backward_allowed() {
+  static const bool on = [] {
+    const char* e = std::getenv("MIXTUNE_FLASH_BWD");
+    return e == nullptr || std::strcmp(e, "mma") != 0;
+  }();
+  return on;
+}
+
+// Whether the backward runs the sm90 kernel (flash_bwd_kernel_get, then the environment).
+bool use_sm90_backward(const detail::FlashArgs& a, const Tensor& dout, const Tensor& q, const Tensor& k,
+                       const Tensor& v) {
+  const detail::FlashBwdKernel kind = detail::flash_bwd_kernel_get();
+  if (kind == detail::FlashBwdKernel::MmaSync) return false;
+  const bool aligned = aligned16(dout) && aligned16(q) && aligned16(k) && aligned16(v);
+  if (kind == detail::FlashBwdKernel::Sm90) {
+    MT_CHECK(detail::flash_bwd_sm90_supported(a),
+             "flash attention backward: the sm90 kernel needs head_dim 128 (got {}), a cc 9.0 GPU and an sm_90a "
+             "build",
+             a.D);
+    MT_CHECK(aligned, "flash attention backward: the sm90 kernel needs 16-byte aligned dout, q, k and v");
+    return true;
+  }
+  return sm90_backward_allowed() && aligned && detail::flash_bwd_sm90_supported(a);
+}
+
 void ensure(Tensor& t, const Tensor& like, const char* what) {
   if (!t.defined())
     t = Tensor::empty(like.shape(), like.dtype(), like.device());
@@ -140,15 +169,19 @@ void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, 
   Tensor dk_acc = Tensor::empty({k.numel()}, DType::F32, q.device());
   Tensor dv_acc = Tensor::empty({k.numel()}, DType::F32, q.device());
   Tensor delta = Tensor::empty({s.heads, s.tokens}, DType::F32, q.device());
-  detail::flash_bwd_launch(a, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(), dq.data(),
-                           dk.data(), dv.data(), dq_acc.data_as<float>(), dk_acc.data_as<float>(),
-                           dv_acc.data_as<float>(), delta.data_as<float>(), stream);
+  if (s.tokens == 0) return;
+  auto* launch = use_sm90_backward(a, dout, q, k, v) ? detail::flash_bwd_sm90_launch : detail::flash_bwd_launch;
+  launch(a, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(), dq.data(), dk.data(),
+         dv.data(), dq_acc.data_as<float>(), dk_acc.data_as<float>(), dv_acc.data_as<float>(),
+         delta.data_as<float>(), stream);
 }
 
 namespace detail {
 
 void flash_fwd_kernel_set(FlashFwdKernel k) { g_fwd_kernel.store(k); }
 FlashFwdKernel flash_fwd_kernel_get() { return g_fwd_kernel.load(); }
+void flash_bwd_kernel_set(FlashBwdKernel k) { g_bwd_kernel.store(k); }
+FlashBwdKernel flash_bwd_kernel_get() { return g_bwd_kernel.load(); }
 
 }  // namespace detail
 

@@ -22,6 +22,8 @@
 //      its KV head) are added to fp32 buffers with atomics. DH = D except at D = 256 (two slices: the
 //      dK/dV accumulators of a full row would not fit in registers), see flash_attention_tiles.cuh.
 //   3. fp32 buffers -> bf16 outputs (dQ and dK take the softmax scale here).
+// Launches 1 (with the zeroing) and 3 are detail::flash_bwd_prologue / flash_bwd_epilogue, which the
+// Hopper backward (flash_attention_bwd_sm90.cu, the default for head_dim 128 on a cc 9.0 GPU) shares.
 // NOTE: fp32 atomics make dQ/dK/dV not bitwise reproducible run to run (the sum order varies); the
 // values agree to fp32 rounding.
 
@@ -289,24 +291,51 @@ void bwd_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* q, c
   flash::require_smem(smem, D, "backward");
   auto kern = flash_bwd_kernel<D>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const int64_t nq = static_cast<int64_t>(a.T) * a.Hq * D, nk = static_cast<int64_t>(a.T) * a.Hk * D;
-  MT_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, nq * sizeof(float), stream));
-  MT_CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, nk * sizeof(float), stream));
-  MT_CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, nk * sizeof(float), stream));
-  const int64_t rows = static_cast<int64_t>(a.T) * a.Hq;
-  flash_bwd_delta_kernel<D><<<static_cast<int>((rows + 7) / 8), 256, 0, stream>>>(dout, out, a.T, a.Hq, delta);
-  MT_CUDA_CHECK_LAUNCH();
+  detail::flash_bwd_prologue(a, dout, out, dq_acc, dk_acc, dv_acc, delta, stream);
   const dim3 grid(a.Hq, (a.T + kBwdBN - 1) / kBwdBN, flash::BwdTiles<D>::SLICES);
   kern<<<grid, kBwdThreads, smem, stream>>>(a, q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc);
   MT_CUDA_CHECK_LAUNCH();
-  to_bf16(dq_acc, nq, a.scale, dq, stream);
-  to_bf16(dk_acc, nk, a.scale, dk, stream);
-  to_bf16(dv_acc, nk, 1.0f, dv, stream);
+  detail::flash_bwd_epilogue(a, dq_acc, dk_acc, dv_acc, dq, dk, dv, stream);
+}
+
+template <int D>
+void delta_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* out, float* delta, cudaStream_t stream) {
+  const int64_t rows = static_cast<int64_t>(a.T) * a.Hq;
+  flash_bwd_delta_kernel<D><<<static_cast<int>((rows + 7) / 8), 256, 0, stream>>>(dout, out, a.T, a.Hq, delta);
+  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 namespace detail {
+
+void flash_bwd_prologue(const FlashArgs& a, const void* dout, const void* out, float* dq_acc, float* dk_acc,
+                        float* dv_acc, float* delta, cudaStream_t stream) {
+  const int64_t nq = static_cast<int64_t>(a.T) * a.Hq * a.D, nk = static_cast<int64_t>(a.T) * a.Hk * a.D;
+  MT_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, nq * sizeof(float), stream));
+  MT_CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, nk * sizeof(float), stream));
+  MT_CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, nk * sizeof(float), stream));
+  const auto* o = static_cast<const bf16*>(out);
+  const auto* g = static_cast<const bf16*>(dout);
+  switch (a.D) {
+    case 16: return delta_launch_d<16>(a, g, o, delta, stream);
+    case 32: return delta_launch_d<32>(a, g, o, delta, stream);
+    case 64: return delta_launch_d<64>(a, g, o, delta, stream);
+    case 128: return delta_launch_d<128>(a, g, o, delta, stream);
+    case 256: return delta_launch_d<256>(a, g, o, delta, stream);
+    default:
+      MT_CUDA_REQUIRE(false, "flash attention backward: head_dim " + std::to_string(a.D) +
+                                 " (supported: 16, 32, 64, 128, 256)");
+  }
+}
+
+void flash_bwd_epilogue(const FlashArgs& a, const float* dq_acc, const float* dk_acc, const float* dv_acc, void* dq,
+                        void* dk, void* dv, cudaStream_t stream) {
+  const int64_t nq = static_cast<int64_t>(a.T) * a.Hq * a.D, nk = static_cast<int64_t>(a.T) * a.Hk * a.D;
+  if (dq_acc != nullptr) to_bf16(dq_acc, nq, a.scale, dq, stream);
+  to_bf16(dk_acc, nk, a.scale, dk, stream);
+  to_bf16(dv_acc, nk, 1.0f, dv, stream);
+}
 
 void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
                       const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc, float* dk_acc,

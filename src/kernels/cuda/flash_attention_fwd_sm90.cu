@@ -56,10 +56,6 @@ static_assert(kBarOff % 1024 == 0, "tiles stay 1024-aligned (the 128-byte swizzl
 
 #if MT_SM90A_DEVICE
 
-__device__ __forceinline__ void named_barrier_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
 // S[64] = Q rows (64 x 128, from q_rows) · K tile (128 keys x 128)ᵀ: 8 k-steps of 16 columns; columns
 // 64..127 live in the second box (+16 KiB), a k-step inside a box is +32 bytes.
 __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_rows, uint32_t k_tile) {

@@ -39,6 +39,29 @@ void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const
                       const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc, float* dk_acc,
                       float* dv_acc, float* delta, cudaStream_t stream);
 
+// Hopper backward (flash_attention_bwd_sm90.cu: TMA + wgmma), same contract and workspace as
+// flash_bwd_launch for head_dim 128; q, k, v, dout 16-byte aligned. Supported as for the sm90 forward
+// (D == 128, a cc 9.0 GPU running the sm_90a build). The launcher throws where it is not supported.
+bool flash_bwd_sm90_supported(const FlashArgs& a);
+void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
+                           const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc,
+                           float* dk_acc, float* dv_acc, float* delta, cudaStream_t stream);
+
+// The steps around the main backward kernel that both backwards share (flash_attention_bwd.cu):
+// prologue = zero dq_acc / dk_acc / dv_acc and delta = rowsum(dO ⊙ O); epilogue = the fp32 buffers to
+// bf16 dq, dk, dv (dQ and dK times the softmax scale); dq_acc == nullptr leaves dq to the caller (the
+// sm90 backward keeps dq_acc in its own layout and converts it itself).
+void flash_bwd_prologue(const FlashArgs& a, const void* dout, const void* out, float* dq_acc, float* dk_acc,
+                        float* dv_acc, float* delta, cudaStream_t stream);
+void flash_bwd_epilogue(const FlashArgs& a, const float* dq_acc, const float* dk_acc, const float* dv_acc, void* dq,
+                        void* dk, void* dv, cudaStream_t stream);
+
+// Which backward flash_attention_backward runs: as FlashFwdKernel, with MIXTUNE_FLASH_BWD=mma (read once)
+// selecting the mma.sync one under Auto.
+enum class FlashBwdKernel { Auto, MmaSync, Sm90 };
+void flash_bwd_kernel_set(FlashBwdKernel k);
+FlashBwdKernel flash_bwd_kernel_get();
+
 // Document bounds from doc ids [B][S] (doc == null: each row is one document), or from cu_seqlens [docs + 1].
 void attention_docs_from_ids_launch(const int32_t* doc, int B, int S, int32_t* start, int32_t* end,
                                     cudaStream_t stream);

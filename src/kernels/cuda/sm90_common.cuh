@@ -1,8 +1,8 @@
 // Hopper (sm_90a) building blocks the TMA + wgmma grouped GEMM kernels share (grouped_gemm_sm90.cu:
 // forward and dgrad; grouped_gemm_wgrad_sm90.cu: the K-grouped wgrad): the tile constants, mbarrier,
 // TMA and wgmma wrappers, shared-memory matrix descriptors, and the host-side tensor-map encoder.
-// The flash-attention forward (flash_attention_fwd_sm90.cu) uses the same wrappers plus the
-// register-A wgmma. Included by .cu files only.
+// The flash-attention forward and backward (flash_attention_{fwd,bwd}_sm90.cu) use the same wrappers plus
+// the register-A wgmma, the 64-column wgmma, named barriers and (backward) bulk reduce-adds. Included by .cu files only.
 #pragma once
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime (no libcuda link)
 #include <cuda_bf16.h>
@@ -238,6 +238,84 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], uint32_t a0,
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
+}
+
+// d[32] += A (64x16, smem desc) · B (64x16, smem desc)ᵀ: the 64-column form (the flash-attention
+// backward's Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ and dQ = dS·K tiles). TRANS_A / TRANS_B as in wgmma_m64n128k16.
+template <int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
+}
+
+// Descriptors as a 32-bit low half plus offsets folded in at the instruction: smem_desc_lo(addr, lbo) is
+// bits 0-31 of smem_desc / smem_desc_mn_lbo (start address >> 4, leading byte offset >> 4); bits 32-63
+// (stride byte offset 1024, 128-byte swizzle) are the same for every operand here (kDescHi). The _lo
+// wgmma forms add OFF_A / OFF_B (in 16-byte units) to the low halves inside the asm, so a loop over
+// k-steps keeps one base register per operand instead of a hoisted 64-bit descriptor per k-step (the
+// flash-attention backward runs within a few registers of its setmaxnreg budget, 232). Shared addresses stay below
+// 256 KiB, so the sums do not leave the 14-bit address field.
+__device__ __forceinline__ uint32_t smem_desc_lo(uint32_t addr, uint32_t lbo_bytes) {
+  return ((addr & 0x3FFFF) >> 4) | (((lbo_bytes >> 4) & 0x3FFF) << 16);
+}
+#define MT_SM90_DESC_HI "0x40000040"
+
+template <int TRANS_A, int TRANS_B, int OFF_A, int OFF_B>
+__device__ __forceinline__ void wgmma_m64n64k16_lo(float (&d)[32], uint32_t a_lo, uint32_t b_lo, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b32 la, lb, hi;\n.reg .b64 da, db;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "add.u32 la, %32, %37;\nadd.u32 lb, %33, %38;\nmov.b32 hi, " MT_SM90_DESC_HI ";\n"
+      "mov.b64 da, {la, hi};\nmov.b64 db, {lb, hi};\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, da, db, p, 1, 1, %35, %36;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a_lo), "r"(b_lo), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B), "n"(OFF_A), "n"(OFF_B));
+}
+
+template <int TRANS_B, int OFF_B>
+__device__ __forceinline__ void wgmma_m64n128k16_rs_lo(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                       uint32_t a3, uint32_t b_lo, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b32 lb, hi;\n.reg .b64 db;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "add.u32 lb, %68, %71;\nmov.b32 hi, " MT_SM90_DESC_HI ";\nmov.b64 db, {lb, hi};\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, db, p, 1, 1, %70;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b_lo), "r"(scale_d), "n"(TRANS_B), "n"(OFF_B));
+}
+
+// Barrier `id` (1..15; 0 is __syncthreads) over `count` threads (a multiple of 32).
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// ---- bulk (non-tensor) async copies: global[0 .. bytes) += shared[0 .. bytes) in fp32, element-wise,
+// performed at L2 (one instruction per contiguous run; both addresses 16-byte aligned, bytes % 16 == 0).
+// Completion is tracked per thread in bulk groups: commit after issuing; wait_read<0> before the
+// shared source is written again; wait_all<0> before the kernel ends.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 template <int BN, int TRANS_A, int TRANS_B>

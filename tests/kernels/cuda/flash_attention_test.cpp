@@ -10,8 +10,9 @@
 // and bf16 dS on tensor cores where the CPU keeps dS in fp32, and its outputs are bf16: max-norm 2e-2,
 // rel-L2 1e-2. A masking or indexing error gives O(1) errors. Measured on an H200: out up to 5.6e-3 / 2.8e-3,
 // lse 1e-6, gradients up to 5.1e-3 / 2.8e-3 (head_dim 64/128; 16, 32, 256: out up to 6.4e-3 / 2.9e-3,
-// gradients up to 6.2e-3 / 3.4e-3). On a cc 9.0 GPU the head_dim 128 cases run the Hopper forward
-// (flash_attention_fwd_sm90.cu); Sm90AndMmaSyncForwardsAgreeD128 runs both head_dim 128 forwards.
+// gradients up to 6.2e-3 / 3.4e-3). On a cc 9.0 GPU the head_dim 128 cases run the Hopper forward and
+// backward (flash_attention_{fwd,bwd}_sm90.cu); Sm90AndMmaSync{Forwards,Backwards}AgreeD128 run both
+// head_dim 128 kernels of each pass.
 #include "kernels/cuda/flash_attention.h"
 
 #include <gtest/gtest.h>
@@ -204,6 +205,106 @@ TEST(CudaFlashAttention, Sm90AndMmaSyncForwardsAgreeD128) {
     EXPECT_EQ(non_finite, 0u) << "lse: every row sees at least itself";
     EXPECT_LE(worst, 1e-3) << "sm90 vs mma lse";
     if (std::getenv("MT_PRINT_ERRORS")) std::printf("[ error    ] sm90 vs mma lse: max abs %.3g (limit 1e-3)\n", worst);
+  }
+}
+
+// Backward-kernel choice for one scope (back to Auto at exit).
+struct BwdKernelScope {
+  explicit BwdKernelScope(cuda::detail::FlashBwdKernel k) { cuda::detail::flash_bwd_kernel_set(k); }
+  ~BwdKernelScope() { cuda::detail::flash_bwd_kernel_set(cuda::detail::FlashBwdKernel::Auto); }
+  BwdKernelScope(const BwdKernelScope&) = delete;
+  BwdKernelScope& operator=(const BwdKernelScope&) = delete;
+};
+
+// Whether device 0 runs the Hopper backward (head_dim 128, cc 9.0, sm_90a build).
+bool sm90_backward_runs() {
+  (void)stream0();
+  cuda::detail::FlashArgs a;
+  a.T = 128, a.Hq = 1, a.Hk = 1, a.D = 128;
+  return cuda::detail::flash_bwd_sm90_supported(a);
+}
+
+// Device inputs of one case (drawn from `seed` as in check_case) with the forward's out and lse (the
+// default forward), for running the backward with either kernel on the same data.
+struct BwdInputs {
+  cuda::AttentionDocs docs;
+  Tensor q, k, v, dout, out, lse;
+};
+
+BwdInputs bwd_inputs(const AttnCase& c, uint64_t seed) {
+  const std::vector<int32_t> doc = make_docs(c, seed);
+  const Tensor doc_h = doc.empty() ? Tensor() : host_i32({c.B, c.S}, doc);
+  BwdInputs in;
+  in.docs = cuda::attention_docs_from_ids(doc_h.defined() ? cuda::to_device(doc_h, 0) : Tensor(), c.B, c.S, 0,
+                                          stream0());
+  in.q = test::device_from_host(test::host_random({c.B, c.S, c.Hq, c.D}, seed + 1, 1.0f, true), DType::BF16);
+  in.k = test::device_from_host(test::host_random({c.B, c.S, c.Hk, c.D}, seed + 2, 1.0f, true), DType::BF16);
+  in.v = test::device_from_host(test::host_random({c.B, c.S, c.Hk, c.D}, seed + 3, 1.0f, true), DType::BF16);
+  in.dout = test::device_from_host(test::host_random({c.B, c.S, c.Hq, c.D}, seed + 4, 1.0f, true), DType::BF16);
+  cuda::flash_attention_forward({int64_t{c.B} * c.S, c.Hq, c.Hk, c.D}, in.q, in.k, in.v, in.docs, in.out, in.lse,
+                                stream0());
+  return in;
+}
+
+struct BwdOut {
+  std::vector<float> dq, dk, dv;
+};
+
+BwdOut backward_with(cuda::detail::FlashBwdKernel kind, const AttnCase& c, const BwdInputs& in) {
+  BwdKernelScope scope(kind);
+  Tensor dq, dk, dv;
+  cuda::flash_attention_backward({int64_t{c.B} * c.S, c.Hq, c.Hk, c.D}, in.dout, in.q, in.k, in.v, in.out, in.lse,
+                                 in.docs, dq, dk, dv, stream0());
+  return {test::device_floats(dq), test::device_floats(dk), test::device_floats(dv)};
+}
+
+// head_dim 128 has two backwards: the Hopper one (TMA + wgmma, 128-key blocks walking 64-query steps, dQ
+// through bulk reduce-adds; Auto on a cc 9.0 GPU) and the mma.sync one (every other GPU, or
+// MIXTUNE_FLASH_BWD=mma). Both against the CPU on small cases (packed documents of odd lengths, T not a
+// multiple of 128 or 64, GQA 4:1 and MQA, no GQA), then against each other at the benchmark's size (the
+// CPU would take minutes there): one causal sequence of 4096, packed documents of 1..1500 tokens, and two
+// batch rows with T = 3974. Both round P and dS to bf16 for the tensor cores and differ in fp32 summation order
+// only (the sm90 one forms dS from the bf16-rounded P), so they agree well inside the CPU tolerance
+// (max-norm 2e-2, rel-L2 1e-2). Measured on an H200: sm90 vs CPU up to 5.2e-3 / 3.2e-3 (mma.sync 4.8e-3 /
+// 2.8e-3), sm90 vs mma.sync up to 8e-3 / 3.6e-3 (dq, dk) and 4.4e-4 / 1.7e-5 (dv).
+TEST(CudaFlashAttention, Sm90AndMmaSyncBackwardsAgreeD128) {
+  MT_SKIP_WITHOUT_CUDA();
+  if (!sm90_backward_runs())
+    GTEST_SKIP() << "the sm90 flash-attention backward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
+  using K = cuda::detail::FlashBwdKernel;
+  for (const AttnCase& c : {AttnCase{2, 300, 8, 2, 128, 1, 150}, AttnCase{1, 700, 4, 1, 128, 0, 0},
+                            AttnCase{3, 171, 4, 4, 128, 1, 45}, AttnCase{1, 67, 2, 1, 128, 0, 0}}) {
+    SCOPED_TRACE(testing::Message() << "vs CPU: B " << c.B << " S " << c.S << " Hq " << c.Hq << " Hk " << c.Hk
+                                    << " docs " << c.min_doc << ".." << c.max_doc);
+    const uint64_t seed = 180 + c.S;
+    const std::vector<int32_t> doc = make_docs(c, seed);
+    const Tensor doc_h = doc.empty() ? Tensor() : host_i32({c.B, c.S}, doc);
+    const cpu::AttentionShape cs{c.B, c.S, c.Hq, c.Hk, c.D};
+    const Tensor q = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 1, 1.0f, true);
+    const Tensor k = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 2, 1.0f, true);
+    const Tensor v = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 3, 1.0f, true);
+    const Tensor dout = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 4, 1.0f, true);
+    Tensor want_lse, want_dq, want_dk, want_dv;
+    (void)cpu::attention_forward(cs, q, k, v, doc_h, true, want_lse);
+    cpu::attention_backward(cs, dout, q, k, v, doc_h, want_lse, true, want_dq, want_dk, want_dv);
+    const BwdInputs in = bwd_inputs(c, seed);
+    for (const K kind : {K::Sm90, K::MmaSync}) {
+      const std::string name = kind == K::Sm90 ? "sm90" : "mma";
+      const BwdOut got = backward_with(kind, c, in);
+      test::expect_norm(got.dq, want_dq.to_floats(), 2e-2, 1e-2, name + " dq");
+      test::expect_norm(got.dk, want_dk.to_floats(), 2e-2, 1e-2, name + " dk");
+      test::expect_norm(got.dv, want_dv.to_floats(), 2e-2, 1e-2, name + " dv");
+    }
+  }
+  for (const AttnCase& c : {AttnCase{1, 4096, 32, 4, 128, 0, 0}, AttnCase{1, 4096, 32, 4, 128, 1, 1500},
+                            AttnCase{2, 1987, 32, 4, 128, 1, 700}}) {
+    SCOPED_TRACE(testing::Message() << "sm90 vs mma: B " << c.B << " S " << c.S << " docs " << c.min_doc << ".."
+                                    << c.max_doc);
+    const BwdInputs in = bwd_inputs(c, 190 + c.S + c.max_doc);
+    const BwdOut a = backward_with(K::Sm90, c, in), b = backward_with(K::MmaSync, c, in);
+    test::expect_norm(a.dq, b.dq, 2e-2, 1e-2, "sm90 vs mma dq");
+    test::expect_norm(a.dk, b.dk, 2e-2, 1e-2, "sm90 vs mma dk");
+    test::expect_norm(a.dv, b.dv, 2e-2, 1e-2, "sm90 vs mma dv");
   }
 }
 
