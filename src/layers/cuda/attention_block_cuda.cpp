@@ -1,5 +1,7 @@
 #include "layers/cuda/attention_block_cuda.h"
 
+#include <utility>
+
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/rmsnorm.h"
@@ -67,7 +69,8 @@ void attention_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights&
 }
 
 Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w,
-                                     const AttentionActsCuda& acts, const Tensor& dy, Qwen3MoeLayerWeights& g) {
+                                     const AttentionActsCuda& acts, const Tensor& dy, Qwen3MoeLayerWeights& g,
+                                     AttentionWgradsCuda* deferred) {
   const Qwen3MoeConfig& c = *env.cfg;
   const int64_t T = env.tokens(), D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   env.phase(cuda::Phase::attention);
@@ -97,10 +100,20 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLaye
   cuda::linear_backward_input(dq, w.q_proj, da, env.stream, 0.0f);
   cuda::linear_backward_input(dk, w.k_proj, da, env.stream, 1.0f);
   cuda::linear_backward_input(dv, w.v_proj, da, env.stream, 1.0f);
-  cuda::linear_backward_weight(dq, acts.a, g.q_proj, env.stream);
-  cuda::linear_backward_weight(dk, acts.a, g.k_proj, env.stream);
-  cuda::linear_backward_weight(dv, acts.a, g.v_proj, env.stream);
+  AttentionWgradsCuda wg{acts.a, dq, dk, dv};
+  if (deferred)
+    *deferred = std::move(wg);
+  else
+    attention_block_wgrads_cuda(env, wg, g);
   return da;
+}
+
+void attention_block_wgrads_cuda(const CudaBlockEnv& env, AttentionWgradsCuda& d, Qwen3MoeLayerWeights& g) {
+  env.phase(cuda::Phase::attention);
+  cuda::linear_backward_weight(d.dq, d.a, g.q_proj, env.stream);
+  cuda::linear_backward_weight(d.dk, d.a, g.k_proj, env.stream);
+  cuda::linear_backward_weight(d.dv, d.a, g.v_proj, env.stream);
+  d = {};
 }
 
 }  // namespace mt

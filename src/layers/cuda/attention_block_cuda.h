@@ -27,10 +27,19 @@ void attention_acts_drop_cheap(AttentionActsCuda& acts);
 // Recomputes what attention_acts_drop_cheap dropped; x is the block input.
 void attention_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x,
                             AttentionActsCuda& acts);
+// The q/k/v projections' weight gradients, held back by attention_block_backward_cuda.
+struct AttentionWgradsCuda {
+  Tensor a, dq, dk, dv;
+};
+
 // dy BF16 [T, H] (gradient of y) -> da BF16 [T, H] (gradient of the normalised input a); parameter
 // gradients (F32) are added into g (q/k/v/o projections, q/k norms). The input norm's backward is the
-// caller's (it fuses the residual gradient).
+// caller's (it fuses the residual gradient). With `deferred`, the q/k/v weight gradients (da does not
+// need them) are left for attention_block_wgrads_cuda, so the caller can queue work that waits for da
+// first (the next expert-parallel exchange) and run them under it.
 Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w,
-                                     const AttentionActsCuda& acts, const Tensor& dy, Qwen3MoeLayerWeights& g);
+                                     const AttentionActsCuda& acts, const Tensor& dy, Qwen3MoeLayerWeights& g,
+                                     AttentionWgradsCuda* deferred = nullptr);
+void attention_block_wgrads_cuda(const CudaBlockEnv& env, AttentionWgradsCuda& d, Qwen3MoeLayerWeights& g);
 
 }  // namespace mt

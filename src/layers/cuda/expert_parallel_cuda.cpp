@@ -154,19 +154,39 @@ Tensor ep_reduce_scatter_rows(const CudaExpertParallel& ep, const Tensor& partia
   return out;
 }
 
-EpPendingSums ep_reduce_scatter_async(const CudaExpertParallel& ep, const std::vector<Tensor>& partials,
-                                      cudaStream_t stream, const std::string& what) {
-  EpPendingSums p;
-  p.inputs = partials;
+namespace {
+
+// Forks the side stream off `stream`, runs `collectives` there and marks the join.
+template <typename F>
+EpPending ep_on_side_stream(const CudaExpertParallel& ep, const std::vector<Tensor>& inputs, cudaStream_t stream,
+                            F&& collectives) {
+  EpPending p;
+  p.inputs = inputs;
   MT_CUDA_CHECK(cudaEventRecord(ep.fork_event(), stream));
   MT_CUDA_CHECK(cudaStreamWaitEvent(ep.side_stream(), ep.fork_event(), 0));
-  for (const Tensor& t : partials) p.results.push_back(ep_reduce_scatter_rows(ep, t, ep.side_stream(), what));
+  p.results = collectives(ep.side_stream());
   MT_CUDA_CHECK(cudaEventRecord(ep.join_event(), ep.side_stream()));
   p.pending = true;
   return p;
 }
 
-void ep_join(const CudaExpertParallel& ep, EpPendingSums& p, cudaStream_t stream) {
+}  // namespace
+
+EpPending ep_reduce_scatter_async(const CudaExpertParallel& ep, const std::vector<Tensor>& partials,
+                                  cudaStream_t stream, const std::string& what) {
+  return ep_on_side_stream(ep, partials, stream, [&](cudaStream_t side) {
+    std::vector<Tensor> r;
+    for (const Tensor& t : partials) r.push_back(ep_reduce_scatter_rows(ep, t, side, what));
+    return r;
+  });
+}
+
+EpPending ep_all_gather_async(const CudaExpertParallel& ep, const std::vector<Tensor>& xs, cudaStream_t stream,
+                              const std::string& what) {
+  return ep_on_side_stream(ep, xs, stream, [&](cudaStream_t side) { return ep_all_gather_rows(ep, xs, side, what); });
+}
+
+void ep_join(const CudaExpertParallel& ep, EpPending& p, cudaStream_t stream) {
   if (!p.pending) return;
   MT_CUDA_CHECK(cudaStreamWaitEvent(stream, ep.join_event(), 0));
   p.inputs.clear();  // freed after the join: later work on `stream` is ordered after the reduce-scatters

@@ -123,16 +123,20 @@ std::vector<Tensor> ep_all_gather_rows(const CudaExpertParallel& ep, const std::
 // this rank.
 Tensor ep_reduce_scatter_rows(const CudaExpertParallel& ep, const Tensor& partial, cudaStream_t stream,
                               const std::string& what);
-// The same reduce-scatters on the side stream, started after the work queued on `stream` so far: `stream`
-// may go on with other work; ep_join makes it wait for the results. One pending batch at a time.
-struct EpPendingSums {
-  std::vector<Tensor> results;  // [T, ...] each, valid on `stream` after ep_join
+// Collectives on the side stream, started after the work queued on `stream` so far: `stream` may go on
+// with other work; ep_join makes it wait for the results. One pending batch at a time.
+struct EpPending {
+  std::vector<Tensor> results;  // valid on `stream` after ep_join
   std::vector<Tensor> inputs;   // kept alive until the join (the allocator reuses freed blocks at once)
   bool pending = false;
 };
-EpPendingSums ep_reduce_scatter_async(const CudaExpertParallel& ep, const std::vector<Tensor>& partials,
-                                      cudaStream_t stream, const std::string& what);
-void ep_join(const CudaExpertParallel& ep, EpPendingSums& p, cudaStream_t stream);
+// ep_reduce_scatter_rows of each partial ([T, ...] results).
+EpPending ep_reduce_scatter_async(const CudaExpertParallel& ep, const std::vector<Tensor>& partials,
+                                  cudaStream_t stream, const std::string& what);
+// ep_all_gather_rows of xs ([ep·T, ...] results).
+EpPending ep_all_gather_async(const CudaExpertParallel& ep, const std::vector<Tensor>& xs, cudaStream_t stream,
+                              const std::string& what);
+void ep_join(const CudaExpertParallel& ep, EpPending& p, cudaStream_t stream);
 // The live row count of a local plan (its offsets[live_experts]), read on the host: one wait per layer
 // and micro-batch, bounded by the job's timeout.
 int64_t ep_live_rows(const CudaExpertParallel& ep, const Tensor& plan_offsets, int64_t live_experts,

@@ -119,7 +119,7 @@ void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, co
 
 Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const MoeActsCuda& acts,
                                const Tensor& dout, const Tensor& aux_dp, Qwen3MoeLayerWeights& g,
-                               ExpertWgradPairing* pairing, int64_t layer) {
+                               ExpertWgradPairing* pairing, int64_t layer, EpPending* prefetched) {
   auto wgrad = [&](ExpertWgradPairing::Which which, const Tensor& dy, const Tensor& x, Tensor& dw) {
     if (pairing)
       pairing->add(layer, which, dy, x, acts.expert_offsets, dw, env.stream);
@@ -135,8 +135,15 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeigh
   if (gathers) {
     // The group's output gradients once per rank; this rank's slots of them.
     env.phase(cuda::Phase::comm);
-    Tensor dout_all = ep_all_gather_rows(*env.ep, {dout}, env.stream,
-                                         ep_what(env, "all_gather(output gradient, backward)"))[0];
+    Tensor dout_all;
+    if (prefetched && prefetched->pending) {
+      ep_join(*env.ep, *prefetched, env.stream);
+      dout_all = prefetched->results[0];
+      *prefetched = {};
+    } else {
+      dout_all = ep_all_gather_rows(*env.ep, {dout}, env.stream,
+                                    ep_what(env, "all_gather(output gradient, backward)"))[0];
+    }
     env.phase(cuda::Phase::dispatch);
     dyd = env.bf16({N, H});
     dweights = Tensor::empty({dout_all.dim(0), K}, DType::F32, env.dev());
@@ -169,7 +176,7 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeigh
     Tensor dn_partial = env.bf16({acts.n_all.dim(0), H});
     cuda::moe_gather_backward(dxg, acts.plan, dn_partial, env.stream);
     dxg = Tensor();
-    EpPendingSums sums = ep_reduce_scatter_async(*env.ep, {dn_partial, dweights}, env.stream,
+    EpPending sums = ep_reduce_scatter_async(*env.ep, {dn_partial, dweights}, env.stream,
                                                  ep_what(env, "reduce_scatter(input gradient, backward)"));
     dn_partial = Tensor(), dweights = Tensor();
     env.phase(cuda::Phase::experts);

@@ -43,8 +43,10 @@ void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, co
 // dout BF16 [T, H] -> dn BF16 [T, H] (gradient of the normalised input). aux_dp (F32 [E] or undefined):
 // the aux-loss gradient w.r.t. the router probabilities. Parameter gradients are added into g; the
 // expert weights' go through `pairing` (layer `layer`) when given, else are computed at once.
+// dout_all (all_gather EP, optional): dout's all-gather already started (ep_all_gather_async); it is
+// joined here instead of gathering again.
 Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const MoeActsCuda& acts,
                                const Tensor& dout, const Tensor& aux_dp, Qwen3MoeLayerWeights& g,
-                               ExpertWgradPairing* pairing = nullptr, int64_t layer = 0);
+                               ExpertWgradPairing* pairing = nullptr, int64_t layer = 0, EpPending* dout_all = nullptr);
 
 }  // namespace mt

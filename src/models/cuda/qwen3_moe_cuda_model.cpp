@@ -226,24 +226,40 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
   if (aux_on_) cuda::aux_loss_finish(stats, /*bf16=*/true, cfg_.router_aux_loss_coef, loss.aux, aux_dp, ctx.stream);
 
   // Backward, layer by layer. dx is the gradient of the residual stream after layer l.
+  // all_gather expert parallelism: each MoE backward starts with an all-gather of dx. dx is ready before
+  // the layer above finishes its attention backward (the q/k/v weight gradients do not feed it), so the
+  // all-gather starts on the side stream there and those GEMMs run under it.
+  const bool prefetch_dout = env.ep && env.ep->mode() == EpDispatchMode::all_gather && env.ep_gather;
+  EpPending dout_all;
   for (int64_t l = nl - 1; l >= 0; --l) {
     const auto& L = w_.layers[l];
     auto& G = grads.layers[l];
     LayerActs& A = acts[l];
     CudaBlockEnv lenv = env;
     lenv.layer = l;
+    if (rc == Recompute::full && dout_all.pending) ep_join(*env.ep, dout_all, ctx.stream);  // the recompute gathers too
     layer_restore(lenv, L, A, rc);
-    Tensor dn = moe_block_backward_cuda(lenv, L, A.moe, dx, aux_dp, G, opts_.pair_expert_wgrad ? &pairing_ : nullptr, l);
+    Tensor dn = moe_block_backward_cuda(lenv, L, A.moe, dx, aux_dp, G, opts_.pair_expert_wgrad ? &pairing_ : nullptr, l,
+                                        &dout_all);
+    MT_CHECK(!dout_all.pending, "layer {}: the prefetched output-gradient all-gather was not used", l);
     env.phase(Phase::other);
     Tensor dx_mid = env.bf16({T, H});
     cuda::rmsnorm_backward(dn, A.x_mid, L.post_norm, env.eps(), dx_mid, G.post_norm, &dx, ctx.stream);
     dn = Tensor();
     dx = Tensor();
     A.moe = {};
-    Tensor da = attention_block_backward_cuda(env, L, A.attn, dx_mid, G);
+    const bool prefetch = prefetch_dout && l > 0;
+    AttentionWgradsCuda wgrads;
+    Tensor da = attention_block_backward_cuda(env, L, A.attn, dx_mid, G, prefetch ? &wgrads : nullptr);
     env.phase(Phase::other);
     dx = env.bf16({T, H});
     cuda::rmsnorm_backward(da, A.x_in, L.input_norm, env.eps(), dx, G.input_norm, &dx_mid, ctx.stream);
+    if (prefetch) {
+      env.phase(Phase::comm);
+      dout_all = ep_all_gather_async(*env.ep, {dx}, ctx.stream,
+                                     "layer " + std::to_string(l - 1) + ": all_gather(output gradient, backward)");
+      attention_block_wgrads_cuda(env, wgrads, G);
+    }
     A = {};
   }
   cuda::embedding_backward(b.ids, dx, grads.embed, ctx.stream);
