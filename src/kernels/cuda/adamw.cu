@@ -77,7 +77,16 @@ template <int N, bool VEC>
 __device__ inline void load_n(const void* base, bool is_bf16, int64_t k, float (&out)[N]) {
   if (is_bf16) {
     const bf16* p = static_cast<const bf16*>(base) + k;
-    if constexpr (VEC) {
+    if constexpr (VEC && N % 8 != 0) {  // N = 4: one 8-byte access
+      static_assert(N == 4, "vector loads take 4 or a multiple of 8 elements");
+      const uint2 raw = *reinterpret_cast<const uint2*>(p);
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const float2 f = __bfloat1622float2(h[q]);
+        out[2 * q] = f.x, out[2 * q + 1] = f.y;
+      }
+    } else if constexpr (VEC) {
 #pragma unroll
       for (int j = 0; j < N; j += 8) {
         const uint4 raw = *reinterpret_cast<const uint4*>(p + j);
@@ -112,7 +121,13 @@ template <int N, bool VEC>
 __device__ inline void store_n(void* base, bool is_bf16, int64_t k, const float (&in)[N]) {
   if (is_bf16) {
     bf16* p = static_cast<bf16*>(base) + k;
-    if constexpr (VEC) {
+    if constexpr (VEC && N % 8 != 0) {
+      uint2 raw;
+      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+      h[0] = __floats2bfloat162_rn(in[0], in[1]);
+      h[1] = __floats2bfloat162_rn(in[2], in[3]);
+      *reinterpret_cast<uint2*>(p) = raw;
+    } else if constexpr (VEC) {
 #pragma unroll
       for (int j = 0; j < N; j += 8) {
         uint4 raw;
@@ -164,7 +179,9 @@ __device__ inline void adamw_elements(const AdamWLaunch& L, int i, int64_t k, co
     alignas(16) bf16 r[N];
 #pragma unroll
     for (int j = 0; j < N; ++j) r[j] = bf16_stochastic(p[j], hash32(seed32, static_cast<uint64_t>(L.offset[i] + k + j)));
-    if constexpr (VEC) {  // one 16-byte store per 8 (eight 2-byte stores per thread cost more than the math)
+    if constexpr (VEC && N % 8 != 0) {
+      *reinterpret_cast<uint2*>(out) = *reinterpret_cast<const uint2*>(r);
+    } else if constexpr (VEC) {  // one 16-byte store per 8 (eight 2-byte stores per thread cost more than the math)
 #pragma unroll
       for (int j = 0; j < N; j += 8) *reinterpret_cast<uint4*>(out + j) = *reinterpret_cast<const uint4*>(r + j);
     } else {
@@ -177,10 +194,15 @@ __device__ inline void adamw_elements(const AdamWLaunch& L, int i, int64_t k, co
 }
 
 // Elements per thread per pass of the vector path (one 16-byte access per bf16 array).
-constexpr int kAdamwVec = 8;
+// Four elements per thread per pass (one 16-byte access per fp32 array, 8 bytes per bf16 one) and three
+// 512-thread blocks per SM (≤ 40 registers). Measured with ncu on the H200 (bench/NOTES.md 27): with eight
+// elements per thread and two blocks per SM the fp32-master update ran at 1.3 TB/s (44.5 ms for 1.87 B
+// parameters); this shape runs it at 3.9 TB/s (14.3 ms) and the pure-bf16 update at 3.5 TB/s (7.9 ms, was 8.4).
+constexpr int kAdamwVec = 4;
 static_assert(kChunkElems % kAdamwVec == 0, "chunks start on a vector boundary");
 
-__global__ void adamw_kernel(AdamWLaunch L, AdamWScalars s, const float* __restrict__ clip) {
+__global__ void __launch_bounds__(kMultiTensorThreads, 3)
+    adamw_kernel(AdamWLaunch L, AdamWScalars s, const float* __restrict__ clip) {
   const int64_t b = blockIdx.x;
   const int i = table_tensor(L.table, b);
   const int64_t begin = (b - L.table.chunk_begin[i]) * kChunkElems;  // a multiple of kAdamwVec
