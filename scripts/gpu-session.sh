@@ -11,7 +11,8 @@
 #         mixtune-standard2-a2a (the same with the per-slot all_to_all dispatch) | mixtune-standard2-selective |
 #         mixtune-long (the long workload, mixtune side only; BUDGET_S default 240) |
 #         full8 (eight GPUs, 48 layers, EP 8 against FSDP2; kind nvidia-h200-x8) |
-#         kernels (grouped GEMM + flash-attention microbenchmarks) | kernels-wgrad1, mixtune-standard-wgrad1
+#         kernels (grouped GEMM + flash-attention microbenchmarks) | profile (ncu: every kernel's time in one
+#         standard-shaped step of 2 layers and 2 micro-batches, profile.csv; ~20 s) | kernels-wgrad1, mixtune-standard-wgrad1
 #         (the same with MIXTUNE_WGRAD_BLOCKS_PER_SM=1) | quickstart (needs .carry/qs.tar.xz)
 set -uo pipefail
 [[ $# -lt 2 ]] && { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -49,6 +50,10 @@ for stage in "$@"; do
     mixtune-standard) SIDES=mixtune NAME=mixtune-standard OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     kernels) "$BIN/mixtune_bench_grouped_gemm" > "$OUT/grouped_gemm.json" 2>&1; "$BIN/mixtune_bench_flash_attention" \
                > "$OUT/flash_attention.json" 2>&1; tail -12 "$OUT"/grouped_gemm.json "$OUT"/flash_attention.json ;;
+    profile) ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base "$BIN/mixtune" bench \
+               --preset qwen3-30b-a3b --layers 2 --seq 4096 --micro-batch 1 --grad-accum 2 --steps 1 --warmup 1 \
+               ${PRECISION:+--precision $PRECISION} > "$OUT/profile.csv" 2> "$OUT/profile.err" || rc=1
+             python3 bench/kernel_profile.py "$OUT/profile.csv" > "$OUT/profile.md"; head -40 "$OUT/profile.md" ;;
     kernels-wgrad1) MIXTUNE_WGRAD_BLOCKS_PER_SM=1 "$BIN/mixtune_bench_grouped_gemm" > "$OUT/grouped_gemm_wgrad1.json" 2>&1
                tail -12 "$OUT/grouped_gemm_wgrad1.json" ;;
     mixtune-standard-wgrad1) MIXTUNE_WGRAD_BLOCKS_PER_SM=1 SIDES=mixtune NAME=mixtune-standard-wgrad1 OUT=$OUT \
