@@ -218,7 +218,6 @@ __global__ void __launch_bounds__(kMultiTensorThreads, 3)
   for (int64_t k = tail + threadIdx.x; k < end; k += blockDim.x) adamw_elements<1, false>(L, i, k, s, seed32, clip, coef);
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 __global__ void bf16_to_f32_kernel(const bf16* __restrict__ in, float* __restrict__ out, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

@@ -2,13 +2,12 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/error.h"
 #include "kernels/cuda/device_tensor_check.h"
 #include "kernels/cuda/flash_attention_dims.h"
 #include "kernels/cuda/flash_attention_kernels.h"
+#include "kernels/cuda/tensor_checks.h"
 
 namespace mt::cuda {
 
@@ -52,14 +51,10 @@ std::atomic<detail::FlashFwdKernel> g_fwd_kernel{detail::FlashFwdKernel::Auto};
 // The Hopper forward is the default where it runs (head_dim 128 on a cc 9.0 GPU); MIXTUNE_FLASH_FWD=mma
 // selects the mma.sync kernel (read once; for A/B measurements).
 bool sm90_forward_allowed() {
-  static const bool on = [] {
-    const char* e = std::getenv("MIXTUNE_FLASH_FWD");
-    return e == nullptr || std::strcmp(e, "mma") != 0;
-  }();
+  static const bool on = env_allows_sm90("MIXTUNE_FLASH_FWD");
   return on;
 }
 
-bool aligned16(const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data()) & 15u) == 0; }
 
 // Whether the forward runs the sm90 kernel (flash_fwd_kernel_get, then the environment).
 bool use_sm90_forward(const detail::FlashArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -83,10 +78,7 @@ std::atomic<detail::FlashBwdKernel> g_bwd_kernel{detail::FlashBwdKernel::Auto};
 // The Hopper backward is the default where it runs (head_dim 128 on a cc 9.0 GPU); MIXTUNE_FLASH_BWD=mma
 // selects the mma.sync kernel (read once; for A/B measurements).
 bool sm90_backward_allowed() {
-  static const bool on = [] {
-    const char* e = std::getenv("MIXTUNE_FLASH_BWD");
-    return e == nullptr || std::strcmp(e, "mma") != 0;
-  }();
+  static const bool on = env_allows_sm90("MIXTUNE_FLASH_BWD");
   return on;
 }
 

@@ -7,6 +7,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention_kernels.h"
 #include "kernels/cuda/sm90_common.cuh"
+#include "kernels/cuda/tensor_checks.h"
 
 // Hopper (sm_90a) flash-attention backward for head_dim 128: TMA tile loads, wgmma, producer/consumer
 // warpgroups (the FlashAttention-3 backward dataflow, written from its description). Same contract and
@@ -409,7 +410,6 @@ CUtensorMap rows_map(const void* data, int T, int H, int rows) {
   return sm90::make_map("flash attention backward (sm90)", data, 2, dims, strides, static_cast<cuuint32_t>(rows));
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
 

@@ -5,6 +5,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention_kernels.h"
 #include "kernels/cuda/sm90_common.cuh"
+#include "kernels/cuda/tensor_checks.h"
 
 // Hopper (sm_90a) flash-attention forward for head_dim 128: TMA tile loads, wgmma, producer/consumer
 // warpgroups (the FlashAttention-3 dataflow, written from its description). Same contract as the
@@ -348,7 +349,6 @@ CUtensorMap rows_map(const char* what, const void* data, int T, int H) {
   return m;
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
 

@@ -3,13 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/error.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_tensor_check.h"
 #include "kernels/cuda/grouped_gemm_kernels.h"
+#include "kernels/cuda/tensor_checks.h"
 
 namespace mt::cuda {
 
@@ -20,10 +19,7 @@ std::atomic<detail::GroupedFwdKernel> g_fwd_kernel{detail::GroupedFwdKernel::Aut
 // The Hopper forward, dgrad and wgrad are the default on cc 9.x (H200 forward: 477 / 387 TFLOP/s for gate_up / down
 // vs 260 / 237 with mma.sync, bit-identical outputs); MIXTUNE_GROUPED_GEMM=mma selects the mma.sync kernels.
 bool wgmma_requested() {
-  static const bool on = [] {
-    const char* e = std::getenv("MIXTUNE_GROUPED_GEMM");
-    return e == nullptr || std::strcmp(e, "mma") != 0;
-  }();
+  static const bool on = env_allows_sm90("MIXTUNE_GROUPED_GEMM");
   return on;
 }
 
@@ -42,7 +38,6 @@ bool use_wgmma(const char* op, const DeviceContext& ctx, int64_t rows) {
          detail::grouped_gemm_sm90_compiled();
 }
 
-bool aligned16(const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data()) & 15u) == 0; }
 
 void check_common(const char* op, const Tensor& offsets, int64_t E, int64_t nout, int64_t k,
                   std::initializer_list<const Tensor*> data) {

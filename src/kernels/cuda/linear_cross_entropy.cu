@@ -21,6 +21,14 @@ __device__ inline int64_t target_at(const I* y, int64_t t, int64_t V) {
   return (v >= 0 && v < V) ? v : kIgnore;
 }
 
+// The row's log-sum-exp from each thread's running max m and sum s of exp(z − m) (a thread that saw no
+// finite value has m = −inf and adds nothing).
+__device__ inline float row_logsumexp(float m, float s, float* scratch) {
+  const float M = block_max(m, scratch);
+  const float S = block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), scratch);
+  return M + logf(S);
+}
+
 // One block per row of the chunk: online max/sum of exp in fp32, the row's loss, then the gradient
 // over the logits in place.
 template <typename T, typename I>
@@ -47,9 +55,7 @@ __global__ void cross_entropy_rows_kernel(T* logits, const I* __restrict__ targe
     }
   }
   const float zy = Elt<T>::load(z, y);  // read before any thread overwrites the row
-  const float M = block_max(m, scratch);
-  const float S = block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), scratch);
-  const float lse = M + logf(S);
+  const float lse = row_logsumexp(m, s, scratch);
   if (threadIdx.x == 0) row_loss[row0 + r] = lse - zy;
   if (!grad) return;
   __syncthreads();  // every thread has read z[y]
@@ -104,9 +110,7 @@ __global__ void __launch_bounds__(kRowThreads) cross_entropy_rows_bf16x8_kernel(
     add(v, 8);
   }
   const float zy = __bfloat162float(z[y]);  // read before any thread overwrites the row
-  const float M = block_max(m, scratch);
-  const float S = block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), scratch);
-  const float lse = M + logf(S);
+  const float lse = row_logsumexp(m, s, scratch);
   if (threadIdx.x == 0) row_loss[row0 + r] = lse - zy;
   if (!grad) return;
   __syncthreads();  // every thread has read z[y]
@@ -157,7 +161,7 @@ void run(const Tensor& x, const Tensor& w, const Tensor& targets, const LinearCr
   Tensor logits = Tensor::empty({C, V}, x.dtype(), d);
   Tensor row_loss = Tensor::empty({std::max<int64_t>(T_, 1)}, DType::F32, d);
   const I* y = targets.data_as<I>();
-  const bool packed_rows = std::is_same_v<T, bf16> && V % 8 == 0 && (reinterpret_cast<uintptr_t>(logits.data()) & 15u) == 0;
+  const bool packed_rows = std::is_same_v<T, bf16> && V % 8 == 0 && aligned16(logits);
   for (int64_t r0 = 0; r0 < T_; r0 += C) {
     const int64_t rows = std::min(C, T_ - r0);
     Tensor xc = x.rows(r0, r0 + rows);

@@ -6,6 +6,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/mma_sm80.cuh"
 #include "kernels/cuda/moe_permute_kernels.h"
+#include "kernels/cuda/tensor_checks.h"
 
 // The plan is a stable counting sort in three launches: per-chunk expert histograms; one block that
 // scans them (per expert over chunks, then over experts -> offsets); per-chunk scatter that ranks each
@@ -246,7 +247,6 @@ __global__ void local_ids_kernel(const int32_t* __restrict__ index, int64_t N, i
   out[i] = (e >= 0 && e < count) ? e : count;
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 constexpr int kRowWarps = 8;  // warps per block of the row kernels
 int row_blocks(int64_t rows) { return static_cast<int>((rows + kRowWarps - 1) / kRowWarps); }

@@ -307,7 +307,6 @@ RowLayout row_layout(int64_t n) {
   return {};
 }
 
-bool aligned16(const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Calls f.template operator()<VPL, LANES>() for the layout (one of the instantiated pairs, VPL ≤ kMaxVpl).
 template <int kMaxVpl, typename F>

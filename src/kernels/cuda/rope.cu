@@ -94,8 +94,8 @@ __global__ void rope_bf16x8_kernel(const bf16* x, const float* __restrict__ cosv
 }
 
 bool rope_packed(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& out, int64_t half) {
-  auto a16 = [](const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data()) & 15u) == 0; };
-  return x.dtype() == DType::BF16 && half % 8 == 0 && a16(x) && a16(cos) && a16(sin) && a16(out);
+  return x.dtype() == DType::BF16 && half % 8 == 0 && aligned16(x) && aligned16(cos) && aligned16(sin) &&
+         aligned16(out);
 }
 
 struct RopeDims {

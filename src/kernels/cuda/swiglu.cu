@@ -104,7 +104,7 @@ __global__ void swiglu_backward_bf16x8_kernel(const bf16* __restrict__ dout, con
 }
 
 bool packed_bf16(const Tensor& t, int64_t F) {
-  return t.dtype() == DType::BF16 && F % 8 == 0 && (reinterpret_cast<uintptr_t>(t.data()) & 15u) == 0;
+  return t.dtype() == DType::BF16 && F % 8 == 0 && aligned16(t);
 }
 
 struct Dims {
