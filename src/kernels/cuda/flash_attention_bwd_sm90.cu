@@ -47,6 +47,10 @@ namespace mt::cuda {
 namespace {
 
 using sm90::bf16;
+#if MT_SM90A_DEVICE
+using sm90::pack_bf16;
+using sm90::sts_u32;
+#endif
 
 constexpr int kD = 128;                // head_dim
 constexpr int kBN = 128;               // keys per block: 2 consumer warpgroups x 64
@@ -89,9 +93,6 @@ __device__ __forceinline__ int lds_i1(uint32_t addr) {
   asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
-__device__ __forceinline__ void sts_u32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
 __device__ __forceinline__ void sts_f2(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
@@ -101,11 +102,6 @@ __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // acc[32] = A rows (64 keys x 128, K-major in two 16 KiB boxes, descriptor low half a_lo) · B (64

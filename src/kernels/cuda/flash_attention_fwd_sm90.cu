@@ -38,6 +38,10 @@ namespace mt::cuda {
 namespace {
 
 using sm90::bf16;
+#if MT_SM90A_DEVICE
+using sm90::pack_bf16;
+using sm90::sts_u32;
+#endif
 
 constexpr int kD = 128;                      // head_dim
 constexpr int kBM = 128;                     // queries per block: 2 consumer warpgroups x 64
@@ -133,11 +137,6 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, float
   }
   st.l0 = st.l0 * alpha0 + sum0;
   st.l1 = st.l1 * alpha1 + sum1;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // P as wgmma A fragments: k-step kk (keys 16kk .. 16kk + 15) is accumulator elements 8kk .. 8kk + 7.

@@ -6,6 +6,7 @@
 #include "kernels/cuda/grouped_gemm_kernels.h"
 #include "kernels/cuda/grouped_schedule.cuh"
 #include "kernels/cuda/sm90_common.cuh"
+#include "kernels/cuda/tensor_checks.h"
 
 // Hopper (sm_90a) M-grouped forward and dgrad of the grouped expert GEMM: y rows of expert e = x rows of e · W_eᵀ
 // (dgrad: dx rows of e = dy rows of e · W_e, W read as an N-major B),
@@ -19,7 +20,9 @@
 //   warpgroups 1, 2: consumers, rows 64·c .. 64·c + 63 of the 128-row tile, all BN columns, fp32
 //                accumulators in registers (BN / 2 per thread). Per k-step: wait full[s], four
 //                wgmma m64nBNk16 (k = 16 each), commit; once the previous step's group has completed
-//                (wait_group 1) its stage is handed back through empty[s].
+//                (wait_group 1) its stage is handed back through empty[s]. A warpgroup whose rows all
+//                lie past the expert's end skips its MMAs; the epilogue is staged through the tile's
+//                last stage and stored as coalesced 16-byte chunks.
 // Stage/phase bookkeeping: producer and consumers walk the same (tile, k-step) sequence, so both keep a
 // running stage index and a phase bit that flips each time the index wraps; the producer waits for
 // empty[s] to complete the phase before the one it will fill (parity ^ 1: the first pass never blocks).
@@ -112,44 +115,77 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint32_t phase = 0;
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
       const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
+      // A warpgroup whose 64 rows all lie past the expert's end (an expert's last tile holding <= 64
+      // rows) issues no MMAs: the other warpgroup then has the SM's tensor cores to itself. It still
+      // waits on every stage and hands it back, so the barrier phases stay in step. (Written as a loop
+      // bound, not a branch around the MMAs: ptxas serialises wgmma inside a divergent branch.)
+      const int my_row0 = tp.row0 + 64 * c;
+      const bool active = my_row0 < tp.row_end;
       int prev = 0;
-      for (int kb = 0; kb < KT; ++kb) {
+      const int kt_mma = active ? KT : 0;
+      for (int kb = 0; kb < kt_mma; ++kb) {
         mbar_wait(full_bar + 8 * stage, phase);
         const uint64_t da = smem_desc(sA + stage * A_BYTES + c * 64 * 128);
-        const uint64_t db = B_MN ? smem_desc_mn(sB + stage * Cfg::B_BYTES) : smem_desc(sB + stage * Cfg::B_BYTES);
-        constexpr int b_step = B_MN ? (16 * 128) >> 4 : 2;  // 16 rows of 128 bytes, or 32 bytes along a row
+        const uint64_t db =
+            B_MN ? smem_desc_mn(sB + stage * Cfg::B_BYTES) : smem_desc(sB + stage * Cfg::B_BYTES);
+        constexpr int b_step = B_MN ? (16 * 128) >> 4 : 2;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk)
           wgmma_tile<BN, 0, B_MN ? 1 : 0>(acc, da + 2 * kk, db + b_step * kk, (kb | kk) != 0);
         wgmma_commit();
-        if (kb > 0) {  // the previous step's MMAs are done reading their stage
+        if (kb > 0) {
           wgmma_wait<1>();
           mbar_arrive(empty_bar + 8 * prev);
         }
         prev = stage;
         if (++stage == STAGES) stage = 0, phase ^= 1;
       }
+      for (int kb = kt_mma; kb < KT; ++kb) {
+        mbar_wait(full_bar + 8 * stage, phase);
+        if (kb > 0) mbar_arrive(empty_bar + 8 * prev);
+        prev = stage;
+        if (++stage == STAGES) stage = 0, phase ^= 1;
+      }
       wgmma_wait<0>();
       fence_regs(acc);
-      mbar_arrive(empty_bar + 8 * prev);
-
-      // ---- epilogue: accumulator fragment (per warp 16 rows; per 8-column group j the thread holds
-      // rows g and g + 8, columns 2q, 2q + 1) -> bf16 pairs, stored only inside the expert's rows and Nout.
-      const int r = tp.row0 + 64 * c + 16 * w + g;
-      const bool ok0 = r < tp.row_end, ok1 = r + 8 < tp.row_end;
-      const int64_t at0 = static_cast<int64_t>(r) * p.N, at1 = at0 + 8 * static_cast<int64_t>(p.N);
+      // Both warpgroups' MMAs read the whole stage (x rows of both halves, all of W): neither may
+      // overwrite it before the other's last MMAs are done.
+      named_barrier_sync(3, CONSUMER_THREADS);
+      if (active) {
+        // ---- epilogue, staged through the tile's last stage (its MMAs are complete and the producer
+        // cannot refill it before both warpgroups hand it back below): warpgroup 0 uses the stage's x
+        // part, warpgroup 1 its W part (16 KiB each = 64 rows x 128 columns of bf16). Per 128-column
+        // pass: accumulator fragments -> bf16 pairs in shared memory (16-byte chunks XOR-swizzled by
+        // row, conflict-free), then the warpgroup copies whole 16-byte chunks out, 256 contiguous bytes
+        // per row: coalesced full-sector stores instead of scattered 4-byte ones. Rows past the
+        // expert's end and columns past Nout are not stored.
+        const uint32_t buf = c == 0 ? sA + prev * A_BYTES : sB + prev * Cfg::B_BYTES;
+        const int r0 = 16 * w + g, t128 = tid & 127;
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int col = tp.n0 + 8 * j + 2 * q;  // Nout % 8 == 0: col < Nout implies col + 1 < Nout
-        if (col < p.N) {
-          if (ok0)
-            *reinterpret_cast<__nv_bfloat162*>(p.y + at0 + col) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
-          if (ok1)
-            *reinterpret_cast<__nv_bfloat162*>(p.y + at1 + col) =
-                __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
+        for (int h = 0; h < BN / 128; ++h) {
+          if (h > 0) named_barrier_sync(1 + c, 128);  // the previous pass's reads are done
+#pragma unroll
+          for (int jj = 0; jj < 16; ++jj) {
+            const int j = 16 * h + jj;
+            const uint32_t at = buf + (jj >> 3) * 8192 + ((((jj & 7) ^ g) << 4) | (q << 2));
+            sts_u32(at + r0 * 128, pack_bf16(acc[4 * j], acc[4 * j + 1]));
+            sts_u32(at + (r0 + 8) * 128, pack_bf16(acc[4 * j + 2], acc[4 * j + 3]));
+          }
+          named_barrier_sync(1 + c, 128);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const int idx = i * 128 + t128, row = idx >> 4, ch = idx & 15;
+            const uint4 v = lds_u32x4(buf + (ch >> 3) * 8192 + row * 128 + (((ch & 7) ^ (row & 7)) << 4));
+            const int grow = my_row0 + row, col = tp.n0 + 128 * h + 8 * ch;  // Nout % 8 == 0: whole chunks
+            if (grow < tp.row_end && col < p.N)
+              *reinterpret_cast<uint4*>(p.y + static_cast<int64_t>(grow) * p.N + col) = v;
+          }
         }
+        // Generic-proxy reads and writes of the stage before the producer's next TMA write to it.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       }
+      mbar_arrive(empty_bar + 8 * prev);
     }
   }
 #else
@@ -172,15 +208,15 @@ void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const Sm90Args& a, 
 }
 
 // The checks both launchers share (TMA: int32 coordinates, 16-byte aligned global addresses).
-void check_launch(const char* op, const void* a, const void* w, int E, int64_t rows, int N, int K) {
+void check_launch(const char* op, const void* a, const void* w, const void* out, int E, int64_t rows, int N, int K) {
   MT_CUDA_REQUIRE(detail::grouped_gemm_sm90_compiled(), std::string(op) +
                                                              ": needs a cc 9.0 GPU and a build with "
                                                              "CMAKE_CUDA_ARCHITECTURES including 90a");
   MT_CUDA_REQUIRE(rows < (int64_t{1} << 31) && E >= 1 && E <= 4096 && N % 8 == 0 && K % 8 == 0,
                   std::string(op) + ": rows must fit TMA's int32 coordinates, E in [1, 4096], both widths "
                                     "multiples of 8");
-  MT_CUDA_REQUIRE((reinterpret_cast<uintptr_t>(a) & 15u) == 0 && (reinterpret_cast<uintptr_t>(w) & 15u) == 0,
-                  std::string(op) + ": operands must be 16-byte aligned (TMA)");
+  MT_CUDA_REQUIRE(aligned16(a) && aligned16(w) && aligned16(out),
+                  std::string(op) + ": operands and output must be 16-byte aligned (TMA loads, 16-byte stores)");
 }
 
 }  // namespace
@@ -192,7 +228,7 @@ bool grouped_gemm_sm90_compiled() { return sm90::device_runs_sm90a<grouped_sm90_
 void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const int32_t* offsets, int E, int64_t rows,
                                   int N, int K, int sm_count, cudaStream_t stream) {
   if (rows <= 0) return;  // no rows: nothing to compute (a tensor map needs non-empty dimensions)
-  check_launch("grouped gemm forward (wgmma)", x, w, E, rows, N, K);
+  check_launch("grouped gemm forward (wgmma)", x, w, y, E, rows, N, K);
   const cuuint64_t xdims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
   const cuuint64_t xstrides[1] = {static_cast<cuuint64_t>(K) * 2};
   const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(E)};
@@ -211,7 +247,7 @@ void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const i
 void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, const int32_t* offsets, int E,
                                     int64_t rows, int J, int K, int sm_count, cudaStream_t stream) {
   if (rows <= 0) return;
-  check_launch("grouped gemm dgrad (wgmma)", dy, w, E, rows, K, J);
+  check_launch("grouped gemm dgrad (wgmma)", dy, w, dx, E, rows, K, J);
   // dy [rows][J] is the K-major A operand (reduction J); W [E][J][K] is read as [64 rows of J][64 of K]
   // boxes (N-major B); dx [rows][K] is the output (width K).
   const cuuint64_t ydims[2] = {static_cast<cuuint64_t>(J), static_cast<cuuint64_t>(rows)};
