@@ -25,7 +25,7 @@ struct MemoryPlanInput {
   bool fp32_master = true;    // optimizer keeps fp32 master copies of the bf16 params
   bool bf16_moments = false;  // AdamW moments in bf16 (else fp32)
   bool bf16_expert_grads = false;  // stacked expert-weight gradients in bf16 (else fp32, as every other gradient)
-  // Expert wgrads of two micro-batches in one pass (layers/cuda/expert_wgrad_pairing.h): one micro-batch's
+  // Expert wgrads of two micro-batches in one pass (layers/cuda/expert_wgrad_passes.h): one micro-batch's
   // dY and X of both expert GEMMs held per MoE layer across the micro-batch boundary.
   bool pair_expert_wgrad = false;
   // Expert parallelism over this many ranks: each holds 1/ep of the stacked expert weights (and their
@@ -67,7 +67,7 @@ struct MemoryPlan {
 // the device.
 inline int64_t memory_plan_reserve_bytes(int64_t device_bytes) { return (int64_t{3} << 29) + device_bytes * 3 / 100; }
 
-// Whether to pair expert wgrads (layers/cuda/expert_wgrad_pairing.h): grad_accum >= 2 and the plan with the
+// Whether to pair expert wgrads (layers/cuda/expert_wgrad_passes.h): grad_accum >= 2 and the plan with the
 // held tensors fits (`in` is the plan input without pairing).
 bool pairing_wanted(MemoryPlanInput in, int64_t grad_accum);
 

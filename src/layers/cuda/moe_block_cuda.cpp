@@ -119,10 +119,10 @@ void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, co
 
 Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const MoeActsCuda& acts,
                                const Tensor& dout, const Tensor& aux_dp, Qwen3MoeLayerWeights& g,
-                               ExpertWgradPairing* pairing, int64_t layer, EpPending* prefetched) {
-  auto wgrad = [&](ExpertWgradPairing::Which which, const Tensor& dy, const Tensor& x, Tensor& dw) {
-    if (pairing)
-      pairing->add(layer, which, dy, x, acts.expert_offsets, dw, env.stream);
+                               ExpertWgradPasses* passes, int64_t layer, EpPending* prefetched) {
+  auto wgrad = [&](ExpertWgradPasses::Which which, const Tensor& dy, const Tensor& x, Tensor& dw) {
+    if (passes)
+      passes->add(layer, which, dy, x, acts.expert_offsets, dw, env.stream);
     else
       cuda::grouped_gemm_wgrad(dy, x, acts.expert_offsets, dw, /*accumulate=*/true, env.stream);
   };
@@ -162,7 +162,7 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeigh
   env.phase(cuda::Phase::experts);
   Tensor dh = env.bf16({N, I});
   cuda::grouped_gemm_dgrad(dyd, w.experts_down, acts.expert_offsets, dh, env.stream);
-  wgrad(ExpertWgradPairing::down, dyd, acts.h, g.experts_down);
+  wgrad(ExpertWgradPasses::down, dyd, acts.h, g.experts_down);
   dyd = Tensor();
   Tensor dgu = env.bf16({N, 2 * I});
   cuda::swiglu_backward(dh, acts.gu, nullptr, dgu, nullptr, env.stream);
@@ -180,13 +180,13 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeigh
                                                  ep_what(env, "reduce_scatter(input gradient, backward)"));
     dn_partial = Tensor(), dweights = Tensor();
     env.phase(cuda::Phase::experts);
-    wgrad(ExpertWgradPairing::gate_up, dgu, acts.xg, g.experts_gate_up);
+    wgrad(ExpertWgradPasses::gate_up, dgu, acts.xg, g.experts_gate_up);
     dgu = Tensor();
     env.phase(cuda::Phase::comm);
     ep_join(*env.ep, sums, env.stream);
     dn = sums.results[0], dweights = sums.results[1];
   } else {
-    wgrad(ExpertWgradPairing::gate_up, dgu, acts.xg, g.experts_gate_up);
+    wgrad(ExpertWgradPasses::gate_up, dgu, acts.xg, g.experts_gate_up);
     dgu = Tensor();
   }
   if (acts.ep.active()) {

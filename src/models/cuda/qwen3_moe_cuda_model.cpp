@@ -142,7 +142,8 @@ Qwen3MoeCudaModel::Qwen3MoeCudaModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights&
   weights_check(cfg_, w_, "parameter", DType::BF16, Device::cuda(device_), experts_held());
   aux_on_ = config_adds_aux(cfg_);
   MT_CHECK(opts_.loss_chunk_rows > 0, "loss_chunk_rows must be positive, found {}", opts_.loss_chunk_rows);
-  pairing_.resize(cfg_.num_hidden_layers);
+  wgrad_passes_.resize(cfg_.num_hidden_layers);
+  wgrad_passes_.set_pairing(opts_.pair_expert_wgrad);
 }
 
 int64_t Qwen3MoeCudaModel::experts_held() const {
@@ -152,7 +153,7 @@ int64_t Qwen3MoeCudaModel::experts_held() const {
 void Qwen3MoeCudaModel::flush_expert_grads() {
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
   timer_.mark(Phase::experts, ctx.stream);
-  pairing_.flush(ctx.stream);
+  wgrad_passes_.flush(ctx.stream);
 }
 
 CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
@@ -239,7 +240,7 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
     lenv.layer = l;
     if (rc == Recompute::full && dout_all.pending) ep_join(*env.ep, dout_all, ctx.stream);  // the recompute gathers too
     layer_restore(lenv, L, A, rc);
-    Tensor dn = moe_block_backward_cuda(lenv, L, A.moe, dx, aux_dp, G, opts_.pair_expert_wgrad ? &pairing_ : nullptr, l,
+    Tensor dn = moe_block_backward_cuda(lenv, L, A.moe, dx, aux_dp, G, &wgrad_passes_, l,
                                         &dout_all);
     MT_CHECK(!dout_all.pending, "layer {}: the prefetched output-gradient all-gather was not used", l);
     env.phase(Phase::other);

@@ -16,7 +16,7 @@
 #include "core/tensor.h"
 #include "kernels/cuda/phase_timer.h"
 #include "layers/cuda/expert_parallel_cuda.h"
-#include "layers/cuda/expert_wgrad_pairing.h"
+#include "layers/cuda/expert_wgrad_passes.h"
 #include "models/cuda/cuda_batch.h"
 #include "models/qwen3_moe_config.h"
 #include "models/qwen3_moe_weights.h"
@@ -36,7 +36,7 @@ struct CudaModelOptions {
   // +0.9 GB of logits.
   int64_t loss_chunk_rows = 4096;
   // Reduce the expert weight gradients of two consecutive forward_backward calls in one dW pass
-  // (layers/cuda/expert_wgrad_pairing.h). The caller must then call flush_expert_grads() after the last
+  // (layers/cuda/expert_wgrad_passes.h). The caller must then call flush_expert_grads() after the last
   // micro-batch of a step, before reading the gradients.
   bool pair_expert_wgrad = false;
   // Expert parallelism: the stacked expert weights (and their gradients) hold this rank's experts only,
@@ -62,7 +62,12 @@ class Qwen3MoeCudaModel {
   // router_aux_loss_coef · aux (when aux_enabled()). Needs targets.
   CudaLoss forward_backward(const CudaBatch& b, Qwen3MoeWeights& grads, double ce_divisor);
 
-  // Completes the expert weight gradients held by pair_expert_wgrad (no-op otherwise).
+  // The next expert weight-gradient pass into `grad` (a stacked expert gradient of the tensors given to
+  // forward_backward) stores instead of adding: the step marks them instead of zeroing them.
+  // flush_expert_grads() zero-fills a marked gradient that no micro-batch wrote.
+  void overwrite_expert_grad_next(Tensor& grad) { wgrad_passes_.overwrite_next(grad); }
+  // Completes the expert weight gradients held by pair_expert_wgrad and those marked by
+  // overwrite_expert_grad_next. Call after the last micro-batch of a step, before reading the gradients.
   void flush_expert_grads();
 
   bool aux_enabled() const { return aux_on_; }
@@ -79,7 +84,7 @@ class Qwen3MoeCudaModel {
   CudaModelOptions opts_;
   bool aux_on_ = false;
   cuda::PhaseTimer timer_;
-  ExpertWgradPairing pairing_;
+  ExpertWgradPasses wgrad_passes_;
 };
 
 }  // namespace mt

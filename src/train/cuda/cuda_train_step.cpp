@@ -55,7 +55,15 @@ EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_d
   cudaStream_t stream = cuda::device_context(device_).stream;
   cuda::PhaseTimer& timer = model_.timer();
   timer.mark(cuda::Phase::other, stream);
-  for (auto& [name, g] : grads_.named_parameters()) cuda::fill_zero_async(*g, stream);
+  // The stacked expert gradients are not zeroed: their first wgrad pass of the step stores (the largest
+  // gradients; saves the memset and one read of dW per layer).
+  for (size_t i = 0; i < grad_list_.size(); ++i) {
+    Tensor* g = const_cast<Tensor*>(grad_list_[i]);
+    if (is_expert_[i])
+      model_.overwrite_expert_grad_next(*g);
+    else
+      cuda::fill_zero_async(*g, stream);
+  }
   std::vector<CudaLoss> losses;
   for (const CudaBatch& b : window) losses.push_back(model_.forward_backward(b, grads_, ce_divisor));
   model_.flush_expert_grads();
