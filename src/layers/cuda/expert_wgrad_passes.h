@@ -24,8 +24,9 @@ class ExpertWgradPasses {
   void resize(int64_t layers) { held_.resize(static_cast<size_t>(layers)); }
   void set_pairing(bool on) { pair_ = on; }
   // The next pass into dw stores instead of adding (its current contents are garbage to this step). dw must
-  // outlive the next flush().
-  void overwrite_next(Tensor& dw) { fresh_.push_back(&dw); }
+  // outlive the next flush(). Marking a marked tensor again changes nothing (a step that failed before its
+  // flush must not leave two marks, which would make the next step's second pass store too).
+  void overwrite_next(Tensor& dw);
   // dw (+)= dyᵀ·x per expert (grouped layout `offsets`). With pairing: paired with the held micro-batch of
   // the same (layer, which) when there is one, else held; dw must stay the same tensor until flush().
   void add(int64_t layer, Which which, const Tensor& dy, const Tensor& x, const Tensor& offsets, Tensor& dw,

@@ -74,6 +74,7 @@ TEST(CudaExpertWgradPasses, FirstPassOverwritesWithAndWithoutPairing) {
     passes.set_pairing(pair);
     Tensor dw = garbage_dw(1.0e6f), untouched = garbage_dw(-3.0e5f);
     passes.overwrite_next(dw);
+    passes.overwrite_next(dw);  // a second mark changes nothing: the second micro-batch must still add
     passes.overwrite_next(untouched);
     passes.add(0, ExpertWgradPasses::down, a.dy, a.x, a.offsets, dw, stream);
     passes.add(0, ExpertWgradPasses::down, b.dy, b.x, b.offsets, dw, stream);
