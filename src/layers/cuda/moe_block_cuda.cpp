@@ -119,12 +119,9 @@ void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, co
 
 Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const MoeActsCuda& acts,
                                const Tensor& dout, const Tensor& aux_dp, Qwen3MoeLayerWeights& g,
-                               ExpertWgradPasses* passes, int64_t layer, EpPending* prefetched) {
+                               ExpertWgradPasses& passes, int64_t layer, EpPending* prefetched) {
   auto wgrad = [&](ExpertWgradPasses::Which which, const Tensor& dy, const Tensor& x, Tensor& dw) {
-    if (passes)
-      passes->add(layer, which, dy, x, acts.expert_offsets, dw, env.stream);
-    else
-      cuda::grouped_gemm_wgrad(dy, x, acts.expert_offsets, dw, /*accumulate=*/true, env.stream);
+    passes.add(layer, which, dy, x, acts.expert_offsets, dw, env.stream);
   };
   const Qwen3MoeConfig& c = *env.cfg;
   const int64_t T = env.tokens(), H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok,

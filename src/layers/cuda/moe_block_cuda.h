@@ -42,12 +42,11 @@ void moe_acts_drop_cheap(MoeActsCuda& acts);  // drops n, xg, h
 void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x_mid, MoeActsCuda& acts);
 // dout BF16 [T, H] -> dn BF16 [T, H] (gradient of the normalised input). aux_dp (F32 [E] or undefined):
 // the aux-loss gradient w.r.t. the router probabilities. Parameter gradients are added into g; the
-// expert weights' go through `passes` (layer `layer`: pairing, first-pass overwrite) when given, else are
-// added at once.
+// expert weights' go through `passes` (layer `layer`: pairing, first-pass overwrite).
 // dout_all (all_gather EP, optional): dout's all-gather already started (ep_all_gather_async); it is
 // joined here instead of gathering again.
 Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const MoeActsCuda& acts,
                                const Tensor& dout, const Tensor& aux_dp, Qwen3MoeLayerWeights& g,
-                               ExpertWgradPasses* passes = nullptr, int64_t layer = 0, EpPending* dout_all = nullptr);
+                               ExpertWgradPasses& passes, int64_t layer, EpPending* dout_all = nullptr);
 
 }  // namespace mt

@@ -240,8 +240,7 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
     lenv.layer = l;
     if (rc == Recompute::full && dout_all.pending) ep_join(*env.ep, dout_all, ctx.stream);  // the recompute gathers too
     layer_restore(lenv, L, A, rc);
-    Tensor dn = moe_block_backward_cuda(lenv, L, A.moe, dx, aux_dp, G, &wgrad_passes_, l,
-                                        &dout_all);
+    Tensor dn = moe_block_backward_cuda(lenv, L, A.moe, dx, aux_dp, G, wgrad_passes_, l, &dout_all);
     MT_CHECK(!dout_all.pending, "layer {}: the prefetched output-gradient all-gather was not used", l);
     env.phase(Phase::other);
     Tensor dx_mid = env.bf16({T, H});

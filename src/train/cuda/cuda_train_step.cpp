@@ -57,9 +57,8 @@ EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_d
   timer.mark(cuda::Phase::other, stream);
   // The stacked expert gradients are not zeroed: their first wgrad pass of the step stores (the largest
   // gradients; saves the memset and one read of dW per layer).
-  for (size_t i = 0; i < grad_list_.size(); ++i) {
-    Tensor* g = const_cast<Tensor*>(grad_list_[i]);
-    if (is_expert_[i])
+  for (auto& [name, g] : grads_.named_parameters()) {
+    if (param_is_stacked_expert(name))
       model_.overwrite_expert_grad_next(*g);
     else
       cuda::fill_zero_async(*g, stream);
