@@ -9,13 +9,14 @@
 # STAGES: tests (Cuda* gtests) | standard | fp32master | long | mixtune-standard (mixtune side only) |
 #         standard2 | fp32master2 | mixtune-standard2 (two GPUs: EP 2 against FSDP2; kind nvidia-h200-x2) |
 #         mixtune-standard2-a2a (the same with the per-slot all_to_all dispatch) | mixtune-standard2-selective |
+#         nccl-probe (PyTorch's NCCL all-gather / reduce-scatter at the EP 2 sizes, two GPUs) |
 #         mixtune-long (the long workload, mixtune side only; BUDGET_S default 240) |
 #         full8 (eight GPUs, 48 layers, EP 8 against FSDP2; kind nvidia-h200-x8) |
 #         kernels (grouped GEMM + flash-attention microbenchmarks) | profile (ncu: every kernel's time in one
 #         standard-shaped step of 2 layers and 2 micro-batches, profile.csv; ~20 s) | kernels-wgrad1, mixtune-standard-wgrad1
 #         (the same with MIXTUNE_WGRAD_BLOCKS_PER_SM=1) | quickstart (needs .carry/qs.tar.xz)
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -45,6 +46,8 @@ for stage in "$@"; do
                bash bench/side_by_side.sh "$BIN/mixtune" standard2 --mixtune --recompute selective || rc=1 ;;
     mixtune-standard2-a2a) SIDES=mixtune NAME=mixtune-standard2-a2a OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" \
                standard2 --mixtune --ep-dispatch all_to_all || rc=1 ;;
+    nccl-probe) torchrun --nproc-per-node 2 bench/nccl_probe.py > "$OUT/nccl-probe.json" 2> "$OUT/nccl-probe.err" || rc=1
+               cat "$OUT/nccl-probe.json"; tail -3 "$OUT/nccl-probe.err" ;;
     mixtune-standard2) SIDES=mixtune NAME=mixtune-standard2 OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard2 \
                || rc=1 ;;
     mixtune-standard) SIDES=mixtune NAME=mixtune-standard OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "core/error.h"
@@ -17,6 +18,7 @@
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gpu_spin.h"
 #include "kernels/cuda/random_fill.h"
 #include "models/causal_lm.h"
 #include "models/presets.h"
@@ -160,7 +162,9 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   const double ceiling = measure_gemm_ceiling_tflops(device);
   // One layer's expert exchange alone, 20 times, timed on the GPU: what the transport gives without the
   // training around it. all_to_all mode: the dispatch volume (T·k rows of H bf16, (ep-1)/ep of them remote);
-  // all_gather mode: the forward all-gather of T rows.
+  // all_gather mode: the forward all-gather of T rows (and, apart, the forward's reduce-scatter of ep·T
+  // rows). Each burst runs twice: right after the host queues it (host-paced: the host's enqueue and
+  // polling rate can set the time) and queued behind a GPU spin, so that the events time the GPU alone.
   nlohmann::ordered_json probe;
   if (ep) {
     const int g = ep->ranks(), me = ep->me();
@@ -174,27 +178,55 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     cudaEvent_t e0, e1;
     MT_CUDA_CHECK(cudaEventCreate(&e0));
     MT_CUDA_CHECK(cudaEventCreate(&e1));
-    auto once = [&] {
+    struct Burst {
+      double gpu_ms, host_enqueue_ms;
+    };
+    auto burst = [&](const std::function<void()>& once, bool behind_spin) {
+      for (int i = 0; i < 3; ++i) once();
+      ep->comm().wait(ctx.stream, "probe warm-up");
+      if (behind_spin) cuda::gpu_spin(20'000'000, ctx.stream);  // 20 ms: longer than queueing 20 calls
+      MT_CUDA_CHECK(cudaEventRecord(e0, ctx.stream));
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < 20; ++i) once();
+      const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      MT_CUDA_CHECK(cudaEventRecord(e1, ctx.stream));
+      ep->comm().wait(ctx.stream, "probe");
+      float ms = 0;
+      MT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      return Burst{ms / 20.0, host_ms / 20.0};
+    };
+    auto exchange = [&] {
       if (gathers)
         ep->comm().all_gather(a.data(), b.data(), a.numel(), DType::BF16, ctx.stream, "probe");
       else
         ep->comm().all_to_allv(a.data(), first, count, b.data(), first, count, H * 2, ctx.stream, "probe");
     };
-    for (int i = 0; i < 3; ++i) once();
-    ep->comm().wait(ctx.stream, "probe warm-up");
-    MT_CUDA_CHECK(cudaEventRecord(e0, ctx.stream));
-    for (int i = 0; i < 20; ++i) once();
-    MT_CUDA_CHECK(cudaEventRecord(e1, ctx.stream));
-    ep->comm().wait(ctx.stream, "probe");
-    float ms = 0;
-    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    const Burst paced = burst(exchange, false), alone = burst(exchange, true);
     const double remote =
         static_cast<double>(gathers ? (g - 1) * rows : rows - rows / g) * static_cast<double>(H) * 2.0;
+    auto gbs = [&](double ms) { return remote / (ms * 1e-3) / 1e9; };
     probe = {{"operation", gathers ? "all_gather" : "all_to_allv"},
-             {"rows_per_call", rows}, {"remote_bytes_per_call", remote}, {"ms_per_call", ms / 20.0},
-             {"gb_per_s", remote / (ms / 20.0 * 1e-3) / 1e9}};
-    if (log) std::fprintf(log, "expert exchange probe (rank %d): %.3f ms per call, %.1f GB/s\n", me, ms / 20.0,
-                          remote / (ms / 20.0 * 1e-3) / 1e9);
+             {"rows_per_call", rows}, {"remote_bytes_per_call", remote}, {"ms_per_call", paced.gpu_ms},
+             {"gb_per_s", gbs(paced.gpu_ms)}, {"host_enqueue_ms_per_call", paced.host_enqueue_ms},
+             {"gpu_paced_ms_per_call", alone.gpu_ms}, {"gpu_paced_gb_per_s", gbs(alone.gpu_ms)}};
+    if (log)
+      std::fprintf(log, "expert exchange probe (rank %d): %.3f ms per call, %.1f GB/s (host enqueue %.3f ms per "
+                   "call); queued behind a GPU spin: %.3f ms, %.1f GB/s\n", me, paced.gpu_ms, gbs(paced.gpu_ms),
+                   paced.host_enqueue_ms, alone.gpu_ms, gbs(alone.gpu_ms));
+    if (gathers) {
+      // The forward's combine: [g·T, H] partial sums -> this rank's [T, H].
+      auto scatter = [&] {
+        ep->comm().reduce_scatter_sum(b.data(), a.data(), a.numel(), DType::BF16, ctx.stream, "probe");
+      };
+      const Burst rs_paced = burst(scatter, false), rs_alone = burst(scatter, true);
+      probe["reduce_scatter"] = {{"ms_per_call", rs_paced.gpu_ms}, {"host_enqueue_ms_per_call", rs_paced.host_enqueue_ms},
+                                 {"gpu_paced_ms_per_call", rs_alone.gpu_ms},
+                                 {"gpu_paced_gb_per_s", gbs(rs_alone.gpu_ms)}};
+      if (log)
+        std::fprintf(log, "reduce-scatter probe (rank %d): %.3f ms per call (host enqueue %.3f); behind a GPU spin: "
+                     "%.3f ms, %.1f GB/s\n", me, rs_paced.gpu_ms, rs_paced.host_enqueue_ms, rs_alone.gpu_ms,
+                     gbs(rs_alone.gpu_ms));
+    }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
   }

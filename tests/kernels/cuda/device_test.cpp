@@ -9,6 +9,7 @@
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/gpu_spin.h"
 #include "cuda_test_util.h"
 
 namespace mt {
@@ -30,6 +31,28 @@ TEST(CudaDevice, CheckThrowsWithFileLineAndCudaString) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("CUBLAS_STATUS_NOT_SUPPORTED"), std::string::npos) << e.what();
   }
+}
+
+// The bench queues gpu_spin ahead of timed bursts: it must hold the stream for at least the time asked,
+// and not much longer (the bursts' timing starts after it).
+TEST(CudaDevice, GpuSpinHoldsTheStreamForTheTimeAsked) {
+  MT_SKIP_WITHOUT_CUDA();
+  cudaStream_t s = cuda::device_context(0).stream;
+  cudaEvent_t e0, e1;
+  MT_CUDA_CHECK(cudaEventCreate(&e0));
+  MT_CUDA_CHECK(cudaEventCreate(&e1));
+  for (const int64_t ns : {int64_t{200000}, int64_t{2000000}}) {
+    MT_CUDA_CHECK(cudaEventRecord(e0, s));
+    cuda::gpu_spin(ns, s);
+    MT_CUDA_CHECK(cudaEventRecord(e1, s));
+    MT_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    EXPECT_GE(ms, ns * 1e-6 * 0.99) << ns;
+    EXPECT_LT(ms, ns * 1e-6 + 0.5) << ns;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
 }
 
 TEST(CudaDevice, CountNeverThrows) {
