@@ -326,22 +326,13 @@ int main(int argc, char** argv) {
                   [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, *dwp, false, st); },
                   [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, *dwp, true, st); });
       }
-      // The bf16 dW epilogues apart: a first pass (stores only), and accumulating with the old dW
-      // prefetched into shared memory instead of the reduce-adds.
+      // A first pass into bf16 dW (stores only, no reduce-adds): what the reduce traffic costs (bench/NOTES.md 35).
       sm90_row2("wgrad_down_bf16dw_store_sm90", f_dn, dw2h,
                 [&] { mt::cuda::grouped_gemm_wgrad(dy, act, plan.offsets, dw2h, false, st); },
                 [&] { mt::cuda::grouped_gemm_wgrad(dy, act, plan.offsets, dw2h, false, st); });
       sm90_row2("wgrad_gate_up_bf16dw_store_sm90", f_gu, dw1h,
                 [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, dw1h, false, st); },
                 [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, dw1h, false, st); });
-      det::grouped_gemm_wgrad_epilogue_set(det::WgradEpilogue::Prefetch);
-      sm90_row2("wgrad_down_bf16dw_prefetch_sm90", f_dn, dw2h,
-                [&] { mt::cuda::grouped_gemm_wgrad(dy, act, plan.offsets, dw2h, false, st); },
-                [&] { mt::cuda::grouped_gemm_wgrad(dy, act, plan.offsets, dw2h, true, st); });
-      sm90_row2("wgrad_gate_up_bf16dw_prefetch_sm90", f_gu, dw1h,
-                [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, dw1h, false, st); },
-                [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, dw1h, true, st); });
-      det::grouped_gemm_wgrad_epilogue_set(det::WgradEpilogue::Auto);
     }
     // Memory-bound permutation kernels: bytes moved per call.
     struct MemRow {

@@ -13,7 +13,7 @@
 #         mixtune-long (the long workload, mixtune side only; BUDGET_S default 240) |
 #         full8 (eight GPUs, 48 layers, EP 8 against FSDP2; kind nvidia-h200-x8) |
 #         kernels (grouped GEMM + flash-attention microbenchmarks) | kernels-gemm (grouped GEMM only, 4096 and 8192
-#         tokens) | mixtune-standard-prefetch (MIXTUNE_WGRAD_EPILOGUE=prefetch) | profile (ncu: every kernel's time in one
+#         tokens) | profile (ncu: every kernel's time in one
 #         standard-shaped step of 2 layers and 2 micro-batches, profile.csv; ~20 s) | kernels-wgrad1, mixtune-standard-wgrad1
 #         (the same with MIXTUNE_WGRAD_BLOCKS_PER_SM=1) | quickstart (needs .carry/qs.tar.xz)
 set -uo pipefail
@@ -74,8 +74,6 @@ for stage in "$@"; do
         --max-new-tokens 24 --no-thinking ;;
     kernels-gemm) for t in 4096 8192; do "$BIN/mixtune_bench_grouped_gemm" --tokens $t > "$OUT/grouped_gemm_$t.json" 2>&1
                  grep -o '"op": "[a-z_0-9]*", "gflop": [0-9.]*, "ms": [0-9.]*, "tflops": [0-9.]*' "$OUT/grouped_gemm_$t.json"; done ;;
-    mixtune-standard-prefetch) MIXTUNE_WGRAD_EPILOGUE=prefetch SIDES=mixtune NAME=mixtune-standard-prefetch OUT=$OUT \
-               bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     mixtune-standard-unpaired) SIDES=mixtune NAME=mixtune-standard-unpaired OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard --mixtune --no-pair-expert-wgrad || rc=1 ;;
     mixtune-standard-mma) MIXTUNE_GROUPED_GEMM=mma SIDES=mixtune NAME=mixtune-standard-mma OUT=$OUT \

@@ -15,7 +15,6 @@ namespace mt::cuda {
 namespace {
 
 std::atomic<detail::GroupedFwdKernel> g_fwd_kernel{detail::GroupedFwdKernel::Auto};
-std::atomic<detail::WgradEpilogue> g_wgrad_epilogue{detail::WgradEpilogue::Auto};
 
 // The Hopper forward, dgrad and wgrad are the default on cc 9.x (H200 forward: 477 / 387 TFLOP/s for gate_up / down
 // vs 260 / 237 with mma.sync, bit-identical outputs); MIXTUNE_GROUPED_GEMM=mma selects the mma.sync kernels.
@@ -140,8 +139,6 @@ namespace detail {
 
 void grouped_gemm_fwd_kernel_set(GroupedFwdKernel k) { g_fwd_kernel.store(k); }
 GroupedFwdKernel grouped_gemm_fwd_kernel_get() { return g_fwd_kernel.load(); }
-void grouped_gemm_wgrad_epilogue_set(WgradEpilogue e) { g_wgrad_epilogue.store(e); }
-WgradEpilogue grouped_gemm_wgrad_epilogue_get() { return g_wgrad_epilogue.load(); }
 
 }  // namespace detail
 

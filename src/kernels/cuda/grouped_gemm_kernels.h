@@ -45,13 +45,4 @@ enum class GroupedFwdKernel { Auto, MmaSync, Wgmma };
 void grouped_gemm_fwd_kernel_set(GroupedFwdKernel k);
 GroupedFwdKernel grouped_gemm_fwd_kernel_get();
 
-// How the Hopper wgrad accumulates into a bf16 dW: Reduce, TMA reduce-adds at L2 (two roundings: the
-// sum to bf16, then the bf16 add); Prefetch, the old dW tile loaded into shared memory under the tile's
-// MMAs, added there (the same two roundings) and stored. Auto: MIXTUNE_WGRAD_EPILOGUE=reduce|prefetch
-// (read once), else the default. F32 dW and overwriting passes always take the reduce/store epilogue.
-// Process-wide; tests and the bench use this.
-enum class WgradEpilogue { Auto, Reduce, Prefetch };
-void grouped_gemm_wgrad_epilogue_set(WgradEpilogue e);
-WgradEpilogue grouped_gemm_wgrad_epilogue_get();
-
 }  // namespace mt::cuda::detail

@@ -1,6 +1,5 @@
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
@@ -42,19 +41,17 @@ struct WgradArgs {
   bool accumulate;
 };
 
-// Shared memory: the stages (fewer than the forward's: room for the output), the output room, the barriers,
-// both segments' offsets. Output room: reduce epilogue, two 8 KiB staging buffers per consumer warpgroup;
-// prefetch epilogue, the whole bf16 dW tile ([warpgroup][128-byte column chunk] boxes of 64 rows), which
-// TMA fills with the old dW while the tile's MMAs run.
-template <int BN, bool PREFETCH>
+// Shared memory: the stages (fewer than the forward's: room for the output staging), two 8 KiB staging
+// buffers per consumer warpgroup, the barriers, both segments' offsets.
+template <int BN>
 struct WgradCfg {
   static constexpr int STAGES = BN == 256 ? 3 : 5;
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;  // a multiple of 1024
-  static constexpr int OUT_BYTES = 64 * 128;               // one staging buffer / box: 64 rows of 128 bytes
-  static constexpr int OUT_TOTAL = PREFETCH ? 2 * (BN / 64) * OUT_BYTES : 2 * 2 * OUT_BYTES;
-  static constexpr int BAR_BYTES = 2 * STAGES * 8 + 2 * 8;  // full[], empty[], old_full, old_empty
+  static constexpr int OUT_BYTES = 64 * 128;               // one staging buffer: 64 rows of 128 bytes
+  static constexpr int OUT_TOTAL = 2 * 2 * OUT_BYTES;      // [consumer warpgroup][buffer]
+  static constexpr int BAR_BYTES = 2 * STAGES * 8;
   static size_t smem_bytes(int E) {
     return 1024 + PIPE_BYTES + OUT_TOTAL + BAR_BYTES + 2 * static_cast<size_t>(E + 1) * sizeof(int);
   }
@@ -98,18 +95,13 @@ __device__ __forceinline__ void warpgroup_sync(int c) {
 }
 #endif
 
-// PREFETCH (bf16 dW, accumulating): instead of the reduce-adds, the producer loads the tile's old dW into
-// shared memory once the tile's first stages are queued; the consumers add their sums to it in place
-// (rounded to bf16 first, then added and rounded again: the same two roundings as the reduce-add) and
-// TMA stores it back. Plain loads and stores instead of L2 reductions.
-template <int BN, bool DW_BF16, bool PREFETCH>
+template <int BN, bool DW_BF16>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_wgrad_sm90_kernel(const __grid_constant__ CUtensorMap map_dy1, const __grid_constant__ CUtensorMap map_x1,
                               const __grid_constant__ CUtensorMap map_dy2, const __grid_constant__ CUtensorMap map_x2,
                               const __grid_constant__ CUtensorMap map_dw, WgradArgs p) {
 #if MT_SM90A_DEVICE
-  static_assert(!PREFETCH || DW_BF16, "the prefetch epilogue holds a bf16 dW tile");
-  using Cfg = WgradCfg<BN, PREFETCH>;
+  using Cfg = WgradCfg<BN>;
   constexpr int STAGES = Cfg::STAGES;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -117,7 +109,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   unsigned char* smem = smem_raw + (base - raw);
   const uint32_t sA = base, sB = base + STAGES * A_BYTES, sOut = base + Cfg::PIPE_BYTES;
   const uint32_t full_bar = sOut + Cfg::OUT_TOTAL, empty_bar = full_bar + STAGES * 8;
-  const uint32_t old_full = empty_bar + STAGES * 8, old_empty = old_full + 8;  // PREFETCH
   int* s_off1 = reinterpret_cast<int*>(smem + Cfg::PIPE_BYTES + Cfg::OUT_TOTAL + Cfg::BAR_BYTES);
   int* s_off2 = s_off1 + (p.E + 1);
   const int tid = threadIdx.x;
@@ -128,8 +119,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(full_bar + 8 * s, 1);
       mbar_init(empty_bar + 8 * s, CONSUMER_THREADS);
     }
-    mbar_init(old_full, 1);
-    mbar_init(old_empty, 2);  // one elected thread per consumer warpgroup
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   }
@@ -170,12 +159,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         tma_prefetch_map(&map_x2);
       }
       int stage = 0;
-      uint32_t phase = 0, old_phase = 0;
+      uint32_t phase = 0;
       for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
         const Tile tl = tile_of(t);
-        // PREFETCH: the old dW after the tile's first stages (those must not wait behind the previous
-        // tile's stores), long before the tile's epilogue needs it.
-        const int old_at = min(tl.kt, STAGES) - 1;
         for (int kb = 0; kb < tl.kt; ++kb) {
           mbar_wait(empty_bar + 8 * stage, phase ^ 1);
           const uint32_t fb = full_bar + 8 * stage;
@@ -190,19 +176,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
           for (int j = 0; j < BN / 64; ++j) tma_load_2d(b + j * (BK * 128), mx, fb, tl.n0 + 64 * j, row);
           if (++stage == STAGES) stage = 0, phase ^= 1;
-          if constexpr (PREFETCH) {
-            if (kb == old_at) {
-              mbar_wait(old_empty, old_phase ^ 1);  // the previous tile's stores have read the room
-              mbar_arrive_expect_tx(old_full, Cfg::OUT_TOTAL);
-#pragma unroll
-              for (int c = 0; c < 2; ++c)
-#pragma unroll
-                for (int ch = 0; ch < BN / 64; ++ch)
-                  tma_load_3d(sOut + (c * (BN / 64) + ch) * Cfg::OUT_BYTES, &map_dw, old_full, tl.n0 + 64 * ch,
-                              tl.m0 + 64 * c, tl.e);
-              old_phase ^= 1;
-            }
-          }
         }
       }
     }
@@ -215,7 +188,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint32_t out_count = 0;                  // chunks this warpgroup has staged (buffer = out_count & 1)
     float acc[BN / 2];
     int stage = 0;
-    uint32_t phase = 0, old_phase = 0;
+    uint32_t phase = 0;
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
       const Tile tl = tile_of(t);
       if (tl.kt == 0) {
@@ -258,42 +231,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       // ---- epilogue: per warp 16 m-rows; per 8-column group j the thread holds rows g and g + 8, columns
       // 2q, 2q + 1 (accumulators 4j .. 4j + 3). Chunks of 128 bytes of columns (CW of them) go through the
       // staging buffer: 16-byte unit u of row r sits at unit u ^ (r % 8) (the 128-byte swizzle TMA reads).
-      if constexpr (PREFETCH) {
-        // The old dW tile is in shared memory (same swizzled layout as the staging buffers): add in place,
-        // then one TMA store per 128-byte column chunk of this warpgroup's 64 rows.
-        mbar_wait(old_full, old_phase);
-        old_phase ^= 1;
-#pragma unroll
-        for (int ch = 0; ch < BN / 64; ++ch) {
-          const uint32_t buf = sOut + (c * (BN / 64) + ch) * Cfg::OUT_BYTES;
-#pragma unroll
-          for (int jj = 0; jj < 8; ++jj) {
-            const int j = ch * 8 + jj;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int r = 16 * w + g + 8 * h;
-              const int byte = (8 * jj + 2 * q) * 2;
-              const uint32_t at = buf + r * 128 + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15));
-              uint32_t old;
-              asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(old) : "r"(at) : "memory");
-              const float2 o = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&old));
-              const float2 a2 = __bfloat1622float2(__floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
-              sts_u32(at, pack_bf16(o.x + a2.x, o.y + a2.y));
-            }
-          }
-        }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        warpgroup_sync(c);
-        if (elected) {
-#pragma unroll
-          for (int ch = 0; ch < BN / 64; ++ch)
-            tma_store_3d(&map_dw, sOut + (c * (BN / 64) + ch) * Cfg::OUT_BYTES, tl.n0 + 64 * ch, tl.m0 + 64 * c, tl.e);
-          bulk_commit();
-          bulk_wait_read<0>();  // the room is free for the next tile's old dW
-          mbar_arrive(old_empty);
-        }
-        continue;
-      }
       constexpr int ESZ = DW_BF16 ? 2 : 4, CW = 128 / ESZ;
 #pragma unroll
       for (int ch = 0; ch < BN / CW; ++ch) {
@@ -337,27 +274,12 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
 }
 
-// Accumulating into bf16 dW: prefetch epilogue (load, add, store) or reduce-adds at L2
-// (grouped_gemm_wgrad_epilogue_set, then MIXTUNE_WGRAD_EPILOGUE, then the default).
-bool wgrad_prefetch_epilogue() {
-  using detail::WgradEpilogue;
-  static const WgradEpilogue from_env = [] {
-    const char* e = std::getenv("MIXTUNE_WGRAD_EPILOGUE");
-    if (e && std::string(e) == "prefetch") return WgradEpilogue::Prefetch;
-    if (e && std::string(e) == "reduce") return WgradEpilogue::Reduce;
-    return WgradEpilogue::Auto;
-  }();
-  WgradEpilogue e = detail::grouped_gemm_wgrad_epilogue_get();
-  if (e == WgradEpilogue::Auto) e = from_env;
-  return e == WgradEpilogue::Prefetch;  // Auto: reduce
-}
-
-template <int BN, bool DW_BF16, bool PREFETCH = false>
+template <int BN, bool DW_BF16>
 void launch_wgrad(const CUtensorMap* maps, const WgradArgs& a, int sm_count, cudaStream_t stream) {
   const int64_t tiles = static_cast<int64_t>(a.E) * ((a.M + BM - 1) / BM) * ((a.N + BN - 1) / BN);
   if (tiles <= 0) return;
-  const size_t smem = WgradCfg<BN, PREFETCH>::smem_bytes(a.E);
-  auto kern = grouped_wgrad_sm90_kernel<BN, DW_BF16, PREFETCH>;
+  const size_t smem = WgradCfg<BN>::smem_bytes(a.E);
+  auto kern = grouped_wgrad_sm90_kernel<BN, DW_BF16>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int grid = static_cast<int>(std::min<int64_t>(tiles, std::max(sm_count, 1)));
   kern<<<grid, THREADS, smem, stream>>>(maps[0], maps[1], maps[2], maps[3], maps[4], a);
@@ -401,10 +323,7 @@ void grouped_gemm_wgrad_sm90_launch(const void* dy, const void* x, int64_t rows,
   maps[4] = make_map("dw", dw, 3, wdims, wstrides, 64, /*f32=*/!dw_bf16);
   const WgradArgs a{offsets, two ? offsets2 : nullptr, E, M, N, accumulate};
   const bool wide = pick_bn(N) == 256;
-  if (dw_bf16 && accumulate && wgrad_prefetch_epilogue())
-    wide ? launch_wgrad<256, true, true>(maps, a, sm_count, stream)
-         : launch_wgrad<128, true, true>(maps, a, sm_count, stream);
-  else if (dw_bf16)
+  if (dw_bf16)
     wide ? launch_wgrad<256, true>(maps, a, sm_count, stream) : launch_wgrad<128, true>(maps, a, sm_count, stream);
   else
     wide ? launch_wgrad<256, false>(maps, a, sm_count, stream) : launch_wgrad<128, false>(maps, a, sm_count, stream);

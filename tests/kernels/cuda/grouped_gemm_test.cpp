@@ -373,22 +373,9 @@ TEST(CudaGroupedGemm, Sm90WgradMatchesDoubleReference) {
     Tensor dw2 = cuda::to_device(start, 0);
     cuda::grouped_gemm_wgrad(ddy, dx, offsets, dw2, /*accumulate=*/true, stream0());
     test::expect_norm(test::device_floats(dw2), want_acc, 1e-5, 1e-5, "wgmma wgrad (accumulate)");
-    // Both bf16 epilogues (reduce-adds at L2; old tile prefetched, added in shared memory, stored): the
-    // same two roundings, so the same bits where L2 rounds to nearest even as the SM does.
-    std::vector<float> by_epilogue[2];
-    for (const auto epi : {cuda::detail::WgradEpilogue::Reduce, cuda::detail::WgradEpilogue::Prefetch}) {
-      cuda::detail::grouped_gemm_wgrad_epilogue_set(epi);
-      const bool pre = epi == cuda::detail::WgradEpilogue::Prefetch;
-      Tensor dw3 = test::device_from_host(start, DType::BF16);
-      cuda::grouped_gemm_wgrad(ddy, dx, offsets, dw3, /*accumulate=*/true, stream0());
-      by_epilogue[pre] = test::device_floats(dw3);
-      test::expect_norm(by_epilogue[pre], want_acc, 8e-3, 3e-3,
-                        pre ? "wgmma wgrad (bf16 accumulate, prefetch epilogue)" : "wgmma wgrad (bf16 accumulate)");
-    }
-    cuda::detail::grouped_gemm_wgrad_epilogue_set(cuda::detail::WgradEpilogue::Auto);
-    int64_t differ = 0;
-    for (size_t i = 0; i < by_epilogue[0].size(); ++i) differ += by_epilogue[0][i] != by_epilogue[1][i];
-    EXPECT_EQ(differ, 0) << "bf16 dW values where the two epilogues differ, of " << by_epilogue[0].size();
+    Tensor dw3 = test::device_from_host(start, DType::BF16);
+    cuda::grouped_gemm_wgrad(ddy, dx, offsets, dw3, /*accumulate=*/true, stream0());
+    test::expect_norm(test::device_floats(dw3), want_acc, 8e-3, 3e-3, "wgmma wgrad (bf16 accumulate)");
   }
 }
 

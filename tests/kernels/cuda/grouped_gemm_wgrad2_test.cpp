@@ -52,23 +52,16 @@ TEST(CudaGroupedGemm, WgradOfTwoSegmentsMatchesSumOfBoth) {
   Tensor dy2 = test::host_random({n2, Nout}, 23, 1.0f, true), x2 = test::host_random({n2, K}, 24, 1.0f, true);
   namespace det = cuda::detail;
   struct Restore {
-    ~Restore() {
-      det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Auto);
-      det::grouped_gemm_wgrad_epilogue_set(det::WgradEpilogue::Auto);
-    }
+    ~Restore() { det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Auto); }
   } restore;
   std::vector<det::GroupedFwdKernel> kernels = {det::GroupedFwdKernel::MmaSync};
   if (cuda::device_context(0).cc_major == 9 && det::grouped_gemm_sm90_compiled())
     kernels.push_back(det::GroupedFwdKernel::Wgmma);
   for (const det::GroupedFwdKernel kernel : kernels)
-  for (const det::WgradEpilogue epi : {det::WgradEpilogue::Reduce, det::WgradEpilogue::Prefetch})
   for (const bool bf16 : {false, true}) {
-    if (epi == det::WgradEpilogue::Prefetch && (kernel != det::GroupedFwdKernel::Wgmma || !bf16)) continue;
     det::grouped_gemm_fwd_kernel_set(kernel);
-    det::grouped_gemm_wgrad_epilogue_set(epi);
     SCOPED_TRACE(testing::Message() << (kernel == det::GroupedFwdKernel::Wgmma ? "wgmma, " : "mma.sync, ")
-                                    << (bf16 ? "bf16 dW" : "fp32 dW")
-                                    << (epi == det::WgradEpilogue::Prefetch ? ", prefetch epilogue" : ""));
+                                    << (bf16 ? "bf16 dW" : "fp32 dW"));
     Tensor start = test::host_random({E, Nout, K}, 25, 1.0f, /*bf16_values=*/true);
     std::vector<double> want(static_cast<size_t>(E) * Nout * K);
     const std::vector<float> sv = start.to_floats();
