@@ -202,51 +202,62 @@ std::string index_json(int64_t total_parameters, int64_t total_size,
 
 }  // namespace
 
-std::vector<std::string> checkpoint_write_tensors(const std::string& dir,
-                                                  const std::vector<std::pair<std::string, Tensor>>& tensors,
-                                                  const CheckpointWriteOptions& options) {
+namespace {
+
+// What a save writes: the shards (file, members) and whether an index goes with them; checked up front so
+// that a bad tensor fails the save before any shard is written.
+struct SavePlan {
+  std::vector<ShardPlan> shards;
+  bool write_index = false;
+  int64_t total_parameters = 0, total_size = 0;
+};
+
+SavePlan save_plan(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                   const CheckpointWriteOptions& options) {
   if (options.max_shard_bytes <= 0)
     fail("writing checkpoint {}: max shard size must be positive, found {}", dir, options.max_shard_bytes);
+  SavePlan p;
   std::set<std::string> seen;
-  int64_t total_parameters = 0, total_size = 0;
   for (const auto& [name, t] : tensors) {
     if (!seen.insert(name).second) fail("writing checkpoint {}: duplicate tensor {}", dir, json_quote_short(name));
     if (!utf8_valid(name)) fail("writing checkpoint {}: tensor name {} is not valid UTF-8", dir, json_quote_short(name));
     if (!t.defined()) fail("writing checkpoint {}: tensor {} is undefined", dir, json_quote_short(name));
-    // Checked up front so that a bad tensor fails the save before any shard is written.
     if (!t.device().is_cpu())
       fail("writing checkpoint {}: tensor {} is on {}, expected cpu", dir, json_quote_short(name), t.device().str());
-    total_parameters += t.numel();
-    total_size += static_cast<int64_t>(t.nbytes());
+    p.total_parameters += t.numel();
+    p.total_size += static_cast<int64_t>(t.nbytes());
   }
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) fail("cannot create checkpoint directory {}: {}", dir, ec.message());
-
   const bool with_index = options.shard_of.has_value();
-  std::vector<ShardPlan> plan = with_index ? plan_from_mapping(tensors, *options.shard_of, dir)
-                                           : plan_greedy(tensors, options.max_shard_bytes);
-  const bool write_index = with_index || plan.size() > 1;
+  p.shards = with_index ? plan_from_mapping(tensors, *options.shard_of, dir) : plan_greedy(tensors, options.max_shard_bytes);
+  p.write_index = with_index || p.shards.size() > 1;
+  return p;
+}
 
+std::vector<std::pair<std::string, Tensor>> shard_members(const ShardPlan& shard,
+                                                          const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::vector<std::pair<std::string, Tensor>> part;
+  for (size_t i : shard.members) part.push_back(tensors[i]);
+  return part;
+}
+
+// Writes the index (when the plan has one) and removes model*.safetensors files and an index of an earlier
+// save that this one did not write. Returns the file names of this save, index last.
+std::vector<std::string> finish_save(const std::string& dir, const SavePlan& p,
+                                     const std::vector<std::pair<std::string, Tensor>>& tensors) {
   std::vector<std::string> written;
   std::map<std::string, std::string> weight_map;
-  for (const auto& shard : plan) {
-    std::vector<std::pair<std::string, Tensor>> part;
-    for (size_t i : shard.members) {
-      part.push_back(tensors[i]);
-      weight_map[tensors[i].first] = shard.file;
-    }
-    safetensors_write(dir + "/" + shard.file, part);
+  for (const auto& shard : p.shards) {
+    for (size_t i : shard.members) weight_map[tensors[i].first] = shard.file;
     written.push_back(shard.file);
   }
-  if (write_index) {
-    const std::string text = index_json(total_parameters, total_size, weight_map);
+  if (p.write_index) {
+    const std::string text = index_json(p.total_parameters, p.total_size, weight_map);
     file_write_atomic(dir + "/" + kIndexFile, {text});
     written.push_back(kIndexFile);
   }
-
   // Files of an earlier save that this one replaced; a reader must not pick them up.
   const std::set<std::string> keep(written.begin(), written.end());
+  std::error_code ec;
   for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
     const std::string f = it->path().filename().string();
     const bool ours = (f.rfind("model", 0) == 0 && ends_with(f, ".safetensors")) || f == kIndexFile;
@@ -258,6 +269,40 @@ std::vector<std::string> checkpoint_write_tensors(const std::string& dir,
   }
   if (ec) fail("writing checkpoint {}: cannot list the directory: {}", dir, ec.message());
   return written;
+}
+
+void create_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail("cannot create checkpoint directory {}: {}", dir, ec.message());
+}
+
+}  // namespace
+
+std::vector<std::string> checkpoint_write_tensors(const std::string& dir,
+                                                  const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                                  const CheckpointWriteOptions& options) {
+  const SavePlan p = save_plan(dir, tensors, options);
+  create_dir(dir);
+  for (const auto& shard : p.shards) safetensors_write(dir + "/" + shard.file, shard_members(shard, tensors));
+  return finish_save(dir, p, tensors);
+}
+
+std::vector<std::string> checkpoint_shared_create(const std::string& dir,
+                                                  const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                                  const CheckpointWriteOptions& options) {
+  const SavePlan p = save_plan(dir, tensors, options);
+  create_dir(dir);
+  for (const auto& shard : p.shards)
+    safetensors_shared_create(dir + "/" + shard.file, shard_members(shard, tensors), {{"format", "pt"}});
+  return finish_save(dir, p, tensors);
+}
+
+void checkpoint_shared_write(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                             const CheckpointWriteOptions& options, const RowsOf& rows_of) {
+  const SavePlan p = save_plan(dir, tensors, options);
+  for (const auto& shard : p.shards)
+    safetensors_shared_write(dir + "/" + shard.file, shard_members(shard, tensors), {{"format", "pt"}}, rows_of);
 }
 
 int64_t parse_size_bytes(const std::string& s) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "io/safetensors_shared.h"
 
 namespace mt {
 
@@ -54,6 +55,16 @@ struct CheckpointWriteOptions {
 std::vector<std::string> checkpoint_write_tensors(const std::string& dir,
                                                   const std::vector<std::pair<std::string, Tensor>>& tensors,
                                                   const CheckpointWriteOptions& options = {});
+
+// The same files written by several processes (io/safetensors_shared.h): the lead creates every shard
+// (header, full size) and the index with checkpoint_shared_create; then each process writes the rows it
+// holds with checkpoint_shared_write. Every process passes the same names, dtypes, shapes and options.
+// Once all parts are written: byte for byte what checkpoint_write_tensors writes.
+std::vector<std::string> checkpoint_shared_create(const std::string& dir,
+                                                  const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                                  const CheckpointWriteOptions& options = {});
+void checkpoint_shared_write(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                             const CheckpointWriteOptions& options, const RowsOf& rows_of);
 
 // "5GB" -> 5e9, "2MiB" -> 2097152, "1000" -> 1000: units B, KB/MB/GB/TB (powers of 10),
 // KiB/MiB/GiB/TiB (powers of 2), case-insensitive. mt::Error names a bad value.

@@ -213,8 +213,8 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
   return Tensor::from_storage(data_, i.begin, i.shape, i.dtype);
 }
 
-void safetensors_write(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+SafetensorsLayout safetensors_layout(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                     const std::map<std::string, std::string>& metadata) {
   std::set<std::string> seen;
   std::vector<const std::pair<std::string, Tensor>*> order;
   for (const auto& item : tensors) {
@@ -263,14 +263,32 @@ void safetensors_write(const std::string& path, const std::vector<std::pair<std:
   header += '}';
   header.append((8 - header.size() % 8) % 8, ' ');
 
+  SafetensorsLayout l;
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(header.size() >> (8 * i));
+  l.prefix.assign(reinterpret_cast<const char*>(len_bytes), 8);
+  l.prefix += header;
+  uint64_t at = l.prefix.size();
+  for (const auto* item : order) {
+    l.order.push_back(item->first);
+    l.offset[item->first] = at;
+    at += item->second.nbytes();
+  }
+  l.file_bytes = at;
+  return l;
+}
+
+void safetensors_write(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const SafetensorsLayout l = safetensors_layout(path, tensors, metadata);
+  std::unordered_map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : tensors) by_name[name] = &t;
   std::vector<std::string_view> pieces;
-  pieces.emplace_back(reinterpret_cast<const char*>(len_bytes), 8);
-  pieces.emplace_back(header);
-  for (const auto* item : order)
-    if (item->second.nbytes() > 0)
-      pieces.emplace_back(static_cast<const char*>(item->second.data()), item->second.nbytes());
+  pieces.emplace_back(l.prefix);
+  for (const std::string& name : l.order) {
+    const Tensor& t = *by_name[name];
+    if (t.nbytes() > 0) pieces.emplace_back(static_cast<const char*>(t.data()), t.nbytes());
+  }
   file_write_atomic(path, pieces);
 }
 

@@ -47,6 +47,18 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// Where safetensors_write puts everything: `prefix` (the 8-byte header length and the padded header),
+// then the tensors' data; offset[name] is a tensor's first byte in the file. Checks what
+// safetensors_write checks (`path` names the file in errors).
+struct SafetensorsLayout {
+  std::string prefix;
+  std::vector<std::string> order;  // data order
+  std::unordered_map<std::string, uint64_t> offset;
+  uint64_t file_bytes = 0;
+};
+SafetensorsLayout safetensors_layout(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                     const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
 // Writes `tensors` to `path` atomically (temp file in the same directory, fsync, rename).
 // Byte-identical to Python safetensors.torch.save_file: header `__metadata__` first, then
 // tensors by dtype descending and name ascending, data in the same order. Metadata keys are

@@ -203,12 +203,12 @@ void CausalLM::save_pretrained(const std::string& dir, const SaveOptions& option
   out.commit();
 }
 
-void CausalLM::write_pretrained_files(const std::string& dir, const SaveOptions& options) const {
-  if (experts_partial)
-    fail("{}: cannot save a model loaded with only some of its experts (LoadOptions::expert_count)", dir);
+CausalLM::SaveLayout CausalLM::save_layout(const SaveOptions& options) const {
   // Transformers sorts the names of models it converts on load (qwen3_moe); others keep state_dict order.
-  auto tensors = config.model_type == "qwen3_moe" ? hf_save_order(weights.to_hf(config)) : weights.to_hf(config);
-  CheckpointWriteOptions wo;
+  SaveLayout l;
+  auto& tensors = l.tensors;
+  tensors = config.model_type == "qwen3_moe" ? hf_save_order(weights.to_hf(config)) : weights.to_hf(config);
+  CheckpointWriteOptions& wo = l.write;
   wo.max_shard_bytes = std::numeric_limits<int64_t>::max();
   // The source layout is reused only when it still describes these tensors (same names, same dtype).
   if (options.reuse_source_sharding && !options.max_shard_bytes && !source_shard_of.empty() &&
@@ -221,6 +221,10 @@ void CausalLM::write_pretrained_files(const std::string& dir, const SaveOptions&
     auto mapping = hf_shard_mapping(tensors, options.max_shard_bytes.value_or(50'000'000'000));
     if (!mapping.empty()) wo.shard_of = std::move(mapping);
   }
+  return l;
+}
+
+void CausalLM::write_metadata_files(const std::string& dir) const {
   Qwen3MoeConfig cfg = config;
   cfg.dtype = dtype;
   write_text(fs::path(dir) / "config.json", cfg.to_json().dump(2) + "\n");
@@ -238,7 +242,36 @@ void CausalLM::write_pretrained_files(const std::string& dir, const SaveOptions&
       if (config.raw.contains(k) && !config.raw[k].is_null()) g[k] = config.raw[k];
     write_text(fs::path(dir) / "generation_config.json", g.dump(2) + "\n");
   }
-  checkpoint_write_tensors(dir, tensors, wo);
+}
+
+void CausalLM::write_pretrained_files(const std::string& dir, const SaveOptions& options) const {
+  if (experts_partial)
+    fail("{}: cannot save a model loaded with only some of its experts (LoadOptions::expert_count)", dir);
+  const SaveLayout l = save_layout(options);
+  write_metadata_files(dir);
+  checkpoint_write_tensors(dir, l.tensors, l.write);
+}
+
+void CausalLM::write_pretrained_layout(const std::string& dir, const SaveOptions& options) const {
+  const SaveLayout l = save_layout(options);
+  write_metadata_files(dir);
+  checkpoint_shared_create(dir, l.tensors, l.write);
+}
+
+void CausalLM::write_pretrained_rows(const std::string& dir, const RowsOf& rows_of, const SaveOptions& options) const {
+  const SaveLayout l = save_layout(options);
+  checkpoint_shared_write(dir, l.tensors, l.write, rows_of);
+}
+
+int64_t hf_expert_index(const std::string& name) {
+  static const std::string key = ".mlp.experts.";
+  const size_t at = name.find(key);
+  if (at == std::string::npos) return -1;
+  size_t i = at + key.size();
+  int64_t e = 0;
+  const size_t start = i;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9' && i - start < 9) e = e * 10 + (name[i++] - '0');
+  return i > start && i < name.size() && name[i] == '.' ? e : -1;
 }
 
 }  // namespace mt

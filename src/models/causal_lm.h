@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "io/checkpoint_files.h"
 #include "models/qwen3_moe_config.h"
 #include "models/qwen3_moe_weights.h"
 
@@ -40,6 +41,12 @@ class CausalLM {
   // The same files written into an existing directory, without the atomic swap: for callers that
   // assemble a larger all-or-nothing directory (training checkpoints) themselves.
   void write_pretrained_files(const std::string& dir, const SaveOptions& options = {}) const;
+  // The same files written by several processes (a job whose ranks each hold some of the experts; see
+  // io/safetensors_shared.h): the lead writes the metadata files and lays out the weight files; after a
+  // barrier every process writes the rows of the HF tensors rows_of gives it (HF names: per-expert
+  // tensors). Allowed on an experts_partial model: the caller makes sure every row has a writer.
+  void write_pretrained_layout(const std::string& dir, const SaveOptions& options = {}) const;
+  void write_pretrained_rows(const std::string& dir, const RowsOf& rows_of, const SaveOptions& options = {}) const;
   // Converts the parameters to `dtype` (the source shard mapping is kept; bytes change).
   void cast(DType dtype);
 
@@ -51,7 +58,18 @@ class CausalLM {
   std::map<std::string, std::string> source_shard_of;  // tensor -> shard file, when loaded from shards
   DType source_dtype = DType::F32;
   bool experts_partial = false;  // loaded with LoadOptions::expert_count: the other experts are unset
+
+ private:
+  struct SaveLayout {
+    std::vector<std::pair<std::string, Tensor>> tensors;  // HF names, save order
+    CheckpointWriteOptions write;
+  };
+  SaveLayout save_layout(const SaveOptions& options) const;
+  void write_metadata_files(const std::string& dir) const;  // config, generation config, carried files
 };
+
+// The expert index of a per-expert HF tensor name ("model.layers.L.mlp.experts.E.down_proj.weight"), else -1.
+int64_t hf_expert_index(const std::string& name);
 
 // Files besides the weights that a save carries over from the source directory.
 const std::vector<std::string>& carried_file_names();

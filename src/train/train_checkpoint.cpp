@@ -14,6 +14,7 @@
 #include "io/atomic_file.h"
 #include "io/json_text.h"
 #include "io/safetensors.h"
+#include "io/safetensors_shared.h"
 
 namespace fs = std::filesystem;
 
@@ -63,6 +64,30 @@ void prune(const fs::path& run_dir, const std::string& keep_name, int64_t keep_l
   }
 }
 
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+
+std::map<std::string, std::string> optimizer_metadata() { return {{"format", "mixtune-adamw"}}; }
+
+void write_trainer_state(const std::string& dir, const TrainerState& state) {
+  nlohmann::ordered_json j;
+  j["format"] = kStateFormat;
+  j["step"] = state.step;
+  j["optimizer_steps"] = state.optimizer_steps;
+  j["loader"] = {{"epoch", state.loader.epoch}, {"cursor", state.loader.cursor}};
+  j["nonfinite_streak"] = state.nonfinite_streak;
+  j["tokens_seen"] = state.tokens_seen;
+  j["identity"] = state.identity;
+  const std::string text = j.dump(2) + "\n";
+  file_write_atomic((fs::path(dir) / "trainer_state.json").string(), {text});
+}
+
+// `latest` moves only after the checkpoint directory is complete and in place.
+void point_latest_and_prune(const std::string& run_dir, const std::string& name, int64_t keep_last) {
+  const std::string pointer = name + "\n";
+  file_write_atomic((fs::path(run_dir) / "latest").string(), {pointer});
+  prune(run_dir, name, keep_last);
+}
+
 }  // namespace
 
 std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& model, AdamW& optimizer,
@@ -80,23 +105,32 @@ std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& mo
   {
     AtomicDirWriter out(final_dir.string());
     model.write_pretrained_files(out.path());
-    safetensors_write((fs::path(out.path()) / "optimizer.safetensors").string(), tensors,
-                      {{"format", "mixtune-adamw"}});
-    nlohmann::ordered_json j;
-    j["format"] = kStateFormat;
-    j["step"] = state.step;
-    j["optimizer_steps"] = state.optimizer_steps;
-    j["loader"] = {{"epoch", state.loader.epoch}, {"cursor", state.loader.cursor}};
-    j["nonfinite_streak"] = state.nonfinite_streak;
-    j["tokens_seen"] = state.tokens_seen;
-    j["identity"] = state.identity;
-    const std::string text = j.dump(2) + "\n";
-    file_write_atomic((fs::path(out.path()) / "trainer_state.json").string(), {text});
+    safetensors_write((fs::path(out.path()) / kOptimizerFile).string(), tensors, optimizer_metadata());
+    write_trainer_state(out.path(), state);
     out.commit();
   }
-  const std::string pointer = name + "\n";
-  file_write_atomic((fs::path(run_dir) / "latest").string(), {pointer});
-  prune(run_dir, name, keep_last);
+  point_latest_and_prune(run_dir, name, keep_last);
+  return final_dir.string();
+}
+
+std::string train_checkpoint_save_shared(const SaveShare& share, const std::string& run_dir, const CausalLM& model,
+                                         const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                         const TrainerState& state, int64_t keep_last) {
+  const std::string name = checkpoint_name(state.step);
+  const fs::path final_dir = fs::path(run_dir) / name;
+  shared_dir_save(
+      share, final_dir.string(),
+      [&](const std::string& tmp) {
+        model.write_pretrained_layout(tmp);
+        safetensors_shared_create((fs::path(tmp) / kOptimizerFile).string(), tensors, optimizer_metadata());
+        write_trainer_state(tmp, state);
+      },
+      [&](const std::string& tmp) {
+        model.write_pretrained_rows(tmp, [&](const std::string& n, const Tensor& t) { return share.model_rows(n, t); });
+        safetensors_shared_write((fs::path(tmp) / kOptimizerFile).string(), tensors, optimizer_metadata(),
+                                 [&](const std::string& n, const Tensor& t) { return share.state_rows(n, t); });
+      },
+      [&] { point_latest_and_prune(run_dir, name, keep_last); });
   return final_dir.string();
 }
 

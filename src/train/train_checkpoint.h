@@ -14,6 +14,7 @@
 #include "data/dataset.h"
 #include "models/causal_lm.h"
 #include "train/adamw.h"
+#include "train/shared_save.h"
 
 namespace mt {
 
@@ -34,6 +35,13 @@ std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& mo
                                   const TrainerState& state, int64_t keep_last);
 std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& model, AdamW& optimizer,
                                   const TrainerState& state, int64_t keep_last);
+
+// The same checkpoint saved by every rank of a job (train/shared_save.h): every rank calls it with its
+// host model and optimizer state (full shapes; the rows `share` gives this rank hold data), no rank
+// gathers the model. The lead moves `latest` and prunes after the commit.
+std::string train_checkpoint_save_shared(const SaveShare& share, const std::string& run_dir, const CausalLM& model,
+                                         const std::vector<std::pair<std::string, Tensor>>& optimizer_state,
+                                         const TrainerState& state, int64_t keep_last);
 
 // The checkpoint directory `latest` names, or "" when the run has none. A `latest` naming a missing
 // or incomplete directory is an error.

@@ -41,9 +41,11 @@ class TrainEngine {
   virtual EngineEval eval(const Batch& b) = 0;
   virtual int64_t optimizer_steps() const = 0;
   virtual void set_optimizer_steps(int64_t t) = 0;
-  // Brings the trained parameters into the CausalLM the engine was made from (before a save).
+  // Brings the trained parameters into the CausalLM the engine was made from (before a save). In a job of
+  // several ranks, at least the rows this rank writes (train/shared_save.h: SaveShare).
   virtual void weights_to_host() = 0;
-  // Optimizer state as host tensors named "<param>.exp_avg|exp_avg_sq|master" (for optimizer.safetensors).
+  // Optimizer state as host tensors named "<param>.exp_avg|exp_avg_sq|master" (for optimizer.safetensors),
+  // full shapes; in a job of several ranks at least the rows this rank writes hold data.
   virtual std::vector<std::pair<std::string, Tensor>> optimizer_state_host() = 0;
   virtual void optimizer_state_load(const std::string& checkpoint_dir) = 0;
   virtual int64_t peak_memory_bytes() const = 0;    // peak allocated (CPU: host tensors; CUDA: device allocator)

@@ -29,6 +29,7 @@
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
 #include "train/progress.h"
+#include "train/shared_save.h"
 #include "train/train_checkpoint.h"
 #include "train/train_engine.h"
 
@@ -252,6 +253,21 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   progress.message(fmt::format("device: {}{}", engine->device_name(),
                                r.train.device == "auto" ? " (train.device auto: " + device_why + ")" : ""));
 
+  // Saves: in a job of several ranks every rank writes what it holds into the shared files (train/shared_save.h:
+  // no rank gathers the model); alone, the one process writes everything.
+  FinetuneResult result;
+  const SaveShare share = comm ? save_share_for(comm.get(), pg.rank, pg.world, ep, cfg.num_experts) : SaveShare{};
+  auto save_checkpoint = [&] {
+    engine->weights_to_host();  // every rank: the tensors (or expert rows) it writes
+    auto state = engine->optimizer_state_host();
+    if (comm)
+      result.last_checkpoint =
+          train_checkpoint_save_shared(share, run_dir.string(), lm, state, st, r.checkpoint.keep_last);
+    else
+      result.last_checkpoint = train_checkpoint_save(run_dir.string(), lm, state, st, r.checkpoint.keep_last);
+    progress.message(fmt::format("checkpoint: {}", result.last_checkpoint));
+  };
+
   if (!resume_dir.empty()) {
     engine->optimizer_state_load(resume_dir);
     engine->set_optimizer_steps(st.optimizer_steps);
@@ -271,7 +287,6 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
                                r.model.path, lm.weights.parameter_count(), r.model.dtype, total_steps,
                                r.train.grad_accum, r.train.micro_batch_size, r.data.seq_len));
 
-  FinetuneResult result;
   int64_t last_saved_step = resume_dir.empty() ? -1 : st.step;
   std::deque<double> recent_step_seconds;
   std::vector<MicroBatch> window;
@@ -386,12 +401,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
     }
     const bool periodic = r.checkpoint.every_steps > 0 && st.step % r.checkpoint.every_steps == 0;
     if ((periodic && st.step < total_steps) || stop) {
-      engine->weights_to_host();  // every rank: under expert parallelism rank 0 gathers the experts
-      auto state = engine->optimizer_state_host();
-      if (lead) {
-        result.last_checkpoint = train_checkpoint_save(run_dir.string(), lm, state, st, r.checkpoint.keep_last);
-        progress.message(fmt::format("checkpoint: {}", result.last_checkpoint));
-      }
+      save_checkpoint();
       last_saved_step = st.step;
     }
     if (stop) {
@@ -404,18 +414,23 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   }
   progress.finish();
   result.steps = st.step;
-  // Every rank takes part in bringing the weights (and state) to rank 0: under expert parallelism the
-  // other ranks send it their experts. Rank 0 writes the final model.
-  engine->weights_to_host();
-  const bool final_checkpoint = r.checkpoint.every_steps > 0 && last_saved_step != st.step;
-  auto final_state = final_checkpoint ? engine->optimizer_state_host() : std::vector<std::pair<std::string, Tensor>>{};
-  if (!lead) return result;
   // The end state is also a resumable checkpoint when periodic checkpoints are on (a later --resume with a
   // larger max_steps continues from it).
-  if (final_checkpoint)
-    result.last_checkpoint = train_checkpoint_save(run_dir.string(), lm, final_state, st, r.checkpoint.keep_last);
+  if (r.checkpoint.every_steps > 0 && last_saved_step != st.step)
+    save_checkpoint();
+  else
+    engine->weights_to_host();
   result.final_dir = (run_dir / "final").string();
-  lm.save_pretrained(result.final_dir);
+  if (comm) {
+    shared_dir_save(
+        share, result.final_dir, [&](const std::string& tmp) { lm.write_pretrained_layout(tmp); },
+        [&](const std::string& tmp) {
+          lm.write_pretrained_rows(tmp, [&](const std::string& n, const Tensor& t) { return share.model_rows(n, t); });
+        });
+  } else {
+    lm.save_pretrained(result.final_dir);
+  }
+  if (!lead) return result;
   progress.message(fmt::format("final model: {}", result.final_dir));
   const std::string why = loss_plot_write((run_dir / "metrics.jsonl").string(), (run_dir / "loss.png").string());
   if (why.empty())

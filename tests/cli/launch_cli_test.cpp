@@ -149,13 +149,16 @@ TEST_F(LaunchCli, ExpertParallelSizeMustDivide) {
       << slurp(dir / "bad1.log");
 }
 
-// SIGTERM to launch reaches every rank; they agree on the step to stop after, rank 0 checkpoints, the job
-// exits 143; a two-rank --resume finishes the run, and a one-process resume of it is refused.
+// SIGTERM to launch reaches every rank; they agree on the step to stop after, the ranks checkpoint together
+// (experts split over the two ranks: each writes its experts' rows, train/shared_save.h), the job exits 143;
+// a two-rank --resume finishes the run, and a one-process resume of it is refused.
 TEST_F(LaunchCli, SigtermCheckpointsAndTwoRankResumeFinishes) {
   const fs::path p = recipe("stop", 1);
   const fs::path metrics = dir / "stop" / "metrics.jsonl";
   const pid_t pid = test::spawn_mixtune(
-      {"launch", "--nproc", "2", "--", "finetune", p.string(), "--set", "train.max_steps=1000000"}, dir / "stop.log");
+      {"launch", "--nproc", "2", "--", "finetune", p.string(), "--set", "train.max_steps=1000000", "--set",
+       "parallel.ep=2"},
+      dir / "stop.log");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while ((!fs::exists(metrics) || metrics_of(dir / "stop").size() < 3) && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -171,12 +174,28 @@ TEST_F(LaunchCli, SigtermCheckpointsAndTwoRankResumeFinishes) {
   EXPECT_NE(slurp(dir / "one.log").find("world_size is 1 in the recipe but was 2"), std::string::npos)
       << slurp(dir / "one.log");
   ASSERT_EQ(run({"launch", "--nproc", "2", "--", "finetune", p.string(), "--resume", "--set",
-                 "train.max_steps=" + std::to_string(step + 2)},
+                 "train.max_steps=" + std::to_string(step + 2), "--set", "parallel.ep=2"},
                 dir / "resume.log"),
             0)
       << slurp(dir / "resume.log");
   EXPECT_TRUE(fs::exists(dir / "stop" / "final" / "config.json"));
   EXPECT_EQ(metrics_of(dir / "stop").size(), static_cast<size_t>(step + 2));
+  // The checkpoint the ranks wrote together reads back whole: no weight tensor (half of the experts written
+  // by rank 1) is left as a zero-filled hole of the laid-out files (the weights start random, never all zero).
+  const fs::path ck = dir / "stop" / latest.substr(0, latest.find('\n'));
+  int64_t expert_tensors = 0;
+  for (const auto& f : fs::directory_iterator(ck)) {
+    if (f.path().extension() != ".safetensors" || f.path().filename() == "optimizer.safetensors") continue;
+    SafetensorsFile w = SafetensorsFile::open(f.path().string());
+    for (const std::string& name : w.names()) {
+      const std::vector<float> v = w.tensor(name).to_floats();
+      bool any = false;
+      for (float x : v) any = any || x != 0.0f;
+      EXPECT_TRUE(any) << name << " is all zeros";
+      expert_tensors += name.find(".mlp.experts.") != std::string::npos;
+    }
+  }
+  EXPECT_GT(expert_tensors, 8);
 }
 
 // Each rank of a multi-rank job takes the GPU of its LOCAL_RANK; without enough GPUs train.device cuda is

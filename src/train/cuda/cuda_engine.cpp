@@ -135,35 +135,27 @@ class CudaEngine final : public TrainEngine {
   int64_t optimizer_steps() const override { return step_->optimizer().step_count(); }
   void set_optimizer_steps(int64_t t) override { step_->optimizer().set_step_count(t); }
 
-  // Rank 0 writes the checkpoints: under expert parallelism the other ranks of its group send it their
-  // experts (every rank calls this; ranks with nothing to send return at once).
+  // Each rank brings to the host what it writes of a save (train/shared_save.h): rank 0 every tensor that is
+  // not split over ranks, the first expert-parallel group's ranks their experts' rows. Nothing is gathered.
   void weights_to_host() override {
-    if (!writes_output() && !sends_experts()) return;
     if (host_f32_) {
       for (auto& [name, t] : step_->optimizer().named_state())
-        if (ends_with(name, ".master")) to_host_full(name, *t, *host_param(name.substr(0, name.size() - 7)));
-      if (writes_output()) lm_.experts_partial = false;  // every expert gathered in
+        if (ends_with(name, ".master")) to_host_own(name, *t, *host_param(name.substr(0, name.size() - 7)));
       return;
     }
     auto src = weights_.named_parameters();
     auto dst = lm_.weights.named_parameters();
-    for (size_t i = 0; i < src.size(); ++i) to_host_full(src[i].first, *src[i].second, *dst[i].second);
-    if (writes_output()) lm_.experts_partial = false;  // every expert gathered in
+    for (size_t i = 0; i < src.size(); ++i) to_host_own(src[i].first, *src[i].second, *dst[i].second);
   }
 
+  // Full-shaped host tensors (untouched pages cost no memory); this rank's rows filled as in weights_to_host.
   std::vector<std::pair<std::string, Tensor>> optimizer_state_host() override {
     std::vector<std::pair<std::string, Tensor>> r;
-    if (!writes_output() && !sends_experts()) return r;
     for (auto& [name, t] : step_->optimizer().named_state()) {
-      if (!writes_output()) {  // a sender: its experts' state goes to rank 0, nothing is kept here
-        Tensor unused;
-        if (param_is_stacked_expert(name)) to_host_full(name, *t, unused);
-        continue;
-      }
       Shape full = t->shape();
       if (slice_.count >= 0 && param_is_stacked_expert(name)) full[0] = lm_.config.num_experts;
       Tensor h = Tensor::empty(full, t->dtype());
-      to_host_full(name, *t, h);
+      to_host_own(name, *t, h);
       r.emplace_back(name, std::move(h));
     }
     return r;
@@ -212,34 +204,16 @@ class CudaEngine final : public TrainEngine {
   }
 
   bool writes_output() const { return rank_ == 0; }
-  // Ranks 1..ep-1 (the first expert-parallel group) hold experts rank 0 lacks.
-  bool sends_experts() const { return ep_ && rank_ != 0 && rank_ < ep_->ranks(); }
 
-  // dev (this rank's parameter or state tensor) into host (full shape). Under expert parallelism the
-  // first group's ranks send their experts' rows to rank 0, which receives them one rank at a time.
-  void to_host_full(const std::string& name, const Tensor& dev, Tensor& host) {
+  // dev (this rank's parameter or state tensor) into host (full shape), where this rank writes it.
+  void to_host_own(const std::string& name, const Tensor& dev, Tensor& host) {
     if (slice_.count < 0 || !param_is_stacked_expert(name)) {
       if (writes_output()) copy_to_host_converting(dev, host);
       return;
     }
-    cudaStream_t stream = cuda::device_context(device_).stream;
-    NcclCommunicator& ep = ep_->comm();
-    const int64_t el = slice_.count;
-    if (sends_experts()) {
-      Tensor& d = const_cast<Tensor&>(dev);
-      ep.send_recv(d.data(), static_cast<int64_t>(d.nbytes()), ep.rank(), 0, stream, "send(" + name + " experts)");
-      ep.wait(stream, "send(" + name + " experts to rank 0)");
-      return;
-    }
-    Tensor own = host.rows(0, el);
+    if (rank_ >= ep_->ranks()) return;  // a replica of the first group's experts: written there
+    Tensor own = host.rows(slice_.first, slice_.first + slice_.count);
     copy_to_host_converting(dev, own);
-    Tensor buf = Tensor::empty(dev.shape(), dev.dtype(), dev.device());
-    for (int j = 1; j < ep.size(); ++j) {
-      ep.send_recv(buf.data(), static_cast<int64_t>(buf.nbytes()), j, 0, stream, "recv(" + name + " experts)");
-      ep.wait(stream, "recv(" + name + " experts from group rank " + std::to_string(j) + ")");
-      Tensor part = host.rows(j * el, (j + 1) * el);
-      copy_to_host_converting(buf, part);
-    }
   }
 
   static void copy_to_host_converting(const Tensor& dev, Tensor& host) {

@@ -1,0 +1,98 @@
+#include "train/shared_save.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "core/error.h"
+#include "io/atomic_dir.h"
+#include "models/causal_lm.h"
+#include "models/qwen3_moe_weights.h"
+
+namespace mt {
+
+namespace {
+
+std::pair<int64_t, int64_t> all_rows(const Tensor& t) { return {0, t.ndim() == 0 ? 1 : t.dim(0)}; }
+
+// Every rank learns whether any rank failed; this rank's own error wins its message.
+void agree(const SaveShare& share, const std::string& why, const std::string& phase, const std::string& dir) {
+  double failed = why.empty() ? 0.0 : 1.0;
+  share.comm->all_reduce_sum(&failed, 1, "all_reduce(" + phase + " of " + dir + " succeeded)");
+  if (!why.empty()) fail("{}", why);
+  if (failed > 0)
+    fail("rank {}: saving {}: {} failed on {} other rank{} (see their errors); nothing was committed",
+         share.comm->rank(), dir, phase, static_cast<int>(failed), failed > 1 ? "s" : "");
+}
+
+}  // namespace
+
+std::pair<int64_t, int64_t> SaveShare::model_rows(const std::string& hf_name, const Tensor& t) const {
+  const int64_t e = hf_expert_index(hf_name);
+  if (e < 0) return lead ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
+  return e >= expert_first && e < expert_first + expert_count ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
+}
+
+std::pair<int64_t, int64_t> SaveShare::state_rows(const std::string& state_name, const Tensor& t) const {
+  if (!param_is_stacked_expert(state_name)) return lead ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
+  const int64_t rows = t.ndim() == 0 ? 1 : t.dim(0);
+  const int64_t r0 = std::min(expert_first, rows), r1 = std::min(expert_first + expert_count, rows);
+  return r1 > r0 ? std::pair<int64_t, int64_t>{r0, r1} : std::pair<int64_t, int64_t>{0, 0};
+}
+
+SaveShare save_share_for(Communicator* comm, int rank, int world, int64_t ep, int64_t num_experts) {
+  SaveShare s;
+  s.comm = comm;
+  s.lead = rank == 0;
+  const bool split = ep > 1 && world % ep == 0 && num_experts % ep == 0;
+  if (!split) {
+    s.expert_count = s.lead ? num_experts : 0;
+  } else if (rank < ep) {  // the first expert-parallel group; the other groups hold replicas
+    s.expert_count = num_experts / ep;
+    s.expert_first = rank * s.expert_count;
+  }
+  return s;
+}
+
+void shared_dir_save(const SaveShare& share, const std::string& final_dir,
+                     const std::function<void(const std::string& tmp)>& lead_prepare,
+                     const std::function<void(const std::string& tmp)>& write_part,
+                     const std::function<void()>& after_commit) {
+  MT_CHECK(share.comm != nullptr, "shared save of {} without a communicator", final_dir);
+  std::unique_ptr<AtomicDirWriter> out;
+  std::string why;
+  char tmp[4096] = {};
+  if (share.lead) {
+    try {
+      out = std::make_unique<AtomicDirWriter>(final_dir);
+      if (out->path().size() >= sizeof tmp) fail("{}: path longer than {} bytes", out->path(), sizeof tmp - 1);
+      lead_prepare(out->path());
+      std::memcpy(tmp, out->path().data(), out->path().size());
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  share.comm->broadcast(tmp, sizeof tmp, 0, "broadcast(temp directory of " + final_dir + ")");
+  if (tmp[0] == '\0') {
+    if (!why.empty()) fail("{}", why);
+    fail("rank {}: saving {}: rank 0 could not lay out the output (see its error); nothing was committed",
+         share.comm->rank(), final_dir);
+  }
+  try {
+    write_part(tmp);
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  agree(share, why, "writing every rank's part", final_dir);
+  if (share.lead) {
+    try {
+      out->commit();
+      if (after_commit) after_commit();
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  agree(share, why, "the commit", final_dir);
+}
+
+}  // namespace mt

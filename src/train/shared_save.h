@@ -1,0 +1,40 @@
+// Saving from every rank of a job without gathering the model on one rank: each rank writes the tensors
+// (or the expert rows of stacked tensors) it holds into the shared output files (io/safetensors_shared.h).
+// The lead (rank 0) writes everything that is not per expert; the ranks of the first expert-parallel group
+// write their experts; other ranks (replica groups, data-parallel ranks) write nothing but take part in
+// the agreement. The output directory stays all-or-nothing across the job: the lead builds it in a temp
+// directory (AtomicDirWriter) whose path it broadcasts, every rank writes its part there, and the lead
+// commits only once every rank has reported success. An error on any rank fails the save on every rank.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+
+#include "core/tensor.h"
+#include "distributed/communicator.h"
+
+namespace mt {
+
+struct SaveShare {
+  Communicator* comm = nullptr;  // the job's host communicator
+  bool lead = false;
+  int64_t expert_first = 0, expert_count = 0;  // the experts whose rows this rank writes
+  // The rows this rank writes of a Hugging Face tensor (per-expert names) and of an optimizer-state tensor
+  // (stacked experts [E, ...]): all or none, or the expert rows.
+  std::pair<int64_t, int64_t> model_rows(const std::string& hf_name, const Tensor& t) const;
+  std::pair<int64_t, int64_t> state_rows(const std::string& state_name, const Tensor& t) const;
+};
+
+// The share of rank `rank` of a job of `world` ranks with expert-parallel groups of `ep` (1: none; a
+// layout the engines reject, ep not dividing world or experts, counts as none).
+SaveShare save_share_for(Communicator* comm, int rank, int world, int64_t ep, int64_t num_experts);
+
+// lead_prepare(tmp) on the lead (files, layouts), then write_part(tmp) on every rank, then the commit and
+// after_commit() on the lead; each phase's outcome agreed by all ranks. Every rank calls it.
+void shared_dir_save(const SaveShare& share, const std::string& final_dir,
+                     const std::function<void(const std::string& tmp)>& lead_prepare,
+                     const std::function<void(const std::string& tmp)>& write_part,
+                     const std::function<void()>& after_commit = {});
+
+}  // namespace mt

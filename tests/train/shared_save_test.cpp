@@ -1,0 +1,214 @@
+// Saving from every rank of a job (train/shared_save.h) with each rank a thread of this process over the TCP
+// communicator: the files two ranks write together (each holding only its experts' rows, the rest of its
+// tensors garbage) are byte for byte those one writer makes from the complete tensors, sharded model files
+// and a stacked optimizer-state file alike; a rank that fails makes every rank fail and nothing is
+// committed; which rows each rank of a layout writes.
+#include "train/shared_save.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../io/io_test_util.h"
+#include "core/error.h"
+#include "distributed/tcp_socket.h"
+#include "io/checkpoint_files.h"
+#include "io/safetensors.h"
+#include "io/safetensors_shared.h"
+#include "models/causal_lm.h"
+
+namespace mt {
+namespace {
+
+namespace fs = std::filesystem;
+using Named = std::vector<std::pair<std::string, Tensor>>;
+
+int free_port() {
+  int port = 0;
+  tcp_listen("127.0.0.1", 0, &port, "test: free port");
+  return port;
+}
+
+// body(rank, comm) on `world` threads joined by TCP communicators; each rank's error ("" = none).
+std::vector<std::string> run_ranks(int world, const std::function<void(int, Communicator&)>& body) {
+  const int port = free_port();
+  std::vector<std::string> err(world);
+  std::vector<std::thread> t;
+  for (int r = 0; r < world; ++r)
+    t.emplace_back([&, r] {
+      try {
+        ProcessGroupEnv e;
+        e.rank = r, e.world = world, e.master_addr = "127.0.0.1", e.master_port = port;
+        auto comm = tcp_communicator_create(e, std::chrono::milliseconds(20000));
+        body(r, *comm);
+      } catch (const std::exception& ex) {
+        err[r] = ex.what();
+      }
+    });
+  for (auto& x : t) x.join();
+  return err;
+}
+
+Tensor ramp(const Shape& shape, DType dt, float start) {
+  std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = start + 0.25f * static_cast<float>(i);
+  return Tensor::from_floats(shape, v, dt);
+}
+
+// A model-like set (non-expert tensors, per-expert HF names for 4 experts) and a state-like set (stacked
+// [4, ...] expert tensors named like optimizer state, plus a non-expert one).
+Named model_tensors() {
+  Named t = {{"model.embed_tokens.weight", ramp({6, 4}, DType::BF16, 1)},
+             {"model.layers.0.self_attn.q_proj.weight", ramp({4, 4}, DType::BF16, 100)}};
+  for (int e = 0; e < 4; ++e)
+    t.emplace_back("model.layers.0.mlp.experts." + std::to_string(e) + ".down_proj.weight",
+                   ramp({4, 3}, DType::BF16, 200.0f + 20 * e));
+  t.emplace_back("model.norm.weight", ramp({4}, DType::F32, 7));
+  return t;
+}
+Named state_tensors() {
+  return {{"model.layers.0.mlp.experts.down_proj.exp_avg", ramp({4, 4, 3}, DType::F32, 3)},
+          {"model.layers.0.self_attn.q_proj.weight.exp_avg", ramp({4, 4}, DType::F32, 9)}};
+}
+
+// A rank's copy: every row it does not write overwritten with garbage (0xFF bytes: NaN in bf16 and f32).
+Named as_held_by(const Named& full, const std::function<std::pair<int64_t, int64_t>(const std::string&, const Tensor&)>& rows) {
+  Named r;
+  for (const auto& [name, t] : full) {
+    Tensor c = t.clone();
+    const auto [r0, r1] = rows(name, c);
+    const int64_t n = c.dim(0);
+    const size_t row_bytes = c.nbytes() / static_cast<size_t>(n);
+    for (int64_t i = 0; i < n; ++i)
+      if (i < r0 || i >= r1) std::memset(static_cast<char*>(c.data()) + i * row_bytes, 0xFF, row_bytes);
+    r.emplace_back(name, c);
+  }
+  return r;
+}
+
+CheckpointWriteOptions sharded() {
+  CheckpointWriteOptions o;
+  o.max_shard_bytes = 80;  // several shards, experts of one rank in different files
+  return o;
+}
+
+const std::map<std::string, std::string> kStateMeta = {{"format", "mixtune-adamw"}};
+
+TEST(SharedSave, TwoRanksWriteTheBytesOfOneWriter) {
+  io_test::ScratchDir dir;
+  const Named model = model_tensors(), state = state_tensors();
+  const fs::path want = dir.path / "one", got = dir.path / "two";
+  fs::create_directories(want);
+  const std::vector<std::string> files = checkpoint_write_tensors(want.string(), model, sharded());
+  safetensors_write((want / "optimizer.safetensors").string(), state, kStateMeta);
+  ASSERT_GT(files.size(), 2u) << "the test wants several shards";
+
+  const std::vector<std::string> err = run_ranks(2, [&](int rank, Communicator& comm) {
+    const SaveShare share = save_share_for(&comm, rank, 2, /*ep=*/2, /*experts=*/4);
+    const Named my_model = as_held_by(model, [&](auto& n, auto& t) { return share.model_rows(n, t); });
+    const Named my_state = as_held_by(state, [&](auto& n, auto& t) { return share.state_rows(n, t); });
+    shared_dir_save(
+        share, got.string(),
+        [&](const std::string& tmp) {
+          checkpoint_shared_create(tmp, my_model, sharded());
+          safetensors_shared_create(tmp + "/optimizer.safetensors", my_state, kStateMeta);
+        },
+        [&](const std::string& tmp) {
+          checkpoint_shared_write(tmp, my_model, sharded(), [&](auto& n, auto& t) { return share.model_rows(n, t); });
+          safetensors_shared_write(tmp + "/optimizer.safetensors", my_state, kStateMeta,
+                                   [&](auto& n, auto& t) { return share.state_rows(n, t); });
+        });
+  });
+  ASSERT_EQ(err, std::vector<std::string>(2)) << err[0] << " | " << err[1];
+  std::vector<std::string> all = files;
+  all.push_back("optimizer.safetensors");
+  for (const std::string& f : all) {
+    SCOPED_TRACE(f);
+    EXPECT_EQ(io_test::read_bytes((got / f).string()), io_test::read_bytes((want / f).string()));
+  }
+  for (const auto& e : fs::directory_iterator(dir.path))  // no temp directory left behind
+    EXPECT_TRUE(e.path() == want || e.path() == got) << e.path();
+}
+
+TEST(SharedSave, AFailingRankCommitsNothingAnywhere) {
+  io_test::ScratchDir dir;
+  const Named model = model_tensors();
+  const fs::path out = dir.path / "final";
+  const std::vector<std::string> err = run_ranks(2, [&](int rank, Communicator& comm) {
+    const SaveShare share = save_share_for(&comm, rank, 2, 2, 4);
+    shared_dir_save(
+        share, out.string(), [&](const std::string& tmp) { checkpoint_shared_create(tmp, model, sharded()); },
+        [&](const std::string& tmp) {
+          if (rank == 1) fail("rank 1: no space left on device (simulated)");
+          checkpoint_shared_write(tmp, model, sharded(), [&](auto& n, auto& t) { return share.model_rows(n, t); });
+        });
+  });
+  EXPECT_NE(err[1].find("no space left on device (simulated)"), std::string::npos) << err[1];
+  EXPECT_NE(err[0].find("failed on 1 other rank"), std::string::npos) << err[0];
+  EXPECT_NE(err[0].find("nothing was committed"), std::string::npos) << err[0];
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_TRUE(fs::is_empty(dir.path)) << "the lead's temp directory was not removed";
+
+  // The lead failing to lay the directory out reaches the other rank before it writes anything.
+  const std::vector<std::string> err2 = run_ranks(2, [&](int rank, Communicator& comm) {
+    const SaveShare share = save_share_for(&comm, rank, 2, 2, 4);
+    bool wrote = false;
+    shared_dir_save(
+        share, out.string(), [&](const std::string&) { fail("config.json: write failed (simulated)"); },
+        [&](const std::string&) { wrote = true; });
+    EXPECT_FALSE(wrote);
+  });
+  EXPECT_NE(err2[0].find("write failed (simulated)"), std::string::npos) << err2[0];
+  EXPECT_NE(err2[1].find("rank 0 could not lay out the output"), std::string::npos) << err2[1];
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_TRUE(fs::is_empty(dir.path));
+}
+
+TEST(SharedSave, AFileLaidOutForOtherTensorsIsAnError) {
+  io_test::ScratchDir dir;
+  const Named model = model_tensors(), state = state_tensors();
+  const std::string path = dir.file("optimizer.safetensors");
+  safetensors_shared_create(path, state, kStateMeta);
+  try {
+    safetensors_shared_write(path, model, kStateMeta, [](auto&, const Tensor& t) { return std::pair<int64_t, int64_t>{0, t.dim(0)}; });
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("expected"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SharedSave, RowsEachRankWrites) {
+  const Tensor stacked = Tensor::empty({8, 2}, DType::F32), plain = Tensor::empty({5, 2}, DType::F32);
+  const std::string expert5 = "model.layers.3.mlp.experts.5.up_proj.weight", other = "model.norm.weight";
+  const std::string state = "model.layers.3.mlp.experts.gate_up_proj.exp_avg_sq";
+  using R = std::pair<int64_t, int64_t>;
+  const R none{0, 0};
+  // EP 2 over 4 ranks: ranks 0 and 1 write experts 0-3 / 4-7; ranks 2 and 3 (replicas) nothing.
+  for (int rank = 0; rank < 4; ++rank) {
+    const SaveShare s = save_share_for(nullptr, rank, 4, 2, 8);
+    SCOPED_TRACE(rank);
+    const R all_plain{0, 5}, first_half{0, 4}, second_half{4, 8};
+    EXPECT_EQ(s.model_rows(other, plain), rank == 0 ? all_plain : none);
+    EXPECT_EQ(s.model_rows(expert5, plain), rank == 1 ? all_plain : none);
+    EXPECT_EQ(s.state_rows(state, stacked), rank == 0 ? first_half : rank == 1 ? second_half : none);
+  }
+  // No expert parallelism (or a layout the engines reject): the lead writes everything.
+  for (const int64_t ep : {int64_t{1}, int64_t{3}}) {
+    const R all_stacked{0, 8};
+    EXPECT_EQ(save_share_for(nullptr, 0, 2, ep, 8).state_rows(state, stacked), all_stacked);
+    EXPECT_EQ(save_share_for(nullptr, 1, 2, ep, 8).model_rows(expert5, plain), none);
+    EXPECT_EQ(save_share_for(nullptr, 1, 2, ep, 8).state_rows(state, stacked), none);
+  }
+  EXPECT_EQ(hf_expert_index(expert5), 5);
+  EXPECT_EQ(hf_expert_index("model.layers.3.mlp.experts.gate_up_proj"), -1);
+  EXPECT_EQ(hf_expert_index(other), -1);
+}
+
+}  // namespace
+}  // namespace mt
