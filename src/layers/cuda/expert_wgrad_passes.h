@@ -1,5 +1,6 @@
-// The expert weight-gradient passes of a training step. The grouped wgrad is bound by its dW
-// read-add-write (bench/NOTES.md), so this object keeps that traffic down in two ways:
+// The expert weight-gradient passes of a training step. Each grouped wgrad pass reads, adds and writes the
+// whole dW (a pass with no dW reads runs 7-30% faster: bench/NOTES.md 35), so this object keeps that traffic
+// down in two ways:
 // - Pairing (when on): instead of one pass per micro-batch, a micro-batch's (dy, x, offsets) is held until the
 //   next micro-batch's arrives and both are reduced in one pass (grouped_gemm_wgrad2); flush() runs whatever
 //   is still held (an odd count, the step's end). Holding costs one micro-batch's expert activations per
