@@ -19,6 +19,7 @@
 
 #include "cli_process.h"
 #include "distributed/launcher.h"
+#include "distributed/tcp_socket.h"
 #include "io/safetensors.h"
 #include "train/train_engine.h"
 
@@ -196,6 +197,28 @@ TEST_F(LaunchCli, SigtermCheckpointsAndTwoRankResumeFinishes) {
     }
   }
   EXPECT_GT(expert_tensors, 8);
+}
+
+// Two "nodes" on loopback: two launchers (--nnodes 2, --node-rank 0 / 1, the same --master) of two ranks each
+// form one job of four ranks with experts split over groups of two (ranks 2 and 3 on node 1 hold a replica of
+// the experts of ranks 0 and 1); it trains like one process accumulating the same four micro-batches, and the
+// shared save (node 1's ranks take part, write nothing) leaves the same final model.
+TEST_F(LaunchCli, TwoNodesOnLoopbackTrainLikeOneProcess) {
+  ASSERT_EQ(run({"finetune", recipe("single4", 4).string()}, dir / "single4.log"), 0) << slurp(dir / "single4.log");
+  int port = 0;  // a free port for node 0's rendezvous (closed again at once; node 1 retries until it listens)
+  tcp_listen("127.0.0.1", 0, &port, "test: free port");
+  const fs::path p = recipe("nodes", 1);
+  auto node = [&](int rank) -> std::vector<std::string> {
+    return {"launch", "--nproc", "2", "--nnodes", "2", "--node-rank", std::to_string(rank), "--master",
+            "127.0.0.1:" + std::to_string(port), "--", "finetune", p.string(), "--set", "parallel.ep=2"};
+  };
+  const pid_t second = test::spawn_mixtune(node(1), dir / "node1.log");
+  const int first = run(node(0), dir / "node0.log");
+  const int second_rc = test::wait_exit(second);
+  ASSERT_EQ(first, 0) << slurp(dir / "node0.log") << slurp(dir / "node1.log");
+  ASSERT_EQ(second_rc, 0) << slurp(dir / "node1.log");
+  EXPECT_NE(slurp(dir / "node0.log").find("4 ranks"), std::string::npos) << slurp(dir / "node0.log");
+  expect_same_run("single4", "nodes");
 }
 
 // Each rank of a multi-rank job takes the GPU of its LOCAL_RANK; without enough GPUs train.device cuda is
