@@ -72,8 +72,8 @@ for stage in "$@"; do
       python3 -c 'import json,sys; ex=json.loads(open("runs/quickstart/data/eval.jsonl").readline()); json.dump([m for m in ex["messages"] if m["role"]!="assistant"], open("/tmp/qs-prompt.json","w")); print("question:", ex["messages"][-2]["content"], "| expected:", ex["messages"][-1]["content"])'
       "$BIN/mixtune" generate --model runs/quickstart/finetune/final --chat /tmp/qs-prompt.json --temperature 0 \
         --max-new-tokens 24 --no-thinking ;;
-    kernels-gemm) for t in 4096 8192; do "$BIN/mixtune_bench_grouped_gemm" --tokens $t > "$OUT/grouped_gemm_$t.json" 2>&1
-                 grep -o '"op": "[a-z_0-9]*", "gflop": [0-9.]*, "ms": [0-9.]*, "tflops": [0-9.]*' "$OUT/grouped_gemm_$t.json"; done ;;
+    kernels-gemm) for t in ${GEMM_TOKENS:-4096 8192}; do "$BIN/mixtune_bench_grouped_gemm" --tokens $t > "$OUT/grouped_gemm_$t.json" 2>&1
+                 grep -o '"op": "[a-z_0-9]*", \("gflop": [0-9.]*, \)\{0,1\}"ms": [0-9.]*, "\(tflops\|gbps\)": [0-9.]*' "$OUT/grouped_gemm_$t.json"; done ;;
     mixtune-standard-unpaired) SIDES=mixtune NAME=mixtune-standard-unpaired OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard --mixtune --no-pair-expert-wgrad || rc=1 ;;
     mixtune-standard-mma) MIXTUNE_GROUPED_GEMM=mma SIDES=mixtune NAME=mixtune-standard-mma OUT=$OUT \
