@@ -149,10 +149,7 @@ __device__ __forceinline__ void store_u(float* p, const float (&v)[U]) {
 
 __device__ __forceinline__ float round_bf16_dev(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-// One warp per grouped row: xg[r] = x[slot_of_row[r] / k]. Each lane issues all its loads of a 4 KiB
-// stretch before its stores (kInFlight 16-byte loads: one load in flight per lane left the copy at half
-// the HBM rate, bench/NOTES.md 37).
-constexpr int kInFlight = 8;
+// One warp per grouped row: xg[r] = x[slot_of_row[r] / k].
 template <int U>
 __global__ void gather_kernel(const bf16* __restrict__ x, int64_t N, int H, int k,
                               const int32_t* __restrict__ slot_of_row, bf16* __restrict__ xg) {
@@ -162,26 +159,16 @@ __global__ void gather_kernel(const bf16* __restrict__ x, int64_t N, int H, int 
   const int64_t t = slot_of_row[r] / k;
   const bf16* src = x + t * H;
   bf16* dst = xg + r * H;
-  if constexpr (U == 8) {
-    for (int h0 = lane * 8; h0 < H; h0 += 32 * 8 * kInFlight) {
-      uint4 v[kInFlight];
-#pragma unroll
-      for (int j = 0; j < kInFlight; ++j)
-        if (h0 + j * 256 < H) v[j] = *reinterpret_cast<const uint4*>(src + h0 + j * 256);
-#pragma unroll
-      for (int j = 0; j < kInFlight; ++j)
-        if (h0 + j * 256 < H) *reinterpret_cast<uint4*>(dst + h0 + j * 256) = v[j];
-    }
-  } else {
-    for (int h = lane; h < H; h += 32) dst[h] = src[h];
+  for (int h = lane * U; h < H; h += 32 * U) {
+    if constexpr (U == 8)
+      *reinterpret_cast<uint4*>(dst + h) = *reinterpret_cast<const uint4*>(src + h);
+    else
+      dst[h] = src[h];
   }
 }
 
-// One warp per token: out[t] = Σ_s (bf16(w·y[row]) | y[row]), fp32 sum in slot order, rounded once for a
-// bf16 output. The whole warp walks H together (lanes past H stay in step) because the slot loop uses
-// shuffles. Up to kSlotBatch slots' rows are loaded before any is summed (one load in flight per lane
-// left it latency-bound).
-constexpr int kSlotBatch = 8;
+// One warp per token: out[t] = Σ_s (bf16(w·y[row]) | y[row]), fp32 sum, rounded once for a bf16 output.
+// The whole warp walks H together (lanes past H stay in step) because the slot loop uses shuffles.
 template <int U, bool WEIGHTED, typename Tout>
 __global__ void combine_kernel(const bf16* __restrict__ y, const float* __restrict__ weights,
                                const int32_t* __restrict__ row_of_slot, const int32_t* __restrict__ row_limit,
@@ -202,28 +189,21 @@ __global__ void combine_kernel(const bf16* __restrict__ y, const float* __restri
     float acc[U];
 #pragma unroll
     for (int i = 0; i < U; ++i) acc[i] = 0.0f;
-    for (int s0 = 0; s0 < k; s0 += kSlotBatch) {
-      int64_t r[kSlotBatch];
-      float w[kSlotBatch], v[kSlotBatch][U];
+    for (int s = 0; s < k; ++s) {
+      const int64_t r = __shfl_sync(0xffffffffu, my_row, s);
+      const float w = WEIGHTED ? __shfl_sync(0xffffffffu, my_w, s) : 1.0f;
+      if (active && r >= 0) {
+        float v[U];
+        load_u<U>(y + r * H + h, v);
 #pragma unroll
-      for (int j = 0; j < kSlotBatch; ++j) {  // k is warp-uniform: every lane takes the same branches
-        r[j] = s0 + j < k ? __shfl_sync(0xffffffffu, my_row, s0 + j) : -1;
-        w[j] = WEIGHTED && s0 + j < k ? __shfl_sync(0xffffffffu, my_w, s0 + j) : 1.0f;
-        if (active && r[j] >= 0) load_u<U>(y + r[j] * H + h, v[j]);
+        for (int i = 0; i < U; ++i) acc[i] += WEIGHTED ? round_bf16_dev(v[i] * w) : v[i];
       }
-#pragma unroll
-      for (int j = 0; j < kSlotBatch; ++j)
-        if (active && r[j] >= 0) {
-#pragma unroll
-          for (int i = 0; i < U; ++i) acc[i] += WEIGHTED ? round_bf16_dev(v[j][i] * w[j]) : v[j][i];
-        }
     }
     if (active) store_u<U>(out + t * H + h, acc);
   }
 }
 
 // One warp per slot (t, s): dy[row] = bf16(dout[t] · w) and dweights[t, s] = Σ_h dout[t, h] · y[row, h].
-// Two H-steps' loads are issued before their math and stores (more loads in flight per lane).
 template <int U, bool WEIGHTED, typename Tin>
 __global__ void combine_backward_kernel(const Tin* __restrict__ dout, const bf16* __restrict__ y,
                                         const float* __restrict__ weights, const int32_t* __restrict__ row_of_slot,
@@ -239,29 +219,17 @@ __global__ void combine_backward_kernel(const Tin* __restrict__ dout, const bf16
   }
   const float w = WEIGHTED ? weights[slot] : 1.0f;
   float dot = 0.0f;
-  constexpr int kSteps = 2;
-  for (int h0 = lane * U; h0 < H; h0 += 32 * U * kSteps) {
-    float g[kSteps][U], v[kSteps][U];
+  for (int h = lane * U; h < H; h += 32 * U) {
+    float g[U];
+    load_u<U>(dout + t * H + h, g);
+    if constexpr (WEIGHTED) {
+      float v[U], d[U];
+      load_u<U>(y + r * H + h, v);
 #pragma unroll
-    for (int j = 0; j < kSteps; ++j) {
-      const int h = h0 + j * 32 * U;
-      if (h < H) {
-        load_u<U>(dout + t * H + h, g[j]);
-        if constexpr (WEIGHTED) load_u<U>(y + r * H + h, v[j]);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kSteps; ++j) {
-      const int h = h0 + j * 32 * U;
-      if (h >= H) continue;
-      if constexpr (WEIGHTED) {
-        float d[U];
-#pragma unroll
-        for (int i = 0; i < U; ++i) dot += g[j][i] * v[j][i], d[i] = g[j][i] * w;
-        store_u<U>(dy + r * H + h, d);
-      } else {
-        store_u<U>(dy + r * H + h, g[j]);
-      }
+      for (int i = 0; i < U; ++i) dot += g[i] * v[i], d[i] = g[i] * w;
+      store_u<U>(dy + r * H + h, d);
+    } else {
+      store_u<U>(dy + r * H + h, g);
     }
   }
   if constexpr (WEIGHTED) {
