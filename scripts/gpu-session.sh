@@ -12,7 +12,7 @@
 #         nccl-probe (PyTorch's NCCL all-gather / reduce-scatter at the EP 2 sizes, two GPUs) |
 #         mixtune-long (the long workload, mixtune side only; BUDGET_S default 240) |
 #         full8 (eight GPUs, 48 layers, EP 8 against FSDP2; kind nvidia-h200-x8) |
-#         kernels (grouped GEMM + flash-attention microbenchmarks) | kernels-gemm (grouped GEMM only, 4096 and 8192
+#         kernels (grouped GEMM + flash-attention microbenchmarks) | kernels-gemm (grouped GEMM only; GEMM_TOKENS, GEMM_ARGS e.g. --no-check; 4096 and 8192
 #         tokens) | profile (ncu: every kernel's time in one
 #         standard-shaped step of 2 layers and 2 micro-batches, profile.csv; ~20 s) | kernels-wgrad1, mixtune-standard-wgrad1
 #         (the same with MIXTUNE_WGRAD_BLOCKS_PER_SM=1) | quickstart (needs .carry/qs.tar.xz)
@@ -72,7 +72,7 @@ for stage in "$@"; do
       python3 -c 'import json,sys; ex=json.loads(open("runs/quickstart/data/eval.jsonl").readline()); json.dump([m for m in ex["messages"] if m["role"]!="assistant"], open("/tmp/qs-prompt.json","w")); print("question:", ex["messages"][-2]["content"], "| expected:", ex["messages"][-1]["content"])'
       "$BIN/mixtune" generate --model runs/quickstart/finetune/final --chat /tmp/qs-prompt.json --temperature 0 \
         --max-new-tokens 24 --no-thinking ;;
-    kernels-gemm) for t in ${GEMM_TOKENS:-4096 8192}; do "$BIN/mixtune_bench_grouped_gemm" --tokens $t > "$OUT/grouped_gemm_$t.json" 2>&1
+    kernels-gemm) for t in ${GEMM_TOKENS:-4096 8192}; do "$BIN/mixtune_bench_grouped_gemm" --tokens $t ${GEMM_ARGS:-} > "$OUT/grouped_gemm_$t.json" 2>&1
                  grep -o '"op": "[a-z_0-9]*", \("gflop": [0-9.]*, \)\{0,1\}"ms": [0-9.]*, "\(tflops\|gbps\)": [0-9.]*' "$OUT/grouped_gemm_$t.json"; done ;;
     mixtune-standard-unpaired) SIDES=mixtune NAME=mixtune-standard-unpaired OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard --mixtune --no-pair-expert-wgrad || rc=1 ;;
