@@ -199,6 +199,43 @@ TEST_F(LaunchCli, SigtermCheckpointsAndTwoRankResumeFinishes) {
   EXPECT_GT(expert_tensors, 8);
 }
 
+// The checkpoint the ranks write together holds every expert in place (one consolidated HF model and optimizer
+// file), so a run can resume at another expert-parallel layout: 4 ranks with experts in groups of 2 save at
+// step 2; from that checkpoint, 4 ranks with every rank owning 2 of the 8 experts finish steps 3-4 and end with
+// the weights of the uninterrupted run (within 1e-6: the expert sums are split differently).
+TEST_F(LaunchCli, ResumesAtAnotherExpertParallelLayout) {
+  const fs::path p = recipe("layout", 1);
+  auto job = [&](const std::string& ep, bool resume) {
+    std::vector<std::string> a = {"launch", "--nproc", "4", "--", "finetune", p.string(), "--set",
+                                  "parallel.ep=" + ep, "--set", "checkpoint.every_steps=2", "--set",
+                                  "checkpoint.keep_last=3"};
+    if (resume) a.push_back("--resume");
+    return a;
+  };
+  ASSERT_EQ(run(job("2", false), dir / "full.log"), 0) << slurp(dir / "full.log");
+  const fs::path run_dir = dir / "layout";
+  ASSERT_TRUE(fs::is_directory(run_dir / "checkpoint-000002")) << slurp(dir / "full.log");
+  fs::rename(run_dir / "final", dir / "uninterrupted");
+  fs::remove_all(run_dir / "checkpoint-000004");
+  std::ofstream(run_dir / "latest") << "checkpoint-000002\n";
+  ASSERT_EQ(run(job("4", true), dir / "resume.log"), 0) << slurp(dir / "resume.log");
+  EXPECT_NE(slurp(dir / "resume.log").find("resumed from"), std::string::npos) << slurp(dir / "resume.log");
+  size_t tensors = 0;
+  for (const auto& f : fs::directory_iterator(dir / "uninterrupted")) {
+    if (f.path().extension() != ".safetensors") continue;
+    SafetensorsFile wa = SafetensorsFile::open(f.path().string());
+    SafetensorsFile wb = SafetensorsFile::open((run_dir / "final" / f.path().filename()).string());
+    for (const std::string& name : wa.names()) {
+      const std::vector<float> x = wa.tensor(name).to_floats(), y = wb.tensor(name).to_floats();
+      ASSERT_EQ(x.size(), y.size()) << name;
+      for (size_t i = 0; i < x.size(); ++i)
+        ASSERT_LE(std::fabs(x[i] - y[i]), 1e-6 * std::max(1.0f, std::fabs(x[i]))) << name << " element " << i;
+      ++tensors;
+    }
+  }
+  EXPECT_GT(tensors, 10u);
+}
+
 // Two "nodes" on loopback: two launchers (--nnodes 2, --node-rank 0 / 1, the same --master) of two ranks each
 // form one job of four ranks with experts split over groups of two (ranks 2 and 3 on node 1 hold a replica of
 // the experts of ranks 0 and 1); it trains like one process accumulating the same four micro-batches, and the
