@@ -271,6 +271,9 @@ std::vector<std::string> finish_save(const std::string& dir, const SavePlan& p,
   return written;
 }
 
+// save_pretrained's shard metadata.
+const std::map<std::string, std::string> kShardMetadata = {{"format", "pt"}};
+
 void create_dir(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -284,7 +287,7 @@ std::vector<std::string> checkpoint_write_tensors(const std::string& dir,
                                                   const CheckpointWriteOptions& options) {
   const SavePlan p = save_plan(dir, tensors, options);
   create_dir(dir);
-  for (const auto& shard : p.shards) safetensors_write(dir + "/" + shard.file, shard_members(shard, tensors));
+  for (const auto& shard : p.shards) safetensors_write(dir + "/" + shard.file, shard_members(shard, tensors), kShardMetadata);
   return finish_save(dir, p, tensors);
 }
 
@@ -294,7 +297,7 @@ std::vector<std::string> checkpoint_shared_create(const std::string& dir,
   const SavePlan p = save_plan(dir, tensors, options);
   create_dir(dir);
   for (const auto& shard : p.shards)
-    safetensors_shared_create(dir + "/" + shard.file, shard_members(shard, tensors), {{"format", "pt"}});
+    safetensors_shared_create(dir + "/" + shard.file, shard_members(shard, tensors), kShardMetadata);
   return finish_save(dir, p, tensors);
 }
 
@@ -302,7 +305,7 @@ void checkpoint_shared_write(const std::string& dir, const std::vector<std::pair
                              const CheckpointWriteOptions& options, const RowsOf& rows_of) {
   const SavePlan p = save_plan(dir, tensors, options);
   for (const auto& shard : p.shards)
-    safetensors_shared_write(dir + "/" + shard.file, shard_members(shard, tensors), {{"format", "pt"}}, rows_of);
+    safetensors_shared_write(dir + "/" + shard.file, shard_members(shard, tensors), kShardMetadata, rows_of);
 }
 
 int64_t parse_size_bytes(const std::string& s) {

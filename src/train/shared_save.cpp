@@ -35,7 +35,7 @@ std::pair<int64_t, int64_t> SaveShare::model_rows(const std::string& hf_name, co
 
 std::pair<int64_t, int64_t> SaveShare::state_rows(const std::string& state_name, const Tensor& t) const {
   if (!param_is_stacked_expert(state_name)) return lead ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
-  const int64_t rows = t.ndim() == 0 ? 1 : t.dim(0);
+  const int64_t rows = all_rows(t).second;
   const int64_t r0 = std::min(expert_first, rows), r1 = std::min(expert_first + expert_count, rows);
   return r1 > r0 ? std::pair<int64_t, int64_t>{r0, r1} : std::pair<int64_t, int64_t>{0, 0};
 }

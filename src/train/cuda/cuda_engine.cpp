@@ -14,7 +14,6 @@
 
 #include "core/error.h"
 #include "distributed/communicator.h"
-#include "distributed/cuda/nccl_communicator.h"
 #include "train/cuda/cuda_job_collectives.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/device_context.h"
