@@ -22,11 +22,14 @@
 // (generic-proxy stores, then fence.proxy.async and a barrier of the 256 consumer threads).
 // Epilogue: no read-add-write round trips on the SM (those made the first version latency-bound: each
 // tile waited for its dW reads). Each consumer warpgroup writes its 64 x BN accumulators, 128 bytes of
-// columns at a time, into a 128B-swizzled staging buffer (double-buffered) and one thread hands it to
-// TMA: a reduce-add into dW (cp.reduce.async.bulk.tensor .add: fp32 adds for F32 dW; for BF16 dW the
-// sum is rounded to bf16 and added in bf16, as Transformers accumulates bf16 gradients), or a plain
-// tensor store when overwriting. A tile whose expert has no rows in either segment adds nothing
-// (overwrite: stores zeros).
+// columns (a chunk) at a time, into 128B-swizzled staging buffers and one thread hands them to TMA: a
+// reduce-add into dW (cp.reduce.async.bulk.tensor .add: fp32 adds for F32 dW; for BF16 dW the sum is
+// rounded to bf16 and added in bf16, as Transformers accumulates bf16 gradients), or a plain tensor store
+// when overwriting. A tile whose expert has no rows in either segment adds nothing (overwrite: stores
+// zeros). The staging holds a whole tile where shared memory allows (every BF16 tile; half an F32 256-wide
+// tile): the consumers write their chunks, hand them over and go on to the next tile's MMAs while TMA
+// drains them, instead of waiting for each 8 KiB buffer to be read (all SMs finish their tiles together,
+// so those reads wait on a burst of dW traffic: two buffers per warpgroup cost ~18% of the wgrad).
 
 namespace mt::cuda {
 
@@ -39,21 +42,25 @@ struct WgradArgs {
   const int32_t* offsets2;  // null: one segment
   int E, M, N;
   bool accumulate;
+  int nbuf;  // staging buffers per consumer warpgroup: 2, 4 or 8, dividing the tile's chunks
 };
 
-// Shared memory: the stages (fewer than the forward's: room for the output staging), two 8 KiB staging
+// Shared memory: the stages (fewer than the forward's: room for the output staging), nbuf 8 KiB staging
 // buffers per consumer warpgroup, the barriers, both segments' offsets.
-template <int BN>
+template <int BN, bool DW_BF16>
 struct WgradCfg {
   static constexpr int STAGES = BN == 256 ? 3 : 5;
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;  // a multiple of 1024
+  static constexpr int ESZ = DW_BF16 ? 2 : 4;
+  static constexpr int CW = 128 / ESZ;                     // dW columns per chunk
+  static constexpr int CHUNKS = BN / CW;                   // chunks per warpgroup and tile: 2, 4 or 8
   static constexpr int OUT_BYTES = 64 * 128;               // one staging buffer: 64 rows of 128 bytes
-  static constexpr int OUT_TOTAL = 2 * 2 * OUT_BYTES;      // [consumer warpgroup][buffer]
   static constexpr int BAR_BYTES = 2 * STAGES * 8;
-  static size_t smem_bytes(int E) {
-    return 1024 + PIPE_BYTES + OUT_TOTAL + BAR_BYTES + 2 * static_cast<size_t>(E + 1) * sizeof(int);
+  static size_t smem_bytes(int E, int nbuf) {
+    return 1024 + PIPE_BYTES + 2 * static_cast<size_t>(nbuf) * OUT_BYTES + BAR_BYTES +
+           2 * static_cast<size_t>(E + 1) * sizeof(int);
   }
 };
 
@@ -69,7 +76,8 @@ __device__ __forceinline__ void zero_rows(unsigned char* base, int chunks, int v
 }
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
-// ---- TMA stores from shared memory (bulk groups: committed per thread, waited for by the same thread)
+// ---- TMA stores from shared memory (bulk groups: committed per thread with sm90::bulk_commit, waited for
+// by the same thread)
 __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
   asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
@@ -82,13 +90,6 @@ __device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, uint32
                "r"(src), "r"(c0), "r"(c1), "r"(c2)
                : "memory");
 }
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Waits until at most N of this thread's bulk groups are still reading their shared memory source.
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // Barrier of one consumer warpgroup (ids 2 and 3; 0 is __syncthreads, 1 the two consumer warpgroups).
 __device__ __forceinline__ void warpgroup_sync(int c) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
@@ -101,15 +102,17 @@ __global__ void __launch_bounds__(THREADS, 1)
                               const __grid_constant__ CUtensorMap map_dy2, const __grid_constant__ CUtensorMap map_x2,
                               const __grid_constant__ CUtensorMap map_dw, WgradArgs p) {
 #if MT_SM90A_DEVICE
-  using Cfg = WgradCfg<BN>;
+  using Cfg = WgradCfg<BN, DW_BF16>;
   constexpr int STAGES = Cfg::STAGES;
+  const int nbuf = p.nbuf;
+  const int out_total = 2 * nbuf * Cfg::OUT_BYTES;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* smem = smem_raw + (base - raw);
   const uint32_t sA = base, sB = base + STAGES * A_BYTES, sOut = base + Cfg::PIPE_BYTES;
-  const uint32_t full_bar = sOut + Cfg::OUT_TOTAL, empty_bar = full_bar + STAGES * 8;
-  int* s_off1 = reinterpret_cast<int*>(smem + Cfg::PIPE_BYTES + Cfg::OUT_TOTAL + Cfg::BAR_BYTES);
+  const uint32_t full_bar = sOut + out_total, empty_bar = full_bar + STAGES * 8;
+  int* s_off1 = reinterpret_cast<int*>(smem + Cfg::PIPE_BYTES + out_total + Cfg::BAR_BYTES);
   int* s_off2 = s_off1 + (p.E + 1);
   const int tid = threadIdx.x;
   const bool two = p.offsets2 != nullptr;
@@ -185,17 +188,15 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int c = ctid / 128;  // m-rows 64c .. 64c + 63 of the tile
     const int w = (ctid / 32) & 3, lane = tid & 31, g = lane >> 2, q = lane & 3;
     const bool elected = (ctid & 127) == 0;  // issues this warpgroup's TMA stores
-    uint32_t out_count = 0;                  // chunks this warpgroup has staged (buffer = out_count & 1)
     float acc[BN / 2];
     int stage = 0;
     uint32_t phase = 0;
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
       const Tile tl = tile_of(t);
-      if (tl.kt == 0) {
-        if (p.accumulate) continue;  // nothing to add
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-      }
+      // An expert without rows adds nothing, or (overwrite) stores zeros: selected in the epilogue, not by
+      // zeroing acc here (a non-wgmma write of the accumulators in the tile loop made ptxas serialise every
+      // wgmma of the kernel: info C7515, sessions 4 to 9).
+      if (tl.kt == 0 && p.accumulate) continue;
       int prev = 0;
       for (int kb = 0; kb < tl.kt; ++kb) {
         mbar_wait(full_bar + 8 * stage, phase);
@@ -230,13 +231,18 @@ __global__ void __launch_bounds__(THREADS, 1)
 
       // ---- epilogue: per warp 16 m-rows; per 8-column group j the thread holds rows g and g + 8, columns
       // 2q, 2q + 1 (accumulators 4j .. 4j + 3). Chunks of 128 bytes of columns (CW of them) go through the
-      // staging buffer: 16-byte unit u of row r sits at unit u ^ (r % 8) (the 128-byte swizzle TMA reads).
-      constexpr int ESZ = DW_BF16 ? 2 : 4, CW = 128 / ESZ;
+      // staging buffers in rounds of nbuf: 16-byte unit u of row r sits at unit u ^ (r % 8) (the 128-byte
+      // swizzle TMA reads). A round first waits until TMA has read the buffers' previous chunks (handed over
+      // a tile earlier when a round is the whole tile, so normally long done).
+      constexpr int ESZ = Cfg::ESZ, CW = Cfg::CW;
 #pragma unroll
-      for (int ch = 0; ch < BN / CW; ++ch) {
-        const uint32_t buf = sOut + (2 * c + (out_count & 1)) * Cfg::OUT_BYTES;
-        if (elected && out_count >= 2) bulk_wait_read<1>();  // the buffer's previous chunk has been read
-        warpgroup_sync(c);
+      for (int ch = 0; ch < Cfg::CHUNKS; ++ch) {
+        const int k = ch & (nbuf - 1);  // buffer of this chunk in its round
+        if (k == 0) {
+          if (elected) bulk_wait_read<0>();
+          warpgroup_sync(c);
+        }
+        const uint32_t buf = sOut + (c * nbuf + k) * Cfg::OUT_BYTES;
 #pragma unroll
         for (int jj = 0; jj < CW / 8; ++jj) {
           const int j = ch * (CW / 8) + jj;
@@ -245,7 +251,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             const int r = 16 * w + g + 8 * h;
             const int byte = (8 * jj + 2 * q) * ESZ;
             const uint32_t at = buf + r * 128 + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15));
-            const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+            const float v0 = tl.kt > 0 ? acc[4 * j + 2 * h] : 0.0f, v1 = tl.kt > 0 ? acc[4 * j + 2 * h + 1] : 0.0f;
             if constexpr (DW_BF16) {
               const __nv_bfloat162 b2 = __floats2bfloat162_rn(v0, v1);
               asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&b2))
@@ -255,19 +261,24 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
           }
         }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        warpgroup_sync(c);
-        if (elected) {
-          if (p.accumulate)
-            tma_reduce_add_3d(&map_dw, buf, tl.n0 + ch * CW, tl.m0 + 64 * c, tl.e);
-          else
-            tma_store_3d(&map_dw, buf, tl.n0 + ch * CW, tl.m0 + 64 * c, tl.e);
-          bulk_commit();
+        if (k == nbuf - 1) {  // the round is staged: hand its chunks to TMA
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          warpgroup_sync(c);
+          if (elected) {
+            for (int b = 0; b < nbuf; ++b) {
+              const uint32_t src = sOut + (c * nbuf + b) * Cfg::OUT_BYTES;
+              const int col = tl.n0 + (ch - k + b) * CW;
+              if (p.accumulate)
+                tma_reduce_add_3d(&map_dw, src, col, tl.m0 + 64 * c, tl.e);
+              else
+                tma_store_3d(&map_dw, src, col, tl.m0 + 64 * c, tl.e);
+            }
+            bulk_commit();
+          }
         }
-        ++out_count;
       }
     }
-    if (elected) bulk_wait_all();  // the staging buffers must outlive the reads of the last chunks
+    if (elected) bulk_wait_all<0>();  // the staging buffers must outlive the reads of the last chunks
   }
 #else
   __trap();  // built for another architecture: the host never launches this (grouped_gemm_sm90_compiled)
@@ -275,10 +286,22 @@ __global__ void __launch_bounds__(THREADS, 1)
 }
 
 template <int BN, bool DW_BF16>
-void launch_wgrad(const CUtensorMap* maps, const WgradArgs& a, int sm_count, cudaStream_t stream) {
+void launch_wgrad(const CUtensorMap* maps, WgradArgs a, int sm_count, cudaStream_t stream) {
+  using Cfg = WgradCfg<BN, DW_BF16>;
   const int64_t tiles = static_cast<int64_t>(a.E) * ((a.M + BM - 1) / BM) * ((a.N + BN - 1) / BN);
   if (tiles <= 0) return;
-  const size_t smem = WgradCfg<BN>::smem_bytes(a.E);
+  // As many staging buffers as the tile has chunks where they fit (with many experts the offsets take the
+  // room); two at least.
+  int dev = 0, optin = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  a.nbuf = Cfg::CHUNKS;
+  while (a.nbuf > 2 && Cfg::smem_bytes(a.E, a.nbuf) > static_cast<size_t>(optin)) a.nbuf /= 2;
+  const size_t smem = Cfg::smem_bytes(a.E, a.nbuf);
+  MT_CUDA_REQUIRE(smem <= static_cast<size_t>(optin),
+                  "grouped gemm wgrad (wgmma): " + std::to_string(a.E) + " experts need " + std::to_string(smem) +
+                      " bytes of shared memory per block; device " + std::to_string(dev) + " allows " +
+                      std::to_string(optin));
   auto kern = grouped_wgrad_sm90_kernel<BN, DW_BF16>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int grid = static_cast<int>(std::min<int64_t>(tiles, std::max(sm_count, 1)));
@@ -321,7 +344,7 @@ void grouped_gemm_wgrad_sm90_launch(const void* dy, const void* x, int64_t rows,
   const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
   const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(N) * esz, static_cast<cuuint64_t>(M) * N * esz};
   maps[4] = make_map("dw", dw, 3, wdims, wstrides, 64, /*f32=*/!dw_bf16);
-  const WgradArgs a{offsets, two ? offsets2 : nullptr, E, M, N, accumulate};
+  const WgradArgs a{offsets, two ? offsets2 : nullptr, E, M, N, accumulate, /*nbuf=*/2};
   const bool wide = pick_bn(N) == 256;
   if (dw_bf16)
     wide ? launch_wgrad<256, true>(maps, a, sm_count, stream) : launch_wgrad<128, true>(maps, a, sm_count, stream);

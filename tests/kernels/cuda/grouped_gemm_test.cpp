@@ -202,28 +202,30 @@ const GemmCase kSm90Cases[] = {
     {{1, 7, 129, 0, 700, 900, 0, 383, 128}, 0, 2048, 768},
 };
 
+void expect_sm90_forward_matches(const GemmCase& c) {
+  const int E = static_cast<int>(c.counts.size()), Nout = c.nout, K = c.k;
+  const std::vector<int32_t> off = offsets_of(c.counts);
+  const int rows = off[E], N = rows + c.extra_rows;
+  SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " Nout " << Nout << " K " << K);
+  Tensor x = test::host_random({N, K}, 31, 1.0f, true), w = test::host_random({E, Nout, K}, 32, 0.05f, true);
+  std::vector<float> xv = x.to_floats(), wv = w.to_floats();
+  std::vector<float> want(static_cast<size_t>(N) * Nout, 7.0f);
+  for (int e = 0; e < E; ++e)
+    for (int r = off[e]; r < off[e + 1]; ++r)
+      for (int n = 0; n < Nout; ++n)
+        want[static_cast<size_t>(r) * Nout + n] = static_cast<float>(
+            dot_double(&xv[static_cast<size_t>(r) * K], &wv[(static_cast<size_t>(e) * Nout + n) * K], K));
+  Tensor y = test::device_from_host(Tensor::from_floats({N, Nout}, std::vector<float>(size_t(N) * Nout, 7.0f)),
+                                    DType::BF16);
+  cuda::grouped_gemm_forward(test::device_from_host(x, DType::BF16), test::device_from_host(w, DType::BF16),
+                             device_i32(off), y, stream0());
+  expect_grouped_rows(test::device_floats(y), want, rows, N, Nout, "wgmma forward y");
+}
+
 TEST(CudaGroupedGemm, Sm90ForwardMatchesDoubleReference) {
   MT_SKIP_WITHOUT_SM90();
   ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
-  for (const GemmCase& c : kSm90Cases) {
-    const int E = static_cast<int>(c.counts.size()), Nout = c.nout, K = c.k;
-    const std::vector<int32_t> off = offsets_of(c.counts);
-    const int rows = off[E], N = rows + c.extra_rows;
-    SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " Nout " << Nout << " K " << K);
-    Tensor x = test::host_random({N, K}, 31, 1.0f, true), w = test::host_random({E, Nout, K}, 32, 0.05f, true);
-    std::vector<float> xv = x.to_floats(), wv = w.to_floats();
-    std::vector<float> want(static_cast<size_t>(N) * Nout, 7.0f);
-    for (int e = 0; e < E; ++e)
-      for (int r = off[e]; r < off[e + 1]; ++r)
-        for (int n = 0; n < Nout; ++n)
-          want[static_cast<size_t>(r) * Nout + n] = static_cast<float>(
-              dot_double(&xv[static_cast<size_t>(r) * K], &wv[(static_cast<size_t>(e) * Nout + n) * K], K));
-    Tensor y = test::device_from_host(Tensor::from_floats({N, Nout}, std::vector<float>(size_t(N) * Nout, 7.0f)),
-                                      DType::BF16);
-    cuda::grouped_gemm_forward(test::device_from_host(x, DType::BF16), test::device_from_host(w, DType::BF16),
-                               device_i32(off), y, stream0());
-    expect_grouped_rows(test::device_floats(y), want, rows, N, Nout, "wgmma forward y");
-  }
+  for (const GemmCase& c : kSm90Cases) expect_sm90_forward_matches(c);
 }
 
 // Layout probe of the wgmma kernel (a failure says which element it read): one expert, 128 rows,
@@ -266,33 +268,35 @@ TEST(CudaGroupedGemm, Sm90ForwardLayoutProbe) {
 // against the double-precision loop, on the forward's cases: output widths K of 136 (partial 128-wide
 // tile), 264, 640 (128-wide tiles), 2048 and 768 (the Qwen3-30B-A3B gate_up and down dgrads), reduction
 // Nout below one k-step (8) and not a multiple of it (200, 136). Same thresholds.
+void expect_sm90_dgrad_matches(const GemmCase& c) {
+  const int E = static_cast<int>(c.counts.size()), Nout = c.nout, K = c.k;
+  const std::vector<int32_t> off = offsets_of(c.counts);
+  const int rows = off[E], N = rows + c.extra_rows;
+  SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " Nout " << Nout << " K " << K);
+  Tensor dy = test::host_random({N, Nout}, 41, 1.0f, true), w = test::host_random({E, Nout, K}, 42, 0.05f, true);
+  std::vector<float> dyv = dy.to_floats(), wv = w.to_floats();
+  std::vector<float> wt(wv.size());  // W_eᵀ [E][K][Nout], so each output is one contiguous dot product
+  for (int e = 0; e < E; ++e)
+    for (int n = 0; n < Nout; ++n)
+      for (int k = 0; k < K; ++k)
+        wt[(static_cast<size_t>(e) * K + k) * Nout + n] = wv[(static_cast<size_t>(e) * Nout + n) * K + k];
+  std::vector<float> want(static_cast<size_t>(N) * K, 7.0f);
+  for (int e = 0; e < E; ++e)
+    for (int r = off[e]; r < off[e + 1]; ++r)
+      for (int k = 0; k < K; ++k)
+        want[static_cast<size_t>(r) * K + k] = static_cast<float>(
+            dot_double(&dyv[static_cast<size_t>(r) * Nout], &wt[(static_cast<size_t>(e) * K + k) * Nout], Nout));
+  Tensor dx =
+      test::device_from_host(Tensor::from_floats({N, K}, std::vector<float>(size_t(N) * K, 7.0f)), DType::BF16);
+  cuda::grouped_gemm_dgrad(test::device_from_host(dy, DType::BF16), test::device_from_host(w, DType::BF16),
+                           device_i32(off), dx, stream0());
+  expect_grouped_rows(test::device_floats(dx), want, rows, N, K, "wgmma dgrad dx");
+}
+
 TEST(CudaGroupedGemm, Sm90DgradMatchesDoubleReference) {
   MT_SKIP_WITHOUT_SM90();
   ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
-  for (const GemmCase& c : kSm90Cases) {
-    const int E = static_cast<int>(c.counts.size()), Nout = c.nout, K = c.k;
-    const std::vector<int32_t> off = offsets_of(c.counts);
-    const int rows = off[E], N = rows + c.extra_rows;
-    SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " Nout " << Nout << " K " << K);
-    Tensor dy = test::host_random({N, Nout}, 41, 1.0f, true), w = test::host_random({E, Nout, K}, 42, 0.05f, true);
-    std::vector<float> dyv = dy.to_floats(), wv = w.to_floats();
-    std::vector<float> wt(wv.size());  // W_eᵀ [E][K][Nout], so each output is one contiguous dot product
-    for (int e = 0; e < E; ++e)
-      for (int n = 0; n < Nout; ++n)
-        for (int k = 0; k < K; ++k)
-          wt[(static_cast<size_t>(e) * K + k) * Nout + n] = wv[(static_cast<size_t>(e) * Nout + n) * K + k];
-    std::vector<float> want(static_cast<size_t>(N) * K, 7.0f);
-    for (int e = 0; e < E; ++e)
-      for (int r = off[e]; r < off[e + 1]; ++r)
-        for (int k = 0; k < K; ++k)
-          want[static_cast<size_t>(r) * K + k] = static_cast<float>(
-              dot_double(&dyv[static_cast<size_t>(r) * Nout], &wt[(static_cast<size_t>(e) * K + k) * Nout], Nout));
-    Tensor dx =
-        test::device_from_host(Tensor::from_floats({N, K}, std::vector<float>(size_t(N) * K, 7.0f)), DType::BF16);
-    cuda::grouped_gemm_dgrad(test::device_from_host(dy, DType::BF16), test::device_from_host(w, DType::BF16),
-                             device_i32(off), dx, stream0());
-    expect_grouped_rows(test::device_floats(dx), want, rows, N, K, "wgmma dgrad dx");
-  }
+  for (const GemmCase& c : kSm90Cases) expect_sm90_dgrad_matches(c);
 }
 
 // Layout probe of the wgmma dgrad (N-major B): one expert, 128 rows, reduction Nout 64, output K 256,
@@ -334,49 +338,70 @@ TEST(CudaGroupedGemm, Sm90DgradLayoutProbe) {
 // in the stage) against the double-precision sums, on the forward's cases (M = Nout, N = K): experts of
 // 0, 1, 3, 17, 64, 129, 1000 rows (k-steps of 64 with partial last steps), M and N not multiples of the
 // tiles, the Qwen3-30B-A3B shapes. Overwrite (empty experts -> zeros) and accumulate into F32 dW
-// (summation order only: 1e-5), accumulate into BF16 dW: the kernel rounds its fp32 sum to bf16 and TMA
-// adds it in bf16 (two roundings, as Transformers accumulates bf16 gradients): each within half an ulp
-// (2^-9) of its operand, so up to ~2 x 2^-9 of the largest value: max-norm 8e-3, rel-L2 3e-3.
+// (summation order only: 1e-5), overwrite and accumulate into BF16 dW: the kernel rounds its fp32 sum to
+// bf16 and TMA adds it in bf16 (two roundings, as Transformers accumulates bf16 gradients): each within
+// half an ulp (2^-9) of its operand, so up to ~2 x 2^-9 of the largest value: max-norm 8e-3, rel-L2 3e-3.
+void expect_sm90_wgrad_matches(const GemmCase& c) {
+  const int E = static_cast<int>(c.counts.size()), Nout = c.nout, K = c.k;
+  const std::vector<int32_t> off = offsets_of(c.counts);
+  const int rows = off[E], N = rows + c.extra_rows;
+  SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " Nout " << Nout << " K " << K);
+  Tensor dy = test::host_random({N, Nout}, 51, 1.0f, true), x = test::host_random({N, K}, 52, 1.0f, true);
+  std::vector<float> dyv = dy.to_floats(), xv = x.to_floats();
+  std::vector<float> dyt(static_cast<size_t>(Nout) * N), xt(static_cast<size_t>(K) * N);  // column-major copies
+  for (int r = 0; r < N; ++r) {
+    for (int n = 0; n < Nout; ++n) dyt[static_cast<size_t>(n) * N + r] = dyv[static_cast<size_t>(r) * Nout + n];
+    for (int k = 0; k < K; ++k) xt[static_cast<size_t>(k) * N + r] = xv[static_cast<size_t>(r) * K + k];
+  }
+  std::vector<float> want(static_cast<size_t>(E) * Nout * K);
+  for (int e = 0; e < E; ++e)
+    for (int n = 0; n < Nout; ++n)
+      for (int k = 0; k < K; ++k)
+        want[(static_cast<size_t>(e) * Nout + n) * K + k] = static_cast<float>(
+            dot_double(&dyt[static_cast<size_t>(n) * N + off[e]], &xt[static_cast<size_t>(k) * N + off[e]],
+                       off[e + 1] - off[e]));
+  Tensor offsets = device_i32(off), ddy = test::device_from_host(dy, DType::BF16);
+  Tensor dx = test::device_from_host(x, DType::BF16);
+  Tensor start = test::host_random({E, Nout, K}, 53, 1.0f, /*bf16_values=*/true);
+  const std::vector<float> sv = start.to_floats();
+  std::vector<float> want_acc(want.size());
+  for (size_t i = 0; i < want.size(); ++i) want_acc[i] = want[i] + sv[i];
+
+  Tensor dw = cuda::to_device(start, 0);
+  cuda::grouped_gemm_wgrad(ddy, dx, offsets, dw, /*accumulate=*/false, stream0());
+  test::expect_norm(test::device_floats(dw), want, 1e-5, 1e-5, "wgmma wgrad (overwrite)");
+  Tensor dw2 = cuda::to_device(start, 0);
+  cuda::grouped_gemm_wgrad(ddy, dx, offsets, dw2, /*accumulate=*/true, stream0());
+  test::expect_norm(test::device_floats(dw2), want_acc, 1e-5, 1e-5, "wgmma wgrad (accumulate)");
+  Tensor dw3 = test::device_from_host(start, DType::BF16);
+  cuda::grouped_gemm_wgrad(ddy, dx, offsets, dw3, /*accumulate=*/true, stream0());
+  test::expect_norm(test::device_floats(dw3), want_acc, 8e-3, 3e-3, "wgmma wgrad (bf16 accumulate)");
+  Tensor dw4 = test::device_from_host(start, DType::BF16);
+  cuda::grouped_gemm_wgrad(ddy, dx, offsets, dw4, /*accumulate=*/false, stream0());
+  test::expect_norm(test::device_floats(dw4), want, 4e-3, 3e-3, "wgmma wgrad (bf16 overwrite)");
+}
+
 TEST(CudaGroupedGemm, Sm90WgradMatchesDoubleReference) {
   MT_SKIP_WITHOUT_SM90();
   ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
   for (const GemmCase& c : kSm90Cases) {
-    const int E = static_cast<int>(c.counts.size()), Nout = c.nout, K = c.k;
-    if (static_cast<int64_t>(E) * Nout * K > (int64_t{1} << 26)) continue;  // host reference too slow
-    const std::vector<int32_t> off = offsets_of(c.counts);
-    const int rows = off[E], N = rows + c.extra_rows;
-    SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " Nout " << Nout << " K " << K);
-    Tensor dy = test::host_random({N, Nout}, 51, 1.0f, true), x = test::host_random({N, K}, 52, 1.0f, true);
-    std::vector<float> dyv = dy.to_floats(), xv = x.to_floats();
-    std::vector<float> dyt(static_cast<size_t>(Nout) * N), xt(static_cast<size_t>(K) * N);  // column-major copies
-    for (int r = 0; r < N; ++r) {
-      for (int n = 0; n < Nout; ++n) dyt[static_cast<size_t>(n) * N + r] = dyv[static_cast<size_t>(r) * Nout + n];
-      for (int k = 0; k < K; ++k) xt[static_cast<size_t>(k) * N + r] = xv[static_cast<size_t>(r) * K + k];
-    }
-    std::vector<float> want(static_cast<size_t>(E) * Nout * K);
-    for (int e = 0; e < E; ++e)
-      for (int n = 0; n < Nout; ++n)
-        for (int k = 0; k < K; ++k)
-          want[(static_cast<size_t>(e) * Nout + n) * K + k] =
-              static_cast<float>(dot_double(&dyt[static_cast<size_t>(n) * N + off[e]],
-                                            &xt[static_cast<size_t>(k) * N + off[e]], off[e + 1] - off[e]));
-    Tensor offsets = device_i32(off), ddy = test::device_from_host(dy, DType::BF16);
-    Tensor dx = test::device_from_host(x, DType::BF16);
-    Tensor start = test::host_random({E, Nout, K}, 53, 1.0f, /*bf16_values=*/true);
-    const std::vector<float> sv = start.to_floats();
-    std::vector<float> want_acc(want.size());
-    for (size_t i = 0; i < want.size(); ++i) want_acc[i] = want[i] + sv[i];
-
-    Tensor dw = cuda::to_device(start, 0);
-    cuda::grouped_gemm_wgrad(ddy, dx, offsets, dw, /*accumulate=*/false, stream0());
-    test::expect_norm(test::device_floats(dw), want, 1e-5, 1e-5, "wgmma wgrad (overwrite)");
-    Tensor dw2 = cuda::to_device(start, 0);
-    cuda::grouped_gemm_wgrad(ddy, dx, offsets, dw2, /*accumulate=*/true, stream0());
-    test::expect_norm(test::device_floats(dw2), want_acc, 1e-5, 1e-5, "wgmma wgrad (accumulate)");
-    Tensor dw3 = test::device_from_host(start, DType::BF16);
-    cuda::grouped_gemm_wgrad(ddy, dx, offsets, dw3, /*accumulate=*/true, stream0());
-    test::expect_norm(test::device_floats(dw3), want_acc, 8e-3, 3e-3, "wgmma wgrad (bf16 accumulate)");
+    if (static_cast<int64_t>(c.counts.size()) * c.nout * c.k > (int64_t{1} << 26)) continue;  // host too slow
+    expect_sm90_wgrad_matches(c);
   }
+}
+
+// With thousands of experts the offsets take the shared memory that otherwise holds the output staging:
+// the forward and dgrad fall back to 128-wide column tiles, the wgrad to two staging buffers per consumer
+// warpgroup (rounds of two chunks, the buffers reused within a tile). 3000 experts of 0-3 rows, widths
+// that pick 256-wide tiles when there is room.
+TEST(CudaGroupedGemm, Sm90WithThousandsOfExperts) {
+  MT_SKIP_WITHOUT_SM90();
+  ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
+  std::vector<int> counts(3000);
+  for (size_t e = 0; e < counts.size(); ++e) counts[e] = static_cast<int>((e * 7) % 4);
+  expect_sm90_forward_matches({counts, 2, 256, 64});  // output width Nout = 256
+  expect_sm90_dgrad_matches({counts, 2, 64, 256});    // output width K = 256
+  expect_sm90_wgrad_matches({counts, 2, 64, 256});
 }
 
 TEST(CudaGroupedGemm, BadShapesAreErrors) {
