@@ -21,8 +21,12 @@
 //                accumulators in registers (BN / 2 per thread). Per k-step: wait full[s], four
 //                wgmma m64nBNk16 (k = 16 each), commit; once the previous step's group has completed
 //                (wait_group 1) its stage is handed back through empty[s]. A warpgroup whose rows all
-//                lie past the expert's end skips its MMAs; the epilogue is staged through the tile's
-//                last stage and stored as coalesced 16-byte chunks.
+//                lie past the expert's end skips its MMAs. Epilogue: the consumer writes its 64 x BN
+//                tile as bf16 into its own staging buffer (staged[c]) and goes on to the next tile's
+//                MMAs; warp 1 + c of the producer warpgroup (idle otherwise) copies the buffer out as
+//                coalesced 16-byte stores (rows past the expert's end and columns past Nout skipped) and
+//                frees it (free[c]). The consumers' tensor cores then idle only for the register-to-
+//                shared-memory copy, not for the global stores.
 // Stage/phase bookkeeping: producer and consumers walk the same (tile, k-step) sequence, so both keep a
 // running stage index and a phase bit that flips each time the index wraps; the producer waits for
 // empty[s] to complete the phase before the one it will fill (parity ^ 1: the first pass never blocks).
@@ -57,9 +61,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* smem = smem_raw + (base - raw);
-  const uint32_t sA = base, sB = base + STAGES * A_BYTES;
-  const uint32_t full_bar = base + Cfg::PIPE_BYTES, empty_bar = full_bar + STAGES * 8;
-  int* s_off = reinterpret_cast<int*>(smem + Cfg::PIPE_BYTES + Cfg::BAR_BYTES);
+  const uint32_t sA = base, sB = base + STAGES * A_BYTES, sOut = base + Cfg::PIPE_BYTES;
+  const uint32_t full_bar = sOut + Cfg::OUT_BYTES, empty_bar = full_bar + STAGES * 8;
+  const uint32_t staged_bar = empty_bar + STAGES * 8, free_bar = staged_bar + 16;  // [consumer warpgroup]
+  int* s_off = reinterpret_cast<int*>(smem + Cfg::PIPE_BYTES + Cfg::OUT_BYTES + Cfg::BAR_BYTES);
   int* s_tiles = s_off + (p.E + 1);
   const int tid = threadIdx.x;
 
@@ -67,6 +72,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_bar + 8 * s, 1);                  // the producer's arrive.expect_tx
       mbar_init(empty_bar + 8 * s, CONSUMER_THREADS);  // every consumer thread, once per k-step
+    }
+    for (int c = 0; c < 2; ++c) {
+      mbar_init(staged_bar + 8 * c, 128);  // the consumer warpgroup's threads, once per staged tile
+      mbar_init(free_bar + 8 * c, 32);     // its storer warp's lanes
     }
     // Make the initialised barriers visible to the other threads and to the async (TMA) proxy.
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -102,6 +111,28 @@ __global__ void __launch_bounds__(THREADS, 1)
           if (++stage == STAGES) stage = 0, phase ^= 1;
         }
       }
+    } else if (tid >= 32 && tid < 96) {
+      // ---- storer warps: warp 1 + c copies consumer warpgroup c's staged tiles out. Same tile walk and
+      // `active` rule as the consumers, so both count the same staged tiles.
+      const int c = tid / 32 - 1, lane = tid & 31;
+      const uint32_t buf = sOut + c * (Cfg::OUT_BYTES / 2);
+      constexpr int UNITS = BN / 8;  // 16-byte units per row
+      uint32_t n = 0;
+      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
+        const int my_row0 = tp.row0 + 64 * c;
+        if (my_row0 >= tp.row_end) continue;
+        mbar_wait(staged_bar + 8 * c, n & 1);
+        const int rows = min(64, tp.row_end - my_row0);
+#pragma unroll 4
+        for (int idx = lane; idx < rows * UNITS; idx += 32) {
+          const int row = idx / UNITS, u = idx % UNITS, col = tp.n0 + 8 * u;  // Nout % 8 == 0: whole units
+          const uint4 v = lds_u32x4(buf + (u >> 3) * 8192 + row * 128 + (((u & 7) ^ (row & 7)) << 4));
+          if (col < p.N) *reinterpret_cast<uint4*>(p.y + static_cast<int64_t>(my_row0 + row) * p.N + col) = v;
+        }
+        mbar_arrive(free_bar + 8 * c);
+        ++n;
+      }
     }
   } else {
     // ---- consumer warpgroups.
@@ -112,7 +143,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
     int stage = 0;
-    uint32_t phase = 0;
+    uint32_t phase = 0, staged = 0;  // staged: tiles this warpgroup has handed to its storer warp
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
       const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
       // A warpgroup whose 64 rows all lie past the expert's end (an expert's last tile holding <= 64
@@ -149,49 +180,43 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
       wgmma_wait<0>();
       fence_regs(acc);
-      // Both warpgroups' MMAs read the whole stage (x rows of both halves, all of W): neither may
-      // overwrite it before the other's last MMAs are done.
-      named_barrier_sync(3, CONSUMER_THREADS);
+      mbar_arrive(empty_bar + 8 * prev);  // this warpgroup's last MMAs are done with the stage
       if (active) {
-        // ---- epilogue, staged through the tile's last stage (its MMAs are complete and the producer
-        // cannot refill it before both warpgroups hand it back below): warpgroup 0 uses the stage's x
-        // part, warpgroup 1 its W part (16 KiB each = 64 rows x 128 columns of bf16). Per 128-column
-        // pass: accumulator fragments -> bf16 pairs in shared memory (16-byte chunks XOR-swizzled by
-        // row, conflict-free), then the warpgroup copies whole 16-byte chunks out, 256 contiguous bytes
-        // per row: coalesced full-sector stores instead of scattered 4-byte ones. Rows past the
-        // expert's end and columns past Nout are not stored.
-        const uint32_t buf = c == 0 ? sA + prev * A_BYTES : sB + prev * Cfg::B_BYTES;
-        const int r0 = 16 * w + g, t128 = tid & 127;
+        // ---- epilogue: accumulator fragments -> bf16 pairs in this warpgroup's staging buffer, 64-column
+        // blocks of [64 rows][128 bytes], 16-byte units XOR-swizzled by row (conflict-free writes and
+        // reads), once the storer warp has copied out the previous tile.
+        mbar_wait(free_bar + 8 * c, (staged & 1) ^ 1);
+        const uint32_t buf = sOut + c * (Cfg::OUT_BYTES / 2);
+        const int r0 = 16 * w + g;
 #pragma unroll
-        for (int h = 0; h < BN / 128; ++h) {
-          if (h > 0) named_barrier_sync(1 + c, 128);  // the previous pass's reads are done
-#pragma unroll
-          for (int jj = 0; jj < 16; ++jj) {
-            const int j = 16 * h + jj;
-            const uint32_t at = buf + (jj >> 3) * 8192 + ((((jj & 7) ^ g) << 4) | (q << 2));
-            sts_u32(at + r0 * 128, pack_bf16(acc[4 * j], acc[4 * j + 1]));
-            sts_u32(at + (r0 + 8) * 128, pack_bf16(acc[4 * j + 2], acc[4 * j + 3]));
-          }
-          named_barrier_sync(1 + c, 128);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const int idx = i * 128 + t128, row = idx >> 4, ch = idx & 15;
-            const uint4 v = lds_u32x4(buf + (ch >> 3) * 8192 + row * 128 + (((ch & 7) ^ (row & 7)) << 4));
-            const int grow = my_row0 + row, col = tp.n0 + 128 * h + 8 * ch;  // Nout % 8 == 0: whole chunks
-            if (grow < tp.row_end && col < p.N)
-              *reinterpret_cast<uint4*>(p.y + static_cast<int64_t>(grow) * p.N + col) = v;
-          }
+        for (int j = 0; j < BN / 8; ++j) {
+          const uint32_t at = buf + (j >> 3) * 8192 + ((((j & 7) ^ g) << 4) | (q << 2));
+          sts_u32(at + r0 * 128, pack_bf16(acc[4 * j], acc[4 * j + 1]));
+          sts_u32(at + (r0 + 8) * 128, pack_bf16(acc[4 * j + 2], acc[4 * j + 3]));
         }
-        // Generic-proxy reads and writes of the stage before the producer's next TMA write to it.
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        mbar_arrive(staged_bar + 8 * c);
+        ++staged;
       }
-      mbar_arrive(empty_bar + 8 * prev);
     }
   }
 #else
   // Built for another architecture: the host never launches this (grouped_gemm_sm90_compiled).
   __trap();
 #endif
+}
+
+// 256-wide column tiles where pick_bn prefers them and the shared memory holds them with E experts' offsets
+// (a few thousand experts leave room only for the 128-wide tile's smaller staging).
+int tile_bn(int N, int E) {
+  int dev = 0, optin = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const int bn = pick_bn(N) == 256 && smem_bytes<256>(E) <= static_cast<size_t>(optin) ? 256 : 128;
+  MT_CUDA_REQUIRE(smem_bytes<128>(E) <= static_cast<size_t>(optin),
+                  "grouped gemm (wgmma): " + std::to_string(E) + " experts need " +
+                      std::to_string(smem_bytes<128>(E)) + " bytes of shared memory per block; device " +
+                      std::to_string(dev) + " allows " + std::to_string(optin));
+  return bn;
 }
 
 template <int BN, bool B_MN>
@@ -235,7 +260,7 @@ void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const i
   const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(N) * K * 2};
   const Sm90Args a{offsets, static_cast<bf16*>(y), E, N, K};
   const CUtensorMap mx = make_map("x", x, 2, xdims, xstrides, BM);
-  if (pick_bn(N) == 256) {
+  if (tile_bn(N, E) == 256) {
     const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, 256);
     launch_bn<256, false>(mx, mw, a, rows, sm_count, stream);
   } else {
@@ -257,7 +282,7 @@ void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, con
   const Sm90Args a{offsets, static_cast<bf16*>(dx), E, K, J};
   const CUtensorMap my = make_map("dy", dy, 2, ydims, ystrides, BM);
   const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, BK);
-  if (pick_bn(K) == 256)
+  if (tile_bn(K, E) == 256)
     launch_bn<256, true>(my, mw, a, rows, sm_count, stream);
   else
     launch_bn<128, true>(my, mw, a, rows, sm_count, stream);

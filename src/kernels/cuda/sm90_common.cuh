@@ -25,21 +25,24 @@ constexpr int A_BYTES = BM * BK * 2;  // one x stage: 128 rows of 128 bytes
 
 template <int BN>
 struct TileCfg {
-  static constexpr int STAGES = BN == 256 ? 4 : 6;  // ~192 KiB of stages either way
+  // Stages plus the epilogue's staging (a bf16 64 x BN buffer per consumer warpgroup): 208 / 192 KiB.
+  static constexpr int STAGES = BN == 256 ? 3 : 5;
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
-  static constexpr int BAR_BYTES = 2 * STAGES * 8;  // full[STAGES], empty[STAGES] mbarriers
+  static constexpr int OUT_BYTES = 2 * 64 * BN * 2;
+  static constexpr int BAR_BYTES = 2 * STAGES * 8 + 4 * 8;  // full[STAGES], empty[STAGES], staged[2], free[2]
   static_assert(BN == 128 || BN == 256, "wgmma tile width");
 };
 
-// Dynamic shared memory: 1 KiB of slack to align the stages to 1024 bytes (the 128-byte swizzle
-// pattern repeats every 8 rows of 128 bytes; TMA and wgmma both assume the atom starts 1024-aligned),
-// the stages, the barriers, then two int arrays of E + 1 (forward and dgrad: the offsets and the m-tile
-// prefix; wgrad: the offsets of both row segments).
+// Dynamic shared memory of the forward and dgrad: 1 KiB of slack to align the stages to 1024 bytes (the
+// 128-byte swizzle pattern repeats every 8 rows of 128 bytes; TMA and wgmma both assume the atom starts
+// 1024-aligned), the stages, the output staging, the barriers, then two int arrays of E + 1 (the offsets
+// and the m-tile prefix).
 template <int BN>
 inline size_t smem_bytes(int E) {
-  return 1024 + TileCfg<BN>::PIPE_BYTES + TileCfg<BN>::BAR_BYTES + 2 * static_cast<size_t>(E + 1) * sizeof(int);
+  return 1024 + TileCfg<BN>::PIPE_BYTES + TileCfg<BN>::OUT_BYTES + TileCfg<BN>::BAR_BYTES +
+         2 * static_cast<size_t>(E + 1) * sizeof(int);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
