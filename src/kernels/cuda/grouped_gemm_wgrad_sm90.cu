@@ -14,11 +14,7 @@
 //
 // Same block shape as the forward (grouped_gemm_sm90.cu): warpgroup 0 produces, warpgroups 1 and 2 each
 // own 64 of the tile's 128 m-rows and all BN n-columns. Tile = (expert, m-tile, n-tile), expert-major
-// so concurrent tiles share the expert's rows in L2; persistent blocks take tiles round-robin. Unlike the
-// forward's, these tiles cost what their expert's row count says (3 to 50 k-steps under a real router), so
-// the experts are walked from the most rows to the fewest (each block ranks them in shared memory): the
-// round-robin then ends on the cheapest tiles instead of leaving a few blocks with a large expert's tiles
-// after the others are done.
+// so concurrent tiles share the expert's rows in L2; persistent blocks take tiles round-robin.
 // Per k-step the producer loads 64 grouped rows of dy (two [64 rows][64 m] boxes) and of x (BN / 64
 // [64 rows][64 n] boxes), starting at the expert's first row: TMA has no notion of the expert boundary,
 // so in the last k-step of a segment the rows past the expert's end (the next expert's rows, or zero
@@ -62,9 +58,9 @@ struct WgradCfg {
   static constexpr int CHUNKS = BN / CW;                   // chunks per warpgroup and tile: 2, 4 or 8
   static constexpr int OUT_BYTES = 64 * 128;               // one staging buffer: 64 rows of 128 bytes
   static constexpr int BAR_BYTES = 2 * STAGES * 8;
-  static size_t smem_bytes(int E, int nbuf) {  // + both segments' offsets and the expert order
+  static size_t smem_bytes(int E, int nbuf) {
     return 1024 + PIPE_BYTES + 2 * static_cast<size_t>(nbuf) * OUT_BYTES + BAR_BYTES +
-           (2 * static_cast<size_t>(E + 1) + E) * sizeof(int);
+           2 * static_cast<size_t>(E + 1) * sizeof(int);
   }
 };
 
@@ -94,8 +90,6 @@ __device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, uint32
                "r"(src), "r"(c0), "r"(c1), "r"(c2)
                : "memory");
 }
-// The expert order is written (id 4, every thread of the block).
-__device__ __forceinline__ void order_sync() { asm volatile("bar.sync 4, 384;\n" ::: "memory"); }
 // Barrier of one consumer warpgroup (ids 2 and 3; 0 is __syncthreads, 1 the two consumer warpgroups).
 __device__ __forceinline__ void warpgroup_sync(int c) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
@@ -120,7 +114,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t full_bar = sOut + out_total, empty_bar = full_bar + STAGES * 8;
   int* s_off1 = reinterpret_cast<int*>(smem + Cfg::PIPE_BYTES + out_total + Cfg::BAR_BYTES);
   int* s_off2 = s_off1 + (p.E + 1);
-  int* s_order = s_off2 + (p.E + 1);  // the experts by decreasing k-steps (see below)
   const int tid = threadIdx.x;
   const bool two = p.offsets2 != nullptr;
 
@@ -137,16 +130,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     s_off2[e] = two ? p.offsets2[e] : 0;
   }
   __syncthreads();
-  // The expert order: each expert's k-steps into s_k (the staging room's start, unused until the first
-  // epilogue), then a rank sort (ties by index) by the producer warpgroup's three idle warps after the
-  // register split (done before it, the sort made ptxas spill in the consumers). O(E^2 / 96): ~2 us at 256
-  // experts; more keep their natural order.
-  int* s_k = reinterpret_cast<int*>(smem + Cfg::PIPE_BYTES);
-  const bool sort_experts = p.E <= 256;
-  if (sort_experts)
-    for (int e = tid; e < p.E; e += THREADS)
-      s_k[e] = (s_off1[e + 1] - s_off1[e] + BK - 1) / BK + (s_off2[e + 1] - s_off2[e] + BK - 1) / BK;
-  __syncthreads();
   const int ntm = (p.M + BM - 1) / BM, ntn = (p.N + BN - 1) / BN;
   const int64_t total = static_cast<int64_t>(p.E) * ntm * ntn;
   // Tile t -> expert, first m, first n; the k-steps of each segment.
@@ -156,9 +139,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto tile_of = [&](int64_t t) {
     Tile x;
     const int per_e = ntm * ntn;
-    const int i = static_cast<int>(t / per_e);
-    x.e = s_order[i];
-    const int rem = static_cast<int>(t - static_cast<int64_t>(i) * per_e);
+    x.e = static_cast<int>(t / per_e);
+    const int rem = static_cast<int>(t - static_cast<int64_t>(x.e) * per_e);
     x.m0 = (rem / ntn) * BM;
     x.n0 = (rem % ntn) * BN;
     x.r1 = s_off1[x.e];
@@ -172,18 +154,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   if (tid < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (tid >= 32) {
-      for (int e = tid - 32; e < p.E; e += 96) {
-        int rank = e;
-        if (sort_experts) {
-          const int k = s_k[e];
-          rank = 0;
-          for (int f = 0; f < p.E; ++f) rank += s_k[f] > k || (s_k[f] == k && f < e);
-        }
-        s_order[rank] = e;
-      }
-    }
-    order_sync();
     if (tid == 0) {
       tma_prefetch_map(&map_dy1);
       tma_prefetch_map(&map_x1);
@@ -214,7 +184,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    order_sync();
     const int ctid = tid - 128;
     const int c = ctid / 128;  // m-rows 64c .. 64c + 63 of the tile
     const int w = (ctid / 32) & 3, lane = tid & 31, g = lane >> 2, q = lane & 3;
