@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/device_context.h"
+#include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/device_tensor_check.h"
 #include "kernels/cuda/grouped_gemm_kernels.h"
 #include "kernels/cuda/tensor_checks.h"
@@ -88,6 +89,16 @@ void grouped_gemm_dgrad(const Tensor& dy, const Tensor& w, const Tensor& offsets
                                       N, static_cast<int>(Nout), static_cast<int>(K), ctx.sm_count, stream);
 }
 
+namespace {
+// The wgmma wgrad's tile counter: a zeroed device int from the caching allocator (released in stream
+// order after the launch, so concurrent wgrads never share one).
+Tensor tile_counter(Device device, cudaStream_t stream) {
+  Tensor counter = Tensor::empty({1}, DType::I32, device);
+  fill_zero_async(counter, stream);
+  return counter;
+}
+}  // namespace
+
 void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets, Tensor& dw, bool accumulate,
                         cudaStream_t stream) {
   MT_CHECK(dy.defined() && x.defined() && dw.defined() && dy.ndim() == 2 && x.ndim() == 2 && dw.ndim() == 3,
@@ -98,11 +109,13 @@ void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets
   check_device_tensor2(dw, "grouped gemm dw", DType::F32, DType::BF16, {E, Nout, K});
   check_common("grouped gemm wgrad", offsets, E, Nout, K, {&dy, &x, &dw});
   DeviceContext& ctx = device_context(dy.device().index);
-  if (use_wgmma("grouped gemm wgrad", ctx, N))
+  if (use_wgmma("grouped gemm wgrad", ctx, N)) {
+    Tensor counter = tile_counter(dy.device(), stream);
     detail::grouped_gemm_wgrad_sm90_launch(dy.data(), x.data(), N, dw.data(), dw.dtype() == DType::BF16,
                                            offsets.data_as<int32_t>(), static_cast<int>(E), static_cast<int>(Nout),
-                                           static_cast<int>(K), accumulate, ctx.sm_count, stream);
-  else
+                                           static_cast<int>(K), accumulate, ctx.sm_count,
+                                           counter.data_as<int32_t>(), stream);
+  } else
     detail::grouped_gemm_wgrad_launch(dy.data(), x.data(), dw.data(), dw.dtype() == DType::BF16,
                                       offsets.data_as<int32_t>(), static_cast<int>(E), static_cast<int>(Nout),
                                       static_cast<int>(K), accumulate, ctx.sm_count, stream);
@@ -123,9 +136,11 @@ void grouped_gemm_wgrad2(const Tensor& dy1, const Tensor& x1, const Tensor& offs
   check_common("grouped gemm wgrad2", offsets2, E, Nout, K, {&dy2, &x2, &dw});
   DeviceContext& ctx = device_context(dy1.device().index);
   if (use_wgmma("grouped gemm wgrad2", ctx, std::max(N1, N2))) {
+    Tensor counter = tile_counter(dy1.device(), stream);
     detail::grouped_gemm_wgrad_sm90_launch(dy1.data(), x1.data(), N1, dw.data(), dw.dtype() == DType::BF16,
                                            offsets1.data_as<int32_t>(), static_cast<int>(E), static_cast<int>(Nout),
-                                           static_cast<int>(K), accumulate, ctx.sm_count, stream, dy2.data(),
+                                           static_cast<int>(K), accumulate, ctx.sm_count,
+                                           counter.data_as<int32_t>(), stream, dy2.data(),
                                            x2.data(), N2, offsets2.data_as<int32_t>());
     return;
   }

@@ -28,10 +28,11 @@ void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const i
 void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, const int32_t* offsets, int E,
                                     int64_t rows, int J, int K, int sm_count, cudaStream_t stream);
 // dw [E][M][N] (+)= dy_eᵀ · x_e as grouped_gemm_wgrad_launch; `rows` / `rows2` are the row counts of
-// dy/x and dy2/x2 (the tensor maps' extents).
+// dy/x and dy2/x2 (the tensor maps' extents). `tile_counter`: one device int, zero when the kernel starts
+// (the blocks take their tiles from it), used by this launch only.
 void grouped_gemm_wgrad_sm90_launch(const void* dy, const void* x, int64_t rows, void* dw, bool dw_bf16,
                                     const int32_t* offsets, int E, int M, int N, bool accumulate, int sm_count,
-                                    cudaStream_t stream, const void* dy2 = nullptr, const void* x2 = nullptr,
+                                    int* tile_counter, cudaStream_t stream, const void* dy2 = nullptr, const void* x2 = nullptr,
                                     int64_t rows2 = 0, const int32_t* offsets2 = nullptr);
 // True when the current device would run the sm_90a build of those kernels (a cc 9.0 GPU and a build
 // with 90a in CMAKE_CUDA_ARCHITECTURES).

@@ -14,7 +14,10 @@
 //
 // Same block shape as the forward (grouped_gemm_sm90.cu): warpgroup 0 produces, warpgroups 1 and 2 each
 // own 64 of the tile's 128 m-rows and all BN n-columns. Tile = (expert, m-tile, n-tile), expert-major
-// so concurrent tiles share the expert's rows in L2; persistent blocks take tiles round-robin.
+// so concurrent tiles share the expert's rows in L2. Unlike the forward's, these tiles cost what their
+// expert's row count says (1 to 50 k-steps under a real router), so the persistent blocks take them from
+// a global counter (atomicAdd by the producer thread, handed to the consumers through a small ring in
+// shared memory) instead of round-robin: a block that drew large tiles takes fewer.
 // Per k-step the producer loads 64 grouped rows of dy (two [64 rows][64 m] boxes) and of x (BN / 64
 // [64 rows][64 n] boxes), starting at the expert's first row: TMA has no notion of the expert boundary,
 // so in the last k-step of a segment the rows past the expert's end (the next expert's rows, or zero
@@ -40,6 +43,7 @@ using namespace sm90;
 struct WgradArgs {
   const int32_t* offsets1;
   const int32_t* offsets2;  // null: one segment
+  int* tile_counter;        // zero at launch: tiles gridDim.x, gridDim.x + 1, ... go to whoever asks first
   int E, M, N;
   bool accumulate;
   int nbuf;  // staging buffers per consumer warpgroup: 2, 4 or 8, dividing the tile's chunks
@@ -57,10 +61,11 @@ struct WgradCfg {
   static constexpr int CW = 128 / ESZ;                     // dW columns per chunk
   static constexpr int CHUNKS = BN / CW;                   // chunks per warpgroup and tile: 2, 4 or 8
   static constexpr int OUT_BYTES = 64 * 128;               // one staging buffer: 64 rows of 128 bytes
-  static constexpr int BAR_BYTES = 2 * STAGES * 8;
-  static size_t smem_bytes(int E, int nbuf) {
+  static constexpr int TQ = 4;                             // tile ring slots
+  static constexpr int BAR_BYTES = 2 * STAGES * 8 + 2 * TQ * 8;  // full, empty [STAGES]; tile full, empty [TQ]
+  static size_t smem_bytes(int E, int nbuf) {  // + the ring's tile indices and both segments' offsets
     return 1024 + PIPE_BYTES + 2 * static_cast<size_t>(nbuf) * OUT_BYTES + BAR_BYTES +
-           2 * static_cast<size_t>(E + 1) * sizeof(int);
+           (TQ + 2 * static_cast<size_t>(E + 1)) * sizeof(int);
   }
 };
 
@@ -111,8 +116,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* smem = smem_raw + (base - raw);
   const uint32_t sA = base, sB = base + STAGES * A_BYTES, sOut = base + Cfg::PIPE_BYTES;
+  constexpr int TQ = Cfg::TQ;
   const uint32_t full_bar = sOut + out_total, empty_bar = full_bar + STAGES * 8;
-  int* s_off1 = reinterpret_cast<int*>(smem + Cfg::PIPE_BYTES + out_total + Cfg::BAR_BYTES);
+  const uint32_t tile_full = empty_bar + STAGES * 8, tile_empty = tile_full + TQ * 8;
+  int* s_tile = reinterpret_cast<int*>(smem + Cfg::PIPE_BYTES + out_total + Cfg::BAR_BYTES);  // -1: no more
+  int* s_off1 = s_tile + TQ;
   int* s_off2 = s_off1 + (p.E + 1);
   const int tid = threadIdx.x;
   const bool two = p.offsets2 != nullptr;
@@ -121,6 +129,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_bar + 8 * s, 1);
       mbar_init(empty_bar + 8 * s, CONSUMER_THREADS);
+    }
+    for (int s = 0; s < TQ; ++s) {
+      mbar_init(tile_full + 8 * s, 1);
+      mbar_init(tile_empty + 8 * s, CONSUMER_THREADS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -131,16 +143,16 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   __syncthreads();
   const int ntm = (p.M + BM - 1) / BM, ntn = (p.N + BN - 1) / BN;
-  const int64_t total = static_cast<int64_t>(p.E) * ntm * ntn;
+  const int total = p.E * ntm * ntn;  // < 2^31: checked by the launcher
   // Tile t -> expert, first m, first n; the k-steps of each segment.
   struct Tile {
     int e, m0, n0, r1, c1, r2, c2, kb1, kt;  // r: first row, c: rows of segment 1 / 2
   };
-  auto tile_of = [&](int64_t t) {
+  auto tile_of = [&](int t) {
     Tile x;
     const int per_e = ntm * ntn;
-    x.e = static_cast<int>(t / per_e);
-    const int rem = static_cast<int>(t - static_cast<int64_t>(x.e) * per_e);
+    x.e = t / per_e;
+    const int rem = t - x.e * per_e;
     x.m0 = (rem / ntn) * BM;
     x.n0 = (rem % ntn) * BN;
     x.r1 = s_off1[x.e];
@@ -162,9 +174,18 @@ __global__ void __launch_bounds__(THREADS, 1)
         tma_prefetch_map(&map_x2);
       }
       int stage = 0;
-      uint32_t phase = 0;
-      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+      uint32_t phase = 0, handed = 0;  // handed: tiles put in the ring (slot handed % TQ)
+      for (int t = blockIdx.x;; ++handed) {
+        // Hand the tile (or the end, -1) to the consumers, then ask for the next one: the atomic's round
+        // trip runs while this tile's loads are issued.
+        const uint32_t slot = handed % TQ;
+        mbar_wait(tile_empty + 8 * slot, ((handed / TQ) & 1) ^ 1);
+        s_tile[slot] = t < total ? t : -1;
+        mbar_arrive(tile_full + 8 * slot);
+        if (t >= total) break;
+        const int next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
         const Tile tl = tile_of(t);
+        t = next;
         for (int kb = 0; kb < tl.kt; ++kb) {
           mbar_wait(empty_bar + 8 * stage, phase ^ 1);
           const uint32_t fb = full_bar + 8 * stage;
@@ -190,8 +211,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     const bool elected = (ctid & 127) == 0;  // issues this warpgroup's TMA stores
     float acc[BN / 2];
     int stage = 0;
-    uint32_t phase = 0;
-    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+    uint32_t phase = 0, taken = 0;  // taken: tiles read from the ring
+    for (;; ++taken) {
+      const uint32_t slot = taken % TQ;
+      // A bare spin: the consumers are at ptxas's register limit here (mbar_wait's clock-bounded slow path,
+      // or even an iteration count, made the 256-wide kernels spill); the stage waits below keep the trap.
+      while (!mbar_try_wait(tile_full + 8 * slot, (taken / TQ) & 1)) {
+      }
+      const int t = s_tile[slot];
+      mbar_arrive(tile_empty + 8 * slot);
+      if (t < 0) break;
       const Tile tl = tile_of(t);
       // An expert without rows adds nothing, or (overwrite) stores zeros: selected in the epilogue, not by
       // zeroing acc here (a non-wgmma write of the accumulators in the tile loop made ptxas serialise every
@@ -290,6 +319,8 @@ void launch_wgrad(const CUtensorMap* maps, WgradArgs a, int sm_count, cudaStream
   using Cfg = WgradCfg<BN, DW_BF16>;
   const int64_t tiles = static_cast<int64_t>(a.E) * ((a.M + BM - 1) / BM) * ((a.N + BN - 1) / BN);
   if (tiles <= 0) return;
+  MT_CUDA_REQUIRE(tiles < (int64_t{1} << 30), "grouped gemm wgrad (wgmma): " + std::to_string(tiles) +
+                                                  " tiles; the tile counter takes fewer than 2^30");
   // As many staging buffers as the tile has chunks where they fit (with many experts the offsets take the
   // room); two at least.
   int dev = 0, optin = 0;
@@ -315,7 +346,7 @@ namespace detail {
 
 void grouped_gemm_wgrad_sm90_launch(const void* dy, const void* x, int64_t rows, void* dw, bool dw_bf16,
                                     const int32_t* offsets, int E, int M, int N, bool accumulate, int sm_count,
-                                    cudaStream_t stream, const void* dy2, const void* x2, int64_t rows2,
+                                    int* tile_counter, cudaStream_t stream, const void* dy2, const void* x2, int64_t rows2,
                                     const int32_t* offsets2) {
   MT_CUDA_REQUIRE(grouped_gemm_sm90_compiled(),
                   "grouped gemm wgrad (wgmma): needs a cc 9.0 GPU and a build with CMAKE_CUDA_ARCHITECTURES "
@@ -344,7 +375,7 @@ void grouped_gemm_wgrad_sm90_launch(const void* dy, const void* x, int64_t rows,
   const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
   const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(N) * esz, static_cast<cuuint64_t>(M) * N * esz};
   maps[4] = make_map("dw", dw, 3, wdims, wstrides, 64, /*f32=*/!dw_bf16);
-  const WgradArgs a{offsets, two ? offsets2 : nullptr, E, M, N, accumulate, /*nbuf=*/2};
+  const WgradArgs a{offsets, two ? offsets2 : nullptr, tile_counter, E, M, N, accumulate, /*nbuf=*/2};
   const bool wide = pick_bn(N) == 256;
   if (dw_bf16)
     wide ? launch_wgrad<256, true>(maps, a, sm_count, stream) : launch_wgrad<128, true>(maps, a, sm_count, stream);
