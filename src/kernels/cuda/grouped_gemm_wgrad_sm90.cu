@@ -15,9 +15,9 @@
 // Same block shape as the forward (grouped_gemm_sm90.cu): warpgroup 0 produces, warpgroups 1 and 2 each
 // own 64 of the tile's 128 m-rows and all BN n-columns. Tile = (expert, m-tile, n-tile), expert-major
 // so concurrent tiles share the expert's rows in L2. Unlike the forward's, these tiles cost what their
-// expert's row count says (1 to 50 k-steps under a real router), so the persistent blocks take them from
-// a global counter (atomicAdd by the producer thread, handed to the consumers through a small ring in
-// shared memory) instead of round-robin: a block that drew large tiles takes fewer.
+// expert's row count says (1 to 51 k-steps under the bench's skewed routing), so the persistent blocks
+// take them from a global counter (atomicAdd by the producer thread, handed to the consumers through a
+// small ring in shared memory) instead of round-robin: a block that drew large tiles takes fewer.
 // Per k-step the producer loads 64 grouped rows of dy (two [64 rows][64 m] boxes) and of x (BN / 64
 // [64 rows][64 n] boxes), starting at the expert's first row: TMA has no notion of the expert boundary,
 // so in the last k-step of a segment the rows past the expert's end (the next expert's rows, or zero
@@ -31,8 +31,8 @@
 // when overwriting. A tile whose expert has no rows in either segment adds nothing (overwrite: stores
 // zeros). The staging holds a whole tile where shared memory allows (every BF16 tile; half an F32 256-wide
 // tile): the consumers write their chunks, hand them over and go on to the next tile's MMAs while TMA
-// drains them, instead of waiting for each 8 KiB buffer to be read (all SMs finish their tiles together,
-// so those reads wait on a burst of dW traffic: two buffers per warpgroup cost ~18% of the wgrad).
+// drains them, instead of waiting for each 8 KiB buffer to be read (with two buffers per warpgroup the
+// down / gate_up wgrad ran 9% / 3% slower: bench/NOTES.md 39).
 
 namespace mt::cuda {
 
@@ -346,8 +346,8 @@ namespace detail {
 
 void grouped_gemm_wgrad_sm90_launch(const void* dy, const void* x, int64_t rows, void* dw, bool dw_bf16,
                                     const int32_t* offsets, int E, int M, int N, bool accumulate, int sm_count,
-                                    int* tile_counter, cudaStream_t stream, const void* dy2, const void* x2, int64_t rows2,
-                                    const int32_t* offsets2) {
+                                    int* tile_counter, cudaStream_t stream, const void* dy2, const void* x2,
+                                    int64_t rows2, const int32_t* offsets2) {
   MT_CUDA_REQUIRE(grouped_gemm_sm90_compiled(),
                   "grouped gemm wgrad (wgmma): needs a cc 9.0 GPU and a build with CMAKE_CUDA_ARCHITECTURES "
                   "including 90a");
