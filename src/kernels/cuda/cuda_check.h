@@ -36,3 +36,24 @@ namespace mt::cuda {
   do {                                                                                 \
     if (!(cond)) ::mt::cuda::require_fail(__FILE__, __LINE__, #cond, (msg));           \
   } while (0)
+
+namespace mt::cuda {
+// The opt-in shared memory per block of the calling thread's current device (bytes).
+inline size_t smem_optin_bytes() {
+  int dev = 0, optin = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return static_cast<size_t>(optin);
+}
+// A kernel configuration larger than that fails here with the numbers ("<what> needs N bytes of shared
+// memory per block; device D allows M"), not with cudaFuncSetAttribute's "invalid argument".
+inline void require_smem_fits(size_t bytes, const std::string& what) {
+  const size_t optin = smem_optin_bytes();
+  if (bytes <= optin) return;
+  int dev = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  MT_CUDA_REQUIRE(bytes <= optin, what + " needs " + std::to_string(bytes) +
+                                      " bytes of shared memory per block; device " + std::to_string(dev) +
+                                      " allows " + std::to_string(optin));
+}
+}  // namespace mt::cuda

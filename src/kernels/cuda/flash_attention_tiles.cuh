@@ -124,15 +124,10 @@ struct BwdTiles {
 };
 
 // A tile configuration larger than the current device's opt-in shared memory per block (the D = 256
-// backward's 203 KiB on an sm_80 part, which allows 163 KiB) fails here with the numbers, not with
-// cudaFuncSetAttribute's "invalid argument".
+// backward's 203 KiB on an sm_80 part, which allows 163 KiB) fails with the numbers.
 inline void require_smem(int bytes, int head_dim, const char* pass) {
-  int dev = 0, optin = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&dev));
-  MT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  MT_CUDA_REQUIRE(bytes <= optin, "flash attention " + std::string(pass) + " at head_dim " + std::to_string(head_dim) +
-                                      " needs " + std::to_string(bytes) + " bytes of shared memory per block; device " +
-                                      std::to_string(dev) + " allows " + std::to_string(optin));
+  require_smem_fits(static_cast<size_t>(bytes),
+                    "flash attention " + std::string(pass) + " at head_dim " + std::to_string(head_dim));
 }
 
 }  // namespace mt::cuda::flash

@@ -208,15 +208,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 // 256-wide column tiles where pick_bn prefers them and the shared memory holds them with E experts' offsets
 // (a few thousand experts leave room only for the 128-wide tile's smaller staging).
 int tile_bn(int N, int E) {
-  int dev = 0, optin = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&dev));
-  MT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  const int bn = pick_bn(N) == 256 && smem_bytes<256>(E) <= static_cast<size_t>(optin) ? 256 : 128;
-  MT_CUDA_REQUIRE(smem_bytes<128>(E) <= static_cast<size_t>(optin),
-                  "grouped gemm (wgmma): " + std::to_string(E) + " experts need " +
-                      std::to_string(smem_bytes<128>(E)) + " bytes of shared memory per block; device " +
-                      std::to_string(dev) + " allows " + std::to_string(optin));
-  return bn;
+  if (pick_bn(N) == 256 && smem_bytes<256>(E) <= smem_optin_bytes()) return 256;
+  require_smem_fits(smem_bytes<128>(E), "grouped gemm (wgmma) with " + std::to_string(E) + " experts");
+  return 128;
 }
 
 template <int BN, bool B_MN>

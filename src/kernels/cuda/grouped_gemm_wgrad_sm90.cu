@@ -323,16 +323,11 @@ void launch_wgrad(const CUtensorMap* maps, WgradArgs a, int sm_count, cudaStream
                                                   " tiles; the tile counter takes fewer than 2^30");
   // As many staging buffers as the tile has chunks where they fit (with many experts the offsets take the
   // room); two at least.
-  int dev = 0, optin = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&dev));
-  MT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const size_t optin = smem_optin_bytes();
   a.nbuf = Cfg::CHUNKS;
-  while (a.nbuf > 2 && Cfg::smem_bytes(a.E, a.nbuf) > static_cast<size_t>(optin)) a.nbuf /= 2;
+  while (a.nbuf > 2 && Cfg::smem_bytes(a.E, a.nbuf) > optin) a.nbuf /= 2;
   const size_t smem = Cfg::smem_bytes(a.E, a.nbuf);
-  MT_CUDA_REQUIRE(smem <= static_cast<size_t>(optin),
-                  "grouped gemm wgrad (wgmma): " + std::to_string(a.E) + " experts need " + std::to_string(smem) +
-                      " bytes of shared memory per block; device " + std::to_string(dev) + " allows " +
-                      std::to_string(optin));
+  require_smem_fits(smem, "grouped gemm wgrad (wgmma) with " + std::to_string(a.E) + " experts");
   auto kern = grouped_wgrad_sm90_kernel<BN, DW_BF16>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int grid = static_cast<int>(std::min<int64_t>(tiles, std::max(sm_count, 1)));
@@ -375,7 +370,7 @@ void grouped_gemm_wgrad_sm90_launch(const void* dy, const void* x, int64_t rows,
   const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
   const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(N) * esz, static_cast<cuuint64_t>(M) * N * esz};
   maps[4] = make_map("dw", dw, 3, wdims, wstrides, 64, /*f32=*/!dw_bf16);
-  const WgradArgs a{offsets, two ? offsets2 : nullptr, tile_counter, E, M, N, accumulate, /*nbuf=*/2};
+  const WgradArgs a{offsets, two ? offsets2 : nullptr, tile_counter, E, M, N, accumulate, /*nbuf: launch_wgrad*/ 0};
   const bool wide = pick_bn(N) == 256;
   if (dw_bf16)
     wide ? launch_wgrad<256, true>(maps, a, sm_count, stream) : launch_wgrad<128, true>(maps, a, sm_count, stream);
