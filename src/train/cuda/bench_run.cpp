@@ -277,6 +277,11 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   double loss_first = 0, loss_last = 0, timed_s = 0;
   int64_t a2a_bytes = 0;
   double host_wait_s = 0;
+  // Experiment switch: MIXTUNE_BENCH_LEAD_MS=N queues an N ms GPU spin ahead of each step, so the host has
+  // queued the step's launches before the GPU reaches them. phases_ms (GPU time from the step's first mark)
+  // then shows whether the host's enqueue rate held the GPU back; tokens/s includes the spin.
+  const char* lead_env = std::getenv("MIXTUNE_BENCH_LEAD_MS");
+  const int64_t lead_ns = lead_env ? static_cast<int64_t>(std::atof(lead_env) * 1e6) : 0;
   for (int64_t s = 0; s < o.warmup + o.steps; ++s) {
     std::vector<Batch> host;
     std::vector<CudaBatch> window;
@@ -291,6 +296,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     const int64_t mallocs0 = cuda::allocator_stats(device).cuda_malloc_calls;
     const int64_t sent0 = ep ? ep->bytes_sent() : 0;
     const double wait0 = ep ? ep->host_wait_s() : 0;
+    if (lead_ns > 0) cuda::gpu_spin(lead_ns, ctx.stream);
     const auto t0 = std::chrono::steady_clock::now();
     const EngineStep r = trainer.step(
         window, static_cast<double>(o.micro_batch * (o.seq - 1) * o.grad_accum * world), 1e-5, 1.0);
@@ -351,6 +357,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   j["precision"] = o.precision;
   j["recompute"] = recompute_name(o.recompute);
   j["pair_expert_wgrad"] = pair;
+  if (lead_ns > 0) j["lead_spin_ms"] = static_cast<double>(lead_ns) / 1e6;
   j["router"] = "real";
   j["tokens_per_s_per_gpu"] = tps;
   j["step_time_s"] = timed_s / static_cast<double>(o.steps);
