@@ -202,12 +202,19 @@ def phase_rows(rec):
     if not isinstance(phases, dict) or not phases:
         return []
     vals = {k: v for k, v in phases.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    host = rec.get("host_phases_ms") if isinstance(rec.get("host_phases_ms"), dict) else {}
     total = sum(vals.values())
-    rows = [(k, f"{v:,.1f}", f"{100 * v / total:.1f}%" if total > 0 else "–") for k, v in vals.items()]
-    rows.append(("sum", f"{total:,.1f}", "100.0%" if total > 0 else "–"))
+
+    def host_ms(v):
+        return f"{v:,.1f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "–"
+
+    rows = [(k, f"{v:,.1f}", f"{100 * v / total:.1f}%" if total > 0 else "–", host_ms(host.get(k)))
+            for k, v in vals.items()]
+    host_total = sum(v for v in host.values() if isinstance(v, (int, float)) and not isinstance(v, bool))
+    rows.append(("sum", f"{total:,.1f}", "100.0%" if total > 0 else "–", host_ms(host_total) if host else "–"))
     st = num(rec, "step_time_s")
     if st:
-        rows.append(("step time", f"{1e3 * st:,.1f}", f"sum/step = {total / (1e3 * st):.2f}"))
+        rows.append(("step time", f"{1e3 * st:,.1f}", f"sum/step = {total / (1e3 * st):.2f}", ""))
     return rows
 
 
@@ -304,7 +311,7 @@ def text_report(d):
             if lines:
                 out.append(f"\n{label} attempts:\n  " + "\n  ".join(lines))
     if d["phases"]:
-        out.append(f"\n{d['label_m']} phases (ms):\n" + render_text(d["phases"], ["phase", "ms", "share"]))
+        out.append(f"\n{d['label_m']} phases (ms):\n" + render_text(d["phases"], ["phase", "ms", "share", "host ms"]))
     for n in d["notes"]:
         out.append(f"NOTE: {n}")
     return "\n".join(out)
@@ -336,7 +343,7 @@ def markdown_report(d, title, now=None):
                 out += ["", f"{label} attempts: " + "; ".join(lines) + "."]
     if d["phases"]:
         out += ["", f"{d['label_m']} phase breakdown (phases_ms):", "",
-                render_md(d["phases"], ["phase", "ms", "share"], right=(1, 2))]
+                render_md(d["phases"], ["phase", "ms", "share", "host ms"], right=(1, 2, 3))]
     if d["notes"]:
         out += [""] + [f"* NOTE: {n}" for n in d["notes"]]
     if not d["longest"]:

@@ -31,6 +31,11 @@ void PhaseTimer::mark(Phase p, cudaStream_t stream) {
     pool_.push_back(e);
     phases_.push_back(p);
   }
+  const auto now = std::chrono::steady_clock::now();
+  if (used_ > 0)
+    host_totals_[static_cast<int>(phases_[used_ - 1])] +=
+        std::chrono::duration<double, std::milli>(now - last_host_).count();
+  last_host_ = now;
   phases_[used_] = p;
   MT_CUDA_CHECK(cudaEventRecord(pool_[used_], stream));
   ++used_;

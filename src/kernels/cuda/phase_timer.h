@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <chrono>
 #include <vector>
 
 namespace mt::cuda {
@@ -31,7 +32,10 @@ class PhaseTimer {
   // end a measured region with mark(Phase::other, ...).
   void collect();
   const std::array<double, kPhaseCount>& totals_ms() const { return totals_; }
-  void reset_totals() { totals_.fill(0.0); }
+  // Host time between the same marks (the enqueue cost of each phase, plus any wait inside it): where it
+  // comes near the GPU time, the host's launch rate holds the GPU back.
+  const std::array<double, kPhaseCount>& host_totals_ms() const { return host_totals_; }
+  void reset_totals() { totals_.fill(0.0), host_totals_.fill(0.0); }
 
  private:
   bool enabled_ = false;
@@ -39,6 +43,8 @@ class PhaseTimer {
   std::vector<Phase> phases_;  // phases_[i] starts at pool_[i]
   size_t used_ = 0;
   std::array<double, kPhaseCount> totals_{};
+  std::array<double, kPhaseCount> host_totals_{};
+  std::chrono::steady_clock::time_point last_host_{};
 };
 
 }  // namespace mt::cuda

@@ -377,6 +377,11 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   for (int p = 0; p < cuda::kPhaseCount; ++p)
     phases[cuda::phase_name(static_cast<cuda::Phase>(p))] = totals[p] / static_cast<double>(o.steps);
   j["phases_ms"] = phases;
+  nlohmann::ordered_json host_phases;
+  const auto& host = trainer.model().timer().host_totals_ms();
+  for (int p = 0; p < cuda::kPhaseCount; ++p)
+    host_phases[cuda::phase_name(static_cast<cuda::Phase>(p))] = host[p] / static_cast<double>(o.steps);
+  j["host_phases_ms"] = host_phases;
   if (ep) {
     // comm_ms: compute-stream time in the comm phase (collectives on the compute stream, waiting for the
     // slower rank, and the joins of side-stream reduce-scatters). hidden_fraction: 1 - comm_ms / the time
