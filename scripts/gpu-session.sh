@@ -14,7 +14,7 @@
 #         full8 (eight GPUs, 48 layers, EP 8 against FSDP2; kind nvidia-h200-x8) |
 #         kernels (grouped GEMM + flash-attention microbenchmarks) | kernels-gemm (grouped GEMM only; GEMM_TOKENS, GEMM_ARGS e.g. --no-check; 4096 and 8192
 #         tokens) | mixtune-standard-lead (each step queued behind a LEAD_MS=300 GPU spin: phases_ms without the
-#         host's enqueue rate) | profile (ncu: every kernel's time in one
+#         host's enqueue rate) | mixtune-standard-idle (a LEAD_MS host sleep before each step instead) | profile (ncu: every kernel's time in one
 #         standard-shaped step of 2 layers and 2 micro-batches, profile.csv; ~20 s) | kernels-wgrad1, mixtune-standard-wgrad1
 #         (the same with MIXTUNE_WGRAD_BLOCKS_PER_SM=1) | quickstart (needs .carry/qs.tar.xz)
 set -uo pipefail
@@ -54,6 +54,8 @@ for stage in "$@"; do
                || rc=1 ;;
     mixtune-standard) SIDES=mixtune NAME=mixtune-standard OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     mixtune-standard-lead) MIXTUNE_BENCH_LEAD_MS=${LEAD_MS:-300} SIDES=mixtune NAME=mixtune-standard-lead OUT=$OUT \
+               bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
+    mixtune-standard-idle) MIXTUNE_BENCH_IDLE_MS=${LEAD_MS:-300} SIDES=mixtune NAME=mixtune-standard-idle OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     kernels) "$BIN/mixtune_bench_grouped_gemm" > "$OUT/grouped_gemm.json" 2>&1; "$BIN/mixtune_bench_flash_attention" \
                > "$OUT/flash_attention.json" 2>&1; tail -12 "$OUT"/grouped_gemm.json "$OUT"/flash_attention.json ;;

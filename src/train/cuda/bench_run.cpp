@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -280,8 +281,12 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   // Experiment switch: MIXTUNE_BENCH_LEAD_MS=N queues an N ms GPU spin ahead of each step, so the host has
   // queued the step's launches before the GPU reaches them. phases_ms (GPU time from the step's first mark)
   // then shows whether the host's enqueue rate held the GPU back; tokens/s includes the spin.
+  // MIXTUNE_BENCH_IDLE_MS=N instead sleeps N ms on the host before each step (the GPU idles, the host is not
+  // ahead): the same pause without the lead, to tell launch-rate effects from clock or power ones.
   const char* lead_env = std::getenv("MIXTUNE_BENCH_LEAD_MS");
   const int64_t lead_ns = lead_env ? static_cast<int64_t>(std::atof(lead_env) * 1e6) : 0;
+  const char* idle_env = std::getenv("MIXTUNE_BENCH_IDLE_MS");
+  const double idle_ms = idle_env ? std::atof(idle_env) : 0.0;
   for (int64_t s = 0; s < o.warmup + o.steps; ++s) {
     std::vector<Batch> host;
     std::vector<CudaBatch> window;
@@ -297,6 +302,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     const int64_t sent0 = ep ? ep->bytes_sent() : 0;
     const double wait0 = ep ? ep->host_wait_s() : 0;
     if (lead_ns > 0) cuda::gpu_spin(lead_ns, ctx.stream);
+    if (idle_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(idle_ms));
     const auto t0 = std::chrono::steady_clock::now();
     const EngineStep r = trainer.step(
         window, static_cast<double>(o.micro_batch * (o.seq - 1) * o.grad_accum * world), 1e-5, 1.0);
@@ -358,6 +364,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   j["recompute"] = recompute_name(o.recompute);
   j["pair_expert_wgrad"] = pair;
   if (lead_ns > 0) j["lead_spin_ms"] = static_cast<double>(lead_ns) / 1e6;
+  if (idle_ms > 0) j["idle_ms"] = idle_ms;
   j["router"] = "real";
   j["tokens_per_s_per_gpu"] = tps;
   j["step_time_s"] = timed_s / static_cast<double>(o.steps);
