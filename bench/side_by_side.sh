@@ -148,8 +148,11 @@ run_side() {  # run_side TOOL JSON LOG CMD... : runs one bench side under a time
   rm -f "$json"
   echo "== $tool: $*"
   local t0=$SECONDS
+  # CLOCK_MARKS (set by scripts/gpu-session.sh with CLOCKS=1): segment marks for bench/clock_log.py.
+  [[ -n "${CLOCK_MARKS:-}" ]] && echo "$(date -u +%H:%M:%S.%N) $NAME $tool" >> "$CLOCK_MARKS"
   timeout -k 15 "$RUN_TIMEOUT_S" "$@" --json-out "$json" > "$log" 2>&1
   local rc=$?
+  [[ -n "${CLOCK_MARKS:-}" ]] && echo "$(date -u +%H:%M:%S.%N) (after $NAME $tool)" >> "$CLOCK_MARKS"
   echo "   rc $rc after $(( SECONDS - t0 )) s (log $log)"
   if [[ $rc -ne 0 || ! -s "$json" ]]; then
     tail -n 5 "$log" | sed 's/^/   | /'

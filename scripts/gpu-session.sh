@@ -16,9 +16,10 @@
 #         tokens) | mixtune-standard-lead (each step queued behind a LEAD_MS=300 GPU spin: phases_ms without the
 #         host's enqueue rate) | mixtune-standard-idle (a LEAD_MS host sleep before each step instead) | profile (ncu: every kernel's time in one
 #         standard-shaped step of 2 layers and 2 micro-batches, profile.csv; ~20 s) | kernels-wgrad1, mixtune-standard-wgrad1
-#         (the same with MIXTUNE_WGRAD_BLOCKS_PER_SM=1) | quickstart (needs .carry/qs.tar.xz)
+#         (the same with MIXTUNE_WGRAD_BLOCKS_PER_SM=1) | quickstart (needs .carry/qs.tar.xz) |
+#         sustained-gemm (8192³ bf16 matmuls for GEMM_SECONDS=10, TFLOP/s per second). CLOCKS=1 logs clocks/power.
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -31,9 +32,19 @@ export MIXTUNE_COMMIT=$(cat "$G/gpu/COMMIT" 2>/dev/null || echo unknown)
 export LIB_DIR=$G/gpu/lib
 export LD_LIBRARY_PATH="$LIB_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+# CLOCKS=1: log SM clock, power and throttle reasons every 100 ms; bench/clock_log.py summarises them per stage
+# (and per side of a side-by-side) at the end.
+SMI_PID=
+if [[ "${CLOCKS:-0}" == 1 ]]; then
+  export CLOCK_MARKS=$OUT/clock-marks.txt
+  : > "$CLOCK_MARKS"
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active --format=csv,noheader -lms 100 \
+    > "$OUT/clocks.csv" & SMI_PID=$!
+fi
 rc=0
 for stage in "$@"; do
   echo "=== stage $stage ($(date -u +%H:%M:%S))"
+  [[ -n "$SMI_PID" ]] && echo "$(date -u +%H:%M:%S.%N) stage $stage" >> "$CLOCK_MARKS"
   case "$stage" in
     tests) MIXTUNE_TEST_BINARY=$BIN/mixtune GTEST_FILTER=${GTEST_FILTER:-Cuda*} bash scripts/gpu-check.sh "$BIN" "$LIB_DIR" 2>&1 | tee "$OUT/tests.log" \
              | tail -60 || rc=1 ;;
@@ -83,9 +94,17 @@ for stage in "$@"; do
                bash bench/side_by_side.sh "$BIN/mixtune" standard --mixtune --no-pair-expert-wgrad || rc=1 ;;
     mixtune-standard-mma) MIXTUNE_GROUPED_GEMM=mma SIDES=mixtune NAME=mixtune-standard-mma OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
+    sustained-gemm) python3 bench/sustained_gemm.py --seconds ${GEMM_SECONDS:-10} > "$OUT/sustained_gemm.json" \
+               || rc=1; python3 -c 'import json,sys; print(" ".join(str(w["tflops"]) for w in json.load(open(sys.argv[1]))["windows"]))' \
+               "$OUT/sustained_gemm.json" ;;
     *) echo "unknown stage $stage" >&2; rc=2 ;;
   esac
 done
+if [[ -n "$SMI_PID" ]]; then
+  echo "$(date -u +%H:%M:%S.%N) end" >> "$CLOCK_MARKS"
+  kill "$SMI_PID" 2>/dev/null
+  python3 bench/clock_log.py "$OUT/clocks.csv" "$CLOCK_MARKS" | tee "$OUT/clocks.md"
+fi
 # One archive comes back more reliably than many small files (the device tool limits the file count).
 (cd "$OUT" && tar czf /tmp/gpu-session.tgz --exclude=gpu-session.tgz . && find . -type f ! -name '*.md' -delete \
   && mv /tmp/gpu-session.tgz .)
