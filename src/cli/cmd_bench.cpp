@@ -21,7 +21,7 @@ struct BenchArgs {
   std::string preset = "qwen3-30b-a3b", model, precision = "bf16", recompute = "none", device = "cuda:0", json_out;
   std::string ep_dispatch = "auto";
   int64_t layers = 0, seq = 4096, micro_batch = 1, grad_accum = 8, steps = 5, warmup = 2, ep = 1;
-  bool force = false, no_pair_expert_wgrad = false, plan_only = false;
+  bool force = false, no_pair_expert_wgrad = false, plan_only = false, no_shard_optimizer = false;
   double device_gib = 133.9;  // an H200's cudaMemGetInfo total (143,771,566,080 bytes)
 };
 
@@ -56,6 +56,7 @@ void run_plan_only(const BenchArgs& a) {
   in.device_bytes = static_cast<int64_t>(a.device_gib * static_cast<double>(int64_t{1} << 30));
   in.reserve_bytes = memory_plan_reserve_bytes(in.device_bytes);
   in.pair_expert_wgrad = !a.no_pair_expert_wgrad && pairing_wanted(in, a.grad_accum);
+  in.optimizer_shards = a.no_shard_optimizer ? 1 : a.ep;  // a job of --ep ranks
   const MemoryPlan plan = memory_plan(in);
   std::printf("%s\n", plan.table().c_str());
   std::fflush(stdout);
@@ -81,6 +82,7 @@ void run_bench(const BenchArgs& a, const std::string& command) {
   o.recompute = recompute_parse(a.recompute, "--recompute");
   o.force = a.force;
   o.no_pair_expert_wgrad = a.no_pair_expert_wgrad;
+  o.shard_optimizer = !a.no_shard_optimizer;
   o.command = command;
   o.ep = a.ep;
   o.ep_dispatch = a.ep_dispatch;
@@ -129,6 +131,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--plan-only", a.plan_only,
                 "print the memory plan of one GPU (with --ep: one expert-parallel rank) and exit; needs no GPU");
   cmd->add_option("--device-gib", a.device_gib, "--plan-only: the GPU's memory in GiB (default 133.9, an H200)");
+  cmd->add_flag("--no-shard-optimizer", a.no_shard_optimizer,
+                "multi-GPU: every rank keeps the whole optimizer state of the replicated parameters (default: each "
+                "tensor's on one owner rank, ZeRO-1; --plan-only takes the job's ranks as --ep)");
   cmd->add_flag("--no-pair-expert-wgrad", a.no_pair_expert_wgrad,
                 "one expert wgrad pass per micro-batch (default: two micro-batches per pass when grad-accum >= 2 "
                 "and the memory plan fits)");

@@ -136,6 +136,14 @@ void AdamW::step(const std::vector<const Tensor*>& grads, double lr) {
   }
 }
 
+std::vector<OptimizerStateSpec> AdamW::state_specs(const std::string& name, const Tensor& param,
+                                                   const AdamWOptions& options) {
+  std::vector<OptimizerStateSpec> r = {{name + ".exp_avg", param.shape(), DType::F32},
+                                       {name + ".exp_avg_sq", param.shape(), DType::F32}};
+  if (param.dtype() == DType::BF16 && options.master_weights) r.push_back({name + ".master", param.shape(), DType::F32});
+  return r;
+}
+
 std::vector<std::pair<std::string, Tensor*>> AdamW::named_state() {
   std::vector<std::pair<std::string, Tensor*>> r;
   for (Slot& s : slots_) {

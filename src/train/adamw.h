@@ -26,6 +26,14 @@ struct AdamWOptions {
   bool master_weights = true;
 };
 
+// One optimizer-state tensor as named_state lists it: what a save lays out for a parameter whose state another
+// rank keeps (train/optimizer_shards.h).
+struct OptimizerStateSpec {
+  std::string name;
+  Shape shape;
+  DType dtype;
+};
+
 // HF Trainer's rule (Trainer.get_decay_parameter_names): no weight decay for biases and
 // norm weights (names containing "bias", "layernorm", "rmsnorm", "_norm." or ".norm.").
 bool adamw_hf_decays(const std::string& name);
@@ -50,6 +58,9 @@ class AdamW {
   // Optimizer state for checkpointing: "<param>.exp_avg", "<param>.exp_avg_sq" and, for BF16
   // parameters, "<param>.master" (all F32). Writable, so a restore can copy into them.
   std::vector<std::pair<std::string, Tensor*>> named_state();
+  // The state named_state lists for a parameter `name` like `param`, in its order.
+  static std::vector<OptimizerStateSpec> state_specs(const std::string& name, const Tensor& param,
+                                                     const AdamWOptions& options);
 
  private:
   struct Slot {

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "core/error.h"
+#include "train/optimizer_shards.h"
 
 namespace mt {
 
@@ -162,6 +164,33 @@ Layers layers_of(const Qwen3MoeConfig& c) {
 }
 
 // Every component for `tokens` tokens, without the searches.
+// The parameters whose optimizer state this rank keeps: the experts it holds under expert parallelism, plus
+// its share of the replicated tensors (all of them, or with optimizer_shards > 1 the largest rank's share of
+// the whole-tensor assignment of train/optimizer_shards.h).
+wide optimizer_param_count(const MemoryPlanInput& in, const Dims& d, const Layers& layers, wide count,
+                           wide expert_held) {
+  const int64_t shards = std::max<int64_t>(in.optimizer_shards, 1);
+  const bool split = in.expert_parallel > 1;
+  // Past 2^55 parameters nothing fits anyway; the per-tensor sums below stay within int64 under it.
+  if (shards <= 1 || count > (wide{1} << 55)) return count;
+  std::vector<int64_t> sizes = {static_cast<int64_t>(d.V * d.H), static_cast<int64_t>(d.H)};
+  if (!in.cfg.tie_word_embeddings) sizes.push_back(static_cast<int64_t>(d.V * d.H));
+  for (int64_t l = 0; l < layers.moe + layers.dense; ++l) {
+    for (wide n : {d.H * d.Hq * d.D, d.H * d.Hkv * d.D, d.H * d.Hkv * d.D, d.Hq * d.D * d.H, d.D, d.D, d.H, d.H})
+      sizes.push_back(static_cast<int64_t>(n));
+    if (l < layers.moe) {
+      sizes.push_back(static_cast<int64_t>(d.E * d.H));
+      if (!split) {
+        sizes.push_back(static_cast<int64_t>(d.E * 2 * d.I * d.H));
+        sizes.push_back(static_cast<int64_t>(d.E * d.H * d.I));
+      }
+    } else {
+      for (int j = 0; j < 3; ++j) sizes.push_back(static_cast<int64_t>(d.F * d.H));
+    }
+  }
+  return (split ? expert_held : 0) + OptimizerShards::largest_share(sizes, static_cast<int>(shards));
+}
+
 MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, int64_t tokens, Recompute r, bool master) {
   const Qwen3MoeConfig& c = in.cfg;
   Dims d = dims_of(c, tokens);
@@ -193,12 +222,14 @@ MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, int64_t t
   p.params = clamp64(count * kBf16);
   const wide grad_bytes = count * kF32 - (in.bf16_expert_grads ? expert_count / ep * (kF32 - kBf16) : 0);
   p.grads = clamp64(grad_bytes);
-  p.optimizer = clamp64(count * (2 * moment_bytes + (master ? kF32 : 0)));
+  const wide opt_count = optimizer_param_count(in, d, layers, count, expert_count / ep);
+  p.optimizer_param_count = clamp64(opt_count);
+  p.optimizer = clamp64(opt_count * (2 * moment_bytes + (master ? kF32 : 0)));
   p.activations_saved = clamp64(saved);
   p.activations_transient = clamp64(transient);
   p.activations = clamp64(saved + transient);
   p.workspace = kCublasWorkspaceBytes + kAllocatorSlackBytes;
-  p.total = clamp64(count * kBf16 + grad_bytes + count * (2 * moment_bytes + (master ? kF32 : 0)) + saved +
+  p.total = clamp64(count * kBf16 + grad_bytes + opt_count * (2 * moment_bytes + (master ? kF32 : 0)) + saved +
                     transient + p.workspace);
   p.available = in.device_bytes - in.reserve_bytes;
   p.fits = p.total <= p.available;
@@ -227,7 +258,8 @@ void check_range(const char* field, int64_t v, int64_t lo, int64_t hi) {
 double gib(int64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30); }
 
 std::string optimizer_desc(const MemoryPlan& p) {
-  return fmt::format("m,v {}, {}", p.bf16_moments ? "bf16" : "fp32", p.fp32_master ? "fp32 master" : "no master");
+  return fmt::format("m,v {}, {}{}", p.bf16_moments ? "bf16" : "fp32", p.fp32_master ? "fp32 master" : "no master",
+                     p.optimizer_shards > 1 ? fmt::format(", sharded over {} ranks", p.optimizer_shards) : "");
 }
 
 }  // namespace
@@ -281,6 +313,7 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   p.recompute = in.recompute;
   p.fp32_master = in.fp32_master;
   p.bf16_moments = in.bf16_moments;
+  p.optimizer_shards = std::max<int64_t>(in.optimizer_shards, 1);
   p.bf16_expert_grads = in.bf16_expert_grads;
   p.full_recompute_fits = plan_bytes(in, layers, in.micro_batch * in.seq, Recompute::full, in.fp32_master).fits;
   p.no_master_fits = plan_bytes(in, layers, in.micro_batch * in.seq, in.recompute, false).fits;

@@ -34,6 +34,9 @@ struct MemoryPlanInput {
   // The all-gather dispatch (distributed/ep_dispatch_mode.h): each MoE layer keeps the group's gathered
   // input [ep·T, H] and routing weights instead of the received expert rows.
   bool ep_all_gather = false;
+  // ZeRO-1 over this many ranks (train/optimizer_shards.h): the optimizer state of the replicated parameters
+  // is split by whole tensors; the plan counts the largest rank's share.
+  int64_t optimizer_shards = 1;
   int64_t device_bytes = 0;   // total memory of the GPU (cudaMemGetInfo total)
   int64_t reserve_bytes = 0;  // kept free for the CUDA context / fragmentation (caller picks, e.g. 1.5 GiB + 3%)
 };
@@ -50,7 +53,8 @@ struct MemoryPlan {
   int64_t activations_saved = 0, activations_transient = 0;
   // The request, for table() and refusal().
   int64_t param_count = 0, layers = 0, moe_layers = 0;  // param_count: held on this rank
-  int64_t expert_parallel = 1;
+  int64_t expert_parallel = 1, optimizer_shards = 1;
+  int64_t optimizer_param_count = 0;  // parameters whose optimizer state this rank keeps
   int64_t micro_batch = 0, seq = 0, device_bytes = 0, reserve_bytes = 0;
   Recompute recompute = Recompute::selective;
   bool fp32_master = true, bf16_moments = false, bf16_expert_grads = false;

@@ -30,7 +30,7 @@ const std::vector<Section>& recipe_schema() {
       {"schedule", {"name", "warmup_steps", "min_lr_ratio"}},
       {"clip", {"max_grad_norm"}},
       {"checkpoint", {"dir", "every_steps", "keep_last"}},
-      {"parallel", {"timeout_s", "ep", "ep_dispatch"}},
+      {"parallel", {"timeout_s", "ep", "ep_dispatch", "shard_optimizer"}},
   };
   return s;
 }
@@ -270,6 +270,7 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
   rc.parallel.ep = r.integer("parallel", "ep", rc.parallel.ep, 1);
   rc.parallel.ep_dispatch =
       r.choice("parallel", "ep_dispatch", rc.parallel.ep_dispatch, {"auto", "all_gather", "all_to_all"});
+  rc.parallel.shard_optimizer = r.boolean("parallel", "shard_optimizer", rc.parallel.shard_optimizer);
   return rc;
 }
 

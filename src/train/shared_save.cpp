@@ -28,22 +28,28 @@ void agree(const SaveShare& share, const std::string& why, const std::string& ph
 }  // namespace
 
 std::pair<int64_t, int64_t> SaveShare::model_rows(const std::string& hf_name, const Tensor& t) const {
+  if (const int owner = shards.owner(hf_tensor_param(hf_name)); owner >= 0)
+    return owner == shards.rank() ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
   const int64_t e = hf_expert_index(hf_name);
   if (e < 0) return lead ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
   return e >= expert_first && e < expert_first + expert_count ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
 }
 
 std::pair<int64_t, int64_t> SaveShare::state_rows(const std::string& state_name, const Tensor& t) const {
+  if (const int owner = shards.owner(optimizer_state_param(state_name)); owner >= 0)
+    return owner == shards.rank() ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
   if (!param_is_stacked_expert(state_name)) return lead ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
   const int64_t rows = all_rows(t).second;
   const int64_t r0 = std::min(expert_first, rows), r1 = std::min(expert_first + expert_count, rows);
   return r1 > r0 ? std::pair<int64_t, int64_t>{r0, r1} : std::pair<int64_t, int64_t>{0, 0};
 }
 
-SaveShare save_share_for(Communicator* comm, int rank, int world, int64_t ep, int64_t num_experts) {
+SaveShare save_share_for(Communicator* comm, int rank, int world, int64_t ep, int64_t num_experts,
+                         const OptimizerShards& shards) {
   SaveShare s;
   s.comm = comm;
   s.lead = rank == 0;
+  s.shards = shards;
   const bool split = ep > 1 && world % ep == 0 && num_experts % ep == 0;
   if (!split) {
     s.expert_count = s.lead ? num_experts : 0;

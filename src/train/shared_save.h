@@ -13,6 +13,7 @@
 
 #include "core/tensor.h"
 #include "distributed/communicator.h"
+#include "train/optimizer_shards.h"
 
 namespace mt {
 
@@ -20,6 +21,9 @@ struct SaveShare {
   Communicator* comm = nullptr;  // the job's host communicator
   bool lead = false;
   int64_t expert_first = 0, expert_count = 0;  // the experts whose rows this rank writes
+  // A sharded optimizer (train/optimizer_shards.h): each sharded parameter's state — and its weights, which
+  // with fp32 masters only the owner holds exactly — is written whole by its owner.
+  OptimizerShards shards;
   // The rows this rank writes of a Hugging Face tensor (per-expert names) and of an optimizer-state tensor
   // (stacked experts [E, ...]): all or none, or the expert rows.
   std::pair<int64_t, int64_t> model_rows(const std::string& hf_name, const Tensor& t) const;
@@ -27,8 +31,9 @@ struct SaveShare {
 };
 
 // The share of rank `rank` of a job of `world` ranks with expert-parallel groups of `ep` (1: none; a
-// layout the engines reject, ep not dividing world or experts, counts as none).
-SaveShare save_share_for(Communicator* comm, int rank, int world, int64_t ep, int64_t num_experts);
+// layout the engines reject, ep not dividing world or experts, counts as none) and the engine's shards.
+SaveShare save_share_for(Communicator* comm, int rank, int world, int64_t ep, int64_t num_experts,
+                         const OptimizerShards& shards = {});
 
 // lead_prepare(tmp) on the lead (files, layouts), then write_part(tmp) on every rank, then the commit and
 // after_commit() on the lead; each phase's outcome agreed by all ranks. Every rank calls it.

@@ -180,7 +180,7 @@ void optimizer_state_read(const std::string& checkpoint_dir, AdamW& optimizer) {
 }
 
 void optimizer_state_read(const std::string& checkpoint_dir, const std::vector<std::pair<std::string, Tensor*>>& state,
-                          int64_t expert_first, int64_t expert_count) {
+                          int64_t expert_first, int64_t expert_count, int64_t file_tensors) {
   const std::string path = (fs::path(checkpoint_dir) / "optimizer.safetensors").string();
   SafetensorsFile f = SafetensorsFile::open(path);
   for (auto& [name, dst] : state) {
@@ -198,9 +198,10 @@ void optimizer_state_read(const std::string& checkpoint_dir, const std::vector<s
     const Tensor src = rows ? f.tensor(name).rows(expert_first, expert_first + expert_count) : f.tensor(name);
     std::memcpy(dst->data(), src.data(), dst->nbytes());
   }
-  if (f.names().size() != state.size())
+  const size_t expected = file_tensors >= 0 ? static_cast<size_t>(file_tensors) : state.size();
+  if (f.names().size() != expected)
     fail("{}: holds {} tensors, the optimizer has {} (a different model or master_weights setting?)", path,
-         f.names().size(), state.size());
+         f.names().size(), expected);
 }
 
 }  // namespace mt

@@ -27,7 +27,10 @@ class CpuEngine final : public TrainEngine {
       : lm_(lm), comm_(comm && comm->size() > 1 ? comm : nullptr),
         ep_(expert_parallel_of(lm.config, r, comm_)),
         model_(lm.config, lm.weights, model_options(ep_)), grads_(Qwen3MoeWeights::zeros_like_config(lm.config, DType::F32)),
-        optimizer_(lm.weights.named_parameters(), adamw_options_from(r),
+        shards_(comm_ && r.parallel.shard_optimizer
+                    ? optimizer_shards_for(lm.weights, comm_->size(), comm_->rank(), !ep_.group.empty())
+                    : OptimizerShards()),
+        optimizer_(shards_.updated(lm.weights.named_parameters()), adamw_options_from(r),
                    r.optimizer.decay_norms_and_biases ? std::function<bool(const std::string&)>() : adamw_hf_decays) {
     if (r.optimizer.moment_dtype != "float32")
       fail("optimizer.moment_dtype: '{}' is supported on CUDA only (the CPU optimizer keeps float32 moments)",
@@ -37,6 +40,7 @@ class CpuEngine final : public TrainEngine {
            r.optimizer.expert_grad_dtype);
     for (auto& [name, g] : grads_.named_parameters()) grad_list_.push_back(g);
     grad_const_.assign(grad_list_.begin(), grad_list_.end());
+    updated_grads_ = shards_.updated(grad_const_);
   }
 
   std::string device_name() const override { return "cpu"; }
@@ -65,9 +69,36 @@ class CpuEngine final : public TrainEngine {
     s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
     if (s.finite) {
       grad_clip_to(grad_list_, s.grad_norm, max_grad_norm);
-      optimizer_.step(grad_const_, lr);
+      optimizer_.step(updated_grads_, lr);
+      if (shards_.active()) broadcast_updates();
     }
     return s;
+  }
+
+  // Each owner's updated parameters to every rank: one broadcast per owner, its tensors packed.
+  void broadcast_updates() {
+    auto params = lm_.weights.named_parameters();
+    for (int owner = 0; owner < shards_.world(); ++owner) {
+      size_t bytes = 0;
+      for (size_t i = 0; i < params.size(); ++i)
+        if (shards_.owner(i) == owner) bytes += params[i].second->nbytes();
+      if (bytes == 0) continue;
+      packed_.resize(bytes);
+      auto each = [&](const std::function<void(Tensor&, unsigned char*)>& f) {
+        size_t at = 0;
+        for (size_t i = 0; i < params.size(); ++i)
+          if (shards_.owner(i) == owner) {
+            f(*params[i].second, packed_.data() + at);
+            at += params[i].second->nbytes();
+          }
+      };
+      const bool mine = owner == shards_.rank();
+      if (mine) each([](Tensor& t, unsigned char* p) { std::memcpy(p, t.data(), t.nbytes()); });
+      comm_->broadcast(packed_.data(), bytes, owner,
+                       "broadcast(parameters updated by rank " + std::to_string(owner) + ", step " +
+                           std::to_string(steps_) + ")");
+      if (!mine) each([](Tensor& t, unsigned char* p) { std::memcpy(t.data(), p, t.nbytes()); });
+    }
   }
 
   EngineEval eval(const Batch& b) override {
@@ -98,12 +129,31 @@ class CpuEngine final : public TrainEngine {
   }
   void set_optimizer_steps(int64_t t) override { optimizer_.set_step_count(t); }
   void weights_to_host() override {}
+  // Every parameter's state, in the unsharded order; a sharded-away parameter's as an unwritten placeholder
+  // (its owner writes it).
   std::vector<std::pair<std::string, Tensor>> optimizer_state_host() override {
     std::vector<std::pair<std::string, Tensor>> r;
-    for (auto& [n, t] : optimizer_.named_state()) r.emplace_back(n, *t);
+    auto held = optimizer_.named_state();
+    size_t k = 0;
+    auto params = lm_.weights.named_parameters();
+    for (size_t i = 0; i < params.size(); ++i)
+      for (const OptimizerStateSpec& s : AdamW::state_specs(params[i].first, *params[i].second, optimizer_.options())) {
+        if (shards_.updates(i)) {
+          MT_CHECK(held[k].first == s.name, "optimizer state order: {} where {} was expected", held[k].first, s.name);
+          r.emplace_back(held[k].first, *held[k].second);
+          ++k;
+        } else
+          r.emplace_back(s.name, Tensor::empty(s.shape, s.dtype));
+      }
     return r;
   }
-  void optimizer_state_load(const std::string& dir) override { optimizer_state_read(dir, optimizer_.named_state()); }
+  void optimizer_state_load(const std::string& dir) override {
+    int64_t total = 0;
+    for (auto& [name, t] : lm_.weights.named_parameters())
+      total += static_cast<int64_t>(AdamW::state_specs(name, *t, optimizer_.options()).size());
+    optimizer_state_read(dir, optimizer_.named_state(), 0, -1, total);
+  }
+  const OptimizerShards& optimizer_shards() const override { return shards_; }
   int64_t peak_memory_bytes() const override { return memory_stats(Device::cpu()).peak_bytes; }
   int64_t peak_reserved_bytes() const override { return peak_memory_bytes(); }
 
@@ -137,9 +187,12 @@ class CpuEngine final : public TrainEngine {
   std::vector<float> flat_;
   Qwen3MoeModel model_;
   Qwen3MoeWeights grads_;
-  AdamW optimizer_;
+  OptimizerShards shards_;  // ZeRO-1 over the ranks (train/optimizer_shards.h), or none
+  AdamW optimizer_;         // the parameters this rank updates
   std::vector<Tensor*> grad_list_;
   std::vector<const Tensor*> grad_const_;
+  std::vector<const Tensor*> updated_grads_;  // grad_const_'s entries for optimizer_'s parameters
+  std::vector<unsigned char> packed_;         // broadcast_updates' buffer
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "models/causal_lm.h"
 #include "models/qwen3_moe_model.h"
 #include "train/adamw.h"
+#include "train/optimizer_shards.h"
 #include "train/recipe.h"
 
 namespace mt {
@@ -48,6 +49,9 @@ class TrainEngine {
   // full shapes; in a job of several ranks at least the rows this rank writes hold data.
   virtual std::vector<std::pair<std::string, Tensor>> optimizer_state_host() = 0;
   virtual void optimizer_state_load(const std::string& checkpoint_dir) = 0;
+  // Which rank keeps each replicated parameter's optimizer state (train/optimizer_shards.h; not sharded
+  // alone or with parallel.shard_optimizer false).
+  virtual const OptimizerShards& optimizer_shards() const = 0;
   virtual int64_t peak_memory_bytes() const = 0;    // peak allocated (CPU: host tensors; CUDA: device allocator)
   virtual int64_t peak_reserved_bytes() const = 0;  // CUDA: peak obtained from the driver; CPU: = allocated
 };

@@ -252,11 +252,15 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
                  : cuda_engine_hooks()->create(lm, r, device, log, comm.get()).release());
   progress.message(fmt::format("device: {}{}", engine->device_name(),
                                r.train.device == "auto" ? " (train.device auto: " + device_why + ")" : ""));
+  if (engine->optimizer_shards().active())
+    progress.message(fmt::format("optimizer state of the replicated parameters sharded over {} ranks (ZeRO-1)",
+                                 engine->optimizer_shards().world()));
 
   // Saves: in a job of several ranks every rank writes what it holds into the shared files (train/shared_save.h:
   // no rank gathers the model); alone, the one process writes everything.
   FinetuneResult result;
-  const SaveShare share = comm ? save_share_for(comm.get(), pg.rank, pg.world, ep, cfg.num_experts) : SaveShare{};
+  const SaveShare share =
+      comm ? save_share_for(comm.get(), pg.rank, pg.world, ep, cfg.num_experts, engine->optimizer_shards()) : SaveShare{};
   auto save_checkpoint = [&] {
     engine->weights_to_host();  // every rank: the tensors (or expert rows) it writes
     auto state = engine->optimizer_state_host();

@@ -119,6 +119,39 @@ TEST_F(LaunchCli, TwoAndFourRanksTrainLikeOneProcess) {
   expect_same_run("single4", "ranks2x2");
 }
 
+// ZeRO-1 (parallel.shard_optimizer, on by default): each replicated tensor's AdamW state on one owner rank,
+// which updates it and broadcasts the result. The gradients and the update are the unsharded ones, so the run is
+// bitwise the run with the state on every rank: metrics, final weights and the consolidated optimizer file
+// (written by the owners into one file) all equal. With EP 2 the experts stay with expert parallelism.
+TEST_F(LaunchCli, ShardedOptimizerStateTrainsBitwiseLikeReplicated) {
+  for (const std::string ep : {"1", "2"}) {
+    SCOPED_TRACE("ep " + ep);
+    auto job = [&](const std::string& name, bool shard) {
+      return std::vector<std::string>{"launch", "--nproc", "2", "--", "finetune", recipe(name, 1).string(),
+                                      "--set", "parallel.ep=" + ep, "--set", "checkpoint.every_steps=2",
+                                      "--set", std::string("parallel.shard_optimizer=") + (shard ? "true" : "false")};
+    };
+    const std::string sharded = "sharded" + ep, whole = "whole" + ep;
+    ASSERT_EQ(run(job(sharded, true), dir / (sharded + ".log")), 0) << slurp(dir / (sharded + ".log"));
+    ASSERT_EQ(run(job(whole, false), dir / (whole + ".log")), 0) << slurp(dir / (whole + ".log"));
+    EXPECT_NE(slurp(dir / (sharded + ".log")).find("sharded over 2 ranks (ZeRO-1)"), std::string::npos)
+        << slurp(dir / (sharded + ".log"));
+    EXPECT_EQ(slurp(dir / (whole + ".log")).find("ZeRO-1"), std::string::npos);
+    const auto a = metrics_of(dir / sharded), b = metrics_of(dir / whole);
+    ASSERT_EQ(a.size(), 4u);
+    ASSERT_EQ(b.size(), 4u);
+    for (size_t i = 0; i < a.size(); ++i)
+      for (const char* key : {"loss", "ce_loss", "aux_loss", "grad_norm"})
+        EXPECT_EQ(a[i][key].get<double>(), b[i][key].get<double>()) << key << " at step " << i + 1;
+    for (const char* ck : {"checkpoint-000002", "checkpoint-000004"})
+      EXPECT_EQ(slurp(dir / sharded / ck / "optimizer.safetensors"), slurp(dir / whole / ck / "optimizer.safetensors"))
+          << ck;
+    for (const auto& f : fs::directory_iterator(dir / whole / "final"))
+      if (f.path().extension() == ".safetensors")
+        EXPECT_EQ(slurp(f.path()), slurp(dir / sharded / "final" / f.path().filename())) << f.path().filename();
+  }
+}
+
 // Expert parallelism (parallel.ep): each MoE layer's 8 experts split over groups of 2 or 4 ranks, token rows
 // exchanged with all_to_allv; the trajectories and final weights match one process within 1e-6 (the expert
 // GEMMs sum rows of several ranks in one pass, so not bitwise).

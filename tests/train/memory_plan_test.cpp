@@ -404,5 +404,37 @@ TEST(MemoryPlan, NothingFitsWhenParametersAloneAreTooBig) {
   EXPECT_NE(p.refusal().find("no micro_batch fits at seq 128"), std::string::npos) << p.refusal();
 }
 
+// ZeRO-1 (optimizer_shards): the state of the replicated parameters is counted at the largest rank's share of
+// the whole-tensor assignment. 12-layer slice, EP 2, bf16 moments: the replicated parameters (embed, lm_head,
+// final norm and 12 × (attention 18,874,368 + norms 4,352 + router 262,144) = 852,022,272) split into two
+// exact halves (embed and lm_head on different ranks, the layers' tensors alternating); over 8 ranks the
+// embedding (311,164,928) is the largest share.
+TEST(MemoryPlan, ShardedOptimizerStateCountsTheLargestShare) {
+  MemoryPlanInput in = slice_input(false, true);
+  in.expert_parallel = 2;
+  const int64_t experts_held = 12 * int64_t{603979776} / 2, replicated = 852022272;
+  const MemoryPlan whole = memory_plan(in);
+  EXPECT_EQ(whole.optimizer_param_count, experts_held + replicated);
+  EXPECT_EQ(whole.optimizer, (experts_held + replicated) * 4);
+  EXPECT_EQ(whole.table().find("sharded"), std::string::npos) << whole.table();
+  in.optimizer_shards = 2;
+  const MemoryPlan half = memory_plan(in);
+  EXPECT_EQ(half.optimizer_param_count, experts_held + replicated / 2);
+  EXPECT_EQ(half.optimizer, (experts_held + replicated / 2) * 4);
+  EXPECT_EQ(whole.total - half.total, (replicated / 2) * 4);
+  EXPECT_EQ(half.params, whole.params);  // parameters and gradients stay whole
+  EXPECT_EQ(half.grads, whole.grads);
+  EXPECT_NE(half.table().find("sharded over 2 ranks"), std::string::npos) << half.table();
+  in.expert_parallel = 8;
+  in.optimizer_shards = 8;
+  EXPECT_EQ(memory_plan(in).optimizer_param_count, 12 * int64_t{603979776} / 8 + int64_t{151936} * 2048);
+  // Without expert parallelism the stacked experts are replicated too and sharded with the rest.
+  in.expert_parallel = 1;
+  in.optimizer_shards = 2;
+  const MemoryPlan dp = memory_plan(in);
+  EXPECT_LT(dp.optimizer_param_count, dp.param_count / 2 + 603979776);
+  EXPECT_GE(dp.optimizer_param_count, (dp.param_count + 1) / 2);
+}
+
 }  // namespace
 }  // namespace mt

@@ -210,5 +210,38 @@ TEST(SharedSave, RowsEachRankWrites) {
   EXPECT_EQ(hf_expert_index(other), -1);
 }
 
+// A sharded optimizer (train/optimizer_shards.h): each sharded parameter's state and HF tensors (a stacked
+// expert's per-expert tensors included) are written by its owner; unsharded ones keep the rules above.
+TEST(SharedSave, ShardedParametersAreWrittenByTheirOwners) {
+  const Tensor stacked = Tensor::empty({8, 2}, DType::F32), plain = Tensor::empty({5, 2}, DType::F32);
+  const std::vector<std::pair<std::string, int64_t>> params = {
+      {"model.embed_tokens.weight", 100}, {"model.norm.weight", 2}, {"model.layers.3.mlp.experts.gate_up_proj", 16}};
+  using R = std::pair<int64_t, int64_t>;
+  const R none{0, 0}, all_plain{0, 5}, all_stacked{0, 8};
+  // Two ranks, no expert parallelism: embed -> rank 0, the experts (16) -> rank 1, the norm (2) -> rank 1.
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(rank);
+    const OptimizerShards shards(params, 2, rank, [](const std::string&) { return true; });
+    const SaveShare s = save_share_for(nullptr, rank, 2, 1, 8, shards);
+    EXPECT_EQ(s.model_rows("model.embed_tokens.weight", plain), rank == 0 ? all_plain : none);
+    EXPECT_EQ(s.model_rows("model.norm.weight", plain), rank == 1 ? all_plain : none);
+    EXPECT_EQ(s.state_rows("model.norm.weight.exp_avg", plain), rank == 1 ? all_plain : none);
+    EXPECT_EQ(s.state_rows("model.embed_tokens.weight.master", plain), rank == 0 ? all_plain : none);
+    EXPECT_EQ(s.model_rows("model.layers.3.mlp.experts.5.up_proj.weight", plain), rank == 1 ? all_plain : none);
+    EXPECT_EQ(s.state_rows("model.layers.3.mlp.experts.gate_up_proj.exp_avg_sq", stacked), rank == 1 ? all_stacked : none);
+    EXPECT_EQ(s.model_rows("model.layers.3.self_attn.q_proj.weight", plain), rank == 0 ? all_plain : none);  // not listed
+  }
+  // EP 2: the experts stay with expert parallelism (owner -1), the rest with their owners.
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(rank);
+    const OptimizerShards shards(params, 2, rank, [](const std::string& n) { return !param_is_stacked_expert(n); });
+    const SaveShare s = save_share_for(nullptr, rank, 2, 2, 8, shards);
+    const R half = rank == 0 ? R{0, 4} : R{4, 8};
+    EXPECT_EQ(s.state_rows("model.layers.3.mlp.experts.gate_up_proj.exp_avg", stacked), half);
+    EXPECT_EQ(s.model_rows("model.layers.3.mlp.experts.5.up_proj.weight", plain), rank == 1 ? all_plain : none);
+    EXPECT_EQ(s.model_rows("model.norm.weight", plain), rank == 1 ? all_plain : none);
+  }
+}
+
 }  // namespace
 }  // namespace mt

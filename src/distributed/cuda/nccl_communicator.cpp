@@ -172,6 +172,19 @@ void NcclCommunicator::all_reduce_sum(const std::vector<Buffer>& buffers, cudaSt
   settle(ncclGroupEnd(), "ncclGroupEnd", what);
 }
 
+void NcclCommunicator::broadcast(const std::vector<Broadcast>& parts, cudaStream_t stream, const std::string& what) {
+  MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);
+  for (const Broadcast& b : parts)
+    MT_CHECK(b.root >= 0 && b.root < size_, "{}: broadcast root {} outside the {} ranks", what, b.root, size_);
+  settle(ncclGroupStart(), "ncclGroupStart", what);
+  for (const Broadcast& b : parts) {
+    if (b.count > 0)
+      settle(ncclBroadcast(b.data, b.data, static_cast<size_t>(b.count), nccl_type(b.dtype), b.root, comm_, stream),
+             "ncclBroadcast", what);
+  }
+  settle(ncclGroupEnd(), "ncclGroupEnd", what);
+}
+
 void NcclCommunicator::all_gather(const void* send, void* recv, int64_t count, DType dtype, cudaStream_t stream,
                                   const std::string& what) {
   MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);

@@ -55,6 +55,14 @@ class NcclCommunicator {
     DType dtype;
   };
   void all_reduce_sum(const std::vector<Buffer>& buffers, cudaStream_t stream, const std::string& what);
+  // Several in-place broadcasts, each from its own root rank, fused into one NCCL group (one launch).
+  struct Broadcast {
+    void* data;
+    int64_t count;
+    DType dtype;
+    int root;
+  };
+  void broadcast(const std::vector<Broadcast>& parts, cudaStream_t stream, const std::string& what);
   // recv[r·count .. (r+1)·count) = rank r's send (count elements of dtype).
   void all_gather(const void* send, void* recv, int64_t count, DType dtype, cudaStream_t stream,
                   const std::string& what);

@@ -227,7 +227,8 @@ __global__ void bf16_to_f32_kernel(const bf16* __restrict__ in, float* __restric
 }  // namespace
 
 CudaAdamW::CudaAdamW(std::vector<std::pair<std::string, Tensor*>> params, CudaAdamWOptions options,
-                     const std::function<bool(const std::string&)>& decays, cudaStream_t stream)
+                     const std::function<bool(const std::string&)>& decays, cudaStream_t stream,
+                     const std::vector<int64_t>& element_offsets)
     : options_(options) {
   const char* op = "CudaAdamW";
   const AdamWOptions& o = options.hyper;
@@ -264,7 +265,7 @@ CudaAdamW::CudaAdamW(std::vector<std::pair<std::string, Tensor*>> params, CudaAd
       }
     }
     s.decay = decays ? decays(name) : true;
-    s.offset = offset;
+    s.offset = slots_.size() < element_offsets.size() ? element_offsets[slots_.size()] : offset;
     offset += p->numel();
     slots_.push_back(std::move(s));
   }
@@ -328,6 +329,14 @@ void CudaAdamW::step(const std::vector<const Tensor*>& grads, double lr, const T
     if (++L.table.count == kMultiTensorMax) flush();
   }
   flush();
+}
+
+std::vector<OptimizerStateSpec> CudaAdamW::state_specs(const std::string& name, const Tensor& param,
+                                                       const CudaAdamWOptions& options) {
+  std::vector<OptimizerStateSpec> r = {{name + ".exp_avg", param.shape(), options.moment_dtype},
+                                       {name + ".exp_avg_sq", param.shape(), options.moment_dtype}};
+  if (param.dtype() == DType::BF16 && options.bf16_master) r.push_back({name + ".master", param.shape(), DType::F32});
+  return r;
 }
 
 std::vector<std::pair<std::string, Tensor*>> CudaAdamW::named_state() {

@@ -34,8 +34,11 @@ class CudaAdamW {
   // params: CUDA tensors (F32 or BF16) on one device, kept by pointer (they must outlive the optimizer).
   // decays(name) as in mt::AdamW (null: every parameter decays). State is allocated and zeroed (masters
   // copied from the params) on `stream`.
+  // element_offsets: each parameter's first element index in the stochastic-rounding stream (empty: the
+  // running count over `params`); a sharded optimizer passes the whole model's, so its rounding matches.
   CudaAdamW(std::vector<std::pair<std::string, Tensor*>> params, CudaAdamWOptions options,
-            const std::function<bool(const std::string&)>& decays, cudaStream_t stream);
+            const std::function<bool(const std::string&)>& decays, cudaStream_t stream,
+            const std::vector<int64_t>& element_offsets = {});
 
   // One step at learning rate lr. grads follow params (same shapes; F32 or BF16, same device).
   // clip_coef: F32 [1] on the device (grad_norm_clip_coef) or null for no clipping.
@@ -46,6 +49,9 @@ class CudaAdamW {
   const CudaAdamWOptions& options() const { return options_; }
   // "<param>.exp_avg", "<param>.exp_avg_sq" and, with fp32 masters, "<param>.master" (device tensors).
   std::vector<std::pair<std::string, Tensor*>> named_state();
+  // The state named_state lists for a parameter `name` like `param`, in its order.
+  static std::vector<OptimizerStateSpec> state_specs(const std::string& name, const Tensor& param,
+                                                     const CudaAdamWOptions& options);
 
  private:
   struct Slot {

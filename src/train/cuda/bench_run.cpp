@@ -151,6 +151,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   pin.bf16_moments = !fp32_master;
   pin.bf16_expert_grads = !fp32_master;
   pin.expert_parallel = o.ep;
+  pin.optimizer_shards = world > 1 && o.shard_optimizer ? world : 1;
   pin.ep_all_gather = ep && ep->mode() == EpDispatchMode::all_gather;
   pin.device_bytes = static_cast<int64_t>(total_b);
   pin.reserve_bytes = memory_plan_reserve_bytes(pin.device_bytes);
@@ -270,6 +271,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   so.pair_expert_wgrad = pair;
   so.expert_grad_dtype = fp32_master ? DType::F32 : DType::BF16;  // pure bf16: gradients as Transformers keeps them
   so.collectives = ranks.job.step();
+  if (world > 1 && o.shard_optimizer) so.shards = optimizer_shards_for(w, world, rank, ep != nullptr);
   CudaTrainStep trainer(cfg, w, device, so);
 
   std::mt19937_64 g(o.seed + 7777ull * static_cast<uint64_t>(rank));  // each rank its own tokens
@@ -363,6 +365,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   j["precision"] = o.precision;
   j["recompute"] = recompute_name(o.recompute);
   j["pair_expert_wgrad"] = pair;
+  j["shard_optimizer"] = world > 1 && o.shard_optimizer;
   if (lead_ns > 0) j["lead_spin_ms"] = static_cast<double>(lead_ns) / 1e6;
   if (idle_ms > 0) j["idle_ms"] = idle_ms;
   j["router"] = "real";

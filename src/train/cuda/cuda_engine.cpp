@@ -65,7 +65,7 @@ CudaTrainStepOptions step_options(const Recipe& r) {
 }
 
 // Prints the plan; refuses what cannot fit. Returns whether to pair expert wgrads (pairing_wanted).
-bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, int64_t ep, std::FILE* log) {
+bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, int64_t ep, int64_t world, std::FILE* log) {
   size_t free_b = 0, total_b = 0;
   MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   MemoryPlanInput in;
@@ -77,6 +77,7 @@ bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, int64_t
   in.bf16_moments = r.optimizer.moment_dtype == "bfloat16";
   in.bf16_expert_grads = r.optimizer.expert_grad_dtype == "bfloat16";
   in.expert_parallel = ep;
+  in.optimizer_shards = world > 1 && r.parallel.shard_optimizer ? world : 1;
   in.ep_all_gather = ep > 1 && ep_dispatch_mode_parse(r.parallel.ep_dispatch, ep, cfg.num_experts_per_tok,
                                                       "parallel.ep_dispatch") == EpDispatchMode::all_gather;
   in.device_bytes = static_cast<int64_t>(total_b);
@@ -100,13 +101,15 @@ class CudaEngine final : public TrainEngine {
     cuda::device_set(device_);
     CudaStepCollectives col;
     if (comm && comm->size() > 1) col = join(*comm, r);
-    const bool pair = plan_memory(lm.config, r, device_, ep_ ? ep_->ranks() : 1, log);
+    const bool pair = plan_memory(lm.config, r, device_, ep_ ? ep_->ranks() : 1, comm ? comm->size() : 1, log);
     cuda::allocator_reset_peak(device_);
     if (ep_) slice_ = {ep_->first_expert(), ep_->experts_per_rank()};
     weights_ = upload_bf16(lm.config, lm.weights, device_, slice_);
     CudaTrainStepOptions so = step_options(r);
     so.pair_expert_wgrad = pair;
     so.collectives = col;
+    if (comm && comm->size() > 1 && r.parallel.shard_optimizer)
+      so.shards = optimizer_shards_for(weights_, comm->size(), comm->rank(), ep_ != nullptr);
     step_ = std::make_unique<CudaTrainStep>(lm.config, weights_, device_, so);
     if (host_f32_) masters_from_host();
     cudaDeviceProp prop{};
@@ -147,21 +150,34 @@ class CudaEngine final : public TrainEngine {
     for (size_t i = 0; i < src.size(); ++i) to_host_own(src[i].first, *src[i].second, *dst[i].second);
   }
 
-  // Full-shaped host tensors (untouched pages cost no memory); this rank's rows filled as in weights_to_host.
+  // Full-shaped host tensors (untouched pages cost no memory), every parameter's in the unsharded order; this
+  // rank's rows filled as in weights_to_host (a sharded-away parameter's state stays an unwritten placeholder).
   std::vector<std::pair<std::string, Tensor>> optimizer_state_host() override {
     std::vector<std::pair<std::string, Tensor>> r;
-    for (auto& [name, t] : step_->optimizer().named_state()) {
-      Shape full = t->shape();
-      if (slice_.count >= 0 && param_is_stacked_expert(name)) full[0] = lm_.config.num_experts;
-      Tensor h = Tensor::empty(full, t->dtype());
-      to_host_own(name, *t, h);
-      r.emplace_back(name, std::move(h));
-    }
+    auto held = step_->optimizer().named_state();
+    size_t k = 0;
+    auto params = weights_.named_parameters();
+    for (size_t i = 0; i < params.size(); ++i)
+      for (const OptimizerStateSpec& s :
+           cuda::CudaAdamW::state_specs(params[i].first, *params[i].second, step_->optimizer().options())) {
+        Shape full = s.shape;
+        if (slice_.count >= 0 && param_is_stacked_expert(s.name)) full[0] = lm_.config.num_experts;
+        Tensor h = Tensor::empty(full, s.dtype);
+        if (step_->shards().updates(i)) {
+          MT_CHECK(held[k].first == s.name, "optimizer state order: {} where {} was expected", held[k].first, s.name);
+          to_host_own(held[k].first, *held[k].second, h);
+          ++k;
+        }
+        r.emplace_back(s.name, std::move(h));
+      }
     return r;
   }
 
-  // Each rank reads its share of the optimizer file: every non-expert tensor, its own experts' rows.
+  // Each rank reads its share of the optimizer file: the non-expert tensors it updates, its own experts' rows.
   void optimizer_state_load(const std::string& dir) override {
+    int64_t total = 0;
+    for (auto& [name, t] : weights_.named_parameters())
+      total += static_cast<int64_t>(cuda::CudaAdamW::state_specs(name, *t, step_->optimizer().options()).size());
     auto state = step_->optimizer().named_state();
     std::vector<Tensor> host;
     host.reserve(state.size());
@@ -170,10 +186,11 @@ class CudaEngine final : public TrainEngine {
       host.push_back(Tensor::empty(t->shape(), t->dtype()));  // this rank's experts only
       targets.emplace_back(name, &host.back());
     }
-    optimizer_state_read(dir, targets, slice_.count >= 0 ? slice_.first : 0, slice_.count);
+    optimizer_state_read(dir, targets, slice_.count >= 0 ? slice_.first : 0, slice_.count, total);
     for (size_t i = 0; i < state.size(); ++i) cuda::copy_host_to_device(*state[i].second, host[i]);
   }
 
+  const OptimizerShards& optimizer_shards() const override { return step_->shards(); }
   int64_t peak_memory_bytes() const override { return cuda::allocator_stats(device_).peak_allocated_bytes; }
   int64_t peak_reserved_bytes() const override { return cuda::allocator_stats(device_).peak_reserved_bytes; }
 
@@ -204,8 +221,14 @@ class CudaEngine final : public TrainEngine {
 
   bool writes_output() const { return rank_ == 0; }
 
-  // dev (this rank's parameter or state tensor) into host (full shape), where this rank writes it.
+  // dev (this rank's parameter or state tensor) into host (full shape), where this rank writes it: a sharded
+  // parameter's (and its state's) owner, else rank 0 or the experts' rank (train/shared_save.h).
   void to_host_own(const std::string& name, const Tensor& dev, Tensor& host) {
+    const std::string state_of = optimizer_state_param(name);
+    if (const int owner = step_->shards().owner(state_of.empty() ? name : state_of); owner >= 0) {
+      if (owner == rank_) copy_to_host_converting(dev, host);
+      return;
+    }
     if (slice_.count < 0 || !param_is_stacked_expert(name)) {
       if (writes_output()) copy_to_host_converting(dev, host);
       return;

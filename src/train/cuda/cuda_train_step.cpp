@@ -22,6 +22,19 @@ CudaModelOptions model_options(CudaModelOptions o, const CudaTrainStepOptions& s
   return o;
 }
 
+// The offsets of the parameters this rank's AdamW keeps in the whole parameter list's element order (the
+// stochastic-rounding stream does not depend on the sharding).
+std::vector<int64_t> updated_offsets(Qwen3MoeWeights& w, const OptimizerShards& shards) {
+  std::vector<int64_t> r;
+  int64_t at = 0;
+  auto all = w.named_parameters();
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (shards.updates(i)) r.push_back(at);
+    at += all[i].second->numel();
+  }
+  return r;
+}
+
 }  // namespace
 
 Qwen3MoeWeights cuda_grad_buffers(const Qwen3MoeConfig& cfg, DType expert_dtype, int device, int64_t experts_held) {
@@ -40,12 +53,18 @@ CudaTrainStep::CudaTrainStep(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights
       col_(o.collectives),
       model_(cfg, weights, device, model_options(o.model, o)),
       grads_(cuda_grad_buffers(cfg, o.expert_grad_dtype, device, model_.experts_held())),
-      adamw_(weights.named_parameters(), o.adamw, o.decays, cuda::device_context(device).stream) {
+      shards_(o.shards),
+      adamw_(o.shards.updated(weights.named_parameters()), o.adamw, o.decays, cuda::device_context(device).stream,
+             updated_offsets(weights, o.shards)) {
   MT_CHECK(!col_.ep || col_.world, "expert parallelism needs the world communicator");
+  MT_CHECK(!shards_.active() || (col_.world && col_.world->size() == shards_.world()),
+           "a sharded optimizer needs the world communicator of its {} ranks", shards_.world());
   for (auto& [name, g] : grads_.named_parameters()) {
+    if (shards_.updates(grad_list_.size())) updated_grads_.push_back(g);
     grad_list_.push_back(g);
     is_expert_.push_back(param_is_stacked_expert(name));
   }
+  for (auto& [name, t] : weights.named_parameters()) params_.push_back(t);
   norm_ = Tensor::empty({1}, DType::F32, Device::cuda(device));
   coef_ = Tensor::empty({1}, DType::F32, Device::cuda(device));
 }
@@ -97,9 +116,20 @@ EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_d
   }
   if (micro_batches > 0) s.aux_loss /= micro_batches;
   s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
-  if (s.finite) adamw_.step(grad_list_, lr, &coef_, stream);
+  if (s.finite) {
+    adamw_.step(updated_grads_, lr, &coef_, stream);
+    if (shards_.active()) broadcast_updates(stream);
+  }
   timer.mark(cuda::Phase::other, stream);
   return s;
+}
+
+// Every sharded parameter from its owner to the other ranks (one NCCL group).
+void CudaTrainStep::broadcast_updates(cudaStream_t stream) {
+  std::vector<NcclCommunicator::Broadcast> parts;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (shards_.owner(i) >= 0) parts.push_back({params_[i]->data(), params_[i]->numel(), params_[i]->dtype(), shards_.owner(i)});
+  col_.world->broadcast(parts, stream, "broadcast(updated parameters, step " + std::to_string(steps_) + ")");
 }
 
 void CudaTrainStep::reduce_gradients(cudaStream_t stream) {

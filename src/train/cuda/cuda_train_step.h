@@ -12,6 +12,7 @@
 #include "models/cuda/cuda_batch.h"
 #include "models/cuda/qwen3_moe_cuda_model.h"
 #include "train/memory_plan.h"
+#include "train/optimizer_shards.h"
 #include "train/train_engine.h"
 
 namespace mt {
@@ -42,6 +43,10 @@ struct CudaTrainStepOptions {
   cuda::CudaAdamWOptions adamw;
   std::function<bool(const std::string&)> decays;  // null: every parameter decays
   CudaStepCollectives collectives;
+  // ZeRO-1 over collectives.world (train/optimizer_shards.h, in weights.named_parameters() order): this rank's
+  // AdamW keeps and updates only the parameters it owns (and those of owner -1), then every sharded parameter
+  // is broadcast from its owner. Default: not sharded.
+  OptimizerShards shards;
 };
 
 class CudaTrainStep {
@@ -53,13 +58,15 @@ class CudaTrainStep {
   EngineEval eval(const CudaBatch& b);
 
   Qwen3MoeCudaModel& model() { return model_; }
-  cuda::CudaAdamW& optimizer() { return adamw_; }
+  cuda::CudaAdamW& optimizer() { return adamw_; }  // this rank's parameters only when sharded
+  const OptimizerShards& shards() const { return shards_; }
   int device() const { return device_; }
 
  private:
   int device_;
   void reduce_gradients(cudaStream_t stream);
   void reduce_expert_sumsq(Tensor& sumsq, cudaStream_t stream);
+  void broadcast_updates(cudaStream_t stream);
 
   CudaStepCollectives col_;
   int64_t steps_ = 0;  // steps taken here (named in collective errors)
@@ -67,6 +74,9 @@ class CudaTrainStep {
   Qwen3MoeWeights grads_;
   std::vector<const Tensor*> grad_list_;
   std::vector<bool> is_expert_;  // per grad_list_ entry
+  OptimizerShards shards_;
+  std::vector<const Tensor*> updated_grads_;  // grad_list_'s entries of the parameters this rank updates
+  std::vector<Tensor*> params_;               // weights.named_parameters(), for the broadcasts
   cuda::CudaAdamW adamw_;
   Tensor norm_, coef_;
 };

@@ -178,6 +178,37 @@ TEST(CudaMultiGpu, ExpertParallelCheckpointResumes) {
     EXPECT_LT(rel_l2(s.weights.layers[l].experts_gate_up, r.weights.layers[l].experts_gate_up), 1e-3) << "layer " << l;
 }
 
+// ZeRO-1 on the GPUs (parallel.shard_optimizer, the default): each replicated tensor's AdamW state (fp32 master
+// and moments) on one owner GPU, updated there and broadcast over NCCL. The update and its stochastic-rounding
+// stream are the unsharded ones, so data parallel and EP 2 runs are bitwise the runs with the state on both
+// GPUs: the same losses, the same final checkpoint and optimizer file bytes (each owner wrote its tensors).
+TEST(CudaMultiGpu, ShardedOptimizerStateTrainsBitwiseLikeReplicated) {
+  MT_SKIP_WITHOUT_TWO_GPUS();
+  io_test::ScratchDir dir;
+  write_model_and_data(dir);
+  for (const std::string ep : {"1", "2"}) {
+    SCOPED_TRACE("ep " + ep);
+    auto job = [&](const std::string& name, bool shard) {
+      return finetune_args(write_recipe(dir, name),
+                           {"train.device=cuda", "parallel.ep=" + ep, "train.max_steps=6", "checkpoint.every_steps=3",
+                            std::string("parallel.shard_optimizer=") + (shard ? "true" : "false")},
+                           2);
+    };
+    const std::string sharded = "sharded" + ep, whole = "whole" + ep;
+    ASSERT_EQ(run(job(sharded, true), dir.path / (sharded + ".log")), 0) << test::slurp(dir.path / (sharded + ".log"));
+    ASSERT_EQ(run(job(whole, false), dir.path / (whole + ".log")), 0) << test::slurp(dir.path / (whole + ".log"));
+    EXPECT_NE(test::slurp(dir.path / (sharded + ".log")).find("sharded over 2 ranks"), std::string::npos)
+        << test::slurp(dir.path / (sharded + ".log"));
+    EXPECT_EQ(losses_of(dir.path / sharded), losses_of(dir.path / whole));
+    EXPECT_EQ(test::slurp(dir.path / sharded / "checkpoint-000006" / "optimizer.safetensors"),
+              test::slurp(dir.path / whole / "checkpoint-000006" / "optimizer.safetensors"));
+    for (const auto& f : fs::directory_iterator(dir.path / whole / "final"))
+      if (f.path().extension() == ".safetensors")
+        EXPECT_EQ(test::slurp(f.path()), test::slurp(dir.path / sharded / "final" / f.path().filename()))
+            << f.path().filename();
+  }
+}
+
 // A rank that stops answering (MIXTUNE_TEST_STALL: rank 1 hangs before step 3) makes rank 0's NCCL wait give up
 // after parallel.timeout_s with the layer and the operation named; the launcher then stops the hung rank, the
 // job exits non-zero within seconds, and no checkpoint is marked latest. Both expert dispatches: the first wait

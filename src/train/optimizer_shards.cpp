@@ -1,0 +1,62 @@
+#include "train/optimizer_shards.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "models/causal_lm.h"
+#include "models/qwen3_moe_weights.h"
+
+namespace mt {
+
+int OptimizerShards::owner(const std::string& param) const {
+  auto it = by_name_.find(param);
+  return it == by_name_.end() ? -1 : it->second;
+}
+
+std::vector<int> OptimizerShards::owners_by_size(const std::vector<int64_t>& sizes, int world) {
+  std::vector<int> owner(sizes.size(), 0);
+  if (world <= 1) return owner;
+  std::vector<size_t> order(sizes.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
+  std::vector<int64_t> load(static_cast<size_t>(world), 0);
+  for (size_t i : order) {
+    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());  // first minimum
+    owner[i] = r;
+    load[static_cast<size_t>(r)] += sizes[i];
+  }
+  return owner;
+}
+
+int64_t OptimizerShards::largest_share(const std::vector<int64_t>& sizes, int world) {
+  const std::vector<int> owner = owners_by_size(sizes, world);
+  std::vector<int64_t> load(static_cast<size_t>(std::max(world, 1)), 0);
+  for (size_t i = 0; i < sizes.size(); ++i) load[static_cast<size_t>(owner[i])] += sizes[i];
+  return *std::max_element(load.begin(), load.end());
+}
+
+OptimizerShards optimizer_shards_for(const Qwen3MoeWeights& w, int world, int rank, bool experts_split) {
+  if (world <= 1) return {};
+  std::vector<std::pair<std::string, int64_t>> params;
+  for (const auto& [name, t] : w.named_parameters()) params.emplace_back(name, t->numel());
+  return OptimizerShards(params, world, rank,
+                         [&](const std::string& name) { return !(experts_split && param_is_stacked_expert(name)); });
+}
+
+std::string hf_tensor_param(const std::string& hf_name) {
+  if (hf_expert_index(hf_name) < 0) return hf_name;
+  const size_t cut = hf_name.rfind("experts.");
+  const std::string prefix = hf_name.substr(0, cut + std::string("experts.").size());
+  return prefix + (hf_name.ends_with(".down_proj.weight") ? "down_proj" : "gate_up_proj");
+}
+
+std::string optimizer_state_param(const std::string& state_name) {
+  for (const char* suffix : {".exp_avg_sq", ".exp_avg", ".master"}) {
+    const std::string s(suffix);
+    if (state_name.size() > s.size() && state_name.compare(state_name.size() - s.size(), s.size(), s) == 0)
+      return state_name.substr(0, state_name.size() - s.size());
+  }
+  return "";
+}
+
+}  // namespace mt
