@@ -259,7 +259,7 @@ double gib(int64_t bytes) { return static_cast<double>(bytes) / static_cast<doub
 
 std::string optimizer_desc(const MemoryPlan& p) {
   return fmt::format("m,v {}, {}{}", p.bf16_moments ? "bf16" : "fp32", p.fp32_master ? "fp32 master" : "no master",
-                     p.optimizer_shards > 1 ? fmt::format(", sharded over {} ranks", p.optimizer_shards) : "");
+                     p.optimizer_shards > 1 ? fmt::format(", 1/{} shard", p.optimizer_shards) : "");
 }
 
 }  // namespace
@@ -340,7 +340,7 @@ std::string MemoryPlan::table() const {
       expert_parallel > 1 ? fmt::format(" on this rank (experts split over {} ranks)", expert_parallel) : "",
       micro_batch, seq, micro_batch * seq, recompute_name(recompute));
   auto row = [&](const char* name, const std::string& what, int64_t bytes) {
-    t += fmt::format("  {:<12} {:<34} {:>9.2f} GiB\n", name, what, gib(bytes));
+    t += fmt::format("  {:<12} {:<42} {:>9.2f} GiB\n", name, what, gib(bytes));
   };
   row("parameters", "bf16", params);
   row("gradients", bf16_expert_grads ? "fp32, experts bf16" : "fp32", grads);
