@@ -5,7 +5,6 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/rope.h"
 #include "kernels/cuda/tensor_checks.h"
 
 namespace mt::cuda {
@@ -121,51 +120,10 @@ __device__ inline float group_sum(float v) {
   return v;
 }
 
-// The QK-norm's consumer, RoPE (rope.h), applied to a row in registers: the row is one head of one token
-// (row / heads is the token) and element c pairs with c ± n/2, which with one packet per lane sits in
-// lane ^ LANES/2. Null cos: no rotation.
-struct RopeRows {
-  const float* cos = nullptr;  // F32 [T, n/2]
-  const float* sin = nullptr;
-  int64_t heads = 1;
-};
-
-// f: this lane's 8 values of the row (VPL 1). Forward: f holds the bf16 norm output; the rotation rounds
-// each product and the sum as rope_bf16x8_kernel<true>. Backward: f holds the gradient of the rotated
-// row; the rotation's transpose in fp32, rounded once to bf16 as rope_backward stores it. Every lane of the
-// warp must call (shuffles); rows past the end pass row 0.
-template <int LANES, bool kForward>
-__device__ inline void rope_rotate_packet(float (&f)[8], const RopeRows& r, int64_t row, int lane) {
-  static_assert(LANES >= 2, "the rotation pairs lanes");
-  constexpr int kHalfLanes = LANES / 2;
-  constexpr int64_t kHalf = LANES * 4;
-  const int64_t t = row / r.heads;
-  const bool first = lane < kHalfLanes;
-  const int64_t at = t * kHalf + (lane % kHalfLanes) * 8;
-  float c[8], s[8], p[8];
-  *reinterpret_cast<float4*>(c) = __ldg(reinterpret_cast<const float4*>(r.cos + at));
-  *reinterpret_cast<float4*>(c + 4) = __ldg(reinterpret_cast<const float4*>(r.cos + at + 4));
-  *reinterpret_cast<float4*>(s) = __ldg(reinterpret_cast<const float4*>(r.sin + at));
-  *reinterpret_cast<float4*>(s + 4) = __ldg(reinterpret_cast<const float4*>(r.sin + at + 4));
-#pragma unroll
-  for (int e = 0; e < 8; ++e) p[e] = __shfl_xor_sync(0xffffffffu, f[e], kHalfLanes);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const float a = first ? f[e] : p[e], b = first ? p[e] : f[e];  // the pair (c, c + n/2)
-    if constexpr (kForward)
-      f[e] = first ? Elt<bf16>::round(Elt<bf16>::round(a * c[e]) + Elt<bf16>::round(-b * s[e]))
-                   : Elt<bf16>::round(Elt<bf16>::round(b * c[e]) + Elt<bf16>::round(a * s[e]));
-    else
-      f[e] = Elt<bf16>::round(first ? a * c[e] + b * s[e] : b * c[e] - a * s[e]);
-  }
-}
-
-template <int VPL, int LANES, bool kRope = false>
+template <int VPL, int LANES>
 __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x, const bf16* res,
                                                                    const bf16* __restrict__ w, bf16* sum, bf16* out,
-                                                                   float* rstd_out, int64_t rows, float eps,
-                                                                   RopeRows rope = {}) {
-  static_assert(!kRope || VPL == 1, "the rotation pairs lanes of one packet each");
+                                                                   float* rstd_out, int64_t rows, float eps) {
   constexpr int kN = VPL * LANES * 8;
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
   const int lane = threadIdx.x % LANES;
@@ -193,8 +151,8 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x
   }
   ss = group_sum<LANES>(ss);
   const float rstd = rsqrtf(ss / static_cast<float>(kN) + eps);
-  if (!kRope && !valid) return;  // the rotation's shuffles need every lane
-  if (valid && rstd_out && lane == 0) rstd_out[row] = rstd;
+  if (!valid) return;
+  if (rstd_out && lane == 0) rstd_out[row] = rstd;
 #pragma unroll
   for (int j = 0; j < VPL; ++j) {
     const int c = (j * LANES + lane) * 8;
@@ -203,24 +161,18 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x
     bf16x8_to_float(*reinterpret_cast<const uint4*>(w + c), wf);
 #pragma unroll
     for (int e = 0; e < 8; ++e) f[e] = wf[e] * Elt<bf16>::round(f[e] * rstd);
-    if constexpr (kRope) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) f[e] = Elt<bf16>::round(f[e]);  // the norm's bf16 output
-      rope_rotate_packet<LANES, true>(f, rope, valid ? row : 0, lane);
-    }
-    if (valid) *reinterpret_cast<uint4*>(out + base + c) = float_to_bf16x8(f);
+    *reinterpret_cast<uint4*>(out + base + c) = float_to_bf16x8(f);
   }
 }
 
 // The whole backward in one pass over the rows. Worker g (a group of LANES lanes) takes rows g, g + W, …
 // (W workers in all, fixed by the shape), computes each row's stats, writes dx and adds dy ⊙ x·rstd
 // into its own column sums; the block's sums become partial[block] (summed in order by rmsnorm_dw_sum_kernel).
-template <int VPL, int LANES, bool kRope = false>
+template <int VPL, int LANES>
 __global__ void __launch_bounds__(256) rmsnorm_backward_rows_kernel(const bf16* dy, const bf16* __restrict__ x,
                                                                     const bf16* __restrict__ w, const bf16* dres,
                                                                     bf16* dx, float* __restrict__ partial,
-                                                                    int64_t rows, float eps, RopeRows rope = {}) {
-  static_assert(!kRope || VPL == 1, "the rotation pairs lanes of one packet each");
+                                                                    int64_t rows, float eps) {
   constexpr int kN = VPL * LANES * 8;
   const int64_t g = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
   const int64_t workers = static_cast<int64_t>(gridDim.x) * blockDim.x / LANES;
@@ -244,12 +196,6 @@ __global__ void __launch_bounds__(256) rmsnorm_backward_rows_kernel(const bf16* 
       const int64_t off = base + static_cast<int64_t>(j * LANES + lane) * 8;
       dyv[j] = valid ? *reinterpret_cast<const uint4*>(dy + off) : make_uint4(0, 0, 0, 0);
       xv[j] = valid ? *reinterpret_cast<const uint4*>(x + off) : make_uint4(0, 0, 0, 0);
-    }
-    if constexpr (kRope) {  // dy is the rotated row's gradient: back through the rotation first
-      float d[8];
-      bf16x8_to_float(dyv[0], d);
-      rope_rotate_packet<LANES, false>(d, rope, valid ? row : 0, lane);
-      dyv[0] = float_to_bf16x8(d);
     }
 #pragma unroll
     for (int j = 0; j < VPL; ++j) {
@@ -444,14 +390,6 @@ void forward_any(const Tensor& x, const Tensor* res, const Tensor& w, float eps,
     launch_forward<float>(x, res, w, eps, sum, out, rstd, r, stream);
 }
 
-// Blocks of the backward rows kernel: workers enough to fill the GPU (~1k rows of 2048 at a time) with at
-// least 8 rows each on tall inputs (fewer partial rows to sum); fixed by the shape, so dw is deterministic.
-int64_t backward_blocks(int64_t rows, int lanes) {
-  const int64_t per_block = 256 / lanes;
-  const int64_t workers = std::min<int64_t>(rows, std::max<int64_t>(1024 * 32 / lanes, rows / 8));
-  return (workers + per_block - 1) / per_block;
-}
-
 template <typename T>
 void launch_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float eps, Tensor& dx, Tensor& dw,
                      const Tensor* dres, const Rows& r, cudaStream_t stream) {
@@ -464,7 +402,11 @@ void launch_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float e
     if (l.lanes > 0 && aligned16(dy.data()) && aligned16(x.data()) && aligned16(w.data()) && aligned16(dresp) &&
         aligned16(dx.data())) {
       with_row_layout<8>(l, [&]<int VPL, int LANES>() {
-        const int64_t blocks = backward_blocks(r.rows, LANES);
+        // Workers: enough to fill the GPU (~1k rows of 2048 at a time) with at least 8 rows each on tall
+        // inputs (fewer partial rows to sum); fixed by the shape, so dw is deterministic.
+        const int64_t per_block = 256 / LANES;
+        const int64_t workers = std::min<int64_t>(r.rows, std::max<int64_t>(1024 * 32 / LANES, r.rows / 8));
+        const int64_t blocks = (workers + per_block - 1) / per_block;
         Tensor partial = Tensor::empty({blocks, r.n}, DType::F32, d);
         rmsnorm_backward_rows_kernel<VPL, LANES><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
             dy.data_as<bf16>(), x.data_as<bf16>(), w.data_as<bf16>(), dresp, dx.data_as<bf16>(),
@@ -500,86 +442,7 @@ void launch_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float e
   MT_CUDA_CHECK_LAUNCH();
 }
 
-// The fused QK-norm + RoPE path: bf16 rows of one packet per lane (n = 16·2^k ≤ 256), 16-byte aligned, and
-// tables F32 [T, n/2] with T dividing the rows. Returns the layout's lanes, or 0 (the caller runs the two ops).
-int rope_fused_lanes(const Rows& r, const Tensor& x, const Tensor& cos, const Tensor& sin,
-                     std::initializer_list<const void*> ptrs, const char* op) {
-  MT_CUDA_REQUIRE(cos.defined() && sin.defined() && cos.ndim() == 2 && r.n % 2 == 0 && cos.dim(1) == r.n / 2 &&
-                      cos.dim(0) > 0 && r.rows % cos.dim(0) == 0,
-                  std::string(op) + ": RoPE tables must be F32 [T, " + std::to_string(r.n / 2) + "] with T dividing the " +
-                      std::to_string(r.rows) + " rows, got " + tensor_where(cos));
-  check_tensor(cos, op, r.device, DType::F32, cos.numel());
-  check_tensor(sin, op, r.device, DType::F32, cos.numel());
-  const RowLayout l = row_layout(r.n);
-  if (x.dtype() != DType::BF16 || l.vpl != 1 || l.lanes < 2 || !aligned16(cos.data()) || !aligned16(sin.data()))
-    return 0;
-  for (const void* p : ptrs)
-    if (!aligned16(p)) return 0;
-  return l.lanes;
-}
-
-// Calls f.template operator()<LANES>() for lanes 2..32.
-template <typename F>
-void with_rope_lanes(int lanes, F&& f) {
-  switch (lanes) {
-    case 2: return f.template operator()<2>();
-    case 4: return f.template operator()<4>();
-    case 8: return f.template operator()<8>();
-    case 16: return f.template operator()<16>();
-    case 32: return f.template operator()<32>();
-  }
-  MT_CUDA_REQUIRE(false, "qk_norm_rope: no row layout for this width");
-}
-
 }  // namespace
-
-void qk_norm_rope_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& cos, const Tensor& sin,
-                          Tensor& out, cudaStream_t stream) {
-  const char* op = "qk_norm_rope_forward";
-  const Rows r = check_norm_io(x, w, op);
-  check_tensor(out, op, r.device, x.dtype(), x.numel());
-  if (r.rows == 0 || r.n == 0) return;
-  const int lanes = rope_fused_lanes(r, x, cos, sin, {x.data(), w.data(), out.data()}, op);
-  if (lanes == 0) {
-    forward_any(x, nullptr, w, eps, nullptr, out, nullptr, stream, op);
-    rope_forward(out, cos, sin, out, stream);
-    return;
-  }
-  const RopeRows rope{cos.data_as<float>(), sin.data_as<float>(), r.rows / cos.dim(0)};
-  with_rope_lanes(lanes, [&]<int LANES>() {
-    rmsnorm_forward_rows_kernel<1, LANES, true><<<blocks_for(r.rows * LANES, 256), 256, 0, stream>>>(
-        x.data_as<bf16>(), nullptr, w.data_as<bf16>(), nullptr, out.data_as<bf16>(), nullptr, r.rows, eps, rope);
-    MT_CUDA_CHECK_LAUNCH();
-  });
-}
-
-void qk_norm_rope_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float eps, const Tensor& cos,
-                           const Tensor& sin, Tensor& dx, Tensor& dw, cudaStream_t stream) {
-  const char* op = "qk_norm_rope_backward";
-  const Rows r = check_norm_io(x, w, op);
-  check_tensor(dy, op, r.device, x.dtype(), x.numel());
-  check_tensor(dx, op, r.device, x.dtype(), x.numel());
-  check_tensor(dw, op, r.device, DType::F32, r.n);
-  if (r.rows == 0 || r.n == 0) return;
-  const int lanes = rope_fused_lanes(r, x, cos, sin, {dy.data(), x.data(), w.data(), dx.data()}, op);
-  if (lanes == 0) {
-    rope_backward(dy, cos, sin, dx, stream);
-    rmsnorm_backward(dx, x, w, eps, dx, dw, nullptr, stream);
-    return;
-  }
-  const RopeRows rope{cos.data_as<float>(), sin.data_as<float>(), r.rows / cos.dim(0)};
-  with_rope_lanes(lanes, [&]<int LANES>() {
-    const int64_t blocks = backward_blocks(r.rows, LANES);
-    Tensor partial = Tensor::empty({blocks, r.n}, DType::F32, Device::cuda(r.device));
-    rmsnorm_backward_rows_kernel<1, LANES, true><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-        dy.data_as<bf16>(), x.data_as<bf16>(), w.data_as<bf16>(), nullptr, dx.data_as<bf16>(),
-        partial.data_as<float>(), r.rows, eps, rope);
-    MT_CUDA_CHECK_LAUNCH();
-    rmsnorm_dw_sum_kernel<<<blocks_for(r.n, 32), dim3(32, 32), 0, stream>>>(partial.data_as<float>(),
-                                                                          dw.data_as<float>(), blocks, r.n);
-    MT_CUDA_CHECK_LAUNCH();
-  });
-}
 
 void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& out, Tensor* rstd, cudaStream_t stream) {
   forward_any(x, nullptr, w, eps, nullptr, out, rstd, stream, "rmsnorm_forward");

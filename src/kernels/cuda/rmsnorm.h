@@ -24,15 +24,4 @@ void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Ten
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float eps, Tensor& dx, Tensor& dw,
                       const Tensor* dresidual, cudaStream_t stream);
 
-// The QK-norm and the RoPE after it (rope.h) in one pass over the rows: x [T, heads, D] (any shape of rows of
-// D = w's size, rows in token-major order), cos/sin the F32 [T, D/2] tables -> out = rope(rmsnorm(x)).
-// Bitwise the same as rmsnorm_forward then rope_forward (in BF16 the norm's output is rounded before the
-// rotation); where the fused layout does not apply (F32, D not 16·2^k ≤ 256, unaligned) it runs those two.
-void qk_norm_rope_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& cos, const Tensor& sin,
-                          Tensor& out, cudaStream_t stream);
-// Its backward: dy (the gradient of the rotated output) -> dx, dw F32 [D] += ...; bitwise rope_backward then
-// rmsnorm_backward. dx may be dy.
-void qk_norm_rope_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float eps, const Tensor& cos,
-                           const Tensor& sin, Tensor& dx, Tensor& dw, cudaStream_t stream);
-
 }  // namespace mt::cuda

@@ -5,6 +5,7 @@
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
 
 namespace mt {
 
@@ -15,12 +16,12 @@ cuda::FlashAttentionShape flash_shape(const CudaBlockEnv& env) {
   return {env.tokens(), c.num_attention_heads, c.num_key_value_heads, c.head_dim};
 }
 
-// x [T, heads·D] -> rope(rms_norm over each head's D values), one fused pass
+// x [T, heads·D] -> rope(rms_norm over each head's D values)
 Tensor norm_rope(const CudaBlockEnv& env, const Tensor& x, const Tensor& norm_w, int64_t heads) {
   const int64_t T = env.tokens(), D = env.cfg->head_dim;
   Tensor n = env.bf16({T * heads, D});
-  cuda::qk_norm_rope_forward(x.view({T * heads, D}), norm_w, env.eps(), env.batch->rope_cos, env.batch->rope_sin, n,
-                             env.stream);
+  cuda::rmsnorm_forward(x.view({T * heads, D}), norm_w, env.eps(), n, nullptr, env.stream);
+  cuda::rope_forward(n, env.batch->rope_cos, env.batch->rope_sin, n, env.stream);  // in place
   return n.view({T, heads * D});
 }
 
@@ -82,12 +83,12 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLaye
                                  dqr, dkr, dv, env.stream);
   d_o = Tensor();
 
-  // Through RoPE and the QK-norm (one fused pass), back to the projections.
+  // Through RoPE (in place: the rotation's transpose) and the QK-norm, back to the projections.
   auto unrope_unnorm = [&](Tensor& dr, const Tensor& pre_norm, const Tensor& norm_w, Tensor& dnorm_w, int64_t heads) {
+    cuda::rope_backward(dr.view({T, heads, D}), env.batch->rope_cos, env.batch->rope_sin, dr, env.stream);
     Tensor dpre = env.bf16({T, heads * D});
-    Tensor dpre_rows = dpre.view({T * heads, D});
-    cuda::qk_norm_rope_backward(dr.view({T * heads, D}), pre_norm.view({T * heads, D}), norm_w, env.eps(),
-                                env.batch->rope_cos, env.batch->rope_sin, dpre_rows, dnorm_w, env.stream);
+    cuda::rmsnorm_backward(dr.view({T * heads, D}), pre_norm.view({T * heads, D}), norm_w, env.eps(), dpre, dnorm_w,
+                           nullptr, env.stream);
     return dpre;
   };
   Tensor dq = unrope_unnorm(dqr, acts.q, w.q_norm, g.q_norm, Hq);
