@@ -8,6 +8,7 @@
 # kernel benches, lib/ with the non-system shared libraries they need).
 # STAGES: tests (Cuda* gtests) | standard | fp32master | long | mixtune-standard (mixtune side only) |
 #         standard2 | fp32master2 | mixtune-standard2 (two GPUs: EP 2 against FSDP2; kind nvidia-h200-x2) |
+#         mixtune-standard2-noshard, mixtune-fp32master2-noshard (the same with --no-shard-optimizer) |
 #         mixtune-standard2-a2a (the same with the per-slot all_to_all dispatch) | mixtune-standard2-selective |
 #         nccl-probe (PyTorch's NCCL all-gather / reduce-scatter at the EP 2 sizes, two GPUs) |
 #         mixtune-long (the long workload, mixtune side only; BUDGET_S default 240) |
@@ -63,6 +64,10 @@ for stage in "$@"; do
                cat "$OUT/nccl-probe.json"; tail -3 "$OUT/nccl-probe.err" ;;
     mixtune-standard2) SIDES=mixtune NAME=mixtune-standard2 OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard2 \
                || rc=1 ;;
+    mixtune-standard2-noshard|mixtune-fp32master2-noshard)  # the same without ZeRO-1 (optimizer state whole on both GPUs)
+               w=${stage#mixtune-}; w=${w%-noshard}
+               SIDES=mixtune NAME=$stage OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$w" --mixtune \
+               --no-shard-optimizer || rc=1 ;;
     mixtune-standard) SIDES=mixtune NAME=mixtune-standard OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     mixtune-standard-lead) MIXTUNE_BENCH_LEAD_MS=${LEAD_MS:-300} SIDES=mixtune NAME=mixtune-standard-lead OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;

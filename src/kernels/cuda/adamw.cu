@@ -283,8 +283,9 @@ void CudaAdamW::step(const std::vector<const Tensor*>& grads, double lr, const T
                     std::string(op) + ": gradient of '" + s.name + "' must be F32|BF16 " + shape_str(s.param->shape()) +
                         " on " + s.param->device().str() + ", got " + (g ? tensor_where(*g) : std::string("null")));
   }
-  if (clip_coef) check_tensor(*clip_coef, op, device_, DType::F32, 1);
   ++step_;
+  if (slots_.empty()) return;  // a sharded optimizer's rank that owns no parameter (train/optimizer_shards.h)
+  if (clip_coef) check_tensor(*clip_coef, op, device_, DType::F32, 1);
   // As torch: Python floats (double) for the bias corrections, rounded to float where they enter fp32 math.
   const AdamWOptions& o = options_.hyper;
   const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(step_));
