@@ -39,7 +39,8 @@ SMI_PID=
 if [[ "${CLOCKS:-0}" == 1 ]]; then
   export CLOCK_MARKS=$OUT/clock-marks.txt
   : > "$CLOCK_MARKS"
-  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active --format=csv,noheader -lms 100 \
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active,temperature.gpu \
+    --format=csv,noheader -lms 100 \
     > "$OUT/clocks.csv" & SMI_PID=$!
 fi
 rc=0
