@@ -7,7 +7,9 @@
 // "backward", backward_kernel, backward_by_kernel and backward_speedup likewise for the backward.
 //
 // usage: mixtune_bench_flash_attention [--seq S] [--batch B] [--heads H] [--kv-heads K] [--head-dim D]
-//                                      [--doc-len L] [--reps R]
+//                                      [--doc-len L] [--reps R] [--energy-seconds S]
+// --energy-seconds S also runs the default forward and backward back to back for S seconds each: sustained TFLOP/s
+// and picojoules per FLOP from the GPU's energy counter (bench/sustained_run.h).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/flash_attention_kernels.h"
+#include "sustained_run.h"
 
 namespace {
 
@@ -61,6 +64,7 @@ double time_ms(int reps, cudaStream_t stream, F&& f) {
 int main(int argc, char** argv) {
   int64_t S = 4096, B = 1, Hq = 32, Hk = 4, D = 128, doc_len = 0;
   int reps = 10;
+  double energy_seconds = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (i + 1 >= argc) {
@@ -82,6 +86,8 @@ int main(int argc, char** argv) {
       doc_len = v;
     else if (s == "--reps")
       reps = static_cast<int>(v);
+    else if (s == "--energy-seconds")
+      energy_seconds = static_cast<double>(v);
     else {
       std::fprintf(stderr, "unknown argument %s\n", s.c_str());
       return 2;
@@ -140,14 +146,20 @@ int main(int argc, char** argv) {
     const double bwd_mma_ms = have_bwd_sm90 ? backward_ms(det::FlashBwdKernel::MmaSync) : bwd_ms;
     const double bwd_sm90_ms = have_bwd_sm90 ? backward_ms(det::FlashBwdKernel::Sm90) : 0.0;
     const double fwd_flops = 4.0 * visible * D * Hq, bwd_flops = 2.5 * fwd_flops;
+    const mt_bench::Sustained fwd_sus = mt_bench::sustained(energy_seconds, fwd_flops, ctx.stream, [&] {
+      mt::cuda::flash_attention_forward(fs, q, k, v, docs, out, lse, ctx.stream);
+    });
+    const mt_bench::Sustained bwd_sus = mt_bench::sustained(energy_seconds, bwd_flops, ctx.stream, [&] {
+      mt::cuda::flash_attention_backward(fs, dout, q, k, v, out, lse, docs, dq, dk, dv, ctx.stream);
+    });
     const char* env = std::getenv("MIXTUNE_FLASH_FWD");
     const char* auto_kernel = have_sm90 && (env == nullptr || std::string(env) != "mma") ? "sm90" : "mma";
     std::printf(
         "{\"bench\": \"flash_attention\", \"gpu\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"heads\": %lld, "
         "\"kv_heads\": %lld, \"head_dim\": %lld, \"doc_len\": %lld,\n",
         prop.name, (long long)B, (long long)S, (long long)Hq, (long long)Hk, (long long)D, (long long)doc_len);
-    std::printf(" \"forward_kernel\": \"%s\", \"forward\": {\"ms\": %.4f, \"tflops\": %.1f},\n", auto_kernel, fwd_ms,
-                fwd_flops / fwd_ms * 1e-9);
+    std::printf(" \"forward_kernel\": \"%s\", \"forward\": {\"ms\": %.4f, \"tflops\": %.1f%s},\n", auto_kernel, fwd_ms,
+                fwd_flops / fwd_ms * 1e-9, mt_bench::sustained_json(fwd_sus, "").c_str());
     if (have_sm90)
       std::printf(
           " \"forward_by_kernel\": {\"sm90\": {\"ms\": %.4f, \"tflops\": %.1f}, \"mma\": {\"ms\": %.4f, \"tflops\": "
@@ -162,7 +174,8 @@ int main(int argc, char** argv) {
           "\"tflops\": %.1f}}, \"backward_speedup\": %.2f,\n",
           bwd_sm90_ms, bwd_flops / bwd_sm90_ms * 1e-9, bwd_mma_ms, bwd_flops / bwd_mma_ms * 1e-9,
           bwd_mma_ms / bwd_sm90_ms);
-    std::printf(" \"backward\": {\"ms\": %.4f, \"tflops\": %.1f}}\n", bwd_ms, bwd_flops / bwd_ms * 1e-9);
+    std::printf(" \"backward\": {\"ms\": %.4f, \"tflops\": %.1f%s}}\n", bwd_ms, bwd_flops / bwd_ms * 1e-9,
+                mt_bench::sustained_json(bwd_sus, "").c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

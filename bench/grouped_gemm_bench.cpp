@@ -4,7 +4,9 @@
 // and the ratio to cuBLASLt.
 //
 // usage: mixtune_bench_grouped_gemm [--tokens N] [--hidden H] [--inter I] [--experts E] [--topk K]
-//                                   [--balanced] [--reps R] [--no-check]
+//                                   [--balanced] [--reps R] [--no-check] [--energy-seconds S]
+// --energy-seconds S also runs each wgmma op and each cuBLASLt twin back to back for S seconds: sustained TFLOP/s
+// and picojoules per FLOP from the GPU's energy counter (kernels/cuda/gpu_energy.h).
 // --no-check skips the wgmma rows' comparison with mma.sync (each copies the whole output to the host: at
 // 8192 tokens a run takes ~100 s with it, ~45 s without); their diff fields are then 0.
 // On a cc 9.0 GPU (sm_90a build) every product is also timed on the TMA + wgmma kernels ("gemm_sm90":
@@ -32,17 +34,22 @@
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/grouped_gemm_kernels.h"
 #include "kernels/cuda/moe_permute.h"
+#include "sustained_run.h"
 
 namespace {
 
 using mt::DType;
 using mt::Tensor;
+using mt_bench::Sustained;
+using mt_bench::sustained;
+using mt_bench::sustained_json;
 
 struct Args {
   int64_t tokens = 4096, hidden = 2048, inter = 768, experts = 128, topk = 8;
   bool balanced = false;
   bool check = true;  // --no-check: time the wgmma rows only (no mma.sync run, no host comparison)
   int reps = 20;
+  double energy_seconds = 0;  // --energy-seconds S: also run each wgmma op and its cuBLASLt twin for S seconds
 };
 
 Args parse(int argc, char** argv) {
@@ -72,6 +79,8 @@ Args parse(int argc, char** argv) {
       a.balanced = true;
     else if (s == "--no-check")
       a.check = false;
+    else if (s == "--energy-seconds")
+      a.energy_seconds = static_cast<double>(next());
     else {
       std::fprintf(stderr, "unknown argument %s\n", s.c_str());
       std::exit(2);
@@ -239,12 +248,13 @@ int main(int argc, char** argv) {
     struct Row {
       std::string op;
       double flops, ms, dense_ms;
+      Sustained dense_sustained;
     };
     std::vector<Row> rows;
     auto gemm_row = [&](const char* op, double flops, auto&& grouped, DenseGemm& dense) {
       const double ms = time_ms(a.reps, st, grouped);
       const double dms = time_ms(a.reps, st, [&] { dense.run(); });
-      rows.push_back({op, flops, ms, dms});
+      rows.push_back({op, flops, ms, dms, sustained(a.energy_seconds, flops, st, [&] { dense.run(); })});
     };
     const double f_gu = 2.0 * N * (2 * I) * H, f_dn = 2.0 * N * H * I;
     {
@@ -282,6 +292,7 @@ int main(int argc, char** argv) {
       std::string op;
       double flops, ms, max_abs_diff, max_abs_ref;
       int64_t non_finite;
+      Sustained sus;
     };
     std::vector<Sm90Row> sm90;
     namespace det = mt::cuda::detail;
@@ -291,8 +302,9 @@ int main(int argc, char** argv) {
         if (!a.check) {
           det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Wgmma);
           const double ms = time_ms(a.reps, st, timed);
+          const Sustained sus = sustained(a.energy_seconds, flops, st, timed);
           det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Auto);
-          sm90.push_back({op, flops, ms, 0.0, 0.0, 0});
+          sm90.push_back({op, flops, ms, 0.0, 0.0, 0, sus});
           return;
         }
         det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::MmaSync);
@@ -312,8 +324,9 @@ int main(int argc, char** argv) {
           refmax = std::max(refmax, std::fabs(double(ref[i])));
         }
         const double ms = time_ms(a.reps, st, timed);
+        const Sustained sus = sustained(a.energy_seconds, flops, st, timed);
         det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Auto);
-        sm90.push_back({op, flops, ms, diff, refmax, non_finite});
+        sm90.push_back({op, flops, ms, diff, refmax, non_finite, sus});
       };
       auto sm90_row = [&](const char* op, double flops, Tensor& out, auto&& run) { sm90_row2(op, flops, out, run, run); };
       sm90_row("fwd_gate_up_sm90", f_gu, gu, [&] { mt::cuda::grouped_gemm_forward(xg, w1, plan.offsets, gu, st); });
@@ -375,9 +388,9 @@ int main(int argc, char** argv) {
       tot_flops += r.flops, tot_ms += r.ms, tot_dense += r.dense_ms;
       std::printf(
           "  {\"op\": \"%s\", \"gflop\": %.1f, \"ms\": %.4f, \"tflops\": %.1f, \"cublaslt_dense_ms\": %.4f, "
-          "\"cublaslt_dense_tflops\": %.1f, \"ratio_to_dense\": %.3f}%s\n",
+          "\"cublaslt_dense_tflops\": %.1f, \"ratio_to_dense\": %.3f%s}%s\n",
           r.op.c_str(), r.flops * 1e-9, r.ms, r.flops / r.ms * 1e-9, r.dense_ms, r.flops / r.dense_ms * 1e-9,
-          r.dense_ms / r.ms, i + 1 < rows.size() ? "," : "");
+          r.dense_ms / r.ms, sustained_json(r.dense_sustained, "cublaslt_dense_").c_str(), i + 1 < rows.size() ? "," : "");
     }
     std::printf(" ],\n \"gemm_total\": {\"ms\": %.4f, \"tflops\": %.1f, \"cublaslt_dense_tflops\": %.1f},\n", tot_ms,
                 tot_flops / tot_ms * 1e-9, tot_flops / tot_dense * 1e-9);
@@ -386,9 +399,9 @@ int main(int argc, char** argv) {
       const Sm90Row& r = sm90[i];
       std::printf(
           "  {\"op\": \"%s\", \"gflop\": %.1f, \"ms\": %.4f, \"tflops\": %.1f, \"max_abs_diff_vs_mma_sync\": %.4g, "
-          "\"max_abs_out\": %.4g, \"non_finite\": %lld}%s\n",
+          "\"max_abs_out\": %.4g, \"non_finite\": %lld%s}%s\n",
           r.op.c_str(), r.flops * 1e-9, r.ms, r.flops / r.ms * 1e-9, r.max_abs_diff, r.max_abs_ref,
-          static_cast<long long>(r.non_finite),
+          static_cast<long long>(r.non_finite), sustained_json(r.sus, "").c_str(),
           i + 1 < sm90.size() ? "," : "");
     }
     std::printf(" ],\n");

@@ -138,6 +138,28 @@ def base_result(a, command):
     }
 
 
+def gpu_energy_joules(device_index):
+    """The GPU's NVML energy counter (joules since the driver loaded), as mixtune bench reads it
+    (kernels/cuda/gpu_energy.h); None where NVML or the counter is unavailable."""
+    import ctypes
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return None
+        handle = ctypes.c_void_p()
+        uuid = getattr(torch.cuda.get_device_properties(device_index), "uuid", None)  # NVML: "GPU-<uuid>"
+        found = uuid is not None and nvml.nvmlDeviceGetHandleByUUID(
+            ctypes.c_char_p(f"GPU-{uuid}".encode()), ctypes.byref(handle)) == 0
+        if not found and nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(device_index), ctypes.byref(handle)) != 0:
+            return None
+        mj = ctypes.c_ulonglong()
+        if nvml.nvmlDeviceGetTotalEnergyConsumption(handle, ctypes.byref(mj)) != 0:
+            return None
+        return mj.value / 1000.0
+    except (OSError, AttributeError):
+        return None
+
+
 def emit(result, json_out):
     text = json.dumps(result, indent=2)
     print(text, flush=True)
@@ -374,6 +396,7 @@ def run(a, result):
     result["stage"] = "timed"
     events = [torch.cuda.Event(enable_timing=True) for _ in range(a.steps + 1)]
     torch.cuda.synchronize(device)
+    joules0 = gpu_energy_joules(device.index if device.index is not None else torch.cuda.current_device())
     t0 = time.perf_counter()
     events[0].record()
     for i in range(a.steps):
@@ -381,6 +404,7 @@ def run(a, result):
         events[i + 1].record()
     torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
+    joules1 = gpu_energy_joules(device.index if device.index is not None else torch.cuda.current_device())
     result.pop("stage")
 
     loss_values = [float(x.item()) for x in losses]
@@ -399,6 +423,11 @@ def run(a, result):
         "loss_last": loss_values[-1],
         "losses": loss_values,
     })
+    if joules0 is not None and joules1 is not None and joules1 > joules0:  # this rank's GPU, as mixtune's
+        energy = joules1 - joules0
+        result.update({"energy_j_per_step": energy / a.steps, "mean_power_w": energy / elapsed,
+                       "energy_pj_per_model_flop": energy / (tokens_per_step * a.steps * result["flops_per_token"])
+                       * 1e12})
     log(f"{tps:,.0f} tokens/s{' per GPU' if a.fsdp2 else ''}, step {step_time:.3f} s, {tflops:.1f} model TFLOP/s, "
         f"MFU {100 * tflops / ceiling:.1f}% of ceiling, loss {loss_values[0]:.4f} -> {loss_values[-1]:.4f}")
 

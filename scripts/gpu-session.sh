@@ -18,9 +18,10 @@
 #         host's enqueue rate) | mixtune-standard-idle (a LEAD_MS host sleep before each step instead) | profile (ncu: every kernel's time in one
 #         standard-shaped step of 2 layers and 2 micro-batches, profile.csv; ~20 s) | kernels-wgrad1, mixtune-standard-wgrad1
 #         (the same with MIXTUNE_WGRAD_BLOCKS_PER_SM=1) | quickstart (needs .carry/qs.tar.xz) |
-#         sustained-gemm (8192³ bf16 matmuls for GEMM_SECONDS=10, TFLOP/s per second). CLOCKS=1 logs clocks/power.
+#         sustained-gemm (8192³ bf16 matmuls for GEMM_SECONDS=10, TFLOP/s per second) | kernels-energy (grouped GEMM and
+#         flash kernels each run ENERGY_SECONDS=2 s: sustained TFLOP/s, pJ per FLOP). CLOCKS=1 logs clocks/power.
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -100,6 +101,11 @@ for stage in "$@"; do
                bash bench/side_by_side.sh "$BIN/mixtune" standard --mixtune --no-pair-expert-wgrad || rc=1 ;;
     mixtune-standard-mma) MIXTUNE_GROUPED_GEMM=mma SIDES=mixtune NAME=mixtune-standard-mma OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
+    kernels-energy) "$BIN/mixtune_bench_grouped_gemm" --tokens 8192 --no-check --energy-seconds ${ENERGY_SECONDS:-2} \
+               > "$OUT/grouped_gemm_energy.json" 2>&1; "$BIN/mixtune_bench_flash_attention" --energy-seconds \
+               ${ENERGY_SECONDS:-2} > "$OUT/flash_attention_energy.json" 2>&1
+             python3 bench/energy_table.py "$OUT/grouped_gemm_energy.json" "$OUT/flash_attention_energy.json" \
+               | tee "$OUT/kernels-energy.md" ;;
     sustained-gemm) python3 bench/sustained_gemm.py --seconds ${GEMM_SECONDS:-10} > "$OUT/sustained_gemm.json" \
                || rc=1; python3 -c 'import json,sys; print(" ".join(str(w["tflops"]) for w in json.load(open(sys.argv[1]))["windows"]))' \
                "$OUT/sustained_gemm.json" ;;

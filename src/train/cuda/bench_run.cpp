@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 #include <cmath>
 #include <functional>
@@ -19,6 +20,7 @@
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gpu_energy.h"
 #include "kernels/cuda/gpu_spin.h"
 #include "kernels/cuda/random_fill.h"
 #include "models/causal_lm.h"
@@ -280,6 +282,8 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   double loss_first = 0, loss_last = 0, timed_s = 0;
   int64_t a2a_bytes = 0;
   double host_wait_s = 0;
+  double energy_j = 0;        // this GPU's, over the timed steps (NVML's counter; kernels/cuda/gpu_energy.h)
+  bool energy_known = true;
   // Experiment switch: MIXTUNE_BENCH_LEAD_MS=N queues an N ms GPU spin ahead of each step, so the host has
   // queued the step's launches before the GPU reaches them. phases_ms (GPU time from the step's first mark)
   // then shows whether the host's enqueue rate held the GPU back; tokens/s includes the spin.
@@ -305,16 +309,22 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     const double wait0 = ep ? ep->host_wait_s() : 0;
     if (lead_ns > 0) cuda::gpu_spin(lead_ns, ctx.stream);
     if (idle_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(idle_ms));
+    const std::optional<double> joules0 = cuda::gpu_energy_joules(device);
     const auto t0 = std::chrono::steady_clock::now();
     const EngineStep r = trainer.step(
         window, static_cast<double>(o.micro_batch * (o.seq - 1) * o.grad_accum * world), 1e-5, 1.0);
     cuda::stream_sync(ctx.stream);
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::optional<double> joules1 = cuda::gpu_energy_joules(device);
     trainer.model().timer().collect();
     if (s == 0) loss_first = r.loss;
     loss_last = r.loss;
     if (timed) {
       timed_s += sec;
+      if (joules0 && joules1)
+        energy_j += *joules1 - *joules0;
+      else
+        energy_known = false;
       if (ep) a2a_bytes += ep->bytes_sent() - sent0, host_wait_s += ep->host_wait_s() - wait0;
     }
     if (log)
@@ -376,6 +386,11 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   j["gemm_ceiling_tflops"] = ceiling;
   j["mfu_vs_ceiling"] = tflops / ceiling;
   j["mfu_vs_989"] = tflops / 989.0;
+  if (energy_known && energy_j > 0) {  // rank 0's GPU (lead spins included, as in tokens/s)
+    j["energy_j_per_step"] = energy_j / static_cast<double>(o.steps);
+    j["mean_power_w"] = energy_j / timed_s;
+    j["energy_pj_per_model_flop"] = energy_j / (static_cast<double>(tokens_per_step * o.steps) * fpt) * 1e12;
+  }
   j["peak_allocated_bytes"] = static_cast<int64_t>(peaks[0]);
   j["peak_reserved_bytes"] = static_cast<int64_t>(peaks[1]);
   j["memory_plan_bytes"] = plan.total;

@@ -1,6 +1,7 @@
 // CUDA infrastructure: error reporting, device discovery, allocator, host<->device copies.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -9,6 +10,7 @@
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/gpu_energy.h"
 #include "kernels/cuda/gpu_spin.h"
 #include "cuda_test_util.h"
 
@@ -53,6 +55,24 @@ TEST(CudaDevice, GpuSpinHoldsTheStreamForTheTimeAsked) {
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+}
+
+// The energy counter (NVML, loaded at run time): absent without a driver (no crash, nullopt); on a GPU that has
+// it, joules that only grow, by a plausible amount over 0.2 s of a spinning kernel (an idle H200 draws ~80 W, its
+// cap is 700 W).
+TEST(CudaDevice, EnergyCounterGrowsWhereItExists) {
+  EXPECT_FALSE(cuda::gpu_energy_joules(cuda::device_count() + 7).has_value());  // no such device
+  MT_SKIP_WITHOUT_CUDA();
+  const std::optional<double> a = cuda::gpu_energy_joules(0);
+  if (!a) GTEST_SKIP() << "no NVML energy counter on this machine";
+  cudaStream_t s = cuda::device_context(0).stream;
+  cuda::gpu_spin(200'000'000, s);
+  MT_CUDA_CHECK(cudaStreamSynchronize(s));
+  const std::optional<double> b = cuda::gpu_energy_joules(0);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_GT(*a, 0.0);
+  EXPECT_GE(*b - *a, 0.2 * 20.0);    // > 20 W on average
+  EXPECT_LE(*b - *a, 0.2 * 2000.0);  // < 2 kW
 }
 
 TEST(CudaDevice, CountNeverThrows) {
