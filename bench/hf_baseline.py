@@ -142,6 +142,8 @@ def gpu_energy_joules(device_index):
     """The GPU's NVML energy counter (joules since the driver loaded), as mixtune bench reads it
     (kernels/cuda/gpu_energy.h); None where NVML or the counter is unavailable."""
     import ctypes
+
+    import torch
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
         if nvml.nvmlInit_v2() != 0:
