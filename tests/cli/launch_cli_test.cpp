@@ -146,9 +146,11 @@ TEST_F(LaunchCli, ShardedOptimizerStateTrainsBitwiseLikeReplicated) {
     for (const char* ck : {"checkpoint-000002", "checkpoint-000004"})
       EXPECT_EQ(slurp(dir / sharded / ck / "optimizer.safetensors"), slurp(dir / whole / ck / "optimizer.safetensors"))
           << ck;
-    for (const auto& f : fs::directory_iterator(dir / whole / "final"))
-      if (f.path().extension() == ".safetensors")
+    for (const auto& f : fs::directory_iterator(dir / whole / "final")) {
+      if (f.path().extension() == ".safetensors") {
         EXPECT_EQ(slurp(f.path()), slurp(dir / sharded / "final" / f.path().filename())) << f.path().filename();
+      }
+    }
   }
 }
 

@@ -202,10 +202,12 @@ TEST(CudaMultiGpu, ShardedOptimizerStateTrainsBitwiseLikeReplicated) {
     EXPECT_EQ(losses_of(dir.path / sharded), losses_of(dir.path / whole));
     EXPECT_EQ(test::slurp(dir.path / sharded / "checkpoint-000006" / "optimizer.safetensors"),
               test::slurp(dir.path / whole / "checkpoint-000006" / "optimizer.safetensors"));
-    for (const auto& f : fs::directory_iterator(dir.path / whole / "final"))
-      if (f.path().extension() == ".safetensors")
+    for (const auto& f : fs::directory_iterator(dir.path / whole / "final")) {
+      if (f.path().extension() == ".safetensors") {
         EXPECT_EQ(test::slurp(f.path()), test::slurp(dir.path / sharded / "final" / f.path().filename()))
             << f.path().filename();
+      }
+    }
   }
 }
 
