@@ -12,6 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
+#include "core/tensor.h"
+#include "train/adamw.h"
+
 namespace mt {
 
 class OptimizerShards {
@@ -69,6 +73,36 @@ OptimizerShards optimizer_shards_for(const Qwen3MoeWeights& w, int world, int ra
 // The parameter a Hugging Face tensor name belongs to: the name itself, or for a per-expert tensor
 // ("...mlp.experts.<e>.{gate,up,down}_proj.weight") the stacked "...mlp.experts.{gate_up,down}_proj".
 std::string hf_tensor_param(const std::string& hf_name);
+
+// One optimizer-state tensor of the whole model, with this rank's tensor of that name where it updates the
+// parameter (null: another rank's share).
+struct StateSlot {
+  OptimizerStateSpec spec;
+  Tensor* held = nullptr;
+};
+
+// Every parameter's optimizer-state tensors in the unsharded order (what a save lays out, what a resume's file
+// holds): params in engine order, held the optimizer's named_state() (the parameters this rank updates, in
+// order), specs_of(name, param) the optimizer's state_specs.
+template <typename Params, typename SpecsOf>
+std::vector<StateSlot> optimizer_state_layout(const Params& params, const OptimizerShards& shards,
+                                              const std::vector<std::pair<std::string, Tensor*>>& held,
+                                              SpecsOf&& specs_of) {
+  std::vector<StateSlot> r;
+  size_t k = 0;
+  for (size_t i = 0; i < params.size(); ++i)
+    for (OptimizerStateSpec& s : specs_of(params[i].first, *params[i].second)) {
+      Tensor* t = nullptr;
+      if (shards.updates(i)) {
+        MT_CHECK(k < held.size() && held[k].first == s.name, "optimizer state: {} where {} was expected",
+                 k < held.size() ? held[k].first : std::string("nothing"), s.name);
+        t = held[k++].second;
+      }
+      r.push_back({std::move(s), t});
+    }
+  MT_CHECK(k == held.size(), "optimizer state: {} tensors held, {} laid out", held.size(), k);
+  return r;
+}
 
 // The parameter an optimizer-state tensor belongs to: "<param>.exp_avg", ".exp_avg_sq" or ".master" without
 // the suffix ("" for another name).

@@ -133,24 +133,12 @@ class CpuEngine final : public TrainEngine {
   // (its owner writes it).
   std::vector<std::pair<std::string, Tensor>> optimizer_state_host() override {
     std::vector<std::pair<std::string, Tensor>> r;
-    auto held = optimizer_.named_state();
-    size_t k = 0;
-    auto params = lm_.weights.named_parameters();
-    for (size_t i = 0; i < params.size(); ++i)
-      for (const OptimizerStateSpec& s : AdamW::state_specs(params[i].first, *params[i].second, optimizer_.options())) {
-        if (shards_.updates(i)) {
-          MT_CHECK(held[k].first == s.name, "optimizer state order: {} where {} was expected", held[k].first, s.name);
-          r.emplace_back(held[k].first, *held[k].second);
-          ++k;
-        } else
-          r.emplace_back(s.name, Tensor::empty(s.shape, s.dtype));
-      }
+    for (StateSlot& s : state_layout())
+      r.emplace_back(s.spec.name, s.held ? *s.held : Tensor::empty(s.spec.shape, s.spec.dtype));
     return r;
   }
   void optimizer_state_load(const std::string& dir) override {
-    int64_t total = 0;
-    for (auto& [name, t] : lm_.weights.named_parameters())
-      total += static_cast<int64_t>(AdamW::state_specs(name, *t, optimizer_.options()).size());
+    const auto total = static_cast<int64_t>(state_layout().size());
     optimizer_state_read(dir, optimizer_.named_state(), 0, -1, total);
   }
   const OptimizerShards& optimizer_shards() const override { return shards_; }
@@ -158,6 +146,13 @@ class CpuEngine final : public TrainEngine {
   int64_t peak_reserved_bytes() const override { return peak_memory_bytes(); }
 
  private:
+  std::vector<StateSlot> state_layout() {
+    return optimizer_state_layout(lm_.weights.named_parameters(), shards_, optimizer_.named_state(),
+                                  [&](const std::string& n, const Tensor& p) {
+                                    return AdamW::state_specs(n, p, optimizer_.options());
+                                  });
+  }
+
   // Expert-parallel groups of r.parallel.ep consecutive ranks; empty group: no expert parallelism.
   static ExpertParallel expert_parallel_of(const Qwen3MoeConfig& cfg, const Recipe& r, Communicator* comm) {
     ExpertParallel ep;

@@ -142,6 +142,7 @@ TEST(Recipe, Defaults) {
   EXPECT_EQ(r.checkpoint.keep_last, 2);
   EXPECT_EQ(r.parallel.timeout_s, 600);
   EXPECT_EQ(r.parallel.ep_dispatch, "auto");
+  EXPECT_TRUE(r.parallel.shard_optimizer);
 }
 
 TEST(Recipe, SetOverridesScalarAndList) {
@@ -215,6 +216,8 @@ TEST(Recipe, EnumsListChoices) {
   EXPECT_EQ(load_error(m + "optimizer: {name: sgd}\n"), ": optimizer.name: must be one of adamw (found 'sgd')");
   EXPECT_EQ(load_error(m + "parallel: {ep_dispatch: deepep}\n"),
             ": parallel.ep_dispatch: must be one of auto, all_gather, all_to_all (found 'deepep')");
+  EXPECT_EQ(load_error(m + "parallel: {shard_optimizer: sometimes}\n"),
+            ": parallel.shard_optimizer: must be true or false (found 'sometimes')");
   EXPECT_EQ(load_error(m + "optimizer: {master_weights: bf16}\n"),
             ": optimizer.master_weights: must be one of float32, none (found 'bf16')");
 }

@@ -50,10 +50,11 @@ std::optional<double> gpu_energy_joules(int device) {
   if (it == n.devices.end()) {
     char bus[64] = {};
     NvmlDevice h = nullptr;
-    if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess || n.handle_by_bus_id(bus, &h) != 0) {
-      cudaGetLastError();  // clear a sticky "invalid device" from the query
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess) {
+      cudaGetLastError();  // the query's "invalid device" must not surface at the next CUDA call
       return std::nullopt;
     }
+    if (n.handle_by_bus_id(bus, &h) != 0) return std::nullopt;
     it = n.devices.emplace(device, h).first;
   }
   unsigned long long mj = 0;

@@ -31,6 +31,17 @@ namespace mt {
 
 namespace {
 
+// An experiment switch's milliseconds (unset or empty: 0); anything but a number in [0, 60000] is an error.
+double env_milliseconds(const char* var) {
+  const char* e = std::getenv(var);
+  if (e == nullptr || *e == '\0') return 0.0;
+  char* end = nullptr;
+  const double v = std::strtod(e, &end);
+  if (*end != '\0' || !(v >= 0.0 && v <= 60000.0))
+    fail("{}: expected milliseconds in [0, 60000], found '{}'", var, e);
+  return v;
+}
+
 bool is_norm(const std::string& name) { return name.find("norm") != std::string::npos; }
 
 // Dense bf16 GEMM 8192³ through the same cuBLASLt path the model uses: best of 10 timed runs.
@@ -289,10 +300,8 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   // then shows whether the host's enqueue rate held the GPU back; tokens/s includes the spin.
   // MIXTUNE_BENCH_IDLE_MS=N instead sleeps N ms on the host before each step (the GPU idles, the host is not
   // ahead): the same pause without the lead, to tell launch-rate effects from clock or power ones.
-  const char* lead_env = std::getenv("MIXTUNE_BENCH_LEAD_MS");
-  const int64_t lead_ns = lead_env ? static_cast<int64_t>(std::atof(lead_env) * 1e6) : 0;
-  const char* idle_env = std::getenv("MIXTUNE_BENCH_IDLE_MS");
-  const double idle_ms = idle_env ? std::atof(idle_env) : 0.0;
+  const int64_t lead_ns = static_cast<int64_t>(env_milliseconds("MIXTUNE_BENCH_LEAD_MS") * 1e6);
+  const double idle_ms = env_milliseconds("MIXTUNE_BENCH_IDLE_MS");
   for (int64_t s = 0; s < o.warmup + o.steps; ++s) {
     std::vector<Batch> host;
     std::vector<CudaBatch> window;

@@ -154,30 +154,19 @@ class CudaEngine final : public TrainEngine {
   // rank's rows filled as in weights_to_host (a sharded-away parameter's state stays an unwritten placeholder).
   std::vector<std::pair<std::string, Tensor>> optimizer_state_host() override {
     std::vector<std::pair<std::string, Tensor>> r;
-    auto held = step_->optimizer().named_state();
-    size_t k = 0;
-    auto params = weights_.named_parameters();
-    for (size_t i = 0; i < params.size(); ++i)
-      for (const OptimizerStateSpec& s :
-           cuda::CudaAdamW::state_specs(params[i].first, *params[i].second, step_->optimizer().options())) {
-        Shape full = s.shape;
-        if (slice_.count >= 0 && param_is_stacked_expert(s.name)) full[0] = lm_.config.num_experts;
-        Tensor h = Tensor::empty(full, s.dtype);
-        if (step_->shards().updates(i)) {
-          MT_CHECK(held[k].first == s.name, "optimizer state order: {} where {} was expected", held[k].first, s.name);
-          to_host_own(held[k].first, *held[k].second, h);
-          ++k;
-        }
-        r.emplace_back(s.name, std::move(h));
-      }
+    for (StateSlot& s : state_layout()) {
+      Shape full = s.spec.shape;
+      if (slice_.count >= 0 && param_is_stacked_expert(s.spec.name)) full[0] = lm_.config.num_experts;
+      Tensor h = Tensor::empty(full, s.spec.dtype);
+      if (s.held) to_host_own(s.spec.name, *s.held, h);
+      r.emplace_back(s.spec.name, std::move(h));
+    }
     return r;
   }
 
   // Each rank reads its share of the optimizer file: the non-expert tensors it updates, its own experts' rows.
   void optimizer_state_load(const std::string& dir) override {
-    int64_t total = 0;
-    for (auto& [name, t] : weights_.named_parameters())
-      total += static_cast<int64_t>(cuda::CudaAdamW::state_specs(name, *t, step_->optimizer().options()).size());
+    const auto total = static_cast<int64_t>(state_layout().size());
     auto state = step_->optimizer().named_state();
     std::vector<Tensor> host;
     host.reserve(state.size());
@@ -220,6 +209,13 @@ class CudaEngine final : public TrainEngine {
   }
 
   bool writes_output() const { return rank_ == 0; }
+
+  std::vector<StateSlot> state_layout() {
+    return optimizer_state_layout(weights_.named_parameters(), step_->shards(), step_->optimizer().named_state(),
+                                  [&](const std::string& n, const Tensor& p) {
+                                    return cuda::CudaAdamW::state_specs(n, p, step_->optimizer().options());
+                                  });
+  }
 
   // dev (this rank's parameter or state tensor) into host (full shape), where this rank writes it: a sharded
   // parameter's (and its state's) owner, else rank 0 or the experts' rank (train/shared_save.h).
