@@ -150,7 +150,8 @@ def workload_text(rec):
     if all(v is None for v in w.values()):
         return "–"
     extra = [rec.get("precision"), f"recompute {rec.get('recompute')}" if rec.get("recompute") else None,
-             f"router {rec.get('router')}" if rec.get("router") else None]
+             f"router {rec.get('router')}" if rec.get("router") else None,
+             f"prompt {rec['prompt_fraction']:.0%} unlabelled" if rec.get("prompt_fraction") else None]
     parts = [f"{w['layers']} layers" if w["layers"] is not None else None,
              f"seq {w['seq']}" if w["seq"] is not None else None,
              f"mbs {w['micro_batch']}" if w["micro_batch"] is not None else None,

@@ -109,6 +109,8 @@ def parse_args(argv):
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--fsdp2", action="store_true", help="shard with FSDP2 over the torchrun ranks (LOCAL_RANK GPU)")
+    ap.add_argument("--prompt-fraction", type=float, default=0.0,
+                    help="labels -100 on the first F of each row's tokens (a chat prompt's share of SFT data)")
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--print-flops", action="store_true", help="print the FLOP formula result and exit")
     a = ap.parse_args(argv)
@@ -117,6 +119,8 @@ def parse_args(argv):
             ap.error(f"--{name.replace('_', '-')} must be >= 1, found {getattr(a, name)}")
     if a.warmup < 0:
         ap.error(f"--warmup must be >= 0, found {a.warmup}")
+    if not 0.0 <= a.prompt_fraction < 1.0:
+        ap.error(f"--prompt-fraction must be in [0, 1), found {a.prompt_fraction}")
     return a
 
 
@@ -133,6 +137,7 @@ def base_result(a, command):
         "warmup": a.warmup, "precision": a.precision,
         "recompute": "full" if a.gradient_checkpointing else "none",
         "router": "real",
+        "prompt_fraction": a.prompt_fraction,
         "flops_per_token": qwen3_flops_per_token(a.layers, a.seq),
         "oom": False,
     }
@@ -373,13 +378,18 @@ def run(a, result):
     gen = torch.Generator(device=device)
     gen.manual_seed(a.seed + 7777 * rank)  # each rank its own tokens
     vocab = QWEN3_30B_A3B["vocab"]
+    prompt_len = int(a.prompt_fraction * a.seq)  # same rounding as mixtune bench
 
     def train_step():
         total = torch.zeros((), device=device, dtype=torch.float32)
         for _ in range(a.grad_accum):
             ids = torch.randint(0, vocab, (a.micro_batch, a.seq), device=device, generator=gen)
+            labels = ids
+            if prompt_len > 0:
+                labels = ids.clone()
+                labels[:, :prompt_len] = -100
             with autocast():
-                out = model(input_ids=ids, labels=ids, use_cache=False)
+                out = model(input_ids=ids, labels=labels, use_cache=False)
             loss = out.loss / a.grad_accum
             loss.backward()
             total += loss.detach().float()

@@ -19,7 +19,8 @@
 #         standard-shaped step of 2 layers and 2 micro-batches, profile.csv; ~20 s) | kernels-wgrad1, mixtune-standard-wgrad1
 #         (the same with MIXTUNE_WGRAD_BLOCKS_PER_SM=1) | quickstart (needs .carry/qs.tar.xz) |
 #         sustained-gemm (8192³ bf16 matmuls for GEMM_SECONDS=10, TFLOP/s per second) | kernels-energy (grouped GEMM and
-#         flash kernels each run ENERGY_SECONDS=2 s: sustained TFLOP/s, pJ per FLOP). CLOCKS=1 logs clocks/power.
+#         flash kernels each run ENERGY_SECONDS=2 s: sustained TFLOP/s, pJ per FLOP) | standard-promptN (the standard
+#         workload with labels -100 on the first N% of each row, both sides). CLOCKS=1 logs clocks/power.
 set -uo pipefail
 [[ $# -lt 2 ]] && { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
@@ -106,6 +107,10 @@ for stage in "$@"; do
                ${ENERGY_SECONDS:-2} > "$OUT/flash_attention_energy.json" 2>&1
              python3 bench/energy_table.py "$OUT/grouped_gemm_energy.json" "$OUT/flash_attention_energy.json" \
                | tee "$OUT/kernels-energy.md" ;;
+    standard-prompt*)  # the standard workload as SFT data: the first N% of each row's labels -100 on both sides
+               pct=${stage#standard-prompt}
+               NAME=$stage OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard --prompt-fraction \
+               "$(python3 -c "print($pct / 100)")" || rc=1 ;;
     sustained-gemm) python3 bench/sustained_gemm.py --seconds ${GEMM_SECONDS:-10} > "$OUT/sustained_gemm.json" \
                || rc=1; python3 -c 'import json,sys; print(" ".join(str(w["tflops"]) for w in json.load(open(sys.argv[1]))["windows"]))' \
                "$OUT/sustained_gemm.json" ;;

@@ -22,6 +22,7 @@ struct BenchArgs {
   std::string ep_dispatch = "auto";
   int64_t layers = 0, seq = 4096, micro_batch = 1, grad_accum = 8, steps = 5, warmup = 2, ep = 1;
   bool force = false, no_pair_expert_wgrad = false, plan_only = false, no_shard_optimizer = false;
+  double prompt_fraction = 0.0;
   double device_gib = 133.9;  // an H200's cudaMemGetInfo total (143,771,566,080 bytes)
 };
 
@@ -64,6 +65,8 @@ void run_plan_only(const BenchArgs& a) {
 }
 
 void run_bench(const BenchArgs& a, const std::string& command) {
+  if (!(a.prompt_fraction >= 0.0 && a.prompt_fraction < 1.0))
+    fail("bench: --prompt-fraction must be in [0, 1), found {}", a.prompt_fraction);
   if (a.plan_only) {
     run_plan_only(a);
     return;
@@ -83,6 +86,7 @@ void run_bench(const BenchArgs& a, const std::string& command) {
   o.force = a.force;
   o.no_pair_expert_wgrad = a.no_pair_expert_wgrad;
   o.shard_optimizer = !a.no_shard_optimizer;
+  o.prompt_fraction = a.prompt_fraction;
   o.command = command;
   o.ep = a.ep;
   o.ep_dispatch = a.ep_dispatch;
@@ -126,6 +130,9 @@ void add_bench_command(CLI::App& app) {
                   "how tokens reach the experts: all_gather (each token once per rank), all_to_all (each routed "
                   "slot to its expert's rank), auto (all_gather while ep <= top-k)")
       ->check(CLI::IsMember({"auto", "all_gather", "all_to_all"}));
+  cmd->add_option("--prompt-fraction", a.prompt_fraction,
+                  "labels -100 on the first F of each row's tokens, as SFT data whose prompts carry no loss "
+                  "(the LM head then skips those rows); default 0");
   cmd->add_option("--json-out", a.json_out, "also write the JSON to this file");
   cmd->add_flag("--force", a.force, "run even when the memory plan says the configuration does not fit");
   cmd->add_flag("--plan-only", a.plan_only,

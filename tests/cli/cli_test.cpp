@@ -111,6 +111,11 @@ TEST_F(Cli, BenchPlanOnlyDryRun) {
   RunResult bad = run("bench --plan-only --preset qwen3-30b-a3b --ep 3");
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.err.find("--ep 3 must be >= 1 and divide the model's 128 experts"), std::string::npos) << bad.err;
+  for (const char* f : {"1", "-0.5", "nan"}) {
+    RunResult prompt = run(std::string("bench --plan-only --preset qwen3-30b-a3b --prompt-fraction ") + f);
+    EXPECT_EQ(prompt.code, 1) << f;
+    EXPECT_NE(prompt.err.find("--prompt-fraction must be in [0, 1)"), std::string::npos) << f << ": " << prompt.err;
+  }
 }
 
 TEST_F(Cli, BadInputIsOneLineExitOneAndNoPartialOutput) {

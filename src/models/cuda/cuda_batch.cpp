@@ -1,5 +1,6 @@
 #include "models/cuda/cuda_batch.h"
 
+#include "core/error.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
@@ -21,6 +22,18 @@ CudaBatch cuda_batch_upload(const Qwen3MoeConfig& cfg, const Batch& b, int devic
     const int64_t* y = targets.data_as<int64_t>();
     for (int64_t i = 0; i < targets.numel(); ++i) g.target_count += y[i] != -100;
     g.targets = cuda::to_device(targets.view({T}), device);
+    if (g.target_count < T) {
+      MT_CHECK(T < (int64_t{1} << 31), "batch: {} tokens in one micro-batch exceed the int32 row index", T);
+      Tensor rows = Tensor::empty({g.target_count}, DType::I32), row_targets = Tensor::empty({g.target_count}, DType::I64);
+      int64_t n = 0;
+      for (int64_t i = 0; i < T; ++i) {
+        if (y[i] == -100) continue;
+        rows.data_as<int32_t>()[n] = static_cast<int32_t>(i);
+        row_targets.data_as<int64_t>()[n++] = y[i];
+      }
+      g.target_rows = cuda::to_device(rows, device);
+      g.row_targets = cuda::to_device(row_targets, device);
+    }
   }
   const Tensor positions = cuda::to_device(batch_positions(b).view({T}), device);
   g.rope_cos = Tensor::empty({T, cfg.head_dim / 2}, DType::F32, Device::cuda(device));

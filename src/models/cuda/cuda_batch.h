@@ -16,6 +16,10 @@ struct CudaBatch {
   Tensor ids;                // I64 [T] on the device, T = batch · seq
   Tensor targets;            // I64 [T] shifted labels (-100 = ignore), or undefined
   int64_t target_count = 0;  // valid targets (counted on the host)
+  // Where some targets are -100: the rows that have one (I32 [target_count]) and their targets (I64), so the
+  // LM head computes logits for those rows only (ignored rows add nothing to the loss or any gradient).
+  // Undefined when every row has a target.
+  Tensor target_rows, row_targets;
   Tensor rope_cos, rope_sin; // F32 [T, head_dim / 2]
   cuda::AttentionDocs docs;  // per token: its document's [start, end)
   bool uniform_across_ranks = true;  // Batch::uniform_across_ranks

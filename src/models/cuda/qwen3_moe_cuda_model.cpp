@@ -10,6 +10,7 @@
 #include "kernels/cuda/linear_cross_entropy.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/router.h"
+#include "kernels/cuda/row_select.h"
 #include "layers/cuda/attention_block_cuda.h"
 #include "layers/cuda/moe_block_cuda.h"
 #include "models/qwen3_moe_model.h"
@@ -116,6 +117,31 @@ void check_grads(const Qwen3MoeWeights& w, const Qwen3MoeWeights& g, int device)
 
 bool config_adds_aux(const Qwen3MoeConfig& c) { return c.output_router_logits && c.num_hidden_layers > 0; }
 
+// The LM head and the loss over the rows that have a target (every row when b.target_rows is undefined):
+// ignored rows (prompt tokens of answer-only chat data, padding, each row's last token) add nothing to the
+// loss or to any gradient, so their logits are never computed, as in the CPU head (layers/lm_head.cpp).
+// dxf (with dhead, or both null): d(loss)/d(xf) for every row, zero where there is no target.
+void head_loss(const CudaBlockEnv& env, const Tensor& xf, const Tensor& head, const CudaBatch& b,
+               const cuda::LinearCrossEntropyArgs& args, CudaLoss& loss, Tensor* dxf, Tensor* dhead) {
+  if (!b.target_rows.defined()) {
+    cuda::linear_cross_entropy(xf, head, b.targets, args, loss.ce_sum, loss.count, dxf, dhead, env.stream);
+    return;
+  }
+  const int64_t R = b.target_rows.dim(0), H = xf.dim(1);
+  if (R == 0) {
+    MT_CUDA_CHECK(cudaMemsetAsync(loss.ce_sum.data(), 0, loss.ce_sum.nbytes(), env.stream));
+    MT_CUDA_CHECK(cudaMemsetAsync(loss.count.data(), 0, loss.count.nbytes(), env.stream));
+    if (dxf) MT_CUDA_CHECK(cudaMemsetAsync(dxf->data(), 0, dxf->nbytes(), env.stream));
+    return;
+  }
+  Tensor xr = Tensor::empty({R, H}, xf.dtype(), xf.device());
+  cuda::rows_gather(xf, b.target_rows, xr, env.stream);
+  Tensor dxr = dxf ? Tensor::empty({R, H}, dxf->dtype(), dxf->device()) : Tensor();
+  cuda::linear_cross_entropy(xr, head, b.row_targets, args, loss.ce_sum, loss.count, dxf ? &dxr : nullptr, dhead,
+                             env.stream);
+  if (dxf) cuda::rows_scatter(dxr, b.target_rows, *dxf, env.stream);
+}
+
 }  // namespace
 
 std::string cuda_model_unsupported_reason(const Qwen3MoeConfig& c) {
@@ -173,7 +199,7 @@ CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
     args.chunk_rows = opts_.loss_chunk_rows;
     args.compute_grad = false;
     const Tensor& head = cfg_.tie_word_embeddings ? w_.embed : w_.lm_head;
-    cuda::linear_cross_entropy(xf, head, b.targets, args, loss.ce_sum, loss.count, nullptr, nullptr, ctx.stream);
+    head_loss(env, xf, head, b, args, loss, nullptr, nullptr);
   } else {
     MT_CUDA_CHECK(cudaMemsetAsync(loss.ce_sum.data(), 0, 4, ctx.stream));
     MT_CUDA_CHECK(cudaMemsetAsync(loss.count.data(), 0, 4, ctx.stream));
@@ -215,7 +241,7 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
   const Tensor& head = cfg_.tie_word_embeddings ? w_.embed : w_.lm_head;
   Tensor& dhead = cfg_.tie_word_embeddings ? grads.embed : grads.lm_head;
   Tensor dxf = env.bf16({T, H});
-  cuda::linear_cross_entropy(xf, head, b.targets, args, loss.ce_sum, loss.count, &dxf, &dhead, ctx.stream);
+  head_loss(env, xf, head, b, args, loss, &dxf, &dhead);
   xf = Tensor();
   env.phase(Phase::other);
   Tensor dx = env.bf16({T, H});

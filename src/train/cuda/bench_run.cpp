@@ -84,13 +84,18 @@ Qwen3MoeConfig bench_config(const BenchOptions& o) {
   return Qwen3MoeConfig::from_json(j, o.model_dir.empty() ? "preset " + o.preset : o.model_dir);
 }
 
-Batch random_batch(const Qwen3MoeConfig& cfg, int64_t mbs, int64_t seq, std::mt19937_64& g) {
+Batch random_batch(const Qwen3MoeConfig& cfg, int64_t mbs, int64_t seq, int64_t prompt_len, std::mt19937_64& g) {
   Batch b;
   b.input_ids = Tensor::empty({mbs, seq}, DType::I64);
   std::uniform_int_distribution<int64_t> d(0, cfg.vocab_size - 1);
   int64_t* p = b.input_ids.data_as<int64_t>();
   for (int64_t i = 0; i < mbs * seq; ++i) p[i] = d(g);
   b.labels = b.input_ids;
+  if (prompt_len > 0) {
+    b.labels = b.input_ids.clone();
+    for (int64_t r = 0; r < mbs; ++r)
+      for (int64_t t = 0; t < prompt_len; ++t) b.labels.data_as<int64_t>()[r * seq + t] = -100;
+  }
   return b;
 }
 
@@ -128,6 +133,9 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   MT_CHECK(o.layers >= 0, "bench: --layers must be >= 0 (0: all the model's layers), found {}", o.layers);
   MT_CHECK(o.precision == "bf16" || o.precision == "fp32-master", "bench: --precision must be bf16 or fp32-master, "
            "found '{}'", o.precision);
+  MT_CHECK(o.prompt_fraction >= 0.0 && o.prompt_fraction < 1.0, "bench: --prompt-fraction must be in [0, 1), found {}",
+           o.prompt_fraction);
+  const int64_t prompt_len = static_cast<int64_t>(o.prompt_fraction * static_cast<double>(o.seq));
   BenchRanks ranks;
   ranks.pg = process_group_env_from_environment();
   const int world = ranks.pg.world, rank = ranks.pg.rank;
@@ -306,7 +314,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     std::vector<Batch> host;
     std::vector<CudaBatch> window;
     for (int64_t i = 0; i < o.grad_accum; ++i) {
-      host.push_back(random_batch(cfg, o.micro_batch, o.seq, g));
+      host.push_back(random_batch(cfg, o.micro_batch, o.seq, prompt_len, g));
       window.push_back(cuda_batch_upload(cfg, host.back(), device));
     }
     const bool timed = s >= o.warmup;
@@ -388,6 +396,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   if (lead_ns > 0) j["lead_spin_ms"] = static_cast<double>(lead_ns) / 1e6;
   if (idle_ms > 0) j["idle_ms"] = idle_ms;
   j["router"] = "real";
+  j["prompt_fraction"] = o.prompt_fraction;
   j["tokens_per_s_per_gpu"] = tps;
   j["step_time_s"] = timed_s / static_cast<double>(o.steps);
   j["flops_per_token"] = fpt;

@@ -31,6 +31,10 @@ struct BenchOptions {
   int device = 0;   // one process; a multi-rank job uses LOCAL_RANK
   int64_t ep = 1;   // expert-parallel ranks (multi-rank jobs)
   std::string ep_dispatch = "auto";  // auto | all_gather | all_to_all (layers/cuda/expert_parallel_cuda.h)
+  // Labels -100 on the first floor(prompt_fraction · seq) tokens of each row: SFT data whose prompts carry
+  // no loss (the LM head then runs on the other rows only). Tokens/s and the model FLOP count still count
+  // every token, as the Transformers baseline's do.
+  double prompt_fraction = 0.0;
   uint64_t seed = 1234;
   std::string command;  // the command line, echoed into the JSON
 };

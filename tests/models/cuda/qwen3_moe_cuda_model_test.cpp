@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "../../kernels/cuda/cuda_test_util.h"
 #include "cuda_model_test_util.h"
@@ -64,12 +65,16 @@ struct CudaRun {
   Qwen3MoeWeights grads;
 };
 
-CudaRun run_cuda(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& dev_w, const Batch& b, Recompute rc, double div) {
+// all_head_rows: the LM head runs over every row (the batch's target_rows cleared), not only those with a
+// target.
+CudaRun run_cuda(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& dev_w, const Batch& b, Recompute rc, double div,
+                 bool all_head_rows = false) {
   CudaModelOptions o;
   o.recompute = rc;
   o.loss_chunk_rows = 64;  // several chunks
   Qwen3MoeCudaModel model(cfg, dev_w, 0, o);
   CudaBatch gb = cuda_batch_upload(cfg, b, 0);
+  if (all_head_rows) gb.target_rows = gb.row_targets = Tensor();
   CudaRun r;
   r.grads = device_zeros_like(cfg);
   CudaLoss l = model.forward_backward(gb, r.grads, div);
@@ -149,6 +154,73 @@ TEST(CudaQwen3MoeModel, RecomputePoliciesAgree) {
                                            // flash backward's fp32 atomics may reorder sums
       test::expect_near_normalised(test::device_floats(*a[i].second), test::device_floats(*n[i].second), 2e-3, 1e-3,
                                    "gradient " + a[i].first);
+  }
+}
+
+// The head runs on the rows that have a target only: the batch lists them, and skipping the others changes
+// neither the loss nor any gradient (the full-rows run differs only by the GEMMs' row count; the scatter
+// leaves exact zeros in the ignored rows' input gradient, and a wrong row would move every gradient below
+// the head by far more than 1e-3).
+TEST(CudaQwen3MoeModel, HeadSkipsRowsWithoutTargets) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Qwen3MoeConfig cfg = small_config(64);
+  Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 13);
+  Qwen3MoeWeights dev_w = to_device_weights(host_w);
+  const Batch b = test_batch(cfg);
+  {
+    const CudaBatch gb = cuda_batch_upload(cfg, b, 0);
+    ASSERT_TRUE(gb.target_rows.defined());
+    const Tensor rows = cuda::to_host(gb.target_rows), targets = cuda::to_host(gb.row_targets);
+    const Tensor all = cuda::to_host(gb.targets);
+    ASSERT_EQ(rows.numel(), gb.target_count);
+    int64_t n = 0;
+    for (int64_t t = 0; t < all.numel(); ++t) {
+      if (all.data_as<int64_t>()[t] == -100) continue;
+      ASSERT_LT(n, rows.numel());
+      EXPECT_EQ(rows.data_as<int32_t>()[n], t);
+      EXPECT_EQ(targets.data_as<int64_t>()[n], all.data_as<int64_t>()[t]);
+      ++n;
+    }
+    EXPECT_EQ(n, rows.numel());
+    EXPECT_LT(n, all.numel() - 2);  // both rows' last token and every 7th label are ignored
+  }
+  const CudaRun part = run_cuda(cfg, dev_w, b, Recompute::none, 100.0);
+  const CudaRun full = run_cuda(cfg, dev_w, b, Recompute::none, 100.0, /*all_head_rows=*/true);
+  EXPECT_EQ(part.count, full.count);
+  EXPECT_NEAR(part.ce, full.ce, 1e-5 * full.ce);
+  auto a = part.grads.named_parameters();
+  auto f = full.grads.named_parameters();
+  for (size_t i = 0; i < a.size(); ++i)
+    test::expect_near_normalised(test::device_floats(*a[i].second), test::device_floats(*f[i].second), 2e-3, 1e-3,
+                                 "gradient " + a[i].first);
+}
+
+// A micro-batch without a single target (a prompt-only window): no loss, no head or final-norm gradient,
+// and the rest of the model still trains on the aux loss alone.
+TEST(CudaQwen3MoeModel, MicroBatchWithoutTargetsHasNoLossGradient) {
+  MT_SKIP_WITHOUT_CUDA();
+  const Qwen3MoeConfig cfg = small_config(64);
+  Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 17);
+  Qwen3MoeWeights dev_w = to_device_weights(host_w);
+  Batch b = test_batch(cfg);
+  for (int64_t i = 0; i < b.labels.numel(); ++i) b.labels.data_as<int64_t>()[i] = -100;
+  const CudaRun r = run_cuda(cfg, dev_w, b, Recompute::none, 1.0);
+  EXPECT_EQ(r.count, 0);
+  EXPECT_EQ(r.ce, 0.0);
+  EXPECT_GT(r.aux, 0.0);
+  for (const auto& [name, g] : r.grads.named_parameters()) {
+    const std::vector<float> v = test::device_floats(*g);
+    const bool head = name == "lm_head.weight" || name == "model.norm.weight";
+    double sq = 0;
+    for (float x : v) {
+      ASSERT_TRUE(std::isfinite(x)) << name;
+      sq += static_cast<double>(x) * x;
+    }
+    if (head) {
+      EXPECT_EQ(sq, 0.0) << name;
+    } else if (name.find("mlp.gate.weight") != std::string::npos) {
+      EXPECT_GT(sq, 0.0) << name << ": the aux loss trains the router";
+    }
   }
 }
 
