@@ -142,10 +142,12 @@ wide layer_backward_peak_bytes(const Dims& d, bool moe, Recompute r) {
 }
 
 // Fused LM head + cross-entropy (kernels/cuda/linear_cross_entropy.cu): one bf16 logits chunk of
-// min(4096, T) rows (the gradient is written over it in place), the per-row loss (f32) and dx.
+// min(4096, T) rows (the gradient is written over it in place), the per-row loss (f32) and dx; the head runs
+// on the rows that have a target, gathered with their gradient beside the full-width dx (at most T - 1 rows
+// each: every row's last token has none).
 wide head_loss_bytes(const Dims& d) {
   wide rows = std::min<wide>(kLossChunkRows, d.T);
-  return rows * d.V * kBf16 + d.T * kF32 + d.T * d.H * kBf16;
+  return rows * d.V * kBf16 + d.T * kF32 + d.T * d.H * kBf16 + 2 * d.T * d.H * kBf16;
 }
 
 int64_t clamp64(wide v) {

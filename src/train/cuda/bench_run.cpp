@@ -328,8 +328,10 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     if (idle_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(idle_ms));
     const std::optional<double> joules0 = cuda::gpu_energy_joules(device);
     const auto t0 = std::chrono::steady_clock::now();
-    const EngineStep r = trainer.step(
-        window, static_cast<double>(o.micro_batch * (o.seq - 1) * o.grad_accum * world), 1e-5, 1.0);
+    // The mean over the window's targets (every rank's micro-batches hold the same count), as the trainer does.
+    int64_t targets = 0;
+    for (const CudaBatch& b : window) targets += b.target_count;
+    const EngineStep r = trainer.step(window, static_cast<double>(targets * world), 1e-5, 1.0);
     cuda::stream_sync(ctx.stream);
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::optional<double> joules1 = cuda::gpu_energy_joules(device);
