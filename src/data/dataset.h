@@ -61,7 +61,16 @@ struct MicroBatch {
   Tensor position_ids;
   int64_t valid_labels = 0;  // labels that count after the model's shift (Trainer's num_items_in_batch share)
   int64_t documents = 0;
+  int64_t longest_row = 0;   // tokens before the padding in the batch's longest row
 };
+
+// Padding is never computed past what a batch needs: the columns [0, trimmed_columns) of a batch whose
+// longest row holds `longest` tokens (rounded up to a multiple of 8, at most seq_len), so a batch of short
+// documents costs their tokens, not seq_len (Transformers' collators pad to the longest row, too).
+int64_t trimmed_columns(int64_t longest, int64_t seq_len);
+// The first `columns` columns of every row (a copy; labels past them are all -100, so valid_labels and the
+// loss are unchanged). columns in [longest_row, S].
+MicroBatch micro_batch_trimmed(const MicroBatch& mb, int64_t columns);
 
 struct LoaderOptions {
   int64_t micro_batch_size = 1;

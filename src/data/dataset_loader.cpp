@@ -86,6 +86,7 @@ bool DataLoader::next(MicroBatch& out) {
   out.position_ids = Tensor::empty({B, S}, DType::I64);
   out.valid_labels = 0;
   out.documents = 0;
+  out.longest_row = 0;
   for (int64_t r = 0; r < B; ++r) {
     int64_t* ids = out.input_ids.data_as<int64_t>() + r * S;
     int64_t* lab = out.labels.data_as<int64_t>() + r * S;
@@ -102,6 +103,7 @@ bool DataLoader::next(MicroBatch& out) {
       }
       ++out.documents;
     }
+    out.longest_row = std::max(out.longest_row, t);
     for (int64_t i = 0; t < S; ++i, ++t) {
       ids[t] = opt_.pad_id;
       lab[t] = -100;
@@ -129,6 +131,28 @@ int64_t DataLoader::batches_per_epoch() const {
     ++batches;
   }
   return batches;
+}
+
+int64_t trimmed_columns(int64_t longest, int64_t seq_len) {
+  return std::min(seq_len, std::max<int64_t>(8, (longest + 7) / 8 * 8));
+}
+
+MicroBatch micro_batch_trimmed(const MicroBatch& mb, int64_t columns) {
+  const int64_t B = mb.input_ids.dim(0), S = mb.input_ids.dim(1);
+  MT_CHECK(columns >= mb.longest_row && columns <= S, "micro-batch trimmed to {} columns (longest row {}, width {})",
+           columns, mb.longest_row, S);
+  if (columns == S) return mb;
+  MicroBatch out = mb;
+  auto cut = [&](const Tensor& t) {
+    Tensor c = Tensor::empty({B, columns}, DType::I64);
+    for (int64_t r = 0; r < B; ++r)
+      std::copy_n(t.data_as<int64_t>() + r * S, columns, c.data_as<int64_t>() + r * columns);
+    return c;
+  };
+  out.input_ids = cut(mb.input_ids);
+  out.labels = cut(mb.labels);
+  out.position_ids = cut(mb.position_ids);
+  return out;
 }
 
 }  // namespace mt

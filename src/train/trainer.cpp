@@ -101,7 +101,7 @@ EvalResult evaluate(TrainEngine& engine, const Dataset& data, LoaderOptions lo) 
   double ce_sum = 0, aux_sum = 0;
   int64_t batches = 0;
   while (loader.next(mb)) {
-    const EngineEval e = engine.eval(batch_of(mb));
+    const EngineEval e = engine.eval(batch_of(micro_batch_trimmed(mb, trimmed_columns(mb.longest_row, lo.seq_len))));
     ce_sum += e.ce_sum;
     aux_sum += e.aux_loss;
     r.tokens += e.tokens;
@@ -310,6 +310,16 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
       window.push_back(std::move(mb));
     }
     if (window.empty()) break;
+    // Padding past the longest row is not computed: each group of peers (the micro-batches the ranks run
+    // at the same point, window[first .. first + world)) is cut to its longest row, the same width on
+    // every rank, so expert parallelism keeps its uniform exchanges.
+    for (size_t first = 0; first < window.size(); first += static_cast<size_t>(pg.world)) {
+      const size_t last = std::min(first + static_cast<size_t>(pg.world), window.size());
+      int64_t longest = 0;
+      for (size_t j = first; j < last; ++j) longest = std::max(longest, window[j].longest_row);
+      const int64_t columns = trimmed_columns(longest, r.data.seq_len);
+      for (size_t j = first; j < last; ++j) window[j] = micro_batch_trimmed(window[j], columns);
+    }
     if (r.parallel.ep > 1 && static_cast<int64_t>(window.size()) < r.train.grad_accum * pg.world) {
       // Expert parallelism needs every rank to run the same micro-batches count (each MoE layer is a
       // collective): the last, partial window of the data is not trained.

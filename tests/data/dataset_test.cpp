@@ -364,6 +364,7 @@ TEST(DataLoader, PackingLayoutExact) {
   EXPECT_EQ(values(b.position_ids), (std::vector<int64_t>{0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 0, 0}));
   EXPECT_EQ(b.valid_labels, 3 + 3);
   EXPECT_EQ(b.documents, 4);
+  EXPECT_EQ(b.longest_row, 5);
   EXPECT_EQ(l.position().epoch, 0);
   EXPECT_EQ(l.position().cursor, 4);
   // Last batch of the epoch: one row, a full-length document, no padding.
@@ -374,6 +375,7 @@ TEST(DataLoader, PackingLayoutExact) {
   EXPECT_EQ(values(b.position_ids), (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
   EXPECT_EQ(b.valid_labels, 5);
   EXPECT_EQ(b.documents, 1);
+  EXPECT_EQ(b.longest_row, 6);
   EXPECT_FALSE(l.next(b));
   EXPECT_FALSE(l.next(b));
 
@@ -419,6 +421,46 @@ TEST(DataLoader, NoPackingOneDocumentPerRow) {
   ASSERT_TRUE(l.next(b));
   EXPECT_EQ(b.input_ids.shape(), (Shape{1, 6}));
   EXPECT_FALSE(l.next(b));
+}
+
+// A batch is computed only up to its longest row (rounded up to 8 columns, at most seq_len): the same tokens,
+// labels and positions in those columns, nothing but padding cut.
+TEST(DataLoader, TrimmedToTheLongestRow) {
+  EXPECT_EQ(trimmed_columns(3, 20), 8);
+  EXPECT_EQ(trimmed_columns(8, 20), 8);
+  EXPECT_EQ(trimmed_columns(9, 20), 16);
+  EXPECT_EQ(trimmed_columns(17, 20), 20);
+  EXPECT_EQ(trimmed_columns(0, 20), 8);
+  EXPECT_EQ(trimmed_columns(3, 5), 5);
+  std::unique_ptr<TempJsonl> f;
+  const Dataset d = make_docs({3, 2, 9, 1, 6}, f);
+  LoaderOptions o;
+  o.micro_batch_size = 2;
+  o.seq_len = 20;
+  o.shuffle = false;
+  o.pack = false;
+  DataLoader l(d, o);
+  MicroBatch b;
+  ASSERT_TRUE(l.next(b));
+  EXPECT_EQ(b.longest_row, 3);
+  MicroBatch t = micro_batch_trimmed(b, trimmed_columns(b.longest_row, o.seq_len));
+  EXPECT_EQ(t.input_ids.shape(), (Shape{2, 8}));
+  EXPECT_EQ(values(t.input_ids), (std::vector<int64_t>{100, 101, 102, 0, 0, 0, 0, 0, 200, 201, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(values(t.labels), (std::vector<int64_t>{-100, 101, 102, -100, -100, -100, -100, -100, -100, 201, -100,
+                                                    -100, -100, -100, -100, -100}));
+  EXPECT_EQ(values(t.position_ids), (std::vector<int64_t>{0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(t.valid_labels, b.valid_labels);
+  EXPECT_EQ(t.documents, b.documents);
+  ASSERT_TRUE(l.next(b));  // docs of 9 and 1 tokens: 16 columns
+  EXPECT_EQ(b.longest_row, 9);
+  t = micro_batch_trimmed(b, trimmed_columns(b.longest_row, o.seq_len));
+  EXPECT_EQ(t.labels.shape(), (Shape{2, 16}));
+  EXPECT_EQ(values(t.input_ids)[8], 308);
+  EXPECT_EQ(values(t.input_ids)[16], 400);
+  // Full width: the batch itself; narrower than the longest row: refused.
+  EXPECT_EQ(micro_batch_trimmed(b, 20).input_ids.data(), b.input_ids.data());
+  EXPECT_NE(error_of([&] { micro_batch_trimmed(b, 8); }).find("micro-batch trimmed to 8 columns (longest row 9"),
+            std::string::npos);
 }
 
 // First token of every document in a batch, in row order (documents start where position_ids == 0 and the

@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -182,6 +184,35 @@ TEST(Trainer, AccumulationMatchesOneLargeBatch) {
     const float* x = t.data_as<float>();
     const float* y = cb.tensors.at(name).data_as<float>();
     for (int64_t i = 0; i < t.numel(); ++i) ASSERT_NEAR(x[i], y[i], 1e-5) << name << "[" << i << "]";
+  }
+}
+
+// Padding past the longest row is not computed: with one document per row, seq_len 64 trains exactly as
+// seq_len 16 (both cut to the 16 and 8 columns the 9- and 7-token documents need), aux loss included, and the
+// metrics count the tokens computed.
+TEST(Trainer, PaddingPastTheLongestRowIsNotComputed) {
+  const std::vector<std::string> common = {"data.pack=false", "train.max_steps=2"};
+  io_test::ScratchDir a, b;
+  Quiet q;
+  auto sa = common, sb = common;
+  sb.push_back("data.seq_len=64");
+  FinetuneResult ra = finetune(recipe_for(a, "moe_gqa_aux", sa), q.options());
+  FinetuneResult rb = finetune(recipe_for(b, "moe_gqa_aux", sb), q.options());
+  auto ma = metrics_of(a.path / "run"), mb = metrics_of(b.path / "run");
+  ASSERT_EQ(ma.size(), 2u);
+  ASSERT_EQ(mb.size(), 2u);
+  std::multiset<int64_t> columns;  // one row a step: the documents' 9 and 7 tokens in the seeded order
+  for (size_t i = 0; i < 2; ++i) {
+    for (const char* k : {"loss", "ce_loss", "aux_loss", "grad_norm"})
+      EXPECT_EQ(ma[i][k].get<double>(), mb[i][k].get<double>()) << "step " << i + 1 << " " << k;
+    EXPECT_EQ(ma[i]["tokens"], mb[i]["tokens"]);
+    columns.insert(mb[i]["tokens"].get<int64_t>());
+  }
+  EXPECT_EQ(columns, (std::multiset<int64_t>{8, 16}));
+  const auto ca = test::fixture_checkpoint_read(ra.final_dir), cb = test::fixture_checkpoint_read(rb.final_dir);
+  for (const auto& [name, t] : ca.tensors) {
+    const Tensor& u = cb.tensors.at(name);
+    ASSERT_EQ(std::memcmp(t.data(), u.data(), t.nbytes()), 0) << name;
   }
 }
 
