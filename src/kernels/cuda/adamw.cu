@@ -193,13 +193,49 @@ __device__ inline void adamw_elements(const AdamWLaunch& L, int i, int64_t k, co
   }
 }
 
+// Eight elements of a tensor whose arrays are all bf16 (parameter without master, gradient, both moments):
+// one 16-byte load per array, all four in flight, kept packed (16 registers) and unpacked pair by pair for
+// the math, so the wider access costs no spills; the same element math and rounding as adamw_elements.
+__device__ inline void adamw_elements_bf16x8(const AdamWLaunch& L, int i, int64_t k, const AdamWScalars& s,
+                                             uint32_t seed32, const float* clip, float coef) {
+  const uint4 graw = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(L.grad[i]) + k);
+  const uint4 praw = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(L.param[i]) + k);
+  const uint4 mraw = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(L.m[i]) + k);
+  const uint4 vraw = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(L.v[i]) + k);
+  const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&graw);
+  const __nv_bfloat162* p2 = reinterpret_cast<const __nv_bfloat162*>(&praw);
+  const __nv_bfloat162* m2 = reinterpret_cast<const __nv_bfloat162*>(&mraw);
+  const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&vraw);
+  uint4 pout, mout, vout;
+  __nv_bfloat162* po = reinterpret_cast<__nv_bfloat162*>(&pout);
+  __nv_bfloat162* mo = reinterpret_cast<__nv_bfloat162*>(&mout);
+  __nv_bfloat162* vo = reinterpret_cast<__nv_bfloat162*>(&vout);
+  const float decay_mul = L.decay_mul[i];
+  const uint64_t at = static_cast<uint64_t>(L.offset[i] + k);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 g = __bfloat1622float2(g2[q]);
+    float2 p = __bfloat1622float2(p2[q]), m = __bfloat1622float2(m2[q]), v = __bfloat1622float2(v2[q]);
+    adamw_element(g.x, p.x, m.x, v.x, s, decay_mul, clip, coef);
+    adamw_element(g.y, p.y, m.y, v.y, s, decay_mul, clip, coef);
+    mo[q] = __floats2bfloat162_rn(m.x, m.y);
+    vo[q] = __floats2bfloat162_rn(v.x, v.y);
+    po[q] = __halves2bfloat162(bf16_stochastic(p.x, hash32(seed32, at + 2 * q)),
+                               bf16_stochastic(p.y, hash32(seed32, at + 2 * q + 1)));
+  }
+  *reinterpret_cast<uint4*>(static_cast<bf16*>(L.m[i]) + k) = mout;
+  *reinterpret_cast<uint4*>(static_cast<bf16*>(L.v[i]) + k) = vout;
+  *reinterpret_cast<uint4*>(static_cast<bf16*>(L.param[i]) + k) = pout;
+}
+
 // Elements per thread per pass of the vector path (one 16-byte access per bf16 array).
 // Four elements per thread per pass (one 16-byte access per fp32 array, 8 bytes per bf16 one) and three
 // 512-thread blocks per SM (≤ 40 registers). Measured with ncu on the H200 (bench/NOTES.md 27): with eight
 // elements per thread and two blocks per SM the fp32-master update ran at 1.3 TB/s (44.5 ms for 1.87 B
 // parameters); this shape runs it at 3.9 TB/s (14.3 ms) and the pure-bf16 update at 3.5 TB/s (7.9 ms, was 8.4).
 constexpr int kAdamwVec = 4;
-static_assert(kChunkElems % kAdamwVec == 0, "chunks start on a vector boundary");
+constexpr int kAdamwVecBf16 = 8;
+static_assert(kChunkElems % kAdamwVecBf16 == 0, "chunks start on a vector boundary");
 
 __global__ void __launch_bounds__(kMultiTensorThreads, 3)
     adamw_kernel(AdamWLaunch L, AdamWScalars s, const float* __restrict__ clip) {
@@ -210,7 +246,13 @@ __global__ void __launch_bounds__(kMultiTensorThreads, 3)
   const float coef = clip ? *clip : 1.0f;
   const uint32_t seed32 = static_cast<uint32_t>(s.seed ^ (s.seed >> 32));
   int64_t tail = begin;
-  if (L.flags[i] & kAligned16) {
+  const uint8_t f = L.flags[i];
+  if ((f & kAligned16) && (f & kParamBf16) && (f & kGradBf16) && !(f & kHasMaster) && s.moments_bf16) {
+    // Every array bf16 (the pure-bf16 experts): eight elements per thread, one 16-byte access per array.
+    tail = begin + (end - begin) / kAdamwVecBf16 * kAdamwVecBf16;
+    for (int64_t k = begin + kAdamwVecBf16 * threadIdx.x; k < tail; k += kAdamwVecBf16 * blockDim.x)
+      adamw_elements_bf16x8(L, i, k, s, seed32, clip, coef);
+  } else if (f & kAligned16) {
     tail = begin + (end - begin) / kAdamwVec * kAdamwVec;
     for (int64_t k = begin + kAdamwVec * threadIdx.x; k < tail; k += kAdamwVec * blockDim.x)
       adamw_elements<kAdamwVec, true>(L, i, k, s, seed32, clip, coef);
