@@ -2,6 +2,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
@@ -69,7 +70,7 @@ constexpr int kDQOff = kSOff + 2 * kBN * kBM * 2;    // dQ staging, 2 warpgroups
 constexpr int kRowOff = kDQOff + 4 * kDQBytes;       // per stage: lse2[64], delta[64], doc_start[64]
 constexpr int kRowBytes = 3 * kBM * 4;
 constexpr int kBarOff = kRowOff + kStages * kRowBytes;
-constexpr int kNumBars = 1 + 2 * kStages;  // kv_full, q_full[], q_empty[]
+constexpr int kNumBars = 2 + 2 * kStages;  // kv_full, kv_empty, q_full[], q_empty[]
 constexpr int kSmemBytes = 1024 + kBarOff + kNumBars * 8;  // 1 KiB of slack to align the tiles to 1024
 static_assert(kSOff % 1024 == 0 && kDQOff % 1024 == 0, "swizzled tiles stay 1024-aligned");
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
@@ -157,6 +158,11 @@ __global__ void dq_to_bf16_kernel(const float* __restrict__ acc, int T, int Hq, 
   }
 }
 
+// VARIANT bit 0 (EARLY_SCORES): issue step st + 1's Sᵀ right after step st's dQ GEMM (below), else at the
+// top of each step; bit 1 (READ_WAITS): the end of the block waits only until its bulk reduce-adds have
+// read their shared-memory sources (the adds themselves complete before the grid does), else until they
+// have completed. 0 is the kernel before session 13; MIXTUNE_FLASH_BWD_VARIANT selects one (A/B only).
+template <int VARIANT>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                           const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
@@ -169,20 +175,37 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* smem = smem_raw + (base - raw);
   const uint32_t sK = base + kKOff, sV = base + kVOff, sQ = base + kQOff, sO = base + kOOff, sS = base + kSOff;
-  const uint32_t kv_full = base + kBarOff;
-  auto q_full = [&](int s) { return kv_full + 8u * (1 + s); };
-  auto q_empty = [&](int s) { return kv_full + 8u * (1 + kStages + s); };
+  const uint32_t kv_full = base + kBarOff, kv_empty = kv_full + 8u;
+  auto q_full = [&](int s) { return kv_full + 8u * (2 + s); };
+  auto q_empty = [&](int s) { return kv_full + 8u * (2 + kStages + s); };
 
   const int tid = threadIdx.x;
   const int T = a.T;
-  const int h = blockIdx.x, hk = h / (a.Hq / a.Hk);
-  const int k0 = blockIdx.y * kBN;
-  const int k_last = min(k0 + kBN, T) - 1;
-  const int q_lo = k0, q_hi = a.doc_end[k_last] - 1;
-  const int nsteps = (q_hi - q_lo + kBM) / kBM;  // >= 1 for valid bounds (doc_end(k) > k)
+  // Work items (query head h, key tile ky), key tile 0 (the most queries) first and the query heads of one
+  // KV head next to each other (K, V from L2): item = ky·Hq + h. A block runs items blockIdx.x + r·G in
+  // rounds r, mirrored every other round (r odd: G − 1 − blockIdx.x), which evens out the blocks' total
+  // work when the items come longest first; a grid of one block per item is the non-persistent launch.
+  const int n_items = a.Hq * ((T + kBN - 1) / kBN);
+  auto item_of = [&](int r) {
+    const int G = static_cast<int>(gridDim.x), j = static_cast<int>(blockIdx.x);
+    return r * G + ((r & 1) ? G - 1 - j : j);
+  };
+  struct Item {
+    int h, hk, k0, q_lo, nsteps;
+  };
+  auto item_at = [&](int item) {
+    Item it;
+    it.h = item % a.Hq, it.hk = it.h / (a.Hq / a.Hk), it.k0 = (item / a.Hq) * kBN;
+    const int k_last = min(it.k0 + kBN, T) - 1;
+    it.q_lo = it.k0;
+    it.nsteps = (a.doc_end[k_last] - 1 - it.q_lo + kBM) / kBM;  // >= 1 for valid bounds (doc_end(k) > k)
+    return it;
+  };
 
+  constexpr bool EARLY_SCORES = (VARIANT & 1) != 0, READ_WAITS = (VARIANT & 2) != 0;
   if (tid == 0) {
     mbar_init(kv_full, 1);
+    mbar_init(kv_empty, CONSUMER_THREADS);  // every consumer thread, once per item
     for (int s = 0; s < kStages; ++s) {
       mbar_init(q_full(s), 1 + 32);          // the TMA thread's arrive.expect_tx + warp 1's 32 lanes
       mbar_init(q_empty(s), CONSUMER_THREADS);  // every consumer thread, once per step
@@ -192,33 +215,46 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
+  // Stages and barrier phases run on across the block's items: gst counts the block's steps (stage gst & 1,
+  // use gst >> 1), `done` its items (the K/V barriers' phase).
   if (tid < 128) {
     // ---- producer warpgroup.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (nsteps > 0) {
-      if (tid == 0) {
-        tma_prefetch_map(&map_q);
-        tma_prefetch_map(&map_do);
+    if (tid == 0) {
+      tma_prefetch_map(&map_q);
+      tma_prefetch_map(&map_do);
+      int gst = 0, done = 0;
+      for (int r = 0, item = item_of(0); item < n_items; item = item_of(++r)) {
+        const Item it = item_at(item);
+        if (it.nsteps <= 0) continue;
+        // The next item's K, V once the consumers are done with this one's (its last MMAs have completed):
+        // the load runs while they flush dK, dV.
+        if (done > 0) mbar_wait(kv_empty, (done - 1) & 1);
         mbar_arrive_expect_tx(kv_full, 4 * kKVBox);  // full box bytes even past T (zero fill counts)
-        tma_load_2d(sK, &map_k, kv_full, hk * kD, k0);
-        tma_load_2d(sK + kKVBox, &map_k, kv_full, hk * kD + 64, k0);
-        tma_load_2d(sV, &map_v, kv_full, hk * kD, k0);
-        tma_load_2d(sV + kKVBox, &map_v, kv_full, hk * kD + 64, k0);
-        for (int st = 0; st < nsteps; ++st) {
-          const int s = st & 1, qs = q_lo + st * kBM;
-          mbar_wait(q_empty(s), ((st >> 1) & 1) ^ 1);  // the stage's previous use; a fresh barrier passes
+        tma_load_2d(sK, &map_k, kv_full, it.hk * kD, it.k0);
+        tma_load_2d(sK + kKVBox, &map_k, kv_full, it.hk * kD + 64, it.k0);
+        tma_load_2d(sV, &map_v, kv_full, it.hk * kD, it.k0);
+        tma_load_2d(sV + kKVBox, &map_v, kv_full, it.hk * kD + 64, it.k0);
+        for (int st = 0; st < it.nsteps; ++st, ++gst) {
+          const int s = gst & 1, qs = it.q_lo + st * kBM;
+          mbar_wait(q_empty(s), ((gst >> 1) & 1) ^ 1);  // the stage's previous use; a fresh barrier passes
           mbar_arrive_expect_tx(q_full(s), 4 * kQBox);  // Q + dO boxes
           const uint32_t q_at = sQ + s * 2 * kQBox, o_at = sO + s * 2 * kQBox;
-          tma_load_2d(q_at, &map_q, q_full(s), h * kD, qs);
-          tma_load_2d(q_at + kQBox, &map_q, q_full(s), h * kD + 64, qs);
-          tma_load_2d(o_at, &map_do, q_full(s), h * kD, qs);
-          tma_load_2d(o_at + kQBox, &map_do, q_full(s), h * kD + 64, qs);
+          tma_load_2d(q_at, &map_q, q_full(s), it.h * kD, qs);
+          tma_load_2d(q_at + kQBox, &map_q, q_full(s), it.h * kD + 64, qs);
+          tma_load_2d(o_at, &map_do, q_full(s), it.h * kD, qs);
+          tma_load_2d(o_at + kQBox, &map_do, q_full(s), it.h * kD + 64, qs);
         }
-      } else if (tid >= 32 && tid < 64) {
-        const int lane = tid - 32;
-        for (int st = 0; st < nsteps; ++st) {
-          const int s = st & 1, qs = q_lo + st * kBM;
-          mbar_wait(q_empty(s), ((st >> 1) & 1) ^ 1);
+        ++done;
+      }
+    } else if (tid >= 32 && tid < 64) {
+      const int lane = tid - 32;
+      int gst = 0;
+      for (int r = 0, item = item_of(0); item < n_items; item = item_of(++r)) {
+        const Item it = item_at(item);
+        for (int st = 0; st < it.nsteps; ++st, ++gst) {
+          const int s = gst & 1, qs = it.q_lo + st * kBM;
+          mbar_wait(q_empty(s), ((gst >> 1) & 1) ^ 1);
           float* lse2 = reinterpret_cast<float*>(smem + kRowOff + s * kRowBytes);
           float* dlt = lse2 + kBM;
           int* dsq = reinterpret_cast<int*>(dlt + kBM);
@@ -226,8 +262,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int i = lane; i < kBM; i += 32) {
             const int t = qs + i;
             const bool valid = t < T;
-            lse2[i] = valid ? lse[static_cast<int64_t>(h) * T + t] * 1.4426950408889634f : 0.0f;
-            dlt[i] = valid ? delta[static_cast<int64_t>(h) * T + t] : 0.0f;
+            lse2[i] = valid ? lse[static_cast<int64_t>(it.h) * T + t] * 1.4426950408889634f : 0.0f;
+            dlt[i] = valid ? delta[static_cast<int64_t>(it.h) * T + t] : 0.0f;
             dsq[i] = valid ? a.doc_start[t] : INT_MAX;  // rows past T see no key
           }
           mbar_arrive(q_full(s));  // release: the writes above before the arrival
@@ -237,160 +273,200 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     // ---- consumer warpgroups.
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    // Malformed bounds only. Also keeps ptxas (13.0) allocating this branch at setmaxnreg's budget (see
-    // the forward's note): re-check `ptxas -v` after editing either branch. Budgets: the producer's lse /
-    // delta / doc_start loop spills at 24 registers (52 bytes), so 40 for it and 232 for the consumers
-    // (236 uncapped, 0 spills at 232; 2 x 128 x 232 + 128 x 40 <= 64 Ki registers).
-    if (nsteps <= 0) return;
+    // Never true for a launch of at most n_items blocks. Also keeps ptxas (13.0) allocating this branch at
+    // setmaxnreg's budget (see the forward's note): re-check `ptxas -v` after editing either branch.
+    // Budgets: the producer's lse / delta / doc_start loop spills at 24 registers (52 bytes), so 40 for it
+    // and 232 for the consumers (2 x 128 x 232 + 128 x 40 <= 64 Ki registers).
+    if (item_of(0) >= n_items) return;
     const int c = tid / 128 - 1;  // keys 64c .. 64c + 63 of the tile
     const int ctid = tid - 128 * (c + 1);
     const int w = ctid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
     const int lrow = 64 * c + 16 * w + g;  // this thread's keys: lrow and lrow + 8 of the tile
-    const int kr0 = k0 + lrow, kr1 = kr0 + 8;
     const float scale_log2 = a.scale * 1.4426950408889634f;
     const uint32_t k_rows = sK + c * 64 * 128, v_rows = sV + c * 64 * 128;
-    const uint32_t dq_stage = base + kDQOff + c * 2 * kDQBytes;  // + (st & 1) * kDQBytes
+    const uint32_t dq_stage = base + kDQOff + c * 2 * kDQBytes;  // + (gst & 1) * kDQBytes
     // This thread's dSᵀ row (key lrow; lrow + 8 is +1 KiB) and dQ staging row (16w + g; +8 rows).
     const uint32_t ds_row_off = lrow * 128, dq_row = dq_stage + (16 * w + g) * 256 + qd * 8;
     const int dq_swz = g & 3;  // column pair 4j + qd of rows 16w + g (+8) goes to pair slot 4(j ^ (g & 3)) + qd
+    const uint32_t kv_row = dq_stage + (16 * w + g) * 512 + qd * 8;  // dK / dV staging rows (the flush)
 
     float dv[64], dk[64];
+    float sp[32], dp[32];
+    int gst = 0, done = 0;
+    for (int r = 0, item = item_of(0); item < n_items; item = item_of(++r)) {
+      const Item it = item_at(item);
+      if (it.nsteps <= 0) continue;
+      const int h = it.h, k0 = it.k0, q_lo = it.q_lo;
+      const int kr0 = k0 + lrow, kr1 = kr0 + 8;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) dv[i] = 0.0f, dk[i] = 0.0f;
+      for (int i = 0; i < 64; ++i) dv[i] = 0.0f, dk[i] = 0.0f;
+      mbar_wait(kv_full, done & 1);
 
-    mbar_wait(kv_full, 0);
-    for (int st = 0; st < nsteps; ++st) {
-      const int s = st & 1, qs = q_lo + st * kBM;
-      const uint32_t q_at = sQ + s * 2 * kQBox, o_at = sO + s * 2 * kQBox, ds_at = sS + s * kBN * kBM * 2;
-      const uint32_t lse2 = base + kRowOff + s * kRowBytes, dlt = lse2 + kBM * 4, dsq = dlt + kBM * 4;
-      mbar_wait(q_full(s), (st >> 1) & 1);
+      // Sᵀ = K_c·Qᵀ of block step gs into sp. EARLY_SCORES: an item's first step's is issued here and every
+      // later step's by the step before it, right after that step's dQ GEMM, so the tensor cores have it
+      // queued while that step waits for dQ and stages the tile (they idled there before).
+      auto issue_scores = [&](int gs) {
+        const int s = gs & 1;
+        mbar_wait(q_full(s), (gs >> 1) & 1);
+        wgmma_fence();
+        issue_kq(sp, smem_desc_lo(k_rows, 16), smem_desc_lo(sQ + s * 2 * kQBox, 16));
+        wgmma_commit();
+      };
+      if constexpr (EARLY_SCORES) issue_scores(gst);
+      // One step (st of the item, gs of the block); HAS_NEXT: issue the next step's Sᵀ before staging this
+      // step's dQ (the item's last step is peeled off: a wgmma inside a branch that ptxas cannot prove
+      // uniform serialises every wgmma, C7518).
+      auto step = [&]<bool HAS_NEXT>(int st, int gs) {
+        const int s = gs & 1, qs = q_lo + st * kBM;
+        const uint32_t q_at = sQ + s * 2 * kQBox, o_at = sO + s * 2 * kQBox, ds_at = sS + s * kBN * kBM * 2;
+        const uint32_t lse2 = base + kRowOff + s * kRowBytes, dlt = lse2 + kBM * 4, dsq = dlt + kBM * 4;
 
-      float sp[32], dp[32];
-      wgmma_fence();
-      issue_kq(sp, smem_desc_lo(k_rows, 16), smem_desc_lo(q_at, 16));
-      wgmma_commit();
-      issue_kq(dp, smem_desc_lo(v_rows, 16), smem_desc_lo(o_at, 16));
-      wgmma_commit();
-      wgmma_wait<1>();  // Sᵀ done
-      fence_regs(sp);
-      // Pᵀ: element 4j + e is key lrow (+8 for e >= 2), query 8j + 2qd + (e & 1) of the step. Masking
-      // is skipped when every key of the tile is visible to every query of the step.
-      const bool full = k0 + kBN - 1 <= qs && k0 >= lds_i1(dsq + (kBM - 1) * 4);
-      const int rel = kr0 - qs - 2 * qd;  // key kr0 is visible to query qs + qi only if rel <= qi - 2qd
-      if (full) {
+        if constexpr (!EARLY_SCORES) issue_scores(gs);
+        wgmma_fence();
+        issue_kq(dp, smem_desc_lo(v_rows, 16), smem_desc_lo(o_at, 16));  // dPᵀ = V_c·dOᵀ
+        wgmma_commit();
+        wgmma_wait<1>();  // Sᵀ done
+        fence_regs(sp);
+        // Pᵀ: element 4j + e is key lrow (+8 for e >= 2), query 8j + 2qd + (e & 1) of the step. Masking
+        // is skipped when every key of the tile is visible to every query of the step.
+        const bool full = k0 + kBN - 1 <= qs && k0 >= lds_i1(dsq + (kBM - 1) * 4);
+        const int rel = kr0 - qs - 2 * qd;  // key kr0 is visible to query qs + qi only if rel <= qi - 2qd
+        if (full) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float2 l2 = lds_f2(lse2 + (8 * j + 2 * qd) * 4);
+          for (int j = 0; j < 8; ++j) {
+            const float2 l2 = lds_f2(lse2 + (8 * j + 2 * qd) * 4);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sp[4 * j + e] = ex2(fmaf(sp[4 * j + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
-        }
-      } else {
+            for (int e = 0; e < 4; ++e)
+              sp[4 * j + e] = ex2(fmaf(sp[4 * j + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+          }
+        } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int qi = 8 * j + 2 * qd;
-          const float2 l2 = lds_f2(lse2 + qi * 4);
-          const int2 ds2 = lds_i2(dsq + qi * 4);
+          for (int j = 0; j < 8; ++j) {
+            const int qi = 8 * j + 2 * qd;
+            const float2 l2 = lds_f2(lse2 + qi * 4);
+            const int2 ds2 = lds_i2(dsq + qi * 4);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = e < 2 ? kr0 : kr1, dstart = (e & 1) ? ds2.y : ds2.x;
-            const bool vis = rel + (e < 2 ? 0 : 8) <= 8 * j + (e & 1) && key >= dstart;
-            const float p = ex2(fmaf(sp[4 * j + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
-            sp[4 * j + e] = vis ? p : 0.0f;
+            for (int e = 0; e < 4; ++e) {
+              const int key = e < 2 ? kr0 : kr1, dstart = (e & 1) ? ds2.y : ds2.x;
+              const bool vis = rel + (e < 2 ? 0 : 8) <= 8 * j + (e & 1) && key >= dstart;
+              const float p = ex2(fmaf(sp[4 * j + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+              sp[4 * j + e] = vis ? p : 0.0f;
+            }
           }
         }
-      }
-      // P (bf16) is final: dV += Pᵀ·dO goes to the tensor cores while dPᵀ may still be running.
-      uint32_t pp[16], sa[16];
+        // P (bf16) is final: dV += Pᵀ·dO goes to the tensor cores while dPᵀ may still be running.
+        uint32_t pp[16], sa[16];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) pp[i] = pack_bf16(sp[2 * i], sp[2 * i + 1]);
-      wgmma_fence();
-      issue_rs(dv, pp, smem_desc_lo(o_at, kQBox));
-      wgmma_commit();
-      wgmma_wait<1>();  // dPᵀ done (dV may still run)
-      fence_regs(dp);
-      // dSᵀ = Pᵀ ⊙ (dPᵀ − delta), from the bf16 P (its fp32 registers are free by now: the register
-      // budget); dS is rounded to bf16 for the tensor cores right after.
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 d2 = lds_f2(dlt + (8 * j + 2 * qd) * 4);
-        const float2 p0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pp[2 * j]));
-        const float2 p1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pp[2 * j + 1]));
-        sa[2 * j] = pack_bf16(p0.x * (dp[4 * j] - d2.x), p0.y * (dp[4 * j + 1] - d2.y));
-        sa[2 * j + 1] = pack_bf16(p1.x * (dp[4 * j + 2] - d2.x), p1.y * (dp[4 * j + 3] - d2.y));
-      }
-      wgmma_fence();
-      issue_rs(dk, sa, smem_desc_lo(q_at, kQBox));  // dK += dSᵀ·Q
-      wgmma_commit();
-
-      // dSᵀ to shared memory: row = key (lrow, lrow + 8), 128 bytes of 64 queries, 16-byte chunk j ^ row % 8.
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma reads of 2 steps ago first
-      {
-        const uint32_t ds_row = ds_at + ds_row_off + qd * 4;
+        for (int i = 0; i < 16; ++i) pp[i] = pack_bf16(sp[2 * i], sp[2 * i + 1]);
+        wgmma_fence();
+        issue_rs(dv, pp, smem_desc_lo(o_at, kQBox));
+        wgmma_commit();
+        wgmma_wait<1>();  // dPᵀ done (dV may still run)
+        fence_regs(dp);
+        // dSᵀ = Pᵀ ⊙ (dPᵀ − delta), from the bf16 P (its fp32 registers are free by now: the register
+        // budget); dS is rounded to bf16 for the tensor cores right after.
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          const uint32_t at = ds_row + ((j ^ (lrow & 7)) << 4);  // (lrow + 8) % 8 == lrow % 8
-          sts_u32(at, sa[2 * j]);
-          sts_u32(at + 8 * 128, sa[2 * j + 1]);
+          const float2 d2 = lds_f2(dlt + (8 * j + 2 * qd) * 4);
+          const float2 p0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pp[2 * j]));
+          const float2 p1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pp[2 * j + 1]));
+          sa[2 * j] = pack_bf16(p0.x * (dp[4 * j] - d2.x), p0.y * (dp[4 * j + 1] - d2.y));
+          sa[2 * j + 1] = pack_bf16(p1.x * (dp[4 * j + 2] - d2.x), p1.y * (dp[4 * j + 3] - d2.y));
         }
-      }
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to wgmma (async proxy)
-      if (ctid == 0) bulk_wait_read<1>();  // the dQ tile of two steps ago has left this staging buffer
-      named_barrier_sync(1, 256);           // both halves of dSᵀ written
+        wgmma_fence();
+        issue_rs(dk, sa, smem_desc_lo(q_at, kQBox));  // dK += dSᵀ·Q
+        wgmma_commit();
 
-      float dq[32];
-      wgmma_fence();
-      issue_dq(dq, smem_desc_lo(ds_at, kKVBox), smem_desc_lo(sK + c * kKVBox, kKVBox));
-      wgmma_commit();
-      wgmma_wait<0>();  // dV, dK, dQ done: Q, dO and this dSᵀ buffer are free
-      fence_regs(dq);
-      fence_regs(dv);
-      fence_regs(dk);
-      mbar_arrive(q_empty(s));
-
-      // dQ rows 16w + g (+8) of the step, columns 64c + 8j + 2qd, to this step's staging buffer (column
-      // pairs permuted per row: conflict-free float2 stores), then one bulk reduce-add of the whole tile
-      // (contiguous in dq_acc's layout, below).
+        // dSᵀ to shared memory: row = key (lrow, lrow + 8), 128 bytes of 64 queries, 16-byte chunk j ^ row % 8.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma reads of 2 steps ago first
+        {
+          const uint32_t ds_row = ds_at + ds_row_off + qd * 4;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t at = dq_row + s * kDQBytes + ((j ^ dq_swz) << 5);
-        sts_f2(at, dq[4 * j], dq[4 * j + 1]);
-        sts_f2(at + 8 * 256, dq[4 * j + 2], dq[4 * j + 3]);
+          for (int j = 0; j < 8; ++j) {
+            const uint32_t at = ds_row + ((j ^ (lrow & 7)) << 4);  // (lrow + 8) % 8 == lrow % 8
+            sts_u32(at, sa[2 * j]);
+            sts_u32(at + 8 * 128, sa[2 * j + 1]);
+          }
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to wgmma (async proxy)
+        if (ctid == 0) bulk_wait_read<1>();  // the dQ tile of two steps ago has left this staging buffer
+        named_barrier_sync(1, 256);           // both halves of dSᵀ written
+
+        float dq[32];
+        wgmma_fence();
+        issue_dq(dq, smem_desc_lo(ds_at, kKVBox), smem_desc_lo(sK + c * kKVBox, kKVBox));
+        wgmma_commit();
+        if constexpr (EARLY_SCORES && HAS_NEXT) {
+          wgmma_wait<1>();  // dV, dK done: P and dS registers free (the budget: dv, dk, dq, sp = 192)
+          fence_regs(dv);
+          fence_regs(dk);
+          issue_scores(gs + 1);
+          wgmma_wait<1>();  // dQ done: Q, dO and this dSᵀ buffer are free; the next Sᵀ may still run
+        } else {
+          wgmma_wait<0>();
+          fence_regs(dv);
+          fence_regs(dk);
+        }
+        fence_regs(dq);
+        mbar_arrive(q_empty(s));
+
+        // dQ rows 16w + g (+8) of the step, columns 64c + 8j + 2qd, to this step's staging buffer (column
+        // pairs permuted per row: conflict-free float2 stores), then one bulk reduce-add of the whole tile
+        // (contiguous in dq_acc's layout, below).
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t at = dq_row + s * kDQBytes + ((j ^ dq_swz) << 5);
+          sts_f2(at, dq[4 * j], dq[4 * j + 1]);
+          sts_f2(at + 8 * 256, dq[4 * j + 2], dq[4 * j + 3]);
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        named_barrier_sync(2 + c, 128);
+        if (ctid == 0) {
+          bulk_reduce_add_f32(dq_acc + (static_cast<int64_t>(2 * h + c) * T + qs) * 64, dq_stage + s * kDQBytes,
+                                static_cast<uint32_t>(min(kBM, T - qs)) * 256);
+          bulk_commit();
+        }
+      };
+      for (int st = 0; st + 1 < it.nsteps; ++st) step.template operator()<true>(st, gst + st);
+      step.template operator()<false>(it.nsteps - 1, gst + it.nsteps - 1);
+      gst += it.nsteps;
+      ++done;
+      mbar_arrive(kv_empty);  // the last step waited for all its MMAs: K and V may be overwritten
+
+      // This head's share of dK, dV (rows kr0, kr1 = tile rows 16w + g (+8) of this warpgroup, columns
+      // 8j + 2qd), one matrix at a time through this warpgroup's two dQ staging buffers (32 KiB: 64 rows
+      // of 512 bytes), added to dk_acc / dv_acc [T][Hk][128] by one 512-byte bulk reduce-add per row.
+      if (ctid == 0) {  // the last dQ tiles have left the staging buffers
+        if constexpr (READ_WAITS)
+          bulk_wait_read<0>();
+        else
+          bulk_wait_all<0>();
       }
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       named_barrier_sync(2 + c, 128);
-      if (ctid == 0) {
-        bulk_reduce_add_f32(dq_acc + (static_cast<int64_t>(2 * h + c) * T + qs) * 64, dq_stage + s * kDQBytes,
-                              static_cast<uint32_t>(min(kBM, T - qs)) * 256);
-        bulk_commit();
-      }
+      auto flush = [&](const float(&acc)[64], float* dst) {
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          sts_f2(kv_row + 32 * j, acc[4 * j], acc[4 * j + 1]);
+          sts_f2(kv_row + 8 * 512 + 32 * j, acc[4 * j + 2], acc[4 * j + 3]);
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        named_barrier_sync(2 + c, 128);
+        if (ctid < 64) {
+          const int key = k0 + 64 * c + ctid;
+          if (key < T)
+            bulk_reduce_add_f32(dst + (static_cast<int64_t>(key) * a.Hk + it.hk) * kD, dq_stage + ctid * 512, 512);
+          bulk_commit();
+          bulk_wait_read<0>();
+        }
+        named_barrier_sync(2 + c, 128);
+      };
+      flush(dk, dk_acc);
+      flush(dv, dv_acc);
+      if constexpr (!READ_WAITS) {
+        if (ctid < 64) bulk_wait_all<0>();
+      }  // (the flush waited for its sources to be read: the staging buffers are free again)
     }
-    // This head's share of dK, dV (rows kr0, kr1 = tile rows 16w + g (+8) of this warpgroup, columns
-    // 8j + 2qd), one matrix at a time through this warpgroup's two dQ staging buffers (32 KiB: 64 rows
-    // of 512 bytes), added to dk_acc / dv_acc [T][Hk][128] by one 512-byte bulk reduce-add per row.
-    if (ctid == 0) bulk_wait_all<0>();  // the last dQ tiles have left the staging buffers
-    named_barrier_sync(2 + c, 128);
-    const uint32_t kv_row = dq_stage + (16 * w + g) * 512 + qd * 8;
-    auto flush = [&](const float(&acc)[64], float* dst) {
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        sts_f2(kv_row + 32 * j, acc[4 * j], acc[4 * j + 1]);
-        sts_f2(kv_row + 8 * 512 + 32 * j, acc[4 * j + 2], acc[4 * j + 3]);
-      }
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      named_barrier_sync(2 + c, 128);
-      if (ctid < 64) {
-        const int key = k0 + 64 * c + ctid;
-        if (key < T)
-          bulk_reduce_add_f32(dst + (static_cast<int64_t>(key) * a.Hk + hk) * kD, dq_stage + ctid * 512, 512);
-        bulk_commit();
-        bulk_wait_read<0>();
-      }
-      named_barrier_sync(2 + c, 128);
-    };
-    flush(dk, dk_acc);
-    flush(dv, dv_acc);
-    if (ctid < 64) bulk_wait_all<0>();  // before the block's shared memory can go to another block
   }
 #else
   // Built for another architecture: the host never launches this (flash_bwd_sm90_supported).
@@ -412,10 +488,8 @@ CUtensorMap rows_map(const void* data, int T, int H, int rows) {
 namespace detail {
 
 bool flash_bwd_sm90_supported(const FlashArgs& a) {
-  // gridDim.y holds the key tiles (at most 65535); TMA coordinates are int32 (T·H < 2^31 is checked by
-  // the caller).
-  return a.D == kD && a.Hk > 0 && a.Hq % a.Hk == 0 && (static_cast<int64_t>(a.T) + kBN - 1) / kBN <= 65535 &&
-         sm90::device_runs_sm90a<flash_bwd_sm90_kernel>();
+  // TMA coordinates and the item count are int32 (T·H < 2^31 is checked by the caller).
+  return a.D == kD && a.Hk > 0 && a.Hq % a.Hk == 0 && sm90::device_runs_sm90a<flash_bwd_sm90_kernel<3>>();
 }
 
 void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
@@ -432,11 +506,28 @@ void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, 
   const CUtensorMap mo = rows_map(dout, a.T, a.Hq, kBM);
   const CUtensorMap mk = rows_map(k, a.T, a.Hk, kBN);
   const CUtensorMap mv = rows_map(v, a.T, a.Hk, kBN);
-  MT_CUDA_CHECK(cudaFuncSetAttribute(flash_bwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  static const int variant = [] {
+    const char* e = std::getenv("MIXTUNE_FLASH_BWD_VARIANT");
+    return e && e[0] >= '0' && e[0] <= '3' && e[1] == 0 ? e[0] - '0' : 3;
+  }();
+  auto* kernel = variant == 0   ? flash_bwd_sm90_kernel<0>
+                 : variant == 1 ? flash_bwd_sm90_kernel<1>
+                 : variant == 2 ? flash_bwd_sm90_kernel<2>
+                                : flash_bwd_sm90_kernel<3>;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   flash_bwd_prologue(a, dout, out, dq_acc, dk_acc, dv_acc, delta, stream);
-  const dim3 grid(a.Hq, (a.T + kBN - 1) / kBN);
-  flash_bwd_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(mq, mk, mv, mo, a, lse, delta, dq_acc, dk_acc,
-                                                                 dv_acc);
+  // Persistent: one block per SM walking the items (its next item's K, V load under this one's dK/dV flush);
+  // MIXTUNE_FLASH_BWD_PERSISTENT=0: one block per item (A/B only).
+  static const bool persistent = [] {
+    const char* e = std::getenv("MIXTUNE_FLASH_BWD_PERSISTENT");
+    return !(e && std::string(e) == "0");
+  }();
+  const int64_t items = static_cast<int64_t>(a.Hq) * ((a.T + kBN - 1) / kBN);
+  int device = 0, sms = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&device));
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int grid = static_cast<int>(persistent ? std::min<int64_t>(items, std::max(sms, 1)) : items);
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(mq, mk, mv, mo, a, lse, delta, dq_acc, dk_acc, dv_acc);
   MT_CUDA_CHECK_LAUNCH();
   const int64_t pairs = static_cast<int64_t>(a.T) * a.Hq * 64;
   dq_to_bf16_kernel<<<static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 65536)), 256, 0, stream>>>(
