@@ -70,8 +70,9 @@ constexpr int kDQOff = kSOff + 2 * kBN * kBM * 2;    // dQ staging, 2 warpgroups
 constexpr int kRowOff = kDQOff + 4 * kDQBytes;       // per stage: lse2[64], delta[64], doc_start[64]
 constexpr int kRowBytes = 3 * kBM * 4;
 constexpr int kBarOff = kRowOff + kStages * kRowBytes;
-constexpr int kNumBars = 2 + 2 * kStages;  // kv_full, kv_empty, q_full[], q_empty[]
-constexpr int kSmemBytes = 1024 + kBarOff + kNumBars * 8;  // 1 KiB of slack to align the tiles to 1024
+constexpr int kNumBars = 2 + 2 * kStages + 4;  // kv_full, kv_empty, q_full[], q_empty[], item_full[2], item_empty[2]
+constexpr int kItemOff = kBarOff + kNumBars * 8;  // int[2]
+constexpr int kSmemBytes = 1024 + kItemOff + 8;  // 1 KiB of slack to align the tiles to 1024
 static_assert(kSOff % 1024 == 0 && kDQOff % 1024 == 0, "swizzled tiles stay 1024-aligned");
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 
@@ -167,7 +168,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                           const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
                           detail::FlashArgs a, const float* __restrict__ lse, const float* __restrict__ delta,
-                          float* __restrict__ dq_acc, float* __restrict__ dk_acc, float* __restrict__ dv_acc) {
+                          float* __restrict__ dq_acc, float* __restrict__ dk_acc, float* __restrict__ dv_acc,
+                          int* __restrict__ item_counter) {
 #if MT_SM90A_DEVICE
   using namespace sm90;
   extern __shared__ unsigned char smem_raw[];
@@ -178,17 +180,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t kv_full = base + kBarOff, kv_empty = kv_full + 8u;
   auto q_full = [&](int s) { return kv_full + 8u * (2 + s); };
   auto q_empty = [&](int s) { return kv_full + 8u * (2 + kStages + s); };
+  auto item_full = [&](int s) { return kv_full + 8u * (2 + 2 * kStages + s); };
+  auto item_empty = [&](int s) { return kv_full + 8u * (4 + 2 * kStages + s); };
+  const uint32_t s_items = base + kItemOff;  // int[2]: the block's next items (a ring of two)
 
   const int tid = threadIdx.x;
   const int T = a.T;
   // Work items (query head h, key tile ky), key tile 0 (the most queries) first and the query heads of one
-  // KV head next to each other (K, V from L2): item = ky·Hq + h. A block runs items blockIdx.x + r·G in
-  // rounds r, mirrored every other round (r odd: G − 1 − blockIdx.x), which evens out the blocks' total
-  // work when the items come longest first; a grid of one block per item is the non-persistent launch.
+  // KV head next to each other (K, V from L2): item = ky·Hq + h. Block b starts with item b and then takes
+  // the next unclaimed one (gridDim.x + an atomic counter, zero at launch), greedily as the hardware would
+  // hand out blocks: a static split left blocks up to ~20% apart with packed documents, whose items'
+  // lengths vary. Its producer thread claims an item when it starts loading it and passes the index to the
+  // other roles through a ring of two shared slots (item_full / item_empty); an index >= n_items ends
+  // them all. A grid of one block per item is the non-persistent launch.
   const int n_items = a.Hq * ((T + kBN - 1) / kBN);
-  auto item_of = [&](int r) {
-    const int G = static_cast<int>(gridDim.x), j = static_cast<int>(blockIdx.x);
-    return r * G + ((r & 1) ? G - 1 - j : j);
+  // Every role but the claiming thread: the block's next item from the ring (k counts the items taken).
+  auto take_item = [&](int k) {
+    const int slot = k & 1;
+    mbar_wait(item_full(slot), (k >> 1) & 1);
+    int item;
+    asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(item) : "r"(s_items + 4u * slot) : "memory");
+    mbar_arrive(item_empty(slot));
+    return item;
   };
   struct Item {
     int h, hk, k0, q_lo, nsteps;
@@ -206,6 +219,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     mbar_init(kv_full, 1);
     mbar_init(kv_empty, CONSUMER_THREADS);  // every consumer thread, once per item
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(item_full(s), 1);                    // the claiming thread
+      mbar_init(item_empty(s), CONSUMER_THREADS + 32);  // the consumers and warp 1 once they have read it
+    }
     for (int s = 0; s < kStages; ++s) {
       mbar_init(q_full(s), 1 + 32);          // the TMA thread's arrive.expect_tx + warp 1's 32 lanes
       mbar_init(q_empty(s), CONSUMER_THREADS);  // every consumer thread, once per step
@@ -224,7 +241,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_prefetch_map(&map_q);
       tma_prefetch_map(&map_do);
       int gst = 0, done = 0;
-      for (int r = 0, item = item_of(0); item < n_items; item = item_of(++r)) {
+      for (int k = 0;; ++k) {
+        const int slot = k & 1;
+        mbar_wait(item_empty(slot), ((k >> 1) & 1) ^ 1);  // the slot's previous item has been read by all
+        const int item = k == 0 ? static_cast<int>(blockIdx.x) : static_cast<int>(gridDim.x) + atomicAdd(item_counter, 1);
+        asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(s_items + 4u * slot), "r"(item) : "memory");
+        mbar_arrive(item_full(slot));  // release: the store above before the arrival
+        if (item >= n_items) break;
         const Item it = item_at(item);
         if (it.nsteps <= 0) continue;
         // The next item's K, V once the consumers are done with this one's (its last MMAs have completed):
@@ -250,7 +273,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if (tid >= 32 && tid < 64) {
       const int lane = tid - 32;
       int gst = 0;
-      for (int r = 0, item = item_of(0); item < n_items; item = item_of(++r)) {
+      for (int k = 0;; ++k) {
+        const int item = take_item(k);
+        if (item >= n_items) break;
         const Item it = item_at(item);
         for (int st = 0; st < it.nsteps; ++st, ++gst) {
           const int s = gst & 1, qs = it.q_lo + st * kBM;
@@ -277,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // setmaxnreg's budget (see the forward's note): re-check `ptxas -v` after editing either branch.
     // Budgets: the producer's lse / delta / doc_start loop spills at 24 registers (52 bytes), so 40 for it
     // and 232 for the consumers (2 x 128 x 232 + 128 x 40 <= 64 Ki registers).
-    if (item_of(0) >= n_items) return;
+    if (static_cast<int>(blockIdx.x) >= n_items) return;
     const int c = tid / 128 - 1;  // keys 64c .. 64c + 63 of the tile
     const int ctid = tid - 128 * (c + 1);
     const int w = ctid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
@@ -293,7 +318,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     float dv[64], dk[64];
     float sp[32], dp[32];
     int gst = 0, done = 0;
-    for (int r = 0, item = item_of(0); item < n_items; item = item_of(++r)) {
+    for (int k = 0;; ++k) {
+      const int item = take_item(k);
+      if (item >= n_items) break;
       const Item it = item_at(item);
       if (it.nsteps <= 0) continue;
       const int h = it.h, k0 = it.k0, q_lo = it.q_lo;
@@ -527,7 +554,9 @@ void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, 
   MT_CUDA_CHECK(cudaGetDevice(&device));
   MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int grid = static_cast<int>(persistent ? std::min<int64_t>(items, std::max(sms, 1)) : items);
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(mq, mk, mv, mo, a, lse, delta, dq_acc, dk_acc, dv_acc);
+  int* item_counter = reinterpret_cast<int*>(delta + static_cast<int64_t>(a.Hq) * a.T);  // the workspace's last element
+  MT_CUDA_CHECK(cudaMemsetAsync(item_counter, 0, sizeof(int), stream));
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(mq, mk, mv, mo, a, lse, delta, dq_acc, dk_acc, dv_acc, item_counter);
   MT_CUDA_CHECK_LAUNCH();
   const int64_t pairs = static_cast<int64_t>(a.T) * a.Hq * 64;
   dq_to_bf16_kernel<<<static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 65536)), 256, 0, stream>>>(
