@@ -20,8 +20,8 @@
 #         (the same with MIXTUNE_WGRAD_BLOCKS_PER_SM=1) | quickstart (needs .carry/qs.tar.xz) |
 #         sustained-gemm (8192³ bf16 matmuls for GEMM_SECONDS=10, TFLOP/s per second) | kernels-energy (grouped GEMM and
 #         flash kernels each run ENERGY_SECONDS=2 s: sustained TFLOP/s, pJ per FLOP) | standard-promptN (the standard
-#         workload with labels -100 on the first N% of each row, both sides) | kernels-flash-ab, mixtune-standard-flashVP
-#         (the flash backward's session-13 variants; flash00 is the kernel before them). CLOCKS=1 logs clocks/power.
+#         workload with labels -100 on the first N% of each row, both sides) | kernels-flash-persistent
+#         (the flash backward one block per item vs persistent). CLOCKS=1 logs clocks/power.
 set -uo pipefail
 [[ $# -lt 2 ]] && { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
@@ -112,21 +112,14 @@ for stage in "$@"; do
                pct=${stage#standard-prompt}
                NAME=$stage OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard --prompt-fraction \
                "$(python3 -c "print($pct / 100)")" || rc=1 ;;
-    kernels-flash-ab)  # the sm90 flash backward's session-13 variants, alternating (V:P = MIXTUNE_FLASH_BWD_VARIANT: bit 0 the
-               # next step's Sᵀ issued early, bit 1 read-only waits at an item's end; P = MIXTUNE_FLASH_BWD_PERSISTENT;
-               # 3:1 the default, 0:0 the kernel before); one JSON line per run in flash-ab.jsonl
-               for vp in ${FLASH_VPS:-0:0 3:0 3:1 0:0 3:0 3:1}; do for args in "--seq 4096 --reps 50 --energy-seconds 2" \
-                   "--seq 8192 --reps 20" "--seq 4096 --doc-len 512 --reps 50" "--seq 4096 --doc-len 1024 --reps 50" \
-                   "--seq 4096 --doc-len 2048 --reps 50"; do
-                 r=$(MIXTUNE_FLASH_BWD_VARIANT=${vp%:*} MIXTUNE_FLASH_BWD_PERSISTENT=${vp#*:} \
-                     "$BIN/mixtune_bench_flash_attention" $args 2>&1 | tr -d '\n')
-                 echo "{\"vp\": \"$vp\", \"args\": \"$args\", \"result\": $r}" | tee -a "$OUT/flash-ab.jsonl" \
-                   | grep -o '"vp": "[0-3]:[01]", "args": "[^"]*"\|"backward": {[^}]*}'
+    kernels-flash-persistent)  # the sm90 flash backward one block per item (P=0, the default) and persistent
+               # (P=1, MIXTUNE_FLASH_BWD_PERSISTENT), alternating, single and packed documents; JSON lines in flash-ab.jsonl
+               for p in 0 1 0 1; do for args in "--seq 4096 --reps 50 --energy-seconds 2" "--seq 8192 --reps 20" \
+                   "--seq 16384 --reps 5" "--seq 4096 --doc-len 512 --reps 50" "--seq 4096 --doc-len 2048 --reps 50"; do
+                 r=$(MIXTUNE_FLASH_BWD_PERSISTENT=$p "$BIN/mixtune_bench_flash_attention" $args 2>&1 | tr -d '\n')
+                 echo "{\"persistent\": $p, \"args\": \"$args\", \"result\": $r}" | tee -a "$OUT/flash-ab.jsonl" \
+                   | grep -o '"persistent": [01], "args": "[^"]*"\|"backward": {[^}]*}'
                done; done ;;
-    mixtune-standard-flash[0-3][01])  # the standard step with flash-backward variant V, persistent P (digits VP)
-               vp=${stage#mixtune-standard-flash}
-               MIXTUNE_FLASH_BWD_VARIANT=${vp:0:1} MIXTUNE_FLASH_BWD_PERSISTENT=${vp:1:1} SIDES=mixtune NAME=$stage \
-               OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     sustained-gemm) python3 bench/sustained_gemm.py --seconds ${GEMM_SECONDS:-10} > "$OUT/sustained_gemm.json" \
                || rc=1; python3 -c 'import json,sys; print(" ".join(str(w["tflops"]) for w in json.load(open(sys.argv[1]))["windows"]))' \
                "$OUT/sustained_gemm.json" ;;

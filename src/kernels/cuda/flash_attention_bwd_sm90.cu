@@ -16,16 +16,19 @@
 // delta = rowsum(dO ⊙ O)) and dK/dV epilogue (fp32 -> bf16, dK times the scale) it shares; dq_acc has
 // this kernel's own layout (below) and its own conversion.
 //
-// Block = one query head h x one tile of 128 keys (k0 .. k0 + 127), 3 warpgroups (384 threads, one block
-// per SM, 226.5 KiB of shared memory). The block loads its K and V tiles once and walks the queries that
-// can see them, q_lo = k0 .. q_hi = doc_end(last key) − 1, in steps of 64:
-//   warpgroup 0: producer (setmaxnreg 40). Thread 0 loads K, V (kv_full) and per step the Q and dO tiles
+// Work item = one query head h x one tile of 128 keys (k0 .. k0 + 127); block = 3 warpgroups (384 threads,
+// one block per SM, 226.5 KiB of shared memory), one item per block (or, persistent, several in turn). The
+// block loads the item's K and V tiles once and walks the queries that can see them, q_lo = k0 .. q_hi =
+// doc_end(last key) − 1, in steps of 64:
+//   warpgroup 0: producer (setmaxnreg 40). Thread 0 loads K, V (kv_full, once kv_empty says the previous
+//                item's are no longer read) and per step the Q and dO tiles
 //                (64 x 128 each, two [64 rows][64 columns] 128B-swizzled boxes) into a 2-stage ring
 //                (q_full[s]); warp 1 writes the step's lse·log2e, delta and doc_start (INT_MAX past T) of
 //                the 64 queries beside them and arrives on q_full[s] as well. Both wait on q_empty[s].
 //   warpgroups 1, 2: consumers (setmaxnreg 232); warpgroup c owns keys 64c .. 64c + 63 of the tile
 //                (M = keys, as in the mma.sync backward, so Pᵀ and dSᵀ sit in the accumulators). Per step:
-//                Sᵀ = K_c·Qᵀ and dPᵀ = V_c·dOᵀ  (wgmma m64n64k16, all operands K-major in shared memory);
+//                Sᵀ = K_c·Qᵀ and dPᵀ = V_c·dOᵀ  (wgmma m64n64k16, all operands K-major in shared memory;
+//                Sᵀ of the next step is issued right after this step's dQ GEMM, below);
 //                once Sᵀ is in: Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e) (0 where a key is not visible; no
 //                mask where every pair of the step is visible), packed to bf16, and dV_c += Pᵀ·dO issued
 //                (m64n128k16, A = the packed accumulators from registers, B = dO MN-major) while dPᵀ may
@@ -33,14 +36,18 @@
 //                are the budget), dK_c += dSᵀ·Q issued the same way; dSᵀ (bf16) to shared memory ([128
 //                keys][64 queries], 128B swizzle, double-buffered); a barrier of both consumer warpgroups,
 //                then dQ[:, 64c .. 64c + 63] = dS·K[:, 64c ..] (m64n64k16, A = dS M-major, B = the K box
-//                of those columns MN-major) over all 128 keys. The fp32 dQ tile goes to a double-buffered
+//                of those columns MN-major) over all 128 keys; once dV and dK are done (their A registers
+//                free), the next step's Sᵀ is queued behind it, so the tensor cores work while this step
+//                waits for dQ and stages it (+7% at seq 4096). The fp32 dQ tile goes to a double-buffered
 //                staging tile and reaches dq_acc by one 16 KiB bulk reduce-add (cp.reduce.async.bulk
 //                .add.f32, performed at L2), which needs the tile contiguous in dq_acc: the layout
 //                [Hq][2 column halves][T][64] with column pairs permuted per row (dq_to_bf16_kernel).
-//   At the end each consumer warpgroup adds its dK, then dV rows (this head's share of the KV head) to
-//   dk_acc / dv_acc [T][Hk][128] through its staging buffers, one 512-byte bulk reduce-add per row.
-// Grid (Hq, key tiles): the query heads of one KV head are neighbours in launch order (K, V from L2) and
-// key tile 0 (the most queries) goes first.
+//   At an item's end each consumer warpgroup releases K, V (kv_empty) and adds its dK, then dV rows (this
+//   head's share of the KV head) to dk_acc / dv_acc [T][Hk][128] through its staging buffers, one 512-byte
+//   bulk reduce-add per row, waiting only until the sources are read.
+// Items in launch order: the query heads of one KV head are neighbours (K, V from L2) and key tile 0 (the
+// most queries) goes first. Grid: one block per item (default), or one per SM (MIXTUNE_FLASH_BWD_PERSISTENT=1,
+// a static split of the items; see the launcher).
 // NOTE: dQ/dK/dV are not bitwise reproducible (fp32 reductions in varying order), as in the mma.sync one.
 
 namespace mt::cuda {
@@ -70,9 +77,8 @@ constexpr int kDQOff = kSOff + 2 * kBN * kBM * 2;    // dQ staging, 2 warpgroups
 constexpr int kRowOff = kDQOff + 4 * kDQBytes;       // per stage: lse2[64], delta[64], doc_start[64]
 constexpr int kRowBytes = 3 * kBM * 4;
 constexpr int kBarOff = kRowOff + kStages * kRowBytes;
-constexpr int kNumBars = 2 + 2 * kStages + 4;  // kv_full, kv_empty, q_full[], q_empty[], item_full[2], item_empty[2]
-constexpr int kItemOff = kBarOff + kNumBars * 8;  // int[2]
-constexpr int kSmemBytes = 1024 + kItemOff + 8;  // 1 KiB of slack to align the tiles to 1024
+constexpr int kNumBars = 2 + 2 * kStages;  // kv_full, kv_empty, q_full[], q_empty[]
+constexpr int kSmemBytes = 1024 + kBarOff + kNumBars * 8;  // 1 KiB of slack to align the tiles to 1024
 static_assert(kSOff % 1024 == 0 && kDQOff % 1024 == 0, "swizzled tiles stay 1024-aligned");
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 
@@ -159,17 +165,11 @@ __global__ void dq_to_bf16_kernel(const float* __restrict__ acc, int T, int Hq, 
   }
 }
 
-// VARIANT bit 0 (EARLY_SCORES): issue step st + 1's Sᵀ right after step st's dQ GEMM (below), else at the
-// top of each step; bit 1 (READ_WAITS): the end of the block waits only until its bulk reduce-adds have
-// read their shared-memory sources (the adds themselves complete before the grid does), else until they
-// have completed. 0 is the kernel before session 13; MIXTUNE_FLASH_BWD_VARIANT selects one (A/B only).
-template <int VARIANT>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                           const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
                           detail::FlashArgs a, const float* __restrict__ lse, const float* __restrict__ delta,
-                          float* __restrict__ dq_acc, float* __restrict__ dk_acc, float* __restrict__ dv_acc,
-                          int* __restrict__ item_counter) {
+                          float* __restrict__ dq_acc, float* __restrict__ dk_acc, float* __restrict__ dv_acc) {
 #if MT_SM90A_DEVICE
   using namespace sm90;
   extern __shared__ unsigned char smem_raw[];
@@ -180,28 +180,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t kv_full = base + kBarOff, kv_empty = kv_full + 8u;
   auto q_full = [&](int s) { return kv_full + 8u * (2 + s); };
   auto q_empty = [&](int s) { return kv_full + 8u * (2 + kStages + s); };
-  auto item_full = [&](int s) { return kv_full + 8u * (2 + 2 * kStages + s); };
-  auto item_empty = [&](int s) { return kv_full + 8u * (4 + 2 * kStages + s); };
-  const uint32_t s_items = base + kItemOff;  // int[2]: the block's next items (a ring of two)
 
   const int tid = threadIdx.x;
   const int T = a.T;
   // Work items (query head h, key tile ky), key tile 0 (the most queries) first and the query heads of one
-  // KV head next to each other (K, V from L2): item = ky·Hq + h. Block b starts with item b and then takes
-  // the next unclaimed one (gridDim.x + an atomic counter, zero at launch), greedily as the hardware would
-  // hand out blocks: a static split left blocks up to ~20% apart with packed documents, whose items'
-  // lengths vary. Its producer thread claims an item when it starts loading it and passes the index to the
-  // other roles through a ring of two shared slots (item_full / item_empty); an index >= n_items ends
-  // them all. A grid of one block per item is the non-persistent launch.
+  // KV head next to each other (K, V from L2): item = ky·Hq + h. A block runs items blockIdx.x + r·G in
+  // rounds r, mirrored every other round (r odd: G − 1 − blockIdx.x), which evens out the blocks' total
+  // work when the items come longest first (one document per row) but not for packed documents, whose item
+  // lengths cycle (a greedy claim from an atomic counter would; written, not yet run: bench/NOTES.md 55).
+  // A grid of one block per item (the default) is the non-persistent launch.
   const int n_items = a.Hq * ((T + kBN - 1) / kBN);
-  // Every role but the claiming thread: the block's next item from the ring (k counts the items taken).
-  auto take_item = [&](int k) {
-    const int slot = k & 1;
-    mbar_wait(item_full(slot), (k >> 1) & 1);
-    int item;
-    asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(item) : "r"(s_items + 4u * slot) : "memory");
-    mbar_arrive(item_empty(slot));
-    return item;
+  auto item_of = [&](int r) {
+    const int G = static_cast<int>(gridDim.x), j = static_cast<int>(blockIdx.x);
+    return r * G + ((r & 1) ? G - 1 - j : j);
   };
   struct Item {
     int h, hk, k0, q_lo, nsteps;
@@ -215,14 +206,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     return it;
   };
 
-  constexpr bool EARLY_SCORES = (VARIANT & 1) != 0, READ_WAITS = (VARIANT & 2) != 0;
   if (tid == 0) {
     mbar_init(kv_full, 1);
     mbar_init(kv_empty, CONSUMER_THREADS);  // every consumer thread, once per item
-    for (int s = 0; s < 2; ++s) {
-      mbar_init(item_full(s), 1);                    // the claiming thread
-      mbar_init(item_empty(s), CONSUMER_THREADS + 32);  // the consumers and warp 1 once they have read it
-    }
     for (int s = 0; s < kStages; ++s) {
       mbar_init(q_full(s), 1 + 32);          // the TMA thread's arrive.expect_tx + warp 1's 32 lanes
       mbar_init(q_empty(s), CONSUMER_THREADS);  // every consumer thread, once per step
@@ -241,13 +227,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_prefetch_map(&map_q);
       tma_prefetch_map(&map_do);
       int gst = 0, done = 0;
-      for (int k = 0;; ++k) {
-        const int slot = k & 1;
-        mbar_wait(item_empty(slot), ((k >> 1) & 1) ^ 1);  // the slot's previous item has been read by all
-        const int item = k == 0 ? static_cast<int>(blockIdx.x) : static_cast<int>(gridDim.x) + atomicAdd(item_counter, 1);
-        asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(s_items + 4u * slot), "r"(item) : "memory");
-        mbar_arrive(item_full(slot));  // release: the store above before the arrival
-        if (item >= n_items) break;
+      for (int r = 0, item = item_of(0); item < n_items; item = item_of(++r)) {
         const Item it = item_at(item);
         if (it.nsteps <= 0) continue;
         // The next item's K, V once the consumers are done with this one's (its last MMAs have completed):
@@ -273,9 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if (tid >= 32 && tid < 64) {
       const int lane = tid - 32;
       int gst = 0;
-      for (int k = 0;; ++k) {
-        const int item = take_item(k);
-        if (item >= n_items) break;
+      for (int r = 0, item = item_of(0); item < n_items; item = item_of(++r)) {
         const Item it = item_at(item);
         for (int st = 0; st < it.nsteps; ++st, ++gst) {
           const int s = gst & 1, qs = it.q_lo + st * kBM;
@@ -302,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // setmaxnreg's budget (see the forward's note): re-check `ptxas -v` after editing either branch.
     // Budgets: the producer's lse / delta / doc_start loop spills at 24 registers (52 bytes), so 40 for it
     // and 232 for the consumers (2 x 128 x 232 + 128 x 40 <= 64 Ki registers).
-    if (static_cast<int>(blockIdx.x) >= n_items) return;
+    if (item_of(0) >= n_items) return;
     const int c = tid / 128 - 1;  // keys 64c .. 64c + 63 of the tile
     const int ctid = tid - 128 * (c + 1);
     const int w = ctid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
@@ -318,9 +296,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float dv[64], dk[64];
     float sp[32], dp[32];
     int gst = 0, done = 0;
-    for (int k = 0;; ++k) {
-      const int item = take_item(k);
-      if (item >= n_items) break;
+    for (int r = 0, item = item_of(0); item < n_items; item = item_of(++r)) {
       const Item it = item_at(item);
       if (it.nsteps <= 0) continue;
       const int h = it.h, k0 = it.k0, q_lo = it.q_lo;
@@ -329,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < 64; ++i) dv[i] = 0.0f, dk[i] = 0.0f;
       mbar_wait(kv_full, done & 1);
 
-      // Sᵀ = K_c·Qᵀ of block step gs into sp. EARLY_SCORES: an item's first step's is issued here and every
+      // Sᵀ = K_c·Qᵀ of block step gs into sp. An item's first step's is issued here and every
       // later step's by the step before it, right after that step's dQ GEMM, so the tensor cores have it
       // queued while that step waits for dQ and stages the tile (they idled there before).
       auto issue_scores = [&](int gs) {
@@ -339,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         issue_kq(sp, smem_desc_lo(k_rows, 16), smem_desc_lo(sQ + s * 2 * kQBox, 16));
         wgmma_commit();
       };
-      if constexpr (EARLY_SCORES) issue_scores(gst);
+      issue_scores(gst);
       // One step (st of the item, gs of the block); HAS_NEXT: issue the next step's Sᵀ before staging this
       // step's dQ (the item's last step is peeled off: a wgmma inside a branch that ptxas cannot prove
       // uniform serialises every wgmma, C7518).
@@ -348,7 +324,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t q_at = sQ + s * 2 * kQBox, o_at = sO + s * 2 * kQBox, ds_at = sS + s * kBN * kBM * 2;
         const uint32_t lse2 = base + kRowOff + s * kRowBytes, dlt = lse2 + kBM * 4, dsq = dlt + kBM * 4;
 
-        if constexpr (!EARLY_SCORES) issue_scores(gs);
         wgmma_fence();
         issue_kq(dp, smem_desc_lo(v_rows, 16), smem_desc_lo(o_at, 16));  // dPᵀ = V_c·dOᵀ
         wgmma_commit();
@@ -423,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_fence();
         issue_dq(dq, smem_desc_lo(ds_at, kKVBox), smem_desc_lo(sK + c * kKVBox, kKVBox));
         wgmma_commit();
-        if constexpr (EARLY_SCORES && HAS_NEXT) {
+        if constexpr (HAS_NEXT) {
           wgmma_wait<1>();  // dV, dK done: P and dS registers free (the budget: dv, dk, dq, sp = 192)
           fence_regs(dv);
           fence_regs(dk);
@@ -463,12 +438,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       // This head's share of dK, dV (rows kr0, kr1 = tile rows 16w + g (+8) of this warpgroup, columns
       // 8j + 2qd), one matrix at a time through this warpgroup's two dQ staging buffers (32 KiB: 64 rows
       // of 512 bytes), added to dk_acc / dv_acc [T][Hk][128] by one 512-byte bulk reduce-add per row.
-      if (ctid == 0) {  // the last dQ tiles have left the staging buffers
-        if constexpr (READ_WAITS)
-          bulk_wait_read<0>();
-        else
-          bulk_wait_all<0>();
-      }
+      // Waits are for the sources only (cp.async.bulk.wait_group.read): the adds themselves complete before
+      // the grid does, and nothing in this kernel reads dq_acc / dk_acc / dv_acc back (waiting for the
+      // writes as well cost ~3% at seq 4096).
+      if (ctid == 0) bulk_wait_read<0>();  // the last dQ tiles have left the staging buffers
       named_barrier_sync(2 + c, 128);
       auto flush = [&](const float(&acc)[64], float* dst) {
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -490,9 +463,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
       flush(dk, dk_acc);
       flush(dv, dv_acc);
-      if constexpr (!READ_WAITS) {
-        if (ctid < 64) bulk_wait_all<0>();
-      }  // (the flush waited for its sources to be read: the staging buffers are free again)
     }
   }
 #else
@@ -516,7 +486,7 @@ namespace detail {
 
 bool flash_bwd_sm90_supported(const FlashArgs& a) {
   // TMA coordinates and the item count are int32 (T·H < 2^31 is checked by the caller).
-  return a.D == kD && a.Hk > 0 && a.Hq % a.Hk == 0 && sm90::device_runs_sm90a<flash_bwd_sm90_kernel<3>>();
+  return a.D == kD && a.Hk > 0 && a.Hq % a.Hk == 0 && sm90::device_runs_sm90a<flash_bwd_sm90_kernel>();
 }
 
 void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
@@ -533,30 +503,24 @@ void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, 
   const CUtensorMap mo = rows_map(dout, a.T, a.Hq, kBM);
   const CUtensorMap mk = rows_map(k, a.T, a.Hk, kBN);
   const CUtensorMap mv = rows_map(v, a.T, a.Hk, kBN);
-  static const int variant = [] {
-    const char* e = std::getenv("MIXTUNE_FLASH_BWD_VARIANT");
-    return e && e[0] >= '0' && e[0] <= '3' && e[1] == 0 ? e[0] - '0' : 3;
-  }();
-  auto* kernel = variant == 0   ? flash_bwd_sm90_kernel<0>
-                 : variant == 1 ? flash_bwd_sm90_kernel<1>
-                 : variant == 2 ? flash_bwd_sm90_kernel<2>
-                                : flash_bwd_sm90_kernel<3>;
+  auto* kernel = flash_bwd_sm90_kernel;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   flash_bwd_prologue(a, dout, out, dq_acc, dk_acc, dv_acc, delta, stream);
-  // Persistent: one block per SM walking the items (its next item's K, V load under this one's dK/dV flush);
-  // MIXTUNE_FLASH_BWD_PERSISTENT=0: one block per item (A/B only).
+  // One block per item; MIXTUNE_FLASH_BWD_PERSISTENT=1: one block per SM walking the items (the next item's
+  // K, V load under this one's dK/dV flush). Measured (bench/NOTES.md 55): +3-8% for single documents of
+  // 8,192-16,384 tokens, equal at 4,096, but -6 to -14% for packed documents of 512-2,048 tokens, where
+  // the static split of items over blocks leaves them unevenly loaded (the hardware hands blocks out
+  // greedily); so it is off by default.
   static const bool persistent = [] {
     const char* e = std::getenv("MIXTUNE_FLASH_BWD_PERSISTENT");
-    return !(e && std::string(e) == "0");
+    return e && std::string(e) == "1";
   }();
   const int64_t items = static_cast<int64_t>(a.Hq) * ((a.T + kBN - 1) / kBN);
   int device = 0, sms = 0;
   MT_CUDA_CHECK(cudaGetDevice(&device));
   MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int grid = static_cast<int>(persistent ? std::min<int64_t>(items, std::max(sms, 1)) : items);
-  int* item_counter = reinterpret_cast<int*>(delta + static_cast<int64_t>(a.Hq) * a.T);  // the workspace's last element
-  MT_CUDA_CHECK(cudaMemsetAsync(item_counter, 0, sizeof(int), stream));
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(mq, mk, mv, mo, a, lse, delta, dq_acc, dk_acc, dv_acc, item_counter);
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(mq, mk, mv, mo, a, lse, delta, dq_acc, dk_acc, dv_acc);
   MT_CUDA_CHECK_LAUNCH();
   const int64_t pairs = static_cast<int64_t>(a.T) * a.Hq * 64;
   dq_to_bf16_kernel<<<static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 65536)), 256, 0, stream>>>(
