@@ -507,10 +507,9 @@ void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, 
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   flash_bwd_prologue(a, dout, out, dq_acc, dk_acc, dv_acc, delta, stream);
   // One block per item; MIXTUNE_FLASH_BWD_PERSISTENT=1: one block per SM walking the items (the next item's
-  // K, V load under this one's dK/dV flush). Measured (bench/NOTES.md 55): +3-8% for single documents of
-  // 8,192-16,384 tokens, equal at 4,096, but -6 to -14% for packed documents of 512-2,048 tokens, where
-  // the static split of items over blocks leaves them unevenly loaded (the hardware hands blocks out
-  // greedily); so it is off by default.
+  // K, V load under this one's dK/dV flush). Measured (bench/NOTES.md 55): equal at one document of 4,096
+  // tokens, +2-6% at 8,192, but -14% with packed documents of 512 tokens, where the static split of items
+  // over blocks leaves them unevenly loaded (the hardware hands blocks out greedily); so it is off by default.
   static const bool persistent = [] {
     const char* e = std::getenv("MIXTUNE_FLASH_BWD_PERSISTENT");
     return e && std::string(e) == "1";
