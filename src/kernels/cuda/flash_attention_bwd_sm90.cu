@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_context.h"
 #include "kernels/cuda/flash_attention_kernels.h"
 #include "kernels/cuda/sm90_common.cuh"
 #include "kernels/cuda/tensor_checks.h"
@@ -503,8 +504,7 @@ void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, 
   const CUtensorMap mo = rows_map(dout, a.T, a.Hq, kBM);
   const CUtensorMap mk = rows_map(k, a.T, a.Hk, kBN);
   const CUtensorMap mv = rows_map(v, a.T, a.Hk, kBN);
-  auto* kernel = flash_bwd_sm90_kernel;
-  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  MT_CUDA_CHECK(cudaFuncSetAttribute(flash_bwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   flash_bwd_prologue(a, dout, out, dq_acc, dk_acc, dv_acc, delta, stream);
   // One block per item; MIXTUNE_FLASH_BWD_PERSISTENT=1: one block per SM walking the items (the next item's
   // K, V load under this one's dK/dV flush). Measured (bench/NOTES.md 55): equal at one document of 4,096
@@ -514,12 +514,14 @@ void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, 
     const char* e = std::getenv("MIXTUNE_FLASH_BWD_PERSISTENT");
     return e && std::string(e) == "1";
   }();
-  const int64_t items = static_cast<int64_t>(a.Hq) * ((a.T + kBN - 1) / kBN);
-  int device = 0, sms = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&device));
-  MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int grid = static_cast<int>(persistent ? std::min<int64_t>(items, std::max(sms, 1)) : items);
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(mq, mk, mv, mo, a, lse, delta, dq_acc, dk_acc, dv_acc);
+  int64_t grid = static_cast<int64_t>(a.Hq) * ((a.T + kBN - 1) / kBN);  // work items
+  if (persistent) {
+    int device = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&device));
+    grid = std::min<int64_t>(grid, std::max(device_context(device).sm_count, 1));
+  }
+  flash_bwd_sm90_kernel<<<static_cast<int>(grid), kThreads, kSmemBytes, stream>>>(mq, mk, mv, mo, a, lse, delta,
+                                                                                  dq_acc, dk_acc, dv_acc);
   MT_CUDA_CHECK_LAUNCH();
   const int64_t pairs = static_cast<int64_t>(a.T) * a.Hq * 64;
   dq_to_bf16_kernel<<<static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 65536)), 256, 0, stream>>>(
