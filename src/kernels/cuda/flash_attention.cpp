@@ -160,7 +160,7 @@ void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, 
   Tensor dq_acc = Tensor::empty({q.numel()}, DType::F32, q.device());
   Tensor dk_acc = Tensor::empty({k.numel()}, DType::F32, q.device());
   Tensor dv_acc = Tensor::empty({k.numel()}, DType::F32, q.device());
-  Tensor delta = Tensor::empty({s.heads, s.tokens}, DType::F32, q.device());
+  Tensor delta = Tensor::empty({s.heads * s.tokens + 1}, DType::F32, q.device());  // + the sm90 item counter
   if (s.tokens == 0) return;
   auto* launch = use_sm90_backward(a, dout, q, k, v) ? detail::flash_bwd_sm90_launch : detail::flash_bwd_launch;
   launch(a, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(), dq.data(), dk.data(),

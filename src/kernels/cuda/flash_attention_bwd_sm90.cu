@@ -78,8 +78,9 @@ constexpr int kDQOff = kSOff + 2 * kBN * kBM * 2;    // dQ staging, 2 warpgroups
 constexpr int kRowOff = kDQOff + 4 * kDQBytes;       // per stage: lse2[64], delta[64], doc_start[64]
 constexpr int kRowBytes = 3 * kBM * 4;
 constexpr int kBarOff = kRowOff + kStages * kRowBytes;
-constexpr int kNumBars = 2 + 2 * kStages;  // kv_full, kv_empty, q_full[], q_empty[]
-constexpr int kSmemBytes = 1024 + kBarOff + kNumBars * 8;  // 1 KiB of slack to align the tiles to 1024
+constexpr int kNumBars = 2 + 2 * kStages + 4;  // kv_full, kv_empty, q_full[], q_empty[], item_full[2], item_empty[2]
+constexpr int kItemOff = kBarOff + kNumBars * 8;  // int[2]
+constexpr int kSmemBytes = 1024 + kItemOff + 8;  // 1 KiB of slack to align the tiles to 1024
 static_assert(kSOff % 1024 == 0 && kDQOff % 1024 == 0, "swizzled tiles stay 1024-aligned");
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 
@@ -170,7 +171,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                           const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
                           detail::FlashArgs a, const float* __restrict__ lse, const float* __restrict__ delta,
-                          float* __restrict__ dq_acc, float* __restrict__ dk_acc, float* __restrict__ dv_acc) {
+                          float* __restrict__ dq_acc, float* __restrict__ dk_acc, float* __restrict__ dv_acc,
+                          int* __restrict__ item_counter) {
 #if MT_SM90A_DEVICE
   using namespace sm90;
   extern __shared__ unsigned char smem_raw[];
@@ -181,19 +183,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t kv_full = base + kBarOff, kv_empty = kv_full + 8u;
   auto q_full = [&](int s) { return kv_full + 8u * (2 + s); };
   auto q_empty = [&](int s) { return kv_full + 8u * (2 + kStages + s); };
+  auto item_full = [&](int s) { return kv_full + 8u * (2 + 2 * kStages + s); };
+  auto item_empty = [&](int s) { return kv_full + 8u * (4 + 2 * kStages + s); };
+  const uint32_t s_items = base + kItemOff;  // int[2]: the block's next items (a ring of two)
 
   const int tid = threadIdx.x;
   const int T = a.T;
   // Work items (query head h, key tile ky), key tile 0 (the most queries) first and the query heads of one
-  // KV head next to each other (K, V from L2): item = ky·Hq + h. A block runs items blockIdx.x + r·G in
-  // rounds r, mirrored every other round (r odd: G − 1 − blockIdx.x), which evens out the blocks' total
-  // work when the items come longest first (one document per row) but not for packed documents, whose item
-  // lengths cycle (a greedy claim from an atomic counter would; written, not yet run: bench/NOTES.md 55).
-  // A grid of one block per item (the default) is the non-persistent launch.
+  // KV head next to each other (K, V from L2): item = ky·Hq + h. Block b starts with item b and then takes
+  // the next unclaimed one (gridDim.x + an atomic counter, zero at launch), greedily as the hardware would
+  // hand out blocks: a static split left blocks up to ~20% apart with packed documents, whose items'
+  // lengths vary. Its producer thread claims an item when it starts loading it and passes the index to the
+  // other roles through a ring of two shared slots (item_full / item_empty); an index >= n_items ends
+  // them all. A grid of one block per item is the non-persistent launch.
   const int n_items = a.Hq * ((T + kBN - 1) / kBN);
-  auto item_of = [&](int r) {
-    const int G = static_cast<int>(gridDim.x), j = static_cast<int>(blockIdx.x);
-    return r * G + ((r & 1) ? G - 1 - j : j);
+  // Every role but the claiming thread: the block's next item from the ring (k counts the items taken).
+  auto take_item = [&](int k) {
+    const int slot = k & 1;
+    mbar_wait(item_full(slot), (k >> 1) & 1);
+    int item;
+    asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(item) : "r"(s_items + 4u * slot) : "memory");
+    mbar_arrive(item_empty(slot));
+    return item;
   };
   struct Item {
     int h, hk, k0, q_lo, nsteps;
@@ -210,6 +221,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     mbar_init(kv_full, 1);
     mbar_init(kv_empty, CONSUMER_THREADS);  // every consumer thread, once per item
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(item_full(s), 1);                    // the claiming thread
+      mbar_init(item_empty(s), CONSUMER_THREADS + 32);  // the consumers and warp 1 once they have read it
+    }
     for (int s = 0; s < kStages; ++s) {
       mbar_init(q_full(s), 1 + 32);          // the TMA thread's arrive.expect_tx + warp 1's 32 lanes
       mbar_init(q_empty(s), CONSUMER_THREADS);  // every consumer thread, once per step
@@ -228,7 +243,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_prefetch_map(&map_q);
       tma_prefetch_map(&map_do);
       int gst = 0, done = 0;
-      for (int r = 0, item = item_of(0); item < n_items; item = item_of(++r)) {
+      for (int k = 0;; ++k) {
+        const int slot = k & 1;
+        mbar_wait(item_empty(slot), ((k >> 1) & 1) ^ 1);  // the slot's previous item has been read by all
+        // One block per item (gridDim.x == n_items): no claim, and the counter is not zeroed for that launch.
+        const int item = k == 0                                  ? static_cast<int>(blockIdx.x)
+                         : static_cast<int>(gridDim.x) >= n_items ? n_items
+                                                                  : static_cast<int>(gridDim.x) + atomicAdd(item_counter, 1);
+        asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(s_items + 4u * slot), "r"(item) : "memory");
+        mbar_arrive(item_full(slot));  // release: the store above before the arrival
+        if (item >= n_items) break;
         const Item it = item_at(item);
         if (it.nsteps <= 0) continue;
         // The next item's K, V once the consumers are done with this one's (its last MMAs have completed):
@@ -254,7 +278,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if (tid >= 32 && tid < 64) {
       const int lane = tid - 32;
       int gst = 0;
-      for (int r = 0, item = item_of(0); item < n_items; item = item_of(++r)) {
+      for (int k = 0;; ++k) {
+        const int item = take_item(k);
+        if (item >= n_items) break;
         const Item it = item_at(item);
         for (int st = 0; st < it.nsteps; ++st, ++gst) {
           const int s = gst & 1, qs = it.q_lo + st * kBM;
@@ -281,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // setmaxnreg's budget (see the forward's note): re-check `ptxas -v` after editing either branch.
     // Budgets: the producer's lse / delta / doc_start loop spills at 24 registers (52 bytes), so 40 for it
     // and 232 for the consumers (2 x 128 x 232 + 128 x 40 <= 64 Ki registers).
-    if (item_of(0) >= n_items) return;
+    if (static_cast<int>(blockIdx.x) >= n_items) return;
     const int c = tid / 128 - 1;  // keys 64c .. 64c + 63 of the tile
     const int ctid = tid - 128 * (c + 1);
     const int w = ctid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
@@ -297,7 +323,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     float dv[64], dk[64];
     float sp[32], dp[32];
     int gst = 0, done = 0;
-    for (int r = 0, item = item_of(0); item < n_items; item = item_of(++r)) {
+    for (int k = 0;; ++k) {
+      const int item = take_item(k);
+      if (item >= n_items) break;
       const Item it = item_at(item);
       if (it.nsteps <= 0) continue;
       const int h = it.h, k0 = it.k0, q_lo = it.q_lo;
@@ -506,22 +534,24 @@ void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, 
   const CUtensorMap mv = rows_map(v, a.T, a.Hk, kBN);
   MT_CUDA_CHECK(cudaFuncSetAttribute(flash_bwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   flash_bwd_prologue(a, dout, out, dq_acc, dk_acc, dv_acc, delta, stream);
-  // One block per item; MIXTUNE_FLASH_BWD_PERSISTENT=1: one block per SM walking the items (the next item's
-  // K, V load under this one's dK/dV flush). Measured (bench/NOTES.md 55): equal at one document of 4,096
-  // tokens, +2-6% at 8,192, but -14% with packed documents of 512 tokens, where the static split of items
-  // over blocks leaves them unevenly loaded (the hardware hands blocks out greedily); so it is off by default.
+  // One block per item; MIXTUNE_FLASH_BWD_PERSISTENT=1: one block per SM claiming items from a counter (the
+  // next item's K, V load under this one's dK/dV flush). A static split of the items (bench/NOTES.md 55) was
+  // equal at one document of 4,096 tokens, +2-6% at 8,192, but -14% with packed documents of 512 tokens;
+  // the greedy claim is measured in NOTES 56.
   static const bool persistent = [] {
     const char* e = std::getenv("MIXTUNE_FLASH_BWD_PERSISTENT");
     return e && std::string(e) == "1";
   }();
   int64_t grid = static_cast<int64_t>(a.Hq) * ((a.T + kBN - 1) / kBN);  // work items
+  int* item_counter = reinterpret_cast<int*>(delta + static_cast<int64_t>(a.Hq) * a.T);  // the workspace's last element
   if (persistent) {
     int device = 0;
     MT_CUDA_CHECK(cudaGetDevice(&device));
     grid = std::min<int64_t>(grid, std::max(device_context(device).sm_count, 1));
+    MT_CUDA_CHECK(cudaMemsetAsync(item_counter, 0, sizeof(int), stream));
   }
   flash_bwd_sm90_kernel<<<static_cast<int>(grid), kThreads, kSmemBytes, stream>>>(mq, mk, mv, mo, a, lse, delta,
-                                                                                  dq_acc, dk_acc, dv_acc);
+                                                                                  dq_acc, dk_acc, dv_acc, item_counter);
   MT_CUDA_CHECK_LAUNCH();
   const int64_t pairs = static_cast<int64_t>(a.T) * a.Hq * 64;
   dq_to_bf16_kernel<<<static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 65536)), 256, 0, stream>>>(

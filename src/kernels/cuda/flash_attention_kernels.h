@@ -34,7 +34,8 @@ enum class FlashFwdKernel { Auto, MmaSync, Sm90 };
 void flash_fwd_kernel_set(FlashFwdKernel k);
 FlashFwdKernel flash_fwd_kernel_get();
 
-// Workspace (fp32, zeroed here): dq_acc [T][Hq][D], dk_acc / dv_acc [T][Hk][D], delta [Hq][T].
+// Workspace (fp32, zeroed here): dq_acc [T][Hq][D], dk_acc / dv_acc [T][Hk][D], delta [Hq][T] and one
+// element more (the sm90 backward's work-item counter).
 void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
                       const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc, float* dk_acc,
                       float* dv_acc, float* delta, cudaStream_t stream);
