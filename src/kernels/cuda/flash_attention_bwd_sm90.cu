@@ -534,13 +534,13 @@ void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, 
   const CUtensorMap mv = rows_map(v, a.T, a.Hk, kBN);
   MT_CUDA_CHECK(cudaFuncSetAttribute(flash_bwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   flash_bwd_prologue(a, dout, out, dq_acc, dk_acc, dv_acc, delta, stream);
-  // One block per item; MIXTUNE_FLASH_BWD_PERSISTENT=1: one block per SM claiming items from a counter (the
-  // next item's K, V load under this one's dK/dV flush). A static split of the items (bench/NOTES.md 55) was
-  // equal at one document of 4,096 tokens, +2-6% at 8,192, but -14% with packed documents of 512 tokens;
-  // the greedy claim is measured in NOTES 56.
+  // One block per SM claiming items from a counter (the next item's K, V load under this one's dK/dV flush);
+  // MIXTUNE_FLASH_BWD_PERSISTENT=0: one block per item. Measured (bench/NOTES.md 56): +1-4% over one block per
+  // item from one document to packed documents of 512 tokens (a static split of the items, NOTES 55, lost
+  // 14% on those).
   static const bool persistent = [] {
     const char* e = std::getenv("MIXTUNE_FLASH_BWD_PERSISTENT");
-    return e && std::string(e) == "1";
+    return !(e && std::string(e) == "0");
   }();
   int64_t grid = static_cast<int64_t>(a.Hq) * ((a.T + kBN - 1) / kBN);  // work items
   int* item_counter = reinterpret_cast<int*>(delta + static_cast<int64_t>(a.Hq) * a.T);  // the workspace's last element

@@ -64,6 +64,10 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ void sts_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
+__device__ __forceinline__ void sts_bf16(uint32_t addr, float v) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(v);
+  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(*reinterpret_cast<const unsigned short*>(&b)) : "memory");
+}
 __device__ __forceinline__ uint4 lds_u32x4(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -337,6 +341,184 @@ __device__ __forceinline__ void bulk_wait_read() {
 template <int N>
 __device__ __forceinline__ void bulk_wait_all() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// The narrow forms (N = 16, 32, 48), on d[OFF .. OFF + N/2) of an accumulator array: _at accumulates (d += A·Bᵀ),
+// _first overwrites (d = A·Bᵀ, scale-d 0) and declares d write-only, so a tile's first k-step defines its
+// accumulators with a wgmma rather than with zeroing instructions (which ptxas counts as non-wgmma definitions
+// inside the wgmma pipeline, C7515) or by reading undefined registers (which keeps them live across the kernel).
+// The grouped GEMM's tail slabs put an expert's last few rows on the N side (grouped_gemm_sm90.cu).
+template <int TRANS_A, int TRANS_B, int OFF, int R>
+__device__ __forceinline__ void wgmma_m64n16k16_at(float (&d)[R], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(OFF + 8 <= R, "accumulator slice");
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7"
+      "}, %8, %9, p, 1, 1, %11, %12;\n}\n"
+      : "+f"(d[OFF + 0]), "+f"(d[OFF + 1]), "+f"(d[OFF + 2]), "+f"(d[OFF + 3]), "+f"(d[OFF + 4]), "+f"(d[OFF + 5]),
+        "+f"(d[OFF + 6]), "+f"(d[OFF + 7])
+      : "l"(desc_a), "l"(desc_b), "r"(1), "n"(TRANS_A), "n"(TRANS_B));
+}
+template <int TRANS_A, int TRANS_B, int OFF, int R>
+__device__ __forceinline__ void wgmma_m64n16k16_first(float (&d)[R], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(OFF + 8 <= R, "accumulator slice");
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7"
+      "}, %8, %9, p, 1, 1, %11, %12;\n}\n"
+      : "=f"(d[OFF + 0]), "=f"(d[OFF + 1]), "=f"(d[OFF + 2]), "=f"(d[OFF + 3]), "=f"(d[OFF + 4]), "=f"(d[OFF + 5]),
+        "=f"(d[OFF + 6]), "=f"(d[OFF + 7])
+      : "l"(desc_a), "l"(desc_b), "r"(0), "n"(TRANS_A), "n"(TRANS_B));
+}
+template <int TRANS_A, int TRANS_B, int OFF, int R>
+__device__ __forceinline__ void wgmma_m64n32k16_at(float (&d)[R], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(OFF + 16 <= R, "accumulator slice");
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, %19, %20;\n}\n"
+      : "+f"(d[OFF + 0]), "+f"(d[OFF + 1]), "+f"(d[OFF + 2]), "+f"(d[OFF + 3]), "+f"(d[OFF + 4]), "+f"(d[OFF + 5]),
+        "+f"(d[OFF + 6]), "+f"(d[OFF + 7]), "+f"(d[OFF + 8]), "+f"(d[OFF + 9]), "+f"(d[OFF + 10]), "+f"(d[OFF + 11]),
+        "+f"(d[OFF + 12]), "+f"(d[OFF + 13]), "+f"(d[OFF + 14]), "+f"(d[OFF + 15])
+      : "l"(desc_a), "l"(desc_b), "r"(1), "n"(TRANS_A), "n"(TRANS_B));
+}
+template <int TRANS_A, int TRANS_B, int OFF, int R>
+__device__ __forceinline__ void wgmma_m64n32k16_first(float (&d)[R], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(OFF + 16 <= R, "accumulator slice");
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, %19, %20;\n}\n"
+      : "=f"(d[OFF + 0]), "=f"(d[OFF + 1]), "=f"(d[OFF + 2]), "=f"(d[OFF + 3]), "=f"(d[OFF + 4]), "=f"(d[OFF + 5]),
+        "=f"(d[OFF + 6]), "=f"(d[OFF + 7]), "=f"(d[OFF + 8]), "=f"(d[OFF + 9]), "=f"(d[OFF + 10]), "=f"(d[OFF + 11]),
+        "=f"(d[OFF + 12]), "=f"(d[OFF + 13]), "=f"(d[OFF + 14]), "=f"(d[OFF + 15])
+      : "l"(desc_a), "l"(desc_b), "r"(0), "n"(TRANS_A), "n"(TRANS_B));
+}
+template <int TRANS_A, int TRANS_B, int OFF, int R>
+__device__ __forceinline__ void wgmma_m64n48k16_at(float (&d)[R], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(OFF + 24 <= R, "accumulator slice");
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23"
+      "}, %24, %25, p, 1, 1, %27, %28;\n}\n"
+      : "+f"(d[OFF + 0]), "+f"(d[OFF + 1]), "+f"(d[OFF + 2]), "+f"(d[OFF + 3]), "+f"(d[OFF + 4]), "+f"(d[OFF + 5]),
+        "+f"(d[OFF + 6]), "+f"(d[OFF + 7]), "+f"(d[OFF + 8]), "+f"(d[OFF + 9]), "+f"(d[OFF + 10]), "+f"(d[OFF + 11]),
+        "+f"(d[OFF + 12]), "+f"(d[OFF + 13]), "+f"(d[OFF + 14]), "+f"(d[OFF + 15]), "+f"(d[OFF + 16]), "+f"(d[OFF + 17]),
+        "+f"(d[OFF + 18]), "+f"(d[OFF + 19]), "+f"(d[OFF + 20]), "+f"(d[OFF + 21]), "+f"(d[OFF + 22]), "+f"(d[OFF + 23])
+      : "l"(desc_a), "l"(desc_b), "r"(1), "n"(TRANS_A), "n"(TRANS_B));
+}
+template <int TRANS_A, int TRANS_B, int OFF, int R>
+__device__ __forceinline__ void wgmma_m64n48k16_first(float (&d)[R], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(OFF + 24 <= R, "accumulator slice");
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23"
+      "}, %24, %25, p, 1, 1, %27, %28;\n}\n"
+      : "=f"(d[OFF + 0]), "=f"(d[OFF + 1]), "=f"(d[OFF + 2]), "=f"(d[OFF + 3]), "=f"(d[OFF + 4]), "=f"(d[OFF + 5]),
+        "=f"(d[OFF + 6]), "=f"(d[OFF + 7]), "=f"(d[OFF + 8]), "=f"(d[OFF + 9]), "=f"(d[OFF + 10]), "=f"(d[OFF + 11]),
+        "=f"(d[OFF + 12]), "=f"(d[OFF + 13]), "=f"(d[OFF + 14]), "=f"(d[OFF + 15]), "=f"(d[OFF + 16]), "=f"(d[OFF + 17]),
+        "=f"(d[OFF + 18]), "=f"(d[OFF + 19]), "=f"(d[OFF + 20]), "=f"(d[OFF + 21]), "=f"(d[OFF + 22]), "=f"(d[OFF + 23])
+      : "l"(desc_a), "l"(desc_b), "r"(0), "n"(TRANS_A), "n"(TRANS_B));
+}
+// The full-width forms' write-only first k16 (d = A·Bᵀ), as the narrow _first above.
+template <int TRANS_A, int TRANS_B, int OFF, int R>
+__device__ __forceinline__ void wgmma_m64n128k16_first(float (&d)[R], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(OFF + 64 <= R, "accumulator slice");
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+      : "=f"(d[OFF + 0]), "=f"(d[OFF + 1]), "=f"(d[OFF + 2]), "=f"(d[OFF + 3]), "=f"(d[OFF + 4]), "=f"(d[OFF + 5]),
+        "=f"(d[OFF + 6]), "=f"(d[OFF + 7]), "=f"(d[OFF + 8]), "=f"(d[OFF + 9]), "=f"(d[OFF + 10]), "=f"(d[OFF + 11]),
+        "=f"(d[OFF + 12]), "=f"(d[OFF + 13]), "=f"(d[OFF + 14]), "=f"(d[OFF + 15]), "=f"(d[OFF + 16]), "=f"(d[OFF + 17]),
+        "=f"(d[OFF + 18]), "=f"(d[OFF + 19]), "=f"(d[OFF + 20]), "=f"(d[OFF + 21]), "=f"(d[OFF + 22]), "=f"(d[OFF + 23]),
+        "=f"(d[OFF + 24]), "=f"(d[OFF + 25]), "=f"(d[OFF + 26]), "=f"(d[OFF + 27]), "=f"(d[OFF + 28]), "=f"(d[OFF + 29]),
+        "=f"(d[OFF + 30]), "=f"(d[OFF + 31]), "=f"(d[OFF + 32]), "=f"(d[OFF + 33]), "=f"(d[OFF + 34]), "=f"(d[OFF + 35]),
+        "=f"(d[OFF + 36]), "=f"(d[OFF + 37]), "=f"(d[OFF + 38]), "=f"(d[OFF + 39]), "=f"(d[OFF + 40]), "=f"(d[OFF + 41]),
+        "=f"(d[OFF + 42]), "=f"(d[OFF + 43]), "=f"(d[OFF + 44]), "=f"(d[OFF + 45]), "=f"(d[OFF + 46]), "=f"(d[OFF + 47]),
+        "=f"(d[OFF + 48]), "=f"(d[OFF + 49]), "=f"(d[OFF + 50]), "=f"(d[OFF + 51]), "=f"(d[OFF + 52]), "=f"(d[OFF + 53]),
+        "=f"(d[OFF + 54]), "=f"(d[OFF + 55]), "=f"(d[OFF + 56]), "=f"(d[OFF + 57]), "=f"(d[OFF + 58]), "=f"(d[OFF + 59]),
+        "=f"(d[OFF + 60]), "=f"(d[OFF + 61]), "=f"(d[OFF + 62]), "=f"(d[OFF + 63])
+      : "l"(desc_a), "l"(desc_b), "r"(0), "n"(TRANS_A), "n"(TRANS_B));
+}
+template <int TRANS_A, int TRANS_B, int OFF, int R>
+__device__ __forceinline__ void wgmma_m64n256k16_first(float (&d)[R], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(OFF + 128 <= R, "accumulator slice");
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
+      : "=f"(d[OFF + 0]), "=f"(d[OFF + 1]), "=f"(d[OFF + 2]), "=f"(d[OFF + 3]), "=f"(d[OFF + 4]), "=f"(d[OFF + 5]),
+        "=f"(d[OFF + 6]), "=f"(d[OFF + 7]), "=f"(d[OFF + 8]), "=f"(d[OFF + 9]), "=f"(d[OFF + 10]), "=f"(d[OFF + 11]),
+        "=f"(d[OFF + 12]), "=f"(d[OFF + 13]), "=f"(d[OFF + 14]), "=f"(d[OFF + 15]), "=f"(d[OFF + 16]), "=f"(d[OFF + 17]),
+        "=f"(d[OFF + 18]), "=f"(d[OFF + 19]), "=f"(d[OFF + 20]), "=f"(d[OFF + 21]), "=f"(d[OFF + 22]), "=f"(d[OFF + 23]),
+        "=f"(d[OFF + 24]), "=f"(d[OFF + 25]), "=f"(d[OFF + 26]), "=f"(d[OFF + 27]), "=f"(d[OFF + 28]), "=f"(d[OFF + 29]),
+        "=f"(d[OFF + 30]), "=f"(d[OFF + 31]), "=f"(d[OFF + 32]), "=f"(d[OFF + 33]), "=f"(d[OFF + 34]), "=f"(d[OFF + 35]),
+        "=f"(d[OFF + 36]), "=f"(d[OFF + 37]), "=f"(d[OFF + 38]), "=f"(d[OFF + 39]), "=f"(d[OFF + 40]), "=f"(d[OFF + 41]),
+        "=f"(d[OFF + 42]), "=f"(d[OFF + 43]), "=f"(d[OFF + 44]), "=f"(d[OFF + 45]), "=f"(d[OFF + 46]), "=f"(d[OFF + 47]),
+        "=f"(d[OFF + 48]), "=f"(d[OFF + 49]), "=f"(d[OFF + 50]), "=f"(d[OFF + 51]), "=f"(d[OFF + 52]), "=f"(d[OFF + 53]),
+        "=f"(d[OFF + 54]), "=f"(d[OFF + 55]), "=f"(d[OFF + 56]), "=f"(d[OFF + 57]), "=f"(d[OFF + 58]), "=f"(d[OFF + 59]),
+        "=f"(d[OFF + 60]), "=f"(d[OFF + 61]), "=f"(d[OFF + 62]), "=f"(d[OFF + 63]), "=f"(d[OFF + 64]), "=f"(d[OFF + 65]),
+        "=f"(d[OFF + 66]), "=f"(d[OFF + 67]), "=f"(d[OFF + 68]), "=f"(d[OFF + 69]), "=f"(d[OFF + 70]), "=f"(d[OFF + 71]),
+        "=f"(d[OFF + 72]), "=f"(d[OFF + 73]), "=f"(d[OFF + 74]), "=f"(d[OFF + 75]), "=f"(d[OFF + 76]), "=f"(d[OFF + 77]),
+        "=f"(d[OFF + 78]), "=f"(d[OFF + 79]), "=f"(d[OFF + 80]), "=f"(d[OFF + 81]), "=f"(d[OFF + 82]), "=f"(d[OFF + 83]),
+        "=f"(d[OFF + 84]), "=f"(d[OFF + 85]), "=f"(d[OFF + 86]), "=f"(d[OFF + 87]), "=f"(d[OFF + 88]), "=f"(d[OFF + 89]),
+        "=f"(d[OFF + 90]), "=f"(d[OFF + 91]), "=f"(d[OFF + 92]), "=f"(d[OFF + 93]), "=f"(d[OFF + 94]), "=f"(d[OFF + 95]),
+        "=f"(d[OFF + 96]), "=f"(d[OFF + 97]), "=f"(d[OFF + 98]), "=f"(d[OFF + 99]), "=f"(d[OFF + 100]), "=f"(d[OFF + 101]),
+        "=f"(d[OFF + 102]), "=f"(d[OFF + 103]), "=f"(d[OFF + 104]), "=f"(d[OFF + 105]), "=f"(d[OFF + 106]), "=f"(d[OFF + 107]),
+        "=f"(d[OFF + 108]), "=f"(d[OFF + 109]), "=f"(d[OFF + 110]), "=f"(d[OFF + 111]), "=f"(d[OFF + 112]), "=f"(d[OFF + 113]),
+        "=f"(d[OFF + 114]), "=f"(d[OFF + 115]), "=f"(d[OFF + 116]), "=f"(d[OFF + 117]), "=f"(d[OFF + 118]), "=f"(d[OFF + 119]),
+        "=f"(d[OFF + 120]), "=f"(d[OFF + 121]), "=f"(d[OFF + 122]), "=f"(d[OFF + 123]), "=f"(d[OFF + 124]), "=f"(d[OFF + 125]),
+        "=f"(d[OFF + 126]), "=f"(d[OFF + 127])
+      : "l"(desc_a), "l"(desc_b), "r"(0), "n"(TRANS_A), "n"(TRANS_B));
+}
+template <int NS, int TRANS_A, int TRANS_B, bool FIRST, int R>
+__device__ __forceinline__ void wgmma_narrow(float (&d)[R], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(R == NS / 2, "one accumulator array per narrow MMA");
+  if constexpr (NS == 16)
+    FIRST ? wgmma_m64n16k16_first<TRANS_A, TRANS_B, 0>(d, desc_a, desc_b)
+          : wgmma_m64n16k16_at<TRANS_A, TRANS_B, 0>(d, desc_a, desc_b);
+  else if constexpr (NS == 32)
+    FIRST ? wgmma_m64n32k16_first<TRANS_A, TRANS_B, 0>(d, desc_a, desc_b)
+          : wgmma_m64n32k16_at<TRANS_A, TRANS_B, 0>(d, desc_a, desc_b);
+  else
+    FIRST ? wgmma_m64n48k16_first<TRANS_A, TRANS_B, 0>(d, desc_a, desc_b)
+          : wgmma_m64n48k16_at<TRANS_A, TRANS_B, 0>(d, desc_a, desc_b);
+}
+template <int BN, int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void wgmma_tile_first(float (&d)[BN / 2], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (BN == 256)
+    wgmma_m64n256k16_first<TRANS_A, TRANS_B, 0>(d, desc_a, desc_b);
+  else
+    wgmma_m64n128k16_first<TRANS_A, TRANS_B, 0>(d, desc_a, desc_b);
 }
 
 template <int BN, int TRANS_A, int TRANS_B>
