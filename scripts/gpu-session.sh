@@ -21,10 +21,9 @@
 #         sustained-gemm (8192³ bf16 matmuls for GEMM_SECONDS=10, TFLOP/s per second) | kernels-energy (grouped GEMM and
 #         flash kernels each run ENERGY_SECONDS=2 s: sustained TFLOP/s, pJ per FLOP) | standard-promptN (the standard
 #         workload with labels -100 on the first N% of each row, both sides) | kernels-flash-persistent
-#         (the flash backward one block per item vs persistent) | kernels-tail-swap (the grouped GEMM's tail
-#         slabs on wgmma's N side vs not). CLOCKS=1 logs clocks/power.
+#         (the flash backward one block per item vs persistent). CLOCKS=1 logs clocks/power.
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -113,15 +112,6 @@ for stage in "$@"; do
                pct=${stage#standard-prompt}
                NAME=$stage OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard --prompt-fraction \
                "$(python3 -c "print($pct / 100)")" || rc=1 ;;
-    kernels-tail-swap)  # the sm90 grouped forward/dgrad with tail slabs on wgmma's N side (S=1, the default) and
-               # without (S=0, MIXTUNE_GROUPED_TAIL_SWAP), alternating; ENERGY_SECONDS=1 sustained per op, 8192 tokens
-               for sw in 1 0 1 0; do for t in 8192; do
-                 MIXTUNE_GROUPED_TAIL_SWAP=$sw "$BIN/mixtune_bench_grouped_gemm" --tokens $t --energy-seconds ${ENERGY_SECONDS:-1} \
-                   > "$OUT/tail_swap_${sw}_$t.json" 2>&1
-                 cat "$OUT/tail_swap_${sw}_$t.json" >> "$OUT/tail-swap.jsonl"
-                 echo "swap $sw tokens $t"; python3 bench/energy_table.py "$OUT/tail_swap_${sw}_$t.json" | grep -v cuBLAS \
-                   | tee -a "$OUT/tail-swap.md"
-               done; done ;;
     kernels-flash-persistent)  # the sm90 flash backward one block per item (P=0) and persistent (P=1, the
                # default; MIXTUNE_FLASH_BWD_PERSISTENT), alternating, single and packed documents; JSON lines in flash-ab.jsonl
                for p in 0 1 0 1; do for args in "--seq 4096 --reps 50 --energy-seconds 2" "--seq 8192 --reps 20" \

@@ -1,9 +1,6 @@
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
-#include <type_traits>
-#include <utility>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/grouped_gemm_kernels.h"
@@ -24,8 +21,7 @@
 //                accumulators in registers (BN / 2 per thread). Per k-step: wait full[s], four
 //                wgmma m64nBNk16 (k = 16 each), commit; once the previous step's group has completed
 //                (wait_group 1) its stage is handed back through empty[s]. A warpgroup whose rows all
-//                lie past the expert's end skips its MMAs; one holding an expert's last few rows (a
-//                tail slab) computes Yᵀ with those rows on wgmma's N side (m64n16/32/48k16, below). Epilogue: the consumer writes its 64 x BN
+//                lie past the expert's end skips its MMAs. Epilogue: the consumer writes its 64 x BN
 //                tile as bf16 into its own staging buffer (staged[c]) and goes on to the next tile's
 //                MMAs; warp 1 + c of the producer warpgroup (idle otherwise) copies the buffer out as
 //                coalesced 16-byte stores (rows past the expert's end and columns past Nout skipped) and
@@ -47,8 +43,7 @@ using namespace sm90;
 struct Sm90Args {
   const int32_t* offsets;
   bf16* y;
-  int E, N, K;    // N = Nout (columns of y, rows of W_e)
-  int tail_swap;  // 1: tail slabs of <= 48 rows on wgmma's N side (below); 0: every slab as 64 rows
+  int E, N, K;  // N = Nout (columns of y, rows of W_e)
 };
 
 
@@ -144,18 +139,31 @@ __global__ void __launch_bounds__(THREADS, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int c = tid / 128 - 1;  // rows 64c .. 64c + 63 of the tile
     const int w = (tid / 32) & 3, lane = tid & 31, g = lane >> 2, q = lane & 3;
-    const uint32_t buf = sOut + c * (Cfg::OUT_BYTES / 2);  // this warpgroup's staging buffer
-    int stage = 0, prev = 0;
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+    int stage = 0;
     uint32_t phase = 0, staged = 0;  // staged: tiles this warpgroup has handed to its storer warp
-    // kt k-steps: wait for the stage, issue its MMAs (issue(tag, kb, x slab, W tile); tag FIRST for the
-    // first k-step, whose first MMA defines the accumulators), commit; once the previous step's group has
-    // completed (wait_group 1) its stage goes back to the producer. The first step is peeled as a loop of
-    // at most one trip (a branch around wgmma would make ptxas serialise them).
-    auto k_loop = [&](int kt, auto&& issue) {
-      auto step = [&](auto first, int kb) {
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+      const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
+      // A warpgroup whose 64 rows all lie past the expert's end (an expert's last tile holding <= 64
+      // rows) issues no MMAs: the other warpgroup then has the SM's tensor cores to itself. It still
+      // waits on every stage and hands it back, so the barrier phases stay in step. (Written as a loop
+      // bound, not a branch around the MMAs: ptxas serialises wgmma inside a divergent branch.)
+      const int my_row0 = tp.row0 + 64 * c;
+      const bool active = my_row0 < tp.row_end;
+      int prev = 0;
+      const int kt_mma = active ? KT : 0;
+      for (int kb = 0; kb < kt_mma; ++kb) {
         mbar_wait(full_bar + 8 * stage, phase);
+        const uint64_t da = smem_desc(sA + stage * A_BYTES + c * 64 * 128);
+        const uint64_t db =
+            B_MN ? smem_desc_mn(sB + stage * Cfg::B_BYTES) : smem_desc(sB + stage * Cfg::B_BYTES);
+        constexpr int b_step = B_MN ? (16 * 128) >> 4 : 2;
         wgmma_fence();
-        issue(first, kb, sA + stage * A_BYTES + c * 64 * 128, sB + stage * Cfg::B_BYTES);
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)
+          wgmma_tile<BN, 0, B_MN ? 1 : 0>(acc, da + 2 * kk, db + b_step * kk, (kb | kk) != 0);
         wgmma_commit();
         if (kb > 0) {
           wgmma_wait<1>();
@@ -163,106 +171,31 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         prev = stage;
         if (++stage == STAGES) stage = 0, phase ^= 1;
-      };
-      for (int kb = 0; kb < min(kt, 1); ++kb) step(std::true_type{}, kb);
-      for (int kb = 1; kb < kt; ++kb) step(std::false_type{}, kb);
-    };
-    // After a tile's last MMAs: their stage back to the producer, then (once the storer warp has copied out
-    // the previous tile) write(...) the bf16 results into the staging buffer — 64-column blocks of [64 rows]
-    // [128 bytes], 16-byte units XOR-swizzled by row (conflict-free writes and reads) — and hand it over.
-    auto finish = [&](auto&& write) {
-      mbar_arrive(empty_bar + 8 * prev);
-      mbar_wait(free_bar + 8 * c, (staged & 1) ^ 1);
-      write();
-      mbar_arrive(staged_bar + 8 * c);
-      ++staged;
-    };
-    // A tail slab (r <= kTailMax rows of its expert left) swaps the product's roles: the weight tile's 64-row
-    // slabs are wgmma's M side and the slab's first NS >= r rows its N side, so it issues NS/64 of a full
-    // slab's MMAs instead of computing 64 - r rows of the next expert. Slice m of d holds Yᵀ for
-    // features 64m .. 64m + 63 of the tile and tokens 0 .. NS - 1. A = the weight tile's slab m (forward:
-    // K-major rows; dgrad: the [64 k][64 n] box m, MN-major, i.e. transposed A), B = the x / dy slab
-    // (K-major). d lives only here (one array per slice: slices of one array in flight together make ptxas
-    // serialise the wgmmas), so its registers are the ones the full tile's acc uses elsewhere.
-    // The 256-wide tile takes one narrow width (32: r <= 32); with more, ptxas (13.0) no longer keeps the
-    // paths' accumulators apart and spills (each alone fits). The 128-wide tile takes 16, 32 and 48.
-    constexpr bool kTailNarrowest = BN == 128;
-    constexpr int kTailMax = kTailNarrowest ? 48 : 32;
-    auto tail = [&]<int NS>(int kt) {
-      if (kt == 0) return;
-      float d[BN / 64][NS / 2];
-      k_loop(kt, [&](auto first, int, uint32_t x_at, uint32_t w_at) {
-        const uint64_t db = smem_desc(x_at), da = B_MN ? smem_desc_mn(w_at) : smem_desc(w_at);
-        constexpr int a_step = B_MN ? (16 * 128) >> 4 : 2;
-        constexpr int a_slab = (64 * 128) >> 4;  // both layouts: slab m starts m · 8 KiB into the tile
-        [&]<int... M>(std::integer_sequence<int, M...>) {
-          (wgmma_narrow<NS, B_MN ? 1 : 0, 0, decltype(first)::value>(d[M], da + a_slab * M, db), ...);
-#pragma unroll
-          for (int kk = 1; kk < BK / 16; ++kk)
-            (wgmma_narrow<NS, B_MN ? 1 : 0, 0, false>(d[M], da + a_slab * M + a_step * kk, db + 2 * kk), ...);
-        }(std::make_integer_sequence<int, BN / 64>{});
-      });
-      wgmma_wait<0>();
-#pragma unroll
-      for (int m = 0; m < BN / 64; ++m) fence_regs(d[m]);
-      // Element 4j + e of slice m is token 8j + 2q + (e & 1), feature 64m + 16w + g + 8(e >> 1): the staging's
-      // row t, 16-byte unit 8m + 2w + (e >> 1), byte 2g.
-      finish([&] {
-#pragma unroll
-        for (int m = 0; m < BN / 64; ++m)
-#pragma unroll
-          for (int j = 0; j < NS / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int t = 8 * j + 2 * q + (e & 1), u = 2 * w + (e >> 1);
-              sts_bf16(buf + m * 8192 + t * 128 + (((u ^ (t & 7)) << 4) | (2 * g)), d[m][4 * j + e]);
-            }
-      });
-    };
-    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-      const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
-      // A warpgroup whose 64 rows all lie past the expert's end (an expert's last tile holding <= 64
-      // rows) issues no MMAs: the other warpgroup then has the SM's tensor cores to itself. It still
-      // waits on every stage and hands it back, so the barrier phases stay in step. (scripts/check-sm90-
-      // ptxas.sh: ptxas keeps the wgmma pipeline of every path unserialised; re-check after editing them.)
-      const int my_row0 = tp.row0 + 64 * c, r = tp.row_end - my_row0;
-      const bool active = r > 0;
-      const int ns = !active ? 0 : (p.tail_swap == 0 || r > kTailMax) ? 64 : kTailNarrowest ? (r + 15) & ~15 : 32;
-      if constexpr (kTailNarrowest) tail.template operator()<16>(ns == 16 ? KT : 0);
-      tail.template operator()<32>(ns == 32 ? KT : 0);
-      if constexpr (kTailNarrowest) tail.template operator()<48>(ns == 48 ? KT : 0);
-      if (ns == 64) {
-        float acc[BN / 2];
-        k_loop(KT, [&](auto first, int, uint32_t x_at, uint32_t w_at) {
-          const uint64_t da = smem_desc(x_at), db = B_MN ? smem_desc_mn(w_at) : smem_desc(w_at);
-          constexpr int b_step = B_MN ? (16 * 128) >> 4 : 2;
-          if constexpr (decltype(first)::value)
-            wgmma_tile_first<BN, 0, B_MN ? 1 : 0>(acc, da, db);
-          else
-            wgmma_tile<BN, 0, B_MN ? 1 : 0>(acc, da, db, 1);
-#pragma unroll
-          for (int kk = 1; kk < BK / 16; ++kk) wgmma_tile<BN, 0, B_MN ? 1 : 0>(acc, da + 2 * kk, db + b_step * kk, 1);
-        });
-        wgmma_wait<0>();
-        fence_regs(acc);
-        finish([&] {
-          const int r0 = 16 * w + g;
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const uint32_t at = buf + (j >> 3) * 8192 + ((((j & 7) ^ g) << 4) | (q << 2));
-            sts_u32(at + r0 * 128, pack_bf16(acc[4 * j], acc[4 * j + 1]));
-            sts_u32(at + (r0 + 8) * 128, pack_bf16(acc[4 * j + 2], acc[4 * j + 3]));
-          }
-        });
       }
-      if (!active) {
-        for (int kb = 0; kb < KT; ++kb) {
-          mbar_wait(full_bar + 8 * stage, phase);
-          if (kb > 0) mbar_arrive(empty_bar + 8 * prev);
-          prev = stage;
-          if (++stage == STAGES) stage = 0, phase ^= 1;
+      for (int kb = kt_mma; kb < KT; ++kb) {
+        mbar_wait(full_bar + 8 * stage, phase);
+        if (kb > 0) mbar_arrive(empty_bar + 8 * prev);
+        prev = stage;
+        if (++stage == STAGES) stage = 0, phase ^= 1;
+      }
+      wgmma_wait<0>();
+      fence_regs(acc);
+      mbar_arrive(empty_bar + 8 * prev);  // this warpgroup's last MMAs are done with the stage
+      if (active) {
+        // ---- epilogue: accumulator fragments -> bf16 pairs in this warpgroup's staging buffer, 64-column
+        // blocks of [64 rows][128 bytes], 16-byte units XOR-swizzled by row (conflict-free writes and
+        // reads), once the storer warp has copied out the previous tile.
+        mbar_wait(free_bar + 8 * c, (staged & 1) ^ 1);
+        const uint32_t buf = sOut + c * (Cfg::OUT_BYTES / 2);
+        const int r0 = 16 * w + g;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const uint32_t at = buf + (j >> 3) * 8192 + ((((j & 7) ^ g) << 4) | (q << 2));
+          sts_u32(at + r0 * 128, pack_bf16(acc[4 * j], acc[4 * j + 1]));
+          sts_u32(at + (r0 + 8) * 128, pack_bf16(acc[4 * j + 2], acc[4 * j + 3]));
         }
-        mbar_arrive(empty_bar + 8 * prev);
+        mbar_arrive(staged_bar + 8 * c);
+        ++staged;
       }
     }
   }
@@ -293,15 +226,6 @@ void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const Sm90Args& a, 
   MT_CUDA_CHECK_LAUNCH();
 }
 
-// Tail slabs on wgmma's N side unless MIXTUNE_GROUPED_TAIL_SWAP=0 (the A/B switch of bench/NOTES.md 57).
-int tail_swap() {
-  static const int on = [] {
-    const char* e = std::getenv("MIXTUNE_GROUPED_TAIL_SWAP");
-    return e && std::string(e) == "0" ? 0 : 1;
-  }();
-  return on;
-}
-
 // The checks both launchers share (TMA: int32 coordinates, 16-byte aligned global addresses).
 void check_launch(const char* op, const void* a, const void* w, const void* out, int E, int64_t rows, int N, int K) {
   MT_CUDA_REQUIRE(detail::grouped_gemm_sm90_compiled(), std::string(op) +
@@ -328,7 +252,7 @@ void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const i
   const cuuint64_t xstrides[1] = {static_cast<cuuint64_t>(K) * 2};
   const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(E)};
   const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(N) * K * 2};
-  const Sm90Args a{offsets, static_cast<bf16*>(y), E, N, K, tail_swap()};
+  const Sm90Args a{offsets, static_cast<bf16*>(y), E, N, K};
   const CUtensorMap mx = make_map("x", x, 2, xdims, xstrides, BM);
   if (tile_bn(N, E) == 256) {
     const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, 256);
@@ -349,7 +273,7 @@ void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, con
   const cuuint64_t ystrides[1] = {static_cast<cuuint64_t>(J) * 2};
   const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(J), static_cast<cuuint64_t>(E)};
   const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(J) * K * 2};
-  const Sm90Args a{offsets, static_cast<bf16*>(dx), E, K, J, tail_swap()};
+  const Sm90Args a{offsets, static_cast<bf16*>(dx), E, K, J};
   const CUtensorMap my = make_map("dy", dy, 2, ydims, ystrides, BM);
   const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, BK);
   if (tile_bn(K, E) == 256)

@@ -200,8 +200,9 @@ const GemmCase kSm90Cases[] = {
     {{129, 0, 1, 7, 250}, 3, 640, 256},  // Nout 640: 128-wide column tiles (forward)
     {{1, 7, 129, 0, 1000, 255, 0, 64}, 3, 1536, 2048},
     {{1, 7, 129, 0, 700, 900, 0, 383, 128}, 0, 2048, 768},
-    // Tail slabs of every narrow width and its edges (r = rows left in a 64-row slab: 1, 15..17, 31..33,
-    // 47..49, 63): the 256-wide tile (Nout / K 512) and the 128-wide one (384).
+    // An expert's last 64-row slab holding every count of rows around 1, 16, 32, 48 and 63 (the slab's
+    // rows past its expert are computed from the next expert's rows and must not be stored): the 256-wide
+    // tile (Nout / K 512) and the 128-wide one (384).
     {{1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 79, 80, 96, 97, 112, 113, 127, 300}, 1, 512, 512},
     {{1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 79, 80, 96, 97, 112, 113, 127, 300}, 2, 384, 384},
 };
