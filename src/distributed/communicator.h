@@ -23,6 +23,9 @@ class Communicator {
   // order ((x_0 + x_1) + x_2 ...), so a run does not depend on message timing.
   virtual void all_reduce_sum(float* data, int64_t n, const std::string& what) = 0;
   virtual void all_reduce_sum(double* data, int64_t n, const std::string& what) = 0;
+  // In-place on root: the element-wise sum over the ranks, bitwise what all_reduce_sum gives (rank order);
+  // the other ranks' data is left as it was. Half an all-reduce's traffic when only one rank needs the sum.
+  virtual void reduce_sum(float* data, int64_t n, int root, const std::string& what) = 0;
   // root's bytes to every rank.
   virtual void broadcast(void* data, size_t bytes, int root, const std::string& what) = 0;
   // Within `group` (ranks, the same list on every member, this rank among them): send[j] goes to group[j],

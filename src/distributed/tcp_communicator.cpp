@@ -9,7 +9,8 @@
 // count} that the receiver checks, so ranks that disagree on the order of collectives fail with both sides named instead
 // of exchanging the wrong bytes. All sends and receives of one phase progress together under poll(), so
 // two ranks sending each other large buffers cannot deadlock on full socket buffers.
-// all_reduce_sum: reduce-scatter (rank r owns chunk r, sums it in rank order) then all-gather.
+// all_reduce_sum: reduce-scatter (rank r owns chunk r, sums it in rank order) then all-gather; reduce_sum: every
+// rank's copy to the root, summed there in the same rank order.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -44,7 +45,7 @@ struct Header {
   uint64_t count;
 };
 enum Op : uint32_t { kAllReduceF32 = 1, kAllReduceF64 = 2, kBroadcast = 3, kBarrier = 4, kAllToAllCounts = 5,
-                     kAllToAll = 6 };
+                     kAllToAll = 6, kReduceF32 = 7 };
 
 const char* op_name(uint32_t op) {
   switch (op) {
@@ -54,6 +55,7 @@ const char* op_name(uint32_t op) {
     case kBarrier: return "barrier";
     case kAllToAllCounts: return "all_to_allv(counts)";
     case kAllToAll: return "all_to_allv";
+    case kReduceF32: return "reduce(float32)";
   }
   return "unknown";
 }
@@ -131,6 +133,39 @@ class TcpCommunicator final : public Communicator {
   }
   void all_reduce_sum(double* data, int64_t n, const std::string& what) override {
     all_reduce(data, n, kAllReduceF64, what);
+  }
+
+  // Every other rank sends root its copy; root sums them in rank order. In pieces of kReducePiece elements, so
+  // root holds world pieces at a time, not world copies of the whole buffer.
+  void reduce_sum(float* data, int64_t n, int root, const std::string& what) override {
+    if (root < 0 || root >= world_) fail("reduce({}): root {} outside the world of {}", what, root, world_);
+    if (n < 0) fail("reduce({}): negative count {}", what, n);
+    if (world_ == 1) return;
+    constexpr int64_t kReducePiece = int64_t{1} << 22;
+    std::vector<float> parts;
+    for (int64_t at = 0; at == 0 || at < n; at += kReducePiece) {
+      const int64_t m = std::min(kReducePiece, n - at);
+      const Header h = next_header(kReduceF32, static_cast<uint64_t>(m));
+      std::vector<Xfer> x;
+      if (rank_ != root) {
+        x.push_back(Xfer{root, reinterpret_cast<const char*>(data + at), static_cast<size_t>(m) * sizeof(float),
+                         nullptr, 0, h, true, false});
+        exchange(x, what);
+        continue;
+      }
+      parts.resize(static_cast<size_t>(m) * world_);
+      for (int p = 0; p < world_; ++p)
+        if (p != rank_)
+          x.push_back(Xfer{p, nullptr, 0, reinterpret_cast<char*>(parts.data() + static_cast<size_t>(p) * m),
+                           static_cast<size_t>(m) * sizeof(float), h, false, true});
+      exchange(x, what);
+      std::copy(data + at, data + at + m, parts.begin() + static_cast<ptrdiff_t>(rank_) * m);
+      for (int64_t i = 0; i < m; ++i) {
+        float s = parts[static_cast<size_t>(i)];
+        for (int p = 1; p < world_; ++p) s += parts[static_cast<size_t>(p) * m + i];
+        data[at + i] = s;
+      }
+    }
   }
 
   void broadcast(void* data, size_t bytes, int root, const std::string& what) override {

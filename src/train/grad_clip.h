@@ -11,6 +11,12 @@ namespace mt {
 // L2 norm over every element of every F32 CPU tensor; NaN/Inf when any element is.
 double grad_global_norm(const std::vector<Tensor*>& grads);
 
+// The two halves of grad_global_norm, for ranks that each hold some of the summed gradients: one tensor's
+// norm (rounded to fp32 as torch does), and the norm of such norms in tensor order. grad_global_norm(g) ==
+// norm_of_norms({tensor_grad_norm(g_1), tensor_grad_norm(g_2), …}) bitwise.
+double tensor_grad_norm(const Tensor& grad);
+double norm_of_norms(const std::vector<double>& norms);
+
 // Scales the gradients so their global norm is at most max_norm (given the norm already measured);
 // returns the coefficient applied (1 when nothing was scaled). max_norm <= 0 disables clipping.
 double grad_clip_to(const std::vector<Tensor*>& grads, double total_norm, double max_norm);

@@ -1,6 +1,7 @@
 #include "train/train_engine.h"
 
 #include <cstring>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -41,6 +42,7 @@ class CpuEngine final : public TrainEngine {
     for (auto& [name, g] : grads_.named_parameters()) grad_list_.push_back(g);
     grad_const_.assign(grad_list_.begin(), grad_list_.end());
     updated_grads_ = shards_.updated(grad_const_);
+    updated_grad_list_ = shards_.updated(grad_list_);
   }
 
   std::string device_name() const override { return "cpu"; }
@@ -65,10 +67,10 @@ class CpuEngine final : public TrainEngine {
       s.loss = sums[0], s.ce_loss = sums[1], s.aux_loss = sums[2], micro_batches = sums[3];
     }
     if (micro_batches > 0) s.aux_loss /= micro_batches;
-    s.grad_norm = grad_global_norm(grad_list_);
+    s.grad_norm = shards_.active() ? sharded_grad_norm() : grad_global_norm(grad_list_);
     s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
     if (s.finite) {
-      grad_clip_to(grad_list_, s.grad_norm, max_grad_norm);
+      grad_clip_to(updated_grad_list_, s.grad_norm, max_grad_norm);
       optimizer_.step(updated_grads_, lr);
       if (shards_.active()) broadcast_updates();
     }
@@ -110,22 +112,53 @@ class CpuEngine final : public TrainEngine {
 
   int64_t optimizer_steps() const override { return optimizer_.step_count(); }
 
-  // Every gradient summed over the ranks in one collective (packed into one fp32 buffer).
+  // The gradients summed over the ranks, each where it is needed: those every rank updates (all of them
+  // without ZeRO-1; with it, the expert-parallel stacks) in one all-reduce, and each sharded tensor only on its
+  // owner (one reduce per owner, its tensors packed) — half an all-reduce's traffic. Both sum in rank order, so
+  // the owner's gradient is bitwise the all-reduced one; the other ranks' copies are left partial and unused.
   void reduce_gradients() {
+    const std::string step = "step " + std::to_string(steps_);
+    packed_collective(-1, [&](float* p, int64_t n) { comm_->all_reduce_sum(p, n, "all_reduce(gradients, " + step + ")"); });
+    if (!shards_.active()) return;
+    for (int owner = 0; owner < shards_.world(); ++owner)
+      packed_collective(owner, [&](float* p, int64_t n) {
+        comm_->reduce_sum(p, n, owner, "reduce(gradients owned by rank " + std::to_string(owner) + ", " + step + ")");
+      });
+  }
+  // Packs the gradients whose owner is `owner` into flat_, runs `collective` on it and unpacks the result
+  // where this rank uses it (owner -1: every rank; else the owner). Every rank has the same owner map, so all
+  // skip or all call.
+  template <typename F>
+  void packed_collective(int owner, F&& collective) {
     int64_t n = 0;
-    for (const Tensor* g : grad_list_) n += g->numel();
+    for (size_t i = 0; i < grad_list_.size(); ++i)
+      if (shards_.owner(i) == owner) n += grad_list_[i]->numel();
+    if (n == 0) return;
     flat_.resize(static_cast<size_t>(n));
-    int64_t at = 0;
-    for (const Tensor* g : grad_list_) {
-      std::memcpy(flat_.data() + at, g->data(), g->nbytes());
-      at += g->numel();
-    }
-    comm_->all_reduce_sum(flat_.data(), n, "all_reduce(gradients, step " + std::to_string(steps_) + ")");
-    at = 0;
-    for (Tensor* g : grad_list_) {
-      std::memcpy(g->data(), flat_.data() + at, g->nbytes());
-      at += g->numel();
-    }
+    auto each = [&](const std::function<void(Tensor&, float*)>& f) {
+      int64_t at = 0;
+      for (size_t i = 0; i < grad_list_.size(); ++i)
+        if (shards_.owner(i) == owner) {
+          f(*grad_list_[i], flat_.data() + at);
+          at += grad_list_[i]->numel();
+        }
+    };
+    each([](Tensor& g, float* p) { std::memcpy(p, g.data(), g.nbytes()); });
+    collective(flat_.data(), n);
+    if (owner < 0 || owner == shards_.rank()) each([](Tensor& g, float* p) { std::memcpy(g.data(), p, g.nbytes()); });
+  }
+  // The global norm when each sharded gradient is summed on its owner only: the owners' per-tensor norms
+  // gathered by an all-reduce of a vector that is zero elsewhere (exact), the others' computed here, then the
+  // norm of norms in tensor order — bitwise grad_global_norm of the all-reduced gradients.
+  double sharded_grad_norm() {
+    std::vector<double> norms(grad_list_.size(), 0.0);
+    for (size_t i = 0; i < grad_list_.size(); ++i)
+      if (shards_.owner(i) == shards_.rank()) norms[i] = tensor_grad_norm(*grad_list_[i]);
+    comm_->all_reduce_sum(norms.data(), static_cast<int64_t>(norms.size()),
+                          "all_reduce(gradient norms, step " + std::to_string(steps_) + ")");
+    for (size_t i = 0; i < grad_list_.size(); ++i)
+      if (shards_.owner(i) < 0) norms[i] = tensor_grad_norm(*grad_list_[i]);
+    return norm_of_norms(norms);
   }
   void set_optimizer_steps(int64_t t) override { optimizer_.set_step_count(t); }
   void weights_to_host() override {}
@@ -187,6 +220,7 @@ class CpuEngine final : public TrainEngine {
   std::vector<Tensor*> grad_list_;
   std::vector<const Tensor*> grad_const_;
   std::vector<const Tensor*> updated_grads_;  // grad_const_'s entries for optimizer_'s parameters
+  std::vector<Tensor*> updated_grad_list_;    // the same, writable (the clip scales only these)
   std::vector<unsigned char> packed_;         // broadcast_updates' buffer
 };
 

@@ -90,6 +90,43 @@ TEST(TcpCommunicator, AllReduceIsTheRankOrderSumOnEveryRank) {
   }
 }
 
+// reduce_sum: the root gets bitwise the all-reduce's rank-order sum, the others keep their values; sizes past
+// one piece (4 Mi elements) and the empty one, every root.
+TEST(TcpCommunicator, ReduceGivesTheRootTheRankOrderSum) {
+  for (const int world : {2, 3}) {
+    const int port = free_port();
+    const int64_t sizes[] = {0, 1, 1000, (int64_t{1} << 22) + 3};
+    std::vector<std::vector<std::vector<float>>> got(world);
+    const auto err = run_ranks(world, [&](int r) {
+      auto comm = tcp_communicator_create(env_of(r, world, port), milliseconds(20000));
+      for (int root = 0; root < world; ++root)
+        for (const int64_t n : sizes) {
+          std::vector<float> v = values(r, n);
+          comm->reduce_sum(v.data(), n, root, "test reduce");
+          got[r].push_back(std::move(v));
+        }
+    });
+    for (int r = 0; r < world; ++r) ASSERT_EQ(err[r], "") << "world " << world << " rank " << r;
+    size_t c = 0;
+    for (int root = 0; root < world; ++root)
+      for (const int64_t n : sizes) {
+        std::vector<float> want = values(0, n);
+        for (int r = 1; r < world; ++r) {
+          const std::vector<float> v = values(r, n);
+          for (int64_t i = 0; i < n; ++i) want[i] += v[i];
+        }
+        for (int r = 0; r < world; ++r) {
+          const std::vector<float> expect = r == root ? want : values(r, n);
+          ASSERT_EQ(got[r][c].size(), expect.size());
+          for (int64_t i = 0; i < n; ++i)
+            ASSERT_EQ(got[r][c][i], expect[i]) << "world " << world << " root " << root << " rank " << r << " n " << n
+                                               << " element " << i;
+        }
+        ++c;
+      }
+  }
+}
+
 TEST(TcpCommunicator, DoublesBroadcastAndBarrier) {
   const int world = 3, port = free_port();
   std::vector<std::vector<double>> sums(world);
