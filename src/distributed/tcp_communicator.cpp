@@ -160,11 +160,7 @@ class TcpCommunicator final : public Communicator {
                            static_cast<size_t>(m) * sizeof(float), h, false, true});
       exchange(x, what);
       std::copy(data + at, data + at + m, parts.begin() + static_cast<ptrdiff_t>(rank_) * m);
-      for (int64_t i = 0; i < m; ++i) {
-        float s = parts[static_cast<size_t>(i)];
-        for (int p = 1; p < world_; ++p) s += parts[static_cast<size_t>(p) * m + i];
-        data[at + i] = s;
-      }
+      sum_in_rank_order(parts.data(), m, data + at);
     }
   }
 
@@ -330,6 +326,17 @@ class TcpCommunicator final : public Communicator {
     }
   }
 
+  // out[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) ... over the world's m-element parts, laid out rank
+  // after rank: the one summation order of both all_reduce and reduce_sum, so they agree bitwise.
+  template <typename T>
+  void sum_in_rank_order(const T* parts, int64_t m, T* out) const {
+    for (int64_t i = 0; i < m; ++i) {
+      T s = parts[i];
+      for (int p = 1; p < world_; ++p) s += parts[static_cast<size_t>(p) * m + i];
+      out[i] = s;
+    }
+  }
+
   template <typename T>
   void all_reduce(T* data, int64_t n, uint32_t op, const std::string& what) {
     if (n < 0) fail("all_reduce({}): negative count {}", what, n);
@@ -348,11 +355,7 @@ class TcpCommunicator final : public Communicator {
     }
     exchange(x, what);
     std::copy(data + lo(rank_), data + lo(rank_ + 1), parts.begin() + static_cast<ptrdiff_t>(rank_) * mine);
-    for (int64_t i = 0; i < mine; ++i) {
-      T s = parts[static_cast<size_t>(i)];
-      for (int p = 1; p < world_; ++p) s += parts[static_cast<size_t>(p) * mine + i];
-      data[lo(rank_) + i] = s;
-    }
+    sum_in_rank_order(parts.data(), mine, data + lo(rank_));
     // All-gather: my reduced chunk to everyone, theirs into place.
     const Header h2 = next_header(op, static_cast<uint64_t>(n));
     x.clear();

@@ -43,6 +43,7 @@ class CpuEngine final : public TrainEngine {
     grad_const_.assign(grad_list_.begin(), grad_list_.end());
     updated_grads_ = shards_.updated(grad_const_);
     updated_grad_list_ = shards_.updated(grad_list_);
+    for (auto& [name, p] : lm.weights.named_parameters()) param_list_.push_back(p);
   }
 
   std::string device_name() const override { return "cpu"; }
@@ -79,28 +80,30 @@ class CpuEngine final : public TrainEngine {
 
   // Each owner's updated parameters to every rank: one broadcast per owner, its tensors packed.
   void broadcast_updates() {
-    auto params = lm_.weights.named_parameters();
     for (int owner = 0; owner < shards_.world(); ++owner) {
-      size_t bytes = 0;
-      for (size_t i = 0; i < params.size(); ++i)
-        if (shards_.owner(i) == owner) bytes += params[i].second->nbytes();
+      const size_t bytes = each_owned(param_list_, owner, [](Tensor&, size_t) {});
       if (bytes == 0) continue;
       packed_.resize(bytes);
-      auto each = [&](const std::function<void(Tensor&, unsigned char*)>& f) {
-        size_t at = 0;
-        for (size_t i = 0; i < params.size(); ++i)
-          if (shards_.owner(i) == owner) {
-            f(*params[i].second, packed_.data() + at);
-            at += params[i].second->nbytes();
-          }
-      };
       const bool mine = owner == shards_.rank();
-      if (mine) each([](Tensor& t, unsigned char* p) { std::memcpy(p, t.data(), t.nbytes()); });
+      if (mine) each_owned(param_list_, owner, [&](Tensor& t, size_t at) { std::memcpy(packed_.data() + at, t.data(), t.nbytes()); });
       comm_->broadcast(packed_.data(), bytes, owner,
                        "broadcast(parameters updated by rank " + std::to_string(owner) + ", step " +
                            std::to_string(steps_) + ")");
-      if (!mine) each([](Tensor& t, unsigned char* p) { std::memcpy(t.data(), p, t.nbytes()); });
+      if (!mine) each_owned(param_list_, owner, [&](Tensor& t, size_t at) { std::memcpy(t.data(), packed_.data() + at, t.nbytes()); });
     }
+  }
+
+  // Calls f(tensor, byte offset) for the tensors of `ts` (engine parameter order) whose owner is `owner`, as
+  // if packed back to back; returns their bytes. Every rank has the same owner map, so all agree on the sizes.
+  template <typename F>
+  size_t each_owned(const std::vector<Tensor*>& ts, int owner, F&& f) const {
+    size_t at = 0;
+    for (size_t i = 0; i < ts.size(); ++i)
+      if (shards_.owner(i) == owner) {
+        f(*ts[i], at);
+        at += ts[i]->nbytes();
+      }
+    return at;
   }
 
   EngineEval eval(const Batch& b) override {
@@ -126,26 +129,17 @@ class CpuEngine final : public TrainEngine {
       });
   }
   // Packs the gradients whose owner is `owner` into flat_, runs `collective` on it and unpacks the result
-  // where this rank uses it (owner -1: every rank; else the owner). Every rank has the same owner map, so all
-  // skip or all call.
+  // where this rank uses it (owner -1: every rank; else the owner); no call when there are none.
   template <typename F>
   void packed_collective(int owner, F&& collective) {
-    int64_t n = 0;
-    for (size_t i = 0; i < grad_list_.size(); ++i)
-      if (shards_.owner(i) == owner) n += grad_list_[i]->numel();
-    if (n == 0) return;
-    flat_.resize(static_cast<size_t>(n));
-    auto each = [&](const std::function<void(Tensor&, float*)>& f) {
-      int64_t at = 0;
-      for (size_t i = 0; i < grad_list_.size(); ++i)
-        if (shards_.owner(i) == owner) {
-          f(*grad_list_[i], flat_.data() + at);
-          at += grad_list_[i]->numel();
-        }
-    };
-    each([](Tensor& g, float* p) { std::memcpy(p, g.data(), g.nbytes()); });
-    collective(flat_.data(), n);
-    if (owner < 0 || owner == shards_.rank()) each([](Tensor& g, float* p) { std::memcpy(g.data(), p, g.nbytes()); });
+    const size_t bytes = each_owned(grad_list_, owner, [](Tensor&, size_t) {});
+    if (bytes == 0) return;
+    flat_.resize(bytes / sizeof(float));
+    auto* flat = reinterpret_cast<unsigned char*>(flat_.data());
+    each_owned(grad_list_, owner, [&](Tensor& g, size_t at) { std::memcpy(flat + at, g.data(), g.nbytes()); });
+    collective(flat_.data(), static_cast<int64_t>(flat_.size()));
+    if (owner < 0 || owner == shards_.rank())
+      each_owned(grad_list_, owner, [&](Tensor& g, size_t at) { std::memcpy(g.data(), flat + at, g.nbytes()); });
   }
   // The global norm when each sharded gradient is summed on its owner only: the owners' per-tensor norms
   // gathered by an all-reduce of a vector that is zero elsewhere (exact), the others' computed here, then the
@@ -221,6 +215,7 @@ class CpuEngine final : public TrainEngine {
   std::vector<const Tensor*> grad_const_;
   std::vector<const Tensor*> updated_grads_;  // grad_const_'s entries for optimizer_'s parameters
   std::vector<Tensor*> updated_grad_list_;    // the same, writable (the clip scales only these)
+  std::vector<Tensor*> param_list_;           // the parameters, engine order (grad_list_'s order)
   std::vector<unsigned char> packed_;         // broadcast_updates' buffer
 };
 
