@@ -95,6 +95,18 @@ Tensor Tensor::from_storage(std::shared_ptr<Storage> s, size_t byte_offset, cons
   return t;
 }
 
+Tensor Tensor::absent(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape)
+    if (d < 0) fail("negative dimension in shape {}", shape_str(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.storage_ = Storage::borrow(nullptr, 0, device, nullptr);
+  return t;
+}
+
+bool Tensor::present() const { return storage_ && (storage_->data() != nullptr || nbytes() == 0); }
+
 Tensor Tensor::from_floats(const Shape& shape, const std::vector<float>& v, DType dtype) {
   MT_CHECK(static_cast<int64_t>(v.size()) == shape_numel(shape), "{} values for shape {}", v.size(),
            shape_str(shape));
@@ -114,6 +126,7 @@ Device Tensor::device() const { return storage_ ? storage_->device() : Device::c
 
 void* Tensor::data() const {
   MT_CHECK(storage_ != nullptr, "data() of an undefined tensor");
+  MT_CHECK(storage_->data() != nullptr || nbytes() == 0, "data() of {}, whose bytes another rank holds", desc());
   return static_cast<char*>(storage_->data()) + offset_;
 }
 

@@ -55,8 +55,12 @@ class Tensor {
   static Tensor from_storage(std::shared_ptr<Storage> s, size_t byte_offset, const Shape& shape, DType dtype);
   // CPU helpers for tests and small host-side data.
   static Tensor from_floats(const Shape& shape, const std::vector<float>& v, DType dtype = DType::F32);
+  // A tensor whose bytes live elsewhere (a parameter another rank holds when a job shards its parameters):
+  // shape, dtype and device only. defined() is true, present() false; data() throws, on it and its views.
+  static Tensor absent(const Shape& shape, DType dtype, Device device = Device::cpu());
 
   bool defined() const { return storage_ != nullptr; }
+  bool present() const;
   const Shape& shape() const { return shape_; }
   int ndim() const { return static_cast<int>(shape_.size()); }
   int64_t dim(int i) const;  // negative i counts from the end

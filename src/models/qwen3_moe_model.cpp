@@ -13,6 +13,7 @@
 #include "layers/lm_head.h"
 #include "layers/mlp_block.h"
 #include "layers/moe_block.h"
+#include "models/param_residency.h"
 
 namespace mt {
 
@@ -211,14 +212,26 @@ Qwen3MoeModel::Qwen3MoeModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights
   bf16_ = dt == DType::BF16;
 }
 
+void Qwen3MoeModel::fetch(int64_t group) const {
+  if (opts_.residency) opts_.residency->fetch(group);
+}
+
+void Qwen3MoeModel::release(int64_t group, bool backward_follows) const {
+  if (opts_.residency) opts_.residency->release(group, backward_follows);
+}
+
 ForwardResult Qwen3MoeModel::forward(const Batch& b, bool want_logits, const LossOptions& o) {
   Prepared p = prepare_batch(cfg_, b, bf16_, opts_.packed_document_mask, opts_.expert_parallel);
   const BlockEnv& env = p.env;
   const bool aux_on = aux_enabled(cfg_);
+  const int64_t nl = cfg_.num_hidden_layers;
+  fetch(ParamResidency::kEmbedding);
   Tensor x = cpu::embedding_forward(b.input_ids.view({env.tokens()}), w_.embed);
+  release(ParamResidency::kEmbedding, false);
   std::vector<Tensor> router_logits;
-  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+  for (int64_t l = 0; l < nl; ++l) {
     const auto& L = w_.layers[l];
+    fetch(l);
     x = attention_block_forward(env, L, x, nullptr);
     if (cfg_.is_moe_layer(l)) {
       MoeBlockActs acts;
@@ -227,9 +240,12 @@ ForwardResult Qwen3MoeModel::forward(const Batch& b, bool want_logits, const Los
     } else {
       x = mlp_block_forward(env, L, x, nullptr);
     }
+    release(l, false);
   }
   const Tensor& head = cfg_.tie_word_embeddings ? w_.embed : w_.lm_head;
+  fetch(ParamResidency::head(nl));
   LmHeadOutput lm = lm_head_forward(env, w_.final_norm, head, x, p.targets, want_logits);
+  release(ParamResidency::head(nl), false);
   ForwardResult r;
   if (aux_on) r.aux_loss = cpu::aux_loss_forward(router_logits, cfg_.num_experts_per_tok, bf16_, nullptr);
   if (p.targets.defined()) {
@@ -256,11 +272,14 @@ ForwardResult Qwen3MoeModel::forward_backward(const Batch& b, Qwen3MoeWeights& g
   std::vector<AttentionBlockActs> attn_acts(nl);
   std::vector<MoeBlockActs> moe_acts(nl);
   std::vector<MlpBlockActs> mlp_acts(nl);
+  fetch(ParamResidency::kEmbedding);
   Tensor x = cpu::embedding_forward(ids, w_.embed);
+  release(ParamResidency::kEmbedding, false);  // its backward needs only the ids
   std::vector<Tensor> router_logits;
   std::vector<int64_t> moe_layers;
   for (int64_t l = 0; l < nl; ++l) {
     const auto& L = w_.layers[l];
+    fetch(l);
     attn_in[l] = x;
     x = attention_block_forward(env, L, x, &attn_acts[l]);
     ffn_in[l] = x;
@@ -271,6 +290,7 @@ ForwardResult Qwen3MoeModel::forward_backward(const Batch& b, Qwen3MoeWeights& g
     } else {
       x = mlp_block_forward(env, L, x, &mlp_acts[l]);
     }
+    release(l, true);
   }
 
   ForwardResult r;
@@ -280,7 +300,9 @@ ForwardResult Qwen3MoeModel::forward_backward(const Batch& b, Qwen3MoeWeights& g
   const Tensor& head = cfg_.tie_word_embeddings ? w_.embed : w_.lm_head;
   Tensor& dhead = cfg_.tie_word_embeddings ? grads.embed : grads.lm_head;
   LmHeadOutput lm;
+  fetch(ParamResidency::head(nl));
   Tensor dx = lm_head_forward_backward(env, w_.final_norm, head, x, p.targets, scale, grads.final_norm, dhead, &lm);
+  release(ParamResidency::head(nl), false);
   r.tokens = lm.count;
   r.ce_loss = div > 0 ? lm.ce_sum / div : 0.0;
 
@@ -298,6 +320,7 @@ ForwardResult Qwen3MoeModel::forward_backward(const Batch& b, Qwen3MoeWeights& g
   for (int64_t l = nl - 1; l >= 0; --l) {
     const auto& L = w_.layers[l];
     auto& G = grads.layers[l];
+    fetch(l);
     if (cfg_.is_moe_layer(l))
       dx = moe_block_backward(env, L, ffn_in[l], moe_acts[l], dx, dlogits_aux[l], G);
     else
@@ -306,6 +329,7 @@ ForwardResult Qwen3MoeModel::forward_backward(const Batch& b, Qwen3MoeWeights& g
     mlp_acts[l] = {};
     dx = attention_block_backward(env, L, attn_in[l], attn_acts[l], dx, G);
     attn_acts[l] = {};
+    release(l, false);
   }
   cpu::embedding_backward(ids, dx, grads.embed);
   return r;

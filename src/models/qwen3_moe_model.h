@@ -49,6 +49,7 @@ struct ForwardResult {
 };
 
 struct ExpertParallel;  // layers/expert_parallel.h
+class ParamResidency;   // models/param_residency.h
 
 struct ModelOptions {
   // Packed documents (position_ids restarting) attend only within themselves, as HF's
@@ -60,6 +61,9 @@ struct ModelOptions {
   // Expert parallelism (layers/expert_parallel.h): the MoE experts run on the ranks that own them. Every rank
   // of the group must then run the same forward/backward calls. Null: all experts run here.
   const ExpertParallel* expert_parallel = nullptr;
+  // Sharded parameters (ZeRO-3): each group of parameters is fetched before the model reads it and released
+  // after. Null: every parameter is present all the time.
+  ParamResidency* residency = nullptr;
 };
 
 class Qwen3MoeModel {
@@ -79,6 +83,8 @@ class Qwen3MoeModel {
   bool bf16() const { return bf16_; }
 
  private:
+  void fetch(int64_t group) const;
+  void release(int64_t group, bool backward_follows) const;
   Qwen3MoeConfig cfg_;
   Qwen3MoeWeights& w_;
   ModelOptions opts_;

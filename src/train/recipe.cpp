@@ -30,7 +30,7 @@ const std::vector<Section>& recipe_schema() {
       {"schedule", {"name", "warmup_steps", "min_lr_ratio"}},
       {"clip", {"max_grad_norm"}},
       {"checkpoint", {"dir", "every_steps", "keep_last"}},
-      {"parallel", {"timeout_s", "ep", "ep_dispatch", "shard_optimizer"}},
+      {"parallel", {"timeout_s", "ep", "ep_dispatch", "shard_optimizer", "shard_parameters", "reshard_after_forward"}},
   };
   return s;
 }
@@ -271,6 +271,13 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
   rc.parallel.ep_dispatch =
       r.choice("parallel", "ep_dispatch", rc.parallel.ep_dispatch, {"auto", "all_gather", "all_to_all"});
   rc.parallel.shard_optimizer = r.boolean("parallel", "shard_optimizer", rc.parallel.shard_optimizer);
+  rc.parallel.shard_parameters = r.boolean("parallel", "shard_parameters", rc.parallel.shard_parameters);
+  rc.parallel.reshard_after_forward =
+      r.boolean("parallel", "reshard_after_forward", rc.parallel.reshard_after_forward);
+  if (rc.parallel.shard_parameters && !rc.parallel.shard_optimizer)
+    fail("{}: parallel.shard_parameters: needs parallel.shard_optimizer true (the rank that keeps a parameter "
+         "also keeps its optimizer state and updates it)",
+         path);
   return rc;
 }
 

@@ -11,6 +11,7 @@
 #include "layers/expert_parallel.h"
 #include "train/adamw.h"
 #include "train/grad_clip.h"
+#include "train/sharded_params.h"
 #include "train/train_checkpoint.h"
 
 namespace mt {
@@ -27,10 +28,12 @@ class CpuEngine final : public TrainEngine {
   CpuEngine(CausalLM& lm, const Recipe& r, Communicator* comm)
       : lm_(lm), comm_(comm && comm->size() > 1 ? comm : nullptr),
         ep_(expert_parallel_of(lm.config, r, comm_)),
-        model_(lm.config, lm.weights, model_options(ep_)), grads_(Qwen3MoeWeights::zeros_like_config(lm.config, DType::F32)),
         shards_(comm_ && r.parallel.shard_optimizer
                     ? optimizer_shards_for(lm.weights, comm_->size(), comm_->rank(), !ep_.group.empty())
                     : OptimizerShards()),
+        sharded_params_(sharded_params_of(lm, r, shards_, comm_)),
+        model_(lm.config, lm.weights, model_options(ep_, sharded_params_.get())),
+        grads_(Qwen3MoeWeights::zeros_like_config(lm.config, DType::F32)),
         optimizer_(shards_.updated(lm.weights.named_parameters()), adamw_options_from(r),
                    r.optimizer.decay_norms_and_biases ? std::function<bool(const std::string&)>() : adamw_hf_decays) {
     if (r.optimizer.moment_dtype != "float32")
@@ -44,6 +47,9 @@ class CpuEngine final : public TrainEngine {
     updated_grads_ = shards_.updated(grad_const_);
     updated_grad_list_ = shards_.updated(grad_list_);
     for (auto& [name, p] : lm.weights.named_parameters()) param_list_.push_back(p);
+    if (sharded_params_) sharded_params_->shard();  // after the model has checked the whole set
+    // peak_memory_bytes: training's peak, not the load's (with sharded parameters the load held them all).
+    memory_reset_peak(Device::cpu());
   }
 
   std::string device_name() const override { return "cpu"; }
@@ -73,7 +79,8 @@ class CpuEngine final : public TrainEngine {
     if (s.finite) {
       grad_clip_to(updated_grad_list_, s.grad_norm, max_grad_norm);
       optimizer_.step(updated_grads_, lr);
-      if (shards_.active()) broadcast_updates();
+      // Sharded parameters are fetched from their owners at their next use instead.
+      if (shards_.active() && !sharded_params_) broadcast_updates();
     }
     return s;
   }
@@ -196,10 +203,21 @@ class CpuEngine final : public TrainEngine {
     ep.experts_per_rank = cfg.num_experts / n;
     return ep;
   }
-  static ModelOptions model_options(const ExpertParallel& ep) {
+  static ModelOptions model_options(const ExpertParallel& ep, ParamResidency* residency) {
     ModelOptions o;
     if (!ep.group.empty()) o.expert_parallel = &ep;
+    o.residency = residency;
     return o;
+  }
+  // ZeRO-3 (parallel.shard_parameters): the ZeRO-1 owners keep the parameters too. One process: nothing to
+  // shard.
+  static std::unique_ptr<ShardedParams> sharded_params_of(CausalLM& lm, const Recipe& r, const OptimizerShards& shards,
+                                                          Communicator* comm) {
+    if (!r.parallel.shard_parameters || !comm) return nullptr;
+    if (!shards.active())
+      fail("parallel.shard_parameters: needs parallel.shard_optimizer true (a parameter's owner rank keeps it and "
+           "its optimizer state)");
+    return std::make_unique<ShardedParams>(lm.weights, lm.config, shards, *comm, r.parallel.reshard_after_forward);
   }
 
   CausalLM& lm_;
@@ -207,9 +225,10 @@ class CpuEngine final : public TrainEngine {
   ExpertParallel ep_;
   int64_t steps_ = 0;   // steps taken in this process (named in collective errors)
   std::vector<float> flat_;
+  OptimizerShards shards_;  // ZeRO-1 over the ranks (train/optimizer_shards.h), or none
+  std::unique_ptr<ShardedParams> sharded_params_;  // ZeRO-3 (train/sharded_params.h), or none
   Qwen3MoeModel model_;
   Qwen3MoeWeights grads_;
-  OptimizerShards shards_;  // ZeRO-1 over the ranks (train/optimizer_shards.h), or none
   AdamW optimizer_;         // the parameters this rank updates
   std::vector<Tensor*> grad_list_;
   std::vector<const Tensor*> grad_const_;

@@ -253,8 +253,12 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   progress.message(fmt::format("device: {}{}", engine->device_name(),
                                r.train.device == "auto" ? " (train.device auto: " + device_why + ")" : ""));
   if (engine->optimizer_shards().active())
-    progress.message(fmt::format("optimizer state of the replicated parameters sharded over {} ranks (ZeRO-1)",
-                                 engine->optimizer_shards().world()));
+    progress.message(fmt::format(
+        "optimizer state of the replicated parameters sharded over {} ranks (ZeRO-1){}",
+        engine->optimizer_shards().world(),
+        r.parallel.shard_parameters ? fmt::format(", the parameters too (ZeRO-3, reshard after forward: {})",
+                                                  r.parallel.reshard_after_forward ? "yes" : "no")
+                                    : ""));
 
   // Saves: in a job of several ranks every rank writes what it holds into the shared files (train/shared_save.h:
   // no rank gathers the model); alone, the one process writes everything.
@@ -320,12 +324,15 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
       const int64_t columns = trimmed_columns(longest, r.data.seq_len);
       for (size_t j = first; j < last; ++j) window[j] = micro_batch_trimmed(window[j], columns);
     }
-    if (r.parallel.ep > 1 && static_cast<int64_t>(window.size()) < r.train.grad_accum * pg.world) {
-      // Expert parallelism needs every rank to run the same micro-batches count (each MoE layer is a
-      // collective): the last, partial window of the data is not trained.
+    const bool lockstep = r.parallel.ep > 1 || (pg.world > 1 && r.parallel.shard_parameters);
+    if (lockstep && static_cast<int64_t>(window.size()) < r.train.grad_accum * pg.world) {
+      // Expert parallelism and sharded parameters need every rank to run the same micro-batches count (each
+      // MoE layer, each parameter fetch is a collective): the last, partial window of the data is not trained.
       progress.message(fmt::format("the data ends with a partial window of {} micro-batches for {} ranks: not "
-                                   "trained (parallel.ep {} needs the same count on every rank)",
-                                   window.size(), pg.world, r.parallel.ep));
+                                   "trained ({} needs the same count on every rank)",
+                                   window.size(), pg.world,
+                                   r.parallel.ep > 1 ? fmt::format("parallel.ep {}", r.parallel.ep)
+                                                     : std::string("parallel.shard_parameters")));
       break;
     }
     // HF Trainer: num_items_in_batch = valid labels of the whole accumulation window (all ranks).

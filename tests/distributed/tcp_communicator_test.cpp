@@ -15,42 +15,16 @@
 #include "core/error.h"
 #include "distributed/communicator.h"
 #include "distributed/tcp_socket.h"
+#include "thread_ranks.h"
 
 namespace mt {
 namespace {
 
 using std::chrono::milliseconds;
 
-int free_port() {
-  int port = 0;
-  tcp_listen("127.0.0.1", 0, &port, "test: free port");
-  return port;
-}
-
-ProcessGroupEnv env_of(int rank, int world, int port) {
-  ProcessGroupEnv e;
-  e.rank = rank;
-  e.world = world;
-  e.master_addr = "127.0.0.1";
-  e.master_port = port;
-  return e;
-}
-
-// Runs body(rank) on `world` threads; returns each rank's error message ("" = none).
-std::vector<std::string> run_ranks(int world, const std::function<void(int)>& body) {
-  std::vector<std::string> err(world);
-  std::vector<std::thread> t;
-  for (int r = 0; r < world; ++r)
-    t.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        err[r] = e.what();
-      }
-    });
-  for (auto& x : t) x.join();
-  return err;
-}
+using test::env_of;
+using test::free_port;
+using test::run_ranks;
 
 std::vector<float> values(int rank, int64_t n) {
   std::mt19937 g(1000 + rank);

@@ -98,6 +98,9 @@ class CudaEngine final : public TrainEngine {
     if (host_f32_ && r.optimizer.master_weights != "float32")
       fail("model.dtype float32 with optimizer.master_weights none: on CUDA the model computes in bf16 and "
            "float32 means fp32 master weights; set optimizer.master_weights: float32 or model.dtype: bfloat16");
+    if (comm && comm->size() > 1 && r.parallel.shard_parameters)
+      fail("parallel.shard_parameters: the CUDA engine does not shard parameters yet (the CPU engine does); set "
+           "it false (ZeRO-1, parallel.shard_optimizer, still shards the optimizer state)");
     cuda::device_set(device_);
     CudaStepCollectives col;
     if (comm && comm->size() > 1) col = join(*comm, r);

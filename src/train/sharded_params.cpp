@@ -1,0 +1,97 @@
+#include "train/sharded_params.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace mt {
+
+int64_t ShardedParams::group_of(const std::string& param, int64_t num_layers) {
+  static const std::string layers = "model.layers.";
+  if (param == "model.embed_tokens.weight") return kEmbedding;
+  if (param.starts_with(layers)) {
+    const size_t dot = param.find('.', layers.size());
+    MT_CHECK(dot != std::string::npos, "parameter name {}", param);
+    return std::stoll(param.substr(layers.size(), dot - layers.size()));
+  }
+  return head(num_layers);  // model.norm.weight, lm_head.weight
+}
+
+ShardedParams::ShardedParams(Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, const OptimizerShards& shards,
+                             Communicator& comm, bool reshard_after_forward)
+    : shards_(shards), comm_(comm), reshard_after_forward_(reshard_after_forward), num_layers_(cfg.num_hidden_layers) {
+  MT_CHECK(shards.active() && shards.world() == comm.size(), "sharded parameters need the job's ZeRO-1 owners");
+  const auto params = w.named_parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int owner = shards.owner(i);
+    if (owner < 0) continue;  // every rank holds it (the expert-parallel stacks)
+    const auto& [name, t] = params[i];
+    const int64_t g = group_of(name, num_layers_);
+    groups_[g].push_back({name, t, owner});
+    if (g == kEmbedding && cfg.tie_word_embeddings) groups_[head(num_layers_)].push_back({name, t, owner});
+  }
+  for (const auto& [g, members] : groups_) present_[g] = true;
+}
+
+std::string ShardedParams::group_name(int64_t group) const {
+  if (group == kEmbedding) return "the embedding";
+  if (group == head(num_layers_)) return "the head";
+  return fmt::format("layer {}", group);
+}
+
+void ShardedParams::shard() {
+  for (auto& [g, members] : groups_) {
+    for (Member& m : members)
+      if (m.owner != shards_.rank() && m.t->present()) *m.t = Tensor::absent(m.t->shape(), m.t->dtype(), m.t->device());
+    present_[g] = false;
+  }
+}
+
+void ShardedParams::fetch(int64_t group) {
+  const auto it = groups_.find(group);
+  if (it == groups_.end() || present_[group]) return;
+  ++fetches_;
+  std::vector<Member>& members = it->second;
+  for (int owner = 0; owner < shards_.world(); ++owner) {
+    size_t bytes = 0;
+    for (const Member& m : members)
+      if (m.owner == owner) bytes += m.t->nbytes();
+    if (bytes == 0) continue;
+    const bool mine = owner == shards_.rank();
+    packed_.resize(bytes);
+    size_t at = 0;
+    for (Member& m : members) {
+      if (m.owner != owner) continue;
+      if (mine) {
+        std::memcpy(packed_.data() + at, m.t->data(), m.t->nbytes());
+      } else if (!m.t->present()) {  // a tensor both the embedding and the head read may be here already
+        *m.t = Tensor::empty(m.t->shape(), m.t->dtype(), m.t->device());
+      }
+      at += m.t->nbytes();
+    }
+    comm_.broadcast(packed_.data(), bytes, owner,
+                    fmt::format("broadcast(parameters of {} held by rank {}, fetch {})", group_name(group), owner,
+                                fetches_));
+    if (mine) continue;
+    at = 0;
+    for (Member& m : members) {
+      if (m.owner != owner) continue;
+      std::memcpy(m.t->data(), packed_.data() + at, m.t->nbytes());
+      at += m.t->nbytes();
+    }
+  }
+  present_[group] = true;
+}
+
+void ShardedParams::release(int64_t group, bool backward_follows) {
+  const auto it = groups_.find(group);
+  if (it == groups_.end() || !present_[group]) return;
+  if (backward_follows && !reshard_after_forward_) return;
+  for (Member& m : it->second)
+    if (m.owner != shards_.rank()) *m.t = Tensor::absent(m.t->shape(), m.t->dtype(), m.t->device());
+  present_[group] = false;
+}
+
+}  // namespace mt

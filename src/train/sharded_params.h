@@ -1,0 +1,58 @@
+// ZeRO-3 on the CPU engine (recipe parallel.shard_parameters): the parameters ZeRO-1 shards (every rank's
+// copy of them is the same: all of them, or all but the expert-parallel stacks) are kept only by their owner
+// rank (train/optimizer_shards.h, whole tensors), which also updates them. The model fetches a group of them
+// right before reading it (models/param_residency.h): each owner of a tensor of the group broadcasts its
+// tensors of it, packed, and the other ranks hold them until the group is released — after the backward
+// always, after the forward only with parallel.reshard_after_forward false. Between uses a rank holds its
+// own share; the tensors of other ranks are Tensor::absent (shape and dtype only), so the shared save
+// (train/shared_save.h), where each owner writes its tensors, needs nothing gathered.
+// The gradients are not sharded: the accumulation window syncs once, so every rank sums its micro-batches'
+// gradients whole and the owners receive the reduced sums (train_engine.cpp).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "distributed/communicator.h"
+#include "models/param_residency.h"
+#include "models/qwen3_moe_config.h"
+#include "models/qwen3_moe_weights.h"
+#include "train/optimizer_shards.h"
+
+namespace mt {
+
+class ShardedParams final : public ParamResidency {
+ public:
+  // shards: the engine's ZeRO-1 owners over comm's ranks (active). Nothing is dropped until shard().
+  ShardedParams(Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, const OptimizerShards& shards, Communicator& comm,
+                bool reshard_after_forward);
+
+  // Drops the tensors other ranks own: from here on they are present only between fetch and release.
+  void shard();
+  void fetch(int64_t group) override;
+  void release(int64_t group, bool backward_follows) override;
+
+  // The ParamResidency group of a parameter name (tied embeddings: the embedding's, which the head also reads).
+  static int64_t group_of(const std::string& param, int64_t num_layers);
+
+ private:
+  struct Member {
+    std::string name;
+    Tensor* t;
+    int owner;
+  };
+  std::string group_name(int64_t group) const;
+
+  const OptimizerShards& shards_;
+  Communicator& comm_;
+  const bool reshard_after_forward_;
+  const int64_t num_layers_;
+  std::map<int64_t, std::vector<Member>> groups_;  // the sharded tensors each group reads, engine order
+  std::map<int64_t, bool> present_;
+  std::vector<unsigned char> packed_;
+  int64_t fetches_ = 0;  // counted in collective names, so a mismatch between ranks names where
+};
+
+}  // namespace mt
