@@ -34,7 +34,6 @@
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/grouped_gemm_kernels.h"
 #include "kernels/cuda/moe_permute.h"
-#include "kernels/cuda/swiglu.h"
 #include "sustained_run.h"
 
 namespace {
@@ -331,13 +330,6 @@ int main(int argc, char** argv) {
       };
       auto sm90_row = [&](const char* op, double flops, Tensor& out, auto&& run) { sm90_row2(op, flops, out, run, run); };
       sm90_row("fwd_gate_up_sm90", f_gu, gu, [&] { mt::cuda::grouped_gemm_forward(xg, w1, plan.offsets, gu, st); });
-      // The gate_up forward and the SwiGLU after it: as two kernels, and with the SwiGLU in the GEMM's store.
-      sm90_row("fwd_gate_up_then_swiglu_sm90", f_gu, gu, [&] {
-        mt::cuda::grouped_gemm_forward(xg, w1, plan.offsets, gu, st);
-        mt::cuda::swiglu_forward(gu, nullptr, act, st);
-      });
-      sm90_row("fwd_gate_up_swiglu_sm90", f_gu, gu,
-               [&] { mt::cuda::grouped_gemm_forward_swiglu(xg, w1, plan.offsets, gu, act, st); });
       sm90_row("fwd_down_sm90", f_dn, y, [&] { mt::cuda::grouped_gemm_forward(act, w2, plan.offsets, y, st); });
       sm90_row("dgrad_down_sm90", f_dn, dact, [&] { mt::cuda::grouped_gemm_dgrad(dy, w2, plan.offsets, dact, st); });
       sm90_row("dgrad_gate_up_sm90", f_gu, dxg,

@@ -3,15 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 
 #include "core/error.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/device_tensor_check.h"
 #include "kernels/cuda/grouped_gemm_kernels.h"
-#include "kernels/cuda/swiglu.h"
 #include "kernels/cuda/tensor_checks.h"
 
 namespace mt::cuda {
@@ -72,32 +69,6 @@ void grouped_gemm_forward(const Tensor& x, const Tensor& w, const Tensor& offset
   else
     detail::grouped_gemm_fwd_launch(x.data(), w.data(), y.data(), offsets.data_as<int32_t>(), static_cast<int>(E), N,
                                     static_cast<int>(Nout), static_cast<int>(K), ctx.sm_count, stream);
-}
-
-void grouped_gemm_forward_swiglu(const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& gate_up, Tensor& h,
-                                 cudaStream_t stream) {
-  static const bool fused_allowed = [] {
-    const char* v = std::getenv("MIXTUNE_FUSED_SWIGLU");
-    return !(v && std::string(v) == "0");
-  }();
-  MT_CHECK(x.defined() && w.defined() && x.ndim() == 2 && w.ndim() == 3 && w.dim(1) % 2 == 0,
-           "grouped gemm forward + SwiGLU: x [N, K], w [E, 2I, K]");
-  const int64_t N = x.dim(0), K = x.dim(1), E = w.dim(0), I = w.dim(1) / 2;
-  check_device_tensor(h, "grouped gemm SwiGLU output h", DType::BF16, {N, I});
-  DeviceContext& ctx = device_context(x.device().index);
-  if (fused_allowed && use_wgmma("grouped gemm forward + SwiGLU", ctx, N) &&
-      detail::grouped_gemm_fwd_swiglu_sm90_fits(static_cast<int>(I), static_cast<int>(E))) {
-    check_device_tensor(x, "grouped gemm x", DType::BF16, {N, K});
-    check_device_tensor(w, "grouped gemm w", DType::BF16, {E, 2 * I, K});
-    check_device_tensor(gate_up, "grouped gemm y", DType::BF16, {N, 2 * I});
-    check_common("grouped gemm forward + SwiGLU", offsets, E, 2 * I, K, {&x, &w, &gate_up, &h});
-    detail::grouped_gemm_fwd_swiglu_sm90_launch(x.data(), w.data(), gate_up.data(), h.data(),
-                                                offsets.data_as<int32_t>(), static_cast<int>(E), N,
-                                                static_cast<int>(I), static_cast<int>(K), ctx.sm_count, stream);
-    return;
-  }
-  grouped_gemm_forward(x, w, offsets, gate_up, stream);
-  swiglu_forward(gate_up, nullptr, h, stream);
 }
 
 void grouped_gemm_dgrad(const Tensor& dy, const Tensor& w, const Tensor& offsets, Tensor& dx, cudaStream_t stream) {

@@ -19,13 +19,6 @@
 namespace mt::cuda {
 
 void grouped_gemm_forward(const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& y, cudaStream_t stream);
-// The experts' gate_up forward with SwiGLU: gate_up [N, 2I] = x · w_eᵀ (w [E, 2I, K] = [gate; up]) and
-// h [N, I] = bf16(bf16(silu(gate)) · up), as grouped_gemm_forward then swiglu_forward (kernels/cuda/swiglu.h)
-// compute them, bit for bit. The Hopper kernel applies the SwiGLU in its store (I % 128 == 0); elsewhere it
-// runs the two steps. MIXTUNE_FUSED_SWIGLU=0 runs the two steps everywhere (read once). h's rows past
-// offsets[E] are left as they were by the fused kernel (the two steps fill them from gate_up's; nothing reads them).
-void grouped_gemm_forward_swiglu(const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& gate_up, Tensor& h,
-                                 cudaStream_t stream);
 void grouped_gemm_dgrad(const Tensor& dy, const Tensor& w, const Tensor& offsets, Tensor& dx, cudaStream_t stream);
 // accumulate: dw += (else dw =; an expert without rows then gets zeros).
 void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets, Tensor& dw, bool accumulate,

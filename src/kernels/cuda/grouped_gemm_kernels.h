@@ -25,12 +25,6 @@ void grouped_gemm_wgrad_launch(const void* dy, const void* x, void* dw, bool dw_
 // grouped_gemm_sm90_compiled().
 void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const int32_t* offsets, int E, int64_t rows,
                                   int N, int K, int sm_count, cudaStream_t stream);
-// The forward of the experts' gate_up product with SwiGLU applied in the store: gu [rows][2I] = x · W_eᵀ
-// (W [E][2I][K] = [gate; up]) and h [rows][I] = bf16(bf16(silu(gate)) · up), bit-equal to the forward
-// followed by swiglu_forward. Only where grouped_gemm_fwd_swiglu_sm90_fits(I, E) (I % 128 == 0, the 256-wide tile).
-bool grouped_gemm_fwd_swiglu_sm90_fits(int I, int E);
-void grouped_gemm_fwd_swiglu_sm90_launch(const void* x, const void* w, void* gu, void* h, const int32_t* offsets,
-                                         int E, int64_t rows, int I, int K, int sm_count, cudaStream_t stream);
 void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, const int32_t* offsets, int E,
                                     int64_t rows, int J, int K, int sm_count, cudaStream_t stream);
 // dw [E][M][N] (+)= dy_eᵀ · x_e as grouped_gemm_wgrad_launch; `rows` / `rows2` are the row counts of

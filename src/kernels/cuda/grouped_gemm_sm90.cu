@@ -6,7 +6,6 @@
 #include "kernels/cuda/grouped_gemm_kernels.h"
 #include "kernels/cuda/grouped_schedule.cuh"
 #include "kernels/cuda/sm90_common.cuh"
-#include "kernels/cuda/swiglu_math.cuh"
 #include "kernels/cuda/tensor_checks.h"
 
 // Hopper (sm_90a) M-grouped forward and dgrad of the grouped expert GEMM: y rows of expert e = x rows of e · W_eᵀ
@@ -34,11 +33,6 @@
 // Rows: x is one 2-D map over the grouped rows; a tile's last rows may belong to the next expert (or be
 // zero-filled past the tensor): they are computed and never stored. W is a 3-D map [E][Nout][K], so
 // n-tiles past Nout read zeros, never the next expert.
-// SwiGLU (forward of the experts' gate_up product, W_e = [gate; up], Nout = 2I, I % 128 == 0): n-tile j pairs
-// gate rows [128j, 128j + 128) with the up rows I + the same (two 128-row TMA boxes stacked into the stage's B
-// tile), so a tile's 256 columns hold the gate and up of 128 SwiGLU columns. The storer warp writes both into
-// y (= gate_up [rows][2I], the layout the backward reads) and h = bf16(bf16(silu(gate)) · up) [rows][I]: the
-// separate SwiGLU pass over gate_up (a read of y, a write of h) is gone.
 
 namespace mt::cuda {
 
@@ -49,15 +43,14 @@ using namespace sm90;
 struct Sm90Args {
   const int32_t* offsets;
   bf16* y;
-  int E, N, K;     // N = Nout (columns of y, rows of W_e)
-  bf16* h = nullptr;  // SwiGLU: [rows][N / 2]
+  int E, N, K;  // N = Nout (columns of y, rows of W_e)
 };
 
 
 // B_MN = false: forward, the W_e tile is [BN rows of Nout][64 k] (K-major, one TMA box).
 // B_MN = true: dgrad (dx = dy · W_e: the reduction runs over W's rows), the tile is [64 rows of the
 // reduction][BN columns] loaded as BN / 64 boxes of [64][64] (N-major B, wgmma's transposed-B form).
-template <int BN, bool B_MN, bool SWIGLU = false>
+template <int BN, bool B_MN>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                             Sm90Args p) {
@@ -112,9 +105,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j)
               tma_load_3d(sB + stage * Cfg::B_BYTES + j * (BK * 128), &map_w, fb, tp.n0 + 64 * j, kb * BK, tp.e);
-          } else if constexpr (SWIGLU) {  // 128 gate rows, then the matching 128 up rows
-            tma_load_3d(sB + stage * Cfg::B_BYTES, &map_w, fb, kb * BK, tp.n0 / 2, tp.e);
-            tma_load_3d(sB + stage * Cfg::B_BYTES + 128 * 128, &map_w, fb, kb * BK, p.N / 2 + tp.n0 / 2, tp.e);
           } else {
             tma_load_3d(sB + stage * Cfg::B_BYTES, &map_w, fb, kb * BK, tp.n0, tp.e);
           }
@@ -134,36 +124,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (my_row0 >= tp.row_end) continue;
         mbar_wait(staged_bar + 8 * c, n & 1);
         const int rows = min(64, tp.row_end - my_row0);
-        auto staged_unit = [&](int row, int u) {
-          return lds_u32x4(buf + (u >> 3) * 8192 + row * 128 + (((u & 7) ^ (row & 7)) << 4));
-        };
-        if constexpr (SWIGLU) {
-          // Units 0..15 are gate columns j0 + 8u, units 16..31 the up columns of the same j.
-          const int I = p.N / 2, j0 = tp.n0 / 2;
-#pragma unroll 1
-          for (int idx = lane; idx < rows * 16; idx += 32) {
-            const int row = idx >> 4, u = idx & 15;
-            const uint4 g = staged_unit(row, u), up = staged_unit(row, u + 16);
-            const int64_t r = my_row0 + row;
-            *reinterpret_cast<uint4*>(p.y + r * p.N + j0 + 8 * u) = g;
-            *reinterpret_cast<uint4*>(p.y + r * p.N + I + j0 + 8 * u) = up;
-            const uint32_t gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {up.x, up.y, up.z, up.w};
-            uint32_t hw[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const float2 gf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&gw[i]));
-              const float2 uf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&uw[i]));
-              hw[i] = pack_bf16(swiglu_a_bf16(gf.x, uf.x), swiglu_a_bf16(gf.y, uf.y));
-            }
-            *reinterpret_cast<uint4*>(p.h + r * I + j0 + 8 * u) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
-          }
-        } else {
 #pragma unroll 4
-          for (int idx = lane; idx < rows * UNITS; idx += 32) {
-            const int row = idx / UNITS, u = idx % UNITS, col = tp.n0 + 8 * u;  // Nout % 8 == 0: whole units
-            const uint4 v = staged_unit(row, u);
-            if (col < p.N) *reinterpret_cast<uint4*>(p.y + static_cast<int64_t>(my_row0 + row) * p.N + col) = v;
-          }
+        for (int idx = lane; idx < rows * UNITS; idx += 32) {
+          const int row = idx / UNITS, u = idx % UNITS, col = tp.n0 + 8 * u;  // Nout % 8 == 0: whole units
+          const uint4 v = lds_u32x4(buf + (u >> 3) * 8192 + row * 128 + (((u & 7) ^ (row & 7)) << 4));
+          if (col < p.N) *reinterpret_cast<uint4*>(p.y + static_cast<int64_t>(my_row0 + row) * p.N + col) = v;
         }
         mbar_arrive(free_bar + 8 * c);
         ++n;
@@ -248,13 +213,13 @@ int tile_bn(int N, int E) {
   return 128;
 }
 
-template <int BN, bool B_MN, bool SWIGLU = false>
+template <int BN, bool B_MN>
 void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const Sm90Args& a, int64_t rows, int sm_count,
                cudaStream_t stream) {
   const int64_t max_tiles = (rows / BM + a.E) * ((a.N + BN - 1) / BN);
   if (max_tiles <= 0) return;
   const size_t smem = smem_bytes<BN>(a.E);
-  auto kern = grouped_sm90_kernel<BN, B_MN, SWIGLU>;
+  auto kern = grouped_sm90_kernel<BN, B_MN>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int grid = static_cast<int>(std::min<int64_t>(max_tiles, std::max(sm_count, 1)));
   kern<<<grid, THREADS, smem, stream>>>(mx, mw, a);
@@ -296,26 +261,6 @@ void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const i
     const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, 128);
     launch_bn<128, false>(mx, mw, a, rows, sm_count, stream);
   }
-}
-
-bool grouped_gemm_fwd_swiglu_sm90_fits(int I, int E) { return I % 128 == 0 && tile_bn(2 * I, E) == 256; }
-
-void grouped_gemm_fwd_swiglu_sm90_launch(const void* x, const void* w, void* gu, void* h, const int32_t* offsets,
-                                         int E, int64_t rows, int I, int K, int sm_count, cudaStream_t stream) {
-  if (rows <= 0) return;
-  check_launch("grouped gemm forward + SwiGLU (wgmma)", x, w, gu, E, rows, 2 * I, K);
-  MT_CUDA_REQUIRE(aligned16(h) && grouped_gemm_fwd_swiglu_sm90_fits(I, E),
-                  "grouped gemm forward + SwiGLU (wgmma): needs I % 128 == 0, the 256-wide tile and an aligned h");
-  const int N = 2 * I;
-  const cuuint64_t xdims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t xstrides[1] = {static_cast<cuuint64_t>(K) * 2};
-  const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(E)};
-  const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(N) * K * 2};
-  Sm90Args a{offsets, static_cast<bf16*>(gu), E, N, K};
-  a.h = static_cast<bf16*>(h);
-  const CUtensorMap mx = make_map("x", x, 2, xdims, xstrides, BM);
-  const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, 128);  // half a tile: the gate or the up rows
-  launch_bn<256, false, true>(mx, mw, a, rows, sm_count, stream);
 }
 
 void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, const int32_t* offsets, int E,

@@ -64,8 +64,9 @@ Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeight
 
   env.phase(cuda::Phase::experts);
   acts.gu = env.bf16({N, 2 * I});
+  cuda::grouped_gemm_forward(acts.xg, w.experts_gate_up, acts.expert_offsets, acts.gu, env.stream);
   acts.h = env.bf16({N, I});
-  cuda::grouped_gemm_forward_swiglu(acts.xg, w.experts_gate_up, acts.expert_offsets, acts.gu, acts.h, env.stream);
+  cuda::swiglu_forward(acts.gu, nullptr, acts.h, env.stream);
   acts.yd = env.bf16({N, H});
   cuda::grouped_gemm_forward(acts.h, w.experts_down, acts.expert_offsets, acts.yd, env.stream);
   if (ep_gathers(env)) {

@@ -30,7 +30,6 @@
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/grouped_gemm_kernels.h"
 #include "kernels/cuda/moe_permute.h"
-#include "kernels/cuda/swiglu.h"
 
 namespace mt {
 namespace {
@@ -232,52 +231,6 @@ TEST(CudaGroupedGemm, Sm90ForwardMatchesDoubleReference) {
   MT_SKIP_WITHOUT_SM90();
   ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
   for (const GemmCase& c : kSm90Cases) expect_sm90_forward_matches(c);
-}
-
-// The gate_up forward with the SwiGLU applied in the wgmma kernel's store (grouped_gemm_forward_swiglu) against
-// the forward followed by swiglu_forward: gate_up and h bit for bit, rows past offsets[E] untouched in both.
-// Cases: the Qwen3-30B-A3B gate_up (I 768, K 2048) with uneven and empty experts, tail slabs of every width
-// around 1/16/32/48/63 rows (I 256), one 128-wide pair (I 128, K 64), and I 200 (no 128-column pairs: the
-// two-step path).
-TEST(CudaGroupedGemm, Sm90ForwardSwigluIsTheForwardThenSwiglu) {
-  MT_SKIP_WITHOUT_SM90();
-  ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
-  struct SwigluCase {
-    std::vector<int> counts;
-    int extra_rows, I, K;
-  };
-  const SwigluCase cases[] = {
-      {{1, 7, 129, 0, 1000, 255, 0, 64}, 3, 768, 2048},
-      {{1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 79, 80, 96, 97, 112, 113, 127, 300}, 2, 256, 512},
-      {{128, 128}, 0, 128, 64},
-      {{0, 0, 0}, 5, 128, 64},
-      {{70, 3}, 1, 200, 64},
-  };
-  for (const SwigluCase& c : cases) {
-    const int E = static_cast<int>(c.counts.size());
-    const std::vector<int32_t> off = offsets_of(c.counts);
-    const int rows = off[E], N = rows + c.extra_rows;
-    SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " I " << c.I << " K " << c.K);
-    const Tensor x = test::device_from_host(test::host_random({N, c.K}, 41, 1.0f, true), DType::BF16);
-    const Tensor w = test::device_from_host(test::host_random({E, 2 * c.I, c.K}, 42, 0.05f, true), DType::BF16);
-    const Tensor offsets = device_i32(off);
-    auto sentinel = [&](int width) {
-      return test::device_from_host(Tensor::from_floats({N, width}, std::vector<float>(size_t(N) * width, 7.0f)),
-                                    DType::BF16);
-    };
-    Tensor gu1 = sentinel(2 * c.I), h1 = sentinel(c.I), gu2 = sentinel(2 * c.I), h2 = sentinel(c.I);
-    cuda::grouped_gemm_forward(x, w, offsets, gu1, stream0());
-    cuda::swiglu_forward(gu1, nullptr, h1, stream0());
-    cuda::grouped_gemm_forward_swiglu(x, w, offsets, gu2, h2, stream0());
-    const std::vector<float> a = test::device_floats(gu1), b = test::device_floats(gu2);
-    const std::vector<float> ha = test::device_floats(h1), hb = test::device_floats(h2);
-    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "gate_up element " << i;
-    // swiglu_forward also runs over the rows past offsets[E] (their gate_up is whatever was there); the fused
-    // store never writes them.
-    for (size_t i = 0; i < static_cast<size_t>(rows) * c.I; ++i) ASSERT_EQ(ha[i], hb[i]) << "h element " << i;
-    for (size_t i = static_cast<size_t>(rows) * c.I; i < hb.size(); ++i)
-      ASSERT_EQ(hb[i], c.I % 128 == 0 ? 7.0f : ha[i]) << "h element " << i << " past offsets[E]";
-  }
 }
 
 // Layout probe of the wgmma kernel (a failure says which element it read): one expert, 128 rows,
