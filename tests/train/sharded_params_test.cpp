@@ -67,7 +67,9 @@ void run_protocol(int world, bool tied, bool reshard, bool experts_split) {
         const bool held = shards.owner(i) < 0 || shards.owner(i) == r || in_fetched;
         ASSERT_EQ(t.present(), held) << "rank " << r << " " << name;
         ASSERT_EQ(t.shape(), want[i].second->shape()) << name;
-        if (held) ASSERT_TRUE(same_bytes(t, *want[i].second)) << "rank " << r << " " << name;
+        if (held) {
+          ASSERT_TRUE(same_bytes(t, *want[i].second)) << "rank " << r << " " << name;
+        }
       }
     };
     expect_held(-2);
