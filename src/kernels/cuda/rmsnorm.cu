@@ -5,6 +5,8 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/rope_math.cuh"
+#include "kernels/cuda/rope.h"
 #include "kernels/cuda/tensor_checks.h"
 
 namespace mt::cuda {
@@ -120,10 +122,20 @@ __device__ inline float group_sum(float v) {
   return v;
 }
 
-template <int VPL, int LANES>
+// Rope (rmsnorm_rope_forward, attention's QK-norm): a row is one head of one token (row = t·heads + head) held
+// by LANES lanes of 8 columns each (VPL 1), and the normalized bf16 row is then rotated as rope_forward does:
+// lane l's partner columns (j ± D/2) sit in lane l ^ LANES/2 of the same group.
+struct RowRope {
+  const float* cos = nullptr;  // F32 [T, D/2]
+  const float* sin = nullptr;
+  int64_t heads = 1;
+};
+
+template <int VPL, int LANES, bool ROPE = false>
 __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x, const bf16* res,
                                                                    const bf16* __restrict__ w, bf16* sum, bf16* out,
-                                                                   float* rstd_out, int64_t rows, float eps) {
+                                                                   float* rstd_out, int64_t rows, float eps,
+                                                                   RowRope rope = {}) {
   constexpr int kN = VPL * LANES * 8;
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
   const int lane = threadIdx.x % LANES;
@@ -151,6 +163,35 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x
   }
   ss = group_sum<LANES>(ss);
   const float rstd = rsqrtf(ss / static_cast<float>(kN) + eps);
+  if constexpr (ROPE) {
+    static_assert(VPL == 1 && LANES >= 2, "one 8-column packet per lane, the rotation partner in another lane");
+    float f[8], wf[8], p[8], o[8], c[8], sn[8];
+    bf16x8_to_float(h[0], f);
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(w + lane * 8), wf);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = Elt<bf16>::round(wf[e] * Elt<bf16>::round(f[e] * rstd));  // the norm's output
+#pragma unroll
+    for (int e = 0; e < 8; ++e) p[e] = __shfl_xor_sync(0xffffffffu, f[e], LANES / 2);
+    if (!valid) return;
+    if (rstd_out && lane == 0) rstd_out[row] = rstd;
+    constexpr int kHalf = kN / 2;
+    const bool first = lane < LANES / 2;
+    const int64_t at = row / rope.heads * kHalf + (first ? lane : lane - LANES / 2) * 8;
+    *reinterpret_cast<float4*>(c) = *reinterpret_cast<const float4*>(rope.cos + at);
+    *reinterpret_cast<float4*>(c + 4) = *reinterpret_cast<const float4*>(rope.cos + at + 4);
+    *reinterpret_cast<float4*>(sn) = *reinterpret_cast<const float4*>(rope.sin + at);
+    *reinterpret_cast<float4*>(sn + 4) = *reinterpret_cast<const float4*>(rope.sin + at + 4);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      float o1, o2;
+      if (first)
+        rope_pair_forward_bf16(f[e], p[e], c[e], sn[e], o1, o2), o[e] = o1;
+      else
+        rope_pair_forward_bf16(p[e], f[e], c[e], sn[e], o1, o2), o[e] = o2;
+    }
+    *reinterpret_cast<uint4*>(out + base + lane * 8) = float_to_bf16x8(o);
+    return;
+  }
   if (!valid) return;
   if (rstd_out && lane == 0) rstd_out[row] = rstd;
 #pragma unroll
@@ -168,11 +209,13 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x
 // The whole backward in one pass over the rows. Worker g (a group of LANES lanes) takes rows g, g + W, …
 // (W workers in all, fixed by the shape), computes each row's stats, writes dx and adds dy ⊙ x·rstd
 // into its own column sums; the block's sums become partial[block] (summed in order by rmsnorm_dw_sum_kernel).
-template <int VPL, int LANES>
+// ROPE (rmsnorm_rope_backward): dy is the gradient of the rotated row; it is first taken back through the
+// rotation (rope_backward, rounded to bf16 as that kernel stores it) in registers.
+template <int VPL, int LANES, bool ROPE = false>
 __global__ void __launch_bounds__(256) rmsnorm_backward_rows_kernel(const bf16* dy, const bf16* __restrict__ x,
                                                                     const bf16* __restrict__ w, const bf16* dres,
                                                                     bf16* dx, float* __restrict__ partial,
-                                                                    int64_t rows, float eps) {
+                                                                    int64_t rows, float eps, RowRope rope = {}) {
   constexpr int kN = VPL * LANES * 8;
   const int64_t g = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
   const int64_t workers = static_cast<int64_t>(gridDim.x) * blockDim.x / LANES;
@@ -196,6 +239,29 @@ __global__ void __launch_bounds__(256) rmsnorm_backward_rows_kernel(const bf16* 
       const int64_t off = base + static_cast<int64_t>(j * LANES + lane) * 8;
       dyv[j] = valid ? *reinterpret_cast<const uint4*>(dy + off) : make_uint4(0, 0, 0, 0);
       xv[j] = valid ? *reinterpret_cast<const uint4*>(x + off) : make_uint4(0, 0, 0, 0);
+    }
+    if constexpr (ROPE) {
+      static_assert(VPL == 1 && LANES >= 2, "one 8-column packet per lane, the rotation partner in another lane");
+      float g[8], p[8], o[8], c[8], sn[8];
+      bf16x8_to_float(dyv[0], g);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) p[e] = __shfl_xor_sync(0xffffffffu, g[e], LANES / 2);
+      constexpr int kHalf = kN / 2;
+      const bool first = lane < LANES / 2;
+      const int64_t at = (valid ? row : 0) / rope.heads * kHalf + (first ? lane : lane - LANES / 2) * 8;
+      *reinterpret_cast<float4*>(c) = *reinterpret_cast<const float4*>(rope.cos + at);
+      *reinterpret_cast<float4*>(c + 4) = *reinterpret_cast<const float4*>(rope.cos + at + 4);
+      *reinterpret_cast<float4*>(sn) = *reinterpret_cast<const float4*>(rope.sin + at);
+      *reinterpret_cast<float4*>(sn + 4) = *reinterpret_cast<const float4*>(rope.sin + at + 4);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        float o1, o2;
+        if (first)
+          rope_pair_backward(g[e], p[e], c[e], sn[e], o1, o2), o[e] = o1;
+        else
+          rope_pair_backward(p[e], g[e], c[e], sn[e], o1, o2), o[e] = o2;
+      }
+      dyv[0] = float_to_bf16x8(o);  // rope_backward's bf16 output
     }
 #pragma unroll
     for (int j = 0; j < VPL; ++j) {
@@ -451,6 +517,81 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& out, T
 void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps, Tensor& sum,
                               Tensor& out, Tensor* rstd, cudaStream_t stream) {
   forward_any(x, &residual, w, eps, &sum, out, rstd, stream, "rmsnorm_residual_forward");
+}
+
+namespace {
+
+// The fused QK-norm + RoPE rows apply: bf16, one 8-column packet per lane (head_dim 16..256, a power of two),
+// cos/sin [T, D/2] over x's rows (T · heads rows), everything 16-byte aligned.
+bool rope_rows_apply(const Tensor& x, const Tensor& cos, const Tensor& sin, const Rows& r,
+                     std::initializer_list<const Tensor*> more) {
+  const RowLayout l = row_layout(r.n);
+  if (x.dtype() != DType::BF16 || l.vpl != 1 || l.lanes < 2 || r.n % 16 != 0) return false;
+  if (cos.ndim() != 2 || cos.dim(1) * 2 != r.n || cos.dim(0) == 0 || r.rows % cos.dim(0) != 0) return false;
+  if (sin.numel() != cos.numel() || cos.dtype() != DType::F32 || sin.dtype() != DType::F32) return false;
+  bool aligned = aligned16(x.data()) && aligned16(cos.data()) && aligned16(sin.data());
+  for (const Tensor* t : more) aligned = aligned && aligned16(t->data());
+  return aligned;
+}
+
+}  // namespace
+
+void rmsnorm_rope_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& cos, const Tensor& sin,
+                          Tensor& out, cudaStream_t stream) {
+  const char* op = "rmsnorm_rope_forward";
+  const Rows r = check_norm_io(x, w, op);
+  check_tensor(out, op, r.device, x.dtype(), x.numel());
+  if (r.rows == 0 || r.n == 0) return;
+  if (!rope_rows_apply(x, cos, sin, r, {&w, &out})) {
+    rmsnorm_forward(x, w, eps, out, nullptr, stream);
+    rope_forward(out, cos, sin, out, stream);
+    return;
+  }
+  check_tensor(cos, op, r.device, DType::F32, cos.numel());
+  check_tensor(sin, op, r.device, DType::F32, cos.numel());
+  const RowRope rope{cos.data_as<float>(), sin.data_as<float>(), r.rows / cos.dim(0)};
+  with_row_layout<16>(row_layout(r.n), [&]<int VPL, int LANES>() {
+    if constexpr (VPL == 1 && LANES >= 2) {
+      rmsnorm_forward_rows_kernel<VPL, LANES, true><<<blocks_for(r.rows * LANES, 256), 256, 0, stream>>>(
+          x.data_as<bf16>(), nullptr, w.data_as<bf16>(), nullptr, out.data_as<bf16>(), nullptr, r.rows, eps, rope);
+      MT_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+void rmsnorm_rope_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float eps, const Tensor& cos,
+                           const Tensor& sin, Tensor& dx, Tensor& dw, cudaStream_t stream) {
+  const char* op = "rmsnorm_rope_backward";
+  const Rows r = check_norm_io(x, w, op);
+  check_tensor(dy, op, r.device, x.dtype(), x.numel());
+  check_tensor(dx, op, r.device, x.dtype(), x.numel());
+  check_tensor(dw, op, r.device, DType::F32, r.n);
+  if (r.rows == 0 || r.n == 0) return;
+  if (!rope_rows_apply(x, cos, sin, r, {&w, &dy, &dx})) {
+    Tensor unrotated = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+    rope_backward(dy, cos, sin, unrotated, stream);
+    rmsnorm_backward(unrotated, x, w, eps, dx, dw, nullptr, stream);
+    return;
+  }
+  check_tensor(cos, op, r.device, DType::F32, cos.numel());
+  check_tensor(sin, op, r.device, DType::F32, cos.numel());
+  const RowRope rope{cos.data_as<float>(), sin.data_as<float>(), r.rows / cos.dim(0)};
+  with_row_layout<8>(row_layout(r.n), [&]<int VPL, int LANES>() {
+    if constexpr (VPL == 1 && LANES >= 2) {
+      // The geometry of launch_backward's (so dw sums in the same order as rmsnorm_backward's).
+      const int64_t per_block = 256 / LANES;
+      const int64_t workers = std::min<int64_t>(r.rows, std::max<int64_t>(1024 * 32 / LANES, r.rows / 8));
+      const int64_t blocks = (workers + per_block - 1) / per_block;
+      Tensor partial = Tensor::empty({blocks, r.n}, DType::F32, Device::cuda(r.device));
+      rmsnorm_backward_rows_kernel<VPL, LANES, true><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+          dy.data_as<bf16>(), x.data_as<bf16>(), w.data_as<bf16>(), nullptr, dx.data_as<bf16>(),
+          partial.data_as<float>(), r.rows, eps, rope);
+      MT_CUDA_CHECK_LAUNCH();
+      rmsnorm_dw_sum_kernel<<<blocks_for(r.n, 32), dim3(32, 32), 0, stream>>>(partial.data_as<float>(),
+                                                                            dw.data_as<float>(), blocks, r.n);
+      MT_CUDA_CHECK_LAUNCH();
+    }
+  });
 }
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float eps, Tensor& dx, Tensor& dw,

@@ -24,4 +24,15 @@ void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Ten
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float eps, Tensor& dx, Tensor& dw,
                       const Tensor* dresidual, cudaStream_t stream);
 
+// Attention's QK-norm then RoPE in one pass: x [T·heads, D] (rows token-major), cos/sin F32 [T, D/2] (rope.h):
+// out = rope(rmsnorm(x)), bit-equal to rmsnorm_forward then rope_forward (same bf16 roundings). Fused for bf16,
+// D a power of two in [16, 256] and 16-byte aligned data; otherwise it runs those two. out may alias x.
+void rmsnorm_rope_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& cos, const Tensor& sin,
+                          Tensor& out, cudaStream_t stream);
+// dy: the gradient of rmsnorm_rope_forward's output. dx = rmsnorm_backward's dx of rope_backward(dy), dw += its
+// dw, bit-equal to those two kernels (the rotated gradient rounded to bf16 as rope_backward stores it). dx may
+// alias dy.
+void rmsnorm_rope_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float eps, const Tensor& cos,
+                           const Tensor& sin, Tensor& dx, Tensor& dw, cudaStream_t stream);
+
 }  // namespace mt::cuda

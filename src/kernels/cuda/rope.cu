@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/rope_math.cuh"
 #include "kernels/cuda/tensor_checks.h"
 
 namespace mt::cuda {
@@ -58,8 +59,10 @@ __global__ void rope_backward_kernel(const T* dy, const float* __restrict__ cosv
   const int64_t base = row * 2 * half;
   const float c = cosv[t * half + j], s = sinv[t * half + j];
   const float ga = Elt<T>::load(dy, base + j), gb = Elt<T>::load(dy, base + j + half);
-  Elt<T>::store(dx, base + j, ga * c + gb * s);
-  Elt<T>::store(dx, base + j + half, gb * c - ga * s);
+  float o1, o2;
+  rope_pair_backward(ga, gb, c, s, o1, o2);
+  Elt<T>::store(dx, base + j, o1);
+  Elt<T>::store(dx, base + j + half, o2);
 }
 
 // bf16 with half % 8 == 0 and 16-byte aligned arrays: 8 rotation pairs per thread, 16-byte accesses (the
@@ -81,13 +84,10 @@ __global__ void rope_bf16x8_kernel(const bf16* x, const float* __restrict__ cosv
   *reinterpret_cast<float4*>(s) = sp[0], *reinterpret_cast<float4*>(s + 4) = sp[1];
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
-    if constexpr (kForward) {  // as rope_forward_kernel: each product and the sum rounded to bf16
-      o1[e] = Elt<bf16>::round(Elt<bf16>::round(a[e] * c[e]) + Elt<bf16>::round(-b[e] * s[e]));
-      o2[e] = Elt<bf16>::round(Elt<bf16>::round(b[e] * c[e]) + Elt<bf16>::round(a[e] * s[e]));
-    } else {  // as rope_backward_kernel
-      o1[e] = a[e] * c[e] + b[e] * s[e];
-      o2[e] = b[e] * c[e] - a[e] * s[e];
-    }
+    if constexpr (kForward)  // as rope_forward_kernel: each product and the sum rounded to bf16
+      rope_pair_forward_bf16(a[e], b[e], c[e], s[e], o1[e], o2[e]);
+    else  // as rope_backward_kernel
+      rope_pair_backward(a[e], b[e], c[e], s[e], o1[e], o2[e]);
   }
   *reinterpret_cast<uint4*>(out + base + j) = float_to_bf16x8(o1);
   *reinterpret_cast<uint4*>(out + base + j + half) = float_to_bf16x8(o2);

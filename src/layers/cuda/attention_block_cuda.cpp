@@ -5,7 +5,6 @@
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/rmsnorm.h"
-#include "kernels/cuda/rope.h"
 
 namespace mt {
 
@@ -16,12 +15,12 @@ cuda::FlashAttentionShape flash_shape(const CudaBlockEnv& env) {
   return {env.tokens(), c.num_attention_heads, c.num_key_value_heads, c.head_dim};
 }
 
-// x [T, heads·D] -> rope(rms_norm over each head's D values)
+// x [T, heads·D] -> rope(rms_norm over each head's D values), one pass
 Tensor norm_rope(const CudaBlockEnv& env, const Tensor& x, const Tensor& norm_w, int64_t heads) {
   const int64_t T = env.tokens(), D = env.cfg->head_dim;
   Tensor n = env.bf16({T * heads, D});
-  cuda::rmsnorm_forward(x.view({T * heads, D}), norm_w, env.eps(), n, nullptr, env.stream);
-  cuda::rope_forward(n, env.batch->rope_cos, env.batch->rope_sin, n, env.stream);  // in place
+  cuda::rmsnorm_rope_forward(x.view({T * heads, D}), norm_w, env.eps(), env.batch->rope_cos, env.batch->rope_sin, n,
+                             env.stream);
   return n.view({T, heads * D});
 }
 
@@ -83,12 +82,12 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLaye
                                  dqr, dkr, dv, env.stream);
   d_o = Tensor();
 
-  // Through RoPE (in place: the rotation's transpose) and the QK-norm, back to the projections.
+  // Through RoPE (the rotation's transpose) and the QK-norm, back to the projections, one pass.
   auto unrope_unnorm = [&](Tensor& dr, const Tensor& pre_norm, const Tensor& norm_w, Tensor& dnorm_w, int64_t heads) {
-    cuda::rope_backward(dr.view({T, heads, D}), env.batch->rope_cos, env.batch->rope_sin, dr, env.stream);
     Tensor dpre = env.bf16({T, heads * D});
-    cuda::rmsnorm_backward(dr.view({T * heads, D}), pre_norm.view({T * heads, D}), norm_w, env.eps(), dpre, dnorm_w,
-                           nullptr, env.stream);
+    Tensor dpre_rows = dpre.view({T * heads, D});
+    cuda::rmsnorm_rope_backward(dr.view({T * heads, D}), pre_norm.view({T * heads, D}), norm_w, env.eps(),
+                                env.batch->rope_cos, env.batch->rope_sin, dpre_rows, dnorm_w, env.stream);
     return dpre;
   };
   Tensor dq = unrope_unnorm(dqr, acts.q, w.q_norm, g.q_norm, Hq);

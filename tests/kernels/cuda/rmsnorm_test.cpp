@@ -6,7 +6,10 @@
 // dw is fp32 on both sides (sums over rows): 1e-4 / 1e-5.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "cuda_test_util.h"
@@ -14,6 +17,7 @@
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
 
 namespace mt {
 namespace {
@@ -96,6 +100,57 @@ TEST(CudaRmsnorm, ResidualVariantMatchesCpu) {
   for (const auto& c : kCases) {
     run_case(c, DType::BF16, true, seed += 10);
     run_case(c, DType::F32, true, seed += 10);
+  }
+}
+
+// Attention's QK-norm + RoPE in one pass (rmsnorm_rope_forward / _backward) against the two kernels it replaces,
+// bit for bit: out, dx and dw (accumulated onto a non-zero start). Head dims 128 (query- and key-like head counts,
+// more rows than the backward's workers), 64 and 16 take the fused rows; 96 falls back to the two kernels. The
+// positions restart mid-batch (packed documents), with bf16 and fp32 tables.
+TEST(CudaRmsnorm, RopeFusedIsNormThenRope) {
+  MT_SKIP_WITHOUT_CUDA();
+  auto& ctx = cuda::device_context(0);
+  struct RopeCase {
+    int64_t T, heads, D;
+    bool bf16_tables;
+  };
+  const RopeCase cases[] = {{37, 32, 128, true}, {1100, 4, 128, true}, {5, 3, 64, false}, {9, 2, 16, true},
+                            {7, 2, 96, true}};
+  uint64_t seed = 900;
+  for (const RopeCase& c : cases) {
+    const std::string what = "T=" + std::to_string(c.T) + " heads=" + std::to_string(c.heads) + " D=" +
+                             std::to_string(c.D);
+    std::vector<int64_t> pos_v;
+    for (int64_t t = 0; t < c.T; ++t) pos_v.push_back(t < c.T / 2 ? t + 3 : t - c.T / 2);
+    Tensor pos = Tensor::empty({c.T}, DType::I64);
+    std::copy(pos_v.begin(), pos_v.end(), pos.data_as<int64_t>());
+    Tensor cos = Tensor::empty({c.T, c.D / 2}, DType::F32, Device::cuda(0));
+    Tensor sin = Tensor::empty({c.T, c.D / 2}, DType::F32, Device::cuda(0));
+    cuda::rope_tables(cuda::to_device(pos, 0), c.D, 1e6, c.bf16_tables, cos, sin, ctx.stream);
+    const int64_t rows = c.T * c.heads;
+    Tensor x = test::device_from_host(test::host_random({rows, c.D}, seed += 10, 1.5f, true), DType::BF16);
+    Tensor wh = test::host_random({c.D}, seed + 1, 0.3f, true);
+    for (float& v : std::span(wh.data_as<float>(), c.D)) v = round_bf16(v + 1.0f);
+    Tensor w = test::device_from_host(wh, DType::BF16);
+
+    Tensor two = Tensor::empty({rows, c.D}, DType::BF16, Device::cuda(0));
+    cuda::rmsnorm_forward(x, w, kEps, two, nullptr, ctx.stream);
+    cuda::rope_forward(two, cos, sin, two, ctx.stream);
+    Tensor one = Tensor::empty({rows, c.D}, DType::BF16, Device::cuda(0));
+    cuda::rmsnorm_rope_forward(x, w, kEps, cos, sin, one, ctx.stream);
+    EXPECT_EQ(test::device_floats(one), test::device_floats(two)) << what << " forward";
+
+    Tensor dy = test::device_from_host(test::host_random({rows, c.D}, seed + 2, 1.0f, true), DType::BF16);
+    Tensor dw0 = test::host_random({c.D}, seed + 3, 1.0f);
+    Tensor dw_two = test::device_from_host(dw0, DType::F32), dw_one = test::device_from_host(dw0, DType::F32);
+    Tensor unrot = Tensor::empty({rows, c.D}, DType::BF16, Device::cuda(0));
+    cuda::rope_backward(dy, cos, sin, unrot, ctx.stream);
+    Tensor dx_two = Tensor::empty({rows, c.D}, DType::BF16, Device::cuda(0));
+    cuda::rmsnorm_backward(unrot, x, w, kEps, dx_two, dw_two, nullptr, ctx.stream);
+    Tensor dx_one = Tensor::empty({rows, c.D}, DType::BF16, Device::cuda(0));
+    cuda::rmsnorm_rope_backward(dy, x, w, kEps, cos, sin, dx_one, dw_one, ctx.stream);
+    EXPECT_EQ(test::device_floats(dx_one), test::device_floats(dx_two)) << what << " dx";
+    EXPECT_EQ(test::device_floats(dw_one), test::device_floats(dw_two)) << what << " dw";
   }
 }
 
