@@ -149,23 +149,34 @@ void flash_attention_forward(const FlashAttentionShape& s, const Tensor& q, cons
 
 void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionDocs& docs,
-                              Tensor& dq, Tensor& dk, Tensor& dv, cudaStream_t stream) {
+                              Tensor& dq, Tensor& dk, Tensor& dv, cudaStream_t stream, FlashDqSums* dq_sums) {
   const detail::FlashArgs a = check_args(s, q, k, v, docs);
   check_flat(dout, "flash attention dout", DType::BF16, q.numel(), q.device());
   check_flat(out, "flash attention out", DType::BF16, q.numel(), q.device());
   check_flat(lse, "flash attention lse", DType::F32, s.heads * s.tokens, q.device());
-  ensure(dq, q, "flash attention dq");
+  const bool sm90 = use_sm90_backward(a, dout, q, k, v);
+  const bool sums_out = dq_sums && sm90;
+  if (dq_sums) *dq_sums = {};
+  if (!sums_out) ensure(dq, q, "flash attention dq");
   ensure(dk, k, "flash attention dk");
   ensure(dv, v, "flash attention dv");
   Tensor dq_acc = Tensor::empty({q.numel()}, DType::F32, q.device());
   Tensor dk_acc = Tensor::empty({k.numel()}, DType::F32, q.device());
   Tensor dv_acc = Tensor::empty({k.numel()}, DType::F32, q.device());
   Tensor delta = Tensor::empty({s.heads * s.tokens + 1}, DType::F32, q.device());  // + the sm90 item counter
+  if (sums_out) *dq_sums = {dq_acc, a.scale, s.tokens, s.heads};
   if (s.tokens == 0) return;
-  auto* launch = use_sm90_backward(a, dout, q, k, v) ? detail::flash_bwd_sm90_launch : detail::flash_bwd_launch;
-  launch(a, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(), dq.data(), dk.data(),
-         dv.data(), dq_acc.data_as<float>(), dk_acc.data_as<float>(), dv_acc.data_as<float>(),
-         delta.data_as<float>(), stream);
+  auto* launch = sm90 ? detail::flash_bwd_sm90_launch : detail::flash_bwd_launch;
+  launch(a, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(),
+         sums_out ? nullptr : dq.data(), dk.data(), dv.data(), dq_acc.data_as<float>(), dk_acc.data_as<float>(),
+         dv_acc.data_as<float>(), delta.data_as<float>(), stream);
+}
+
+void flash_dq_sums_to_bf16(const FlashDqSums& sums, Tensor& dq, cudaStream_t stream) {
+  MT_CHECK(sums.acc.defined(), "flash dq sums: none (the backward made a bf16 dq)");
+  check_flat(dq, "flash attention dq", DType::BF16, sums.tokens * sums.heads * 128, sums.acc.device());
+  detail::flash_dq_sums_to_bf16(sums.acc.data_as<float>(), static_cast<int>(sums.tokens), static_cast<int>(sums.heads),
+                                sums.scale, dq.data(), stream);
 }
 
 namespace detail {

@@ -36,10 +36,22 @@ struct FlashAttentionShape {
 void flash_attention_forward(const FlashAttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
                              const AttentionDocs& docs, Tensor& out, Tensor& lse, cudaStream_t stream);
 
+// The Hopper backward's fp32 dQ sums, before the bf16 dq is made from them (layout: flash_dq_layout.cuh);
+// a consumer that reads them directly (rmsnorm_rope_backward_from_flash_dq) saves dq's bf16 write and read.
+struct FlashDqSums {
+  Tensor acc;       // F32 [heads · 2 · tokens · 64]; undefined: the kernel that ran made the bf16 dq instead
+  float scale = 0;  // dq = acc × scale
+  int64_t tokens = 0, heads = 0;
+};
+
 // dout like out -> dq like q, dk/dv like k (BF16; allocated here when undefined). fp32 accumulation in
 // device workspace; not bitwise reproducible run to run (fp32 atomics), see NOTES.md.
+// dq_sums: where the Hopper kernel runs, it receives the dQ sums and dq is left untouched (not allocated);
+// elsewhere dq is made as usual and dq_sums->acc stays undefined.
 void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionDocs& docs,
-                              Tensor& dq, Tensor& dk, Tensor& dv, cudaStream_t stream);
+                              Tensor& dq, Tensor& dk, Tensor& dv, cudaStream_t stream, FlashDqSums* dq_sums = nullptr);
+// The bf16 dq [tokens, heads, 128] of dQ sums, as flash_attention_backward makes it.
+void flash_dq_sums_to_bf16(const FlashDqSums& sums, Tensor& dq, cudaStream_t stream);
 
 }  // namespace mt::cuda

@@ -9,6 +9,7 @@
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/flash_attention_kernels.h"
 #include "kernels/cuda/sm90_common.cuh"
+#include "kernels/cuda/flash_dq_layout.cuh"
 #include "kernels/cuda/tensor_checks.h"
 
 // Hopper (sm_90a) flash-attention backward for head_dim 128: TMA tile loads, wgmma, producer/consumer
@@ -149,10 +150,9 @@ __device__ __forceinline__ void issue_dq(float (&dq)[32], uint32_t ds_lo, uint32
 
 #endif  // MT_SM90A_DEVICE
 
-// dq_acc layout of this kernel: [Hq][2 column halves][T][64] fp32, and inside a row the column pair
-// 4j + e (columns 8j + 2e, +1 of the half; j < 8, e < 4) at pair slot 4(j ^ (t & 3)) + e. A step's dQ tile
-// of one warpgroup (64 rows x 64 columns) is then one contiguous run (one bulk reduce-add instead of
-// 64). dq = this x scale, back to [T][Hq][128] bf16; one thread per column pair, reads in storage order.
+// dq_acc layout of this kernel: flash_dq_layout.cuh (a step's dQ tile of one warpgroup, 64 rows x 64
+// columns, is one contiguous run: one bulk reduce-add instead of 64). dq = this x scale, back to
+// [T][Hq][128] bf16; one thread per column pair, reads in storage order.
 __global__ void dq_to_bf16_kernel(const float* __restrict__ acc, int T, int Hq, float scale, bf16* __restrict__ dq) {
   const int64_t n = static_cast<int64_t>(T) * Hq * 64;  // column pairs
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -160,7 +160,7 @@ __global__ void dq_to_bf16_kernel(const float* __restrict__ acc, int T, int Hq, 
     const int slot = static_cast<int>(i & 31);
     const int64_t row = i >> 5;  // (2h + c) * T + t
     const int t = static_cast<int>(row % T), hc = static_cast<int>(row / T);
-    const int pair = slot ^ ((t & 3) << 2);
+    const int pair = flash_dq_slot(t, slot);
     const float2 v = *reinterpret_cast<const float2*>(acc + 2 * i);
     *reinterpret_cast<__nv_bfloat162*>(dq + (static_cast<int64_t>(t) * Hq + (hc >> 1)) * kD + 64 * (hc & 1) +
                                        2 * pair) = __floats2bfloat162_rn(v.x * scale, v.y * scale);
@@ -513,6 +513,14 @@ CUtensorMap rows_map(const void* data, int T, int H, int rows) {
 
 namespace detail {
 
+void flash_dq_sums_to_bf16(const float* dq_acc, int T, int Hq, float scale, void* dq, cudaStream_t stream) {
+  const int64_t pairs = static_cast<int64_t>(T) * Hq * 64;
+  if (pairs == 0) return;
+  dq_to_bf16_kernel<<<static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 65536)), 256, 0, stream>>>(
+      dq_acc, T, Hq, scale, static_cast<bf16*>(dq));
+  MT_CUDA_CHECK_LAUNCH();
+}
+
 bool flash_bwd_sm90_supported(const FlashArgs& a) {
   // TMA coordinates and the item count are int32 (T·H < 2^31 is checked by the caller).
   return a.D == kD && a.Hk > 0 && a.Hq % a.Hk == 0 && sm90::device_runs_sm90a<flash_bwd_sm90_kernel>();
@@ -553,10 +561,7 @@ void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, 
   flash_bwd_sm90_kernel<<<static_cast<int>(grid), kThreads, kSmemBytes, stream>>>(mq, mk, mv, mo, a, lse, delta,
                                                                                   dq_acc, dk_acc, dv_acc, item_counter);
   MT_CUDA_CHECK_LAUNCH();
-  const int64_t pairs = static_cast<int64_t>(a.T) * a.Hq * 64;
-  dq_to_bf16_kernel<<<static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 65536)), 256, 0, stream>>>(
-      dq_acc, a.T, a.Hq, a.scale, static_cast<bf16*>(dq));
-  MT_CUDA_CHECK_LAUNCH();
+  if (dq) flash_dq_sums_to_bf16(dq_acc, a.T, a.Hq, a.scale, dq, stream);  // null: the caller reads dq_acc
   flash_bwd_epilogue(a, nullptr, dk_acc, dv_acc, dq, dk, dv, stream);
 }
 

@@ -44,9 +44,12 @@ void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const
 // flash_bwd_launch for head_dim 128; q, k, v, dout 16-byte aligned. Supported as for the sm90 forward
 // (D == 128, a cc 9.0 GPU running the sm_90a build). The launcher throws where it is not supported.
 bool flash_bwd_sm90_supported(const FlashArgs& a);
+// dq null: dq_acc keeps the fp32 dQ sums (flash_dq_layout.cuh) and no bf16 dq is made.
 void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
                            const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc,
                            float* dk_acc, float* dv_acc, float* delta, cudaStream_t stream);
+// The sm90 backward's dQ sums to bf16 dq [T][Hq][128] (× scale).
+void flash_dq_sums_to_bf16(const float* dq_acc, int T, int Hq, float scale, void* dq, cudaStream_t stream);
 
 // The steps around the main backward kernel that both backwards share (flash_attention_bwd.cu):
 // prologue = zero dq_acc / dk_acc / dv_acc and delta = rowsum(dO ⊙ O); epilogue = the fp32 buffers to

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/flash_dq_layout.cuh"
 #include "kernels/cuda/rope_math.cuh"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/tensor_checks.h"
@@ -129,6 +130,11 @@ struct RowRope {
   const float* cos = nullptr;  // F32 [T, D/2]
   const float* sin = nullptr;
   int64_t heads = 1;
+  // Backward only: dy is the flash backward's fp32 dQ sums (flash_dq_layout.cuh; D 128, 16 lanes) × dq_scale,
+  // rounded to bf16 as its own conversion would, instead of a bf16 tensor.
+  const float* dq_sums = nullptr;
+  float dq_scale = 0;
+  int64_t tokens = 0;
 };
 
 template <int VPL, int LANES, bool ROPE = false>
@@ -237,13 +243,27 @@ __global__ void __launch_bounds__(256) rmsnorm_backward_rows_kernel(const bf16* 
 #pragma unroll
     for (int j = 0; j < VPL; ++j) {
       const int64_t off = base + static_cast<int64_t>(j * LANES + lane) * 8;
-      dyv[j] = valid ? *reinterpret_cast<const uint4*>(dy + off) : make_uint4(0, 0, 0, 0);
+      dyv[j] = valid && dy ? *reinterpret_cast<const uint4*>(dy + off) : make_uint4(0, 0, 0, 0);
       xv[j] = valid ? *reinterpret_cast<const uint4*>(x + off) : make_uint4(0, 0, 0, 0);
     }
     if constexpr (ROPE) {
       static_assert(VPL == 1 && LANES >= 2, "one 8-column packet per lane, the rotation partner in another lane");
       float g[8], p[8], o[8], c[8], sn[8];
-      bf16x8_to_float(dyv[0], g);
+      if constexpr (LANES == 16) {
+        if (rope.dq_sums) {  // lane l holds columns 8l..8l+7: half l / 8, pairs 4(l % 8)..+3 (one 32-byte run)
+          const int64_t r0 = valid ? row : 0, t = r0 / rope.heads, h = r0 % rope.heads;
+          const float* src =
+              rope.dq_sums + flash_dq_row_offset(rope.tokens, t, h, lane >> 3) + 2 * flash_dq_slot(t, 4 * (lane & 7));
+          const float4 lo = *reinterpret_cast<const float4*>(src), hi = *reinterpret_cast<const float4*>(src + 4);
+          const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+          for (int e = 0; e < 8; ++e) g[e] = Elt<bf16>::round(v[e] * rope.dq_scale);
+        } else {
+          bf16x8_to_float(dyv[0], g);
+        }
+      } else {
+        bf16x8_to_float(dyv[0], g);
+      }
 #pragma unroll
       for (int e = 0; e < 8; ++e) p[e] = __shfl_xor_sync(0xffffffffu, g[e], LANES / 2);
       constexpr int kHalf = kN / 2;
@@ -592,6 +612,38 @@ void rmsnorm_rope_backward(const Tensor& dy, const Tensor& x, const Tensor& w, f
       MT_CUDA_CHECK_LAUNCH();
     }
   });
+}
+
+void rmsnorm_rope_backward_from_flash_dq(const FlashDqSums& dq, const Tensor& x, const Tensor& w, float eps,
+                                         const Tensor& cos, const Tensor& sin, Tensor& dx, Tensor& dw,
+                                         cudaStream_t stream) {
+  const char* op = "rmsnorm_rope_backward_from_flash_dq";
+  const Rows r = check_norm_io(x, w, op);
+  check_tensor(dx, op, r.device, x.dtype(), x.numel());
+  check_tensor(dw, op, r.device, DType::F32, r.n);
+  MT_CUDA_REQUIRE(dq.acc.defined() && dq.tokens * dq.heads == r.rows && r.n == 128 &&
+                      dq.acc.numel() == r.rows * r.n && rope_rows_apply(x, cos, sin, r, {&w, &dx}),
+                  std::string(op) + ": needs the sums of the query heads of x " + tensor_where(x) +
+                      " (head_dim 128, bf16, aligned)");
+  check_tensor(dq.acc, op, r.device, DType::F32, dq.acc.numel());
+  check_tensor(cos, op, r.device, DType::F32, cos.numel());
+  check_tensor(sin, op, r.device, DType::F32, cos.numel());
+  RowRope rope{cos.data_as<float>(), sin.data_as<float>(), r.rows / cos.dim(0)};
+  rope.dq_sums = dq.acc.data_as<float>();
+  rope.dq_scale = dq.scale;
+  rope.tokens = dq.tokens;
+  constexpr int VPL = 1, LANES = 16;
+  const int64_t per_block = 256 / LANES;  // launch_backward's geometry (dw sums in rmsnorm_backward's order)
+  const int64_t workers = std::min<int64_t>(r.rows, std::max<int64_t>(1024 * 32 / LANES, r.rows / 8));
+  const int64_t blocks = (workers + per_block - 1) / per_block;
+  Tensor partial = Tensor::empty({blocks, r.n}, DType::F32, Device::cuda(r.device));
+  rmsnorm_backward_rows_kernel<VPL, LANES, true><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      nullptr, x.data_as<bf16>(), w.data_as<bf16>(), nullptr, dx.data_as<bf16>(), partial.data_as<float>(), r.rows,
+      eps, rope);
+  MT_CUDA_CHECK_LAUNCH();
+  rmsnorm_dw_sum_kernel<<<blocks_for(r.n, 32), dim3(32, 32), 0, stream>>>(partial.data_as<float>(),
+                                                                        dw.data_as<float>(), blocks, r.n);
+  MT_CUDA_CHECK_LAUNCH();
 }
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float eps, Tensor& dx, Tensor& dw,

@@ -78,8 +78,9 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLaye
   cuda::linear_backward_weight(dy, acts.o, g.o_proj, env.stream);
 
   Tensor dqr, dkr, dv;
+  cuda::FlashDqSums dq_sums;  // the Hopper kernel's fp32 dQ, read by the QK-norm + RoPE backward directly
   cuda::flash_attention_backward(flash_shape(env), d_o, acts.qr, acts.kr, acts.v, acts.o, acts.lse, env.batch->docs,
-                                 dqr, dkr, dv, env.stream);
+                                 dqr, dkr, dv, env.stream, &dq_sums);
   d_o = Tensor();
 
   // Through RoPE (the rotation's transpose) and the QK-norm, back to the projections, one pass.
@@ -90,7 +91,16 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLaye
                                 env.batch->rope_cos, env.batch->rope_sin, dpre_rows, dnorm_w, env.stream);
     return dpre;
   };
-  Tensor dq = unrope_unnorm(dqr, acts.q, w.q_norm, g.q_norm, Hq);
+  Tensor dq;
+  if (dq_sums.acc.defined()) {
+    dq = env.bf16({T, Hq * D});
+    Tensor dq_rows = dq.view({T * Hq, D});
+    cuda::rmsnorm_rope_backward_from_flash_dq(dq_sums, acts.q.view({T * Hq, D}), w.q_norm, env.eps(),
+                                              env.batch->rope_cos, env.batch->rope_sin, dq_rows, g.q_norm, env.stream);
+    dq_sums = {};
+  } else {
+    dq = unrope_unnorm(dqr, acts.q, w.q_norm, g.q_norm, Hq);
+  }
   dqr = Tensor();
   Tensor dk = unrope_unnorm(dkr, acts.k, w.k_norm, g.k_norm, Hkv);
   dkr = Tensor();

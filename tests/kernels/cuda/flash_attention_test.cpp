@@ -30,6 +30,8 @@
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/flash_attention_kernels.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
 
 namespace mt {
 namespace {
@@ -306,6 +308,52 @@ TEST(CudaFlashAttention, Sm90AndMmaSyncBackwardsAgreeD128) {
     test::expect_norm(a.dk, b.dk, 2e-2, 1e-2, "sm90 vs mma dk");
     test::expect_norm(a.dv, b.dv, 2e-2, 1e-2, "sm90 vs mma dv");
   }
+}
+
+// The Hopper backward can hand out its fp32 dQ sums instead of a bf16 dq (FlashDqSums): then dq is not touched,
+// the sums turn into bf16 dq as the backward would make it (the CPU check of the sm90 dq above covers that
+// conversion), and the QK-norm + RoPE backward that reads them directly (rmsnorm_rope_backward_from_flash_dq)
+// gives bit for bit what it gives from that bf16 dq: dx and dw. Packed documents, T not a multiple of 64 or 4.
+TEST(CudaFlashAttention, Sm90DqSumsFeedTheQkNormRopeBackward) {
+  MT_SKIP_WITHOUT_CUDA();
+  if (!sm90_backward_runs())
+    GTEST_SKIP() << "the sm90 flash-attention backward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
+  const AttnCase c{2, 301, 8, 2, 128, 1, 170};
+  const int64_t T = int64_t{c.B} * c.S, rows = T * c.Hq;
+  const BwdInputs in = bwd_inputs(c, 640);
+  BwdKernelScope scope(cuda::detail::FlashBwdKernel::Sm90);
+  Tensor dq, dk, dv;
+  cuda::FlashDqSums sums;
+  cuda::flash_attention_backward({T, c.Hq, c.Hk, c.D}, in.dout, in.q, in.k, in.v, in.out, in.lse, in.docs, dq, dk, dv,
+                                 stream0(), &sums);
+  ASSERT_TRUE(sums.acc.defined());
+  EXPECT_FALSE(dq.defined()) << "dq is left to the sums' reader";
+  EXPECT_EQ(sums.tokens, T);
+  EXPECT_EQ(sums.heads, c.Hq);
+  EXPECT_FLOAT_EQ(sums.scale, 1.0f / std::sqrt(128.0f));
+  Tensor dq_bf16 = Tensor::empty({rows, c.D}, DType::BF16, Device::cuda(0));
+  cuda::flash_dq_sums_to_bf16(sums, dq_bf16, stream0());
+
+  std::vector<int64_t> pos_v;
+  for (int64_t t = 0; t < T; ++t) pos_v.push_back(t % 97);
+  Tensor pos = Tensor::empty({T}, DType::I64);
+  std::copy(pos_v.begin(), pos_v.end(), pos.data_as<int64_t>());
+  Tensor cos = Tensor::empty({T, c.D / 2}, DType::F32, Device::cuda(0));
+  Tensor sin = Tensor::empty({T, c.D / 2}, DType::F32, Device::cuda(0));
+  cuda::rope_tables(cuda::to_device(pos, 0), c.D, 1e6, true, cos, sin, stream0());
+  const Tensor x = test::device_from_host(test::host_random({rows, c.D}, 641, 1.5f, true), DType::BF16);
+  const Tensor w = test::device_from_host(test::host_random({c.D}, 642, 0.3f, true), DType::BF16);
+  const Tensor dw0 = test::host_random({c.D}, 643, 1.0f);
+  Tensor dx_a = Tensor::empty({rows, c.D}, DType::BF16, Device::cuda(0));
+  Tensor dx_b = Tensor::empty({rows, c.D}, DType::BF16, Device::cuda(0));
+  Tensor dw_a = test::device_from_host(dw0, DType::F32), dw_b = test::device_from_host(dw0, DType::F32);
+  cuda::rmsnorm_rope_backward(dq_bf16, x, w, 1e-6f, cos, sin, dx_a, dw_a, stream0());
+  cuda::rmsnorm_rope_backward_from_flash_dq(sums, x, w, 1e-6f, cos, sin, dx_b, dw_b, stream0());
+  EXPECT_EQ(test::device_floats(dx_b), test::device_floats(dx_a)) << "dx";
+  EXPECT_EQ(test::device_floats(dw_b), test::device_floats(dw_a)) << "dw";
+  // Wrong pairing: key heads' rows are not the query heads' sums.
+  Tensor xk = Tensor::empty({T * c.Hk, c.D}, DType::BF16, Device::cuda(0));
+  EXPECT_THROW(cuda::rmsnorm_rope_backward_from_flash_dq(sums, xk, w, 1e-6f, cos, sin, xk, dw_b, stream0()), Error);
 }
 
 TEST(CudaFlashAttention, OddLengthNoDocumentsD64) {
