@@ -158,8 +158,8 @@ TEST_F(LaunchCli, ShardedOptimizerStateTrainsBitwiseLikeReplicated) {
 // ZeRO-3 (parallel.shard_parameters): the replicated parameters themselves live on their owner rank and are
 // broadcast per layer for each use. The values every rank computes with are the owner's, so the run is bitwise
 // the unsharded one (metrics, optimizer files, final weights), for both reshard policies and with EP 2; and
-// rank 0's peak memory (reset once the engine is built) is below the ZeRO-1 run's, by at least the bytes of the
-// tensors it neither owns nor reads at its peak.
+// rank 0's peak memory (reset once the engine is built) is below the ZeRO-1 run's; a resumed run ends bitwise where
+// the uninterrupted one did; four ranks with EP 2 are bitwise the unsharded four-rank run.
 TEST_F(LaunchCli, ShardedParametersTrainBitwiseLikeReplicated) {
   auto job = [&](const std::string& name, const std::string& ep, const std::vector<std::string>& sets) {
     std::vector<std::string> a{"launch", "--nproc", "2", "--", "finetune", recipe(name, 1).string(),
@@ -222,6 +222,30 @@ TEST_F(LaunchCli, ShardedParametersTrainBitwiseLikeReplicated) {
         if (f.path().extension() == ".safetensors") {
           EXPECT_EQ(slurp(f.path()), slurp(run_dir / "final" / f.path().filename())) << f.path().filename();
         }
+      }
+    }
+  }
+  // Four ranks, experts in groups of two (two replicas of each expert group): the replicated parameters are
+  // spread over four owners, and the run is still bitwise the unsharded four-rank run.
+  {
+    auto job4 = [&](const std::string& name, const std::vector<std::string>& sets) {
+      std::vector<std::string> a{"launch", "--nproc", "4", "--", "finetune", recipe(name, 1).string(),
+                                 "--set", "parallel.ep=2"};
+      for (const std::string& x : sets) a.insert(a.end(), {"--set", x});
+      return a;
+    };
+    ASSERT_EQ(run(job4("whole4", {"parallel.shard_optimizer=false"}), dir / "whole4.log"), 0) << slurp(dir / "whole4.log");
+    ASSERT_EQ(run(job4("zero3x4", {"parallel.shard_parameters=true"}), dir / "zero3x4.log"), 0)
+        << slurp(dir / "zero3x4.log");
+    const auto a = metrics_of(dir / "zero3x4"), b = metrics_of(dir / "whole4");
+    ASSERT_EQ(a.size(), 4u);
+    ASSERT_EQ(b.size(), 4u);
+    for (size_t i = 0; i < a.size(); ++i)
+      for (const char* key : {"loss", "ce_loss", "aux_loss", "grad_norm"})
+        EXPECT_EQ(a[i][key].get<double>(), b[i][key].get<double>()) << "4 ranks: " << key << " at step " << i + 1;
+    for (const auto& f : fs::directory_iterator(dir / "whole4" / "final")) {
+      if (f.path().extension() == ".safetensors") {
+        EXPECT_EQ(slurp(f.path()), slurp(dir / "zero3x4" / "final" / f.path().filename())) << f.path().filename();
       }
     }
   }
