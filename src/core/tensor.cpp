@@ -68,9 +68,15 @@ Storage::~Storage() {
   memory_note_free(device_, nbytes_);
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+namespace {
+void check_dims(const Shape& shape) {
   for (int64_t d : shape)
     if (d < 0) fail("negative dimension in shape {}", shape_str(shape));
+}
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  check_dims(shape);
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
@@ -96,8 +102,7 @@ Tensor Tensor::from_storage(std::shared_ptr<Storage> s, size_t byte_offset, cons
 }
 
 Tensor Tensor::absent(const Shape& shape, DType dtype, Device device) {
-  for (int64_t d : shape)
-    if (d < 0) fail("negative dimension in shape {}", shape_str(shape));
+  check_dims(shape);
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;

@@ -82,6 +82,26 @@ class LaunchCli : public ::testing::Test {
     expect_same_weights(dir / single / "final", dir / multi / "final");
   }
 
+  // Run `b` is bitwise run `a`: every step's losses and grad norm, the optimizer file of each named checkpoint and
+  // every file of the final model.
+  void expect_bitwise_same_run(const std::string& a_name, const std::string& b_name,
+                               const std::vector<std::string>& checkpoints) {
+    const auto a = metrics_of(dir / a_name), b = metrics_of(dir / b_name);
+    ASSERT_EQ(a.size(), 4u);
+    ASSERT_EQ(b.size(), 4u);
+    for (size_t i = 0; i < a.size(); ++i)
+      for (const char* key : {"loss", "ce_loss", "aux_loss", "grad_norm"})
+        EXPECT_EQ(a[i][key].get<double>(), b[i][key].get<double>()) << key << " at step " << i + 1;
+    for (const std::string& ck : checkpoints)
+      EXPECT_EQ(slurp(dir / a_name / ck / "optimizer.safetensors"), slurp(dir / b_name / ck / "optimizer.safetensors"))
+          << ck;
+    for (const auto& f : fs::directory_iterator(dir / a_name / "final")) {
+      if (f.path().extension() == ".safetensors") {
+        EXPECT_EQ(slurp(f.path()), slurp(dir / b_name / "final" / f.path().filename())) << f.path().filename();
+      }
+    }
+  }
+
   // Every tensor of the model files in `a` matches `b`'s within 1e-6 relative.
   static void expect_same_weights(const fs::path& a, const fs::path& b) {
     size_t tensors = 0;
@@ -138,20 +158,7 @@ TEST_F(LaunchCli, ShardedOptimizerStateTrainsBitwiseLikeReplicated) {
     EXPECT_NE(slurp(dir / (sharded + ".log")).find("sharded over 2 ranks (ZeRO-1)"), std::string::npos)
         << slurp(dir / (sharded + ".log"));
     EXPECT_EQ(slurp(dir / (whole + ".log")).find("ZeRO-1"), std::string::npos);
-    const auto a = metrics_of(dir / sharded), b = metrics_of(dir / whole);
-    ASSERT_EQ(a.size(), 4u);
-    ASSERT_EQ(b.size(), 4u);
-    for (size_t i = 0; i < a.size(); ++i)
-      for (const char* key : {"loss", "ce_loss", "aux_loss", "grad_norm"})
-        EXPECT_EQ(a[i][key].get<double>(), b[i][key].get<double>()) << key << " at step " << i + 1;
-    for (const char* ck : {"checkpoint-000002", "checkpoint-000004"})
-      EXPECT_EQ(slurp(dir / sharded / ck / "optimizer.safetensors"), slurp(dir / whole / ck / "optimizer.safetensors"))
-          << ck;
-    for (const auto& f : fs::directory_iterator(dir / whole / "final")) {
-      if (f.path().extension() == ".safetensors") {
-        EXPECT_EQ(slurp(f.path()), slurp(dir / sharded / "final" / f.path().filename())) << f.path().filename();
-      }
-    }
+    expect_bitwise_same_run(whole, sharded, {"checkpoint-000002", "checkpoint-000004"});
   }
 }
 
@@ -185,20 +192,7 @@ TEST_F(LaunchCli, ShardedParametersTrainBitwiseLikeReplicated) {
                                                   std::string(reshard == "true" ? "yes" : "no") + ")"),
                 std::string::npos)
           << slurp(dir / (name + ".log"));
-      const auto a = metrics_of(dir / name), b = metrics_of(dir / whole);
-      ASSERT_EQ(a.size(), 4u);
-      ASSERT_EQ(b.size(), 4u);
-      for (size_t i = 0; i < a.size(); ++i)
-        for (const char* key : {"loss", "ce_loss", "aux_loss", "grad_norm"})
-          EXPECT_EQ(a[i][key].get<double>(), b[i][key].get<double>()) << key << " at step " << i + 1;
-      for (const char* ck : {"checkpoint-000002", "checkpoint-000004"})
-        EXPECT_EQ(slurp(dir / name / ck / "optimizer.safetensors"), slurp(dir / whole / ck / "optimizer.safetensors"))
-            << ck;
-      for (const auto& f : fs::directory_iterator(dir / whole / "final")) {
-        if (f.path().extension() == ".safetensors") {
-          EXPECT_EQ(slurp(f.path()), slurp(dir / name / "final" / f.path().filename())) << f.path().filename();
-        }
-      }
+      expect_bitwise_same_run(whole, name, {"checkpoint-000002", "checkpoint-000004"});
     }
     // Resharding after the forward holds one layer's fetched tensors at a time: below ZeRO-1's peak.
     EXPECT_LT(peak("zero3" + ep + "true"), peak(zero1)) << "ZeRO-1 " << peak(zero1) << ", ZeRO-3 "
@@ -237,17 +231,7 @@ TEST_F(LaunchCli, ShardedParametersTrainBitwiseLikeReplicated) {
     ASSERT_EQ(run(job4("whole4", {"parallel.shard_optimizer=false"}), dir / "whole4.log"), 0) << slurp(dir / "whole4.log");
     ASSERT_EQ(run(job4("zero3x4", {"parallel.shard_parameters=true"}), dir / "zero3x4.log"), 0)
         << slurp(dir / "zero3x4.log");
-    const auto a = metrics_of(dir / "zero3x4"), b = metrics_of(dir / "whole4");
-    ASSERT_EQ(a.size(), 4u);
-    ASSERT_EQ(b.size(), 4u);
-    for (size_t i = 0; i < a.size(); ++i)
-      for (const char* key : {"loss", "ce_loss", "aux_loss", "grad_norm"})
-        EXPECT_EQ(a[i][key].get<double>(), b[i][key].get<double>()) << "4 ranks: " << key << " at step " << i + 1;
-    for (const auto& f : fs::directory_iterator(dir / "whole4" / "final")) {
-      if (f.path().extension() == ".safetensors") {
-        EXPECT_EQ(slurp(f.path()), slurp(dir / "zero3x4" / "final" / f.path().filename())) << f.path().filename();
-      }
-    }
+    expect_bitwise_same_run("whole4", "zero3x4", {});
   }
   // A sharded-parameter job needs the optimizer state sharded too (its owner updates the parameter).
   ASSERT_EQ(run(job("bad", "1", {"parallel.shard_parameters=true", "parallel.shard_optimizer=false"}),

@@ -137,6 +137,33 @@ struct RowRope {
   int64_t tokens = 0;
 };
 
+// A lane's 8 (cos, sin) of token t: half-columns 8·(lane mod LANES/2) onwards.
+template <int LANES, int kHalf>
+__device__ inline void rope_lane_tables(const RowRope& rope, int64_t t, int lane, float (&c)[8], float (&s)[8]) {
+  const int64_t at = t * kHalf + (lane % (LANES / 2)) * 8;
+  *reinterpret_cast<float4*>(c) = *reinterpret_cast<const float4*>(rope.cos + at);
+  *reinterpret_cast<float4*>(c + 4) = *reinterpret_cast<const float4*>(rope.cos + at + 4);
+  *reinterpret_cast<float4*>(s) = *reinterpret_cast<const float4*>(rope.sin + at);
+  *reinterpret_cast<float4*>(s + 4) = *reinterpret_cast<const float4*>(rope.sin + at + 4);
+}
+
+// The rotation (or its transpose) of a lane's 8 columns: `own` are columns j.. of the first half (first) or of the
+// second, `partner` the other half's, from the partner lane.
+template <bool kBackward>
+__device__ inline void rope_lane(const float (&own)[8], const float (&partner)[8], const float (&c)[8],
+                                 const float (&s)[8], bool first, float (&o)[8]) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float a = first ? own[e] : partner[e], b = first ? partner[e] : own[e];
+    float o1, o2;
+    if constexpr (kBackward)
+      rope_pair_backward(a, b, c[e], s[e], o1, o2);
+    else
+      rope_pair_forward_bf16(a, b, c[e], s[e], o1, o2);
+    o[e] = first ? o1 : o2;
+  }
+}
+
 template <int VPL, int LANES, bool ROPE = false>
 __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x, const bf16* res,
                                                                    const bf16* __restrict__ w, bf16* sum, bf16* out,
@@ -180,21 +207,8 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x
     for (int e = 0; e < 8; ++e) p[e] = __shfl_xor_sync(0xffffffffu, f[e], LANES / 2);
     if (!valid) return;
     if (rstd_out && lane == 0) rstd_out[row] = rstd;
-    constexpr int kHalf = kN / 2;
-    const bool first = lane < LANES / 2;
-    const int64_t at = row / rope.heads * kHalf + (first ? lane : lane - LANES / 2) * 8;
-    *reinterpret_cast<float4*>(c) = *reinterpret_cast<const float4*>(rope.cos + at);
-    *reinterpret_cast<float4*>(c + 4) = *reinterpret_cast<const float4*>(rope.cos + at + 4);
-    *reinterpret_cast<float4*>(sn) = *reinterpret_cast<const float4*>(rope.sin + at);
-    *reinterpret_cast<float4*>(sn + 4) = *reinterpret_cast<const float4*>(rope.sin + at + 4);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      float o1, o2;
-      if (first)
-        rope_pair_forward_bf16(f[e], p[e], c[e], sn[e], o1, o2), o[e] = o1;
-      else
-        rope_pair_forward_bf16(p[e], f[e], c[e], sn[e], o1, o2), o[e] = o2;
-    }
+    rope_lane_tables<LANES, kN / 2>(rope, row / rope.heads, lane, c, sn);
+    rope_lane<false>(f, p, c, sn, lane < LANES / 2, o);
     *reinterpret_cast<uint4*>(out + base + lane * 8) = float_to_bf16x8(o);
     return;
   }
@@ -266,21 +280,8 @@ __global__ void __launch_bounds__(256) rmsnorm_backward_rows_kernel(const bf16* 
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) p[e] = __shfl_xor_sync(0xffffffffu, g[e], LANES / 2);
-      constexpr int kHalf = kN / 2;
-      const bool first = lane < LANES / 2;
-      const int64_t at = (valid ? row : 0) / rope.heads * kHalf + (first ? lane : lane - LANES / 2) * 8;
-      *reinterpret_cast<float4*>(c) = *reinterpret_cast<const float4*>(rope.cos + at);
-      *reinterpret_cast<float4*>(c + 4) = *reinterpret_cast<const float4*>(rope.cos + at + 4);
-      *reinterpret_cast<float4*>(sn) = *reinterpret_cast<const float4*>(rope.sin + at);
-      *reinterpret_cast<float4*>(sn + 4) = *reinterpret_cast<const float4*>(rope.sin + at + 4);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        float o1, o2;
-        if (first)
-          rope_pair_backward(g[e], p[e], c[e], sn[e], o1, o2), o[e] = o1;
-        else
-          rope_pair_backward(p[e], g[e], c[e], sn[e], o1, o2), o[e] = o2;
-      }
+      rope_lane_tables<LANES, kN / 2>(rope, (valid ? row : 0) / rope.heads, lane, c, sn);
+      rope_lane<true>(g, p, c, sn, lane < LANES / 2, o);
       dyv[0] = float_to_bf16x8(o);  // rope_backward's bf16 output
     }
 #pragma unroll
@@ -476,6 +477,25 @@ void forward_any(const Tensor& x, const Tensor* res, const Tensor& w, float eps,
     launch_forward<float>(x, res, w, eps, sum, out, rstd, r, stream);
 }
 
+// The one-pass backward (rmsnorm_backward_rows_kernel) and the ordered sum of its per-block dw partials. Workers:
+// enough to fill the GPU (~1k rows of 2048 at a time) with at least 8 rows each on tall inputs (fewer partial rows
+// to sum); fixed by the shape, so dw is deterministic and every caller of a shape sums in the same order.
+template <int VPL, int LANES, bool ROPE>
+void backward_rows_launch(const bf16* dy, const Tensor& x, const Tensor& w, const bf16* dres, Tensor& dx, Tensor& dw,
+                          const Rows& r, float eps, const RowRope& rope, cudaStream_t stream) {
+  const int64_t per_block = 256 / LANES;
+  const int64_t workers = std::min<int64_t>(r.rows, std::max<int64_t>(1024 * 32 / LANES, r.rows / 8));
+  const int64_t blocks = (workers + per_block - 1) / per_block;
+  Tensor partial = Tensor::empty({blocks, r.n}, DType::F32, Device::cuda(r.device));
+  rmsnorm_backward_rows_kernel<VPL, LANES, ROPE><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      dy, x.data_as<bf16>(), w.data_as<bf16>(), dres, dx.data_as<bf16>(), partial.data_as<float>(), r.rows, eps,
+      rope);
+  MT_CUDA_CHECK_LAUNCH();
+  rmsnorm_dw_sum_kernel<<<blocks_for(r.n, 32), dim3(32, 32), 0, stream>>>(partial.data_as<float>(),
+                                                                        dw.data_as<float>(), blocks, r.n);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
 template <typename T>
 void launch_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float eps, Tensor& dx, Tensor& dw,
                      const Tensor* dres, const Rows& r, cudaStream_t stream) {
@@ -488,19 +508,7 @@ void launch_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float e
     if (l.lanes > 0 && aligned16(dy.data()) && aligned16(x.data()) && aligned16(w.data()) && aligned16(dresp) &&
         aligned16(dx.data())) {
       with_row_layout<8>(l, [&]<int VPL, int LANES>() {
-        // Workers: enough to fill the GPU (~1k rows of 2048 at a time) with at least 8 rows each on tall
-        // inputs (fewer partial rows to sum); fixed by the shape, so dw is deterministic.
-        const int64_t per_block = 256 / LANES;
-        const int64_t workers = std::min<int64_t>(r.rows, std::max<int64_t>(1024 * 32 / LANES, r.rows / 8));
-        const int64_t blocks = (workers + per_block - 1) / per_block;
-        Tensor partial = Tensor::empty({blocks, r.n}, DType::F32, d);
-        rmsnorm_backward_rows_kernel<VPL, LANES><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-            dy.data_as<bf16>(), x.data_as<bf16>(), w.data_as<bf16>(), dresp, dx.data_as<bf16>(),
-            partial.data_as<float>(), r.rows, eps);
-        MT_CUDA_CHECK_LAUNCH();
-        rmsnorm_dw_sum_kernel<<<blocks_for(r.n, 32), dim3(32, 32), 0, stream>>>(partial.data_as<float>(),
-                                                                              dw.data_as<float>(), blocks, r.n);
-        MT_CUDA_CHECK_LAUNCH();
+        backward_rows_launch<VPL, LANES, false>(dy.data_as<bf16>(), x, w, dresp, dx, dw, r, eps, {}, stream);
       });
       return;
     }
@@ -554,6 +562,12 @@ bool rope_rows_apply(const Tensor& x, const Tensor& cos, const Tensor& sin, cons
   return aligned;
 }
 
+RowRope row_rope_of(const Tensor& cos, const Tensor& sin, const Rows& r, const char* op) {
+  check_tensor(cos, op, r.device, DType::F32, cos.numel());
+  check_tensor(sin, op, r.device, DType::F32, cos.numel());
+  return {cos.data_as<float>(), sin.data_as<float>(), r.rows / cos.dim(0)};
+}
+
 }  // namespace
 
 void rmsnorm_rope_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& cos, const Tensor& sin,
@@ -567,9 +581,7 @@ void rmsnorm_rope_forward(const Tensor& x, const Tensor& w, float eps, const Ten
     rope_forward(out, cos, sin, out, stream);
     return;
   }
-  check_tensor(cos, op, r.device, DType::F32, cos.numel());
-  check_tensor(sin, op, r.device, DType::F32, cos.numel());
-  const RowRope rope{cos.data_as<float>(), sin.data_as<float>(), r.rows / cos.dim(0)};
+  const RowRope rope = row_rope_of(cos, sin, r, op);
   with_row_layout<16>(row_layout(r.n), [&]<int VPL, int LANES>() {
     if constexpr (VPL == 1 && LANES >= 2) {
       rmsnorm_forward_rows_kernel<VPL, LANES, true><<<blocks_for(r.rows * LANES, 256), 256, 0, stream>>>(
@@ -593,24 +605,10 @@ void rmsnorm_rope_backward(const Tensor& dy, const Tensor& x, const Tensor& w, f
     rmsnorm_backward(unrotated, x, w, eps, dx, dw, nullptr, stream);
     return;
   }
-  check_tensor(cos, op, r.device, DType::F32, cos.numel());
-  check_tensor(sin, op, r.device, DType::F32, cos.numel());
-  const RowRope rope{cos.data_as<float>(), sin.data_as<float>(), r.rows / cos.dim(0)};
+  const RowRope rope = row_rope_of(cos, sin, r, op);
   with_row_layout<8>(row_layout(r.n), [&]<int VPL, int LANES>() {
-    if constexpr (VPL == 1 && LANES >= 2) {
-      // The geometry of launch_backward's (so dw sums in the same order as rmsnorm_backward's).
-      const int64_t per_block = 256 / LANES;
-      const int64_t workers = std::min<int64_t>(r.rows, std::max<int64_t>(1024 * 32 / LANES, r.rows / 8));
-      const int64_t blocks = (workers + per_block - 1) / per_block;
-      Tensor partial = Tensor::empty({blocks, r.n}, DType::F32, Device::cuda(r.device));
-      rmsnorm_backward_rows_kernel<VPL, LANES, true><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-          dy.data_as<bf16>(), x.data_as<bf16>(), w.data_as<bf16>(), nullptr, dx.data_as<bf16>(),
-          partial.data_as<float>(), r.rows, eps, rope);
-      MT_CUDA_CHECK_LAUNCH();
-      rmsnorm_dw_sum_kernel<<<blocks_for(r.n, 32), dim3(32, 32), 0, stream>>>(partial.data_as<float>(),
-                                                                            dw.data_as<float>(), blocks, r.n);
-      MT_CUDA_CHECK_LAUNCH();
-    }
+    if constexpr (VPL == 1 && LANES >= 2)
+      backward_rows_launch<VPL, LANES, true>(dy.data_as<bf16>(), x, w, nullptr, dx, dw, r, eps, rope, stream);
   });
 }
 
@@ -626,24 +624,11 @@ void rmsnorm_rope_backward_from_flash_dq(const FlashDqSums& dq, const Tensor& x,
                   std::string(op) + ": needs the sums of the query heads of x " + tensor_where(x) +
                       " (head_dim 128, bf16, aligned)");
   check_tensor(dq.acc, op, r.device, DType::F32, dq.acc.numel());
-  check_tensor(cos, op, r.device, DType::F32, cos.numel());
-  check_tensor(sin, op, r.device, DType::F32, cos.numel());
-  RowRope rope{cos.data_as<float>(), sin.data_as<float>(), r.rows / cos.dim(0)};
+  RowRope rope = row_rope_of(cos, sin, r, op);
   rope.dq_sums = dq.acc.data_as<float>();
   rope.dq_scale = dq.scale;
   rope.tokens = dq.tokens;
-  constexpr int VPL = 1, LANES = 16;
-  const int64_t per_block = 256 / LANES;  // launch_backward's geometry (dw sums in rmsnorm_backward's order)
-  const int64_t workers = std::min<int64_t>(r.rows, std::max<int64_t>(1024 * 32 / LANES, r.rows / 8));
-  const int64_t blocks = (workers + per_block - 1) / per_block;
-  Tensor partial = Tensor::empty({blocks, r.n}, DType::F32, Device::cuda(r.device));
-  rmsnorm_backward_rows_kernel<VPL, LANES, true><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-      nullptr, x.data_as<bf16>(), w.data_as<bf16>(), nullptr, dx.data_as<bf16>(), partial.data_as<float>(), r.rows,
-      eps, rope);
-  MT_CUDA_CHECK_LAUNCH();
-  rmsnorm_dw_sum_kernel<<<blocks_for(r.n, 32), dim3(32, 32), 0, stream>>>(partial.data_as<float>(),
-                                                                        dw.data_as<float>(), blocks, r.n);
-  MT_CUDA_CHECK_LAUNCH();
+  backward_rows_launch<1, 16, true>(nullptr, x, w, nullptr, dx, dw, r, eps, rope, stream);
 }
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float eps, Tensor& dx, Tensor& dw,
