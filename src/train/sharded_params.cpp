@@ -1,6 +1,7 @@
 #include "train/sharded_params.h"
 
 #include <cstring>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -56,10 +57,19 @@ void ShardedParams::fetch(int64_t group) {
   std::vector<Member>& members = it->second;
   for (int owner = 0; owner < shards_.world(); ++owner) {
     size_t bytes = 0;
-    for (const Member& m : members)
-      if (m.owner == owner) bytes += m.t->nbytes();
+    Member* only = nullptr;  // the owner's one tensor of the group: broadcast in place, no packing copy
+    int count = 0;
+    for (Member& m : members)
+      if (m.owner == owner) bytes += m.t->nbytes(), only = &m, ++count;
     if (bytes == 0) continue;
     const bool mine = owner == shards_.rank();
+    const std::string what = fmt::format("broadcast(parameters of {} held by rank {}, fetch {})", group_name(group),
+                                         owner, fetches_);
+    if (count == 1) {
+      if (!mine && !only->t->present()) *only->t = Tensor::empty(only->t->shape(), only->t->dtype(), only->t->device());
+      comm_.broadcast(only->t->data(), bytes, owner, what);
+      continue;
+    }
     packed_.resize(bytes);
     size_t at = 0;
     for (Member& m : members) {
@@ -71,9 +81,7 @@ void ShardedParams::fetch(int64_t group) {
       }
       at += m.t->nbytes();
     }
-    comm_.broadcast(packed_.data(), bytes, owner,
-                    fmt::format("broadcast(parameters of {} held by rank {}, fetch {})", group_name(group), owner,
-                                fetches_));
+    comm_.broadcast(packed_.data(), bytes, owner, what);
     if (mine) continue;
     at = 0;
     for (Member& m : members) {

@@ -2,8 +2,9 @@
 // copy of them is the same: all of them, or all but the expert-parallel stacks) are kept only by their owner
 // rank (train/optimizer_shards.h, whole tensors), which also updates them. The model fetches a group of them
 // right before reading it (models/param_residency.h): each owner of a tensor of the group broadcasts its
-// tensors of it, packed, and the other ranks hold them until the group is released — after the backward
-// always, after the forward only with parallel.reshard_after_forward false. Between uses a rank holds its
+// tensors of it (packed when it has several; a single one, such as the embedding, in place), and the other
+// ranks hold them until the group is released — after the backward always, and already after the forward
+// with parallel.reshard_after_forward (the default). Between uses a rank holds its
 // own share; the tensors of other ranks are Tensor::absent (shape and dtype only), so the shared save
 // (train/shared_save.h), where each owner writes its tensors, needs nothing gathered.
 // The gradients are not sharded: the accumulation window syncs once, so every rank sums its micro-batches'
