@@ -30,8 +30,8 @@ ShardedParams::ShardedParams(Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, cons
     if (owner < 0) continue;  // every rank holds it (the expert-parallel stacks)
     const auto& [name, t] = params[i];
     const int64_t g = group_of(name, num_layers_);
-    groups_[g].push_back({name, t, owner});
-    if (g == kEmbedding && cfg.tie_word_embeddings) groups_[head(num_layers_)].push_back({name, t, owner});
+    groups_[g].push_back({t, owner});
+    if (g == kEmbedding && cfg.tie_word_embeddings) groups_[head(num_layers_)].push_back({t, owner});
   }
   for (const auto& [g, members] : groups_) present_[g] = true;
 }
@@ -43,11 +43,7 @@ std::string ShardedParams::group_name(int64_t group) const {
 }
 
 void ShardedParams::shard() {
-  for (auto& [g, members] : groups_) {
-    for (Member& m : members)
-      if (m.owner != shards_.rank() && m.t->present()) *m.t = Tensor::absent(m.t->shape(), m.t->dtype(), m.t->device());
-    present_[g] = false;
-  }
+  for (const auto& group : groups_) release(group.first, false);
 }
 
 void ShardedParams::fetch(int64_t group) {

@@ -40,7 +40,6 @@ class ShardedParams final : public ParamResidency {
 
  private:
   struct Member {
-    std::string name;
     Tensor* t;
     int owner;
   };
@@ -51,7 +50,7 @@ class ShardedParams final : public ParamResidency {
   const bool reshard_after_forward_;
   const int64_t num_layers_;
   std::map<int64_t, std::vector<Member>> groups_;  // the sharded tensors each group reads, engine order
-  std::map<int64_t, bool> present_;
+  std::map<int64_t, bool> present_;  // whether the other ranks' tensors of the group are here now
   std::vector<unsigned char> packed_;
   int64_t fetches_ = 0;  // counted in collective names, so a mismatch between ranks names where
 };

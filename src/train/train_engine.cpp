@@ -214,9 +214,7 @@ class CpuEngine final : public TrainEngine {
   static std::unique_ptr<ShardedParams> sharded_params_of(CausalLM& lm, const Recipe& r, const OptimizerShards& shards,
                                                           Communicator* comm) {
     if (!r.parallel.shard_parameters || !comm) return nullptr;
-    if (!shards.active())
-      fail("parallel.shard_parameters: needs parallel.shard_optimizer true (a parameter's owner rank keeps it and "
-           "its optimizer state)");
+    MT_CHECK(shards.active(), "parallel.shard_parameters without ZeRO-1 owners (recipe_load refuses that)");
     return std::make_unique<ShardedParams>(lm.weights, lm.config, shards, *comm, r.parallel.reshard_after_forward);
   }
 

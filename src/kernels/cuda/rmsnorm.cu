@@ -619,11 +619,15 @@ void rmsnorm_rope_backward_from_flash_dq(const FlashDqSums& dq, const Tensor& x,
   const Rows r = check_norm_io(x, w, op);
   check_tensor(dx, op, r.device, x.dtype(), x.numel());
   check_tensor(dw, op, r.device, DType::F32, r.n);
-  MT_CUDA_REQUIRE(dq.acc.defined() && dq.tokens * dq.heads == r.rows && r.n == 128 &&
-                      dq.acc.numel() == r.rows * r.n && rope_rows_apply(x, cos, sin, r, {&w, &dx}),
-                  std::string(op) + ": needs the sums of the query heads of x " + tensor_where(x) +
-                      " (head_dim 128, bf16, aligned)");
+  MT_CUDA_REQUIRE(dq.acc.defined() && dq.tokens * dq.heads == r.rows && r.n == 128 && dq.acc.numel() == r.rows * r.n,
+                  std::string(op) + ": needs the sums of the query heads of x " + tensor_where(x) + " (head_dim 128)");
   check_tensor(dq.acc, op, r.device, DType::F32, dq.acc.numel());
+  if (!rope_rows_apply(x, cos, sin, r, {&w, &dx})) {  // the rows kernels cannot take it: via a bf16 dq
+    Tensor dq_bf16 = Tensor::empty(x.shape(), DType::BF16, x.device());
+    flash_dq_sums_to_bf16(dq, dq_bf16, stream);
+    rmsnorm_rope_backward(dq_bf16, x, w, eps, cos, sin, dx, dw, stream);
+    return;
+  }
   RowRope rope = row_rope_of(cos, sin, r, op);
   rope.dq_sums = dq.acc.data_as<float>();
   rope.dq_scale = dq.scale;

@@ -36,7 +36,8 @@ void rmsnorm_rope_forward(const Tensor& x, const Tensor& w, float eps, const Ten
 void rmsnorm_rope_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float eps, const Tensor& cos,
                            const Tensor& sin, Tensor& dx, Tensor& dw, cudaStream_t stream);
 // The same for the query heads straight from the Hopper flash backward's fp32 dQ sums (flash_attention.h; head_dim
-// 128): bit-equal to flash_dq_sums_to_bf16 then rmsnorm_rope_backward, without dq's bf16 write and read.
+// 128): bit-equal to flash_dq_sums_to_bf16 then rmsnorm_rope_backward, without dq's bf16 write and read (where
+// the fused rows do not apply, e.g. unaligned data, it runs those two).
 void rmsnorm_rope_backward_from_flash_dq(const FlashDqSums& dq, const Tensor& x, const Tensor& w, float eps,
                                          const Tensor& cos, const Tensor& sin, Tensor& dx, Tensor& dw,
                                          cudaStream_t stream);
