@@ -270,6 +270,7 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
   rc.parallel.ep = r.integer("parallel", "ep", rc.parallel.ep, 1);
   rc.parallel.ep_dispatch =
       r.choice("parallel", "ep_dispatch", rc.parallel.ep_dispatch, {"auto", "all_gather", "all_to_all"});
+  rc.parallel.gpu_collectives = r.choice("parallel", "gpu_collectives", rc.parallel.gpu_collectives, {"nccl", "host"});
   rc.parallel.shard_optimizer = r.boolean("parallel", "shard_optimizer", rc.parallel.shard_optimizer);
   rc.parallel.shard_parameters = r.boolean("parallel", "shard_parameters", rc.parallel.shard_parameters);
   rc.parallel.reshard_after_forward =

@@ -80,6 +80,10 @@ struct RecipeParallel {
   // token once per rank of the group), all_to_all (each routed slot to its expert's rank), or auto
   // (all_gather while ep <= the model's top-k). The CPU engine always sends per slot.
   std::string ep_dispatch = "auto";
+  // How the CUDA engine's ranks exchange GPU data (distributed/cuda/device_communicator.h): nccl, or host
+  // (staged through host memory and the TCP mesh; slow, but ranks may then share a GPU: rank r of a node
+  // uses GPU r mod the node's GPUs; for checking multi-GPU runs on a machine with fewer GPUs).
+  std::string gpu_collectives = "nccl";
   // ZeRO-1 (train/optimizer_shards.h): the optimizer state of the parameters every rank holds is split over
   // the ranks, each tensor's on one owner that updates it and broadcasts the result. false: every rank keeps
   // all of it (the same results, more memory).

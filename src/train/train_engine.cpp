@@ -267,6 +267,9 @@ int train_device_resolve(const Recipe& r, const Qwen3MoeConfig& cfg, std::string
   const CudaEngineHooks* h = cuda_engine_hooks();
   const int count = h ? h->device_count() : 0;
   const bool ranks = local_world > 1;  // one GPU per rank of this node: the rank's LOCAL_RANK
+  // Host-staged GPU collectives let ranks share a GPU: local rank r takes GPU r mod count.
+  const bool share = r.parallel.gpu_collectives == "host";
+  auto rank_device = [&] { return share && count > 0 ? local_rank % count : local_rank; };
   if (d == "auto") {
     if (!h) {
       if (why) *why = "this build has no CUDA support";
@@ -276,7 +279,7 @@ int train_device_resolve(const Recipe& r, const Qwen3MoeConfig& cfg, std::string
       if (why) *why = "no CUDA device found";
       return -1;
     }
-    if (ranks && count < local_world) {
+    if (ranks && count < local_world && !share) {
       if (why) *why = fmt::format("{} ranks on this node but {} CUDA device{}", local_world, count, count == 1 ? "" : "s");
       return -1;
     }
@@ -284,8 +287,8 @@ int train_device_resolve(const Recipe& r, const Qwen3MoeConfig& cfg, std::string
       if (why) *why = "the CUDA path cannot run this model: " + no;
       return -1;
     }
-    if (why) *why = ranks ? "one CUDA device per rank" : "a CUDA device is present";
-    return ranks ? local_rank : 0;
+    if (why) *why = !ranks ? "a CUDA device is present" : share ? "ranks share the CUDA devices" : "one CUDA device per rank";
+    return ranks ? rank_device() : 0;
   }
   int index = 0;
   if (d.size() > 5) index = std::stoi(d.substr(5));  // "cuda:N" (the recipe parser checked the form)
@@ -295,7 +298,7 @@ int train_device_resolve(const Recipe& r, const Qwen3MoeConfig& cfg, std::string
       fail("train.device: '{}': in a job of several ranks each rank uses the GPU of its LOCAL_RANK; set "
            "train.device: cuda (or auto)",
            d);
-    index = local_rank;
+    index = rank_device();
   }
   if (index >= count)
     fail("train.device: '{}': {} needs CUDA device {} but {} CUDA device{} found", d,

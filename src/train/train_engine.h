@@ -84,7 +84,8 @@ const CudaEngineHooks* cuda_engine_hooks();  // null without CUDA support
 // for the choice when train.device is auto (auto falls back to the CPU for a model the CUDA path cannot
 // run). Throws for cuda/cuda:N without a usable device or for an unsupported model. With several ranks on
 // this node (local_world > 1) each rank takes the GPU of its local rank; auto falls back to the CPU when
-// the node has fewer GPUs than ranks, and cuda:N is refused.
+// the node has fewer GPUs than ranks, and cuda:N is refused. With parallel.gpu_collectives host the ranks
+// share the GPUs (local rank mod the GPU count).
 int train_device_resolve(const Recipe& r, const Qwen3MoeConfig& cfg, std::string* why, int local_rank = 0,
                          int local_world = 1);
 

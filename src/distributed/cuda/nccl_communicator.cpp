@@ -72,13 +72,6 @@ NcclCommunicator::NcclCommunicator(ncclComm* comm, int rank, int size, int devic
     : comm_(comm), rank_(rank), size_(size), device_(device), host_rank_(host_rank), timeout_(timeout),
       name_(std::move(name)) {}
 
-std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& host, int device,
-                                                           std::chrono::milliseconds timeout) {
-  std::vector<int> all(static_cast<size_t>(host.size()));
-  for (int r = 0; r < host.size(); ++r) all[static_cast<size_t>(r)] = r;
-  return create_group(host, device, timeout, {all}, "NCCL");
-}
-
 std::unique_ptr<NcclCommunicator> NcclCommunicator::create_group(Communicator& host, int device,
                                                                  std::chrono::milliseconds timeout,
                                                                  const std::vector<std::vector<int>>& groups,
@@ -156,11 +149,6 @@ void NcclCommunicator::abort_and_fail(const std::string& why) {
   std::_Exit(1);
 }
 
-void NcclCommunicator::all_reduce_sum(void* data, int64_t count, DType dtype, cudaStream_t stream,
-                                      const std::string& what) {
-  all_reduce_sum(std::vector<Buffer>{{data, count, dtype}}, stream, what);
-}
-
 void NcclCommunicator::all_reduce_sum(const std::vector<Buffer>& buffers, cudaStream_t stream,
                                       const std::string& what) {
   MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);
@@ -183,13 +171,6 @@ void NcclCommunicator::broadcast(const std::vector<Broadcast>& parts, cudaStream
              "ncclBroadcast", what);
   }
   settle(ncclGroupEnd(), "ncclGroupEnd", what);
-}
-
-void NcclCommunicator::all_gather(const void* send, void* recv, int64_t count, DType dtype, cudaStream_t stream,
-                                  const std::string& what) {
-  MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);
-  settle(ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(dtype), comm_, stream), "ncclAllGather",
-         what);
 }
 
 void NcclCommunicator::all_gather(const std::vector<Gather>& parts, cudaStream_t stream, const std::string& what) {

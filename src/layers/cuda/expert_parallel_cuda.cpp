@@ -6,7 +6,7 @@
 #include <chrono>
 
 #include "core/error.h"
-#include "distributed/cuda/nccl_communicator.h"
+#include "distributed/cuda/device_communicator.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace mt {
@@ -23,7 +23,7 @@ std::vector<std::vector<int>> expert_replica_groups(int world, int64_t ep) {
   return g;
 }
 
-CudaExpertParallel::CudaExpertParallel(NcclCommunicator& comm, int64_t experts, EpDispatchMode mode)
+CudaExpertParallel::CudaExpertParallel(DeviceCommunicator& comm, int64_t experts, EpDispatchMode mode)
     : comm_(comm), experts_(experts), mode_(mode) {
   MT_CHECK(comm.size() >= 1 && experts % comm.size() == 0, "expert parallel: {} experts over {} ranks", experts,
            comm.size());
@@ -132,7 +132,7 @@ std::vector<Tensor> ep_all_gather_rows(const CudaExpertParallel& ep, const std::
                                        cudaStream_t stream, const std::string& what) {
   const int64_t g = ep.ranks();
   std::vector<Tensor> out;
-  std::vector<NcclCommunicator::Gather> parts;
+  std::vector<DeviceCommunicator::Gather> parts;
   for (const Tensor& x : xs) {
     MT_CHECK(x.defined() && x.ndim() >= 1 && x.device().is_cuda(), "{}: expected device rows", what);
     out.push_back(Tensor::empty(with_rows(x.shape(), g * x.dim(0)), x.dtype(), x.device()));

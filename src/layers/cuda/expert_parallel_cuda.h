@@ -36,7 +36,7 @@
 
 namespace mt {
 
-class NcclCommunicator;
+class DeviceCommunicator;
 
 
 // The expert-parallel groups of a job of `world` ranks with groups of `ep`: consecutive ranks
@@ -48,12 +48,12 @@ std::vector<std::vector<int>> expert_replica_groups(int world, int64_t ep);
 class CudaExpertParallel {
  public:
   // comm: the expert-parallel group (its rank order is the expert order); experts: the model's E.
-  CudaExpertParallel(NcclCommunicator& comm, int64_t experts, EpDispatchMode mode);
+  CudaExpertParallel(DeviceCommunicator& comm, int64_t experts, EpDispatchMode mode);
   ~CudaExpertParallel();
   CudaExpertParallel(const CudaExpertParallel&) = delete;
   CudaExpertParallel& operator=(const CudaExpertParallel&) = delete;
 
-  NcclCommunicator& comm() const { return comm_; }
+  DeviceCommunicator& comm() const { return comm_; }
   int me() const;
   int ranks() const;
   int64_t experts_per_rank() const { return per_rank_; }
@@ -77,7 +77,7 @@ class CudaExpertParallel {
   int32_t* pinned_offsets() const { return pinned_; }
 
  private:
-  NcclCommunicator& comm_;
+  DeviceCommunicator& comm_;
   int64_t experts_ = 0, per_rank_ = 0;
   EpDispatchMode mode_ = EpDispatchMode::all_gather;
   cudaStream_t side_ = nullptr;

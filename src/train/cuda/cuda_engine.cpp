@@ -206,7 +206,8 @@ class CudaEngine final : public TrainEngine {
     const EpDispatchMode dispatch = ep_dispatch_mode_parse(r.parallel.ep_dispatch, r.parallel.ep,
                                                            lm_.config.num_experts_per_tok, "parallel.ep_dispatch");
     job_ = cuda_job_collectives_create(comm, device_, timeout, r.parallel.ep, lm_.config.num_experts, dispatch,
-                                       "parallel.ep");
+                                       "parallel.ep",
+                                       device_collectives_parse(r.parallel.gpu_collectives, "parallel.gpu_collectives"));
     ep_ = job_.ep.get();
     return job_.step();
   }

@@ -4,7 +4,7 @@
 
 #include "core/error.h"
 #include "distributed/communicator.h"
-#include "distributed/cuda/nccl_communicator.h"
+#include "distributed/cuda/device_communicator.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/grad_norm.h"
@@ -126,17 +126,17 @@ EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_d
 
 // Every sharded parameter from its owner to the other ranks (one NCCL group).
 void CudaTrainStep::broadcast_updates(cudaStream_t stream) {
-  std::vector<NcclCommunicator::Broadcast> parts;
+  std::vector<DeviceCommunicator::Broadcast> parts;
   for (size_t i = 0; i < params_.size(); ++i)
     if (shards_.owner(i) >= 0) parts.push_back({params_[i]->data(), params_[i]->numel(), params_[i]->dtype(), shards_.owner(i)});
   col_.world->broadcast(parts, stream, "broadcast(updated parameters, step " + std::to_string(steps_) + ")");
 }
 
 void CudaTrainStep::reduce_gradients(cudaStream_t stream) {
-  std::vector<NcclCommunicator::Buffer> replicated, experts;
+  std::vector<DeviceCommunicator::Buffer> replicated, experts;
   for (size_t i = 0; i < grad_list_.size(); ++i) {
     Tensor* g = const_cast<Tensor*>(grad_list_[i]);
-    NcclCommunicator::Buffer b{g->data(), g->numel(), g->dtype()};
+    DeviceCommunicator::Buffer b{g->data(), g->numel(), g->dtype()};
     (is_expert_[i] && col_.ep ? experts : replicated).push_back(b);
   }
   const std::string step = "step " + std::to_string(steps_);
@@ -147,7 +147,7 @@ void CudaTrainStep::reduce_gradients(cudaStream_t stream) {
 
 // Each expert tensor's Σ g² over the EP group (every rank holds a slice of the experts).
 void CudaTrainStep::reduce_expert_sumsq(Tensor& sumsq, cudaStream_t stream) {
-  std::vector<NcclCommunicator::Buffer> parts;
+  std::vector<DeviceCommunicator::Buffer> parts;
   double* base = sumsq.data_as<double>();
   for (size_t i = 0; i < grad_list_.size(); ++i)
     if (is_expert_[i]) parts.push_back({base + i, 1, DType::F64});

@@ -18,7 +18,7 @@
 namespace mt {
 
 class Communicator;
-class NcclCommunicator;
+class DeviceCommunicator;
 
 // The collectives of a multi-GPU step (all null: one GPU). Gradients of the replicated parameters are
 // summed over `world` once per optimizer step (after the last micro-batch); the experts' over
@@ -27,8 +27,8 @@ class NcclCommunicator;
 // clipping norm is the whole model's. Loss sums travel over `host` (the TCP communicator).
 struct CudaStepCollectives {
   Communicator* host = nullptr;
-  NcclCommunicator* world = nullptr;
-  NcclCommunicator* expert_replicas = nullptr;
+  DeviceCommunicator* world = nullptr;
+  DeviceCommunicator* expert_replicas = nullptr;
   const CudaExpertParallel* ep = nullptr;
   bool active() const { return world != nullptr; }
 };
