@@ -17,6 +17,9 @@ class ParamResidency {
   // Makes every parameter of `group` present (a no-op for those already here). Every rank of the job makes
   // the same calls in the same order.
   virtual void fetch(int64_t group) = 0;
+  // May start bringing `group` (for example on a side stream) so that its fetch, which must still follow,
+  // waits less. Same collective rule as fetch.
+  virtual void prefetch(int64_t group) { (void)group; }
   // The model is done reading `group` for now; backward_follows: a backward pass will read it again in this
   // step (the reshard policy decides whether it stays until then).
   virtual void release(int64_t group, bool backward_follows) = 0;

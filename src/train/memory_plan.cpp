@@ -193,6 +193,21 @@ wide optimizer_param_count(const MemoryPlanInput& in, const Dims& d, const Layer
   return (split ? expert_held : 0) + OptimizerShards::largest_share(sizes, static_cast<int>(shards));
 }
 
+// ZeRO-3's fetched parameters at their peak: two neighbouring groups of the reading order (models/
+// param_residency.h: the embedding, each decoder layer's replicated tensors, the head), the one being read and
+// the prefetched next one; counted whole, an upper bound (a rank's own tensors of them are in its share). The
+// embedding is released before the first layer runs, so it and the head are never here together unless there
+// are no layers. Tied embeddings: the head's group reads the embedding.
+wide fetched_groups_count(const MemoryPlanInput& in, const Dims& d, const Layers& layers) {
+  const bool split = in.expert_parallel > 1;
+  const wide embed = d.V * d.H, head = d.V * d.H + d.H;
+  if (layers.moe + layers.dense == 0) return embed + head;
+  wide layer = 0;
+  if (layers.moe > 0) layer = attention_param_count(d) + (split ? d.E * d.H : moe_param_count(d));
+  if (layers.dense > 0) layer = std::max(layer, attention_param_count(d) + dense_param_count(d));
+  return std::max(head, layer) + layer;
+}
+
 MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, int64_t tokens, Recompute r, bool master) {
   const Qwen3MoeConfig& c = in.cfg;
   Dims d = dims_of(c, tokens);
@@ -221,17 +236,20 @@ MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, int64_t t
 
   MemoryPlan p;
   p.param_count = clamp64(count);
-  p.params = clamp64(count * kBf16);
   const wide grad_bytes = count * kF32 - (in.bf16_expert_grads ? expert_count / ep * (kF32 - kBf16) : 0);
   p.grads = clamp64(grad_bytes);
   const wide opt_count = optimizer_param_count(in, d, layers, count, expert_count / ep);
+  wide held = count;  // parameters present on this rank at the peak
+  if (in.shard_parameters && in.reshard_after_forward && in.optimizer_shards > 1)
+    held = std::min(count, opt_count + fetched_groups_count(in, d, layers));
+  p.params = clamp64(held * kBf16);
   p.optimizer_param_count = clamp64(opt_count);
   p.optimizer = clamp64(opt_count * (2 * moment_bytes + (master ? kF32 : 0)));
   p.activations_saved = clamp64(saved);
   p.activations_transient = clamp64(transient);
   p.activations = clamp64(saved + transient);
   p.workspace = kCublasWorkspaceBytes + kAllocatorSlackBytes;
-  p.total = clamp64(count * kBf16 + grad_bytes + opt_count * (2 * moment_bytes + (master ? kF32 : 0)) + saved +
+  p.total = clamp64(held * kBf16 + grad_bytes + opt_count * (2 * moment_bytes + (master ? kF32 : 0)) + saved +
                     transient + p.workspace);
   p.available = in.device_bytes - in.reserve_bytes;
   p.fits = p.total <= p.available;
@@ -316,6 +334,7 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   p.fp32_master = in.fp32_master;
   p.bf16_moments = in.bf16_moments;
   p.optimizer_shards = std::max<int64_t>(in.optimizer_shards, 1);
+  p.params_sharded = in.shard_parameters && in.reshard_after_forward && p.optimizer_shards > 1;
   p.bf16_expert_grads = in.bf16_expert_grads;
   p.full_recompute_fits = plan_bytes(in, layers, in.micro_batch * in.seq, Recompute::full, in.fp32_master).fits;
   p.no_master_fits = plan_bytes(in, layers, in.micro_batch * in.seq, in.recompute, false).fits;
@@ -344,7 +363,8 @@ std::string MemoryPlan::table() const {
   auto row = [&](const char* name, const std::string& what, int64_t bytes) {
     t += fmt::format("  {:<12} {:<42} {:>9.2f} GiB\n", name, what, gib(bytes));
   };
-  row("parameters", "bf16", params);
+  row("parameters", params_sharded ? fmt::format("bf16, 1/{} shard + 2 fetched groups (ZeRO-3)", optimizer_shards) : "bf16",
+      params);
   row("gradients", bf16_expert_grads ? "fp32, experts bf16" : "fp32", grads);
   row("optimizer", optimizer_desc(*this), optimizer);
   row("activations",

@@ -37,6 +37,11 @@ struct MemoryPlanInput {
   // ZeRO-1 over this many ranks (train/optimizer_shards.h): the optimizer state of the replicated parameters
   // is split by whole tensors; the plan counts the largest rank's share.
   int64_t optimizer_shards = 1;
+  // ZeRO-3 over those ranks (train/sharded_params.h): a rank holds its share of the replicated parameters
+  // plus the groups it has fetched, at most two at once (the one being read and the prefetched next one)
+  // when reshard_after_forward; without it every layer's stay from its forward to its backward (no saving).
+  bool shard_parameters = false;
+  bool reshard_after_forward = true;
   int64_t device_bytes = 0;   // total memory of the GPU (cudaMemGetInfo total)
   int64_t reserve_bytes = 0;  // kept free for the CUDA context / fragmentation (caller picks, e.g. 1.5 GiB + 3%)
 };
@@ -54,6 +59,7 @@ struct MemoryPlan {
   // The request, for table() and refusal().
   int64_t param_count = 0, layers = 0, moe_layers = 0;  // param_count: held on this rank
   int64_t expert_parallel = 1, optimizer_shards = 1;
+  bool params_sharded = false;  // the parameters row is a ZeRO-3 share plus two fetched groups
   int64_t optimizer_param_count = 0;  // parameters whose optimizer state this rank keeps
   int64_t micro_batch = 0, seq = 0, device_bytes = 0, reserve_bytes = 0;
   Recompute recompute = Recompute::selective;

@@ -9,6 +9,56 @@
 
 namespace mt {
 
+namespace {
+
+class HostParamTransport final : public ParamTransport {
+ public:
+  HostParamTransport(Communicator& comm, int rank, int world) : comm_(comm), rank_(rank), world_(world) {}
+
+  void bring(int64_t, const std::vector<ShardedParam>& members, const std::string& what) override {
+    for (int owner = 0; owner < world_; ++owner) {
+      size_t bytes = 0;
+      const ShardedParam* only = nullptr;  // the owner's one tensor of the group: broadcast in place, no packing copy
+      int count = 0;
+      for (const ShardedParam& m : members)
+        if (m.owner == owner) bytes += m.t->nbytes(), only = &m, ++count;
+      if (bytes == 0) continue;
+      const bool mine = owner == rank_;
+      const std::string op = fmt::format("broadcast({}: parameters held by rank {})", what, owner);
+      if (count == 1) {
+        comm_.broadcast(only->t->data(), bytes, owner, op);
+        continue;
+      }
+      packed_.resize(bytes);
+      size_t at = 0;
+      for (const ShardedParam& m : members) {
+        if (m.owner != owner) continue;
+        if (mine) std::memcpy(packed_.data() + at, m.t->data(), m.t->nbytes());
+        at += m.t->nbytes();
+      }
+      comm_.broadcast(packed_.data(), bytes, owner, op);
+      if (mine) continue;
+      at = 0;
+      for (const ShardedParam& m : members) {
+        if (m.owner != owner) continue;
+        std::memcpy(m.t->data(), packed_.data() + at, m.t->nbytes());
+        at += m.t->nbytes();
+      }
+    }
+  }
+
+ private:
+  Communicator& comm_;
+  int rank_, world_;
+  std::vector<unsigned char> packed_;
+};
+
+}  // namespace
+
+std::unique_ptr<ParamTransport> host_param_transport(Communicator& comm, int rank, int world) {
+  return std::make_unique<HostParamTransport>(comm, rank, world);
+}
+
 int64_t ShardedParams::group_of(const std::string& param, int64_t num_layers) {
   static const std::string layers = "model.layers.";
   if (param == "model.embed_tokens.weight") return kEmbedding;
@@ -21,9 +71,12 @@ int64_t ShardedParams::group_of(const std::string& param, int64_t num_layers) {
 }
 
 ShardedParams::ShardedParams(Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, const OptimizerShards& shards,
-                             Communicator& comm, bool reshard_after_forward)
-    : shards_(shards), comm_(comm), reshard_after_forward_(reshard_after_forward), num_layers_(cfg.num_hidden_layers) {
-  MT_CHECK(shards.active() && shards.world() == comm.size(), "sharded parameters need the job's ZeRO-1 owners");
+                             std::unique_ptr<ParamTransport> transport, bool reshard_after_forward)
+    : shards_(shards),
+      transport_(std::move(transport)),
+      reshard_after_forward_(reshard_after_forward),
+      num_layers_(cfg.num_hidden_layers) {
+  MT_CHECK(shards.active(), "sharded parameters need the job's ZeRO-1 owners");
   const auto params = w.named_parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     const int owner = shards.owner(i);
@@ -36,6 +89,14 @@ ShardedParams::ShardedParams(Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, cons
   for (const auto& [g, members] : groups_) present_[g] = true;
 }
 
+ShardedParams::ShardedParams(Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, const OptimizerShards& shards,
+                             Communicator& comm, bool reshard_after_forward)
+    : ShardedParams(w, cfg, shards, host_param_transport(comm, shards.rank(), shards.world()),
+                    reshard_after_forward) {
+  MT_CHECK(shards.world() == comm.size(), "sharded parameters over {} ranks, the job has {}", shards.world(),
+           comm.size());
+}
+
 std::string ShardedParams::group_name(int64_t group) const {
   if (group == kEmbedding) return "the embedding";
   if (group == head(num_layers_)) return "the head";
@@ -46,54 +107,27 @@ void ShardedParams::shard() {
   for (const auto& group : groups_) release(group.first, false);
 }
 
-void ShardedParams::fetch(int64_t group) {
+void ShardedParams::prefetch(int64_t group) {
   const auto it = groups_.find(group);
   if (it == groups_.end() || present_[group]) return;
   ++fetches_;
-  std::vector<Member>& members = it->second;
-  for (int owner = 0; owner < shards_.world(); ++owner) {
-    size_t bytes = 0;
-    Member* only = nullptr;  // the owner's one tensor of the group: broadcast in place, no packing copy
-    int count = 0;
-    for (Member& m : members)
-      if (m.owner == owner) bytes += m.t->nbytes(), only = &m, ++count;
-    if (bytes == 0) continue;
-    const bool mine = owner == shards_.rank();
-    const std::string what = fmt::format("broadcast(parameters of {} held by rank {}, fetch {})", group_name(group),
-                                         owner, fetches_);
-    if (count == 1) {
-      if (!mine && !only->t->present()) *only->t = Tensor::empty(only->t->shape(), only->t->dtype(), only->t->device());
-      comm_.broadcast(only->t->data(), bytes, owner, what);
-      continue;
-    }
-    packed_.resize(bytes);
-    size_t at = 0;
-    for (Member& m : members) {
-      if (m.owner != owner) continue;
-      if (mine) {
-        std::memcpy(packed_.data() + at, m.t->data(), m.t->nbytes());
-      } else if (!m.t->present()) {  // a tensor both the embedding and the head read may be here already
-        *m.t = Tensor::empty(m.t->shape(), m.t->dtype(), m.t->device());
-      }
-      at += m.t->nbytes();
-    }
-    comm_.broadcast(packed_.data(), bytes, owner, what);
-    if (mine) continue;
-    at = 0;
-    for (Member& m : members) {
-      if (m.owner != owner) continue;
-      std::memcpy(m.t->data(), packed_.data() + at, m.t->nbytes());
-      at += m.t->nbytes();
-    }
-  }
+  for (ShardedParam& m : it->second)  // a tensor both the embedding and the head read may be here already
+    if (m.owner != shards_.rank() && !m.t->present()) *m.t = Tensor::empty(m.t->shape(), m.t->dtype(), m.t->device());
+  transport_->bring(group, it->second, fmt::format("{} (fetch {})", group_name(group), fetches_));
   present_[group] = true;
+}
+
+void ShardedParams::fetch(int64_t group) {
+  prefetch(group);
+  if (groups_.count(group)) transport_->join(group);
 }
 
 void ShardedParams::release(int64_t group, bool backward_follows) {
   const auto it = groups_.find(group);
   if (it == groups_.end() || !present_[group]) return;
   if (backward_follows && !reshard_after_forward_) return;
-  for (Member& m : it->second)
+  transport_->join(group);  // nothing may still be writing the tensors dropped here
+  for (ShardedParam& m : it->second)
     if (m.owner != shards_.rank()) *m.t = Tensor::absent(m.t->shape(), m.t->dtype(), m.t->device());
   present_[group] = false;
 }

@@ -436,5 +436,30 @@ TEST(MemoryPlan, ShardedOptimizerStateCountsTheLargestShare) {
   EXPECT_GE(dp.optimizer_param_count, (dp.param_count + 1) / 2);
 }
 
+// ZeRO-3 (shard_parameters): the parameters row holds the rank's share plus two neighbouring fetched groups at
+// most: the head (151,936 × 2048 + 2048 = 311,166,976) and a layer's replicated tensors (19,140,864 under EP).
+// Same slice as above, EP 2 over 2 ranks: 426,011,136 + 330,307,840 replicated parameters instead of
+// 852,022,272. Keeping layers until their backward (reshard_after_forward false) saves nothing, and one rank
+// shards nothing.
+TEST(MemoryPlan, ShardedParametersHoldTheShareAndTwoFetchedGroups) {
+  MemoryPlanInput in = slice_input(false, true);
+  in.expert_parallel = 2;
+  in.optimizer_shards = 2;
+  const int64_t experts_held = 12 * int64_t{603979776} / 2;
+  const MemoryPlan zero1 = memory_plan(in);
+  EXPECT_EQ(zero1.params, (experts_held + 852022272) * 2);
+  in.shard_parameters = true;
+  const MemoryPlan zero3 = memory_plan(in);
+  EXPECT_EQ(zero3.params, (experts_held + 426011136 + 330307840) * 2);
+  EXPECT_EQ(zero1.total - zero3.total, zero1.params - zero3.params);
+  EXPECT_EQ(zero3.grads, zero1.grads);  // gradients stay whole
+  EXPECT_NE(zero3.table().find("bf16, 1/2 shard + 2 fetched groups (ZeRO-3)"), std::string::npos) << zero3.table();
+  in.reshard_after_forward = false;
+  EXPECT_EQ(memory_plan(in).params, zero1.params);
+  in.reshard_after_forward = true;
+  in.optimizer_shards = 1;
+  EXPECT_EQ(memory_plan(in).params, zero1.params);
+}
+
 }  // namespace
 }  // namespace mt

@@ -68,19 +68,41 @@ void layer_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& L, Layer
   moe_acts_restore(env, L, acts.x_mid, acts.moe);
 }
 
+// The model's calls into a ParamResidency (ZeRO-3); no-ops without one.
+struct Params {
+  ParamResidency* r = nullptr;
+  void fetch(int64_t g) const {
+    if (r) r->fetch(g);
+  }
+  void prefetch(int64_t g) const {
+    if (r) r->prefetch(g);
+  }
+  void release(int64_t g, bool backward_follows) const {
+    if (r) r->release(g, backward_follows);
+  }
+};
+
 // Embedding, every decoder layer and the final norm. keep: each layer's saved tensors (released per
 // `rc`), or null (forward only: dropped as soon as the next layer has its input).
 struct StreamEnd {
   Tensor x;   // residual stream after the last layer (the final norm's input)
   Tensor xf;  // final-norm output
 };
+// Under ZeRO-3 the groups are fetched in reading order, each next one prefetched while the current one
+// computes; the end of layer l reads layer l + 1's input norm, so both are here there. The head's group
+// stays fetched (the caller releases it).
 StreamEnd run_layers(const CudaBlockEnv& env, const Qwen3MoeWeights& w, const CudaBatch& b, cuda::AuxStats* stats,
-                     std::vector<LayerActs>* keep, Recompute rc) {
+                     std::vector<LayerActs>* keep, Recompute rc, const Params& params) {
   const Qwen3MoeConfig& c = *env.cfg;
   const int64_t T = b.tokens(), H = c.hidden_size, nl = c.num_hidden_layers;
+  const int64_t head = ParamResidency::head(nl);
   env.phase(Phase::other);
+  params.fetch(ParamResidency::kEmbedding);
+  params.prefetch(0);
   Tensor x = env.bf16({T, H});
   cuda::embedding_forward(b.ids, w.embed, x, env.stream);
+  params.fetch(0);  // the first input norm (the head's final norm without layers)
+  params.release(ParamResidency::kEmbedding, false);  // the embedding backward reads no parameter
   Tensor a = env.bf16({T, H});
   cuda::rmsnorm_forward(x, nl > 0 ? w.layers[0].input_norm : w.final_norm, env.eps(), a, nullptr, env.stream);
   for (int64_t l = 0; l < nl; ++l) {
@@ -88,14 +110,18 @@ StreamEnd run_layers(const CudaBlockEnv& env, const Qwen3MoeWeights& w, const Cu
     LayerActs& acts = keep ? (*keep)[l] : local;
     CudaBlockEnv lenv = env;
     lenv.layer = l;
+    params.prefetch(l + 1);
     Tensor y = layer_forward(lenv, w.layers[l], x, a, stats, acts);
     env.phase(Phase::other);
+    params.fetch(l + 1);
     const Tensor& next_norm = l + 1 < nl ? w.layers[l + 1].input_norm : w.final_norm;
     x = env.bf16({T, H});
     a = env.bf16({T, H});
     cuda::rmsnorm_residual_forward(y, acts.x_mid, next_norm, env.eps(), x, a, nullptr, env.stream);
     if (keep) layer_release(acts, rc);
+    params.release(l, keep != nullptr);
   }
+  params.fetch(head);
   return {x, a};
 }
 
@@ -189,7 +215,8 @@ CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
   cuda::AuxStats stats;
   if (aux_on_) stats = cuda::aux_stats_zeros(cfg_.num_experts, device_, ctx.stream);
 
-  const Tensor xf = run_layers(env, w_, b, aux_on_ ? &stats : nullptr, nullptr, Recompute::none).xf;
+  const Params params{opts_.residency};
+  const Tensor xf = run_layers(env, w_, b, aux_on_ ? &stats : nullptr, nullptr, Recompute::none, params).xf;
   CudaLoss loss;
   loss.ce_sum = Tensor::empty({1}, DType::F32, env.dev());
   loss.count = Tensor::empty({1}, DType::I32, env.dev());
@@ -204,6 +231,7 @@ CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
     MT_CUDA_CHECK(cudaMemsetAsync(loss.ce_sum.data(), 0, 4, ctx.stream));
     MT_CUDA_CHECK(cudaMemsetAsync(loss.count.data(), 0, 4, ctx.stream));
   }
+  params.release(ParamResidency::head(cfg_.num_hidden_layers), false);
   if (aux_on_) {
     Tensor aux_dp;
     cuda::aux_loss_finish(stats, /*bf16=*/true, 0.0, loss.aux, aux_dp, ctx.stream);
@@ -226,7 +254,8 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
 
   // Forward, keeping what the recompute policy says.
   std::vector<LayerActs> acts(nl);
-  StreamEnd end = run_layers(env, w_, b, aux_on_ ? &stats : nullptr, &acts, rc);
+  const Params params{opts_.residency};
+  StreamEnd end = run_layers(env, w_, b, aux_on_ ? &stats : nullptr, &acts, rc, params);
   Tensor x_last = end.x, xf = end.xf;
   end = {};
 
@@ -248,6 +277,7 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
   cuda::rmsnorm_backward(dxf, x_last, w_.final_norm, env.eps(), dx, grads.final_norm, nullptr, ctx.stream);
   dxf = Tensor();
   x_last = Tensor();
+  params.release(ParamResidency::head(nl), false);
 
   Tensor aux_dp;
   if (aux_on_) cuda::aux_loss_finish(stats, /*bf16=*/true, cfg_.router_aux_loss_coef, loss.aux, aux_dp, ctx.stream);
@@ -259,6 +289,8 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
   const bool prefetch_dout = env.ep && env.ep->mode() == EpDispatchMode::all_gather && env.ep_gather;
   EpPending dout_all;
   for (int64_t l = nl - 1; l >= 0; --l) {
+    params.fetch(l);
+    if (l > 0) params.prefetch(l - 1);
     const auto& L = w_.layers[l];
     auto& G = grads.layers[l];
     LayerActs& A = acts[l];
@@ -287,6 +319,7 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
       attention_block_wgrads_cuda(env, wgrads, G);
     }
     A = {};
+    params.release(l, false);
   }
   cuda::embedding_backward(b.ids, dx, grads.embed, ctx.stream);
   return loss;

@@ -18,6 +18,7 @@
 #include "layers/cuda/expert_parallel_cuda.h"
 #include "layers/cuda/expert_wgrad_passes.h"
 #include "models/cuda/cuda_batch.h"
+#include "models/param_residency.h"
 #include "models/qwen3_moe_config.h"
 #include "models/qwen3_moe_weights.h"
 #include "train/memory_plan.h"
@@ -42,6 +43,9 @@ struct CudaModelOptions {
   // Expert parallelism: the stacked expert weights (and their gradients) hold this rank's experts only,
   // [E/ep, ...], and every MoE layer dispatches its rows over the group. Null: all experts here.
   const CudaExpertParallel* expert_parallel = nullptr;
+  // ZeRO-3 (models/param_residency.h): the model fetches each group of parameters before reading it (and
+  // prefetches the next one), and releases it after. Null: every parameter is always here.
+  ParamResidency* residency = nullptr;
 };
 
 // Device scalars of one micro-batch; read them (cuda::to_host) after the step's sync.

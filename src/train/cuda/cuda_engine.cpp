@@ -19,8 +19,10 @@
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/cuda_check.h"
+#include "train/cuda/cuda_param_transport.h"
 #include "train/cuda/cuda_train_step.h"
 #include "train/memory_plan.h"
+#include "train/sharded_params.h"
 #include "train/train_checkpoint.h"
 #include "train/train_engine.h"
 
@@ -41,13 +43,20 @@ struct ExpertSlice {
 };
 
 // Every host parameter (this rank's slice) uploaded as BF16 (rounded to nearest even when the host holds F32).
-Qwen3MoeWeights upload_bf16(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& host, int device, const ExpertSlice& sl) {
+// Under ZeRO-3 the parameters another rank owns stay absent (train/sharded_params.h): never allocated here.
+Qwen3MoeWeights upload_bf16(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& host, int device, const ExpertSlice& sl,
+                            const OptimizerShards* params_owned) {
   Qwen3MoeWeights d = Qwen3MoeWeights::empty_like_config(cfg, DType::BF16, Device::cuda(device), sl.count);
   auto src = host.named_parameters();
   auto dst = d.named_parameters();
   for (size_t i = 0; i < src.size(); ++i) {
+    Tensor& t = *dst[i].second;
+    if (params_owned && !params_owned->updates(i)) {
+      t = Tensor::absent(t.shape(), t.dtype(), t.device());
+      continue;
+    }
     const Tensor h = sl.of(src[i].first, *src[i].second);
-    cuda::copy_host_to_device(*dst[i].second, h.dtype() == DType::BF16 ? h : h.to(DType::BF16));
+    cuda::copy_host_to_device(t, h.dtype() == DType::BF16 ? h : h.to(DType::BF16));
   }
   return d;
 }
@@ -78,6 +87,8 @@ bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, int64_t
   in.bf16_expert_grads = r.optimizer.expert_grad_dtype == "bfloat16";
   in.expert_parallel = ep;
   in.optimizer_shards = world > 1 && r.parallel.shard_optimizer ? world : 1;
+  in.shard_parameters = world > 1 && r.parallel.shard_parameters;
+  in.reshard_after_forward = r.parallel.reshard_after_forward;
   in.ep_all_gather = ep > 1 && ep_dispatch_mode_parse(r.parallel.ep_dispatch, ep, cfg.num_experts_per_tok,
                                                       "parallel.ep_dispatch") == EpDispatchMode::all_gather;
   in.device_bytes = static_cast<int64_t>(total_b);
@@ -98,22 +109,32 @@ class CudaEngine final : public TrainEngine {
     if (host_f32_ && r.optimizer.master_weights != "float32")
       fail("model.dtype float32 with optimizer.master_weights none: on CUDA the model computes in bf16 and "
            "float32 means fp32 master weights; set optimizer.master_weights: float32 or model.dtype: bfloat16");
-    if (comm && comm->size() > 1 && r.parallel.shard_parameters)
-      fail("parallel.shard_parameters: the CUDA engine does not shard parameters yet (the CPU engine does); set "
-           "it false (ZeRO-1, parallel.shard_optimizer, still shards the optimizer state)");
     cuda::device_set(device_);
     CudaStepCollectives col;
-    if (comm && comm->size() > 1) col = join(*comm, r);
+    const bool ranks = comm && comm->size() > 1;
+    if (ranks) col = join(*comm, r);
     const bool pair = plan_memory(lm.config, r, device_, ep_ ? ep_->ranks() : 1, comm ? comm->size() : 1, log);
     cuda::allocator_reset_peak(device_);
     if (ep_) slice_ = {ep_->first_expert(), ep_->experts_per_rank()};
-    weights_ = upload_bf16(lm.config, lm.weights, device_, slice_);
     CudaTrainStepOptions so = step_options(r);
     so.pair_expert_wgrad = pair;
     so.collectives = col;
-    if (comm && comm->size() > 1 && r.parallel.shard_optimizer)
-      so.shards = optimizer_shards_for(weights_, comm->size(), comm->rank(), ep_ != nullptr);
+    // The owners depend on the parameters' names and element counts only (the expert stacks, the one
+    // thing the slice changes, are not sharded under expert parallelism), so the host copy gives them.
+    if (ranks && r.parallel.shard_optimizer)
+      so.shards = optimizer_shards_for(lm.weights, comm->size(), comm->rank(), ep_ != nullptr);
+    const bool shard_params = ranks && r.parallel.shard_parameters;
+    weights_ = upload_bf16(lm.config, lm.weights, device_, slice_, shard_params ? &so.shards : nullptr);
+    if (shard_params) {
+      shards_ = so.shards;
+      sharded_params_ = std::make_unique<ShardedParams>(
+          weights_, lm.config, shards_, std::make_unique<CudaParamTransport>(*job_.world, device_),
+          r.parallel.reshard_after_forward);
+      so.model.residency = sharded_params_.get();
+      so.params_sharded = true;
+    }
     step_ = std::make_unique<CudaTrainStep>(lm.config, weights_, device_, so);
+    if (sharded_params_) sharded_params_->shard();  // marks the groups absent (their tensors never came here)
     if (host_f32_) masters_from_host();
     cudaDeviceProp prop{};
     MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
@@ -272,6 +293,8 @@ class CudaEngine final : public TrainEngine {
   ExpertSlice slice_;
   std::string name_;
   Qwen3MoeWeights weights_;
+  OptimizerShards shards_;                         // ZeRO-3's owners (sharded_params_ refers to them)
+  std::unique_ptr<ShardedParams> sharded_params_;  // ZeRO-3 (train/sharded_params.h), or none
   std::unique_ptr<CudaTrainStep> step_;
 };
 

@@ -54,11 +54,13 @@ CudaTrainStep::CudaTrainStep(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights
       model_(cfg, weights, device, model_options(o.model, o)),
       grads_(cuda_grad_buffers(cfg, o.expert_grad_dtype, device, model_.experts_held())),
       shards_(o.shards),
+      params_sharded_(o.params_sharded),
       adamw_(o.shards.updated(weights.named_parameters()), o.adamw, o.decays, cuda::device_context(device).stream,
              updated_offsets(weights, o.shards)) {
   MT_CHECK(!col_.ep || col_.world, "expert parallelism needs the world communicator");
   MT_CHECK(!shards_.active() || (col_.world && col_.world->size() == shards_.world()),
            "a sharded optimizer needs the world communicator of its {} ranks", shards_.world());
+  MT_CHECK(!params_sharded_ || (shards_.active() && o.model.residency), "sharded parameters need ZeRO-1 owners and a residency");
   for (auto& [name, g] : grads_.named_parameters()) {
     if (shards_.updates(grad_list_.size())) updated_grads_.push_back(g);
     grad_list_.push_back(g);
@@ -118,7 +120,7 @@ EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_d
   s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
   if (s.finite) {
     adamw_.step(updated_grads_, lr, &coef_, stream);
-    if (shards_.active()) broadcast_updates(stream);
+    if (shards_.active() && !params_sharded_) broadcast_updates(stream);
   }
   timer.mark(cuda::Phase::other, stream);
   return s;

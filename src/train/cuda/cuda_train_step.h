@@ -47,6 +47,9 @@ struct CudaTrainStepOptions {
   // AdamW keeps and updates only the parameters it owns (and those of owner -1), then every sharded parameter
   // is broadcast from its owner. Default: not sharded.
   OptimizerShards shards;
+  // ZeRO-3 (train/sharded_params.h; model.residency fetches them): the sharded parameters live on their
+  // owners only, so the updated ones are not broadcast (each is fetched at its next use).
+  bool params_sharded = false;
 };
 
 class CudaTrainStep {
@@ -75,6 +78,7 @@ class CudaTrainStep {
   std::vector<const Tensor*> grad_list_;
   std::vector<bool> is_expert_;  // per grad_list_ entry
   OptimizerShards shards_;
+  bool params_sharded_ = false;
   std::vector<const Tensor*> updated_grads_;  // grad_list_'s entries of the parameters this rank updates
   std::vector<Tensor*> params_;               // weights.named_parameters(), for the broadcasts
   cuda::CudaAdamW adamw_;
