@@ -85,8 +85,9 @@ CausalLM CausalLM::from_pretrained(const std::string& path_or_repo_id, const Loa
   check_trainable_dtype(m.dtype, config_path);
   m.weights = Qwen3MoeWeights::from_hf(
       m.config, m.dtype, [&](const std::string& name) { return files.has(name) ? files.tensor(name) : Tensor(); },
-      files.names(), dir, options.expert_first, options.expert_count);
+      files.names(), dir, options.expert_first, options.expert_count, options.skip_param);
   m.experts_partial = options.expert_count >= 0 && options.expert_count < m.config.num_experts;
+  m.params_partial = static_cast<bool>(options.skip_param);
   m.source_dir = dir;
   m.carried_files = read_carried_files(dir);
   if (!files.index_metadata().empty() || files.shard_files().size() > 1)
@@ -247,6 +248,8 @@ void CausalLM::write_metadata_files(const std::string& dir) const {
 void CausalLM::write_pretrained_files(const std::string& dir, const SaveOptions& options) const {
   if (experts_partial)
     fail("{}: cannot save a model loaded with only some of its experts (LoadOptions::expert_count)", dir);
+  if (params_partial)
+    fail("{}: cannot save a model loaded without some of its parameters (LoadOptions::skip_param)", dir);
   const SaveLayout l = save_layout(options);
   write_metadata_files(dir);
   checkpoint_write_tensors(dir, l.tensors, l.write);

@@ -2,6 +2,7 @@
 // in the local hub cache) and saved back in the original Hugging Face names, layouts and sharding.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -22,6 +23,9 @@ struct LoadOptions {
   // from the shards (an expert-parallel GPU rank's share; Qwen3MoeWeights::from_hf). The model is then
   // `experts_partial` and refuses to be saved until the rest has been written in.
   int64_t expert_first = 0, expert_count = -1;
+  // skip_param(name) true: that parameter is checked in the shards but not read; it stays Tensor::absent (a
+  // ZeRO-3 rank's parameters owned by other ranks). The model is then `params_partial` and refuses to be saved.
+  std::function<bool(const std::string&)> skip_param = {};
 };
 
 struct SaveOptions {
@@ -58,6 +62,7 @@ class CausalLM {
   std::map<std::string, std::string> source_shard_of;  // tensor -> shard file, when loaded from shards
   DType source_dtype = DType::F32;
   bool experts_partial = false;  // loaded with LoadOptions::expert_count: the other experts are unset
+  bool params_partial = false;   // loaded with LoadOptions::skip_param: those parameters are absent
 
  private:
   struct SaveLayout {

@@ -45,38 +45,41 @@ void parameters_visit(W& w, F&& f) {
 
 bool name_is_norm(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
 
-// Every parameter allocated (uninitialised) with the shapes `cfg` implies.
+// Every parameter allocated (uninitialised) with the shapes `cfg` implies, or only described (absent).
 Qwen3MoeWeights weights_alloc(const Qwen3MoeConfig& cfg, DType dtype, Device device = Device::cpu(),
-                              int64_t experts_held = -1) {
+                              int64_t experts_held = -1, bool absent = false) {
+  auto make = [&](const Shape& shape) {
+    return absent ? Tensor::absent(shape, dtype, device) : Tensor::empty(shape, dtype, device);
+  };
   const int64_t H = cfg.hidden_size, V = cfg.vocab_size, D = cfg.head_dim;
   const int64_t nq = cfg.num_attention_heads * D, nkv = cfg.num_key_value_heads * D;
   const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, F = cfg.intermediate_size;
   Qwen3MoeWeights w;
-  w.embed = Tensor::empty({V, H}, dtype, device);
+  w.embed = make({V, H});
   w.layers.resize(static_cast<size_t>(cfg.num_hidden_layers));
   for (size_t l = 0; l < w.layers.size(); ++l) {
     Qwen3MoeLayerWeights& L = w.layers[l];
-    L.input_norm = Tensor::empty({H}, dtype, device);
-    L.q_proj = Tensor::empty({nq, H}, dtype, device);
-    L.k_proj = Tensor::empty({nkv, H}, dtype, device);
-    L.v_proj = Tensor::empty({nkv, H}, dtype, device);
-    L.o_proj = Tensor::empty({H, nq}, dtype, device);
-    L.q_norm = Tensor::empty({D}, dtype, device);
-    L.k_norm = Tensor::empty({D}, dtype, device);
-    L.post_norm = Tensor::empty({H}, dtype, device);
+    L.input_norm = make({H});
+    L.q_proj = make({nq, H});
+    L.k_proj = make({nkv, H});
+    L.v_proj = make({nkv, H});
+    L.o_proj = make({H, nq});
+    L.q_norm = make({D});
+    L.k_norm = make({D});
+    L.post_norm = make({H});
     if (cfg.is_moe_layer(static_cast<int64_t>(l))) {
-      L.router = Tensor::empty({E, H}, dtype, device);
+      L.router = make({E, H});
       const int64_t held = experts_held >= 0 ? experts_held : E;
-      L.experts_gate_up = Tensor::empty({held, 2 * I, H}, dtype, device);
-      L.experts_down = Tensor::empty({held, H, I}, dtype, device);
+      L.experts_gate_up = make({held, 2 * I, H});
+      L.experts_down = make({held, H, I});
     } else {
-      L.mlp_gate = Tensor::empty({F, H}, dtype, device);
-      L.mlp_up = Tensor::empty({F, H}, dtype, device);
-      L.mlp_down = Tensor::empty({H, F}, dtype, device);
+      L.mlp_gate = make({F, H});
+      L.mlp_up = make({F, H});
+      L.mlp_down = make({H, F});
     }
   }
-  w.final_norm = Tensor::empty({H}, dtype, device);
-  if (!cfg.tie_word_embeddings) w.lm_head = Tensor::empty({V, H}, dtype, device);
+  w.final_norm = make({H});
+  if (!cfg.tie_word_embeddings) w.lm_head = make({V, H});
   return w;
 }
 
@@ -109,6 +112,11 @@ Qwen3MoeWeights Qwen3MoeWeights::empty_like_config(const Qwen3MoeConfig& cfg, DT
                                                    int64_t experts_held) {
   check_param_dtype(dtype, "empty_like_config");
   return weights_alloc(cfg, dtype, device, experts_held);
+}
+
+Qwen3MoeWeights Qwen3MoeWeights::absent_like_config(const Qwen3MoeConfig& cfg, DType dtype) {
+  check_param_dtype(dtype, "absent_like_config");
+  return weights_alloc(cfg, dtype, Device::cpu(), -1, /*absent=*/true);
 }
 
 Qwen3MoeWeights Qwen3MoeWeights::zeros_like_config(const Qwen3MoeConfig& cfg, DType dtype) {
@@ -148,7 +156,8 @@ Qwen3MoeWeights Qwen3MoeWeights::random_init(const Qwen3MoeConfig& cfg, DType dt
 Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
                                          const std::function<Tensor(const std::string&)>& lookup,
                                          const std::vector<std::string>& all_names, const std::string& source,
-                                         int64_t expert_first, int64_t expert_count) {
+                                         int64_t expert_first, int64_t expert_count,
+                                         const std::function<bool(const std::string&)>& skip) {
   check_param_dtype(dtype, source);
   const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size;
   if (expert_count < 0) expert_first = 0, expert_count = E;
@@ -250,6 +259,10 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
   std::vector<CopyJob> jobs;
   for (size_t i = 0; i < params.size(); ++i) {
     Tensor& dst = *params[i].second;
+    if (skip && skip(params[i].first)) {  // its untouched allocation is returned at once
+      dst = Tensor::absent(dst.shape(), dst.dtype(), dst.device());
+      continue;
+    }
     const std::vector<Source>& src = sources[i].parts;
     switch (sources[i].fill) {
       case Fill::Whole:

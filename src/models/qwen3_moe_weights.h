@@ -59,6 +59,8 @@ struct Qwen3MoeWeights {
   // experts_held >= 0: the stacked expert tensors hold that many experts (an expert-parallel rank's slice).
   static Qwen3MoeWeights empty_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device,
                                            int64_t experts_held = -1);
+  // Every parameter Tensor::absent (shapes and dtype only, no storage): for planning by names and sizes.
+  static Qwen3MoeWeights absent_like_config(const Qwen3MoeConfig& cfg, DType dtype);
   // Seeded random init as Transformers does: normal(0, initializer_range) for linear, embedding,
   // router and expert weights; ones for every RMSNorm weight.
   static Qwen3MoeWeights random_init(const Qwen3MoeConfig& cfg, DType dtype, uint64_t seed);
@@ -71,10 +73,13 @@ struct Qwen3MoeWeights {
   // and copied (an expert-parallel rank's share); the stacked tensors keep all E rows, the others
   // unwritten (their pages are never touched, so they cost no memory until something writes them).
   // Every tensor's presence, shape and dtype is still checked.
+  // skip(param) true: that parameter (a name of named_parameters()) is checked but neither allocated nor
+  // read; it stays Tensor::absent (a ZeRO-3 rank's parameters owned by other ranks, train/sharded_params.h).
   static Qwen3MoeWeights from_hf(const Qwen3MoeConfig& cfg, DType dtype,
                                  const std::function<Tensor(const std::string&)>& lookup,
                                  const std::vector<std::string>& all_names, const std::string& source,
-                                 int64_t expert_first = 0, int64_t expert_count = -1);
+                                 int64_t expert_first = 0, int64_t expert_count = -1,
+                                 const std::function<bool(const std::string&)>& skip = {});
   // The checkpoint names and tensors (per-expert, original layouts) in state_dict order, as
   // save_pretrained writes them. Tied lm_head is omitted. Tensors may be views into this struct.
   std::vector<std::pair<std::string, Tensor>> to_hf(const Qwen3MoeConfig& cfg) const;

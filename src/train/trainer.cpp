@@ -28,6 +28,7 @@
 #include "models/qwen3_moe_model.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
+#include "train/optimizer_shards.h"
 #include "train/progress.h"
 #include "train/shared_save.h"
 #include "train/train_checkpoint.h"
@@ -192,6 +193,16 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
     // Its expert-parallel group is ranks of consecutive numbers; its experts [g·E/ep, (g+1)·E/ep), g = rank % ep.
     lo.expert_count = model_cfg.num_experts / ep;
     lo.expert_first = (pg.rank % ep) * lo.expert_count;
+  }
+  // ZeRO-3: a rank reads only the replicated parameters it owns (the owners depend on names and sizes only).
+  OptimizerShards load_owners;
+  if (comm && pg.world > 1 && r.parallel.shard_parameters && r.parallel.shard_optimizer) {
+    load_owners = optimizer_shards_for(Qwen3MoeWeights::absent_like_config(model_cfg, DType::BF16), pg.world,
+                                       pg.rank, ep > 1);
+    lo.skip_param = [&load_owners](const std::string& name) {
+      const int owner = load_owners.owner(name);
+      return owner >= 0 && owner != load_owners.rank();
+    };
   }
   CausalLM lm = CausalLM::from_pretrained(model_src, lo);
   const Qwen3MoeConfig& cfg = lm.config;

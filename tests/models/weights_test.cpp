@@ -375,6 +375,61 @@ TEST(Qwen3MoeWeights, LoadsOnlyItsShareOfTheExperts) {
   EXPECT_FALSE(CausalLM::from_pretrained(dir.file("model"), lo).experts_partial);
 }
 
+// ZeRO-3's load (LoadOptions::skip_param): the skipped parameters are absent (no storage; shape and dtype kept)
+// and never read (their checkpoint tensors are inaccessible memory here), every other one holds the
+// checkpoint's bytes; a skipped tensor is still checked (a missing one is an error); a CausalLM loaded so
+// refuses a plain save.
+TEST(Qwen3MoeWeights, SkippedParametersAreCheckedButNotRead) {
+  const Qwen3MoeConfig cfg = tiny_config(false);
+  const Qwen3MoeWeights w = Qwen3MoeWeights::random_init(cfg, DType::F32, 13);
+  auto skipped = [](const std::string& n) {
+    return n == "model.embed_tokens.weight" || n.find("layers.0.self_attn") != std::string::npos;
+  };
+  HfMap m = to_map(w.to_hf(cfg));
+  for (auto& [n, t] : m)
+    if (skipped(n)) t = no_access_tensor(t.shape(), t.dtype());
+  auto lookup = [&](const std::string& n) {
+    auto it = m.find(n);
+    return it == m.end() ? Tensor() : it->second;
+  };
+  const Qwen3MoeWeights got = Qwen3MoeWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 0, -1, skipped);
+  const auto want = w.named_parameters(), have = got.named_parameters();
+  ASSERT_EQ(want.size(), have.size());
+  int absent = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const std::string& n = want[i].first;
+    EXPECT_EQ(have[i].second->shape(), want[i].second->shape()) << n;
+    EXPECT_EQ(have[i].second->dtype(), DType::F32) << n;
+    if (skipped(n)) {
+      EXPECT_FALSE(have[i].second->present()) << n;
+      ++absent;
+    } else {
+      EXPECT_TRUE(tensor_bytes_equal(*want[i].second, *have[i].second)) << n;
+    }
+  }
+  EXPECT_EQ(absent, 7);  // the embedding; layer 0's q, k, v, o projections and q, k norms
+  m.erase("model.embed_tokens.weight");
+  EXPECT_THROW(Qwen3MoeWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 0, -1, skipped), Error);
+
+  io_test::ScratchDir dir;
+  CausalLM full = CausalLM::from_config(cfg, DType::F32, 5);
+  full.save_pretrained(dir.file("model"));
+  LoadOptions lo;
+  lo.skip_param = skipped;
+  CausalLM part = CausalLM::from_pretrained(dir.file("model"), lo);
+  EXPECT_TRUE(part.params_partial);
+  EXPECT_FALSE(part.weights.embed.present());
+  EXPECT_TRUE(tensor_bytes_equal(full.weights.final_norm, part.weights.final_norm));
+  try {
+    part.save_pretrained(dir.file("again"));
+    ADD_FAILURE() << "a partially loaded model was saved";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot save a model loaded without some of its parameters"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("again")));
+}
+
 // Against the checkpoints Transformers 5.17 wrote (tests/fixtures): loads, writes back the exact
 // bytes, and emits names in the order save_pretrained sharded them.
 TEST(Qwen3MoeWeights, FixtureCheckpoints) {
