@@ -30,7 +30,8 @@ const std::vector<Section>& recipe_schema() {
       {"schedule", {"name", "warmup_steps", "min_lr_ratio"}},
       {"clip", {"max_grad_norm"}},
       {"checkpoint", {"dir", "every_steps", "keep_last"}},
-      {"parallel", {"timeout_s", "ep", "ep_dispatch", "shard_optimizer", "shard_parameters", "reshard_after_forward"}},
+      {"parallel",
+       {"timeout_s", "ep", "ep_dispatch", "shard_optimizer", "shard_parameters", "reshard_after_forward", "gpu_collectives"}},
   };
   return s;
 }

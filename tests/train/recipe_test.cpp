@@ -143,13 +143,16 @@ TEST(Recipe, Defaults) {
   EXPECT_EQ(r.parallel.timeout_s, 600);
   EXPECT_EQ(r.parallel.ep_dispatch, "auto");
   EXPECT_TRUE(r.parallel.shard_optimizer);
+  EXPECT_EQ(r.parallel.gpu_collectives, "nccl");
 }
 
 TEST(Recipe, SetOverridesScalarAndList) {
   TempRecipe f(std::string(kMinimal) + "train: {grad_accum: 2}\n");
   const Recipe r = recipe_load(
-      f.path, {"train.grad_accum=16", "optimizer.betas=[0.9,0.95]", "data.pack=false", "model.path=/other"});
+      f.path, {"train.grad_accum=16", "optimizer.betas=[0.9,0.95]", "data.pack=false", "model.path=/other",
+               "parallel.gpu_collectives=host"});
   EXPECT_EQ(r.train.grad_accum, 16);
+  EXPECT_EQ(r.parallel.gpu_collectives, "host");
   EXPECT_DOUBLE_EQ(r.optimizer.beta1, 0.9);
   EXPECT_DOUBLE_EQ(r.optimizer.beta2, 0.95);
   EXPECT_FALSE(r.data.pack);
@@ -216,6 +219,8 @@ TEST(Recipe, EnumsListChoices) {
   EXPECT_EQ(load_error(m + "optimizer: {name: sgd}\n"), ": optimizer.name: must be one of adamw (found 'sgd')");
   EXPECT_EQ(load_error(m + "parallel: {ep_dispatch: deepep}\n"),
             ": parallel.ep_dispatch: must be one of auto, all_gather, all_to_all (found 'deepep')");
+  EXPECT_EQ(load_error(m + "parallel: {gpu_collectives: mpi}\n"),
+            ": parallel.gpu_collectives: must be one of nccl, host (found 'mpi')");
   EXPECT_EQ(load_error(m + "parallel: {shard_optimizer: sometimes}\n"),
             ": parallel.shard_optimizer: must be true or false (found 'sometimes')");
   EXPECT_EQ(load_error(m + "optimizer: {master_weights: bf16}\n"),
