@@ -120,23 +120,39 @@ TEST(CudaMultiGpu, DataAndExpertParallelTrackOneGpuOver50Steps) {
                 worst, b.back(), a.back());
     EXPECT_LT(b.back(), 0.6 * b.front());  // it learned
   }
-  // Every expert of the gathered checkpoint is where the one-GPU run has it (a misplaced slice would
-  // differ by about the weights' own size).
+  // Every expert of the gathered checkpoint is where the one-GPU run has it: nearest to the one-GPU run's expert
+  // of its own index (any other expert differs by about the weights' own size, rel-L2 ~1.4) and within 0.1 of it
+  // (after 50 bf16 steps with the gradients summed in another order, a few tokens route differently; the
+  // experts of layer 1 end 0.05-0.07 apart on the 2026-12-02 run).
   CausalLM x = CausalLM::from_pretrained((dir.path / "one" / "final").string());
   CausalLM init = CausalLM::from_pretrained(dir.file("model"));
   for (const char* run_name : {"ep2", "ep2a2a"}) {
     CausalLM y = CausalLM::from_pretrained((dir.path / run_name / "final").string());
+    double farthest = 0, moved_least = 1e30;
     for (size_t l = 0; l < x.weights.layers.size(); ++l) {
       const auto& X = x.weights.layers[l];
       const auto& Y = y.weights.layers[l];
-      for (int64_t e = 0; e < X.experts_gate_up.dim(0); ++e) {
+      const int64_t E = X.experts_gate_up.dim(0);
+      for (int64_t e = 0; e < E; ++e) {
         SCOPED_TRACE(std::string(run_name) + " layer " + std::to_string(l) + " expert " + std::to_string(e));
-        EXPECT_LT(rel_l2(X.experts_gate_up[e], Y.experts_gate_up[e]), 0.05);
-        EXPECT_LT(rel_l2(X.experts_down[e], Y.experts_down[e]), 0.05);
+        for (Tensor Qwen3MoeLayerWeights::*stack : {&Qwen3MoeLayerWeights::experts_gate_up, &Qwen3MoeLayerWeights::experts_down}) {
+          const double own = rel_l2((X.*stack)[e], (Y.*stack)[e]);
+          farthest = std::max(farthest, own);
+          EXPECT_LT(own, 0.1);
+          for (int64_t o = 0; o < E; ++o) {
+            if (o != e) {
+              EXPECT_LT(own, rel_l2((X.*stack)[o], (Y.*stack)[e])) << "nearer to expert " << o;
+            }
+          }
+        }
         // and training moved them (the comparison is not between two copies of the initial weights)
-        EXPECT_GT(rel_l2(init.weights.layers[l].experts_down[e], X.experts_down[e]), 0.01);
+        const double moved = rel_l2(init.weights.layers[l].experts_down[e], X.experts_down[e]);
+        moved_least = std::min(moved_least, moved);
+        EXPECT_GT(moved, 0.01);
       }
     }
+    std::printf("%s: experts at most %.4f from the one-GPU run's (rel-L2); training moved each at least %.4f\n",
+                run_name, farthest, moved_least);
   }
 }
 
@@ -258,10 +274,12 @@ TEST(CudaMultiGpu, ShardedParametersTrainBitwiseLikeZero1) {
       EXPECT_EQ(losses_of(dir.path / name), losses_of(dir.path / zero1));
       EXPECT_EQ(test::slurp(dir.path / name / "checkpoint-000006" / "optimizer.safetensors"),
                 test::slurp(dir.path / zero1 / "checkpoint-000006" / "optimizer.safetensors"));
-      for (const auto& f : fs::directory_iterator(dir.path / zero1 / "final"))
-        if (f.path().extension() == ".safetensors")
+      for (const auto& f : fs::directory_iterator(dir.path / zero1 / "final")) {
+        if (f.path().extension() == ".safetensors") {
           EXPECT_EQ(test::slurp(f.path()), test::slurp(dir.path / name / "final" / f.path().filename()))
               << f.path().filename();
+        }
+      }
     }
     const int64_t p1 = peak(zero1), p3 = peak("zero3_" + ep + "_true"), p3keep = peak("zero3_" + ep + "_false");
     std::printf("ep %s: rank 0 peak allocated: ZeRO-1 %lld bytes, ZeRO-3 %lld (resharded) / %lld (kept to the "
