@@ -19,9 +19,10 @@ namespace mt::cli {
 namespace {
 struct BenchArgs {
   std::string preset = "qwen3-30b-a3b", model, precision = "bf16", recompute = "none", device = "cuda:0", json_out;
-  std::string ep_dispatch = "auto";
+  std::string ep_dispatch = "auto", gpu_collectives = "nccl";
   int64_t layers = 0, seq = 4096, micro_batch = 1, grad_accum = 8, steps = 5, warmup = 2, ep = 1;
   bool force = false, no_pair_expert_wgrad = false, plan_only = false, no_shard_optimizer = false;
+  bool shard_parameters = false;
   double prompt_fraction = 0.0;
   double device_gib = 133.9;  // an H200's cudaMemGetInfo total (143,771,566,080 bytes)
 };
@@ -58,6 +59,7 @@ void run_plan_only(const BenchArgs& a) {
   in.reserve_bytes = memory_plan_reserve_bytes(in.device_bytes);
   in.pair_expert_wgrad = !a.no_pair_expert_wgrad && pairing_wanted(in, a.grad_accum);
   in.optimizer_shards = a.no_shard_optimizer ? 1 : a.ep;  // a job of --ep ranks
+  in.shard_parameters = a.shard_parameters;
   const MemoryPlan plan = memory_plan(in);
   std::printf("%s\n", plan.table().c_str());
   std::fflush(stdout);
@@ -86,6 +88,8 @@ void run_bench(const BenchArgs& a, const std::string& command) {
   o.force = a.force;
   o.no_pair_expert_wgrad = a.no_pair_expert_wgrad;
   o.shard_optimizer = !a.no_shard_optimizer;
+  o.shard_parameters = a.shard_parameters;
+  o.gpu_collectives = a.gpu_collectives;
   o.prompt_fraction = a.prompt_fraction;
   o.command = command;
   o.ep = a.ep;
@@ -141,6 +145,13 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--no-shard-optimizer", a.no_shard_optimizer,
                 "multi-GPU: every rank keeps the whole optimizer state of the replicated parameters (default: each "
                 "tensor's on one owner rank, ZeRO-1; --plan-only takes the job's ranks as --ep)");
+  cmd->add_flag("--shard-parameters", a.shard_parameters,
+                "multi-GPU: the replicated parameters live on their owner ranks too, fetched per layer (ZeRO-3, "
+                "train/sharded_params.h); needs the optimizer state sharded");
+  cmd->add_option("--gpu-collectives", a.gpu_collectives,
+                  "multi-GPU: nccl, or host (staged through host memory; slow, lets ranks share a GPU: rank r uses "
+                  "GPU r mod the GPU count)")
+      ->check(CLI::IsMember({"nccl", "host"}));
   cmd->add_flag("--no-pair-expert-wgrad", a.no_pair_expert_wgrad,
                 "one expert wgrad pass per micro-batch (default: two micro-batches per pass when grad-accum >= 2 "
                 "and the memory plan fits)");

@@ -25,7 +25,9 @@
 #include "kernels/cuda/random_fill.h"
 #include "models/causal_lm.h"
 #include "models/presets.h"
+#include "train/cuda/cuda_param_transport.h"
 #include "train/cuda/cuda_train_step.h"
+#include "train/sharded_params.h"
 
 namespace mt {
 
@@ -141,8 +143,12 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   const int world = ranks.pg.world, rank = ranks.pg.rank;
   if (o.ep < 1 || world % o.ep != 0) fail("bench: --ep {} must divide the {} rank(s) of this job", o.ep, world);
   std::FILE* log = rank == 0 ? log_in : nullptr;
-  const int device = world > 1 ? ranks.pg.local_rank : o.device;
+  const DeviceCollectives collectives = device_collectives_parse(o.gpu_collectives, "bench --gpu-collectives");
   const int count = cuda::device_count();
+  const bool share = collectives == DeviceCollectives::host && count > 0;  // ranks may share a GPU
+  const int device = world > 1 ? (share ? ranks.pg.local_rank % count : ranks.pg.local_rank) : o.device;
+  if (o.shard_parameters && !o.shard_optimizer)
+    fail("bench: --shard-parameters needs the optimizer state sharded (drop --no-shard-optimizer)");
   if (device >= count) fail("bench: rank {} needs cuda:{}, {} CUDA device(s) found", rank, device, count);
   cuda::device_set(device);
   cuda::DeviceContext& ctx = cuda::device_context(device);
@@ -155,7 +161,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     const EpDispatchMode dispatch =
         ep_dispatch_mode_parse(o.ep_dispatch, o.ep, cfg.num_experts_per_tok, "bench --ep-dispatch");
     ranks.job = cuda_job_collectives_create(*ranks.host, device, std::chrono::seconds(600), o.ep, cfg.num_experts,
-                                            dispatch, "bench --ep");
+                                            dispatch, "bench --ep", collectives);
   }
   CudaExpertParallel* ep = ranks.job.ep.get();
   const int64_t held = ep ? ep->experts_per_rank() : cfg.num_experts;
@@ -173,6 +179,8 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   pin.bf16_expert_grads = !fp32_master;
   pin.expert_parallel = o.ep;
   pin.optimizer_shards = world > 1 && o.shard_optimizer ? world : 1;
+  const bool shard_params = world > 1 && o.shard_parameters;
+  pin.shard_parameters = shard_params;
   pin.ep_all_gather = ep && ep->mode() == EpDispatchMode::all_gather;
   pin.device_bytes = static_cast<int64_t>(total_b);
   pin.reserve_bytes = memory_plan_reserve_bytes(pin.device_bytes);
@@ -259,6 +267,17 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   // Parameters on the device: a checkpoint's, or the Transformers init (normal(0, initializer_range),
   // norms 1) drawn on the device. Every rank draws the same replicated parameters; expert slices differ.
   Qwen3MoeWeights w = Qwen3MoeWeights::empty_like_config(cfg, DType::BF16, Device::cuda(device), held);
+  // ZeRO-1 owners by names and sizes (the expert stacks, whose size the slice changes, are not sharded under
+  // expert parallelism); under ZeRO-3 the parameters other ranks own are dropped before anything is drawn.
+  const OptimizerShards shards = world > 1 && o.shard_optimizer
+                                     ? optimizer_shards_for(w, world, rank, ep != nullptr)
+                                     : OptimizerShards();
+  if (shard_params) {
+    auto params = w.named_parameters();
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!shards.updates(i)) *params[i].second = Tensor::absent(params[i].second->shape(), DType::BF16, Device::cuda(device));
+    cuda::allocator_reset_peak(device);
+  }
   if (!o.model_dir.empty()) {
     LoadOptions lo;
     lo.dtype = DType::BF16;
@@ -268,13 +287,16 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     MT_CHECK(src.size() == dst.size(), "bench: {} parameters in {}, the sliced config has {}", src.size(),
              o.model_dir, dst.size());
     for (size_t i = 0; i < src.size(); ++i) {
+      if (!dst[i].second->present()) continue;
       const Tensor& h = *src[i].second;
       cuda::copy_host_to_device(*dst[i].second, param_is_stacked_expert(src[i].first) ? h.rows(first_expert, first_expert + held) : h);
     }
   } else {
     uint64_t k = 0;
     for (auto& [name, t] : w.named_parameters()) {
-      const uint64_t seed = o.seed * 1000003 + (++k) + (param_is_stacked_expert(name) ? 7919ull * static_cast<uint64_t>(first_expert) : 0);
+      ++k;
+      if (!t->present()) continue;
+      const uint64_t seed = o.seed * 1000003 + k + (param_is_stacked_expert(name) ? 7919ull * static_cast<uint64_t>(first_expert) : 0);
       if (is_norm(name))
         cuda::fill_constant(*t, 1.0f, ctx.stream);
       else
@@ -292,8 +314,16 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   so.pair_expert_wgrad = pair;
   so.expert_grad_dtype = fp32_master ? DType::F32 : DType::BF16;  // pure bf16: gradients as Transformers keeps them
   so.collectives = ranks.job.step();
-  if (world > 1 && o.shard_optimizer) so.shards = optimizer_shards_for(w, world, rank, ep != nullptr);
+  so.shards = shards;
+  std::unique_ptr<ShardedParams> sharded;
+  if (shard_params) {
+    sharded = std::make_unique<ShardedParams>(w, cfg, shards, std::make_unique<CudaParamTransport>(*ranks.job.world, device),
+                                              /*reshard_after_forward=*/true);
+    so.model.residency = sharded.get();
+    so.params_sharded = true;
+  }
   CudaTrainStep trainer(cfg, w, device, so);
+  if (sharded) sharded->shard();
 
   std::mt19937_64 g(o.seed + 7777ull * static_cast<uint64_t>(rank));  // each rank its own tokens
   const int64_t tokens_per_step = o.micro_batch * o.seq * o.grad_accum;  // per GPU
@@ -395,6 +425,8 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   j["recompute"] = recompute_name(o.recompute);
   j["pair_expert_wgrad"] = pair;
   j["shard_optimizer"] = world > 1 && o.shard_optimizer;
+  j["shard_parameters"] = shard_params;
+  if (world > 1) j["gpu_collectives"] = o.gpu_collectives;
   if (lead_ns > 0) j["lead_spin_ms"] = static_cast<double>(lead_ns) / 1e6;
   if (idle_ms > 0) j["idle_ms"] = idle_ms;
   j["router"] = "real";

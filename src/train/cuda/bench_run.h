@@ -28,6 +28,8 @@ struct BenchOptions {
   bool force = false;  // run even when the memory plan says it does not fit
   bool no_pair_expert_wgrad = false;  // never pair expert wgrads (default: when grad_accum >= 2 and it fits)
   bool shard_optimizer = true;        // multi-GPU: ZeRO-1 of the replicated parameters' state (optimizer_shards.h)
+  bool shard_parameters = false;      // multi-GPU: ZeRO-3 of those parameters (sharded_params.h; reshard after forward)
+  std::string gpu_collectives = "nccl";  // nccl | host (distributed/cuda/device_communicator.h; ranks may share a GPU)
   int device = 0;   // one process; a multi-rank job uses LOCAL_RANK
   int64_t ep = 1;   // expert-parallel ranks (multi-rank jobs)
   std::string ep_dispatch = "auto";  // auto | all_gather | all_to_all (layers/cuda/expert_parallel_cuda.h)
