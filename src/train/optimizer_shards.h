@@ -1,10 +1,10 @@
 // ZeRO-1 for the parameters every rank of a job holds (replicated: all of them without expert parallelism,
 // all but the stacked expert weights with it): each such tensor's optimizer state (moments, fp32 master)
-// lives on one owner rank, which runs its update and broadcasts the new values to the other ranks. The CPU
-// engine sums each such gradient on its owner only (a reduce, half an all-reduce's traffic) and gathers the
-// owners' per-tensor norms for the global norm; the CUDA engine all-reduces them (NCCL's reduce would sum in
-// another order). Either way the sums, the norm and the clip are the unsharded ones, and a sharded run is
-// bitwise the run without sharding.
+// lives on one owner rank, which runs its update and broadcasts the new values to the other ranks. Both
+// engines sum each such gradient on its owner only (a reduce, half an all-reduce's traffic) and take each
+// tensor's squared norm from its owner for the global norm. The CPU engine's reduce sums in rank order like its
+// all-reduce, so a sharded run is bitwise the run without sharding; on the GPUs that holds for two ranks (a + b
+// either way), while with more NCCL's reduce may add the ranks in another order than its all-reduce.
 // Whole tensors, largest first onto the least-loaded rank (ties: the lower rank): every rank computes the
 // same map from the same parameter list; a rank's share is at most the average plus the largest tensor.
 #pragma once

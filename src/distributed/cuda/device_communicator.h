@@ -44,6 +44,15 @@ class DeviceCommunicator {
     int root;
   };
   virtual void broadcast(const std::vector<Broadcast>& parts, cudaStream_t stream, const std::string& what) = 0;
+  // Several in-place sums, each onto its own root rank (F32, F64, BF16); the other ranks' data is left as it
+  // was. Half an all-reduce's traffic when only one rank needs the sum.
+  struct Reduce {
+    void* data;
+    int64_t count;
+    DType dtype;
+    int root;
+  };
+  virtual void reduce_sum(const std::vector<Reduce>& parts, cudaStream_t stream, const std::string& what) = 0;
   // Several all-gathers: recv[r·count .. (r+1)·count) = rank r's send (count elements of dtype).
   struct Gather {
     const void* send;

@@ -157,6 +157,35 @@ void HostStagedCommunicator::broadcast(const std::vector<Broadcast>& parts, cuda
   settle(stream);
 }
 
+void HostStagedCommunicator::reduce_sum(const std::vector<Reduce>& parts, cudaStream_t stream,
+                                        const std::string& what) {
+  std::vector<Bytes> out(group_.size());  // to each root, this rank's parts of it in order
+  for (const Reduce& r : parts) {
+    MT_CHECK(r.root >= 0 && r.root < size(), "{}: reduce root {} outside the {} ranks", what, r.root, size());
+    Bytes& to = out[static_cast<size_t>(r.root)];
+    const size_t n = static_cast<size_t>(r.count) * dtype_size(r.dtype), at = to.size();
+    to.resize(at + n);
+    download(to, at, r.data, n, stream);
+  }
+  settle(stream);
+  const std::vector<Bytes> in = exchange(group_, out, what);
+  const size_t mine = out[static_cast<size_t>(rank_)].size();
+  for (const Bytes& m : in)
+    if (m.size() != mine) fail("{}: a peer sent {} bytes for sums of {}", label(what), m.size(), mine);
+  Bytes sum(mine);
+  size_t at = 0;
+  for (const Reduce& r : parts) {
+    if (r.root != rank_) continue;
+    std::vector<const char*> from;
+    for (const Bytes& m : in) from.push_back(m.data() + at);
+    sum_in_order(r.dtype, from, r.count, sum.data() + at, label(what));
+    const size_t n = static_cast<size_t>(r.count) * dtype_size(r.dtype);
+    upload(r.data, sum.data() + at, n, stream);
+    at += n;
+  }
+  settle(stream);
+}
+
 void HostStagedCommunicator::all_gather(const std::vector<Gather>& parts, cudaStream_t stream,
                                         const std::string& what) {
   Bytes mine;

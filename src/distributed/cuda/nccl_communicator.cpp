@@ -173,6 +173,19 @@ void NcclCommunicator::broadcast(const std::vector<Broadcast>& parts, cudaStream
   settle(ncclGroupEnd(), "ncclGroupEnd", what);
 }
 
+void NcclCommunicator::reduce_sum(const std::vector<Reduce>& parts, cudaStream_t stream, const std::string& what) {
+  MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);
+  for (const Reduce& r : parts)
+    MT_CHECK(r.root >= 0 && r.root < size_, "{}: reduce root {} outside the {} ranks", what, r.root, size_);
+  settle(ncclGroupStart(), "ncclGroupStart", what);
+  for (const Reduce& r : parts)
+    if (r.count > 0)
+      settle(ncclReduce(r.data, r.data, static_cast<size_t>(r.count), nccl_type(r.dtype), ncclSum, r.root, comm_,
+                        stream),
+             "ncclReduce", what);
+  settle(ncclGroupEnd(), "ncclGroupEnd", what);
+}
+
 void NcclCommunicator::all_gather(const std::vector<Gather>& parts, cudaStream_t stream, const std::string& what) {
   MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);
   settle(ncclGroupStart(), "ncclGroupStart", what);

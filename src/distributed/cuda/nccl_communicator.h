@@ -47,6 +47,7 @@ class NcclCommunicator final : public DeviceCommunicator {
   using DeviceCommunicator::all_reduce_sum;
   void all_reduce_sum(const std::vector<Buffer>& buffers, cudaStream_t stream, const std::string& what) override;
   void broadcast(const std::vector<Broadcast>& parts, cudaStream_t stream, const std::string& what) override;
+  void reduce_sum(const std::vector<Reduce>& parts, cudaStream_t stream, const std::string& what) override;
   void all_gather(const std::vector<Gather>& parts, cudaStream_t stream, const std::string& what) override;
   void reduce_scatter_sum(const void* send, void* recv, int64_t count, DType dtype, cudaStream_t stream,
                           const std::string& what) override;

@@ -94,7 +94,7 @@ EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_d
   }
   timer.mark(cuda::Phase::optimizer, stream);
   std::function<void(Tensor&)> reduce;
-  if (col_.ep) reduce = [&](Tensor& sumsq) { reduce_expert_sumsq(sumsq, stream); };
+  if (col_.ep || shards_.active()) reduce = [&](Tensor& sumsq) { complete_sumsq(sumsq, stream); };
   cuda::grad_norm_clip_coef(grad_list_, static_cast<float>(max_grad_norm), norm_, coef_, stream, reduce);
 
   // The step's one sync: the losses and the norm decide whether the update runs. Across GPUs the wait
@@ -134,26 +134,44 @@ void CudaTrainStep::broadcast_updates(cudaStream_t stream) {
   col_.world->broadcast(parts, stream, "broadcast(updated parameters, step " + std::to_string(steps_) + ")");
 }
 
+// A sharded tensor's gradient is summed onto its owner only (the one rank whose AdamW reads it); the others'
+// copies keep their own partial sums, which nothing reads. The rest are all-reduced: over every rank, or for
+// the experts under expert parallelism over the ranks holding the same experts.
 void CudaTrainStep::reduce_gradients(cudaStream_t stream) {
   std::vector<DeviceCommunicator::Buffer> replicated, experts;
+  std::vector<DeviceCommunicator::Reduce> to_owner;
   for (size_t i = 0; i < grad_list_.size(); ++i) {
     Tensor* g = const_cast<Tensor*>(grad_list_[i]);
+    if (const int owner = shards_.owner(i); owner >= 0) {
+      to_owner.push_back({g->data(), g->numel(), g->dtype(), owner});
+      continue;
+    }
     DeviceCommunicator::Buffer b{g->data(), g->numel(), g->dtype()};
     (is_expert_[i] && col_.ep ? experts : replicated).push_back(b);
   }
   const std::string step = "step " + std::to_string(steps_);
-  col_.world->all_reduce_sum(replicated, stream, "all_reduce(gradients, " + step + ")");
+  if (!to_owner.empty()) col_.world->reduce_sum(to_owner, stream, "reduce(gradients to their owners, " + step + ")");
+  if (!replicated.empty()) col_.world->all_reduce_sum(replicated, stream, "all_reduce(gradients, " + step + ")");
   if (!experts.empty() && col_.expert_replicas)
     col_.expert_replicas->all_reduce_sum(experts, stream, "all_reduce(expert gradients over replicas, " + step + ")");
 }
 
-// Each expert tensor's Σ g² over the EP group (every rank holds a slice of the experts).
-void CudaTrainStep::reduce_expert_sumsq(Tensor& sumsq, cudaStream_t stream) {
-  std::vector<DeviceCommunicator::Buffer> parts;
+// Completes the per-tensor Σ g² across ranks: each expert tensor's summed over the EP group (every rank holds a
+// slice of the experts); a sharded tensor's taken from its owner, the one rank holding its summed gradient (a
+// copy, so the norm is bitwise the unsharded one).
+void CudaTrainStep::complete_sumsq(Tensor& sumsq, cudaStream_t stream) {
   double* base = sumsq.data_as<double>();
+  const std::string step = "step " + std::to_string(steps_);
+  if (col_.ep) {
+    std::vector<DeviceCommunicator::Buffer> parts;
+    for (size_t i = 0; i < grad_list_.size(); ++i)
+      if (is_expert_[i] && shards_.owner(i) < 0) parts.push_back({base + i, 1, DType::F64});
+    if (!parts.empty()) col_.ep->comm().all_reduce_sum(parts, stream, "all_reduce(expert gradient norms, " + step + ")");
+  }
+  std::vector<DeviceCommunicator::Broadcast> owned;
   for (size_t i = 0; i < grad_list_.size(); ++i)
-    if (is_expert_[i]) parts.push_back({base + i, 1, DType::F64});
-  col_.ep->comm().all_reduce_sum(parts, stream, "all_reduce(expert gradient norms, step " + std::to_string(steps_) + ")");
+    if (shards_.owner(i) >= 0) owned.push_back({base + i, 1, DType::F64, shards_.owner(i)});
+  if (!owned.empty()) col_.world->broadcast(owned, stream, "broadcast(gradient norms from their owners, " + step + ")");
 }
 
 EngineEval CudaTrainStep::eval(const CudaBatch& b) {

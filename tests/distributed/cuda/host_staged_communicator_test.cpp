@@ -88,6 +88,17 @@ TEST(CudaHostStagedCommunicator, SumsAreTheRankOrderSumsInTheElementType) {
       ASSERT_EQ(std::memcmp(&hb[i], &eb, 8), 0) << "f64 element " << i;
       ASSERT_EQ(hc[i], ec) << "bf16 element " << i;
     }
+    // reduce onto roots 2 and 0 in one call: the root holds the rank-order sum, the others keep their data
+    DeviceBuffer<float> r2(std::vector<float>{value(r, 5), value(r, 6)}), r0(std::vector<float>{value(r, 7)});
+    comm->reduce_sum({{r2.p, 2, DType::F32, 2}, {r0.p, 1, DType::F32, 0}}, s, "test reduce");
+    const auto h2 = r2.host();
+    const auto h0 = r0.host();
+    for (int i = 0; i < 2; ++i) {
+      const float e = r == 2 ? (value(0, 5 + i) + value(1, 5 + i)) + value(2, 5 + i) : value(r, 5 + i);
+      ASSERT_EQ(std::memcmp(&h2[i], &e, 4), 0) << "reduce onto rank 2, element " << i;
+    }
+    const float e0 = r == 0 ? (value(0, 7) + value(1, 7)) + value(2, 7) : value(r, 7);
+    ASSERT_EQ(std::memcmp(&h0[0], &e0, 4), 0) << "reduce onto rank 0";
     // reduce-scatter: rank r receives the sum of everyone's r-th slice
     std::vector<float> whole;
     for (int j = 0; j < kWorld; ++j)
