@@ -80,6 +80,18 @@ void sum_in_order(DType t, const std::vector<const char*>& parts, int64_t count,
   }
 }
 
+// The rank-order sum of one part of every member's message (count elements of t at byte `at` of each),
+// staged in sum at the same offset and uploaded to dev; returns the part's bytes.
+size_t upload_sum(const std::vector<Bytes>& from, size_t at, void* dev, int64_t count, DType t, Bytes& sum,
+                  cudaStream_t stream, const std::string& what) {
+  std::vector<const char*> parts;
+  for (const Bytes& m : from) parts.push_back(m.data() + at);
+  sum_in_order(t, parts, count, sum.data() + at, what);
+  const size_t n = static_cast<size_t>(count) * dtype_size(t);
+  upload(dev, sum.data() + at, n, stream);
+  return n;
+}
+
 }  // namespace
 
 HostStagedCommunicator::HostStagedCommunicator(Communicator& host, std::vector<int> group, int device,
@@ -122,14 +134,7 @@ void HostStagedCommunicator::all_reduce_sum(const std::vector<Buffer>& buffers, 
     if (m.size() != total) fail("{}: a peer sent {} bytes for a sum of {}", label(what), m.size(), total);
   Bytes sum(total);
   at = 0;
-  for (const Buffer& b : buffers) {
-    std::vector<const char*> parts;
-    for (const Bytes& m : all) parts.push_back(m.data() + at);
-    sum_in_order(b.dtype, parts, b.count, sum.data() + at, label(what));
-    const size_t n = static_cast<size_t>(b.count) * dtype_size(b.dtype);
-    upload(b.data, sum.data() + at, n, stream);
-    at += n;
-  }
+  for (const Buffer& b : buffers) at += upload_sum(all, at, b.data, b.count, b.dtype, sum, stream, label(what));
   settle(stream);
 }
 
@@ -174,15 +179,8 @@ void HostStagedCommunicator::reduce_sum(const std::vector<Reduce>& parts, cudaSt
     if (m.size() != mine) fail("{}: a peer sent {} bytes for sums of {}", label(what), m.size(), mine);
   Bytes sum(mine);
   size_t at = 0;
-  for (const Reduce& r : parts) {
-    if (r.root != rank_) continue;
-    std::vector<const char*> from;
-    for (const Bytes& m : in) from.push_back(m.data() + at);
-    sum_in_order(r.dtype, from, r.count, sum.data() + at, label(what));
-    const size_t n = static_cast<size_t>(r.count) * dtype_size(r.dtype);
-    upload(r.data, sum.data() + at, n, stream);
-    at += n;
-  }
+  for (const Reduce& r : parts)
+    if (r.root == rank_) at += upload_sum(in, at, r.data, r.count, r.dtype, sum, stream, label(what));
   settle(stream);
 }
 
@@ -216,14 +214,10 @@ void HostStagedCommunicator::reduce_scatter_sum(const void* send, void* recv, in
   std::vector<Bytes> out(group_.size());
   for (size_t j = 0; j < group_.size(); ++j) out[j].assign(mine.begin() + j * n, mine.begin() + (j + 1) * n);
   const std::vector<Bytes> in = exchange(group_, out, what);
-  std::vector<const char*> parts;
-  for (const Bytes& m : in) {
+  for (const Bytes& m : in)
     if (m.size() != n) fail("{}: a peer sent {} bytes for a slice of {}", label(what), m.size(), n);
-    parts.push_back(m.data());
-  }
   Bytes sum(n);
-  sum_in_order(dtype, parts, count, sum.data(), label(what));
-  upload(recv, sum.data(), n, stream);
+  upload_sum(in, 0, recv, count, dtype, sum, stream, label(what));
   settle(stream);
 }
 
