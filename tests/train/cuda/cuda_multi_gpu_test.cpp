@@ -291,6 +291,41 @@ TEST(CudaMultiGpu, ShardedParametersTrainBitwiseLikeZero1) {
   }
 }
 
+// Four ranks, EP 2 (two replicas of each expert group, so the experts' gradients are all-reduced over the
+// replica communicator), all sharing the GPUs through host-staged collectives (which sum in rank order like an
+// all-reduce): the replicated run, ZeRO-1 (gradients reduced onto their owners) and ZeRO-3 end bitwise alike
+// (losses, optimizer file, final checkpoint).
+TEST(CudaMultiGpu, FourRanksWithExpertReplicasShardBitwiseLikeReplicated) {
+  MT_SKIP_WITHOUT_A_GPU();
+  io_test::ScratchDir dir;
+  write_model_and_data(dir);
+  auto job = [&](const std::string& name, const std::vector<std::string>& extra) {
+    std::vector<std::string> sets = {"train.device=cuda", "parallel.ep=2", "parallel.gpu_collectives=host",
+                                     "train.max_steps=4", "checkpoint.every_steps=4"};
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    return finetune_args(write_recipe(dir, name), sets, 4);
+  };
+  ASSERT_EQ(run(job("whole", {"parallel.shard_optimizer=false"}), dir.path / "whole.log"), 0)
+      << test::slurp(dir.path / "whole.log");
+  EXPECT_NE(test::slurp(dir.path / "whole.log").find("rank 0 of 4, experts 0..3 of 8"), std::string::npos)
+      << test::slurp(dir.path / "whole.log");
+  for (const std::string name : {"zero1", "zero3"}) {
+    SCOPED_TRACE(name);
+    std::vector<std::string> extra;
+    if (name == "zero3") extra.push_back("parallel.shard_parameters=true");
+    ASSERT_EQ(run(job(name, extra), dir.path / (name + ".log")), 0) << test::slurp(dir.path / (name + ".log"));
+    EXPECT_EQ(losses_of(dir.path / name), losses_of(dir.path / "whole"));
+    EXPECT_EQ(test::slurp(dir.path / name / "checkpoint-000004" / "optimizer.safetensors"),
+              test::slurp(dir.path / "whole" / "checkpoint-000004" / "optimizer.safetensors"));
+    for (const auto& f : fs::directory_iterator(dir.path / "whole" / "final")) {
+      if (f.path().extension() == ".safetensors") {
+        EXPECT_EQ(test::slurp(f.path()), test::slurp(dir.path / name / "final" / f.path().filename()))
+            << f.path().filename();
+      }
+    }
+  }
+}
+
 // `mixtune bench` under two ranks with ZeRO-3 (--shard-parameters; EP 2, bf16) trains the synthetic batches
 // exactly as with ZeRO-1: the same first and last loss, bit for bit. (With one GPU both ranks share it over
 // host-staged collectives, --gpu-collectives host.)
