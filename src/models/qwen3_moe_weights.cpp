@@ -114,9 +114,10 @@ Qwen3MoeWeights Qwen3MoeWeights::empty_like_config(const Qwen3MoeConfig& cfg, DT
   return weights_alloc(cfg, dtype, device, experts_held);
 }
 
-Qwen3MoeWeights Qwen3MoeWeights::absent_like_config(const Qwen3MoeConfig& cfg, DType dtype) {
+Qwen3MoeWeights Qwen3MoeWeights::absent_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device,
+                                                    int64_t experts_held) {
   check_param_dtype(dtype, "absent_like_config");
-  return weights_alloc(cfg, dtype, Device::cpu(), -1, /*absent=*/true);
+  return weights_alloc(cfg, dtype, device, experts_held, /*absent=*/true);
 }
 
 Qwen3MoeWeights Qwen3MoeWeights::zeros_like_config(const Qwen3MoeConfig& cfg, DType dtype) {

@@ -59,8 +59,10 @@ struct Qwen3MoeWeights {
   // experts_held >= 0: the stacked expert tensors hold that many experts (an expert-parallel rank's slice).
   static Qwen3MoeWeights empty_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device,
                                            int64_t experts_held = -1);
-  // Every parameter Tensor::absent (shapes and dtype only, no storage): for planning by names and sizes.
-  static Qwen3MoeWeights absent_like_config(const Qwen3MoeConfig& cfg, DType dtype);
+  // Every parameter Tensor::absent (shape, dtype and device only, no storage): for planning by names and sizes,
+  // or to allocate only some of them (a ZeRO-3 rank's own).
+  static Qwen3MoeWeights absent_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device = Device::cpu(),
+                                            int64_t experts_held = -1);
   // Seeded random init as Transformers does: normal(0, initializer_range) for linear, embedding,
   // router and expert weights; ones for every RMSNorm weight.
   static Qwen3MoeWeights random_init(const Qwen3MoeConfig& cfg, DType dtype, uint64_t seed);

@@ -119,7 +119,7 @@ void ShardedParams::prefetch(int64_t group) {
 
 void ShardedParams::fetch(int64_t group) {
   prefetch(group);
-  if (groups_.count(group)) transport_->join(group);
+  transport_->join(group);
 }
 
 void ShardedParams::release(int64_t group, bool backward_follows) {

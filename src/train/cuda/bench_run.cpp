@@ -266,17 +266,16 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
 
   // Parameters on the device: a checkpoint's, or the Transformers init (normal(0, initializer_range),
   // norms 1) drawn on the device. Every rank draws the same replicated parameters; expert slices differ.
-  Qwen3MoeWeights w = Qwen3MoeWeights::empty_like_config(cfg, DType::BF16, Device::cuda(device), held);
-  // ZeRO-1 owners by names and sizes (the expert stacks, whose size the slice changes, are not sharded under
-  // expert parallelism); under ZeRO-3 the parameters other ranks own are dropped before anything is drawn.
+  // ZeRO-1 owners by names and sizes; under ZeRO-3 the parameters other ranks own are never allocated here.
+  Qwen3MoeWeights w = Qwen3MoeWeights::absent_like_config(cfg, DType::BF16, Device::cuda(device), held);
   const OptimizerShards shards = world > 1 && o.shard_optimizer
                                      ? optimizer_shards_for(w, world, rank, ep != nullptr)
                                      : OptimizerShards();
-  if (shard_params) {
+  {
     auto params = w.named_parameters();
     for (size_t i = 0; i < params.size(); ++i)
-      if (!shards.updates(i)) *params[i].second = Tensor::absent(params[i].second->shape(), DType::BF16, Device::cuda(device));
-    cuda::allocator_reset_peak(device);
+      if (!shard_params || shards.updates(i))
+        *params[i].second = Tensor::empty(params[i].second->shape(), DType::BF16, Device::cuda(device));
   }
   if (!o.model_dir.empty()) {
     LoadOptions lo;

@@ -46,15 +46,13 @@ struct ExpertSlice {
 // Under ZeRO-3 the parameters another rank owns stay absent (train/sharded_params.h): never allocated here.
 Qwen3MoeWeights upload_bf16(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& host, int device, const ExpertSlice& sl,
                             const OptimizerShards* params_owned) {
-  Qwen3MoeWeights d = Qwen3MoeWeights::empty_like_config(cfg, DType::BF16, Device::cuda(device), sl.count);
+  Qwen3MoeWeights d = Qwen3MoeWeights::absent_like_config(cfg, DType::BF16, Device::cuda(device), sl.count);
   auto src = host.named_parameters();
   auto dst = d.named_parameters();
   for (size_t i = 0; i < src.size(); ++i) {
+    if (params_owned && !params_owned->updates(i)) continue;
     Tensor& t = *dst[i].second;
-    if (params_owned && !params_owned->updates(i)) {
-      t = Tensor::absent(t.shape(), t.dtype(), t.device());
-      continue;
-    }
+    t = Tensor::empty(t.shape(), t.dtype(), t.device());
     const Tensor h = sl.of(src[i].first, *src[i].second);
     cuda::copy_host_to_device(t, h.dtype() == DType::BF16 ? h : h.to(DType::BF16));
   }
