@@ -6,6 +6,7 @@
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/multi_tensor.cuh"
 #include "kernels/cuda/tensor_checks.h"
+#include "kernels/cuda/kernel_launch.cuh"
 
 namespace mt::cuda {
 
@@ -239,6 +240,7 @@ static_assert(kChunkElems % kAdamwVecBf16 == 0, "chunks start on a vector bounda
 
 __global__ void __launch_bounds__(kMultiTensorThreads, 3)
     adamw_kernel(AdamWLaunch L, AdamWScalars s, const float* __restrict__ clip) {
+  pdl_wait();
   const int64_t b = blockIdx.x;
   const int i = table_tensor(L.table, b);
   const int64_t begin = (b - L.table.chunk_begin[i]) * kChunkElems;  // a multiple of kAdamwVec
@@ -262,6 +264,7 @@ __global__ void __launch_bounds__(kMultiTensorThreads, 3)
 
 
 __global__ void bf16_to_f32_kernel(const bf16* __restrict__ in, float* __restrict__ out, int64_t n) {
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = __bfloat162float(in[i]);
 }
@@ -301,8 +304,8 @@ CudaAdamW::CudaAdamW(std::vector<std::pair<std::string, Tensor*>> params, CudaAd
     if (p->dtype() == DType::BF16 && options.bf16_master) {
       s.master = Tensor::empty(p->shape(), DType::F32, d);
       if (p->numel() > 0) {
-        bf16_to_f32_kernel<<<blocks_for(p->numel(), 256), 256, 0, stream>>>(p->data_as<bf16>(), s.master.data_as<float>(),
-                                                                          p->numel());
+        launch_kernel(bf16_to_f32_kernel, blocks_for(p->numel(), 256), 256, 0, stream, p->data_as<bf16>(),
+            s.master.data_as<float>(), p->numel());
         MT_CUDA_CHECK_LAUNCH();
       }
     }
@@ -348,7 +351,7 @@ void CudaAdamW::step(const std::vector<const Tensor*>& grads, double lr, const T
   auto flush = [&]() {
     if (L.table.count == 0) return;
     const int64_t blocks = table_finish(L.table);
-    adamw_kernel<<<static_cast<unsigned>(blocks), kMultiTensorThreads, 0, stream>>>(L, sc, clip);
+    launch_kernel(adamw_kernel, static_cast<unsigned>(blocks), kMultiTensorThreads, 0, stream, L, sc, clip);
     MT_CUDA_CHECK_LAUNCH();
     L.table.count = 0;
   };

@@ -3,6 +3,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention_kernels.h"
+#include "kernels/cuda/kernel_launch.cuh"
 
 // Per-token document bounds for packed sequences: start[t] = first token of t's document, end[t] = one
 // past its last. From doc ids (a new document begins where the id changes, and at each batch row) one
@@ -36,6 +37,7 @@ __device__ int block_scan(int v, int* s_warp) {
 __global__ void __launch_bounds__(kScanThreads)
     docs_from_ids_kernel(const int32_t* __restrict__ doc, int S, int32_t* __restrict__ start,
                          int32_t* __restrict__ end) {
+  pdl_wait();
   __shared__ int s_warp[kScanThreads / 32];
   __shared__ int s_carry;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * S;
@@ -70,6 +72,7 @@ __global__ void __launch_bounds__(kScanThreads)
 // One block per document of cu_seqlens.
 __global__ void docs_from_cu_kernel(const int32_t* __restrict__ cu, int32_t* __restrict__ start,
                                     int32_t* __restrict__ end) {
+  pdl_wait();
   const int b = cu[blockIdx.x], e = cu[blockIdx.x + 1];
   for (int t = b + static_cast<int>(threadIdx.x); t < e; t += blockDim.x) start[t] = b, end[t] = e;
 }
@@ -81,14 +84,14 @@ namespace detail {
 void attention_docs_from_ids_launch(const int32_t* doc, int B, int S, int32_t* start, int32_t* end,
                                     cudaStream_t stream) {
   if (B == 0 || S == 0) return;
-  docs_from_ids_kernel<<<B, kScanThreads, 0, stream>>>(doc, S, start, end);
+  launch_kernel(docs_from_ids_kernel, B, kScanThreads, 0, stream, doc, S, start, end);
   MT_CUDA_CHECK_LAUNCH();
 }
 
 void attention_docs_from_cu_seqlens_launch(const int32_t* cu, int docs, int32_t* start, int32_t* end,
                                            cudaStream_t stream) {
   if (docs == 0) return;
-  docs_from_cu_kernel<<<docs, 256, 0, stream>>>(cu, start, end);
+  launch_kernel(docs_from_cu_kernel, docs, 256, 0, stream, cu, start, end);
   MT_CUDA_CHECK_LAUNCH();
 }
 

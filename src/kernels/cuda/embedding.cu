@@ -5,6 +5,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/tensor_checks.h"
+#include "kernels/cuda/kernel_launch.cuh"
 
 namespace mt::cuda {
 
@@ -13,6 +14,7 @@ namespace {
 template <typename I, typename T>
 __global__ void embedding_forward_kernel(const I* __restrict__ ids, const T* __restrict__ table, T* __restrict__ out,
                                          int64_t N, int64_t H, int64_t V) {
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N * H) return;
   const int64_t t = i / H, h = i - t * H;
@@ -23,6 +25,7 @@ __global__ void embedding_forward_kernel(const I* __restrict__ ids, const T* __r
 // Sort keys: the id, or V for an out-of-range id (sorted last, then skipped). Values: token index.
 template <typename I>
 __global__ void embedding_keys_kernel(const I* __restrict__ ids, uint32_t* keys, int32_t* vals, int64_t N, int64_t V) {
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N) return;
   const int64_t id = static_cast<int64_t>(ids[i]);
@@ -35,6 +38,7 @@ __global__ void embedding_keys_kernel(const I* __restrict__ ids, uint32_t* keys,
 template <typename T>
 __global__ void embedding_backward_kernel(const uint32_t* __restrict__ keys, const int32_t* __restrict__ vals,
                                           const T* __restrict__ dout, float* dtable, int64_t N, int64_t H, int64_t V) {
+  pdl_wait();
   const int64_t p = blockIdx.x;
   const uint32_t key = keys[p];
   if (key >= V || (p > 0 && keys[p - 1] == key)) return;
@@ -74,18 +78,18 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, cuda
   const bool i64 = ids.dtype() == DType::I64;
   if (table.dtype() == DType::BF16) {
     if (i64)
-      embedding_forward_kernel<int64_t, bf16><<<blocks, 256, 0, stream>>>(ids.data_as<int64_t>(), table.data_as<bf16>(),
-                                                                          out.data_as<bf16>(), N, H, V);
+      launch_kernel(embedding_forward_kernel<int64_t, bf16>, blocks, 256, 0, stream, ids.data_as<int64_t>(),
+          table.data_as<bf16>(), out.data_as<bf16>(), N, H, V);
     else
-      embedding_forward_kernel<int32_t, bf16><<<blocks, 256, 0, stream>>>(ids.data_as<int32_t>(), table.data_as<bf16>(),
-                                                                          out.data_as<bf16>(), N, H, V);
+      launch_kernel(embedding_forward_kernel<int32_t, bf16>, blocks, 256, 0, stream, ids.data_as<int32_t>(),
+          table.data_as<bf16>(), out.data_as<bf16>(), N, H, V);
   } else {
     if (i64)
-      embedding_forward_kernel<int64_t, float><<<blocks, 256, 0, stream>>>(
-          ids.data_as<int64_t>(), table.data_as<float>(), out.data_as<float>(), N, H, V);
+      launch_kernel(embedding_forward_kernel<int64_t, float>, blocks, 256, 0, stream, ids.data_as<int64_t>(),
+          table.data_as<float>(), out.data_as<float>(), N, H, V);
     else
-      embedding_forward_kernel<int32_t, float><<<blocks, 256, 0, stream>>>(
-          ids.data_as<int32_t>(), table.data_as<float>(), out.data_as<float>(), N, H, V);
+      launch_kernel(embedding_forward_kernel<int32_t, float>, blocks, 256, 0, stream, ids.data_as<int32_t>(),
+          table.data_as<float>(), out.data_as<float>(), N, H, V);
   }
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -106,11 +110,11 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, c
   Tensor keys = Tensor::empty({N}, DType::U32, d), vals = Tensor::empty({N}, DType::I32, d);
   Tensor keys_sorted = Tensor::empty({N}, DType::U32, d), vals_sorted = Tensor::empty({N}, DType::I32, d);
   if (ids.dtype() == DType::I64)
-    embedding_keys_kernel<int64_t><<<blocks_for(N, 256), 256, 0, stream>>>(ids.data_as<int64_t>(), keys.data_as<uint32_t>(),
-                                                                           vals.data_as<int32_t>(), N, V);
+    launch_kernel(embedding_keys_kernel<int64_t>, blocks_for(N, 256), 256, 0, stream, ids.data_as<int64_t>(),
+        keys.data_as<uint32_t>(), vals.data_as<int32_t>(), N, V);
   else
-    embedding_keys_kernel<int32_t><<<blocks_for(N, 256), 256, 0, stream>>>(ids.data_as<int32_t>(), keys.data_as<uint32_t>(),
-                                                                           vals.data_as<int32_t>(), N, V);
+    launch_kernel(embedding_keys_kernel<int32_t>, blocks_for(N, 256), 256, 0, stream, ids.data_as<int32_t>(),
+        keys.data_as<uint32_t>(), vals.data_as<int32_t>(), N, V);
   MT_CUDA_CHECK_LAUNCH();
   const int end_bit = bits_for(V);
   size_t temp_bytes = 0;
@@ -123,13 +127,13 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, c
                                                 vals_sorted.data_as<int32_t>(), static_cast<int>(N), 0, end_bit, stream));
   const unsigned threads = H >= 256 ? 256 : 32 * static_cast<unsigned>((H + 31) / 32);
   if (dout.dtype() == DType::BF16)
-    embedding_backward_kernel<bf16><<<static_cast<unsigned>(N), threads, 0, stream>>>(
+    launch_kernel(embedding_backward_kernel<bf16>, static_cast<unsigned>(N), threads, 0, stream,
         keys_sorted.data_as<uint32_t>(), vals_sorted.data_as<int32_t>(), dout.data_as<bf16>(), dtable.data_as<float>(),
         N, H, V);
   else
-    embedding_backward_kernel<float><<<static_cast<unsigned>(N), threads, 0, stream>>>(
-        keys_sorted.data_as<uint32_t>(), vals_sorted.data_as<int32_t>(), dout.data_as<float>(), dtable.data_as<float>(),
-        N, H, V);
+    launch_kernel(embedding_backward_kernel<float>, static_cast<unsigned>(N), threads, 0, stream,
+        keys_sorted.data_as<uint32_t>(), vals_sorted.data_as<int32_t>(), dout.data_as<float>(),
+        dtable.data_as<float>(), N, H, V);
   MT_CUDA_CHECK_LAUNCH();
 }
 

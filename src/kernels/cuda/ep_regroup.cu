@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/tensor_checks.h"
+#include "kernels/cuda/kernel_launch.cuh"
 
 namespace mt::cuda {
 
@@ -12,6 +13,7 @@ namespace {
 // One thread: the table is ep·El entries (= E, at most a few hundred), once per layer.
 __global__ void ep_layout_kernel(const int32_t* __restrict__ g, int ep, int me, int el, int32_t* __restrict__ seg,
                                  int32_t* __restrict__ local_offsets) {
+  pdl_wait();
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   const int E = ep * el, n = ep * el;
   int32_t* src_first = seg;
@@ -41,6 +43,7 @@ __global__ void ep_layout_kernel(const int32_t* __restrict__ g, int ep, int me, 
 // Block (x, segment): rows x, x + gridDim.x, ... of the segment, one warp per row, 16 bytes per lane.
 __global__ void ep_regroup_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, const int32_t* __restrict__ seg,
                                   int n, int64_t row_vecs, bool to_expert_major) {
+  pdl_wait();
   const int s = blockIdx.y;
   const int32_t count = seg[2 * n + s];
   const int64_t from0 = to_expert_major ? seg[s] : seg[n + s];
@@ -69,9 +72,8 @@ EpLayout ep_layout(const Tensor& gathered, int me, int64_t experts_per_rank, cud
   L.experts_per_rank = experts_per_rank;
   L.segments = Tensor::empty({3, ep * experts_per_rank}, DType::I32, gathered.device());
   L.local_offsets = Tensor::empty({experts_per_rank + 1}, DType::I32, gathered.device());
-  ep_layout_kernel<<<1, 32, 0, stream>>>(gathered.data_as<int32_t>(), static_cast<int>(ep), me,
-                                         static_cast<int>(experts_per_rank), L.segments.data_as<int32_t>(),
-                                         L.local_offsets.data_as<int32_t>());
+  launch_kernel(ep_layout_kernel, 1, 32, 0, stream, gathered.data_as<int32_t>(), static_cast<int>(ep), me,
+      static_cast<int>(experts_per_rank), L.segments.data_as<int32_t>(), L.local_offsets.data_as<int32_t>());
   MT_CUDA_CHECK_LAUNCH();
   return L;
 }
@@ -88,8 +90,8 @@ void ep_regroup(const Tensor& src, const EpLayout& layout, bool to_expert_major,
   const int n = static_cast<int>(layout.ranks * layout.experts_per_rank);
   if (src.dim(0) == 0 || n == 0) return;
   const dim3 grid(8, static_cast<unsigned>(n));
-  ep_regroup_kernel<<<grid, 256, 0, stream>>>(static_cast<const uint4*>(src.data()), static_cast<uint4*>(dst.data()),
-                                              layout.segments.data_as<int32_t>(), n, row_bytes / 16, to_expert_major);
+  launch_kernel(ep_regroup_kernel, grid, 256, 0, stream, static_cast<const uint4*>(src.data()),
+      static_cast<uint4*>(dst.data()), layout.segments.data_as<int32_t>(), n, row_bytes / 16, to_expert_major);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -10,6 +10,7 @@
 #include "kernels/cuda/flash_attention_kernels.h"
 #include "kernels/cuda/flash_attention_tiles.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
+#include "kernels/cuda/kernel_launch.cuh"
 
 // Flash attention backward (FlashAttention-2 dataflow, mma.sync). Three launches:
 //   1. delta[h][t] = Σ_d dO·O (fp32), one warp per (token, head).
@@ -65,6 +66,7 @@ __device__ __forceinline__ void load_rows(uint32_t s, const bf16* base, int row0
 template <int D>
 __global__ void flash_bwd_delta_kernel(const bf16* __restrict__ dout, const bf16* __restrict__ out, int T, int Hq,
                                        float* __restrict__ delta) {
+  pdl_wait();
   const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (w >= static_cast<int64_t>(T) * Hq) return;
   const int lane = threadIdx.x & 31;
@@ -87,6 +89,7 @@ __global__ void __launch_bounds__(kBwdThreads, flash::BwdCfg<D>::MIN_BLOCKS)
                      const bf16* __restrict__ v, const bf16* __restrict__ dout, const float* __restrict__ lse,
                      const float* __restrict__ delta, float* __restrict__ dq_acc, float* __restrict__ dk_acc,
                      float* __restrict__ dv_acc) {
+  pdl_wait();
   using C = flash::BwdTiles<D>;
   constexpr int BN = kBwdBN, BMQ = C::BMQ, DH = C::DH, CH = D / 8, NQ = BMQ / 8, ND = DH / 8;
   constexpr int WQ = C::WQ, WD = C::WD, DQN = C::DQN;
@@ -267,6 +270,7 @@ __global__ void __launch_bounds__(kBwdThreads, flash::BwdCfg<D>::MIN_BLOCKS)
 
 // fp32 accumulators -> bf16, times `mul` (the softmax scale for dQ and dK).
 __global__ void scale_to_bf16_kernel(const float* __restrict__ src, int64_t n, float mul, bf16* __restrict__ dst) {
+  pdl_wait();
   for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 2; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x * 2) {
     const float2 v = *reinterpret_cast<const float2*>(src + i);
@@ -277,7 +281,7 @@ __global__ void scale_to_bf16_kernel(const float* __restrict__ src, int64_t n, f
 void to_bf16(const float* src, int64_t n, float mul, void* dst, cudaStream_t stream) {
   if (n == 0) return;
   const int64_t blocks = std::min<int64_t>((n / 2 + 255) / 256, 65536);
-  scale_to_bf16_kernel<<<static_cast<int>(blocks), 256, 0, stream>>>(src, n, mul, static_cast<bf16*>(dst));
+  launch_kernel(scale_to_bf16_kernel, static_cast<int>(blocks), 256, 0, stream, src, n, mul, static_cast<bf16*>(dst));
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -293,7 +297,7 @@ void bwd_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* q, c
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   detail::flash_bwd_prologue(a, dout, out, dq_acc, dk_acc, dv_acc, delta, stream);
   const dim3 grid(a.Hq, (a.T + kBwdBN - 1) / kBwdBN, flash::BwdTiles<D>::SLICES);
-  kern<<<grid, kBwdThreads, smem, stream>>>(a, q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc);
+  launch_kernel(kern, grid, kBwdThreads, smem, stream, a, q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc);
   MT_CUDA_CHECK_LAUNCH();
   detail::flash_bwd_epilogue(a, dq_acc, dk_acc, dv_acc, dq, dk, dv, stream);
 }
@@ -301,7 +305,8 @@ void bwd_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* q, c
 template <int D>
 void delta_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* out, float* delta, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(a.T) * a.Hq;
-  flash_bwd_delta_kernel<D><<<static_cast<int>((rows + 7) / 8), 256, 0, stream>>>(dout, out, a.T, a.Hq, delta);
+  launch_kernel(flash_bwd_delta_kernel<D>, static_cast<int>((rows + 7) / 8), 256, 0, stream, dout, out, a.T, a.Hq,
+      delta);
   MT_CUDA_CHECK_LAUNCH();
 }
 

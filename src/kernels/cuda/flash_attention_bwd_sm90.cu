@@ -11,6 +11,7 @@
 #include "kernels/cuda/sm90_common.cuh"
 #include "kernels/cuda/flash_dq_layout.cuh"
 #include "kernels/cuda/tensor_checks.h"
+#include "kernels/cuda/kernel_launch.cuh"
 
 // Hopper (sm_90a) flash-attention backward for head_dim 128: TMA tile loads, wgmma, producer/consumer
 // warpgroups (the FlashAttention-3 backward dataflow, written from its description). Same contract and
@@ -154,6 +155,7 @@ __device__ __forceinline__ void issue_dq(float (&dq)[32], uint32_t ds_lo, uint32
 // columns, is one contiguous run: one bulk reduce-add instead of 64). dq = this x scale, back to
 // [T][Hq][128] bf16; one thread per column pair, reads in storage order.
 __global__ void dq_to_bf16_kernel(const float* __restrict__ acc, int T, int Hq, float scale, bf16* __restrict__ dq) {
+  pdl_wait();
   const int64_t n = static_cast<int64_t>(T) * Hq * 64;  // column pairs
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -173,6 +175,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                           detail::FlashArgs a, const float* __restrict__ lse, const float* __restrict__ delta,
                           float* __restrict__ dq_acc, float* __restrict__ dk_acc, float* __restrict__ dv_acc,
                           int* __restrict__ item_counter) {
+  pdl_wait();
 #if MT_SM90A_DEVICE
   using namespace sm90;
   extern __shared__ unsigned char smem_raw[];
@@ -516,7 +519,7 @@ namespace detail {
 void flash_dq_sums_to_bf16(const float* dq_acc, int T, int Hq, float scale, void* dq, cudaStream_t stream) {
   const int64_t pairs = static_cast<int64_t>(T) * Hq * 64;
   if (pairs == 0) return;
-  dq_to_bf16_kernel<<<static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 65536)), 256, 0, stream>>>(
+  launch_kernel(dq_to_bf16_kernel, static_cast<int>(std::min<int64_t>((pairs + 255) / 256, 65536)), 256, 0, stream,
       dq_acc, T, Hq, scale, static_cast<bf16*>(dq));
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -558,8 +561,8 @@ void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, 
     grid = std::min<int64_t>(grid, std::max(device_context(device).sm_count, 1));
     MT_CUDA_CHECK(cudaMemsetAsync(item_counter, 0, sizeof(int), stream));
   }
-  flash_bwd_sm90_kernel<<<static_cast<int>(grid), kThreads, kSmemBytes, stream>>>(mq, mk, mv, mo, a, lse, delta,
-                                                                                  dq_acc, dk_acc, dv_acc, item_counter);
+  launch_kernel(flash_bwd_sm90_kernel, static_cast<int>(grid), kThreads, kSmemBytes, stream, mq, mk, mv, mo, a, lse,
+      delta, dq_acc, dk_acc, dv_acc, item_counter);
   MT_CUDA_CHECK_LAUNCH();
   if (dq) flash_dq_sums_to_bf16(dq_acc, a.T, a.Hq, a.scale, dq, stream);  // null: the caller reads dq_acc
   flash_bwd_epilogue(a, nullptr, dk_acc, dv_acc, dq, dk, dv, stream);

@@ -7,6 +7,7 @@
 #include "kernels/cuda/flash_attention_kernels.h"
 #include "kernels/cuda/flash_attention_tiles.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
+#include "kernels/cuda/kernel_launch.cuh"
 
 // Flash attention forward (FlashAttention-2 dataflow, mma.sync): one block per (query head, BM-query
 // tile), BM / 16 warps of 16 query rows. K/V tiles of BN keys stream through a cp.async double buffer
@@ -42,6 +43,7 @@ template <int D>
 __global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)
     flash_fwd_kernel(detail::FlashArgs a, const bf16* __restrict__ q, const bf16* __restrict__ k,
                      const bf16* __restrict__ v, bf16* __restrict__ out, float* __restrict__ lse) {
+  pdl_wait();
   constexpr int BM = FwdCfg<D>::BM, BN = FwdCfg<D>::BN, THREADS = FwdCfg<D>::WARPS * 32;
   constexpr int CH = D / 8, NO = D / 8, NS = BN / 8;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -197,8 +199,8 @@ void fwd_launch_d(const detail::FlashArgs& a, const void* q, const void* k, cons
   auto kern = flash_fwd_kernel<D>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(a.Hq, (a.T + FwdCfg<D>::BM - 1) / FwdCfg<D>::BM);
-  kern<<<grid, FwdCfg<D>::WARPS * 32, smem, stream>>>(a, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
-                                            static_cast<const bf16*>(v), static_cast<bf16*>(out), lse);
+  launch_kernel(kern, grid, FwdCfg<D>::WARPS * 32, smem, stream, a, static_cast<const bf16*>(q),
+      static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<bf16*>(out), lse);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -6,6 +6,7 @@
 #include "kernels/cuda/flash_attention_kernels.h"
 #include "kernels/cuda/sm90_common.cuh"
 #include "kernels/cuda/tensor_checks.h"
+#include "kernels/cuda/kernel_launch.cuh"
 
 // Hopper (sm_90a) flash-attention forward for head_dim 128: TMA tile loads, wgmma, producer/consumer
 // warpgroups (the FlashAttention-3 dataflow, written from its description). Same contract as the
@@ -151,6 +152,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                           const __grid_constant__ CUtensorMap map_v, detail::FlashArgs a, bf16* __restrict__ out,
                           float* __restrict__ lse) {
+  pdl_wait();
 #if MT_SM90A_DEVICE
   using namespace sm90;
   extern __shared__ unsigned char smem_raw[];
@@ -373,7 +375,7 @@ void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, con
   const CUtensorMap mv = rows_map("v", v, a.T, a.Hk);
   MT_CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   const dim3 grid(a.Hq, (a.T + kBM - 1) / kBM);
-  flash_fwd_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(mq, mk, mv, a, static_cast<bf16*>(out), lse);
+  launch_kernel(flash_fwd_sm90_kernel, grid, kThreads, kSmemBytes, stream, mq, mk, mv, a, static_cast<bf16*>(out), lse);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -3,6 +3,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/multi_tensor.cuh"
 #include "kernels/cuda/tensor_checks.h"
+#include "kernels/cuda/kernel_launch.cuh"
 
 namespace mt::cuda {
 
@@ -18,6 +19,7 @@ struct NormLaunch {
 
 // partial[block] = Σ g² over the block's chunk, fp32, reduced in a fixed order.
 __global__ void sumsq_chunks_kernel(NormLaunch L, float* partial) {
+  pdl_wait();
   __shared__ float scratch[32];
   const int64_t b = blockIdx.x;
   const int i = table_tensor(L.table, b);
@@ -69,6 +71,7 @@ __global__ void sumsq_chunks_kernel(NormLaunch L, float* partial) {
 
 // Block i: Σ g² of launch tensor i (double sums of its chunk partials, fixed order).
 __global__ void tensor_sumsq_kernel(NormLaunch L, const float* __restrict__ partial, double* tensor_sumsq) {
+  pdl_wait();
   __shared__ double sq[256];
   const int i = blockIdx.x;
   double s = 0.0;
@@ -87,6 +90,7 @@ __global__ void tensor_sumsq_kernel(NormLaunch L, const float* __restrict__ part
 // coefficient.
 __global__ void norm_finish_kernel(const double* __restrict__ tensor_sumsq, int64_t tensors, float max_norm,
                                    float* norm_out, float* coef_out) {
+  pdl_wait();
   __shared__ double sq[256];
   double s = 0.0;
   for (int64_t t = threadIdx.x; t < tensors; t += blockDim.x) {
@@ -130,9 +134,11 @@ void grad_norm_clip_coef(const std::vector<const Tensor*>& grads, float max_norm
   auto flush = [&]() {
     if (L.table.count == 0) return;
     const int64_t blocks = table_finish(L.table);
-    sumsq_chunks_kernel<<<static_cast<unsigned>(blocks), kMultiTensorThreads, 0, stream>>>(L, partial.data_as<float>());
+    launch_kernel(sumsq_chunks_kernel, static_cast<unsigned>(blocks), kMultiTensorThreads, 0, stream, L,
+        partial.data_as<float>());
     MT_CUDA_CHECK_LAUNCH();
-    tensor_sumsq_kernel<<<L.table.count, 256, 0, stream>>>(L, partial.data_as<float>(), tensor_sumsq.data_as<double>());
+    launch_kernel(tensor_sumsq_kernel, L.table.count, 256, 0, stream, L, partial.data_as<float>(),
+        tensor_sumsq.data_as<double>());
     MT_CUDA_CHECK_LAUNCH();
     L.partial_base += blocks;
     L.table.count = 0;
@@ -148,8 +154,8 @@ void grad_norm_clip_coef(const std::vector<const Tensor*>& grads, float max_norm
   }
   flush();
   if (reduce_sumsq) reduce_sumsq(tensor_sumsq);
-  norm_finish_kernel<<<1, 256, 0, stream>>>(tensor_sumsq.data_as<double>(), tensors, max_norm, norm.data_as<float>(),
-                                            coef.data_as<float>());
+  launch_kernel(norm_finish_kernel, 1, 256, 0, stream, tensor_sumsq.data_as<double>(), tensors, max_norm,
+      norm.data_as<float>(), coef.data_as<float>());
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -8,6 +8,7 @@
 #include "kernels/cuda/grouped_gemm_kernels.h"
 #include "kernels/cuda/grouped_schedule.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
+#include "kernels/cuda/kernel_launch.cuh"
 
 // Grouped expert GEMM: a templated M-grouped kernel (forward, dgrad) and a K-grouped one (wgrad) for the
 // three products of an expert layer (NOTES.md, "Grouped expert GEMM"). The logical product is C[m][n] = Σ_k A(m, k) · B(n, k):
@@ -120,6 +121,7 @@ __device__ __forceinline__ void mma_stage(float (&acc)[MI][NI][4], uint32_t sA, 
 // M-grouped products (forward, dgrad): rows of the grouped layout, tiles of BM rows inside one expert.
 template <Mode MODE>
 __global__ void __launch_bounds__(THREADS, MT_GROUPED_GEMM_MIN_BLOCKS) grouped_gemm_kernel(Problem p) {
+  pdl_wait();
   static_assert(MODE != Mode::Wgrad, "the K-grouped wgrad has its own kernel");
   constexpr bool B_K = MODE == Mode::Fwd;  // B stored [n][k] (else [k][n]); A is always [m][k]
   extern __shared__ __align__(128) unsigned char smem[];
@@ -212,6 +214,7 @@ __global__ void __launch_bounds__(THREADS, MT_GROUPED_GEMM_MIN_BLOCKS) grouped_g
 // (no staging through the pipeline buffers), loading a row of fragments' old values before adding.
 template <int MIN_BLOCKS>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) grouped_wgrad_kernel(Problem p) {
+  pdl_wait();
   extern __shared__ __align__(128) unsigned char smem[];
   int* s_off = reinterpret_cast<int*>(smem + PIPE_BYTES);  // [E + 1] offsets
   int* s_off2 = s_off + (p.E + 1);                          // [E + 1] offsets of the second segment
@@ -370,7 +373,7 @@ void launch(const Problem& p, int64_t max_tiles, int sm_count, cudaStream_t stre
   int per_sm = 0;
   MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, THREADS, smem));
   const int64_t grid = std::min<int64_t>(max_tiles, static_cast<int64_t>(std::max(per_sm, 1)) * sm_count);
-  kern<<<static_cast<int>(grid), THREADS, smem, stream>>>(p);
+  launch_kernel(kern, static_cast<int>(grid), THREADS, smem, stream, p);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -7,6 +7,7 @@
 #include "kernels/cuda/grouped_schedule.cuh"
 #include "kernels/cuda/sm90_common.cuh"
 #include "kernels/cuda/tensor_checks.h"
+#include "kernels/cuda/kernel_launch.cuh"
 
 // Hopper (sm_90a) M-grouped forward and dgrad of the grouped expert GEMM: y rows of expert e = x rows of e · W_eᵀ
 // (dgrad: dx rows of e = dy rows of e · W_e, W read as an N-major B),
@@ -54,6 +55,7 @@ template <int BN, bool B_MN>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                             Sm90Args p) {
+  pdl_wait();
 #if MT_SM90A_DEVICE
   using Cfg = TileCfg<BN>;
   constexpr int STAGES = Cfg::STAGES;
@@ -222,7 +224,7 @@ void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const Sm90Args& a, 
   auto kern = grouped_sm90_kernel<BN, B_MN>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int grid = static_cast<int>(std::min<int64_t>(max_tiles, std::max(sm_count, 1)));
-  kern<<<grid, THREADS, smem, stream>>>(mx, mw, a);
+  launch_kernel(kern, grid, THREADS, smem, stream, mx, mw, a);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/grouped_gemm_kernels.h"
 #include "kernels/cuda/sm90_common.cuh"
+#include "kernels/cuda/kernel_launch.cuh"
 
 // Hopper (sm_90a) K-grouped weight gradient of the grouped expert GEMM:
 //   dW_e [M][N] (+)= Σ_{rows r of expert e} dy[r][m] · x[r][n]   (+ a second row segment dy2/x2, offsets2)
@@ -106,6 +107,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     grouped_wgrad_sm90_kernel(const __grid_constant__ CUtensorMap map_dy1, const __grid_constant__ CUtensorMap map_x1,
                               const __grid_constant__ CUtensorMap map_dy2, const __grid_constant__ CUtensorMap map_x2,
                               const __grid_constant__ CUtensorMap map_dw, WgradArgs p) {
+  pdl_wait();
 #if MT_SM90A_DEVICE
   using Cfg = WgradCfg<BN, DW_BF16>;
   constexpr int STAGES = Cfg::STAGES;
@@ -331,7 +333,7 @@ void launch_wgrad(const CUtensorMap* maps, WgradArgs a, int sm_count, cudaStream
   auto kern = grouped_wgrad_sm90_kernel<BN, DW_BF16>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int grid = static_cast<int>(std::min<int64_t>(tiles, std::max(sm_count, 1)));
-  kern<<<grid, THREADS, smem, stream>>>(maps[0], maps[1], maps[2], maps[3], maps[4], a);
+  launch_kernel(kern, grid, THREADS, smem, stream, maps[0], maps[1], maps[2], maps[3], maps[4], a);
   MT_CUDA_CHECK_LAUNCH();
 }
 

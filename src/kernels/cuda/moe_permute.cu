@@ -7,6 +7,7 @@
 #include "kernels/cuda/mma_sm80.cuh"
 #include "kernels/cuda/moe_permute_kernels.h"
 #include "kernels/cuda/tensor_checks.h"
+#include "kernels/cuda/kernel_launch.cuh"
 
 // The plan is a stable counting sort in three launches: per-chunk expert histograms; one block that
 // scans them (per expert over chunks, then over experts -> offsets); per-chunk scatter that ranks each
@@ -25,6 +26,7 @@ __device__ __forceinline__ int clamp_expert(int e, int E) { return e < 0 ? 0 : (
 
 __global__ void __launch_bounds__(kPlanThreads)
     plan_count_kernel(const int32_t* __restrict__ index, int64_t N, int E, int32_t* __restrict__ chunk_counts) {
+  pdl_wait();
   extern __shared__ int s_count[];
   for (int e = threadIdx.x; e < E; e += blockDim.x) s_count[e] = 0;
   __syncthreads();
@@ -39,6 +41,7 @@ __global__ void __launch_bounds__(kPlanThreads)
 // (the chunk's first rank inside expert e), and offsets[e] the exclusive prefix of the totals.
 __global__ void __launch_bounds__(1024)
     plan_scan_kernel(int32_t* __restrict__ chunk_counts, int chunks, int E, int32_t* __restrict__ offsets) {
+  pdl_wait();
   __shared__ int s_scan[1024];
   const int e = threadIdx.x;
   int run = 0;
@@ -67,6 +70,7 @@ __global__ void __launch_bounds__(kPlanThreads)
     plan_scatter_kernel(const int32_t* __restrict__ index, int64_t N, int E, const int32_t* __restrict__ chunk_base,
                         const int32_t* __restrict__ offsets, int32_t* __restrict__ row_of_slot,
                         int32_t* __restrict__ slot_of_row) {
+  pdl_wait();
   extern __shared__ int smem[];
   int* s_run = smem;       // [E] slots of expert e already placed from this chunk
   int* s_warp = smem + E;  // [kPlanWarps][E] this round's count of expert e in each warp
@@ -153,6 +157,7 @@ __device__ __forceinline__ float round_bf16_dev(float x) { return __bfloat162flo
 template <int U>
 __global__ void gather_kernel(const bf16* __restrict__ x, int64_t N, int H, int k,
                               const int32_t* __restrict__ slot_of_row, bf16* __restrict__ xg) {
+  pdl_wait();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= N) return;
   const int lane = threadIdx.x & 31;
@@ -173,6 +178,7 @@ template <int U, bool WEIGHTED, typename Tout>
 __global__ void combine_kernel(const bf16* __restrict__ y, const float* __restrict__ weights,
                                const int32_t* __restrict__ row_of_slot, const int32_t* __restrict__ row_limit,
                                int64_t T, int k, int H, Tout* __restrict__ out) {
+  pdl_wait();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (t >= T) return;
   const int lane = threadIdx.x & 31;
@@ -209,6 +215,7 @@ __global__ void combine_backward_kernel(const Tin* __restrict__ dout, const bf16
                                         const float* __restrict__ weights, const int32_t* __restrict__ row_of_slot,
                                         const int32_t* __restrict__ row_limit, int64_t N, int k, int H,
                                         bf16* __restrict__ dy, float* __restrict__ dweights) {
+  pdl_wait();
   const int64_t slot = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (slot >= N) return;
   const int lane = threadIdx.x & 31;
@@ -241,6 +248,7 @@ __global__ void combine_backward_kernel(const Tin* __restrict__ dout, const bf16
 // Expert ids -> a local plan's ids: [first, first + count) -> [0, count), every other id -> count.
 __global__ void local_ids_kernel(const int32_t* __restrict__ index, int64_t N, int first, int count,
                                  int32_t* __restrict__ out) {
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N) return;
   const int e = index[i] - first;
@@ -259,14 +267,14 @@ void moe_plan_launch(const int32_t* index, int64_t N, int E, int32_t* chunk_coun
                      int32_t* row_of_slot, int32_t* slot_of_row, cudaStream_t stream) {
   const int chunks = static_cast<int>((N + kPlanChunk - 1) / kPlanChunk);
   if (chunks > 0) {
-    plan_count_kernel<<<chunks, kPlanThreads, E * sizeof(int), stream>>>(index, N, E, chunk_counts);
+    launch_kernel(plan_count_kernel, chunks, kPlanThreads, E * sizeof(int), stream, index, N, E, chunk_counts);
     MT_CUDA_CHECK_LAUNCH();
   }
-  plan_scan_kernel<<<1, 1024, 0, stream>>>(chunk_counts, chunks, E, offsets);
+  launch_kernel(plan_scan_kernel, 1, 1024, 0, stream, chunk_counts, chunks, E, offsets);
   MT_CUDA_CHECK_LAUNCH();
   if (chunks > 0) {
-    plan_scatter_kernel<<<chunks, kPlanThreads, E*(kPlanWarps + 1) * sizeof(int), stream>>>(
-        index, N, E, chunk_counts, offsets, row_of_slot, slot_of_row);
+    launch_kernel(plan_scatter_kernel, chunks, kPlanThreads, E*(kPlanWarps + 1) * sizeof(int), stream, index, N, E,
+        chunk_counts, offsets, row_of_slot, slot_of_row);
     MT_CUDA_CHECK_LAUNCH();
   }
 }
@@ -274,7 +282,7 @@ void moe_plan_launch(const int32_t* index, int64_t N, int E, int32_t* chunk_coun
 void moe_local_ids_launch(const int32_t* index, int64_t N, int first, int count, int32_t* out,
                           cudaStream_t stream) {
   if (N == 0) return;
-  local_ids_kernel<<<static_cast<int>((N + 255) / 256), 256, 0, stream>>>(index, N, first, count, out);
+  launch_kernel(local_ids_kernel, static_cast<int>((N + 255) / 256), 256, 0, stream, index, N, first, count, out);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -284,9 +292,9 @@ void moe_gather_launch(const void* x, int64_t N, int H, int k, const int32_t* sl
   const bf16* xs = static_cast<const bf16*>(x);
   bf16* xd = static_cast<bf16*>(xg);
   if (H % 8 == 0 && aligned16(x) && aligned16(xg))
-    gather_kernel<8><<<row_blocks(N), kRowWarps * 32, 0, stream>>>(xs, N, H, k, slot_of_row, xd);
+    launch_kernel(gather_kernel<8>, row_blocks(N), kRowWarps * 32, 0, stream, xs, N, H, k, slot_of_row, xd);
   else
-    gather_kernel<1><<<row_blocks(N), kRowWarps * 32, 0, stream>>>(xs, N, H, k, slot_of_row, xd);
+    launch_kernel(gather_kernel<1>, row_blocks(N), kRowWarps * 32, 0, stream, xs, N, H, k, slot_of_row, xd);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -299,8 +307,8 @@ void moe_combine_launch(const void* y, const float* weights, const int32_t* row_
     constexpr int U = decltype(u_c)::value;
     constexpr bool W = decltype(w_c)::value;
     using Tout = std::remove_pointer_t<decltype(o)>;
-    combine_kernel<U, W, Tout>
-        <<<row_blocks(T), kRowWarps * 32, 0, stream>>>(ys, weights, row_of_slot, row_limit, T, k, H, o);
+    launch_kernel(combine_kernel<U, W, Tout>, row_blocks(T), kRowWarps * 32, 0, stream, ys, weights, row_of_slot,
+        row_limit, T, k, H, o);
     MT_CUDA_CHECK_LAUNCH();
   };
   auto with_out = [&](auto u_c, auto w_c) {
@@ -333,9 +341,8 @@ void moe_combine_backward_launch(const void* dout, bool dout_f32, const void* y,
     constexpr int U = decltype(u_c)::value;
     constexpr bool W = decltype(w_c)::value;
     using Tin = std::remove_const_t<std::remove_pointer_t<decltype(g)>>;
-    combine_backward_kernel<U, W, Tin>
-        <<<row_blocks(N), kRowWarps * 32, 0, stream>>>(g, ys, weights, row_of_slot, row_limit, N, k, H, dys,
-                                                        dweights);
+    launch_kernel(combine_backward_kernel<U, W, Tin>, row_blocks(N), kRowWarps * 32, 0, stream, g, ys, weights,
+        row_of_slot, row_limit, N, k, H, dys, dweights);
     MT_CUDA_CHECK_LAUNCH();
   };
   auto with_in = [&](auto u_c, auto w_c) {

@@ -3,6 +3,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/tensor_checks.h"
+#include "kernels/cuda/kernel_launch.cuh"
 
 namespace mt::cuda {
 
@@ -17,6 +18,7 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
 
 template <typename T>
 __global__ void fill_normal_kernel(T* p, int64_t n, float stddev, uint64_t seed) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint64_t r = splitmix64(seed ^ splitmix64(static_cast<uint64_t>(i)));
@@ -30,6 +32,7 @@ __global__ void fill_normal_kernel(T* p, int64_t n, float stddev, uint64_t seed)
 
 template <typename T>
 __global__ void fill_constant_kernel(T* p, int64_t n, float v) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     Elt<T>::store(p, i, v);
@@ -46,10 +49,11 @@ void fill_normal(Tensor& t, float stddev, uint64_t seed, cudaStream_t stream) {
   check_float_dtype(t, "fill_normal");
   if (t.numel() == 0) return;
   if (t.dtype() == DType::BF16)
-    fill_normal_kernel<bf16><<<grid_for(t.numel()), 256, 0, stream>>>(static_cast<bf16*>(t.data()), t.numel(),
-                                                                       stddev, seed);
+    launch_kernel(fill_normal_kernel<bf16>, grid_for(t.numel()), 256, 0, stream, static_cast<bf16*>(t.data()),
+        t.numel(), stddev, seed);
   else
-    fill_normal_kernel<float><<<grid_for(t.numel()), 256, 0, stream>>>(t.data_as<float>(), t.numel(), stddev, seed);
+    launch_kernel(fill_normal_kernel<float>, grid_for(t.numel()), 256, 0, stream, t.data_as<float>(), t.numel(),
+        stddev, seed);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -57,10 +61,11 @@ void fill_constant(Tensor& t, float value, cudaStream_t stream) {
   check_float_dtype(t, "fill_constant");
   if (t.numel() == 0) return;
   if (t.dtype() == DType::BF16)
-    fill_constant_kernel<bf16><<<grid_for(t.numel()), 256, 0, stream>>>(static_cast<bf16*>(t.data()), t.numel(),
-                                                                         value);
+    launch_kernel(fill_constant_kernel<bf16>, grid_for(t.numel()), 256, 0, stream, static_cast<bf16*>(t.data()),
+        t.numel(), value);
   else
-    fill_constant_kernel<float><<<grid_for(t.numel()), 256, 0, stream>>>(t.data_as<float>(), t.numel(), value);
+    launch_kernel(fill_constant_kernel<float>, grid_for(t.numel()), 256, 0, stream, t.data_as<float>(), t.numel(),
+        value);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -9,6 +9,7 @@
 #include "kernels/cuda/rope_math.cuh"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/tensor_checks.h"
+#include "kernels/cuda/kernel_launch.cuh"
 
 namespace mt::cuda {
 
@@ -20,6 +21,7 @@ constexpr int kWarpsPerBlock = 8;
 template <typename T>
 __global__ void rmsnorm_forward_kernel(const T* x, const T* res, const T* __restrict__ w,
                                        T* sum, T* out, float* rstd_out, int64_t rows, int64_t n, float eps) {
+  pdl_wait();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -54,6 +56,7 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* res, const T* __rest
 template <typename T>
 __global__ void rmsnorm_row_stats_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                                          float* rstd_out, float* m_out, int64_t rows, int64_t n, float eps) {
+  pdl_wait();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -79,6 +82,7 @@ template <typename T>
 __global__ void rmsnorm_dw_partial_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                           const float* __restrict__ rstd, float* partial, int64_t rows, int64_t n,
                                           int64_t chunk_rows) {
+  pdl_wait();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= n) return;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * chunk_rows;
@@ -90,6 +94,7 @@ __global__ void rmsnorm_dw_partial_kernel(const T* __restrict__ dy, const T* __r
 
 // Backward pass 3: dw[c] += Σ_chunks partial[chunk, c], chunks in order.
 __global__ void rmsnorm_dw_reduce_kernel(const float* __restrict__ partial, float* dw, int64_t chunks, int64_t n) {
+  pdl_wait();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= n) return;
   float s = 0.0f;
@@ -102,6 +107,7 @@ template <typename T>
 __global__ void rmsnorm_dx_kernel(const T* dy, const T* __restrict__ x, const T* __restrict__ w,
                                   const float* __restrict__ rstd, const float* __restrict__ m, const T* dres, T* dx,
                                   int64_t rows, int64_t n) {
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * n) return;
   const int64_t r = i / n, c = i - r * n;
@@ -169,6 +175,7 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x
                                                                    const bf16* __restrict__ w, bf16* sum, bf16* out,
                                                                    float* rstd_out, int64_t rows, float eps,
                                                                    RowRope rope = {}) {
+  pdl_wait();
   constexpr int kN = VPL * LANES * 8;
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
   const int lane = threadIdx.x % LANES;
@@ -231,20 +238,43 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x
 // into its own column sums; the block's sums become partial[block] (summed in order by rmsnorm_dw_sum_kernel).
 // ROPE (rmsnorm_rope_backward): dy is the gradient of the rotated row; it is first taken back through the
 // rotation (rope_backward, rounded to bf16 as that kernel stores it) in registers.
+// Wide rows (kSmemAcc: 4+ packets per lane, hidden sizes 1024+) keep each lane's column sums in shared memory
+// instead of registers: 64 sums plus both rows' 8 packets needed 255 registers and spilled at 8 packets, one
+// block per SM; with the sums in shared memory two blocks fit per SM. The additions are the same, in the same
+// order, so dw is bitwise the register version's.
+template <int VPL>
+__host__ __device__ constexpr bool backward_rows_smem_acc() {
+  return VPL >= 4;
+}
+template <int VPL, int LANES>
+__host__ __device__ constexpr size_t backward_rows_smem_bytes() {
+  return backward_rows_smem_acc<VPL>() ? sizeof(float4) * (256 / LANES) * VPL * 2 * LANES : 0;
+}
+
 template <int VPL, int LANES, bool ROPE = false>
-__global__ void __launch_bounds__(256) rmsnorm_backward_rows_kernel(const bf16* dy, const bf16* __restrict__ x,
-                                                                    const bf16* __restrict__ w, const bf16* dres,
-                                                                    bf16* dx, float* __restrict__ partial,
-                                                                    int64_t rows, float eps, RowRope rope = {}) {
+__global__ void __launch_bounds__(256, backward_rows_smem_acc<VPL>() ? 2 : 1)
+    rmsnorm_backward_rows_kernel(const bf16* dy, const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                 const bf16* dres, bf16* dx, float* __restrict__ partial, int64_t rows, float eps,
+                                 RowRope rope = {}) {
+  pdl_wait();
   constexpr int kN = VPL * LANES * 8;
+  constexpr bool kSmemAcc = backward_rows_smem_acc<VPL>();
   const int64_t g = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
   const int64_t workers = static_cast<int64_t>(gridDim.x) * blockDim.x / LANES;
   const int lane = threadIdx.x % LANES;
-  float acc[VPL][8];  // w is re-read from L1 where needed: registers go to these sums
+  const int grp = threadIdx.x / LANES;
+  // kSmemAcc: sums of group grp, packet j, half h (columns 4h..4h+3 of the packet) for lane l at
+  // acc_s[((grp * VPL + j) * 2 + h) * LANES + l]: a warp's float4 accesses are consecutive (no bank conflicts).
+  extern __shared__ float4 acc_s[];
+  auto acc_at = [&](int group, int j, int h) -> float4& { return acc_s[((group * VPL + j) * 2 + h) * LANES + lane]; };
+  float acc[kSmemAcc ? 1 : VPL][8];  // w is re-read from L1 where needed: registers go to these sums
 #pragma unroll
-  for (int j = 0; j < VPL; ++j)
+  for (int j = 0; j < (kSmemAcc ? 1 : VPL); ++j)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[j][e] = 0.0f;
+  if constexpr (kSmemAcc)
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) acc_at(grp, j, 0) = acc_at(grp, j, 1) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   // Every worker runs the same number of iterations (shuffles need the whole warp); rows past the end
   // are masked.
   const int64_t iters = (rows + workers - 1) / workers;
@@ -305,24 +335,61 @@ __global__ void __launch_bounds__(256) rmsnorm_backward_rows_kernel(const bf16* 
     for (int j = 0; j < VPL; ++j) {
       const int64_t off = base + static_cast<int64_t>(j * LANES + lane) * 8;
       float d[8], xf[8], wf[8], o[8];
-      bf16x8_to_float(dyv[j], d);
-      bf16x8_to_float(xv[j], xf);
+      if constexpr (kSmemAcc) {  // re-read (L1/L2): holding both rows' packets through here needs the registers
+        bf16x8_to_float(dy ? *reinterpret_cast<const uint4*>(dy + off) : make_uint4(0, 0, 0, 0), d);
+        bf16x8_to_float(*reinterpret_cast<const uint4*>(x + off), xf);
+      } else {
+        bf16x8_to_float(dyv[j], d);
+        bf16x8_to_float(xv[j], xf);
+      }
       bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(w + (j * LANES + lane) * 8)), wf);
       float r[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if (dres) bf16x8_to_float(*reinterpret_cast<const uint4*>(dres + off), r);
+      if constexpr (kSmemAcc) {
+        float4 &lo = acc_at(grp, j, 0), &hi = acc_at(grp, j, 1);
+        float a[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        acc[j][e] += d[e] * (xf[e] * rs);
-        o[e] = rs * (d[e] * wf[e] - xf[e] * rs * m) + r[e];
+        for (int e = 0; e < 8; ++e) a[e] += d[e] * (xf[e] * rs);
+        lo = make_float4(a[0], a[1], a[2], a[3]);
+        hi = make_float4(a[4], a[5], a[6], a[7]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[j][e] += d[e] * (xf[e] * rs);
       }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = rs * (d[e] * wf[e] - xf[e] * rs * m) + r[e];
       *reinterpret_cast<uint4*>(dx + off) = float_to_bf16x8(o);
     }
   }
   // The block's groups add their sums pairwise through shared memory (a fixed tree), and group 0 writes
   // the block's partial row: one row per block keeps the final column sums short.
   constexpr int kGroups = 256 / LANES;
-  __shared__ float4 red[kGroups / 2 > 0 ? kGroups / 2 : 1][VPL * LANES * 2];
-  const int grp = threadIdx.x / LANES;
+  if constexpr (kSmemAcc) {
+#pragma unroll
+    for (int half = kGroups / 2; half >= 1; half /= 2) {
+      __syncthreads();
+      if (grp < half)
+#pragma unroll
+        for (int j = 0; j < VPL; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float4& a = acc_at(grp, j, h);
+            const float4 b = acc_at(grp + half, j, h);
+            a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+          }
+    }
+    __syncthreads();
+    if (grp != 0) return;
+    float* prow = partial + static_cast<int64_t>(blockIdx.x) * kN;
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+      const int c = (j * LANES + lane) * 8;
+      *reinterpret_cast<float4*>(prow + c) = acc_at(0, j, 0);
+      *reinterpret_cast<float4*>(prow + c + 4) = acc_at(0, j, 1);
+    }
+    return;
+  }
+  __shared__ float4 red[kGroups / 2 > 0 ? kGroups / 2 : 1][kSmemAcc ? 1 : VPL * LANES * 2];
 #pragma unroll
   for (int half = kGroups / 2; half >= 1; half /= 2) {
     if (grp >= half && grp < 2 * half)
@@ -355,6 +422,7 @@ __global__ void __launch_bounds__(256) rmsnorm_backward_rows_kernel(const bf16* 
 // then the 32 sums added in a fixed order (deterministic).
 __global__ void __launch_bounds__(1024) rmsnorm_dw_sum_kernel(const float* __restrict__ partial, float* dw,
                                                               int64_t parts, int64_t n) {
+  pdl_wait();
   __shared__ float s[32][33];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float v = 0.0f;
@@ -450,15 +518,14 @@ void launch_forward(const Tensor& x, const Tensor* res, const Tensor& w, float e
         aligned16(out.data())) {
       with_row_layout<16>(l, [&]<int VPL, int LANES>() {
         const unsigned blocks = blocks_for(r.rows * LANES, 256);
-        rmsnorm_forward_rows_kernel<VPL, LANES><<<blocks, 256, 0, stream>>>(
-            x.data_as<bf16>(), resp, w.data_as<bf16>(), sump, out.data_as<bf16>(),
-            rstd ? rstd->data_as<float>() : nullptr, r.rows, eps);
+        launch_kernel(rmsnorm_forward_rows_kernel<VPL, LANES>, blocks, 256, 0, stream, x.data_as<bf16>(), resp,
+            w.data_as<bf16>(), sump, out.data_as<bf16>(), rstd ? rstd->data_as<float>() : nullptr, r.rows, eps, RowRope{});
         MT_CUDA_CHECK_LAUNCH();
       });
       return;
     }
   }
-  rmsnorm_forward_kernel<T><<<blocks_for(r.rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
+  launch_kernel(rmsnorm_forward_kernel<T>, blocks_for(r.rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream,
       x.data_as<T>(), res ? res->data_as<T>() : nullptr, w.data_as<T>(), sum ? sum->data_as<T>() : nullptr,
       out.data_as<T>(), rstd ? rstd->data_as<float>() : nullptr, r.rows, r.n, eps);
   MT_CUDA_CHECK_LAUNCH();
@@ -487,12 +554,20 @@ void backward_rows_launch(const bf16* dy, const Tensor& x, const Tensor& w, cons
   const int64_t workers = std::min<int64_t>(r.rows, std::max<int64_t>(1024 * 32 / LANES, r.rows / 8));
   const int64_t blocks = (workers + per_block - 1) / per_block;
   Tensor partial = Tensor::empty({blocks, r.n}, DType::F32, Device::cuda(r.device));
-  rmsnorm_backward_rows_kernel<VPL, LANES, ROPE><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-      dy, x.data_as<bf16>(), w.data_as<bf16>(), dres, dx.data_as<bf16>(), partial.data_as<float>(), r.rows, eps,
-      rope);
+  constexpr size_t smem = backward_rows_smem_bytes<VPL, LANES>();
+  if constexpr (smem > 48 * 1024) {
+    static const bool raised = [] {
+      MT_CUDA_CHECK(cudaFuncSetAttribute(rmsnorm_backward_rows_kernel<VPL, LANES, ROPE>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      return true;
+    }();
+    (void)raised;
+  }
+  launch_kernel(rmsnorm_backward_rows_kernel<VPL, LANES, ROPE>, static_cast<unsigned>(blocks), 256, smem, stream, dy,
+      x.data_as<bf16>(), w.data_as<bf16>(), dres, dx.data_as<bf16>(), partial.data_as<float>(), r.rows, eps, rope);
   MT_CUDA_CHECK_LAUNCH();
-  rmsnorm_dw_sum_kernel<<<blocks_for(r.n, 32), dim3(32, 32), 0, stream>>>(partial.data_as<float>(),
-                                                                        dw.data_as<float>(), blocks, r.n);
+  launch_kernel(rmsnorm_dw_sum_kernel, blocks_for(r.n, 32), dim3(32, 32), 0, stream, partial.data_as<float>(),
+      dw.data_as<float>(), blocks, r.n);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -515,7 +590,7 @@ void launch_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float e
   }
   Tensor rstd = Tensor::empty({r.rows}, DType::F32, d);
   Tensor m = Tensor::empty({r.rows}, DType::F32, d);
-  rmsnorm_row_stats_kernel<T><<<blocks_for(r.rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
+  launch_kernel(rmsnorm_row_stats_kernel<T>, blocks_for(r.rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream,
       dy.data_as<T>(), x.data_as<T>(), w.data_as<T>(), rstd.data_as<float>(), m.data_as<float>(), r.rows, r.n, eps);
   MT_CUDA_CHECK_LAUNCH();
   // Fixed chunking (depends only on the shape): at most ~1024 partial rows per column.
@@ -523,16 +598,16 @@ void launch_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float e
   const int64_t chunks = (r.rows + chunk_rows - 1) / chunk_rows;
   Tensor partial = Tensor::empty({chunks, r.n}, DType::F32, d);
   dim3 grid(blocks_for(r.n, 256), static_cast<unsigned>(chunks));
-  rmsnorm_dw_partial_kernel<T><<<grid, 256, 0, stream>>>(dy.data_as<T>(), x.data_as<T>(), rstd.data_as<float>(),
-                                                          partial.data_as<float>(), r.rows, r.n, chunk_rows);
+  launch_kernel(rmsnorm_dw_partial_kernel<T>, grid, 256, 0, stream, dy.data_as<T>(), x.data_as<T>(),
+      rstd.data_as<float>(), partial.data_as<float>(), r.rows, r.n, chunk_rows);
   MT_CUDA_CHECK_LAUNCH();
-  rmsnorm_dw_reduce_kernel<<<blocks_for(r.n, 256), 256, 0, stream>>>(partial.data_as<float>(), dw.data_as<float>(),
-                                                                     chunks, r.n);
+  launch_kernel(rmsnorm_dw_reduce_kernel, blocks_for(r.n, 256), 256, 0, stream, partial.data_as<float>(),
+      dw.data_as<float>(), chunks, r.n);
   MT_CUDA_CHECK_LAUNCH();
   // dx last: it may overwrite dy, which the dw passes read.
-  rmsnorm_dx_kernel<T><<<blocks_for(r.rows * r.n, 256), 256, 0, stream>>>(
-      dy.data_as<T>(), x.data_as<T>(), w.data_as<T>(), rstd.data_as<float>(), m.data_as<float>(),
-      dres ? dres->data_as<T>() : nullptr, dx.data_as<T>(), r.rows, r.n);
+  launch_kernel(rmsnorm_dx_kernel<T>, blocks_for(r.rows * r.n, 256), 256, 0, stream, dy.data_as<T>(), x.data_as<T>(),
+      w.data_as<T>(), rstd.data_as<float>(), m.data_as<float>(), dres ? dres->data_as<T>() : nullptr, dx.data_as<T>(),
+      r.rows, r.n);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -584,7 +659,7 @@ void rmsnorm_rope_forward(const Tensor& x, const Tensor& w, float eps, const Ten
   const RowRope rope = row_rope_of(cos, sin, r, op);
   with_row_layout<16>(row_layout(r.n), [&]<int VPL, int LANES>() {
     if constexpr (VPL == 1 && LANES >= 2) {
-      rmsnorm_forward_rows_kernel<VPL, LANES, true><<<blocks_for(r.rows * LANES, 256), 256, 0, stream>>>(
+      launch_kernel(rmsnorm_forward_rows_kernel<VPL, LANES, true>, blocks_for(r.rows * LANES, 256), 256, 0, stream,
           x.data_as<bf16>(), nullptr, w.data_as<bf16>(), nullptr, out.data_as<bf16>(), nullptr, r.rows, eps, rope);
       MT_CUDA_CHECK_LAUNCH();
     }

@@ -6,6 +6,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/rope_math.cuh"
 #include "kernels/cuda/tensor_checks.h"
+#include "kernels/cuda/kernel_launch.cuh"
 
 namespace mt::cuda {
 
@@ -20,6 +21,7 @@ struct InvFreq {
 template <typename P>
 __global__ void rope_tables_kernel(const P* __restrict__ pos, InvFreq inv, int64_t T, int64_t half, bool bf16_out,
                                    float* cos_out, float* sin_out) {
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= T * half) return;
   const int64_t t = i / half, j = i - t * half;
@@ -37,6 +39,7 @@ __global__ void rope_tables_kernel(const P* __restrict__ pos, InvFreq inv, int64
 template <typename T>
 __global__ void rope_forward_kernel(const T* x, const float* __restrict__ cosv, const float* __restrict__ sinv, T* out,
                                     int64_t T_, int64_t heads, int64_t half) {
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= T_ * heads * half) return;
   const int64_t j = i % half, row = i / half, t = row / heads;
@@ -53,6 +56,7 @@ __global__ void rope_forward_kernel(const T* x, const float* __restrict__ cosv, 
 template <typename T>
 __global__ void rope_backward_kernel(const T* dy, const float* __restrict__ cosv, const float* __restrict__ sinv, T* dx,
                                      int64_t T_, int64_t heads, int64_t half) {
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= T_ * heads * half) return;
   const int64_t j = i % half, row = i / half, t = row / heads;
@@ -70,6 +74,7 @@ __global__ void rope_backward_kernel(const T* dy, const float* __restrict__ cosv
 template <bool kForward>
 __global__ void rope_bf16x8_kernel(const bf16* x, const float* __restrict__ cosv, const float* __restrict__ sinv,
                                    bf16* out, int64_t T_, int64_t heads, int64_t half) {
+  pdl_wait();
   const int64_t packets = half / 8;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= T_ * heads * packets) return;
@@ -141,11 +146,11 @@ void rope_tables(const Tensor& positions, int64_t head_dim, double theta, bool b
   if (T == 0) return;
   const unsigned blocks = blocks_for(T * half, 256);
   if (positions.dtype() == DType::I64)
-    rope_tables_kernel<int64_t><<<blocks, 256, 0, stream>>>(positions.data_as<int64_t>(), inv, T, half, bf16_out,
-                                                            cos.data_as<float>(), sin.data_as<float>());
+    launch_kernel(rope_tables_kernel<int64_t>, blocks, 256, 0, stream, positions.data_as<int64_t>(), inv, T, half,
+        bf16_out, cos.data_as<float>(), sin.data_as<float>());
   else
-    rope_tables_kernel<int32_t><<<blocks, 256, 0, stream>>>(positions.data_as<int32_t>(), inv, T, half, bf16_out,
-                                                            cos.data_as<float>(), sin.data_as<float>());
+    launch_kernel(rope_tables_kernel<int32_t>, blocks, 256, 0, stream, positions.data_as<int32_t>(), inv, T, half,
+        bf16_out, cos.data_as<float>(), sin.data_as<float>());
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -154,17 +159,17 @@ void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor&
   const int64_t n = d.T * d.heads * d.half;
   if (n == 0) return;
   if (rope_packed(x, cos, sin, out, d.half)) {
-    rope_bf16x8_kernel<true><<<blocks_for(n / 8, 256), 256, 0, stream>>>(
-        x.data_as<bf16>(), cos.data_as<float>(), sin.data_as<float>(), out.data_as<bf16>(), d.T, d.heads, d.half);
+    launch_kernel(rope_bf16x8_kernel<true>, blocks_for(n / 8, 256), 256, 0, stream, x.data_as<bf16>(),
+        cos.data_as<float>(), sin.data_as<float>(), out.data_as<bf16>(), d.T, d.heads, d.half);
     MT_CUDA_CHECK_LAUNCH();
     return;
   }
   if (x.dtype() == DType::BF16)
-    rope_forward_kernel<bf16><<<blocks_for(n, 256), 256, 0, stream>>>(
-        x.data_as<bf16>(), cos.data_as<float>(), sin.data_as<float>(), out.data_as<bf16>(), d.T, d.heads, d.half);
+    launch_kernel(rope_forward_kernel<bf16>, blocks_for(n, 256), 256, 0, stream, x.data_as<bf16>(),
+        cos.data_as<float>(), sin.data_as<float>(), out.data_as<bf16>(), d.T, d.heads, d.half);
   else
-    rope_forward_kernel<float><<<blocks_for(n, 256), 256, 0, stream>>>(
-        x.data_as<float>(), cos.data_as<float>(), sin.data_as<float>(), out.data_as<float>(), d.T, d.heads, d.half);
+    launch_kernel(rope_forward_kernel<float>, blocks_for(n, 256), 256, 0, stream, x.data_as<float>(),
+        cos.data_as<float>(), sin.data_as<float>(), out.data_as<float>(), d.T, d.heads, d.half);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -173,17 +178,17 @@ void rope_backward(const Tensor& dy, const Tensor& cos, const Tensor& sin, Tenso
   const int64_t n = d.T * d.heads * d.half;
   if (n == 0) return;
   if (rope_packed(dy, cos, sin, dx, d.half)) {
-    rope_bf16x8_kernel<false><<<blocks_for(n / 8, 256), 256, 0, stream>>>(
-        dy.data_as<bf16>(), cos.data_as<float>(), sin.data_as<float>(), dx.data_as<bf16>(), d.T, d.heads, d.half);
+    launch_kernel(rope_bf16x8_kernel<false>, blocks_for(n / 8, 256), 256, 0, stream, dy.data_as<bf16>(),
+        cos.data_as<float>(), sin.data_as<float>(), dx.data_as<bf16>(), d.T, d.heads, d.half);
     MT_CUDA_CHECK_LAUNCH();
     return;
   }
   if (dy.dtype() == DType::BF16)
-    rope_backward_kernel<bf16><<<blocks_for(n, 256), 256, 0, stream>>>(
-        dy.data_as<bf16>(), cos.data_as<float>(), sin.data_as<float>(), dx.data_as<bf16>(), d.T, d.heads, d.half);
+    launch_kernel(rope_backward_kernel<bf16>, blocks_for(n, 256), 256, 0, stream, dy.data_as<bf16>(),
+        cos.data_as<float>(), sin.data_as<float>(), dx.data_as<bf16>(), d.T, d.heads, d.half);
   else
-    rope_backward_kernel<float><<<blocks_for(n, 256), 256, 0, stream>>>(
-        dy.data_as<float>(), cos.data_as<float>(), sin.data_as<float>(), dx.data_as<float>(), d.T, d.heads, d.half);
+    launch_kernel(rope_backward_kernel<float>, blocks_for(n, 256), 256, 0, stream, dy.data_as<float>(),
+        cos.data_as<float>(), sin.data_as<float>(), dx.data_as<float>(), d.T, d.heads, d.half);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -8,6 +8,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/mma_sm80.cuh"
 #include "kernels/cuda/router_kernels.h"
+#include "kernels/cuda/kernel_launch.cuh"
 
 // Layout: one warp per token; lane l owns experts l, l+32, l+64, ... (EPL = experts per lane, a compile-
 // time constant so the per-lane arrays stay in registers). Each block's 8 warps reduce their aux
@@ -94,6 +95,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     router_forward_kernel(const Tin* __restrict__ logits, int T, int E, int k, bool norm, bool bf16_mode,
                           int tokens_per_block, int32_t* __restrict__ index, float* __restrict__ weights,
                           int32_t* __restrict__ part_count, float* __restrict__ part_psum) {
+  pdl_wait();
   extern __shared__ float smem[];  // [kWarps][E] psum, then [kWarps][E] counts (as int)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const bool stats = part_count != nullptr;
@@ -154,6 +156,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 // One warp per expert: sums the per-block partial rows (fixed order) into the step's statistics.
 __global__ void aux_stats_reduce_kernel(const int32_t* __restrict__ part_count, const float* __restrict__ part_psum,
                                         int rows, int E, int32_t* __restrict__ count, float* __restrict__ psum) {
+  pdl_wait();
   const int e = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
   if (e >= E) return;
   double a = 0.0;
@@ -172,6 +175,7 @@ __global__ void aux_stats_reduce_kernel(const int32_t* __restrict__ part_count, 
 __global__ void aux_loss_finish_kernel(const int32_t* __restrict__ count, const float* __restrict__ psum, int E,
                                        double rows, bool bf16_mode, double daux, float* __restrict__ aux,
                                        float* __restrict__ aux_dp) {
+  pdl_wait();
   __shared__ double s_part[32];
   double a = 0.0;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -196,6 +200,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     router_backward_kernel(const float* __restrict__ dweights, const Tin* __restrict__ logits,
                            const int32_t* __restrict__ index, const float* __restrict__ aux_dp, int T, int E, int k,
                            bool norm, bool bf16_mode, Tout* __restrict__ dlogits) {
+  pdl_wait();
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * kWarps + threadIdx.x / 32;
   if (t >= T) return;
@@ -310,8 +315,8 @@ void router_forward_launch(const void* logits, bool logits_bf16, int T, int E, i
       auto kern = router_forward_kernel<EPL, Tin>;
       if (smem > 48 * 1024)
         MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      kern<<<blocks, kWarps * 32, smem, stream>>>(in, T, E, k, norm, bf16_mode, tokens_per_block, index, weights,
-                                                  part_count, part_psum);
+      launch_kernel(kern, blocks, kWarps * 32, smem, stream, in, T, E, k, norm, bf16_mode, tokens_per_block, index,
+          weights, part_count, part_psum);
       MT_CUDA_CHECK_LAUNCH();
     };
     if (logits_bf16)
@@ -324,14 +329,14 @@ void router_forward_launch(const void* logits, bool logits_bf16, int T, int E, i
 void aux_stats_reduce_launch(const int32_t* part_count, const float* part_psum, int rows, int E, int32_t* count,
                              float* psum, cudaStream_t stream) {
   constexpr int kWarpsPerBlock = 8;
-  aux_stats_reduce_kernel<<<(E + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream>>>(
+  launch_kernel(aux_stats_reduce_kernel, (E + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream,
       part_count, part_psum, rows, E, count, psum);
   MT_CUDA_CHECK_LAUNCH();
 }
 
 void aux_loss_finish_launch(const int32_t* count, const float* psum, int E, double rows, bool bf16_mode, double daux,
                             float* aux, float* aux_dp, cudaStream_t stream) {
-  aux_loss_finish_kernel<<<1, 256, 0, stream>>>(count, psum, E, rows, bf16_mode, daux, aux, aux_dp);
+  launch_kernel(aux_loss_finish_kernel, 1, 256, 0, stream, count, psum, E, rows, bf16_mode, daux, aux, aux_dp);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -344,8 +349,8 @@ void router_backward_launch(const float* dweights, const void* logits, bool logi
     auto launch = [&](auto* in, auto* out) {
       using Tin = std::remove_const_t<std::remove_pointer_t<decltype(in)>>;
       using Tout = std::remove_pointer_t<decltype(out)>;
-      router_backward_kernel<EPL, Tin, Tout>
-          <<<blocks, kWarps * 32, 0, stream>>>(dweights, in, index, aux_dp, T, E, k, norm, bf16_mode, out);
+      launch_kernel(router_backward_kernel<EPL, Tin, Tout>, blocks, kWarps * 32, 0, stream, dweights, in, index,
+          aux_dp, T, E, k, norm, bf16_mode, out);
       MT_CUDA_CHECK_LAUNCH();
     };
     auto with_out = [&](auto* in) {

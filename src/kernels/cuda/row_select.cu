@@ -7,6 +7,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/tensor_checks.h"
+#include "kernels/cuda/kernel_launch.cuh"
 
 namespace mt::cuda {
 
@@ -17,6 +18,7 @@ namespace {
 template <typename U, bool SCATTER>
 __global__ void rows_copy_kernel(const U* __restrict__ src, const int32_t* __restrict__ rows, U* __restrict__ dst,
                                  int64_t R, int64_t units) {
+  pdl_wait();
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < R * units;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = k / units, u = k - i * units, r = rows[i];
@@ -35,14 +37,14 @@ void rows_copy(const void* src, const int32_t* rows, void* dst, int64_t R, int64
   const int64_t unit = v16 ? 16 : v4 ? 4 : 1, units = row_bytes / unit;
   const unsigned blocks = std::min<unsigned>(blocks_for(R * units, 256), 65535u * 8);
   if (v16)
-    rows_copy_kernel<uint4, SCATTER><<<blocks, 256, 0, stream>>>(static_cast<const uint4*>(src), rows,
-                                                                  static_cast<uint4*>(dst), R, units);
+    launch_kernel(rows_copy_kernel<uint4, SCATTER>, blocks, 256, 0, stream, static_cast<const uint4*>(src), rows,
+        static_cast<uint4*>(dst), R, units);
   else if (v4)
-    rows_copy_kernel<uint32_t, SCATTER><<<blocks, 256, 0, stream>>>(static_cast<const uint32_t*>(src), rows,
-                                                                     static_cast<uint32_t*>(dst), R, units);
+    launch_kernel(rows_copy_kernel<uint32_t, SCATTER>, blocks, 256, 0, stream, static_cast<const uint32_t*>(src), rows,
+        static_cast<uint32_t*>(dst), R, units);
   else
-    rows_copy_kernel<unsigned char, SCATTER><<<blocks, 256, 0, stream>>>(static_cast<const unsigned char*>(src), rows,
-                                                                          static_cast<unsigned char*>(dst), R, units);
+    launch_kernel(rows_copy_kernel<unsigned char, SCATTER>, blocks, 256, 0, stream,
+        static_cast<const unsigned char*>(src), rows, static_cast<unsigned char*>(dst), R, units);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -3,6 +3,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/tensor_checks.h"
+#include "kernels/cuda/kernel_launch.cuh"
 
 namespace mt::cuda {
 
@@ -15,6 +16,7 @@ __device__ inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 template <typename T>
 __global__ void swiglu_forward_kernel(const T* __restrict__ gu, const float* __restrict__ w, T* __restrict__ out,
                                       int64_t N, int64_t F) {
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N * F) return;
   const int64_t r = i / F, c = i - r * F;
@@ -29,6 +31,7 @@ template <typename T>
 __global__ void swiglu_backward_kernel(const T* __restrict__ dout, const T* __restrict__ gu,
                                        const float* __restrict__ w, T* __restrict__ dgu, float* dw, int64_t N,
                                        int64_t F) {
+  pdl_wait();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= N) return;
@@ -57,6 +60,7 @@ __device__ inline float swiglu_a_bf16(float g, float u) {
 
 __global__ void swiglu_forward_bf16x8_kernel(const bf16* __restrict__ gu, const float* __restrict__ w,
                                              bf16* __restrict__ out, int64_t N, int64_t F) {
+  pdl_wait();
   const int64_t packets = F / 8;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N * packets) return;
@@ -76,6 +80,7 @@ __global__ void swiglu_forward_bf16x8_kernel(const bf16* __restrict__ gu, const 
 __global__ void swiglu_backward_bf16x8_kernel(const bf16* __restrict__ dout, const bf16* __restrict__ gu,
                                               const float* __restrict__ w, bf16* __restrict__ dgu, float* dw,
                                               int64_t N, int64_t F) {
+  pdl_wait();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= N) return;
@@ -129,17 +134,18 @@ void swiglu_forward(const Tensor& gate_up, const Tensor* row_weight, Tensor& out
   if (d.N * d.F == 0) return;
   const float* w = row_weight ? row_weight->data_as<float>() : nullptr;
   if (packed_bf16(gate_up, d.F) && packed_bf16(out, d.F)) {
-    swiglu_forward_bf16x8_kernel<<<blocks_for(d.N * (d.F / 8), 256), 256, 0, stream>>>(
+    launch_kernel(swiglu_forward_bf16x8_kernel, blocks_for(d.N * (d.F / 8), 256), 256, 0, stream,
         gate_up.data_as<bf16>(), w, out.data_as<bf16>(), d.N, d.F);
     MT_CUDA_CHECK_LAUNCH();
     return;
   }
   const unsigned blocks = blocks_for(d.N * d.F, 256);
   if (gate_up.dtype() == DType::BF16)
-    swiglu_forward_kernel<bf16><<<blocks, 256, 0, stream>>>(gate_up.data_as<bf16>(), w, out.data_as<bf16>(), d.N, d.F);
+    launch_kernel(swiglu_forward_kernel<bf16>, blocks, 256, 0, stream, gate_up.data_as<bf16>(), w, out.data_as<bf16>(),
+        d.N, d.F);
   else
-    swiglu_forward_kernel<float><<<blocks, 256, 0, stream>>>(gate_up.data_as<float>(), w, out.data_as<float>(), d.N,
-                                                             d.F);
+    launch_kernel(swiglu_forward_kernel<float>, blocks, 256, 0, stream, gate_up.data_as<float>(), w,
+        out.data_as<float>(), d.N, d.F);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -157,17 +163,17 @@ void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor* ro
   float* dw = drow_weight ? drow_weight->data_as<float>() : nullptr;
   const unsigned blocks = blocks_for(d.N, kWarpsPerBlock);
   if (packed_bf16(gate_up, d.F) && packed_bf16(dout, d.F) && packed_bf16(dgate_up, d.F)) {
-    swiglu_backward_bf16x8_kernel<<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
-        dout.data_as<bf16>(), gate_up.data_as<bf16>(), w, dgate_up.data_as<bf16>(), dw, d.N, d.F);
+    launch_kernel(swiglu_backward_bf16x8_kernel, blocks, 32 * kWarpsPerBlock, 0, stream, dout.data_as<bf16>(),
+        gate_up.data_as<bf16>(), w, dgate_up.data_as<bf16>(), dw, d.N, d.F);
     MT_CUDA_CHECK_LAUNCH();
     return;
   }
   if (gate_up.dtype() == DType::BF16)
-    swiglu_backward_kernel<bf16><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
-        dout.data_as<bf16>(), gate_up.data_as<bf16>(), w, dgate_up.data_as<bf16>(), dw, d.N, d.F);
+    launch_kernel(swiglu_backward_kernel<bf16>, blocks, 32 * kWarpsPerBlock, 0, stream, dout.data_as<bf16>(),
+        gate_up.data_as<bf16>(), w, dgate_up.data_as<bf16>(), dw, d.N, d.F);
   else
-    swiglu_backward_kernel<float><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
-        dout.data_as<float>(), gate_up.data_as<float>(), w, dgate_up.data_as<float>(), dw, d.N, d.F);
+    launch_kernel(swiglu_backward_kernel<float>, blocks, 32 * kWarpsPerBlock, 0, stream, dout.data_as<float>(),
+        gate_up.data_as<float>(), w, dgate_up.data_as<float>(), dw, d.N, d.F);
   MT_CUDA_CHECK_LAUNCH();
 }
 

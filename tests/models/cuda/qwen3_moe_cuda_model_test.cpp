@@ -11,6 +11,7 @@
 #include "cuda_model_test_util.h"
 #include "core/error.h"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/kernel_launch.cuh"
 #include "models/cuda/cuda_batch.h"
 #include "models/cuda/qwen3_moe_cuda_model.h"
 #include "models/presets.h"
@@ -152,6 +153,41 @@ TEST(CudaQwen3MoeModel, RecomputePoliciesAgree) {
     auto n = none.grads.named_parameters();
     for (size_t i = 0; i < a.size(); ++i)  // recomputed tensors are bitwise the forward's; only the
                                            // flash backward's fp32 atomics may reorder sums
+      test::expect_near_normalised(test::device_floats(*a[i].second), test::device_floats(*n[i].second), 2e-3, 1e-3,
+                                   "gradient " + a[i].first);
+  }
+}
+
+// Programmatic dependent launch (kernels launched while the previous one drains, each waiting in
+// griddepcontrol.wait before touching memory) must not change a result: a kernel that read its input before
+// the wait would see the previous step's data here and move the loss or the gradients by far more than the
+// flash backward's atomic reordering does.
+TEST(CudaQwen3MoeModel, ProgrammaticDependentLaunchChangesNoResult) {
+  MT_SKIP_WITHOUT_CUDA();
+  cuda::pdl_set_enabled(1);
+  const bool available = cuda::pdl_enabled();
+  if (!available) {
+    cuda::pdl_set_enabled(-1);
+    GTEST_SKIP() << "programmatic dependent launch needs compute capability 9.0";
+  }
+  const Qwen3MoeConfig cfg = small_config(128, 2);
+  Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 5);
+  Qwen3MoeWeights dev_w = to_device_weights(host_w);
+  const Batch b = test_batch(cfg);
+  cuda::pdl_set_enabled(0);
+  const CudaRun off = run_cuda(cfg, dev_w, b, Recompute::none, 100.0);
+  cuda::pdl_set_enabled(1);
+  const CudaRun on = run_cuda(cfg, dev_w, b, Recompute::none, 100.0);
+  const CudaRun on_full = run_cuda(cfg, dev_w, b, Recompute::full, 100.0);
+  cuda::pdl_set_enabled(-1);
+  EXPECT_EQ(on.ce, off.ce);  // the forward is deterministic: same bits
+  EXPECT_EQ(on.aux, off.aux);
+  EXPECT_EQ(on_full.ce, off.ce);
+  auto n = off.grads.named_parameters();
+  for (const CudaRun* r : {&on, &on_full}) {
+    auto a = r->grads.named_parameters();
+    ASSERT_EQ(a.size(), n.size());
+    for (size_t i = 0; i < a.size(); ++i)
       test::expect_near_normalised(test::device_floats(*a[i].second), test::device_floats(*n[i].second), 2e-3, 1e-3,
                                    "gradient " + a[i].first);
   }
