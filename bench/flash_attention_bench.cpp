@@ -26,9 +26,12 @@
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/flash_attention_kernels.h"
+#include "bench_timing.h"
 #include "sustained_run.h"
 
 namespace {
+
+using mt_bench::time_ms;
 
 using mt::DType;
 using mt::Tensor;
@@ -40,23 +43,6 @@ Tensor random_bf16(const mt::Shape& s, uint64_t seed) {
   uint16_t* p = h.data_as<uint16_t>();
   for (int64_t i = 0; i < h.numel(); ++i) p[i] = mt::float_to_bf16(d(g));
   return mt::cuda::to_device(h, 0);
-}
-
-template <typename F>
-double time_ms(int reps, cudaStream_t stream, F&& f) {
-  for (int i = 0; i < 2; ++i) f();
-  cudaEvent_t a, b;
-  MT_CUDA_CHECK(cudaEventCreate(&a));
-  MT_CUDA_CHECK(cudaEventCreate(&b));
-  MT_CUDA_CHECK(cudaEventRecord(a, stream));
-  for (int i = 0; i < reps; ++i) f();
-  MT_CUDA_CHECK(cudaEventRecord(b, stream));
-  MT_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  MT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms / reps;
 }
 
 }  // namespace
@@ -126,7 +112,7 @@ int main(int argc, char** argv) {
       det::flash_fwd_kernel_set(kind);
       const double ms = time_ms(reps, ctx.stream, [&] {
         mt::cuda::flash_attention_forward(fs, q, k, v, docs, out, lse, ctx.stream);
-      });
+      }, /*warmup=*/2);
       det::flash_fwd_kernel_set(det::FlashFwdKernel::Auto);
       return ms;
     };
@@ -138,7 +124,7 @@ int main(int argc, char** argv) {
       det::flash_bwd_kernel_set(kind);
       const double ms = time_ms(reps, ctx.stream, [&] {
         mt::cuda::flash_attention_backward(fs, dout, q, k, v, out, lse, docs, dq, dk, dv, ctx.stream);
-      });
+      }, /*warmup=*/2);
       det::flash_bwd_kernel_set(det::FlashBwdKernel::Auto);
       return ms;
     };

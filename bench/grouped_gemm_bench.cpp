@@ -34,9 +34,12 @@
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/grouped_gemm_kernels.h"
 #include "kernels/cuda/moe_permute.h"
+#include "bench_timing.h"
 #include "sustained_run.h"
 
 namespace {
+
+using mt_bench::time_ms;
 
 using mt::DType;
 using mt::Tensor;
@@ -97,23 +100,6 @@ Tensor random_bf16(const mt::Shape& s, uint64_t seed, float scale) {
   uint16_t* p = h.data_as<uint16_t>();
   for (int64_t i = 0; i < h.numel(); ++i) p[i] = mt::float_to_bf16(d(g));
   return mt::cuda::to_device(h, 0);
-}
-
-template <typename F>
-double time_ms(int reps, cudaStream_t stream, F&& f) {
-  for (int i = 0; i < 3; ++i) f();  // warm-up
-  cudaEvent_t a, b;
-  MT_CUDA_CHECK(cudaEventCreate(&a));
-  MT_CUDA_CHECK(cudaEventCreate(&b));
-  MT_CUDA_CHECK(cudaEventRecord(a, stream));
-  for (int i = 0; i < reps; ++i) f();
-  MT_CUDA_CHECK(cudaEventRecord(b, stream));
-  MT_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  MT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  MT_CUDA_CHECK(cudaEventDestroy(a));
-  MT_CUDA_CHECK(cudaEventDestroy(b));
-  return ms / reps;
 }
 
 // Row-major dense GEMM through cuBLASLt (column-major underneath):

@@ -22,9 +22,10 @@
 #         flash kernels each run ENERGY_SECONDS=2 s: sustained TFLOP/s, pJ per FLOP) | standard-promptN (the standard
 #         workload with labels -100 on the first N% of each row, both sides) | kernels-flash-persistent
 #         (the flash backward one block per item vs persistent) | launch-gap (a kernel boundary's cost with and without
-#         programmatic dependent launch). CLOCKS=1 logs clocks/power.
+#         programmatic dependent launch) | kernels-memory (the memory-bound kernels against the copy rate).
+#         CLOCKS=1 logs clocks/power.
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -122,6 +123,8 @@ for stage in "$@"; do
                    | grep -o '"persistent": [01], "args": "[^"]*"\|"backward": {[^}]*}'
                done; done ;;
     launch-gap) "$BIN/mixtune_bench_launch_gap" | tee "$OUT/launch_gap.json" || rc=1 ;;
+    kernels-memory) "$BIN/mixtune_bench_memory_kernels" > "$OUT/memory_kernels.json" 2>&1 || rc=1
+               cat "$OUT/memory_kernels.json" ;;
     sustained-gemm) python3 bench/sustained_gemm.py --seconds ${GEMM_SECONDS:-10} > "$OUT/sustained_gemm.json" \
                || rc=1; python3 -c 'import json,sys; print(" ".join(str(w["tflops"]) for w in json.load(open(sys.argv[1]))["windows"]))' \
                "$OUT/sustained_gemm.json" ;;

@@ -32,6 +32,8 @@ bool pdl_enabled() {
   return d == 1;
 }
 
-void pdl_set_enabled(int on_off_or_default) { g_override.store(on_off_or_default < 0 ? -1 : (on_off_or_default ? 1 : 0)); }
+void pdl_set_enabled(int on_off_or_default) {
+  g_override.store(on_off_or_default < 0 ? -1 : (on_off_or_default ? 1 : 0), std::memory_order_relaxed);
+}
 
 }  // namespace mt::cuda

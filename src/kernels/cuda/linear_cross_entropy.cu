@@ -5,7 +5,6 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/device_context.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/tensor_checks.h"
 #include "kernels/cuda/kernel_launch.cuh"
@@ -71,73 +70,69 @@ __global__ void cross_entropy_rows_kernel(T* logits, const I* __restrict__ targe
 
 // The same for bf16 rows with V % 8 == 0 (16-byte aligned rows): 16-byte loads, two packets in flight per
 // thread, one running max per 16 values. The scalar kernel above kept only ~64 bytes per warp in flight and
-// ran at ~1.3 TB/s on the 151,936-wide Qwen3 rows. Persistent: one block of kRowsThreads per SM walks rows
-// b, b + grid, ...; so at most one row per SM is in flight (132 × 304 KB = 40 MB on an H200, within its L2)
-// and the gradient pass re-reads its row from L2, not HBM: 2 of the 3 row passes' bytes come from HBM, not 3.
-constexpr int kPersistentRowThreads = 1024;
+// ran at ~1.3 TB/s on the 151,936-wide Qwen3 rows.
 template <typename I>
-__global__ void __launch_bounds__(kPersistentRowThreads)
-    cross_entropy_rows_bf16x8_kernel(bf16* logits, const I* __restrict__ targets, int64_t rows, int64_t row0,
-                                     int64_t V, float grad_scale, bool grad, float* row_loss) {
+__global__ void __launch_bounds__(kRowThreads) cross_entropy_rows_bf16x8_kernel(bf16* logits, const I* __restrict__ targets,
+                                                                         int64_t row0, int64_t V, float grad_scale,
+                                                                         bool grad, float* row_loss) {
   pdl_wait();
   __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  bf16* z = logits + r * V;
+  uint4* zp = reinterpret_cast<uint4*>(z);
   const int64_t P = V / 8, step = blockDim.x;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    bf16* z = logits + r * V;
-    uint4* zp = reinterpret_cast<uint4*>(z);
-    const int64_t y = target_at(targets, row0 + r, V);
-    if (y == kIgnore) {
-      if (threadIdx.x == 0) row_loss[row0 + r] = 0.0f;
-      if (grad)
-        for (int64_t p = threadIdx.x; p < P; p += step) zp[p] = make_uint4(0, 0, 0, 0);
-      continue;
-    }
-    float m = -INFINITY, s = 0.0f;
-    // Adds a group of values: one rescale of s per group (strict >, as the scalar kernel).
-    auto add = [&](const float* v, int n) {
-      float lm = v[0];
-      for (int e = 1; e < n; ++e) lm = fmaxf(lm, v[e]);
-      if (lm > m) {
-        s *= expf(m - lm);
-        m = lm;
-      }
-      for (int e = 0; e < n; ++e) s += expf(v[e] - m);
-    };
-    int64_t p = threadIdx.x;
-    for (; p + step < P; p += 2 * step) {
-      const uint4 a = zp[p], b = zp[p + step];
-      float v[16];
-      bf16x8_to_float(a, *reinterpret_cast<float(*)[8]>(v));
-      bf16x8_to_float(b, *reinterpret_cast<float(*)[8]>(v + 8));
-      add(v, 16);
-    }
-    if (p < P) {
-      float v[8];
-      bf16x8_to_float(zp[p], v);
-      add(v, 8);
-    }
-    const float zy = __bfloat162float(z[y]);  // read before any thread overwrites the row
-    const float lse = row_logsumexp(m, s, scratch);
-    if (threadIdx.x == 0) row_loss[row0 + r] = lse - zy;
-    if (!grad) continue;
-    __syncthreads();  // every thread has read z[y]
-    auto grad_packet = [&](int64_t q, const uint4& raw) {
-      float v[8];
-      bf16x8_to_float(raw, v);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        v[e] = grad_scale * expf(v[e] - lse);
-        if (q * 8 + e == y) v[e] -= grad_scale;
-      }
-      zp[q] = float_to_bf16x8(v);
-    };
-    for (p = threadIdx.x; p + step < P; p += 2 * step) {
-      const uint4 a = zp[p], b = zp[p + step];
-      grad_packet(p, a);
-      grad_packet(p + step, b);
-    }
-    if (p < P) grad_packet(p, zp[p]);
+  const int64_t y = target_at(targets, row0 + r, V);
+  if (y == kIgnore) {
+    if (threadIdx.x == 0) row_loss[row0 + r] = 0.0f;
+    if (grad)
+      for (int64_t p = threadIdx.x; p < P; p += step) zp[p] = make_uint4(0, 0, 0, 0);
+    return;
   }
+  float m = -INFINITY, s = 0.0f;
+  // Adds a group of values: one rescale of s per group (strict >, as the scalar kernel).
+  auto add = [&](const float* v, int n) {
+    float lm = v[0];
+    for (int e = 1; e < n; ++e) lm = fmaxf(lm, v[e]);
+    if (lm > m) {
+      s *= expf(m - lm);
+      m = lm;
+    }
+    for (int e = 0; e < n; ++e) s += expf(v[e] - m);
+  };
+  int64_t p = threadIdx.x;
+  for (; p + step < P; p += 2 * step) {
+    const uint4 a = zp[p], b = zp[p + step];
+    float v[16];
+    bf16x8_to_float(a, *reinterpret_cast<float(*)[8]>(v));
+    bf16x8_to_float(b, *reinterpret_cast<float(*)[8]>(v + 8));
+    add(v, 16);
+  }
+  if (p < P) {
+    float v[8];
+    bf16x8_to_float(zp[p], v);
+    add(v, 8);
+  }
+  const float zy = __bfloat162float(z[y]);  // read before any thread overwrites the row
+  const float lse = row_logsumexp(m, s, scratch);
+  if (threadIdx.x == 0) row_loss[row0 + r] = lse - zy;
+  if (!grad) return;
+  __syncthreads();  // every thread has read z[y]
+  auto grad_packet = [&](int64_t q, const uint4& raw) {
+    float v[8];
+    bf16x8_to_float(raw, v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      v[e] = grad_scale * expf(v[e] - lse);
+      if (q * 8 + e == y) v[e] -= grad_scale;
+    }
+    zp[q] = float_to_bf16x8(v);
+  };
+  for (p = threadIdx.x; p + step < P; p += 2 * step) {
+    const uint4 a = zp[p], b = zp[p + step];
+    grad_packet(p, a);
+    grad_packet(p + step, b);
+  }
+  if (p < P) grad_packet(p, zp[p]);
 }
 
 // Σ row_loss over valid rows and their count, by one block in a fixed order.
@@ -171,16 +166,14 @@ void run(const Tensor& x, const Tensor& w, const Tensor& targets, const LinearCr
   Tensor row_loss = Tensor::empty({std::max<int64_t>(T_, 1)}, DType::F32, d);
   const I* y = targets.data_as<I>();
   const bool packed_rows = std::is_same_v<T, bf16> && V % 8 == 0 && aligned16(logits);
-  const int64_t sms = std::max(device_context(dev).sm_count, 1);
   for (int64_t r0 = 0; r0 < T_; r0 += C) {
     const int64_t rows = std::min(C, T_ - r0);
     Tensor xc = x.rows(r0, r0 + rows);
     Tensor lc = logits.rows(0, rows);
     linear_forward(xc, w, lc, stream);
     if (packed_rows)
-      launch_kernel(cross_entropy_rows_bf16x8_kernel<I>, static_cast<unsigned>(std::min<int64_t>(rows, sms)),
-          kPersistentRowThreads, 0, stream, lc.data_as<bf16>(), y, rows, r0, V, a.grad_scale, a.compute_grad,
-          row_loss.data_as<float>());
+      launch_kernel(cross_entropy_rows_bf16x8_kernel<I>, static_cast<unsigned>(rows), kRowThreads, 0, stream,
+          lc.data_as<bf16>(), y, r0, V, a.grad_scale, a.compute_grad, row_loss.data_as<float>());
     else
       launch_kernel(cross_entropy_rows_kernel<T, I>, static_cast<unsigned>(rows), kRowThreads, 0, stream,
           lc.data_as<T>(), y, r0, V, a.grad_scale, a.compute_grad, row_loss.data_as<float>());

@@ -238,43 +238,21 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x
 // into its own column sums; the block's sums become partial[block] (summed in order by rmsnorm_dw_sum_kernel).
 // ROPE (rmsnorm_rope_backward): dy is the gradient of the rotated row; it is first taken back through the
 // rotation (rope_backward, rounded to bf16 as that kernel stores it) in registers.
-// Wide rows (kSmemAcc: 4+ packets per lane, hidden sizes 1024+) keep each lane's column sums in shared memory
-// instead of registers: 64 sums plus both rows' 8 packets needed 255 registers and spilled at 8 packets, one
-// block per SM; with the sums in shared memory two blocks fit per SM. The additions are the same, in the same
-// order, so dw is bitwise the register version's.
-template <int VPL>
-__host__ __device__ constexpr bool backward_rows_smem_acc() {
-  return VPL >= 4;
-}
-template <int VPL, int LANES>
-__host__ __device__ constexpr size_t backward_rows_smem_bytes() {
-  return backward_rows_smem_acc<VPL>() ? sizeof(float4) * (256 / LANES) * VPL * 2 * LANES : 0;
-}
-
 template <int VPL, int LANES, bool ROPE = false>
-__global__ void __launch_bounds__(256, backward_rows_smem_acc<VPL>() ? 2 : 1)
-    rmsnorm_backward_rows_kernel(const bf16* dy, const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                 const bf16* dres, bf16* dx, float* __restrict__ partial, int64_t rows, float eps,
-                                 RowRope rope = {}) {
+__global__ void __launch_bounds__(256) rmsnorm_backward_rows_kernel(const bf16* dy, const bf16* __restrict__ x,
+                                                                    const bf16* __restrict__ w, const bf16* dres,
+                                                                    bf16* dx, float* __restrict__ partial,
+                                                                    int64_t rows, float eps, RowRope rope = {}) {
   pdl_wait();
   constexpr int kN = VPL * LANES * 8;
-  constexpr bool kSmemAcc = backward_rows_smem_acc<VPL>();
   const int64_t g = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
   const int64_t workers = static_cast<int64_t>(gridDim.x) * blockDim.x / LANES;
   const int lane = threadIdx.x % LANES;
-  const int grp = threadIdx.x / LANES;
-  // kSmemAcc: sums of group grp, packet j, half h (columns 4h..4h+3 of the packet) for lane l at
-  // acc_s[((grp * VPL + j) * 2 + h) * LANES + l]: a warp's float4 accesses are consecutive (no bank conflicts).
-  extern __shared__ float4 acc_s[];
-  auto acc_at = [&](int group, int j, int h) -> float4& { return acc_s[((group * VPL + j) * 2 + h) * LANES + lane]; };
-  float acc[kSmemAcc ? 1 : VPL][8];  // w is re-read from L1 where needed: registers go to these sums
+  float acc[VPL][8];  // w is re-read from L1 where needed: registers go to these sums
 #pragma unroll
-  for (int j = 0; j < (kSmemAcc ? 1 : VPL); ++j)
+  for (int j = 0; j < VPL; ++j)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[j][e] = 0.0f;
-  if constexpr (kSmemAcc)
-#pragma unroll
-    for (int j = 0; j < VPL; ++j) acc_at(grp, j, 0) = acc_at(grp, j, 1) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   // Every worker runs the same number of iterations (shuffles need the whole warp); rows past the end
   // are masked.
   const int64_t iters = (rows + workers - 1) / workers;
@@ -335,61 +313,24 @@ __global__ void __launch_bounds__(256, backward_rows_smem_acc<VPL>() ? 2 : 1)
     for (int j = 0; j < VPL; ++j) {
       const int64_t off = base + static_cast<int64_t>(j * LANES + lane) * 8;
       float d[8], xf[8], wf[8], o[8];
-      if constexpr (kSmemAcc) {  // re-read (L1/L2): holding both rows' packets through here needs the registers
-        bf16x8_to_float(dy ? *reinterpret_cast<const uint4*>(dy + off) : make_uint4(0, 0, 0, 0), d);
-        bf16x8_to_float(*reinterpret_cast<const uint4*>(x + off), xf);
-      } else {
-        bf16x8_to_float(dyv[j], d);
-        bf16x8_to_float(xv[j], xf);
-      }
+      bf16x8_to_float(dyv[j], d);
+      bf16x8_to_float(xv[j], xf);
       bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(w + (j * LANES + lane) * 8)), wf);
       float r[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if (dres) bf16x8_to_float(*reinterpret_cast<const uint4*>(dres + off), r);
-      if constexpr (kSmemAcc) {
-        float4 &lo = acc_at(grp, j, 0), &hi = acc_at(grp, j, 1);
-        float a[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-        for (int e = 0; e < 8; ++e) a[e] += d[e] * (xf[e] * rs);
-        lo = make_float4(a[0], a[1], a[2], a[3]);
-        hi = make_float4(a[4], a[5], a[6], a[7]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[j][e] += d[e] * (xf[e] * rs);
+      for (int e = 0; e < 8; ++e) {
+        acc[j][e] += d[e] * (xf[e] * rs);
+        o[e] = rs * (d[e] * wf[e] - xf[e] * rs * m) + r[e];
       }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = rs * (d[e] * wf[e] - xf[e] * rs * m) + r[e];
       *reinterpret_cast<uint4*>(dx + off) = float_to_bf16x8(o);
     }
   }
   // The block's groups add their sums pairwise through shared memory (a fixed tree), and group 0 writes
   // the block's partial row: one row per block keeps the final column sums short.
   constexpr int kGroups = 256 / LANES;
-  if constexpr (kSmemAcc) {
-#pragma unroll
-    for (int half = kGroups / 2; half >= 1; half /= 2) {
-      __syncthreads();
-      if (grp < half)
-#pragma unroll
-        for (int j = 0; j < VPL; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float4& a = acc_at(grp, j, h);
-            const float4 b = acc_at(grp + half, j, h);
-            a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
-          }
-    }
-    __syncthreads();
-    if (grp != 0) return;
-    float* prow = partial + static_cast<int64_t>(blockIdx.x) * kN;
-#pragma unroll
-    for (int j = 0; j < VPL; ++j) {
-      const int c = (j * LANES + lane) * 8;
-      *reinterpret_cast<float4*>(prow + c) = acc_at(0, j, 0);
-      *reinterpret_cast<float4*>(prow + c + 4) = acc_at(0, j, 1);
-    }
-    return;
-  }
-  __shared__ float4 red[kGroups / 2 > 0 ? kGroups / 2 : 1][kSmemAcc ? 1 : VPL * LANES * 2];
+  __shared__ float4 red[kGroups / 2 > 0 ? kGroups / 2 : 1][VPL * LANES * 2];
+  const int grp = threadIdx.x / LANES;
 #pragma unroll
   for (int half = kGroups / 2; half >= 1; half /= 2) {
     if (grp >= half && grp < 2 * half)
@@ -519,7 +460,8 @@ void launch_forward(const Tensor& x, const Tensor* res, const Tensor& w, float e
       with_row_layout<16>(l, [&]<int VPL, int LANES>() {
         const unsigned blocks = blocks_for(r.rows * LANES, 256);
         launch_kernel(rmsnorm_forward_rows_kernel<VPL, LANES>, blocks, 256, 0, stream, x.data_as<bf16>(), resp,
-            w.data_as<bf16>(), sump, out.data_as<bf16>(), rstd ? rstd->data_as<float>() : nullptr, r.rows, eps, RowRope{});
+            w.data_as<bf16>(), sump, out.data_as<bf16>(), rstd ? rstd->data_as<float>() : nullptr, r.rows, eps,
+            RowRope{});
         MT_CUDA_CHECK_LAUNCH();
       });
       return;
@@ -554,16 +496,7 @@ void backward_rows_launch(const bf16* dy, const Tensor& x, const Tensor& w, cons
   const int64_t workers = std::min<int64_t>(r.rows, std::max<int64_t>(1024 * 32 / LANES, r.rows / 8));
   const int64_t blocks = (workers + per_block - 1) / per_block;
   Tensor partial = Tensor::empty({blocks, r.n}, DType::F32, Device::cuda(r.device));
-  constexpr size_t smem = backward_rows_smem_bytes<VPL, LANES>();
-  if constexpr (smem > 48 * 1024) {
-    static const bool raised = [] {
-      MT_CUDA_CHECK(cudaFuncSetAttribute(rmsnorm_backward_rows_kernel<VPL, LANES, ROPE>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      return true;
-    }();
-    (void)raised;
-  }
-  launch_kernel(rmsnorm_backward_rows_kernel<VPL, LANES, ROPE>, static_cast<unsigned>(blocks), 256, smem, stream, dy,
+  launch_kernel(rmsnorm_backward_rows_kernel<VPL, LANES, ROPE>, static_cast<unsigned>(blocks), 256, 0, stream, dy,
       x.data_as<bf16>(), w.data_as<bf16>(), dres, dx.data_as<bf16>(), partial.data_as<float>(), r.rows, eps, rope);
   MT_CUDA_CHECK_LAUNCH();
   launch_kernel(rmsnorm_dw_sum_kernel, blocks_for(r.n, 32), dim3(32, 32), 0, stream, partial.data_as<float>(),
