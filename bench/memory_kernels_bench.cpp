@@ -86,7 +86,11 @@ struct Row {
 };
 
 Tensor dev_empty(const mt::Shape& shape, DType dt) { return Tensor::empty(shape, dt, Device::cuda(0)); }
-Tensor dev_zeros(const mt::Shape& shape, DType dt) { return Tensor::zeros(shape, dt, Device::cuda(0)); }
+Tensor dev_zeros(const mt::Shape& shape, DType dt) {
+  Tensor t = dev_empty(shape, dt);
+  MT_CUDA_CHECK(cudaMemset(t.data(), 0, t.nbytes()));
+  return t;
+}
 
 Tensor normal(const mt::Shape& shape, DType dt, float stddev, uint64_t seed, cudaStream_t st) {
   Tensor t = dev_empty(shape, dt);
