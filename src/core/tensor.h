@@ -51,6 +51,8 @@ class Tensor {
  public:
   Tensor() = default;
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
+  // Host tensors only (a device tensor stops with "fill_zero on cuda:N needs the device backend"): CUDA code
+  // zeroes with cuda::fill_zero_async on its stream.
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu());
   static Tensor from_storage(std::shared_ptr<Storage> s, size_t byte_offset, const Shape& shape, DType dtype);
   // CPU helpers for tests and small host-side data.
