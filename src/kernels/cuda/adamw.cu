@@ -306,7 +306,6 @@ CudaAdamW::CudaAdamW(std::vector<std::pair<std::string, Tensor*>> params, CudaAd
       if (p->numel() > 0) {
         launch_kernel(bf16_to_f32_kernel, blocks_for(p->numel(), 256), 256, 0, stream, p->data_as<bf16>(),
             s.master.data_as<float>(), p->numel());
-        MT_CUDA_CHECK_LAUNCH();
       }
     }
     s.decay = decays ? decays(name) : true;
@@ -352,7 +351,6 @@ void CudaAdamW::step(const std::vector<const Tensor*>& grads, double lr, const T
     if (L.table.count == 0) return;
     const int64_t blocks = table_finish(L.table);
     launch_kernel(adamw_kernel, static_cast<unsigned>(blocks), kMultiTensorThreads, 0, stream, L, sc, clip);
-    MT_CUDA_CHECK_LAUNCH();
     L.table.count = 0;
   };
   for (size_t i = 0; i < slots_.size(); ++i) {

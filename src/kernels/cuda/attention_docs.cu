@@ -85,14 +85,12 @@ void attention_docs_from_ids_launch(const int32_t* doc, int B, int S, int32_t* s
                                     cudaStream_t stream) {
   if (B == 0 || S == 0) return;
   launch_kernel(docs_from_ids_kernel, B, kScanThreads, 0, stream, doc, S, start, end);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 void attention_docs_from_cu_seqlens_launch(const int32_t* cu, int docs, int32_t* start, int32_t* end,
                                            cudaStream_t stream) {
   if (docs == 0) return;
   launch_kernel(docs_from_cu_kernel, docs, 256, 0, stream, cu, start, end);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace detail

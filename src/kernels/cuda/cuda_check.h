@@ -23,8 +23,6 @@ inline void cublas_check(cublasStatus_t s, const char* expr, const char* file, i
 
 #define MT_CUDA_CHECK(expr) ::mt::cuda::cuda_check((expr), #expr, __FILE__, __LINE__)
 #define MT_CUBLAS_CHECK(expr) ::mt::cuda::cublas_check((expr), #expr, __FILE__, __LINE__)
-// After a kernel launch: reports a bad launch configuration at once (asynchronous faults surface later).
-#define MT_CUDA_CHECK_LAUNCH() ::mt::cuda::cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
 
 namespace mt::cuda {
 // Contract checks usable in .cu files (nvcc cannot compile fmt's consteval format strings, so the

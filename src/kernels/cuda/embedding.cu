@@ -91,7 +91,6 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, cuda
       launch_kernel(embedding_forward_kernel<int32_t, float>, blocks, 256, 0, stream, ids.data_as<int32_t>(),
           table.data_as<float>(), out.data_as<float>(), N, H, V);
   }
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, cudaStream_t stream) {
@@ -115,7 +114,6 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, c
   else
     launch_kernel(embedding_keys_kernel<int32_t>, blocks_for(N, 256), 256, 0, stream, ids.data_as<int32_t>(),
         keys.data_as<uint32_t>(), vals.data_as<int32_t>(), N, V);
-  MT_CUDA_CHECK_LAUNCH();
   const int end_bit = bits_for(V);
   size_t temp_bytes = 0;
   MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys.data_as<uint32_t>(),
@@ -134,7 +132,6 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, c
     launch_kernel(embedding_backward_kernel<float>, static_cast<unsigned>(N), threads, 0, stream,
         keys_sorted.data_as<uint32_t>(), vals_sorted.data_as<int32_t>(), dout.data_as<float>(),
         dtable.data_as<float>(), N, H, V);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mt::cuda

@@ -74,7 +74,6 @@ EpLayout ep_layout(const Tensor& gathered, int me, int64_t experts_per_rank, cud
   L.local_offsets = Tensor::empty({experts_per_rank + 1}, DType::I32, gathered.device());
   launch_kernel(ep_layout_kernel, 1, 32, 0, stream, gathered.data_as<int32_t>(), static_cast<int>(ep), me,
       static_cast<int>(experts_per_rank), L.segments.data_as<int32_t>(), L.local_offsets.data_as<int32_t>());
-  MT_CUDA_CHECK_LAUNCH();
   return L;
 }
 
@@ -92,7 +91,6 @@ void ep_regroup(const Tensor& src, const EpLayout& layout, bool to_expert_major,
   const dim3 grid(8, static_cast<unsigned>(n));
   launch_kernel(ep_regroup_kernel, grid, 256, 0, stream, static_cast<const uint4*>(src.data()),
       static_cast<uint4*>(dst.data()), layout.segments.data_as<int32_t>(), n, row_bytes / 16, to_expert_major);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mt::cuda

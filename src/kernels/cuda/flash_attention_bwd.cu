@@ -282,7 +282,6 @@ void to_bf16(const float* src, int64_t n, float mul, void* dst, cudaStream_t str
   if (n == 0) return;
   const int64_t blocks = std::min<int64_t>((n / 2 + 255) / 256, 65536);
   launch_kernel(scale_to_bf16_kernel, static_cast<int>(blocks), 256, 0, stream, src, n, mul, static_cast<bf16*>(dst));
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 // Checks first (nothing is queued when the device cannot run this head_dim), then zeroes the fp32
@@ -298,7 +297,6 @@ void bwd_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* q, c
   detail::flash_bwd_prologue(a, dout, out, dq_acc, dk_acc, dv_acc, delta, stream);
   const dim3 grid(a.Hq, (a.T + kBwdBN - 1) / kBwdBN, flash::BwdTiles<D>::SLICES);
   launch_kernel(kern, grid, kBwdThreads, smem, stream, a, q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc);
-  MT_CUDA_CHECK_LAUNCH();
   detail::flash_bwd_epilogue(a, dq_acc, dk_acc, dv_acc, dq, dk, dv, stream);
 }
 
@@ -307,7 +305,6 @@ void delta_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* ou
   const int64_t rows = static_cast<int64_t>(a.T) * a.Hq;
   launch_kernel(flash_bwd_delta_kernel<D>, static_cast<int>((rows + 7) / 8), 256, 0, stream, dout, out, a.T, a.Hq,
       delta);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

@@ -136,10 +136,8 @@ void grad_norm_clip_coef(const std::vector<const Tensor*>& grads, float max_norm
     const int64_t blocks = table_finish(L.table);
     launch_kernel(sumsq_chunks_kernel, static_cast<unsigned>(blocks), kMultiTensorThreads, 0, stream, L,
         partial.data_as<float>());
-    MT_CUDA_CHECK_LAUNCH();
     launch_kernel(tensor_sumsq_kernel, L.table.count, 256, 0, stream, L, partial.data_as<float>(),
         tensor_sumsq.data_as<double>());
-    MT_CUDA_CHECK_LAUNCH();
     L.partial_base += blocks;
     L.table.count = 0;
   };
@@ -156,7 +154,6 @@ void grad_norm_clip_coef(const std::vector<const Tensor*>& grads, float max_norm
   if (reduce_sumsq) reduce_sumsq(tensor_sumsq);
   launch_kernel(norm_finish_kernel, 1, 256, 0, stream, tensor_sumsq.data_as<double>(), tensors, max_norm,
       norm.data_as<float>(), coef.data_as<float>());
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mt::cuda

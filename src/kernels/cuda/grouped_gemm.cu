@@ -374,7 +374,6 @@ void launch(const Problem& p, int64_t max_tiles, int sm_count, cudaStream_t stre
   MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, THREADS, smem));
   const int64_t grid = std::min<int64_t>(max_tiles, static_cast<int64_t>(std::max(per_sm, 1)) * sm_count);
   launch_kernel(kern, static_cast<int>(grid), THREADS, smem, stream, p);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

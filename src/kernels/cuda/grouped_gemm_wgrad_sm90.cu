@@ -334,7 +334,6 @@ void launch_wgrad(const CUtensorMap* maps, WgradArgs a, int sm_count, cudaStream
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int grid = static_cast<int>(std::min<int64_t>(tiles, std::max(sm_count, 1)));
   launch_kernel(kern, grid, THREADS, smem, stream, maps[0], maps[1], maps[2], maps[3], maps[4], a);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

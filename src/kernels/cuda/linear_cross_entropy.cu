@@ -177,7 +177,6 @@ void run(const Tensor& x, const Tensor& w, const Tensor& targets, const LinearCr
     else
       launch_kernel(cross_entropy_rows_kernel<T, I>, static_cast<unsigned>(rows), kRowThreads, 0, stream,
           lc.data_as<T>(), y, r0, V, a.grad_scale, a.compute_grad, row_loss.data_as<float>());
-    MT_CUDA_CHECK_LAUNCH();
     if (!a.compute_grad) continue;
     Tensor dxc = dx->rows(r0, r0 + rows);
     linear_backward_input(lc, w, dxc, stream, 0.0f);
@@ -185,7 +184,6 @@ void run(const Tensor& x, const Tensor& w, const Tensor& targets, const LinearCr
   }
   launch_kernel(loss_reduce_kernel<I>, 1, 1024, 0, stream, row_loss.data_as<float>(), y, T_, V,
       loss_sum.data_as<float>(), count.data_as<int32_t>());
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

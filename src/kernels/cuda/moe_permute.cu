@@ -268,14 +268,11 @@ void moe_plan_launch(const int32_t* index, int64_t N, int E, int32_t* chunk_coun
   const int chunks = static_cast<int>((N + kPlanChunk - 1) / kPlanChunk);
   if (chunks > 0) {
     launch_kernel(plan_count_kernel, chunks, kPlanThreads, E * sizeof(int), stream, index, N, E, chunk_counts);
-    MT_CUDA_CHECK_LAUNCH();
   }
   launch_kernel(plan_scan_kernel, 1, 1024, 0, stream, chunk_counts, chunks, E, offsets);
-  MT_CUDA_CHECK_LAUNCH();
   if (chunks > 0) {
     launch_kernel(plan_scatter_kernel, chunks, kPlanThreads, E*(kPlanWarps + 1) * sizeof(int), stream, index, N, E,
         chunk_counts, offsets, row_of_slot, slot_of_row);
-    MT_CUDA_CHECK_LAUNCH();
   }
 }
 
@@ -283,7 +280,6 @@ void moe_local_ids_launch(const int32_t* index, int64_t N, int first, int count,
                           cudaStream_t stream) {
   if (N == 0) return;
   launch_kernel(local_ids_kernel, static_cast<int>((N + 255) / 256), 256, 0, stream, index, N, first, count, out);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 void moe_gather_launch(const void* x, int64_t N, int H, int k, const int32_t* slot_of_row, void* xg,
@@ -295,7 +291,6 @@ void moe_gather_launch(const void* x, int64_t N, int H, int k, const int32_t* sl
     launch_kernel(gather_kernel<8>, row_blocks(N), kRowWarps * 32, 0, stream, xs, N, H, k, slot_of_row, xd);
   else
     launch_kernel(gather_kernel<1>, row_blocks(N), kRowWarps * 32, 0, stream, xs, N, H, k, slot_of_row, xd);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 void moe_combine_launch(const void* y, const float* weights, const int32_t* row_of_slot, const int32_t* row_limit,
@@ -309,7 +304,6 @@ void moe_combine_launch(const void* y, const float* weights, const int32_t* row_
     using Tout = std::remove_pointer_t<decltype(o)>;
     launch_kernel(combine_kernel<U, W, Tout>, row_blocks(T), kRowWarps * 32, 0, stream, ys, weights, row_of_slot,
         row_limit, T, k, H, o);
-    MT_CUDA_CHECK_LAUNCH();
   };
   auto with_out = [&](auto u_c, auto w_c) {
     if (out_f32)
@@ -343,7 +337,6 @@ void moe_combine_backward_launch(const void* dout, bool dout_f32, const void* y,
     using Tin = std::remove_const_t<std::remove_pointer_t<decltype(g)>>;
     launch_kernel(combine_backward_kernel<U, W, Tin>, row_blocks(N), kRowWarps * 32, 0, stream, g, ys, weights,
         row_of_slot, row_limit, N, k, H, dys, dweights);
-    MT_CUDA_CHECK_LAUNCH();
   };
   auto with_in = [&](auto u_c, auto w_c) {
     if (dout_f32)

@@ -54,7 +54,6 @@ void fill_normal(Tensor& t, float stddev, uint64_t seed, cudaStream_t stream) {
   else
     launch_kernel(fill_normal_kernel<float>, grid_for(t.numel()), 256, 0, stream, t.data_as<float>(), t.numel(),
         stddev, seed);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 void fill_constant(Tensor& t, float value, cudaStream_t stream) {
@@ -66,7 +65,6 @@ void fill_constant(Tensor& t, float value, cudaStream_t stream) {
   else
     launch_kernel(fill_constant_kernel<float>, grid_for(t.numel()), 256, 0, stream, t.data_as<float>(), t.numel(),
         value);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mt::cuda

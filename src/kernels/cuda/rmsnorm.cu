@@ -469,7 +469,6 @@ void launch_forward(const Tensor& x, const Tensor* res, const Tensor& w, float e
         launch_kernel(rmsnorm_forward_rows_kernel<VPL, LANES>, blocks, 256, 0, stream, x.data_as<bf16>(), resp,
             w.data_as<bf16>(), sump, out.data_as<bf16>(), rstd ? rstd->data_as<float>() : nullptr, r.rows, eps,
             RowRope{});
-        MT_CUDA_CHECK_LAUNCH();
       });
       return;
     }
@@ -477,7 +476,6 @@ void launch_forward(const Tensor& x, const Tensor* res, const Tensor& w, float e
   launch_kernel(rmsnorm_forward_kernel<T>, blocks_for(r.rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream,
       x.data_as<T>(), res ? res->data_as<T>() : nullptr, w.data_as<T>(), sum ? sum->data_as<T>() : nullptr,
       out.data_as<T>(), rstd ? rstd->data_as<float>() : nullptr, r.rows, r.n, eps);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 void forward_any(const Tensor& x, const Tensor* res, const Tensor& w, float eps, Tensor* sum, Tensor& out,
@@ -505,10 +503,8 @@ void backward_rows_launch(const bf16* dy, const Tensor& x, const Tensor& w, cons
   Tensor partial = Tensor::empty({blocks, r.n}, DType::F32, Device::cuda(r.device));
   launch_kernel(rmsnorm_backward_rows_kernel<VPL, LANES, ROPE>, static_cast<unsigned>(blocks), 256, 0, stream, dy,
       x.data_as<bf16>(), w.data_as<bf16>(), dres, dx.data_as<bf16>(), partial.data_as<float>(), r.rows, eps, rope);
-  MT_CUDA_CHECK_LAUNCH();
   launch_kernel(rmsnorm_dw_sum_kernel, blocks_for(r.n, 32), dim3(32, 32), 0, stream, partial.data_as<float>(),
       dw.data_as<float>(), blocks, r.n);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
@@ -532,7 +528,6 @@ void launch_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float e
   Tensor m = Tensor::empty({r.rows}, DType::F32, d);
   launch_kernel(rmsnorm_row_stats_kernel<T>, blocks_for(r.rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream,
       dy.data_as<T>(), x.data_as<T>(), w.data_as<T>(), rstd.data_as<float>(), m.data_as<float>(), r.rows, r.n, eps);
-  MT_CUDA_CHECK_LAUNCH();
   // Fixed chunking (depends only on the shape): at most ~1024 partial rows per column.
   const int64_t chunk_rows = std::max<int64_t>(32, (r.rows + 1023) / 1024);
   const int64_t chunks = (r.rows + chunk_rows - 1) / chunk_rows;
@@ -540,15 +535,12 @@ void launch_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float e
   dim3 grid(blocks_for(r.n, 256), static_cast<unsigned>(chunks));
   launch_kernel(rmsnorm_dw_partial_kernel<T>, grid, 256, 0, stream, dy.data_as<T>(), x.data_as<T>(),
       rstd.data_as<float>(), partial.data_as<float>(), r.rows, r.n, chunk_rows);
-  MT_CUDA_CHECK_LAUNCH();
   launch_kernel(rmsnorm_dw_reduce_kernel, blocks_for(r.n, 256), 256, 0, stream, partial.data_as<float>(),
       dw.data_as<float>(), chunks, r.n);
-  MT_CUDA_CHECK_LAUNCH();
   // dx last: it may overwrite dy, which the dw passes read.
   launch_kernel(rmsnorm_dx_kernel<T>, blocks_for(r.rows * r.n, 256), 256, 0, stream, dy.data_as<T>(), x.data_as<T>(),
       w.data_as<T>(), rstd.data_as<float>(), m.data_as<float>(), dres ? dres->data_as<T>() : nullptr, dx.data_as<T>(),
       r.rows, r.n);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -601,7 +593,6 @@ void rmsnorm_rope_forward(const Tensor& x, const Tensor& w, float eps, const Ten
     if constexpr (VPL == 1 && LANES >= 2) {
       launch_kernel(rmsnorm_forward_rows_kernel<VPL, LANES, true>, blocks_for(r.rows * LANES, 256), 256, 0, stream,
           x.data_as<bf16>(), nullptr, w.data_as<bf16>(), nullptr, out.data_as<bf16>(), nullptr, r.rows, eps, rope);
-      MT_CUDA_CHECK_LAUNCH();
     }
   });
 }

@@ -151,7 +151,6 @@ void rope_tables(const Tensor& positions, int64_t head_dim, double theta, bool b
   else
     launch_kernel(rope_tables_kernel<int32_t>, blocks, 256, 0, stream, positions.data_as<int32_t>(), inv, T, half,
         bf16_out, cos.data_as<float>(), sin.data_as<float>());
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out, cudaStream_t stream) {
@@ -161,7 +160,6 @@ void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor&
   if (rope_packed(x, cos, sin, out, d.half)) {
     launch_kernel(rope_bf16x8_kernel<true>, blocks_for(n / 8, 256), 256, 0, stream, x.data_as<bf16>(),
         cos.data_as<float>(), sin.data_as<float>(), out.data_as<bf16>(), d.T, d.heads, d.half);
-    MT_CUDA_CHECK_LAUNCH();
     return;
   }
   if (x.dtype() == DType::BF16)
@@ -170,7 +168,6 @@ void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor&
   else
     launch_kernel(rope_forward_kernel<float>, blocks_for(n, 256), 256, 0, stream, x.data_as<float>(),
         cos.data_as<float>(), sin.data_as<float>(), out.data_as<float>(), d.T, d.heads, d.half);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 void rope_backward(const Tensor& dy, const Tensor& cos, const Tensor& sin, Tensor& dx, cudaStream_t stream) {
@@ -180,7 +177,6 @@ void rope_backward(const Tensor& dy, const Tensor& cos, const Tensor& sin, Tenso
   if (rope_packed(dy, cos, sin, dx, d.half)) {
     launch_kernel(rope_bf16x8_kernel<false>, blocks_for(n / 8, 256), 256, 0, stream, dy.data_as<bf16>(),
         cos.data_as<float>(), sin.data_as<float>(), dx.data_as<bf16>(), d.T, d.heads, d.half);
-    MT_CUDA_CHECK_LAUNCH();
     return;
   }
   if (dy.dtype() == DType::BF16)
@@ -189,7 +185,6 @@ void rope_backward(const Tensor& dy, const Tensor& cos, const Tensor& sin, Tenso
   else
     launch_kernel(rope_backward_kernel<float>, blocks_for(n, 256), 256, 0, stream, dy.data_as<float>(),
         cos.data_as<float>(), sin.data_as<float>(), dx.data_as<float>(), d.T, d.heads, d.half);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mt::cuda

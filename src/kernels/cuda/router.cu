@@ -317,7 +317,6 @@ void router_forward_launch(const void* logits, bool logits_bf16, int T, int E, i
         MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
       launch_kernel(kern, blocks, kWarps * 32, smem, stream, in, T, E, k, norm, bf16_mode, tokens_per_block, index,
           weights, part_count, part_psum);
-      MT_CUDA_CHECK_LAUNCH();
     };
     if (logits_bf16)
       launch(static_cast<const bf16*>(logits));
@@ -331,13 +330,11 @@ void aux_stats_reduce_launch(const int32_t* part_count, const float* part_psum, 
   constexpr int kWarpsPerBlock = 8;
   launch_kernel(aux_stats_reduce_kernel, (E + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream,
       part_count, part_psum, rows, E, count, psum);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 void aux_loss_finish_launch(const int32_t* count, const float* psum, int E, double rows, bool bf16_mode, double daux,
                             float* aux, float* aux_dp, cudaStream_t stream) {
   launch_kernel(aux_loss_finish_kernel, 1, 256, 0, stream, count, psum, E, rows, bf16_mode, daux, aux, aux_dp);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 void router_backward_launch(const float* dweights, const void* logits, bool logits_bf16, const int32_t* index,
@@ -351,7 +348,6 @@ void router_backward_launch(const float* dweights, const void* logits, bool logi
       using Tout = std::remove_pointer_t<decltype(out)>;
       launch_kernel(router_backward_kernel<EPL, Tin, Tout>, blocks, kWarps * 32, 0, stream, dweights, in, index,
           aux_dp, T, E, k, norm, bf16_mode, out);
-      MT_CUDA_CHECK_LAUNCH();
     };
     auto with_out = [&](auto* in) {
       if (dlogits_bf16)

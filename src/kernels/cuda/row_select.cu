@@ -45,7 +45,6 @@ void rows_copy(const void* src, const int32_t* rows, void* dst, int64_t R, int64
   else
     launch_kernel(rows_copy_kernel<unsigned char, SCATTER>, blocks, 256, 0, stream,
         static_cast<const unsigned char*>(src), rows, static_cast<unsigned char*>(dst), R, units);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 // Both tensors on one device with the same dtype and row length; rows I32 [R].

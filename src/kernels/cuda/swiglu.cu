@@ -136,7 +136,6 @@ void swiglu_forward(const Tensor& gate_up, const Tensor* row_weight, Tensor& out
   if (packed_bf16(gate_up, d.F) && packed_bf16(out, d.F)) {
     launch_kernel(swiglu_forward_bf16x8_kernel, blocks_for(d.N * (d.F / 8), 256), 256, 0, stream,
         gate_up.data_as<bf16>(), w, out.data_as<bf16>(), d.N, d.F);
-    MT_CUDA_CHECK_LAUNCH();
     return;
   }
   const unsigned blocks = blocks_for(d.N * d.F, 256);
@@ -146,7 +145,6 @@ void swiglu_forward(const Tensor& gate_up, const Tensor* row_weight, Tensor& out
   else
     launch_kernel(swiglu_forward_kernel<float>, blocks, 256, 0, stream, gate_up.data_as<float>(), w,
         out.data_as<float>(), d.N, d.F);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor* row_weight, Tensor& dgate_up,
@@ -165,7 +163,6 @@ void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor* ro
   if (packed_bf16(gate_up, d.F) && packed_bf16(dout, d.F) && packed_bf16(dgate_up, d.F)) {
     launch_kernel(swiglu_backward_bf16x8_kernel, blocks, 32 * kWarpsPerBlock, 0, stream, dout.data_as<bf16>(),
         gate_up.data_as<bf16>(), w, dgate_up.data_as<bf16>(), dw, d.N, d.F);
-    MT_CUDA_CHECK_LAUNCH();
     return;
   }
   if (gate_up.dtype() == DType::BF16)
@@ -174,7 +171,6 @@ void swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor* ro
   else
     launch_kernel(swiglu_backward_kernel<float>, blocks, 32 * kWarpsPerBlock, 0, stream, dout.data_as<float>(),
         gate_up.data_as<float>(), w, dgate_up.data_as<float>(), dw, d.N, d.F);
-  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mt::cuda
