@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Per-kernel GPU time of one training step from an ncu CSV (scripts/gpu-session.sh stage `profile`).
+"""Per-kernel GPU time of one training step from an ncu CSV (scripts/gpu-session.sh stages `profile`, `profile-bytes`).
 
-The bench runs a warm-up step and a timed step; the step is everything after the warm-up's last AdamW launch.
-Prints a markdown table: total ms per kernel name, launches, share of the step.
+The bench runs a warm-up step and a timed step; the step is everything after the warm-up's last AdamW launch
+(where the profile filtered AdamW out, everything after the first half of the launches).
+Prints a markdown table: total ms per kernel name, launches, share of the step; with the DRAM byte metrics
+(`profile-bytes`) also GB read and written per launch and the achieved TB/s.
     python3 bench/kernel_profile.py profile.csv
 """
 import collections
@@ -21,30 +23,50 @@ def main(path):
     head = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
     if head is None:
         sys.exit(f"{path}: no ncu CSV header (\"ID\", ...) found")
-    rows = [r for r in csv.DictReader(io.StringIO("\n".join(lines[head:])))
-            if r.get("Metric Name") == "gpu__time_duration.sum"]
-    kernels = [(int(r["ID"]), r["Kernel Name"], float(r["Metric Value"].replace(",", ""))) for r in rows]
+    metrics = collections.defaultdict(dict)  # id -> {metric: value}
+    names = {}
+    for r in csv.DictReader(io.StringIO("\n".join(lines[head:]))):
+        try:
+            v = float(r["Metric Value"].replace(",", ""))
+        except (KeyError, ValueError):
+            continue
+        metrics[int(r["ID"])][r.get("Metric Name")] = v
+        names[int(r["ID"])] = r["Kernel Name"]
+    kernels = [(i, names[i], m) for i, m in sorted(metrics.items()) if "gpu__time_duration.sum" in m]
     adamw = [i for i, name, _ in kernels if "adamw" in name]
     # The warm-up step ends with its AdamW launches: the first run of consecutive ids.
-    start = 0
+    start = -1
     if adamw:
         start = adamw[0]
         for i in adamw[1:]:
             if i != start + 1:
                 break
             start = i
-    step = [(name, ns) for i, name, ns in kernels if i > start]
-    total = sum(ns for _, ns in step) or 1.0
-    by = collections.defaultdict(lambda: [0, 0.0])
-    for name, ns in step:
+    elif kernels:
+        start = kernels[(len(kernels) - 1) // 2][0]  # filtered profile: two equal steps
+    step = [(name, m) for i, name, m in kernels if i > start]
+    total = sum(m["gpu__time_duration.sum"] for _, m in step) or 1.0
+    with_bytes = all("dram__bytes_read.sum" in m for _, m in step) and step
+    by = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    for name, m in step:
         short = re.sub(r"\(.*", "", name)[:90]
-        by[short][0] += 1
-        by[short][1] += ns
+        b = by[short]
+        b[0] += 1
+        b[1] += m["gpu__time_duration.sum"]
+        b[2] += m.get("dram__bytes_read.sum", 0.0)
+        b[3] += m.get("dram__bytes_write.sum", 0.0)
     print(f"{len(step)} kernels, {total / 1e6:.2f} ms (each kernel alone: ncu serialises them)\n")
-    print("| ms | launches | share | kernel |\n|--:|--:|--:|---|")
-    for short, (n, ns) in sorted(by.items(), key=lambda kv: -kv[1][1]):
-        print(f"| {ns / 1e6:.3f} | {n} | {100 * ns / total:.1f}% | `{short}` |")
-
+    if with_bytes:
+        print("| ms | launches | share | GB read / launch | GB written / launch | TB/s | kernel |")
+        print("|--:|--:|--:|--:|--:|--:|---|")
+    else:
+        print("| ms | launches | share | kernel |\n|--:|--:|--:|---|")
+    for short, (n, ns, rd, wr) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+        if with_bytes:
+            print(f"| {ns / 1e6:.3f} | {n} | {100 * ns / total:.1f}% | {rd / n / 1e9:.3f} | {wr / n / 1e9:.3f} | "
+                  f"{(rd + wr) / ns / 1e3:.2f} | `{short}` |")
+        else:
+            print(f"| {ns / 1e6:.3f} | {n} | {100 * ns / total:.1f}% | `{short}` |")
 
 if __name__ == "__main__":
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` is fine

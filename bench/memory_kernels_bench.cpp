@@ -1,6 +1,6 @@
 // The memory-bound kernels of a training step at Qwen3-30B-A3B layer shapes (one micro-batch of 4096 tokens by
 // default), each timed alone against the device-to-device copy rate measured in the same run: the residual add +
-// RMSNorm and its backward (hidden size), QK-norm + RoPE and its backward (query heads), SwiGLU and its backward
+// RMSNorm and its backward (hidden size), QK-norm + RoPE and its backward (query and key heads), SwiGLU and its backward
 // (the expert rows), the router, the token embedding and its gradient, the global gradient norm and the AdamW
 // update over a parameter set in both precision policies. The permutation kernels are in
 // mixtune_bench_grouped_gemm, the flash-attention ones in mixtune_bench_flash_attention; the LM head + loss is a
@@ -9,8 +9,8 @@
 // Bytes are what each op must move through HBM at least (every input read once, every output written once), so
 // `of_copy` = achieved GB/s ÷ the copy's GB/s is how close the op is to its floor.
 //
-// usage: mixtune_bench_memory_kernels [--tokens T] [--hidden H] [--heads Hq] [--head-dim D] [--experts E]
-//                                     [--topk K] [--inter I] [--vocab V] [--adamw-elements N] [--reps R]
+// usage: mixtune_bench_memory_kernels [--tokens T] [--hidden H] [--heads Hq] [--kv-heads Hkv] [--head-dim D]
+//                                     [--experts E] [--topk K] [--inter I] [--vocab V] [--adamw-elements N] [--reps R]
 // Prints one JSON object.
 #include <cuda_runtime_api.h>
 
@@ -25,6 +25,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/grad_norm.h"
 #include "kernels/cuda/linear_cross_entropy.h"
 #include "kernels/cuda/random_fill.h"
@@ -42,8 +43,8 @@ using mt::Tensor;
 using mt_bench::time_ms;
 
 struct Args {
-  int64_t tokens = 4096, hidden = 2048, heads = 32, head_dim = 128, experts = 128, topk = 8, inter = 768,
-          vocab = 151936, adamw_elements = 256LL << 20;
+  int64_t tokens = 4096, hidden = 2048, heads = 32, kv_heads = 4, head_dim = 128, experts = 128, topk = 8,
+          inter = 768, vocab = 151936, adamw_elements = 256LL << 20;
   int reps = 20;
 };
 
@@ -53,7 +54,7 @@ Args parse(int argc, char** argv) {
     const std::string s = argv[i];
     if (i + 1 >= argc) {
       std::fprintf(stderr, "usage: mixtune_bench_memory_kernels [--tokens T] [--hidden H] [--heads Hq] "
-                           "[--head-dim D] [--experts E] [--topk K] [--inter I] [--vocab V] "
+                           "[--kv-heads Hkv] [--head-dim D] [--experts E] [--topk K] [--inter I] [--vocab V] "
                            "[--adamw-elements N] [--reps R]\n");
       std::exit(2);
     }
@@ -65,6 +66,7 @@ Args parse(int argc, char** argv) {
     if (s == "--tokens") a.tokens = v;
     else if (s == "--hidden") a.hidden = v;
     else if (s == "--heads") a.heads = v;
+    else if (s == "--kv-heads") a.kv_heads = v;
     else if (s == "--head-dim") a.head_dim = v;
     else if (s == "--experts") a.experts = v;
     else if (s == "--topk") a.topk = v;
@@ -148,20 +150,45 @@ int main(int argc, char** argv) {
     mem("rmsnorm_backward_residual", 4 * act, [&] { mt::cuda::rmsnorm_backward(out, x, w, eps, dx, dw, &r, st); });
   }
   {
-    const double q = static_cast<double>(T) * Hq * D * 2;
+    // QK-norm + RoPE both ways, for the query heads (Hq) and the key heads (--kv-heads): the forward with each rows-
+    // per-group choice (`_r1` … `_r4`; the plain row is the shape's own), the backward from a bf16 gradient and, for
+    // the query heads, from the flash backward's fp32 dQ sums (as training runs it), each also without the next-row
+    // prefetch (`_noprefetch`).
     Tensor pos = dev_empty({T}, DType::I64);
     std::vector<int64_t> hp(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) hp[static_cast<size_t>(t)] = t;
     MT_CUDA_CHECK(cudaMemcpyAsync(pos.data(), hp.data(), hp.size() * sizeof(int64_t), cudaMemcpyHostToDevice, st));
     Tensor cos = dev_empty({T, D / 2}, DType::F32), sin = dev_empty({T, D / 2}, DType::F32);
     mt::cuda::rope_tables(pos, D, 1e6, true, cos, sin, st);
-    Tensor x = normal({T * Hq, D}, DType::BF16, 1.0f, 4, st), w = normal({D}, DType::BF16, 0.1f, 5, st);
-    Tensor out = dev_empty({T * Hq, D}, DType::BF16), dx = dev_empty({T * Hq, D}, DType::BF16);
-    Tensor dw = dev_zeros({D}, DType::F32);
     const double tables = 2.0 * T * (D / 2) * 4;
-    mem("qk_norm_rope_forward", 2 * q + tables, [&] { mt::cuda::rmsnorm_rope_forward(x, w, eps, cos, sin, out, st); });
-    mem("qk_norm_rope_backward", 3 * q + tables,
-        [&] { mt::cuda::rmsnorm_rope_backward(out, x, w, eps, cos, sin, dx, dw, st); });
+    for (const int64_t heads : {Hq, a.kv_heads}) {
+      const std::string who = heads == Hq ? "qk_norm_rope" : "k_norm_rope";
+      const double q = static_cast<double>(T) * heads * D * 2;
+      Tensor x = normal({T * heads, D}, DType::BF16, 1.0f, 4, st), w = normal({D}, DType::BF16, 0.1f, 5, st);
+      Tensor out = dev_empty({T * heads, D}, DType::BF16), dx = dev_empty({T * heads, D}, DType::BF16);
+      Tensor dw = dev_zeros({D}, DType::F32);
+      for (const int r : {0, 1, 2, 4}) {
+        mt::cuda::detail::rmsnorm_rope_rows_per_group_set(r);
+        mem(who + "_forward" + (r ? "_r" + std::to_string(r) : std::string()), 2 * q + tables,
+            [&] { mt::cuda::rmsnorm_rope_forward(x, w, eps, cos, sin, out, st); });
+      }
+      mt::cuda::detail::rmsnorm_rope_rows_per_group_set(0);
+      mt::cuda::FlashDqSums sums;
+      if (heads == Hq && D == 128) {
+        sums.acc = normal({T * heads * D}, DType::F32, 1.0f, 6, st);
+        sums.scale = 0.088f, sums.tokens = T, sums.heads = heads;
+      }
+      for (const bool prefetch : {true, false}) {
+        mt::cuda::detail::rmsnorm_backward_prefetch_next_set(prefetch);
+        const std::string tail = prefetch ? "" : "_noprefetch";
+        mem(who + "_backward" + tail, 3 * q + tables,
+            [&] { mt::cuda::rmsnorm_rope_backward(out, x, w, eps, cos, sin, dx, dw, st); });
+        if (sums.acc.defined())  // fp32 dQ (4 bytes an element) and x read, dx written
+          mem(who + "_backward_from_flash_dq" + tail, 4 * q + tables,
+              [&] { mt::cuda::rmsnorm_rope_backward_from_flash_dq(sums, x, w, eps, cos, sin, dx, dw, st); });
+      }
+      mt::cuda::detail::rmsnorm_backward_prefetch_next_set(true);
+    }
   }
   {
     Tensor gu = normal({N, 2 * I}, DType::BF16, 1.0f, 6, st), h = dev_empty({N, I}, DType::BF16);
@@ -228,11 +255,11 @@ int main(int argc, char** argv) {
   MT_CUDA_CHECK(cudaStreamSynchronize(st));
 
   std::printf("{\"bench\": \"memory_kernels\", \"gpu\": \"%s\", \"copy_gbps\": %.0f,\n", prop.name, copy_gbps);
-  std::printf(" \"shape\": {\"tokens\": %lld, \"hidden\": %lld, \"heads\": %lld, \"head_dim\": %lld, "
-              "\"experts\": %lld, \"top_k\": %lld, \"moe_intermediate\": %lld, \"vocab\": %lld, "
-              "\"adamw_elements\": %lld},\n",
-              (long long)T, (long long)H, (long long)Hq, (long long)D, (long long)E, (long long)K, (long long)I,
-              (long long)V, (long long)a.adamw_elements);
+  std::printf(" \"shape\": {\"tokens\": %lld, \"hidden\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
+              "\"head_dim\": %lld, \"experts\": %lld, \"top_k\": %lld, \"moe_intermediate\": %lld, "
+              "\"vocab\": %lld, \"adamw_elements\": %lld},\n",
+              (long long)T, (long long)H, (long long)Hq, (long long)a.kv_heads, (long long)D, (long long)E,
+              (long long)K, (long long)I, (long long)V, (long long)a.adamw_elements);
   std::printf(" \"ops\": [\n");
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];

@@ -22,10 +22,11 @@
 #         flash kernels each run ENERGY_SECONDS=2 s: sustained TFLOP/s, pJ per FLOP) | standard-promptN (the standard
 #         workload with labels -100 on the first N% of each row, both sides) | kernels-flash-persistent
 #         (the flash backward one block per item vs persistent) | launch-gap (a kernel boundary's cost with and without
-#         programmatic dependent launch) | kernels-memory (the memory-bound kernels against the copy rate).
+#         programmatic dependent launch) | kernels-memory (the memory-bound kernels against the copy rate) |
+#         profile-bytes (ncu: time and HBM bytes read/written of the GEMM, attention, norm and permute kernels).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -85,6 +86,12 @@ for stage in "$@"; do
                --preset qwen3-30b-a3b --layers 2 --seq 4096 --micro-batch 1 --grad-accum 2 --steps 1 --warmup 1 \
                ${PRECISION:+--precision $PRECISION} > "$OUT/profile.csv" 2> "$OUT/profile.err" || rc=1
              python3 bench/kernel_profile.py "$OUT/profile.csv" > "$OUT/profile.md"; head -40 "$OUT/profile.md" ;;
+    profile-bytes) ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+               --kernel-name regex:'grouped|flash|rmsnorm|combine|gather|swiglu' --csv --print-units base "$BIN/mixtune" \
+               bench --preset qwen3-30b-a3b --layers 2 --seq 4096 --micro-batch 1 --grad-accum 2 --steps 1 --warmup 1 \
+               > "$OUT/profile_bytes.csv" 2> "$OUT/profile_bytes.err" || rc=1
+             python3 bench/kernel_profile.py "$OUT/profile_bytes.csv" > "$OUT/profile_bytes.md"
+             head -30 "$OUT/profile_bytes.md" ;;
     kernels-wgrad1) MIXTUNE_WGRAD_BLOCKS_PER_SM=1 "$BIN/mixtune_bench_grouped_gemm" > "$OUT/grouped_gemm_wgrad1.json" 2>&1
                tail -12 "$OUT/grouped_gemm_wgrad1.json" ;;
     mixtune-standard-wgrad1) MIXTUNE_WGRAD_BLOCKS_PER_SM=1 SIDES=mixtune NAME=mixtune-standard-wgrad1 OUT=$OUT \

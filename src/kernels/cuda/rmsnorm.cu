@@ -1,6 +1,7 @@
 #include "kernels/cuda/rmsnorm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_check.h"
@@ -170,11 +171,10 @@ __device__ inline void rope_lane(const float (&own)[8], const float (&partner)[8
   }
 }
 
-template <int VPL, int LANES, bool ROPE = false>
+template <int VPL, int LANES>
 __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x, const bf16* res,
                                                                    const bf16* __restrict__ w, bf16* sum, bf16* out,
-                                                                   float* rstd_out, int64_t rows, float eps,
-                                                                   RowRope rope = {}) {
+                                                                   float* rstd_out, int64_t rows, float eps) {
   pdl_wait();
   constexpr int kN = VPL * LANES * 8;
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
@@ -203,22 +203,6 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x
   }
   ss = group_sum<LANES>(ss);
   const float rstd = rsqrtf(ss / static_cast<float>(kN) + eps);
-  if constexpr (ROPE) {
-    static_assert(VPL == 1 && LANES >= 2, "one 8-column packet per lane, the rotation partner in another lane");
-    float f[8], wf[8], p[8], o[8], c[8], sn[8];
-    bf16x8_to_float(h[0], f);
-    bf16x8_to_float(*reinterpret_cast<const uint4*>(w + lane * 8), wf);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] = Elt<bf16>::round(wf[e] * Elt<bf16>::round(f[e] * rstd));  // the norm's output
-#pragma unroll
-    for (int e = 0; e < 8; ++e) p[e] = __shfl_xor_sync(0xffffffffu, f[e], LANES / 2);
-    if (!valid) return;
-    if (rstd_out && lane == 0) rstd_out[row] = rstd;
-    rope_lane_tables<LANES, kN / 2>(rope, row / rope.heads, lane, c, sn);
-    rope_lane<false>(f, p, c, sn, lane < LANES / 2, o);
-    *reinterpret_cast<uint4*>(out + base + lane * 8) = float_to_bf16x8(o);
-    return;
-  }
   if (!valid) return;
   if (rstd_out && lane == 0) rstd_out[row] = rstd;
 #pragma unroll
@@ -233,16 +217,64 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x
   }
 }
 
+// QK-norm + RoPE forward (rmsnorm_rope_forward): a group of LANES lanes, one 8-column packet each, takes R
+// consecutive rows, R heads of one token (R divides the head count), so its R row loads are in flight together and
+// the token's rope tables and the weights are loaded once for the R rows. With one row per group a lane had a
+// single 16-byte load in flight and waited again for the tables after the row's sum: 0.41 of the copy rate
+// (bench/NOTES.md 66). The arithmetic per row is the generic kernel's and rope_forward's, bit for bit.
+template <int LANES, int R>
+__global__ void __launch_bounds__(256, 4) rmsnorm_rope_forward_rows_kernel(const bf16* x, const bf16* __restrict__ w,
+                                                                        bf16* out, int64_t rows, float eps,
+                                                                        RowRope rope) {
+  pdl_wait();
+  static_assert(LANES >= 2, "the rotation partner sits in another lane");
+  constexpr int kN = LANES * 8;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES * R;
+  const int lane = threadIdx.x % LANES;
+  const bool valid = first < rows;  // rows is a multiple of R: a group's rows are all valid or all past the end
+  const int64_t base = (valid ? first : 0) * kN + lane * 8;
+  uint4 h[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) h[r] = valid ? *reinterpret_cast<const uint4*>(x + base + r * kN) : make_uint4(0, 0, 0, 0);
+  float ss[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float f[8];
+    bf16x8_to_float(h[r], f);
+    ss[r] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss[r] += f[e] * f[e];
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) ss[r] = group_sum<LANES>(ss[r]);  // no early return before: whole-warp shuffles
+  float c[8], sn[8], wf[8];
+  rope_lane_tables<LANES, kN / 2>(rope, (valid ? first : 0) / rope.heads, lane, c, sn);
+  bf16x8_to_float(*reinterpret_cast<const uint4*>(w + lane * 8), wf);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float rstd = rsqrtf(ss[r] / static_cast<float>(kN) + eps);
+    float f[8], p[8], o[8];
+    bf16x8_to_float(h[r], f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = Elt<bf16>::round(wf[e] * Elt<bf16>::round(f[e] * rstd));  // the norm's output
+#pragma unroll
+    for (int e = 0; e < 8; ++e) p[e] = __shfl_xor_sync(0xffffffffu, f[e], LANES / 2);
+    rope_lane<false>(f, p, c, sn, lane < LANES / 2, o);
+    if (valid) *reinterpret_cast<uint4*>(out + base + r * kN) = float_to_bf16x8(o);
+  }
+}
+
 // The whole backward in one pass over the rows. Worker g (a group of LANES lanes) takes rows g, g + W, …
 // (W workers in all, fixed by the shape), computes each row's stats, writes dx and adds dy ⊙ x·rstd
 // into its own column sums; the block's sums become partial[block] (summed in order by rmsnorm_dw_sum_kernel).
 // ROPE (rmsnorm_rope_backward): dy is the gradient of the rotated row; it is first taken back through the
 // rotation (rope_backward, rounded to bf16 as that kernel stores it) in registers.
 template <int VPL, int LANES, bool ROPE = false>
-__global__ void __launch_bounds__(256) rmsnorm_backward_rows_kernel(const bf16* dy, const bf16* __restrict__ x,
+__global__ void __launch_bounds__(256, VPL == 1 ? 4 : 0) rmsnorm_backward_rows_kernel(const bf16* dy, const bf16* __restrict__ x,
                                                                     const bf16* __restrict__ w, const bf16* dres,
                                                                     bf16* dx, float* __restrict__ partial,
-                                                                    int64_t rows, float eps, RowRope rope = {}) {
+                                                                    int64_t rows, float eps, RowRope rope,
+                                                                    bool prefetch_next) {
   pdl_wait();
   constexpr int kN = VPL * LANES * 8;
   const int64_t g = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
@@ -256,6 +288,12 @@ __global__ void __launch_bounds__(256) rmsnorm_backward_rows_kernel(const bf16* 
   // Every worker runs the same number of iterations (shuffles need the whole warp); rows past the end
   // are masked.
   const int64_t iters = (rows + workers - 1) / workers;
+  // Where the query heads' dQ comes from the flash backward's fp32 sums: lane l's 8 columns are one 32-byte run
+  // (flash_dq_layout.cuh; D 128, 16 lanes; half l / 8, pairs 4(l % 8)..+3).
+  auto dq_src = [&rope, lane](int64_t r) {
+    const int64_t t = r / rope.heads, h = r % rope.heads;
+    return rope.dq_sums + flash_dq_row_offset(rope.tokens, t, h, lane >> 3) + 2 * flash_dq_slot(t, 4 * (lane & 7));
+  };
   for (int64_t it = 0; it < iters; ++it) {
     const int64_t row = g + it * workers;
     const bool valid = row < rows;
@@ -275,14 +313,28 @@ __global__ void __launch_bounds__(256) rmsnorm_backward_rows_kernel(const bf16* 
 #pragma unroll
       for (int j = 0; j < VPL; ++j)
         asm volatile("prefetch.global.L1 [%0];" ::"l"(dres + base + static_cast<int64_t>(j * LANES + lane) * 8));
+    // The worker's next row into L1 while this one is worked on: with a row per iteration each lane had one or
+    // two loads in flight and the loop waited for HBM at every row. Head-dim rows only: in the hidden-size rows
+    // (8 packets per lane, 254 registers) the addresses made ptxas spill 164 bytes.
+    if constexpr (VPL <= 2) {
+      const int64_t next = row + workers;
+      if (prefetch_next && next < rows) {
+#pragma unroll
+        for (int j = 0; j < VPL; ++j) {
+          const int64_t off = next * kN + static_cast<int64_t>(j * LANES + lane) * 8;
+          if (dy) asm volatile("prefetch.global.L1 [%0];" ::"l"(dy + off));
+          asm volatile("prefetch.global.L1 [%0];" ::"l"(x + off));
+        }
+        if constexpr (ROPE && LANES == 16)
+          if (rope.dq_sums) asm volatile("prefetch.global.L1 [%0];" ::"l"(dq_src(next)));
+      }
+    }
     if constexpr (ROPE) {
       static_assert(VPL == 1 && LANES >= 2, "one 8-column packet per lane, the rotation partner in another lane");
       float g[8], p[8], o[8], c[8], sn[8];
       if constexpr (LANES == 16) {
-        if (rope.dq_sums) {  // lane l holds columns 8l..8l+7: half l / 8, pairs 4(l % 8)..+3 (one 32-byte run)
-          const int64_t r0 = valid ? row : 0, t = r0 / rope.heads, h = r0 % rope.heads;
-          const float* src =
-              rope.dq_sums + flash_dq_row_offset(rope.tokens, t, h, lane >> 3) + 2 * flash_dq_slot(t, 4 * (lane & 7));
+        if (rope.dq_sums) {  // lane l holds columns 8l..8l+7
+          const float* src = dq_src(valid ? row : 0);
           const float4 lo = *reinterpret_cast<const float4*>(src), hi = *reinterpret_cast<const float4*>(src + 4);
           const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
@@ -467,8 +519,7 @@ void launch_forward(const Tensor& x, const Tensor* res, const Tensor& w, float e
       with_row_layout<16>(l, [&]<int VPL, int LANES>() {
         const unsigned blocks = blocks_for(r.rows * LANES, 256);
         launch_kernel(rmsnorm_forward_rows_kernel<VPL, LANES>, blocks, 256, 0, stream, x.data_as<bf16>(), resp,
-            w.data_as<bf16>(), sump, out.data_as<bf16>(), rstd ? rstd->data_as<float>() : nullptr, r.rows, eps,
-            RowRope{});
+            w.data_as<bf16>(), sump, out.data_as<bf16>(), rstd ? rstd->data_as<float>() : nullptr, r.rows, eps);
       });
       return;
     }
@@ -491,18 +542,24 @@ void forward_any(const Tensor& x, const Tensor* res, const Tensor& w, float eps,
     launch_forward<float>(x, res, w, eps, sum, out, rstd, r, stream);
 }
 
+std::atomic<bool> g_backward_prefetch_next{true};
+
 // The one-pass backward (rmsnorm_backward_rows_kernel) and the ordered sum of its per-block dw partials. Workers:
 // enough to fill the GPU (~1k rows of 2048 at a time) with at least 8 rows each on tall inputs (fewer partial rows
 // to sum); fixed by the shape, so dw is deterministic and every caller of a shape sums in the same order.
+// Head-dim rows (one packet per lane, ~64 registers: four blocks per SM) get 8,192 workers at least, the GPU's
+// resident threads; 2,048 left the key heads' 16k rows 128 blocks, one per SM (14 us for 12 MB).
 template <int VPL, int LANES, bool ROPE>
 void backward_rows_launch(const bf16* dy, const Tensor& x, const Tensor& w, const bf16* dres, Tensor& dx, Tensor& dw,
                           const Rows& r, float eps, const RowRope& rope, cudaStream_t stream) {
   const int64_t per_block = 256 / LANES;
-  const int64_t workers = std::min<int64_t>(r.rows, std::max<int64_t>(1024 * 32 / LANES, r.rows / 8));
+  const int64_t min_workers = (VPL == 1 ? 4 * 32768 : 32768) / LANES;
+  const int64_t workers = std::min<int64_t>(r.rows, std::max<int64_t>(min_workers, r.rows / 8));
   const int64_t blocks = (workers + per_block - 1) / per_block;
   Tensor partial = Tensor::empty({blocks, r.n}, DType::F32, Device::cuda(r.device));
   launch_kernel(rmsnorm_backward_rows_kernel<VPL, LANES, ROPE>, static_cast<unsigned>(blocks), 256, 0, stream, dy,
-      x.data_as<bf16>(), w.data_as<bf16>(), dres, dx.data_as<bf16>(), partial.data_as<float>(), r.rows, eps, rope);
+      x.data_as<bf16>(), w.data_as<bf16>(), dres, dx.data_as<bf16>(), partial.data_as<float>(), r.rows, eps, rope,
+      g_backward_prefetch_next.load());
   launch_kernel(rmsnorm_dw_sum_kernel, blocks_for(r.n, 32), dim3(32, 32), 0, stream, partial.data_as<float>(),
       dw.data_as<float>(), blocks, r.n);
 }
@@ -575,7 +632,25 @@ RowRope row_rope_of(const Tensor& cos, const Tensor& sin, const Rows& r, const c
   return {cos.data_as<float>(), sin.data_as<float>(), r.rows / cos.dim(0)};
 }
 
+std::atomic<int> g_rope_rows_per_group{0};
+
+// Rows per lane group of the QK-norm + RoPE forward: the most of 4, 2 that divides the head count (a group's rows
+// share one token) and leaves at least 8,192 groups (~1k threads per SM; the key heads' 16k rows take 2), else 1;
+// or the value detail::rmsnorm_rope_rows_per_group_set chose, where it divides the head count.
+int rope_rows_per_group(int64_t heads, int64_t rows) {
+  const int set = g_rope_rows_per_group.load();
+  if (set > 0) return heads % set == 0 ? set : 1;
+  for (const int r : {4, 2})
+    if (heads % r == 0 && rows / r >= 8192) return r;
+  return 1;
+}
+
 }  // namespace
+
+namespace detail {
+void rmsnorm_rope_rows_per_group_set(int rows) { g_rope_rows_per_group.store(rows); }
+void rmsnorm_backward_prefetch_next_set(bool on) { g_backward_prefetch_next.store(on); }
+}  // namespace detail
 
 void rmsnorm_rope_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& cos, const Tensor& sin,
                           Tensor& out, cudaStream_t stream) {
@@ -589,10 +664,16 @@ void rmsnorm_rope_forward(const Tensor& x, const Tensor& w, float eps, const Ten
     return;
   }
   const RowRope rope = row_rope_of(cos, sin, r, op);
+  const int R = rope_rows_per_group(rope.heads, r.rows);
   with_row_layout<16>(row_layout(r.n), [&]<int VPL, int LANES>() {
     if constexpr (VPL == 1 && LANES >= 2) {
-      launch_kernel(rmsnorm_forward_rows_kernel<VPL, LANES, true>, blocks_for(r.rows * LANES, 256), 256, 0, stream,
-          x.data_as<bf16>(), nullptr, w.data_as<bf16>(), nullptr, out.data_as<bf16>(), nullptr, r.rows, eps, rope);
+      auto launch = [&]<int kR>() {
+        launch_kernel(rmsnorm_rope_forward_rows_kernel<LANES, kR>, blocks_for(r.rows / kR * LANES, 256), 256, 0,
+            stream, x.data_as<bf16>(), w.data_as<bf16>(), out.data_as<bf16>(), r.rows, eps, rope);
+      };
+      if (R == 4) return launch.template operator()<4>();
+      if (R == 2) return launch.template operator()<2>();
+      launch.template operator()<1>();
     }
   });
 }

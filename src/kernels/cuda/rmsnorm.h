@@ -42,4 +42,12 @@ void rmsnorm_rope_backward_from_flash_dq(const FlashDqSums& dq, const Tensor& x,
                                          const Tensor& cos, const Tensor& sin, Tensor& dx, Tensor& dw,
                                          cudaStream_t stream);
 
+namespace detail {
+// The QK-norm + RoPE forward's rows per lane group: 1, 2 or 4 (used where it divides the head count), or 0 to let
+// the shape choose (the default). For the tests (every choice gives the same bits) and the bench.
+void rmsnorm_rope_rows_per_group_set(int rows);
+// Whether the one-pass backward's workers prefetch their next row into L1 (default on); for the bench.
+void rmsnorm_backward_prefetch_next_set(bool on);
+}  // namespace detail
+
 }  // namespace mt::cuda

@@ -310,15 +310,8 @@ TEST(CudaFlashAttention, Sm90AndMmaSyncBackwardsAgreeD128) {
   }
 }
 
-// The Hopper backward can hand out its fp32 dQ sums instead of a bf16 dq (FlashDqSums): then dq is not touched,
-// the sums turn into bf16 dq as the backward would make it (the CPU check of the sm90 dq above covers that
-// conversion), and the QK-norm + RoPE backward that reads them directly (rmsnorm_rope_backward_from_flash_dq)
-// gives bit for bit what it gives from that bf16 dq: dx and dw. Packed documents, T not a multiple of 64 or 4.
-TEST(CudaFlashAttention, Sm90DqSumsFeedTheQkNormRopeBackward) {
-  MT_SKIP_WITHOUT_CUDA();
-  if (!sm90_backward_runs())
-    GTEST_SKIP() << "the sm90 flash-attention backward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
-  const AttnCase c{2, 301, 8, 2, 128, 1, 170};
+void dq_sums_feed_the_qk_norm_rope_backward(const AttnCase& c) {
+  SCOPED_TRACE("S=" + std::to_string(c.S) + " Hq=" + std::to_string(c.Hq));
   const int64_t T = int64_t{c.B} * c.S, rows = T * c.Hq;
   const BwdInputs in = bwd_inputs(c, 640);
   BwdKernelScope scope(cuda::detail::FlashBwdKernel::Sm90);
@@ -354,6 +347,19 @@ TEST(CudaFlashAttention, Sm90DqSumsFeedTheQkNormRopeBackward) {
   // Wrong pairing: key heads' rows are not the query heads' sums.
   Tensor xk = Tensor::empty({T * c.Hk, c.D}, DType::BF16, Device::cuda(0));
   EXPECT_THROW(cuda::rmsnorm_rope_backward_from_flash_dq(sums, xk, w, 1e-6f, cos, sin, xk, dw_b, stream0()), Error);
+}
+
+// The Hopper backward can hand out its fp32 dQ sums instead of a bf16 dq (FlashDqSums): then dq is not touched,
+// the sums turn into bf16 dq as the backward would make it (the CPU check of the sm90 dq above covers that
+// conversion), and the QK-norm + RoPE backward that reads them directly (rmsnorm_rope_backward_from_flash_dq)
+// gives bit for bit what it gives from that bf16 dq: dx and dw. Packed documents, T not a multiple of 64 or 4; the
+// second case has more rows than the norm backward's workers (each worker prefetches its next row's sums).
+TEST(CudaFlashAttention, Sm90DqSumsFeedTheQkNormRopeBackward) {
+  MT_SKIP_WITHOUT_CUDA();
+  if (!sm90_backward_runs())
+    GTEST_SKIP() << "the sm90 flash-attention backward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
+  for (const AttnCase& c : {AttnCase{2, 301, 8, 2, 128, 1, 170}, AttnCase{1, 4100, 16, 2, 128, 0, 0}})
+    dq_sums_feed_the_qk_norm_rope_backward(c);
 }
 
 TEST(CudaFlashAttention, OddLengthNoDocumentsD64) {

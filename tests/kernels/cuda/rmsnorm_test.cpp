@@ -106,8 +106,10 @@ TEST(CudaRmsnorm, ResidualVariantMatchesCpu) {
 }
 
 // Attention's QK-norm + RoPE in one pass (rmsnorm_rope_forward / _backward) against the two kernels it replaces,
-// bit for bit: out, dx and dw (accumulated onto a non-zero start). Head dims 128 (query- and key-like head counts,
-// more rows than the backward's workers), 64 and 16 take the fused rows; 96 falls back to the two kernels. The
+// bit for bit: out, dx and dw (accumulated onto a non-zero start). Head dims 128 (query- and key-like head counts),
+// 64 and 16 take the fused rows; 96 falls back to the two kernels. The forward runs with every rows-per-group choice
+// (the shape's own, 1, 2, 4; a head count that 2 or 4 does not divide falls back to 1); the two largest cases give
+// the shape's own choice 4 and 2, and the backward more rows than workers (each prefetching its next row). The
 // positions restart mid-batch (packed documents), with bf16 and fp32 tables.
 TEST(CudaRmsnorm, RopeFusedIsNormThenRope) {
   MT_SKIP_WITHOUT_CUDA();
@@ -117,7 +119,10 @@ TEST(CudaRmsnorm, RopeFusedIsNormThenRope) {
     bool bf16_tables;
   };
   const RopeCase cases[] = {{37, 32, 128, true}, {1100, 4, 128, true}, {5, 3, 64, false}, {9, 2, 16, true},
-                            {7, 2, 96, true}};
+                            {7, 2, 96, true},    {2100, 32, 128, true}, {4100, 4, 128, false}};
+  struct RowsPerGroupScope {
+    ~RowsPerGroupScope() { cuda::detail::rmsnorm_rope_rows_per_group_set(0); }
+  } restore;
   uint64_t seed = 900;
   for (const RopeCase& c : cases) {
     const std::string what = "T=" + std::to_string(c.T) + " heads=" + std::to_string(c.heads) + " D=" +
@@ -138,9 +143,14 @@ TEST(CudaRmsnorm, RopeFusedIsNormThenRope) {
     Tensor two = Tensor::empty({rows, c.D}, DType::BF16, Device::cuda(0));
     cuda::rmsnorm_forward(x, w, kEps, two, nullptr, ctx.stream);
     cuda::rope_forward(two, cos, sin, two, ctx.stream);
-    Tensor one = Tensor::empty({rows, c.D}, DType::BF16, Device::cuda(0));
-    cuda::rmsnorm_rope_forward(x, w, kEps, cos, sin, one, ctx.stream);
-    EXPECT_EQ(test::device_floats(one), test::device_floats(two)) << what << " forward";
+    const std::vector<float> expect = test::device_floats(two);
+    for (const int rows_per_group : {0, 1, 2, 4}) {
+      cuda::detail::rmsnorm_rope_rows_per_group_set(rows_per_group);
+      Tensor one = Tensor::empty({rows, c.D}, DType::BF16, Device::cuda(0));
+      cuda::rmsnorm_rope_forward(x, w, kEps, cos, sin, one, ctx.stream);
+      EXPECT_EQ(test::device_floats(one), expect) << what << " forward, rows per group " << rows_per_group;
+    }
+    cuda::detail::rmsnorm_rope_rows_per_group_set(0);
 
     Tensor dy = test::device_from_host(test::host_random({rows, c.D}, seed + 2, 1.0f, true), DType::BF16);
     Tensor dw0 = test::host_random({c.D}, seed + 3, 1.0f);
