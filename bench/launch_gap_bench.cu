@@ -7,6 +7,8 @@
 // next grid may be scheduled as soon as every block of this one has started). The difference per kernel
 // between the plain chain and the PDL chains is the boundary cost PDL hides. Sizes: one block doing nothing,
 // and copies of 16 MiB (a [4096, 2048] bf16 activation: the norms' size) and 128 MiB (the expert rows).
+// `pdl_wait_memset_us`: the PDL chain with a 4-byte cudaMemsetAsync before each kernel (what resetting a counter
+// with a memset costs in a chain of PDL kernels).
 //
 //   mixtune_bench_launch_gap [--kernels N]      JSON on stdout
 #include <cuda_runtime.h>
@@ -56,7 +58,9 @@ void launch(Mode mode, int blocks, int threads, const float4* in, float4* out, l
 }
 
 // Mean time per kernel (µs) of a chain of `kernels` launches, best of 5 repetitions.
-double chain_us(Mode mode, int kernels, long long bytes, float4* a, float4* b, int sms, cudaStream_t s) {
+// memset: a 4-byte cudaMemsetAsync (of `flag`) before every kernel, as a counter reset would be.
+double chain_us(Mode mode, int kernels, long long bytes, float4* a, float4* b, int sms, cudaStream_t s,
+                int* flag = nullptr) {
   const long long n = bytes / 16;
   const int threads = 256;
   const int blocks = n == 0 ? 1 : static_cast<int>(std::min<long long>((n + threads - 1) / threads, sms * 8LL));
@@ -66,7 +70,10 @@ double chain_us(Mode mode, int kernels, long long bytes, float4* a, float4* b, i
   double best = 1e30;
   for (int rep = 0; rep < 6; ++rep) {
     check(cudaEventRecord(e0, s), "record");
-    for (int k = 0; k < kernels; ++k) launch(mode, blocks, threads, k % 2 ? b : a, k % 2 ? a : b, n, s);
+    for (int k = 0; k < kernels; ++k) {
+      if (flag) check(cudaMemsetAsync(flag, 0, sizeof(int), s), "memset");
+      launch(mode, blocks, threads, k % 2 ? b : a, k % 2 ? a : b, n, s);
+    }
     check(cudaEventRecord(e1, s), "record");
     check(cudaEventSynchronize(e1), "sync");
     float ms = 0;
@@ -99,6 +106,8 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&b, max_bytes), "malloc");
   check(cudaMemset(a, 0, max_bytes), "memset");
   check(cudaMemset(b, 0, max_bytes), "memset");
+  int* flag = nullptr;
+  check(cudaMalloc(&flag, sizeof(int)), "malloc");
   cudaStream_t s;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
   std::printf("{\"device\": \"%s\", \"kernels\": %d, \"cases\": [", prop.name, kernels);
@@ -108,13 +117,15 @@ int main(int argc, char** argv) {
     double us[3];
     for (int m = 0; m < 3; ++m)
       us[m] = chain_us(static_cast<Mode>(m), kernels, bytes, a, b, prop.multiProcessorCount, s);
+    const double memset_us = chain_us(Mode::pdl_wait, kernels, bytes, a, b, prop.multiProcessorCount, s, flag);
     const double gbs = bytes > 0 ? 2.0 * bytes / (us[0] * 1e-6) / 1e9 : 0.0;
     std::printf("%s\n  {\"bytes\": %lld, \"plain_us\": %.3f, \"pdl_wait_us\": %.3f, \"pdl_wait_trigger_us\": %.3f, "
-                "\"plain_gb_per_s\": %.1f}",
-                si ? "," : "", bytes, us[0], us[1], us[2], gbs);
+                "\"pdl_wait_memset_us\": %.3f, \"plain_gb_per_s\": %.1f}",
+                si ? "," : "", bytes, us[0], us[1], us[2], memset_us, gbs);
   }
   std::printf("\n]}\n");
   cudaFree(a);
   cudaFree(b);
+  cudaFree(flag);
   return 0;
 }

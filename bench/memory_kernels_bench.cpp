@@ -1,7 +1,7 @@
 // The memory-bound kernels of a training step at Qwen3-30B-A3B layer shapes (one micro-batch of 4096 tokens by
 // default), each timed alone against the device-to-device copy rate measured in the same run: the residual add +
-// RMSNorm and its backward (hidden size), QK-norm + RoPE and its backward (query and key heads), SwiGLU and its backward
-// (the expert rows), the router, the token embedding and its gradient, the global gradient norm and the AdamW
+// RMSNorm and its backward (hidden size), QK-norm + RoPE and its backward (query and key heads), SwiGLU and its
+// backward (the expert rows), the router, the token embedding and its gradient, the global gradient norm and the AdamW
 // update over a parameter set in both precision policies. The permutation kernels are in
 // mixtune_bench_grouped_gemm, the flash-attention ones in mixtune_bench_flash_attention; the LM head + loss is a
 // GEMM-bound op and is reported here in TFLOP/s.

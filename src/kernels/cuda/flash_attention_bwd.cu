@@ -13,7 +13,7 @@
 #include "kernels/cuda/kernel_launch.cuh"
 
 // Flash attention backward (FlashAttention-2 dataflow, mma.sync). Three launches:
-//   1. delta[h][t] = Σ_d dO·O (fp32), one warp per (token, head).
+//   1. delta[h][t] = Σ_d dO·O (fp32), D/8 lanes per (token, head), and the fp32 accumulators zeroed.
 //   2. one block per (query head, 128-key tile, DH-column slice), 8 warps owning 16 keys each. The block
 //      walks the query rows that can see its keys in steps of BMQ (Q, dO, lse, delta double-buffered
 //      with cp.async) and recomputes Pᵀ = exp(K·Qᵀ·scale − lse) transposed, so Pᵀ and
@@ -62,25 +62,60 @@ __device__ __forceinline__ void load_rows(uint32_t s, const bf16* base, int row0
   }
 }
 
-// One warp per (token, head): delta = Σ_d dO · O.
+// The prologue in one launch: delta[h][t] = Σ_d dO·O (fp32), a group of D/8 lanes per (token, head), one 16-byte
+// packet of each a lane; and, grid-stride, the zeroing of the fp32 accumulators (and the sm90 backward's item
+// counter, `counter`). Before, three memsets and the delta kernel: a memset cannot start early under programmatic
+// dependent launch, so each cost a full kernel boundary, and the delta kernel's 4-byte loads ran at ~2.8 TB/s.
 template <int D>
-__global__ void flash_bwd_delta_kernel(const bf16* __restrict__ dout, const bf16* __restrict__ out, int T, int Hq,
-                                       float* __restrict__ delta) {
+__global__ void __launch_bounds__(256) flash_bwd_prologue_kernel(const bf16* __restrict__ dout,
+                                                                 const bf16* __restrict__ out, int T, int Hq,
+                                                                 float* __restrict__ delta, float4* zero_q,
+                                                                 int64_t nq4, float4* zero_k, float4* zero_v,
+                                                                 int64_t nk4, int* counter) {
   pdl_wait();
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (w >= static_cast<int64_t>(T) * Hq) return;
-  const int lane = threadIdx.x & 31;
-  const int64_t t = w / Hq, h = w % Hq;
-  const bf16* g = dout + w * D;
-  const bf16* o = out + w * D;
+  constexpr int G = D / 8;  // lanes per row (2..32, a power of two)
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int64_t i = tid; i < nq4; i += threads) zero_q[i] = z;
+  for (int64_t i = tid; i < nk4; i += threads) zero_k[i] = z, zero_v[i] = z;
+  if (tid == 0 && counter) *counter = 0;
+  const int64_t w = tid / G, rows = static_cast<int64_t>(T) * Hq;
+  const int lane = static_cast<int>(tid % G);
   float acc = 0.0f;
-  for (int d = lane * 2; d < D; d += 64) {
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g + d));
-    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(o + d));
-    acc += a.x * b.x + a.y * b.y;
+  if (w < rows) {
+    const uint4 g = *reinterpret_cast<const uint4*>(dout + w * D + lane * 8);
+    const uint4 o = *reinterpret_cast<const uint4*>(out + w * D + lane * 8);
+    const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&g);
+    const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&o);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 a = __bfloat1622float2(g2[e]), b = __bfloat1622float2(o2[e]);
+      acc += a.x * b.x + a.y * b.y;
+    }
   }
-  acc = mma::warp_sum(acc);
-  if (lane == 0) delta[h * T + t] = acc;
+#pragma unroll
+  for (int off = G / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (w < rows && lane == 0) delta[(w % Hq) * T + w / Hq] = acc;
+}
+
+// fp32 accumulators -> bf16 for dK and dV in one launch (blockIdx.y: 0 dK times the softmax scale, 1 dV).
+__global__ void dkdv_to_bf16_kernel(const float* __restrict__ dk_acc, const float* __restrict__ dv_acc, int64_t n,
+                                    float dk_mul, bf16* __restrict__ dk, bf16* __restrict__ dv) {
+  pdl_wait();
+  const float* src = blockIdx.y == 0 ? dk_acc : dv_acc;
+  bf16* dst = blockIdx.y == 0 ? dk : dv;
+  const float mul = blockIdx.y == 0 ? dk_mul : 1.0f;
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * 4) {
+    const float4 v = *reinterpret_cast<const float4*>(src + i);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * mul, v.y * mul);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * mul, v.w * mul);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(dst + i) = packed;
+  }
 }
 
 template <int D>
@@ -301,10 +336,16 @@ void bwd_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* q, c
 }
 
 template <int D>
-void delta_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* out, float* delta, cudaStream_t stream) {
+void prologue_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* out, float* dq_acc, float* dk_acc,
+                       float* dv_acc, float* delta, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(a.T) * a.Hq;
-  launch_kernel(flash_bwd_delta_kernel<D>, static_cast<int>((rows + 7) / 8), 256, 0, stream, dout, out, a.T, a.Hq,
-      delta);
+  const int64_t nq4 = rows * D / 4, nk4 = static_cast<int64_t>(a.T) * a.Hk * D / 4;
+  // The sm90 backward's item counter: the delta workspace's extra element (flash_attention.cpp allocates it).
+  int* counter = reinterpret_cast<int*>(delta + rows);
+  const auto blocks = static_cast<unsigned>((rows * (D / 8) + 255) / 256);
+  launch_kernel(flash_bwd_prologue_kernel<D>, blocks, 256, 0, stream, dout, out, a.T, a.Hq, delta,
+      reinterpret_cast<float4*>(dq_acc), nq4, reinterpret_cast<float4*>(dk_acc), reinterpret_cast<float4*>(dv_acc),
+      nk4, counter);
 }
 
 }  // namespace
@@ -313,18 +354,14 @@ namespace detail {
 
 void flash_bwd_prologue(const FlashArgs& a, const void* dout, const void* out, float* dq_acc, float* dk_acc,
                         float* dv_acc, float* delta, cudaStream_t stream) {
-  const int64_t nq = static_cast<int64_t>(a.T) * a.Hq * a.D, nk = static_cast<int64_t>(a.T) * a.Hk * a.D;
-  MT_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, nq * sizeof(float), stream));
-  MT_CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, nk * sizeof(float), stream));
-  MT_CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, nk * sizeof(float), stream));
   const auto* o = static_cast<const bf16*>(out);
   const auto* g = static_cast<const bf16*>(dout);
   switch (a.D) {
-    case 16: return delta_launch_d<16>(a, g, o, delta, stream);
-    case 32: return delta_launch_d<32>(a, g, o, delta, stream);
-    case 64: return delta_launch_d<64>(a, g, o, delta, stream);
-    case 128: return delta_launch_d<128>(a, g, o, delta, stream);
-    case 256: return delta_launch_d<256>(a, g, o, delta, stream);
+    case 16: return prologue_launch_d<16>(a, g, o, dq_acc, dk_acc, dv_acc, delta, stream);
+    case 32: return prologue_launch_d<32>(a, g, o, dq_acc, dk_acc, dv_acc, delta, stream);
+    case 64: return prologue_launch_d<64>(a, g, o, dq_acc, dk_acc, dv_acc, delta, stream);
+    case 128: return prologue_launch_d<128>(a, g, o, dq_acc, dk_acc, dv_acc, delta, stream);
+    case 256: return prologue_launch_d<256>(a, g, o, dq_acc, dk_acc, dv_acc, delta, stream);
     default:
       MT_CUDA_REQUIRE(false, "flash attention backward: head_dim " + std::to_string(a.D) +
                                  " (supported: 16, 32, 64, 128, 256)");
@@ -335,8 +372,10 @@ void flash_bwd_epilogue(const FlashArgs& a, const float* dq_acc, const float* dk
                         void* dk, void* dv, cudaStream_t stream) {
   const int64_t nq = static_cast<int64_t>(a.T) * a.Hq * a.D, nk = static_cast<int64_t>(a.T) * a.Hk * a.D;
   if (dq_acc != nullptr) to_bf16(dq_acc, nq, a.scale, dq, stream);
-  to_bf16(dk_acc, nk, a.scale, dk, stream);
-  to_bf16(dv_acc, nk, 1.0f, dv, stream);
+  if (nk == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((nk / 4 + 255) / 256, 32768));
+  launch_kernel(dkdv_to_bf16_kernel, dim3(blocks, 2), 256, 0, stream, dk_acc, dv_acc, nk, a.scale,
+      static_cast<bf16*>(dk), static_cast<bf16*>(dv));
 }
 
 void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,

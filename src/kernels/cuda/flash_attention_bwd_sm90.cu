@@ -553,12 +553,12 @@ void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, 
     return !(e && std::string(e) == "0");
   }();
   int64_t grid = static_cast<int64_t>(a.Hq) * ((a.T + kBN - 1) / kBN);  // work items
-  int* item_counter = reinterpret_cast<int*>(delta + static_cast<int64_t>(a.Hq) * a.T);  // the workspace's last element
+  // The workspace's last element, zeroed by the prologue.
+  int* item_counter = reinterpret_cast<int*>(delta + static_cast<int64_t>(a.Hq) * a.T);
   if (persistent) {
     int device = 0;
     MT_CUDA_CHECK(cudaGetDevice(&device));
     grid = std::min<int64_t>(grid, std::max(device_context(device).sm_count, 1));
-    MT_CUDA_CHECK(cudaMemsetAsync(item_counter, 0, sizeof(int), stream));
   }
   launch_kernel(flash_bwd_sm90_kernel, static_cast<int>(grid), kThreads, kSmemBytes, stream, mq, mk, mv, mo, a, lse,
       delta, dq_acc, dk_acc, dv_acc, item_counter);

@@ -52,9 +52,10 @@ void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, 
 void flash_dq_sums_to_bf16(const float* dq_acc, int T, int Hq, float scale, void* dq, cudaStream_t stream);
 
 // The steps around the main backward kernel that both backwards share (flash_attention_bwd.cu):
-// prologue = zero dq_acc / dk_acc / dv_acc and delta = rowsum(dO ⊙ O); epilogue = the fp32 buffers to
-// bf16 dq, dk, dv (dQ and dK times the softmax scale); dq_acc == nullptr leaves dq to the caller (the
-// sm90 backward keeps dq_acc in its own layout and converts it itself).
+// prologue (one kernel) = zero dq_acc / dk_acc / dv_acc and the int after delta's T·Hq floats (the sm90
+// backward's item counter; delta must have that extra element), and delta = rowsum(dO ⊙ O); epilogue = the
+// fp32 buffers to bf16 dq, dk, dv (dQ and dK times the softmax scale); dq_acc == nullptr leaves dq to the
+// caller (the sm90 backward keeps dq_acc in its own layout and converts it itself).
 void flash_bwd_prologue(const FlashArgs& a, const void* dout, const void* out, float* dq_acc, float* dk_acc,
                         float* dv_acc, float* delta, cudaStream_t stream);
 void flash_bwd_epilogue(const FlashArgs& a, const float* dq_acc, const float* dk_acc, const float* dv_acc, void* dq,

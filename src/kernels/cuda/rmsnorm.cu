@@ -235,7 +235,8 @@ __global__ void __launch_bounds__(256, 4) rmsnorm_rope_forward_rows_kernel(const
   const int64_t base = (valid ? first : 0) * kN + lane * 8;
   uint4 h[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) h[r] = valid ? *reinterpret_cast<const uint4*>(x + base + r * kN) : make_uint4(0, 0, 0, 0);
+  for (int r = 0; r < R; ++r)
+    h[r] = valid ? *reinterpret_cast<const uint4*>(x + base + r * kN) : make_uint4(0, 0, 0, 0);
   float ss[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -269,12 +270,13 @@ __global__ void __launch_bounds__(256, 4) rmsnorm_rope_forward_rows_kernel(const
 // into its own column sums; the block's sums become partial[block] (summed in order by rmsnorm_dw_sum_kernel).
 // ROPE (rmsnorm_rope_backward): dy is the gradient of the rotated row; it is first taken back through the
 // rotation (rope_backward, rounded to bf16 as that kernel stores it) in registers.
+// Head-dim rows: at most 64 registers (four blocks per SM). Wider rows: no minimum (0), which keeps the hidden-size
+// rows at 254 registers without spills; a minimum of 1 made ptxas spill 168 bytes there.
 template <int VPL, int LANES, bool ROPE = false>
-__global__ void __launch_bounds__(256, VPL == 1 ? 4 : 0) rmsnorm_backward_rows_kernel(const bf16* dy, const bf16* __restrict__ x,
-                                                                    const bf16* __restrict__ w, const bf16* dres,
-                                                                    bf16* dx, float* __restrict__ partial,
-                                                                    int64_t rows, float eps, RowRope rope,
-                                                                    bool prefetch_next) {
+__global__ void __launch_bounds__(256, VPL == 1 ? 4 : 0)
+    rmsnorm_backward_rows_kernel(const bf16* dy, const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                 const bf16* dres, bf16* dx, float* __restrict__ partial, int64_t rows, float eps,
+                                 RowRope rope, bool prefetch_next) {
   pdl_wait();
   constexpr int kN = VPL * LANES * 8;
   const int64_t g = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
