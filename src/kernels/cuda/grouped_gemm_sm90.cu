@@ -222,8 +222,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     auto release = [&](int st) {
       if constexpr (CLUSTER) {
         if (lane == 0) {
-          mbar_arrive_cluster(empty_bar + 8 * st, 0);
-          mbar_arrive_cluster(empty_bar + 8 * st, 1);
+          mbar_arrive(empty_bar + 8 * st);
+          mbar_arrive_cluster(empty_bar + 8 * st, rank ^ 1);
         }
         __syncwarp();
       } else {
@@ -375,6 +375,13 @@ namespace detail {
 bool grouped_gemm_sm90_compiled() { return sm90::device_runs_sm90a<grouped_sm90_kernel<256, false, false>>(); }
 
 void grouped_gemm_sm90_cluster_set(int on) { g_cluster.store(on); }
+
+int grouped_gemm_sm90_max_clusters() {
+  auto kern = grouped_sm90_kernel<256, false, true>;
+  const size_t smem = smem_bytes<256>(128);
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  return max_clusters(kern, smem);
+}
 
 void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const int32_t* offsets, int E, int64_t rows,
                                   int N, int K, int sm_count, cudaStream_t stream) {
