@@ -361,9 +361,7 @@ int main(int argc, char** argv) {
                    time_ms(a.reps, st, [&] { mt::cuda::moe_gather_backward(dxg, plan, out, st); })});
 
     double tot_flops = 0, tot_ms = 0, tot_dense = 0;
-    const bool has_sm90 = ctx.cc_major == 9 && det::grouped_gemm_sm90_compiled();
-    std::printf("{\"bench\": \"grouped_gemm\", \"gpu\": \"%s\", \"sms\": %d, \"max_2cta_clusters\": %d,\n", prop.name,
-                prop.multiProcessorCount, has_sm90 ? det::grouped_gemm_sm90_max_clusters() : 0);
+    std::printf("{\"bench\": \"grouped_gemm\", \"gpu\": \"%s\", \"sms\": %d,\n", prop.name, prop.multiProcessorCount);
     std::printf(
         " \"shape\": {\"tokens\": %lld, \"hidden\": %lld, \"moe_intermediate\": %lld, \"experts\": %lld, "
         "\"top_k\": %lld, \"routing\": \"%s\", \"rows_per_expert_min\": %lld, \"rows_per_expert_max\": %lld, "

@@ -37,12 +37,6 @@ void grouped_gemm_wgrad_sm90_launch(const void* dy, const void* x, int64_t rows,
 // True when the current device would run the sm_90a build of those kernels (a cc 9.0 GPU and a build
 // with 90a in CMAKE_CUDA_ARCHITECTURES).
 bool grouped_gemm_sm90_compiled();
-// Whether the Hopper forward and dgrad may run as 2-CTA clusters sharing the W (or x) tile by multicast, where the
-// column tiles pair up: 1 yes, 0 no, -1 the default (yes unless MIXTUNE_GROUPED_CLUSTER=0). For tests and the bench.
-void grouped_gemm_sm90_cluster_set(int on);
-// How many of those 2-CTA clusters (256-wide tiles, 128 experts) the current device holds at once (the bench
-// reports it).
-int grouped_gemm_sm90_max_clusters();
 
 // Which kernel grouped_gemm_forward, _dgrad and _wgrad(2) run. Auto: the wgmma one on a cc 9.x device
 // when grouped_gemm_sm90_compiled() and the environment does not say MIXTUNE_GROUPED_GEMM=mma (read

@@ -1,7 +1,5 @@
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
@@ -49,56 +47,14 @@ struct Sm90Args {
   int E, N, K;  // N = Nout (columns of y, rows of W_e)
 };
 
-// The 2-CTA cluster schedule (CLUSTER kernels; ntn even): pair tile pt -> this CTA's tile. Each m-tile is worth
-// ntn / 2 pair tiles. An expert's m-tiles go in pairs first (share_x false: the CTAs take m-tiles 2j and 2j + 1 at
-// the same n-tile and each loads half of the W tile for both); with an odd count, its last m-tile is split over
-// n-tile pairs (share_x true: the CTAs take n-tiles 2i and 2i + 1 of the same m-tile and each loads half of the x
-// tile for both). Every CTA always has a tile: no partner idles.
-template <int BN>
-__device__ __forceinline__ GroupedTile cluster_tile(int64_t pt, int ntn, const int* s_off, const int* s_tiles, int E,
-                                                    uint32_t rank, bool& share_x) {
-  const int h = ntn / 2;
-  const int mt = static_cast<int>(pt / h);
-  int lo = 0, hi = E;  // largest e with s_tiles[e] <= mt
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (s_tiles[mid] <= mt)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  const int64_t local = pt - static_cast<int64_t>(s_tiles[lo]) * h;
-  const int mt_e = s_tiles[lo + 1] - s_tiles[lo], paired = (mt_e / 2) * ntn;
-  int m, n;
-  if (local < paired) {
-    m = 2 * static_cast<int>(local / ntn) + static_cast<int>(rank), n = static_cast<int>(local % ntn);
-    share_x = false;
-  } else {
-    m = mt_e - 1, n = 2 * static_cast<int>(local - paired) + static_cast<int>(rank);
-    share_x = true;
-  }
-  GroupedTile x;
-  x.e = lo;
-  x.row0 = s_off[lo] + m * BM;
-  x.row_end = s_off[lo + 1];
-  x.n0 = n * BN;
-  return x;
-}
-
 
 // B_MN = false: forward, the W_e tile is [BN rows of Nout][64 k] (K-major, one TMA box).
 // B_MN = true: dgrad (dx = dy · W_e: the reduction runs over W's rows), the tile is [64 rows of the
 // reduction][BN columns] loaded as BN / 64 boxes of [64][64] (N-major B, wgmma's transposed-B form).
-// CLUSTER: launched as 2-CTA clusters on the pair schedule above (cluster_tile); each shared tile is loaded half by
-// each CTA and multicast to both (map_x_half: 64-row x boxes; map_w_half: BN/2-row W boxes, forward only), which
-// halves that operand's L2 -> SM traffic: the 128 x 256 x 64 k-step moved 48 KiB for 4.2 MFLOP and the kernel ran
-// at ~10 TB/s of L2 throughput (ncu, session 18), the L2's limit. The empty barriers then count both CTAs'
-// consumer warps, since a stage is refilled in both CTAs at once.
-template <int BN, bool B_MN, bool CLUSTER>
+template <int BN, bool B_MN>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
-                        const __grid_constant__ CUtensorMap map_x_half, const __grid_constant__ CUtensorMap map_w_half,
-                        Sm90Args p) {
+                            Sm90Args p) {
   pdl_wait();
 #if MT_SM90A_DEVICE
   using Cfg = TileCfg<BN>;
@@ -117,8 +73,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_bar + 8 * s, 1);                  // the producer's arrive.expect_tx
-      // Every consumer thread once per k-step; with clusters lane 0 of each consumer warp of both CTAs.
-      mbar_init(empty_bar + 8 * s, CLUSTER ? 2 * CONSUMER_THREADS / 32 : CONSUMER_THREADS);
+      mbar_init(empty_bar + 8 * s, CONSUMER_THREADS);  // every consumer thread, once per k-step
     }
     for (int c = 0; c < 2; ++c) {
       mbar_init(staged_bar + 8 * c, 128);  // the consumer warpgroup's threads, once per staged tile
@@ -130,16 +85,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   grouped_schedule_build<THREADS, BM>(p.offsets, p.E, s_off, s_tiles);  // ends with __syncthreads (covers the barrier init)
   const int ntn = (p.N + BN - 1) / BN, KT = (p.K + BK - 1) / BK;
-  // Tiles (pair tiles with clusters), the first this block (cluster) takes, and the stride.
-  const int64_t total = static_cast<int64_t>(s_tiles[p.E]) * (CLUSTER ? ntn / 2 : ntn);
-  const int64_t first = CLUSTER ? blockIdx.x / 2 : blockIdx.x, stride = CLUSTER ? gridDim.x / 2 : gridDim.x;
-  const uint32_t rank = CLUSTER ? cluster_ctarank() : 0;
-  bool share_x = false;
-  auto tile_at = [&](int64_t t) {
-    return CLUSTER ? cluster_tile<BN>(t, ntn, s_off, s_tiles, p.E, rank, share_x)
-                   : grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
-  };
-  if constexpr (CLUSTER) cluster_sync();  // the peer's barriers are initialised before any multicast reaches them
+  const int64_t total = static_cast<int64_t>(s_tiles[p.E]) * ntn;
 
   if (tid < 128) {
     // ---- producer warpgroup: gives most of its registers to the consumers; one thread works.
@@ -149,37 +95,20 @@ __global__ void __launch_bounds__(THREADS, 1)
       tma_prefetch_map(&map_w);
       int stage = 0;
       uint32_t phase = 0;
-      for (int64_t t = first; t < total; t += stride) {
-        const GroupedTile tp = tile_at(t);
+      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
         for (int kb = 0; kb < KT; ++kb) {
           mbar_wait(empty_bar + 8 * stage, phase ^ 1);
           const uint32_t fb = full_bar + 8 * stage;
-          // Full box bytes even where the box runs past the tensor (TMA counts the zero fill); with clusters
-          // half of the shared operand comes from the peer's multicast.
+          // Full box bytes even where the box runs past the tensor (TMA counts the zero fill).
           mbar_arrive_expect_tx(fb, Cfg::STAGE_BYTES);
-          const uint32_t a_dst = sA + stage * A_BYTES, b_dst = sB + stage * Cfg::B_BYTES;
-          if (CLUSTER && share_x)
-            tma_load_2d_mc(a_dst + rank * (A_BYTES / 2), &map_x_half, fb, kb * BK, tp.row0 + 64 * rank, 0x3);
-          else
-            tma_load_2d(a_dst, &map_x, fb, kb * BK, tp.row0);
+          tma_load_2d(sA + stage * A_BYTES, &map_x, fb, kb * BK, tp.row0);
           if constexpr (B_MN) {
-            if (CLUSTER && !share_x) {
 #pragma unroll
-              for (int j = 0; j < BN / 128; ++j) {
-                const int box = static_cast<int>(rank) * (BN / 128) + j;
-                tma_load_3d_mc(b_dst + box * (BK * 128), &map_w, fb, tp.n0 + 64 * box, kb * BK, tp.e, 0x3);
-              }
-            } else {
-#pragma unroll
-              for (int j = 0; j < BN / 64; ++j)
-                tma_load_3d(b_dst + j * (BK * 128), &map_w, fb, tp.n0 + 64 * j, kb * BK, tp.e);
-            }
+            for (int j = 0; j < BN / 64; ++j)
+              tma_load_3d(sB + stage * Cfg::B_BYTES + j * (BK * 128), &map_w, fb, tp.n0 + 64 * j, kb * BK, tp.e);
           } else {
-            if (CLUSTER && !share_x)
-              tma_load_3d_mc(b_dst + rank * (Cfg::B_BYTES / 2), &map_w_half, fb, kb * BK,
-                             tp.n0 + static_cast<int>(rank) * (BN / 2), tp.e, 0x3);
-            else
-              tma_load_3d(b_dst, &map_w, fb, kb * BK, tp.n0, tp.e);
+            tma_load_3d(sB + stage * Cfg::B_BYTES, &map_w, fb, kb * BK, tp.n0, tp.e);
           }
           if (++stage == STAGES) stage = 0, phase ^= 1;
         }
@@ -191,8 +120,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       const uint32_t buf = sOut + c * (Cfg::OUT_BYTES / 2);
       constexpr int UNITS = BN / 8;  // 16-byte units per row
       uint32_t n = 0;
-      for (int64_t t = first; t < total; t += stride) {
-        const GroupedTile tp = tile_at(t);
+      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
         const int my_row0 = tp.row0 + 64 * c;
         if (my_row0 >= tp.row_end) continue;
         mbar_wait(staged_bar + 8 * c, n & 1);
@@ -217,21 +146,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
     int stage = 0;
     uint32_t phase = 0, staged = 0;  // staged: tiles this warpgroup has handed to its storer warp
-    // A stage's release: every consumer thread on this CTA's barrier, or with clusters lane 0 of each warp on
-    // both CTAs' barriers (the stage is refilled in both at once).
-    auto release = [&](int st) {
-      if constexpr (CLUSTER) {
-        if (lane == 0) {
-          mbar_arrive(empty_bar + 8 * st);
-          mbar_arrive_cluster(empty_bar + 8 * st, rank ^ 1);
-        }
-        __syncwarp();
-      } else {
-        mbar_arrive(empty_bar + 8 * st);
-      }
-    };
-    for (int64_t t = first; t < total; t += stride) {
-      const GroupedTile tp = tile_at(t);
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+      const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
       // A warpgroup whose 64 rows all lie past the expert's end (an expert's last tile holding <= 64
       // rows) issues no MMAs: the other warpgroup then has the SM's tensor cores to itself. It still
       // waits on every stage and hands it back, so the barrier phases stay in step. (Written as a loop
@@ -253,20 +169,20 @@ __global__ void __launch_bounds__(THREADS, 1)
         wgmma_commit();
         if (kb > 0) {
           wgmma_wait<1>();
-          release(prev);
+          mbar_arrive(empty_bar + 8 * prev);
         }
         prev = stage;
         if (++stage == STAGES) stage = 0, phase ^= 1;
       }
       for (int kb = kt_mma; kb < KT; ++kb) {
         mbar_wait(full_bar + 8 * stage, phase);
-        if (kb > 0) release(prev);
+        if (kb > 0) mbar_arrive(empty_bar + 8 * prev);
         prev = stage;
         if (++stage == STAGES) stage = 0, phase ^= 1;
       }
       wgmma_wait<0>();
       fence_regs(acc);
-      release(prev);  // this warpgroup's last MMAs are done with the stage
+      mbar_arrive(empty_bar + 8 * prev);  // this warpgroup's last MMAs are done with the stage
       if (active) {
         // ---- epilogue: accumulator fragments -> bf16 pairs in this warpgroup's staging buffer, 64-column
         // blocks of [64 rows][128 bytes], 16-byte units XOR-swizzled by row (conflict-free writes and
@@ -285,11 +201,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
     }
   }
-  if constexpr (CLUSTER) {
-    // No CTA leaves while its peer may still multicast into its shared memory or arrive on its barriers.
-    __syncwarp();
-    cluster_sync();
-  }
 #else
   // Built for another architecture: the host never launches this (grouped_gemm_sm90_compiled).
   __trap();
@@ -304,56 +215,16 @@ int tile_bn(int N, int E) {
   return 128;
 }
 
-std::atomic<int> g_cluster{-1};  // detail::grouped_gemm_sm90_cluster_set; -1: MIXTUNE_GROUPED_CLUSTER (default on)
-
-bool cluster_allowed() {
-  const int set = g_cluster.load();
-  if (set >= 0) return set == 1;
-  static const bool env_on = [] {
-    const char* e = std::getenv("MIXTUNE_GROUPED_CLUSTER");
-    return !(e && std::string(e) == "0");
-  }();
-  return env_on;
-}
-
-// How many 2-CTA clusters of this kernel fit on the GPU at once (one CTA per SM; clusters stay inside a GPC).
-template <typename Kernel>
-int max_clusters(Kernel kern, size_t smem) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(2);
-  cfg.blockDim = dim3(THREADS);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  MT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kern, &cfg));
-  return n;
-}
-
-// The 2-CTA cluster kernel where the column tiles pair up (an even count) and clusters are allowed, else the
-// one-CTA kernel. mx_half / mw_half: the half boxes the cluster kernel multicasts (64 x rows; BN / 2 W rows).
 template <int BN, bool B_MN>
-void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& mx_half, const CUtensorMap& mw_half,
-               const Sm90Args& a, int64_t rows, int sm_count, cudaStream_t stream) {
-  const int ntn = (a.N + BN - 1) / BN;
-  const int64_t max_tiles = (rows / BM + a.E) * ntn;
+void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const Sm90Args& a, int64_t rows, int sm_count,
+               cudaStream_t stream) {
+  const int64_t max_tiles = (rows / BM + a.E) * ((a.N + BN - 1) / BN);
   if (max_tiles <= 0) return;
   const size_t smem = smem_bytes<BN>(a.E);
-  if (ntn % 2 == 0 && cluster_allowed()) {
-    auto kern = grouped_sm90_kernel<BN, B_MN, true>;
-    MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    static const int clusters = std::max(max_clusters(kern, smem), 1);
-    const int grid = 2 * static_cast<int>(std::min<int64_t>(max_tiles / 2, clusters));
-    launch_kernel_cluster(kern, grid, THREADS, smem, stream, 2, mx, mw, mx_half, mw_half, a);
-    return;
-  }
-  auto kern = grouped_sm90_kernel<BN, B_MN, false>;
+  auto kern = grouped_sm90_kernel<BN, B_MN>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int grid = static_cast<int>(std::min<int64_t>(max_tiles, std::max(sm_count, 1)));
-  launch_kernel(kern, grid, THREADS, smem, stream, mx, mw, mx, mw, a);
+  launch_kernel(kern, grid, THREADS, smem, stream, mx, mw, a);
 }
 
 // The checks both launchers share (TMA: int32 coordinates, 16-byte aligned global addresses).
@@ -372,16 +243,7 @@ void check_launch(const char* op, const void* a, const void* w, const void* out,
 
 namespace detail {
 
-bool grouped_gemm_sm90_compiled() { return sm90::device_runs_sm90a<grouped_sm90_kernel<256, false, false>>(); }
-
-void grouped_gemm_sm90_cluster_set(int on) { g_cluster.store(on); }
-
-int grouped_gemm_sm90_max_clusters() {
-  auto kern = grouped_sm90_kernel<256, false, true>;
-  const size_t smem = smem_bytes<256>(128);
-  MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  return max_clusters(kern, smem);
-}
+bool grouped_gemm_sm90_compiled() { return sm90::device_runs_sm90a<grouped_sm90_kernel<256, false>>(); }
 
 void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const int32_t* offsets, int E, int64_t rows,
                                   int N, int K, int sm_count, cudaStream_t stream) {
@@ -392,13 +254,13 @@ void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const i
   const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(E)};
   const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(N) * K * 2};
   const Sm90Args a{offsets, static_cast<bf16*>(y), E, N, K};
-  const CUtensorMap mx = make_map("x", x, 2, xdims, xstrides, BM), mxh = make_map("x", x, 2, xdims, xstrides, BM / 2);
+  const CUtensorMap mx = make_map("x", x, 2, xdims, xstrides, BM);
   if (tile_bn(N, E) == 256) {
-    const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, 256), mwh = make_map("w", w, 3, wdims, wstrides, 128);
-    launch_bn<256, false>(mx, mw, mxh, mwh, a, rows, sm_count, stream);
+    const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, 256);
+    launch_bn<256, false>(mx, mw, a, rows, sm_count, stream);
   } else {
-    const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, 128), mwh = make_map("w", w, 3, wdims, wstrides, 64);
-    launch_bn<128, false>(mx, mw, mxh, mwh, a, rows, sm_count, stream);
+    const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, 128);
+    launch_bn<128, false>(mx, mw, a, rows, sm_count, stream);
   }
 }
 
@@ -413,12 +275,12 @@ void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, con
   const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(J), static_cast<cuuint64_t>(E)};
   const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(J) * K * 2};
   const Sm90Args a{offsets, static_cast<bf16*>(dx), E, K, J};
-  const CUtensorMap my = make_map("dy", dy, 2, ydims, ystrides, BM), myh = make_map("dy", dy, 2, ydims, ystrides, BM / 2);
-  const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, BK);  // 64 x 64 boxes: the halves need no other map
+  const CUtensorMap my = make_map("dy", dy, 2, ydims, ystrides, BM);
+  const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, BK);
   if (tile_bn(K, E) == 256)
-    launch_bn<256, true>(my, mw, myh, mw, a, rows, sm_count, stream);
+    launch_bn<256, true>(my, mw, a, rows, sm_count, stream);
   else
-    launch_bn<128, true>(my, mw, myh, mw, a, rows, sm_count, stream);
+    launch_bn<128, true>(my, mw, a, rows, sm_count, stream);
 }
 
 }  // namespace detail

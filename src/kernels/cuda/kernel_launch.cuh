@@ -47,25 +47,6 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
   MT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
-
-// The same as thread-block clusters of `cluster_x` blocks along x (grid.x a multiple of it).
-template <typename... Params, typename... Args>
-void launch_kernel_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                           unsigned cluster_x, Args&&... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2]{};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = cluster_x, attrs[0].val.clusterDim.y = 1, attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = pdl_enabled() ? 2 : 1;
-  MT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-}
 #endif
 
 }  // namespace mt::cuda

@@ -205,17 +205,6 @@ const GemmCase kSm90Cases[] = {
     // tile (Nout / K 512) and the 128-wide one (384).
     {{1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 79, 80, 96, 97, 112, 113, 127, 300}, 1, 512, 512},
     {{1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 79, 80, 96, 97, 112, 113, 127, 300}, 2, 384, 384},
-    // More 2-CTA pair tiles than an H200 has clusters (forward: Nout 1024; dgrad: output width 1024), experts with
-    // odd and even m-tile counts (m-tile pairs sharing W, a last odd m-tile's n-tile pairs sharing x).
-    {{600, 900, 1300, 700, 0, 451}, 3, 1024, 128},
-    {{600, 900, 1300, 700, 0, 451}, 3, 128, 1024},
-};
-
-// Runs the Hopper forward/dgrad with the 2-CTA cluster kernel allowed (1) or not (0) for the scope, then back to
-// the default. Cases whose column tiles do not pair up run the one-CTA kernel either way.
-struct ClusterScope {
-  explicit ClusterScope(int on) { cuda::detail::grouped_gemm_sm90_cluster_set(on); }
-  ~ClusterScope() { cuda::detail::grouped_gemm_sm90_cluster_set(-1); }
 };
 
 void expect_sm90_forward_matches(const GemmCase& c) {
@@ -241,11 +230,7 @@ void expect_sm90_forward_matches(const GemmCase& c) {
 TEST(CudaGroupedGemm, Sm90ForwardMatchesDoubleReference) {
   MT_SKIP_WITHOUT_SM90();
   ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
-  for (const int cluster : {0, 1}) {
-    ClusterScope cl(cluster);
-    SCOPED_TRACE(cluster ? "2-CTA clusters" : "one CTA");
-    for (const GemmCase& c : kSm90Cases) expect_sm90_forward_matches(c);
-  }
+  for (const GemmCase& c : kSm90Cases) expect_sm90_forward_matches(c);
 }
 
 // Layout probe of the wgmma kernel (a failure says which element it read): one expert, 128 rows,
@@ -316,11 +301,7 @@ void expect_sm90_dgrad_matches(const GemmCase& c) {
 TEST(CudaGroupedGemm, Sm90DgradMatchesDoubleReference) {
   MT_SKIP_WITHOUT_SM90();
   ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
-  for (const int cluster : {0, 1}) {
-    ClusterScope cl(cluster);
-    SCOPED_TRACE(cluster ? "2-CTA clusters" : "one CTA");
-    for (const GemmCase& c : kSm90Cases) expect_sm90_dgrad_matches(c);
-  }
+  for (const GemmCase& c : kSm90Cases) expect_sm90_dgrad_matches(c);
 }
 
 // Layout probe of the wgmma dgrad (N-major B): one expert, 128 rows, reduction Nout 64, output K 256,
