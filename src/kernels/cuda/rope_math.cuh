@@ -1,5 +1,5 @@
-// RoPE on one rotation pair (x_j, x_{j+D/2}) with the table's (cos, sin), as both the RoPE kernels and the fused
-// QK-norm + RoPE rows (rmsnorm.cu) compute it, so they agree bit for bit.
+// RoPE on one rotation pair (x_j, x_{j+D/2}) with the table's (cos, sin), as the RoPE kernels compute it. The fused
+// QK-norm + RoPE rows (rmsnorm.cu, rope_lane) compute each lane's half of the same formulas and get the same bits.
 #pragma once
 #include "kernels/cuda/cuda_common.cuh"
 
