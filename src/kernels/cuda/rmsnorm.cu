@@ -639,15 +639,14 @@ RowRope row_rope_of(const Tensor& cos, const Tensor& sin, const Rows& r, const c
 
 std::atomic<int> g_rope_rows_per_group{0};
 
-// Rows per lane group of the QK-norm + RoPE forward: the most of 4, 2 that divides the head count (a group's rows
-// share one token) and leaves at least 8,192 groups (~1k threads per SM; the key heads' 16k rows take 2), else 1;
-// or the value detail::rmsnorm_rope_rows_per_group_set chose, where it divides the head count.
+// Rows per lane group of the QK-norm + RoPE forward: 2 where the head count is even and 32,768 groups remain (the
+// query heads: 1 / 2 / 4 rows measured 0.0289 / 0.0266 / 0.0277 ms, bench/NOTES.md 72), else 1 (the key heads' 16k
+// rows: 0.0047 / 0.0051 / 0.0049); or the value detail::rmsnorm_rope_rows_per_group_set chose, where it divides the
+// head count (a group's rows share one token).
 int rope_rows_per_group(int64_t heads, int64_t rows) {
   const int set = g_rope_rows_per_group.load();
   if (set > 0) return heads % set == 0 ? set : 1;
-  for (const int r : {4, 2})
-    if (heads % r == 0 && rows / r >= 8192) return r;
-  return 1;
+  return heads % 2 == 0 && rows / 2 >= 32768 ? 2 : 1;
 }
 
 }  // namespace

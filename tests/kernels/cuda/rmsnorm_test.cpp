@@ -108,8 +108,8 @@ TEST(CudaRmsnorm, ResidualVariantMatchesCpu) {
 // Attention's QK-norm + RoPE in one pass (rmsnorm_rope_forward / _backward) against the two kernels it replaces,
 // bit for bit: out, dx and dw (accumulated onto a non-zero start). Head dims 128 (query- and key-like head counts),
 // 64 and 16 take the fused rows; 96 falls back to the two kernels. The forward runs with every rows-per-group choice
-// (the shape's own, 1, 2, 4; a head count that 2 or 4 does not divide falls back to 1); the two largest cases give
-// the shape's own choice 4 and 2, and the backward more rows than workers (each prefetching its next row). The
+// (the shape's own, 1, 2, 4; a head count that 2 or 4 does not divide falls back to 1); the largest cases give the
+// shape's own choice 2 (67k rows) and 1, and the backward more rows than workers (each prefetching its next row). The
 // positions restart mid-batch (packed documents), with bf16 and fp32 tables.
 TEST(CudaRmsnorm, RopeFusedIsNormThenRope) {
   MT_SKIP_WITHOUT_CUDA();
