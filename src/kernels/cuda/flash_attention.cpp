@@ -160,6 +160,11 @@ void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, 
   if (!sums_out) ensure(dq, q, "flash attention dq");
   ensure(dk, k, "flash attention dk");
   ensure(dv, v, "flash attention dv");
+  // The prologue reads dout and out in 16-byte packets; dK and dV are stored 4 elements (8 bytes) at a time.
+  MT_CHECK(aligned16(dout.data()) && aligned16(out.data()),
+           "flash attention backward: dout and out must be 16-byte aligned");
+  MT_CHECK(reinterpret_cast<uintptr_t>(dk.data()) % 8 == 0 && reinterpret_cast<uintptr_t>(dv.data()) % 8 == 0,
+           "flash attention backward: dk and dv must be 8-byte aligned");
   Tensor dq_acc = Tensor::empty({q.numel()}, DType::F32, q.device());
   Tensor dk_acc = Tensor::empty({k.numel()}, DType::F32, q.device());
   Tensor dv_acc = Tensor::empty({k.numel()}, DType::F32, q.device());

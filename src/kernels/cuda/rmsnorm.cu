@@ -158,8 +158,8 @@ __device__ inline void rope_lane_tables(const RowRope& rope, int64_t t, int lane
 // rope_pair_forward_bf16's o1 = bf16(bf16(a·c) + bf16(−b·s)) and o2 = bf16(bf16(b·c) + bf16(a·s)) are both
 // bf16(bf16(own·c) + bf16(partner·s')) with s' = ∓s, and rope_pair_backward's o1 = fma(ga, c, gb·s), o2 = fma(gb, c,
 // −(ga·s)) both fma(own, c, partner·s'') with s'' = ±s (negating a factor negates the product exactly), so the
-// results are those functions' bits at half the arithmetic (the kernel is bound by its instruction count, not its
-// loads: bench/NOTES.md 68).
+// results are those functions' bits at half the arithmetic (the forward is bound by its instruction count, not its
+// loads: query heads 0.0403 -> 0.0278 ms, bench/NOTES.md 72).
 template <bool kBackward>
 __device__ inline void rope_lane(const float (&own)[8], const float (&partner)[8], const float (&c)[8],
                                  const float (&s)[8], bool first, float (&o)[8]) {
@@ -222,9 +222,9 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x
 
 // QK-norm + RoPE forward (rmsnorm_rope_forward): a group of LANES lanes, one 8-column packet each, takes R
 // consecutive rows, R heads of one token (R divides the head count), so its R row loads are in flight together and
-// the token's rope tables and the weights are loaded once for the R rows. With one row per group a lane had a
-// single 16-byte load in flight and waited again for the tables after the row's sum: 0.41 of the copy rate
-// (bench/NOTES.md 66). The arithmetic per row is the generic kernel's and rope_forward's, bit for bit.
+// the token's rope tables and the weights are loaded once for the R rows. That alone measured no faster than one
+// row per group (the kernel was bound by its instructions, bench/NOTES.md 68); after rope_lane's cut, 2 rows are the
+// fastest for the query heads (72). The arithmetic per row is the generic kernel's and rope_forward's, bit for bit.
 template <int LANES, int R>
 __global__ void __launch_bounds__(256, 4) rmsnorm_rope_forward_rows_kernel(const bf16* x, const bf16* __restrict__ w,
                                                                         bf16* out, int64_t rows, float eps,
@@ -319,8 +319,8 @@ __global__ void __launch_bounds__(256, VPL == 1 ? 4 : 0)
       for (int j = 0; j < VPL; ++j)
         asm volatile("prefetch.global.L1 [%0];" ::"l"(dres + base + static_cast<int64_t>(j * LANES + lane) * 8));
     // The worker's next row into L1 while this one is worked on: with a row per iteration each lane had one or
-    // two loads in flight and the loop waited for HBM at every row. Head-dim rows only: in the hidden-size rows
-    // (8 packets per lane, 254 registers) the addresses made ptxas spill 164 bytes.
+    // two loads in flight and the loop waited for HBM at every row. Head-dim rows only: the hidden-size rows (8
+    // packets per lane, 254 registers, one block per SM) were not measured with it.
     if constexpr (VPL <= 2) {
       const int64_t next = row + workers;
       if (prefetch_next && next < rows) {

@@ -27,6 +27,7 @@
 #include "cuda_test_util.h"
 #include "error_report.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/flash_attention_kernels.h"
@@ -360,6 +361,38 @@ TEST(CudaFlashAttention, Sm90DqSumsFeedTheQkNormRopeBackward) {
     GTEST_SKIP() << "the sm90 flash-attention backward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
   for (const AttnCase& c : {AttnCase{2, 301, 8, 2, 128, 1, 170}, AttnCase{1, 4100, 16, 2, 128, 0, 0}})
     dq_sums_feed_the_qk_norm_rope_backward(c);
+}
+
+// The backward's prologue reads dout and out in 16-byte packets and stores dK/dV 8 bytes at a time: a gradient or
+// output that starts off those boundaries is a clear error before anything is queued, not a fault on the device.
+TEST(CudaFlashAttention, BackwardRejectsMisalignedTensors) {
+  MT_SKIP_WITHOUT_CUDA();
+  const AttnCase c{1, 64, 2, 1, 64, 0, 0};
+  const int64_t T = c.S, nq = T * c.Hq * c.D;
+  const BwdInputs in = bwd_inputs(c, 700);
+  // The same values one bf16 element past a 16-byte boundary.
+  auto shifted = [&](const Tensor& t) {
+    Tensor flat = Tensor::empty({t.numel() + 1}, DType::BF16, Device::cuda(0));
+    Tensor view = flat.rows(1, t.numel() + 1).view(t.shape());
+    MT_CUDA_CHECK(cudaMemcpy(view.data(), t.data(), t.nbytes(), cudaMemcpyDeviceToDevice));
+    return view;
+  };
+  const cuda::FlashAttentionShape shape{T, c.Hq, c.Hk, c.D};
+  Tensor dq, dk, dv;
+  EXPECT_THROW(cuda::flash_attention_backward(shape, shifted(in.dout), in.q, in.k, in.v, in.out, in.lse, in.docs, dq,
+                                              dk, dv, stream0()),
+               Error);
+  EXPECT_THROW(cuda::flash_attention_backward(shape, in.dout, in.q, in.k, in.v, shifted(in.out), in.lse, in.docs, dq,
+                                              dk, dv, stream0()),
+               Error);
+  Tensor dk_bad = shifted(in.k);
+  EXPECT_THROW(cuda::flash_attention_backward(shape, in.dout, in.q, in.k, in.v, in.out, in.lse, in.docs, dq, dk_bad,
+                                              dv, stream0()),
+               Error);
+  // Aligned, the same call runs.
+  Tensor dq2, dk2, dv2;
+  cuda::flash_attention_backward(shape, in.dout, in.q, in.k, in.v, in.out, in.lse, in.docs, dq2, dk2, dv2, stream0());
+  EXPECT_EQ(dq2.numel(), nq);
 }
 
 TEST(CudaFlashAttention, OddLengthNoDocumentsD64) {
