@@ -194,8 +194,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int T = a.T;
   // Work items (query head h, key tile ky), key tile 0 (the most queries) first and the query heads of one
   // KV head next to each other (K, V from L2): item = ky·Hq + h. Block b starts with item b and then takes
-  // the next unclaimed one (gridDim.x + an atomic counter, zero at launch), greedily as the hardware would
-  // hand out blocks: a static split left blocks up to ~20% apart with packed documents, whose items'
+  // the next unclaimed one (gridDim.x + an atomic counter the prologue zeroes), greedily as the hardware
+  // would hand out blocks: a static split left blocks up to ~20% apart with packed documents, whose items'
   // lengths vary. Its producer thread claims an item when it starts loading it and passes the index to the
   // other roles through a ring of two shared slots (item_full / item_empty); an index >= n_items ends
   // them all. A grid of one block per item is the non-persistent launch.
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int k = 0;; ++k) {
         const int slot = k & 1;
         mbar_wait(item_empty(slot), ((k >> 1) & 1) ^ 1);  // the slot's previous item has been read by all
-        // One block per item (gridDim.x == n_items): no claim, and the counter is not zeroed for that launch.
+        // One block per item (gridDim.x == n_items): no claim (the counter stays unread).
         const int item = k == 0                                  ? static_cast<int>(blockIdx.x)
                          : static_cast<int>(gridDim.x) >= n_items ? n_items
                                                                   : static_cast<int>(gridDim.x) + atomicAdd(item_counter, 1);
