@@ -37,6 +37,16 @@ void grouped_gemm_wgrad_sm90_launch(const void* dy, const void* x, int64_t rows,
 // True when the current device would run the sm_90a build of those kernels (a cc 9.0 GPU and a build
 // with 90a in CMAKE_CUDA_ARCHITECTURES).
 bool grouped_gemm_sm90_compiled();
+// The bench's mainloop probes of the Hopper forward's 256-wide tile (process-wide; stages 0 = off, the
+// default): another stage count, no output stores (store = false), no TMA loads (load = false). Built
+// choices: 2 stages with stores; 2, 3, 4 stages without; 3 without loads, with or without stores.
+// Anything else throws. The outputs of a probe without stores or loads are garbage.
+struct GroupedSm90Probe {
+  int stages = 0;
+  bool store = true, load = true;
+};
+void grouped_gemm_sm90_probe_set(GroupedSm90Probe p);
+GroupedSm90Probe grouped_gemm_sm90_probe_get();
 
 // Which kernel grouped_gemm_forward, _dgrad and _wgrad(2) run. Auto: the wgmma one on a cc 9.x device
 // when grouped_gemm_sm90_compiled() and the environment does not say MIXTUNE_GROUPED_GEMM=mma (read

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -51,13 +52,16 @@ struct Sm90Args {
 // B_MN = false: forward, the W_e tile is [BN rows of Nout][64 k] (K-major, one TMA box).
 // B_MN = true: dgrad (dx = dy · W_e: the reduction runs over W's rows), the tile is [64 rows of the
 // reduction][BN columns] loaded as BN / 64 boxes of [64][64] (N-major B, wgmma's transposed-B form).
-template <int BN, bool B_MN>
+// STAGES_T, STORE, LOAD: the bench's mainloop probes (detail::grouped_gemm_sm90_probe_set); training runs the
+// defaults. STORE = false computes the tiles and stores nothing; LOAD = false arms the full barriers without
+// TMA loads (the MMAs read whatever the stages hold), so only the tensor cores and the barriers are timed.
+template <int BN, bool B_MN, int STAGES_T = 0, bool STORE = true, bool LOAD = true>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                             Sm90Args p) {
   pdl_wait();
 #if MT_SM90A_DEVICE
-  using Cfg = TileCfg<BN>;
+  using Cfg = TileCfg<BN, STAGES_T, STORE>;
   constexpr int STAGES = Cfg::STAGES;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -100,6 +104,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int kb = 0; kb < KT; ++kb) {
           mbar_wait(empty_bar + 8 * stage, phase ^ 1);
           const uint32_t fb = full_bar + 8 * stage;
+          if constexpr (!LOAD) {
+            mbar_arrive(fb);
+            if (++stage == STAGES) stage = 0, phase ^= 1;
+            continue;
+          }
           // Full box bytes even where the box runs past the tensor (TMA counts the zero fill).
           mbar_arrive_expect_tx(fb, Cfg::STAGE_BYTES);
           tma_load_2d(sA + stage * A_BYTES, &map_x, fb, kb * BK, tp.row0);
@@ -113,7 +122,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           if (++stage == STAGES) stage = 0, phase ^= 1;
         }
       }
-    } else if (tid >= 32 && tid < 96) {
+    } else if (STORE && tid >= 32 && tid < 96) {
       // ---- storer warps: warp 1 + c copies consumer warpgroup c's staged tiles out. Same tile walk and
       // `active` rule as the consumers, so both count the same staged tiles.
       const int c = tid / 32 - 1, lane = tid & 31;
@@ -183,7 +192,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       wgmma_wait<0>();
       fence_regs(acc);
       mbar_arrive(empty_bar + 8 * prev);  // this warpgroup's last MMAs are done with the stage
-      if (active) {
+      if (STORE && active) {
         // ---- epilogue: accumulator fragments -> bf16 pairs in this warpgroup's staging buffer, 64-column
         // blocks of [64 rows][128 bytes], 16-byte units XOR-swizzled by row (conflict-free writes and
         // reads), once the storer warp has copied out the previous tile.
@@ -215,13 +224,14 @@ int tile_bn(int N, int E) {
   return 128;
 }
 
-template <int BN, bool B_MN>
+template <int BN, bool B_MN, int STAGES_T = 0, bool STORE = true, bool LOAD = true>
 void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const Sm90Args& a, int64_t rows, int sm_count,
                cudaStream_t stream) {
   const int64_t max_tiles = (rows / BM + a.E) * ((a.N + BN - 1) / BN);
   if (max_tiles <= 0) return;
-  const size_t smem = smem_bytes<BN>(a.E);
-  auto kern = grouped_sm90_kernel<BN, B_MN>;
+  const size_t smem = smem_bytes<BN, STAGES_T, STORE>(a.E);
+  require_smem_fits(smem, "grouped gemm (wgmma) probe");
+  auto kern = grouped_sm90_kernel<BN, B_MN, STAGES_T, STORE, LOAD>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int grid = static_cast<int>(std::min<int64_t>(max_tiles, std::max(sm_count, 1)));
   launch_kernel(kern, grid, THREADS, smem, stream, mx, mw, a);
@@ -243,6 +253,18 @@ void check_launch(const char* op, const void* a, const void* w, const void* out,
 
 namespace detail {
 
+namespace {
+std::atomic<int> g_probe{0};  // stages | store << 8 | load << 9; 0 = no probe
+}  // namespace
+
+void grouped_gemm_sm90_probe_set(GroupedSm90Probe p) {
+  g_probe.store(p.stages == 0 ? 0 : (p.stages | (p.store ? 256 : 0) | (p.load ? 512 : 0)));
+}
+GroupedSm90Probe grouped_gemm_sm90_probe_get() {
+  const int v = g_probe.load();
+  return {v & 255, (v & 256) != 0, (v & 512) != 0};
+}
+
 bool grouped_gemm_sm90_compiled() { return sm90::device_runs_sm90a<grouped_sm90_kernel<256, false>>(); }
 
 void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const int32_t* offsets, int E, int64_t rows,
@@ -257,7 +279,23 @@ void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const i
   const CUtensorMap mx = make_map("x", x, 2, xdims, xstrides, BM);
   if (tile_bn(N, E) == 256) {
     const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, 256);
-    launch_bn<256, false>(mx, mw, a, rows, sm_count, stream);
+    const detail::GroupedSm90Probe pr = detail::grouped_gemm_sm90_probe_get();
+    if (pr.stages == 0)
+      launch_bn<256, false>(mx, mw, a, rows, sm_count, stream);
+    else if (pr.stages == 2 && pr.store && pr.load)
+      launch_bn<256, false, 2, true, true>(mx, mw, a, rows, sm_count, stream);
+    else if (pr.stages == 2 && !pr.store && pr.load)
+      launch_bn<256, false, 2, false, true>(mx, mw, a, rows, sm_count, stream);
+    else if (pr.stages == 3 && !pr.store && pr.load)
+      launch_bn<256, false, 3, false, true>(mx, mw, a, rows, sm_count, stream);
+    else if (pr.stages == 4 && !pr.store && pr.load)
+      launch_bn<256, false, 4, false, true>(mx, mw, a, rows, sm_count, stream);
+    else if (pr.stages == 3 && !pr.store && !pr.load)
+      launch_bn<256, false, 3, false, false>(mx, mw, a, rows, sm_count, stream);
+    else if (pr.stages == 3 && pr.store && !pr.load)
+      launch_bn<256, false, 3, true, false>(mx, mw, a, rows, sm_count, stream);
+    else
+      MT_CUDA_REQUIRE(false, "grouped gemm (wgmma): no probe build for this stage count / store / load choice");
   } else {
     const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, 128);
     launch_bn<128, false>(mx, mw, a, rows, sm_count, stream);

@@ -23,14 +23,16 @@ constexpr int BM = 128, BK = 64;
 constexpr int THREADS = 384;  // warpgroup 0 produces, 1 and 2 consume
 constexpr int A_BYTES = BM * BK * 2;  // one x stage: 128 rows of 128 bytes
 
-template <int BN>
+// STAGES_T / STORE: the bench's mainloop probes only (detail::grouped_gemm_sm90_probe_set): a stage count other
+// than the default, and no output staging (nothing stored, so 4 stages of the 256-wide tile fit).
+template <int BN, int STAGES_T = 0, bool STORE = true>
 struct TileCfg {
   // Stages plus the epilogue's staging (a bf16 64 x BN buffer per consumer warpgroup): 208 / 192 KiB.
-  static constexpr int STAGES = BN == 256 ? 3 : 5;
+  static constexpr int STAGES = STAGES_T > 0 ? STAGES_T : (BN == 256 ? 3 : 5);
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
-  static constexpr int OUT_BYTES = 2 * 64 * BN * 2;
+  static constexpr int OUT_BYTES = STORE ? 2 * 64 * BN * 2 : 0;
   static constexpr int BAR_BYTES = 2 * STAGES * 8 + 4 * 8;  // full[STAGES], empty[STAGES], staged[2], free[2]
   static_assert(BN == 128 || BN == 256, "wgmma tile width");
 };
@@ -39,10 +41,10 @@ struct TileCfg {
 // 128-byte swizzle pattern repeats every 8 rows of 128 bytes; TMA and wgmma both assume the atom starts
 // 1024-aligned), the stages, the output staging, the barriers, then two int arrays of E + 1 (the offsets
 // and the m-tile prefix).
-template <int BN>
+template <int BN, int STAGES_T = 0, bool STORE = true>
 inline size_t smem_bytes(int E) {
-  return 1024 + TileCfg<BN>::PIPE_BYTES + TileCfg<BN>::OUT_BYTES + TileCfg<BN>::BAR_BYTES +
-         2 * static_cast<size_t>(E + 1) * sizeof(int);
+  using Cfg = TileCfg<BN, STAGES_T, STORE>;
+  return 1024 + Cfg::PIPE_BYTES + Cfg::OUT_BYTES + Cfg::BAR_BYTES + 2 * static_cast<size_t>(E + 1) * sizeof(int);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
