@@ -323,9 +323,11 @@ int main(int argc, char** argv) {
         const char* suffix;
         det::GroupedSm90Probe p;
       };
-      const Probe probes[] = {{"_s2", {2, true, true}},          {"_s2_nostore", {2, false, true}},
-                              {"_s3_nostore", {3, false, true}}, {"_s4_nostore", {4, false, true}},
-                              {"_s3_noload", {3, true, false}},  {"_s3_noload_nostore", {3, false, false}}};
+      const Probe probes[] = {{"_s3", {3, true, true}},
+                              {"_s4", {4, true, true}},
+                              {"_s3_nostore", {3, false, true}},
+                              {"_s4_nostore", {4, false, true}},
+                              {"_s4_noload", {4, true, false}}};
       for (const Probe& pr : probes) {
         auto probe_row = [&](const char* op, double flops, auto&& run) {
           det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Wgmma);

@@ -38,9 +38,9 @@ void grouped_gemm_wgrad_sm90_launch(const void* dy, const void* x, int64_t rows,
 // with 90a in CMAKE_CUDA_ARCHITECTURES).
 bool grouped_gemm_sm90_compiled();
 // The bench's mainloop probes of the Hopper forward's 256-wide tile (process-wide; stages 0 = off, the
-// default): another stage count, no output stores (store = false), no TMA loads (load = false). Built
-// choices: 2 stages with stores; 2, 3, 4 stages without; 3 without loads, with or without stores.
-// Anything else throws. The outputs of a probe without stores or loads are garbage.
+// shape's choice): 3 or 4 stages, with or without output stores (store = false: the tiles are computed and
+// nothing is stored), and 4 stages without TMA loads (load = false: the MMAs read whatever the stages hold).
+// Other choices throw. A probe without stores or loads leaves garbage (or nothing) in the output.
 struct GroupedSm90Probe {
   int stages = 0;
   bool store = true, load = true;

@@ -23,18 +23,19 @@
 //                accumulators in registers (BN / 2 per thread). Per k-step: wait full[s], four
 //                wgmma m64nBNk16 (k = 16 each), commit; once the previous step's group has completed
 //                (wait_group 1) its stage is handed back through empty[s]. A warpgroup whose rows all
-//                lie past the expert's end skips its MMAs. Epilogue: the consumer writes its 64 x BN
-//                tile as bf16 into its own staging buffer (staged[c]) and goes on to the next tile's
-//                MMAs; warp 1 + c of the producer warpgroup (idle otherwise) copies the buffer out as
-//                coalesced 16-byte stores (rows past the expert's end and columns past Nout skipped) and
-//                frees it (free[c]). The consumers' tensor cores then idle only for the register-to-
-//                shared-memory copy, not for the global stores.
+//                lie past the expert's end skips its MMAs. Epilogue: the warpgroup writes its 64 x BN
+//                tile as bf16 in chunks of 64 columns into two alternating 8 KiB buffers (the 128B-swizzled
+//                layout of a TMA box) and goes on; warp 1 + c of the producer warpgroup (idle otherwise)
+//                stores each chunk, by one TMA tensor store, or, when the slab runs past its expert's end
+//                (the rows after it belong to the next expert), by 16-byte stores of the expert's rows only,
+//                and hands the buffer back (free[c][b]).
 // Stage/phase bookkeeping: producer and consumers walk the same (tile, k-step) sequence, so both keep a
 // running stage index and a phase bit that flips each time the index wraps; the producer waits for
 // empty[s] to complete the phase before the one it will fill (parity ^ 1: the first pass never blocks).
 // Rows: x is one 2-D map over the grouped rows; a tile's last rows may belong to the next expert (or be
 // zero-filled past the tensor): they are computed and never stored. W is a 3-D map [E][Nout][K], so
-// n-tiles past Nout read zeros, never the next expert.
+// n-tiles past Nout read zeros, never the next expert. y's map clips columns past Nout and rows past the
+// tensor.
 
 namespace mt::cuda {
 
@@ -52,24 +53,27 @@ struct Sm90Args {
 // B_MN = false: forward, the W_e tile is [BN rows of Nout][64 k] (K-major, one TMA box).
 // B_MN = true: dgrad (dx = dy · W_e: the reduction runs over W's rows), the tile is [64 rows of the
 // reduction][BN columns] loaded as BN / 64 boxes of [64][64] (N-major B, wgmma's transposed-B form).
-// STAGES_T, STORE, LOAD: the bench's mainloop probes (detail::grouped_gemm_sm90_probe_set); training runs the
-// defaults. STORE = false computes the tiles and stores nothing; LOAD = false arms the full barriers without
-// TMA loads (the MMAs read whatever the stages hold), so only the tensor cores and the barriers are timed.
+// STAGES_T, STORE, LOAD: STAGES_T 0 is TileCfg's default (4 for BN 256; 3 where E leaves no room); STORE and
+// LOAD false are the bench's mainloop probes (detail::grouped_gemm_sm90_probe_set): no output (the
+// accumulators are still consumed, so ptxas keeps the MMAs), or full barriers armed without TMA loads (the
+// MMAs read whatever the stages hold).
 template <int BN, bool B_MN, int STAGES_T = 0, bool STORE = true, bool LOAD = true>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
-                            Sm90Args p) {
+                        const __grid_constant__ CUtensorMap map_y, Sm90Args p) {
   pdl_wait();
 #if MT_SM90A_DEVICE
   using Cfg = TileCfg<BN, STAGES_T, STORE>;
-  constexpr int STAGES = Cfg::STAGES;
+  constexpr int STAGES = Cfg::STAGES, CHUNK = Cfg::CHUNK_BYTES;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* smem = smem_raw + (base - raw);
   const uint32_t sA = base, sB = base + STAGES * A_BYTES, sOut = base + Cfg::PIPE_BYTES;
   const uint32_t full_bar = sOut + Cfg::OUT_BYTES, empty_bar = full_bar + STAGES * 8;
-  const uint32_t staged_bar = empty_bar + STAGES * 8, free_bar = staged_bar + 16;  // [consumer warpgroup]
+  // [consumer warpgroup c][buffer b] at + 8 (2c + b): a chunk staged (the warpgroup's threads) / stored (the
+  // storer warp's lane 0).
+  const uint32_t staged_bar = empty_bar + STAGES * 8, free_bar = staged_bar + 32;
   int* s_off = reinterpret_cast<int*>(smem + Cfg::PIPE_BYTES + Cfg::OUT_BYTES + Cfg::BAR_BYTES);
   int* s_tiles = s_off + (p.E + 1);
   const int tid = threadIdx.x;
@@ -79,9 +83,9 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(full_bar + 8 * s, 1);                  // the producer's arrive.expect_tx
       mbar_init(empty_bar + 8 * s, CONSUMER_THREADS);  // every consumer thread, once per k-step
     }
-    for (int c = 0; c < 2; ++c) {
-      mbar_init(staged_bar + 8 * c, 128);  // the consumer warpgroup's threads, once per staged tile
-      mbar_init(free_bar + 8 * c, 32);     // its storer warp's lanes
+    for (int i = 0; i < 4; ++i) {
+      mbar_init(staged_bar + 8 * i, 128);
+      mbar_init(free_bar + 8 * i, 1);
     }
     // Make the initialised barriers visible to the other threads and to the async (TMA) proxy.
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -89,7 +93,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   grouped_schedule_build<THREADS, BM>(p.offsets, p.E, s_off, s_tiles);  // ends with __syncthreads (covers the barrier init)
   const int ntn = (p.N + BN - 1) / BN, KT = (p.K + BK - 1) / BK;
-  const int64_t total = static_cast<int64_t>(s_tiles[p.E]) * ntn;
+  const int total = s_tiles[p.E] * ntn;  // < 2^31: launch_bn checks the bound
 
   if (tid < 128) {
     // ---- producer warpgroup: gives most of its registers to the consumers; one thread works.
@@ -99,7 +103,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       tma_prefetch_map(&map_w);
       int stage = 0;
       uint32_t phase = 0;
-      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+      for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
         for (int kb = 0; kb < KT; ++kb) {
           mbar_wait(empty_bar + 8 * stage, phase ^ 1);
@@ -123,27 +127,42 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
       }
     } else if (STORE && tid >= 32 && tid < 96) {
-      // ---- storer warps: warp 1 + c copies consumer warpgroup c's staged tiles out. Same tile walk and
-      // `active` rule as the consumers, so both count the same staged tiles.
+      // ---- storer warps: warp 1 + c stores consumer warpgroup c's chunks. Same tile walk and `active` rule as
+      // the consumers, so both count the same chunks: chunk number n goes through buffer n % 2.
       const int c = tid / 32 - 1, lane = tid & 31;
-      const uint32_t buf = sOut + c * (Cfg::OUT_BYTES / 2);
-      constexpr int UNITS = BN / 8;  // 16-byte units per row
+      if (lane == 0) tma_prefetch_map(&map_y);
       uint32_t n = 0;
-      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+      for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
         const int my_row0 = tp.row0 + 64 * c;
         if (my_row0 >= tp.row_end) continue;
-        mbar_wait(staged_bar + 8 * c, n & 1);
         const int rows = min(64, tp.row_end - my_row0);
-#pragma unroll 4
-        for (int idx = lane; idx < rows * UNITS; idx += 32) {
-          const int row = idx / UNITS, u = idx % UNITS, col = tp.n0 + 8 * u;  // Nout % 8 == 0: whole units
-          const uint4 v = lds_u32x4(buf + (u >> 3) * 8192 + row * 128 + (((u & 7) ^ (row & 7)) << 4));
-          if (col < p.N) *reinterpret_cast<uint4*>(p.y + static_cast<int64_t>(my_row0 + row) * p.N + col) = v;
+        for (int ch = 0; ch < BN / 64; ++ch, ++n) {
+          const int b = n & 1, col0 = tp.n0 + 64 * ch;
+          const uint32_t buf = sOut + (c * 2 + b) * CHUNK;
+          mbar_wait(staged_bar + 8 * (2 * c + b), (n >> 1) & 1);
+          if (rows == 64) {
+            if (lane == 0) {
+              if (col0 < p.N) {  // the map clips columns past Nout
+                tma_store_2d(&map_y, buf, col0, my_row0);
+                bulk_commit();
+                bulk_wait_read<0>();  // TMA has read the buffer: it may be rewritten
+              }
+            }
+          } else {
+            // The expert ends inside this slab: rows past `rows` belong to the next expert, never stored.
+#pragma unroll 2  // unroll 4 spills at the storer warp's 40 registers
+            for (int idx = lane; idx < rows * 8; idx += 32) {
+              const int row = idx >> 3, u = idx & 7, col = col0 + 8 * u;  // Nout % 8 == 0: whole units
+              const uint4 v = lds_u32x4(buf + row * 128 + ((u ^ (row & 7)) << 4));
+              if (col < p.N) *reinterpret_cast<uint4*>(p.y + static_cast<int64_t>(my_row0 + row) * p.N + col) = v;
+            }
+            __syncwarp();
+          }
+          if (lane == 0) mbar_arrive(free_bar + 8 * (2 * c + b));
         }
-        mbar_arrive(free_bar + 8 * c);
-        ++n;
       }
+      if (lane == 0) bulk_wait_all<0>();  // the last stores complete before the block exits
     }
   } else {
     // ---- consumer warpgroups.
@@ -154,8 +173,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
     int stage = 0;
-    uint32_t phase = 0, staged = 0;  // staged: tiles this warpgroup has handed to its storer warp
-    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+    uint32_t phase = 0, n = 0;  // n: chunks this warpgroup has staged
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
       const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
       // A warpgroup whose 64 rows all lie past the expert's end (an expert's last tile holding <= 64
       // rows) issues no MMAs: the other warpgroup then has the SM's tensor cores to itself. It still
@@ -192,21 +211,33 @@ __global__ void __launch_bounds__(THREADS, 1)
       wgmma_wait<0>();
       fence_regs(acc);
       mbar_arrive(empty_bar + 8 * prev);  // this warpgroup's last MMAs are done with the stage
-      if (STORE && active) {
-        // ---- epilogue: accumulator fragments -> bf16 pairs in this warpgroup's staging buffer, 64-column
-        // blocks of [64 rows][128 bytes], 16-byte units XOR-swizzled by row (conflict-free writes and
-        // reads), once the storer warp has copied out the previous tile.
-        mbar_wait(free_bar + 8 * c, (staged & 1) ^ 1);
-        const uint32_t buf = sOut + c * (Cfg::OUT_BYTES / 2);
-        const int r0 = 16 * w + g;
+      if constexpr (!STORE) {
+        // Probe: consume the accumulators (ptxas drops MMAs whose results are never read) without storing.
+        float sum = 0.0f;
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const uint32_t at = buf + (j >> 3) * 8192 + ((((j & 7) ^ g) << 4) | (q << 2));
+        for (int i = 0; i < BN / 2; ++i) sum += acc[i];
+        if (active && sum == -1.0f && p.E < 0) p.y[0] = __float2bfloat16(sum);  // never true: E >= 1
+        continue;
+      }
+      if (!active) continue;
+      // ---- epilogue, chunk by chunk of 64 columns: accumulator fragments -> bf16 pairs in buffer n % 2 of this
+      // warpgroup ([64 rows][128 bytes], 16-byte unit u of row r at unit u ^ (r % 8): conflict-free writes, and
+      // the layout a 128B-swizzled TMA box reads), once the storer warp has handed that buffer back.
+      const int r0 = 16 * w + g;
+#pragma unroll
+      for (int ch = 0; ch < BN / 64; ++ch, ++n) {
+        const int b = n & 1;
+        const uint32_t buf = sOut + (c * 2 + b) * CHUNK;
+        mbar_wait(free_bar + 8 * (2 * c + b), ((n >> 1) & 1) ^ 1);
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int j = 8 * ch + jj;
+          const uint32_t at = buf + (((jj ^ g) << 4) | (q << 2));
           sts_u32(at + r0 * 128, pack_bf16(acc[4 * j], acc[4 * j + 1]));
           sts_u32(at + (r0 + 8) * 128, pack_bf16(acc[4 * j + 2], acc[4 * j + 3]));
         }
-        mbar_arrive(staged_bar + 8 * c);
-        ++staged;
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes -> TMA's reads
+        mbar_arrive(staged_bar + 8 * (2 * c + b));
       }
     }
   }
@@ -216,25 +247,62 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
 }
 
-// 256-wide column tiles where pick_bn prefers them and the shared memory holds them with E experts' offsets
-// (a few thousand experts leave room only for the 128-wide tile's smaller staging).
-int tile_bn(int N, int E) {
-  if (pick_bn(N) == 256 && smem_bytes<256>(E) <= smem_optin_bytes()) return 256;
+// Column tile width (pick_bn) and stage count: the 256-wide tile with 4 stages where the shared memory holds
+// them beside E experts' offsets, else with 3 (E in the hundreds), else the 128-wide tile (5 stages).
+struct TileChoice {
+  int bn, stages;
+};
+TileChoice tile_choice(int N, int E) {
+  if (pick_bn(N) == 256) {
+    if (smem_bytes<256>(E) <= smem_optin_bytes()) return {256, TileCfg<256>::STAGES};
+    if (smem_bytes<256, 3>(E) <= smem_optin_bytes()) return {256, 3};
+  }
   require_smem_fits(smem_bytes<128>(E), "grouped gemm (wgmma) with " + std::to_string(E) + " experts");
-  return 128;
+  return {128, TileCfg<128>::STAGES};
+}
+
+// y [rows][N] (dgrad: dx [rows][K]) as the epilogue's TMA store target: boxes of [64 rows][64 columns].
+CUtensorMap out_map(void* y, int64_t rows, int N) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(N) * 2};
+  return make_map("y", y, 2, dims, strides, 64);
 }
 
 template <int BN, bool B_MN, int STAGES_T = 0, bool STORE = true, bool LOAD = true>
-void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const Sm90Args& a, int64_t rows, int sm_count,
-               cudaStream_t stream) {
+void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& my, const Sm90Args& a, int64_t rows,
+               int sm_count, cudaStream_t stream) {
   const int64_t max_tiles = (rows / BM + a.E) * ((a.N + BN - 1) / BN);
   if (max_tiles <= 0) return;
+  MT_CUDA_REQUIRE(max_tiles < (int64_t{1} << 31), "grouped gemm (wgmma): more than 2^31 tiles");
   const size_t smem = smem_bytes<BN, STAGES_T, STORE>(a.E);
-  require_smem_fits(smem, "grouped gemm (wgmma) probe");
+  require_smem_fits(smem, "grouped gemm (wgmma) with " + std::to_string(a.E) + " experts");
   auto kern = grouped_sm90_kernel<BN, B_MN, STAGES_T, STORE, LOAD>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int grid = static_cast<int>(std::min<int64_t>(max_tiles, std::max(sm_count, 1)));
-  launch_kernel(kern, grid, THREADS, smem, stream, mx, mw, a);
+  launch_kernel(kern, grid, THREADS, smem, stream, mx, mw, my, a);
+}
+
+// The shape's tile choice, or (forward, 256-wide tile) the bench's probe.
+template <bool B_MN>
+void launch(const TileChoice& tc, const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& my,
+            const Sm90Args& a, int64_t rows, int sm_count, cudaStream_t stream) {
+  const detail::GroupedSm90Probe pr = detail::grouped_gemm_sm90_probe_get();
+  if (tc.bn == 128) return launch_bn<128, B_MN>(mx, mw, my, a, rows, sm_count, stream);
+  if (B_MN || pr.stages == 0) {
+    if (tc.stages == 4) return launch_bn<256, B_MN, 4>(mx, mw, my, a, rows, sm_count, stream);
+    return launch_bn<256, B_MN, 3>(mx, mw, my, a, rows, sm_count, stream);
+  }
+  if constexpr (!B_MN) {
+    if (pr.store && pr.load && pr.stages == 4) return launch_bn<256, false, 4>(mx, mw, my, a, rows, sm_count, stream);
+    if (pr.store && pr.load && pr.stages == 3) return launch_bn<256, false, 3>(mx, mw, my, a, rows, sm_count, stream);
+    if (!pr.store && pr.load && pr.stages == 4)
+      return launch_bn<256, false, 4, false>(mx, mw, my, a, rows, sm_count, stream);
+    if (!pr.store && pr.load && pr.stages == 3)
+      return launch_bn<256, false, 3, false>(mx, mw, my, a, rows, sm_count, stream);
+    if (pr.store && !pr.load && pr.stages == 4)
+      return launch_bn<256, false, 4, true, false>(mx, mw, my, a, rows, sm_count, stream);
+    MT_CUDA_REQUIRE(false, "grouped gemm (wgmma): no probe build for this stage count / store / load choice");
+  }
 }
 
 // The checks both launchers share (TMA: int32 coordinates, 16-byte aligned global addresses).
@@ -246,7 +314,7 @@ void check_launch(const char* op, const void* a, const void* w, const void* out,
                   std::string(op) + ": rows must fit TMA's int32 coordinates, E in [1, 4096], both widths "
                                     "multiples of 8");
   MT_CUDA_REQUIRE(aligned16(a) && aligned16(w) && aligned16(out),
-                  std::string(op) + ": operands and output must be 16-byte aligned (TMA loads, 16-byte stores)");
+                  std::string(op) + ": operands and output must be 16-byte aligned (TMA loads and stores)");
 }
 
 }  // namespace
@@ -276,30 +344,10 @@ void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const i
   const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(E)};
   const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(N) * K * 2};
   const Sm90Args a{offsets, static_cast<bf16*>(y), E, N, K};
-  const CUtensorMap mx = make_map("x", x, 2, xdims, xstrides, BM);
-  if (tile_bn(N, E) == 256) {
-    const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, 256);
-    const detail::GroupedSm90Probe pr = detail::grouped_gemm_sm90_probe_get();
-    if (pr.stages == 0)
-      launch_bn<256, false>(mx, mw, a, rows, sm_count, stream);
-    else if (pr.stages == 2 && pr.store && pr.load)
-      launch_bn<256, false, 2, true, true>(mx, mw, a, rows, sm_count, stream);
-    else if (pr.stages == 2 && !pr.store && pr.load)
-      launch_bn<256, false, 2, false, true>(mx, mw, a, rows, sm_count, stream);
-    else if (pr.stages == 3 && !pr.store && pr.load)
-      launch_bn<256, false, 3, false, true>(mx, mw, a, rows, sm_count, stream);
-    else if (pr.stages == 4 && !pr.store && pr.load)
-      launch_bn<256, false, 4, false, true>(mx, mw, a, rows, sm_count, stream);
-    else if (pr.stages == 3 && !pr.store && !pr.load)
-      launch_bn<256, false, 3, false, false>(mx, mw, a, rows, sm_count, stream);
-    else if (pr.stages == 3 && pr.store && !pr.load)
-      launch_bn<256, false, 3, true, false>(mx, mw, a, rows, sm_count, stream);
-    else
-      MT_CUDA_REQUIRE(false, "grouped gemm (wgmma): no probe build for this stage count / store / load choice");
-  } else {
-    const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, 128);
-    launch_bn<128, false>(mx, mw, a, rows, sm_count, stream);
-  }
+  const CUtensorMap mx = make_map("x", x, 2, xdims, xstrides, BM), my = out_map(y, rows, N);
+  const TileChoice tc = tile_choice(N, E);
+  const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, tc.bn);
+  launch<false>(tc, mx, mw, my, a, rows, sm_count, stream);
 }
 
 void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, const int32_t* offsets, int E,
@@ -313,12 +361,9 @@ void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, con
   const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(J), static_cast<cuuint64_t>(E)};
   const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(J) * K * 2};
   const Sm90Args a{offsets, static_cast<bf16*>(dx), E, K, J};
-  const CUtensorMap my = make_map("dy", dy, 2, ydims, ystrides, BM);
+  const CUtensorMap my = make_map("dy", dy, 2, ydims, ystrides, BM), mo = out_map(dx, rows, K);
   const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, BK);
-  if (tile_bn(K, E) == 256)
-    launch_bn<256, true>(my, mw, a, rows, sm_count, stream);
-  else
-    launch_bn<128, true>(my, mw, a, rows, sm_count, stream);
+  launch<true>(tile_choice(K, E), my, mw, mo, a, rows, sm_count, stream);
 }
 
 }  // namespace detail

@@ -82,23 +82,11 @@ __device__ __forceinline__ void zero_rows(unsigned char* base, int chunks, int v
 }
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
-// ---- TMA stores from shared memory (bulk groups: committed per thread with sm90::bulk_commit, waited for
-// by the same thread)
-__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(src), "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
 __device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
   asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
                "r"(src), "r"(c0), "r"(c1), "r"(c2)
                : "memory");
-}
-// Barrier of one consumer warpgroup (ids 2 and 3; 0 is __syncthreads, 1 the two consumer warpgroups).
-__device__ __forceinline__ void warpgroup_sync(int c) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
 }
 #endif
 

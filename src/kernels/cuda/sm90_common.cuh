@@ -23,17 +23,20 @@ constexpr int BM = 128, BK = 64;
 constexpr int THREADS = 384;  // warpgroup 0 produces, 1 and 2 consume
 constexpr int A_BYTES = BM * BK * 2;  // one x stage: 128 rows of 128 bytes
 
-// STAGES_T / STORE: the bench's mainloop probes only (detail::grouped_gemm_sm90_probe_set): a stage count other
-// than the default, and no output staging (nothing stored, so 4 stages of the 256-wide tile fit).
+// Forward / dgrad tile configuration. The epilogue stages a consumer warpgroup's 64 x BN output in chunks of
+// 64 columns (8 KiB, the 128B-swizzled box a TMA store reads) through two buffers per warpgroup: 32 KiB in
+// all, which leaves room for 4 stages of the 256-wide tile (48 KiB each) where a whole-tile staging buffer
+// per warpgroup (64 KiB) left 3. STAGES: 4 / 5 for BN 256 / 128; 3 for BN 256 where E's offsets leave no room for 4.
+// STORE = false (the bench's probes only, detail::grouped_gemm_sm90_probe_set): no staging, nothing stored.
 template <int BN, int STAGES_T = 0, bool STORE = true>
 struct TileCfg {
-  // Stages plus the epilogue's staging (a bf16 64 x BN buffer per consumer warpgroup): 208 / 192 KiB.
-  static constexpr int STAGES = STAGES_T > 0 ? STAGES_T : (BN == 256 ? 3 : 5);
+  static constexpr int STAGES = STAGES_T > 0 ? STAGES_T : (BN == 256 ? 4 : 5);
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
-  static constexpr int OUT_BYTES = STORE ? 2 * 64 * BN * 2 : 0;
-  static constexpr int BAR_BYTES = 2 * STAGES * 8 + 4 * 8;  // full[STAGES], empty[STAGES], staged[2], free[2]
+  static constexpr int CHUNK_BYTES = 64 * 128;  // [64 rows][64 bf16 columns]
+  static constexpr int OUT_BYTES = STORE ? 2 * 2 * CHUNK_BYTES : 0;  // [consumer warpgroup][buffer]
+  static constexpr int BAR_BYTES = 2 * STAGES * 8 + 8 * 8;  // full[STAGES], empty[STAGES], staged[2][2], free[2][2]
   static_assert(BN == 128 || BN == 256, "wgmma tile width");
 };
 
@@ -339,6 +342,25 @@ __device__ __forceinline__ void bulk_wait_read() {
 template <int N>
 __device__ __forceinline__ void bulk_wait_all() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// ---- TMA stores from shared memory (bulk groups: committed per thread with bulk_commit, waited for by the
+// same thread). The source is a 128B-swizzled box at a 1024-byte aligned address.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1)
+               : "memory");
+}
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+// Barrier of one consumer warpgroup c (ids 2 and 3; 0 is __syncthreads, 1 the two consumer warpgroups).
+__device__ __forceinline__ void warpgroup_sync(int c) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
 }
 
 template <int BN, int TRANS_A, int TRANS_B>

@@ -233,6 +233,22 @@ TEST(CudaGroupedGemm, Sm90ForwardMatchesDoubleReference) {
   for (const GemmCase& c : kSm90Cases) expect_sm90_forward_matches(c);
 }
 
+// The 256-wide tile with 3 stages (what E in the thousands gets; the bench's probe forces it here) on the
+// same cases, and the 4-stage default with the probe's explicit choice.
+TEST(CudaGroupedGemm, Sm90ForwardThreeAndFourStagesMatchDoubleReference) {
+  MT_SKIP_WITHOUT_SM90();
+  ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
+  struct ProbeScope {
+    explicit ProbeScope(int stages) { cuda::detail::grouped_gemm_sm90_probe_set({stages, true, true}); }
+    ~ProbeScope() { cuda::detail::grouped_gemm_sm90_probe_set({}); }
+  };
+  for (int stages : {3, 4}) {
+    SCOPED_TRACE(testing::Message() << stages << " stages");
+    ProbeScope probe(stages);
+    for (const GemmCase& c : kSm90Cases) expect_sm90_forward_matches(c);
+  }
+}
+
 // Layout probe of the wgmma kernel (a failure says which element it read): one expert, 128 rows,
 // Nout 256, K 64 (one stage), x one-hot (x[r][k] = 1 where k = r % 64), so y[r][n] = W[n][r % 64].
 // Run 1 has W[n][k] = k + 1, run 2 W[n][k] = n + 1 (exact in bf16): a wrong output gives the k and
@@ -395,9 +411,9 @@ TEST(CudaGroupedGemm, Sm90WgradMatchesDoubleReference) {
   }
 }
 
-// With thousands of experts the offsets take the shared memory that otherwise holds the output staging:
-// the forward and dgrad fall back to 128-wide column tiles, the wgrad to two staging buffers per consumer
-// warpgroup (rounds of two chunks, the buffers reused within a tile). 3000 experts of 0-3 rows, widths
+// With thousands of experts the offsets take the shared memory of a pipeline stage: the forward and dgrad
+// fall back to 3 stages of the 256-wide tile, the wgrad to two staging buffers per consumer warpgroup
+// (rounds of two chunks, the buffers reused within a tile). 3000 experts of 0-3 rows, widths
 // that pick 256-wide tiles when there is room.
 TEST(CudaGroupedGemm, Sm90WithThousandsOfExperts) {
   MT_SKIP_WITHOUT_SM90();
