@@ -353,6 +353,8 @@ int main(int argc, char** argv) {
       };
       const Probe probes[] = {{"_s3", {3, true, true}},
                               {"_s4", {4, true, true}},
+                              {"_s3", {3, true, true}},
+                              {"_s4", {4, true, true}},
                               {"_s3_nostore", {3, false, true}},
                               {"_s4_nostore", {4, false, true}},
                               {"_s4_noload", {4, true, false}}};
@@ -368,6 +370,9 @@ int main(int argc, char** argv) {
         };
         probe_row("fwd_gate_up_sm90", f_gu, [&] { mt::cuda::grouped_gemm_forward(xg, w1, plan.offsets, gu, st); });
         probe_row("fwd_down_sm90", f_dn, [&] { mt::cuda::grouped_gemm_forward(act, w2, plan.offsets, y, st); });
+        if (!pr.p.store || !pr.p.load) continue;
+        probe_row("dgrad_down_sm90", f_dn, [&] { mt::cuda::grouped_gemm_dgrad(dy, w2, plan.offsets, dact, st); });
+        probe_row("dgrad_gate_up_sm90", f_gu, [&] { mt::cuda::grouped_gemm_dgrad(dgu, w1, plan.offsets, dxg, st); });
       }
     }
     // Memory-bound permutation kernels: bytes moved per call.

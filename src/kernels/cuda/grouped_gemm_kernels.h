@@ -37,9 +37,10 @@ void grouped_gemm_wgrad_sm90_launch(const void* dy, const void* x, int64_t rows,
 // True when the current device would run the sm_90a build of those kernels (a cc 9.0 GPU and a build
 // with 90a in CMAKE_CUDA_ARCHITECTURES).
 bool grouped_gemm_sm90_compiled();
-// The bench's mainloop probes of the Hopper forward's 256-wide tile (process-wide; stages 0 = off, the
-// shape's choice): 3 or 4 stages, with or without output stores (store = false: the tiles are computed and
-// nothing is stored), and 4 stages without TMA loads (load = false: the MMAs read whatever the stages hold).
+// The bench's mainloop probes of the Hopper kernels' 256-wide tile (process-wide; stages 0 = off, the
+// shape's choice): 3 or 4 stages (forward and dgrad); forward only, without output stores (store = false: the
+// tiles are computed and nothing is stored) or 4 stages without TMA loads (load = false: the MMAs read
+// whatever the stages hold).
 // Other choices throw. A probe without stores or loads leaves garbage (or nothing) in the output.
 struct GroupedSm90Probe {
   int stages = 0;

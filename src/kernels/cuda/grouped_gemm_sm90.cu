@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
@@ -261,6 +262,15 @@ TileChoice tile_choice(int N, int E) {
   return {128, TileCfg<128>::STAGES};
 }
 
+// MIXTUNE_GROUPED_DGRAD_STAGES=3 runs the dgrad's 256-wide tile with 3 stages (read once; for measuring).
+int dgrad_stages_env() {
+  static const int v = [] {
+    const char* e = std::getenv("MIXTUNE_GROUPED_DGRAD_STAGES");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
 // y [rows][N] (dgrad: dx [rows][K]) as the epilogue's TMA store target: boxes of [64 rows][64 columns].
 CUtensorMap out_map(void* y, int64_t rows, int N) {
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(rows)};
@@ -288,13 +298,11 @@ void launch(const TileChoice& tc, const CUtensorMap& mx, const CUtensorMap& mw, 
             const Sm90Args& a, int64_t rows, int sm_count, cudaStream_t stream) {
   const detail::GroupedSm90Probe pr = detail::grouped_gemm_sm90_probe_get();
   if (tc.bn == 128) return launch_bn<128, B_MN>(mx, mw, my, a, rows, sm_count, stream);
-  if (B_MN || pr.stages == 0) {
-    if (tc.stages == 4) return launch_bn<256, B_MN, 4>(mx, mw, my, a, rows, sm_count, stream);
+  if (pr.stages == 0 || (pr.store && pr.load && (pr.stages == 3 || pr.stages == 4))) {
+    if ((pr.stages == 0 ? tc.stages : pr.stages) == 4) return launch_bn<256, B_MN, 4>(mx, mw, my, a, rows, sm_count, stream);
     return launch_bn<256, B_MN, 3>(mx, mw, my, a, rows, sm_count, stream);
   }
   if constexpr (!B_MN) {
-    if (pr.store && pr.load && pr.stages == 4) return launch_bn<256, false, 4>(mx, mw, my, a, rows, sm_count, stream);
-    if (pr.store && pr.load && pr.stages == 3) return launch_bn<256, false, 3>(mx, mw, my, a, rows, sm_count, stream);
     if (!pr.store && pr.load && pr.stages == 4)
       return launch_bn<256, false, 4, false>(mx, mw, my, a, rows, sm_count, stream);
     if (!pr.store && pr.load && pr.stages == 3)
@@ -363,7 +371,9 @@ void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, con
   const Sm90Args a{offsets, static_cast<bf16*>(dx), E, K, J};
   const CUtensorMap my = make_map("dy", dy, 2, ydims, ystrides, BM), mo = out_map(dx, rows, K);
   const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, BK);
-  launch<true>(tile_choice(K, E), my, mw, mo, a, rows, sm_count, stream);
+  TileChoice tc = tile_choice(K, E);
+  if (tc.bn == 256 && dgrad_stages_env() == 3) tc.stages = 3;
+  launch<true>(tc, my, mw, mo, a, rows, sm_count, stream);
 }
 
 }  // namespace detail
