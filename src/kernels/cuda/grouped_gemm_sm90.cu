@@ -1,7 +1,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
@@ -262,15 +261,6 @@ TileChoice tile_choice(int N, int E) {
   return {128, TileCfg<128>::STAGES};
 }
 
-// MIXTUNE_GROUPED_DGRAD_STAGES=3 runs the dgrad's 256-wide tile with 3 stages (read once; for measuring).
-int dgrad_stages_env() {
-  static const int v = [] {
-    const char* e = std::getenv("MIXTUNE_GROUPED_DGRAD_STAGES");
-    return e ? std::atoi(e) : 0;
-  }();
-  return v;
-}
-
 // y [rows][N] (dgrad: dx [rows][K]) as the epilogue's TMA store target: boxes of [64 rows][64 columns].
 CUtensorMap out_map(void* y, int64_t rows, int N) {
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(rows)};
@@ -371,9 +361,7 @@ void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, con
   const Sm90Args a{offsets, static_cast<bf16*>(dx), E, K, J};
   const CUtensorMap my = make_map("dy", dy, 2, ydims, ystrides, BM), mo = out_map(dx, rows, K);
   const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, BK);
-  TileChoice tc = tile_choice(K, E);
-  if (tc.bn == 256 && dgrad_stages_env() == 3) tc.stages = 3;
-  launch<true>(tc, my, mw, mo, a, rows, sm_count, stream);
+  launch<true>(tile_choice(K, E), my, mw, mo, a, rows, sm_count, stream);
 }
 
 }  // namespace detail
