@@ -282,7 +282,8 @@ void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& 
   launch_kernel(kern, grid, THREADS, smem, stream, mx, mw, my, a);
 }
 
-// The shape's tile choice, or (forward, 256-wide tile) the bench's probe.
+// The shape's tile choice, or on the 256-wide tile the bench's probe (stages: forward and dgrad; no stores or
+// no loads: forward only).
 template <bool B_MN>
 void launch(const TileChoice& tc, const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& my,
             const Sm90Args& a, int64_t rows, int sm_count, cudaStream_t stream) {
@@ -299,8 +300,9 @@ void launch(const TileChoice& tc, const CUtensorMap& mx, const CUtensorMap& mw, 
       return launch_bn<256, false, 3, false>(mx, mw, my, a, rows, sm_count, stream);
     if (pr.store && !pr.load && pr.stages == 4)
       return launch_bn<256, false, 4, true, false>(mx, mw, my, a, rows, sm_count, stream);
-    MT_CUDA_REQUIRE(false, "grouped gemm (wgmma): no probe build for this stage count / store / load choice");
   }
+  MT_CUDA_REQUIRE(false, std::string("grouped gemm (wgmma): no probe build of the ") + (B_MN ? "dgrad" : "forward") +
+                             " for this stage count / store / load choice");
 }
 
 // The checks both launchers share (TMA: int32 coordinates, 16-byte aligned global addresses).
