@@ -346,15 +346,18 @@ int main(int argc, char** argv) {
                 [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, dw1h, false, st); });
       // Last (the GPU warms up over the run, so rows after them would read slower): mainloop probes of the
       // forward's 256-wide tile (outputs not compared: without stores or loads they are
-      // garbage): stage count, the epilogue's share (no stores), and the tensor cores without TMA loads.
+      // garbage): stage count, the 128 x 384 tile, the epilogue's share (no stores), and the tensor cores without
+      // TMA loads.
       struct Probe {
         const char* suffix;
         det::GroupedSm90Probe p;
       };
       const Probe probes[] = {{"_s3", {3, true, true}},
                               {"_s4", {4, true, true}},
+                              {"_n384", {0, true, true, 384}},
                               {"_s3", {3, true, true}},
                               {"_s4", {4, true, true}},
+                              {"_n384", {0, true, true, 384}},
                               {"_s3_nostore", {3, false, true}},
                               {"_s4_nostore", {4, false, true}},
                               {"_s4_noload", {4, true, false}}};
@@ -370,7 +373,7 @@ int main(int argc, char** argv) {
         };
         probe_row("fwd_gate_up_sm90", f_gu, [&] { mt::cuda::grouped_gemm_forward(xg, w1, plan.offsets, gu, st); });
         probe_row("fwd_down_sm90", f_dn, [&] { mt::cuda::grouped_gemm_forward(act, w2, plan.offsets, y, st); });
-        if (!pr.p.store || !pr.p.load) continue;
+        if (!pr.p.store || !pr.p.load || pr.p.bn != 0) continue;  // the dgrad has the stage probes only
         probe_row("dgrad_down_sm90", f_dn, [&] { mt::cuda::grouped_gemm_dgrad(dy, w2, plan.offsets, dact, st); });
         probe_row("dgrad_gate_up_sm90", f_gu, [&] { mt::cuda::grouped_gemm_dgrad(dgu, w1, plan.offsets, dxg, st); });
       }

@@ -40,11 +40,13 @@ bool grouped_gemm_sm90_compiled();
 // The bench's mainloop probes of the Hopper kernels' 256-wide tile (process-wide; stages 0 = off, the
 // shape's choice): 3 or 4 stages (forward and dgrad); forward only, without output stores (store = false: the
 // tiles are computed and nothing is stored) or 4 stages without TMA loads (load = false: the MMAs read
-// whatever the stages hold).
+// whatever the stages hold); or (bn = 384, forward only) a 128 x 384 tile, 3 stages: 98 FLOP per byte loaded
+// against the 256-wide tile's 85.
 // Other choices throw. A probe without stores or loads leaves garbage (or nothing) in the output.
 struct GroupedSm90Probe {
   int stages = 0;
   bool store = true, load = true;
+  int bn = 0;
 };
 void grouped_gemm_sm90_probe_set(GroupedSm90Probe p);
 GroupedSm90Probe grouped_gemm_sm90_probe_get();

@@ -121,7 +121,10 @@ __global__ void __launch_bounds__(THREADS, 1)
             for (int j = 0; j < BN / 64; ++j)
               tma_load_3d(sB + stage * Cfg::B_BYTES + j * (BK * 128), &map_w, fb, tp.n0 + 64 * j, kb * BK, tp.e);
           } else {
-            tma_load_3d(sB + stage * Cfg::B_BYTES, &map_w, fb, kb * BK, tp.n0, tp.e);
+            // A TMA box holds at most 256 rows: the 384-wide tile's W comes as two boxes of 192.
+#pragma unroll
+            for (int h = 0; h < (BN == 384 ? 2 : 1); ++h)
+              tma_load_3d(sB + stage * Cfg::B_BYTES + h * 192 * 128, &map_w, fb, kb * BK, tp.n0 + 192 * h, tp.e);
           }
           if (++stage == STAGES) stage = 0, phase ^= 1;
         }
@@ -282,14 +285,17 @@ void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& 
   launch_kernel(kern, grid, THREADS, smem, stream, mx, mw, my, a);
 }
 
-// The shape's tile choice, or on the 256-wide tile the bench's probe (stages: forward and dgrad; no stores or
-// no loads: forward only).
+// The shape's tile choice, or on the 256-wide tile the bench's probe (stages: forward and dgrad; no stores, no
+// loads or the 384-wide tile: forward only).
 template <bool B_MN>
 void launch(const TileChoice& tc, const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& my,
             const Sm90Args& a, int64_t rows, int sm_count, cudaStream_t stream) {
   const detail::GroupedSm90Probe pr = detail::grouped_gemm_sm90_probe_get();
+  if constexpr (!B_MN) {
+    if (pr.bn == 384) return launch_bn<384, false>(mx, mw, my, a, rows, sm_count, stream);
+  }
   if (tc.bn == 128) return launch_bn<128, B_MN>(mx, mw, my, a, rows, sm_count, stream);
-  if (pr.stages == 0 || (pr.store && pr.load && (pr.stages == 3 || pr.stages == 4))) {
+  if (pr.bn == 0 && (pr.stages == 0 || (pr.store && pr.load && (pr.stages == 3 || pr.stages == 4)))) {
     if ((pr.stages == 0 ? tc.stages : pr.stages) == 4) return launch_bn<256, B_MN, 4>(mx, mw, my, a, rows, sm_count, stream);
     return launch_bn<256, B_MN, 3>(mx, mw, my, a, rows, sm_count, stream);
   }
@@ -322,15 +328,17 @@ void check_launch(const char* op, const void* a, const void* w, const void* out,
 namespace detail {
 
 namespace {
-std::atomic<int> g_probe{0};  // stages | store << 8 | load << 9; 0 = no probe
+std::atomic<int> g_probe{0};  // stages | store << 8 | load << 9 | (bn == 384) << 10; 0 = no probe
 }  // namespace
 
 void grouped_gemm_sm90_probe_set(GroupedSm90Probe p) {
-  g_probe.store(p.stages == 0 ? 0 : (p.stages | (p.store ? 256 : 0) | (p.load ? 512 : 0)));
+  const bool off = p.stages == 0 && p.bn == 0;
+  g_probe.store(off ? 0 : (p.stages | (p.store ? 256 : 0) | (p.load ? 512 : 0) | (p.bn == 384 ? 1024 : 0)));
 }
 GroupedSm90Probe grouped_gemm_sm90_probe_get() {
   const int v = g_probe.load();
-  return {v & 255, (v & 256) != 0, (v & 512) != 0};
+  if (v == 0) return {};
+  return {v & 255, (v & 256) != 0, (v & 512) != 0, (v & 1024) ? 384 : 0};
 }
 
 bool grouped_gemm_sm90_compiled() { return sm90::device_runs_sm90a<grouped_sm90_kernel<256, false>>(); }
@@ -346,7 +354,8 @@ void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const i
   const Sm90Args a{offsets, static_cast<bf16*>(y), E, N, K};
   const CUtensorMap mx = make_map("x", x, 2, xdims, xstrides, BM), my = out_map(y, rows, N);
   const TileChoice tc = tile_choice(N, E);
-  const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, tc.bn);
+  const bool wide = detail::grouped_gemm_sm90_probe_get().bn == 384;  // W in boxes of 192 rows
+  const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, wide ? 192 : tc.bn);
   launch<false>(tc, mx, mw, my, a, rows, sm_count, stream);
 }
 

@@ -26,18 +26,18 @@ constexpr int A_BYTES = BM * BK * 2;  // one x stage: 128 rows of 128 bytes
 // Forward / dgrad tile configuration. The epilogue stages a consumer warpgroup's 64 x BN output in chunks of
 // 64 columns (8 KiB, the 128B-swizzled box a TMA store reads) through two buffers per warpgroup: 32 KiB in
 // all, which leaves room for 4 stages of the 256-wide tile (48 KiB each) where a whole-tile staging buffer
-// per warpgroup (64 KiB) left 3. STAGES: 4 / 5 for BN 256 / 128; 3 for BN 256 where E's offsets leave no room for 4.
+// per warpgroup (64 KiB) left 3. BN 384 (the bench's probe, two m64n192k16 per k16): 3 stages of 64 KiB. STAGES: 4 / 5 for BN 256 / 128; 3 for BN 256 where E's offsets leave no room for 4.
 // STORE = false (the bench's probes only, detail::grouped_gemm_sm90_probe_set): no staging, nothing stored.
 template <int BN, int STAGES_T = 0, bool STORE = true>
 struct TileCfg {
-  static constexpr int STAGES = STAGES_T > 0 ? STAGES_T : (BN == 256 ? 4 : 5);
+  static constexpr int STAGES = STAGES_T > 0 ? STAGES_T : (BN == 384 ? 3 : BN == 256 ? 4 : 5);
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
   static constexpr int CHUNK_BYTES = 64 * 128;  // [64 rows][64 bf16 columns]
   static constexpr int OUT_BYTES = STORE ? 2 * 2 * CHUNK_BYTES : 0;  // [consumer warpgroup][buffer]
   static constexpr int BAR_BYTES = 2 * STAGES * 8 + 8 * 8;  // full[STAGES], empty[STAGES], staged[2][2], free[2][2]
-  static_assert(BN == 128 || BN == 256, "wgmma tile width");
+  static_assert(BN == 128 || BN == 256 || BN == 384, "wgmma tile width");
 };
 
 // Dynamic shared memory of the forward and dgrad: 1 KiB of slack to align the stages to 1024 bytes (the
@@ -363,9 +363,37 @@ __device__ __forceinline__ void warpgroup_sync(int c) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
 }
 
+// d[OFF .. OFF + 95] += A (64x16) · B (192x16)ᵀ: one half of the 384-wide tile's accumulators.
+template <int OFF, int TRANS_A, int TRANS_B, int R>
+__device__ __forceinline__ void wgmma_m64n192k16(float (&d)[R], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  static_assert(OFF + 96 <= R, "accumulator slice");
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+      "}, %96, %97, p, 1, 1, %99, %100;\n}\n"
+      : "+f"(d[OFF + 0]), "+f"(d[OFF + 1]), "+f"(d[OFF + 2]), "+f"(d[OFF + 3]), "+f"(d[OFF + 4]), "+f"(d[OFF + 5]), "+f"(d[OFF + 6]), "+f"(d[OFF + 7]),
+        "+f"(d[OFF + 8]), "+f"(d[OFF + 9]), "+f"(d[OFF + 10]), "+f"(d[OFF + 11]), "+f"(d[OFF + 12]), "+f"(d[OFF + 13]), "+f"(d[OFF + 14]), "+f"(d[OFF + 15]),
+        "+f"(d[OFF + 16]), "+f"(d[OFF + 17]), "+f"(d[OFF + 18]), "+f"(d[OFF + 19]), "+f"(d[OFF + 20]), "+f"(d[OFF + 21]), "+f"(d[OFF + 22]), "+f"(d[OFF + 23]),
+        "+f"(d[OFF + 24]), "+f"(d[OFF + 25]), "+f"(d[OFF + 26]), "+f"(d[OFF + 27]), "+f"(d[OFF + 28]), "+f"(d[OFF + 29]), "+f"(d[OFF + 30]), "+f"(d[OFF + 31]),
+        "+f"(d[OFF + 32]), "+f"(d[OFF + 33]), "+f"(d[OFF + 34]), "+f"(d[OFF + 35]), "+f"(d[OFF + 36]), "+f"(d[OFF + 37]), "+f"(d[OFF + 38]), "+f"(d[OFF + 39]),
+        "+f"(d[OFF + 40]), "+f"(d[OFF + 41]), "+f"(d[OFF + 42]), "+f"(d[OFF + 43]), "+f"(d[OFF + 44]), "+f"(d[OFF + 45]), "+f"(d[OFF + 46]), "+f"(d[OFF + 47]),
+        "+f"(d[OFF + 48]), "+f"(d[OFF + 49]), "+f"(d[OFF + 50]), "+f"(d[OFF + 51]), "+f"(d[OFF + 52]), "+f"(d[OFF + 53]), "+f"(d[OFF + 54]), "+f"(d[OFF + 55]),
+        "+f"(d[OFF + 56]), "+f"(d[OFF + 57]), "+f"(d[OFF + 58]), "+f"(d[OFF + 59]), "+f"(d[OFF + 60]), "+f"(d[OFF + 61]), "+f"(d[OFF + 62]), "+f"(d[OFF + 63]),
+        "+f"(d[OFF + 64]), "+f"(d[OFF + 65]), "+f"(d[OFF + 66]), "+f"(d[OFF + 67]), "+f"(d[OFF + 68]), "+f"(d[OFF + 69]), "+f"(d[OFF + 70]), "+f"(d[OFF + 71]),
+        "+f"(d[OFF + 72]), "+f"(d[OFF + 73]), "+f"(d[OFF + 74]), "+f"(d[OFF + 75]), "+f"(d[OFF + 76]), "+f"(d[OFF + 77]), "+f"(d[OFF + 78]), "+f"(d[OFF + 79]),
+        "+f"(d[OFF + 80]), "+f"(d[OFF + 81]), "+f"(d[OFF + 82]), "+f"(d[OFF + 83]), "+f"(d[OFF + 84]), "+f"(d[OFF + 85]), "+f"(d[OFF + 86]), "+f"(d[OFF + 87]),
+        "+f"(d[OFF + 88]), "+f"(d[OFF + 89]), "+f"(d[OFF + 90]), "+f"(d[OFF + 91]), "+f"(d[OFF + 92]), "+f"(d[OFF + 93]), "+f"(d[OFF + 94]), "+f"(d[OFF + 95])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
+}
+
 template <int BN, int TRANS_A, int TRANS_B>
 __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  if constexpr (BN == 256)
+  if constexpr (BN == 384) {  // the second half of B starts 192 rows (K-major) or 3 column chunks (MN-major) on: 24 KiB
+    wgmma_m64n192k16<0, TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
+    wgmma_m64n192k16<96, TRANS_A, TRANS_B>(d, desc_a, desc_b + (24576 >> 4), scale_d);
+  } else if constexpr (BN == 256)
     wgmma_m64n256k16<TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
   else
     wgmma_m64n128k16<TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);

@@ -306,12 +306,13 @@ TEST(CudaGroupedGemm, Sm90DgradMatchesDoubleReference) {
 }
 
 // Forward and dgrad on the 256-wide tile with 3 stages (what E in the thousands gets; the bench's probe
-// forces it here) on the same cases, and with the 4-stage default by the probe's explicit choice.
-TEST(CudaGroupedGemm, Sm90ThreeAndFourStagesMatchDoubleReference) {
+// forces it here) on the same cases, with the 4-stage default by the probe's explicit choice, and the forward
+// on the probe's 128 x 384 tile.
+TEST(CudaGroupedGemm, Sm90ProbeTilesMatchDoubleReference) {
   MT_SKIP_WITHOUT_SM90();
   ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
   struct ProbeScope {
-    explicit ProbeScope(int stages) { cuda::detail::grouped_gemm_sm90_probe_set({stages, true, true}); }
+    explicit ProbeScope(int stages, int bn = 0) { cuda::detail::grouped_gemm_sm90_probe_set({stages, true, true, bn}); }
     ~ProbeScope() { cuda::detail::grouped_gemm_sm90_probe_set({}); }
   };
   for (int stages : {3, 4}) {
@@ -322,6 +323,10 @@ TEST(CudaGroupedGemm, Sm90ThreeAndFourStagesMatchDoubleReference) {
       expect_sm90_dgrad_matches(c);
     }
   }
+  // The bench's 128 x 384 tile (forward only; W in two 192-row boxes, two m64n192k16 per k16).
+  SCOPED_TRACE("384-wide tile");
+  ProbeScope probe(0, 384);
+  for (const GemmCase& c : kSm90Cases) expect_sm90_forward_matches(c);
 }
 
 // Layout probe of the wgmma dgrad (N-major B): one expert, 128 rows, reduction Nout 64, output K 256,
