@@ -21,6 +21,7 @@
 #include "cli_process.h"
 #include "distributed/launcher.h"
 #include "distributed/tcp_socket.h"
+#include "../distributed/thread_ranks.h"
 #include "io/safetensors.h"
 #include "train/train_engine.h"
 
@@ -357,8 +358,7 @@ TEST_F(LaunchCli, ResumesAtAnotherExpertParallelLayout) {
 // shared save (node 1's ranks take part, write nothing) leaves the same final model.
 TEST_F(LaunchCli, TwoNodesOnLoopbackTrainLikeOneProcess) {
   ASSERT_EQ(run({"finetune", recipe("single4", 4).string()}, dir / "single4.log"), 0) << slurp(dir / "single4.log");
-  int port = 0;  // a free port for node 0's rendezvous (closed again at once; node 1 retries until it listens)
-  tcp_listen("127.0.0.1", 0, &port, "test: free port");
+  const int port = test::free_port();  // node 0's rendezvous (node 1 retries until it listens)
   const fs::path p = recipe("nodes", 1);
   auto node = [&](int rank) -> std::vector<std::string> {
     return {"launch", "--nproc", "2", "--nnodes", "2", "--node-rank", std::to_string(rank), "--master",

@@ -1,7 +1,9 @@
 // Runs the ranks of a CPU job as threads of one test process, over loopback TCP.
 #pragma once
 #include <exception>
+#include <fstream>
 #include <functional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -11,8 +13,26 @@
 
 namespace mt::test {
 
+// A loopback port for a test's rendezvous, free when checked. Drawn at random below the kernel's ephemeral range
+// (ip_local_port_range): a port the kernel handed out (bind to 0) is closed again before the ranks listen on it,
+// and in that gap the kernel may give it to another test process's outgoing connection as its local port
+// ("Address already in use" under a parallel ctest); below the range only a test drawing the same number can.
 inline int free_port() {
-  int port = 0;
+  int ephemeral_low = 32768;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  if (!(range >> ephemeral_low) || ephemeral_low < 12000) ephemeral_low = 32768;
+  std::mt19937 g(std::random_device{}());
+  std::uniform_int_distribution<int> pick(10000, ephemeral_low - 1);
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int port = pick(g);
+    try {
+      tcp_listen("127.0.0.1", port, nullptr, "test: free port");  // closed again on return
+      return port;
+    } catch (const std::exception&) {
+      // taken: draw again
+    }
+  }
+  int port = 0;  // every draw taken: let the kernel pick one
   tcp_listen("127.0.0.1", 0, &port, "test: free port");
   return port;
 }

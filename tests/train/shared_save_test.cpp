@@ -17,6 +17,7 @@
 #include "../io/io_test_util.h"
 #include "core/error.h"
 #include "distributed/tcp_socket.h"
+#include "../distributed/thread_ranks.h"
 #include "io/checkpoint_files.h"
 #include "io/safetensors.h"
 #include "io/safetensors_shared.h"
@@ -28,15 +29,9 @@ namespace {
 namespace fs = std::filesystem;
 using Named = std::vector<std::pair<std::string, Tensor>>;
 
-int free_port() {
-  int port = 0;
-  tcp_listen("127.0.0.1", 0, &port, "test: free port");
-  return port;
-}
-
 // body(rank, comm) on `world` threads joined by TCP communicators; each rank's error ("" = none).
 std::vector<std::string> run_ranks(int world, const std::function<void(int, Communicator&)>& body) {
-  const int port = free_port();
+  const int port = test::free_port();
   std::vector<std::string> err(world);
   std::vector<std::thread> t;
   for (int r = 0; r < world; ++r)
