@@ -7,6 +7,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_dq_layout.cuh"
+#include "kernels/cuda/rope_math.cuh"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/tensor_checks.h"
 #include "kernels/cuda/kernel_launch.cuh"
@@ -154,12 +155,10 @@ __device__ inline void rope_lane_tables(const RowRope& rope, int64_t t, int lane
 }
 
 // The rotation (or its transpose) of a lane's 8 columns: `own` are columns j.. of the first half (first) or of the
-// second, `partner` the other half's, from the partner lane. Only the lane's own output of each pair is computed:
-// rope_pair_forward_bf16's o1 = bf16(bf16(a·c) + bf16(−b·s)) and o2 = bf16(bf16(b·c) + bf16(a·s)) are both
-// bf16(bf16(own·c) + bf16(partner·s')) with s' = ∓s, and rope_pair_backward's o1 = fma(ga, c, gb·s), o2 = fma(gb, c,
-// −(ga·s)) both fma(own, c, partner·s'') with s'' = ±s (negating a factor negates the product exactly), so the
-// results are those functions' bits at half the arithmetic (the forward is bound by its instruction count, not its
-// loads: query heads 0.0403 -> 0.0278 ms, bench/NOTES.md 72).
+// second, `partner` the other half's, from the partner lane. Only the lane's own output of each pair is computed
+// (rope_math.cuh's one-output formulas, which the RoPE kernels' pair functions are made of): half the arithmetic of
+// computing both and keeping one (the forward is bound by its instruction count, not its loads: query heads
+// 0.0403 -> 0.0278 ms, bench/NOTES.md 72).
 template <bool kBackward>
 __device__ inline void rope_lane(const float (&own)[8], const float (&partner)[8], const float (&c)[8],
                                  const float (&s)[8], bool first, float (&o)[8]) {
@@ -167,10 +166,7 @@ __device__ inline void rope_lane(const float (&own)[8], const float (&partner)[8
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
     const float sp = negate ? -s[e] : s[e];
-    if constexpr (kBackward)
-      o[e] = __fmaf_rn(own[e], c[e], __fmul_rn(partner[e], sp));
-    else
-      o[e] = Elt<bf16>::round(Elt<bf16>::round(own[e] * c[e]) + Elt<bf16>::round(partner[e] * sp));
+    o[e] = kBackward ? rope_out_backward(own[e], partner[e], c[e], sp) : rope_out_forward_bf16(own[e], partner[e], c[e], sp);
   }
 }
 
