@@ -373,7 +373,7 @@ int main(int argc, char** argv) {
         };
         probe_row("fwd_gate_up_sm90", f_gu, [&] { mt::cuda::grouped_gemm_forward(xg, w1, plan.offsets, gu, st); });
         probe_row("fwd_down_sm90", f_dn, [&] { mt::cuda::grouped_gemm_forward(act, w2, plan.offsets, y, st); });
-        if (!pr.p.store || !pr.p.load || pr.p.bn != 0) continue;  // the dgrad has the stage probes only
+        if (!pr.p.store || !pr.p.load) continue;  // the dgrad has the stage and 384-wide probes only
         probe_row("dgrad_down_sm90", f_dn, [&] { mt::cuda::grouped_gemm_dgrad(dy, w2, plan.offsets, dact, st); });
         probe_row("dgrad_gate_up_sm90", f_gu, [&] { mt::cuda::grouped_gemm_dgrad(dgu, w1, plan.offsets, dxg, st); });
       }

@@ -40,7 +40,7 @@ bool grouped_gemm_sm90_compiled();
 // The bench's mainloop probes of the Hopper kernels' 256-wide tile (process-wide; stages 0 = off, the
 // shape's choice): 3 or 4 stages (forward and dgrad); forward only, without output stores (store = false: the
 // tiles are computed and nothing is stored) or 4 stages without TMA loads (load = false: the MMAs read
-// whatever the stages hold); or (bn = 384, forward only) a 128 x 384 tile, 3 stages: 98 FLOP per byte loaded
+// whatever the stages hold); or (bn = 384, forward and dgrad) a 128 x 384 tile, 3 stages: 98 FLOP per byte loaded
 // against the 256-wide tile's 85.
 // Other choices throw; the stage, store and load probes leave a shape that picks the 128-wide tile as it is. A probe
 // without stores or loads leaves garbage (or nothing) in the output.

@@ -251,11 +251,16 @@ __global__ void __launch_bounds__(THREADS, 1)
 }
 
 // Column tile width (pick_bn) and stage count: the 256-wide tile with 4 stages where the shared memory holds
-// them beside E experts' offsets, else with 3 (E in the hundreds), else the 128-wide tile (5 stages).
+// them beside E experts' offsets, else with 3 (E in the hundreds), else the 128-wide tile (5 stages). The
+// 128 x 384 tile (3 stages) where the bench's probe asks for it, or MIXTUNE_WGMMA_BN=384 and the output width is
+// a multiple of 384.
 struct TileChoice {
   int bn, stages;
 };
 TileChoice tile_choice(int N, int E) {
+  if (detail::grouped_gemm_sm90_probe_get().bn == 384 ||
+      (wide_tile_forced() && N % 384 == 0 && smem_bytes<384>(E) <= smem_optin_bytes()))
+    return {384, TileCfg<384>::STAGES};
   if (pick_bn(N) == 256) {
     if (smem_bytes<256>(E) <= smem_optin_bytes()) return {256, TileCfg<256>::STAGES};
     if (smem_bytes<256, 3>(E) <= smem_optin_bytes()) return {256, 3};
@@ -285,15 +290,13 @@ void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& 
   launch_kernel(kern, grid, THREADS, smem, stream, mx, mw, my, a);
 }
 
-// The shape's tile choice, or on the 256-wide tile the bench's probe (stages: forward and dgrad; no stores, no
-// loads or the 384-wide tile: forward only).
+// The shape's tile choice (the 384-wide one included), or on the 256-wide tile the bench's probe: 3 or 4 stages
+// (forward and dgrad), no stores or no loads (forward only).
 template <bool B_MN>
 void launch(const TileChoice& tc, const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& my,
             const Sm90Args& a, int64_t rows, int sm_count, cudaStream_t stream) {
   const detail::GroupedSm90Probe pr = detail::grouped_gemm_sm90_probe_get();
-  if constexpr (!B_MN) {
-    if (pr.bn == 384) return launch_bn<384, false>(mx, mw, my, a, rows, sm_count, stream);
-  }
+  if (tc.bn == 384) return launch_bn<384, B_MN>(mx, mw, my, a, rows, sm_count, stream);
   if (tc.bn == 128) return launch_bn<128, B_MN>(mx, mw, my, a, rows, sm_count, stream);
   if (pr.bn == 0 && (pr.stages == 0 || (pr.store && pr.load && (pr.stages == 3 || pr.stages == 4)))) {
     if ((pr.stages == 0 ? tc.stages : pr.stages) == 4) return launch_bn<256, B_MN, 4>(mx, mw, my, a, rows, sm_count, stream);
@@ -354,8 +357,7 @@ void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const i
   const Sm90Args a{offsets, static_cast<bf16*>(y), E, N, K};
   const CUtensorMap mx = make_map("x", x, 2, xdims, xstrides, BM), my = out_map(y, rows, N);
   const TileChoice tc = tile_choice(N, E);
-  const bool wide = detail::grouped_gemm_sm90_probe_get().bn == 384;  // W in boxes of 192 rows
-  const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, wide ? 192 : tc.bn);
+  const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, tc.bn == 384 ? 192 : tc.bn);  // a box holds <= 256 rows
   launch<false>(tc, mx, mw, my, a, rows, sm_count, stream);
 }
 

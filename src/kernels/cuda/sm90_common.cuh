@@ -476,4 +476,14 @@ inline int pick_bn(int N) {
   return pad256 <= pad128 ? 256 : 128;
 }
 
+// MIXTUNE_WGMMA_BN=384: the forward and dgrad take the 128 x 384 tile where the output width is a multiple of 384
+// (read once; for measuring it in training against the 256-wide tile).
+inline bool wide_tile_forced() {
+  static const bool forced = [] {
+    const char* e = std::getenv("MIXTUNE_WGMMA_BN");
+    return e != nullptr && std::atoi(e) == 384;
+  }();
+  return forced;
+}
+
 }  // namespace mt::cuda::sm90

@@ -323,10 +323,14 @@ TEST(CudaGroupedGemm, Sm90ProbeTilesMatchDoubleReference) {
       expect_sm90_dgrad_matches(c);
     }
   }
-  // The bench's 128 x 384 tile (forward only; W in two 192-row boxes, two m64n192k16 per k16).
+  // The bench's 128 x 384 tile (two m64n192k16 per k16; the forward's W in two 192-row boxes, the dgrad's in six
+  // 64-column boxes).
   SCOPED_TRACE("384-wide tile");
   ProbeScope probe(0, 384);
-  for (const GemmCase& c : kSm90Cases) expect_sm90_forward_matches(c);
+  for (const GemmCase& c : kSm90Cases) {
+    expect_sm90_forward_matches(c);
+    expect_sm90_dgrad_matches(c);
+  }
 }
 
 // Layout probe of the wgmma dgrad (N-major B): one expert, 128 rows, reduction Nout 64, output K 256,
