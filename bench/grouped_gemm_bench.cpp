@@ -4,7 +4,10 @@
 // and the ratio to cuBLASLt.
 //
 // usage: mixtune_bench_grouped_gemm [--tokens N] [--hidden H] [--inter I] [--experts E] [--topk K]
-//                                   [--balanced] [--reps R] [--no-check] [--energy-seconds S]
+//                                   [--balanced] [--reps R] [--no-check] [--energy-seconds S] [--only S]
+// Each "gemm" row also times cuBLASLt's strided batch of E GEMMs of N / E rows each (cublaslt_batched_*): the
+// balanced routing's problem, each expert's weights read for its own rows, as cuBLAS runs it.
+// --only S runs only the GEMM rows whose name contains S (e.g. fwd_gate_up_sm90: short processes to alternate).
 // --energy-seconds S also runs each wgmma op and each cuBLASLt twin back to back for S seconds: sustained TFLOP/s
 // and picojoules per FLOP from the GPU's energy counter (kernels/cuda/gpu_energy.h).
 // --no-check skips the wgmma rows' comparison with mma.sync (each copies the whole output to the host: at
@@ -53,6 +56,9 @@ struct Args {
   bool check = true;  // --no-check: time the wgmma rows only (no mma.sync run, no host comparison)
   int reps = 20;
   double energy_seconds = 0;  // --energy-seconds S: also run each wgmma op and its cuBLASLt twin for S seconds
+  // --only S: run only the GEMM rows whose name contains S (short processes for alternating A/B runs: the rows of
+  // one process drift as the GPU warms, bench/NOTES.md 74).
+  std::string only;
 };
 
 Args parse(int argc, char** argv) {
@@ -84,6 +90,13 @@ Args parse(int argc, char** argv) {
       a.check = false;
     else if (s == "--energy-seconds")
       a.energy_seconds = static_cast<double>(next());
+    else if (s == "--only") {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "--only needs a value\n");
+        std::exit(2);
+      }
+      a.only = argv[++i];
+    }
     else {
       std::fprintf(stderr, "unknown argument %s\n", s.c_str());
       std::exit(2);
@@ -106,6 +119,8 @@ Tensor random_bf16(const mt::Shape& s, uint64_t seed, float scale) {
 //   nt:  C[M][N] (bf16)  = A[M][K] · B[N][K]ᵀ
 //   nn:  C[M][N] (bf16)  = A[M][K] · B[K][N]
 //   tn:  C[M][N] (fp32) += A[K][M]ᵀ · B[K][N]
+// batch > 1: that many independent GEMMs of these sizes, operands and outputs packed one after the other (a
+// strided batch): the balanced grouped GEMM's problem (every expert the same rows) as cuBLAS solves it.
 struct DenseGemm {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
@@ -114,7 +129,8 @@ struct DenseGemm {
   const void *a = nullptr, *b = nullptr;
   void* c = nullptr;
 
-  DenseGemm(const char* kind, int64_t M, int64_t N, int64_t K, const void* A, const void* B, void* C)
+  DenseGemm(const char* kind, int64_t M, int64_t N, int64_t K, const void* A, const void* B, void* C,
+            int64_t batch = 1)
       : a(A), b(B), c(C) {
     mt::cuda::DeviceContext& ctx = mt::cuda::device_context(0);
     // Column-major view: Cc [N, M] = op(Bc) · op(Ac), the arguments swapped.
@@ -140,6 +156,17 @@ struct DenseGemm {
     MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, first_rows, first_cols, first_ld));
     MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, second_rows, second_cols, second_ld));
     MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, ct, N, M, N));
+    if (batch > 1) {
+      const int32_t count = static_cast<int32_t>(batch);
+      const int64_t strides[3] = {first_rows * first_cols, second_rows * second_cols, M * N};
+      cublasLtMatrixLayout_t layouts[3] = {la, lb, lc};
+      for (int i = 0; i < 3; ++i) {
+        MT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                         sizeof(count)));
+        MT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                         &strides[i], sizeof(strides[i])));
+      }
+    }
     cublasLtMatmulPreference_t pref;
     MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = ctx.workspace_bytes;
@@ -227,51 +254,65 @@ int main(int argc, char** argv) {
     // Dense operands for cuBLASLt of the same sizes (one big "expert").
     Tensor dense_w1 = random_bf16({2 * I, H}, 12, 0.02f), dense_w2 = random_bf16({H, I}, 13, 0.02f);
     Tensor ddw1 = zeros_f32({2 * I, H}), ddw2 = zeros_f32({H, I});
+    Tensor dw1b = zeros_f32({E, 2 * I, H}), dw2b = zeros_f32({E, H, I});  // the batched wgrad's own dW
     Tensor dense_out = Tensor::empty({N, 2 * I}, DType::BF16, mt::Device::cuda(0));
     Tensor dense_out2 = Tensor::empty({N, H}, DType::BF16, mt::Device::cuda(0));
     Tensor dense_out3 = Tensor::empty({N, I}, DType::BF16, mt::Device::cuda(0));
 
     struct Row {
       std::string op;
-      double flops, ms, dense_ms;
+      double flops, ms, dense_ms, batched_ms;
       Sustained dense_sustained;
     };
     std::vector<Row> rows;
-    auto gemm_row = [&](const char* op, double flops, auto&& grouped, DenseGemm& dense) {
+    const auto selected = [&](const std::string& op) { return a.only.empty() || op.find(a.only) != std::string::npos; };
+    // Every expert with the same rows, Mb = N / E (the balanced routing's count): what the weight re-reads of
+    // 128 small GEMMs leave cuBLAS (the dense GEMM reads one weight matrix for all N rows).
+    const int64_t Mb = N / E;
+    // batched: the strided-batch twin, its FLOPs 2 · E · Mb · (its sizes) = flops · E · Mb / N.
+    auto gemm_row = [&](const char* op, double flops, auto&& grouped, DenseGemm& dense, DenseGemm& batched) {
+      if (!selected(op)) return;
       const double ms = time_ms(a.reps, st, grouped);
       const double dms = time_ms(a.reps, st, [&] { dense.run(); });
-      rows.push_back({op, flops, ms, dms, sustained(a.energy_seconds, flops, st, [&] { dense.run(); })});
+      const double bms = time_ms(a.reps, st, [&] { batched.run(); });
+      rows.push_back({op, flops, ms, dms, bms, sustained(a.energy_seconds, flops, st, [&] { dense.run(); })});
     };
     const double f_gu = 2.0 * N * (2 * I) * H, f_dn = 2.0 * N * H * I;
     {
       DenseGemm d("nt", N, 2 * I, H, xg.data(), dense_w1.data(), dense_out.data());
+      DenseGemm b("nt", Mb, 2 * I, H, xg.data(), w1.data(), dense_out.data(), E);
       gemm_row(
-          "fwd_gate_up", f_gu, [&] { mt::cuda::grouped_gemm_forward(xg, w1, plan.offsets, gu, st); }, d);
+          "fwd_gate_up", f_gu, [&] { mt::cuda::grouped_gemm_forward(xg, w1, plan.offsets, gu, st); }, d, b);
     }
     {
       DenseGemm d("nt", N, H, I, act.data(), dense_w2.data(), dense_out2.data());
+      DenseGemm b("nt", Mb, H, I, act.data(), w2.data(), dense_out2.data(), E);
       gemm_row(
-          "fwd_down", f_dn, [&] { mt::cuda::grouped_gemm_forward(act, w2, plan.offsets, y, st); }, d);
+          "fwd_down", f_dn, [&] { mt::cuda::grouped_gemm_forward(act, w2, plan.offsets, y, st); }, d, b);
     }
     {
       DenseGemm d("nn", N, I, H, dy.data(), dense_w2.data(), dense_out3.data());
+      DenseGemm b("nn", Mb, I, H, dy.data(), w2.data(), dense_out3.data(), E);
       gemm_row(
-          "dgrad_down", f_dn, [&] { mt::cuda::grouped_gemm_dgrad(dy, w2, plan.offsets, dact, st); }, d);
+          "dgrad_down", f_dn, [&] { mt::cuda::grouped_gemm_dgrad(dy, w2, plan.offsets, dact, st); }, d, b);
     }
     {
       DenseGemm d("nn", N, H, 2 * I, dgu.data(), dense_w1.data(), dense_out2.data());
+      DenseGemm b("nn", Mb, H, 2 * I, dgu.data(), w1.data(), dense_out2.data(), E);
       gemm_row(
-          "dgrad_gate_up", f_gu, [&] { mt::cuda::grouped_gemm_dgrad(dgu, w1, plan.offsets, dxg, st); }, d);
+          "dgrad_gate_up", f_gu, [&] { mt::cuda::grouped_gemm_dgrad(dgu, w1, plan.offsets, dxg, st); }, d, b);
     }
     {
       DenseGemm d("tn", H, I, N, dy.data(), act.data(), ddw2.data());
+      DenseGemm b("tn", H, I, Mb, dy.data(), act.data(), dw2b.data(), E);
       gemm_row(
-          "wgrad_down", f_dn, [&] { mt::cuda::grouped_gemm_wgrad(dy, act, plan.offsets, dw2, true, st); }, d);
+          "wgrad_down", f_dn, [&] { mt::cuda::grouped_gemm_wgrad(dy, act, plan.offsets, dw2, true, st); }, d, b);
     }
     {
       DenseGemm d("tn", 2 * I, H, N, dgu.data(), xg.data(), ddw1.data());
+      DenseGemm b("tn", 2 * I, H, Mb, dgu.data(), xg.data(), dw1b.data(), E);
       gemm_row(
-          "wgrad_gate_up", f_gu, [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, dw1, true, st); }, d);
+          "wgrad_gate_up", f_gu, [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, dw1, true, st); }, d, b);
     }
     // The Hopper forward (TMA + wgmma) on the same operands, and how far its output is from mma.sync's.
     struct Sm90Row {
@@ -285,6 +326,7 @@ int main(int argc, char** argv) {
     if (ctx.cc_major == 9 && det::grouped_gemm_sm90_compiled()) {
       // run() writes `out`; it runs once on each kernel (compared), then timed() is timed on the wgmma one.
       auto sm90_row2 = [&](const char* op, double flops, Tensor& out, auto&& run, auto&& timed) {
+        if (!selected(op)) return;
         if (!a.check) {
           det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Wgmma);
           const double ms = time_ms(a.reps, st, timed);
@@ -363,6 +405,7 @@ int main(int argc, char** argv) {
                               {"_s4_noload", {4, true, false}}};
       for (const Probe& pr : probes) {
         auto probe_row = [&](const char* op, double flops, auto&& run) {
+          if (!selected(std::string(op) + pr.suffix)) return;
           det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Wgmma);
           det::grouped_gemm_sm90_probe_set(pr.p);
           const double ms = time_ms(a.reps, st, run);
@@ -407,12 +450,15 @@ int main(int argc, char** argv) {
       tot_flops += r.flops, tot_ms += r.ms, tot_dense += r.dense_ms;
       std::printf(
           "  {\"op\": \"%s\", \"gflop\": %.1f, \"ms\": %.4f, \"tflops\": %.1f, \"cublaslt_dense_ms\": %.4f, "
-          "\"cublaslt_dense_tflops\": %.1f, \"ratio_to_dense\": %.3f%s}%s\n",
+          "\"cublaslt_dense_tflops\": %.1f, \"ratio_to_dense\": %.3f, \"cublaslt_batched_rows\": %lld, "
+          "\"cublaslt_batched_ms\": %.4f, \"cublaslt_batched_tflops\": %.1f%s}%s\n",
           r.op.c_str(), r.flops * 1e-9, r.ms, r.flops / r.ms * 1e-9, r.dense_ms, r.flops / r.dense_ms * 1e-9,
-          r.dense_ms / r.ms, sustained_json(r.dense_sustained, "cublaslt_dense_").c_str(), i + 1 < rows.size() ? "," : "");
+          r.dense_ms / r.ms, static_cast<long long>(Mb), r.batched_ms,
+          r.flops * static_cast<double>(E * Mb) / static_cast<double>(N) / r.batched_ms * 1e-9,
+          sustained_json(r.dense_sustained, "cublaslt_dense_").c_str(), i + 1 < rows.size() ? "," : "");
     }
     std::printf(" ],\n \"gemm_total\": {\"ms\": %.4f, \"tflops\": %.1f, \"cublaslt_dense_tflops\": %.1f},\n", tot_ms,
-                tot_flops / tot_ms * 1e-9, tot_flops / tot_dense * 1e-9);
+                tot_ms > 0 ? tot_flops / tot_ms * 1e-9 : 0.0, tot_dense > 0 ? tot_flops / tot_dense * 1e-9 : 0.0);
     std::printf(" \"gemm_sm90\": [\n");
     for (size_t i = 0; i < sm90.size(); ++i) {
       const Sm90Row& r = sm90[i];
