@@ -18,8 +18,7 @@
 //
 // Block = 3 warpgroups (384 threads), one block per SM, persistent over the tiles:
 //   warpgroup 0: producer. One thread issues, per k-step, a TMA load of the x tile [128 rows][64 k]
-//                (64 rows where the tile holds no more: only consumer 0 computes then) and of the W_e tile
-//                [BN rows][64 k] into stage s, arming full[s] with the byte count.
+//                and of the W_e tile [BN rows][64 k] into stage s, arming full[s] with the byte count.
 //   warpgroups 1, 2: consumers, rows 64·c .. 64·c + 63 of the 128-row tile, all BN columns, fp32
 //                accumulators in registers (BN / 2 per thread). Per k-step: wait full[s], four
 //                wgmma m64nBNk16 (k = 16 each), commit; once the previous step's group has completed
@@ -60,9 +59,8 @@ struct Sm90Args {
 // MMAs read whatever the stages hold).
 template <int BN, bool B_MN, int STAGES_T = 0, bool STORE = true, bool LOAD = true>
 __global__ void __launch_bounds__(THREADS, 1)
-    grouped_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_x_half,
-                        const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_y,
-                        Sm90Args p) {
+    grouped_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
+                        const __grid_constant__ CUtensorMap map_y, Sm90Args p) {
   pdl_wait();
 #if MT_SM90A_DEVICE
   using Cfg = TileCfg<BN, STAGES_T, STORE>;
@@ -102,15 +100,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (tid == 0) {
       tma_prefetch_map(&map_x);
-      tma_prefetch_map(&map_x_half);
       tma_prefetch_map(&map_w);
       int stage = 0;
       uint32_t phase = 0;
       for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
-        // An expert's last tile holding <= 64 rows: only consumer warpgroup 0 computes, so only its 64 rows of x
-        // are loaded (40 of 48 KiB per k-step on the 256-wide tile; these tiles are bounded by their loads).
-        const bool half = tp.row_end - tp.row0 <= 64;
         for (int kb = 0; kb < KT; ++kb) {
           mbar_wait(empty_bar + 8 * stage, phase ^ 1);
           const uint32_t fb = full_bar + 8 * stage;
@@ -120,8 +114,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             continue;
           }
           // Full box bytes even where the box runs past the tensor (TMA counts the zero fill).
-          mbar_arrive_expect_tx(fb, half ? Cfg::STAGE_BYTES - A_BYTES / 2 : Cfg::STAGE_BYTES);
-          tma_load_2d(sA + stage * A_BYTES, half ? &map_x_half : &map_x, fb, kb * BK, tp.row0);
+          mbar_arrive_expect_tx(fb, Cfg::STAGE_BYTES);
+          tma_load_2d(sA + stage * A_BYTES, &map_x, fb, kb * BK, tp.row0);
           if constexpr (B_MN) {
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j)
@@ -283,8 +277,8 @@ CUtensorMap out_map(void* y, int64_t rows, int N) {
 }
 
 template <int BN, bool B_MN, int STAGES_T = 0, bool STORE = true, bool LOAD = true>
-void launch_bn(const CUtensorMap& mx, const CUtensorMap& mxh, const CUtensorMap& mw, const CUtensorMap& my,
-               const Sm90Args& a, int64_t rows, int sm_count, cudaStream_t stream) {
+void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& my, const Sm90Args& a, int64_t rows,
+               int sm_count, cudaStream_t stream) {
   const int64_t max_tiles = (rows / BM + a.E) * ((a.N + BN - 1) / BN);
   if (max_tiles <= 0) return;
   MT_CUDA_REQUIRE(max_tiles < (int64_t{1} << 31), "grouped gemm (wgmma): more than 2^31 tiles");
@@ -293,28 +287,28 @@ void launch_bn(const CUtensorMap& mx, const CUtensorMap& mxh, const CUtensorMap&
   auto kern = grouped_sm90_kernel<BN, B_MN, STAGES_T, STORE, LOAD>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int grid = static_cast<int>(std::min<int64_t>(max_tiles, std::max(sm_count, 1)));
-  launch_kernel(kern, grid, THREADS, smem, stream, mx, mxh, mw, my, a);
+  launch_kernel(kern, grid, THREADS, smem, stream, mx, mw, my, a);
 }
 
 // The shape's tile choice (the 384-wide one included), or on the 256-wide tile the bench's probe: 3 or 4 stages
 // (forward and dgrad), no stores or no loads (forward only).
 template <bool B_MN>
-void launch(const TileChoice& tc, const CUtensorMap& mx, const CUtensorMap& mxh, const CUtensorMap& mw,
-            const CUtensorMap& my, const Sm90Args& a, int64_t rows, int sm_count, cudaStream_t stream) {
+void launch(const TileChoice& tc, const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& my,
+            const Sm90Args& a, int64_t rows, int sm_count, cudaStream_t stream) {
   const detail::GroupedSm90Probe pr = detail::grouped_gemm_sm90_probe_get();
-  if (tc.bn == 384) return launch_bn<384, B_MN>(mx, mxh, mw, my, a, rows, sm_count, stream);
-  if (tc.bn == 128) return launch_bn<128, B_MN>(mx, mxh, mw, my, a, rows, sm_count, stream);
+  if (tc.bn == 384) return launch_bn<384, B_MN>(mx, mw, my, a, rows, sm_count, stream);
+  if (tc.bn == 128) return launch_bn<128, B_MN>(mx, mw, my, a, rows, sm_count, stream);
   if (pr.bn == 0 && (pr.stages == 0 || (pr.store && pr.load && (pr.stages == 3 || pr.stages == 4)))) {
-    if ((pr.stages == 0 ? tc.stages : pr.stages) == 4) return launch_bn<256, B_MN, 4>(mx, mxh, mw, my, a, rows, sm_count, stream);
-    return launch_bn<256, B_MN, 3>(mx, mxh, mw, my, a, rows, sm_count, stream);
+    if ((pr.stages == 0 ? tc.stages : pr.stages) == 4) return launch_bn<256, B_MN, 4>(mx, mw, my, a, rows, sm_count, stream);
+    return launch_bn<256, B_MN, 3>(mx, mw, my, a, rows, sm_count, stream);
   }
   if constexpr (!B_MN) {
     if (!pr.store && pr.load && pr.stages == 4)
-      return launch_bn<256, false, 4, false>(mx, mxh, mw, my, a, rows, sm_count, stream);
+      return launch_bn<256, false, 4, false>(mx, mw, my, a, rows, sm_count, stream);
     if (!pr.store && pr.load && pr.stages == 3)
-      return launch_bn<256, false, 3, false>(mx, mxh, mw, my, a, rows, sm_count, stream);
+      return launch_bn<256, false, 3, false>(mx, mw, my, a, rows, sm_count, stream);
     if (pr.store && !pr.load && pr.stages == 4)
-      return launch_bn<256, false, 4, true, false>(mx, mxh, mw, my, a, rows, sm_count, stream);
+      return launch_bn<256, false, 4, true, false>(mx, mw, my, a, rows, sm_count, stream);
   }
   MT_CUDA_REQUIRE(false, std::string("grouped gemm (wgmma): no probe build of the ") + (B_MN ? "dgrad" : "forward") +
                              " for this stage count / store / load choice");
@@ -361,11 +355,10 @@ void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const i
   const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(E)};
   const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(N) * K * 2};
   const Sm90Args a{offsets, static_cast<bf16*>(y), E, N, K};
-  const CUtensorMap mx = make_map("x", x, 2, xdims, xstrides, BM), mxh = make_map("x", x, 2, xdims, xstrides, BM / 2);
-  const CUtensorMap my = out_map(y, rows, N);
+  const CUtensorMap mx = make_map("x", x, 2, xdims, xstrides, BM), my = out_map(y, rows, N);
   const TileChoice tc = tile_choice(N, E);
   const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, tc.bn == 384 ? 192 : tc.bn);  // a box holds <= 256 rows
-  launch<false>(tc, mx, mxh, mw, my, a, rows, sm_count, stream);
+  launch<false>(tc, mx, mw, my, a, rows, sm_count, stream);
 }
 
 void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, const int32_t* offsets, int E,
@@ -379,10 +372,9 @@ void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, con
   const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(J), static_cast<cuuint64_t>(E)};
   const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(J) * K * 2};
   const Sm90Args a{offsets, static_cast<bf16*>(dx), E, K, J};
-  const CUtensorMap my = make_map("dy", dy, 2, ydims, ystrides, BM), myh = make_map("dy", dy, 2, ydims, ystrides, BM / 2);
-  const CUtensorMap mo = out_map(dx, rows, K);
+  const CUtensorMap my = make_map("dy", dy, 2, ydims, ystrides, BM), mo = out_map(dx, rows, K);
   const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, BK);
-  launch<true>(tile_choice(K, E), my, myh, mw, mo, a, rows, sm_count, stream);
+  launch<true>(tile_choice(K, E), my, mw, mo, a, rows, sm_count, stream);
 }
 
 }  // namespace detail
