@@ -23,8 +23,7 @@
 //                accumulators in registers (BN / 2 per thread). Per k-step: wait full[s], four
 //                wgmma m64nBNk16 (k = 16 each), commit; once the previous step's group has completed
 //                (wait_group 1) its stage is handed back through empty[s]. A warpgroup whose rows all
-//                lie past the expert's end skips its MMAs; on the 256-wide tile, an expert's last tile
-//                with <= 64 rows is split by columns instead (both warpgroups on rows 0 .. 63, 128 columns each). Epilogue: the warpgroup writes its 64 x BN
+//                lie past the expert's end skips its MMAs. Epilogue: the warpgroup writes its 64 x BN
 //                tile as bf16 in chunks of 64 columns into two alternating 8 KiB buffers (the 128B-swizzled
 //                layout of a TMA box) and goes on; warp 1 + c of the producer warpgroup (idle otherwise)
 //                stores each chunk, by one TMA tensor store, or, when the slab runs past its expert's end
@@ -138,13 +137,11 @@ __global__ void __launch_bounds__(THREADS, 1)
       uint32_t n = 0;
       for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
-        const bool split = BN == 256 && tp.row_end - tp.row0 <= 64;  // as the consumers decide it
-        const int my_row0 = split ? tp.row0 : tp.row0 + 64 * c;
+        const int my_row0 = tp.row0 + 64 * c;
         if (my_row0 >= tp.row_end) continue;
         const int rows = min(64, tp.row_end - my_row0);
-        const int nch = split ? BN / 128 : BN / 64, cbase = split ? tp.n0 + (BN / 2) * c : tp.n0;
-        for (int ch = 0; ch < nch; ++ch, ++n) {
-          const int b = n & 1, col0 = cbase + 64 * ch;
+        for (int ch = 0; ch < BN / 64; ++ch, ++n) {
+          const int b = n & 1, col0 = tp.n0 + 64 * ch;
           const uint32_t buf = sOut + (c * 2 + b) * CHUNK;
           mbar_wait(staged_bar + 8 * (2 * c + b), (n >> 1) & 1);
           if (rows == 64) {
@@ -157,7 +154,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
           } else {
             // The expert ends inside this slab: rows past `rows` belong to the next expert, never stored.
-#pragma unroll 1  // unrolling spills at the storer warp's 40 registers
+#pragma unroll 2  // unroll 4 spills at the storer warp's 40 registers
             for (int idx = lane; idx < rows * 8; idx += 32) {
               const int row = idx >> 3, u = idx & 7, col = col0 + 8 * u;  // Nout % 8 == 0: whole units
               const uint4 v = lds_u32x4(buf + row * 128 + ((u ^ (row & 7)) << 4));
@@ -187,13 +184,9 @@ __global__ void __launch_bounds__(THREADS, 1)
       // waits on every stage and hands it back, so the barrier phases stay in step. (Written as a loop
       // bound, not a branch around the MMAs: ptxas serialises wgmma inside a divergent branch.)
       const int my_row0 = tp.row0 + 64 * c;
-      // A 256-wide tile whose expert ends within its first 64 rows is split by columns: both warpgroups compute
-      // those rows, warpgroup c for columns 128c .. 128c + 127 (m64n128k16 on that half of the W tile), instead
-      // of warpgroup 0 alone at the one-warpgroup pace (bench/NOTES.md 78).
-      const bool split = BN == 256 && tp.row_end - tp.row0 <= 64;
-      const bool active = my_row0 < tp.row_end || split;
+      const bool active = my_row0 < tp.row_end;
       int prev = 0;
-      const int kt_mma = active && !split ? KT : 0, kt_split = split ? KT : 0;
+      const int kt_mma = active ? KT : 0;
       for (int kb = 0; kb < kt_mma; ++kb) {
         mbar_wait(full_bar + 8 * stage, phase);
         const uint64_t da = smem_desc(sA + stage * A_BYTES + c * 64 * 128);
@@ -212,28 +205,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         prev = stage;
         if (++stage == STAGES) stage = 0, phase ^= 1;
       }
-      if constexpr (BN == 256) {
-        for (int kb = 0; kb < kt_split; ++kb) {
-          mbar_wait(full_bar + 8 * stage, phase);
-          const uint64_t da = smem_desc(sA + stage * A_BYTES);  // rows 0 .. 63 for both warpgroups
-          // Half c of the W tile: 128 K-major rows, or (dgrad) two of the four 64-column boxes: 16 KiB on either way.
-          const uint32_t b_at = sB + stage * Cfg::B_BYTES + c * 16384;
-          const uint64_t db = B_MN ? smem_desc_mn(b_at) : smem_desc(b_at);
-          constexpr int b_step = B_MN ? (16 * 128) >> 4 : 2;
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < BK / 16; ++kk)
-            wgmma_m64n128k16_at<0, 0, B_MN ? 1 : 0>(acc, da + 2 * kk, db + b_step * kk, (kb | kk) != 0);
-          wgmma_commit();
-          if (kb > 0) {
-            wgmma_wait<1>();
-            mbar_arrive(empty_bar + 8 * prev);
-          }
-          prev = stage;
-          if (++stage == STAGES) stage = 0, phase ^= 1;
-        }
-      }
-      for (int kb = kt_mma + kt_split; kb < KT; ++kb) {
+      for (int kb = kt_mma; kb < KT; ++kb) {
         mbar_wait(full_bar + 8 * stage, phase);
         if (kb > 0) mbar_arrive(empty_bar + 8 * prev);
         prev = stage;
@@ -255,10 +227,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       // warpgroup ([64 rows][128 bytes], 16-byte unit u of row r at unit u ^ (r % 8): conflict-free writes, and
       // the layout a 128B-swizzled TMA box reads), once the storer warp has handed that buffer back.
       const int r0 = 16 * w + g;
-      const int nch = split ? BN / 128 : BN / 64;  // a split tile: this warpgroup's 128 columns (acc[0 .. 63])
 #pragma unroll
       for (int ch = 0; ch < BN / 64; ++ch, ++n) {
-        if (ch >= nch) break;
         const int b = n & 1;
         const uint32_t buf = sOut + (c * 2 + b) * CHUNK;
         mbar_wait(free_bar + 8 * (2 * c + b), ((n >> 1) & 1) ^ 1);
