@@ -386,15 +386,17 @@ int main(int argc, char** argv) {
       sm90_row2("wgrad_gate_up_bf16dw_store_sm90", f_gu, dw1h,
                 [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, dw1h, false, st); },
                 [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, dw1h, false, st); });
-      // Last (the GPU warms up over the run, so rows after them would read slower): mainloop probes of the
-      // forward's 256-wide tile (outputs not compared: without stores or loads they are
-      // garbage): stage count, the 128 x 384 tile, the epilogue's share (no stores), and the tensor cores without
-      // TMA loads.
+      // Last (the GPU warms up over the run, so rows after them would read slower): the claimed-tile schedule
+      // (`_dyn`), then mainloop probes of the forward's 256-wide tile (outputs not compared: without stores or
+      // loads they are garbage): stage count, the 128 x 384 tile, the epilogue's share (no stores), and the tensor
+      // cores without TMA loads.
       struct Probe {
         const char* suffix;
         det::GroupedSm90Probe p;
+        bool dynamic = false;  // the claimed-tile schedule (detail::grouped_gemm_sm90_dynamic_set)
       };
-      const Probe probes[] = {{"_s3", {3, true, true}},
+      const Probe probes[] = {{"_dyn", {}, true},
+                              {"_s3", {3, true, true}},
                               {"_s4", {4, true, true}},
                               {"_n384", {0, true, true, 384}},
                               {"_s3", {3, true, true}},
@@ -408,8 +410,10 @@ int main(int argc, char** argv) {
           if (!selected(std::string(op) + pr.suffix)) return;
           det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Wgmma);
           det::grouped_gemm_sm90_probe_set(pr.p);
+          det::grouped_gemm_sm90_dynamic_set(pr.dynamic ? 1 : 0);
           const double ms = time_ms(a.reps, st, run);
           const Sustained sus = sustained(a.energy_seconds, flops, st, run);
+          det::grouped_gemm_sm90_dynamic_set(-1);
           det::grouped_gemm_sm90_probe_set({});
           det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Auto);
           sm90.push_back({std::string(op) + pr.suffix, flops, ms, 0.0, 0.0, 0, sus});

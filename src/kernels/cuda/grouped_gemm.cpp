@@ -40,6 +40,15 @@ bool use_wgmma(const char* op, const DeviceContext& ctx, int64_t rows) {
 }
 
 
+// A claimed-tile kernel's counter (the wgrad's always, the forward/dgrad's with grouped_gemm_sm90_dynamic): a
+// zeroed device int from the caching allocator (released in stream order after the launch, so concurrent
+// launches never share one).
+Tensor tile_counter(Device device, cudaStream_t stream) {
+  Tensor counter = Tensor::empty({1}, DType::I32, device);
+  fill_zero_async(counter, stream);
+  return counter;
+}
+
 void check_common(const char* op, const Tensor& offsets, int64_t E, int64_t nout, int64_t k,
                   std::initializer_list<const Tensor*> data) {
   check_device_tensor(offsets, "grouped gemm offsets", DType::I32, {E + 1});
@@ -63,10 +72,12 @@ void grouped_gemm_forward(const Tensor& x, const Tensor& w, const Tensor& offset
   check_device_tensor(y, "grouped gemm y", DType::BF16, {N, Nout});
   check_common("grouped gemm forward", offsets, E, Nout, K, {&x, &w, &y});
   DeviceContext& ctx = device_context(x.device().index);
-  if (use_wgmma("grouped gemm forward", ctx, N))
+  if (use_wgmma("grouped gemm forward", ctx, N)) {
+    Tensor counter = detail::grouped_gemm_sm90_dynamic() ? tile_counter(x.device(), stream) : Tensor();
     detail::grouped_gemm_fwd_sm90_launch(x.data(), w.data(), y.data(), offsets.data_as<int32_t>(), static_cast<int>(E),
-                                         N, static_cast<int>(Nout), static_cast<int>(K), ctx.sm_count, stream);
-  else
+                                         N, static_cast<int>(Nout), static_cast<int>(K), ctx.sm_count,
+                                         counter.defined() ? counter.data_as<int32_t>() : nullptr, stream);
+  } else
     detail::grouped_gemm_fwd_launch(x.data(), w.data(), y.data(), offsets.data_as<int32_t>(), static_cast<int>(E), N,
                                     static_cast<int>(Nout), static_cast<int>(K), ctx.sm_count, stream);
 }
@@ -80,24 +91,17 @@ void grouped_gemm_dgrad(const Tensor& dy, const Tensor& w, const Tensor& offsets
   check_device_tensor(dx, "grouped gemm dx", DType::BF16, {N, K});
   check_common("grouped gemm dgrad", offsets, E, Nout, K, {&dy, &w, &dx});
   DeviceContext& ctx = device_context(dy.device().index);
-  if (use_wgmma("grouped gemm dgrad", ctx, N))
+  if (use_wgmma("grouped gemm dgrad", ctx, N)) {
+    Tensor counter = detail::grouped_gemm_sm90_dynamic() ? tile_counter(dy.device(), stream) : Tensor();
     detail::grouped_gemm_dgrad_sm90_launch(dy.data(), w.data(), dx.data(), offsets.data_as<int32_t>(),
                                            static_cast<int>(E), N, static_cast<int>(Nout), static_cast<int>(K),
-                                           ctx.sm_count, stream);
-  else
+                                           ctx.sm_count, counter.defined() ? counter.data_as<int32_t>() : nullptr,
+                                           stream);
+  } else
     detail::grouped_gemm_dgrad_launch(dy.data(), w.data(), dx.data(), offsets.data_as<int32_t>(), static_cast<int>(E),
                                       N, static_cast<int>(Nout), static_cast<int>(K), ctx.sm_count, stream);
 }
 
-namespace {
-// The wgmma wgrad's tile counter: a zeroed device int from the caching allocator (released in stream
-// order after the launch, so concurrent wgrads never share one).
-Tensor tile_counter(Device device, cudaStream_t stream) {
-  Tensor counter = Tensor::empty({1}, DType::I32, device);
-  fill_zero_async(counter, stream);
-  return counter;
-}
-}  // namespace
 
 void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets, Tensor& dw, bool accumulate,
                         cudaStream_t stream) {

@@ -23,10 +23,17 @@ void grouped_gemm_wgrad_launch(const void* dy, const void* x, void* dw, bool dw_
 // Hopper kernels (grouped_gemm_sm90.cu: TMA + wgmma), same contracts as grouped_gemm_fwd_launch and
 // grouped_gemm_dgrad_launch; operands must be 16-byte aligned (TMA) and rows < 2^31. They throw unless
 // grouped_gemm_sm90_compiled().
+// tile_counter: null for the static schedule (block b takes tiles b, b + grid, ...), else one device int, zero
+// when the kernel starts, used by this launch only: the blocks claim their tiles from it (grouped_gemm_sm90_dynamic).
 void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const int32_t* offsets, int E, int64_t rows,
-                                  int N, int K, int sm_count, cudaStream_t stream);
+                                  int N, int K, int sm_count, int* tile_counter, cudaStream_t stream);
 void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, const int32_t* offsets, int E,
-                                    int64_t rows, int J, int K, int sm_count, cudaStream_t stream);
+                                    int64_t rows, int J, int K, int sm_count, int* tile_counter, cudaStream_t stream);
+// Whether grouped_gemm_forward / _dgrad give the Hopper kernels a tile counter (claimed tiles instead of the static
+// walk): set (1 on, 0 off, -1 back to the environment) for tests and the bench, else MIXTUNE_GROUPED_DYNAMIC=1
+// (read once). Off by default until measured (bench/NOTES.md 79). Process-wide.
+void grouped_gemm_sm90_dynamic_set(int on);
+bool grouped_gemm_sm90_dynamic();
 // dw [E][M][N] (+)= dy_eᵀ · x_e as grouped_gemm_wgrad_launch; `rows` / `rows2` are the row counts of
 // dy/x and dy2/x2 (the tensor maps' extents). `tile_counter`: one device int, zero when the kernel starts
 // (the blocks take their tiles from it), used by this launch only.

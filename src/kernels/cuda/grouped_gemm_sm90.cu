@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
@@ -46,8 +47,10 @@ using namespace sm90;
 struct Sm90Args {
   const int32_t* offsets;
   bf16* y;
-  int E, N, K;  // N = Nout (columns of y, rows of W_e)
+  int E, N, K;        // N = Nout (columns of y, rows of W_e)
+  int* tile_counter;  // DYN kernels: zero at launch; tiles gridDim.x, gridDim.x + 1, ... go to whoever asks first
 };
+
 
 
 // B_MN = false: forward, the W_e tile is [BN rows of Nout][64 k] (K-major, one TMA box).
@@ -57,14 +60,20 @@ struct Sm90Args {
 // LOAD false are the bench's mainloop probes (detail::grouped_gemm_sm90_probe_set): no output (the
 // accumulators are still consumed, so ptxas keeps the MMAs), or full barriers armed without TMA loads (the
 // MMAs read whatever the stages hold).
-template <int BN, bool B_MN, int STAGES_T = 0, bool STORE = true, bool LOAD = true>
+// DYN (detail::grouped_gemm_sm90_dynamic_set, MIXTUNE_GROUPED_DYNAMIC=1; not yet measured, off by default): the
+// producer thread claims each next tile from p.tile_counter (atomicAdd, as the wgrad does) and hands it to the
+// consumers and storer warps through a ring of TQ slots (tile_full / tile_empty barriers, -1 ends), instead of
+// every role walking tiles blockIdx.x, + gridDim.x, ... An expert's last tile with <= 64 rows costs less than a
+// full one, and on the static walk the kernel ends with the block that drew the most full tiles (the forward's
+// time follows the m-tile count: bench/NOTES.md 76-79); claimed tiles even the blocks' work out.
+template <int BN, bool B_MN, int STAGES_T = 0, bool STORE = true, bool LOAD = true, bool DYN = false>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                         const __grid_constant__ CUtensorMap map_y, Sm90Args p) {
   pdl_wait();
 #if MT_SM90A_DEVICE
   using Cfg = TileCfg<BN, STAGES_T, STORE>;
-  constexpr int STAGES = Cfg::STAGES, CHUNK = Cfg::CHUNK_BYTES;
+  constexpr int STAGES = Cfg::STAGES, CHUNK = Cfg::CHUNK_BYTES, TQ = Cfg::RING;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -74,8 +83,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   // [consumer warpgroup c][buffer b] at + 8 (2c + b): a chunk staged (the warpgroup's threads) / stored (the
   // storer warp's lane 0).
   const uint32_t staged_bar = empty_bar + STAGES * 8, free_bar = staged_bar + 32;
+  const uint32_t tile_full = free_bar + 32, tile_empty = tile_full + 8 * TQ;  // DYN's ring
   int* s_off = reinterpret_cast<int*>(smem + Cfg::PIPE_BYTES + Cfg::OUT_BYTES + Cfg::BAR_BYTES);
   int* s_tiles = s_off + (p.E + 1);
+  int* s_ring = s_tiles + (p.E + 1);
   const int tid = threadIdx.x;
 
   if (tid == 0) {
@@ -87,6 +98,12 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(staged_bar + 8 * i, 128);
       mbar_init(free_bar + 8 * i, 1);
     }
+    if constexpr (DYN) {
+      for (int i = 0; i < TQ; ++i) {
+        mbar_init(tile_full + 8 * i, 1);                                // the producer thread
+        mbar_init(tile_empty + 8 * i, CONSUMER_THREADS + (STORE ? 64 : 0));  // consumers and storer lanes
+      }
+    }
     // Make the initialised barriers visible to the other threads and to the async (TMA) proxy.
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -94,6 +111,16 @@ __global__ void __launch_bounds__(THREADS, 1)
   grouped_schedule_build<THREADS, BM>(p.offsets, p.E, s_off, s_tiles);  // ends with __syncthreads (covers the barrier init)
   const int ntn = (p.N + BN - 1) / BN, KT = (p.K + BK - 1) / BK;
   const int total = s_tiles[p.E] * ntn;  // < 2^31: launch_bn checks the bound
+  // DYN: the next tile from the ring (-1: none left); `it` counts this thread's takes.
+  auto take = [&](uint32_t& it) -> int {
+    const uint32_t slot = it % TQ;
+    while (!mbar_try_wait(tile_full + 8 * slot, (it / TQ) & 1)) {
+    }
+    const int t = s_ring[slot];
+    mbar_arrive(tile_empty + 8 * slot);
+    ++it;
+    return t;
+  };
 
   if (tid < 128) {
     // ---- producer warpgroup: gives most of its registers to the consumers; one thread works.
@@ -102,8 +129,18 @@ __global__ void __launch_bounds__(THREADS, 1)
       tma_prefetch_map(&map_x);
       tma_prefetch_map(&map_w);
       int stage = 0;
-      uint32_t phase = 0;
-      for (int t = blockIdx.x; t < total; t += gridDim.x) {
+      uint32_t phase = 0, handed = 0;  // handed: tiles put in the ring (DYN)
+      for (int t = blockIdx.x;;) {
+        if constexpr (DYN) {
+          const uint32_t slot = handed % TQ;
+          mbar_wait(tile_empty + 8 * slot, ((handed / TQ) & 1) ^ 1);
+          s_ring[slot] = t < total ? t : -1;
+          mbar_arrive(tile_full + 8 * slot);
+          ++handed;
+        }
+        if (t >= total) break;
+        // Claimed before this tile's loads are issued, so the atomic's round trip hides behind them.
+        const int next = DYN ? static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1) : t + static_cast<int>(gridDim.x);
         const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
         for (int kb = 0; kb < KT; ++kb) {
           mbar_wait(empty_bar + 8 * stage, phase ^ 1);
@@ -128,14 +165,16 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           if (++stage == STAGES) stage = 0, phase ^= 1;
         }
+        t = next;
       }
     } else if (STORE && tid >= 32 && tid < 96) {
       // ---- storer warps: warp 1 + c stores consumer warpgroup c's chunks. Same tile walk and `active` rule as
       // the consumers, so both count the same chunks: chunk number n goes through buffer n % 2.
       const int c = tid / 32 - 1, lane = tid & 31;
       if (lane == 0) tma_prefetch_map(&map_y);
-      uint32_t n = 0;
-      for (int t = blockIdx.x; t < total; t += gridDim.x) {
+      uint32_t n = 0, it = 0;
+      for (int t = DYN ? take(it) : static_cast<int>(blockIdx.x); t >= 0 && t < total;
+           t = DYN ? take(it) : t + static_cast<int>(gridDim.x)) {
         const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
         const int my_row0 = tp.row0 + 64 * c;
         if (my_row0 >= tp.row_end) continue;
@@ -176,8 +215,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
     int stage = 0;
-    uint32_t phase = 0, n = 0;  // n: chunks this warpgroup has staged
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    uint32_t phase = 0, n = 0, it = 0;  // n: chunks this warpgroup has staged; it: tiles taken (DYN)
+    for (int t = DYN ? take(it) : static_cast<int>(blockIdx.x); t >= 0 && t < total;
+         t = DYN ? take(it) : t + static_cast<int>(gridDim.x)) {
       const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
       // A warpgroup whose 64 rows all lie past the expert's end (an expert's last tile holding <= 64
       // rows) issues no MMAs: the other warpgroup then has the SM's tensor cores to itself. It still
@@ -276,7 +316,7 @@ CUtensorMap out_map(void* y, int64_t rows, int N) {
   return make_map("y", y, 2, dims, strides, 64);
 }
 
-template <int BN, bool B_MN, int STAGES_T = 0, bool STORE = true, bool LOAD = true>
+template <int BN, bool B_MN, int STAGES_T = 0, bool STORE = true, bool LOAD = true, bool DYN = false>
 void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& my, const Sm90Args& a, int64_t rows,
                int sm_count, cudaStream_t stream) {
   const int64_t max_tiles = (rows / BM + a.E) * ((a.N + BN - 1) / BN);
@@ -284,18 +324,24 @@ void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& 
   MT_CUDA_REQUIRE(max_tiles < (int64_t{1} << 31), "grouped gemm (wgmma): more than 2^31 tiles");
   const size_t smem = smem_bytes<BN, STAGES_T, STORE>(a.E);
   require_smem_fits(smem, "grouped gemm (wgmma) with " + std::to_string(a.E) + " experts");
-  auto kern = grouped_sm90_kernel<BN, B_MN, STAGES_T, STORE, LOAD>;
+  auto kern = grouped_sm90_kernel<BN, B_MN, STAGES_T, STORE, LOAD, DYN>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int grid = static_cast<int>(std::min<int64_t>(max_tiles, std::max(sm_count, 1)));
   launch_kernel(kern, grid, THREADS, smem, stream, mx, mw, my, a);
 }
 
 // The shape's tile choice (the 384-wide one included), or on the 256-wide tile the bench's probe: 3 or 4 stages
-// (forward and dgrad), no stores or no loads (forward only).
+// (forward and dgrad), no stores or no loads (forward only). With a tile counter (a.tile_counter) and no probe:
+// the claimed-tile (DYN) build of the 128- or 256-wide tile.
 template <bool B_MN>
 void launch(const TileChoice& tc, const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& my,
             const Sm90Args& a, int64_t rows, int sm_count, cudaStream_t stream) {
   const detail::GroupedSm90Probe pr = detail::grouped_gemm_sm90_probe_get();
+  if (a.tile_counter != nullptr && pr.stages == 0 && pr.bn == 0 && tc.bn != 384) {
+    if (tc.bn == 128) return launch_bn<128, B_MN, 0, true, true, true>(mx, mw, my, a, rows, sm_count, stream);
+    if (tc.stages == 4) return launch_bn<256, B_MN, 4, true, true, true>(mx, mw, my, a, rows, sm_count, stream);
+    return launch_bn<256, B_MN, 3, true, true, true>(mx, mw, my, a, rows, sm_count, stream);
+  }
   if (tc.bn == 384) return launch_bn<384, B_MN>(mx, mw, my, a, rows, sm_count, stream);
   if (tc.bn == 128) return launch_bn<128, B_MN>(mx, mw, my, a, rows, sm_count, stream);
   if (pr.bn == 0 && (pr.stages == 0 || (pr.store && pr.load && (pr.stages == 3 || pr.stages == 4)))) {
@@ -344,17 +390,32 @@ GroupedSm90Probe grouped_gemm_sm90_probe_get() {
   return {v & 255, (v & 256) != 0, (v & 512) != 0, (v & 1024) ? 384 : 0};
 }
 
+namespace {
+std::atomic<int> g_dynamic{-1};  // grouped_gemm_sm90_dynamic_set; -1: MIXTUNE_GROUPED_DYNAMIC (default off)
+}  // namespace
+
+void grouped_gemm_sm90_dynamic_set(int on) { g_dynamic.store(on); }
+bool grouped_gemm_sm90_dynamic() {
+  const int set = g_dynamic.load();
+  if (set >= 0) return set == 1;
+  static const bool env_on = [] {
+    const char* e = std::getenv("MIXTUNE_GROUPED_DYNAMIC");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return env_on;
+}
+
 bool grouped_gemm_sm90_compiled() { return sm90::device_runs_sm90a<grouped_sm90_kernel<256, false>>(); }
 
 void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const int32_t* offsets, int E, int64_t rows,
-                                  int N, int K, int sm_count, cudaStream_t stream) {
+                                  int N, int K, int sm_count, int* tile_counter, cudaStream_t stream) {
   if (rows <= 0) return;  // no rows: nothing to compute (a tensor map needs non-empty dimensions)
   check_launch("grouped gemm forward (wgmma)", x, w, y, E, rows, N, K);
   const cuuint64_t xdims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
   const cuuint64_t xstrides[1] = {static_cast<cuuint64_t>(K) * 2};
   const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(E)};
   const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(N) * K * 2};
-  const Sm90Args a{offsets, static_cast<bf16*>(y), E, N, K};
+  const Sm90Args a{offsets, static_cast<bf16*>(y), E, N, K, tile_counter};
   const CUtensorMap mx = make_map("x", x, 2, xdims, xstrides, BM), my = out_map(y, rows, N);
   const TileChoice tc = tile_choice(N, E);
   const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, tc.bn == 384 ? 192 : tc.bn);  // a box holds <= 256 rows
@@ -362,7 +423,7 @@ void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const i
 }
 
 void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, const int32_t* offsets, int E,
-                                    int64_t rows, int J, int K, int sm_count, cudaStream_t stream) {
+                                    int64_t rows, int J, int K, int sm_count, int* tile_counter, cudaStream_t stream) {
   if (rows <= 0) return;
   check_launch("grouped gemm dgrad (wgmma)", dy, w, dx, E, rows, K, J);
   // dy [rows][J] is the K-major A operand (reduction J); W [E][J][K] is read as [64 rows of J][64 of K]
@@ -371,7 +432,7 @@ void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, con
   const cuuint64_t ystrides[1] = {static_cast<cuuint64_t>(J) * 2};
   const cuuint64_t wdims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(J), static_cast<cuuint64_t>(E)};
   const cuuint64_t wstrides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(J) * K * 2};
-  const Sm90Args a{offsets, static_cast<bf16*>(dx), E, K, J};
+  const Sm90Args a{offsets, static_cast<bf16*>(dx), E, K, J, tile_counter};
   const CUtensorMap my = make_map("dy", dy, 2, ydims, ystrides, BM), mo = out_map(dx, rows, K);
   const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, BK);
   launch<true>(tile_choice(K, E), my, mw, mo, a, rows, sm_count, stream);

@@ -37,18 +37,20 @@ struct TileCfg {
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
   static constexpr int CHUNK_BYTES = 64 * 128;  // [64 rows][64 bf16 columns]
   static constexpr int OUT_BYTES = STORE ? 2 * 2 * CHUNK_BYTES : 0;  // [consumer warpgroup][buffer]
-  static constexpr int BAR_BYTES = 2 * STAGES * 8 + 8 * 8;  // full[STAGES], empty[STAGES], staged[2][2], free[2][2]
+  static constexpr int RING = 4;  // claimed-tile ring slots (the DYN kernels)
+  // full[STAGES], empty[STAGES], staged[2][2], free[2][2], tile_full[RING], tile_empty[RING]
+  static constexpr int BAR_BYTES = 2 * STAGES * 8 + 8 * 8 + 2 * RING * 8;
   static_assert(BN == 128 || BN == 256 || BN == 384, "wgmma tile width");
 };
 
 // Dynamic shared memory of the forward and dgrad: 1 KiB of slack to align the stages to 1024 bytes (the
 // 128-byte swizzle pattern repeats every 8 rows of 128 bytes; TMA and wgmma both assume the atom starts
 // 1024-aligned), the stages, the output staging, the barriers, then two int arrays of E + 1 (the offsets
-// and the m-tile prefix).
+// and the m-tile prefix) and the claimed-tile ring.
 template <int BN, int STAGES_T = 0, bool STORE = true>
 inline size_t smem_bytes(int E) {
   using Cfg = TileCfg<BN, STAGES_T, STORE>;
-  return 1024 + Cfg::PIPE_BYTES + Cfg::OUT_BYTES + Cfg::BAR_BYTES + 2 * static_cast<size_t>(E + 1) * sizeof(int);
+  return 1024 + Cfg::PIPE_BYTES + Cfg::OUT_BYTES + Cfg::BAR_BYTES + (2 * static_cast<size_t>(E + 1) + Cfg::RING) * sizeof(int);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -333,6 +333,27 @@ TEST(CudaGroupedGemm, Sm90ProbeTilesMatchDoubleReference) {
   }
 }
 
+// The claimed-tile schedule (the producer takes each next tile from a counter and hands it to the consumers and
+// storer warps through a ring): every sm90 case, forward and dgrad, the 128- and 256-wide tiles and the 3-stage
+// fallback (the 3,000-expert case) among them.
+TEST(CudaGroupedGemm, Sm90DynamicScheduleMatchesDoubleReference) {
+  MT_SKIP_WITHOUT_SM90();
+  ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
+  struct DynamicScope {
+    DynamicScope() { cuda::detail::grouped_gemm_sm90_dynamic_set(1); }
+    ~DynamicScope() { cuda::detail::grouped_gemm_sm90_dynamic_set(-1); }
+  } dynamic;
+  ASSERT_TRUE(cuda::detail::grouped_gemm_sm90_dynamic());
+  for (const GemmCase& c : kSm90Cases) {
+    expect_sm90_forward_matches(c);
+    expect_sm90_dgrad_matches(c);
+  }
+  std::vector<int> counts(3000);  // 3 stages: the experts' offsets leave no room for 4
+  for (size_t e = 0; e < counts.size(); ++e) counts[e] = static_cast<int>((e * 7) % 4);
+  expect_sm90_forward_matches({counts, 2, 256, 64});
+  expect_sm90_dgrad_matches({counts, 2, 64, 256});
+}
+
 // Layout probe of the wgmma dgrad (N-major B): one expert, 128 rows, reduction Nout 64, output K 256,
 // dy one-hot (dy[r][j] = 1 where j = r % 64), so dx[r][k] = W[r % 64][k]. Run 1 has W[j][k] = j + 1,
 // run 2 W[j][k] = k + 1: a wrong output names the reduction row and the column the kernel used.
