@@ -5,9 +5,13 @@
 //
 // usage: mixtune_bench_grouped_gemm [--tokens N] [--hidden H] [--inter I] [--experts E] [--topk K]
 //                                   [--balanced] [--reps R] [--no-check] [--energy-seconds S] [--only S]
+//                                   [--alternate K]
 // Each "gemm" row also times cuBLASLt's strided batch of E GEMMs of N / E rows each (cublaslt_batched_*): the
 // balanced routing's problem, each expert's weights read for its own rows, as cuBLAS runs it.
 // --only S runs only the GEMM rows whose name contains S (e.g. fwd_gate_up_sm90: short processes to alternate).
+// --alternate K times the Hopper forward/dgrad K times each on the static tile walk and with claimed tiles,
+// alternating in one process ("static_vs_claimed": medians). "tile_schedule_model" gives, for this routing, the
+// busiest block's load in tiles under both schedules for a tail tile costing 1 / 0.8 / 0.6 / 0.5 of a full one.
 // --energy-seconds S also runs each wgmma op and each cuBLASLt twin back to back for S seconds: sustained TFLOP/s
 // and picojoules per FLOP from the GPU's energy counter (kernels/cuda/gpu_energy.h).
 // --no-check skips the wgmma rows' comparison with mma.sync (each copies the whole output to the host: at
@@ -25,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <queue>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,6 +64,9 @@ struct Args {
   // --only S: run only the GEMM rows whose name contains S (short processes for alternating A/B runs: the rows of
   // one process drift as the GPU warms, bench/NOTES.md 74).
   std::string only;
+  // --alternate K: time each Hopper forward/dgrad K times on the static tile walk and K times with claimed tiles,
+  // alternating, and report both medians (one process, drift shared by both: bench/NOTES.md 79).
+  int alternate = 0;
 };
 
 Args parse(int argc, char** argv) {
@@ -90,6 +98,8 @@ Args parse(int argc, char** argv) {
       a.check = false;
     else if (s == "--energy-seconds")
       a.energy_seconds = static_cast<double>(next());
+    else if (s == "--alternate")
+      a.alternate = static_cast<int>(next());
     else if (s == "--only") {
       if (i + 1 >= argc) {
         std::fprintf(stderr, "--only needs a value\n");
@@ -197,6 +207,33 @@ struct DenseGemm {
     cublasLtMatmulDescDestroy(desc);
   }
 };
+
+// The static tile walk against claimed tiles, as a model (bench/NOTES.md 79): the 256-wide tile's tiles in the
+// kernel's order (expert-major, n fastest), a full tile costing 1 and an expert's last tile with <= 64 rows
+// costing c; static: block b takes tiles b, b + blocks, ...; claimed: each next tile to the block that is free
+// first. Returns the busiest block's load for each.
+struct ScheduleModel {
+  double static_max, claimed_max, mean;
+};
+ScheduleModel schedule_model(const std::vector<int64_t>& counts, int ntn, int blocks, double c) {
+  std::vector<double> cost;
+  for (int64_t rows : counts)
+    for (int64_t m0 = 0; m0 < rows; m0 += 128)
+      for (int n = 0; n < ntn; ++n) cost.push_back(rows - m0 <= 64 ? c : 1.0);
+  std::vector<double> st(static_cast<size_t>(blocks), 0.0);
+  for (size_t i = 0; i < cost.size(); ++i) st[i % st.size()] += cost[i];
+  std::priority_queue<double, std::vector<double>, std::greater<>> free_at;
+  for (int b = 0; b < blocks; ++b) free_at.push(0.0);
+  double claimed = 0, total = 0;
+  for (double x : cost) {
+    const double f = free_at.top() + x;
+    free_at.pop();
+    free_at.push(f);
+    claimed = std::max(claimed, f);
+    total += x;
+  }
+  return {*std::max_element(st.begin(), st.end()), claimed, total / blocks};
+}
 
 }  // namespace
 
@@ -322,6 +359,11 @@ int main(int argc, char** argv) {
       Sustained sus;
     };
     std::vector<Sm90Row> sm90;
+    struct AltRow {
+      std::string op;
+      double static_ms, claimed_ms;
+    };
+    std::vector<AltRow> alternating;
     namespace det = mt::cuda::detail;
     if (ctx.cc_major == 9 && det::grouped_gemm_sm90_compiled()) {
       // run() writes `out`; it runs once on each kernel (compared), then timed() is timed on the wgmma one.
@@ -362,6 +404,30 @@ int main(int argc, char** argv) {
       sm90_row("dgrad_down_sm90", f_dn, dact, [&] { mt::cuda::grouped_gemm_dgrad(dy, w2, plan.offsets, dact, st); });
       sm90_row("dgrad_gate_up_sm90", f_gu, dxg,
                [&] { mt::cuda::grouped_gemm_dgrad(dgu, w1, plan.offsets, dxg, st); });
+      if (a.alternate > 0) {
+        auto alternate_row = [&](const char* op, auto&& run) {
+          if (!selected(op)) return;
+          std::vector<double> t_static, t_claimed;
+          det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Wgmma);
+          for (int i = 0; i < a.alternate; ++i) {
+            det::grouped_gemm_sm90_dynamic_set(0);
+            t_static.push_back(time_ms(a.reps, st, run));
+            det::grouped_gemm_sm90_dynamic_set(1);
+            t_claimed.push_back(time_ms(a.reps, st, run));
+          }
+          det::grouped_gemm_sm90_dynamic_set(-1);
+          det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Auto);
+          auto median = [](std::vector<double> v) {
+            std::sort(v.begin(), v.end());
+            return v[v.size() / 2];
+          };
+          alternating.push_back({op, median(t_static), median(t_claimed)});
+        };
+        alternate_row("fwd_gate_up_sm90", [&] { mt::cuda::grouped_gemm_forward(xg, w1, plan.offsets, gu, st); });
+        alternate_row("fwd_down_sm90", [&] { mt::cuda::grouped_gemm_forward(act, w2, plan.offsets, y, st); });
+        alternate_row("dgrad_down_sm90", [&] { mt::cuda::grouped_gemm_dgrad(dy, w2, plan.offsets, dact, st); });
+        alternate_row("dgrad_gate_up_sm90", [&] { mt::cuda::grouped_gemm_dgrad(dgu, w1, plan.offsets, dxg, st); });
+      }
       // wgrad: compared when overwriting, timed accumulating (the training pattern), into F32 and BF16 dW.
       Tensor dw1h = Tensor::empty({E, 2 * I, H}, DType::BF16, mt::Device::cuda(0));
       Tensor dw2h = Tensor::empty({E, H, I}, DType::BF16, mt::Device::cuda(0));
@@ -472,6 +538,32 @@ int main(int argc, char** argv) {
           r.op.c_str(), r.flops * 1e-9, r.ms, r.flops / r.ms * 1e-9, r.max_abs_diff, r.max_abs_ref,
           static_cast<long long>(r.non_finite), sustained_json(r.sus, "").c_str(),
           i + 1 < sm90.size() ? "," : "");
+    }
+    std::printf(" ],\n");
+    if (!alternating.empty()) {
+      std::printf(" \"static_vs_claimed\": [\n");
+      for (size_t i = 0; i < alternating.size(); ++i)
+        std::printf("  {\"op\": \"%s\", \"runs\": %d, \"static_ms_median\": %.4f, \"claimed_ms_median\": %.4f, "
+                    "\"claimed_over_static\": %.3f}%s\n",
+                    alternating[i].op.c_str(), a.alternate, alternating[i].static_ms, alternating[i].claimed_ms,
+                    alternating[i].claimed_ms / alternating[i].static_ms, i + 1 < alternating.size() ? "," : "");
+      std::printf(" ],\n");
+    }
+    // The tile-schedule model of this routing (256-wide tiles, output widths 2I, H, I, H; busiest block's tiles).
+    std::printf(" \"tile_schedule_model\": [\n");
+    const struct {
+      const char* op;
+      int64_t width;
+    } widths[] = {{"fwd_gate_up", 2 * I}, {"fwd_down", H}, {"dgrad_down", I}, {"dgrad_gate_up", H}};
+    for (size_t i = 0; i < 4; ++i) {
+      std::printf("  {\"op\": \"%s\"", widths[i].op);
+      for (double c : {1.0, 0.8, 0.6, 0.5}) {
+        const ScheduleModel m = schedule_model(counts, static_cast<int>((widths[i].width + 255) / 256),
+                                               prop.multiProcessorCount, c);
+        std::printf(", \"tail_cost_%.1f\": {\"static_max\": %.2f, \"claimed_max\": %.2f, \"mean\": %.2f}", c,
+                    m.static_max, m.claimed_max, m.mean);
+      }
+      std::printf("}%s\n", i + 1 < 4 ? "," : "");
     }
     std::printf(" ],\n");
     std::printf(" \"memory_bound\": [\n");
