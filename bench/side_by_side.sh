@@ -48,6 +48,12 @@ if [[ "$SIDES" != hf && ! -x "$BIN" ]]; then
 fi
 BIN_ABS=$BIN
 [[ -x "$BIN" ]] && BIN_ABS=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+# The commit the results name: MIXTUNE_COMMIT, else the COMMIT file scripts/gpu-pack.sh packs beside bin/ (a
+# binary run straight from its unpacked tarball), else the baseline's git HEAD (bench/compare.py's fallback).
+if [[ -z "${MIXTUNE_COMMIT:-}" && -x "$BIN" && -f "$(dirname "$BIN_ABS")/../COMMIT" ]]; then
+  MIXTUNE_COMMIT=$(head -c 64 "$(dirname "$BIN_ABS")/../COMMIT" | tr -cd 'A-Za-z0-9+._-')
+  export MIXTUNE_COMMIT
+fi
 LIB_DIR=${LIB_DIR:-}
 [[ -z "$LIB_DIR" && -d .carry/lib ]] && LIB_DIR=.carry/lib
 if [[ -n "$LIB_DIR" ]]; then
