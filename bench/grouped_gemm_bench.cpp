@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <queue>
 #include <random>
 #include <string>
@@ -98,8 +99,14 @@ Args parse(int argc, char** argv) {
       a.check = false;
     else if (s == "--energy-seconds")
       a.energy_seconds = static_cast<double>(next());
-    else if (s == "--alternate")
-      a.alternate = static_cast<int>(next());
+    else if (s == "--alternate") {
+      const int64_t k = next();
+      if (k < 0 || k > 1000) {
+        std::fprintf(stderr, "--alternate: %lld runs, need 0 to 1000\n", static_cast<long long>(k));
+        std::exit(2);
+      }
+      a.alternate = static_cast<int>(k);
+    }
     else if (s == "--only") {
       if (i + 1 >= argc) {
         std::fprintf(stderr, "--only needs a value\n");
@@ -291,7 +298,6 @@ int main(int argc, char** argv) {
     // Dense operands for cuBLASLt of the same sizes (one big "expert").
     Tensor dense_w1 = random_bf16({2 * I, H}, 12, 0.02f), dense_w2 = random_bf16({H, I}, 13, 0.02f);
     Tensor ddw1 = zeros_f32({2 * I, H}), ddw2 = zeros_f32({H, I});
-    Tensor dw1b = zeros_f32({E, 2 * I, H}), dw2b = zeros_f32({E, H, I});  // the batched wgrad's own dW
     Tensor dense_out = Tensor::empty({N, 2 * I}, DType::BF16, mt::Device::cuda(0));
     Tensor dense_out2 = Tensor::empty({N, H}, DType::BF16, mt::Device::cuda(0));
     Tensor dense_out3 = Tensor::empty({N, I}, DType::BF16, mt::Device::cuda(0));
@@ -307,47 +313,53 @@ int main(int argc, char** argv) {
     // 128 small GEMMs leave cuBLAS (the dense GEMM reads one weight matrix for all N rows).
     const int64_t Mb = N / E;
     // batched: the strided-batch twin, its FLOPs 2 · E · Mb · (its sizes) = flops · E · Mb / N.
-    auto gemm_row = [&](const char* op, double flops, auto&& grouped, DenseGemm& dense, DenseGemm& batched) {
+    // (None where the experts average under one row: Mb = 0.) The batched wgrad accumulates into the grouped
+    // wgrad's F32 dW (same [E][M][N] shape; every compared run of it overwrites first).
+    auto batched_gemm = [&](const char* kind, int64_t M, int64_t Nn, int64_t K, const void* A, const void* B, void* C) {
+      return Mb > 0 ? std::make_unique<DenseGemm>(kind, M, Nn, K, A, B, C, E) : nullptr;
+    };
+    auto gemm_row = [&](const char* op, double flops, auto&& grouped, DenseGemm& dense,
+                        const std::unique_ptr<DenseGemm>& batched) {
       if (!selected(op)) return;
       const double ms = time_ms(a.reps, st, grouped);
       const double dms = time_ms(a.reps, st, [&] { dense.run(); });
-      const double bms = time_ms(a.reps, st, [&] { batched.run(); });
+      const double bms = batched ? time_ms(a.reps, st, [&] { batched->run(); }) : 0.0;
       rows.push_back({op, flops, ms, dms, bms, sustained(a.energy_seconds, flops, st, [&] { dense.run(); })});
     };
     const double f_gu = 2.0 * N * (2 * I) * H, f_dn = 2.0 * N * H * I;
     {
       DenseGemm d("nt", N, 2 * I, H, xg.data(), dense_w1.data(), dense_out.data());
-      DenseGemm b("nt", Mb, 2 * I, H, xg.data(), w1.data(), dense_out.data(), E);
+      std::unique_ptr<DenseGemm> b = batched_gemm("nt", Mb, 2 * I, H, xg.data(), w1.data(), dense_out.data());
       gemm_row(
           "fwd_gate_up", f_gu, [&] { mt::cuda::grouped_gemm_forward(xg, w1, plan.offsets, gu, st); }, d, b);
     }
     {
       DenseGemm d("nt", N, H, I, act.data(), dense_w2.data(), dense_out2.data());
-      DenseGemm b("nt", Mb, H, I, act.data(), w2.data(), dense_out2.data(), E);
+      std::unique_ptr<DenseGemm> b = batched_gemm("nt", Mb, H, I, act.data(), w2.data(), dense_out2.data());
       gemm_row(
           "fwd_down", f_dn, [&] { mt::cuda::grouped_gemm_forward(act, w2, plan.offsets, y, st); }, d, b);
     }
     {
       DenseGemm d("nn", N, I, H, dy.data(), dense_w2.data(), dense_out3.data());
-      DenseGemm b("nn", Mb, I, H, dy.data(), w2.data(), dense_out3.data(), E);
+      std::unique_ptr<DenseGemm> b = batched_gemm("nn", Mb, I, H, dy.data(), w2.data(), dense_out3.data());
       gemm_row(
           "dgrad_down", f_dn, [&] { mt::cuda::grouped_gemm_dgrad(dy, w2, plan.offsets, dact, st); }, d, b);
     }
     {
       DenseGemm d("nn", N, H, 2 * I, dgu.data(), dense_w1.data(), dense_out2.data());
-      DenseGemm b("nn", Mb, H, 2 * I, dgu.data(), w1.data(), dense_out2.data(), E);
+      std::unique_ptr<DenseGemm> b = batched_gemm("nn", Mb, H, 2 * I, dgu.data(), w1.data(), dense_out2.data());
       gemm_row(
           "dgrad_gate_up", f_gu, [&] { mt::cuda::grouped_gemm_dgrad(dgu, w1, plan.offsets, dxg, st); }, d, b);
     }
     {
       DenseGemm d("tn", H, I, N, dy.data(), act.data(), ddw2.data());
-      DenseGemm b("tn", H, I, Mb, dy.data(), act.data(), dw2b.data(), E);
+      std::unique_ptr<DenseGemm> b = batched_gemm("tn", H, I, Mb, dy.data(), act.data(), dw2.data());
       gemm_row(
           "wgrad_down", f_dn, [&] { mt::cuda::grouped_gemm_wgrad(dy, act, plan.offsets, dw2, true, st); }, d, b);
     }
     {
       DenseGemm d("tn", 2 * I, H, N, dgu.data(), xg.data(), ddw1.data());
-      DenseGemm b("tn", 2 * I, H, Mb, dgu.data(), xg.data(), dw1b.data(), E);
+      std::unique_ptr<DenseGemm> b = batched_gemm("tn", 2 * I, H, Mb, dgu.data(), xg.data(), dw1.data());
       gemm_row(
           "wgrad_gate_up", f_gu, [&] { mt::cuda::grouped_gemm_wgrad(dgu, xg, plan.offsets, dw1, true, st); }, d, b);
     }
@@ -524,7 +536,7 @@ int main(int argc, char** argv) {
           "\"cublaslt_batched_ms\": %.4f, \"cublaslt_batched_tflops\": %.1f%s}%s\n",
           r.op.c_str(), r.flops * 1e-9, r.ms, r.flops / r.ms * 1e-9, r.dense_ms, r.flops / r.dense_ms * 1e-9,
           r.dense_ms / r.ms, static_cast<long long>(Mb), r.batched_ms,
-          r.flops * static_cast<double>(E * Mb) / static_cast<double>(N) / r.batched_ms * 1e-9,
+          r.batched_ms > 0 ? r.flops * static_cast<double>(E * Mb) / static_cast<double>(N) / r.batched_ms * 1e-9 : 0.0,
           sustained_json(r.dense_sustained, "cublaslt_dense_").c_str(), i + 1 < rows.size() ? "," : "");
     }
     std::printf(" ],\n \"gemm_total\": {\"ms\": %.4f, \"tflops\": %.1f, \"cublaslt_dense_tflops\": %.1f},\n", tot_ms,

@@ -39,7 +39,6 @@ bool use_wgmma(const char* op, const DeviceContext& ctx, int64_t rows) {
          detail::grouped_gemm_sm90_compiled();
 }
 
-
 // A claimed-tile kernel's counter (the wgrad's always, the forward/dgrad's with grouped_gemm_sm90_dynamic): a
 // zeroed device int from the caching allocator (released in stream order after the launch, so concurrent
 // launches never share one).
@@ -101,7 +100,6 @@ void grouped_gemm_dgrad(const Tensor& dy, const Tensor& w, const Tensor& offsets
     detail::grouped_gemm_dgrad_launch(dy.data(), w.data(), dx.data(), offsets.data_as<int32_t>(), static_cast<int>(E),
                                       N, static_cast<int>(Nout), static_cast<int>(K), ctx.sm_count, stream);
 }
-
 
 void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets, Tensor& dw, bool accumulate,
                         cudaStream_t stream) {

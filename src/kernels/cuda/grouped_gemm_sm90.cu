@@ -51,8 +51,6 @@ struct Sm90Args {
   int* tile_counter;  // DYN kernels: zero at launch; tiles gridDim.x, gridDim.x + 1, ... go to whoever asks first
 };
 
-
-
 // B_MN = false: forward, the W_e tile is [BN rows of Nout][64 k] (K-major, one TMA box).
 // B_MN = true: dgrad (dx = dy · W_e: the reduction runs over W's rows), the tile is [64 rows of the
 // reduction][BN columns] loaded as BN / 64 boxes of [64][64] (N-major B, wgmma's transposed-B form).
@@ -299,7 +297,7 @@ struct TileChoice {
 };
 TileChoice tile_choice(int N, int E) {
   if (detail::grouped_gemm_sm90_probe_get().bn == 384 ||
-      (wide_tile_forced() && N % 384 == 0 && smem_bytes<384>(E) <= smem_optin_bytes()))
+      (wgmma_bn_forced() == 384 && N % 384 == 0 && smem_bytes<384>(E) <= smem_optin_bytes()))
     return {384, TileCfg<384>::STAGES};
   if (pick_bn(N) == 256) {
     if (smem_bytes<256>(E) <= smem_optin_bytes()) return {256, TileCfg<256>::STAGES};

@@ -466,26 +466,23 @@ inline CUtensorMap make_map(const char* what, const void* data, int rank, const 
   return m;
 }
 
-// Column tile width: the one with fewer padded columns, 256 on a tie (fewer x re-reads per output).
-// MIXTUNE_WGMMA_BN=128|256 forces one (read once; for measuring).
-inline int pick_bn(int N) {
+// MIXTUNE_WGMMA_BN (read once; for measuring): 128 or 256 forces the column tile everywhere, 384 puts the
+// forward and dgrad on the 128 x 384 tile where the output width is a multiple of 384; 0 when unset.
+inline int wgmma_bn_forced() {
   static const int forced = [] {
     const char* e = std::getenv("MIXTUNE_WGMMA_BN");
     return e ? std::atoi(e) : 0;
   }();
+  return forced;
+}
+
+// Column tile width: the one with fewer padded columns, 256 on a tie (fewer x re-reads per output), unless
+// MIXTUNE_WGMMA_BN=128|256 forces one.
+inline int pick_bn(int N) {
+  const int forced = wgmma_bn_forced();
   if (forced == 128 || forced == 256) return forced;
   const int64_t pad256 = (N + 255) / 256 * 256, pad128 = (N + 127) / 128 * 128;
   return pad256 <= pad128 ? 256 : 128;
-}
-
-// MIXTUNE_WGMMA_BN=384: the forward and dgrad take the 128 x 384 tile where the output width is a multiple of 384
-// (read once; for measuring it in training against the 256-wide tile).
-inline bool wide_tile_forced() {
-  static const bool forced = [] {
-    const char* e = std::getenv("MIXTUNE_WGMMA_BN");
-    return e != nullptr && std::atoi(e) == 384;
-  }();
-  return forced;
 }
 
 }  // namespace mt::cuda::sm90
