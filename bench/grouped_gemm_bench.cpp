@@ -4,13 +4,13 @@
 // and the ratio to cuBLASLt.
 //
 // usage: mixtune_bench_grouped_gemm [--tokens N] [--hidden H] [--inter I] [--experts E] [--topk K]
-//                                   [--balanced | --uniform] [--reps R] [--no-check] [--energy-seconds S] [--only S]
+//                                   [--balanced] [--reps R] [--no-check] [--energy-seconds S] [--only S]
 //                                   [--alternate K]
 // Each "gemm" row also times cuBLASLt's strided batch of E GEMMs of N / E rows each (cublaslt_batched_*): the
 // balanced routing's problem, each expert's weights read for its own rows, as cuBLAS runs it.
 // --only S runs only the GEMM rows whose name contains S (e.g. fwd_gate_up_sm90: short processes to alternate).
-// --alternate K times the Hopper forward/dgrad K times each on the static tile walk, with claimed tiles and with
-// fused tails, alternating in one process ("static_vs_claimed": medians). "tile_schedule_model" gives, for this routing, the
+// --alternate K times the Hopper forward/dgrad K times each on the static tile walk and with claimed tiles,
+// alternating in one process ("static_vs_claimed": medians). "tile_schedule_model" gives, for this routing, the
 // busiest block's load in tiles under both schedules for a tail tile costing 1 / 0.8 / 0.6 / 0.5 of a full one.
 // --energy-seconds S also runs each wgmma op and each cuBLASLt twin back to back for S seconds: sustained TFLOP/s
 // and picojoules per FLOP from the GPU's energy counter (kernels/cuda/gpu_energy.h).
@@ -20,9 +20,7 @@
 // fwd_*, dgrad_*, wgrad_* (accumulating into F32 or BF16 dW), with the largest difference from the
 // mma.sync output); the "gemm" rows run whatever grouped_gemm picks by default (wgmma there).
 // Routing: each token takes the top-k of (N(0,1) noise + a per-expert bias ~ N(0, 0.5)), a skewed load
-// like a trained router's; --uniform drops the bias (every expert equally likely: the counts scatter ~ +- 16 around
-// N / E, like the standard workload's router at random initialisation); --balanced gives every expert the same
-// count (results say which).
+// like a real router's; --balanced gives every expert the same count (results say which).
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -61,7 +59,6 @@ using mt_bench::sustained_json;
 struct Args {
   int64_t tokens = 4096, hidden = 2048, inter = 768, experts = 128, topk = 8;
   bool balanced = false;
-  bool uniform = false;  // --uniform: top-k of N(0,1) noise, no per-expert bias
   bool check = true;  // --no-check: time the wgmma rows only (no mma.sync run, no host comparison)
   int reps = 20;
   double energy_seconds = 0;  // --energy-seconds S: also run each wgmma op and its cuBLASLt twin for S seconds
@@ -98,8 +95,6 @@ Args parse(int argc, char** argv) {
       a.reps = static_cast<int>(next());
     else if (s == "--balanced")
       a.balanced = true;
-    else if (s == "--uniform")
-      a.uniform = true;
     else if (s == "--no-check")
       a.check = false;
     else if (s == "--energy-seconds")
@@ -123,10 +118,6 @@ Args parse(int argc, char** argv) {
       std::fprintf(stderr, "unknown argument %s\n", s.c_str());
       std::exit(2);
     }
-  }
-  if (a.balanced && a.uniform) {
-    std::fprintf(stderr, "--balanced and --uniform: choose one routing\n");
-    std::exit(2);
   }
   return a;
 }
@@ -266,7 +257,7 @@ int main(int argc, char** argv) {
     std::mt19937_64 g(1234);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> bias(E);
-    for (auto& b : bias) b = a.balanced || a.uniform ? 0.0f : 0.5f * nd(g);
+    for (auto& b : bias) b = a.balanced ? 0.0f : 0.5f * nd(g);
     Tensor idx_h = Tensor::empty({T, k}, DType::I32);
     int32_t* idx = idx_h.data_as<int32_t>();
     std::vector<int> order(E);
@@ -382,7 +373,7 @@ int main(int argc, char** argv) {
     std::vector<Sm90Row> sm90;
     struct AltRow {
       std::string op;
-      double static_ms, claimed_ms, fused_ms;
+      double static_ms, claimed_ms;
     };
     std::vector<AltRow> alternating;
     namespace det = mt::cuda::detail;
@@ -428,26 +419,21 @@ int main(int argc, char** argv) {
       if (a.alternate > 0) {
         auto alternate_row = [&](const char* op, auto&& run) {
           if (!selected(op)) return;
-          std::vector<double> t_static, t_claimed, t_fused;
+          std::vector<double> t_static, t_claimed;
           det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Wgmma);
           for (int i = 0; i < a.alternate; ++i) {
-            det::grouped_gemm_sm90_fused_tail_set(0);
             det::grouped_gemm_sm90_dynamic_set(0);
             t_static.push_back(time_ms(a.reps, st, run));
             det::grouped_gemm_sm90_dynamic_set(1);
             t_claimed.push_back(time_ms(a.reps, st, run));
-            det::grouped_gemm_sm90_dynamic_set(0);
-            det::grouped_gemm_sm90_fused_tail_set(1);
-            t_fused.push_back(time_ms(a.reps, st, run));
           }
           det::grouped_gemm_sm90_dynamic_set(-1);
-          det::grouped_gemm_sm90_fused_tail_set(-1);
           det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Auto);
           auto median = [](std::vector<double> v) {
             std::sort(v.begin(), v.end());
             return v[v.size() / 2];
           };
-          alternating.push_back({op, median(t_static), median(t_claimed), median(t_fused)});
+          alternating.push_back({op, median(t_static), median(t_claimed)});
         };
         alternate_row("fwd_gate_up_sm90", [&] { mt::cuda::grouped_gemm_forward(xg, w1, plan.offsets, gu, st); });
         alternate_row("fwd_down_sm90", [&] { mt::cuda::grouped_gemm_forward(act, w2, plan.offsets, y, st); });
@@ -486,10 +472,8 @@ int main(int argc, char** argv) {
         const char* suffix;
         det::GroupedSm90Probe p;
         bool dynamic = false;  // the claimed-tile schedule (detail::grouped_gemm_sm90_dynamic_set)
-        bool fused = false;    // fused tails (detail::grouped_gemm_sm90_fused_tail_set)
       };
       const Probe probes[] = {{"_dyn", {}, true},
-                              {"_fused", {}, false, true},
                               {"_s3", {3, true, true}},
                               {"_s4", {4, true, true}},
                               {"_n384", {0, true, true, 384}},
@@ -505,10 +489,8 @@ int main(int argc, char** argv) {
           det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Wgmma);
           det::grouped_gemm_sm90_probe_set(pr.p);
           det::grouped_gemm_sm90_dynamic_set(pr.dynamic ? 1 : 0);
-          det::grouped_gemm_sm90_fused_tail_set(pr.fused ? 1 : 0);
           const double ms = time_ms(a.reps, st, run);
           const Sustained sus = sustained(a.energy_seconds, flops, st, run);
-          det::grouped_gemm_sm90_fused_tail_set(-1);
           det::grouped_gemm_sm90_dynamic_set(-1);
           det::grouped_gemm_sm90_probe_set({});
           det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Auto);
@@ -542,7 +524,7 @@ int main(int argc, char** argv) {
         " \"shape\": {\"tokens\": %lld, \"hidden\": %lld, \"moe_intermediate\": %lld, \"experts\": %lld, "
         "\"top_k\": %lld, \"routing\": \"%s\", \"rows_per_expert_min\": %lld, \"rows_per_expert_max\": %lld, "
         "\"empty_experts\": %lld, \"checked_against_mma_sync\": %s},\n",
-        (long long)T, (long long)H, (long long)I, (long long)E, (long long)k, a.balanced ? "balanced" : a.uniform ? "uniform-random" : "skewed-random",
+        (long long)T, (long long)H, (long long)I, (long long)E, (long long)k, a.balanced ? "balanced" : "skewed-random",
         (long long)cmin, (long long)cmax, (long long)empty, a.check ? "true" : "false");
     std::printf(" \"gemm\": [\n");
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -574,10 +556,9 @@ int main(int argc, char** argv) {
       std::printf(" \"static_vs_claimed\": [\n");
       for (size_t i = 0; i < alternating.size(); ++i)
         std::printf("  {\"op\": \"%s\", \"runs\": %d, \"static_ms_median\": %.4f, \"claimed_ms_median\": %.4f, "
-                    "\"claimed_over_static\": %.3f, \"fused_ms_median\": %.4f, \"fused_over_static\": %.3f}%s\n",
+                    "\"claimed_over_static\": %.3f}%s\n",
                     alternating[i].op.c_str(), a.alternate, alternating[i].static_ms, alternating[i].claimed_ms,
-                    alternating[i].claimed_ms / alternating[i].static_ms, alternating[i].fused_ms,
-                    alternating[i].fused_ms / alternating[i].static_ms, i + 1 < alternating.size() ? "," : "");
+                    alternating[i].claimed_ms / alternating[i].static_ms, i + 1 < alternating.size() ? "," : "");
       std::printf(" ],\n");
     }
     // The tile-schedule model of this routing (256-wide tiles, output widths 2I, H, I, H; busiest block's tiles).

@@ -20,16 +20,15 @@
 #         (the same with MIXTUNE_WGRAD_BLOCKS_PER_SM=1) | quickstart (needs .carry/qs.tar.xz) |
 #         sustained-gemm (8192³ bf16 matmuls for GEMM_SECONDS=10, TFLOP/s per second) | kernels-energy (grouped GEMM and
 #         flash kernels each run ENERGY_SECONDS=2 s: sustained TFLOP/s, pJ per FLOP) | standard-promptN (the standard
-#         workload with labels -100 on the first N% of each row, both sides) | kernels-dynamic, mixtune-standard-dynamic,
-#         mixtune-standard-fused (the grouped forward/dgrad's claimed tiles and fused tails: bench --alternate at
-#         skewed / uniform / balanced routing, and the standard step with MIXTUNE_GROUPED_DYNAMIC=1 or
-#         MIXTUNE_GROUPED_FUSED_TAIL=1) | kernels-flash-persistent
+#         workload with labels -100 on the first N% of each row, both sides) | kernels-dynamic, mixtune-standard-dynamic
+#         (the grouped forward/dgrad's claimed tiles: bench --alternate, and the standard step with
+#         MIXTUNE_GROUPED_DYNAMIC=1) | kernels-flash-persistent
 #         (the flash backward one block per item vs persistent) | launch-gap (a kernel boundary's cost with and without
 #         programmatic dependent launch) | kernels-memory (the memory-bound kernels against the copy rate) |
 #         profile-bytes (ncu: time and HBM bytes read/written of the GEMM, attention, norm and permute kernels).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -117,13 +116,11 @@ for stage in "$@"; do
                bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     mixtune-standard-dynamic) MIXTUNE_GROUPED_DYNAMIC=1 SIDES=mixtune NAME=mixtune-standard-dynamic OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
-    kernels-dynamic)  # static vs claimed tiles vs fused tails alternating in one process, three routings (NOTES 79-80)
-               for r in skewed uniform balanced; do f=; [[ $r != skewed ]] && f=--$r
+    kernels-dynamic)  # static vs claimed tiles alternating in one process, both routings (bench/NOTES.md 79)
+               for r in skewed balanced; do f=; [[ $r == balanced ]] && f=--balanced
                  "$BIN/mixtune_bench_grouped_gemm" --tokens 4096 --no-check --alternate ${ALTERNATE:-5} $f \
                    > "$OUT/grouped_gemm_dynamic_$r.json" 2>&1
-                 echo "$r:"; grep -E '"claimed_over_static"' "$OUT/grouped_gemm_dynamic_$r.json"; done ;;
-    mixtune-standard-fused) MIXTUNE_GROUPED_FUSED_TAIL=1 SIDES=mixtune NAME=mixtune-standard-fused OUT=$OUT \
-               bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
+                 echo "$r:"; grep -E '"claimed_over_static"|tail_cost_1.0' "$OUT/grouped_gemm_dynamic_$r.json"; done ;;
     kernels-energy) "$BIN/mixtune_bench_grouped_gemm" --tokens 8192 --no-check --energy-seconds ${ENERGY_SECONDS:-2} \
                > "$OUT/grouped_gemm_energy.json" 2>&1; "$BIN/mixtune_bench_flash_attention" --energy-seconds \
                ${ENERGY_SECONDS:-2} > "$OUT/flash_attention_energy.json" 2>&1
