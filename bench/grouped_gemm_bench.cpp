@@ -4,7 +4,7 @@
 // and the ratio to cuBLASLt.
 //
 // usage: mixtune_bench_grouped_gemm [--tokens N] [--hidden H] [--inter I] [--experts E] [--topk K]
-//                                   [--balanced] [--reps R] [--no-check] [--energy-seconds S] [--only S]
+//                                   [--balanced | --uniform] [--reps R] [--no-check] [--energy-seconds S] [--only S]
 //                                   [--alternate K]
 // Each "gemm" row also times cuBLASLt's strided batch of E GEMMs of N / E rows each (cublaslt_batched_*): the
 // balanced routing's problem, each expert's weights read for its own rows, as cuBLAS runs it.
@@ -20,7 +20,9 @@
 // fwd_*, dgrad_*, wgrad_* (accumulating into F32 or BF16 dW), with the largest difference from the
 // mma.sync output); the "gemm" rows run whatever grouped_gemm picks by default (wgmma there).
 // Routing: each token takes the top-k of (N(0,1) noise + a per-expert bias ~ N(0, 0.5)), a skewed load
-// like a real router's; --balanced gives every expert the same count (results say which).
+// like a trained router's; --uniform drops the bias (every expert equally likely: the counts scatter ~ +- 16 around
+// N / E, like the standard workload's router at random initialisation); --balanced gives every expert the same
+// count (results say which).
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -59,6 +61,7 @@ using mt_bench::sustained_json;
 struct Args {
   int64_t tokens = 4096, hidden = 2048, inter = 768, experts = 128, topk = 8;
   bool balanced = false;
+  bool uniform = false;  // --uniform: top-k of N(0,1) noise, no per-expert bias
   bool check = true;  // --no-check: time the wgmma rows only (no mma.sync run, no host comparison)
   int reps = 20;
   double energy_seconds = 0;  // --energy-seconds S: also run each wgmma op and its cuBLASLt twin for S seconds
@@ -95,6 +98,8 @@ Args parse(int argc, char** argv) {
       a.reps = static_cast<int>(next());
     else if (s == "--balanced")
       a.balanced = true;
+    else if (s == "--uniform")
+      a.uniform = true;
     else if (s == "--no-check")
       a.check = false;
     else if (s == "--energy-seconds")
@@ -118,6 +123,10 @@ Args parse(int argc, char** argv) {
       std::fprintf(stderr, "unknown argument %s\n", s.c_str());
       std::exit(2);
     }
+  }
+  if (a.balanced && a.uniform) {
+    std::fprintf(stderr, "--balanced and --uniform: choose one routing\n");
+    std::exit(2);
   }
   return a;
 }
@@ -257,7 +266,7 @@ int main(int argc, char** argv) {
     std::mt19937_64 g(1234);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> bias(E);
-    for (auto& b : bias) b = a.balanced ? 0.0f : 0.5f * nd(g);
+    for (auto& b : bias) b = a.balanced || a.uniform ? 0.0f : 0.5f * nd(g);
     Tensor idx_h = Tensor::empty({T, k}, DType::I32);
     int32_t* idx = idx_h.data_as<int32_t>();
     std::vector<int> order(E);
@@ -524,7 +533,7 @@ int main(int argc, char** argv) {
         " \"shape\": {\"tokens\": %lld, \"hidden\": %lld, \"moe_intermediate\": %lld, \"experts\": %lld, "
         "\"top_k\": %lld, \"routing\": \"%s\", \"rows_per_expert_min\": %lld, \"rows_per_expert_max\": %lld, "
         "\"empty_experts\": %lld, \"checked_against_mma_sync\": %s},\n",
-        (long long)T, (long long)H, (long long)I, (long long)E, (long long)k, a.balanced ? "balanced" : "skewed-random",
+        (long long)T, (long long)H, (long long)I, (long long)E, (long long)k, a.balanced ? "balanced" : a.uniform ? "uniform-random" : "skewed-random",
         (long long)cmin, (long long)cmax, (long long)empty, a.check ? "true" : "false");
     std::printf(" \"gemm\": [\n");
     for (size_t i = 0; i < rows.size(); ++i) {

@@ -21,8 +21,8 @@
 #         sustained-gemm (8192³ bf16 matmuls for GEMM_SECONDS=10, TFLOP/s per second) | kernels-energy (grouped GEMM and
 #         flash kernels each run ENERGY_SECONDS=2 s: sustained TFLOP/s, pJ per FLOP) | standard-promptN (the standard
 #         workload with labels -100 on the first N% of each row, both sides) | kernels-dynamic, mixtune-standard-dynamic
-#         (the grouped forward/dgrad's claimed tiles: bench --alternate, and the standard step with
-#         MIXTUNE_GROUPED_DYNAMIC=1) | kernels-flash-persistent
+#         (the grouped forward/dgrad's claimed tiles: bench --alternate at skewed / uniform / balanced routing, and
+#         the standard step with MIXTUNE_GROUPED_DYNAMIC=1) | kernels-flash-persistent
 #         (the flash backward one block per item vs persistent) | launch-gap (a kernel boundary's cost with and without
 #         programmatic dependent launch) | kernels-memory (the memory-bound kernels against the copy rate) |
 #         profile-bytes (ncu: time and HBM bytes read/written of the GEMM, attention, norm and permute kernels).
@@ -116,8 +116,8 @@ for stage in "$@"; do
                bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     mixtune-standard-dynamic) MIXTUNE_GROUPED_DYNAMIC=1 SIDES=mixtune NAME=mixtune-standard-dynamic OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
-    kernels-dynamic)  # static vs claimed tiles alternating in one process, both routings (bench/NOTES.md 79)
-               for r in skewed balanced; do f=; [[ $r == balanced ]] && f=--balanced
+    kernels-dynamic)  # static vs claimed tiles alternating in one process, three routings (bench/NOTES.md 79-80)
+               for r in skewed uniform balanced; do f=; [[ $r != skewed ]] && f=--$r
                  "$BIN/mixtune_bench_grouped_gemm" --tokens 4096 --no-check --alternate ${ALTERNATE:-5} $f \
                    > "$OUT/grouped_gemm_dynamic_$r.json" 2>&1
                  echo "$r:"; grep -E '"claimed_over_static"|tail_cost_1.0' "$OUT/grouped_gemm_dynamic_$r.json"; done ;;
