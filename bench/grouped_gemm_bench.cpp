@@ -9,8 +9,8 @@
 // Each "gemm" row also times cuBLASLt's strided batch of E GEMMs of N / E rows each (cublaslt_batched_*): the
 // balanced routing's problem, each expert's weights read for its own rows, as cuBLAS runs it.
 // --only S runs only the GEMM rows whose name contains S (e.g. fwd_gate_up_sm90: short processes to alternate).
-// --alternate K times the Hopper forward/dgrad K times each on the static tile walk, with claimed tiles and with
-// fused tails, alternating in one process ("static_vs_claimed": medians). "tile_schedule_model" gives, for this routing, the
+// --alternate K times the Hopper forward/dgrad K times each on the static tile walk and with claimed tiles,
+// alternating in one process ("static_vs_claimed": medians). "tile_schedule_model" gives, for this routing, the
 // busiest block's load in tiles under both schedules for a tail tile costing 1 / 0.8 / 0.6 / 0.5 of a full one.
 // --energy-seconds S also runs each wgmma op and each cuBLASLt twin back to back for S seconds: sustained TFLOP/s
 // and picojoules per FLOP from the GPU's energy counter (kernels/cuda/gpu_energy.h).
@@ -382,7 +382,7 @@ int main(int argc, char** argv) {
     std::vector<Sm90Row> sm90;
     struct AltRow {
       std::string op;
-      double static_ms, claimed_ms, fused_ms;
+      double static_ms, claimed_ms;
     };
     std::vector<AltRow> alternating;
     namespace det = mt::cuda::detail;
@@ -428,26 +428,21 @@ int main(int argc, char** argv) {
       if (a.alternate > 0) {
         auto alternate_row = [&](const char* op, auto&& run) {
           if (!selected(op)) return;
-          std::vector<double> t_static, t_claimed, t_fused;
+          std::vector<double> t_static, t_claimed;
           det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Wgmma);
           for (int i = 0; i < a.alternate; ++i) {
-            det::grouped_gemm_sm90_fused_tail_set(0);
             det::grouped_gemm_sm90_dynamic_set(0);
             t_static.push_back(time_ms(a.reps, st, run));
             det::grouped_gemm_sm90_dynamic_set(1);
             t_claimed.push_back(time_ms(a.reps, st, run));
-            det::grouped_gemm_sm90_dynamic_set(0);
-            det::grouped_gemm_sm90_fused_tail_set(1);
-            t_fused.push_back(time_ms(a.reps, st, run));
           }
           det::grouped_gemm_sm90_dynamic_set(-1);
-          det::grouped_gemm_sm90_fused_tail_set(-1);
           det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Auto);
           auto median = [](std::vector<double> v) {
             std::sort(v.begin(), v.end());
             return v[v.size() / 2];
           };
-          alternating.push_back({op, median(t_static), median(t_claimed), median(t_fused)});
+          alternating.push_back({op, median(t_static), median(t_claimed)});
         };
         alternate_row("fwd_gate_up_sm90", [&] { mt::cuda::grouped_gemm_forward(xg, w1, plan.offsets, gu, st); });
         alternate_row("fwd_down_sm90", [&] { mt::cuda::grouped_gemm_forward(act, w2, plan.offsets, y, st); });
@@ -486,10 +481,8 @@ int main(int argc, char** argv) {
         const char* suffix;
         det::GroupedSm90Probe p;
         bool dynamic = false;  // the claimed-tile schedule (detail::grouped_gemm_sm90_dynamic_set)
-        bool fused = false;    // fused tails (detail::grouped_gemm_sm90_fused_tail_set)
       };
       const Probe probes[] = {{"_dyn", {}, true},
-                              {"_fused", {}, false, true},
                               {"_s3", {3, true, true}},
                               {"_s4", {4, true, true}},
                               {"_n384", {0, true, true, 384}},
@@ -505,10 +498,8 @@ int main(int argc, char** argv) {
           det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Wgmma);
           det::grouped_gemm_sm90_probe_set(pr.p);
           det::grouped_gemm_sm90_dynamic_set(pr.dynamic ? 1 : 0);
-          det::grouped_gemm_sm90_fused_tail_set(pr.fused ? 1 : 0);
           const double ms = time_ms(a.reps, st, run);
           const Sustained sus = sustained(a.energy_seconds, flops, st, run);
-          det::grouped_gemm_sm90_fused_tail_set(-1);
           det::grouped_gemm_sm90_dynamic_set(-1);
           det::grouped_gemm_sm90_probe_set({});
           det::grouped_gemm_fwd_kernel_set(det::GroupedFwdKernel::Auto);
@@ -574,10 +565,9 @@ int main(int argc, char** argv) {
       std::printf(" \"static_vs_claimed\": [\n");
       for (size_t i = 0; i < alternating.size(); ++i)
         std::printf("  {\"op\": \"%s\", \"runs\": %d, \"static_ms_median\": %.4f, \"claimed_ms_median\": %.4f, "
-                    "\"claimed_over_static\": %.3f, \"fused_ms_median\": %.4f, \"fused_over_static\": %.3f}%s\n",
+                    "\"claimed_over_static\": %.3f}%s\n",
                     alternating[i].op.c_str(), a.alternate, alternating[i].static_ms, alternating[i].claimed_ms,
-                    alternating[i].claimed_ms / alternating[i].static_ms, alternating[i].fused_ms,
-                    alternating[i].fused_ms / alternating[i].static_ms, i + 1 < alternating.size() ? "," : "");
+                    alternating[i].claimed_ms / alternating[i].static_ms, i + 1 < alternating.size() ? "," : "");
       std::printf(" ],\n");
     }
     // The tile-schedule model of this routing (256-wide tiles, output widths 2I, H, I, H; busiest block's tiles).

@@ -34,12 +34,6 @@ void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, con
 // (read once). Off by default until measured (bench/NOTES.md 79). Process-wide.
 void grouped_gemm_sm90_dynamic_set(int on);
 bool grouped_gemm_sm90_dynamic();
-// Whether the Hopper forward / dgrad fuse an expert's last rows (at most 64 after a full tile) onto that tile instead
-// of giving them a tile of their own (grouped_gemm_sm90.cu, FUSE): set (1 on, 0 off, -1 back to the environment) for
-// tests and the bench, else MIXTUNE_GROUPED_FUSED_TAIL=1 (read once). Not with claimed tiles (a tile counter wins).
-// Process-wide.
-void grouped_gemm_sm90_fused_tail_set(int on);
-bool grouped_gemm_sm90_fused_tail();
 // dw [E][M][N] (+)= dy_eᵀ · x_e as grouped_gemm_wgrad_launch; `rows` / `rows2` are the row counts of
 // dy/x and dy2/x2 (the tensor maps' extents). `tile_counter`: one device int, zero when the kernel starts
 // (the blocks take their tiles from it), used by this launch only.

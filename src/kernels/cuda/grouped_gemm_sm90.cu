@@ -64,39 +64,19 @@ struct Sm90Args {
 // every role walking tiles blockIdx.x, + gridDim.x, ... An expert's last tile with <= 64 rows costs less than a
 // full one, and on the static walk the kernel ends with the block that drew the most full tiles (the forward's
 // time follows the m-tile count: bench/NOTES.md 76-79); claimed tiles even the blocks' work out.
-#if MT_SM90A_DEVICE
-// One fused-tail product: acc_t (BN / 4 accumulators) += the tail box's 64 rows (desc `dt`, advanced already) · this
-// warpgroup's BN / 2 columns of the W tile (desc `dw`, advanced already)ᵀ: m64n128k16 (BN 256) or m64n64k16 (BN 128).
-template <int BN, bool B_MN, int R>
-__device__ __forceinline__ void fused_tail_mma(float (&acc_t)[R], uint64_t dt, uint64_t dw, int scale_d) {
-  if constexpr (BN == 256)
-    wgmma_m64n128k16<0, B_MN ? 1 : 0>(acc_t, dt, dw, scale_d);
-  else
-    wgmma_m64n64k16<0, B_MN ? 1 : 0>(acc_t, dt, dw, scale_d);
-}
-#endif
-
-// FUSE (64; detail::grouped_gemm_sm90_fused_tail_set): an expert's last rows, when at most 64 of them follow a full
-// tile, ride on that tile instead of taking a tile of their own (grouped_schedule.cuh). The producer loads them as
-// one more box per stage ([64 rows][64 k] through map_xt); consumer warpgroup c computes them for the tile's columns
-// c · BN / 2 .. as one more wgmma per k16 (m64n128k16 on the tile's 256 columns) on the W tile already in the stage,
-// and stores them from those accumulators. The tail then costs half a full tile's MMAs and no loads of W, where
-// a tile of its own costs a full tile's k-loop (bench/NOTES.md 76-81). 3 stages: the tail boxes take the 4th.
-template <int BN, bool B_MN, int STAGES_T = 0, bool STORE = true, bool LOAD = true, bool DYN = false, int FUSE = 0>
+template <int BN, bool B_MN, int STAGES_T = 0, bool STORE = true, bool LOAD = true, bool DYN = false>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
-                        const __grid_constant__ CUtensorMap map_y, const __grid_constant__ CUtensorMap map_xt,
-                        Sm90Args p) {
+                        const __grid_constant__ CUtensorMap map_y, Sm90Args p) {
   pdl_wait();
 #if MT_SM90A_DEVICE
-  static_assert(FUSE == 0 || (STORE && LOAD && !DYN), "fused tails: the stored, loaded, static-walk kernel only");
-  using Cfg = TileCfg<BN, STAGES_T, STORE, FUSE>;
+  using Cfg = TileCfg<BN, STAGES_T, STORE>;
   constexpr int STAGES = Cfg::STAGES, CHUNK = Cfg::CHUNK_BYTES, TQ = Cfg::RING;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* smem = smem_raw + (base - raw);
-  const uint32_t sA = base, sT = base + STAGES * A_BYTES, sB = sT + STAGES * Cfg::T_BYTES, sOut = base + Cfg::PIPE_BYTES;
+  const uint32_t sA = base, sB = base + STAGES * A_BYTES, sOut = base + Cfg::PIPE_BYTES;
   const uint32_t full_bar = sOut + Cfg::OUT_BYTES, empty_bar = full_bar + STAGES * 8;
   // [consumer warpgroup c][buffer b] at + 8 (2c + b): a chunk staged (the warpgroup's threads) / stored (the
   // storer warp's lane 0).
@@ -126,7 +106,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   }
-  grouped_schedule_build<THREADS, BM, FUSE>(p.offsets, p.E, s_off, s_tiles);  // ends with __syncthreads (covers the barrier init)
+  grouped_schedule_build<THREADS, BM>(p.offsets, p.E, s_off, s_tiles);  // ends with __syncthreads (covers the barrier init)
   const int ntn = (p.N + BN - 1) / BN, KT = (p.K + BK - 1) / BK;
   const int total = s_tiles[p.E] * ntn;  // < 2^31: launch_bn checks the bound
   // DYN: the next tile from the ring (-1: none left); `it` counts this thread's takes.
@@ -159,7 +139,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (t >= total) break;
         // Claimed before this tile's loads are issued, so the atomic's round trip hides behind them.
         const int next = DYN ? static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1) : t + static_cast<int>(gridDim.x);
-        const GroupedTile tp = grouped_tile<BM, BN, FUSE>(t, ntn, s_off, s_tiles, p.E);
+        const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
         for (int kb = 0; kb < KT; ++kb) {
           mbar_wait(empty_bar + 8 * stage, phase ^ 1);
           const uint32_t fb = full_bar + 8 * stage;
@@ -169,11 +149,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             continue;
           }
           // Full box bytes even where the box runs past the tensor (TMA counts the zero fill).
-          mbar_arrive_expect_tx(fb, Cfg::STAGE_BYTES + (tp.tail > 0 ? Cfg::T_BYTES : 0));
+          mbar_arrive_expect_tx(fb, Cfg::STAGE_BYTES);
           tma_load_2d(sA + stage * A_BYTES, &map_x, fb, kb * BK, tp.row0);
-          if constexpr (FUSE > 0) {
-            if (tp.tail > 0) tma_load_2d(sT + stage * Cfg::T_BYTES, &map_xt, fb, kb * BK, tp.row0 + BM);
-          }
           if constexpr (B_MN) {
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j)
@@ -196,7 +173,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       uint32_t n = 0, it = 0;
       for (int t = DYN ? take(it) : static_cast<int>(blockIdx.x); t >= 0 && t < total;
            t = DYN ? take(it) : t + static_cast<int>(gridDim.x)) {
-        const GroupedTile tp = grouped_tile<BM, BN, FUSE>(t, ntn, s_off, s_tiles, p.E);
+        const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
         const int my_row0 = tp.row0 + 64 * c;
         if (my_row0 >= tp.row_end) continue;
         const int rows = min(64, tp.row_end - my_row0);
@@ -235,16 +212,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     float acc[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-    // Fused tails: the tail's 64 rows by this warpgroup's BN / 2 columns.
-    constexpr int TACC = FUSE > 0 ? BN / 4 : 1;
-    float acc_t[TACC];
-#pragma unroll
-    for (int i = 0; i < TACC; ++i) acc_t[i] = 0.0f;
     int stage = 0;
     uint32_t phase = 0, n = 0, it = 0;  // n: chunks this warpgroup has staged; it: tiles taken (DYN)
     for (int t = DYN ? take(it) : static_cast<int>(blockIdx.x); t >= 0 && t < total;
          t = DYN ? take(it) : t + static_cast<int>(gridDim.x)) {
-      const GroupedTile tp = grouped_tile<BM, BN, FUSE>(t, ntn, s_off, s_tiles, p.E);
+      const GroupedTile tp = grouped_tile<BM, BN>(t, ntn, s_off, s_tiles, p.E);
       // A warpgroup whose 64 rows all lie past the expert's end (an expert's last tile holding <= 64
       // rows) issues no MMAs: the other warpgroup then has the SM's tensor cores to itself. It still
       // waits on every stage and hands it back, so the barrier phases stay in step. (Written as a loop
@@ -252,8 +224,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       const int my_row0 = tp.row0 + 64 * c;
       const bool active = my_row0 < tp.row_end;
       int prev = 0;
-      const bool fused = FUSE > 0 && tp.tail > 0;  // such a tile is full: both warpgroups are active
-      const int kt_mma = active && !fused ? KT : 0, kt_fused = fused ? KT : 0;
+      const int kt_mma = active ? KT : 0;
       for (int kb = 0; kb < kt_mma; ++kb) {
         mbar_wait(full_bar + 8 * stage, phase);
         const uint64_t da = smem_desc(sA + stage * A_BYTES + c * 64 * 128);
@@ -272,34 +243,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         prev = stage;
         if (++stage == STAGES) stage = 0, phase ^= 1;
       }
-      if constexpr (FUSE > 0) {
-        // The same k-steps plus the tail's product: A = the tail box (K-major), B = this warpgroup's half of the W
-        // tile (K-major rows c · BN / 2 .. in the forward; the dgrad's N-major boxes c · BN / 128 ..).
-        for (int kb = 0; kb < kt_fused; ++kb) {
-          mbar_wait(full_bar + 8 * stage, phase);
-          const uint32_t sb = sB + stage * Cfg::B_BYTES;
-          const uint64_t da = smem_desc(sA + stage * A_BYTES + c * 64 * 128);
-          const uint64_t db = B_MN ? smem_desc_mn(sb) : smem_desc(sb);
-          const uint64_t dt = smem_desc(sT + stage * Cfg::T_BYTES);
-          const uint32_t half = sb + c * (BN / 2) * 128;  // K-major: BN / 2 rows of 128 B; N-major: BN / 128 boxes of 8 KiB
-          const uint64_t dw = B_MN ? smem_desc_mn(half) : smem_desc(half);
-          constexpr int b_step = B_MN ? (16 * 128) >> 4 : 2;
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < BK / 16; ++kk) {
-            wgmma_tile<BN, 0, B_MN ? 1 : 0>(acc, da + 2 * kk, db + b_step * kk, (kb | kk) != 0);
-            fused_tail_mma<BN, B_MN>(acc_t, dt + 2 * kk, dw + b_step * kk, (kb | kk) != 0);
-          }
-          wgmma_commit();
-          if (kb > 0) {
-            wgmma_wait<1>();
-            mbar_arrive(empty_bar + 8 * prev);
-          }
-          prev = stage;
-          if (++stage == STAGES) stage = 0, phase ^= 1;
-        }
-      }
-      for (int kb = kt_mma + kt_fused; kb < KT; ++kb) {
+      for (int kb = kt_mma; kb < KT; ++kb) {
         mbar_wait(full_bar + 8 * stage, phase);
         if (kb > 0) mbar_arrive(empty_bar + 8 * prev);
         prev = stage;
@@ -307,7 +251,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
       wgmma_wait<0>();
       fence_regs(acc);
-      if constexpr (FUSE > 0) fence_regs(acc_t);
       mbar_arrive(empty_bar + 8 * prev);  // this warpgroup's last MMAs are done with the stage
       if constexpr (!STORE) {
         // Probe: consume the accumulators (ptxas drops MMAs whose results are never read) without storing.
@@ -336,26 +279,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes -> TMA's reads
         mbar_arrive(staged_bar + 8 * (2 * c + b));
-      }
-      if constexpr (FUSE > 0) {
-        // The tail's outputs straight from its accumulators (the m64nNk16 fragment: rows 16w + g and + 8, columns
-        // 8j + 2q and + 1 of this warpgroup's half), as bf16 pairs. Rows past the tail belong to the next expert
-        // (or lie past the tensor): never stored.
-        if (fused) {
-          const int row = tp.row0 + BM + 16 * w + g, col0 = tp.n0 + c * (BN / 2) + 2 * q;
-#pragma unroll
-          for (int j = 0; j < BN / 16; ++j) {
-            const int col = col0 + 8 * j;
-            if (col < p.N) {
-              if (16 * w + g < tp.tail)
-                *reinterpret_cast<uint32_t*>(p.y + static_cast<int64_t>(row) * p.N + col) =
-                    pack_bf16(acc_t[4 * j], acc_t[4 * j + 1]);
-              if (16 * w + g + 8 < tp.tail)
-                *reinterpret_cast<uint32_t*>(p.y + static_cast<int64_t>(row + 8) * p.N + col) =
-                    pack_bf16(acc_t[4 * j + 2], acc_t[4 * j + 3]);
-            }
-          }
-        }
       }
     }
   }
@@ -391,56 +314,45 @@ CUtensorMap out_map(void* y, int64_t rows, int N) {
   return make_map("y", y, 2, dims, strides, 64);
 }
 
-template <int BN, bool B_MN, int STAGES_T = 0, bool STORE = true, bool LOAD = true, bool DYN = false, int FUSE = 0>
-void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& my, const CUtensorMap& mxt,
-               const Sm90Args& a, int64_t rows, int sm_count, cudaStream_t stream) {
+template <int BN, bool B_MN, int STAGES_T = 0, bool STORE = true, bool LOAD = true, bool DYN = false>
+void launch_bn(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& my, const Sm90Args& a, int64_t rows,
+               int sm_count, cudaStream_t stream) {
   const int64_t max_tiles = (rows / BM + a.E) * ((a.N + BN - 1) / BN);
   if (max_tiles <= 0) return;
   MT_CUDA_REQUIRE(max_tiles < (int64_t{1} << 31), "grouped gemm (wgmma): more than 2^31 tiles");
-  const size_t smem = smem_bytes<BN, STAGES_T, STORE, FUSE>(a.E);
+  const size_t smem = smem_bytes<BN, STAGES_T, STORE>(a.E);
   require_smem_fits(smem, "grouped gemm (wgmma) with " + std::to_string(a.E) + " experts");
-  auto kern = grouped_sm90_kernel<BN, B_MN, STAGES_T, STORE, LOAD, DYN, FUSE>;
+  auto kern = grouped_sm90_kernel<BN, B_MN, STAGES_T, STORE, LOAD, DYN>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int grid = static_cast<int>(std::min<int64_t>(max_tiles, std::max(sm_count, 1)));
-  launch_kernel(kern, grid, THREADS, smem, stream, mx, mw, my, mxt, a);
+  launch_kernel(kern, grid, THREADS, smem, stream, mx, mw, my, a);
 }
-
-// Fused-tail rows (the FUSE builds): the stages' extra box of the rows after a full tile.
-constexpr int kFuseRows = 64;
 
 // The shape's tile choice (the 384-wide one included), or on the 256-wide tile the bench's probe: 3 or 4 stages
 // (forward and dgrad), no stores or no loads (forward only). With a tile counter (a.tile_counter) and no probe:
-// the claimed-tile (DYN) build of the 128- or 256-wide tile. With fused tails (mxt non-null; no counter, no probe):
-// the FUSE build of the 128- or 256-wide tile, 3 stages for the 256-wide one (4 and the tail boxes leave no room
-// for the output staging).
+// the claimed-tile (DYN) build of the 128- or 256-wide tile.
 template <bool B_MN>
 void launch(const TileChoice& tc, const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& my,
-            const CUtensorMap* mxt, const Sm90Args& a, int64_t rows, int sm_count, cudaStream_t stream) {
+            const Sm90Args& a, int64_t rows, int sm_count, cudaStream_t stream) {
   const detail::GroupedSm90Probe pr = detail::grouped_gemm_sm90_probe_get();
-  if (mxt != nullptr && a.tile_counter == nullptr && pr.stages == 0 && pr.bn == 0 && tc.bn != 384) {
-    if (tc.bn == 128 && smem_bytes<128, 0, true, kFuseRows>(a.E) <= smem_optin_bytes())
-      return launch_bn<128, B_MN, 0, true, true, false, kFuseRows>(mx, mw, my, *mxt, a, rows, sm_count, stream);
-    if (tc.bn == 256 && smem_bytes<256, 3, true, kFuseRows>(a.E) <= smem_optin_bytes())
-      return launch_bn<256, B_MN, 3, true, true, false, kFuseRows>(mx, mw, my, *mxt, a, rows, sm_count, stream);
-  }
   if (a.tile_counter != nullptr && pr.stages == 0 && pr.bn == 0 && tc.bn != 384) {
-    if (tc.bn == 128) return launch_bn<128, B_MN, 0, true, true, true>(mx, mw, my, mx, a, rows, sm_count, stream);
-    if (tc.stages == 4) return launch_bn<256, B_MN, 4, true, true, true>(mx, mw, my, mx, a, rows, sm_count, stream);
-    return launch_bn<256, B_MN, 3, true, true, true>(mx, mw, my, mx, a, rows, sm_count, stream);
+    if (tc.bn == 128) return launch_bn<128, B_MN, 0, true, true, true>(mx, mw, my, a, rows, sm_count, stream);
+    if (tc.stages == 4) return launch_bn<256, B_MN, 4, true, true, true>(mx, mw, my, a, rows, sm_count, stream);
+    return launch_bn<256, B_MN, 3, true, true, true>(mx, mw, my, a, rows, sm_count, stream);
   }
-  if (tc.bn == 384) return launch_bn<384, B_MN>(mx, mw, my, mx, a, rows, sm_count, stream);
-  if (tc.bn == 128) return launch_bn<128, B_MN>(mx, mw, my, mx, a, rows, sm_count, stream);
+  if (tc.bn == 384) return launch_bn<384, B_MN>(mx, mw, my, a, rows, sm_count, stream);
+  if (tc.bn == 128) return launch_bn<128, B_MN>(mx, mw, my, a, rows, sm_count, stream);
   if (pr.bn == 0 && (pr.stages == 0 || (pr.store && pr.load && (pr.stages == 3 || pr.stages == 4)))) {
-    if ((pr.stages == 0 ? tc.stages : pr.stages) == 4) return launch_bn<256, B_MN, 4>(mx, mw, my, mx, a, rows, sm_count, stream);
-    return launch_bn<256, B_MN, 3>(mx, mw, my, mx, a, rows, sm_count, stream);
+    if ((pr.stages == 0 ? tc.stages : pr.stages) == 4) return launch_bn<256, B_MN, 4>(mx, mw, my, a, rows, sm_count, stream);
+    return launch_bn<256, B_MN, 3>(mx, mw, my, a, rows, sm_count, stream);
   }
   if constexpr (!B_MN) {
     if (!pr.store && pr.load && pr.stages == 4)
-      return launch_bn<256, false, 4, false>(mx, mw, my, mx, a, rows, sm_count, stream);
+      return launch_bn<256, false, 4, false>(mx, mw, my, a, rows, sm_count, stream);
     if (!pr.store && pr.load && pr.stages == 3)
-      return launch_bn<256, false, 3, false>(mx, mw, my, mx, a, rows, sm_count, stream);
+      return launch_bn<256, false, 3, false>(mx, mw, my, a, rows, sm_count, stream);
     if (pr.store && !pr.load && pr.stages == 4)
-      return launch_bn<256, false, 4, true, false>(mx, mw, my, mx, a, rows, sm_count, stream);
+      return launch_bn<256, false, 4, true, false>(mx, mw, my, a, rows, sm_count, stream);
   }
   MT_CUDA_REQUIRE(false, std::string("grouped gemm (wgmma): no probe build of the ") + (B_MN ? "dgrad" : "forward") +
                              " for this stage count / store / load choice");
@@ -481,21 +393,6 @@ std::atomic<int> g_dynamic{-1};  // grouped_gemm_sm90_dynamic_set; -1: MIXTUNE_G
 }  // namespace
 
 void grouped_gemm_sm90_dynamic_set(int on) { g_dynamic.store(on); }
-
-namespace {
-std::atomic<int> g_fused_tail{-1};  // grouped_gemm_sm90_fused_tail_set; -1: MIXTUNE_GROUPED_FUSED_TAIL (default off)
-}  // namespace
-
-void grouped_gemm_sm90_fused_tail_set(int on) { g_fused_tail.store(on); }
-bool grouped_gemm_sm90_fused_tail() {
-  const int set = g_fused_tail.load();
-  if (set >= 0) return set == 1;
-  static const bool env_on = [] {
-    const char* e = std::getenv("MIXTUNE_GROUPED_FUSED_TAIL");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  return env_on;
-}
 bool grouped_gemm_sm90_dynamic() {
   const int set = g_dynamic.load();
   if (set >= 0) return set == 1;
@@ -520,9 +417,7 @@ void grouped_gemm_fwd_sm90_launch(const void* x, const void* w, void* y, const i
   const CUtensorMap mx = make_map("x", x, 2, xdims, xstrides, BM), my = out_map(y, rows, N);
   const TileChoice tc = tile_choice(N, E);
   const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, tc.bn == 384 ? 192 : tc.bn);  // a box holds <= 256 rows
-  const bool fused = grouped_gemm_sm90_fused_tail();
-  const CUtensorMap mxt = fused ? make_map("x tail", x, 2, xdims, xstrides, kFuseRows) : mx;
-  launch<false>(tc, mx, mw, my, fused ? &mxt : nullptr, a, rows, sm_count, stream);
+  launch<false>(tc, mx, mw, my, a, rows, sm_count, stream);
 }
 
 void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, const int32_t* offsets, int E,
@@ -538,9 +433,7 @@ void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, con
   const Sm90Args a{offsets, static_cast<bf16*>(dx), E, K, J, tile_counter};
   const CUtensorMap my = make_map("dy", dy, 2, ydims, ystrides, BM), mo = out_map(dx, rows, K);
   const CUtensorMap mw = make_map("w", w, 3, wdims, wstrides, BK);
-  const bool fused = grouped_gemm_sm90_fused_tail();
-  const CUtensorMap myt = fused ? make_map("dy tail", dy, 2, ydims, ystrides, kFuseRows) : my;
-  launch<true>(tile_choice(K, E), my, mw, mo, fused ? &myt : nullptr, a, rows, sm_count, stream);
+  launch<true>(tile_choice(K, E), my, mw, mo, a, rows, sm_count, stream);
 }
 
 }  // namespace detail

@@ -8,20 +8,9 @@
 
 namespace mt::cuda {
 
-// m-tiles of an expert with r rows. FUSE > 0 (the Hopper kernels' fused tails): a last partial tile of at most
-// FUSE rows that follows a full tile has no tile of its own; it rides on that full tile (GroupedTile::tail).
-template <int BM, int FUSE>
-__device__ __forceinline__ int expert_m_tiles(int r) {
-  const int full = r / BM, rest = r - full * BM;
-  if constexpr (FUSE > 0) {
-    if (full > 0 && rest > 0 && rest <= FUSE) return full;
-  }
-  return full + (rest > 0 ? 1 : 0);
-}
-
 // s_off[0..E] = offsets, s_tiles[e] = m-tiles (of BM rows) of the experts before e, s_tiles[E] = all.
 // Every thread of the block (THREADS of them) takes part; ends with __syncthreads.
-template <int THREADS, int BM, int FUSE = 0>
+template <int THREADS, int BM>
 __device__ __forceinline__ void grouped_schedule_build(const int32_t* offsets, int E, int* s_off, int* s_tiles) {
   __shared__ int s_warp[THREADS / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -29,7 +18,7 @@ __device__ __forceinline__ void grouped_schedule_build(const int32_t* offsets, i
   __syncthreads();
   const int per = (E + THREADS - 1) / THREADS, e0 = min(tid * per, E), e1 = min(e0 + per, E);
   int local = 0;
-  for (int e = e0; e < e1; ++e) local += expert_m_tiles<BM, FUSE>(s_off[e + 1] - s_off[e]);
+  for (int e = e0; e < e1; ++e) local += (s_off[e + 1] - s_off[e] + BM - 1) / BM;
   int incl = local;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -43,7 +32,7 @@ __device__ __forceinline__ void grouped_schedule_build(const int32_t* offsets, i
   int run = before + incl - local;
   for (int e = e0; e < e1; ++e) {
     s_tiles[e] = run;
-    run += expert_m_tiles<BM, FUSE>(s_off[e + 1] - s_off[e]);
+    run += (s_off[e + 1] - s_off[e] + BM - 1) / BM;
   }
   if (tid == THREADS - 1) s_tiles[E] = before + incl;
   __syncthreads();
@@ -51,12 +40,11 @@ __device__ __forceinline__ void grouped_schedule_build(const int32_t* offsets, i
 
 struct GroupedTile {
   int e, row0, row_end, n0;
-  int tail;  // FUSE schedules: rows row0 + BM .. row_end - 1 fused onto this (full) tile; else 0
 };
 
 // Tile t -> (expert, first row, expert's end row, first column); n fastest, so the blocks working at
 // the same time share an expert's rows and W_e in L2.
-template <int BM, int BN, int FUSE = 0>
+template <int BM, int BN>
 __device__ __forceinline__ GroupedTile grouped_tile(int64_t t, int ntn, const int* s_off, const int* s_tiles, int E) {
   const int mt = static_cast<int>(t / ntn);
   GroupedTile x;
@@ -72,10 +60,6 @@ __device__ __forceinline__ GroupedTile grouped_tile(int64_t t, int ntn, const in
   x.e = lo;
   x.row0 = s_off[lo] + (mt - s_tiles[lo]) * BM;
   x.row_end = s_off[lo + 1];
-  x.tail = 0;
-  if constexpr (FUSE > 0) {
-    if (mt + 1 == s_tiles[lo + 1] && x.row_end - x.row0 > BM) x.tail = x.row_end - x.row0 - BM;
-  }
   return x;
 }
 

@@ -29,31 +29,27 @@ constexpr int A_BYTES = BM * BK * 2;  // one x stage: 128 rows of 128 bytes
 // per warpgroup (64 KiB) left 3. STAGES: 4 / 5 for BN 256 / 128 (3 for BN 256 where E's offsets leave no room
 // for 4); BN 384 (the bench's probe, two m64n192k16 per k16): 3 stages of 64 KiB.
 // STORE = false (the bench's probes only, detail::grouped_gemm_sm90_probe_set): no staging, nothing stored.
-// FUSE > 0 (fused tails, detail::grouped_gemm_sm90_fused_tail_set): each stage also holds a [FUSE rows][64 k] box of
-// the rows after a full tile (T_BYTES), read only for a tile that carries an expert's short last rows.
-template <int BN, int STAGES_T = 0, bool STORE = true, int FUSE = 0>
+template <int BN, int STAGES_T = 0, bool STORE = true>
 struct TileCfg {
   static constexpr int STAGES = STAGES_T > 0 ? STAGES_T : (BN == 384 ? 3 : BN == 256 ? 4 : 5);
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-  static constexpr int T_BYTES = FUSE * 128;
-  static constexpr int PIPE_BYTES = STAGES * (STAGE_BYTES + T_BYTES);
+  static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
   static constexpr int CHUNK_BYTES = 64 * 128;  // [64 rows][64 bf16 columns]
   static constexpr int OUT_BYTES = STORE ? 2 * 2 * CHUNK_BYTES : 0;  // [consumer warpgroup][buffer]
   static constexpr int RING = 4;  // claimed-tile ring slots (the DYN kernels)
   // full[STAGES], empty[STAGES], staged[2][2], free[2][2], tile_full[RING], tile_empty[RING]
   static constexpr int BAR_BYTES = 2 * STAGES * 8 + 8 * 8 + 2 * RING * 8;
   static_assert(BN == 128 || BN == 256 || BN == 384, "wgmma tile width");
-  static_assert(FUSE == 0 || (FUSE == 64 && BN != 384), "fused tail rows: 64, tiles 128 / 256");
 };
 
 // Dynamic shared memory of the forward and dgrad: 1 KiB of slack to align the stages to 1024 bytes (the
 // 128-byte swizzle pattern repeats every 8 rows of 128 bytes; TMA and wgmma both assume the atom starts
 // 1024-aligned), the stages, the output staging, the barriers, then two int arrays of E + 1 (the offsets
 // and the m-tile prefix) and the claimed-tile ring.
-template <int BN, int STAGES_T = 0, bool STORE = true, int FUSE = 0>
+template <int BN, int STAGES_T = 0, bool STORE = true>
 inline size_t smem_bytes(int E) {
-  using Cfg = TileCfg<BN, STAGES_T, STORE, FUSE>;
+  using Cfg = TileCfg<BN, STAGES_T, STORE>;
   return 1024 + Cfg::PIPE_BYTES + Cfg::OUT_BYTES + Cfg::BAR_BYTES + (2 * static_cast<size_t>(E + 1) + Cfg::RING) * sizeof(int);
 }
 

@@ -354,37 +354,6 @@ TEST(CudaGroupedGemm, Sm90DynamicScheduleMatchesDoubleReference) {
   expect_sm90_dgrad_matches({counts, 2, 64, 256});
 }
 
-// Fused tails (an expert's last <= 64 rows after a full tile computed on that tile by one more wgmma per k16 and
-// stored from its accumulators): every sm90 case, forward and dgrad, the 128- and 256-wide tiles, and experts of
-// 128 + t and 256 + t rows for t around the fused limit (1, 2, 7, 8, 9, 16, 31, 32, 33, 63, 64: fused; 65: a tile of
-// its own), rows past the tensor's end in the tail box (extra_rows 0), and a fused tail followed by an empty expert.
-TEST(CudaGroupedGemm, Sm90FusedTailMatchesDoubleReference) {
-  MT_SKIP_WITHOUT_SM90();
-  ForwardKernelScope scope(cuda::detail::GroupedFwdKernel::Wgmma);
-  struct FusedScope {
-    FusedScope() { cuda::detail::grouped_gemm_sm90_fused_tail_set(1); }
-    ~FusedScope() { cuda::detail::grouped_gemm_sm90_fused_tail_set(-1); }
-  } fused;
-  ASSERT_TRUE(cuda::detail::grouped_gemm_sm90_fused_tail());
-  for (const GemmCase& c : kSm90Cases) {
-    expect_sm90_forward_matches(c);
-    expect_sm90_dgrad_matches(c);
-  }
-  const std::vector<int> tails = {129, 130, 135, 136, 137, 144, 159, 160, 161, 191, 192, 0, 193, 257, 263, 288, 320,
-                                  31, 280};
-  for (int extra : {0, 3}) {
-    expect_sm90_forward_matches({tails, extra, 512, 256});    // 256-wide tile
-    expect_sm90_forward_matches({tails, extra, 384, 128});    // 128-wide tile (3 of them)
-    expect_sm90_dgrad_matches({tails, extra, 256, 512});
-    expect_sm90_dgrad_matches({tails, extra, 128, 384});
-  }
-  // The Qwen3-30B-A3B expert shapes (gate_up 1536 x 2048, down 2048 x 768) on 240-291 rows per expert.
-  std::vector<int> near256(16);
-  for (size_t e = 0; e < near256.size(); ++e) near256[e] = 240 + static_cast<int>((e * 37) % 52);
-  expect_sm90_forward_matches({near256, 0, 1536, 2048});
-  expect_sm90_dgrad_matches({near256, 0, 2048, 768});
-}
-
 // Layout probe of the wgmma dgrad (N-major B): one expert, 128 rows, reduction Nout 64, output K 256,
 // dy one-hot (dy[r][j] = 1 where j = r % 64), so dx[r][k] = W[r % 64][k]. Run 1 has W[j][k] = j + 1,
 // run 2 W[j][k] = k + 1: a wrong output names the reduction row and the column the kernel used.
