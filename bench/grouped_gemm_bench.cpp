@@ -533,7 +533,8 @@ int main(int argc, char** argv) {
         " \"shape\": {\"tokens\": %lld, \"hidden\": %lld, \"moe_intermediate\": %lld, \"experts\": %lld, "
         "\"top_k\": %lld, \"routing\": \"%s\", \"rows_per_expert_min\": %lld, \"rows_per_expert_max\": %lld, "
         "\"empty_experts\": %lld, \"checked_against_mma_sync\": %s},\n",
-        (long long)T, (long long)H, (long long)I, (long long)E, (long long)k, a.balanced ? "balanced" : a.uniform ? "uniform-random" : "skewed-random",
+        (long long)T, (long long)H, (long long)I, (long long)E, (long long)k,
+        a.balanced ? "balanced" : a.uniform ? "uniform-random" : "skewed-random",
         (long long)cmin, (long long)cmax, (long long)empty, a.check ? "true" : "false");
     std::printf(" \"gemm\": [\n");
     for (size_t i = 0; i < rows.size(); ++i) {
