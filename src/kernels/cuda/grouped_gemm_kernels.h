@@ -31,7 +31,8 @@ void grouped_gemm_dgrad_sm90_launch(const void* dy, const void* w, void* dx, con
                                     int64_t rows, int J, int K, int sm_count, int* tile_counter, cudaStream_t stream);
 // Whether grouped_gemm_forward / _dgrad give the Hopper kernels a tile counter (claimed tiles instead of the static
 // walk): set (1 on, 0 off, -1 back to the environment) for tests and the bench, else MIXTUNE_GROUPED_DYNAMIC=1
-// (read once). Off by default until measured (bench/NOTES.md 79). Process-wide.
+// (read once). Off by default: no change in the standard step, 2-15% slower with balanced routing, 2-8%
+// faster with skewed routing (bench/NOTES.md 80). Process-wide.
 void grouped_gemm_sm90_dynamic_set(int on);
 bool grouped_gemm_sm90_dynamic();
 // dw [E][M][N] (+)= dy_eᵀ · x_e as grouped_gemm_wgrad_launch; `rows` / `rows2` are the row counts of

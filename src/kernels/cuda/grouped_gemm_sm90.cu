@@ -58,12 +58,14 @@ struct Sm90Args {
 // LOAD false are the bench's mainloop probes (detail::grouped_gemm_sm90_probe_set): no output (the
 // accumulators are still consumed, so ptxas keeps the MMAs), or full barriers armed without TMA loads (the
 // MMAs read whatever the stages hold).
-// DYN (detail::grouped_gemm_sm90_dynamic_set, MIXTUNE_GROUPED_DYNAMIC=1; not yet measured, off by default): the
+// DYN (detail::grouped_gemm_sm90_dynamic_set, MIXTUNE_GROUPED_DYNAMIC=1; off by default): the
 // producer thread claims each next tile from p.tile_counter (atomicAdd, as the wgrad does) and hands it to the
 // consumers and storer warps through a ring of TQ slots (tile_full / tile_empty barriers, -1 ends), instead of
 // every role walking tiles blockIdx.x, + gridDim.x, ... An expert's last tile with <= 64 rows costs less than a
 // full one, and on the static walk the kernel ends with the block that drew the most full tiles (the forward's
-// time follows the m-tile count: bench/NOTES.md 76-79); claimed tiles even the blocks' work out.
+// time follows the m-tile count: bench/NOTES.md 76-79); claimed tiles even the blocks' work out. Measured
+// (NOTES 80): 2-8% faster with skewed (trained-router-like) routing, 2-15% slower with balanced routing (the ring's
+// hand-off), no change in the standard step, whose random-init router is near-uniform.
 template <int BN, bool B_MN, int STAGES_T = 0, bool STORE = true, bool LOAD = true, bool DYN = false>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
