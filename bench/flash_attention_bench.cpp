@@ -7,9 +7,13 @@
 // "backward", backward_kernel, backward_by_kernel and backward_speedup likewise for the backward.
 //
 // usage: mixtune_bench_flash_attention [--seq S] [--batch B] [--heads H] [--kv-heads K] [--head-dim D]
-//                                      [--doc-len L] [--reps R] [--energy-seconds S]
+//                                      [--doc-len L] [--reps R] [--energy-seconds S] [--bwd-heads G]
+//                                      [--bwd-heads-sweep ROUNDS]
 // --energy-seconds S also runs the default forward and backward back to back for S seconds each: sustained TFLOP/s
-// and picojoules per FLOP from the GPU's energy counter (bench/sustained_run.h).
+// and picojoules per FLOP from the GPU's energy counter (bench/sustained_run.h). --bwd-heads G forces the
+// sm90 backward's query heads per work item (0: its schedule model chooses; default: MIXTUNE_FLASH_BWD_HEADS,
+// else the model); --bwd-heads-sweep ROUNDS times the sm90 backward at every G dividing heads / kv-heads,
+// alternating G within each round, and reports each G's median (backward_by_heads).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -49,7 +53,7 @@ Tensor random_bf16(const mt::Shape& s, uint64_t seed) {
 
 int main(int argc, char** argv) {
   int64_t S = 4096, B = 1, Hq = 32, Hk = 4, D = 128, doc_len = 0;
-  int reps = 10;
+  int reps = 10, bwd_heads = -1, sweep_rounds = 0;
   double energy_seconds = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
@@ -74,6 +78,10 @@ int main(int argc, char** argv) {
       reps = static_cast<int>(v);
     else if (s == "--energy-seconds")
       energy_seconds = static_cast<double>(v);
+    else if (s == "--bwd-heads")
+      bwd_heads = static_cast<int>(v);
+    else if (s == "--bwd-heads-sweep")
+      sweep_rounds = static_cast<int>(v);
     else {
       std::fprintf(stderr, "unknown argument %s\n", s.c_str());
       return 2;
@@ -108,6 +116,11 @@ int main(int argc, char** argv) {
     fa.T = static_cast<int>(T), fa.Hq = static_cast<int>(Hq), fa.Hk = static_cast<int>(Hk), fa.D = static_cast<int>(D);
     const bool have_sm90 = det::flash_fwd_sm90_supported(fa);
     const bool have_bwd_sm90 = det::flash_bwd_sm90_supported(fa);
+    if (bwd_heads >= 0) det::flash_bwd_sm90_heads_set(bwd_heads);
+    const int bwd_heads_used =
+        have_bwd_sm90 ? det::flash_bwd_sm90_heads_per_item(static_cast<int>(T), static_cast<int>(Hq),
+                                                           static_cast<int>(Hk), ctx.sm_count)
+                      : 0;
     auto forward_ms = [&](det::FlashFwdKernel kind) {
       det::flash_fwd_kernel_set(kind);
       const double ms = time_ms(reps, ctx.stream, [&] {
@@ -132,6 +145,24 @@ int main(int argc, char** argv) {
     const double bwd_mma_ms = have_bwd_sm90 ? backward_ms(det::FlashBwdKernel::MmaSync) : bwd_ms;
     const double bwd_sm90_ms = have_bwd_sm90 ? backward_ms(det::FlashBwdKernel::Sm90) : 0.0;
     const double fwd_flops = 4.0 * visible * D * Hq, bwd_flops = 2.5 * fwd_flops;
+    // The sweep: every divisor G of the group, alternating within a round; medians over the rounds.
+    std::vector<int> sweep_g;
+    std::vector<std::vector<double>> sweep_ms;
+    if (have_bwd_sm90 && sweep_rounds > 0) {
+      for (int g = 1; g <= Hq / Hk; ++g)
+        if ((Hq / Hk) % g == 0) sweep_g.push_back(g);
+      sweep_ms.resize(sweep_g.size());
+      det::flash_bwd_kernel_set(det::FlashBwdKernel::Sm90);
+      for (int r = 0; r < sweep_rounds; ++r)
+        for (size_t i = 0; i < sweep_g.size(); ++i) {
+          det::flash_bwd_sm90_heads_set(sweep_g[i]);
+          sweep_ms[i].push_back(time_ms(reps, ctx.stream, [&] {
+            mt::cuda::flash_attention_backward(fs, dout, q, k, v, out, lse, docs, dq, dk, dv, ctx.stream);
+          }, /*warmup=*/2));
+        }
+      det::flash_bwd_kernel_set(det::FlashBwdKernel::Auto);
+      det::flash_bwd_sm90_heads_set(bwd_heads);  // back to the run's setting (-1: unset)
+    }
     const mt_bench::Sustained fwd_sus = mt_bench::sustained(energy_seconds, fwd_flops, ctx.stream, [&] {
       mt::cuda::flash_attention_forward(fs, q, k, v, docs, out, lse, ctx.stream);
     });
@@ -160,6 +191,18 @@ int main(int argc, char** argv) {
           "\"tflops\": %.1f}}, \"backward_speedup\": %.2f,\n",
           bwd_sm90_ms, bwd_flops / bwd_sm90_ms * 1e-9, bwd_mma_ms, bwd_flops / bwd_mma_ms * 1e-9,
           bwd_mma_ms / bwd_sm90_ms);
+    if (!sweep_g.empty()) {
+      std::printf(" \"backward_by_heads\": {");
+      for (size_t i = 0; i < sweep_g.size(); ++i) {
+        std::vector<double> m = sweep_ms[i];
+        std::sort(m.begin(), m.end());
+        const double med = m[m.size() / 2];
+        std::printf("%s\"%d\": {\"ms\": %.4f, \"tflops\": %.1f}", i ? ", " : "", sweep_g[i], med,
+                    bwd_flops / med * 1e-9);
+      }
+      std::printf("},\n");
+    }
+    std::printf(" \"backward_heads_per_item\": %d,\n", bwd_heads_used);
     std::printf(" \"backward\": {\"ms\": %.4f, \"tflops\": %.1f%s}}\n", bwd_ms, bwd_flops / bwd_ms * 1e-9,
                 mt_bench::sustained_json(bwd_sus, "").c_str());
   } catch (const std::exception& e) {

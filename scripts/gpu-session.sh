@@ -25,10 +25,12 @@
 #         the standard step with MIXTUNE_GROUPED_DYNAMIC=1) | kernels-flash-persistent
 #         (the flash backward one block per item vs persistent) | launch-gap (a kernel boundary's cost with and without
 #         programmatic dependent launch) | kernels-memory (the memory-bound kernels against the copy rate) |
-#         profile-bytes (ncu: time and HBM bytes read/written of the GEMM, attention, norm and permute kernels).
+#         profile-bytes (ncu: time and HBM bytes read/written of the GEMM, attention, norm and permute kernels) |
+#         kernels-flash-heads, mixtune-standard-headsG (the flash backward's query heads per item: every G per
+#         shape, and the standard step with G forced).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -138,6 +140,22 @@ for stage in "$@"; do
                  echo "{\"persistent\": $p, \"args\": \"$args\", \"result\": $r}" | tee -a "$OUT/flash-ab.jsonl" \
                    | grep -o '"persistent": [01], "args": "[^"]*"\|"backward": {[^}]*}'
                done; done ;;
+    kernels-flash-heads)  # the sm90 flash backward's query heads per item (bench/NOTES.md 83): every G alternating
+               # in one process per shape (backward_by_heads), then G = 1 against the model's choice sustained
+               for args in "--seq 4096" "--seq 4096 --doc-len 512" "--seq 4096 --doc-len 2048" "--seq 8192" \
+                   "--seq 16384 --reps 4" "--seq 1024 --batch 4"; do
+                 r=$("$BIN/mixtune_bench_flash_attention" $args --bwd-heads-sweep ${SWEEP:-5} 2>&1 | tr -d '\n')
+                 echo "{\"args\": \"$args\", \"result\": $r}" | tee -a "$OUT/flash-heads.jsonl" \
+                   | grep -o '"args": "[^"]*"\|"backward_by_heads": .*"backward_heads_per_item": [0-9]*'
+               done
+               for g in 1 0 1 0; do
+                 r=$("$BIN/mixtune_bench_flash_attention" --seq 4096 --bwd-heads $g --energy-seconds 2 2>&1 | tr -d '\n')
+                 echo "{\"bwd_heads\": $g, \"result\": $r}" | tee -a "$OUT/flash-heads-energy.jsonl" \
+                   | grep -o '"bwd_heads": [0-9]*\|"backward_heads_per_item": [0-9]*\|"backward": {[^}]*}'
+               done ;;
+    mixtune-standard-heads*)  # the standard step with the flash backward's heads per item forced (…-heads1: G = 1)
+               MIXTUNE_FLASH_BWD_HEADS=${stage#mixtune-standard-heads} SIDES=mixtune NAME=$stage OUT=$OUT \
+               bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     launch-gap) "$BIN/mixtune_bench_launch_gap" | tee "$OUT/launch_gap.json" || rc=1 ;;
     kernels-memory) "$BIN/mixtune_bench_memory_kernels" > "$OUT/memory_kernels.json" 2>&1 || rc=1
                cat "$OUT/memory_kernels.json" ;;

@@ -1,5 +1,11 @@
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <tuple>
+#include <vector>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -19,10 +25,11 @@
 // delta = rowsum(dO ⊙ O)) and dK/dV epilogue (fp32 -> bf16, dK times the scale) it shares; dq_acc has
 // this kernel's own layout (below) and its own conversion.
 //
-// Work item = one query head h x one tile of 128 keys (k0 .. k0 + 127); block = 3 warpgroups (384 threads,
-// one block per SM, 226.5 KiB of shared memory), one item per block (or, persistent, several in turn). The
-// block loads the item's K and V tiles once and walks the queries that can see them, q_lo = k0 .. q_hi =
-// doc_end(last key) − 1, in steps of 64:
+// Work item = G query heads of one KV head (G divides Hq / Hk; the launcher picks it, below) x one tile of
+// 128 keys (k0 .. k0 + 127); block = 3 warpgroups (384 threads, one block per SM, 226.5 KiB of shared
+// memory), one block per SM claiming items (or one block per item). The block loads the item's K and V
+// tiles once and, head after head, walks the queries that can see them, q_lo = k0 .. q_hi =
+// doc_end(last key) − 1, in steps of 64 (dK, dV summed over the G heads in registers):
 //   warpgroup 0: producer (setmaxnreg 40). Thread 0 loads K, V (kv_full, once kv_empty says the previous
 //                item's are no longer read) and per step the Q and dO tiles
 //                (64 x 128 each, two [64 rows][64 columns] 128B-swizzled boxes) into a 2-stage ring
@@ -174,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                           const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
                           detail::FlashArgs a, const float* __restrict__ lse, const float* __restrict__ delta,
                           float* __restrict__ dq_acc, float* __restrict__ dk_acc, float* __restrict__ dv_acc,
-                          int* __restrict__ item_counter) {
+                          int* __restrict__ item_counter, int heads_per_item) {
   pdl_wait();
 #if MT_SM90A_DEVICE
   using namespace sm90;
@@ -192,14 +199,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int tid = threadIdx.x;
   const int T = a.T;
-  // Work items (query head h, key tile ky), key tile 0 (the most queries) first and the query heads of one
-  // KV head next to each other (K, V from L2): item = ky·Hq + h. Block b starts with item b and then takes
+  // Work items (G query heads h0 .. h0 + G − 1 of one KV head, key tile ky), key tile 0 (the most queries)
+  // first and the head groups of one KV head next to each other (K, V from L2): item = ky·(Hq / G) + h0 / G.
+  // Block b starts with item b and then takes
   // the next unclaimed one (gridDim.x + an atomic counter the prologue zeroes), greedily as the hardware
   // would hand out blocks: a static split left blocks up to ~20% apart with packed documents, whose items'
   // lengths vary. Its producer thread claims an item when it starts loading it and passes the index to the
   // other roles through a ring of two shared slots (item_full / item_empty); an index >= n_items ends
   // them all. A grid of one block per item is the non-persistent launch.
-  const int n_items = a.Hq * ((T + kBN - 1) / kBN);
+  // An item covers heads_per_item query heads of one KV head (G, dividing Hq / Hk): their steps run one
+  // head after the other on the same K, V tiles and dK, dV accumulators, so the item's fixed cost (K, V
+  // load, pipeline fill, the dK/dV flush) is paid once per G heads (the launcher picks G).
+  const int G = heads_per_item, n_groups = a.Hq / G;
+  const int n_items = n_groups * ((T + kBN - 1) / kBN);
   // Every role but the claiming thread: the block's next item from the ring (k counts the items taken).
   auto take_item = [&](int k) {
     const int slot = k & 1;
@@ -210,15 +222,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     return item;
   };
   struct Item {
-    int h, hk, k0, q_lo, nsteps;
+    int h0, hk, k0, q_lo, nq, nsteps;  // nq query steps per head, nsteps = G·nq
   };
   auto item_at = [&](int item) {
     Item it;
-    it.h = item % a.Hq, it.hk = it.h / (a.Hq / a.Hk), it.k0 = (item / a.Hq) * kBN;
+    it.h0 = (item % n_groups) * G, it.hk = it.h0 / (a.Hq / a.Hk), it.k0 = (item / n_groups) * kBN;
     const int k_last = min(it.k0 + kBN, T) - 1;
     it.q_lo = it.k0;
-    it.nsteps = (a.doc_end[k_last] - 1 - it.q_lo + kBM) / kBM;  // >= 1 for valid bounds (doc_end(k) > k)
+    it.nq = (a.doc_end[k_last] - 1 - it.q_lo + kBM) / kBM;  // >= 1 for valid bounds (doc_end(k) > k)
+    it.nsteps = G * it.nq;
     return it;
+  };
+  // Step st of an item: query head h0 + st / nq, queries from q_lo + (st mod nq)·64.
+  struct StepAt {
+    int h, qs;
+  };
+  auto step_at = [&](const Item& it, int st) {
+    const int j = st / it.nq;
+    return StepAt{it.h0 + j, it.q_lo + (st - j * it.nq) * kBM};
   };
 
   if (tid == 0) {
@@ -267,14 +288,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_load_2d(sV, &map_v, kv_full, it.hk * kD, it.k0);
         tma_load_2d(sV + kKVBox, &map_v, kv_full, it.hk * kD + 64, it.k0);
         for (int st = 0; st < it.nsteps; ++st, ++gst) {
-          const int s = gst & 1, qs = it.q_lo + st * kBM;
+          const int s = gst & 1;
+          const StepAt at = step_at(it, st);
           mbar_wait(q_empty(s), ((gst >> 1) & 1) ^ 1);  // the stage's previous use; a fresh barrier passes
           mbar_arrive_expect_tx(q_full(s), 4 * kQBox);  // Q + dO boxes
           const uint32_t q_at = sQ + s * 2 * kQBox, o_at = sO + s * 2 * kQBox;
-          tma_load_2d(q_at, &map_q, q_full(s), it.h * kD, qs);
-          tma_load_2d(q_at + kQBox, &map_q, q_full(s), it.h * kD + 64, qs);
-          tma_load_2d(o_at, &map_do, q_full(s), it.h * kD, qs);
-          tma_load_2d(o_at + kQBox, &map_do, q_full(s), it.h * kD + 64, qs);
+          tma_load_2d(q_at, &map_q, q_full(s), at.h * kD, at.qs);
+          tma_load_2d(q_at + kQBox, &map_q, q_full(s), at.h * kD + 64, at.qs);
+          tma_load_2d(o_at, &map_do, q_full(s), at.h * kD, at.qs);
+          tma_load_2d(o_at + kQBox, &map_do, q_full(s), at.h * kD + 64, at.qs);
         }
         ++done;
       }
@@ -286,7 +308,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (item >= n_items) break;
         const Item it = item_at(item);
         for (int st = 0; st < it.nsteps; ++st, ++gst) {
-          const int s = gst & 1, qs = it.q_lo + st * kBM;
+          const int s = gst & 1;
+          const StepAt at = step_at(it, st);
+          const int qs = at.qs;
           mbar_wait(q_empty(s), ((gst >> 1) & 1) ^ 1);
           float* lse2 = reinterpret_cast<float*>(smem + kRowOff + s * kRowBytes);
           float* dlt = lse2 + kBM;
@@ -295,8 +319,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int i = lane; i < kBM; i += 32) {
             const int t = qs + i;
             const bool valid = t < T;
-            lse2[i] = valid ? lse[static_cast<int64_t>(it.h) * T + t] * 1.4426950408889634f : 0.0f;
-            dlt[i] = valid ? delta[static_cast<int64_t>(it.h) * T + t] : 0.0f;
+            lse2[i] = valid ? lse[static_cast<int64_t>(at.h) * T + t] * 1.4426950408889634f : 0.0f;
+            dlt[i] = valid ? delta[static_cast<int64_t>(at.h) * T + t] : 0.0f;
             dsq[i] = valid ? a.doc_start[t] : INT_MAX;  // rows past T see no key
           }
           mbar_arrive(q_full(s));  // release: the writes above before the arrival
@@ -331,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (item >= n_items) break;
       const Item it = item_at(item);
       if (it.nsteps <= 0) continue;
-      const int h = it.h, k0 = it.k0, q_lo = it.q_lo;
+      const int k0 = it.k0;
       const int kr0 = k0 + lrow, kr1 = kr0 + 8;
 #pragma unroll
       for (int i = 0; i < 64; ++i) dv[i] = 0.0f, dk[i] = 0.0f;
@@ -352,7 +376,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // step's dQ (the item's last step is peeled off: a wgmma inside a branch that ptxas cannot prove
       // uniform serialises every wgmma, C7518).
       auto step = [&]<bool HAS_NEXT>(int st, int gs) {
-        const int s = gs & 1, qs = q_lo + st * kBM;
+        const StepAt at = step_at(it, st);
+        const int s = gs & 1, h = at.h, qs = at.qs;
         const uint32_t q_at = sQ + s * 2 * kQBox, o_at = sO + s * 2 * kQBox, ds_at = sS + s * kBN * kBM * 2;
         const uint32_t lse2 = base + kRowOff + s * kRowBytes, dlt = lse2 + kBM * 4, dsq = dlt + kBM * 4;
 
@@ -523,6 +548,69 @@ void flash_dq_sums_to_bf16(const float* dq_acc, int T, int Hq, float scale, void
       dq_acc, T, Hq, scale, static_cast<bf16*>(dq));
 }
 
+// Query heads per work item. More heads per item pay the item's fixed cost (K, V load, pipeline fill, the
+// dK/dV flush) fewer times, but make fewer, longer items, which the SMs share out less evenly. So each
+// candidate G (a divisor of Hq / Hk) is scored by a simulation of the greedy claiming over `sms` blocks:
+// items in launch order, each costing G·(its query steps) + kItemFixedSteps, the steps of one document per
+// row (packed documents make items shorter, which only favours a larger G). The largest G whose finishing time
+// is within 0.5% of the lowest wins. Cached per shape.
+constexpr double kItemFixedSteps = 1.5;  // a guess, in 64-query steps (bench/NOTES.md 83)
+std::atomic<int> g_heads_forced{-1};      // flash_bwd_sm90_heads_set; -1: not set (the environment then)
+
+int heads_by_schedule(int T, int Hq, int Hk, int sms) {
+  const int group = Hq / Hk, tiles = (T + kBN - 1) / kBN;
+  std::vector<std::pair<int, double>> finish;  // (G, the last block's finishing time)
+  for (int g = 1; g <= group; ++g) {
+    if (group % g) continue;
+    const int64_t n_items = static_cast<int64_t>(Hq / g) * tiles;
+    const int blocks = static_cast<int>(std::min<int64_t>(n_items, sms));
+    std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;  // blocks' finishing times
+    for (int b = 0; b < blocks; ++b) free_at.push(0.0);
+    double end = 0;
+    for (int64_t i = 0; i < n_items; ++i) {
+      const int k0 = static_cast<int>(i / (Hq / g)) * kBN;
+      const double cost = g * static_cast<double>((T - 1 - k0 + kBM) / kBM) + kItemFixedSteps;
+      const double t = free_at.top() + cost;
+      free_at.pop();
+      free_at.push(t);
+      end = std::max(end, t);
+    }
+    finish.emplace_back(g, end);
+  }
+  double best = finish.front().second;
+  for (const auto& f : finish) best = std::min(best, f.second);
+  // The largest G within 0.5% of the best: the fixed cost is a guess, and fewer items also mean fewer dK/dV
+  // reduce-adds at L2.
+  int g = 1;
+  for (const auto& f : finish)
+    if (f.second <= best * 1.005) g = f.first;
+  return g;
+}
+
+void flash_bwd_sm90_heads_set(int g) { g_heads_forced.store(g); }
+
+int flash_bwd_sm90_heads_per_item(int T, int Hq, int Hk, int sms) {
+  const int group = std::max(Hq / std::max(Hk, 1), 1);
+  static const int from_env = [] {
+    const char* e = std::getenv("MIXTUNE_FLASH_BWD_HEADS");
+    return e ? std::atoi(e) : 0;
+  }();
+  const int set = g_heads_forced.load();
+  const int want = set >= 0 ? set : from_env;
+  if (want > 0) {  // forced: the largest divisor of the group not above it
+    int g = std::min(want, group);
+    while (group % g) --g;
+    return g;
+  }
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, int>, int> chosen;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(T, Hq, Hk, sms);
+  auto it = chosen.find(key);
+  if (it == chosen.end()) it = chosen.emplace(key, heads_by_schedule(T, Hq, Hk, sms)).first;
+  return it->second;
+}
+
 bool flash_bwd_sm90_supported(const FlashArgs& a) {
   // TMA coordinates and the item count are int32 (T·H < 2^31 is checked by the caller).
   return a.D == kD && a.Hk > 0 && a.Hq % a.Hk == 0 && sm90::device_runs_sm90a<flash_bwd_sm90_kernel>();
@@ -552,16 +640,16 @@ void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, 
     const char* e = std::getenv("MIXTUNE_FLASH_BWD_PERSISTENT");
     return !(e && std::string(e) == "0");
   }();
-  int64_t grid = static_cast<int64_t>(a.Hq) * ((a.T + kBN - 1) / kBN);  // work items
+  int device = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&device));
+  const int sms = std::max(device_context(device).sm_count, 1);
+  const int g = flash_bwd_sm90_heads_per_item(a.T, a.Hq, a.Hk, sms);
+  int64_t grid = static_cast<int64_t>(a.Hq / g) * ((a.T + kBN - 1) / kBN);  // work items
   // The workspace's last element, zeroed by the prologue.
   int* item_counter = reinterpret_cast<int*>(delta + static_cast<int64_t>(a.Hq) * a.T);
-  if (persistent) {
-    int device = 0;
-    MT_CUDA_CHECK(cudaGetDevice(&device));
-    grid = std::min<int64_t>(grid, std::max(device_context(device).sm_count, 1));
-  }
+  if (persistent) grid = std::min<int64_t>(grid, sms);
   launch_kernel(flash_bwd_sm90_kernel, static_cast<int>(grid), kThreads, kSmemBytes, stream, mq, mk, mv, mo, a, lse,
-      delta, dq_acc, dk_acc, dv_acc, item_counter);
+      delta, dq_acc, dk_acc, dv_acc, item_counter, g);
   if (dq) flash_dq_sums_to_bf16(dq_acc, a.T, a.Hq, a.scale, dq, stream);  // null: the caller reads dq_acc
   flash_bwd_epilogue(a, nullptr, dk_acc, dv_acc, dq, dk, dv, stream);
 }

@@ -311,6 +311,92 @@ TEST(CudaFlashAttention, Sm90AndMmaSyncBackwardsAgreeD128) {
   }
 }
 
+// Query heads per item of the sm90 backward (flash_bwd_sm90_heads_set) for one scope (back to unset at exit).
+struct BwdHeadsScope {
+  explicit BwdHeadsScope(int g) { cuda::detail::flash_bwd_sm90_heads_set(g); }
+  ~BwdHeadsScope() { cuda::detail::flash_bwd_sm90_heads_set(-1); }
+  BwdHeadsScope(const BwdHeadsScope&) = delete;
+  BwdHeadsScope& operator=(const BwdHeadsScope&) = delete;
+};
+
+// The sm90 backward's items can cover several query heads of one KV head (their dK, dV summed in registers
+// before one flush): every G dividing Hq / Hk against the CPU, on GQA 8:1 and 4:1 with packed documents and
+// T not a multiple of 64, with items longer than one block's share (one block per item too), then against
+// G = 1 at the benchmark's size. A head indexing error (wrong Q, dO, lse or delta head for a step, dK/dV to the
+// wrong KV head) gives O(1) errors.
+TEST(CudaFlashAttention, Sm90BackwardHeadsPerItemMatchCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  if (!sm90_backward_runs())
+    GTEST_SKIP() << "the sm90 flash-attention backward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
+  BwdKernelScope kernel(cuda::detail::FlashBwdKernel::Sm90);
+  for (const AttnCase& c : {AttnCase{2, 300, 16, 2, 128, 1, 150}, AttnCase{1, 517, 8, 2, 128, 0, 0},
+                            AttnCase{3, 171, 8, 1, 128, 1, 45}}) {
+    SCOPED_TRACE(testing::Message() << "B " << c.B << " S " << c.S << " Hq " << c.Hq << " Hk " << c.Hk << " docs "
+                                    << c.min_doc << ".." << c.max_doc);
+    const uint64_t seed = 700 + c.S;
+    const std::vector<int32_t> doc = make_docs(c, seed);
+    const Tensor doc_h = doc.empty() ? Tensor() : host_i32({c.B, c.S}, doc);
+    const cpu::AttentionShape cs{c.B, c.S, c.Hq, c.Hk, c.D};
+    const Tensor q = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 1, 1.0f, true);
+    const Tensor k = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 2, 1.0f, true);
+    const Tensor v = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 3, 1.0f, true);
+    const Tensor dout = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 4, 1.0f, true);
+    Tensor want_lse, want_dq, want_dk, want_dv;
+    (void)cpu::attention_forward(cs, q, k, v, doc_h, true, want_lse);
+    cpu::attention_backward(cs, dout, q, k, v, doc_h, want_lse, true, want_dq, want_dk, want_dv);
+    const BwdInputs in = bwd_inputs(c, seed);
+    for (int g = 1; g <= c.Hq / c.Hk; g *= 2) {
+      BwdHeadsScope heads(g);
+      EXPECT_EQ(cuda::detail::flash_bwd_sm90_heads_per_item(c.B * c.S, c.Hq, c.Hk, 132), g);
+      Tensor dq, dk, dv;
+      cuda::flash_attention_backward({int64_t{c.B} * c.S, c.Hq, c.Hk, c.D}, in.dout, in.q, in.k, in.v, in.out,
+                                     in.lse, in.docs, dq, dk, dv, stream0());
+      const std::string name = "G " + std::to_string(g);
+      test::expect_norm(test::device_floats(dq), want_dq.to_floats(), 2e-2, 1e-2, name + " dq");
+      test::expect_norm(test::device_floats(dk), want_dk.to_floats(), 2e-2, 1e-2, name + " dk");
+      test::expect_norm(test::device_floats(dv), want_dv.to_floats(), 2e-2, 1e-2, name + " dv");
+    }
+  }
+  const AttnCase c{1, 4096, 32, 4, 128, 1, 1500};
+  const BwdInputs in = bwd_inputs(c, 777);
+  BwdOut one;
+  {
+    BwdHeadsScope heads(1);
+    one = backward_with(cuda::detail::FlashBwdKernel::Sm90, c, in);
+  }
+  for (int g : {2, 4, 8}) {
+    BwdHeadsScope heads(g);
+    const BwdOut got = backward_with(cuda::detail::FlashBwdKernel::Sm90, c, in);
+    const std::string name = "G " + std::to_string(g) + " vs 1";
+    // fp32 sums in another order, then bf16: far inside the CPU tolerance (a wrong head is O(1)).
+    test::expect_norm(got.dq, one.dq, 1e-2, 2e-3, name + " dq");
+    test::expect_norm(got.dk, one.dk, 1e-2, 2e-3, name + " dk");
+    test::expect_norm(got.dv, one.dv, 1e-2, 2e-3, name + " dv");
+  }
+}
+
+// The choice of heads per item (no GPU needed): a forced G is lowered to a divisor of Hq / Hk; the schedule
+// model spreads a short sequence's few key tiles over single heads (G = 1: 32 items of 2 steps for 132 SMs)
+// and groups all 8 heads of a KV head at 131,072 tokens (4,096 items of up to 8·2,048 steps: plenty).
+TEST(CudaFlashAttention, Sm90BackwardHeadsPerItemChoice) {
+  {
+    BwdHeadsScope heads(3);
+    EXPECT_EQ(cuda::detail::flash_bwd_sm90_heads_per_item(4096, 32, 4, 132), 2);
+  }
+  {
+    BwdHeadsScope heads(16);
+    EXPECT_EQ(cuda::detail::flash_bwd_sm90_heads_per_item(4096, 32, 4, 132), 8);
+  }
+  BwdHeadsScope choose(0);
+  EXPECT_EQ(cuda::detail::flash_bwd_sm90_heads_per_item(128, 32, 4, 132), 1);
+  EXPECT_EQ(cuda::detail::flash_bwd_sm90_heads_per_item(131072, 32, 4, 132), 8);
+  EXPECT_EQ(cuda::detail::flash_bwd_sm90_heads_per_item(4096, 4, 4, 132), 1);  // no GQA: one head per KV head
+  for (int T : {64, 1000, 4096, 8192, 32768}) {
+    const int g = cuda::detail::flash_bwd_sm90_heads_per_item(T, 32, 4, 132);
+    EXPECT_TRUE(g >= 1 && 8 % g == 0) << "T " << T << ": G " << g;
+  }
+}
+
 void dq_sums_feed_the_qk_norm_rope_backward(const AttnCase& c) {
   SCOPED_TRACE("S=" + std::to_string(c.S) + " Hq=" + std::to_string(c.Hq));
   const int64_t T = int64_t{c.B} * c.S, rows = T * c.Hq;
