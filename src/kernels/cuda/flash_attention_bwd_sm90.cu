@@ -1,11 +1,6 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <map>
-#include <mutex>
-#include <queue>
-#include <tuple>
-#include <vector>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -549,42 +544,19 @@ void flash_dq_sums_to_bf16(const float* dq_acc, int T, int Hq, float scale, void
 }
 
 // Query heads per work item. More heads per item pay the item's fixed cost (K, V load, pipeline fill, the
-// dK/dV flush) fewer times, but make fewer, longer items, which the SMs share out less evenly. So each
-// candidate G (a divisor of Hq / Hk) is scored by a simulation of the greedy claiming over `sms` blocks:
-// items in launch order, each costing G·(its query steps) + kItemFixedSteps, the steps of one document per
-// row (packed documents make items shorter, which only favours a larger G). The largest G whose finishing time
-// is within 0.5% of the lowest wins. Cached per shape.
-constexpr double kItemFixedSteps = 1.5;  // a guess, in 64-query steps (bench/NOTES.md 83)
-std::atomic<int> g_heads_forced{-1};      // flash_bwd_sm90_heads_set; -1: not set (the environment then)
+// dK/dV flush) fewer times, but make fewer, longer items, which the SMs share out less evenly. Measured (H200,
+// 32/4 heads, bench/NOTES.md 83), backward TFLOP/s for G = 1 / 2 / 4 / 8: one sequence of 4,096 453 / 464 /
+// 462 / 252; 8,192 455 / 464 / 469 / 451; 16,384 472 / 492 / 493 / 465; 4,096 as documents of 512 190 / 197 /
+// 181 / 170, of 2,048 386 / 398 / 405 / 244; 4 rows of 1,024 287 / 303 / 247 / 214. G = 2 is within 2% of the
+// best everywhere and G = 4 loses up to 19% with short documents (whose items the launcher cannot see: their
+// bounds live on the GPU), so: 2 where the group divides by 2 and there are at least two items per SM (one
+// item per SM would leave the longest items' blocks to finish alone), else 1. (A model of the greedy schedule
+// with a fixed cost per item picked 4 and 8 where those measured worse.)
+std::atomic<int> g_heads_forced{-1};  // flash_bwd_sm90_heads_set; -1: not set (the environment then)
 
-int heads_by_schedule(int T, int Hq, int Hk, int sms) {
-  const int group = Hq / Hk, tiles = (T + kBN - 1) / kBN;
-  std::vector<std::pair<int, double>> finish;  // (G, the last block's finishing time)
-  for (int g = 1; g <= group; ++g) {
-    if (group % g) continue;
-    const int64_t n_items = static_cast<int64_t>(Hq / g) * tiles;
-    const int blocks = static_cast<int>(std::min<int64_t>(n_items, sms));
-    std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;  // blocks' finishing times
-    for (int b = 0; b < blocks; ++b) free_at.push(0.0);
-    double end = 0;
-    for (int64_t i = 0; i < n_items; ++i) {
-      const int k0 = static_cast<int>(i / (Hq / g)) * kBN;
-      const double cost = g * static_cast<double>((T - 1 - k0 + kBM) / kBM) + kItemFixedSteps;
-      const double t = free_at.top() + cost;
-      free_at.pop();
-      free_at.push(t);
-      end = std::max(end, t);
-    }
-    finish.emplace_back(g, end);
-  }
-  double best = finish.front().second;
-  for (const auto& f : finish) best = std::min(best, f.second);
-  // The largest G within 0.5% of the best: the fixed cost is a guess, and fewer items also mean fewer dK/dV
-  // reduce-adds at L2.
-  int g = 1;
-  for (const auto& f : finish)
-    if (f.second <= best * 1.005) g = f.first;
-  return g;
+int heads_by_rule(int T, int Hq, int Hk, int sms) {
+  const int64_t items_at_2 = static_cast<int64_t>(Hq / 2) * ((T + kBN - 1) / kBN);
+  return (Hq / Hk) % 2 == 0 && items_at_2 >= 2 * static_cast<int64_t>(sms) ? 2 : 1;
 }
 
 void flash_bwd_sm90_heads_set(int g) { g_heads_forced.store(g); }
@@ -602,13 +574,7 @@ int flash_bwd_sm90_heads_per_item(int T, int Hq, int Hk, int sms) {
     while (group % g) --g;
     return g;
   }
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int>, int> chosen;
-  const std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(T, Hq, Hk, sms);
-  auto it = chosen.find(key);
-  if (it == chosen.end()) it = chosen.emplace(key, heads_by_schedule(T, Hq, Hk, sms)).first;
-  return it->second;
+  return heads_by_rule(T, Hq, Hk, sms);
 }
 
 bool flash_bwd_sm90_supported(const FlashArgs& a) {

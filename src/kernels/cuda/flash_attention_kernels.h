@@ -50,8 +50,9 @@ void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, 
                            float* dk_acc, float* dv_acc, float* delta, cudaStream_t stream);
 // Query heads per work item of the sm90 backward (a divisor of Hq / Hk): forced by flash_bwd_sm90_heads_set(g)
 // (g > 0; 0 = choose, -1 = unset: the environment's MIXTUNE_FLASH_BWD_HEADS, read once, else choose), else
-// chosen by a schedule model for `sms` blocks (flash_attention_bwd_sm90.cu). A forced g that does not divide
-// Hq / Hk is lowered to a divisor. Tests and the bench set it; process-wide.
+// chosen from the measured rule in flash_attention_bwd_sm90.cu (2 where Hq / Hk is even and that leaves at
+// least two items per SM of `sms`, else 1). A forced g that does not divide Hq / Hk is lowered to a divisor.
+// Tests and the bench set it; process-wide.
 void flash_bwd_sm90_heads_set(int g);
 int flash_bwd_sm90_heads_per_item(int T, int Hq, int Hk, int sms);
 // The sm90 backward's dQ sums to bf16 dq [T][Hq][128] (× scale).
