@@ -23,6 +23,11 @@ class Communicator {
   // order ((x_0 + x_1) + x_2 ...), so a run does not depend on message timing.
   virtual void all_reduce_sum(float* data, int64_t n, const std::string& what) = 0;
   virtual void all_reduce_sum(double* data, int64_t n, const std::string& what) = 0;
+  // The same within `group` (ranks, the same list on every member, this rank among them), summed in the
+  // list's order: the expert gradients of the ranks holding the same experts, the experts' squared norms over
+  // an expert-parallel group. A group of one leaves the data as it is.
+  virtual void all_reduce_sum(const std::vector<int>& group, float* data, int64_t n, const std::string& what) = 0;
+  virtual void all_reduce_sum(const std::vector<int>& group, double* data, int64_t n, const std::string& what) = 0;
   // In-place on root: the element-wise sum over the ranks, bitwise what all_reduce_sum gives (rank order);
   // the other ranks' data is left as it was. Half an all-reduce's traffic when only one rank needs the sum.
   virtual void reduce_sum(float* data, int64_t n, int root, const std::string& what) = 0;

@@ -9,8 +9,8 @@
 // count} that the receiver checks, so ranks that disagree on the order of collectives fail with both sides named instead
 // of exchanging the wrong bytes. All sends and receives of one phase progress together under poll(), so
 // two ranks sending each other large buffers cannot deadlock on full socket buffers.
-// all_reduce_sum: reduce-scatter (rank r owns chunk r, sums it in rank order) then all-gather; reduce_sum: every
-// rank's copy to the root, summed there in the same rank order.
+// all_reduce_sum: reduce-scatter (rank r owns chunk r, sums it in rank order) then all-gather, over the world or
+// a group of ranks; reduce_sum: every rank's copy to the root, summed there in the same rank order.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -129,10 +129,16 @@ class TcpCommunicator final : public Communicator {
   int size() const override { return world_; }
 
   void all_reduce_sum(float* data, int64_t n, const std::string& what) override {
-    all_reduce(data, n, kAllReduceF32, what);
+    all_reduce(world_group_, data, n, kAllReduceF32, what);
   }
   void all_reduce_sum(double* data, int64_t n, const std::string& what) override {
-    all_reduce(data, n, kAllReduceF64, what);
+    all_reduce(world_group_, data, n, kAllReduceF64, what);
+  }
+  void all_reduce_sum(const std::vector<int>& group, float* data, int64_t n, const std::string& what) override {
+    all_reduce(group, data, n, kAllReduceF32, what);
+  }
+  void all_reduce_sum(const std::vector<int>& group, double* data, int64_t n, const std::string& what) override {
+    all_reduce(group, data, n, kAllReduceF64, what);
   }
 
   // Every other rank sends root its copy; root sums them in rank order. In pieces of kReducePiece elements, so
@@ -160,7 +166,7 @@ class TcpCommunicator final : public Communicator {
                            static_cast<size_t>(m) * sizeof(float), h, false, true});
       exchange(x, what);
       std::copy(data + at, data + at + m, parts.begin() + static_cast<ptrdiff_t>(rank_) * m);
-      sum_in_rank_order(parts.data(), m, data + at);
+      sum_in_rank_order(parts.data(), m, world_, data + at);
     }
   }
 
@@ -326,52 +332,75 @@ class TcpCommunicator final : public Communicator {
     }
   }
 
-  // out[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) ... over the world's m-element parts, laid out rank
+  // out[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) ... over the `count` m-element parts, laid out rank
   // after rank: the one summation order of both all_reduce and reduce_sum, so they agree bitwise.
   template <typename T>
-  void sum_in_rank_order(const T* parts, int64_t m, T* out) const {
+  static void sum_in_rank_order(const T* parts, int64_t m, int count, T* out) {
     for (int64_t i = 0; i < m; ++i) {
       T s = parts[i];
-      for (int p = 1; p < world_; ++p) s += parts[static_cast<size_t>(p) * m + i];
+      for (int p = 1; p < count; ++p) s += parts[static_cast<size_t>(p) * m + i];
       out[i] = s;
     }
   }
 
+  // Reduce-scatter within the group (member j owns chunk j and sums it in the group's order), then all-gather.
   template <typename T>
-  void all_reduce(T* data, int64_t n, uint32_t op, const std::string& what) {
+  void all_reduce(const std::vector<int>& group, T* data, int64_t n, uint32_t op, const std::string& what) {
     if (n < 0) fail("all_reduce({}): negative count {}", what, n);
-    if (world_ == 1) return;
+    const int g = static_cast<int>(group.size());
+    const int me = member_index(group, "all_reduce", what);
+    if (g == 1) return;
     const Header h = next_header(op, static_cast<uint64_t>(n));
-    auto lo = [&](int c) { return n * c / world_; };
-    const int64_t mine = lo(rank_ + 1) - lo(rank_);
-    // Reduce-scatter: every rank's copy of my chunk, then the sum in rank order.
-    std::vector<T> parts(static_cast<size_t>(mine) * world_);
+    auto lo = [&](int c) { return n * c / g; };
+    const int64_t mine = lo(me + 1) - lo(me);
+    // Reduce-scatter: every member's copy of my chunk, then the sum in group order.
+    std::vector<T> parts(static_cast<size_t>(mine) * g);
     std::vector<Xfer> x;
-    for (int p = 0; p < world_; ++p) {
-      if (p == rank_) continue;
-      x.push_back(Xfer{p, reinterpret_cast<const char*>(data + lo(p)), static_cast<size_t>(lo(p + 1) - lo(p)) * sizeof(T),
-                       reinterpret_cast<char*>(parts.data() + static_cast<size_t>(p) * mine),
+    for (int j = 0; j < g; ++j) {
+      if (j == me) continue;
+      x.push_back(Xfer{group[j], reinterpret_cast<const char*>(data + lo(j)), static_cast<size_t>(lo(j + 1) - lo(j)) * sizeof(T),
+                       reinterpret_cast<char*>(parts.data() + static_cast<size_t>(j) * mine),
                        static_cast<size_t>(mine) * sizeof(T), h, true, true});
     }
     exchange(x, what);
-    std::copy(data + lo(rank_), data + lo(rank_ + 1), parts.begin() + static_cast<ptrdiff_t>(rank_) * mine);
-    sum_in_rank_order(parts.data(), mine, data + lo(rank_));
+    std::copy(data + lo(me), data + lo(me + 1), parts.begin() + static_cast<ptrdiff_t>(me) * mine);
+    sum_in_rank_order(parts.data(), mine, g, data + lo(me));
     // All-gather: my reduced chunk to everyone, theirs into place.
     const Header h2 = next_header(op, static_cast<uint64_t>(n));
     x.clear();
-    for (int p = 0; p < world_; ++p) {
-      if (p == rank_) continue;
-      x.push_back(Xfer{p, reinterpret_cast<const char*>(data + lo(rank_)), static_cast<size_t>(mine) * sizeof(T),
-                       reinterpret_cast<char*>(data + lo(p)), static_cast<size_t>(lo(p + 1) - lo(p)) * sizeof(T), h2,
+    for (int j = 0; j < g; ++j) {
+      if (j == me) continue;
+      x.push_back(Xfer{group[j], reinterpret_cast<const char*>(data + lo(me)), static_cast<size_t>(mine) * sizeof(T),
+                       reinterpret_cast<char*>(data + lo(j)), static_cast<size_t>(lo(j + 1) - lo(j)) * sizeof(T), h2,
                        true, true});
     }
     exchange(x, what);
+  }
+
+  // This rank's index in `group` (each member once, all inside the world).
+  int member_index(const std::vector<int>& group, const char* op, const std::string& what) const {
+    int me = -1;
+    std::vector<bool> seen(static_cast<size_t>(world_), false);
+    for (int j = 0; j < static_cast<int>(group.size()); ++j) {
+      const int r = group[j];
+      if (r < 0 || r >= world_ || seen[static_cast<size_t>(r)])
+        fail("{}({}): rank {} of the group is outside the world of {} or listed twice", op, what, r, world_);
+      seen[static_cast<size_t>(r)] = true;
+      if (r == rank_) me = j;
+    }
+    if (me < 0) fail("{}({}): rank {} is not in the group", op, what, rank_);
+    return me;
   }
 
   int rank_, world_;
   std::chrono::milliseconds timeout_;
   std::vector<Socket> peers_;
   std::vector<uint32_t> peer_seq_ = std::vector<uint32_t>(static_cast<size_t>(world_), 0);
+  std::vector<int> world_group_ = [this] {
+    std::vector<int> g(static_cast<size_t>(world_));
+    for (int r = 0; r < world_; ++r) g[static_cast<size_t>(r)] = r;
+    return g;
+  }();
 };
 
 }  // namespace

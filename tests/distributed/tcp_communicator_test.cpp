@@ -101,6 +101,61 @@ TEST(TcpCommunicator, ReduceGivesTheRootTheRankOrderSum) {
   }
 }
 
+// all_reduce_sum within groups (the expert-parallel replicas {0, 2}, {1, 3} of four ranks; then a group of three
+// listed out of rank order, the summation order being the list's): each member gets bitwise the list-order sum
+// of the members' values, the other ranks keep theirs; world collectives still line up after group ones.
+TEST(TcpCommunicator, GroupAllReduceIsTheListOrderSumOnEveryMember) {
+  const int world = 4, port = free_port();
+  const std::vector<std::vector<int>> groups = {{0, 2}, {1, 3}};
+  const std::vector<int> three = {3, 0, 1};
+  const int64_t sizes[] = {0, 1, 7, 100003};
+  std::vector<std::vector<std::vector<float>>> got(world);
+  std::vector<std::vector<double>> doubles(world);
+  std::vector<float> after(world);
+  const auto err = run_ranks(world, [&](int r) {
+    auto comm = tcp_communicator_create(env_of(r, world, port), milliseconds(20000));
+    for (const int64_t n : sizes) {
+      std::vector<float> v = values(r, n);
+      comm->all_reduce_sum(groups[r % 2], v.data(), n, "test group all_reduce");
+      got[r].push_back(std::move(v));
+    }
+    std::vector<double> d = {0.1 * (r + 1), 1e300 * (r == 3)};
+    if (r != 2) comm->all_reduce_sum(three, d.data(), 2, "test group of three");
+    doubles[r] = d;
+    float one = 1.0f;
+    comm->all_reduce_sum(&one, 1, "test world all_reduce after groups");
+    after[r] = one;
+  });
+  for (int r = 0; r < world; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
+  for (size_t c = 0; c < std::size(sizes); ++c) {
+    const int64_t n = sizes[c];
+    for (int r = 0; r < world; ++r) {
+      const std::vector<int>& g = groups[r % 2];
+      std::vector<float> want = values(g[0], n);
+      const std::vector<float> v = values(g[1], n);
+      for (int64_t i = 0; i < n; ++i) want[i] += v[i];
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[r][c][i], want[i]) << "rank " << r << " n " << n << " element " << i;
+    }
+  }
+  const double list_order = (0.1 * 4 + 0.1 * 1) + 0.1 * 2;  // ranks 3, 0, 1
+  for (int r : three) {
+    EXPECT_EQ(doubles[r][0], list_order) << "rank " << r;
+    EXPECT_EQ(doubles[r][1], 1e300) << "rank " << r;
+  }
+  EXPECT_EQ(doubles[2][0], 0.1 * 3);
+  for (int r = 0; r < world; ++r) EXPECT_EQ(after[r], 4.0f);
+  // A rank outside the group it is asked to reduce over is an error naming the collective.
+  const int port2 = free_port();
+  const auto bad = run_ranks(1, [&](int) {
+    auto comm = tcp_communicator_create(env_of(0, 1, port2), milliseconds(2000));
+    float x = 0;
+    comm->all_reduce_sum(std::vector<int>{1}, &x, 1, "expert gradients, step 1");
+  });
+  EXPECT_NE(bad[0].find("all_reduce(expert gradients, step 1): rank 1 of the group is outside the world of 1"),
+            std::string::npos)
+      << bad[0];
+}
+
 TEST(TcpCommunicator, DoublesBroadcastAndBarrier) {
   const int world = 3, port = free_port();
   std::vector<std::vector<double>> sums(world);
