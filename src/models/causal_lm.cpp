@@ -85,8 +85,9 @@ CausalLM CausalLM::from_pretrained(const std::string& path_or_repo_id, const Loa
   check_trainable_dtype(m.dtype, config_path);
   m.weights = Qwen3MoeWeights::from_hf(
       m.config, m.dtype, [&](const std::string& name) { return files.has(name) ? files.tensor(name) : Tensor(); },
-      files.names(), dir, options.expert_first, options.expert_count, options.skip_param);
+      files.names(), dir, options.expert_first, options.expert_count, options.skip_param, options.compact_experts);
   m.experts_partial = options.expert_count >= 0 && options.expert_count < m.config.num_experts;
+  if (options.compact_experts && options.expert_count >= 0) m.expert_first = options.expert_first;
   m.params_partial = static_cast<bool>(options.skip_param);
   m.source_dir = dir;
   m.carried_files = read_carried_files(dir);
@@ -208,7 +209,8 @@ CausalLM::SaveLayout CausalLM::save_layout(const SaveOptions& options) const {
   // Transformers sorts the names of models it converts on load (qwen3_moe); others keep state_dict order.
   SaveLayout l;
   auto& tensors = l.tensors;
-  tensors = config.model_type == "qwen3_moe" ? hf_save_order(weights.to_hf(config)) : weights.to_hf(config);
+  tensors = weights.to_hf(config, expert_first);
+  if (config.model_type == "qwen3_moe") tensors = hf_save_order(std::move(tensors));
   CheckpointWriteOptions& wo = l.write;
   wo.max_shard_bytes = std::numeric_limits<int64_t>::max();
   // The source layout is reused only when it still describes these tensors (same names, same dtype).

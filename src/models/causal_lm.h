@@ -20,9 +20,12 @@ struct LoadOptions {
   // when they all agree, else config.json's dtype; so an unchanged save rewrites identical bytes.
   std::optional<DType> dtype;
   // expert_count >= 0: only experts [expert_first, expert_first + expert_count) of each MoE layer are read
-  // from the shards (an expert-parallel GPU rank's share; Qwen3MoeWeights::from_hf). The model is then
-  // `experts_partial` and refuses to be saved until the rest has been written in.
+  // from the shards (an expert-parallel rank's share; Qwen3MoeWeights::from_hf). The model is then
+  // `experts_partial`: save_pretrained refuses it; a shared save (write_pretrained_rows) writes those experts.
   int64_t expert_first = 0, expert_count = -1;
+  // With expert_count: the stacked expert tensors hold only those experts ([expert_count, ...], the CPU
+  // engine's expert-parallel parameters), not all E rows with only those written (the CUDA engine's host copy).
+  bool compact_experts = false;
   // skip_param(name) true: that parameter is checked in the shards but not read; it stays Tensor::absent (a
   // ZeRO-3 rank's parameters owned by other ranks). The model is then `params_partial` and refuses to be saved.
   std::function<bool(const std::string&)> skip_param = {};
@@ -62,6 +65,7 @@ class CausalLM {
   std::map<std::string, std::string> source_shard_of;  // tensor -> shard file, when loaded from shards
   DType source_dtype = DType::F32;
   bool experts_partial = false;  // loaded with LoadOptions::expert_count: the other experts are unset
+  int64_t expert_first = 0;      // LoadOptions::compact_experts: the first expert the stacked tensors hold
   bool params_partial = false;   // loaded with LoadOptions::skip_param: those parameters are absent
 
  private:

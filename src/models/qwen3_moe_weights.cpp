@@ -120,9 +120,9 @@ Qwen3MoeWeights Qwen3MoeWeights::absent_like_config(const Qwen3MoeConfig& cfg, D
   return weights_alloc(cfg, dtype, device, experts_held, /*absent=*/true);
 }
 
-Qwen3MoeWeights Qwen3MoeWeights::zeros_like_config(const Qwen3MoeConfig& cfg, DType dtype) {
+Qwen3MoeWeights Qwen3MoeWeights::zeros_like_config(const Qwen3MoeConfig& cfg, DType dtype, int64_t experts_held) {
   check_param_dtype(dtype, "zeros_like_config");
-  Qwen3MoeWeights w = weights_alloc(cfg, dtype);
+  Qwen3MoeWeights w = weights_alloc(cfg, dtype, Device::cpu(), experts_held);
   for (auto& [name, t] : w.named_parameters()) t->fill_zero();
   return w;
 }
@@ -158,7 +158,7 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
                                          const std::function<Tensor(const std::string&)>& lookup,
                                          const std::vector<std::string>& all_names, const std::string& source,
                                          int64_t expert_first, int64_t expert_count,
-                                         const std::function<bool(const std::string&)>& skip) {
+                                         const std::function<bool(const std::string&)>& skip, bool compact_experts) {
   check_param_dtype(dtype, source);
   const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size;
   if (expert_count < 0) expert_first = 0, expert_count = E;
@@ -253,8 +253,10 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
          extra.size() > 5 ? ", ..." : "");
   }
 
-  // Pass 2: allocate and copy (converting dtype). Same-dtype copies are byte copies.
-  Qwen3MoeWeights w = weights_alloc(cfg, dtype);
+  // Pass 2: allocate and copy (converting dtype). Same-dtype copies are byte copies. Compact stacks take expert
+  // e at row e - e0.
+  const int64_t row0 = compact_experts ? e0 : 0;
+  Qwen3MoeWeights w = weights_alloc(cfg, dtype, Device::cpu(), compact_experts ? expert_count : -1);
   auto params = w.named_parameters();
   MT_CHECK(params.size() == sources.size(), "{} parameters, {} sources", params.size(), sources.size());
   std::vector<CopyJob> jobs;
@@ -270,16 +272,16 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
         jobs.push_back({src[0].t, dst});
         break;
       case Fill::StackedExperts:
-        jobs.push_back({src[0].t.rows(e0, e1), dst.rows(e0, e1)});
+        jobs.push_back({src[0].t.rows(e0, e1), dst.rows(e0 - row0, e1 - row0)});
         break;
       case Fill::PerExpertGateUp:  // [E, 2I, H]: gate rows first, then up (HF Concatenate(dim=1))
         for (int64_t e = e0; e < e1; ++e) {
-          jobs.push_back({src[2 * e].t, dst[e].rows(0, I)});
-          jobs.push_back({src[2 * e + 1].t, dst[e].rows(I, 2 * I)});
+          jobs.push_back({src[2 * e].t, dst[e - row0].rows(0, I)});
+          jobs.push_back({src[2 * e + 1].t, dst[e - row0].rows(I, 2 * I)});
         }
         break;
       case Fill::PerExpertDown:
-        for (int64_t e = e0; e < e1; ++e) jobs.push_back({src[e].t, dst[e]});
+        for (int64_t e = e0; e < e1; ++e) jobs.push_back({src[e].t, dst[e - row0]});
         break;
     }
   }
@@ -288,7 +290,8 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
   return w;
 }
 
-std::vector<std::pair<std::string, Tensor>> Qwen3MoeWeights::to_hf(const Qwen3MoeConfig& cfg) const {
+std::vector<std::pair<std::string, Tensor>> Qwen3MoeWeights::to_hf(const Qwen3MoeConfig& cfg,
+                                                                   int64_t expert_first) const {
   MT_CHECK(static_cast<int64_t>(layers.size()) == cfg.num_hidden_layers, "{} layers for a config of {}",
            layers.size(), cfg.num_hidden_layers);
   MT_CHECK(lm_head.defined() != cfg.tie_word_embeddings, "tie_word_embeddings={} but lm_head is {}",
@@ -310,14 +313,24 @@ std::vector<std::pair<std::string, Tensor>> Qwen3MoeWeights::to_hf(const Qwen3Mo
       continue;
     }
     const std::string p = name.substr(0, cut + std::string("experts.").size());
-    const int64_t E = t->dim(0);
+    // Expert e's matrix (rows [r0, r1) of it): a view where the stack holds it, else its shape only.
+    const int64_t E = cfg.num_experts, held = t->dim(0);
+    const int64_t first = held < E ? expert_first : 0;
+    MT_CHECK(first >= 0 && first + held <= E, "{}: experts [{}, {}) of {}", name, first, first + held, E);
+    auto expert = [&](int64_t e, int64_t r0, int64_t r1) {
+      if (e >= first && e < first + held) return (*t)[e - first].rows(r0, r1);
+      Shape shape(t->shape().begin() + 1, t->shape().end());
+      shape[0] = r1 - r0;
+      return Tensor::absent(shape, t->dtype(), t->device());
+    };
+    const int64_t rows = t->dim(1);
     if (!gate_up) {
-      for (int64_t e = 0; e < E; ++e) r.emplace_back(fmt::format("{}{}.down_proj.weight", p, e), (*t)[e]);
+      for (int64_t e = 0; e < E; ++e) r.emplace_back(fmt::format("{}{}.down_proj.weight", p, e), expert(e, 0, rows));
       continue;
     }
-    const int64_t I = t->dim(1) / 2;
-    for (int64_t e = 0; e < E; ++e) r.emplace_back(fmt::format("{}{}.gate_proj.weight", p, e), (*t)[e].rows(0, I));
-    for (int64_t e = 0; e < E; ++e) r.emplace_back(fmt::format("{}{}.up_proj.weight", p, e), (*t)[e].rows(I, 2 * I));
+    const int64_t I = rows / 2;
+    for (int64_t e = 0; e < E; ++e) r.emplace_back(fmt::format("{}{}.gate_proj.weight", p, e), expert(e, 0, I));
+    for (int64_t e = 0; e < E; ++e) r.emplace_back(fmt::format("{}{}.up_proj.weight", p, e), expert(e, I, 2 * I));
   }
   return r;
 }

@@ -54,7 +54,8 @@ struct Qwen3MoeWeights {
   std::vector<std::pair<std::string, const Tensor*>> named_parameters() const;
 
   // Tensors shaped like the parameters for `cfg`, zero-filled, of `dtype` (gradient buffers, moments).
-  static Qwen3MoeWeights zeros_like_config(const Qwen3MoeConfig& cfg, DType dtype);
+  // experts_held >= 0: the stacked expert tensors hold that many experts (an expert-parallel rank's slice).
+  static Qwen3MoeWeights zeros_like_config(const Qwen3MoeConfig& cfg, DType dtype, int64_t experts_held = -1);
   // Uninitialised tensors shaped like the parameters, on `device` (device buffers for the CUDA path).
   // experts_held >= 0: the stacked expert tensors hold that many experts (an expert-parallel rank's slice).
   static Qwen3MoeWeights empty_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device,
@@ -77,14 +78,20 @@ struct Qwen3MoeWeights {
   // Every tensor's presence, shape and dtype is still checked.
   // skip(param) true: that parameter (a name of named_parameters()) is checked but neither allocated nor
   // read; it stays Tensor::absent (a ZeRO-3 rank's parameters owned by other ranks, train/sharded_params.h).
+  // compact_experts (with expert_count >= 0): the stacked tensors hold just those experts, [expert_count, ...]
+  // (the CPU engine trains on them as they are), instead of all E rows with only those written.
   static Qwen3MoeWeights from_hf(const Qwen3MoeConfig& cfg, DType dtype,
                                  const std::function<Tensor(const std::string&)>& lookup,
                                  const std::vector<std::string>& all_names, const std::string& source,
                                  int64_t expert_first = 0, int64_t expert_count = -1,
-                                 const std::function<bool(const std::string&)>& skip = {});
+                                 const std::function<bool(const std::string&)>& skip = {},
+                                 bool compact_experts = false);
   // The checkpoint names and tensors (per-expert, original layouts) in state_dict order, as
   // save_pretrained writes them. Tied lm_head is omitted. Tensors may be views into this struct.
-  std::vector<std::pair<std::string, Tensor>> to_hf(const Qwen3MoeConfig& cfg) const;
+  // Stacked expert tensors holding fewer than cfg.num_experts experts (compact_experts) hold experts
+  // [expert_first, expert_first + held); the others are still listed, as Tensor::absent (shape only), so a
+  // shared save lays out the whole model while this rank writes its experts.
+  std::vector<std::pair<std::string, Tensor>> to_hf(const Qwen3MoeConfig& cfg, int64_t expert_first = 0) const;
 
   int64_t parameter_count() const;
 };

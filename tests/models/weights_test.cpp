@@ -375,6 +375,91 @@ TEST(Qwen3MoeWeights, LoadsOnlyItsShareOfTheExperts) {
   EXPECT_FALSE(CausalLM::from_pretrained(dir.file("model"), lo).experts_partial);
 }
 
+// The CPU engine's expert-parallel load (LoadOptions::compact_experts): the stacks hold just the rank's experts
+// ([count, ...], the checkpoint's rows of those experts; the others never read), to_hf still names every expert
+// (the others shape-only), and two such models, each writing its own experts' rows and one of them the rest,
+// make together the files one save of the whole model writes, byte for byte.
+TEST(Qwen3MoeWeights, CompactExpertsHoldOnlyTheirShare) {
+  const Qwen3MoeConfig cfg = tiny_config(false);
+  const Qwen3MoeWeights w = Qwen3MoeWeights::random_init(cfg, DType::F32, 11);
+  for (bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "fused" : "per-expert");
+    HfMap m;
+    if (fused) {
+      for (const auto& [n, t] : w.named_parameters()) m[n] = t->clone();
+    } else {
+      m = to_map(w.to_hf(cfg));
+      for (auto& [n, t] : m)
+        if (n.find("experts.0.") != std::string::npos) t = no_access_tensor(t.shape(), t.dtype());
+    }
+    auto lookup = [&](const std::string& n) {
+      auto it = m.find(n);
+      return it == m.end() ? Tensor() : it->second;
+    };
+    const Qwen3MoeWeights got =
+        Qwen3MoeWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 1, 2, {}, /*compact_experts=*/true);
+    const auto want = w.named_parameters(), have = got.named_parameters();
+    ASSERT_EQ(want.size(), have.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      const std::string& n = want[i].first;
+      if (param_is_stacked_expert(n)) {
+        ASSERT_EQ(have[i].second->dim(0), 2) << n;
+        EXPECT_TRUE(tensor_bytes_equal(want[i].second->rows(1, 3), *have[i].second)) << n;
+      } else {
+        EXPECT_TRUE(tensor_bytes_equal(*want[i].second, *have[i].second)) << n;
+      }
+    }
+    const HfMap hf = [&] {
+      HfMap r;
+      for (const auto& [n, t] : got.to_hf(cfg, 1)) r[n] = t;
+      return r;
+    }();
+    EXPECT_EQ(names_of(hf), names_of(to_map(w.to_hf(cfg))));
+    for (const auto& [n, t] : to_map(w.to_hf(cfg))) {
+      const Tensor& h = hf.at(n);
+      EXPECT_EQ(h.shape(), t.shape()) << n;
+      if (n.find("experts.0.") != std::string::npos) {
+        EXPECT_FALSE(h.present()) << n;
+      } else {
+        EXPECT_TRUE(tensor_bytes_equal(h, t)) << n;
+      }
+    }
+  }
+
+  io_test::ScratchDir dir;
+  CausalLM full = CausalLM::from_config(cfg, DType::F32, 3);
+  full.save_pretrained(dir.file("model"), {.max_shard_bytes = 1000});  // several shards
+  CausalLM parts[2];
+  const int64_t first[2] = {0, 1}, count[2] = {1, 2};
+  for (int i = 0; i < 2; ++i) {
+    LoadOptions lo;
+    lo.expert_first = first[i];
+    lo.expert_count = count[i];
+    lo.compact_experts = true;
+    parts[i] = CausalLM::from_pretrained(dir.file("model"), lo);
+    EXPECT_TRUE(parts[i].experts_partial);
+    EXPECT_EQ(parts[i].expert_first, first[i]);
+    EXPECT_EQ(parts[i].weights.layers[0].experts_gate_up.dim(0), count[i]);
+  }
+  std::filesystem::create_directories(dir.file("shared"));
+  parts[1].write_pretrained_layout(dir.file("shared"));
+  for (int i = 0; i < 2; ++i)
+    parts[i].write_pretrained_rows(dir.file("shared"), [&](const std::string& n, const Tensor& t) {
+      const int64_t e = hf_expert_index(n);
+      const bool mine = e < 0 ? i == 0 : e >= first[i] && e < first[i] + count[i];
+      return mine ? std::pair<int64_t, int64_t>{0, t.ndim() == 0 ? 1 : t.dim(0)} : std::pair<int64_t, int64_t>{0, 0};
+    });
+  size_t files = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir.file("model"))) {
+    if (f.path().extension() != ".safetensors" && f.path().extension() != ".json") continue;
+    EXPECT_EQ(io_test::read_bytes(f.path().string()),
+              io_test::read_bytes(dir.file("shared") + "/" + f.path().filename().string()))
+        << f.path().filename();
+    ++files;
+  }
+  EXPECT_GT(files, 3u);
+}
+
 // ZeRO-3's load (LoadOptions::skip_param): the skipped parameters are absent (no storage; shape and dtype kept)
 // and never read (their checkpoint tensors are inaccessible memory here), every other one holds the
 // checkpoint's bytes; a skipped tensor is still checked (a missing one is an error); a CausalLM loaded so
