@@ -17,12 +17,31 @@ void append_rows(std::vector<float>& msg, const float* src, int64_t H) {
 
 }  // namespace
 
+ExpertParallel expert_parallel_for(Communicator* comm, int64_t ep, int64_t num_experts) {
+  ExpertParallel r;
+  const int64_t world = comm ? comm->size() : 1;
+  if (ep == 1) return r;
+  if (world % ep != 0)
+    fail("parallel.ep: {} does not divide the {} rank{} of this job", ep, world, world == 1 ? "" : "s");
+  if (num_experts % ep != 0) fail("parallel.ep: {} does not divide the model's {} experts", ep, num_experts);
+  r.comm = comm;
+  const int rank = comm->rank(), n = static_cast<int>(ep);
+  const int first = rank / n * n;
+  for (int j = 0; j < n; ++j) r.group.push_back(first + j);
+  r.me = rank - first;
+  r.experts_per_rank = num_experts / n;
+  for (int q = r.me; q < world; q += n) r.replicas.push_back(q);
+  return r;
+}
+
 Tensor ep_experts_forward(const ExpertParallel& ep, const Tensor& x, const Tensor& index, const Tensor& weights,
                           const Tensor& gate_up, const Tensor& down, bool bf16, EpExpertsSaved* saved) {
   MT_CHECK(saved != nullptr, "ep_experts_forward needs a saved struct");
   const int g = static_cast<int>(ep.group.size());
-  const int64_t T = weights.dim(0), k = weights.dim(1), H = x.dim(1), E = gate_up.dim(0);
-  MT_CHECK(ep.experts_per_rank * g == E, "expert parallel: {} experts over {} ranks", E, g);
+  const int64_t T = weights.dim(0), k = weights.dim(1), H = x.dim(1), E = ep.experts_per_rank * g;
+  MT_CHECK(gate_up.dim(0) == ep.experts_per_rank && down.dim(0) == ep.experts_per_rank,
+           "expert parallel: this rank holds {} / {} experts, it owns {}", gate_up.dim(0), down.dim(0),
+           ep.experts_per_rank);
   const int32_t* idx = index.data_as<int32_t>();
   const float* xp = x.data_as<float>();
   EpExpertsSaved& s = *saved;
@@ -63,9 +82,8 @@ Tensor ep_experts_forward(const ExpertParallel& ep, const Tensor& x, const Tenso
       std::memcpy(xr.data_as<float>() + r * H, recv[j].data() + n + q * H, sizeof(float) * H);
     }
   }
-  const int64_t e0 = ep.me * ep.experts_per_rank, e1 = e0 + ep.experts_per_rank;
   // k = 1 and weight 1: each output row is its expert's output (already bf16-rounded in bf16 mode).
-  Tensor yr = cpu::experts_forward(xr, ir, ones, gate_up.rows(e0, e1), down.rows(e0, e1), bf16, &s.local);
+  Tensor yr = cpu::experts_forward(xr, ir, ones, gate_up, down, bf16, &s.local);
 
   std::vector<std::vector<float>> back(g);
   r = 0;
@@ -140,10 +158,8 @@ void ep_experts_backward(const ExpertParallel& ep, const Tensor& dout, const Ten
       std::memcpy(dyr.data_as<float>() + r * H, recv[j].data() + q * H, sizeof(float) * H);
       ones.data_as<float>()[r] = 1.0f;
     }
-  const int64_t e0 = ep.me * ep.experts_per_rank, e1 = e0 + ep.experts_per_rank;
   Tensor dxr, dw_unused;
-  Tensor dgu = dgate_up.rows(e0, e1), ddn = ddown.rows(e0, e1);
-  cpu::experts_backward(dyr, ones, gate_up.rows(e0, e1), down.rows(e0, e1), s.local, dxr, dw_unused, dgu, ddn);
+  cpu::experts_backward(dyr, ones, gate_up, down, s.local, dxr, dw_unused, dgate_up, ddown);
 
   std::vector<std::vector<float>> back(g);
   r = 0;

@@ -8,11 +8,12 @@
 //   backward: dweights and the per-slot dY locally -> all_to_allv -> cpu::experts_backward on the received
 //             rows (weight gradients of the owned experts only) -> all_to_allv back -> dX summed over slots
 //
-// Every rank of the group must run the same number of MoE layers and micro-batches (each call is a
-// collective). The results equal cpu::experts_forward / experts_backward on the whole batch up to the order
-// of fp32 sums in the expert GEMMs (rows of several ranks go through one GEMM). Expert weight gradients
-// of experts this rank does not own stay zero here: summing the gradients over all ranks (data parallel)
-// gives every expert its full gradient.
+// A rank holds only its own experts' weights and gradients ([E/ep, ...] stacks). Every rank of the group must
+// run the same number of MoE layers and micro-batches (each call is a collective). The results equal
+// cpu::experts_forward / experts_backward on the whole batch up to the order of fp32 sums in the expert GEMMs
+// (rows of several ranks go through one GEMM). The expert weight gradients cover the group's tokens; ranks
+// of other groups holding the same experts (replicas, when the job has more ranks than ep) sum theirs with
+// them (train/train_engine.cpp).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -29,7 +30,14 @@ struct ExpertParallel {
   std::vector<int> group;         // the group's ranks in order; this rank is group[me]
   int me = 0;
   int64_t experts_per_rank = 0;   // E / ep
+  std::vector<int> replicas;      // the ranks holding this rank's experts (one per group, this one included)
+  int64_t first_expert() const { return me * experts_per_rank; }
 };
+
+// The layout of a job of comm->size() ranks with expert-parallel groups of `ep` consecutive ranks, for this
+// rank; ep 1 gives none (an empty group). A size that does not divide the ranks or the experts is a one-line
+// error naming parallel.ep.
+ExpertParallel expert_parallel_for(Communicator* comm, int64_t ep, int64_t num_experts);
 
 struct EpExpertsSaved {
   std::vector<std::vector<int64_t>> slots;  // [ep][...]: this rank's flat slots (t·k + s) sent to group[j]
@@ -38,12 +46,14 @@ struct EpExpertsSaved {
   cpu::ExpertsSaved local;                  // the owned experts' forward on the received rows
 };
 
-// Same contract as cpu::experts_forward (gate_up / down: all E experts' tensors; only the owned slice is
-// read). `saved` is required when a backward follows.
+// Same contract as cpu::experts_forward, but gate_up / down are this rank's experts only ([E/ep, 2I, H],
+// [E/ep, H, I]: experts first_expert() ...); index still names experts of the whole model. `saved` is
+// required when a backward follows.
 Tensor ep_experts_forward(const ExpertParallel& ep, const Tensor& x, const Tensor& index, const Tensor& weights,
                           const Tensor& gate_up, const Tensor& down, bool bf16, EpExpertsSaved* saved);
 
-// Same contract as cpu::experts_backward; dgate_up / ddown get the owned experts' gradients added.
+// Same contract as cpu::experts_backward, on this rank's experts: dgate_up / ddown ([E/ep, ...]) get their
+// gradients added.
 void ep_experts_backward(const ExpertParallel& ep, const Tensor& dout, const Tensor& weights, const Tensor& gate_up,
                          const Tensor& down, const EpExpertsSaved& saved, Tensor& dx, Tensor& dweights,
                          Tensor& dgate_up, Tensor& ddown);

@@ -10,6 +10,7 @@
 #include "kernels/cpu/rope.h"
 #include "layers/attention_block.h"
 #include "layers/block_env.h"
+#include "layers/expert_parallel.h"
 #include "layers/lm_head.h"
 #include "layers/mlp_block.h"
 #include "layers/moe_block.h"
@@ -79,8 +80,10 @@ void weights_check(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, const char
 
 namespace {
 
-void check_params(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, const char* what, DType dtype) {
-  weights_check(c, w, what, dtype, Device::cpu());
+// Under expert parallelism the stacked expert tensors (parameters and gradients) hold this rank's experts only.
+void check_params(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, const char* what, DType dtype,
+                  const ExpertParallel* ep) {
+  weights_check(c, w, what, dtype, Device::cpu(), ep ? ep->experts_per_rank : -1);
 }
 
 }  // namespace
@@ -208,7 +211,7 @@ Qwen3MoeModel::Qwen3MoeModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights
   if (dt != DType::F32 && dt != DType::BF16)
     fail("parameter model.embed_tokens.weight: dtype {} is not supported (F32 or BF16)",
          dtype_safetensors_name(dt));
-  check_params(cfg_, w_, "parameter", dt);
+  check_params(cfg_, w_, "parameter", dt, opts_.expert_parallel);
   bf16_ = dt == DType::BF16;
 }
 
@@ -260,7 +263,7 @@ ForwardResult Qwen3MoeModel::forward(const Batch& b, bool want_logits, const Los
 
 ForwardResult Qwen3MoeModel::forward_backward(const Batch& b, Qwen3MoeWeights& grads, const LossOptions& o) {
   if (!b.labels.defined()) fail("batch: forward_backward needs labels");
-  check_params(cfg_, grads, "gradient", DType::F32);
+  check_params(cfg_, grads, "gradient", DType::F32, opts_.expert_parallel);
   Prepared p = prepare_batch(cfg_, b, bf16_, opts_.packed_document_mask, opts_.expert_parallel);
   const BlockEnv& env = p.env;
   const bool aux_on = aux_enabled(cfg_);

@@ -58,8 +58,9 @@ struct ModelOptions {
   // config use_cache = true (the default) it gets a DynamicCache and plain causal attention across
   // documents (RoPE still uses the restarted positions). false reproduces that behaviour.
   bool packed_document_mask = true;
-  // Expert parallelism (layers/expert_parallel.h): the MoE experts run on the ranks that own them. Every rank
-  // of the group must then run the same forward/backward calls. Null: all experts run here.
+  // Expert parallelism (layers/expert_parallel.h): the MoE experts run on the ranks that own them, and the
+  // stacked expert parameters and gradients hold this rank's experts only. Every rank of the group must then
+  // run the same forward/backward calls. Null: all experts run here.
   const ExpertParallel* expert_parallel = nullptr;
   // Sharded parameters (ZeRO-3): each group of parameters is fetched before the model reads it and released
   // after. Null: every parameter is present all the time.

@@ -7,7 +7,9 @@
 
 namespace mt {
 
-double tensor_grad_norm(const Tensor& g) {
+double tensor_grad_norm(const Tensor& g) { return norm_of_sumsq(tensor_grad_sumsq(g)); }
+
+double tensor_grad_sumsq(const Tensor& g) {
   MT_CHECK(g.dtype() == DType::F32 && g.device().is_cpu(), "grad_global_norm: expects F32 CPU gradients");
   const float* p = g.data_as<float>();
   const int64_t n = g.numel();
@@ -24,9 +26,11 @@ double tensor_grad_norm(const Tensor& g) {
   }
   double sq = 0;
   for (double s : partial) sq += s;
-  // torch rounds each tensor's norm to fp32 before the norm of norms.
-  return static_cast<float>(std::sqrt(sq));
+  return sq;
 }
+
+// torch rounds each tensor's norm to fp32 before the norm of norms.
+double norm_of_sumsq(double sumsq) { return static_cast<float>(std::sqrt(sumsq)); }
 
 double norm_of_norms(const std::vector<double>& norms) {
   double total_sq = 0;

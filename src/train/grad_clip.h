@@ -16,6 +16,10 @@ double grad_global_norm(const std::vector<Tensor*>& grads);
 // norm_of_norms({tensor_grad_norm(g_1), tensor_grad_norm(g_2), …}) bitwise.
 double tensor_grad_norm(const Tensor& grad);
 double norm_of_norms(const std::vector<double>& norms);
+// tensor_grad_norm's own halves, for a tensor whose rows several ranks hold (the experts under expert
+// parallelism): each rank's Σ g² of its rows, summed over the ranks, then the norm (rounded to fp32).
+double tensor_grad_sumsq(const Tensor& grad);
+double norm_of_sumsq(double sumsq);
 
 // Scales the gradients so their global norm is at most max_norm (given the norm already measured);
 // returns the coefficient applied (1 when nothing was scaled). max_norm <= 0 disables clipping.

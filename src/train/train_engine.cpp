@@ -27,13 +27,13 @@ class CpuEngine final : public TrainEngine {
  public:
   CpuEngine(CausalLM& lm, const Recipe& r, Communicator* comm)
       : lm_(lm), comm_(comm && comm->size() > 1 ? comm : nullptr),
-        ep_(expert_parallel_of(lm.config, r, comm_)),
+        ep_(experts_sliced(lm, expert_parallel_for(comm_, r.parallel.ep, lm.config.num_experts))),
         shards_(comm_ && r.parallel.shard_optimizer
-                    ? optimizer_shards_for(lm.weights, comm_->size(), comm_->rank(), !ep_.group.empty())
+                    ? optimizer_shards_for(lm.weights, comm_->size(), comm_->rank(), split())
                     : OptimizerShards()),
         sharded_params_(sharded_params_of(lm, r, shards_, comm_)),
         model_(lm.config, lm.weights, model_options(ep_, sharded_params_.get())),
-        grads_(Qwen3MoeWeights::zeros_like_config(lm.config, DType::F32)),
+        grads_(Qwen3MoeWeights::zeros_like_config(lm.config, DType::F32, split() ? ep_.experts_per_rank : -1)),
         optimizer_(shards_.updated(lm.weights.named_parameters()), adamw_options_from(r),
                    r.optimizer.decay_norms_and_biases ? std::function<bool(const std::string&)>() : adamw_hf_decays) {
     if (r.optimizer.moment_dtype != "float32")
@@ -42,7 +42,10 @@ class CpuEngine final : public TrainEngine {
     if (r.optimizer.expert_grad_dtype != "float32")
       fail("optimizer.expert_grad_dtype: '{}' is supported on CUDA only (the CPU keeps float32 gradients)",
            r.optimizer.expert_grad_dtype);
-    for (auto& [name, g] : grads_.named_parameters()) grad_list_.push_back(g);
+    for (auto& [name, g] : grads_.named_parameters()) {
+      grad_list_.push_back(g);
+      split_.push_back(split() && param_is_stacked_expert(name));
+    }
     grad_const_.assign(grad_list_.begin(), grad_list_.end());
     updated_grads_ = shards_.updated(grad_const_);
     updated_grad_list_ = shards_.updated(grad_list_);
@@ -74,7 +77,7 @@ class CpuEngine final : public TrainEngine {
       s.loss = sums[0], s.ce_loss = sums[1], s.aux_loss = sums[2], micro_batches = sums[3];
     }
     if (micro_batches > 0) s.aux_loss /= micro_batches;
-    s.grad_norm = shards_.active() ? sharded_grad_norm() : grad_global_norm(grad_list_);
+    s.grad_norm = shards_.active() || split() ? distributed_grad_norm() : grad_global_norm(grad_list_);
     s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
     if (s.finite) {
       grad_clip_to(updated_grad_list_, s.grad_norm, max_grad_norm);
@@ -123,57 +126,112 @@ class CpuEngine final : public TrainEngine {
   int64_t optimizer_steps() const override { return optimizer_.step_count(); }
 
   // The gradients summed over the ranks, each where it is needed: those every rank updates (all of them
-  // without ZeRO-1; with it, the expert-parallel stacks) in one all-reduce, and each sharded tensor only on its
-  // owner (one reduce per owner, its tensors packed) — half an all-reduce's traffic. Both sum in rank order, so
-  // the owner's gradient is bitwise the all-reduced one; the other ranks' copies are left partial and unused.
+  // without ZeRO-1; with it, none but the experts) in one all-reduce; the experts under expert parallelism
+  // over their replicas only (the ranks holding the same experts; none when the job is one group); and each
+  // sharded tensor only on its owner (one reduce per owner, its tensors packed) — half an all-reduce's
+  // traffic. All sum in rank order, so the owner's gradient is bitwise the all-reduced one; the other ranks'
+  // copies are left partial and unused.
   void reduce_gradients() {
     const std::string step = "step " + std::to_string(steps_);
-    packed_collective(-1, [&](float* p, int64_t n) { comm_->all_reduce_sum(p, n, "all_reduce(gradients, " + step + ")"); });
+    packed_collective(kEveryRank, [&](float* p, int64_t n) {
+      comm_->all_reduce_sum(p, n, "all_reduce(gradients, " + step + ")");
+    });
+    if (ep_.replicas.size() > 1)
+      packed_collective(kExpertReplicas, [&](float* p, int64_t n) {
+        comm_->all_reduce_sum(ep_.replicas, p, n, "all_reduce(expert gradients over replicas, " + step + ")");
+      });
     if (!shards_.active()) return;
     for (int owner = 0; owner < shards_.world(); ++owner)
       packed_collective(owner, [&](float* p, int64_t n) {
         comm_->reduce_sum(p, n, owner, "reduce(gradients owned by rank " + std::to_string(owner) + ", " + step + ")");
       });
   }
-  // Packs the gradients whose owner is `owner` into flat_, runs `collective` on it and unpacks the result
-  // where this rank uses it (owner -1: every rank; else the owner); no call when there are none.
+  // Which gradients a packed collective moves: those of one owner rank (ZeRO-1), or these two sets.
+  static constexpr int kEveryRank = -1;       // held whole by every rank, not sharded
+  static constexpr int kExpertReplicas = -2;  // this rank's experts, under expert parallelism
+  int reduced_by(size_t i) const {
+    if (split_[i]) return kExpertReplicas;
+    return shards_.owner(i) >= 0 ? shards_.owner(i) : kEveryRank;
+  }
+  // Packs the gradients `reduced_by` that set into flat_, runs `collective` on it and unpacks the result where
+  // this rank uses it (every rank for the two sets; else the owner); no call when there are none.
   template <typename F>
-  void packed_collective(int owner, F&& collective) {
-    const size_t bytes = each_owned(grad_list_, owner, [](Tensor&, size_t) {});
+  void packed_collective(int set, F&& collective) {
+    size_t bytes = 0;
+    for (size_t i = 0; i < grad_list_.size(); ++i)
+      if (reduced_by(i) == set) bytes += grad_list_[i]->nbytes();
     if (bytes == 0) return;
     flat_.resize(bytes / sizeof(float));
     auto* flat = reinterpret_cast<unsigned char*>(flat_.data());
-    each_owned(grad_list_, owner, [&](Tensor& g, size_t at) { std::memcpy(flat + at, g.data(), g.nbytes()); });
+    auto each = [&](auto&& f) {
+      size_t at = 0;
+      for (size_t i = 0; i < grad_list_.size(); ++i)
+        if (reduced_by(i) == set) f(*grad_list_[i], at), at += grad_list_[i]->nbytes();
+    };
+    each([&](Tensor& g, size_t at) { std::memcpy(flat + at, g.data(), g.nbytes()); });
     collective(flat_.data(), static_cast<int64_t>(flat_.size()));
-    if (owner < 0 || owner == shards_.rank())
-      each_owned(grad_list_, owner, [&](Tensor& g, size_t at) { std::memcpy(g.data(), flat + at, g.nbytes()); });
+    if (set < 0 || set == shards_.rank())
+      each([&](Tensor& g, size_t at) { std::memcpy(g.data(), flat + at, g.nbytes()); });
   }
-  // The global norm when each sharded gradient is summed on its owner only: the owners' per-tensor norms
-  // gathered by an all-reduce of a vector that is zero elsewhere (exact), the others' computed here, then the
-  // norm of norms in tensor order — bitwise grad_global_norm of the all-reduced gradients.
-  double sharded_grad_norm() {
+  // The global norm when not every rank holds every summed gradient whole, bitwise the same on every rank:
+  // a sharded tensor's norm from its owner (an all-reduce of a vector that is zero elsewhere: exact); an
+  // expert stack's from the Σ g² of the group's slices (summed over the expert-parallel group in rank order;
+  // replica groups hold bitwise the same gradients, so they agree); the rest computed here; then the norm of
+  // norms in tensor order. With ZeRO-1 alone it is bitwise grad_global_norm of the all-reduced gradients.
+  double distributed_grad_norm() {
+    const std::string step = "step " + std::to_string(steps_);
     std::vector<double> norms(grad_list_.size(), 0.0);
+    if (shards_.active()) {
+      for (size_t i = 0; i < grad_list_.size(); ++i)
+        if (shards_.owner(i) == shards_.rank()) norms[i] = tensor_grad_norm(*grad_list_[i]);
+      comm_->all_reduce_sum(norms.data(), static_cast<int64_t>(norms.size()),
+                            "all_reduce(gradient norms, " + step + ")");
+    }
+    std::vector<double> sumsq;
     for (size_t i = 0; i < grad_list_.size(); ++i)
-      if (shards_.owner(i) == shards_.rank()) norms[i] = tensor_grad_norm(*grad_list_[i]);
-    comm_->all_reduce_sum(norms.data(), static_cast<int64_t>(norms.size()),
-                          "all_reduce(gradient norms, step " + std::to_string(steps_) + ")");
-    for (size_t i = 0; i < grad_list_.size(); ++i)
-      if (shards_.owner(i) < 0) norms[i] = tensor_grad_norm(*grad_list_[i]);
+      if (split_[i]) sumsq.push_back(tensor_grad_sumsq(*grad_list_[i]));
+    if (!sumsq.empty())
+      comm_->all_reduce_sum(ep_.group, sumsq.data(), static_cast<int64_t>(sumsq.size()),
+                            "all_reduce(expert gradient norms, " + step + ")");
+    for (size_t i = 0, k = 0; i < grad_list_.size(); ++i) {
+      if (split_[i])
+        norms[i] = norm_of_sumsq(sumsq[k++]);
+      else if (shards_.owner(i) < 0)
+        norms[i] = tensor_grad_norm(*grad_list_[i]);
+    }
     return norm_of_norms(norms);
   }
   void set_optimizer_steps(int64_t t) override { optimizer_.set_step_count(t); }
   void weights_to_host() override {}
-  // Every parameter's state, in the unsharded order; a sharded-away parameter's as an unwritten placeholder
-  // (its owner writes it).
+  // Every parameter's state, in the unsharded order and full shapes (what the file holds): a sharded-away
+  // parameter's as a shape-only placeholder (its owner writes it); an expert stack's, under expert parallelism,
+  // as all E experts' rows of which this rank fills its own — on the ranks of the first group, which write
+  // them (train/shared_save.h), else shape only.
   std::vector<std::pair<std::string, Tensor>> optimizer_state_host() override {
     std::vector<std::pair<std::string, Tensor>> r;
-    for (StateSlot& s : state_layout())
-      r.emplace_back(s.spec.name, s.held ? *s.held : Tensor::empty(s.spec.shape, s.spec.dtype));
+    for (StateSlot& s : state_layout()) {
+      if (!split() || !param_is_stacked_expert(s.spec.name)) {
+        r.emplace_back(s.spec.name, s.held ? *s.held : Tensor::absent(s.spec.shape, s.spec.dtype));
+        continue;
+      }
+      Shape full = s.spec.shape;
+      full[0] = lm_.config.num_experts;
+      if (ep_.group.front() != 0) {  // a replica: the first group writes these experts
+        r.emplace_back(s.spec.name, Tensor::absent(full, s.spec.dtype));
+        continue;
+      }
+      Tensor t = Tensor::empty(full, s.spec.dtype);  // the other experts' rows are never touched
+      t.rows(ep_.first_expert(), ep_.first_expert() + ep_.experts_per_rank).copy_from(*s.held);
+      r.emplace_back(s.spec.name, std::move(t));
+    }
     return r;
   }
+  // This rank's share of the file: the tensors it updates, of the expert stacks its own experts' rows (the
+  // file holds all E, from any expert-parallel layout).
   void optimizer_state_load(const std::string& dir) override {
     const auto total = static_cast<int64_t>(state_layout().size());
-    optimizer_state_read(dir, optimizer_.named_state(), 0, -1, total);
+    optimizer_state_read(dir, optimizer_.named_state(), split() ? ep_.first_expert() : 0,
+                         split() ? ep_.experts_per_rank : -1, total);
   }
   const OptimizerShards& optimizer_shards() const override { return shards_; }
   int64_t peak_memory_bytes() const override { return memory_stats(Device::cpu()).peak_bytes; }
@@ -187,20 +245,23 @@ class CpuEngine final : public TrainEngine {
                                   });
   }
 
-  // Expert-parallel groups of r.parallel.ep consecutive ranks; empty group: no expert parallelism.
-  static ExpertParallel expert_parallel_of(const Qwen3MoeConfig& cfg, const Recipe& r, Communicator* comm) {
-    ExpertParallel ep;
-    const int64_t n = r.parallel.ep, world = comm ? comm->size() : 1;
-    if (n == 1) return ep;
-    if (world % n != 0)
-      fail("parallel.ep: {} does not divide the {} rank{} of this job", n, world, world == 1 ? "" : "s");
-    if (cfg.num_experts % n != 0)
-      fail("parallel.ep: {} does not divide the model's {} experts", n, cfg.num_experts);
-    ep.comm = comm;
-    const int first = static_cast<int>(comm->rank() / n * n);
-    for (int j = 0; j < n; ++j) ep.group.push_back(first + j);
-    ep.me = comm->rank() - first;
-    ep.experts_per_rank = cfg.num_experts / n;
+  bool split() const { return !ep_.group.empty(); }  // experts split over ranks (parallel.ep > 1)
+
+  // Under expert parallelism the CausalLM's stacks become this rank's experts only: the trainer loads them so
+  // (LoadOptions::compact_experts); a model holding all E experts gives up the others here.
+  static ExpertParallel experts_sliced(CausalLM& lm, ExpertParallel ep) {
+    if (ep.group.empty()) return ep;
+    const int64_t first = ep.first_expert(), n = ep.experts_per_rank;
+    for (auto& [name, t] : lm.weights.named_parameters()) {
+      if (!param_is_stacked_expert(name)) continue;
+      if (t->dim(0) == n && lm.expert_first == first) continue;  // already this rank's slice
+      if (t->dim(0) != lm.config.num_experts)
+        fail("{}: holds {} experts from expert {}; this rank of parallel.ep {} trains experts {}..{}", name,
+             t->dim(0), lm.expert_first, ep.group.size(), first, first + n - 1);
+      *t = t->rows(first, first + n).clone();
+    }
+    lm.expert_first = first;
+    lm.experts_partial = true;
     return ep;
   }
   static ModelOptions model_options(const ExpertParallel& ep, ParamResidency* residency) {
@@ -229,6 +290,7 @@ class CpuEngine final : public TrainEngine {
   Qwen3MoeWeights grads_;
   AdamW optimizer_;         // the parameters this rank updates
   std::vector<Tensor*> grad_list_;
+  std::vector<bool> split_;  // per gradient: an expert stack split over the expert-parallel group
   std::vector<const Tensor*> grad_const_;
   std::vector<const Tensor*> updated_grads_;  // grad_const_'s entries for optimizer_'s parameters
   std::vector<Tensor*> updated_grad_list_;    // the same, writable (the clip scales only these)

@@ -64,7 +64,9 @@ class Communicator;
 // The CPU reference engine. lm must outlive it. With a communicator of more than one rank it trains data
 // parallel: each rank runs forward/backward on its own micro-batches of the window, then the gradients
 // and the loss sums are summed over the ranks (bitwise the same on every rank) before the identical
-// clipping and AdamW step on every rank's full copy of the parameters. comm must outlive the engine.
+// clipping and AdamW step on every rank's copy of the parameters. With parallel.ep > 1 a rank's copy holds
+// its own experts only (lm's expert stacks become that slice), their gradients are summed over the ranks
+// holding the same experts and their norms over the expert-parallel group. comm must outlive the engine.
 std::unique_ptr<TrainEngine> cpu_engine_create(CausalLM& lm, const Recipe& r, Communicator* comm = nullptr);
 
 // The CUDA engine factory, registered by the CUDA library at start-up (absent in a CPU-only build).

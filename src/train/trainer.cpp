@@ -167,7 +167,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
          run_dir.string(), fs::path(latest).filename().string());
   }
 
-  // The engine first (from the model's config): an expert-parallel GPU rank then reads only its experts.
+  // The engine first (from the model's config): an expert-parallel rank then reads only its experts.
   const std::string model_src = resume_dir.empty() ? r.model.path : resume_dir;
   const std::string model_dir = hf_resolve_model_path(model_src);
   const fs::path config_path = fs::path(model_dir) / "config.json";
@@ -189,10 +189,13 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   LoadOptions lo;
   lo.dtype = r.model.dtype == "float32" ? DType::F32 : DType::BF16;
   const int64_t ep = r.parallel.ep;
-  if (comm && device >= 0 && ep > 1 && pg.world % ep == 0 && model_cfg.num_experts % ep == 0) {
+  if (comm && ep > 1 && pg.world % ep == 0 && model_cfg.num_experts % ep == 0) {
     // Its expert-parallel group is ranks of consecutive numbers; its experts [g·E/ep, (g+1)·E/ep), g = rank % ep.
+    // The CPU engine trains on the host copy, so it holds those experts only; the GPU's host copy keeps all E
+    // rows (the others never written). (A layout that does not divide is refused by the engine.)
     lo.expert_count = model_cfg.num_experts / ep;
     lo.expert_first = (pg.rank % ep) * lo.expert_count;
+    lo.compact_experts = device < 0;
   }
   // ZeRO-3: a rank reads only the replicated parameters it owns (the owners depend on names and sizes only).
   OptimizerShards load_owners;
@@ -303,7 +306,10 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   std::optional<MetricsLog> metrics;
   if (lead) metrics.emplace((run_dir / "metrics.jsonl").string(), resume_dir.empty() ? -1 : st.step);
   progress.message(fmt::format("model {}: {} parameters ({}), {} steps of {} x {} micro-batches x {} tokens",
-                               r.model.path, lm.weights.parameter_count(), r.model.dtype, total_steps,
+                               r.model.path,
+                               // the whole model's (an expert-parallel CPU rank holds only its experts)
+                               Qwen3MoeWeights::absent_like_config(cfg, lm.dtype).parameter_count(), r.model.dtype,
+                               total_steps,
                                r.train.grad_accum, r.train.micro_batch_size, r.data.seq_len));
 
   int64_t last_saved_step = resume_dir.empty() ? -1 : st.step;

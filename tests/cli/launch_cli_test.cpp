@@ -268,12 +268,64 @@ TEST_F(LaunchCli, ExpertParallelRanksTrainLikeOneProcess) {
   expect_same_run("single4", "ep2x2");
 }
 
+// Under expert parallelism each expert lives on one rank of a group (its weights, gradient and AdamW moments;
+// tests/train/cpu_expert_parallel_test.cpp counts the bytes), and the checkpoint the ranks write together is the
+// one process's: two ranks with ep 2 against one process accumulating the same micro-batches, at step 2, every
+// model tensor and every optimizer-state tensor (all 8 experts' moments, each expert's rows written by the rank
+// holding it) within fp32 summation order. From that checkpoint the two ranks resume with every expert on each
+// rank (ep 1) and end with the one process's weights.
+TEST_F(LaunchCli, ExpertParallelCheckpointIsTheOneProcessCheckpoint) {
+  ASSERT_EQ(run({"finetune", recipe("single", 2).string(), "--set", "checkpoint.every_steps=2"}, dir / "single.log"), 0)
+      << slurp(dir / "single.log");
+  auto job = [&](const std::string& ep, bool resume) {
+    std::vector<std::string> a{"launch", "--nproc", "2", "--", "finetune", recipe("split", 1).string(),
+                               "--set", "parallel.ep=" + ep, "--set", "checkpoint.every_steps=2"};
+    if (resume) a.push_back("--resume");
+    return a;
+  };
+  ASSERT_EQ(run(job("2", false), dir / "split.log"), 0) << slurp(dir / "split.log");
+  const fs::path a = dir / "single" / "checkpoint-000002", b = dir / "split" / "checkpoint-000002";
+  size_t files = 0;
+  for (const auto& f : fs::directory_iterator(a)) {
+    if (f.path().extension() != ".safetensors") continue;
+    SCOPED_TRACE(f.path().filename().string());
+    SafetensorsFile fa = SafetensorsFile::open(f.path().string());
+    SafetensorsFile fb = SafetensorsFile::open((b / f.path().filename()).string());
+    ASSERT_EQ(fa.names(), fb.names());
+    for (const std::string& name : fa.names()) {
+      const std::vector<float> x = fa.tensor(name).to_floats(), y = fb.tensor(name).to_floats();
+      ASSERT_EQ(x.size(), y.size()) << name;
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double d = static_cast<double>(x[i]) - y[i];
+        diff += d * d;
+        norm += static_cast<double>(x[i]) * x[i];
+      }
+      EXPECT_GT(norm, 0) << name << " is all zeros";
+      EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm)) << name;
+    }
+    ++files;
+  }
+  EXPECT_EQ(files, 8u);  // the 7 model shards and optimizer.safetensors
+  fs::remove_all(dir / "split" / "final");
+  fs::remove_all(dir / "split" / "checkpoint-000004");
+  std::ofstream(dir / "split" / "latest") << "checkpoint-000002\n";
+  ASSERT_EQ(run(job("1", true), dir / "resume.log"), 0) << slurp(dir / "resume.log");
+  EXPECT_NE(slurp(dir / "resume.log").find("resumed from"), std::string::npos) << slurp(dir / "resume.log");
+  expect_same_weights(dir / "single" / "final", dir / "split" / "final");
+}
+
 TEST_F(LaunchCli, ExpertParallelSizeMustDivide) {
   ASSERT_EQ(run({"launch", "--nproc", "2", "--", "finetune", recipe("bad3", 1).string(), "--set", "parallel.ep=3"},
                 dir / "bad3.log"),
             1);
   EXPECT_NE(slurp(dir / "bad3.log").find("parallel.ep: 3 does not divide the 2 ranks of this job"), std::string::npos)
       << slurp(dir / "bad3.log");
+  ASSERT_EQ(run({"launch", "--nproc", "3", "--", "finetune", recipe("bad8", 1).string(), "--set", "parallel.ep=3"},
+                dir / "bad8.log"),
+            1);
+  EXPECT_NE(slurp(dir / "bad8.log").find("parallel.ep: 3 does not divide the model's 8 experts"), std::string::npos)
+      << slurp(dir / "bad8.log");
   ASSERT_EQ(run({"finetune", recipe("bad1", 1).string(), "--set", "parallel.ep=2"}, dir / "bad1.log"), 1);
   EXPECT_NE(slurp(dir / "bad1.log").find("parallel.ep: 2 does not divide the 1 rank of this job"), std::string::npos)
       << slurp(dir / "bad1.log");

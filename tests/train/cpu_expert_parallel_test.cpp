@@ -1,0 +1,118 @@
+// The CPU engine under expert parallelism (parallel.ep), two ranks that are threads over loopback, loading the
+// moe_gqa_aux fixture (fp32, 8 experts, two MoE layers) as the trainer does: each rank's model holds only its
+// own experts (stacks of E/ep rows, the checkpoint's rows of those experts), and the tensor bytes the two ranks
+// hold once their engines are built and have taken a step are exactly those of the ep 1 run less, per rank,
+// the other ranks' experts' weights, gradients and both AdamW moments. The step itself (loss, gradient norm)
+// agrees with the ep 1 run within fp32 summation order.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/memory.h"
+#include "distributed/communicator.h"
+#include "models/causal_lm.h"
+#include "train/train_engine.h"
+
+#include "../distributed/thread_ranks.h"
+#include "fixture_tensors.h"
+
+namespace mt {
+namespace {
+
+const std::string kCkpt = std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/qwen3_moe/moe_gqa_aux/ckpt";
+
+// A different row of tokens per rank (ids inside the fixture's vocabulary of 128).
+Batch batch_of_rank(int rank) {
+  const int64_t S = 16;
+  Batch b;
+  b.input_ids = Tensor::empty({1, S}, DType::I64);
+  for (int64_t s = 0; s < S; ++s) b.input_ids.data_as<int64_t>()[s] = (7 + 31 * rank + 13 * s) % 128;
+  b.labels = b.input_ids.clone();
+  return b;
+}
+
+struct EpRun {
+  int64_t held_bytes = 0;  // tensor bytes both ranks hold after one step (models, gradients, optimizer state)
+  std::vector<EngineStep> steps = std::vector<EngineStep>(2);
+  std::vector<int64_t> expert_rows = std::vector<int64_t>(2, 0);
+};
+
+EpRun run_two_ranks(int64_t ep) {
+  const int world = 2, port = test::free_port();
+  EpRun run;
+  const int64_t before = memory_stats(Device::cpu()).current_bytes;
+  const auto err = test::run_ranks(world, [&](int r) {
+    auto comm = tcp_communicator_create(test::env_of(r, world, port), std::chrono::milliseconds(20000));
+    Recipe recipe;
+    recipe.model.dtype = "float32";
+    recipe.train.device = "cpu";
+    recipe.optimizer.lr = 1e-3;
+    recipe.parallel.ep = ep;
+    recipe.parallel.shard_optimizer = false;  // every rank keeps the state of what it holds
+    LoadOptions lo;
+    lo.dtype = DType::F32;
+    const CausalLM whole = CausalLM::from_pretrained(kCkpt, lo);
+    const int64_t E = whole.config.num_experts;
+    if (ep > 1) {  // as the trainer loads an expert-parallel CPU rank
+      lo.expert_count = E / ep;
+      lo.expert_first = r % ep * lo.expert_count;
+      lo.compact_experts = true;
+    }
+    CausalLM lm = CausalLM::from_pretrained(kCkpt, lo);
+    auto engine = cpu_engine_create(lm, recipe, comm.get());
+    const Batch b = batch_of_rank(r);
+    run.steps[r] = engine->step({b}, 30.0, 1e-3, 1.0);
+    // The model's stacks: this rank's experts, which started as the checkpoint's rows of them.
+    for (size_t l = 0; l < lm.weights.layers.size(); ++l) {
+      const Tensor& gu = lm.weights.layers[l].experts_gate_up;
+      if (!gu.defined()) continue;
+      run.expert_rows[r] = gu.dim(0);
+      EXPECT_EQ(lm.weights.layers[l].experts_down.dim(0), gu.dim(0));
+      if (ep > 1)
+        EXPECT_EQ(lm.expert_first, lo.expert_first);
+      // The router is replicated and trained alike on every rank; the experts moved from the checkpoint.
+      const int64_t first = ep > 1 ? lo.expert_first : 0;
+      const Tensor start = whole.weights.layers[l].experts_gate_up.rows(first, first + gu.dim(0));
+      EXPECT_FALSE(test::tensor_bytes_equal(start, gu)) << "layer " << l << ": the experts did not train";
+      EXPECT_EQ(start.shape(), gu.shape());
+    }
+    comm->barrier("barrier(everything held)");
+    if (r == 0) run.held_bytes = memory_stats(Device::cpu()).current_bytes - before;
+    comm->barrier("barrier(measured)");
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(err[r], "") << "ep " << ep << " rank " << r;
+  return run;
+}
+
+TEST(CpuExpertParallel, EachRankHoldsOnlyItsExperts) {
+  const EpRun one = run_two_ranks(1), split = run_two_ranks(2);
+  LoadOptions lo;
+  lo.dtype = DType::F32;
+  const Qwen3MoeConfig cfg = CausalLM::from_pretrained(kCkpt, lo).config;
+  const int64_t E = cfg.num_experts, H = cfg.hidden_size, I = cfg.moe_intermediate_size;
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) moe_layers += cfg.is_moe_layer(l);
+  ASSERT_EQ(moe_layers, 2);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(one.expert_rows[r], E);
+    EXPECT_EQ(split.expert_rows[r], E / 2);
+  }
+  // Per rank and MoE layer, E/2 experts of 3·I·H fp32 values fewer, each with its gradient, exp_avg and
+  // exp_avg_sq (fp32 weights: no master copy).
+  const int64_t per_rank = moe_layers * (E / 2) * 3 * I * H * 4 * static_cast<int64_t>(sizeof(float));
+  EXPECT_EQ(one.held_bytes - split.held_bytes, 2 * per_rank)
+      << "ep 1 holds " << one.held_bytes << " bytes, ep 2 " << split.held_bytes;
+  // The same step: the losses summed over the ranks, the norm over every expert of the model.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(split.steps[r].finite);
+    EXPECT_NEAR(split.steps[r].loss, one.steps[r].loss, 1e-6 * std::fabs(one.steps[r].loss));
+    EXPECT_NEAR(split.steps[r].grad_norm, one.steps[r].grad_norm, 1e-6 * one.steps[r].grad_norm);
+    EXPECT_EQ(split.steps[r].grad_norm, split.steps[0].grad_norm) << "the ranks disagree on the norm";
+  }
+}
+
+}  // namespace
+}  // namespace mt
