@@ -27,11 +27,10 @@
 #         programmatic dependent launch) | kernels-memory (the memory-bound kernels against the copy rate) |
 #         profile-bytes (ncu: time and HBM bytes read/written of the GEMM, attention, norm and permute kernels) |
 #         kernels-flash-heads, mixtune-standard-headsG (the flash backward's query heads per item: every G per
-#         shape, and the standard step with G forced) | kernels-flash-fwd-persistent, mixtune-standard-fwdp0
-#         (the flash forward one block per item against persistent).
+#         shape, and the standard step with G forced).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -154,22 +153,6 @@ for stage in "$@"; do
                  echo "{\"bwd_heads\": $g, \"result\": $r}" | tee -a "$OUT/flash-heads-energy.jsonl" \
                    | grep -o '"bwd_heads": [0-9]*\|"backward_heads_per_item": [0-9]*\|"backward": {[^}]*}'
                done ;;
-    kernels-flash-fwd-persistent)  # the sm90 flash forward one block per item vs persistent (bench/NOTES.md 84),
-               # alternating in one process per shape (forward_by_launch), then sustained with each launch
-               for args in "--seq 4096" "--seq 4096 --doc-len 512" "--seq 4096 --doc-len 2048" "--seq 8192" \
-                   "--seq 16384 --reps 4" "--seq 1024 --batch 4"; do
-                 r=$("$BIN/mixtune_bench_flash_attention" $args --fwd-persistent-ab ${ROUNDS:-5} 2>&1 | tr -d '\n')
-                 echo "{\"args\": \"$args\", \"result\": $r}" | tee -a "$OUT/flash-fwd-persistent.jsonl" \
-                   | grep -o '"args": "[^"]*"\|"forward_by_launch": {[^}]*}[^}]*}'
-               done
-               for p in 0 1 0 1; do
-                 r=$(MIXTUNE_FLASH_FWD_PERSISTENT=$p "$BIN/mixtune_bench_flash_attention" --seq 4096 --energy-seconds 2 2>&1 | tr -d '\n')
-                 echo "{\"persistent\": $p, \"result\": $r}" | tee -a "$OUT/flash-fwd-persistent-energy.jsonl" \
-                   | grep -o '"persistent": [01]\|"forward": {[^}]*}'
-               done ;;
-    mixtune-standard-fwdp0)  # the standard step with the flash forward one block per item
-               MIXTUNE_FLASH_FWD_PERSISTENT=0 SIDES=mixtune NAME=$stage OUT=$OUT \
-               bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     mixtune-standard-heads*)  # the standard step with the flash backward's heads per item forced (…-heads1: G = 1)
                MIXTUNE_FLASH_BWD_HEADS=${stage#mixtune-standard-heads} SIDES=mixtune NAME=$stage OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;

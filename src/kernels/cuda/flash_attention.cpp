@@ -141,14 +141,10 @@ void flash_attention_forward(const FlashAttentionShape& s, const Tensor& q, cons
   else
     check_flat(lse, "flash attention lse", DType::F32, s.heads * s.tokens, q.device());
   if (s.tokens == 0) return;
-  if (use_sm90_forward(a, q, k, v, out)) {
-    Tensor counter = Tensor::empty({1}, DType::I32, q.device());  // the persistent blocks' item counter
-    detail::flash_fwd_sm90_launch(a, q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(),
-                                  counter.data_as<int32_t>(), stream);
-  }
-  else {
+  if (use_sm90_forward(a, q, k, v, out))
+    detail::flash_fwd_sm90_launch(a, q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(), stream);
+  else
     detail::flash_fwd_launch(a, q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(), stream);
-  }
 }
 
 void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, const Tensor& q, const Tensor& k,

@@ -1,12 +1,8 @@
-#include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/device_context.h"
 #include "kernels/cuda/flash_attention_kernels.h"
 #include "kernels/cuda/sm90_common.cuh"
 #include "kernels/cuda/tensor_checks.h"
@@ -17,15 +13,11 @@
 // mma.sync forward (flash_attention_fwd.cu): causal GQA over packed documents, scores and softmax in
 // fp32 (log2 domain, exp2), P rounded to bf16 unnormalised, out = P·V / rowsum, lse [Hq][T] natural log.
 //
-// Work item = one head x 128 queries; block = 3 warpgroups (384 threads, one block per SM: 193 KiB of shared
-// memory), one per SM claiming items in turn (or one per item: MIXTUNE_FLASH_FWD_PERSISTENT=0):
-//   warpgroup 0: producer (setmaxnreg 24). One thread claims the items; per item it loads the Q tile into
-//                one of two buffers (the other still holds the current item's, or its staged output), then
-//                per key tile of 128 keys the K tile (arming k_full[s]) and the V tile (v_full[s]) into a
-//                2-stage ring that runs on across items; it waits on q_empty / k_empty[s] / v_empty[s]
-//                before refilling. So the next item's Q and first K/V tiles load while this one finishes.
-//                Tiles are [128 rows][128 columns] bf16 stored as two [128 rows][64 columns] boxes
-//                (128-byte rows, 128-byte swizzle).
+// Block = one head x 128 queries, 3 warpgroups (384 threads, one block per SM: 161 KiB of shared memory):
+//   warpgroup 0: producer (setmaxnreg 24). One thread loads Q once, then per key tile of 128 keys the K
+//                tile (arming k_full[s]) and the V tile (v_full[s]) into a 2-stage ring; it waits on
+//                k_empty[s] / v_empty[s] before refilling a stage. Tiles are [128 rows][128 columns]
+//                bf16 stored as two [128 rows][64 columns] boxes (128-byte rows, 128-byte swizzle).
 //   warpgroups 1, 2: consumers (setmaxnreg 240), query rows 64c .. 64c + 63 of the block (c = 0, 1).
 //                S = Q·Kᵀ: wgmma m64n128k16, Q and K from shared memory (both K-major).
 //                O += P·V: wgmma m64n128k16 with P from registers (the bf16 pairs of the S accumulator
@@ -38,9 +30,9 @@
 // Key range of a block: [doc_start(first query), last query] in tiles of 128; a tile is masked per
 // element (key > row or key < doc_start(row)) only when not every key is visible to every row.
 // Epilogue: each consumer warpgroup normalises its 64 rows, stages them in its own (finished) rows of
-// the item's Q buffer, 16-byte stores to out, then releases the buffer (q_empty); rows past T are neither
-// loaded (TMA zero fill) nor stored. Items: the last query tiles (longest key ranges) first; the query heads
-// of one KV head are neighbours, so their K/V tiles come from L2.
+// the Q buffer, 16-byte stores to out; rows past T are neither loaded (TMA zero fill) nor stored.
+// Grid (Hq, query tiles), the last query tiles (longest key ranges) first; the query heads of one KV
+// head are neighbours in launch order, so their K/V tiles come from L2.
 
 namespace mt::cuda {
 
@@ -59,18 +51,14 @@ constexpr int kStages = 2;                   // K/V ring
 constexpr int kThreads = 384;                // producer warpgroup + 2 consumer warpgroups
 constexpr int kBoxBytes = 128 * 128;         // one [128 rows][64 columns] box: 16 KiB
 constexpr int kTileBytes = 2 * kBoxBytes;    // [128 rows][128 columns]: 32 KiB
-constexpr int kQBufs = 2;                    // Q tiles: this item's and the next one's (persistent blocks)
 constexpr int kQOff = 0;
-constexpr int kKOff = kQOff + kQBufs * kTileBytes;
+constexpr int kKOff = kQOff + kTileBytes;
 constexpr int kVOff = kKOff + kStages * kTileBytes;
 constexpr int kBarOff = kVOff + kStages * kTileBytes;
-// q_full[], q_empty[], k_full[], v_full[], k_empty[], v_empty[], item_full[2], item_empty[2]
-constexpr int kNumBars = 2 * kQBufs + 4 * kStages + 4;
-constexpr int kItemOff = kBarOff + kNumBars * 8;           // int[2]: the block's next items (a ring of two)
-constexpr int kSmemBytes = 1024 + kItemOff + 8;  // 1 KiB of slack to align the tiles to 1024
+constexpr int kNumBars = 1 + 4 * kStages;    // q_full, k_full[], v_full[], k_empty[], v_empty[]
+constexpr int kSmemBytes = 1024 + kBarOff + kNumBars * 8;  // 1 KiB of slack to align the tiles to 1024
 static_assert(kBM == kBN, "the visible-tile test and the tile count assume square tiles");
 static_assert(kBarOff % 1024 == 0, "tiles stay 1024-aligned (the 128-byte swizzle atom)");
-static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 
 #if MT_SM90A_DEVICE
 
@@ -163,7 +151,7 @@ __device__ __forceinline__ void pack_p(uint32_t (&p)[32], const float (&s)[64]) 
 __global__ void __launch_bounds__(kThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                           const __grid_constant__ CUtensorMap map_v, detail::FlashArgs a, bf16* __restrict__ out,
-                          float* __restrict__ lse, int* __restrict__ item_counter) {
+                          float* __restrict__ lse) {
   pdl_wait();
 #if MT_SM90A_DEVICE
   using namespace sm90;
@@ -172,54 +160,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* smem = smem_raw + (base - raw);
   const uint32_t sQ = base + kQOff, sK = base + kKOff, sV = base + kVOff;
-  const uint32_t bars = base + kBarOff;
-  auto q_full = [&](int b) { return bars + 8u * b; };
-  auto q_empty = [&](int b) { return bars + 8u * (kQBufs + b); };
-  auto k_full = [&](int s) { return bars + 8u * (2 * kQBufs + s); };
-  auto v_full = [&](int s) { return bars + 8u * (2 * kQBufs + kStages + s); };
-  auto k_empty = [&](int s) { return bars + 8u * (2 * kQBufs + 2 * kStages + s); };
-  auto v_empty = [&](int s) { return bars + 8u * (2 * kQBufs + 3 * kStages + s); };
-  auto item_full = [&](int s) { return bars + 8u * (2 * kQBufs + 4 * kStages + s); };
-  auto item_empty = [&](int s) { return bars + 8u * (2 * kQBufs + 4 * kStages + 2 + s); };
-  const uint32_t s_items = base + kItemOff;
+  const uint32_t q_full = base + kBarOff;
+  auto k_full = [&](int s) { return q_full + 8u * (1 + s); };
+  auto v_full = [&](int s) { return q_full + 8u * (1 + kStages + s); };
+  auto k_empty = [&](int s) { return q_full + 8u * (1 + 2 * kStages + s); };
+  auto v_empty = [&](int s) { return q_full + 8u * (1 + 3 * kStages + s); };
 
   const int tid = threadIdx.x;
   const int T = a.T;
-  // Work items (query head h, query tile): the last query tiles (longest key ranges) first, the query heads of
-  // one KV head next to each other (their K/V tiles from L2): item = i·Hq + h for query tile tiles − 1 − i.
-  // Block b starts with item b, then claims gridDim.x + an atomic counter (zeroed per launch) greedily, as the
-  // hardware hands out blocks; its producer thread claims an item before loading it and passes the index to
-  // the consumers through a ring of two shared slots (item_full / item_empty); an index >= n_items ends them.
-  // A grid of one block per item never claims.
-  const int q_tiles = (T + kBM - 1) / kBM;
-  const int n_items = a.Hq * q_tiles;
-  struct Item {
-    int h, hk, q0, q_last, kv_lo, ntiles;
-  };
-  auto item_at = [&](int item) {
-    Item it;
-    it.h = item % a.Hq, it.hk = it.h / (a.Hq / a.Hk);
-    it.q0 = (q_tiles - 1 - item / a.Hq) * kBM;
-    it.q_last = min(it.q0 + kBM, T) - 1;
-    it.kv_lo = a.doc_start[it.q0];
-    it.ntiles = (it.q_last - it.kv_lo + kBN) / kBN;  // >= 1 for valid bounds (kv_lo <= q0 <= q_last)
-    return it;
-  };
+  const int h = blockIdx.x, hk = h / (a.Hq / a.Hk);
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kBM;  // the longest key ranges first
+  const int q_last = min(q0 + kBM, T) - 1;
+  const int kv_lo = a.doc_start[q0];
+  const int ntiles = (q_last - kv_lo + kBN) / kBN;  // >= 1 for valid bounds (kv_lo <= q0 <= q_last)
 
   if (tid == 0) {
-    for (int b = 0; b < kQBufs; ++b) {
-      mbar_init(q_full(b), 1);
-      mbar_init(q_empty(b), CONSUMER_THREADS);  // every consumer thread once its rows are stored
-    }
+    mbar_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(k_full(s), 1);  // the producer's arrive.expect_tx
       mbar_init(v_full(s), 1);
       mbar_init(k_empty(s), CONSUMER_THREADS);  // every consumer thread, once per tile
       mbar_init(v_empty(s), CONSUMER_THREADS);
-    }
-    for (int s = 0; s < 2; ++s) {
-      mbar_init(item_full(s), 1);                  // the claiming thread
-      mbar_init(item_empty(s), CONSUMER_THREADS);  // the consumers once they have read it
     }
     // Make the initialised barriers visible to the other threads and to the async (TMA) proxy.
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -227,185 +188,144 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  // Rings run on across the block's items: gt counts its K/V tiles (stage gt & 1, use gt >> 1), nq its Q
-  // tiles (buffer nq & 1), k its claimed items (slot k & 1).
   if (tid < 128) {
-    // ---- producer warpgroup: one thread claims the items and issues every TMA load.
+    // ---- producer warpgroup: one thread issues every TMA load.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (tid == 0) {
+    if (tid == 0 && ntiles > 0) {
       tma_prefetch_map(&map_q);
       tma_prefetch_map(&map_k);
       tma_prefetch_map(&map_v);
-      int gt = 0, nq = 0;
-      for (int k = 0;; ++k) {
-        const int slot = k & 1;
-        mbar_wait(item_empty(slot), ((k >> 1) & 1) ^ 1);  // the slot's previous item has been read
-        const int item = k == 0                                  ? static_cast<int>(blockIdx.x)
-                         : static_cast<int>(gridDim.x) >= n_items ? n_items
-                                                                  : static_cast<int>(gridDim.x) + atomicAdd(item_counter, 1);
-        asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(s_items + 4u * slot), "r"(item) : "memory");
-        mbar_arrive(item_full(slot));  // release: the store above before the arrival
-        if (item >= n_items) break;
-        const Item it = item_at(item);
-        if (it.ntiles <= 0) continue;
-        // The Q buffer of two items ago, once its rows have been stored by the consumers: this load runs
-        // while they still work on the current item.
-        const int qb = nq & 1;
-        mbar_wait(q_empty(qb), ((nq >> 1) & 1) ^ 1);
-        // Full box bytes even where a box runs past T (TMA counts the zero fill).
-        mbar_arrive_expect_tx(q_full(qb), kTileBytes);
-        tma_load_2d(sQ + qb * kTileBytes, &map_q, q_full(qb), it.h * kD, it.q0);
-        tma_load_2d(sQ + qb * kTileBytes + kBoxBytes, &map_q, q_full(qb), it.h * kD + 64, it.q0);
-        ++nq;
-        for (int jt = 0; jt < it.ntiles; ++jt, ++gt) {
-          const int s = gt & 1, k0 = it.kv_lo + jt * kBN;
-          const uint32_t parity = ((gt >> 1) & 1) ^ 1;  // the stage's previous use; a fresh barrier passes
-          mbar_wait(k_empty(s), parity);
-          mbar_arrive_expect_tx(k_full(s), kTileBytes);
-          tma_load_2d(sK + s * kTileBytes, &map_k, k_full(s), it.hk * kD, k0);
-          tma_load_2d(sK + s * kTileBytes + kBoxBytes, &map_k, k_full(s), it.hk * kD + 64, k0);
-          mbar_wait(v_empty(s), parity);
-          mbar_arrive_expect_tx(v_full(s), kTileBytes);
-          tma_load_2d(sV + s * kTileBytes, &map_v, v_full(s), it.hk * kD, k0);
-          tma_load_2d(sV + s * kTileBytes + kBoxBytes, &map_v, v_full(s), it.hk * kD + 64, k0);
-        }
+      // Full box bytes even where a box runs past T (TMA counts the zero fill).
+      mbar_arrive_expect_tx(q_full, kTileBytes);
+      tma_load_2d(sQ, &map_q, q_full, h * kD, q0);
+      tma_load_2d(sQ + kBoxBytes, &map_q, q_full, h * kD + 64, q0);
+      for (int jt = 0; jt < ntiles; ++jt) {
+        const int s = jt & 1, k0 = kv_lo + jt * kBN;
+        const uint32_t parity = ((jt >> 1) & 1) ^ 1;  // the stage's previous use; a fresh barrier passes
+        mbar_wait(k_empty(s), parity);
+        mbar_arrive_expect_tx(k_full(s), kTileBytes);
+        tma_load_2d(sK + s * kTileBytes, &map_k, k_full(s), hk * kD, k0);
+        tma_load_2d(sK + s * kTileBytes + kBoxBytes, &map_k, k_full(s), hk * kD + 64, k0);
+        mbar_wait(v_empty(s), parity);
+        mbar_arrive_expect_tx(v_full(s), kTileBytes);
+        tma_load_2d(sV + s * kTileBytes, &map_v, v_full(s), hk * kD, k0);
+        tma_load_2d(sV + s * kTileBytes + kBoxBytes, &map_v, v_full(s), hk * kD + 64, k0);
       }
     }
   } else {
     // ---- consumer warpgroups.
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-    // Never true for a launch of at most n_items blocks. NOTE: an early exit here also matters to ptxas (13.0):
-    // without one, it allocated this branch within the 168-register launch budget instead of setmaxnreg's 240
+    // Only with malformed bounds (doc_start past the block's last query): nothing to attend, nothing
+    // stored, and the producer loads nothing either. NOTE: this early exit also matters to ptxas (13.0): without
+    // one, it allocated this branch within the 168-register launch budget instead of setmaxnreg's 240
     // (208 bytes of spills, serialized wgmma). Check `ptxas -v` after changing this branch.
-    if (static_cast<int>(blockIdx.x) >= n_items) return;
+    if (ntiles <= 0) return;
     const int c = tid / 128 - 1;  // rows 64c .. 64c + 63 of the block
     const int ctid = tid - 128 * (c + 1);
     const int w = ctid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
     const int lrow = 64 * c + 16 * w + g;  // this thread's rows: lrow and lrow + 8 of the block
+    const int r0 = q0 + lrow, r1 = r0 + 8;
+    // Rows past T see no key (doc start T): they stay finite and are never stored.
+    const int ds0 = r0 < T ? a.doc_start[r0] : T, ds1 = r1 < T ? a.doc_start[r1] : T;
+    const int ds_max = a.doc_start[q_last];  // doc_start is non-decreasing in t
     const float scale_log2 = a.scale * 1.4426950408889634f;
+    const uint32_t q_rows = sQ + c * 64 * 128;
 
-    int gt = 0, nq = 0;
-    for (int k = 0;; ++k) {
-      int item;
-      {
-        const int slot = k & 1;
-        mbar_wait(item_full(slot), (k >> 1) & 1);
-        asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(item) : "r"(s_items + 4u * slot) : "memory");
-        mbar_arrive(item_empty(slot));
-      }
-      if (item >= n_items) break;
-      const Item it = item_at(item);
-      if (it.ntiles <= 0) continue;  // only with malformed bounds (doc_start past the last query): nothing stored
-      const int h = it.h, q0 = it.q0, kv_lo = it.kv_lo, ntiles = it.ntiles;
-      const int r0 = q0 + lrow, r1 = r0 + 8;
-      // Rows past T see no key (doc start T): they stay finite and are never stored.
-      const int ds0 = r0 < T ? a.doc_start[r0] : T, ds1 = r1 < T ? a.doc_start[r1] : T;
-      const int ds_max = a.doc_start[it.q_last];  // doc_start is non-decreasing in t
-      const int qb = nq & 1;
-      const uint32_t q_tile = sQ + qb * kTileBytes, q_rows = q_tile + c * 64 * 128;
-
-      float o[64], s[64];
-      uint32_t p[32];
+    float o[64], s[64];
+    uint32_t p[32];
 #pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-      RowState st{-INFINITY, -INFINITY, 0.0f, 0.0f};
-      float alpha0 = 0.0f, alpha1 = 0.0f;
-      // Every key of the tile at k0 is visible to every row of the block: no mask.
-      auto visible = [&](int k0) { return k0 + kBN - 1 <= q0 && k0 >= ds_max; };
+    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    RowState st{-INFINITY, -INFINITY, 0.0f, 0.0f};
+    float alpha0 = 0.0f, alpha1 = 0.0f;
+    // Every key of the tile at k0 is visible to every row of the block: no mask.
+    auto visible = [&](int k0) { return k0 + kBN - 1 <= q0 && k0 >= ds_max; };
 
-      mbar_wait(q_full(qb), (nq >> 1) & 1);
-      mbar_wait(k_full(gt & 1), (gt >> 1) & 1);
-      wgmma_fence();
-      issue_qk(s, q_rows, sK + (gt & 1) * kTileBytes);
+    mbar_wait(q_full, 0);
+    mbar_wait(k_full(0), 0);
+    wgmma_fence();
+    issue_qk(s, q_rows, sK);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s);
+    mbar_arrive(k_empty(0));
+    if (!visible(kv_lo)) mask_tile(s, kv_lo, qd, r0, ds0, ds1);
+    softmax_tile(s, st, alpha0, alpha1, scale_log2);
+    pack_p(p, s);
+
+    // Tiles 0 .. ntiles - 2: S of the next tile, then P·V of this one (no branch around the MMAs: the
+    // accumulators keep one register assignment through the loop).
+    for (int jt = 0; jt + 1 < ntiles; ++jt) {
+      const int cur = jt & 1, nxt = cur ^ 1;
+      mbar_wait(k_full(nxt), ((jt + 1) >> 1) & 1);
+      wgmma_fence();  // s, p and o were written by ordinary instructions since the last MMAs
+      issue_qk(s, q_rows, sK + nxt * kTileBytes);
       wgmma_commit();
-      wgmma_wait<0>();
+      mbar_wait(v_full(cur), (jt >> 1) & 1);
+      wgmma_fence();  // S_{j+1} issue and a wait since the last fence (ptxas would insert this one itself)
+      issue_pv(o, p, sV + cur * kTileBytes);
+      wgmma_commit();
+      wgmma_wait<1>();  // S_{j+1} done (groups complete in order); P_j·V_j may still run
       fence_regs(s);
-      mbar_arrive(k_empty(gt & 1));
-      if (!visible(kv_lo)) mask_tile(s, kv_lo, qd, r0, ds0, ds1);
+      mbar_arrive(k_empty(nxt));
+      const int k0 = kv_lo + (jt + 1) * kBN;
+      if (!visible(k0)) mask_tile(s, k0, qd, r0, ds0, ds1);
       softmax_tile(s, st, alpha0, alpha1, scale_log2);
-      pack_p(p, s);
-
-      // Tiles 0 .. ntiles - 2: S of the next tile, then P·V of this one (no branch around the MMAs: the
-      // accumulators keep one register assignment through the loop). Block tile g = gt + jt.
-      for (int jt = 0; jt + 1 < ntiles; ++jt) {
-        const int gc = gt + jt, gn = gc + 1, cur = gc & 1, nxt = gn & 1;
-        mbar_wait(k_full(nxt), (gn >> 1) & 1);
-        wgmma_fence();  // s, p and o were written by ordinary instructions since the last MMAs
-        issue_qk(s, q_rows, sK + nxt * kTileBytes);
-        wgmma_commit();
-        mbar_wait(v_full(cur), (gc >> 1) & 1);
-        wgmma_fence();  // S_{j+1} issue and a wait since the last fence (ptxas would insert this one itself)
-        issue_pv(o, p, sV + cur * kTileBytes);
-        wgmma_commit();
-        wgmma_wait<1>();  // S_{j+1} done (groups complete in order); P_j·V_j may still run
-        fence_regs(s);
-        mbar_arrive(k_empty(nxt));
-        const int k0 = kv_lo + (jt + 1) * kBN;
-        if (!visible(k0)) mask_tile(s, k0, qd, r0, ds0, ds1);
-        softmax_tile(s, st, alpha0, alpha1, scale_log2);
-        wgmma_wait<0>();  // P_j·V_j done: o readable, p writable
-        fence_regs(o);
-        fence_regs(s);  // keeps the packing below after the wait
-        mbar_arrive(v_empty(cur));
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          o[4 * j] *= alpha0, o[4 * j + 1] *= alpha0;
-          o[4 * j + 2] *= alpha1, o[4 * j + 3] *= alpha1;
-        }
-        pack_p(p, s);
-      }
-      {  // P·V of the last tile
-        const int gc = gt + ntiles - 1, cur = gc & 1;
-        mbar_wait(v_full(cur), (gc >> 1) & 1);
-        wgmma_fence();
-        issue_pv(o, p, sV + cur * kTileBytes);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(o);
-        mbar_arrive(v_empty(cur));
-      }
-      gt += ntiles;
-      ++nq;
-
-      // ---- epilogue: full row sums across the quad, normalise, stage in this warpgroup's rows of the
-      // item's Q buffer (its last MMA has completed; the other warpgroup reads only its own rows) with the
-      // 128-byte swizzle (16-byte chunk ^ row % 8: conflict-free 4-byte writes and 16-byte reads).
-#pragma unroll
-      for (int x = 1; x < 4; x <<= 1) {
-        st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, x);
-        st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, x);
-      }
-      const float inv0 = st.l0 > 0.0f ? 1.0f / st.l0 : 0.0f, inv1 = st.l1 > 0.0f ? 1.0f / st.l1 : 0.0f;
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // async-proxy reads before generic writes
-      unsigned char* stage = smem + kQOff + qb * kTileBytes;
+      wgmma_wait<0>();  // P_j·V_j done: o readable, p writable
+      fence_regs(o);
+      fence_regs(s);  // keeps the packing below after the wait
+      mbar_arrive(v_empty(cur));
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        const int box = j >> 3, chunk = (j & 7) ^ (lrow & 7);  // (lrow + 8) % 8 == lrow % 8
-        unsigned char* at = stage + box * kBoxBytes + lrow * 128 + chunk * 16 + qd * 4;
-        *reinterpret_cast<uint32_t*>(at) = pack_bf16(o[4 * j] * inv0, o[4 * j + 1] * inv0);
-        *reinterpret_cast<uint32_t*>(at + 8 * 128) = pack_bf16(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+        o[4 * j] *= alpha0, o[4 * j + 1] *= alpha0;
+        o[4 * j + 2] *= alpha1, o[4 * j + 3] *= alpha1;
       }
-      if (qd == 0) {
-        constexpr float kLn2 = 0.6931471805599453f;
-        if (r0 < T) lse[static_cast<int64_t>(h) * T + r0] = st.l0 > 0.0f ? (st.m0 + log2f(st.l0)) * kLn2 : -INFINITY;
-        if (r1 < T) lse[static_cast<int64_t>(h) * T + r1] = st.l1 > 0.0f ? (st.m1 + log2f(st.l1)) * kLn2 : -INFINITY;
-      }
-      named_barrier_sync(1 + c, 128);
-      // 64 rows x 16 chunks of 16 bytes; 16 consecutive threads write one row's 256 bytes.
+      pack_p(p, s);
+    }
+    {  // P·V of the last tile
+      const int jt = ntiles - 1, cur = jt & 1;
+      mbar_wait(v_full(cur), (jt >> 1) & 1);
+      wgmma_fence();
+      issue_pv(o, p, sV + cur * kTileBytes);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(o);
+      mbar_arrive(v_empty(cur));
+    }
+
+    // ---- epilogue: full row sums across the quad, normalise, stage in this warpgroup's rows of the
+    // Q buffer (its last MMA has completed; the other warpgroup reads only its own rows) with the
+    // 128-byte swizzle (16-byte chunk ^ row % 8: conflict-free 4-byte writes and 16-byte reads).
 #pragma unroll
-      for (int i = 0; i < 64 * 16 / 128; ++i) {
-        const int idx = i * 128 + ctid;
-        const int row = 64 * c + (idx >> 4), cc = idx & 15, t = q0 + row;
-        if (t < T) {
-          const unsigned char* src = stage + (cc >> 3) * kBoxBytes + row * 128 + (((cc & 7) ^ (row & 7)) * 16);
-          *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(t) * a.Hq + h) * kD + cc * 8) =
-              *reinterpret_cast<const uint4*>(src);
-        }
+    for (int x = 1; x < 4; x <<= 1) {
+      st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, x);
+      st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, x);
+    }
+    const float inv0 = st.l0 > 0.0f ? 1.0f / st.l0 : 0.0f, inv1 = st.l1 > 0.0f ? 1.0f / st.l1 : 0.0f;
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // async-proxy reads before generic writes
+    unsigned char* stage = smem + kQOff;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int box = j >> 3, chunk = (j & 7) ^ (lrow & 7);  // (lrow + 8) % 8 == lrow % 8
+      unsigned char* at = stage + box * kBoxBytes + lrow * 128 + chunk * 16 + qd * 4;
+      *reinterpret_cast<uint32_t*>(at) = pack_bf16(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+      *reinterpret_cast<uint32_t*>(at + 8 * 128) = pack_bf16(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+    }
+    if (qd == 0) {
+      constexpr float kLn2 = 0.6931471805599453f;
+      if (r0 < T) lse[static_cast<int64_t>(h) * T + r0] = st.l0 > 0.0f ? (st.m0 + log2f(st.l0)) * kLn2 : -INFINITY;
+      if (r1 < T) lse[static_cast<int64_t>(h) * T + r1] = st.l1 > 0.0f ? (st.m1 + log2f(st.l1)) * kLn2 : -INFINITY;
+    }
+    named_barrier_sync(1 + c, 128);
+    // 64 rows x 16 chunks of 16 bytes; 16 consecutive threads write one row's 256 bytes.
+#pragma unroll
+    for (int it = 0; it < 64 * 16 / 128; ++it) {
+      const int idx = it * 128 + ctid;
+      const int row = 64 * c + (idx >> 4), cc = idx & 15, t = q0 + row;
+      if (t < T) {
+        const unsigned char* src = stage + (cc >> 3) * kBoxBytes + row * 128 + (((cc & 7) ^ (row & 7)) * 16);
+        *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(t) * a.Hq + h) * kD + cc * 8) =
+            *reinterpret_cast<const uint4*>(src);
       }
-      // This warpgroup's rows of the buffer are read: the producer may load the next Q into it (ordered by the
-      // barrier's release / acquire; the fence orders these generic reads before the async-proxy writes).
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      mbar_arrive(q_empty(qb));
     }
   }
 #else
@@ -435,17 +355,15 @@ CUtensorMap rows_map(const char* what, const void* data, int T, int H) {
 
 namespace detail {
 
-std::atomic<int> g_fwd_persistent{-1};  // flash_fwd_sm90_persistent_set; -1: the environment
-
-void flash_fwd_sm90_persistent_set(int on) { g_fwd_persistent.store(on); }
-
 bool flash_fwd_sm90_supported(const FlashArgs& a) {
-  // TMA coordinates and the item count are int32 (T·H < 2^31 is checked by the caller).
-  return a.D == kD && a.Hk > 0 && a.Hq % a.Hk == 0 && sm90::device_runs_sm90a<flash_fwd_sm90_kernel>();
+  // gridDim.y holds the query tiles (at most 65535); TMA coordinates are int32 (T·H < 2^31 is checked
+  // by the caller).
+  return a.D == kD && a.Hk > 0 && a.Hq % a.Hk == 0 && (static_cast<int64_t>(a.T) + kBM - 1) / kBM <= 65535 &&
+         sm90::device_runs_sm90a<flash_fwd_sm90_kernel>();
 }
 
 void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
-                           int* item_counter, cudaStream_t stream) {
+                           cudaStream_t stream) {
   if (a.T == 0) return;  // a tensor map needs non-empty dimensions
   MT_CUDA_REQUIRE(flash_fwd_sm90_supported(a), "flash attention forward (sm90): needs head_dim 128 (got " +
                                                    std::to_string(a.D) +
@@ -456,24 +374,8 @@ void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, con
   const CUtensorMap mk = rows_map("k", k, a.T, a.Hk);
   const CUtensorMap mv = rows_map("v", v, a.T, a.Hk);
   MT_CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  // One block per SM claiming items from a counter (the next item's Q and K/V tiles load while this one
-  // finishes; bench/NOTES.md 84); MIXTUNE_FLASH_FWD_PERSISTENT=0: one block per item, as the hardware hands
-  // them out.
-  static const bool from_env = [] {
-    const char* e = std::getenv("MIXTUNE_FLASH_FWD_PERSISTENT");
-    return !(e && std::string(e) == "0");
-  }();
-  const int set = g_fwd_persistent.load();
-  const bool persistent = set >= 0 ? set != 0 : from_env;
-  int64_t grid = static_cast<int64_t>(a.Hq) * ((a.T + kBM - 1) / kBM);  // work items
-  if (persistent) {
-    int device = 0;
-    MT_CUDA_CHECK(cudaGetDevice(&device));
-    grid = std::min<int64_t>(grid, std::max(device_context(device).sm_count, 1));
-    MT_CUDA_CHECK(cudaMemsetAsync(item_counter, 0, sizeof(int), stream));
-  }
-  launch_kernel(flash_fwd_sm90_kernel, static_cast<int>(grid), kThreads, kSmemBytes, stream, mq, mk, mv, a,
-      static_cast<bf16*>(out), lse, item_counter);
+  const dim3 grid(a.Hq, (a.T + kBM - 1) / kBM);
+  launch_kernel(flash_fwd_sm90_kernel, grid, kThreads, kSmemBytes, stream, mq, mk, mv, a, static_cast<bf16*>(out), lse);
 }
 
 }  // namespace detail

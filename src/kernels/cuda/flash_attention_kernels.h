@@ -22,15 +22,10 @@ void flash_fwd_launch(const FlashArgs& a, const void* q, const void* k, const vo
 // Hopper forward (flash_attention_fwd_sm90.cu: TMA + wgmma), same contract as flash_fwd_launch for
 // head_dim 128; q, k, v, out 16-byte aligned. Supported: D == 128 and the current device runs its
 // sm_90a build (a cc 9.0 GPU and 90a in CMAKE_CUDA_ARCHITECTURES; cached per device). The launcher
-// throws where it is not supported. item_counter: one device int it zeroes (stream-ordered) and the
-// persistent blocks claim work items from.
+// throws where it is not supported.
 bool flash_fwd_sm90_supported(const FlashArgs& a);
 void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
-                           int* item_counter, cudaStream_t stream);
-// The sm90 forward's launch: 1 = persistent (one block per SM claiming items; the default), 0 = one block per
-// item, -1 = unset (MIXTUNE_FLASH_FWD_PERSISTENT=0 in the environment, read once, selects one block per item).
-// Tests and the bench set it; process-wide.
-void flash_fwd_sm90_persistent_set(int on);
+                           cudaStream_t stream);
 
 // Which forward flash_attention_forward runs. Auto: the sm90 one where flash_fwd_sm90_supported and the
 // environment does not say MIXTUNE_FLASH_FWD=mma (read once), else mma.sync. MmaSync / Sm90 force one

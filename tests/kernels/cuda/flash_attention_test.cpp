@@ -211,45 +211,6 @@ TEST(CudaFlashAttention, Sm90AndMmaSyncForwardsAgreeD128) {
   }
 }
 
-// The sm90 forward's launch for one scope (back to unset at exit): 1 persistent, 0 one block per item.
-struct FwdPersistentScope {
-  explicit FwdPersistentScope(int on) { cuda::detail::flash_fwd_sm90_persistent_set(on); }
-  ~FwdPersistentScope() { cuda::detail::flash_fwd_sm90_persistent_set(-1); }
-  FwdPersistentScope(const FwdPersistentScope&) = delete;
-  FwdPersistentScope& operator=(const FwdPersistentScope&) = delete;
-};
-
-// The persistent sm90 forward (one block per SM claiming items, the next item's Q and K/V tiles loaded while
-// the current one finishes) computes every item exactly as one block per item does: out and lse bit for bit,
-// on packed documents of varied lengths (items of 1..11 key tiles in varying order), T not a multiple of 128,
-// two batch rows, MQA, and at the benchmark's size (items of 1..32 key tiles, ~8 per block). An item run with
-// another item's Q buffer, K/V stage or parity would give O(1) differences.
-TEST(CudaFlashAttention, Sm90PersistentForwardIsBitwiseOneBlockPerItem) {
-  MT_SKIP_WITHOUT_CUDA();
-  if (!sm90_forward_runs())
-    GTEST_SKIP() << "the sm90 flash-attention forward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
-  for (const AttnCase& c : {AttnCase{2, 1300, 8, 2, 128, 1, 700}, AttnCase{1, 1500, 4, 1, 128, 0, 0},
-                            AttnCase{1, 4096, 32, 4, 128, 0, 0}, AttnCase{1, 4096, 32, 4, 128, 1, 1500}}) {
-    SCOPED_TRACE(testing::Message() << "B " << c.B << " S " << c.S << " Hq " << c.Hq << " Hk " << c.Hk << " docs "
-                                    << c.min_doc << ".." << c.max_doc);
-    FwdOut one, many;
-    {
-      FwdPersistentScope scope(0);
-      one = forward_with(cuda::detail::FlashFwdKernel::Sm90, c, 900 + c.S);
-    }
-    {
-      FwdPersistentScope scope(1);
-      many = forward_with(cuda::detail::FlashFwdKernel::Sm90, c, 900 + c.S);
-    }
-    ASSERT_EQ(one.out.size(), many.out.size());
-    size_t out_diff = 0, lse_diff = 0;
-    for (size_t i = 0; i < one.out.size(); ++i) out_diff += one.out[i] != many.out[i];
-    for (size_t i = 0; i < one.lse.size(); ++i) lse_diff += !(one.lse[i] == many.lse[i]);
-    EXPECT_EQ(out_diff, 0u) << "out elements that differ";
-    EXPECT_EQ(lse_diff, 0u) << "lse elements that differ";
-  }
-}
-
 // Backward-kernel choice for one scope (back to Auto at exit).
 struct BwdKernelScope {
   explicit BwdKernelScope(cuda::detail::FlashBwdKernel k) { cuda::detail::flash_bwd_kernel_set(k); }
