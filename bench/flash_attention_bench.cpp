@@ -8,12 +8,14 @@
 //
 // usage: mixtune_bench_flash_attention [--seq S] [--batch B] [--heads H] [--kv-heads K] [--head-dim D]
 //                                      [--doc-len L] [--reps R] [--energy-seconds S] [--bwd-heads G]
-//                                      [--bwd-heads-sweep ROUNDS]
+//                                      [--bwd-heads-sweep ROUNDS] [--fwd-early-ab ROUNDS]
 // --energy-seconds S also runs the default forward and backward back to back for S seconds each: sustained TFLOP/s
 // and picojoules per FLOP from the GPU's energy counter (bench/sustained_run.h). --bwd-heads G forces the
 // sm90 backward's query heads per work item (0: its schedule model chooses; default: MIXTUNE_FLASH_BWD_HEADS,
 // else the model); --bwd-heads-sweep ROUNDS times the sm90 backward at every G dividing heads / kv-heads,
-// alternating G within each round, and reports each G's median (backward_by_heads).
+// alternating G within each round, and reports each G's median (backward_by_heads); --fwd-early-ab ROUNDS
+// times the sm90 forward with its softmax left to ptxas (0) and pinned before the P·V wait (1, the default)
+// alternately (forward_by_softmax, medians).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -53,7 +55,7 @@ Tensor random_bf16(const mt::Shape& s, uint64_t seed) {
 
 int main(int argc, char** argv) {
   int64_t S = 4096, B = 1, Hq = 32, Hk = 4, D = 128, doc_len = 0;
-  int reps = 10, bwd_heads = -1, sweep_rounds = 0;
+  int reps = 10, bwd_heads = -1, sweep_rounds = 0, fwd_ab_rounds = 0;
   double energy_seconds = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
@@ -82,6 +84,8 @@ int main(int argc, char** argv) {
       bwd_heads = static_cast<int>(v);
     else if (s == "--bwd-heads-sweep")
       sweep_rounds = static_cast<int>(v);
+    else if (s == "--fwd-early-ab")
+      fwd_ab_rounds = static_cast<int>(v);
     else {
       std::fprintf(stderr, "unknown argument %s\n", s.c_str());
       return 2;
@@ -132,6 +136,16 @@ int main(int argc, char** argv) {
     const double fwd_ms = forward_ms(det::FlashFwdKernel::Auto);
     const double mma_ms = have_sm90 ? forward_ms(det::FlashFwdKernel::MmaSync) : fwd_ms;
     const double sm90_ms = have_sm90 ? forward_ms(det::FlashFwdKernel::Sm90) : 0.0;
+    // Softmax left to ptxas (0) against pinned early (1), alternating; medians over the rounds.
+    std::vector<double> fwd_ab[2];
+    if (have_sm90 && fwd_ab_rounds > 0) {
+      for (int r = 0; r < fwd_ab_rounds; ++r)
+        for (int on = 0; on < 2; ++on) {
+          det::flash_fwd_sm90_early_softmax_set(on);
+          fwd_ab[on].push_back(forward_ms(det::FlashFwdKernel::Sm90));
+        }
+      det::flash_fwd_sm90_early_softmax_set(-1);
+    }
     // The backward reads out and lse of the last forward (identical up to rounding either way).
     auto backward_ms = [&](det::FlashBwdKernel kind) {
       det::flash_bwd_kernel_set(kind);
@@ -191,6 +205,17 @@ int main(int argc, char** argv) {
           "\"tflops\": %.1f}}, \"backward_speedup\": %.2f,\n",
           bwd_sm90_ms, bwd_flops / bwd_sm90_ms * 1e-9, bwd_mma_ms, bwd_flops / bwd_mma_ms * 1e-9,
           bwd_mma_ms / bwd_sm90_ms);
+    if (!fwd_ab[0].empty()) {
+      std::printf(" \"forward_by_softmax\": {");
+      for (int on = 0; on < 2; ++on) {
+        std::vector<double> m = fwd_ab[on];
+        std::sort(m.begin(), m.end());
+        const double med = m[m.size() / 2];
+        std::printf("%s\"%s\": {\"ms\": %.4f, \"tflops\": %.1f}", on ? ", " : "", on ? "early" : "late", med,
+                    fwd_flops / med * 1e-9);
+      }
+      std::printf("},\n");
+    }
     if (!sweep_g.empty()) {
       std::printf(" \"backward_by_heads\": {");
       for (size_t i = 0; i < sweep_g.size(); ++i) {

@@ -27,10 +27,11 @@
 #         programmatic dependent launch) | kernels-memory (the memory-bound kernels against the copy rate) |
 #         profile-bytes (ncu: time and HBM bytes read/written of the GEMM, attention, norm and permute kernels) |
 #         kernels-flash-heads, mixtune-standard-headsG (the flash backward's query heads per item: every G per
-#         shape, and the standard step with G forced).
+#         shape, and the standard step with G forced) | kernels-flash-fwd-early, mixtune-standard-late (the flash
+#         forward's softmax pinned before the P·V wait, or not).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -153,6 +154,21 @@ for stage in "$@"; do
                  echo "{\"bwd_heads\": $g, \"result\": $r}" | tee -a "$OUT/flash-heads-energy.jsonl" \
                    | grep -o '"bwd_heads": [0-9]*\|"backward_heads_per_item": [0-9]*\|"backward": {[^}]*}'
                done ;;
+    kernels-flash-fwd-early)  # the sm90 flash forward's softmax left to ptxas / pinned before the P·V wait (bench/NOTES.md
+               # 85), alternating in one process per shape (forward_by_softmax), then sustained with each
+               for args in "--seq 4096" "--seq 4096 --doc-len 512" "--seq 8192" "--seq 16384 --reps 4"; do
+                 r=$("$BIN/mixtune_bench_flash_attention" $args --fwd-early-ab ${ROUNDS:-5} 2>&1 | tr -d '\n')
+                 echo "{\"args\": \"$args\", \"result\": $r}" | tee -a "$OUT/flash-fwd-early.jsonl" \
+                   | grep -o '"args": "[^"]*"\|"forward_by_softmax": {[^}]*}[^}]*}'
+               done
+               for e in 0 1 0 1; do
+                 r=$(MIXTUNE_FLASH_FWD_EARLY_SOFTMAX=$e "$BIN/mixtune_bench_flash_attention" --seq 4096 --energy-seconds 2 2>&1 | tr -d '\n')
+                 echo "{\"early\": $e, \"result\": $r}" | tee -a "$OUT/flash-fwd-early-energy.jsonl" \
+                   | grep -o '"early": [01]\|"forward": {[^}]*}'
+               done ;;
+    mixtune-standard-late)  # the standard step with the flash forward's softmax left to ptxas
+               MIXTUNE_FLASH_FWD_EARLY_SOFTMAX=0 SIDES=mixtune NAME=$stage OUT=$OUT \
+               bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     mixtune-standard-heads*)  # the standard step with the flash backward's heads per item forced (…-heads1: G = 1)
                MIXTUNE_FLASH_BWD_HEADS=${stage#mixtune-standard-heads} SIDES=mixtune NAME=$stage OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;

@@ -1,5 +1,7 @@
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
@@ -148,6 +150,8 @@ __device__ __forceinline__ void pack_p(uint32_t (&p)[32], const float (&s)[64]) 
 
 #endif  // MT_SM90A_DEVICE
 
+// EARLY: the next tile's softmax is pinned before the wait for this tile's P·V (see the loop).
+template <bool EARLY>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                           const __grid_constant__ CUtensorMap map_v, detail::FlashArgs a, bf16* __restrict__ out,
@@ -270,6 +274,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int k0 = kv_lo + (jt + 1) * kBN;
       if (!visible(k0)) mask_tile(s, k0, qd, r0, ds0, ds1);
       softmax_tile(s, st, alpha0, alpha1, scale_log2);
+      if constexpr (EARLY) {
+        // Without this, ptxas (13.0) sinks the max, exp2 and row sums below the wait (SASS: every MUFU.EX2 of
+        // the loop after its last WARPGROUP.DEPBAR), so the softmax never overlapped P_j·V_j. The empty asm
+        // statements keep their order with the wait's, and they read every value the softmax produces.
+        fence_regs(s);
+        asm volatile("" : "+f"(st.l0), "+f"(st.l1), "+f"(alpha0), "+f"(alpha1)::"memory");
+      }
       wgmma_wait<0>();  // P_j·V_j done: o readable, p writable
       fence_regs(o);
       fence_regs(s);  // keeps the packing below after the wait
@@ -355,11 +366,15 @@ CUtensorMap rows_map(const char* what, const void* data, int T, int H) {
 
 namespace detail {
 
+std::atomic<int> g_fwd_early_softmax{-1};  // flash_fwd_sm90_early_softmax_set; -1: the environment
+
+void flash_fwd_sm90_early_softmax_set(int on) { g_fwd_early_softmax.store(on); }
+
 bool flash_fwd_sm90_supported(const FlashArgs& a) {
   // gridDim.y holds the query tiles (at most 65535); TMA coordinates are int32 (T·H < 2^31 is checked
   // by the caller).
   return a.D == kD && a.Hk > 0 && a.Hq % a.Hk == 0 && (static_cast<int64_t>(a.T) + kBM - 1) / kBM <= 65535 &&
-         sm90::device_runs_sm90a<flash_fwd_sm90_kernel>();
+         sm90::device_runs_sm90a<flash_fwd_sm90_kernel<true>>();
 }
 
 void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
@@ -373,9 +388,16 @@ void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, con
   const CUtensorMap mq = rows_map("q", q, a.T, a.Hq);
   const CUtensorMap mk = rows_map("k", k, a.T, a.Hk);
   const CUtensorMap mv = rows_map("v", v, a.T, a.Hk);
-  MT_CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  static const bool early_from_env = [] {
+    const char* e = std::getenv("MIXTUNE_FLASH_FWD_EARLY_SOFTMAX");
+    return !(e && std::string(e) == "0");
+  }();
+  const int set = g_fwd_early_softmax.load();
+  const bool early = set >= 0 ? set != 0 : early_from_env;
+  auto* kernel = early ? flash_fwd_sm90_kernel<true> : flash_fwd_sm90_kernel<false>;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   const dim3 grid(a.Hq, (a.T + kBM - 1) / kBM);
-  launch_kernel(flash_fwd_sm90_kernel, grid, kThreads, kSmemBytes, stream, mq, mk, mv, a, static_cast<bf16*>(out), lse);
+  launch_kernel(kernel, grid, kThreads, kSmemBytes, stream, mq, mk, mv, a, static_cast<bf16*>(out), lse);
 }
 
 }  // namespace detail

@@ -26,6 +26,10 @@ void flash_fwd_launch(const FlashArgs& a, const void* q, const void* k, const vo
 bool flash_fwd_sm90_supported(const FlashArgs& a);
 void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
                            cudaStream_t stream);
+// The sm90 forward's loop: 1 = the next tile's softmax pinned before the wait for this tile's P·V (the default),
+// 0 = left to ptxas (which sinks it below the wait), -1 = unset (MIXTUNE_FLASH_FWD_EARLY_SOFTMAX=0 in the
+// environment, read once, selects 0). Tests and the bench set it; process-wide.
+void flash_fwd_sm90_early_softmax_set(int on);
 
 // Which forward flash_attention_forward runs. Auto: the sm90 one where flash_fwd_sm90_supported and the
 // environment does not say MIXTUNE_FLASH_FWD=mma (read once), else mma.sync. MmaSync / Sm90 force one

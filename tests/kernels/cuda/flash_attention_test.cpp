@@ -211,6 +211,43 @@ TEST(CudaFlashAttention, Sm90AndMmaSyncForwardsAgreeD128) {
   }
 }
 
+// The sm90 forward's softmax pinned before the P·V wait (flash_fwd_sm90_early_softmax_set) for one scope.
+struct FwdEarlyScope {
+  explicit FwdEarlyScope(int on) { cuda::detail::flash_fwd_sm90_early_softmax_set(on); }
+  ~FwdEarlyScope() { cuda::detail::flash_fwd_sm90_early_softmax_set(-1); }
+  FwdEarlyScope(const FwdEarlyScope&) = delete;
+  FwdEarlyScope& operator=(const FwdEarlyScope&) = delete;
+};
+
+// Pinning the softmax before the wait for P·V changes only when the instructions run, not what they compute:
+// out and lse bit for bit the same as the unpinned loop (packed documents, MQA, partial tiles, the bench's size).
+// A softmax that read S before its MMA completed, or wrote P while P·V still read it, would differ.
+TEST(CudaFlashAttention, Sm90ForwardEarlySoftmaxIsBitwiseTheSame) {
+  MT_SKIP_WITHOUT_CUDA();
+  if (!sm90_forward_runs())
+    GTEST_SKIP() << "the sm90 flash-attention forward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
+  for (const AttnCase& c : {AttnCase{2, 1300, 8, 2, 128, 1, 700}, AttnCase{1, 1500, 4, 1, 128, 0, 0},
+                            AttnCase{1, 4096, 32, 4, 128, 1, 1500}}) {
+    SCOPED_TRACE(testing::Message() << "B " << c.B << " S " << c.S << " Hq " << c.Hq << " Hk " << c.Hk << " docs "
+                                    << c.min_doc << ".." << c.max_doc);
+    FwdOut late, early;
+    {
+      FwdEarlyScope scope(0);
+      late = forward_with(cuda::detail::FlashFwdKernel::Sm90, c, 950 + c.S);
+    }
+    {
+      FwdEarlyScope scope(1);
+      early = forward_with(cuda::detail::FlashFwdKernel::Sm90, c, 950 + c.S);
+    }
+    ASSERT_EQ(late.out.size(), early.out.size());
+    size_t out_diff = 0, lse_diff = 0;
+    for (size_t i = 0; i < late.out.size(); ++i) out_diff += late.out[i] != early.out[i];
+    for (size_t i = 0; i < late.lse.size(); ++i) lse_diff += !(late.lse[i] == early.lse[i]);
+    EXPECT_EQ(out_diff, 0u) << "out elements that differ";
+    EXPECT_EQ(lse_diff, 0u) << "lse elements that differ";
+  }
+}
+
 // Backward-kernel choice for one scope (back to Auto at exit).
 struct BwdKernelScope {
   explicit BwdKernelScope(cuda::detail::FlashBwdKernel k) { cuda::detail::flash_bwd_kernel_set(k); }
