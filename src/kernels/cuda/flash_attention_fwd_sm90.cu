@@ -58,7 +58,8 @@ constexpr int kKOff = kQOff + kTileBytes;
 constexpr int kVOff = kKOff + kStages * kTileBytes;
 constexpr int kBarOff = kVOff + kStages * kTileBytes;
 constexpr int kNumBars = 1 + 4 * kStages;    // q_full, k_full[], v_full[], k_empty[], v_empty[]
-constexpr int kSmemBytes = 1024 + kBarOff + kNumBars * 8;  // 1 KiB of slack to align the tiles to 1024
+constexpr int kAnchorOff = kBarOff + kNumBars * 8;  // EARLY: each consumer thread's running row sums (8 bytes)
+constexpr int kSmemBytes = 1024 + kAnchorOff + 256 * 8;  // 1 KiB of slack to align the tiles to 1024
 static_assert(kBM == kBN, "the visible-tile test and the tile count assume square tiles");
 static_assert(kBarOff % 1024 == 0, "tiles stay 1024-aligned (the 128-byte swizzle atom)");
 
@@ -234,6 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int ds_max = a.doc_start[q_last];  // doc_start is non-decreasing in t
     const float scale_log2 = a.scale * 1.4426950408889634f;
     const uint32_t q_rows = sQ + c * 64 * 128;
+    const uint32_t anchor = base + kAnchorOff + (tid - 128) * 8;  // EARLY's store target, never read
 
     float o[64], s[64];
     uint32_t p[32];
@@ -275,11 +277,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (!visible(k0)) mask_tile(s, k0, qd, r0, ds0, ds1);
       softmax_tile(s, st, alpha0, alpha1, scale_log2);
       if constexpr (EARLY) {
-        // Without this, ptxas (13.0) sinks the max, exp2 and row sums below the wait (SASS: every MUFU.EX2 of
-        // the loop after its last WARPGROUP.DEPBAR), so the softmax never overlapped P_j·V_j. The empty asm
-        // statements keep their order with the wait's, and they read every value the softmax produces.
+        // ptxas (13.0) sinks the exp2 and row sums below the wait (SASS: every MUFU.EX2 of the loop after its
+        // last WARPGROUP.DEPBAR), so the softmax never overlapped P_j·V_j; empty asm operand fences do not
+        // survive into PTX and did not change that (bench/NOTES.md 85). A shared-memory store of the row sums
+        // (which need every exp2 of the tile) is a memory operation ptxas keeps before the wait.
         fence_regs(s);
-        asm volatile("" : "+f"(st.l0), "+f"(st.l1), "+f"(alpha0), "+f"(alpha1)::"memory");
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(anchor), "f"(st.l0), "f"(st.l1) : "memory");
       }
       wgmma_wait<0>();  // P_j·V_j done: o readable, p writable
       fence_regs(o);
