@@ -320,6 +320,26 @@ Tensor no_access_tensor(const Shape& shape, DType dtype) {
   return Tensor::from_storage(Storage::borrow(p, bytes, Device::cpu(), keep), 0, shape, dtype);
 }
 
+// A checkpoint of w as a name -> tensor map: the fused v5 stacks as they are, or the per-expert HF tensors with
+// those of the experts in `unread` made inaccessible memory (a read of them crashes the test).
+HfMap expert_checkpoint(const Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, bool fused, const std::vector<int>& unread) {
+  HfMap m;
+  if (fused) {
+    for (const auto& [n, t] : w.named_parameters()) m[n] = t->clone();
+    return m;
+  }
+  m = to_map(w.to_hf(cfg));
+  for (auto& [n, t] : m)
+    for (int e : unread)
+      if (n.find("experts." + std::to_string(e) + ".") != std::string::npos) t = no_access_tensor(t.shape(), t.dtype());
+  return m;
+}
+
+Tensor find_or_empty(const HfMap& m, const std::string& n) {
+  auto it = m.find(n);
+  return it == m.end() ? Tensor() : it->second;
+}
+
 // An expert-parallel rank's load: only experts [first, first + count) are read and copied, for per-expert HF
 // tensors (the others are inaccessible memory here: touching them would crash the test) and the fused v5
 // ones; every other parameter loads in full. A CausalLM loaded so refuses to be saved.
@@ -328,19 +348,8 @@ TEST(Qwen3MoeWeights, LoadsOnlyItsShareOfTheExperts) {
   const Qwen3MoeWeights w = Qwen3MoeWeights::random_init(cfg, DType::F32, 11);
   for (bool fused : {false, true}) {
     SCOPED_TRACE(fused ? "fused" : "per-expert");
-    HfMap m;
-    if (fused) {
-      for (const auto& [n, t] : w.named_parameters()) m[n] = t->clone();
-    } else {
-      m = to_map(w.to_hf(cfg));
-      for (auto& [n, t] : m)
-        if (n.find("experts.0.") != std::string::npos || n.find("experts.2.") != std::string::npos)
-          t = no_access_tensor(t.shape(), t.dtype());
-    }
-    auto lookup = [&](const std::string& n) {
-      auto it = m.find(n);
-      return it == m.end() ? Tensor() : it->second;
-    };
+    const HfMap m = expert_checkpoint(w, cfg, fused, {0, 2});
+    auto lookup = [&](const std::string& n) { return find_or_empty(m, n); };
     const Qwen3MoeWeights got = Qwen3MoeWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 1, 1);
     const auto want = w.named_parameters(), have = got.named_parameters();
     ASSERT_EQ(want.size(), have.size());
@@ -384,18 +393,8 @@ TEST(Qwen3MoeWeights, CompactExpertsHoldOnlyTheirShare) {
   const Qwen3MoeWeights w = Qwen3MoeWeights::random_init(cfg, DType::F32, 11);
   for (bool fused : {false, true}) {
     SCOPED_TRACE(fused ? "fused" : "per-expert");
-    HfMap m;
-    if (fused) {
-      for (const auto& [n, t] : w.named_parameters()) m[n] = t->clone();
-    } else {
-      m = to_map(w.to_hf(cfg));
-      for (auto& [n, t] : m)
-        if (n.find("experts.0.") != std::string::npos) t = no_access_tensor(t.shape(), t.dtype());
-    }
-    auto lookup = [&](const std::string& n) {
-      auto it = m.find(n);
-      return it == m.end() ? Tensor() : it->second;
-    };
+    const HfMap m = expert_checkpoint(w, cfg, fused, {0});
+    auto lookup = [&](const std::string& n) { return find_or_empty(m, n); };
     const Qwen3MoeWeights got =
         Qwen3MoeWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 1, 2, {}, /*compact_experts=*/true);
     const auto want = w.named_parameters(), have = got.named_parameters();

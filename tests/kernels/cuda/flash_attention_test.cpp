@@ -122,13 +122,23 @@ void check_case(const AttnCase& c, uint64_t seed) {
   test::expect_norm(test::device_floats(dv), want_dv.to_floats(), 2e-2, 1e-2, "dv");
 }
 
-// Forward-kernel choice for one scope (back to Auto at exit).
-struct FwdKernelScope {
-  explicit FwdKernelScope(cuda::detail::FlashFwdKernel k) { cuda::detail::flash_fwd_kernel_set(k); }
-  ~FwdKernelScope() { cuda::detail::flash_fwd_kernel_set(cuda::detail::FlashFwdKernel::Auto); }
-  FwdKernelScope(const FwdKernelScope&) = delete;
-  FwdKernelScope& operator=(const FwdKernelScope&) = delete;
+// A process-wide kernel setting for one scope: Set(value) now, Set(Reset) at its end.
+template <typename T, void (*Set)(T), T Reset>
+struct SettingScope {
+  explicit SettingScope(T value) { Set(value); }
+  ~SettingScope() { Set(Reset); }
+  SettingScope(const SettingScope&) = delete;
+  SettingScope& operator=(const SettingScope&) = delete;
 };
+// Which forward / backward kernel runs (back to Auto at exit).
+using FwdKernelScope = SettingScope<cuda::detail::FlashFwdKernel, cuda::detail::flash_fwd_kernel_set,
+                                    cuda::detail::FlashFwdKernel::Auto>;
+using BwdKernelScope = SettingScope<cuda::detail::FlashBwdKernel, cuda::detail::flash_bwd_kernel_set,
+                                    cuda::detail::FlashBwdKernel::Auto>;
+// The sm90 forward's softmax pinned before the P·V wait (1) or not (0); the sm90 backward's query heads per item
+// (back to unset at exit).
+using FwdEarlyScope = SettingScope<int, cuda::detail::flash_fwd_sm90_early_softmax_set, -1>;
+using BwdHeadsScope = SettingScope<int, cuda::detail::flash_bwd_sm90_heads_set, -1>;
 
 // Whether device 0 runs the Hopper forward (head_dim 128, cc 9.0, sm_90a build).
 bool sm90_forward_runs() {
@@ -211,14 +221,6 @@ TEST(CudaFlashAttention, Sm90AndMmaSyncForwardsAgreeD128) {
   }
 }
 
-// The sm90 forward's softmax pinned before the P·V wait (flash_fwd_sm90_early_softmax_set) for one scope.
-struct FwdEarlyScope {
-  explicit FwdEarlyScope(int on) { cuda::detail::flash_fwd_sm90_early_softmax_set(on); }
-  ~FwdEarlyScope() { cuda::detail::flash_fwd_sm90_early_softmax_set(-1); }
-  FwdEarlyScope(const FwdEarlyScope&) = delete;
-  FwdEarlyScope& operator=(const FwdEarlyScope&) = delete;
-};
-
 // Pinning the softmax before the wait for P·V changes only when the instructions run, not what they compute:
 // out and lse bit for bit the same as the unpinned loop (packed documents, MQA, partial tiles, the bench's size).
 // A softmax that read S before its MMA completed, or wrote P while P·V still read it, would differ.
@@ -247,14 +249,6 @@ TEST(CudaFlashAttention, Sm90ForwardEarlySoftmaxIsBitwiseTheSame) {
     EXPECT_EQ(lse_diff, 0u) << "lse elements that differ";
   }
 }
-
-// Backward-kernel choice for one scope (back to Auto at exit).
-struct BwdKernelScope {
-  explicit BwdKernelScope(cuda::detail::FlashBwdKernel k) { cuda::detail::flash_bwd_kernel_set(k); }
-  ~BwdKernelScope() { cuda::detail::flash_bwd_kernel_set(cuda::detail::FlashBwdKernel::Auto); }
-  BwdKernelScope(const BwdKernelScope&) = delete;
-  BwdKernelScope& operator=(const BwdKernelScope&) = delete;
-};
 
 // Whether device 0 runs the Hopper backward (head_dim 128, cc 9.0, sm_90a build).
 bool sm90_backward_runs() {
@@ -298,6 +292,28 @@ BwdOut backward_with(cuda::detail::FlashBwdKernel kind, const AttnCase& c, const
   return {test::device_floats(dq), test::device_floats(dk), test::device_floats(dv)};
 }
 
+// The CPU backward of the case drawn from `seed` (the inputs bwd_inputs makes): the reference gradients.
+BwdOut cpu_backward(const AttnCase& c, uint64_t seed) {
+  const std::vector<int32_t> doc = make_docs(c, seed);
+  const Tensor doc_h = doc.empty() ? Tensor() : host_i32({c.B, c.S}, doc);
+  const cpu::AttentionShape cs{c.B, c.S, c.Hq, c.Hk, c.D};
+  const Tensor q = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 1, 1.0f, true);
+  const Tensor k = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 2, 1.0f, true);
+  const Tensor v = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 3, 1.0f, true);
+  const Tensor dout = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 4, 1.0f, true);
+  Tensor lse, dq, dk, dv;
+  (void)cpu::attention_forward(cs, q, k, v, doc_h, true, lse);
+  cpu::attention_backward(cs, dout, q, k, v, doc_h, lse, true, dq, dk, dv);
+  return {dq.to_floats(), dk.to_floats(), dv.to_floats()};
+}
+
+// dq, dk, dv within the CPU tolerance of the file's header (max-norm 2e-2, rel-L2 1e-2).
+void expect_grads_near(const BwdOut& got, const BwdOut& want, const std::string& name) {
+  test::expect_norm(got.dq, want.dq, 2e-2, 1e-2, name + " dq");
+  test::expect_norm(got.dk, want.dk, 2e-2, 1e-2, name + " dk");
+  test::expect_norm(got.dv, want.dv, 2e-2, 1e-2, name + " dv");
+}
+
 // head_dim 128 has two backwards: the Hopper one (TMA + wgmma, 128-key blocks walking 64-query steps, dQ
 // through bulk reduce-adds; Auto on a cc 9.0 GPU) and the mma.sync one (every other GPU, or
 // MIXTUNE_FLASH_BWD=mma). Both against the CPU on small cases (packed documents of odd lengths, T not a
@@ -317,23 +333,11 @@ TEST(CudaFlashAttention, Sm90AndMmaSyncBackwardsAgreeD128) {
     SCOPED_TRACE(testing::Message() << "vs CPU: B " << c.B << " S " << c.S << " Hq " << c.Hq << " Hk " << c.Hk
                                     << " docs " << c.min_doc << ".." << c.max_doc);
     const uint64_t seed = 180 + c.S;
-    const std::vector<int32_t> doc = make_docs(c, seed);
-    const Tensor doc_h = doc.empty() ? Tensor() : host_i32({c.B, c.S}, doc);
-    const cpu::AttentionShape cs{c.B, c.S, c.Hq, c.Hk, c.D};
-    const Tensor q = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 1, 1.0f, true);
-    const Tensor k = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 2, 1.0f, true);
-    const Tensor v = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 3, 1.0f, true);
-    const Tensor dout = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 4, 1.0f, true);
-    Tensor want_lse, want_dq, want_dk, want_dv;
-    (void)cpu::attention_forward(cs, q, k, v, doc_h, true, want_lse);
-    cpu::attention_backward(cs, dout, q, k, v, doc_h, want_lse, true, want_dq, want_dk, want_dv);
+    const BwdOut want = cpu_backward(c, seed);
     const BwdInputs in = bwd_inputs(c, seed);
     for (const K kind : {K::Sm90, K::MmaSync}) {
       const std::string name = kind == K::Sm90 ? "sm90" : "mma";
-      const BwdOut got = backward_with(kind, c, in);
-      test::expect_norm(got.dq, want_dq.to_floats(), 2e-2, 1e-2, name + " dq");
-      test::expect_norm(got.dk, want_dk.to_floats(), 2e-2, 1e-2, name + " dk");
-      test::expect_norm(got.dv, want_dv.to_floats(), 2e-2, 1e-2, name + " dv");
+      expect_grads_near(backward_with(kind, c, in), want, name);
     }
   }
   for (const AttnCase& c : {AttnCase{1, 4096, 32, 4, 128, 0, 0}, AttnCase{1, 4096, 32, 4, 128, 1, 1500},
@@ -347,14 +351,6 @@ TEST(CudaFlashAttention, Sm90AndMmaSyncBackwardsAgreeD128) {
     test::expect_norm(a.dv, b.dv, 2e-2, 1e-2, "sm90 vs mma dv");
   }
 }
-
-// Query heads per item of the sm90 backward (flash_bwd_sm90_heads_set) for one scope (back to unset at exit).
-struct BwdHeadsScope {
-  explicit BwdHeadsScope(int g) { cuda::detail::flash_bwd_sm90_heads_set(g); }
-  ~BwdHeadsScope() { cuda::detail::flash_bwd_sm90_heads_set(-1); }
-  BwdHeadsScope(const BwdHeadsScope&) = delete;
-  BwdHeadsScope& operator=(const BwdHeadsScope&) = delete;
-};
 
 // The sm90 backward's items can cover several query heads of one KV head (their dK, dV summed in registers
 // before one flush): every G dividing Hq / Hk against the CPU, on GQA 8:1 and 4:1 with packed documents and
@@ -371,16 +367,7 @@ TEST(CudaFlashAttention, Sm90BackwardHeadsPerItemMatchCpu) {
     SCOPED_TRACE(testing::Message() << "B " << c.B << " S " << c.S << " Hq " << c.Hq << " Hk " << c.Hk << " docs "
                                     << c.min_doc << ".." << c.max_doc);
     const uint64_t seed = 700 + c.S;
-    const std::vector<int32_t> doc = make_docs(c, seed);
-    const Tensor doc_h = doc.empty() ? Tensor() : host_i32({c.B, c.S}, doc);
-    const cpu::AttentionShape cs{c.B, c.S, c.Hq, c.Hk, c.D};
-    const Tensor q = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 1, 1.0f, true);
-    const Tensor k = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 2, 1.0f, true);
-    const Tensor v = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 3, 1.0f, true);
-    const Tensor dout = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 4, 1.0f, true);
-    Tensor want_lse, want_dq, want_dk, want_dv;
-    (void)cpu::attention_forward(cs, q, k, v, doc_h, true, want_lse);
-    cpu::attention_backward(cs, dout, q, k, v, doc_h, want_lse, true, want_dq, want_dk, want_dv);
+    const BwdOut want = cpu_backward(c, seed);
     const BwdInputs in = bwd_inputs(c, seed);
     for (int g = 1; g <= c.Hq / c.Hk; g *= 2) {
       BwdHeadsScope heads(g);
@@ -388,10 +375,8 @@ TEST(CudaFlashAttention, Sm90BackwardHeadsPerItemMatchCpu) {
       Tensor dq, dk, dv;
       cuda::flash_attention_backward({int64_t{c.B} * c.S, c.Hq, c.Hk, c.D}, in.dout, in.q, in.k, in.v, in.out,
                                      in.lse, in.docs, dq, dk, dv, stream0());
-      const std::string name = "G " + std::to_string(g);
-      test::expect_norm(test::device_floats(dq), want_dq.to_floats(), 2e-2, 1e-2, name + " dq");
-      test::expect_norm(test::device_floats(dk), want_dk.to_floats(), 2e-2, 1e-2, name + " dk");
-      test::expect_norm(test::device_floats(dv), want_dv.to_floats(), 2e-2, 1e-2, name + " dv");
+      expect_grads_near({test::device_floats(dq), test::device_floats(dk), test::device_floats(dv)}, want,
+                        "G " + std::to_string(g));
     }
   }
   const AttnCase c{1, 4096, 32, 4, 128, 1, 1500};
