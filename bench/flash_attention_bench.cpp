@@ -11,8 +11,8 @@
 //                                      [--bwd-heads-sweep ROUNDS] [--fwd-early-ab ROUNDS]
 // --energy-seconds S also runs the default forward and backward back to back for S seconds each: sustained TFLOP/s
 // and picojoules per FLOP from the GPU's energy counter (bench/sustained_run.h). --bwd-heads G forces the
-// sm90 backward's query heads per work item (0: its schedule model chooses; default: MIXTUNE_FLASH_BWD_HEADS,
-// else the model); --bwd-heads-sweep ROUNDS times the sm90 backward at every G dividing heads / kv-heads,
+// sm90 backward's query heads per work item (0: its measured rule chooses; default: MIXTUNE_FLASH_BWD_HEADS,
+// else the rule); --bwd-heads-sweep ROUNDS times the sm90 backward at every G dividing heads / kv-heads,
 // alternating G within each round, and reports each G's median (backward_by_heads); --fwd-early-ab ROUNDS
 // times the sm90 forward with its softmax left to ptxas (0) and pinned before the P·V wait (1, the default)
 // alternately (forward_by_softmax, medians).

@@ -142,7 +142,7 @@ for stage in "$@"; do
                    | grep -o '"persistent": [01], "args": "[^"]*"\|"backward": {[^}]*}'
                done; done ;;
     kernels-flash-heads)  # the sm90 flash backward's query heads per item (bench/NOTES.md 83): every G alternating
-               # in one process per shape (backward_by_heads), then G = 1 against the model's choice sustained
+               # in one process per shape (backward_by_heads), then G = 1 against the default rule's choice sustained
                for args in "--seq 4096" "--seq 4096 --doc-len 512" "--seq 4096 --doc-len 2048" "--seq 8192" \
                    "--seq 16384 --reps 4" "--seq 1024 --batch 4"; do
                  r=$("$BIN/mixtune_bench_flash_attention" $args --bwd-heads-sweep ${SWEEP:-5} 2>&1 | tr -d '\n')

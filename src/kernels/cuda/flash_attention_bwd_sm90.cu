@@ -565,7 +565,12 @@ int flash_bwd_sm90_heads_per_item(int T, int Hq, int Hk, int sms) {
   const int group = std::max(Hq / std::max(Hk, 1), 1);
   static const int from_env = [] {
     const char* e = std::getenv("MIXTUNE_FLASH_BWD_HEADS");
-    return e ? std::atoi(e) : 0;
+    if (!e || !*e) return 0;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    MT_CUDA_REQUIRE(*end == '\0' && v >= 0 && v <= 1024,
+                    std::string("MIXTUNE_FLASH_BWD_HEADS: '") + e + "' is not a number of query heads (0 = choose)");
+    return static_cast<int>(v);
   }();
   const int set = g_heads_forced.load();
   const int want = set >= 0 ? set : from_env;
