@@ -4,8 +4,9 @@
 The bench runs a warm-up step and a timed step; the step is everything after the warm-up's last AdamW launch
 (where the profile filtered AdamW out, everything after the first half of the launches).
 Prints a markdown table: total ms per kernel name, launches, share of the step; with the DRAM byte metrics
-(`profile-bytes`) also GB read and written per launch and the achieved TB/s.
-    python3 bench/kernel_profile.py profile.csv
+(`profile-bytes`) also GB read and written per launch and the achieved TB/s. With --sequence N, the step's first N
+launches in order instead (one layer's forward and backward tell which GEMM is which shape).
+    python3 bench/kernel_profile.py profile.csv [--sequence N]
 """
 import collections
 import csv
@@ -15,7 +16,7 @@ import signal
 import sys
 
 
-def main(path):
+def main(path, sequence=0):
     try:
         lines = open(path, encoding="utf-8", errors="replace").read().splitlines()
     except OSError as e:
@@ -46,6 +47,12 @@ def main(path):
         start = kernels[(len(kernels) - 1) // 2][0]  # filtered profile: two equal steps
     step = [(name, m) for i, name, m in kernels if i > start]
     total = sum(m["gpu__time_duration.sum"] for _, m in step) or 1.0
+    if sequence:
+        print(f"first {min(sequence, len(step))} of the step's {len(step)} launches, in order\n")
+        print("| # | us | kernel |\n|--:|--:|---|")
+        for n, (name, m) in enumerate(step[:sequence]):
+            print(f"| {n} | {m['gpu__time_duration.sum'] / 1e3:.1f} | `{re.sub(r'[(].*', '', name)[:90]}` |")
+        return
     with_bytes = all("dram__bytes_read.sum" in m for _, m in step) and step
     by = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
     for name, m in step:
@@ -70,6 +77,9 @@ def main(path):
 
 if __name__ == "__main__":
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` is fine
-    if len(sys.argv) != 2:
+    if len(sys.argv) == 4 and sys.argv[2] == "--sequence" and sys.argv[3].isdigit():
+        main(sys.argv[1], int(sys.argv[3]))
+    elif len(sys.argv) == 2:
+        main(sys.argv[1])
+    else:
         sys.exit(__doc__)
-    main(sys.argv[1])

@@ -28,10 +28,11 @@
 #         profile-bytes (ncu: time and HBM bytes read/written of the GEMM, attention, norm and permute kernels) |
 #         kernels-flash-heads, mixtune-standard-headsG (the flash backward's query heads per item: every G per
 #         shape, and the standard step with G forced) | kernels-flash-fwd-early, mixtune-standard-late (the flash
-#         forward's softmax pinned before the P·V wait, or not).
+#         forward's softmax pinned before the P·V wait, or not) | kernels-projections (the attention projections' GEMMs,
+#         q, k, v separate and stacked as one QKV GEMM). `profile` also writes profile_sequence.md (every launch in order).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -90,7 +91,9 @@ for stage in "$@"; do
     profile) ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base "$BIN/mixtune" bench \
                --preset qwen3-30b-a3b --layers 2 --seq 4096 --micro-batch 1 --grad-accum 2 --steps 1 --warmup 1 \
                ${PRECISION:+--precision $PRECISION} > "$OUT/profile.csv" 2> "$OUT/profile.err" || rc=1
-             python3 bench/kernel_profile.py "$OUT/profile.csv" > "$OUT/profile.md"; head -40 "$OUT/profile.md" ;;
+             python3 bench/kernel_profile.py "$OUT/profile.csv" > "$OUT/profile.md"; head -40 "$OUT/profile.md"
+             python3 bench/kernel_profile.py "$OUT/profile.csv" --sequence 100000 > "$OUT/profile_sequence.md" ;;
+    kernels-projections) "$BIN/mixtune_bench_projections" > "$OUT/projections.json" 2>&1; cat "$OUT/projections.json" ;;
     profile-bytes) ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
                --kernel-name regex:'grouped|flash|rmsnorm|combine|gather|swiglu' --csv --print-units base "$BIN/mixtune" \
                bench --preset qwen3-30b-a3b --layers 2 --seq 4096 --micro-batch 1 --grad-accum 2 --steps 1 --warmup 1 \
