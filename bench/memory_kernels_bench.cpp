@@ -33,6 +33,7 @@
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/router.h"
 #include "kernels/cuda/swiglu.h"
+#include "bench_args.h"
 #include "bench_timing.h"
 
 namespace {
@@ -44,41 +45,18 @@ using mt_bench::time_ms;
 
 struct Args {
   int64_t tokens = 4096, hidden = 2048, heads = 32, kv_heads = 4, head_dim = 128, experts = 128, topk = 8,
-          inter = 768, vocab = 151936, adamw_elements = 256LL << 20;
-  int reps = 20;
+          inter = 768, vocab = 151936, adamw_elements = 256LL << 20, reps = 20;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string s = argv[i];
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "usage: mixtune_bench_memory_kernels [--tokens T] [--hidden H] [--heads Hq] "
-                           "[--kv-heads Hkv] [--head-dim D] [--experts E] [--topk K] [--inter I] [--vocab V] "
-                           "[--adamw-elements N] [--reps R]\n");
-      std::exit(2);
-    }
-    const int64_t v = std::atoll(argv[++i]);
-    if (v <= 0) {
-      std::fprintf(stderr, "%s must be positive\n", s.c_str());
-      std::exit(2);
-    }
-    if (s == "--tokens") a.tokens = v;
-    else if (s == "--hidden") a.hidden = v;
-    else if (s == "--heads") a.heads = v;
-    else if (s == "--kv-heads") a.kv_heads = v;
-    else if (s == "--head-dim") a.head_dim = v;
-    else if (s == "--experts") a.experts = v;
-    else if (s == "--topk") a.topk = v;
-    else if (s == "--inter") a.inter = v;
-    else if (s == "--vocab") a.vocab = v;
-    else if (s == "--adamw-elements") a.adamw_elements = v;
-    else if (s == "--reps") a.reps = static_cast<int>(v);
-    else {
-      std::fprintf(stderr, "unknown option %s\n", s.c_str());
-      std::exit(2);
-    }
-  }
+  mt_bench::parse_int_options(
+      argc, argv,
+      {{"--tokens", &a.tokens}, {"--hidden", &a.hidden}, {"--heads", &a.heads}, {"--kv-heads", &a.kv_heads},
+       {"--head-dim", &a.head_dim}, {"--experts", &a.experts}, {"--topk", &a.topk}, {"--inter", &a.inter},
+       {"--vocab", &a.vocab}, {"--adamw-elements", &a.adamw_elements}, {"--reps", &a.reps}},
+      "mixtune_bench_memory_kernels [--tokens T] [--hidden H] [--heads Hq] [--kv-heads Hkv] [--head-dim D] "
+      "[--experts E] [--topk K] [--inter I] [--vocab V] [--adamw-elements N] [--reps R]");
   return a;
 }
 
@@ -126,14 +104,14 @@ int main(int argc, char** argv) {
   const float eps = 1e-6f;
   std::vector<Row> rows;
   auto mem = [&](const std::string& op, double bytes, auto&& f) {
-    rows.push_back({op, bytes, 0, time_ms(a.reps, st, f)});
+    rows.push_back({op, bytes, 0, time_ms(static_cast<int>(a.reps), st, f)});
   };
 
   // The ceiling: a device-to-device copy of 512 MiB (read + write counted).
   const int64_t copy_bytes = 512LL << 20;
   Tensor c0 = dev_empty({copy_bytes}, DType::U8), c1 = dev_empty({copy_bytes}, DType::U8);
   MT_CUDA_CHECK(cudaMemsetAsync(c0.data(), 1, copy_bytes, st));
-  const double copy_ms = time_ms(a.reps, st, [&] {
+  const double copy_ms = time_ms(static_cast<int>(a.reps), st, [&] {
     MT_CUDA_CHECK(cudaMemcpyAsync(c1.data(), c0.data(), copy_bytes, cudaMemcpyDeviceToDevice, st));
   });
   const double copy_gbps = 2.0 * copy_bytes / copy_ms * 1e-6;
@@ -221,7 +199,8 @@ int main(int argc, char** argv) {
     mt::cuda::LinearCrossEntropyArgs args;
     args.chunk_rows = T;
     args.grad_scale = 1.0f / static_cast<float>(T);
-    rows.push_back({"lm_head_cross_entropy", 0, 6.0 * T * H * V, time_ms(std::max(a.reps / 4, 2), st, [&] {
+    const int head_reps = static_cast<int>(std::max<int64_t>(a.reps / 4, 2));
+    rows.push_back({"lm_head_cross_entropy", 0, 6.0 * T * H * V, time_ms(head_reps, st, [&] {
                       mt::cuda::linear_cross_entropy(x, w, y, args, loss, count, &dx, &dw, st);
                     })});
   }

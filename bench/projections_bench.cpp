@@ -18,6 +18,7 @@
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/random_fill.h"
+#include "bench_args.h"
 #include "bench_timing.h"
 
 namespace {
@@ -29,34 +30,16 @@ using mt::cuda::GemmOperand;
 using mt_bench::time_ms;
 
 struct Args {
-  int64_t tokens = 4096, hidden = 2048, heads = 32, kv_heads = 4, head_dim = 128;
-  int reps = 50;
+  int64_t tokens = 4096, hidden = 2048, heads = 32, kv_heads = 4, head_dim = 128, reps = 50;
 };
-
-[[noreturn]] void usage() {
-  std::fprintf(stderr, "usage: mixtune_bench_projections [--tokens T] [--hidden H] [--heads Hq] [--kv-heads Hkv] "
-                       "[--head-dim D] [--reps R]\n");
-  std::exit(2);
-}
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string s = argv[i];
-    if (i + 1 >= argc) usage();
-    const long long v = std::atoll(argv[++i]);
-    if (v <= 0) {
-      std::fprintf(stderr, "%s must be a positive number\n", s.c_str());
-      std::exit(2);
-    }
-    if (s == "--tokens") a.tokens = v;
-    else if (s == "--hidden") a.hidden = v;
-    else if (s == "--heads") a.heads = v;
-    else if (s == "--kv-heads") a.kv_heads = v;
-    else if (s == "--head-dim") a.head_dim = v;
-    else if (s == "--reps") a.reps = static_cast<int>(v);
-    else usage();
-  }
+  mt_bench::parse_int_options(argc, argv,
+                              {{"--tokens", &a.tokens}, {"--hidden", &a.hidden}, {"--heads", &a.heads},
+                               {"--kv-heads", &a.kv_heads}, {"--head-dim", &a.head_dim}, {"--reps", &a.reps}},
+                              "mixtune_bench_projections [--tokens T] [--hidden H] [--heads Hq] [--kv-heads Hkv] "
+                              "[--head-dim D] [--reps R]");
   return a;
 }
 
@@ -97,7 +80,8 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   auto gemm_row = [&](const std::string& op, int64_t M, int64_t N, int64_t K, GemmOperand A, GemmOperand B, float beta,
                       void* c, DType cd, int64_t ldc) {
-    const double ms = time_ms(a.reps, st, [&] { mt::cuda::gemm(0, st, M, N, K, 1.0f, A, B, beta, c, cd, ldc); });
+    const double ms = time_ms(static_cast<int>(a.reps), st,
+                              [&] { mt::cuda::gemm(0, st, M, N, K, 1.0f, A, B, beta, c, cd, ldc); });
     rows.push_back({op, M, N, K, ms});
   };
   // One projection of `out` rows of the stacked weight starting at row r0 (its own contiguous output and gradient
@@ -125,9 +109,10 @@ int main(int argc, char** argv) {
     gemm_row("dense 8192^3", n, n, n, {p.data(), bf, n, false}, {q.data(), bf, n, true}, 0.0f, r.data(), bf, n);
   }
 
-  std::printf("{\n  \"tokens\": %lld, \"hidden\": %lld, \"q_out\": %lld, \"kv_out\": %lld, \"reps\": %d,\n  \"rows\": [\n",
+  std::printf("{\n  \"tokens\": %lld, \"hidden\": %lld, \"q_out\": %lld, \"kv_out\": %lld, \"reps\": %lld,\n"
+              "  \"rows\": [\n",
               static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(nq),
-              static_cast<long long>(nkv), a.reps);
+              static_cast<long long>(nkv), static_cast<long long>(a.reps));
   double sep[3] = {0, 0, 0};  // q + k + v per pass, against the fused row
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
