@@ -21,6 +21,7 @@ struct BenchArgs {
   std::string preset = "qwen3-30b-a3b", model, precision = "bf16", recompute = "none", device = "cuda:0", json_out;
   std::string ep_dispatch = "auto", gpu_collectives = "nccl";
   int64_t layers = 0, seq = 4096, micro_batch = 1, grad_accum = 8, steps = 5, warmup = 2, ep = 1;
+  int64_t ranks = 0;  // --plan-only: the job's ranks (0: --ep)
   bool force = false, no_pair_expert_wgrad = false, plan_only = false, no_shard_optimizer = false;
   bool shard_parameters = false;
   double prompt_fraction = 0.0;
@@ -58,7 +59,11 @@ void run_plan_only(const BenchArgs& a) {
   in.device_bytes = static_cast<int64_t>(a.device_gib * static_cast<double>(int64_t{1} << 30));
   in.reserve_bytes = memory_plan_reserve_bytes(in.device_bytes);
   in.pair_expert_wgrad = !a.no_pair_expert_wgrad && pairing_wanted(in, a.grad_accum);
-  in.optimizer_shards = a.no_shard_optimizer ? 1 : a.ep;  // a job of --ep ranks
+  // A job of --ranks ranks (default --ep): with more ranks than --ep, each expert group has ranks / ep replicas,
+  // over which ZeRO-1 shards the expert stacks' state.
+  const int64_t ranks = a.ranks == 0 ? a.ep : a.ranks;
+  if (ranks < 1 || ranks % a.ep != 0) fail("--ranks {} must be a positive multiple of --ep {}", a.ranks, a.ep);
+  in.optimizer_shards = a.no_shard_optimizer ? 1 : ranks;
   in.shard_parameters = a.shard_parameters;
   const MemoryPlan plan = memory_plan(in);
   std::printf("%s\n", plan.table().c_str());
@@ -144,7 +149,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--device-gib", a.device_gib, "--plan-only: the GPU's memory in GiB (default 133.9, an H200)");
   cmd->add_flag("--no-shard-optimizer", a.no_shard_optimizer,
                 "multi-GPU: every rank keeps the whole optimizer state of the replicated parameters (default: each "
-                "tensor's on one owner rank, ZeRO-1; --plan-only takes the job's ranks as --ep)");
+                "tensor's on one owner rank, ZeRO-1, and the experts' over their replicas; --plan-only takes the "
+                "job's ranks from --ranks)");
+  cmd->add_option("--ranks", a.ranks,
+                  "--plan-only: the job's ranks (a multiple of --ep; default --ep): the optimizer state is sharded "
+                  "over them, and the experts' over the ranks / ep replicas of each expert group");
   cmd->add_flag("--shard-parameters", a.shard_parameters,
                 "multi-GPU: the replicated parameters live on their owner ranks too, fetched per layer (ZeRO-3, "
                 "train/sharded_params.h); needs the optimizer state sharded");

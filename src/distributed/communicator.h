@@ -31,8 +31,13 @@ class Communicator {
   // In-place on root: the element-wise sum over the ranks, bitwise what all_reduce_sum gives (rank order);
   // the other ranks' data is left as it was. Half an all-reduce's traffic when only one rank needs the sum.
   virtual void reduce_sum(float* data, int64_t n, int root, const std::string& what) = 0;
+  // The same within `group` (root a member): the sum in the list's order, bitwise what all_reduce_sum over the
+  // group gives (the expert gradients onto their owner among the ranks holding the same experts).
+  virtual void reduce_sum(const std::vector<int>& group, float* data, int64_t n, int root, const std::string& what) = 0;
   // root's bytes to every rank.
   virtual void broadcast(void* data, size_t bytes, int root, const std::string& what) = 0;
+  // root's bytes to every member of `group` (root a member).
+  virtual void broadcast(const std::vector<int>& group, void* data, size_t bytes, int root, const std::string& what) = 0;
   // Within `group` (ranks, the same list on every member, this rank among them): send[j] goes to group[j],
   // recv[j] receives what group[j] sent to this rank (any size, including zero).
   virtual void all_to_allv(const std::vector<int>& group, const std::vector<std::vector<float>>& send,

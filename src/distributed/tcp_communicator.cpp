@@ -10,7 +10,7 @@
 // of exchanging the wrong bytes. All sends and receives of one phase progress together under poll(), so
 // two ranks sending each other large buffers cannot deadlock on full socket buffers.
 // all_reduce_sum: reduce-scatter (rank r owns chunk r, sums it in rank order) then all-gather, over the world or
-// a group of ranks; reduce_sum: every rank's copy to the root, summed there in the same rank order.
+// a group of ranks; reduce_sum: every member's copy to the root, summed there in the same order.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -141,43 +141,55 @@ class TcpCommunicator final : public Communicator {
     all_reduce(group, data, n, kAllReduceF64, what);
   }
 
-  // Every other rank sends root its copy; root sums them in rank order. In pieces of kReducePiece elements, so
-  // root holds world pieces at a time, not world copies of the whole buffer.
+  // Every other member sends root its copy; root sums them in the group's order. In pieces of kReducePiece
+  // elements, so root holds a piece per member at a time, not a copy of the whole buffer per member.
   void reduce_sum(float* data, int64_t n, int root, const std::string& what) override {
     if (root < 0 || root >= world_) fail("reduce({}): root {} outside the world of {}", what, root, world_);
+    reduce_sum(world_group_, data, n, root, what);
+  }
+  void reduce_sum(const std::vector<int>& group, float* data, int64_t n, int root, const std::string& what) override {
     if (n < 0) fail("reduce({}): negative count {}", what, n);
-    if (world_ == 1) return;
+    const int g = static_cast<int>(group.size());
+    const int me = member_index(group, "reduce", what);
+    const int at_root = root_index(group, root, "reduce", what);
+    if (g == 1) return;
     constexpr int64_t kReducePiece = int64_t{1} << 22;
     std::vector<float> parts;
     for (int64_t at = 0; at == 0 || at < n; at += kReducePiece) {
       const int64_t m = std::min(kReducePiece, n - at);
       const Header h = next_header(kReduceF32, static_cast<uint64_t>(m));
       std::vector<Xfer> x;
-      if (rank_ != root) {
+      if (me != at_root) {
         x.push_back(Xfer{root, reinterpret_cast<const char*>(data + at), static_cast<size_t>(m) * sizeof(float),
                          nullptr, 0, h, true, false});
         exchange(x, what);
         continue;
       }
-      parts.resize(static_cast<size_t>(m) * world_);
-      for (int p = 0; p < world_; ++p)
-        if (p != rank_)
-          x.push_back(Xfer{p, nullptr, 0, reinterpret_cast<char*>(parts.data() + static_cast<size_t>(p) * m),
+      parts.resize(static_cast<size_t>(m) * g);
+      for (int j = 0; j < g; ++j)
+        if (j != me)
+          x.push_back(Xfer{group[j], nullptr, 0, reinterpret_cast<char*>(parts.data() + static_cast<size_t>(j) * m),
                            static_cast<size_t>(m) * sizeof(float), h, false, true});
       exchange(x, what);
-      std::copy(data + at, data + at + m, parts.begin() + static_cast<ptrdiff_t>(rank_) * m);
-      sum_in_rank_order(parts.data(), m, world_, data + at);
+      std::copy(data + at, data + at + m, parts.begin() + static_cast<ptrdiff_t>(me) * m);
+      sum_in_rank_order(parts.data(), m, g, data + at);
     }
   }
 
   void broadcast(void* data, size_t bytes, int root, const std::string& what) override {
     if (root < 0 || root >= world_) fail("broadcast({}): root {} outside the world of {}", what, root, world_);
+    broadcast(world_group_, data, bytes, root, what);
+  }
+  void broadcast(const std::vector<int>& group, void* data, size_t bytes, int root, const std::string& what) override {
+    const int me = member_index(group, "broadcast", what);
+    const int at_root = root_index(group, root, "broadcast", what);
+    if (group.size() == 1) return;
     const Header h = next_header(kBroadcast, bytes);
     std::vector<Xfer> x;
-    for (int p = 0; p < world_; ++p) {
-      if (p == rank_) continue;
-      if (rank_ == root) x.push_back(Xfer{p, static_cast<const char*>(data), bytes, nullptr, 0, h, true, false});
-      else if (p == root) x.push_back(Xfer{p, nullptr, 0, static_cast<char*>(data), bytes, h, false, true});
+    for (int j = 0; j < static_cast<int>(group.size()); ++j) {
+      if (j == me) continue;
+      if (me == at_root) x.push_back(Xfer{group[j], static_cast<const char*>(data), bytes, nullptr, 0, h, true, false});
+      else if (j == at_root) x.push_back(Xfer{group[j], nullptr, 0, static_cast<char*>(data), bytes, h, false, true});
     }
     exchange(x, what);
   }
@@ -390,6 +402,13 @@ class TcpCommunicator final : public Communicator {
     }
     if (me < 0) fail("{}({}): rank {} is not in the group", op, what, rank_);
     return me;
+  }
+
+  // root's index in `group` (already checked by member_index).
+  int root_index(const std::vector<int>& group, int root, const char* op, const std::string& what) const {
+    for (int j = 0; j < static_cast<int>(group.size()); ++j)
+      if (group[j] == root) return j;
+    fail("{}({}): root {} is not in the group", op, what, root);
   }
 
   int rank_, world_;

@@ -166,9 +166,17 @@ Layers layers_of(const Qwen3MoeConfig& c) {
 }
 
 // Every component for `tokens` tokens, without the searches.
-// The parameters whose optimizer state this rank keeps: the experts it holds under expert parallelism, plus
-// its share of the replicated tensors (all of them, or with optimizer_shards > 1 the largest rank's share of
-// the whole-tensor assignment of train/optimizer_shards.h).
+// The ranks holding the same experts over which ZeRO-1 shards the expert stacks' state: optimizer_shards (the
+// job's ranks) / expert_parallel when the experts are split and the job holds several copies of them, else 1.
+int64_t expert_replicas_of(const MemoryPlanInput& in) {
+  const int64_t shards = std::max<int64_t>(in.optimizer_shards, 1), ep = std::max<int64_t>(in.expert_parallel, 1);
+  return ep > 1 && shards > ep && shards % ep == 0 ? shards / ep : 1;
+}
+
+// The parameters whose optimizer state this rank keeps: the experts it holds under expert parallelism (all of
+// them, or with several replicas its share of the whole-stack assignment over them), plus its share of the
+// replicated tensors (all of them, or with optimizer_shards > 1 its share of the whole-tensor assignment of
+// train/optimizer_shards.h); the largest such rank.
 wide optimizer_param_count(const MemoryPlanInput& in, const Dims& d, const Layers& layers, wide count,
                            wide expert_held) {
   const int64_t shards = std::max<int64_t>(in.optimizer_shards, 1);
@@ -190,7 +198,23 @@ wide optimizer_param_count(const MemoryPlanInput& in, const Dims& d, const Layer
       for (int j = 0; j < 3; ++j) sizes.push_back(static_cast<int64_t>(d.F * d.H));
     }
   }
-  return (split ? expert_held : 0) + OptimizerShards::largest_share(sizes, static_cast<int>(shards));
+  const int64_t replicas = expert_replicas_of(in);
+  if (replicas <= 1) return (split ? expert_held : 0) + OptimizerShards::largest_share(sizes, static_cast<int>(shards));
+  // Rank r's experts' stacks are owned among the replicas {r % ep, r % ep + ep, ...}, where r is number r / ep;
+  // every replica group uses the same map. The largest rank's replicated share plus its expert share.
+  const wide per_rank = d.E / in.expert_parallel;
+  std::vector<int64_t> expert_sizes;
+  for (int64_t l = 0; l < layers.moe; ++l) {
+    expert_sizes.push_back(static_cast<int64_t>(per_rank * 2 * d.I * d.H));
+    expert_sizes.push_back(static_cast<int64_t>(per_rank * d.H * d.I));
+  }
+  const std::vector<int64_t> world_share = OptimizerShards::shares(sizes, static_cast<int>(shards));
+  const std::vector<int64_t> expert_share = OptimizerShards::shares(expert_sizes, static_cast<int>(replicas));
+  wide most = 0;
+  for (int64_t r = 0; r < shards; ++r)
+    most = std::max(most, static_cast<wide>(world_share[static_cast<size_t>(r)]) +
+                              expert_share[static_cast<size_t>(r / in.expert_parallel)]);
+  return most;
 }
 
 // ZeRO-3's fetched parameters at their peak: two neighbouring groups of the reading order (models/
@@ -278,8 +302,9 @@ void check_range(const char* field, int64_t v, int64_t lo, int64_t hi) {
 double gib(int64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30); }
 
 std::string optimizer_desc(const MemoryPlan& p) {
-  return fmt::format("m,v {}, {}{}", p.bf16_moments ? "bf16" : "fp32", p.fp32_master ? "fp32 master" : "no master",
-                     p.optimizer_shards > 1 ? fmt::format(", 1/{} shard", p.optimizer_shards) : "");
+  return fmt::format("m,v {}, {}{}{}", p.bf16_moments ? "bf16" : "fp32", p.fp32_master ? "fp32 master" : "no master",
+                     p.optimizer_shards > 1 ? fmt::format(", 1/{} shard", p.optimizer_shards) : "",
+                     p.expert_replicas > 1 ? fmt::format(" (experts 1/{})", p.expert_replicas) : "");
 }
 
 }  // namespace
@@ -334,6 +359,7 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   p.fp32_master = in.fp32_master;
   p.bf16_moments = in.bf16_moments;
   p.optimizer_shards = std::max<int64_t>(in.optimizer_shards, 1);
+  p.expert_replicas = expert_replicas_of(in);
   p.params_sharded = in.shard_parameters && in.reshard_after_forward && p.optimizer_shards > 1;
   p.bf16_expert_grads = in.bf16_expert_grads;
   p.full_recompute_fits = plan_bytes(in, layers, in.micro_batch * in.seq, Recompute::full, in.fp32_master).fits;

@@ -34,8 +34,10 @@ struct MemoryPlanInput {
   // The all-gather dispatch (distributed/ep_dispatch_mode.h): each MoE layer keeps the group's gathered
   // input [ep·T, H] and routing weights instead of the received expert rows.
   bool ep_all_gather = false;
-  // ZeRO-1 over this many ranks (train/optimizer_shards.h): the optimizer state of the replicated parameters
-  // is split by whole tensors; the plan counts the largest rank's share.
+  // ZeRO-1 over this many ranks (the job's; train/optimizer_shards.h): the optimizer state of the replicated
+  // parameters is split by whole tensors, and under expert parallelism with optimizer_shards / expert_parallel
+  // > 1 replicas of each expert group, the expert stacks' state over those replicas; the plan counts the
+  // largest rank's share.
   int64_t optimizer_shards = 1;
   // ZeRO-3 over those ranks (train/sharded_params.h): a rank holds its share of the replicated parameters
   // plus the groups it has fetched, at most two at once (the one being read and the prefetched next one)
@@ -59,6 +61,7 @@ struct MemoryPlan {
   // The request, for table() and refusal().
   int64_t param_count = 0, layers = 0, moe_layers = 0;  // param_count: held on this rank
   int64_t expert_parallel = 1, optimizer_shards = 1;
+  int64_t expert_replicas = 1;  // > 1: the expert stacks' optimizer state sharded over this many replicas
   bool params_sharded = false;  // the parameters row is a ZeRO-3 share plus two fetched groups
   int64_t optimizer_param_count = 0;  // parameters whose optimizer state this rank keeps
   int64_t micro_batch = 0, seq = 0, device_bytes = 0, reserve_bytes = 0;

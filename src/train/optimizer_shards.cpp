@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/error.h"
 #include "models/causal_lm.h"
 #include "models/qwen3_moe_weights.h"
 
@@ -10,7 +11,24 @@ namespace mt {
 
 int OptimizerShards::owner(const std::string& param) const {
   auto it = by_name_.find(param);
-  return it == by_name_.end() ? -1 : it->second;
+  return it == by_name_.end() ? -1 : owner(it->second);
+}
+
+bool OptimizerShards::over_replicas(const std::string& param) const {
+  auto it = by_name_.find(param);
+  return it != by_name_.end() && over_replicas(it->second);
+}
+
+bool OptimizerShards::experts_sharded() const {
+  for (bool b : over_replicas_)
+    if (b) return true;
+  return false;
+}
+
+int OptimizerShards::replica_index(int world_rank) const {
+  for (size_t j = 0; j < replicas_.size(); ++j)
+    if (replicas_[j] == world_rank) return static_cast<int>(j);
+  fail("rank {} is not one of the expert replicas of rank {}", world_rank, rank_);
 }
 
 std::vector<int> OptimizerShards::owners_by_size(const std::vector<int64_t>& sizes, int world) {
@@ -28,19 +46,37 @@ std::vector<int> OptimizerShards::owners_by_size(const std::vector<int64_t>& siz
   return owner;
 }
 
-int64_t OptimizerShards::largest_share(const std::vector<int64_t>& sizes, int world) {
+std::vector<int64_t> OptimizerShards::shares(const std::vector<int64_t>& sizes, int world) {
   const std::vector<int> owner = owners_by_size(sizes, world);
   std::vector<int64_t> load(static_cast<size_t>(std::max(world, 1)), 0);
   for (size_t i = 0; i < sizes.size(); ++i) load[static_cast<size_t>(owner[i])] += sizes[i];
+  return load;
+}
+
+int64_t OptimizerShards::largest_share(const std::vector<int64_t>& sizes, int world) {
+  const std::vector<int64_t> load = shares(sizes, world);
   return *std::max_element(load.begin(), load.end());
 }
 
-OptimizerShards optimizer_shards_for(const Qwen3MoeWeights& w, int world, int rank, bool experts_split) {
+std::vector<int> expert_replica_ranks(int world, int rank, int64_t ep) {
+  if (ep < 2) return {rank};
+  std::vector<int> r;
+  for (int64_t q = rank % ep; q < world; q += ep) r.push_back(static_cast<int>(q));
+  return r;
+}
+
+OptimizerShards optimizer_shards_for(const Qwen3MoeWeights& w, int world, int rank, int64_t ep) {
   if (world <= 1) return {};
+  const bool split = ep > 1;
   std::vector<std::pair<std::string, int64_t>> params;
-  for (const auto& [name, t] : w.named_parameters()) params.emplace_back(name, t->numel());
-  return OptimizerShards(params, world, rank,
-                         [&](const std::string& name) { return !(experts_split && param_is_stacked_expert(name)); });
+  for (const auto& [name, t] : w.named_parameters()) {
+    // An expert stack by its per-expert size: the same map whether `w` holds all experts or a slice.
+    const bool per_expert = split && param_is_stacked_expert(name) && t->ndim() > 0 && t->dim(0) > 0;
+    params.emplace_back(name, per_expert ? t->numel() / t->dim(0) : t->numel());
+  }
+  return OptimizerShards(
+      params, world, rank, [&](const std::string& name) { return !(split && param_is_stacked_expert(name)); },
+      expert_replica_ranks(world, rank, ep), [&](const std::string& name) { return split && param_is_stacked_expert(name); });
 }
 
 std::string hf_tensor_param(const std::string& hf_name) {

@@ -1,13 +1,19 @@
-// ZeRO-1 for the parameters every rank of a job holds (replicated: all of them without expert parallelism,
-// all but the stacked expert weights with it): each such tensor's optimizer state (moments, fp32 master)
-// lives on one owner rank, which runs its update and broadcasts the new values to the other ranks. Both
-// engines sum each such gradient on its owner only (a reduce, half an all-reduce's traffic) and take each
-// tensor's squared norm from its owner for the global norm. The CPU engine's reduce sums in rank order like its
-// all-reduce, so a sharded run is bitwise the run without sharding; on the GPUs that holds for two ranks (a + b
-// either way), while with more NCCL's reduce may add the ranks in another order than its all-reduce.
-// Whole tensors, largest first onto the least-loaded rank (ties: the lower rank): every rank computes the
-// same map from the same parameter list; a rank's share is at most the average plus the largest tensor.
+// ZeRO-1: the optimizer state (moments, fp32 master) of a tensor several ranks hold lives on one owner rank,
+// which runs its update and broadcasts the new values to the others. Two kinds of tensors:
+// - replicated (every rank of the job holds them: all of them without expert parallelism, all but the stacked
+//   expert weights with it): owned among the `world` ranks;
+// - the stacked expert weights under expert parallelism when the job holds several copies of each expert group
+//   (world > ep): owned among `replicas`, the ranks holding the same experts (one per expert-parallel group).
+// Both engines sum each such gradient on its owner only, over the tensor's ranks (a reduce, half an all-reduce's
+// traffic), and take each tensor's squared norm from its owner for the global norm. The CPU engine's reduce sums
+// in rank order like its all-reduce, so a sharded run is bitwise the run without sharding; on the GPUs that holds
+// for two ranks (a + b either way), while with more NCCL's reduce may add the ranks in another order than its
+// all-reduce. Whole tensors, largest first onto the least-loaded rank (ties: the lower rank): every rank computes
+// the same map from the same parameter list (names and element counts only; every replica group has the same
+// expert slices, so all use the same map over their members' positions); a rank's share is at most the average
+// plus the largest tensor.
 #pragma once
+#include <concepts>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -27,25 +33,56 @@ class OptimizerShards {
   // replicated over the `world` ranks (the others keep owner -1).
   template <typename Sharded>
   OptimizerShards(const std::vector<std::pair<std::string, int64_t>>& params, int world, int rank, Sharded sharded)
-      : world_(world), rank_(rank) {
-    std::vector<int64_t> sizes;
-    std::vector<size_t> which;
-    for (size_t i = 0; i < params.size(); ++i)
-      if (world > 1 && sharded(params[i].first)) which.push_back(i), sizes.push_back(params[i].second);
+      : OptimizerShards(params, world, rank, sharded, {}, [](const std::string&) { return false; }) {}
+  // Also the parameters for which over_replicas(name) holds (the stacked experts) owned among `replicas` (world
+  // ranks, the same list on every member, this rank among them; fewer than two: those keep owner -1).
+  template <typename Sharded, typename OverReplicas>
+  OptimizerShards(const std::vector<std::pair<std::string, int64_t>>& params, int world, int rank, Sharded sharded,
+                  std::vector<int> replicas, OverReplicas over_replicas)
+      : world_(world), rank_(rank), replicas_(std::move(replicas)) {
+    if (replicas_.size() < 2) replicas_.clear();
+    std::vector<int64_t> sizes, expert_sizes;
+    std::vector<size_t> which, experts;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (world <= 1) break;
+      if (!replicas_.empty() && over_replicas(params[i].first))
+        experts.push_back(i), expert_sizes.push_back(params[i].second);
+      else if (sharded(params[i].first))
+        which.push_back(i), sizes.push_back(params[i].second);
+    }
     owner_.assign(params.size(), -1);
+    over_replicas_.assign(params.size(), false);
     const std::vector<int> owners = owners_by_size(sizes, world);
     for (size_t j = 0; j < which.size(); ++j) owner_[which[j]] = owners[j];
-    for (size_t i = 0; i < params.size(); ++i) by_name_.emplace(params[i].first, owner_[i]);
+    const std::vector<int> at = owners_by_size(expert_sizes, static_cast<int>(replicas_.size()));
+    for (size_t j = 0; j < experts.size(); ++j) {
+      owner_[experts[j]] = replicas_[static_cast<size_t>(at[j])];
+      over_replicas_[experts[j]] = true;
+    }
+    for (size_t i = 0; i < params.size(); ++i) by_name_.emplace(params[i].first, i);
   }
 
   bool active() const { return world_ > 1; }
   int world() const { return world_; }
   int rank() const { return rank_; }
-  // Owner rank of parameter i (engine order) or of a named parameter; -1: every rank updates it.
+  // Owner rank (of the world) of parameter i (engine order) or of a named parameter, either kind; -1: every rank
+  // holding it updates it.
   int owner(size_t i) const { return i < owner_.size() ? owner_[i] : -1; }
   int owner(const std::string& param) const;
   // Whether this rank keeps the optimizer state of parameter i and updates it.
   bool updates(size_t i) const { return owner(i) < 0 || owner(i) == rank_; }
+  // Whether parameter i's owner is one of replicas() (an expert stack) rather than of the world.
+  bool over_replicas(size_t i) const { return i < over_replicas_.size() && over_replicas_[i]; }
+  bool over_replicas(const std::string& param) const;
+  // The owner of a replicated parameter sharded over the world (-1 for the rest, the expert stacks included):
+  // what ZeRO-3 and the world-wide reduce and broadcast go by.
+  int world_owner(size_t i) const { return over_replicas(i) ? -1 : owner(i); }
+  int world_owner(const std::string& param) const { return over_replicas(param) ? -1 : owner(param); }
+  // The ranks holding this rank's experts when the expert stacks are sharded over them (else empty), and a
+  // rank's position among them (what a communicator over the replica group calls that rank).
+  const std::vector<int>& replicas() const { return replicas_; }
+  bool experts_sharded() const;
+  int replica_index(int world_rank) const;
 
   // The entries of `all` (one per parameter, engine order) whose parameters this rank updates.
   template <typename T>
@@ -60,17 +97,31 @@ class OptimizerShards {
   static std::vector<int> owners_by_size(const std::vector<int64_t>& sizes, int world);
   // The most elements any rank is assigned by owners_by_size.
   static int64_t largest_share(const std::vector<int64_t>& sizes, int world);
+  // Every rank's elements under owners_by_size.
+  static std::vector<int64_t> shares(const std::vector<int64_t>& sizes, int world);
 
  private:
   int world_ = 1, rank_ = 0;
   std::vector<int> owner_;
-  std::unordered_map<std::string, int> by_name_;
+  std::vector<bool> over_replicas_;
+  std::vector<int> replicas_;
+  std::unordered_map<std::string, size_t> by_name_;
 };
 
 struct Qwen3MoeWeights;
-// The engines' shards: every parameter of `w` is replicated over the `world` ranks except, when the experts
-// are split over ranks (expert parallelism), the stacked expert weights. world 1: not sharded.
-OptimizerShards optimizer_shards_for(const Qwen3MoeWeights& w, int world, int rank, bool experts_split);
+// The engines' shards in a job of `world` ranks with expert-parallel groups of `ep` consecutive ranks (1: no
+// expert parallelism): every parameter of `w` is sharded over the world except, when the experts are split
+// over ranks (ep > 1), the stacked expert weights, which are sharded over this rank's expert replicas
+// {rank % ep, rank % ep + ep, ...} when world > ep (else each rank updates its own). world 1: not sharded.
+// The expert stacks are ordered by their per-expert size, so `w` may hold all E experts or this rank's E/ep.
+OptimizerShards optimizer_shards_for(const Qwen3MoeWeights& w, int world, int rank, int64_t ep);
+// Catches a caller of the former (…, bool experts_split) form: a bool would silently mean ep 0 or 1.
+template <typename B>
+  requires std::same_as<B, bool>
+OptimizerShards optimizer_shards_for(const Qwen3MoeWeights& w, int world, int rank, B) = delete;
+// The ranks holding the same experts as `rank` in a job of `world` ranks with expert-parallel groups of `ep`
+// consecutive ranks: {rank % ep, rank % ep + ep, ...} (every rank alone when ep < 2).
+std::vector<int> expert_replica_ranks(int world, int rank, int64_t ep);
 
 // The parameter a Hugging Face tensor name belongs to: the name itself, or for a per-expert tensor
 // ("...mlp.experts.<e>.{gate,up,down}_proj.weight") the stacked "...mlp.experts.{gate_up,down}_proj".

@@ -85,8 +85,9 @@ struct RecipeParallel {
   // uses GPU r mod the node's GPUs; for checking multi-GPU runs on a machine with fewer GPUs).
   std::string gpu_collectives = "nccl";
   // ZeRO-1 (train/optimizer_shards.h): the optimizer state of the parameters every rank holds is split over
-  // the ranks, each tensor's on one owner that updates it and broadcasts the result. false: every rank keeps
-  // all of it (the same results, more memory).
+  // the ranks, each tensor's on one owner that updates it and broadcasts the result (the expert stacks' over
+  // the ranks holding the same experts, when there are several). false: every rank keeps all of it (the same
+  // results, more memory).
   bool shard_optimizer = true;
   // ZeRO-3 (train/sharded_params.h; CPU engine): those parameters themselves are kept only by their owner and
   // broadcast to the others for each use. reshard_after_forward false keeps each layer's fetched parameters

@@ -79,8 +79,8 @@ ShardedParams::ShardedParams(Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, cons
   MT_CHECK(shards.active(), "sharded parameters need the job's ZeRO-1 owners");
   const auto params = w.named_parameters();
   for (size_t i = 0; i < params.size(); ++i) {
-    const int owner = shards.owner(i);
-    if (owner < 0) continue;  // every rank holds it (the expert-parallel stacks)
+    const int owner = shards.world_owner(i);
+    if (owner < 0) continue;  // every rank holding it keeps it (the expert-parallel stacks)
     const auto& [name, t] = params[i];
     const int64_t g = group_of(name, num_layers_);
     groups_[g].push_back({t, owner});

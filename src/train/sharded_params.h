@@ -1,5 +1,6 @@
-// ZeRO-3 (recipe parallel.shard_parameters): the parameters ZeRO-1 shards (every rank's copy of them is the
-// same: all of them, or all but the expert-parallel stacks) are kept only by their owner rank
+// ZeRO-3 (recipe parallel.shard_parameters): the parameters ZeRO-1 shards over the world (every rank's copy of
+// them is the same: all of them, or all but the expert-parallel stacks, whose state ZeRO-1 shards over their
+// replicas but whose weights every replica keeps) are kept only by their owner rank
 // (train/optimizer_shards.h, whole tensors), which also updates them. The model fetches a group of them
 // right before reading it (models/param_residency.h): each owner of a tensor of the group sends it to the
 // other ranks (a ParamTransport: host broadcasts on the CPU engine, below; a device broadcast on the CUDA

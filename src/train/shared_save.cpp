@@ -28,20 +28,30 @@ void agree(const SaveShare& share, const std::string& why, const std::string& ph
 }  // namespace
 
 std::pair<int64_t, int64_t> SaveShare::model_rows(const std::string& hf_name, const Tensor& t) const {
-  if (const int owner = shards.owner(hf_tensor_param(hf_name)); owner >= 0)
-    return owner == shards.rank() ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
+  const std::string param = hf_tensor_param(hf_name);
   const int64_t e = hf_expert_index(hf_name);
+  if (const int owner = shards.owner(param); owner >= 0) {
+    if (owner != shards.rank()) return {0, 0};
+    if (!shards.over_replicas(param)) return all_rows(t);
+    return e >= held_first && e < held_first + held_count ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
+  }
   if (e < 0) return lead ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
   return e >= expert_first && e < expert_first + expert_count ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
 }
 
 std::pair<int64_t, int64_t> SaveShare::state_rows(const std::string& state_name, const Tensor& t) const {
-  if (const int owner = shards.owner(optimizer_state_param(state_name)); owner >= 0)
-    return owner == shards.rank() ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
+  auto rows_of = [&](int64_t first, int64_t count) {
+    const int64_t rows = all_rows(t).second;
+    const int64_t r0 = std::min(first, rows), r1 = std::min(first + count, rows);
+    return r1 > r0 ? std::pair<int64_t, int64_t>{r0, r1} : std::pair<int64_t, int64_t>{0, 0};
+  };
+  const std::string param = optimizer_state_param(state_name);
+  if (const int owner = shards.owner(param); owner >= 0) {
+    if (owner != shards.rank()) return {0, 0};
+    return shards.over_replicas(param) ? rows_of(held_first, held_count) : all_rows(t);
+  }
   if (!param_is_stacked_expert(state_name)) return lead ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
-  const int64_t rows = all_rows(t).second;
-  const int64_t r0 = std::min(expert_first, rows), r1 = std::min(expert_first + expert_count, rows);
-  return r1 > r0 ? std::pair<int64_t, int64_t>{r0, r1} : std::pair<int64_t, int64_t>{0, 0};
+  return rows_of(expert_first, expert_count);
 }
 
 SaveShare save_share_for(Communicator* comm, int rank, int world, int64_t ep, int64_t num_experts,
@@ -53,9 +63,13 @@ SaveShare save_share_for(Communicator* comm, int rank, int world, int64_t ep, in
   const bool split = ep > 1 && world % ep == 0 && num_experts % ep == 0;
   if (!split) {
     s.expert_count = s.lead ? num_experts : 0;
-  } else if (rank < ep) {  // the first expert-parallel group; the other groups hold replicas
-    s.expert_count = num_experts / ep;
-    s.expert_first = rank * s.expert_count;
+  } else {
+    s.held_count = num_experts / ep;
+    s.held_first = rank % ep * s.held_count;
+    if (rank < ep) {  // the first expert-parallel group; the other groups hold replicas
+      s.expert_count = s.held_count;
+      s.expert_first = s.held_first;
+    }
   }
   return s;
 }

@@ -2,7 +2,8 @@
 // (or the expert rows of stacked tensors) it holds into the shared output files (io/safetensors_shared.h).
 // The lead (rank 0) writes everything that is not per expert; the ranks of the first expert-parallel group
 // write their experts; other ranks (replica groups, data-parallel ranks) write nothing but take part in
-// the agreement. The output directory stays all-or-nothing across the job: the lead builds it in a temp
+// the agreement. Under ZeRO-1 each owner writes its tensors instead (the expert stacks: the owner among the
+// ranks holding the same experts writes their rows). The output directory stays all-or-nothing across the job: the lead builds it in a temp
 // directory (AtomicDirWriter) whose path it broadcasts, every rank writes its part there, and the lead
 // commits only once every rank has reported success. An error on any rank fails the save on every rank.
 #pragma once
@@ -21,8 +22,10 @@ struct SaveShare {
   Communicator* comm = nullptr;  // the job's host communicator
   bool lead = false;
   int64_t expert_first = 0, expert_count = 0;  // the experts whose rows this rank writes
+  int64_t held_first = 0, held_count = 0;      // this rank's experts under expert parallelism (else none)
   // A sharded optimizer (train/optimizer_shards.h): each sharded parameter's state — and its weights, which
-  // with fp32 masters only the owner holds exactly — is written whole by its owner.
+  // with fp32 masters only the owner holds exactly — is written whole by its owner; an expert stack sharded
+  // over its replicas, by its owner among them, its experts' rows (each replica group's owner its own).
   OptimizerShards shards;
   // The rows this rank writes of a Hugging Face tensor (per-expert names) and of an optimizer-state tensor
   // (stacked experts [E, ...]): all or none, or the expert rows.

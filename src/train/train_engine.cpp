@@ -29,7 +29,7 @@ class CpuEngine final : public TrainEngine {
       : lm_(lm), comm_(comm && comm->size() > 1 ? comm : nullptr),
         ep_(experts_sliced(lm, expert_parallel_for(comm_, r.parallel.ep, lm.config.num_experts))),
         shards_(comm_ && r.parallel.shard_optimizer
-                    ? optimizer_shards_for(lm.weights, comm_->size(), comm_->rank(), split())
+                    ? optimizer_shards_for(lm.weights, comm_->size(), comm_->rank(), r.parallel.ep)
                     : OptimizerShards()),
         sharded_params_(sharded_params_of(lm, r, shards_, comm_)),
         model_(lm.config, lm.weights, model_options(ep_, sharded_params_.get())),
@@ -50,6 +50,8 @@ class CpuEngine final : public TrainEngine {
     updated_grads_ = shards_.updated(grad_const_);
     updated_grad_list_ = shards_.updated(grad_list_);
     for (auto& [name, p] : lm.weights.named_parameters()) param_list_.push_back(p);
+    MT_CHECK(!shards_.experts_sharded() || shards_.replicas() == ep_.replicas,
+             "the optimizer's expert replicas differ from expert parallelism's");
     if (sharded_params_) sharded_params_->shard();  // after the model has checked the whole set
     // peak_memory_bytes: training's peak, not the load's (with sharded parameters the load held them all).
     memory_reset_peak(Device::cpu());
@@ -82,34 +84,46 @@ class CpuEngine final : public TrainEngine {
     if (s.finite) {
       grad_clip_to(updated_grad_list_, s.grad_norm, max_grad_norm);
       optimizer_.step(updated_grads_, lr);
-      // Sharded parameters are fetched from their owners at their next use instead.
+      // Sharded parameters are fetched from their owners at their next use instead; every replica keeps the
+      // expert stacks.
       if (shards_.active() && !sharded_params_) broadcast_updates();
+      if (shards_.experts_sharded()) broadcast_expert_updates();
     }
     return s;
   }
 
   // Each owner's updated parameters to every rank: one broadcast per owner, its tensors packed.
   void broadcast_updates() {
-    for (int owner = 0; owner < shards_.world(); ++owner) {
-      const size_t bytes = each_owned(param_list_, owner, [](Tensor&, size_t) {});
-      if (bytes == 0) continue;
-      packed_.resize(bytes);
-      const bool mine = owner == shards_.rank();
-      if (mine) each_owned(param_list_, owner, [&](Tensor& t, size_t at) { std::memcpy(packed_.data() + at, t.data(), t.nbytes()); });
-      comm_->broadcast(packed_.data(), bytes, owner,
-                       "broadcast(parameters updated by rank " + std::to_string(owner) + ", step " +
-                           std::to_string(steps_) + ")");
-      if (!mine) each_owned(param_list_, owner, [&](Tensor& t, size_t at) { std::memcpy(t.data(), packed_.data() + at, t.nbytes()); });
-    }
+    for (int owner = 0; owner < shards_.world(); ++owner) broadcast_owned(world_set(owner), nullptr);
+  }
+  // Each replica's updated expert stacks to the other ranks holding the same experts, the same way.
+  void broadcast_expert_updates() {
+    for (int owner : shards_.replicas()) broadcast_owned(replica_set(owner), &ep_.replicas);
+  }
+  void broadcast_owned(int set, const std::vector<int>* group) {
+    const int owner = set_owner(set);
+    const size_t bytes = each_owned(param_list_, set, [](Tensor&, size_t) {});
+    if (bytes == 0) return;
+    packed_.resize(bytes);
+    const bool mine = owner == shards_.rank();
+    if (mine) each_owned(param_list_, set, [&](Tensor& t, size_t at) { std::memcpy(packed_.data() + at, t.data(), t.nbytes()); });
+    const std::string what = std::string(group ? "broadcast(expert stacks" : "broadcast(parameters") +
+                             " updated by rank " + std::to_string(owner) + ", step " + std::to_string(steps_) + ")";
+    if (group)
+      comm_->broadcast(*group, packed_.data(), bytes, owner, what);
+    else
+      comm_->broadcast(packed_.data(), bytes, owner, what);
+    if (!mine) each_owned(param_list_, set, [&](Tensor& t, size_t at) { std::memcpy(t.data(), packed_.data() + at, t.nbytes()); });
   }
 
-  // Calls f(tensor, byte offset) for the tensors of `ts` (engine parameter order) whose owner is `owner`, as
-  // if packed back to back; returns their bytes. Every rank has the same owner map, so all agree on the sizes.
+  // Calls f(tensor, byte offset) for the tensors of `ts` (engine parameter order) that `set` reduces (world_set /
+  // replica_set: one owner's), as if packed back to back; returns their bytes. Every rank has the same owner map,
+  // so all agree on the sizes.
   template <typename F>
-  size_t each_owned(const std::vector<Tensor*>& ts, int owner, F&& f) const {
+  size_t each_owned(const std::vector<Tensor*>& ts, int set, F&& f) const {
     size_t at = 0;
     for (size_t i = 0; i < ts.size(); ++i)
-      if (shards_.owner(i) == owner) {
+      if (reduced_by(i) == set) {
         f(*ts[i], at);
         at += ts[i]->nbytes();
       }
@@ -128,9 +142,9 @@ class CpuEngine final : public TrainEngine {
   // The gradients summed over the ranks, each where it is needed: those every rank updates (all of them
   // without ZeRO-1; with it, none but the experts) in one all-reduce; the experts under expert parallelism
   // over their replicas only (the ranks holding the same experts; none when the job is one group); and each
-  // sharded tensor only on its owner (one reduce per owner, its tensors packed) — half an all-reduce's
-  // traffic. All sum in rank order, so the owner's gradient is bitwise the all-reduced one; the other ranks'
-  // copies are left partial and unused.
+  // sharded tensor only on its owner (one reduce per owner, its tensors packed; over the world, or for an
+  // expert stack over its replicas) — half an all-reduce's traffic. All sum in rank order, so the owner's
+  // gradient is bitwise the all-reduced one; the other ranks' copies are left partial and unused.
   void reduce_gradients() {
     const std::string step = "step " + std::to_string(steps_);
     packed_collective(kEveryRank, [&](float* p, int64_t n) {
@@ -140,18 +154,28 @@ class CpuEngine final : public TrainEngine {
       packed_collective(kExpertReplicas, [&](float* p, int64_t n) {
         comm_->all_reduce_sum(ep_.replicas, p, n, "all_reduce(expert gradients over replicas, " + step + ")");
       });
+    for (int owner : shards_.replicas())
+      packed_collective(replica_set(owner), [&](float* p, int64_t n) {
+        comm_->reduce_sum(ep_.replicas, p, n, owner,
+                          "reduce(expert gradients owned by rank " + std::to_string(owner) + ", " + step + ")");
+      });
     if (!shards_.active()) return;
     for (int owner = 0; owner < shards_.world(); ++owner)
-      packed_collective(owner, [&](float* p, int64_t n) {
+      packed_collective(world_set(owner), [&](float* p, int64_t n) {
         comm_->reduce_sum(p, n, owner, "reduce(gradients owned by rank " + std::to_string(owner) + ", " + step + ")");
       });
   }
-  // Which gradients a packed collective moves: those of one owner rank (ZeRO-1), or these two sets.
+  // Which gradients a packed collective moves: those of one owner rank (ZeRO-1: world_set(r) over the world,
+  // replica_set(r) the expert stacks over their replicas), or these two sets.
   static constexpr int kEveryRank = -1;       // held whole by every rank, not sharded
-  static constexpr int kExpertReplicas = -2;  // this rank's experts, under expert parallelism
+  static constexpr int kExpertReplicas = -2;  // this rank's experts, under expert parallelism, not sharded
+  static int world_set(int owner) { return owner; }
+  int replica_set(int owner) const { return shards_.world() + owner; }
+  int set_owner(int set) const { return set >= shards_.world() ? set - shards_.world() : set; }
   int reduced_by(size_t i) const {
+    if (shards_.over_replicas(i)) return replica_set(shards_.owner(i));
     if (split_[i]) return kExpertReplicas;
-    return shards_.owner(i) >= 0 ? shards_.owner(i) : kEveryRank;
+    return shards_.owner(i) >= 0 ? world_set(shards_.owner(i)) : kEveryRank;
   }
   // Packs the gradients `reduced_by` that set into flat_, runs `collective` on it and unpacks the result where
   // this rank uses it (every rank for the two sets; else the owner); no call when there are none.
@@ -170,7 +194,7 @@ class CpuEngine final : public TrainEngine {
     };
     each([&](Tensor& g, size_t at) { std::memcpy(flat + at, g.data(), g.nbytes()); });
     collective(flat_.data(), static_cast<int64_t>(flat_.size()));
-    if (set < 0 || set == shards_.rank())
+    if (set < 0 || set_owner(set) == shards_.rank())
       each([&](Tensor& g, size_t at) { std::memcpy(g.data(), flat + at, g.nbytes()); });
   }
   // The global norm when not every rank holds every summed gradient whole, bitwise the same on every rank:
@@ -178,22 +202,34 @@ class CpuEngine final : public TrainEngine {
   // expert stack's from the Σ g² of the group's slices (summed over the expert-parallel group in rank order;
   // replica groups hold bitwise the same gradients, so they agree); the rest computed here; then the norm of
   // norms in tensor order. With ZeRO-1 alone it is bitwise grad_global_norm of the all-reduced gradients.
+  // With the expert stacks sharded over their replicas, a stack's owners (one per position of the expert-
+  // parallel group: the same map in every replica group, so together they form the group of ranks q·ep ..
+  // q·ep + ep - 1) put their slices' Σ g² into the world all-reduce of the owners' norms and the others zero:
+  // summed in rank order, the zeros add exactly nothing and the owners' terms come in group order, so it is
+  // bitwise the expert-parallel group's sum of the unsharded run.
   double distributed_grad_norm() {
     const std::string step = "step " + std::to_string(steps_);
-    std::vector<double> norms(grad_list_.size(), 0.0);
+    const size_t n = grad_list_.size();
+    const bool experts_sharded = shards_.experts_sharded();
+    std::vector<double> norms(n, 0.0), sumsq;  // sumsq: one per expert stack, in order
+    for (size_t i = 0; i < n; ++i)
+      if (split_[i])
+        sumsq.push_back(!experts_sharded || shards_.owner(i) == shards_.rank() ? tensor_grad_sumsq(*grad_list_[i]) : 0.0);
     if (shards_.active()) {
-      for (size_t i = 0; i < grad_list_.size(); ++i)
-        if (shards_.owner(i) == shards_.rank()) norms[i] = tensor_grad_norm(*grad_list_[i]);
+      for (size_t i = 0; i < n; ++i)
+        if (shards_.world_owner(i) == shards_.rank()) norms[i] = tensor_grad_norm(*grad_list_[i]);
+      if (experts_sharded) norms.insert(norms.end(), sumsq.begin(), sumsq.end());
       comm_->all_reduce_sum(norms.data(), static_cast<int64_t>(norms.size()),
                             "all_reduce(gradient norms, " + step + ")");
+      if (experts_sharded) {
+        std::copy(norms.begin() + static_cast<ptrdiff_t>(n), norms.end(), sumsq.begin());
+        norms.resize(n);
+      }
     }
-    std::vector<double> sumsq;
-    for (size_t i = 0; i < grad_list_.size(); ++i)
-      if (split_[i]) sumsq.push_back(tensor_grad_sumsq(*grad_list_[i]));
-    if (!sumsq.empty())
+    if (!sumsq.empty() && !experts_sharded)
       comm_->all_reduce_sum(ep_.group, sumsq.data(), static_cast<int64_t>(sumsq.size()),
                             "all_reduce(expert gradient norms, " + step + ")");
-    for (size_t i = 0, k = 0; i < grad_list_.size(); ++i) {
+    for (size_t i = 0, k = 0; i < n; ++i) {
       if (split_[i])
         norms[i] = norm_of_sumsq(sumsq[k++]);
       else if (shards_.owner(i) < 0)
@@ -205,8 +241,8 @@ class CpuEngine final : public TrainEngine {
   void weights_to_host() override {}
   // Every parameter's state, in the unsharded order and full shapes (what the file holds): a sharded-away
   // parameter's as a shape-only placeholder (its owner writes it); an expert stack's, under expert parallelism,
-  // as all E experts' rows of which this rank fills its own — on the ranks of the first group, which write
-  // them (train/shared_save.h), else shape only.
+  // as all E experts' rows of which this rank fills its own — on the rank that writes them (train/shared_save.h:
+  // the stack's owner among the replicas when sharded, else the first group's rank), else shape only.
   std::vector<std::pair<std::string, Tensor>> optimizer_state_host() override {
     std::vector<std::pair<std::string, Tensor>> r;
     for (StateSlot& s : state_layout()) {
@@ -216,7 +252,8 @@ class CpuEngine final : public TrainEngine {
       }
       Shape full = s.spec.shape;
       full[0] = lm_.config.num_experts;
-      if (ep_.group.front() != 0) {  // a replica: the first group writes these experts
+      const bool writes = shards_.experts_sharded() ? s.held != nullptr : ep_.group.front() == 0;
+      if (!writes) {  // another replica (the owner, or the first group) writes these experts
         r.emplace_back(s.spec.name, Tensor::absent(full, s.spec.dtype));
         continue;
       }
@@ -234,6 +271,11 @@ class CpuEngine final : public TrainEngine {
                          split() ? ep_.experts_per_rank : -1, total);
   }
   const OptimizerShards& optimizer_shards() const override { return shards_; }
+  int64_t optimizer_state_bytes() override {
+    int64_t b = 0;
+    for (auto& [name, t] : optimizer_.named_state()) b += static_cast<int64_t>(t->nbytes());
+    return b;
+  }
   int64_t peak_memory_bytes() const override { return memory_stats(Device::cpu()).peak_bytes; }
   int64_t peak_reserved_bytes() const override { return peak_memory_bytes(); }
 

@@ -49,9 +49,11 @@ class TrainEngine {
   // full shapes; in a job of several ranks at least the rows this rank writes hold data.
   virtual std::vector<std::pair<std::string, Tensor>> optimizer_state_host() = 0;
   virtual void optimizer_state_load(const std::string& checkpoint_dir) = 0;
-  // Which rank keeps each replicated parameter's optimizer state (train/optimizer_shards.h; not sharded
-  // alone or with parallel.shard_optimizer false).
+  // Which rank keeps each replicated parameter's (and expert stack's, over its replicas) optimizer state
+  // (train/optimizer_shards.h; not sharded alone or with parallel.shard_optimizer false).
   virtual const OptimizerShards& optimizer_shards() const = 0;
+  // Bytes of optimizer state (moments, masters) this rank keeps: what ZeRO-1 shrinks.
+  virtual int64_t optimizer_state_bytes() = 0;
   virtual int64_t peak_memory_bytes() const = 0;    // peak allocated (CPU: host tensors; CUDA: device allocator)
   virtual int64_t peak_reserved_bytes() const = 0;  // CUDA: peak obtained from the driver; CPU: = allocated
 };

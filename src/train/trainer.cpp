@@ -201,9 +201,9 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   OptimizerShards load_owners;
   if (comm && pg.world > 1 && r.parallel.shard_parameters && r.parallel.shard_optimizer) {
     load_owners = optimizer_shards_for(Qwen3MoeWeights::absent_like_config(model_cfg, DType::BF16), pg.world,
-                                       pg.rank, ep > 1);
+                                       pg.rank, ep);
     lo.skip_param = [&load_owners](const std::string& name) {
-      const int owner = load_owners.owner(name);
+      const int owner = load_owners.world_owner(name);  // the expert stacks: every replica reads its experts
       return owner >= 0 && owner != load_owners.rank();
     };
   }
@@ -266,13 +266,20 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
                  : cuda_engine_hooks()->create(lm, r, device, log, comm.get()).release());
   progress.message(fmt::format("device: {}{}", engine->device_name(),
                                r.train.device == "auto" ? " (train.device auto: " + device_why + ")" : ""));
-  if (engine->optimizer_shards().active())
+  if (const OptimizerShards& sh = engine->optimizer_shards(); sh.active()) {
+    std::vector<double> kept(static_cast<size_t>(pg.world), 0.0);  // every rank's optimizer-state bytes
+    kept[static_cast<size_t>(pg.rank)] = static_cast<double>(engine->optimizer_state_bytes());
+    comm->all_reduce_sum(kept.data(), pg.world, "all_reduce(optimizer state bytes of every rank)");
     progress.message(fmt::format(
-        "optimizer state of the replicated parameters sharded over {} ranks (ZeRO-1){}",
-        engine->optimizer_shards().world(),
+        "optimizer state of the replicated parameters sharded over {} ranks (ZeRO-1){}{}; the largest rank keeps "
+        "{:.2f} MiB",
+        sh.world(),
+        sh.experts_sharded() ? fmt::format(", the experts' over their {} replicas", sh.replicas().size()) : "",
         r.parallel.shard_parameters ? fmt::format(", the parameters too (ZeRO-3, reshard after forward: {})",
                                                   r.parallel.reshard_after_forward ? "yes" : "no")
-                                    : ""));
+                                    : "",
+        *std::max_element(kept.begin(), kept.end()) / (1 << 20)));
+  }
 
   // Saves: in a job of several ranks every rank writes what it holds into the shared files (train/shared_save.h:
   // no rank gathers the model); alone, the one process writes everything.

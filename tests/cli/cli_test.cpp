@@ -108,6 +108,15 @@ TEST_F(Cli, BenchPlanOnlyDryRun) {
   EXPECT_EQ(eight.code, 0) << eight.out << eight.err;
   EXPECT_NE(eight.out.find("on this rank (experts split over 8 ranks)"), std::string::npos) << eight.out;
   EXPECT_NE(eight.out.find("fits: largest micro_batch"), std::string::npos) << eight.out;
+  // Sixteen ranks in groups of 8: two replicas of each expert group share the experts' optimizer state.
+  RunResult sixteen =
+      run("bench --plan-only --preset qwen3-30b-a3b --seq 4096 --ep 8 --ranks 16 --recompute selective");
+  EXPECT_EQ(sixteen.code, 0) << sixteen.out << sixteen.err;
+  EXPECT_NE(sixteen.out.find("1/16 shard (experts 1/2)"), std::string::npos) << sixteen.out;
+  EXPECT_EQ(eight.out.find("(experts 1/"), std::string::npos) << eight.out;
+  RunResult uneven = run("bench --plan-only --preset qwen3-30b-a3b --ep 8 --ranks 12");
+  EXPECT_EQ(uneven.code, 1);
+  EXPECT_NE(uneven.err.find("--ranks 12 must be a positive multiple of --ep 8"), std::string::npos) << uneven.err;
   RunResult bad = run("bench --plan-only --preset qwen3-30b-a3b --ep 3");
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.err.find("--ep 3 must be >= 1 and divide the model's 128 experts"), std::string::npos) << bad.err;

@@ -156,6 +156,77 @@ TEST(TcpCommunicator, GroupAllReduceIsTheListOrderSumOnEveryMember) {
       << bad[0];
 }
 
+// reduce_sum and broadcast within groups (the replicas {0, 2}, {1, 3} of four ranks, every member as root, sizes past
+// one reduce piece; then the group {3, 0, 1} listed out of rank order): the root gets bitwise what the group's
+// all-reduce gives (the list-order sum), the other members keep their values; a broadcast reaches the members
+// only; world collectives still line up after them. A root outside the group is an error naming the collective.
+TEST(TcpCommunicator, GroupReduceAndBroadcastStayWithinTheGroup) {
+  const int world = 4, port = free_port();
+  const std::vector<std::vector<int>> groups = {{0, 2}, {1, 3}};
+  const std::vector<int> three = {3, 0, 1};
+  const int64_t sizes[] = {0, 5, (int64_t{1} << 22) + 3};
+  std::vector<std::vector<std::vector<float>>> reduced(world), all_reduced(world);
+  std::vector<std::vector<int>> cast(world);
+  std::vector<std::vector<float>> three_reduced(world), three_all_reduced(world);
+  std::vector<float> after(world);
+  const auto err = run_ranks(world, [&](int r) {
+    auto comm = tcp_communicator_create(env_of(r, world, port), milliseconds(20000));
+    const std::vector<int>& g = groups[r % 2];
+    for (const int root : g)
+      for (const int64_t n : sizes) {
+        std::vector<float> v = values(r, n), w = values(r, n);
+        comm->reduce_sum(g, v.data(), n, root, "test group reduce");
+        comm->all_reduce_sum(g, w.data(), n, "test group all_reduce");
+        reduced[r].push_back(std::move(v));
+        all_reduced[r].push_back(std::move(w));
+        int b[3] = {100 * r, 100 * r + 1, 100 * r + 2};
+        comm->broadcast(g, b, sizeof(b), root, "test group broadcast");
+        cast[r].insert(cast[r].end(), b, b + 3);
+      }
+    if (r != 2) {
+      std::vector<float> v = values(r, 1001), w = values(r, 1001);
+      comm->reduce_sum(three, v.data(), 1001, 0, "test reduce over three");
+      comm->all_reduce_sum(three, w.data(), 1001, "test all_reduce over three");
+      three_reduced[r] = v, three_all_reduced[r] = w;
+    }
+    float one = 1.0f;
+    comm->all_reduce_sum(&one, 1, "test world all_reduce after group reduces");
+    after[r] = one;
+  });
+  for (int r = 0; r < world; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
+  for (int r = 0; r < world; ++r) {
+    const std::vector<int>& g = groups[r % 2];
+    size_t c = 0;
+    for (const int root : g)
+      for (const int64_t n : sizes) {
+        SCOPED_TRACE("rank " + std::to_string(r) + " root " + std::to_string(root) + " n " + std::to_string(n));
+        const std::vector<float>& got = reduced[r][c];
+        const std::vector<float> want = r == root ? all_reduced[r][c] : values(r, n);
+        ASSERT_EQ(got.size(), want.size());
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[i]) << "element " << i;
+        if (r == root && n > 0) EXPECT_NE(got[0], values(r, n)[0]) << "the root's values were summed";
+        for (int k = 0; k < 3; ++k) EXPECT_EQ(cast[r][3 * c + k], 100 * root + k);
+        ++c;
+      }
+  }
+  for (int r : three) {
+    const std::vector<float> want = r == 0 ? three_all_reduced[r] : values(r, 1001);  // root: rank 0
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(three_reduced[r][i], want[i]) << "rank " << r << " element " << i;
+  }
+  for (int r = 0; r < world; ++r) EXPECT_EQ(after[r], 4.0f);
+  const int port2 = free_port();
+  const auto bad = run_ranks(2, [&](int r) {
+    auto comm = tcp_communicator_create(env_of(r, 2, port2), milliseconds(2000));
+    float x = 0;
+    comm->reduce_sum(std::vector<int>{r}, &x, 1, 1 - r, "expert gradients to their owner, step 1");
+  });
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(bad[r].find("reduce(expert gradients to their owner, step 1): root " + std::to_string(1 - r) +
+                          " is not in the group"),
+              std::string::npos)
+        << bad[r];
+}
+
 TEST(TcpCommunicator, DoublesBroadcastAndBarrier) {
   const int world = 3, port = free_port();
   std::vector<std::vector<double>> sums(world);

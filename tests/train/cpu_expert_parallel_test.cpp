@@ -114,5 +114,93 @@ TEST(CpuExpertParallel, EachRankHoldsOnlyItsExperts) {
   }
 }
 
+// Four ranks with EP 2 (ranks {0, 2} hold experts 0-3, {1, 3} experts 4-7), ZeRO-1 on or off, three steps.
+struct ReplicaRun {
+  std::vector<std::vector<EngineStep>> steps = std::vector<std::vector<EngineStep>>(4);
+  std::vector<int64_t> state_bytes = std::vector<int64_t>(4, 0);  // each rank's optimizer state
+  std::vector<std::vector<Tensor>> weights = std::vector<std::vector<Tensor>>(4);  // after the last step
+  std::vector<OptimizerShards> shards = std::vector<OptimizerShards>(4);
+  std::vector<std::vector<std::pair<std::string, int64_t>>> params = std::vector<std::vector<std::pair<std::string, int64_t>>>(4);
+};
+
+ReplicaRun run_four_ranks_ep2(bool shard) {
+  const int world = 4, port = test::free_port();
+  ReplicaRun run;
+  const auto err = test::run_ranks(world, [&](int r) {
+    auto comm = tcp_communicator_create(test::env_of(r, world, port), std::chrono::milliseconds(20000));
+    Recipe recipe;
+    recipe.model.dtype = "float32";
+    recipe.train.device = "cpu";
+    recipe.optimizer.lr = 1e-3;
+    recipe.parallel.ep = 2;
+    recipe.parallel.shard_optimizer = shard;
+    LoadOptions lo;
+    lo.dtype = DType::F32;
+    lo.expert_count = 4;
+    lo.expert_first = r % 2 * 4;
+    lo.compact_experts = true;
+    CausalLM lm = CausalLM::from_pretrained(kCkpt, lo);
+    auto engine = cpu_engine_create(lm, recipe, comm.get());
+    for (int s = 0; s < 3; ++s) run.steps[r].push_back(engine->step({batch_of_rank(r + 4 * s)}, 60.0, 1e-3, 1.0));
+    run.state_bytes[r] = engine->optimizer_state_bytes();
+    run.shards[r] = engine->optimizer_shards();
+    for (auto& [name, t] : lm.weights.named_parameters()) {
+      run.weights[r].push_back(t->clone());
+      run.params[r].emplace_back(name, static_cast<int64_t>(t->nbytes()));
+    }
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(err[r], "") << "shard " << shard << " rank " << r;
+  return run;
+}
+
+// ZeRO-1 of the expert stacks over their replicas: each stack's AdamW state on one of the two ranks holding its
+// experts (the same position in both replica groups), its gradient reduced onto that owner, its norm taken from
+// the owners' group, the update broadcast to the other replica. The step is the unsharded one bit for bit (the
+// reduce sums in the all-reduce's order; the norm's zeros add nothing), so losses, norms and every rank's weights
+// after three steps are equal; each rank's optimizer state shrinks by exactly the moments (fp32 weights: no
+// master) of the tensors it does not own: the expert stacks the other replica owns and the replicated tensors
+// of the three other ranks.
+TEST(CpuExpertParallel, ExpertStateShardedOverReplicasTrainsBitwiseLikeUnsharded) {
+  const ReplicaRun whole = run_four_ranks_ep2(false), sharded = run_four_ranks_ep2(true);
+  int64_t owned_stacks = 0;
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_EQ(sharded.steps[r].size(), 3u);
+    for (size_t s = 0; s < 3; ++s) {
+      EXPECT_TRUE(sharded.steps[r][s].finite);
+      EXPECT_EQ(sharded.steps[r][s].loss, whole.steps[r][s].loss) << "step " << s + 1;
+      EXPECT_EQ(sharded.steps[r][s].grad_norm, whole.steps[r][s].grad_norm) << "step " << s + 1;
+      EXPECT_GT(sharded.steps[r][s].grad_norm, 0.0);
+    }
+    ASSERT_EQ(sharded.weights[r].size(), whole.weights[r].size());
+    for (size_t i = 0; i < whole.weights[r].size(); ++i)
+      EXPECT_TRUE(test::tensor_bytes_equal(sharded.weights[r][i], whole.weights[r][i])) << sharded.params[r][i].first;
+    // The replicas agree on their experts' weights (the owner's update reached the other).
+    for (size_t i = 0; i < sharded.weights[r].size(); ++i)
+      EXPECT_TRUE(test::tensor_bytes_equal(sharded.weights[r][i], sharded.weights[(r + 2) % 4][i]));
+    const OptimizerShards& sh = sharded.shards[r];
+    ASSERT_TRUE(sh.experts_sharded());
+    EXPECT_EQ(sh.replicas(), (std::vector<int>{r % 2, r % 2 + 2}));
+    EXPECT_TRUE(whole.shards[r].replicas().empty());
+    int64_t experts_not_owned = 0, replicated_not_owned = 0;  // bytes of exp_avg + exp_avg_sq of others' tensors
+    for (size_t i = 0; i < sharded.params[r].size(); ++i) {
+      const int64_t state = 2 * sharded.params[r][i].second;
+      if (param_is_stacked_expert(sharded.params[r][i].first)) {
+        ASSERT_TRUE(sh.over_replicas(i));
+        if (sh.owner(i) == r)
+          ++owned_stacks;
+        else
+          experts_not_owned += state;
+      } else if (sh.owner(i) != r) {
+        replicated_not_owned += state;
+      }
+    }
+    EXPECT_GT(experts_not_owned, 0);
+    EXPECT_EQ(whole.state_bytes[r] - sharded.state_bytes[r], experts_not_owned + replicated_not_owned)
+        << "unsharded " << whole.state_bytes[r] << " bytes, sharded " << sharded.state_bytes[r];
+  }
+  EXPECT_EQ(owned_stacks, 2 * 2 * 2) << "each of the 2 MoE layers' 2 stacks owned once per replica group";
+}
+
 }  // namespace
 }  // namespace mt

@@ -436,6 +436,36 @@ TEST(MemoryPlan, ShardedOptimizerStateCountsTheLargestShare) {
   EXPECT_GE(dp.optimizer_param_count, (dp.param_count + 1) / 2);
 }
 
+// ZeRO-1 of the expert stacks over their replicas (optimizer_shards / expert_parallel > 1): same slice, EP 2. Over
+// 4 ranks each expert group has two replicas; the 24 stacks a rank holds (12 gate_up of 201,326,592, 12 down of
+// 100,663,296) split exactly in half between them, and the largest replicated share is the embedding's
+// (311,164,928: the layers' tensors fill the other two ranks). Over 6 ranks, three replicas: a third each. With
+// one copy of each expert group (2 ranks, EP 2) the experts stay whole on their rank.
+TEST(MemoryPlan, ExpertStateShardedOverTheReplicasCountsTheRankShare) {
+  MemoryPlanInput in = slice_input(false, true);
+  in.expert_parallel = 2;
+  const int64_t experts_held = 12 * int64_t{603979776} / 2, embed = 311164928;
+  in.optimizer_shards = 4;
+  const MemoryPlan four = memory_plan(in);
+  EXPECT_EQ(four.expert_replicas, 2);
+  EXPECT_EQ(four.optimizer_param_count, experts_held / 2 + embed);
+  EXPECT_EQ(four.optimizer, (experts_held / 2 + embed) * 4);
+  EXPECT_NE(four.table().find("m,v bf16, no master, 1/4 shard (experts 1/2)"), std::string::npos) << four.table();
+  in.optimizer_shards = 6;
+  const MemoryPlan six = memory_plan(in);
+  EXPECT_EQ(six.expert_replicas, 3);
+  EXPECT_EQ(six.optimizer_param_count, experts_held / 3 + embed);
+  in.optimizer_shards = 2;
+  const MemoryPlan two = memory_plan(in);
+  EXPECT_EQ(two.expert_replicas, 1);
+  EXPECT_EQ(two.optimizer_param_count, experts_held + 852022272 / 2);
+  EXPECT_EQ(two.table().find("(experts 1/"), std::string::npos) << two.table();
+  // The parameters and gradients do not change with the optimizer's sharding.
+  EXPECT_EQ(four.params, two.params);
+  EXPECT_EQ(four.grads, two.grads);
+  EXPECT_EQ(two.total - four.total, (two.optimizer_param_count - four.optimizer_param_count) * 4);
+}
+
 // ZeRO-3 (shard_parameters): the parameters row holds the rank's share plus two neighbouring fetched groups at
 // most: the head (151,936 × 2048 + 2048 = 311,166,976) and a layer's replicated tensors (19,140,864 under EP).
 // Same slice as above, EP 2 over 2 ranks: 426,011,136 + 330,307,840 replicated parameters instead of

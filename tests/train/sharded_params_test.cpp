@@ -43,20 +43,21 @@ TEST(ShardedParams, GroupsFollowTheForwardOrder) {
 }
 
 // Each rank: the model's weights (the same seed everywhere), then the residency protocol step by step.
-void run_protocol(int world, bool tied, bool reshard, bool experts_split) {
+void run_protocol(int world, bool tied, bool reshard, int64_t ep) {
   const Qwen3MoeConfig cfg = test_config(tied);
   const int port = test::free_port();
   const auto err = test::run_ranks(world, [&](int r) {
     auto comm = tcp_communicator_create(test::env_of(r, world, port), std::chrono::milliseconds(20000));
     const Qwen3MoeWeights original = Qwen3MoeWeights::random_init(cfg, DType::F32, 11);
     Qwen3MoeWeights w = Qwen3MoeWeights::random_init(cfg, DType::F32, 11);
-    const OptimizerShards shards = optimizer_shards_for(w, world, r, experts_split);
+    const OptimizerShards shards = optimizer_shards_for(w, world, r, ep);
     ShardedParams sp(w, cfg, shards, *comm, reshard);
     sp.shard();
     const auto params = w.named_parameters();
     const auto want = original.named_parameters();
     const int64_t L = cfg.num_hidden_layers;
-    // Present: the owned tensors and those no rank owns (the expert-parallel stacks); the others absent.
+    // Present: the owned tensors and those no rank owns over the world (the expert-parallel stacks, also when
+    // their optimizer state is sharded over their replicas); the others absent.
     auto expect_held = [&](int64_t fetched) {
       for (size_t i = 0; i < params.size(); ++i) {
         const std::string& name = params[i].first;
@@ -64,7 +65,7 @@ void run_protocol(int world, bool tied, bool reshard, bool experts_split) {
         const int64_t g = ShardedParams::group_of(name, L);
         const bool in_fetched = fetched != -2 && (g == fetched || (tied && g == ParamResidency::kEmbedding &&
                                                                    fetched == ParamResidency::head(L)));
-        const bool held = shards.owner(i) < 0 || shards.owner(i) == r || in_fetched;
+        const bool held = shards.world_owner(i) < 0 || shards.world_owner(i) == r || in_fetched;
         ASSERT_EQ(t.present(), held) << "rank " << r << " " << name;
         ASSERT_EQ(t.shape(), want[i].second->shape()) << name;
         if (held) {
@@ -90,13 +91,14 @@ void run_protocol(int world, bool tied, bool reshard, bool experts_split) {
 TEST(ShardedParams, EachRankHoldsItsOwnAndFetchesTheRestPerGroup) {
   for (const bool reshard : {true, false}) {
     SCOPED_TRACE(reshard ? "reshard after forward" : "kept until the backward");
-    run_protocol(2, false, reshard, false);
+    run_protocol(2, false, reshard, 1);
   }
-  run_protocol(3, false, true, false);
-  run_protocol(2, false, true, /*experts_split=*/true);
+  run_protocol(3, false, true, 1);
+  run_protocol(2, false, true, /*ep=*/2);
+  run_protocol(4, false, true, /*ep=*/2);  // the expert stacks' state sharded over two replicas, the weights kept
 }
 
-TEST(ShardedParams, TiedEmbeddingIsFetchedForTheHeadToo) { run_protocol(2, true, true, false); }
+TEST(ShardedParams, TiedEmbeddingIsFetchedForTheHeadToo) { run_protocol(2, true, true, 1); }
 
 TEST(ShardedParams, AbsentTensorKeepsItsShapeButNotItsBytes) {
   const Tensor t = Tensor::absent({3, 4}, DType::BF16);

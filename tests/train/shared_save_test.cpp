@@ -238,5 +238,52 @@ TEST(SharedSave, ShardedParametersAreWrittenByTheirOwners) {
   }
 }
 
+// Four ranks, EP 2, the expert stacks' state sharded over their two replicas ({0, 2} hold experts 0-3, {1, 3}
+// experts 4-7): gate_up (the larger) goes to replica position 0, down to position 1, in both replica groups.
+// Each owner writes its experts' rows of the stack's state and its experts' per-expert HF tensors; every row and
+// every per-expert tensor is written by exactly one rank, never by a rank that does not hold that expert.
+TEST(SharedSave, ExpertStacksShardedOverReplicasAreWrittenByTheirOwners) {
+  const Tensor stacked = Tensor::empty({8, 2}, DType::F32), plain = Tensor::empty({5, 2}, DType::F32);
+  const std::vector<std::pair<std::string, int64_t>> params = {{"model.embed_tokens.weight", 100},
+                                                               {"model.layers.3.mlp.experts.gate_up_proj", 16},
+                                                               {"model.layers.3.mlp.experts.down_proj", 8}};
+  using R = std::pair<int64_t, int64_t>;
+  const R none{0, 0}, all_plain{0, 5};
+  std::vector<std::vector<int>> state_writers(2, std::vector<int>(8, 0)), model_writers(2, std::vector<int>(8, 0));
+  for (int rank = 0; rank < 4; ++rank) {
+    SCOPED_TRACE(rank);
+    const OptimizerShards shards(
+        params, 4, rank, [](const std::string& n) { return !param_is_stacked_expert(n); },
+        expert_replica_ranks(4, rank, 2), [](const std::string& n) { return param_is_stacked_expert(n); });
+    ASSERT_TRUE(shards.experts_sharded());
+    const SaveShare s = save_share_for(nullptr, rank, 4, 2, 8, shards);
+    const int64_t first = rank % 2 * 4;
+    const R mine{first, first + 4};
+    const bool owns_gate_up = rank < 2, owns_down = rank >= 2;
+    EXPECT_EQ(s.state_rows("model.layers.3.mlp.experts.gate_up_proj.exp_avg", stacked), owns_gate_up ? mine : none);
+    EXPECT_EQ(s.state_rows("model.layers.3.mlp.experts.down_proj.exp_avg_sq", stacked), owns_down ? mine : none);
+    EXPECT_EQ(s.model_rows("model.embed_tokens.weight", plain), shards.owner(size_t{0}) == rank ? all_plain : none);
+    int k = 0;
+    for (const char* stack : {"gate_up_proj", "down_proj"}) {
+      const R rows = s.state_rows(std::string("model.layers.3.mlp.experts.") + stack + ".master", stacked);
+      for (int64_t e = rows.first; e < rows.second; ++e) ++state_writers[k][static_cast<size_t>(e)];
+      for (int64_t e = 0; e < 8; ++e) {
+        const std::string name = "model.layers.3.mlp.experts." + std::to_string(e) +
+                                 (k == 0 ? ".gate_proj.weight" : ".down_proj.weight");
+        if (s.model_rows(name, plain) == all_plain) {
+          ++model_writers[k][static_cast<size_t>(e)];
+          EXPECT_TRUE(e >= first && e < first + 4) << name << ": written by a rank that does not hold it";
+        }
+      }
+      ++k;
+    }
+  }
+  for (int k = 0; k < 2; ++k)
+    for (int e = 0; e < 8; ++e) {
+      EXPECT_EQ(state_writers[k][e], 1) << "stack " << k << " expert " << e;
+      EXPECT_EQ(model_writers[k][e], 1) << "stack " << k << " expert " << e;
+    }
+}
+
 }  // namespace
 }  // namespace mt

@@ -269,12 +269,12 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   // ZeRO-1 owners by names and sizes; under ZeRO-3 the parameters other ranks own are never allocated here.
   Qwen3MoeWeights w = Qwen3MoeWeights::absent_like_config(cfg, DType::BF16, Device::cuda(device), held);
   const OptimizerShards shards = world > 1 && o.shard_optimizer
-                                     ? optimizer_shards_for(w, world, rank, ep != nullptr)
+                                     ? optimizer_shards_for(w, world, rank, o.ep)
                                      : OptimizerShards();
   {
     auto params = w.named_parameters();
     for (size_t i = 0; i < params.size(); ++i)
-      if (!shard_params || shards.updates(i))
+      if (!shard_params || shards.world_owner(i) < 0 || shards.world_owner(i) == rank)
         *params[i].second = Tensor::empty(params[i].second->shape(), DType::BF16, Device::cuda(device));
   }
   if (!o.model_dir.empty()) {
@@ -383,15 +383,16 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
                    timed ? "" : " (warm-up)");
   }
   const cuda::AllocatorStats mem = cuda::allocator_stats(device);
-  // Per-GPU memory: the largest over the ranks.
-  double peaks[2] = {static_cast<double>(mem.peak_allocated_bytes), static_cast<double>(mem.peak_reserved_bytes)};
+  // Per-GPU memory: the largest over the ranks (peak allocated, peak reserved, optimizer state kept).
+  double peaks[3] = {static_cast<double>(mem.peak_allocated_bytes), static_cast<double>(mem.peak_reserved_bytes),
+                     static_cast<double>(trainer.optimizer_state_bytes())};
   if (ranks.host) {
-    double all[2 * 64] = {};
+    double all[3 * 64] = {};
     MT_CHECK(world <= 64, "bench: at most 64 ranks");
-    all[2 * rank] = peaks[0];
-    all[2 * rank + 1] = peaks[1];
-    ranks.host->all_reduce_sum(all, 2 * world, "all_reduce(peak memory)");
-    for (int q = 0; q < world; ++q) peaks[0] = std::max(peaks[0], all[2 * q]), peaks[1] = std::max(peaks[1], all[2 * q + 1]);
+    for (int k = 0; k < 3; ++k) all[3 * rank + k] = peaks[k];
+    ranks.host->all_reduce_sum(all, 3 * world, "all_reduce(peak memory)");
+    for (int q = 0; q < world; ++q)
+      for (int k = 0; k < 3; ++k) peaks[k] = std::max(peaks[k], all[3 * q + k]);
   }
   if (rank != 0) return j;
   cudaDeviceProp prop{};
@@ -445,6 +446,8 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   j["peak_allocated_bytes"] = static_cast<int64_t>(peaks[0]);
   j["peak_reserved_bytes"] = static_cast<int64_t>(peaks[1]);
   j["memory_plan_bytes"] = plan.total;
+  j["optimizer_state_bytes"] = static_cast<int64_t>(peaks[2]);  // the largest rank's AdamW state
+  j["memory_plan_optimizer_bytes"] = plan.optimizer;
   j["allocator"] = {{"cuda_malloc_calls", mem.cuda_malloc_calls},
                     {"cache_hits", mem.cache_hits},
                     {"cache_releases", mem.cache_releases}};

@@ -50,7 +50,8 @@ Qwen3MoeWeights upload_bf16(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& ho
   auto src = host.named_parameters();
   auto dst = d.named_parameters();
   for (size_t i = 0; i < src.size(); ++i) {
-    if (params_owned && !params_owned->updates(i)) continue;
+    if (params_owned && params_owned->world_owner(i) >= 0 && params_owned->world_owner(i) != params_owned->rank())
+      continue;
     Tensor& t = *dst[i].second;
     t = Tensor::empty(t.shape(), t.dtype(), t.device());
     const Tensor h = sl.of(src[i].first, *src[i].second);
@@ -117,10 +118,10 @@ class CudaEngine final : public TrainEngine {
     CudaTrainStepOptions so = step_options(r);
     so.pair_expert_wgrad = pair;
     so.collectives = col;
-    // The owners depend on the parameters' names and element counts only (the expert stacks, the one
-    // thing the slice changes, are not sharded under expert parallelism), so the host copy gives them.
+    // The owners depend on the parameters' names and element counts only (the expert stacks, the one thing
+    // the slice changes, go by their per-expert size), so the host copy, which keeps all E rows, gives them.
     if (ranks && r.parallel.shard_optimizer)
-      so.shards = optimizer_shards_for(lm.weights, comm->size(), comm->rank(), ep_ != nullptr);
+      so.shards = optimizer_shards_for(lm.weights, comm->size(), comm->rank(), ep_ ? ep_->ranks() : 1);
     const bool shard_params = ranks && r.parallel.shard_parameters;
     weights_ = upload_bf16(lm.config, lm.weights, device_, slice_, shard_params ? &so.shards : nullptr);
     if (shard_params) {
@@ -202,6 +203,7 @@ class CudaEngine final : public TrainEngine {
   }
 
   const OptimizerShards& optimizer_shards() const override { return step_->shards(); }
+  int64_t optimizer_state_bytes() override { return step_->optimizer_state_bytes(); }
   int64_t peak_memory_bytes() const override { return cuda::allocator_stats(device_).peak_allocated_bytes; }
   int64_t peak_reserved_bytes() const override { return cuda::allocator_stats(device_).peak_reserved_bytes; }
 
@@ -241,18 +243,23 @@ class CudaEngine final : public TrainEngine {
   }
 
   // dev (this rank's parameter or state tensor) into host (full shape), where this rank writes it: a sharded
-  // parameter's (and its state's) owner, else rank 0 or the experts' rank (train/shared_save.h).
+  // parameter's (and its state's) owner — of an expert stack sharded over its replicas, its experts' rows —,
+  // else rank 0 or the experts' rank (train/shared_save.h).
   void to_host_own(const std::string& name, const Tensor& dev, Tensor& host) {
     const std::string state_of = optimizer_state_param(name);
+    const bool expert_rows = slice_.count >= 0 && param_is_stacked_expert(name);
     if (const int owner = step_->shards().owner(state_of.empty() ? name : state_of); owner >= 0) {
-      if (owner == rank_) copy_to_host_converting(dev, host);
-      return;
-    }
-    if (slice_.count < 0 || !param_is_stacked_expert(name)) {
+      if (owner != rank_) return;
+    } else if (!expert_rows) {
       if (writes_output()) copy_to_host_converting(dev, host);
       return;
+    } else if (rank_ >= ep_->ranks()) {
+      return;  // a replica of the first group's experts: written there
     }
-    if (rank_ >= ep_->ranks()) return;  // a replica of the first group's experts: written there
+    if (!expert_rows) {
+      copy_to_host_converting(dev, host);
+      return;
+    }
     Tensor own = host.rows(slice_.first, slice_.first + slice_.count);
     copy_to_host_converting(dev, own);
   }

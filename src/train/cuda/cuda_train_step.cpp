@@ -61,6 +61,12 @@ CudaTrainStep::CudaTrainStep(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights
   MT_CHECK(!shards_.active() || (col_.world && col_.world->size() == shards_.world()),
            "a sharded optimizer needs the world communicator of its {} ranks", shards_.world());
   MT_CHECK(!params_sharded_ || (shards_.active() && o.model.residency), "sharded parameters need ZeRO-1 owners and a residency");
+  MT_CHECK(!shards_.experts_sharded() ||
+               (col_.ep && col_.expert_replicas &&
+                col_.expert_replicas->size() == static_cast<int>(shards_.replicas().size()) &&
+                col_.expert_replicas->rank() == shards_.replica_index(shards_.rank())),
+           "expert stacks sharded over {} replicas need the replica communicator with this rank at its position",
+           shards_.replicas().size());
   for (auto& [name, g] : grads_.named_parameters()) {
     if (shards_.updates(grad_list_.size())) updated_grads_.push_back(g);
     grad_list_.push_back(g);
@@ -120,29 +126,49 @@ EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_d
   s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
   if (s.finite) {
     adamw_.step(updated_grads_, lr, &coef_, stream);
-    if (shards_.active() && !params_sharded_) broadcast_updates(stream);
+    if (shards_.active()) broadcast_updates(stream);
   }
   timer.mark(cuda::Phase::other, stream);
   return s;
 }
 
-// Every sharded parameter from its owner to the other ranks (one NCCL group).
+// Every sharded parameter from its owner to the other ranks (one NCCL group): over the world (unless ZeRO-3
+// fetches them from their owners at their next use), and the expert stacks over their replicas.
 void CudaTrainStep::broadcast_updates(cudaStream_t stream) {
-  std::vector<DeviceCommunicator::Broadcast> parts;
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (shards_.owner(i) >= 0) parts.push_back({params_[i]->data(), params_[i]->numel(), params_[i]->dtype(), shards_.owner(i)});
-  col_.world->broadcast(parts, stream, "broadcast(updated parameters, step " + std::to_string(steps_) + ")");
+  std::vector<DeviceCommunicator::Broadcast> parts, experts;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = *params_[i];
+    if (shards_.over_replicas(i))
+      experts.push_back({p.data(), p.numel(), p.dtype(), shards_.replica_index(shards_.owner(i))});
+    else if (shards_.world_owner(i) >= 0 && !params_sharded_)
+      parts.push_back({p.data(), p.numel(), p.dtype(), shards_.world_owner(i)});
+  }
+  const std::string step = "step " + std::to_string(steps_);
+  if (!parts.empty()) col_.world->broadcast(parts, stream, "broadcast(updated parameters, " + step + ")");
+  if (!experts.empty())
+    col_.expert_replicas->broadcast(experts, stream, "broadcast(updated expert stacks over replicas, " + step + ")");
 }
 
-// A sharded tensor's gradient is summed onto its owner only (the one rank whose AdamW reads it); the others'
-// copies keep their own partial sums, which nothing reads. The rest are all-reduced: over every rank, or for
-// the experts under expert parallelism over the ranks holding the same experts.
+int64_t CudaTrainStep::optimizer_state_bytes() {
+  int64_t b = 0;
+  for (auto& [name, t] : adamw_.named_state()) b += static_cast<int64_t>(t->nbytes());
+  return b;
+}
+
+// A sharded tensor's gradient is summed onto its owner only (the one rank whose AdamW reads it): over every
+// rank, or for an expert stack sharded over its replicas over those; the others' copies keep their own partial
+// sums, which nothing reads. The rest are all-reduced: over every rank, or for the experts under expert
+// parallelism over the ranks holding the same experts.
 void CudaTrainStep::reduce_gradients(cudaStream_t stream) {
   std::vector<DeviceCommunicator::Buffer> replicated, experts;
-  std::vector<DeviceCommunicator::Reduce> to_owner;
+  std::vector<DeviceCommunicator::Reduce> to_owner, to_replica_owner;
   for (size_t i = 0; i < grad_list_.size(); ++i) {
     Tensor* g = const_cast<Tensor*>(grad_list_[i]);
-    if (const int owner = shards_.owner(i); owner >= 0) {
+    if (shards_.over_replicas(i)) {
+      to_replica_owner.push_back({g->data(), g->numel(), g->dtype(), shards_.replica_index(shards_.owner(i))});
+      continue;
+    }
+    if (const int owner = shards_.world_owner(i); owner >= 0) {
       to_owner.push_back({g->data(), g->numel(), g->dtype(), owner});
       continue;
     }
@@ -154,24 +180,36 @@ void CudaTrainStep::reduce_gradients(cudaStream_t stream) {
   if (!replicated.empty()) col_.world->all_reduce_sum(replicated, stream, "all_reduce(gradients, " + step + ")");
   if (!experts.empty() && col_.expert_replicas)
     col_.expert_replicas->all_reduce_sum(experts, stream, "all_reduce(expert gradients over replicas, " + step + ")");
+  if (!to_replica_owner.empty())
+    col_.expert_replicas->reduce_sum(to_replica_owner, stream,
+                                     "reduce(expert gradients to their owners among the replicas, " + step + ")");
 }
 
 // Completes the per-tensor Σ g² across ranks: each expert tensor's summed over the EP group (every rank holds a
 // slice of the experts); a sharded tensor's taken from its owner, the one rank holding its summed gradient (a
-// copy, so the norm is bitwise the unsharded one).
+// copy, so the norm is bitwise the unsharded one). An expert stack sharded over its replicas has its owners in
+// one EP group (the same map in every replica group: the owner at replica position j for every slice is a rank
+// of group j), so that group's sum is the unsharded one; its replicas then take it from the owner.
 void CudaTrainStep::complete_sumsq(Tensor& sumsq, cudaStream_t stream) {
   double* base = sumsq.data_as<double>();
   const std::string step = "step " + std::to_string(steps_);
   if (col_.ep) {
     std::vector<DeviceCommunicator::Buffer> parts;
     for (size_t i = 0; i < grad_list_.size(); ++i)
-      if (is_expert_[i] && shards_.owner(i) < 0) parts.push_back({base + i, 1, DType::F64});
+      if (is_expert_[i] && shards_.world_owner(i) < 0) parts.push_back({base + i, 1, DType::F64});
     if (!parts.empty()) col_.ep->comm().all_reduce_sum(parts, stream, "all_reduce(expert gradient norms, " + step + ")");
   }
-  std::vector<DeviceCommunicator::Broadcast> owned;
-  for (size_t i = 0; i < grad_list_.size(); ++i)
-    if (shards_.owner(i) >= 0) owned.push_back({base + i, 1, DType::F64, shards_.owner(i)});
+  std::vector<DeviceCommunicator::Broadcast> owned, expert_owned;
+  for (size_t i = 0; i < grad_list_.size(); ++i) {
+    if (shards_.over_replicas(i))
+      expert_owned.push_back({base + i, 1, DType::F64, shards_.replica_index(shards_.owner(i))});
+    else if (shards_.world_owner(i) >= 0)
+      owned.push_back({base + i, 1, DType::F64, shards_.world_owner(i)});
+  }
   if (!owned.empty()) col_.world->broadcast(owned, stream, "broadcast(gradient norms from their owners, " + step + ")");
+  if (!expert_owned.empty())
+    col_.expert_replicas->broadcast(expert_owned, stream,
+                                    "broadcast(expert gradient norms from their owners' group, " + step + ")");
 }
 
 EngineEval CudaTrainStep::eval(const CudaBatch& b) {

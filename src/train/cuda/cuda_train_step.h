@@ -22,9 +22,8 @@ class DeviceCommunicator;
 
 // The collectives of a multi-GPU step (all null: one GPU). Gradients of the replicated parameters are
 // summed over `world` once per optimizer step (after the last micro-batch; under ZeRO-1 each onto its owner
-// only); the experts' over
-// `expert_replicas` (the ranks holding the same experts when world > ep) or, without expert parallelism,
-// over `world`. Under expert parallelism the experts' squared norms are summed over the EP group so the
+// only); the experts' over `expert_replicas` (the ranks holding the same experts when world > ep; under ZeRO-1
+// each stack onto its owner among them) or, without expert parallelism, over `world`. Under expert parallelism the experts' squared norms are summed over the EP group so the
 // clipping norm is the whole model's. Loss sums travel over `host` (the TCP communicator).
 struct CudaStepCollectives {
   Communicator* host = nullptr;
@@ -44,9 +43,10 @@ struct CudaTrainStepOptions {
   cuda::CudaAdamWOptions adamw;
   std::function<bool(const std::string&)> decays;  // null: every parameter decays
   CudaStepCollectives collectives;
-  // ZeRO-1 over collectives.world (train/optimizer_shards.h, in weights.named_parameters() order): each sharded
-  // gradient is summed onto its owner only, this rank's AdamW keeps and updates only the parameters it owns
-  // (and those of owner -1), then every sharded parameter is broadcast from its owner. Default: not sharded.
+  // ZeRO-1 over collectives.world (train/optimizer_shards.h, in weights.named_parameters() order), and of the
+  // expert stacks over collectives.expert_replicas: each sharded gradient is summed onto its owner only, this
+  // rank's AdamW keeps and updates only the parameters it owns (and those of owner -1), then every sharded
+  // parameter is broadcast from its owner. Default: not sharded.
   OptimizerShards shards;
   // ZeRO-3 (train/sharded_params.h; model.residency fetches them): the sharded parameters live on their
   // owners only, so the updated ones are not broadcast (each is fetched at its next use).
@@ -64,6 +64,7 @@ class CudaTrainStep {
   Qwen3MoeCudaModel& model() { return model_; }
   cuda::CudaAdamW& optimizer() { return adamw_; }  // this rank's parameters only when sharded
   const OptimizerShards& shards() const { return shards_; }
+  int64_t optimizer_state_bytes();  // this rank's AdamW state (moments, masters)
   int device() const { return device_; }
 
  private:

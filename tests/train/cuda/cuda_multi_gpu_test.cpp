@@ -291,17 +291,20 @@ TEST(CudaMultiGpu, ShardedParametersTrainBitwiseLikeZero1) {
   }
 }
 
-// Four ranks, EP 2 (two replicas of each expert group, so the experts' gradients are all-reduced over the
-// replica communicator), all sharing the GPUs through host-staged collectives (which sum in rank order like an
-// all-reduce): the replicated run, ZeRO-1 (gradients reduced onto their owners) and ZeRO-3 end bitwise alike
-// (losses, optimizer file, final checkpoint).
+// Four ranks, EP 2 (two replicas of each expert group), all sharing the GPUs through host-staged collectives
+// (which sum in rank order like an all-reduce): the replicated run (the experts' gradients all-reduced over the
+// replica communicator), ZeRO-1 (gradients reduced onto their owners; each expert stack's state on one of its two
+// replicas, its gradient reduced there and its norm taken from the owners' EP group) and ZeRO-3 end bitwise
+// alike (losses, optimizer file — every expert row written by its owner — and final checkpoint, whose fp32
+// masters the owners write). ZeRO-1 resumed from its step-2 checkpoint (each owner reading its experts' rows)
+// ends on the uninterrupted run's checkpoint bytes.
 TEST(CudaMultiGpu, FourRanksWithExpertReplicasShardBitwiseLikeReplicated) {
   MT_SKIP_WITHOUT_A_GPU();
   io_test::ScratchDir dir;
   write_model_and_data(dir);
   auto job = [&](const std::string& name, const std::vector<std::string>& extra) {
     std::vector<std::string> sets = {"train.device=cuda", "parallel.ep=2", "parallel.gpu_collectives=host",
-                                     "train.max_steps=4", "checkpoint.every_steps=4"};
+                                     "train.max_steps=4", "checkpoint.every_steps=2", "checkpoint.keep_last=3"};
     sets.insert(sets.end(), extra.begin(), extra.end());
     return finetune_args(write_recipe(dir, name), sets, 4);
   };
@@ -314,6 +317,8 @@ TEST(CudaMultiGpu, FourRanksWithExpertReplicasShardBitwiseLikeReplicated) {
     std::vector<std::string> extra;
     if (name == "zero3") extra.push_back("parallel.shard_parameters=true");
     ASSERT_EQ(run(job(name, extra), dir.path / (name + ".log")), 0) << test::slurp(dir.path / (name + ".log"));
+    EXPECT_NE(test::slurp(dir.path / (name + ".log")).find("the experts' over their 2 replicas"), std::string::npos)
+        << test::slurp(dir.path / (name + ".log"));
     EXPECT_EQ(losses_of(dir.path / name), losses_of(dir.path / "whole"));
     EXPECT_EQ(test::slurp(dir.path / name / "checkpoint-000004" / "optimizer.safetensors"),
               test::slurp(dir.path / "whole" / "checkpoint-000004" / "optimizer.safetensors"));
@@ -324,6 +329,75 @@ TEST(CudaMultiGpu, FourRanksWithExpertReplicasShardBitwiseLikeReplicated) {
       }
     }
   }
+}
+
+TEST(CudaMultiGpu, FourRanksWithExpertReplicasResumeBitwise) {
+  MT_SKIP_WITHOUT_A_GPU();
+  io_test::ScratchDir dir;
+  write_model_and_data(dir);
+  const std::string recipe = write_recipe(dir, "zero1");
+  const std::vector<std::string> sets = {"train.device=cuda", "parallel.ep=2", "parallel.gpu_collectives=host",
+                                         "train.max_steps=4", "checkpoint.every_steps=2", "checkpoint.keep_last=3"};
+  ASSERT_EQ(run(finetune_args(recipe, sets, 4), dir.path / "straight.log"), 0) << test::slurp(dir.path / "straight.log");
+  const fs::path run_dir = dir.path / "zero1";
+  ASSERT_TRUE(fs::is_directory(run_dir / "checkpoint-000002")) << test::slurp(dir.path / "straight.log");
+  fs::rename(run_dir / "final", dir.path / "uninterrupted");
+  fs::rename(run_dir / "checkpoint-000004", dir.path / "uninterrupted-4");
+  std::ofstream(run_dir / "latest") << "checkpoint-000002\n";
+  std::vector<std::string> again = finetune_args(recipe, sets, 4);
+  again.push_back("--resume");
+  ASSERT_EQ(run(again, dir.path / "resume.log"), 0) << test::slurp(dir.path / "resume.log");
+  EXPECT_NE(test::slurp(dir.path / "resume.log").find("resumed from"), std::string::npos);
+  EXPECT_EQ(test::slurp(run_dir / "checkpoint-000004" / "optimizer.safetensors"),
+            test::slurp(dir.path / "uninterrupted-4" / "optimizer.safetensors"));
+  size_t files = 0;
+  for (const auto& f : fs::directory_iterator(dir.path / "uninterrupted")) {
+    if (f.path().extension() == ".safetensors") {
+      EXPECT_EQ(test::slurp(f.path()), test::slurp(run_dir / "final" / f.path().filename())) << f.path().filename();
+      ++files;
+    }
+  }
+  EXPECT_GT(files, 0u);
+}
+
+// `mixtune bench` under four ranks with EP 2 (two replicas of each expert group), ZeRO-1 on (each expert stack's
+// AdamW state on one of its two replicas, the replicated tensors' on one of the four ranks) and off: the same
+// synthetic batches train to the same first and last loss bit for bit (host-staged collectives sum in rank
+// order, so the reduces give the all-reduces' sums; over NCCL the world reduce of four ranks may add in another
+// order), and the largest rank's optimizer state is smaller with sharding — by at least half of the experts'
+// state it held — and within the memory plan's count (which now counts the experts' share).
+TEST(CudaMultiGpu, BenchFourRanksShardExpertStateOverReplicas) {
+  MT_SKIP_WITHOUT_A_GPU();
+  io_test::ScratchDir dir;
+  write_model_and_data(dir);
+  auto bench = [&](const std::string& name, bool shard) {
+    std::vector<std::string> a = {"launch", "--nproc", "4", "--", "bench", "--model", dir.file("model"), "--ep", "2",
+                                  "--seq", "64", "--micro-batch", "2", "--grad-accum", "2", "--steps", "3",
+                                  "--warmup", "1", "--gpu-collectives", "host",
+                                  "--json-out", (dir.path / (name + ".json")).string()};
+    if (!shard) a.push_back("--no-shard-optimizer");
+    EXPECT_EQ(run(a, dir.path / (name + ".log")), 0) << test::slurp(dir.path / (name + ".log"));
+    return nlohmann::json::parse(test::slurp(dir.path / (name + ".json")));
+  };
+  const nlohmann::json sharded = bench("sharded", true), whole = bench("whole", false);
+  EXPECT_TRUE(sharded["shard_optimizer"].get<bool>());
+  EXPECT_FALSE(whole["shard_optimizer"].get<bool>());
+  EXPECT_EQ(sharded["loss_first"].get<double>(), whole["loss_first"].get<double>());
+  EXPECT_EQ(sharded["loss_last"].get<double>(), whole["loss_last"].get<double>());
+  EXPECT_NE(sharded["loss_last"].get<double>(), sharded["loss_first"].get<double>());  // it trained
+  const int64_t s = sharded["optimizer_state_bytes"].get<int64_t>(), w = whole["optimizer_state_bytes"].get<int64_t>();
+  // bf16: two bf16 moments per parameter. A rank holds 4 of the 8 experts of each of the 2 MoE layers:
+  // 4 × 3 × moe_intermediate_size (64) × hidden_size (128) parameters a layer.
+  const int64_t expert_state = 2 * 4 * 3 * 64 * 128 * 2 * 2;
+  EXPECT_LE(s, w - expert_state / 2) << "sharded " << s << " bytes, unsharded " << w;
+  EXPECT_LE(s, sharded["memory_plan_optimizer_bytes"].get<int64_t>());
+  EXPECT_LE(w, whole["memory_plan_optimizer_bytes"].get<int64_t>());
+  EXPECT_LT(sharded["memory_plan_optimizer_bytes"].get<int64_t>(), whole["memory_plan_optimizer_bytes"].get<int64_t>());
+  std::printf("bench, 4 ranks EP 2: largest rank's optimizer state %lld bytes sharded, %lld unsharded (plan %lld / "
+              "%lld)\n",
+              static_cast<long long>(s), static_cast<long long>(w),
+              static_cast<long long>(sharded["memory_plan_optimizer_bytes"].get<int64_t>()),
+              static_cast<long long>(whole["memory_plan_optimizer_bytes"].get<int64_t>()));
 }
 
 // `mixtune bench` under two ranks with ZeRO-3 (--shard-parameters; EP 2, bf16) trains the synthetic batches
