@@ -302,9 +302,11 @@ void check_range(const char* field, int64_t v, int64_t lo, int64_t hi) {
 double gib(int64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30); }
 
 std::string optimizer_desc(const MemoryPlan& p) {
-  return fmt::format("m,v {}, {}{}{}", p.bf16_moments ? "bf16" : "fp32", p.fp32_master ? "fp32 master" : "no master",
-                     p.optimizer_shards > 1 ? fmt::format(", 1/{} shard", p.optimizer_shards) : "",
-                     p.expert_replicas > 1 ? fmt::format(" (experts 1/{})", p.expert_replicas) : "");
+  // Kept within the table's column: "1/N (experts 1/R)" when the experts' state is sharded too.
+  return fmt::format("m,v {}, {}{}", p.bf16_moments ? "bf16" : "fp32", p.fp32_master ? "fp32 master" : "no master",
+                     p.optimizer_shards <= 1  ? ""
+                     : p.expert_replicas > 1 ? fmt::format(", 1/{} (experts 1/{})", p.optimizer_shards, p.expert_replicas)
+                                             : fmt::format(", 1/{} shard", p.optimizer_shards));
 }
 
 }  // namespace

@@ -163,6 +163,66 @@ TEST_F(LaunchCli, ShardedOptimizerStateTrainsBitwiseLikeReplicated) {
   }
 }
 
+// ZeRO-1 of the expert stacks over their replicas: four ranks, EP 2 (ranks {0, 2} hold experts 0-3, {1, 3}
+// experts 4-7), so each stack's AdamW state lives on one of the two ranks holding its experts, which receives the
+// reduced gradient, updates and broadcasts to the other. The run is bitwise the unsharded one (metrics, both
+// checkpoints' optimizer files — every expert row written by its owner — and the final model), and the log
+// names the sharding and a smaller largest-rank state. Resumed from its step-2 checkpoint, the sharded run ends
+// bitwise on the uninterrupted one (the step-4 optimizer file too); the unsharded run's checkpoint resumes under
+// sharding bitwise as well (the file does not depend on the layout); and the sharded checkpoint resumes at
+// another layout (EP 4: each rank 2 experts, no replicas) to the same weights within fp32 summation order.
+TEST_F(LaunchCli, ExpertStateShardedOverReplicasTrainsAndResumesLikeUnsharded) {
+  auto job = [&](const std::string& name, const std::vector<std::string>& sets, bool resume) {
+    std::vector<std::string> a{"launch", "--nproc", "4", "--", "finetune", recipe(name, 1).string(),
+                               "--set", "checkpoint.every_steps=2", "--set", "checkpoint.keep_last=3"};
+    for (const std::string& x : sets) a.insert(a.end(), {"--set", x});
+    if (resume) a.push_back("--resume");
+    return a;
+  };
+  const std::vector<std::string> sharded = {"parallel.ep=2"}, whole = {"parallel.ep=2", "parallel.shard_optimizer=false"};
+  ASSERT_EQ(run(job("sharded", sharded, false), dir / "sharded.log"), 0) << slurp(dir / "sharded.log");
+  ASSERT_EQ(run(job("whole", whole, false), dir / "whole.log"), 0) << slurp(dir / "whole.log");
+  const std::string log = slurp(dir / "sharded.log");
+  EXPECT_NE(log.find("sharded over 4 ranks (ZeRO-1), the experts' over their 2 replicas; the largest rank keeps"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(slurp(dir / "whole.log").find("ZeRO-1"), std::string::npos);
+  expect_bitwise_same_run("whole", "sharded", {"checkpoint-000002", "checkpoint-000004"});
+
+  // Back to step 2 of a run: its final model and step-4 checkpoint set aside, `latest` at step 2.
+  auto rewind = [&](const std::string& name) {
+    const fs::path run_dir = dir / name;
+    fs::rename(run_dir / "final", dir / (name + "-final"));
+    fs::rename(run_dir / "checkpoint-000004", dir / (name + "-checkpoint-000004"));
+    std::ofstream(run_dir / "latest") << "checkpoint-000002\n";
+  };
+  auto expect_bitwise_files = [&](const fs::path& a, const fs::path& b) {
+    size_t files = 0;
+    for (const auto& f : fs::directory_iterator(a)) {
+      if (f.path().extension() != ".safetensors") continue;
+      EXPECT_EQ(slurp(f.path()), slurp(b / f.path().filename())) << f.path();
+      ++files;
+    }
+    EXPECT_GT(files, 1u) << a;
+  };
+  rewind("sharded");
+  ASSERT_EQ(run(job("sharded", sharded, true), dir / "sharded-resume.log"), 0) << slurp(dir / "sharded-resume.log");
+  EXPECT_NE(slurp(dir / "sharded-resume.log").find("resumed from"), std::string::npos);
+  expect_bitwise_files(dir / "sharded-final", dir / "sharded" / "final");
+  expect_bitwise_files(dir / "sharded-checkpoint-000004", dir / "sharded" / "checkpoint-000004");
+
+  rewind("whole");
+  ASSERT_EQ(run(job("whole", sharded, true), dir / "whole-resume.log"), 0) << slurp(dir / "whole-resume.log");
+  expect_bitwise_files(dir / "whole-final", dir / "whole" / "final");
+
+  // The sharded run's step-2 checkpoint at EP 4 (it resumed above: rewind it again).
+  fs::remove_all(dir / "sharded-final");
+  fs::remove_all(dir / "sharded-checkpoint-000004");
+  rewind("sharded");
+  ASSERT_EQ(run(job("sharded", {"parallel.ep=4"}, true), dir / "ep4-resume.log"), 0) << slurp(dir / "ep4-resume.log");
+  expect_same_weights(dir / "sharded-final", dir / "sharded" / "final");
+}
+
 // ZeRO-3 (parallel.shard_parameters): the replicated parameters themselves live on their owner rank and are
 // broadcast per layer for each use. The values every rank computes with are the owner's, so the run is bitwise
 // the unsharded one (metrics, optimizer files, final weights), for both reshard policies and with EP 2; and

@@ -450,7 +450,7 @@ TEST(MemoryPlan, ExpertStateShardedOverTheReplicasCountsTheRankShare) {
   EXPECT_EQ(four.expert_replicas, 2);
   EXPECT_EQ(four.optimizer_param_count, experts_held / 2 + embed);
   EXPECT_EQ(four.optimizer, (experts_held / 2 + embed) * 4);
-  EXPECT_NE(four.table().find("m,v bf16, no master, 1/4 shard (experts 1/2)"), std::string::npos) << four.table();
+  EXPECT_NE(four.table().find("m,v bf16, no master, 1/4 (experts 1/2)"), std::string::npos) << four.table();
   in.optimizer_shards = 6;
   const MemoryPlan six = memory_plan(in);
   EXPECT_EQ(six.expert_replicas, 3);
