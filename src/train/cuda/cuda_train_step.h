@@ -24,7 +24,8 @@ class DeviceCommunicator;
 // summed over `world` once per optimizer step (after the last micro-batch; under ZeRO-1 each onto its owner
 // only); the experts' over `expert_replicas` (the ranks holding the same experts when world > ep; under ZeRO-1
 // each stack onto its owner among them) or, without expert parallelism, over `world`. Under expert parallelism
-// the experts' squared norms are summed over the EP group so the clipping norm is the whole model's. Loss sums travel over `host` (the TCP communicator).
+// the experts' squared norms are summed over the EP group so the clipping norm is the whole model's. Loss sums
+// travel over `host` (the TCP communicator).
 struct CudaStepCollectives {
   Communicator* host = nullptr;
   DeviceCommunicator* world = nullptr;
