@@ -29,10 +29,12 @@
 #         kernels-flash-heads, mixtune-standard-headsG (the flash backward's query heads per item: every G per
 #         shape, and the standard step with G forced) | kernels-flash-fwd-early, mixtune-standard-late (the flash
 #         forward's softmax pinned before the P·V wait, or not) | kernels-projections (the attention projections' GEMMs,
-#         q, k, v separate and stacked as one QKV GEMM). `profile` also writes profile_sequence.md (every launch in order).
+#         q, k, v separate and stacked as one QKV GEMM) | mixtune-standard-balanced (the standard step with the routes
+#         made perfectly balanced after the router: what the real router's uneven loads cost). `profile` also writes
+#         profile_sequence.md (every launch in order).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -93,6 +95,8 @@ for stage in "$@"; do
                ${PRECISION:+--precision $PRECISION} > "$OUT/profile.csv" 2> "$OUT/profile.err" || rc=1
              python3 bench/kernel_profile.py "$OUT/profile.csv" > "$OUT/profile.md"; head -40 "$OUT/profile.md"
              python3 bench/kernel_profile.py "$OUT/profile.csv" --sequence 100000 > "$OUT/profile_sequence.md" ;;
+    mixtune-standard-balanced) SIDES=mixtune NAME=mixtune-standard-balanced OUT=$OUT bash bench/side_by_side.sh \
+               "$BIN/mixtune" standard --mixtune --balanced-router || rc=1 ;;
     kernels-projections) "$BIN/mixtune_bench_projections" > "$OUT/projections.json" 2>&1; cat "$OUT/projections.json" ;;
     profile-bytes) ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
                --kernel-name regex:'grouped|flash|rmsnorm|combine|gather|swiglu' --csv --print-units base "$BIN/mixtune" \

@@ -23,7 +23,7 @@ struct BenchArgs {
   int64_t layers = 0, seq = 4096, micro_batch = 1, grad_accum = 8, steps = 5, warmup = 2, ep = 1;
   int64_t ranks = 0;  // --plan-only: the job's ranks (0: --ep)
   bool force = false, no_pair_expert_wgrad = false, plan_only = false, no_shard_optimizer = false;
-  bool shard_parameters = false;
+  bool shard_parameters = false, balanced_router = false;
   double prompt_fraction = 0.0;
   double device_gib = 133.9;  // an H200's cudaMemGetInfo total (143,771,566,080 bytes)
 };
@@ -96,6 +96,7 @@ void run_bench(const BenchArgs& a, const std::string& command) {
   o.shard_parameters = a.shard_parameters;
   o.gpu_collectives = a.gpu_collectives;
   o.prompt_fraction = a.prompt_fraction;
+  o.balanced_router = a.balanced_router;
   o.command = command;
   o.ep = a.ep;
   o.ep_dispatch = a.ep_dispatch;
@@ -142,6 +143,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--prompt-fraction", a.prompt_fraction,
                   "labels -100 on the first F of each row's tokens, as SFT data whose prompts carry no loss "
                   "(the LM head then skips those rows); default 0");
+  cmd->add_flag("--balanced-router", a.balanced_router,
+                "a probe, not training: every token's experts replaced by a perfectly balanced assignment after the "
+                "router (T·k/E rows each), to measure what the real router's uneven loads cost; JSON router "
+                "\"balanced (probe)\"");
   cmd->add_option("--json-out", a.json_out, "also write the JSON to this file");
   cmd->add_flag("--force", a.force, "run even when the memory plan says the configuration does not fit");
   cmd->add_flag("--plan-only", a.plan_only,

@@ -1,6 +1,7 @@
 #include "kernels/cuda/router.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
@@ -69,6 +70,23 @@ void aux_loss_finish(const AuxStats& stats, bool bf16, double daux, Tensor& aux,
   detail::aux_loss_finish_launch(stats.count.data_as<int32_t>(), stats.psum.data_as<float>(), static_cast<int>(E),
                                  static_cast<double>(stats.rows), bf16, daux, aux.data_as<float>(),
                                  aux_dp.data_as<float>(), stream);
+}
+
+namespace {
+std::atomic<bool> g_balanced_routing_probe{false};
+}  // namespace
+
+void set_balanced_routing_probe(bool on) { g_balanced_routing_probe.store(on); }
+bool balanced_routing_probe() { return g_balanced_routing_probe.load(); }
+
+void router_force_balanced(RouterResult& r, int64_t experts, cudaStream_t stream) {
+  MT_CHECK(r.index.defined() && r.index.ndim() == 2, "balanced routes need the router's [T, k] index");
+  const int64_t T = r.index.dim(0), k = r.index.dim(1);
+  check_device_tensor(r.index, "router index", DType::I32, {T, k});
+  MT_CHECK(k >= 1 && k <= experts && experts <= 1024, "balanced routes: top-k {} of {} experts", k, experts);
+  if (T == 0) return;
+  detail::router_balanced_index_launch(r.index.data_as<int32_t>(), T, static_cast<int>(k), static_cast<int>(experts),
+                                       stream);
 }
 
 void router_backward(const Tensor& dweights, const Tensor& logits, const RouterResult& r, bool norm_topk_prob,

@@ -195,6 +195,14 @@ __global__ void aux_loss_finish_kernel(const int32_t* __restrict__ count, const 
   }
 }
 
+// The balanced-routing probe's routes: slot (t, j) -> (t·k + j) mod E (router.h).
+__global__ void router_balanced_index_kernel(int32_t* __restrict__ index, int64_t slots, int E) {
+  pdl_wait();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < slots;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    index[i] = static_cast<int32_t>(i % E);
+}
+
 template <int EPL, typename Tin, typename Tout>
 __global__ void __launch_bounds__(kWarps * 32)
     router_backward_kernel(const float* __restrict__ dweights, const Tin* __restrict__ logits,
@@ -335,6 +343,12 @@ void aux_stats_reduce_launch(const int32_t* part_count, const float* part_psum, 
 void aux_loss_finish_launch(const int32_t* count, const float* psum, int E, double rows, bool bf16_mode, double daux,
                             float* aux, float* aux_dp, cudaStream_t stream) {
   launch_kernel(aux_loss_finish_kernel, 1, 256, 0, stream, count, psum, E, rows, bf16_mode, daux, aux, aux_dp);
+}
+
+void router_balanced_index_launch(int32_t* index, int64_t T, int k, int E, cudaStream_t stream) {
+  const int64_t slots = T * k;
+  const int blocks = static_cast<int>(std::min<int64_t>((slots + 255) / 256, 1024));
+  launch_kernel(router_balanced_index_kernel, blocks, 256, 0, stream, index, slots, E);
 }
 
 void router_backward_launch(const float* dweights, const void* logits, bool logits_bf16, const int32_t* index,

@@ -46,4 +46,13 @@ void aux_loss_finish(const AuxStats& stats, bool bf16, double daux, Tensor& aux,
 void router_backward(const Tensor& dweights, const Tensor& logits, const RouterResult& r, bool norm_topk_prob,
                      const Tensor& aux_dp, bool bf16, Tensor& dlogits, cudaStream_t stream);
 
+// A benchmark probe (`mixtune bench --balanced-router`; off by default, never set by training): after the
+// router, every token's k experts become (t·k + j) mod E, so each expert gets exactly T·k/E rows (when E divides
+// T·k), as a perfectly balanced router would give. The weights stay the real router's, so the model trains on
+// nonsense routes: it exists to measure what the real router's uneven loads cost the expert kernels.
+void set_balanced_routing_probe(bool on);
+bool balanced_routing_probe();
+// Overwrites r.index [T, k] with those routes (I32 on a CUDA device; k <= E).
+void router_force_balanced(RouterResult& r, int64_t experts, cudaStream_t stream);
+
 }  // namespace mt::cuda

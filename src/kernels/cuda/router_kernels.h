@@ -20,4 +20,6 @@ void router_backward_launch(const float* dweights, const void* logits, bool logi
                             const float* aux_dp, int T, int E, int k, bool norm, bool bf16_mode, void* dlogits,
                             bool dlogits_bf16, cudaStream_t stream);
 
+void router_balanced_index_launch(int32_t* index, int64_t T, int k, int E, cudaStream_t stream);
+
 }  // namespace mt::cuda::detail

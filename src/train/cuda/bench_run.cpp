@@ -23,6 +23,7 @@
 #include "kernels/cuda/gpu_energy.h"
 #include "kernels/cuda/gpu_spin.h"
 #include "kernels/cuda/random_fill.h"
+#include "kernels/cuda/router.h"
 #include "models/causal_lm.h"
 #include "models/presets.h"
 #include "train/cuda/cuda_param_transport.h"
@@ -138,6 +139,11 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   MT_CHECK(o.prompt_fraction >= 0.0 && o.prompt_fraction < 1.0, "bench: --prompt-fraction must be in [0, 1), found {}",
            o.prompt_fraction);
   const int64_t prompt_len = static_cast<int64_t>(o.prompt_fraction * static_cast<double>(o.seq));
+  // The balanced-routing probe is process-wide: on for this run only, off again however it ends.
+  struct ProbeScope {
+    explicit ProbeScope(bool on) { cuda::set_balanced_routing_probe(on); }
+    ~ProbeScope() { cuda::set_balanced_routing_probe(false); }
+  } balanced_probe(o.balanced_router);
   BenchRanks ranks;
   ranks.pg = process_group_env_from_environment();
   const int world = ranks.pg.world, rank = ranks.pg.rank;
@@ -429,7 +435,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   if (world > 1) j["gpu_collectives"] = o.gpu_collectives;
   if (lead_ns > 0) j["lead_spin_ms"] = static_cast<double>(lead_ns) / 1e6;
   if (idle_ms > 0) j["idle_ms"] = idle_ms;
-  j["router"] = "real";
+  j["router"] = o.balanced_router ? "balanced (probe)" : "real";
   j["prompt_fraction"] = o.prompt_fraction;
   j["tokens_per_s_per_gpu"] = tps;
   j["step_time_s"] = timed_s / static_cast<double>(o.steps);

@@ -37,6 +37,9 @@ struct BenchOptions {
   // no loss (the LM head then runs on the other rows only). Tokens/s and the model FLOP count still count
   // every token, as the Transformers baseline's do.
   double prompt_fraction = 0.0;
+  // A probe (kernels/cuda/router.h, set_balanced_routing_probe): the experts' loads made exactly even after the
+  // router. The losses are then meaningless; the step time is what a perfectly balanced router would give.
+  bool balanced_router = false;
   uint64_t seed = 1234;
   std::string command;  // the command line, echoed into the JSON
 };

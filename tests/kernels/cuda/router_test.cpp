@@ -217,5 +217,30 @@ TEST(CudaRouter, ZeroTokensAndBadShapes) {
   EXPECT_THROW(cuda::router_forward(big, 2, true, false, nullptr, stream0()), Error);
 }
 
+// The bench's balanced-routing probe: after a real router pass, every token's k routes are distinct and every
+// expert gets exactly T·k/E of them; the probe is off unless a bench turns it on.
+TEST(CudaRouter, BalancedProbeGivesEveryExpertTheSameRows) {
+  MT_SKIP_WITHOUT_CUDA();
+  EXPECT_FALSE(cuda::balanced_routing_probe());
+  const RouterCase c{96, 128, 8, true, true};
+  Logits l = make_logits(c, 7);
+  cuda::RouterResult r = cuda::router_forward(l.dev, c.k, c.norm, c.bf16, nullptr, stream0());
+  cuda::router_force_balanced(r, c.E, stream0());
+  const std::vector<int32_t> idx = host_ints(r.index);
+  std::vector<int> rows(c.E, 0);
+  for (int t = 0; t < c.T; ++t) {
+    std::vector<int32_t> mine(idx.begin() + t * c.k, idx.begin() + (t + 1) * c.k);
+    std::sort(mine.begin(), mine.end());
+    EXPECT_EQ(std::adjacent_find(mine.begin(), mine.end()), mine.end()) << "token " << t << " routed twice";
+    for (int32_t e : mine) {
+      ASSERT_GE(e, 0);
+      ASSERT_LT(e, c.E);
+      ++rows[e];
+    }
+  }
+  for (int e = 0; e < c.E; ++e) EXPECT_EQ(rows[e], c.T * c.k / c.E) << "expert " << e;
+  EXPECT_THROW(cuda::router_force_balanced(r, 4, stream0()), Error);  // k > E
+}
+
 }  // namespace
 }  // namespace mt
