@@ -30,11 +30,12 @@
 #         shape, and the standard step with G forced) | kernels-flash-fwd-early, mixtune-standard-late (the flash
 #         forward's softmax pinned before the P·V wait, or not) | kernels-projections (the attention projections' GEMMs,
 #         q, k, v separate and stacked as one QKV GEMM) | mixtune-standard-balanced (the standard step with the routes
-#         made perfectly balanced after the router: what the real router's uneven loads cost). `profile` also writes
+#         made perfectly balanced after the router: what the real router's uneven loads cost) | copy-power (a copy
+#         confined to fewer SMs: bandwidth, power, pJ per byte; ENERGY_SECONDS per row). `profile` also writes
 #         profile_sequence.md (every launch in order).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -97,6 +98,8 @@ for stage in "$@"; do
              python3 bench/kernel_profile.py "$OUT/profile.csv" --sequence 100000 > "$OUT/profile_sequence.md" ;;
     mixtune-standard-balanced) SIDES=mixtune NAME=mixtune-standard-balanced OUT=$OUT bash bench/side_by_side.sh \
                "$BIN/mixtune" standard --mixtune --balanced-router || rc=1 ;;
+    copy-power) "$BIN/mixtune_bench_copy_power" --seconds ${ENERGY_SECONDS:-2} > "$OUT/copy_power.json" 2>&1
+             cat "$OUT/copy_power.json" ;;
     kernels-projections) "$BIN/mixtune_bench_projections" > "$OUT/projections.json" 2>&1; cat "$OUT/projections.json" ;;
     profile-bytes) ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
                --kernel-name regex:'grouped|flash|rmsnorm|combine|gather|swiglu' --csv --print-units base "$BIN/mixtune" \
