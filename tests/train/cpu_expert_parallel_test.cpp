@@ -34,6 +34,17 @@ Batch batch_of_rank(int rank) {
   return b;
 }
 
+// An fp32 CPU recipe with experts split over groups of `ep` ranks.
+Recipe cpu_ep_recipe(int64_t ep, bool shard_optimizer) {
+  Recipe recipe;
+  recipe.model.dtype = "float32";
+  recipe.train.device = "cpu";
+  recipe.optimizer.lr = 1e-3;
+  recipe.parallel.ep = ep;
+  recipe.parallel.shard_optimizer = shard_optimizer;
+  return recipe;
+}
+
 struct EpRun {
   int64_t held_bytes = 0;  // tensor bytes both ranks hold after one step (models, gradients, optimizer state)
   std::vector<EngineStep> steps = std::vector<EngineStep>(2);
@@ -46,12 +57,7 @@ EpRun run_two_ranks(int64_t ep) {
   const int64_t before = memory_stats(Device::cpu()).current_bytes;
   const auto err = test::run_ranks(world, [&](int r) {
     auto comm = tcp_communicator_create(test::env_of(r, world, port), std::chrono::milliseconds(20000));
-    Recipe recipe;
-    recipe.model.dtype = "float32";
-    recipe.train.device = "cpu";
-    recipe.optimizer.lr = 1e-3;
-    recipe.parallel.ep = ep;
-    recipe.parallel.shard_optimizer = false;  // every rank keeps the state of what it holds
+    const Recipe recipe = cpu_ep_recipe(ep, false);  // unsharded: every rank keeps the state of what it holds
     LoadOptions lo;
     lo.dtype = DType::F32;
     const CausalLM whole = CausalLM::from_pretrained(kCkpt, lo);
@@ -120,7 +126,8 @@ struct ReplicaRun {
   std::vector<int64_t> state_bytes = std::vector<int64_t>(4, 0);  // each rank's optimizer state
   std::vector<std::vector<Tensor>> weights = std::vector<std::vector<Tensor>>(4);  // after the last step
   std::vector<OptimizerShards> shards = std::vector<OptimizerShards>(4);
-  std::vector<std::vector<std::pair<std::string, int64_t>>> params = std::vector<std::vector<std::pair<std::string, int64_t>>>(4);
+  std::vector<std::vector<std::pair<std::string, int64_t>>> params =
+      std::vector<std::vector<std::pair<std::string, int64_t>>>(4);
 };
 
 ReplicaRun run_four_ranks_ep2(bool shard) {
@@ -128,12 +135,7 @@ ReplicaRun run_four_ranks_ep2(bool shard) {
   ReplicaRun run;
   const auto err = test::run_ranks(world, [&](int r) {
     auto comm = tcp_communicator_create(test::env_of(r, world, port), std::chrono::milliseconds(20000));
-    Recipe recipe;
-    recipe.model.dtype = "float32";
-    recipe.train.device = "cpu";
-    recipe.optimizer.lr = 1e-3;
-    recipe.parallel.ep = 2;
-    recipe.parallel.shard_optimizer = shard;
+    const Recipe recipe = cpu_ep_recipe(2, shard);
     LoadOptions lo;
     lo.dtype = DType::F32;
     lo.expert_count = 4;
