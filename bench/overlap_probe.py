@@ -45,6 +45,11 @@ def main():
     ap.add_argument("--adamw-gelems", type=float, default=1.0, help="parameters updated, in units of 2^30")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
+    for name in ("gemms", "m", "n", "k", "rounds"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name} must be a positive integer, found {getattr(a, name)}")
+    if not 0 < a.adamw_gelems <= 16:
+        ap.error(f"--adamw-gelems must be in (0, 16], found {a.adamw_gelems}")
 
     dev = "cuda"
     x = torch.randn(a.m, a.k, device=dev, dtype=torch.bfloat16)

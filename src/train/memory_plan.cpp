@@ -200,8 +200,8 @@ wide optimizer_param_count(const MemoryPlanInput& in, const Dims& d, const Layer
   }
   const int64_t replicas = expert_replicas_of(in);
   if (replicas <= 1) return (split ? expert_held : 0) + OptimizerShards::largest_share(sizes, static_cast<int>(shards));
-  // Rank r's experts' stacks are owned among the replicas {r % ep, r % ep + ep, ...}, where r is number r / ep;
-  // every replica group uses the same map. The largest rank's replicated share plus its expert share.
+  // Rank r's expert stacks are owned among the replicas {r % ep, r % ep + ep, ...}, r itself being replica
+  // r / ep; every replica group uses the same map. The largest rank's replicated share plus its expert share.
   const wide per_rank = d.E / in.expert_parallel;
   std::vector<int64_t> expert_sizes;
   for (int64_t l = 0; l < layers.moe; ++l) {

@@ -5,7 +5,8 @@
 // the agreement. Under ZeRO-1 each owner writes its tensors instead (the expert stacks: the owner among the
 // ranks holding the same experts writes their rows). The output directory stays all-or-nothing across the
 // job: the lead builds it in a temp directory (AtomicDirWriter) whose path it broadcasts, every rank writes its
-// part there, and the lead commits only once every rank has reported success. An error on any rank fails the save on every rank.
+// part there, and the lead commits only once every rank has reported success. An error on any rank fails the
+// save on every rank.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -202,10 +202,8 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   if (comm && pg.world > 1 && r.parallel.shard_parameters && r.parallel.shard_optimizer) {
     load_owners = optimizer_shards_for(Qwen3MoeWeights::absent_like_config(model_cfg, DType::BF16), pg.world,
                                        pg.rank, ep);
-    lo.skip_param = [&load_owners](const std::string& name) {
-      const int owner = load_owners.world_owner(name);  // the expert stacks: every replica reads its experts
-      return owner >= 0 && owner != load_owners.rank();
-    };
+    // The expert stacks: every replica reads its experts.
+    lo.skip_param = [&load_owners](const std::string& name) { return !load_owners.keeps_weights(name); };
   }
   CausalLM lm = CausalLM::from_pretrained(model_src, lo);
   const Qwen3MoeConfig& cfg = lm.config;

@@ -77,8 +77,9 @@ EpRun run_two_ranks(int64_t ep) {
       if (!gu.defined()) continue;
       run.expert_rows[r] = gu.dim(0);
       EXPECT_EQ(lm.weights.layers[l].experts_down.dim(0), gu.dim(0));
-      if (ep > 1)
+      if (ep > 1) {
         EXPECT_EQ(lm.expert_first, lo.expert_first);
+      }
       // The router is replicated and trained alike on every rank; the experts moved from the checkpoint.
       const int64_t first = ep > 1 ? lo.expert_first : 0;
       const Tensor start = whole.weights.layers[l].experts_gate_up.rows(first, first + gu.dim(0));

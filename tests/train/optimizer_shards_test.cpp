@@ -100,7 +100,9 @@ TEST(OptimizerShards, EveryReplicatedParameterHasExactlyOneOwner) {
       total += n;
       largest = std::max(largest, n);
     }
-    if (replicated_experts) EXPECT_EQ(expert_stacks, 2 * cfg.num_hidden_layers) << "every layer is MoE in the preset";
+    if (replicated_experts) {
+      EXPECT_EQ(expert_stacks, 2 * cfg.num_hidden_layers) << "every layer is MoE in the preset";
+    }
     // The largest-first bound: no rank holds more than the average plus one tensor; every rank holds some.
     for (int64_t l : load) {
       EXPECT_GT(l, 0);

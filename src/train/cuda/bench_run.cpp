@@ -280,7 +280,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   {
     auto params = w.named_parameters();
     for (size_t i = 0; i < params.size(); ++i)
-      if (!shard_params || shards.world_owner(i) < 0 || shards.world_owner(i) == rank)
+      if (!shard_params || shards.keeps_weights(i))
         *params[i].second = Tensor::empty(params[i].second->shape(), DType::BF16, Device::cuda(device));
   }
   if (!o.model_dir.empty()) {

@@ -50,8 +50,7 @@ Qwen3MoeWeights upload_bf16(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& ho
   auto src = host.named_parameters();
   auto dst = d.named_parameters();
   for (size_t i = 0; i < src.size(); ++i) {
-    if (params_owned && params_owned->world_owner(i) >= 0 && params_owned->world_owner(i) != params_owned->rank())
-      continue;
+    if (params_owned && !params_owned->keeps_weights(i)) continue;
     Tensor& t = *dst[i].second;
     t = Tensor::empty(t.shape(), t.dtype(), t.device());
     const Tensor h = sl.of(src[i].first, *src[i].second);
