@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "distributed/ep_dispatch_mode.h"
+#include "distributed/ep_row_budget.h"
 #include "io/atomic_file.h"
 #include "models/presets.h"
 #include "models/qwen3_moe_config.h"
@@ -20,6 +21,7 @@ namespace {
 struct BenchArgs {
   std::string preset = "qwen3-30b-a3b", model, precision = "bf16", recompute = "none", device = "cuda:0", json_out;
   std::string ep_dispatch = "auto", gpu_collectives = "nccl";
+  double ep_row_headroom = mt::EpRowBudget::kDefaultHeadroom;
   int64_t layers = 0, seq = 4096, micro_batch = 1, grad_accum = 8, steps = 5, warmup = 2, ep = 1;
   int64_t ranks = 0;  // --plan-only: the job's ranks (0: --ep)
   bool force = false, no_pair_expert_wgrad = false, plan_only = false, no_shard_optimizer = false;
@@ -100,6 +102,7 @@ void run_bench(const BenchArgs& a, const std::string& command) {
   o.command = command;
   o.ep = a.ep;
   o.ep_dispatch = a.ep_dispatch;
+  o.ep_row_headroom = a.ep_row_headroom;
   if (a.device == "cuda")
     o.device = 0;
   else if (a.device.rfind("cuda:", 0) == 0 && a.device.size() > 5 &&
@@ -140,6 +143,11 @@ void add_bench_command(CLI::App& app) {
                   "how tokens reach the experts: all_gather (each token once per rank), all_to_all (each routed "
                   "slot to its expert's rank), auto (all_gather while ep <= top-k)")
       ->check(CLI::IsMember({"auto", "all_gather", "all_to_all"}));
+  cmd->add_option("--ep-row-headroom", a.ep_row_headroom,
+                  "all_gather dispatch: buffers of a rank's expert rows sized at the largest load seen times this, "
+                  "no host read of the count (a step past it runs again with exact counts); 0 reads the count "
+                  "every layer and micro-batch (default 1.15)")
+      ->check(CLI::Range(0.0, 16.0));
   cmd->add_option("--prompt-fraction", a.prompt_fraction,
                   "labels -100 on the first F of each row's tokens, as SFT data whose prompts carry no loss "
                   "(the LM head then skips those rows); default 0");

@@ -31,7 +31,7 @@ const std::vector<Section>& recipe_schema() {
       {"clip", {"max_grad_norm"}},
       {"checkpoint", {"dir", "every_steps", "keep_last"}},
       {"parallel",
-       {"timeout_s", "ep", "ep_dispatch", "shard_optimizer", "shard_parameters", "reshard_after_forward", "gpu_collectives"}},
+       {"timeout_s", "ep", "ep_dispatch", "ep_row_headroom", "shard_optimizer", "shard_parameters", "reshard_after_forward", "gpu_collectives"}},
   };
   return s;
 }
@@ -271,6 +271,9 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
   rc.parallel.ep = r.integer("parallel", "ep", rc.parallel.ep, 1);
   rc.parallel.ep_dispatch =
       r.choice("parallel", "ep_dispatch", rc.parallel.ep_dispatch, {"auto", "all_gather", "all_to_all"});
+  rc.parallel.ep_row_headroom =
+      r.real("parallel", "ep_row_headroom", rc.parallel.ep_row_headroom, 0, false, 16, false,
+             "must be 0 (count the expert rows on the host) or a number in (0, 16]");
   rc.parallel.gpu_collectives = r.choice("parallel", "gpu_collectives", rc.parallel.gpu_collectives, {"nccl", "host"});
   rc.parallel.shard_optimizer = r.boolean("parallel", "shard_optimizer", rc.parallel.shard_optimizer);
   rc.parallel.shard_parameters = r.boolean("parallel", "shard_parameters", rc.parallel.shard_parameters);

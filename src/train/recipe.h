@@ -80,6 +80,10 @@ struct RecipeParallel {
   // token once per rank of the group), all_to_all (each routed slot to its expert's rank), or auto
   // (all_gather while ep <= the model's top-k). The CPU engine always sends per slot.
   std::string ep_dispatch = "auto";
+  // all_gather dispatch: the buffers of a rank's expert rows get the largest load seen so far times this
+  // (distributed/ep_row_budget.h), with no host read of the row count; a step that passes it runs again with
+  // exact counts. 0: read the count on the host for every layer and micro-batch.
+  double ep_row_headroom = 1.15;
   // How the CUDA engine's ranks exchange GPU data (distributed/cuda/device_communicator.h): nccl, or host
   // (staged through host memory and the TCP mesh; slow, but ranks may then share a GPU: rank r of a node
   // uses GPU r mod the node's GPUs; for checking multi-GPU runs on a machine with fewer GPUs).

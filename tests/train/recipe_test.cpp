@@ -142,6 +142,7 @@ TEST(Recipe, Defaults) {
   EXPECT_EQ(r.checkpoint.keep_last, 2);
   EXPECT_EQ(r.parallel.timeout_s, 600);
   EXPECT_EQ(r.parallel.ep_dispatch, "auto");
+  EXPECT_DOUBLE_EQ(r.parallel.ep_row_headroom, 1.15);
   EXPECT_TRUE(r.parallel.shard_optimizer);
   EXPECT_EQ(r.parallel.gpu_collectives, "nccl");
 }
@@ -219,6 +220,12 @@ TEST(Recipe, EnumsListChoices) {
   EXPECT_EQ(load_error(m + "optimizer: {name: sgd}\n"), ": optimizer.name: must be one of adamw (found 'sgd')");
   EXPECT_EQ(load_error(m + "parallel: {ep_dispatch: deepep}\n"),
             ": parallel.ep_dispatch: must be one of auto, all_gather, all_to_all (found 'deepep')");
+  EXPECT_EQ(load_error(m + "parallel: {ep_row_headroom: -0.5}\n"),
+            ": parallel.ep_row_headroom: must be 0 (count the expert rows on the host) or a number in (0, 16] "
+            "(found '-0.5')");
+  EXPECT_EQ(load_error(m + "parallel: {ep_row_headroom: lots}\n"),
+            ": parallel.ep_row_headroom: must be 0 (count the expert rows on the host) or a number in (0, 16] "
+            "(found 'lots')");
   EXPECT_EQ(load_error(m + "parallel: {gpu_collectives: mpi}\n"),
             ": parallel.gpu_collectives: must be one of nccl, host (found 'mpi')");
   EXPECT_EQ(load_error(m + "parallel: {shard_optimizer: sometimes}\n"),

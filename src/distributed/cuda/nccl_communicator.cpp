@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "distributed/communicator.h"
+#include "distributed/cuda/collective_trail.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_context.h"
 
@@ -158,6 +159,7 @@ void NcclCommunicator::all_reduce_sum(const std::vector<Buffer>& buffers, cudaSt
       settle(ncclAllReduce(b.data, b.data, static_cast<size_t>(b.count), nccl_type(b.dtype), ncclSum, comm_, stream),
              "ncclAllReduce", what);
   settle(ncclGroupEnd(), "ncclGroupEnd", what);
+  queued(stream, what);
 }
 
 void NcclCommunicator::broadcast(const std::vector<Broadcast>& parts, cudaStream_t stream, const std::string& what) {
@@ -171,6 +173,7 @@ void NcclCommunicator::broadcast(const std::vector<Broadcast>& parts, cudaStream
              "ncclBroadcast", what);
   }
   settle(ncclGroupEnd(), "ncclGroupEnd", what);
+  queued(stream, what);
 }
 
 void NcclCommunicator::reduce_sum(const std::vector<Reduce>& parts, cudaStream_t stream, const std::string& what) {
@@ -184,6 +187,7 @@ void NcclCommunicator::reduce_sum(const std::vector<Reduce>& parts, cudaStream_t
                         stream),
              "ncclReduce", what);
   settle(ncclGroupEnd(), "ncclGroupEnd", what);
+  queued(stream, what);
 }
 
 void NcclCommunicator::all_gather(const std::vector<Gather>& parts, cudaStream_t stream, const std::string& what) {
@@ -193,6 +197,7 @@ void NcclCommunicator::all_gather(const std::vector<Gather>& parts, cudaStream_t
     settle(ncclAllGather(g.send, g.recv, static_cast<size_t>(g.count), nccl_type(g.dtype), comm_, stream),
            "ncclAllGather", what);
   settle(ncclGroupEnd(), "ncclGroupEnd", what);
+  queued(stream, what);
 }
 
 void NcclCommunicator::reduce_scatter_sum(const void* send, void* recv, int64_t count, DType dtype,
@@ -200,6 +205,7 @@ void NcclCommunicator::reduce_scatter_sum(const void* send, void* recv, int64_t 
   MT_CHECK(comm_ != nullptr, "{}: the NCCL communicator was aborted", what);
   settle(ncclReduceScatter(send, recv, static_cast<size_t>(count), nccl_type(dtype), ncclSum, comm_, stream),
          "ncclReduceScatter", what);
+  queued(stream, what);
 }
 
 void NcclCommunicator::all_to_allv(const void* send, const std::vector<int64_t>& send_first,
@@ -233,6 +239,7 @@ void NcclCommunicator::all_to_allv(const void* send, const std::vector<int64_t>&
              "ncclBroadcast", what);
     }
     settle(ncclGroupEnd(), "ncclGroupEnd", what);
+  queued(stream, what);
     return;
   }
   settle(ncclGroupStart(), "ncclGroupStart", what);
@@ -248,6 +255,7 @@ void NcclCommunicator::all_to_allv(const void* send, const std::vector<int64_t>&
              "ncclRecv", what);
   }
   settle(ncclGroupEnd(), "ncclGroupEnd", what);
+  queued(stream, what);
 }
 
 void NcclCommunicator::send_recv(void* data, int64_t bytes, int from, int to, cudaStream_t stream,
@@ -258,6 +266,13 @@ void NcclCommunicator::send_recv(void* data, int64_t bytes, int from, int to, cu
     settle(ncclSend(data, static_cast<size_t>(bytes), ncclUint8, to, comm_, stream), "ncclSend", what);
   else if (rank_ == to)
     settle(ncclRecv(data, static_cast<size_t>(bytes), ncclUint8, from, comm_, stream), "ncclRecv", what);
+  else
+    return;
+  queued(stream, what);
+}
+
+void NcclCommunicator::queued(cudaStream_t stream, const std::string& what) {
+  CollectiveTrail::process().record(stream, name_ + ": " + what);
 }
 
 void NcclCommunicator::wait(cudaStream_t stream, const std::string& what) {
@@ -271,9 +286,13 @@ void NcclCommunicator::wait(cudaStream_t stream, const std::string& what) {
     ncclCommGetAsyncError(comm_, &state);
     if (state != ncclSuccess && state != ncclInProgress)
       abort_and_fail(fmt::format("{} failed: {}", what, nccl_error_text(comm_, state)));
-    if (Clock::now() > deadline)
-      abort_and_fail(fmt::format("{} did not complete within {:g} s (a peer stopped or is in another collective)",
-                                 what, timeout_.count() / 1000.0));
+    if (Clock::now() > deadline) {
+      // The step's sync waits for every layer's collectives: name the first one that has not finished.
+      const std::string stuck = CollectiveTrail::process().first_unfinished();
+      abort_and_fail(fmt::format("{} did not complete within {:g} s (a peer stopped or is in another collective){}",
+                                 what, timeout_.count() / 1000.0,
+                                 stuck.empty() ? std::string() : "; first unfinished collective: " + stuck));
+    }
     if (spins > 2000) std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 }

@@ -5,6 +5,8 @@
 // complete in time (a peer died or called something else) it prints "mixtune: error: rank R (...): <operation>
 // did not complete within T s", aborts the communicator and exits the process with status 1 (unwinding
 // through CUDA and NCCL state after such a failure can itself hang); the launcher stops the other ranks.
+// The message also names the first collective of the process that has not finished
+// (distributed/cuda/collective_trail.h): the one the job hangs in, when the wait is a step's end.
 //
 // The communicator is non-blocking (ncclConfig blocking = 0): connection set-up inside a call is polled
 // with the same deadline.
@@ -65,6 +67,7 @@ class NcclCommunicator final : public DeviceCommunicator {
                    std::string name, int host_rank);
   void settle(int result, const char* call, const std::string& what);  // polls a non-blocking call to completion
   [[noreturn]] void abort_and_fail(const std::string& why);  // reports, aborts, exits the process
+  void queued(cudaStream_t stream, const std::string& what);  // into the process's CollectiveTrail
 
   ncclComm* comm_ = nullptr;
   int rank_ = 0, size_ = 1, device_ = 0;

@@ -1,5 +1,7 @@
 #include "kernels/cuda/moe_permute.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "kernels/cuda/device_tensor_check.h"
 #include "kernels/cuda/moe_permute_kernels.h"
@@ -69,25 +71,38 @@ MoePlan moe_plan_local(const Tensor& index, int64_t experts, int64_t first, int6
   return p;
 }
 
-void moe_gather_rows(const Tensor& x, const MoePlan& plan, int64_t rows, Tensor& xg, cudaStream_t stream) {
+namespace {
+
+// Checks shared by the gathers; rows: the output's rows.
+void check_gather(const Tensor& x, const MoePlan& plan, const Tensor& xg, int64_t rows) {
   MT_CHECK(x.defined() && x.ndim() == 2, "moe gather: x must be [T, H]");
   const int64_t H = x.dim(1);
   check_device_tensor(x, "moe gather x", DType::BF16, {plan.tokens, H});
   check_plan(plan, x);
   MT_CHECK(H < (int64_t{1} << 31), "moe gather: hidden {}", H);
-  MT_CHECK(rows >= 0 && rows <= plan.tokens * plan.top_k, "moe gather: {} rows of a plan of {} slots", rows,
-           plan.tokens * plan.top_k);
-  MT_CHECK(xg.defined() && xg.ndim() == 2 && xg.dim(0) >= rows, "moe gather: output needs {} rows", rows);
-  check_device_tensor(xg, "moe gather output", DType::BF16, {xg.dim(0), H});
-  detail::moe_gather_launch(x.data(), rows, static_cast<int>(H), static_cast<int>(plan.top_k),
+  check_device_tensor(xg, "moe gather output", DType::BF16, {rows, H});
+  check_same_device(x, xg, "moe gather");
+}
+
+}  // namespace
+
+void moe_gather_live(const Tensor& x, const MoePlan& plan, Tensor& xg, cudaStream_t stream) {
+  MT_CHECK(plan.local(), "moe gather: moe_gather_live needs a local plan");
+  MT_CHECK(xg.defined() && xg.ndim() == 2, "moe gather: output must be [R, H]");
+  check_gather(x, plan, xg, xg.dim(0));
+  const int64_t rows = std::min(xg.dim(0), plan.tokens * plan.top_k);
+  detail::moe_gather_launch(x.data(), rows, row_limit(plan), static_cast<int>(x.dim(1)), static_cast<int>(plan.top_k),
                             plan.slot_of_row.data_as<int32_t>(), xg.data(), stream);
 }
 
 Tensor moe_gather(const Tensor& x, const MoePlan& plan, cudaStream_t stream) {
   MT_CHECK(x.defined() && x.ndim() == 2, "moe gather: x must be [T, H]");
+  MT_CHECK(!plan.local(), "moe gather: a local plan gathers with moe_gather_live");
   const int64_t N = plan.tokens * plan.top_k;
   Tensor xg = Tensor::empty({N, x.dim(1)}, DType::BF16, x.device());
-  moe_gather_rows(x, plan, N, xg, stream);
+  check_gather(x, plan, xg, N);
+  detail::moe_gather_launch(x.data(), N, nullptr, static_cast<int>(x.dim(1)), static_cast<int>(plan.top_k),
+                            plan.slot_of_row.data_as<int32_t>(), xg.data(), stream);
   return xg;
 }
 

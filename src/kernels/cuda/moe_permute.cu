@@ -153,13 +153,13 @@ __device__ __forceinline__ void store_u(float* p, const float (&v)[U]) {
 
 __device__ __forceinline__ float round_bf16_dev(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-// One warp per grouped row: xg[r] = x[slot_of_row[r] / k].
+// One warp per grouped row: xg[r] = x[slot_of_row[r] / k], for r < N and (with a row_limit) r < *row_limit.
 template <int U>
-__global__ void gather_kernel(const bf16* __restrict__ x, int64_t N, int H, int k,
-                              const int32_t* __restrict__ slot_of_row, bf16* __restrict__ xg) {
+__global__ void gather_kernel(const bf16* __restrict__ x, int64_t N, const int32_t* __restrict__ row_limit, int H,
+                              int k, const int32_t* __restrict__ slot_of_row, bf16* __restrict__ xg) {
   pdl_wait();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (r >= N) return;
+  if (r >= N || (row_limit && r >= *row_limit)) return;
   const int lane = threadIdx.x & 31;
   const int64_t t = slot_of_row[r] / k;
   const bf16* src = x + t * H;
@@ -282,15 +282,15 @@ void moe_local_ids_launch(const int32_t* index, int64_t N, int first, int count,
   launch_kernel(local_ids_kernel, static_cast<int>((N + 255) / 256), 256, 0, stream, index, N, first, count, out);
 }
 
-void moe_gather_launch(const void* x, int64_t N, int H, int k, const int32_t* slot_of_row, void* xg,
-                       cudaStream_t stream) {
+void moe_gather_launch(const void* x, int64_t N, const int32_t* row_limit, int H, int k, const int32_t* slot_of_row,
+                       void* xg, cudaStream_t stream) {
   if (N == 0 || H == 0) return;
   const bf16* xs = static_cast<const bf16*>(x);
   bf16* xd = static_cast<bf16*>(xg);
   if (H % 8 == 0 && aligned16(x) && aligned16(xg))
-    launch_kernel(gather_kernel<8>, row_blocks(N), kRowWarps * 32, 0, stream, xs, N, H, k, slot_of_row, xd);
+    launch_kernel(gather_kernel<8>, row_blocks(N), kRowWarps * 32, 0, stream, xs, N, row_limit, H, k, slot_of_row, xd);
   else
-    launch_kernel(gather_kernel<1>, row_blocks(N), kRowWarps * 32, 0, stream, xs, N, H, k, slot_of_row, xd);
+    launch_kernel(gather_kernel<1>, row_blocks(N), kRowWarps * 32, 0, stream, xs, N, row_limit, H, k, slot_of_row, xd);
 }
 
 void moe_combine_launch(const void* y, const float* weights, const int32_t* row_of_slot, const int32_t* row_limit,

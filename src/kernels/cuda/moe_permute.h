@@ -38,13 +38,14 @@ MoePlan moe_plan(const Tensor& index, int64_t experts, cudaStream_t stream);
 // The plan of one rank's experts [first, first + count) of `experts` (expert parallelism by all-gather: the
 // rank sees every token of its group and runs only its own experts): the live buckets are those experts,
 // the last bucket every other slot. Rows of live expert j: [offsets[j], offsets[j+1]); the live row count
-// offsets[count] stays on the device (the caller reads it to size the expert buffers).
+// offsets[count] stays on the device (kernels/cuda/ep_row_watch.h bounds it by the buffers' rows).
 MoePlan moe_plan_local(const Tensor& index, int64_t experts, int64_t first, int64_t count, cudaStream_t stream);
 
 // x BF16 [T, H] -> BF16 [T·k, H], grouped row r = x[slot_of_row[r] / k].
 Tensor moe_gather(const Tensor& x, const MoePlan& plan, cudaStream_t stream);
-// The first `rows` grouped rows into xg BF16 [>= rows, H] (a local plan's live rows; rows past are untouched).
-void moe_gather_rows(const Tensor& x, const MoePlan& plan, int64_t rows, Tensor& xg, cudaStream_t stream);
+// A local plan's live rows into xg BF16 [R, H]: grouped rows r < min(R, offsets[live_experts]), the count read
+// on the device (no host sync); rows past it are untouched.
+void moe_gather_live(const Tensor& x, const MoePlan& plan, Tensor& xg, cudaStream_t stream);
 
 // y BF16 [T·k, H] (grouped rows; a local plan: [>= live rows, H]), weights F32 [T, k] or undefined -> out
 // BF16|F32 [T, H] (overwritten; a local plan sums only its live slots, a token with none gets zeros).

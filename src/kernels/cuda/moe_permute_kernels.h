@@ -12,8 +12,9 @@ constexpr int kPlanChunk = 2048;  // slots per block of the counting sort
 void moe_plan_launch(const int32_t* index, int64_t N, int E, int32_t* chunk_counts, int32_t* offsets,
                      int32_t* row_of_slot, int32_t* slot_of_row, cudaStream_t stream);
 
-void moe_gather_launch(const void* x, int64_t N, int H, int k, const int32_t* slot_of_row, void* xg,
-                       cudaStream_t stream);
+// Rows r < N, and r < *row_limit when row_limit (device) is not null.
+void moe_gather_launch(const void* x, int64_t N, const int32_t* row_limit, int H, int k, const int32_t* slot_of_row,
+                       void* xg, cudaStream_t stream);
 
 // out[i] = index[i] - first when that is in [0, count), else count (the bucket of other ranks' experts).
 void moe_local_ids_launch(const int32_t* index, int64_t N, int first, int count, int32_t* out, cudaStream_t stream);

@@ -33,6 +33,23 @@ CudaExpertParallel::CudaExpertParallel(DeviceCommunicator& comm, int64_t experts
   MT_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   MT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   MT_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  int device = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&device));
+  watch_ = Tensor::empty({2}, DType::I32, Device::cuda(device));
+}
+
+void CudaExpertParallel::begin_step(cudaStream_t stream, bool exact) {
+  MT_CUDA_CHECK(cudaMemsetAsync(watch_.data(), 0, watch_.nbytes(), stream));
+  budgeted_ = !exact && !budget_.exact();
+}
+
+CudaExpertParallel::StepRows CudaExpertParallel::end_step(cudaStream_t stream) {
+  MT_CUDA_CHECK(cudaMemcpyAsync(pinned_, watch_.data(), watch_.nbytes(), cudaMemcpyDeviceToHost, stream));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream));  // after the step's own sync: nothing left to wait for
+  budgeted_ = false;
+  StepRows r{pinned_[0], pinned_[1]};
+  budget_.observe(r.load);
+  return r;
 }
 
 CudaExpertParallel::~CudaExpertParallel() {
@@ -68,6 +85,7 @@ EpDispatch ep_dispatch_plan(const CudaExpertParallel& ep, const Tensor& plan_off
   const auto t0 = std::chrono::steady_clock::now();
   ep.comm().wait(stream, what + ": row counts");
   ep.count_wait(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  ep.count_read();
   auto off = [&](int64_t s, int64_t e) { return static_cast<int64_t>(ep.pinned_offsets()[s * (E + 1) + e]); };
   d.send_first.resize(g);
   d.send_rows.resize(g);
@@ -202,6 +220,7 @@ int64_t ep_live_rows(const CudaExpertParallel& ep, const Tensor& plan_offsets, i
   const auto t0 = std::chrono::steady_clock::now();
   ep.comm().wait(stream, what);
   ep.count_wait(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  ep.count_read();
   const int64_t n = ep.pinned_offsets()[0];
   if (n < 0) fail("{}: negative row count {}", what, n);
   return n;

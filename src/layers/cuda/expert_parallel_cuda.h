@@ -7,8 +7,11 @@
 //   experts on every token routed to them (a local plan, kernels/cuda/moe_permute.h). Its weighted partial
 //   sums go back with one reduce-scatter, [ep·T, H] -> [T, H]. Each token travels once per rank, not once
 //   per routed expert (with top-8 over 2 ranks, 4 slots per rank on average), and the message sizes are
-//   fixed: NCCL needs no row counts. The one host read left is the number of rows of this rank's experts
-//   (to size the expert buffers), once per layer and micro-batch in the forward. The backward all-gathers the
+//   fixed: NCCL needs no row counts. The rows of this rank's experts stay a device count: inside a training
+//   step their buffers get a budgeted size (distributed/ep_row_budget.h), checked on the device
+//   (kernels/cuda/ep_row_watch.h) and read once at the step's sync, so the layer loop never waits for the GPU.
+//   A step whose load passed the budget runs again with the count read on the host per layer and micro-batch,
+//   as the first step, evaluation, and parallel.ep_row_headroom 0 do. The backward all-gathers the
 //   output gradient and reduce-scatters the input gradient (on a side stream, under the expert wgrad) and
 //   the routing-weight gradients.
 //
@@ -32,6 +35,7 @@
 
 #include "core/tensor.h"
 #include "distributed/ep_dispatch_mode.h"
+#include "distributed/ep_row_budget.h"
 #include "kernels/cuda/ep_regroup.h"
 
 namespace mt {
@@ -73,8 +77,29 @@ class CudaExpertParallel {
   // Host seconds spent waiting for the row counts so far (the GPU finishing everything queued before them).
   double host_wait_s() const { return host_wait_s_; }
   void count_wait(double s) const { host_wait_s_ += s; }
+  void count_read() const { ++host_reads_; }
   // Page-locked room for every group rank's plan offsets ([ranks, E + 1] I32): the host wait reads it.
   int32_t* pinned_offsets() const { return pinned_; }
+  // Host reads of a row count so far (ep_live_rows; the all_to_all plan's waits are counted by host_wait_s).
+  int64_t host_reads() const { return host_reads_; }
+
+  // The all_gather dispatch's row budget (distributed/ep_row_budget.h). A training step brackets its
+  // micro-batches with begin_step / end_step; outside them (evaluation) the rows are counted on the host.
+  void set_row_headroom(double headroom) { budget_ = EpRowBudget(headroom); }
+  const EpRowBudget& row_budget() const { return budget_; }
+  // Zeroes the device watch; the step's layers use the budget unless `exact` or there is none yet.
+  void begin_step(cudaStream_t stream, bool exact);
+  // After the step's sync: its largest load (fixed point) and the layers whose load passed the budget; the
+  // budget rises to the load times the headroom.
+  struct StepRows {
+    int64_t load = 0, overflows = 0;
+  };
+  StepRows end_step(cudaStream_t stream);
+  // Inside a budgeted step: the rows of a micro-batch's expert buffers (share: the even share T·k; most: the
+  // largest possible load); else 0: count them on the host (ep_live_rows).
+  int64_t budget_rows(int64_t share, int64_t most) const { return budgeted_ ? budget_.rows(share, most) : 0; }
+  // I32 [2]: the step's load and overflow count (kernels/cuda/ep_row_watch.h).
+  Tensor& watch() const { return watch_; }
 
  private:
   DeviceCommunicator& comm_;
@@ -85,6 +110,10 @@ class CudaExpertParallel {
   int32_t* pinned_ = nullptr;  // page-locked copy of the gathered offsets (the host wait reads it)
   mutable int64_t bytes_sent_ = 0;
   mutable double host_wait_s_ = 0;
+  mutable int64_t host_reads_ = 0;
+  EpRowBudget budget_;
+  bool budgeted_ = false;
+  mutable Tensor watch_;
 };
 
 // One layer's dispatch of one micro-batch.
@@ -137,8 +166,8 @@ EpPending ep_reduce_scatter_async(const CudaExpertParallel& ep, const std::vecto
 EpPending ep_all_gather_async(const CudaExpertParallel& ep, const std::vector<Tensor>& xs, cudaStream_t stream,
                               const std::string& what);
 void ep_join(const CudaExpertParallel& ep, EpPending& p, cudaStream_t stream);
-// The live row count of a local plan (its offsets[live_experts]), read on the host: one wait per layer
-// and micro-batch, bounded by the job's timeout.
+// The live row count of a local plan (its offsets[live_experts]), read on the host: one wait (bounded by the
+// job's timeout), for a layer and micro-batch outside a budgeted step.
 int64_t ep_live_rows(const CudaExpertParallel& ep, const Tensor& plan_offsets, int64_t live_experts,
                      cudaStream_t stream, const std::string& what);
 

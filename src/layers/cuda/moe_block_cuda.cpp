@@ -1,7 +1,9 @@
 #include "layers/cuda/moe_block_cuda.h"
 
+#include <algorithm>
 #include <string>
 
+#include "kernels/cuda/ep_row_watch.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/rmsnorm.h"
@@ -41,12 +43,18 @@ Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeight
     acts.n_all = all[0], acts.w_all = all[2];
     env.phase(cuda::Phase::dispatch);
     acts.plan = cuda::moe_plan_local(all[1], E, ep.first_expert(), ep.experts_per_rank(), env.stream);
-    env.phase(cuda::Phase::comm_plan);
-    acts.live_rows = ep_live_rows(ep, acts.plan.offsets, ep.experts_per_rank(), env.stream,
-                                  ep_what(env, "row count of this rank's experts"));
-    env.phase(cuda::Phase::dispatch);
-    acts.xg = env.bf16({ep_padded_rows(acts.live_rows), H});
-    cuda::moe_gather_rows(acts.n_all, acts.plan, acts.live_rows, acts.xg, env.stream);
+    // The rows of this rank's experts: within a budget, checked on the device, or counted on the host.
+    const int64_t share = T * K, most = ep.ranks() * T * std::min(K, ep.experts_per_rank());
+    int64_t rows = ep.budget_rows(share, most);
+    cuda::ep_watch_live_rows(acts.plan, rows > 0 ? rows : most, share, EpRowBudget::kScale, ep.watch(), env.stream);
+    if (rows == 0) {
+      env.phase(cuda::Phase::comm_plan);
+      rows = ep_padded_rows(ep_live_rows(ep, acts.plan.offsets, ep.experts_per_rank(), env.stream,
+                                         ep_what(env, "row count of this rank's experts")));
+      env.phase(cuda::Phase::dispatch);
+    }
+    acts.xg = env.bf16({rows, H});
+    cuda::moe_gather_live(acts.n_all, acts.plan, acts.xg, env.stream);
     acts.expert_offsets = acts.plan.live_offsets();
   } else {
     acts.plan = cuda::moe_plan(acts.route.index, E, env.stream);
@@ -106,8 +114,8 @@ void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, co
   }
   env.phase(cuda::Phase::dispatch);
   if (!acts.xg.defined() && acts.n_all.defined()) {
-    acts.xg = env.bf16({ep_padded_rows(acts.live_rows), c.hidden_size});
-    cuda::moe_gather_rows(acts.n_all, acts.plan, acts.live_rows, acts.xg, env.stream);
+    acts.xg = env.bf16({acts.gu.dim(0), c.hidden_size});  // the forward's rows
+    cuda::moe_gather_live(acts.n_all, acts.plan, acts.xg, env.stream);
   } else if (!acts.xg.defined()) {
     acts.xg = cuda::moe_gather(acts.n, acts.plan, env.stream);
   }

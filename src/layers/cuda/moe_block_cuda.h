@@ -25,8 +25,8 @@ struct MoeActsCuda {
   cuda::RouterResult route;  // index I32 [T, k], weights F32 [T, k]
   cuda::MoePlan plan;        // expert-contiguous layout (device offsets); all_gather EP: the local plan
   Tensor n_all, w_all;       // all_gather EP: the group's n [ep·T, H] and routing weights F32 [ep·T, k]
-  int64_t live_rows = 0;     // all_gather EP: rows of this rank's experts (the buffers hold ep_padded_rows)
-  Tensor xg;                 // [N, H] the expert GEMMs' input rows (N = T·k; under EP: this rank's experts' rows)
+  Tensor xg;                 // [N, H] the expert GEMMs' input rows (N = T·k; under EP: room for this rank's
+                             // experts' rows, all_gather: the live count on the device, plan.offsets)
   Tensor gu;                 // [N, 2I] gate|up
   Tensor h;                  // [N, I] SwiGLU output
   Tensor yd;                 // [T·k, H] expert outputs before the routing weights, in plan order

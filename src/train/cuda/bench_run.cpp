@@ -170,6 +170,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
                                             dispatch, "bench --ep", collectives);
   }
   CudaExpertParallel* ep = ranks.job.ep.get();
+  if (ep) ep->set_row_headroom(o.ep_row_headroom);
   const int64_t held = ep ? ep->experts_per_rank() : cfg.num_experts;
   const int64_t first_expert = ep ? ep->first_expert() : 0;
 
@@ -336,6 +337,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   double loss_first = 0, loss_last = 0, timed_s = 0;
   int64_t a2a_bytes = 0;
   double host_wait_s = 0;
+  int64_t host_reads = 0, reruns = 0;  // over the timed steps
   double energy_j = 0;        // this GPU's, over the timed steps (NVML's counter; kernels/cuda/gpu_energy.h)
   bool energy_known = true;
   // Experiment switch: MIXTUNE_BENCH_LEAD_MS=N queues an N ms GPU spin ahead of each step, so the host has
@@ -359,6 +361,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     const int64_t mallocs0 = cuda::allocator_stats(device).cuda_malloc_calls;
     const int64_t sent0 = ep ? ep->bytes_sent() : 0;
     const double wait0 = ep ? ep->host_wait_s() : 0;
+    const int64_t reads0 = ep ? ep->host_reads() : 0, reruns0 = trainer.reruns();
     if (lead_ns > 0) cuda::gpu_spin(lead_ns, ctx.stream);
     if (idle_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(idle_ms));
     const std::optional<double> joules0 = cuda::gpu_energy_joules(device);
@@ -380,6 +383,8 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
       else
         energy_known = false;
       if (ep) a2a_bytes += ep->bytes_sent() - sent0, host_wait_s += ep->host_wait_s() - wait0;
+      if (ep) host_reads += ep->host_reads() - reads0;
+      reruns += trainer.reruns() - reruns0;
     }
     if (log)
       std::fprintf(log, "bench step %lld/%lld: loss %.4f, %.3f s, %.0f tokens/s%s, %lld cudaMalloc%s\n",
@@ -483,6 +488,10 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
         {"comm_ms_per_step", comm_ms},
         {"row_count_exchange_ms_per_step", plan_ms},
         {"host_wait_for_counts_ms_per_step", host_wait_s * 1e3 / static_cast<double>(o.steps)},
+        {"host_count_reads_per_step", static_cast<double>(host_reads) / static_cast<double>(o.steps)},
+        {"row_budget", {{"headroom", ep->row_budget().headroom()},
+                        {"ratio_to_even_share", ep->row_budget().ratio()},
+                        {"steps_rerun", reruns}}},
         {"achieved_gb_per_s", comm_ms > 0 ? bytes / (comm_ms * 1e-3) / 1e9 : 0.0},
         {"bytes_at_probe_rate_ms_per_step", alone_ms},
         {"hidden_fraction", alone_ms > 0 ? std::max(0.0, 1.0 - comm_ms / alone_ms) : 0.0},

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "distributed/ep_row_budget.h"
 #include "models/qwen3_moe_config.h"
 #include "train/memory_plan.h"
 
@@ -32,7 +33,8 @@ struct BenchOptions {
   std::string gpu_collectives = "nccl";  // nccl | host (distributed/cuda/device_communicator.h; ranks may share a GPU)
   int device = 0;   // one process; a multi-rank job uses LOCAL_RANK
   int64_t ep = 1;   // expert-parallel ranks (multi-rank jobs)
-  std::string ep_dispatch = "auto";  // auto | all_gather | all_to_all (layers/cuda/expert_parallel_cuda.h)
+  std::string ep_dispatch = "auto";
+  double ep_row_headroom = EpRowBudget::kDefaultHeadroom;  // all_gather dispatch (distributed/ep_row_budget.h)  // auto | all_gather | all_to_all (layers/cuda/expert_parallel_cuda.h)
   // Labels -100 on the first floor(prompt_fraction · seq) tokens of each row: SFT data whose prompts carry
   // no loss (the LM head then runs on the other rows only). Tokens/s and the model FLOP count still count
   // every token, as the Transformers baseline's do.

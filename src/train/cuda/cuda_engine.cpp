@@ -103,7 +103,7 @@ class CudaEngine final : public TrainEngine {
  public:
   // comm: the job's host communicator when it has more than one rank (one GPU per rank), else null.
   CudaEngine(CausalLM& lm, const Recipe& r, int device, std::FILE* log, Communicator* comm)
-      : lm_(lm), device_(device), host_f32_(lm.weights.embed.dtype() == DType::F32) {
+      : lm_(lm), device_(device), host_f32_(lm.weights.embed.dtype() == DType::F32), log_(log) {
     if (host_f32_ && r.optimizer.master_weights != "float32")
       fail("model.dtype float32 with optimizer.master_weights none: on CUDA the model computes in bf16 and "
            "float32 means fp32 master weights; set optimizer.master_weights: float32 or model.dtype: bfloat16");
@@ -151,7 +151,14 @@ class CudaEngine final : public TrainEngine {
     stall_if_asked();
     std::vector<CudaBatch> gpu;
     for (const Batch& b : window) gpu.push_back(cuda_batch_upload(lm_.config, b, device_));
-    return step_->step(gpu, ce_divisor, lr, max_grad_norm);
+    const int64_t reruns = step_->reruns();
+    EngineStep s = step_->step(gpu, ce_divisor, lr, max_grad_norm);
+    if (step_->reruns() > reruns && log_ && writes_output())
+      std::fprintf(log_,
+                   "step %lld: expert rows passed their budget on some rank; the step ran again with exact row "
+                   "counts (budget now %.3f of the even share)\n",
+                   static_cast<long long>(steps_), ep_ ? ep_->row_budget().ratio() : 0.0);
+    return s;
   }
 
   EngineEval eval(const Batch& b) override { return step_->eval(cuda_batch_upload(lm_.config, b, device_)); }
@@ -229,6 +236,7 @@ class CudaEngine final : public TrainEngine {
                                        "parallel.ep",
                                        device_collectives_parse(r.parallel.gpu_collectives, "parallel.gpu_collectives"));
     ep_ = job_.ep.get();
+    if (ep_) ep_->set_row_headroom(r.parallel.ep_row_headroom);
     return job_.step();
   }
 
@@ -290,6 +298,7 @@ class CudaEngine final : public TrainEngine {
   CausalLM& lm_;
   int device_;
   bool host_f32_;
+  std::FILE* log_ = nullptr;
   int rank_ = 0;
   int64_t steps_ = 0;  // step() calls in this process
   CudaJobCollectives job_;

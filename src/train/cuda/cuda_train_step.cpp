@@ -57,7 +57,7 @@ CudaTrainStep::CudaTrainStep(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights
       params_sharded_(o.params_sharded),
       adamw_(o.shards.updated(weights.named_parameters()), o.adamw, o.decays, cuda::device_context(device).stream,
              updated_offsets(weights, o.shards)) {
-  MT_CHECK(!col_.ep || col_.world, "expert parallelism needs the world communicator");
+  MT_CHECK(!col_.ep || (col_.world && col_.host), "expert parallelism needs the world and host communicators");
   MT_CHECK(!shards_.active() || (col_.world && col_.world->size() == shards_.world()),
            "a sharded optimizer needs the world communicator of its {} ranks", shards_.world());
   MT_CHECK(!params_sharded_ || (shards_.active() && o.model.residency), "sharded parameters need ZeRO-1 owners and a residency");
@@ -80,8 +80,28 @@ CudaTrainStep::CudaTrainStep(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights
 EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_divisor, double lr,
                                double max_grad_norm) {
   cudaStream_t stream = cuda::device_context(device_).stream;
+  ++steps_;
+  bool rerun = false;
+  EngineStep s = run_window(window, ce_divisor, max_grad_norm, /*exact_rows=*/false, &rerun);
+  if (rerun) {  // some rank dropped expert rows past its budget: these gradients are wrong, count exactly
+    ++reruns_;
+    s = run_window(window, ce_divisor, max_grad_norm, /*exact_rows=*/true, &rerun);
+    MT_CHECK(!rerun, "step {}: expert rows passed their budget with exact counts", steps_);
+  }
+  if (s.finite) {
+    adamw_.step(updated_grads_, lr, &coef_, stream);
+    if (shards_.active()) broadcast_updates(stream);
+  }
+  model_.timer().mark(cuda::Phase::other, stream);
+  return s;
+}
+
+EngineStep CudaTrainStep::run_window(const std::vector<CudaBatch>& window, double ce_divisor, double max_grad_norm,
+                                     bool exact_rows, bool* rerun) {
+  cudaStream_t stream = cuda::device_context(device_).stream;
   cuda::PhaseTimer& timer = model_.timer();
   timer.mark(cuda::Phase::other, stream);
+  if (col_.ep) col_.ep->begin_step(stream, exact_rows);
   // The stacked expert gradients are not zeroed: their first wgrad pass of the step stores (the largest
   // gradients; saves the memset and one read of dW per layer).
   for (auto& [name, g] : grads_.named_parameters()) {
@@ -93,7 +113,6 @@ EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_d
   std::vector<CudaLoss> losses;
   for (const CudaBatch& b : window) losses.push_back(model_.forward_backward(b, grads_, ce_divisor));
   model_.flush_expert_grads();
-  ++steps_;
   if (col_.active()) {
     timer.mark(cuda::Phase::grad_sync, stream);
     reduce_gradients(stream);
@@ -117,18 +136,16 @@ EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_d
     s.loss += ce + (l.aux.defined() ? coef * aux : 0.0);
   }
   double micro_batches = static_cast<double>(window.size());
+  // Layers whose expert rows passed their budget: any on any rank reruns the step on every rank.
+  double overflows = col_.ep ? static_cast<double>(col_.ep->end_step(stream).overflows) : 0.0;
   if (col_.host) {  // every rank's loss sums (each rank ran its own micro-batches)
-    double sums[4] = {s.loss, s.ce_loss, s.aux_loss, micro_batches};
-    col_.host->all_reduce_sum(sums, 4, "all_reduce(loss sums, step " + std::to_string(steps_) + ")");
-    s.loss = sums[0], s.ce_loss = sums[1], s.aux_loss = sums[2], micro_batches = sums[3];
+    double sums[5] = {s.loss, s.ce_loss, s.aux_loss, micro_batches, overflows};
+    col_.host->all_reduce_sum(sums, 5, "all_reduce(loss sums, step " + std::to_string(steps_) + ")");
+    s.loss = sums[0], s.ce_loss = sums[1], s.aux_loss = sums[2], micro_batches = sums[3], overflows = sums[4];
   }
   if (micro_batches > 0) s.aux_loss /= micro_batches;
   s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
-  if (s.finite) {
-    adamw_.step(updated_grads_, lr, &coef_, stream);
-    if (shards_.active()) broadcast_updates(stream);
-  }
-  timer.mark(cuda::Phase::other, stream);
+  *rerun = overflows > 0;
   return s;
 }
 

@@ -2,6 +2,9 @@
 // of every micro-batch (queued back to back), global grad norm and clip coefficient on the device,
 // one sync to read the losses and the norm, then — if they are finite — multi-tensor AdamW (which
 // reads the clip coefficient from device memory). Shared by the training engine and `mixtune bench`.
+// Under the all-gather expert dispatch the same sync reads whether any layer's expert rows passed their
+// budget (distributed/ep_row_budget.h) on any rank; if so, the micro-batches run again with exact row
+// counts before the update, which then sees the same gradients as a run that always counted them.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -30,7 +33,7 @@ struct CudaStepCollectives {
   Communicator* host = nullptr;
   DeviceCommunicator* world = nullptr;
   DeviceCommunicator* expert_replicas = nullptr;
-  const CudaExpertParallel* ep = nullptr;
+  CudaExpertParallel* ep = nullptr;  // its row budget is read and raised once per step
   bool active() const { return world != nullptr; }
 };
 
@@ -66,6 +69,8 @@ class CudaTrainStep {
   cuda::CudaAdamW& optimizer() { return adamw_; }  // this rank's parameters only when sharded
   const OptimizerShards& shards() const { return shards_; }
   int64_t optimizer_state_bytes();  // this rank's AdamW state (moments, masters)
+  // Steps that ran their micro-batches twice because the expert rows passed their budget.
+  int64_t reruns() const { return reruns_; }
   int device() const { return device_; }
 
  private:
@@ -73,9 +78,14 @@ class CudaTrainStep {
   void reduce_gradients(cudaStream_t stream);
   void complete_sumsq(Tensor& sumsq, cudaStream_t stream);
   void broadcast_updates(cudaStream_t stream);
+  // Zeroed gradients, forward+backward of the window, reductions and the norm, the one sync, the losses;
+  // exact_rows: the expert rows counted on the host. Sets *rerun when the budget was passed on some rank.
+  EngineStep run_window(const std::vector<CudaBatch>& window, double ce_divisor, double max_grad_norm,
+                        bool exact_rows, bool* rerun);
 
   CudaStepCollectives col_;
   int64_t steps_ = 0;  // steps taken here (named in collective errors)
+  int64_t reruns_ = 0;
   Qwen3MoeCudaModel model_;
   Qwen3MoeWeights grads_;
   std::vector<const Tensor*> grad_list_;

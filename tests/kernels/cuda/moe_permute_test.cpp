@@ -17,7 +17,9 @@
 #include "cuda_test_util.h"
 #include "error_report.h"
 #include "kernels/cuda/device_context.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/ep_row_watch.h"
 
 namespace mt {
 namespace {
@@ -209,7 +211,7 @@ TEST(CudaPermute, LocalPlanRunsOnlyThisRanksExperts) {
     // Gather into a buffer with spare rows: rows past `live` keep their marker.
     Tensor xg = test::device_from_host(test::host_random({live + 5, H}, 9, 1.0f, true), DType::BF16);
     const std::vector<float> before = test::device_floats(xg);
-    cuda::moe_gather_rows(x_dev, plan, live, xg, stream0());
+    cuda::moe_gather_live(x_dev, plan, xg, stream0());  // the live count read on the device
     const std::vector<float> xgv = test::device_floats(xg);
     for (int r = 0; r < live + 5; ++r)
       for (int h = 0; h < H; ++h) {
@@ -265,6 +267,75 @@ TEST(CudaPermute, LocalPlanRunsOnlyThisRanksExperts) {
     EXPECT_NE(dw_sum[i], 0.0) << "slot " << i;
   }
   EXPECT_THROW(cuda::moe_plan_local(idx_dev, E, 12, 8, stream0()), Error);  // past the last expert
+}
+
+// The all-gather dispatch's row budget (kernels/cuda/ep_row_watch.h): the watch records the live row count
+// as a fixed-point ratio to the even share (the maximum over calls) and counts the calls whose count passed
+// the capacity; it clamps the live offsets to the capacity, after which the gather fills exactly the budget's
+// rows and the combine sums only the slots whose rows fit (the others dropped, as the rerun expects).
+TEST(CudaPermute, RowWatchRecordsTheLoadAndClampsALocalPlanToItsBudget) {
+  MT_SKIP_WITHOUT_CUDA();
+  const int T = 300, k = 8, E = 16, H = 64, ranks = 4, per = E / ranks, rank = 1, share = T * k / ranks;
+  const int64_t scale = 4096;
+  auto idx = random_index(T, k, E, E, 29);
+  const Tensor idx_dev = device_index(T, k, idx);
+  std::vector<int32_t> local(idx.size());
+  for (size_t i = 0; i < idx.size(); ++i) {
+    const int e = idx[i] - rank * per;
+    local[i] = e >= 0 && e < per ? e : per;
+  }
+  const HostPlan want = host_plan(local, per + 1);
+  const int live = want.offsets[per];
+  ASSERT_GT(live, 20);
+  const int32_t load = static_cast<int32_t>((int64_t{live} * scale + share - 1) / share);
+  Tensor watch = Tensor::empty({2}, DType::I32, Device::cuda(0));
+  MT_CUDA_CHECK(cudaMemsetAsync(watch.data(), 0, 8, stream0()));
+
+  // Within the budget: nothing clamped, the load recorded, no overflow.
+  cuda::MoePlan plan = cuda::moe_plan_local(idx_dev, E, rank * per, per, stream0());
+  cuda::ep_watch_live_rows(plan, live, share, scale, watch, stream0());
+  EXPECT_EQ(host_ints(plan.offsets), want.offsets);
+  EXPECT_EQ(host_ints(watch), (std::vector<int32_t>{load, 0}));
+
+  // A larger share gives a smaller load: the maximum stays.
+  cuda::MoePlan again = cuda::moe_plan_local(idx_dev, E, rank * per, per, stream0());
+  cuda::ep_watch_live_rows(again, T * k, 2 * share, scale, watch, stream0());
+  EXPECT_EQ(host_ints(watch), (std::vector<int32_t>{load, 0}));
+
+  // Past the budget: the live offsets clamped to it (the other ranks' bucket keeps its end), one overflow.
+  const int cap = live - 7;
+  cuda::MoePlan over = cuda::moe_plan_local(idx_dev, E, rank * per, per, stream0());
+  cuda::ep_watch_live_rows(over, cap, share, scale, watch, stream0());
+  std::vector<int32_t> clamped = want.offsets;
+  for (int j = 0; j <= per; ++j) clamped[j] = std::min(clamped[j], cap);
+  EXPECT_EQ(host_ints(over.offsets), clamped);
+  EXPECT_EQ(clamped[per + 1], T * k);
+  EXPECT_EQ(host_ints(watch), (std::vector<int32_t>{load, 1}));
+
+  // The gather fills the budget's rows only; the combine sums the slots whose rows fit.
+  Tensor x = test::host_random({T, H}, 31, 1.0f, true);
+  const std::vector<float> xv = x.to_floats();
+  const Tensor x_dev = test::device_from_host(x, DType::BF16);
+  Tensor xg = Tensor::empty({cap, H}, DType::BF16, Device::cuda(0));
+  cuda::moe_gather_live(x_dev, over, xg, stream0());
+  const std::vector<float> xgv = test::device_floats(xg);
+  for (int r = 0; r < cap; ++r)
+    for (int h = 0; h < H; ++h) ASSERT_EQ(xgv[static_cast<size_t>(r) * H + h], xv[(want.slot[r] / k) * H + h]) << r;
+  Tensor out = Tensor::empty({T, H}, DType::F32, Device::cuda(0));
+  cuda::moe_combine(xg, Tensor(), over, out, stream0());
+  const std::vector<float> outv = test::device_floats(out);
+  int summed = 0;
+  for (int t = 0; t < T; ++t) {
+    float acc = 0.0f;
+    for (int s = 0; s < k; ++s)
+      if (want.row[t * k + s] < cap) acc += xgv[static_cast<size_t>(want.row[t * k + s]) * H], ++summed;
+    ASSERT_EQ(outv[static_cast<size_t>(t) * H], acc) << "token " << t;
+  }
+  EXPECT_EQ(summed, cap);
+  EXPECT_THROW(cuda::ep_watch_live_rows(plan, -1, share, scale, watch, stream0()), Error);
+  cuda::MoePlan full = cuda::moe_plan(idx_dev, E, stream0());
+  EXPECT_THROW(cuda::ep_watch_live_rows(full, cap, share, scale, watch, stream0()), Error);  // not a local plan
+  EXPECT_THROW(cuda::moe_gather_live(x_dev, full, xg, stream0()), Error);
 }
 
 TEST(CudaPermute, BadShapesAreErrors) {

@@ -432,10 +432,80 @@ TEST(CudaMultiGpu, BenchShardedParametersTrainLikeZero1) {
               static_cast<long long>(z3["peak_allocated_bytes"].get<int64_t>()));
 }
 
+// The all-gather dispatch without a host read of the expert row counts (distributed/ep_row_budget.h): after the
+// first step (exact counts) each layer sizes its expert buffers from the budget, checked on the GPU and read at
+// the step's sync. EP 2 runs with a budget (headroom 2, so that no step of the tiny model's noisy loads passes
+// it), with headroom 0 (the count read on the host for every layer and micro-batch) and with headroom 0.5 (under
+// the load already seen: every later step passes it on some layer, drops the rows past it, and runs again with
+// exact counts) end bitwise alike: the same losses, the same final checkpoint. The forced run logs each rerun.
+TEST(CudaMultiGpu, ExpertRowBudgetTrainsBitwiseLikeExactCounts) {
+  MT_SKIP_WITHOUT_A_GPU();
+  io_test::ScratchDir dir;
+  write_model_and_data(dir);
+  auto job = [&](const std::string& name, const std::string& headroom) {
+    return finetune_args(write_recipe(dir, name),
+                         {"train.device=cuda", "model.dtype=bfloat16", "parallel.ep=2", "train.max_steps=6",
+                          "parallel.ep_row_headroom=" + headroom},
+                         2);
+  };
+  for (const auto& [name, headroom] : std::vector<std::pair<std::string, std::string>>{
+           {"exact", "0"}, {"budget", "2"}, {"forced", "0.5"}}) {
+    ASSERT_EQ(run(job(name, headroom), dir.path / (name + ".log")), 0) << test::slurp(dir.path / (name + ".log"));
+  }
+  const std::string forced_log = test::slurp(dir.path / "forced.log");
+  int reruns = 0;
+  for (size_t at = 0; (at = forced_log.find("ran again with exact row counts", at)) != std::string::npos; ++at) ++reruns;
+  EXPECT_EQ(reruns, 5) << forced_log;  // every step after the first
+  EXPECT_EQ(test::slurp(dir.path / "budget.log").find("ran again"), std::string::npos);
+  EXPECT_EQ(losses_of(dir.path / "budget"), losses_of(dir.path / "exact"));
+  EXPECT_EQ(losses_of(dir.path / "forced"), losses_of(dir.path / "exact"));
+  ASSERT_EQ(losses_of(dir.path / "exact").size(), 6u);
+  for (const auto& f : fs::directory_iterator(dir.path / "exact" / "final")) {
+    if (f.path().extension() != ".safetensors") continue;
+    for (const char* other : {"budget", "forced"})
+      EXPECT_EQ(test::slurp(f.path()), test::slurp(dir.path / other / "final" / f.path().filename()))
+          << other << " " << f.path().filename();
+  }
+}
+
+// `mixtune bench` reports the host reads of row counts per step: none with a budget (headroom 2, past the noise of
+// the synthetic batches' loads; the timed steps come after the exact warm-up step), one per MoE layer and
+// micro-batch with --ep-row-headroom 0, and as many in every step that reruns (--ep-row-headroom 0.5: all of
+// them); the losses agree bit for bit.
+TEST(CudaMultiGpu, BenchReportsNoHostReadsOfExpertRowsUnderTheBudget) {
+  MT_SKIP_WITHOUT_A_GPU();
+  io_test::ScratchDir dir;
+  write_model_and_data(dir);
+  const nlohmann::json budget = launch_small_bench(dir, "budget", 2, {"--ep-row-headroom", "2"});
+  const nlohmann::json exact = launch_small_bench(dir, "exact", 2, {"--ep-row-headroom", "0"});
+  const nlohmann::json forced = launch_small_bench(dir, "forced", 2, {"--ep-row-headroom", "0.5"});
+  const nlohmann::json &b = budget["all_to_all"], &e = exact["all_to_all"], &f = forced["all_to_all"];
+  ASSERT_EQ(b["mode"], "all_gather");
+  // The test model's 2 MoE layers × grad-accum 2.
+  EXPECT_EQ(b["host_count_reads_per_step"].get<double>(), 0.0);
+  EXPECT_EQ(e["host_count_reads_per_step"].get<double>(), 4.0);
+  EXPECT_EQ(f["host_count_reads_per_step"].get<double>(), 4.0);
+  EXPECT_EQ(b["row_budget"]["steps_rerun"].get<int64_t>(), 0);
+  EXPECT_EQ(f["row_budget"]["steps_rerun"].get<int64_t>(), 3);
+  EXPECT_EQ(e["row_budget"]["ratio_to_even_share"].get<double>(), 0.0);
+  EXPECT_GE(b["row_budget"]["ratio_to_even_share"].get<double>(), 2.0);  // twice at least the even share (the max)
+  for (const nlohmann::json* other : {&exact, &forced}) {
+    EXPECT_EQ((*other)["loss_first"].get<double>(), budget["loss_first"].get<double>());
+    EXPECT_EQ((*other)["loss_last"].get<double>(), budget["loss_last"].get<double>());
+  }
+  std::printf("bench EP 2: budget %.3f of the even share, host reads per step %.0f (budget) / %.0f (exact), "
+              "host wait %.3f / %.3f ms per step\n",
+              b["row_budget"]["ratio_to_even_share"].get<double>(), b["host_count_reads_per_step"].get<double>(),
+              e["host_count_reads_per_step"].get<double>(), b["host_wait_for_counts_ms_per_step"].get<double>(),
+              e["host_wait_for_counts_ms_per_step"].get<double>());
+}
+
 // A rank that stops answering (MIXTUNE_TEST_STALL: rank 1 hangs before step 3) makes rank 0's NCCL wait give up
 // after parallel.timeout_s with the layer and the operation named; the launcher then stops the hung rank, the
-// job exits non-zero within seconds, and no checkpoint is marked latest. Both expert dispatches: the first wait
-// of layer 0 is the read of this rank's expert row count (all_gather) or of the row counts (all_to_all).
+// job exits non-zero within seconds, and no checkpoint is marked latest. Both expert dispatches: the all_gather
+// step queues every layer without a host wait (the row budget), so its step-end wait times out and names the
+// first unfinished collective, layer 0's token all-gather; all_to_all's first wait is layer 0's read of the row
+// counts.
 TEST(CudaMultiGpu, StalledRankTimesOutWithLayerAndOperationNamed) {
   MT_SKIP_WITHOUT_TWO_GPUS();
   io_test::ScratchDir dir;
@@ -444,7 +514,7 @@ TEST(CudaMultiGpu, StalledRankTimesOutWithLayerAndOperationNamed) {
     const char* mode;
     const char* first_wait;
   };
-  for (const Case& c : {Case{"all_gather", "layer 0: row count of this rank's experts"},
+  for (const Case& c : {Case{"all_gather", "first unfinished collective: expert-parallel group: layer 0: all_gather"},
                         Case{"all_to_all", "layer 0: expert dispatch plan"}}) {
     SCOPED_TRACE(c.mode);
     const std::string name = std::string("stall_") + c.mode;
