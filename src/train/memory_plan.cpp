@@ -226,8 +226,12 @@ wide fetched_groups_count(const MemoryPlanInput& in, const Dims& d, const Layers
   const bool split = in.expert_parallel > 1;
   const wide embed = d.V * d.H, head = d.V * d.H + d.H;
   if (layers.moe + layers.dense == 0) return embed + head;
+  // Split experts: the router, and with several copies of each expert group this rank's expert stacks too
+  // (ZeRO-3 shards them over their replicas, train/sharded_params.h); a single copy keeps them, counted in the
+  // rank's share.
+  const wide experts_here = expert_replicas_of(in) > 1 ? (moe_param_count(d) - d.E * d.H) / in.expert_parallel : 0;
   wide layer = 0;
-  if (layers.moe > 0) layer = attention_param_count(d) + (split ? d.E * d.H : moe_param_count(d));
+  if (layers.moe > 0) layer = attention_param_count(d) + (split ? d.E * d.H + experts_here : moe_param_count(d));
   if (layers.dense > 0) layer = std::max(layer, attention_param_count(d) + dense_param_count(d));
   return std::max(head, layer) + layer;
 }

@@ -78,10 +78,11 @@ class OptimizerShards {
   // what ZeRO-3 and the world-wide reduce and broadcast go by.
   int world_owner(size_t i) const { return over_replicas(i) ? -1 : owner(i); }
   int world_owner(const std::string& param) const { return over_replicas(param) ? -1 : owner(param); }
-  // Whether this rank keeps parameter i's weights under ZeRO-3 (train/sharded_params.h): the ones no rank of
-  // the world owns (the expert stacks included: every replica keeps its experts) and its own.
-  bool keeps_weights(size_t i) const { return world_owner(i) < 0 || world_owner(i) == rank_; }
-  bool keeps_weights(const std::string& param) const { return world_owner(param) < 0 || world_owner(param) == rank_; }
+  // Whether this rank keeps parameter i's weights under ZeRO-3 (train/sharded_params.h): the ones nobody owns
+  // (every rank holding them updates them) and its own, of either kind (an expert stack sharded over its
+  // replicas is kept by its owner among them only).
+  bool keeps_weights(size_t i) const { return owner(i) < 0 || owner(i) == rank_; }
+  bool keeps_weights(const std::string& param) const { return owner(param) < 0 || owner(param) == rank_; }
   // The ranks holding this rank's experts when the expert stacks are sharded over them (else empty), and a
   // rank's position among them (what a communicator over the replica group calls that rank).
   const std::vector<int>& replicas() const { return replicas_; }

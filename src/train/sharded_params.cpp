@@ -2,6 +2,8 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -13,50 +15,70 @@ namespace {
 
 class HostParamTransport final : public ParamTransport {
  public:
-  HostParamTransport(Communicator& comm, int rank, int world) : comm_(comm), rank_(rank), world_(world) {}
+  HostParamTransport(Communicator& comm, int rank, int world, std::vector<int> replicas)
+      : comm_(comm), rank_(rank), world_(world), replicas_(std::move(replicas)) {}
 
   void bring(int64_t, const std::vector<ShardedParam>& members, const std::string& what) override {
-    for (int owner = 0; owner < world_; ++owner) {
+    std::vector<int> everyone(static_cast<size_t>(world_));
+    for (int r = 0; r < world_; ++r) everyone[static_cast<size_t>(r)] = r;
+    bring_kind(members, false, everyone, nullptr, what);
+    if (!replicas_.empty()) bring_kind(members, true, replicas_, &replicas_, what);
+  }
+
+ private:
+  // The members of one kind, owner by owner (ranks of the job), over the job's communicator or `group`.
+  void bring_kind(const std::vector<ShardedParam>& members, bool over_replicas, const std::vector<int>& owners,
+                  const std::vector<int>* group, const std::string& what) {
+    for (int owner : owners) {
       size_t bytes = 0;
       const ShardedParam* only = nullptr;  // the owner's one tensor of the group: broadcast in place, no packing copy
       int count = 0;
+      auto ours = [&](const ShardedParam& m) { return m.owner == owner && m.over_replicas == over_replicas; };
       for (const ShardedParam& m : members)
-        if (m.owner == owner) bytes += m.t->nbytes(), only = &m, ++count;
+        if (ours(m)) bytes += m.t->nbytes(), only = &m, ++count;
       if (bytes == 0) continue;
       const bool mine = owner == rank_;
-      const std::string op = fmt::format("broadcast({}: parameters held by rank {})", what, owner);
+      const std::string op = fmt::format("broadcast({}: {} held by rank {})", what,
+                                         over_replicas ? "expert stacks" : "parameters", owner);
+      auto broadcast = [&](void* data) {
+        if (group)
+          comm_.broadcast(*group, data, bytes, owner, op);
+        else
+          comm_.broadcast(data, bytes, owner, op);
+      };
       if (count == 1) {
-        comm_.broadcast(only->t->data(), bytes, owner, op);
+        broadcast(only->t->data());
         continue;
       }
       packed_.resize(bytes);
       size_t at = 0;
       for (const ShardedParam& m : members) {
-        if (m.owner != owner) continue;
+        if (!ours(m)) continue;
         if (mine) std::memcpy(packed_.data() + at, m.t->data(), m.t->nbytes());
         at += m.t->nbytes();
       }
-      comm_.broadcast(packed_.data(), bytes, owner, op);
+      broadcast(packed_.data());
       if (mine) continue;
       at = 0;
       for (const ShardedParam& m : members) {
-        if (m.owner != owner) continue;
+        if (!ours(m)) continue;
         std::memcpy(m.t->data(), packed_.data() + at, m.t->nbytes());
         at += m.t->nbytes();
       }
     }
   }
 
- private:
   Communicator& comm_;
   int rank_, world_;
+  std::vector<int> replicas_;
   std::vector<unsigned char> packed_;
 };
 
 }  // namespace
 
-std::unique_ptr<ParamTransport> host_param_transport(Communicator& comm, int rank, int world) {
-  return std::make_unique<HostParamTransport>(comm, rank, world);
+std::unique_ptr<ParamTransport> host_param_transport(Communicator& comm, int rank, int world,
+                                                     std::vector<int> replicas) {
+  return std::make_unique<HostParamTransport>(comm, rank, world, std::move(replicas));
 }
 
 int64_t ShardedParams::group_of(const std::string& param, int64_t num_layers) {
@@ -79,19 +101,23 @@ ShardedParams::ShardedParams(Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, cons
   MT_CHECK(shards.active(), "sharded parameters need the job's ZeRO-1 owners");
   const auto params = w.named_parameters();
   for (size_t i = 0; i < params.size(); ++i) {
-    const int owner = shards.world_owner(i);
-    if (owner < 0) continue;  // every rank holding it keeps it (the expert-parallel stacks)
+    const int owner = shards.owner(i);
+    if (owner < 0) continue;  // every rank holding it keeps it (the expert stacks of a single copy)
     const auto& [name, t] = params[i];
     const int64_t g = group_of(name, num_layers_);
-    groups_[g].push_back({t, owner});
-    if (g == kEmbedding && cfg.tie_word_embeddings) groups_[head(num_layers_)].push_back({t, owner});
+    const bool replicas = shards.over_replicas(i);
+    const ShardedParam m{t, owner, replicas, replicas ? shards.replica_index(owner) : owner};
+    groups_[g].push_back(m);
+    if (g == kEmbedding && cfg.tie_word_embeddings) groups_[head(num_layers_)].push_back(m);
   }
   for (const auto& [g, members] : groups_) present_[g] = true;
 }
 
 ShardedParams::ShardedParams(Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, const OptimizerShards& shards,
                              Communicator& comm, bool reshard_after_forward)
-    : ShardedParams(w, cfg, shards, host_param_transport(comm, shards.rank(), shards.world()),
+    : ShardedParams(w, cfg, shards,
+                    host_param_transport(comm, shards.rank(), shards.world(),
+                                         shards.experts_sharded() ? shards.replicas() : std::vector<int>{}),
                     reshard_after_forward) {
   MT_CHECK(shards.world() == comm.size(), "sharded parameters over {} ranks, the job has {}", shards.world(),
            comm.size());

@@ -1,10 +1,11 @@
-// ZeRO-3 (recipe parallel.shard_parameters): the parameters ZeRO-1 shards over the world (every rank's copy of
-// them is the same: all of them, or all but the expert-parallel stacks, whose state ZeRO-1 shards over their
-// replicas but whose weights every replica keeps) are kept only by their owner rank
-// (train/optimizer_shards.h, whole tensors), which also updates them. The model fetches a group of them
-// right before reading it (models/param_residency.h): each owner of a tensor of the group sends it to the
-// other ranks (a ParamTransport: host broadcasts on the CPU engine, below; a device broadcast on the CUDA
-// engine, train/cuda/cuda_param_transport.h), and the other ranks hold them until the group is released —
+// ZeRO-3 (recipe parallel.shard_parameters): the parameters ZeRO-1 shards (train/optimizer_shards.h, whole
+// tensors) are kept only by their owner, which also updates them: the replicated ones (every rank's copy is
+// the same) by their owner among the world's ranks, and under expert parallelism with several copies of each
+// expert group (world > ep) each expert stack by its owner among the ranks holding those experts (its
+// replicas). The model fetches a group of them right before reading it (models/param_residency.h): each
+// owner of a tensor of the group sends it to the other ranks of its kind (a ParamTransport: host broadcasts on
+// the CPU engine, below; device broadcasts on the CUDA engine, train/cuda/cuda_param_transport.h; an expert
+// stack only to its replicas), and the other ranks hold them until the group is released —
 // after the backward always, and already after the forward with parallel.reshard_after_forward (the
 // default). Between uses a rank holds its own share; the tensors of other ranks are Tensor::absent (shape,
 // dtype and device only), so the shared save (train/shared_save.h), where each owner writes its tensors,
@@ -29,7 +30,9 @@ namespace mt {
 
 struct ShardedParam {
   Tensor* t;
-  int owner;
+  int owner;                   // its owner's rank in the job
+  bool over_replicas = false;  // an expert stack: travels among its replicas only
+  int root = 0;                // the owner's rank in the group it travels over (the job, or the replicas)
 };
 
 // How a group's tensors reach the ranks that do not own them.
@@ -45,8 +48,10 @@ class ParamTransport {
 };
 
 // The CPU transport: per owner, one broadcast over the job's communicator of its tensors of the group
-// (packed when it has several; a single one, such as the embedding, in place).
-std::unique_ptr<ParamTransport> host_param_transport(Communicator& comm, int rank, int world);
+// (packed when it has several; a single one, such as the embedding, in place); the expert stacks' over their
+// replicas (the job's ranks listed, this rank among them; empty when no stack is sharded over them).
+std::unique_ptr<ParamTransport> host_param_transport(Communicator& comm, int rank, int world,
+                                                     std::vector<int> replicas = {});
 
 class ShardedParams final : public ParamResidency {
  public:

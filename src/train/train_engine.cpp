@@ -84,10 +84,9 @@ class CpuEngine final : public TrainEngine {
     if (s.finite) {
       grad_clip_to(updated_grad_list_, s.grad_norm, max_grad_norm);
       optimizer_.step(updated_grads_, lr);
-      // Sharded parameters are fetched from their owners at their next use instead; every replica keeps the
-      // expert stacks.
+      // Sharded parameters (the expert stacks too) are fetched from their owners at their next use instead.
       if (shards_.active() && !sharded_params_) broadcast_updates();
-      if (shards_.experts_sharded()) broadcast_expert_updates();
+      if (shards_.experts_sharded() && !sharded_params_) broadcast_expert_updates();
     }
     return s;
   }

@@ -273,8 +273,9 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
         "{:.2f} MiB",
         sh.world(),
         sh.experts_sharded() ? fmt::format(", the experts' over their {} replicas", sh.replicas().size()) : "",
-        r.parallel.shard_parameters ? fmt::format(", the parameters too (ZeRO-3, reshard after forward: {})",
-                                                  r.parallel.reshard_after_forward ? "yes" : "no")
+        r.parallel.shard_parameters ? fmt::format(", the parameters too (ZeRO-3, reshard after forward: {}{})",
+                                                  r.parallel.reshard_after_forward ? "yes" : "no",
+                                                  sh.experts_sharded() ? "; the expert stacks over their replicas" : "")
                                     : "",
         *std::max_element(kept.begin(), kept.end()) / (1 << 20)));
   }

@@ -227,7 +227,8 @@ TEST_F(LaunchCli, ExpertStateShardedOverReplicasTrainsAndResumesLikeUnsharded) {
 // broadcast per layer for each use. The values every rank computes with are the owner's, so the run is bitwise
 // the unsharded one (metrics, optimizer files, final weights), for both reshard policies and with EP 2; and
 // rank 0's peak memory (reset once the engine is built) is below the ZeRO-1 run's; a resumed run ends bitwise where
-// the uninterrupted one did; four ranks with EP 2 are bitwise the unsharded four-rank run.
+// the uninterrupted one did; four ranks with EP 2 (two copies of each expert group, so the expert stacks are
+// sharded over them too) are bitwise the unsharded four-rank run, with a lower peak.
 TEST_F(LaunchCli, ShardedParametersTrainBitwiseLikeReplicated) {
   auto job = [&](const std::string& name, const std::string& ep, const std::vector<std::string>& sets) {
     std::vector<std::string> a{"launch", "--nproc", "2", "--", "finetune", recipe(name, 1).string(),
@@ -292,7 +293,13 @@ TEST_F(LaunchCli, ShardedParametersTrainBitwiseLikeReplicated) {
     ASSERT_EQ(run(job4("whole4", {"parallel.shard_optimizer=false"}), dir / "whole4.log"), 0) << slurp(dir / "whole4.log");
     ASSERT_EQ(run(job4("zero3x4", {"parallel.shard_parameters=true"}), dir / "zero3x4.log"), 0)
         << slurp(dir / "zero3x4.log");
+    EXPECT_NE(slurp(dir / "zero3x4.log").find("; the expert stacks over their replicas)"), std::string::npos)
+        << slurp(dir / "zero3x4.log");
     expect_bitwise_same_run("whole4", "zero3x4", {});
+    // Each rank holds about half of its expert group's stacks and a quarter of the replicated tensors between uses.
+    EXPECT_LT(peak("zero3x4"), peak("whole4"));
+    std::printf("4 ranks, EP 2: rank 0 peak memory %lld bytes unsharded, %lld with ZeRO-3 (expert stacks too)\n",
+                static_cast<long long>(peak("whole4")), static_cast<long long>(peak("zero3x4")));
   }
   // A sharded-parameter job needs the optimizer state sharded too (its owner updates the parameter).
   ASSERT_EQ(run(job("bad", "1", {"parallel.shard_parameters=true", "parallel.shard_optimizer=false"}),

@@ -489,6 +489,16 @@ TEST(MemoryPlan, ShardedParametersHoldTheShareAndTwoFetchedGroups) {
   in.reshard_after_forward = true;
   in.optimizer_shards = 1;
   EXPECT_EQ(memory_plan(in).params, zero1.params);
+
+  // Four ranks, EP 2: two copies of each expert group, so ZeRO-3 shards the expert stacks over them too. The rank
+  // keeps its owned share (half its experts' stacks, about a quarter of the replicated tensors) and two fetched
+  // groups, which are now whole layers with this rank's experts: 19,140,864 + 603,979,776 / 2 = 321,130,752
+  // parameters, more than the head.
+  in.optimizer_shards = 4;
+  const MemoryPlan four = memory_plan(in);
+  EXPECT_EQ(four.params, (four.optimizer_param_count + 2 * int64_t{321130752}) * 2);
+  EXPECT_LE(four.optimizer_param_count, experts_held / 2 + 852022272 / 4 + 311166976);  // average + largest tensor
+  EXPECT_LT(four.params, zero3.params - experts_held / 4 * 2);  // the experts no longer all here
 }
 
 }  // namespace

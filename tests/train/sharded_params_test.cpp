@@ -1,4 +1,4 @@
-// ZeRO-3's parameter residency (train/sharded_params.h) on two and three ranks that are threads over loopback:
+// ZeRO-3's parameter residency (train/sharded_params.h) on two to four ranks that are threads over loopback:
 // after shard() a rank holds exactly the tensors it owns; a fetched group is present on every rank with the
 // owner's bytes; release drops it again, after the forward only when the policy reshards; the model-facing
 // group numbering covers every parameter once (twice for a tied embedding).
@@ -56,8 +56,8 @@ void run_protocol(int world, bool tied, bool reshard, int64_t ep) {
     const auto params = w.named_parameters();
     const auto want = original.named_parameters();
     const int64_t L = cfg.num_hidden_layers;
-    // Present: the owned tensors and those no rank owns over the world (the expert-parallel stacks, also when
-    // their optimizer state is sharded over their replicas); the others absent.
+    // Present: the owned tensors (an expert stack sharded over its replicas: on its owner among them) and those
+    // no rank owns (the expert-parallel stacks of a single copy); the others absent.
     auto expect_held = [&](int64_t fetched) {
       for (size_t i = 0; i < params.size(); ++i) {
         const std::string& name = params[i].first;
@@ -65,7 +65,7 @@ void run_protocol(int world, bool tied, bool reshard, int64_t ep) {
         const int64_t g = ShardedParams::group_of(name, L);
         const bool in_fetched = fetched != -2 && (g == fetched || (tied && g == ParamResidency::kEmbedding &&
                                                                    fetched == ParamResidency::head(L)));
-        const bool held = shards.world_owner(i) < 0 || shards.world_owner(i) == r || in_fetched;
+        const bool held = shards.owner(i) < 0 || shards.owner(i) == r || in_fetched;
         ASSERT_EQ(t.present(), held) << "rank " << r << " " << name;
         ASSERT_EQ(t.shape(), want[i].second->shape()) << name;
         if (held) {
@@ -95,7 +95,7 @@ TEST(ShardedParams, EachRankHoldsItsOwnAndFetchesTheRestPerGroup) {
   }
   run_protocol(3, false, true, 1);
   run_protocol(2, false, true, /*ep=*/2);
-  run_protocol(4, false, true, /*ep=*/2);  // the expert stacks' state sharded over two replicas, the weights kept
+  run_protocol(4, false, true, /*ep=*/2);  // the expert stacks sharded over their two replicas, weights and state
 }
 
 TEST(ShardedParams, TiedEmbeddingIsFetchedForTheHeadToo) { run_protocol(2, true, true, 1); }

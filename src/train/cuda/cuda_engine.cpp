@@ -126,7 +126,7 @@ class CudaEngine final : public TrainEngine {
     if (shard_params) {
       shards_ = so.shards;
       sharded_params_ = std::make_unique<ShardedParams>(
-          weights_, lm.config, shards_, std::make_unique<CudaParamTransport>(*job_.world, device_),
+          weights_, lm.config, shards_, std::make_unique<CudaParamTransport>(*job_.world, device_, job_.replicas.get()),
           r.parallel.reshard_after_forward);
       so.model.residency = sharded_params_.get();
       so.params_sharded = true;

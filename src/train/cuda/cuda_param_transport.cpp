@@ -1,12 +1,14 @@
 #include "train/cuda/cuda_param_transport.h"
 
+#include "core/error.h"
 #include "distributed/cuda/device_communicator.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_context.h"
 
 namespace mt {
 
-CudaParamTransport::CudaParamTransport(DeviceCommunicator& world, int device) : world_(world), device_(device) {
+CudaParamTransport::CudaParamTransport(DeviceCommunicator& world, int device, DeviceCommunicator* replicas)
+    : world_(world), device_(device), replicas_(replicas) {
   cuda::device_set(device_);
   MT_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
 }
@@ -37,10 +39,14 @@ void CudaParamTransport::bring(int64_t group, const std::vector<ShardedParam>& m
   MT_CUDA_CHECK(cudaEventRecord(fork, main));
   MT_CUDA_CHECK(cudaStreamWaitEvent(side_, fork, 0));
   free_.push_back(fork);  // reusable at once: a later record does not disturb this wait
-  std::vector<DeviceCommunicator::Broadcast> parts;
-  parts.reserve(members.size());
-  for (const ShardedParam& m : members) parts.push_back({m.t->data(), m.t->numel(), m.t->dtype(), m.owner});
-  world_.broadcast(parts, side_, "broadcast(" + what + ": parameters from their owners)");
+  std::vector<DeviceCommunicator::Broadcast> parts, stacks;
+  for (const ShardedParam& m : members)
+    (m.over_replicas ? stacks : parts).push_back({m.t->data(), m.t->numel(), m.t->dtype(), m.root});
+  if (!parts.empty()) world_.broadcast(parts, side_, "broadcast(" + what + ": parameters from their owners)");
+  if (!stacks.empty()) {
+    MT_CHECK(replicas_, "{}: expert stacks sharded over replicas, but no replica communicator", what);
+    replicas_->broadcast(stacks, side_, "broadcast(" + what + ": expert stacks from their owners among the replicas)");
+  }
   cudaEvent_t done = event();
   MT_CUDA_CHECK(cudaEventRecord(done, side_));
   pending_[group] = done;

@@ -1,9 +1,9 @@
 // ZeRO-3's transport on the GPUs (train/sharded_params.h): a group's tensors travel in one grouped device
-// broadcast (each tensor from its owner) on a side stream that first waits for the main stream's work so
-// far, so the next layer's parameters move while this layer computes; join() makes the main stream wait
-// for that group's broadcast before anything reads it. The side stream is the only one that queues on the
-// world communicator during a forward or backward (the gradient all-reduce comes after the last join), so
-// the communicator never has work on two streams at once.
+// broadcast (each tensor from its owner) over the world, and its expert stacks in one over their replicas,
+// on a side stream that first waits for the main stream's work so far, so the next layer's parameters move
+// while this layer computes; join() makes the main stream wait for that group's broadcasts before anything
+// reads it. The side stream is the only one that queues on these communicators during a forward or backward
+// (the gradient reductions come after the last join), so neither has work on two streams at once.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -20,8 +20,9 @@ class DeviceCommunicator;
 
 class CudaParamTransport final : public ParamTransport {
  public:
-  // world: the job's communicator over every rank (the ZeRO-1 owners' ranks); device: this rank's GPU.
-  CudaParamTransport(DeviceCommunicator& world, int device);
+  // world: the job's communicator over every rank (the ZeRO-1 owners' ranks); device: this rank's GPU;
+  // replicas: the communicator over the ranks holding this rank's experts (null: no stack travels over it).
+  CudaParamTransport(DeviceCommunicator& world, int device, DeviceCommunicator* replicas = nullptr);
   ~CudaParamTransport() override;
   CudaParamTransport(const CudaParamTransport&) = delete;
   CudaParamTransport& operator=(const CudaParamTransport&) = delete;
@@ -34,6 +35,7 @@ class CudaParamTransport final : public ParamTransport {
 
   DeviceCommunicator& world_;
   int device_;
+  DeviceCommunicator* replicas_ = nullptr;
   cudaStream_t side_ = nullptr;
   std::map<int64_t, cudaEvent_t> pending_;  // group -> its broadcast's completion, until joined
   std::vector<cudaEvent_t> free_;

@@ -149,14 +149,16 @@ EngineStep CudaTrainStep::run_window(const std::vector<CudaBatch>& window, doubl
   return s;
 }
 
-// Every sharded parameter from its owner to the other ranks (one NCCL group): over the world (unless ZeRO-3
-// fetches them from their owners at their next use), and the expert stacks over their replicas.
+// Every sharded parameter from its owner to the other ranks (one NCCL group): over the world, and the expert
+// stacks over their replicas; unless ZeRO-3 fetches them from their owners at their next use.
 void CudaTrainStep::broadcast_updates(cudaStream_t stream) {
   std::vector<DeviceCommunicator::Broadcast> parts, experts;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = *params_[i];
-    if (shards_.over_replicas(i))
+    if (shards_.over_replicas(i) && !params_sharded_)
       experts.push_back({p.data(), p.numel(), p.dtype(), shards_.replica_index(shards_.owner(i))});
+    else if (shards_.over_replicas(i))
+      continue;
     else if (shards_.world_owner(i) >= 0 && !params_sharded_)
       parts.push_back({p.data(), p.numel(), p.dtype(), shards_.world_owner(i)});
   }

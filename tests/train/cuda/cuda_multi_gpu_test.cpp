@@ -333,6 +333,18 @@ TEST(CudaMultiGpu, FourRanksWithExpertReplicasShardBitwiseLikeReplicated) {
     ASSERT_EQ(run(job(name, extra), dir.path / (name + ".log")), 0) << test::slurp(dir.path / (name + ".log"));
     EXPECT_NE(test::slurp(dir.path / (name + ".log")).find("the experts' over their 2 replicas"), std::string::npos)
         << test::slurp(dir.path / (name + ".log"));
+    if (name == "zero3") {  // the expert stacks' weights too, fetched from their owner among the replicas per layer
+      EXPECT_NE(test::slurp(dir.path / (name + ".log")).find("; the expert stacks over their replicas)"),
+                std::string::npos)
+          << test::slurp(dir.path / (name + ".log"));
+      const auto peak = [&](const std::string& n) {
+        return metrics_of(dir.path / n).back()["peak_memory_bytes"].get<int64_t>();
+      };
+      EXPECT_LT(peak("zero3"), peak("zero1"));
+      std::printf("4 ranks, EP 2: rank 0 peak allocated %lld bytes with ZeRO-1, %lld with ZeRO-3 (expert stacks "
+                  "too)\n",
+                  static_cast<long long>(peak("zero1")), static_cast<long long>(peak("zero3")));
+    }
     EXPECT_EQ(losses_of(dir.path / name), losses_of(dir.path / "whole"));
     EXPECT_EQ(test::slurp(dir.path / name / "checkpoint-000004" / "optimizer.safetensors"),
               test::slurp(dir.path / "whole" / "checkpoint-000004" / "optimizer.safetensors"));
@@ -345,33 +357,39 @@ TEST(CudaMultiGpu, FourRanksWithExpertReplicasShardBitwiseLikeReplicated) {
   }
 }
 
+// ZeRO-1 and ZeRO-3 (the expert stacks' weights on their owner among the replicas: on resume each owner reads its
+// stacks from the checkpoint, the others none).
 TEST(CudaMultiGpu, FourRanksWithExpertReplicasResumeBitwise) {
   MT_SKIP_WITHOUT_A_GPU();
-  io_test::ScratchDir dir;
-  write_model_and_data(dir);
-  const std::string recipe = write_recipe(dir, "zero1");
-  const std::vector<std::string> sets = {"train.device=cuda", "parallel.ep=2", "parallel.gpu_collectives=host",
-                                         "train.max_steps=4", "checkpoint.every_steps=2", "checkpoint.keep_last=3"};
-  ASSERT_EQ(run(finetune_args(recipe, sets, 4), dir.path / "straight.log"), 0) << test::slurp(dir.path / "straight.log");
-  const fs::path run_dir = dir.path / "zero1";
-  ASSERT_TRUE(fs::is_directory(run_dir / "checkpoint-000002")) << test::slurp(dir.path / "straight.log");
-  fs::rename(run_dir / "final", dir.path / "uninterrupted");
-  fs::rename(run_dir / "checkpoint-000004", dir.path / "uninterrupted-4");
-  std::ofstream(run_dir / "latest") << "checkpoint-000002\n";
-  std::vector<std::string> again = finetune_args(recipe, sets, 4);
-  again.push_back("--resume");
-  ASSERT_EQ(run(again, dir.path / "resume.log"), 0) << test::slurp(dir.path / "resume.log");
-  EXPECT_NE(test::slurp(dir.path / "resume.log").find("resumed from"), std::string::npos);
-  EXPECT_EQ(test::slurp(run_dir / "checkpoint-000004" / "optimizer.safetensors"),
-            test::slurp(dir.path / "uninterrupted-4" / "optimizer.safetensors"));
-  size_t files = 0;
-  for (const auto& f : fs::directory_iterator(dir.path / "uninterrupted")) {
-    if (f.path().extension() == ".safetensors") {
-      EXPECT_EQ(test::slurp(f.path()), test::slurp(run_dir / "final" / f.path().filename())) << f.path().filename();
-      ++files;
+  for (const bool zero3 : {false, true}) {
+    SCOPED_TRACE(zero3 ? "ZeRO-3" : "ZeRO-1");
+    io_test::ScratchDir dir;
+    write_model_and_data(dir);
+    const std::string recipe = write_recipe(dir, "zero1");
+    std::vector<std::string> sets = {"train.device=cuda", "parallel.ep=2", "parallel.gpu_collectives=host",
+                                     "train.max_steps=4", "checkpoint.every_steps=2", "checkpoint.keep_last=3"};
+    if (zero3) sets.push_back("parallel.shard_parameters=true");
+    ASSERT_EQ(run(finetune_args(recipe, sets, 4), dir.path / "straight.log"), 0) << test::slurp(dir.path / "straight.log");
+    const fs::path run_dir = dir.path / "zero1";
+    ASSERT_TRUE(fs::is_directory(run_dir / "checkpoint-000002")) << test::slurp(dir.path / "straight.log");
+    fs::rename(run_dir / "final", dir.path / "uninterrupted");
+    fs::rename(run_dir / "checkpoint-000004", dir.path / "uninterrupted-4");
+    std::ofstream(run_dir / "latest") << "checkpoint-000002\n";
+    std::vector<std::string> again = finetune_args(recipe, sets, 4);
+    again.push_back("--resume");
+    ASSERT_EQ(run(again, dir.path / "resume.log"), 0) << test::slurp(dir.path / "resume.log");
+    EXPECT_NE(test::slurp(dir.path / "resume.log").find("resumed from"), std::string::npos);
+    EXPECT_EQ(test::slurp(run_dir / "checkpoint-000004" / "optimizer.safetensors"),
+              test::slurp(dir.path / "uninterrupted-4" / "optimizer.safetensors"));
+    size_t files = 0;
+    for (const auto& f : fs::directory_iterator(dir.path / "uninterrupted")) {
+      if (f.path().extension() == ".safetensors") {
+        EXPECT_EQ(test::slurp(f.path()), test::slurp(run_dir / "final" / f.path().filename())) << f.path().filename();
+        ++files;
+      }
     }
+    EXPECT_GT(files, 0u);
   }
-  EXPECT_GT(files, 0u);
 }
 
 // `mixtune bench` under four ranks with EP 2 (two replicas of each expert group), ZeRO-1 on (each expert stack's
@@ -379,7 +397,8 @@ TEST(CudaMultiGpu, FourRanksWithExpertReplicasResumeBitwise) {
 // synthetic batches train to the same first and last loss bit for bit (host-staged collectives sum in rank
 // order, so the reduces give the all-reduces' sums; over NCCL the world reduce of four ranks may add in another
 // order), and the largest rank's optimizer state is smaller with sharding — by at least half of the experts'
-// state it held — and within the memory plan's count (which now counts the experts' share).
+// state it held — and within the memory plan's count (which now counts the experts' share). ZeRO-3 on top
+// (--shard-parameters: the expert stacks' weights too) trains to the same losses with a lower peak.
 TEST(CudaMultiGpu, BenchFourRanksShardExpertStateOverReplicas) {
   MT_SKIP_WITHOUT_A_GPU();
   io_test::ScratchDir dir;
@@ -390,6 +409,11 @@ TEST(CudaMultiGpu, BenchFourRanksShardExpertStateOverReplicas) {
                                                   : std::vector<std::string>{"--no-shard-optimizer"}, true);
   };
   const nlohmann::json sharded = bench("sharded", true), whole = bench("whole", false);
+  // ZeRO-3 as well: the expert stacks' weights on their owner among the two replicas, fetched per layer.
+  const nlohmann::json zero3 = launch_small_bench(dir, "zero3", 4, {"--shard-parameters"}, true);
+  EXPECT_EQ(zero3["loss_first"].get<double>(), sharded["loss_first"].get<double>());
+  EXPECT_EQ(zero3["loss_last"].get<double>(), sharded["loss_last"].get<double>());
+  EXPECT_LT(zero3["peak_allocated_bytes"].get<int64_t>(), sharded["peak_allocated_bytes"].get<int64_t>());
   EXPECT_TRUE(sharded["shard_optimizer"].get<bool>());
   EXPECT_FALSE(whole["shard_optimizer"].get<bool>());
   EXPECT_EQ(sharded["loss_first"].get<double>(), whole["loss_first"].get<double>());
