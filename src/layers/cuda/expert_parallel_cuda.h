@@ -80,7 +80,8 @@ class CudaExpertParallel {
   void count_read() const { ++host_reads_; }
   // Page-locked room for every group rank's plan offsets ([ranks, E + 1] I32): the host wait reads it.
   int32_t* pinned_offsets() const { return pinned_; }
-  // Host reads of a row count so far (ep_live_rows; the all_to_all plan's waits are counted by host_wait_s).
+  // Host reads of row counts so far (ep_live_rows, ep_dispatch_plan): one per layer and micro-batch outside
+  // a budgeted step.
   int64_t host_reads() const { return host_reads_; }
 
   // The all_gather dispatch's row budget (distributed/ep_row_budget.h). A training step brackets its
