@@ -58,6 +58,7 @@ void run_plan_only(const BenchArgs& a) {
   in.expert_parallel = a.ep;
   in.ep_all_gather = a.ep > 1 && ep_dispatch_mode_parse(a.ep_dispatch, a.ep, in.cfg.num_experts_per_tok,
                                                         "--ep-dispatch") == EpDispatchMode::all_gather;
+  in.ep_row_headroom = a.ep_row_headroom;
   in.device_bytes = static_cast<int64_t>(a.device_gib * static_cast<double>(int64_t{1} << 30));
   in.reserve_bytes = memory_plan_reserve_bytes(in.device_bytes);
   in.pair_expert_wgrad = !a.no_pair_expert_wgrad && pairing_wanted(in, a.grad_accum);

@@ -1,6 +1,7 @@
 #include "train/memory_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -36,6 +37,7 @@ constexpr wide kBf16 = 2, kF32 = 4, kI32 = 4, kI64 = 8;
 // Dimensions of one request, as wide integers so products cannot overflow.
 struct Dims {
   wide T, H, Hq, Hkv, D, E, k, I, F, V, Tk;
+  wide R;  // rows of this rank's expert buffers per micro-batch: T·k, or under the all-gather dispatch's budget more
 };
 
 Dims dims_of(const Qwen3MoeConfig& c, int64_t tokens) {
@@ -51,6 +53,7 @@ Dims dims_of(const Qwen3MoeConfig& c, int64_t tokens) {
   d.F = c.intermediate_size;
   d.V = c.vocab_size;
   d.Tk = d.T * d.k;
+  d.R = d.Tk;
   return d;
 }
 
@@ -89,7 +92,7 @@ wide moe_saved_bytes(const Dims& d, Recompute r) {
   wide logits = d.T * d.E * kBf16;
   wide route = d.Tk * kI32 + d.Tk * kF32;
   wide plan = (d.E + 1) * kI32 + d.Tk * kI32 + d.Tk * kI32;
-  wide xg = d.Tk * d.H * kBf16, gu = d.Tk * 2 * d.I * kBf16, h = d.Tk * d.I * kBf16, yd = d.Tk * d.H * kBf16;
+  wide xg = d.R * d.H * kBf16, gu = d.R * 2 * d.I * kBf16, h = d.R * d.I * kBf16, yd = d.R * d.H * kBf16;
   wide kept = x_mid + logits + route + plan + gu + yd;
   return r == Recompute::none ? kept + n + xg + h : kept;
 }
@@ -125,7 +128,7 @@ wide attention_backward_bytes(const Dims& d) {
 
 // Backward of the MoE MLP: dyd, dh, dgu, dxg per slot, dn, d(routing weights) f32, d(router logits).
 wide moe_backward_bytes(const Dims& d) {
-  return d.Tk * d.H * kBf16 + d.Tk * d.I * kBf16 + d.Tk * 2 * d.I * kBf16 + d.Tk * d.H * kBf16 +
+  return d.R * d.H * kBf16 + d.R * d.I * kBf16 + d.R * 2 * d.I * kBf16 + d.R * d.H * kBf16 +
          d.T * d.H * kBf16 + d.Tk * kF32 + d.T * d.E * kBf16;
 }
 
@@ -240,6 +243,9 @@ MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, int64_t t
   const Qwen3MoeConfig& c = in.cfg;
   Dims d = dims_of(c, tokens);
   const wide ep = std::max<int64_t>(in.expert_parallel, 1);
+  // The all-gather dispatch's expert buffers hold the row budget: at least the even share times the headroom.
+  if (ep > 1 && in.ep_all_gather && in.ep_row_headroom > 1)
+    d.R = static_cast<wide>(std::ceil(static_cast<double>(d.Tk) * in.ep_row_headroom));
   const wide expert_count = layers.moe * (moe_param_count(d) - d.E * d.H /*router*/);  // the whole model's
   wide count = d.V * d.H /*embed*/ + d.H /*final norm*/ + (c.tie_word_embeddings ? 0 : d.V * d.H /*lm_head*/) +
                layers.moe * (attention_param_count(d) + moe_param_count(d)) +
@@ -252,8 +258,8 @@ MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, int64_t t
     saved += layers.moe * ep * d.T * (d.H * kBf16 + d.k * kF32);
   else if (ep > 1 && r == Recompute::selective)  // the received expert rows xg [Tk,H] are kept, not re-dispatched
     saved += layers.moe * d.T * d.k * d.H * kBf16;
-  if (in.pair_expert_wgrad)  // held per MoE layer: dyd [Tk,H], h [Tk,I], dgu [Tk,2I], xg [Tk,H]
-    saved += layers.moe * d.T * d.k * (2 * d.H + 3 * d.I) * kBf16;
+  if (in.pair_expert_wgrad)  // held per MoE layer: dyd [R,H], h [R,I], dgu [R,2I], xg [R,H]
+    saved += layers.moe * d.R * (2 * d.H + 3 * d.I) * kBf16;
   wide transient = head_loss_bytes(d);
   // Under EP, plus the source-major copy of a dispatch (all_to_all), or the gathered output gradient and the
   // input gradient's partial sums, [ep·T, H] each (all_gather).

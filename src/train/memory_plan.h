@@ -34,6 +34,9 @@ struct MemoryPlanInput {
   // The all-gather dispatch (distributed/ep_dispatch_mode.h): each MoE layer keeps the group's gathered
   // input [ep·T, H] and routing weights instead of the received expert rows.
   bool ep_all_gather = false;
+  // Its row budget's headroom (distributed/ep_row_budget.h): the expert rows of a micro-batch are counted at the
+  // even share T·k times this when it is above 1 (the budget a balanced router gets; a skewed one's is larger).
+  double ep_row_headroom = 0;
   // ZeRO-1 over this many ranks (the job's; train/optimizer_shards.h): the optimizer state of the replicated
   // parameters is split by whole tensors, and under expert parallelism with optimizer_shards / expert_parallel
   // > 1 replicas of each expert group, the expert stacks' state over those replicas; the plan counts the

@@ -199,6 +199,16 @@ TEST(MemoryPlan, ExpertParallelHoldsItsShareOfTheExperts) {
   EXPECT_EQ(gathers.params, two.params);
   EXPECT_EQ(gathers.activations_saved - one.activations_saved, 2 * 2 * 256 * (64 * 2 + 2 * 4));
   EXPECT_EQ(gathers.activations_transient - one.activations_transient, 2 * 2 * 256 * 64 * 2);
+  // Its row budget (headroom 1.5 here) sizes the expert buffers at 1.5·T·k = 768 rows instead of 512: per MoE layer
+  // gu [R, 2I] and yd [R, H] are kept; the backward's peak re-makes xg [R, H] and h [R, I] and holds dyd [R, H],
+  // dh [R, I], dgu [R, 2I] and dxg [R, H].
+  in.ep_row_headroom = 1.5;
+  const MemoryPlan budget = memory_plan(in);
+  EXPECT_EQ(budget.activations_saved - gathers.activations_saved, 2 * 256 * (2 * 32 + 64) * 2);
+  EXPECT_EQ(budget.activations_transient - gathers.activations_transient, 256 * (3 * 64 + 4 * 32) * 2);
+  in.ep_row_headroom = 0.5;  // below 1: the even share
+  EXPECT_EQ(memory_plan(in).activations_saved, gathers.activations_saved);
+  in.ep_row_headroom = 0;
   in.ep_all_gather = false;
   in.expert_parallel = 9;  // more ranks than experts
   EXPECT_THROW(memory_plan(in), Error);

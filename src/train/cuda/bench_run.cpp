@@ -189,6 +189,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   const bool shard_params = world > 1 && o.shard_parameters;
   pin.shard_parameters = shard_params;
   pin.ep_all_gather = ep && ep->mode() == EpDispatchMode::all_gather;
+  pin.ep_row_headroom = o.ep_row_headroom;
   pin.device_bytes = static_cast<int64_t>(total_b);
   pin.reserve_bytes = memory_plan_reserve_bytes(pin.device_bytes);
   const bool pair = !o.no_pair_expert_wgrad && pairing_wanted(pin, o.grad_accum);

@@ -89,6 +89,7 @@ bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, int64_t
   in.reshard_after_forward = r.parallel.reshard_after_forward;
   in.ep_all_gather = ep > 1 && ep_dispatch_mode_parse(r.parallel.ep_dispatch, ep, cfg.num_experts_per_tok,
                                                       "parallel.ep_dispatch") == EpDispatchMode::all_gather;
+  in.ep_row_headroom = r.parallel.ep_row_headroom;
   in.device_bytes = static_cast<int64_t>(total_b);
   in.reserve_bytes = memory_plan_reserve_bytes(in.device_bytes);
   const bool pair = pairing_wanted(in, r.train.grad_accum);
