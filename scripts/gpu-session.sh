@@ -31,11 +31,12 @@
 #         forward's softmax pinned before the P·V wait, or not) | kernels-projections (the attention projections' GEMMs,
 #         q, k, v separate and stacked as one QKV GEMM) | mixtune-standard-balanced (the standard step with the routes
 #         made perfectly balanced after the router: what the real router's uneven loads cost) | copy-power (a copy
-#         confined to fewer SMs: bandwidth, power, pJ per byte; ENERGY_SECONDS per row). `profile` also writes
-#         profile_sequence.md (every launch in order).
+#         confined to fewer SMs: bandwidth, power, pJ per byte; ENERGY_SECONDS per row) | ep2-host-budget (two ranks
+#         sharing the GPU over host-staged collectives, EP 2 at the real shapes, LAYERS=4: the expert row budget and
+#         host reads per step, headroom 1.15 and 0). `profile` also writes profile_sequence.md (every launch in order).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -101,6 +102,13 @@ for stage in "$@"; do
     copy-power) "$BIN/mixtune_bench_copy_power" --seconds ${ENERGY_SECONDS:-2} > "$OUT/copy_power.json" 2>&1
              cat "$OUT/copy_power.json" ;;
     kernels-projections) "$BIN/mixtune_bench_projections" > "$OUT/projections.json" 2>&1; cat "$OUT/projections.json" ;;
+    ep2-host-budget) for h in 1.15 0; do  # two ranks sharing the GPU (host-staged): the expert row budget at real shapes
+               "$BIN/mixtune" launch --nproc 2 -- bench --ep 2 --gpu-collectives host --layers ${LAYERS:-4} --grad-accum 4 \
+                 --steps 3 --warmup 1 --ep-row-headroom $h --json-out "$OUT/ep2_host_headroom$h.json" \
+                 > "$OUT/ep2_host_headroom$h.log" 2>&1 || rc=1
+               python3 -c "import json,sys; j=json.load(open(sys.argv[1])); a=j['all_to_all']; print(sys.argv[2], {k: a[k] for k in ('host_count_reads_per_step','host_wait_for_counts_ms_per_step','row_budget')}, 'peak', j.get('peak_allocated_bytes'), 'loss', j.get('loss_first'), j.get('loss_last'))" \
+                 "$OUT/ep2_host_headroom$h.json" "headroom $h" || tail -5 "$OUT/ep2_host_headroom$h.log"
+             done ;;
     profile-bytes) ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
                --kernel-name regex:'grouped|flash|rmsnorm|combine|gather|swiglu' --csv --print-units base "$BIN/mixtune" \
                bench --preset qwen3-30b-a3b --layers 2 --seq 4096 --micro-batch 1 --grad-accum 2 --steps 1 --warmup 1 \
