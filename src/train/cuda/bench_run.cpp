@@ -324,8 +324,8 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   so.shards = shards;
   std::unique_ptr<ShardedParams> sharded;
   if (shard_params) {
-    sharded = std::make_unique<ShardedParams>(w, cfg, shards, std::make_unique<CudaParamTransport>(*ranks.job.world, device, ranks.job.replicas.get()),
-                                              /*reshard_after_forward=*/true);
+    auto transport = std::make_unique<CudaParamTransport>(*ranks.job.world, device, ranks.job.replicas.get());
+    sharded = std::make_unique<ShardedParams>(w, cfg, shards, std::move(transport), /*reshard_after_forward=*/true);
     so.model.residency = sharded.get();
     so.params_sharded = true;
   }
