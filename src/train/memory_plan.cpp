@@ -401,7 +401,12 @@ std::string MemoryPlan::table() const {
   auto row = [&](const char* name, const std::string& what, int64_t bytes) {
     t += fmt::format("  {:<12} {:<42} {:>9.2f} GiB\n", name, what, gib(bytes));
   };
-  row("parameters", params_sharded ? fmt::format("bf16, 1/{} shard + 2 fetched groups (ZeRO-3)", optimizer_shards) : "bf16",
+  // ZeRO-3: "1/N" of the replicated tensors, and of the expert stacks "1/R" over their replicas when there are several.
+  const std::string experts_share = expert_replicas > 1 ? fmt::format(" (experts 1/{})", expert_replicas) : "";
+  row("parameters",
+      params_sharded ? fmt::format("bf16 ZeRO-3: 1/{}{} + 2 {}groups", optimizer_shards, experts_share,
+                                   experts_share.empty() ? "fetched " : "")
+                     : "bf16",
       params);
   row("gradients", bf16_expert_grads ? "fp32, experts bf16" : "fp32", grads);
   row("optimizer", optimizer_desc(*this), optimizer);

@@ -493,7 +493,7 @@ TEST(MemoryPlan, ShardedParametersHoldTheShareAndTwoFetchedGroups) {
   EXPECT_EQ(zero3.params, (experts_held + 426011136 + 330307840) * 2);
   EXPECT_EQ(zero1.total - zero3.total, zero1.params - zero3.params);
   EXPECT_EQ(zero3.grads, zero1.grads);  // gradients stay whole
-  EXPECT_NE(zero3.table().find("bf16, 1/2 shard + 2 fetched groups (ZeRO-3)"), std::string::npos) << zero3.table();
+  EXPECT_NE(zero3.table().find("bf16 ZeRO-3: 1/2 + 2 fetched groups"), std::string::npos) << zero3.table();
   in.reshard_after_forward = false;
   EXPECT_EQ(memory_plan(in).params, zero1.params);
   in.reshard_after_forward = true;
@@ -509,6 +509,7 @@ TEST(MemoryPlan, ShardedParametersHoldTheShareAndTwoFetchedGroups) {
   EXPECT_EQ(four.params, (four.optimizer_param_count + 2 * int64_t{321130752}) * 2);
   EXPECT_LE(four.optimizer_param_count, experts_held / 2 + 852022272 / 4 + 311166976);  // average + largest tensor
   EXPECT_LT(four.params, zero3.params - experts_held / 4 * 2);  // the experts no longer all here
+  EXPECT_NE(four.table().find("bf16 ZeRO-3: 1/4 (experts 1/2) + 2 groups"), std::string::npos) << four.table();
 }
 
 }  // namespace
