@@ -5,6 +5,8 @@ PKGS=(build-essential cmake ninja-build pkg-config
       nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
       libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
       libonig-dev libutf8proc-dev libyaml-cpp-dev
+      # Open MPI: mpirun jobs bootstrap through it; the tests start jobs with mpirun.
+      openmpi-bin libopenmpi-dev
       # Real Q&A for the quickstart's chat data (tools/quickstart_data): the quiz(6) files and the riddles.
       bsdgames fortunes-min)
 missing=()

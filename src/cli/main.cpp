@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/exit_policy.h"
+#include "distributed/mpi_bootstrap.h"
 
 namespace {
 
@@ -50,5 +51,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mixtune: error: %s\n", e.what());
     return failed();
   }
+  // Only a command that succeeded finalises MPI: mpirun stops the other ranks of a job one of whose ranks
+  // failed (exited without it) instead of leaving them to wait in MPI_Finalize.
+  mt::mpi_finalize();
   return 0;
 }

@@ -55,17 +55,20 @@ ProcessGroupEnv process_group_env_from_environment() {
     if (e.local_world < 1 || e.local_rank >= e.local_world)
       fail("environment: {}={} is not below {}={}", n.local_rank, e.local_rank, n.local_world, e.local_world);
     e.source = n.source;
+    e.open_mpi = std::string(n.rank) == "OMPI_COMM_WORLD_RANK";
     break;
   }
   if (const auto a = env("MASTER_ADDR"); a) {
     if (a->empty()) fail("environment: MASTER_ADDR is empty");
     e.master_addr = *a;
+    e.master_addr_given = true;
   }
   if (const auto fd = env(kRendezvousFdVar); fd && e.rank == 0) e.rendezvous_fd = parse_count(kRendezvousFdVar, *fd);
   if (const auto p = env("MASTER_PORT"); p) {
     const int port = parse_count("MASTER_PORT", *p);
     if (port < 1 || port > 65535) fail("environment: MASTER_PORT={} is not a port (1..65535)", port);
     e.master_port = port;
+    e.master_port_given = true;
   }
   return e;
 }

@@ -4,9 +4,9 @@
 //   OpenMPI's mpirun: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
 //     OMPI_COMM_WORLD_LOCAL_SIZE;
 //   Slurm's srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE (first number).
-// The first complete set wins in that order. Under mpirun/srun the rendezvous address still comes from
-// MASTER_ADDR / MASTER_PORT (default 127.0.0.1:29500, enough for one node). No variable at all: a single
-// process (rank 0 of 1).
+// The first complete set wins in that order. The rendezvous address comes from MASTER_ADDR / MASTER_PORT
+// (default 127.0.0.1:29500, enough for one node); under mpirun in a build with MPI it need not be given
+// (distributed/mpi_bootstrap.h). No variable at all: a single process (rank 0 of 1).
 #pragma once
 #include <string>
 
@@ -22,6 +22,9 @@ struct ProcessGroupEnv {
   int master_port = 29500;
   std::string source = "single process";  // which launcher's variables were read
   int rendezvous_fd = -1;  // rank 0 under `mixtune launch`: the already-listening rendezvous socket
+  bool master_addr_given = false;  // MASTER_ADDR was in the environment (else the default above)
+  bool master_port_given = false;  // MASTER_PORT likewise
+  bool open_mpi = false;           // the ranks came from Open MPI's mpirun (OMPI_COMM_WORLD_*)
 };
 
 // Throws mt::Error naming the variable for a malformed or inconsistent value (rank outside the world, a

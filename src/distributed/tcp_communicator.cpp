@@ -37,7 +37,7 @@ struct Hello {
   int32_t rank, world, port;
 };
 struct Entry {
-  char addr[64];
+  char addr[256];  // an IPv4 address or a host name (rank 0's under an MPI bootstrap)
   int32_t port;
 };
 struct Header {
@@ -67,6 +67,8 @@ class TcpCommunicator final : public Communicator {
     const Deadline deadline = std::chrono::steady_clock::now() + timeout_;
     const std::string who = "rank " + std::to_string(rank_) + ": rendezvous at " + env.master_addr + ":" +
                             std::to_string(env.master_port);
+    if (env.master_addr.size() >= sizeof(Entry::addr))
+      fail("{}: the address is longer than {} characters", who, sizeof(Entry::addr) - 1);
     int mesh_port = 0;
     Socket mesh = tcp_listen("0.0.0.0", 0, &mesh_port, who + ": mesh listener");
     std::vector<Entry> table(world_);

@@ -22,6 +22,7 @@
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "distributed/communicator.h"
+#include "distributed/mpi_bootstrap.h"
 #include "distributed/process_group_env.h"
 #include "io/hf_cache.h"
 #include "models/causal_lm.h"
@@ -128,7 +129,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   // A multi-process job (mixtune launch, mpirun, srun): every rank runs this function; rank 0 alone prints,
   // writes metrics and checkpoints. The rendezvous comes first, so no rank touches the run directory
   // before all have started.
-  const ProcessGroupEnv pg = process_group_env_from_environment();
+  const ProcessGroupEnv pg = mpi_bootstrap(process_group_env_from_environment());
   std::unique_ptr<Communicator> comm;
   if (pg.world > 1) comm = tcp_communicator_create(pg, std::chrono::seconds(r.parallel.timeout_s));
   const bool lead = pg.rank == 0;

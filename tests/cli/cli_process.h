@@ -21,22 +21,29 @@ inline const char* mixtune_binary() {
   return env && *env ? env : MIXTUNE_BINARY;
 }
 
-// Starts `mixtune args...` with stdout/stderr to `log`; returns the pid.
-inline pid_t spawn_mixtune(const std::vector<std::string>& args, const std::filesystem::path& log) {
-  const char* binary = mixtune_binary();
+// Starts `program args...` (program a path) with stdout/stderr to `log` and the variables in `unset` removed
+// from its environment; returns the pid.
+inline pid_t spawn_program(const std::string& program, const std::vector<std::string>& args,
+                           const std::filesystem::path& log, const std::vector<std::string>& unset = {}) {
   const pid_t pid = fork();
   if (pid == 0) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
+    for (const std::string& v : unset) ::unsetenv(v.c_str());
     std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(binary));
+    argv.push_back(const_cast<char*>(program.c_str()));
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    execv(binary, argv.data());
+    execv(program.c_str(), argv.data());
     _exit(127);
   }
   return pid;
+}
+
+// Starts `mixtune args...` with stdout/stderr to `log`; returns the pid.
+inline pid_t spawn_mixtune(const std::vector<std::string>& args, const std::filesystem::path& log) {
+  return spawn_program(mixtune_binary(), args, log);
 }
 
 // The exit code, or 128 + the signal that killed it (as a shell reports it).

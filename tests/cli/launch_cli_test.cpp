@@ -20,6 +20,7 @@
 
 #include "cli_process.h"
 #include "distributed/launcher.h"
+#include "distributed/mpi_bootstrap.h"
 #include "distributed/tcp_socket.h"
 #include "../distributed/thread_ranks.h"
 #include "io/safetensors.h"
@@ -43,6 +44,37 @@ std::vector<nlohmann::json> metrics_of(const fs::path& run_dir) {
     if (!line.empty()) v.push_back(nlohmann::json::parse(line));
   return v;
 }
+
+// `name` on PATH, or "" when it is not there.
+std::string find_on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  for (size_t start = 0; start <= dirs.size();) {
+    const size_t end = std::min(dirs.find(':', start), dirs.size());
+    const fs::path p = fs::path(dirs.substr(start, end - start)) / name;
+    if (end > start && ::access(p.c_str(), X_OK) == 0) return p.string();
+    start = end + 1;
+  }
+  return "";
+}
+
+// mpirun's options for a test machine: root allowed (CI runs as root), more ranks than cores, no core binding
+// (each rank's OpenMP threads share the cores, as under mixtune launch), then `-np N mixtune args...`.
+std::vector<std::string> mpirun_args(int np, const std::vector<std::string>& extra,
+                                     const std::vector<std::string>& mixtune_args) {
+  std::vector<std::string> a;
+  if (::geteuid() == 0) a.push_back("--allow-run-as-root");
+  for (const char* o : {"--oversubscribe", "--bind-to", "none", "-np"}) a.push_back(o);
+  a.push_back(std::to_string(np));
+  a.insert(a.end(), extra.begin(), extra.end());
+  a.push_back(test::mixtune_binary());
+  a.insert(a.end(), mixtune_args.begin(), mixtune_args.end());
+  return a;
+}
+
+// The variables a job under mpirun must not inherit from the test's environment.
+const std::vector<std::string> kRendezvousVars = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                  "LOCAL_WORLD_SIZE"};
 
 class LaunchCli : public ::testing::Test {
  protected:
@@ -514,6 +546,58 @@ TEST_F(LaunchCli, MultiRankJobWithoutGpusRefusesCudaDevice) {
   EXPECT_TRUE(log0.find("each rank uses the GPU of its LOCAL_RANK") != std::string::npos ||
               log0.find("has no CUDA support") != std::string::npos)
       << log0;
+}
+
+// Open MPI's mpirun starts the ranks, with no MASTER_ADDR / MASTER_PORT anywhere: a build with MPI bootstraps
+// through it (rank 0 listens on a free port, MPI broadcasts where) and trains bitwise like `mixtune launch` with
+// the same ranks and layout (EP 2).
+TEST_F(LaunchCli, MpirunBootstrapsThroughMpiAndTrainsLikeLaunch) {
+  if (!mpi_built()) GTEST_SKIP() << "built without MPI (-DMIXTUNE_MPI=OFF)";
+  const std::string mpirun = find_on_path("mpirun");
+  ASSERT_FALSE(mpirun.empty()) << "mpirun is not on PATH (apt-get install openmpi-bin)";
+  ASSERT_EQ(run({"launch", "--nproc", "2", "--", "finetune", recipe("launched", 1).string(), "--set", "parallel.ep=2"},
+                dir / "launched.log"),
+            0)
+      << slurp(dir / "launched.log");
+  const int rc = test::wait_exit(test::spawn_program(
+      mpirun, mpirun_args(2, {}, {"finetune", recipe("mpi", 1).string(), "--set", "parallel.ep=2"}), dir / "mpi.log",
+      kRendezvousVars));
+  ASSERT_EQ(rc, 0) << slurp(dir / "mpi.log");
+  const std::string log = slurp(dir / "mpi.log");
+  EXPECT_NE(log.find("2 ranks (OpenMPI (OMPI_COMM_WORLD_*), rendezvous through MPI)"), std::string::npos) << log;
+  expect_bitwise_same_run("launched", "mpi", {});
+  // A MASTER_ADDR / MASTER_PORT the user gives is where the ranks meet (only NCCL's ids would use MPI).
+  const std::string master = "MASTER_ADDR=127.0.0.1", port = "MASTER_PORT=" + std::to_string(test::free_port());
+  ASSERT_EQ(test::wait_exit(test::spawn_program(
+                mpirun,
+                mpirun_args(2, {"-x", master, "-x", port},
+                            {"finetune", recipe("given", 1).string(), "--set", "parallel.ep=2"}),
+                dir / "given.log", kRendezvousVars)),
+            0)
+      << slurp(dir / "given.log");
+  const std::string given = slurp(dir / "given.log");
+  EXPECT_NE(given.find("2 ranks (OpenMPI (OMPI_COMM_WORLD_*)), data parallel"), std::string::npos) << given;
+  expect_bitwise_same_run("launched", "given", {});
+}
+
+// Under mpirun a MASTER_PORT that another process holds stops the job with rank 0's bind error, quickly.
+TEST_F(LaunchCli, MpirunWithABusyMasterPortFails) {
+  if (!mpi_built()) GTEST_SKIP() << "built without MPI (-DMIXTUNE_MPI=OFF)";
+  const std::string mpirun = find_on_path("mpirun");
+  ASSERT_FALSE(mpirun.empty()) << "mpirun is not on PATH (apt-get install openmpi-bin)";
+  int port = 0;
+  const Socket busy = tcp_listen("0.0.0.0", 0, &port, "test: busy port");
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = test::wait_exit(test::spawn_program(
+      mpirun, mpirun_args(2, {"-x", "MASTER_PORT=" + std::to_string(port)}, {"finetune", recipe("busy", 1).string()}),
+      dir / "busy.log", kRendezvousVars));
+  EXPECT_NE(rc, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  const std::string log = slurp(dir / "busy.log");
+  EXPECT_NE(log.find("rank 0: rendezvous listener: cannot listen on 0.0.0.0:" + std::to_string(port)),
+            std::string::npos)
+      << log;
+  EXPECT_FALSE(fs::exists(dir / "busy" / "final"));
 }
 
 TEST_F(LaunchCli, RanksGetTheirVariables) {

@@ -54,6 +54,9 @@ TEST(ProcessGroupEnv, NoVariablesIsOneProcess) {
   EXPECT_EQ(e.world, 1);
   EXPECT_EQ(e.master_addr, "127.0.0.1");
   EXPECT_EQ(e.master_port, 29500);
+  EXPECT_FALSE(e.master_addr_given);
+  EXPECT_FALSE(e.master_port_given);
+  EXPECT_FALSE(e.open_mpi);
 }
 
 TEST(ProcessGroupEnv, TorchrunStyle) {
@@ -71,6 +74,9 @@ TEST(ProcessGroupEnv, TorchrunStyle) {
   EXPECT_EQ(e.master_addr, "10.0.0.7");
   EXPECT_EQ(e.master_port, 23456);
   EXPECT_EQ(e.rendezvous_fd, -1);
+  EXPECT_TRUE(e.master_addr_given);
+  EXPECT_TRUE(e.master_port_given);
+  EXPECT_FALSE(e.open_mpi);
 }
 
 TEST(ProcessGroupEnv, LaunchHandsRankZeroItsListener) {
@@ -96,6 +102,8 @@ TEST(ProcessGroupEnv, OpenMpiAndSlurm) {
     EXPECT_EQ(e.local_rank, 1);
     EXPECT_EQ(e.local_world, 2);
     EXPECT_NE(e.source.find("OpenMPI"), std::string::npos);
+    EXPECT_TRUE(e.open_mpi);  // distributed/mpi_bootstrap.h may bootstrap it
+    EXPECT_FALSE(e.master_addr_given);
   }
   {
     ScopedEnv env({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "2"},
@@ -105,6 +113,7 @@ TEST(ProcessGroupEnv, OpenMpiAndSlurm) {
     EXPECT_EQ(e.world, 16);
     EXPECT_EQ(e.local_rank, 2);
     EXPECT_EQ(e.local_world, 8);
+    EXPECT_FALSE(e.open_mpi);
   }
   {  // torchrun-style variables win over Slurm's (torchrun inside an allocation)
     ScopedEnv env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});

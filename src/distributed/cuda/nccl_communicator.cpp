@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "distributed/communicator.h"
 #include "distributed/cuda/collective_trail.h"
+#include "distributed/mpi_bootstrap.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_context.h"
 
@@ -94,7 +95,11 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create_group(Communicator& h
       const ncclResult_t r = ncclGetUniqueId(&id);
       if (r != ncclSuccess) fail("rank {}: ncclGetUniqueId failed ({}): {}", me, name, ncclGetErrorString(r));
     }
-    host.broadcast(&id, sizeof id, root, "broadcast(" + name + " unique id)");
+    // Under mpirun the ids go through MPI (distributed/mpi_bootstrap.h), else over the TCP rendezvous's mesh.
+    if (mpi_active())
+      mpi_broadcast(&id, sizeof id, root, name + " unique id");
+    else
+      host.broadcast(&id, sizeof id, root, "broadcast(" + name + " unique id)");
     if (static_cast<int>(g) == my_group) mine = id;
   }
   const int n = static_cast<int>(groups[static_cast<size_t>(my_group)].size());

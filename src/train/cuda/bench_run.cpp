@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "distributed/communicator.h"
 #include "train/cuda/cuda_job_collectives.h"
+#include "distributed/mpi_bootstrap.h"
 #include "distributed/process_group_env.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_allocator.h"
@@ -145,7 +146,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     ~ProbeScope() { cuda::set_balanced_routing_probe(false); }
   } balanced_probe(o.balanced_router);
   BenchRanks ranks;
-  ranks.pg = process_group_env_from_environment();
+  ranks.pg = mpi_bootstrap(process_group_env_from_environment());
   const int world = ranks.pg.world, rank = ranks.pg.rank;
   if (o.ep < 1 || world % o.ep != 0) fail("bench: --ep {} must divide the {} rank(s) of this job", o.ep, world);
   std::FILE* log = rank == 0 ? log_in : nullptr;
