@@ -33,10 +33,11 @@
 #         made perfectly balanced after the router: what the real router's uneven loads cost) | copy-power (a copy
 #         confined to fewer SMs: bandwidth, power, pJ per byte; ENERGY_SECONDS per row) | ep2-host-budget (two ranks
 #         sharing the GPU over host-staged collectives, EP 2 at the real shapes, LAYERS=4: the expert row budget and
-#         host reads per step, headroom 1.15 and 0). `profile` also writes profile_sequence.md (every launch in order).
+#         host reads per step, headroom 1.15 and 0) | mpirun-ep2-host (the same two ranks started by Open MPI's mpirun:
+#         the bootstrap through MPI on the GPU engine; LAYERS=2). `profile` also writes profile_sequence.md (every launch in order).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}
@@ -109,6 +110,14 @@ for stage in "$@"; do
                python3 -c "import json,sys; j=json.load(open(sys.argv[1])); a=j['all_to_all']; print(sys.argv[2], {k: a[k] for k in ('host_count_reads_per_step','host_wait_for_counts_ms_per_step','row_budget')}, 'peak', j.get('peak_allocated_bytes'), 'loss', j.get('loss_first'), j.get('loss_last'))" \
                  "$OUT/ep2_host_headroom$h.json" "headroom $h" || tail -5 "$OUT/ep2_host_headroom$h.log"
              done ;;
+    mpirun-ep2-host) # the same job started by Open MPI's mpirun (bootstrap through MPI, no MASTER_ADDR/PORT)
+               ldd "$BIN/mixtune" | grep -E "libmpi|not found"
+               env -u MASTER_ADDR -u MASTER_PORT mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
+                 -x LD_LIBRARY_PATH "$BIN/mixtune" bench --ep 2 --gpu-collectives host --layers ${LAYERS:-2} \
+                 --grad-accum 4 --steps 3 --warmup 1 --json-out "$OUT/mpirun_ep2_host.json" \
+                 > "$OUT/mpirun_ep2_host.log" 2>&1 || rc=1
+               python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('mpirun:', j.get('ranks_from'), 'tokens/s per GPU', j.get('tokens_per_s_per_gpu'), 'loss', j.get('loss_first'), j.get('loss_last'))" \
+                 "$OUT/mpirun_ep2_host.json" || tail -8 "$OUT/mpirun_ep2_host.log" ;;
     profile-bytes) ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
                --kernel-name regex:'grouped|flash|rmsnorm|combine|gather|swiglu' --csv --print-units base "$BIN/mixtune" \
                bench --preset qwen3-30b-a3b --layers 2 --seq 4096 --micro-batch 1 --grad-accum 2 --steps 1 --warmup 1 \

@@ -439,7 +439,10 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   j["pair_expert_wgrad"] = pair;
   j["shard_optimizer"] = world > 1 && o.shard_optimizer;
   j["shard_parameters"] = shard_params;
-  if (world > 1) j["gpu_collectives"] = o.gpu_collectives;
+  if (world > 1) {
+    j["gpu_collectives"] = o.gpu_collectives;
+    j["ranks_from"] = ranks.pg.source;  // the launcher's variables (", rendezvous through MPI" under mpirun)
+  }
   if (lead_ns > 0) j["lead_spin_ms"] = static_cast<double>(lead_ns) / 1e6;
   if (idle_ms > 0) j["idle_ms"] = idle_ms;
   j["router"] = o.balanced_router ? "balanced (probe)" : "real";
