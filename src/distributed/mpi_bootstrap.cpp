@@ -58,7 +58,7 @@ struct Rendezvous {
 bool mpi_built() { return true; }
 
 ProcessGroupEnv mpi_bootstrap(const ProcessGroupEnv& env) {
-  if (!env.open_mpi || env.world <= 1) return env;
+  if (env.from != RankSource::open_mpi || env.world <= 1) return env;
   const std::string who = "rank " + std::to_string(env.rank) + ": MPI bootstrap";
   if (!g_active) {
     int initialised = 0;

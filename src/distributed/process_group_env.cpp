@@ -29,17 +29,29 @@ int parse_count(const char* name, const std::string& v, bool leading_only = fals
 
 struct Names {
   const char *rank, *world, *local_rank, *local_world, *source;
+  RankSource from;
 };
+
+unsigned long long parse_id(const char* name, const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+  if (v.empty() || v[0] == '-' || *end != '\0' || errno != 0)
+    fail("environment: {}='{}' is not a non-negative integer", name, v);
+  return x;
+}
 
 }  // namespace
 
 ProcessGroupEnv process_group_env_from_environment() {
   ProcessGroupEnv e;
   const Names sets[] = {
-      {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun-style variables (RANK, WORLD_SIZE)"},
+      {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun-style variables (RANK, WORLD_SIZE)",
+       RankSource::torchrun},
       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-       "OpenMPI (OMPI_COMM_WORLD_*)"},
-      {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "Slurm (SLURM_PROCID, SLURM_NTASKS)"},
+       "OpenMPI (OMPI_COMM_WORLD_*)", RankSource::open_mpi},
+      {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "Slurm (SLURM_PROCID, SLURM_NTASKS)",
+       RankSource::slurm},
   };
   for (const Names& n : sets) {
     const auto rank = env(n.rank), world = env(n.world);
@@ -55,7 +67,7 @@ ProcessGroupEnv process_group_env_from_environment() {
     if (e.local_world < 1 || e.local_rank >= e.local_world)
       fail("environment: {}={} is not below {}={}", n.local_rank, e.local_rank, n.local_world, e.local_world);
     e.source = n.source;
-    e.open_mpi = std::string(n.rank) == "OMPI_COMM_WORLD_RANK";
+    e.from = n.from;
     break;
   }
   if (const auto a = env("MASTER_ADDR"); a) {
@@ -70,7 +82,61 @@ ProcessGroupEnv process_group_env_from_environment() {
     e.master_port = port;
     e.master_port_given = true;
   }
+  if (e.from == RankSource::slurm && e.world > 1) {
+    // srun without MASTER_ADDR / MASTER_PORT: task 0 runs on the step's first node.
+    if (!e.master_addr_given) {
+      for (const char* var : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+        if (const auto list = env(var); list) {
+          e.master_addr = slurm_first_host(*list, var);
+          e.source += std::string(", rendezvous on the first host of ") + var;
+          break;
+        }
+      }
+    }
+    if (const auto job = env("SLURM_JOB_ID"); job && !e.master_port_given) {
+      const auto step = env("SLURM_STEP_ID");
+      e.master_port =
+          slurm_rendezvous_port(parse_id("SLURM_JOB_ID", *job), step ? parse_id("SLURM_STEP_ID", *step) : 0);
+    }
+  }
   return e;
+}
+
+std::string slurm_first_host(const std::string& list, const char* var) {
+  auto bad = [&](const char* why) {
+    fail("environment: {}='{}' is not a Slurm host list ({})", var, list, why);
+  };
+  // The first entry: up to the first comma outside brackets.
+  std::string first;
+  int depth = 0;
+  for (char c : list) {
+    if (c == '[') ++depth;
+    if (c == ']' && --depth < 0) bad("a ']' without its '['");
+    if (c == ',' && depth == 0) break;
+    first += c;
+  }
+  if (depth != 0) bad("a '[' without its ']'");
+  // Each bracketed range set gives its first number, zero padding kept ("[007-010,012]" -> "007").
+  std::string host;
+  for (size_t i = 0; i < first.size();) {
+    if (first[i] != '[') {
+      host += first[i++];
+      continue;
+    }
+    const size_t close = first.find(']', i);
+    const std::string ranges = first.substr(i + 1, close - i - 1);
+    size_t digits = 0;
+    while (digits < ranges.size() && ranges[digits] >= '0' && ranges[digits] <= '9') ++digits;
+    if (digits == 0) bad("a range that does not start with a number");
+    host += ranges.substr(0, digits);
+    i = close + 1;
+  }
+  if (host.empty()) bad("no host");
+  return host;
+}
+
+int slurm_rendezvous_port(unsigned long long job_id, unsigned long long step_id) {
+  return static_cast<int>(20000 + (job_id % 10000) * 4 + step_id % 4);
 }
 
 }  // namespace mt

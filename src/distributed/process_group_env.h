@@ -5,8 +5,10 @@
 //     OMPI_COMM_WORLD_LOCAL_SIZE;
 //   Slurm's srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE (first number).
 // The first complete set wins in that order. The rendezvous address comes from MASTER_ADDR / MASTER_PORT
-// (default 127.0.0.1:29500, enough for one node); under mpirun in a build with MPI it need not be given
-// (distributed/mpi_bootstrap.h). No variable at all: a single process (rank 0 of 1).
+// (default 127.0.0.1:29500, enough for one node). Under srun without them: the first host of the step's node
+// list (where Slurm starts task 0) and a port from the job and step ids, so a job across nodes needs neither;
+// under mpirun in a build with MPI, MPI bootstraps it (distributed/mpi_bootstrap.h). No variable at all: a
+// single process (rank 0 of 1).
 #pragma once
 #include <string>
 
@@ -14,6 +16,9 @@ namespace mt {
 
 // Set by `mixtune launch` for rank 0 only: the file descriptor of the rendezvous socket it already listens on.
 inline constexpr const char* kRendezvousFdVar = "MIXTUNE_RENDEZVOUS_FD";
+
+// Which launcher's variables gave the ranks.
+enum class RankSource { single, torchrun, open_mpi, slurm };
 
 struct ProcessGroupEnv {
   int rank = 0, world = 1;
@@ -24,11 +29,19 @@ struct ProcessGroupEnv {
   int rendezvous_fd = -1;  // rank 0 under `mixtune launch`: the already-listening rendezvous socket
   bool master_addr_given = false;  // MASTER_ADDR was in the environment (else the default above)
   bool master_port_given = false;  // MASTER_PORT likewise
-  bool open_mpi = false;           // the ranks came from Open MPI's mpirun (OMPI_COMM_WORLD_*)
+  RankSource from = RankSource::single;
 };
 
 // Throws mt::Error naming the variable for a malformed or inconsistent value (rank outside the world, a
 // port outside 1..65535, ...).
 ProcessGroupEnv process_group_env_from_environment();
+
+// The first host of a Slurm host list ("gpu-[007-010,012],cpu3" -> "gpu-007"); `var` names the variable in the
+// error for a malformed list.
+std::string slurm_first_host(const std::string& list, const char* var);
+
+// The rendezvous port of a Slurm job step without MASTER_PORT: 20000 + (job id mod 10000) * 4 + step id mod 4, so
+// concurrent jobs (and up to four concurrent steps of one job) sharing a node pick different ports.
+int slurm_rendezvous_port(unsigned long long job_id, unsigned long long step_id);
 
 }  // namespace mt

@@ -1,8 +1,8 @@
 // The CPU communicator over TCP (communicator.h).
 //
-// Rendezvous: rank 0 listens on MASTER_ADDR:MASTER_PORT; every other rank connects and sends a hello
-// {magic, rank, world, mesh port}; rank 0 checks the ranks (each once, same world size), then sends every
-// rank the table of mesh addresses (a rank's address is where its connection to rank 0 came from, rank
+// Rendezvous: rank 0 listens at MASTER_PORT (every interface); every other rank connects to MASTER_ADDR and
+// sends a hello {magic, rank, world, mesh port}; rank 0 checks the ranks (each once, same world size), then
+// sends every rank the table of mesh addresses (a rank's address is where its connection to rank 0 came from, rank
 // 0's is MASTER_ADDR). Mesh: rank i connects to every rank j < i and accepts the ranks above it.
 //
 // Collectives move messages with a 16-byte header {sequence number of this pair's exchanges, op, element
@@ -73,9 +73,10 @@ class TcpCommunicator final : public Communicator {
     Socket mesh = tcp_listen("0.0.0.0", 0, &mesh_port, who + ": mesh listener");
     std::vector<Entry> table(world_);
     if (rank_ == 0) {
-      // Under `mixtune launch` the listener is already open (inherited); else bind MASTER_ADDR:MASTER_PORT.
+      // Under `mixtune launch` (or an MPI bootstrap) the listener is already open; else MASTER_PORT on every
+      // interface: MASTER_ADDR may be a host name that resolves to a loopback address on its own host.
       Socket rv = env.rendezvous_fd >= 0 ? Socket(env.rendezvous_fd)
-                                         : tcp_listen(env.master_addr, env.master_port, nullptr, who);
+                                         : tcp_listen("0.0.0.0", env.master_port, nullptr, who);
       std::vector<Socket> conns(world_);
       int joined = 1;
       while (joined < world_) {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mt::test {
@@ -21,16 +22,18 @@ inline const char* mixtune_binary() {
   return env && *env ? env : MIXTUNE_BINARY;
 }
 
-// Starts `program args...` (program a path) with stdout/stderr to `log` and the variables in `unset` removed
-// from its environment; returns the pid.
+// Starts `program args...` (program a path) with stdout/stderr to `log`, the variables in `unset` removed from
+// its environment and those in `set` set; returns the pid.
 inline pid_t spawn_program(const std::string& program, const std::vector<std::string>& args,
-                           const std::filesystem::path& log, const std::vector<std::string>& unset = {}) {
+                           const std::filesystem::path& log, const std::vector<std::string>& unset = {},
+                           const std::vector<std::pair<std::string, std::string>>& set = {}) {
   const pid_t pid = fork();
   if (pid == 0) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
     for (const std::string& v : unset) ::unsetenv(v.c_str());
+    for (const auto& [k, v] : set) ::setenv(k.c_str(), v.c_str(), 1);
     std::vector<char*> argv;
     argv.push_back(const_cast<char*>(program.c_str()));
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));

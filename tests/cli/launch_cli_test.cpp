@@ -21,6 +21,7 @@
 #include "cli_process.h"
 #include "distributed/launcher.h"
 #include "distributed/mpi_bootstrap.h"
+#include "distributed/process_group_env.h"
 #include "distributed/tcp_socket.h"
 #include "../distributed/thread_ranks.h"
 #include "io/safetensors.h"
@@ -598,6 +599,39 @@ TEST_F(LaunchCli, MpirunWithABusyMasterPortFails) {
             std::string::npos)
       << log;
   EXPECT_FALSE(fs::exists(dir / "busy" / "final"));
+}
+
+// Ranks started the way srun starts them (SLURM_PROCID, SLURM_NTASKS, ...; no MASTER_ADDR / MASTER_PORT) meet
+// on the first host of SLURM_STEP_NODELIST at the port the job and step ids give, and train bitwise like
+// `mixtune launch`. (No srun here: the test sets the variables srun would.)
+TEST_F(LaunchCli, SrunStyleRanksMeetOnTheNodeListsFirstHost) {
+  ASSERT_EQ(run({"launch", "--nproc", "2", "--", "finetune", recipe("launched", 1).string(), "--set", "parallel.ep=2"},
+                dir / "launched.log"),
+            0)
+      << slurp(dir / "launched.log");
+  int port = 0;
+  for (int i = 0; i < 50 && (port < 20000 || port >= 60000); ++i) port = test::free_port();
+  ASSERT_TRUE(port >= 20000 && port < 60000) << "no free port in 20000..59999";
+  const std::string job = std::to_string((port - 20000) / 4), step = std::to_string((port - 20000) % 4);
+  ASSERT_EQ(slurm_rendezvous_port(std::stoull(job), std::stoull(step)), port);
+  const fs::path p = recipe("srun", 1);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    pids.push_back(test::spawn_program(
+        test::mixtune_binary(), {"finetune", p.string(), "--set", "parallel.ep=2"},
+        dir / ("srun" + std::to_string(r) + ".log"), kRendezvousVars,
+        {{"SLURM_PROCID", std::to_string(r)}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", std::to_string(r)},
+         {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_STEP_NODELIST", "localhost"}, {"SLURM_JOB_ID", job},
+         {"SLURM_STEP_ID", step}}));
+  }
+  for (int r = 0; r < 2; ++r)
+    ASSERT_EQ(test::wait_exit(pids[r]), 0) << slurp(dir / ("srun" + std::to_string(r) + ".log"));
+  const std::string log = slurp(dir / "srun0.log");
+  EXPECT_NE(log.find("2 ranks (Slurm (SLURM_PROCID, SLURM_NTASKS), rendezvous on the first host of "
+                     "SLURM_STEP_NODELIST)"),
+            std::string::npos)
+      << log;
+  expect_bitwise_same_run("launched", "srun", {});
 }
 
 TEST_F(LaunchCli, RanksGetTheirVariables) {

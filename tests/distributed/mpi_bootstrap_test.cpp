@@ -26,7 +26,7 @@ TEST(MpiBootstrap, JobsNotStartedByMpirunAreLeftAlone) {
   EXPECT_EQ(a.master_port, 23456);
   EXPECT_EQ(a.source, "torchrun-style variables");
   ProcessGroupEnv single;
-  single.open_mpi = true;  // mpirun -np 1: nothing to bootstrap
+  single.from = RankSource::open_mpi;  // mpirun -np 1: nothing to bootstrap
   EXPECT_EQ(mpi_bootstrap(single).source, single.source);
   EXPECT_FALSE(mpi_active());
 }

@@ -16,7 +16,8 @@ namespace {
 const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                        "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                       "SLURM_NTASKS_PER_NODE", "MIXTUNE_RENDEZVOUS_FD"};
+                       "SLURM_NTASKS_PER_NODE", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
+                       "SLURM_JOB_ID", "SLURM_STEP_ID", "MIXTUNE_RENDEZVOUS_FD"};
 
 // Sets exactly `vars` among kVars for the scope; restores the previous environment after.
 class ScopedEnv {
@@ -56,7 +57,7 @@ TEST(ProcessGroupEnv, NoVariablesIsOneProcess) {
   EXPECT_EQ(e.master_port, 29500);
   EXPECT_FALSE(e.master_addr_given);
   EXPECT_FALSE(e.master_port_given);
-  EXPECT_FALSE(e.open_mpi);
+  EXPECT_EQ(e.from, RankSource::single);
 }
 
 TEST(ProcessGroupEnv, TorchrunStyle) {
@@ -76,7 +77,7 @@ TEST(ProcessGroupEnv, TorchrunStyle) {
   EXPECT_EQ(e.rendezvous_fd, -1);
   EXPECT_TRUE(e.master_addr_given);
   EXPECT_TRUE(e.master_port_given);
-  EXPECT_FALSE(e.open_mpi);
+  EXPECT_EQ(e.from, RankSource::torchrun);
 }
 
 TEST(ProcessGroupEnv, LaunchHandsRankZeroItsListener) {
@@ -102,7 +103,7 @@ TEST(ProcessGroupEnv, OpenMpiAndSlurm) {
     EXPECT_EQ(e.local_rank, 1);
     EXPECT_EQ(e.local_world, 2);
     EXPECT_NE(e.source.find("OpenMPI"), std::string::npos);
-    EXPECT_TRUE(e.open_mpi);  // distributed/mpi_bootstrap.h may bootstrap it
+    EXPECT_EQ(e.from, RankSource::open_mpi);  // distributed/mpi_bootstrap.h may bootstrap it
     EXPECT_FALSE(e.master_addr_given);
   }
   {
@@ -113,11 +114,68 @@ TEST(ProcessGroupEnv, OpenMpiAndSlurm) {
     EXPECT_EQ(e.world, 16);
     EXPECT_EQ(e.local_rank, 2);
     EXPECT_EQ(e.local_world, 8);
-    EXPECT_FALSE(e.open_mpi);
+    EXPECT_EQ(e.from, RankSource::slurm);
   }
   {  // torchrun-style variables win over Slurm's (torchrun inside an allocation)
     ScopedEnv env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});
     EXPECT_EQ(process_group_env_from_environment().world, 2);
+  }
+}
+
+// srun without MASTER_ADDR / MASTER_PORT: rank 0's host is the step's first node, the port comes from the job.
+TEST(ProcessGroupEnv, SlurmRendezvousFromTheNodeListAndJobId) {
+  const std::map<std::string, std::string> ranks = {{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}};
+  auto with = [&](std::map<std::string, std::string> extra) {
+    extra.insert(ranks.begin(), ranks.end());
+    return extra;
+  };
+  {
+    ScopedEnv env(with({{"SLURM_STEP_NODELIST", "gpu-[007-010,012],cpu3"},
+                        {"SLURM_JOB_NODELIST", "other"},
+                        {"SLURM_JOB_ID", "123456"},
+                        {"SLURM_STEP_ID", "1"}}));
+    const ProcessGroupEnv e = process_group_env_from_environment();
+    EXPECT_EQ(e.master_addr, "gpu-007");
+    EXPECT_EQ(e.master_port, 20000 + 3456 * 4 + 1);
+    EXPECT_NE(e.source.find("rendezvous on the first host of SLURM_STEP_NODELIST"), std::string::npos) << e.source;
+  }
+  {  // salloc's shell has only the job's list; no step id: step 0
+    ScopedEnv env(with({{"SLURM_JOB_NODELIST", "node[3-4]"}, {"SLURM_JOB_ID", "77"}}));
+    const ProcessGroupEnv e = process_group_env_from_environment();
+    EXPECT_EQ(e.master_addr, "node3");
+    EXPECT_EQ(e.master_port, 20000 + 77 * 4);
+  }
+  {  // the user's MASTER_ADDR / MASTER_PORT win
+    ScopedEnv env(with({{"SLURM_STEP_NODELIST", "node[3-4]"}, {"SLURM_JOB_ID", "77"}, {"MASTER_ADDR", "10.1.2.3"},
+                        {"MASTER_PORT", "29999"}}));
+    const ProcessGroupEnv e = process_group_env_from_environment();
+    EXPECT_EQ(e.master_addr, "10.1.2.3");
+    EXPECT_EQ(e.master_port, 29999);
+  }
+  {  // one task: nothing to meet
+    ScopedEnv env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_STEP_NODELIST", "node9"}});
+    EXPECT_EQ(process_group_env_from_environment().master_addr, "127.0.0.1");
+  }
+  EXPECT_NE(error_of(with({{"SLURM_JOB_ID", "12x"}})).find("SLURM_JOB_ID='12x'"), std::string::npos);
+  EXPECT_NE(error_of(with({{"SLURM_STEP_NODELIST", "node[1-2"}})).find("SLURM_STEP_NODELIST='node[1-2' is not a Slurm host list"),
+            std::string::npos);
+}
+
+TEST(ProcessGroupEnv, SlurmFirstHost) {
+  EXPECT_EQ(slurm_first_host("node7", "L"), "node7");
+  EXPECT_EQ(slurm_first_host("n[1-4]", "L"), "n1");
+  EXPECT_EQ(slurm_first_host("n[09-12]", "L"), "n09");
+  EXPECT_EQ(slurm_first_host("a[01-02]b[3,5]x,c[1-2]", "L"), "a01b3x");
+  EXPECT_EQ(slurm_first_host("first,second", "L"), "first");
+  for (const char* bad : {"", "n[", "n]1", "n[x-y]", "[]", ",a"}) {
+    try {
+      slurm_first_host(bad, "SLURM_NODELIST");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("SLURM_NODELIST='" + std::string(bad) + "' is not a Slurm host list"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 

@@ -204,7 +204,9 @@ TEST(TcpCommunicator, GroupReduceAndBroadcastStayWithinTheGroup) {
         const std::vector<float> want = r == root ? all_reduced[r][c] : values(r, n);
         ASSERT_EQ(got.size(), want.size());
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[i]) << "element " << i;
-        if (r == root && n > 0) EXPECT_NE(got[0], values(r, n)[0]) << "the root's values were summed";
+        if (r == root && n > 0) {
+          EXPECT_NE(got[0], values(r, n)[0]) << "the root's values were summed";
+        }
         for (int k = 0; k < 3; ++k) EXPECT_EQ(cast[r][3 * c + k], 100 * root + k);
         ++c;
       }
