@@ -1,6 +1,7 @@
 #include "distributed/process_group_env.h"
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
 
@@ -16,20 +17,21 @@ std::optional<std::string> env(const char* name) {
   return std::string(v);
 }
 
-// A whole non-negative decimal number (Slurm's SLURM_NTASKS_PER_NODE may read "4(x2)": its first number).
-int parse_count(const char* name, const std::string& v, bool leading_only = false) {
+// A whole non-negative decimal number.
+int parse_count(const char* name, const std::string& v) {
   char* end = nullptr;
   errno = 0;
   const long x = std::strtol(v.c_str(), &end, 10);
-  const bool whole = end != v.c_str() && (leading_only || *end == '\0');
+  const bool whole = end != v.c_str() && *end == '\0';
   if (!whole || errno != 0 || x < 0 || x > 1'000'000)
     fail("environment: {}='{}' is not a non-negative integer", name, v);
   return static_cast<int>(x);
 }
 
 struct Names {
-  const char *rank, *world, *local_rank, *local_world, *source;
+  const char *rank, *world, *local_rank, *local_world, *source;  // local_world null: worked out below
   RankSource from;
+  bool keyed_by_world;  // the set applies only when its world variable is there (the rank may be set anyway)
 };
 
 unsigned long long parse_id(const char* name, const std::string& v) {
@@ -47,25 +49,38 @@ ProcessGroupEnv process_group_env_from_environment() {
   ProcessGroupEnv e;
   const Names sets[] = {
       {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun-style variables (RANK, WORLD_SIZE)",
-       RankSource::torchrun},
+       RankSource::torchrun, false},
       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-       "OpenMPI (OMPI_COMM_WORLD_*)", RankSource::open_mpi},
-      {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "Slurm (SLURM_PROCID, SLURM_NTASKS)",
-       RankSource::slurm},
+       "OpenMPI (OMPI_COMM_WORLD_*)", RankSource::open_mpi, false},
+      // Only srun's tasks have the step variables: a batch script or an salloc shell also has SLURM_PROCID and
+      // the allocation's SLURM_NTASKS, but is one process (its job may start the ranks with srun or launch).
+      {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", nullptr,
+       "Slurm's srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS)", RankSource::slurm, true},
   };
   for (const Names& n : sets) {
     const auto rank = env(n.rank), world = env(n.world);
-    if (!rank && !world) continue;
+    if (n.keyed_by_world ? !world : (!rank && !world)) continue;
     if (!rank || !world) fail("environment: {} is set but {} is not", rank ? n.rank : n.world, rank ? n.world : n.rank);
     e.rank = parse_count(n.rank, *rank);
     e.world = parse_count(n.world, *world);
     if (e.world < 1) fail("environment: {}={} must be at least 1", n.world, e.world);
     if (e.rank >= e.world) fail("environment: {}={} is not below {}={}", n.rank, e.rank, n.world, e.world);
-    const auto lr = env(n.local_rank), lw = env(n.local_world);
+    const auto lr = env(n.local_rank);
     e.local_rank = lr ? parse_count(n.local_rank, *lr) : e.rank;
-    e.local_world = lw ? parse_count(n.local_world, *lw, /*leading_only=*/true) : e.world;
+    const char* local_world_var = n.local_world;
+    e.local_world = e.world;
+    if (n.local_world) {
+      if (const auto lw = env(n.local_world)) e.local_world = parse_count(n.local_world, *lw);
+    } else if (const auto per_node = env("SLURM_STEP_TASKS_PER_NODE")) {
+      // This node's tasks: entry SLURM_NODEID of the step's per-node counts ("2(x3),1").
+      const auto node = env("SLURM_NODEID");
+      e.local_world = slurm_tasks_on_node(*per_node, node ? parse_count("SLURM_NODEID", *node) : 0,
+                                          "SLURM_STEP_TASKS_PER_NODE");
+      local_world_var = "SLURM_STEP_TASKS_PER_NODE";
+    }
     if (e.local_world < 1 || e.local_rank >= e.local_world)
-      fail("environment: {}={} is not below {}={}", n.local_rank, e.local_rank, n.local_world, e.local_world);
+      fail("environment: {}={} is not below {}={}", n.local_rank, e.local_rank,
+           local_world_var ? local_world_var : n.world, e.local_world);
     e.source = n.source;
     e.from = n.from;
     break;
@@ -133,6 +148,36 @@ std::string slurm_first_host(const std::string& list, const char* var) {
   }
   if (host.empty()) bad("no host");
   return host;
+}
+
+int slurm_tasks_on_node(const std::string& spec, int node, const char* var) {
+  auto bad = [&]() { fail("environment: {}='{}' is not a list of tasks per node (e.g. 2(x3),1)", var, spec); };
+  // Every entry is checked, then the node's is looked up.
+  int64_t nodes = 0;
+  int found = 0;
+  for (size_t i = 0; i <= spec.size();) {
+    size_t end = spec.find(',', i);
+    if (end == std::string::npos) end = spec.size();
+    const std::string item = spec.substr(i, end - i);
+    char* rest = nullptr;
+    errno = 0;
+    const long tasks = std::strtol(item.c_str(), &rest, 10);
+    if (item.empty() || rest == item.c_str() || errno != 0 || tasks < 1 || tasks > 1'000'000) bad();
+    long repeat = 1;
+    if (*rest == '(') {
+      if (rest[1] != 'x') bad();
+      char* close = nullptr;
+      repeat = std::strtol(rest + 2, &close, 10);
+      if (close == rest + 2 || *close != ')' || close[1] != '\0' || repeat < 1 || repeat > 1'000'000) bad();
+    } else if (*rest != '\0') {
+      bad();
+    }
+    if (found == 0 && node < nodes + repeat) found = static_cast<int>(tasks);
+    nodes += repeat;
+    i = end + 1;
+  }
+  if (found == 0) fail("environment: {}='{}' lists {} nodes, SLURM_NODEID is {}", var, spec, nodes, node);
+  return found;
 }
 
 int slurm_rendezvous_port(unsigned long long job_id, unsigned long long step_id) {

@@ -3,7 +3,8 @@
 //     MASTER_PORT;
 //   OpenMPI's mpirun: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
 //     OMPI_COMM_WORLD_LOCAL_SIZE;
-//   Slurm's srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE (first number).
+//   Slurm's srun: SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, and this node's entry (SLURM_NODEID) of
+//     SLURM_STEP_TASKS_PER_NODE. Without the step variables (a batch script, an salloc shell): one process.
 // The first complete set wins in that order. The rendezvous address comes from MASTER_ADDR / MASTER_PORT
 // (default 127.0.0.1:29500, enough for one node). Under srun without them: the first host of the step's node
 // list (where Slurm starts task 0) and a port from the job and step ids, so a job across nodes needs neither;
@@ -39,6 +40,10 @@ ProcessGroupEnv process_group_env_from_environment();
 // The first host of a Slurm host list ("gpu-[007-010,012],cpu3" -> "gpu-007"); `var` names the variable in the
 // error for a malformed list.
 std::string slurm_first_host(const std::string& list, const char* var);
+
+// The tasks a Slurm step runs on node `node` (0-based) from a per-node list such as SLURM_STEP_TASKS_PER_NODE
+// ("2(x3),1": three nodes of 2, then one of 1); errors name `var`.
+int slurm_tasks_on_node(const std::string& spec, int node, const char* var);
 
 // The rendezvous port of a Slurm job step without MASTER_PORT: 20000 + (job id mod 10000) * 4 + step id mod 4, so
 // concurrent jobs (and up to four concurrent steps of one job) sharing a node pick different ports.

@@ -601,7 +601,7 @@ TEST_F(LaunchCli, MpirunWithABusyMasterPortFails) {
   EXPECT_FALSE(fs::exists(dir / "busy" / "final"));
 }
 
-// Ranks started the way srun starts them (SLURM_PROCID, SLURM_NTASKS, ...; no MASTER_ADDR / MASTER_PORT) meet
+// Ranks started the way srun starts them (SLURM_PROCID, SLURM_STEP_NUM_TASKS, ...; no MASTER_ADDR / MASTER_PORT) meet
 // on the first host of SLURM_STEP_NODELIST at the port the job and step ids give, and train bitwise like
 // `mixtune launch`. (No srun here: the test sets the variables srun would.)
 TEST_F(LaunchCli, SrunStyleRanksMeetOnTheNodeListsFirstHost) {
@@ -620,14 +620,14 @@ TEST_F(LaunchCli, SrunStyleRanksMeetOnTheNodeListsFirstHost) {
     pids.push_back(test::spawn_program(
         test::mixtune_binary(), {"finetune", p.string(), "--set", "parallel.ep=2"},
         dir / ("srun" + std::to_string(r) + ".log"), kRendezvousVars,
-        {{"SLURM_PROCID", std::to_string(r)}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", std::to_string(r)},
-         {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_STEP_NODELIST", "localhost"}, {"SLURM_JOB_ID", job},
-         {"SLURM_STEP_ID", step}}));
+        {{"SLURM_PROCID", std::to_string(r)}, {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_NTASKS", "2"},
+         {"SLURM_LOCALID", std::to_string(r)}, {"SLURM_STEP_TASKS_PER_NODE", "2"}, {"SLURM_NODEID", "0"},
+         {"SLURM_STEP_NODELIST", "localhost"}, {"SLURM_JOB_ID", job}, {"SLURM_STEP_ID", step}}));
   }
   for (int r = 0; r < 2; ++r)
     ASSERT_EQ(test::wait_exit(pids[r]), 0) << slurp(dir / ("srun" + std::to_string(r) + ".log"));
   const std::string log = slurp(dir / "srun0.log");
-  EXPECT_NE(log.find("2 ranks (Slurm (SLURM_PROCID, SLURM_NTASKS), rendezvous on the first host of "
+  EXPECT_NE(log.find("2 ranks (Slurm's srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS), rendezvous on the first host of "
                      "SLURM_STEP_NODELIST)"),
             std::string::npos)
       << log;

@@ -16,7 +16,8 @@ namespace {
 const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                        "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                       "SLURM_NTASKS_PER_NODE", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
+                       "SLURM_NTASKS_PER_NODE", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID",
+                       "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
                        "SLURM_JOB_ID", "SLURM_STEP_ID", "MIXTUNE_RENDEZVOUS_FD"};
 
 // Sets exactly `vars` among kVars for the scope; restores the previous environment after.
@@ -107,14 +108,27 @@ TEST(ProcessGroupEnv, OpenMpiAndSlurm) {
     EXPECT_FALSE(e.master_addr_given);
   }
   {
-    ScopedEnv env({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "2"},
-                   {"SLURM_NTASKS_PER_NODE", "8(x2)"}});
+    ScopedEnv env({{"SLURM_PROCID", "6"}, {"SLURM_STEP_NUM_TASKS", "16"}, {"SLURM_LOCALID", "2"},
+                   {"SLURM_STEP_TASKS_PER_NODE", "8(x2)"}, {"SLURM_NODEID", "0"}, {"SLURM_NTASKS", "32"}});
     const ProcessGroupEnv e = process_group_env_from_environment();
     EXPECT_EQ(e.rank, 6);
-    EXPECT_EQ(e.world, 16);
+    EXPECT_EQ(e.world, 16);  // the step's tasks, not the allocation's
     EXPECT_EQ(e.local_rank, 2);
     EXPECT_EQ(e.local_world, 8);
     EXPECT_EQ(e.from, RankSource::slurm);
+  }
+  {  // uneven nodes: this node's own count
+    ScopedEnv env({{"SLURM_PROCID", "4"}, {"SLURM_STEP_NUM_TASKS", "5"}, {"SLURM_LOCALID", "0"},
+                   {"SLURM_STEP_TASKS_PER_NODE", "2(x2),1"}, {"SLURM_NODEID", "2"}});
+    EXPECT_EQ(process_group_env_from_environment().local_world, 1);
+  }
+  {  // a batch script or salloc shell: SLURM_PROCID and the allocation's SLURM_NTASKS, no step: one process
+    ScopedEnv env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}, {"SLURM_JOB_ID", "9"},
+                   {"SLURM_JOB_NODELIST", "node[1-4]"}});
+    const ProcessGroupEnv e = process_group_env_from_environment();
+    EXPECT_EQ(e.world, 1);
+    EXPECT_EQ(e.from, RankSource::single);
+    EXPECT_EQ(e.master_addr, "127.0.0.1");
   }
   {  // torchrun-style variables win over Slurm's (torchrun inside an allocation)
     ScopedEnv env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});
@@ -124,7 +138,7 @@ TEST(ProcessGroupEnv, OpenMpiAndSlurm) {
 
 // srun without MASTER_ADDR / MASTER_PORT: rank 0's host is the step's first node, the port comes from the job.
 TEST(ProcessGroupEnv, SlurmRendezvousFromTheNodeListAndJobId) {
-  const std::map<std::string, std::string> ranks = {{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}};
+  const std::map<std::string, std::string> ranks = {{"SLURM_PROCID", "5"}, {"SLURM_STEP_NUM_TASKS", "8"}};
   auto with = [&](std::map<std::string, std::string> extra) {
     extra.insert(ranks.begin(), ranks.end());
     return extra;
@@ -153,12 +167,35 @@ TEST(ProcessGroupEnv, SlurmRendezvousFromTheNodeListAndJobId) {
     EXPECT_EQ(e.master_port, 29999);
   }
   {  // one task: nothing to meet
-    ScopedEnv env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_STEP_NODELIST", "node9"}});
+    ScopedEnv env({{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "1"}, {"SLURM_STEP_NODELIST", "node9"}});
     EXPECT_EQ(process_group_env_from_environment().master_addr, "127.0.0.1");
   }
   EXPECT_NE(error_of(with({{"SLURM_JOB_ID", "12x"}})).find("SLURM_JOB_ID='12x'"), std::string::npos);
   EXPECT_NE(error_of(with({{"SLURM_STEP_NODELIST", "node[1-2"}})).find("SLURM_STEP_NODELIST='node[1-2' is not a Slurm host list"),
             std::string::npos);
+}
+
+TEST(ProcessGroupEnv, SlurmTasksOnNode) {
+  EXPECT_EQ(slurm_tasks_on_node("4", 0, "V"), 4);
+  EXPECT_EQ(slurm_tasks_on_node("8(x2)", 1, "V"), 8);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 2, "V"), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 3, "V"), 1);
+  EXPECT_EQ(slurm_tasks_on_node("3,1(x2),5", 3, "V"), 5);
+  for (const char* bad : {"", "x", "2(3)", "2(x)", "2(x3", "2(x3)4", "0", "2,,1", "-1"}) {
+    try {
+      slurm_tasks_on_node(bad, 0, "SLURM_STEP_TASKS_PER_NODE");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("SLURM_STEP_TASKS_PER_NODE='" + std::string(bad) + "'"), std::string::npos)
+          << e.what();
+    }
+  }
+  try {
+    slurm_tasks_on_node("2(x2)", 2, "SLURM_STEP_TASKS_PER_NODE");
+    ADD_FAILURE() << "node 2 of 2 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lists 2 nodes, SLURM_NODEID is 2"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ProcessGroupEnv, SlurmFirstHost) {
