@@ -23,6 +23,7 @@
 #include "distributed/mpi_bootstrap.h"
 #include "distributed/process_group_env.h"
 #include "distributed/tcp_socket.h"
+#include "../distributed/mpirun_util.h"
 #include "../distributed/thread_ranks.h"
 #include "io/safetensors.h"
 #include "train/train_engine.h"
@@ -46,31 +47,10 @@ std::vector<nlohmann::json> metrics_of(const fs::path& run_dir) {
   return v;
 }
 
-// `name` on PATH, or "" when it is not there.
-std::string find_on_path(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/bin:/bin";
-  for (size_t start = 0; start <= dirs.size();) {
-    const size_t end = std::min(dirs.find(':', start), dirs.size());
-    const fs::path p = fs::path(dirs.substr(start, end - start)) / name;
-    if (end > start && ::access(p.c_str(), X_OK) == 0) return p.string();
-    start = end + 1;
-  }
-  return "";
-}
-
-// mpirun's options for a test machine: root allowed (CI runs as root), more ranks than cores, no core binding
-// (each rank's OpenMP threads share the cores, as under mixtune launch), then `-np N mixtune args...`.
+// mpirun's arguments (tests/distributed/mpirun_util.h) for `-np N mixtune args...`.
 std::vector<std::string> mpirun_args(int np, const std::vector<std::string>& extra,
                                      const std::vector<std::string>& mixtune_args) {
-  std::vector<std::string> a;
-  if (::geteuid() == 0) a.push_back("--allow-run-as-root");
-  for (const char* o : {"--oversubscribe", "--bind-to", "none", "-np"}) a.push_back(o);
-  a.push_back(std::to_string(np));
-  a.insert(a.end(), extra.begin(), extra.end());
-  a.push_back(test::mixtune_binary());
-  a.insert(a.end(), mixtune_args.begin(), mixtune_args.end());
-  return a;
+  return test::mpirun_args(np, extra, test::mixtune_binary(), mixtune_args);
 }
 
 // The variables a job under mpirun must not inherit from the test's environment.
@@ -554,7 +534,7 @@ TEST_F(LaunchCli, MultiRankJobWithoutGpusRefusesCudaDevice) {
 // the same ranks and layout (EP 2).
 TEST_F(LaunchCli, MpirunBootstrapsThroughMpiAndTrainsLikeLaunch) {
   if (!mpi_built()) GTEST_SKIP() << "built without MPI (-DMIXTUNE_MPI=OFF)";
-  const std::string mpirun = find_on_path("mpirun");
+  const std::string mpirun = test::find_on_path("mpirun");
   ASSERT_FALSE(mpirun.empty()) << "mpirun is not on PATH (apt-get install openmpi-bin)";
   ASSERT_EQ(run({"launch", "--nproc", "2", "--", "finetune", recipe("launched", 1).string(), "--set", "parallel.ep=2"},
                 dir / "launched.log"),
@@ -584,7 +564,7 @@ TEST_F(LaunchCli, MpirunBootstrapsThroughMpiAndTrainsLikeLaunch) {
 // Under mpirun a MASTER_PORT that another process holds stops the job with rank 0's bind error, quickly.
 TEST_F(LaunchCli, MpirunWithABusyMasterPortFails) {
   if (!mpi_built()) GTEST_SKIP() << "built without MPI (-DMIXTUNE_MPI=OFF)";
-  const std::string mpirun = find_on_path("mpirun");
+  const std::string mpirun = test::find_on_path("mpirun");
   ASSERT_FALSE(mpirun.empty()) << "mpirun is not on PATH (apt-get install openmpi-bin)";
   int port = 0;
   const Socket busy = tcp_listen("0.0.0.0", 0, &port, "test: busy port");

@@ -1,6 +1,7 @@
 // Collectives between the GPUs of one job over NCCL (distributed/cuda/device_communicator.h). Created
-// collectively from the job's host communicator (distributed/communicator.h): rank 0 makes the NCCL unique
-// id and broadcasts it over the TCP mesh, so no MPI is needed. Every operation is queued on the caller's stream and returns at once;
+// collectively from the job's host communicator (distributed/communicator.h): each group's first rank makes
+// its NCCL unique id and broadcasts it over the TCP mesh, or over MPI when the job was started by mpirun
+// (distributed/mpi_bootstrap.h). Every operation is queued on the caller's stream and returns at once;
 // wait() is the only call that blocks, and it does so with the job's timeout: when a collective does not
 // complete in time (a peer died or called something else) it prints "mixtune: error: rank R (...): <operation>
 // did not complete within T s", aborts the communicator and exits the process with status 1 (unwinding
@@ -35,7 +36,7 @@ class NcclCommunicator final : public DeviceCommunicator {
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
   // As device_communicator_create (device_communicator.h): each group's first member makes that group's
-  // unique id and broadcasts it over `host`.
+  // unique id and broadcasts it over `host` (over MPI when mpi_active()).
   static std::unique_ptr<NcclCommunicator> create_group(Communicator& host, int device,
                                                         std::chrono::milliseconds timeout,
                                                         const std::vector<std::vector<int>>& groups,
