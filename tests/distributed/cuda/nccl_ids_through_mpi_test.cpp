@@ -34,7 +34,7 @@ TEST(CudaNcclIds, GoThroughMpiUnderMpirun) {
   const int rc = test::wait_exit(test::spawn_program(
       mpirun,
       test::mpirun_args(2, {}, self.string(),
-                        {"--gtest_also_run_disabled_tests", "--gtest_filter=CudaNcclIdsChild.*"}),
+                        {"--gtest_also_run_disabled_tests", "--gtest_color=no", "--gtest_filter=CudaNcclIdsChild.*"}),
       log, {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}));
   const std::string out = test::slurp(log);
   fs::remove(log);
