@@ -46,7 +46,8 @@ class Communicator {
 };
 
 // The CPU communicator: a TCP rendezvous at env.master_addr:master_port (rank 0 listens at that port on every
-// interface, or on env.rendezvous_fd), then a full mesh of TCP connections between the ranks. `timeout` bounds the rendezvous and every collective.
+// interface, or on env.rendezvous_fd), then a full mesh of TCP connections between the ranks. `timeout` bounds
+// the rendezvous and every collective.
 std::unique_ptr<Communicator> tcp_communicator_create(const ProcessGroupEnv& env, std::chrono::milliseconds timeout);
 
 }  // namespace mt
