@@ -171,7 +171,8 @@ TEST(ProcessGroupEnv, SlurmRendezvousFromTheNodeListAndJobId) {
     EXPECT_EQ(process_group_env_from_environment().master_addr, "127.0.0.1");
   }
   EXPECT_NE(error_of(with({{"SLURM_JOB_ID", "12x"}})).find("SLURM_JOB_ID='12x'"), std::string::npos);
-  EXPECT_NE(error_of(with({{"SLURM_STEP_NODELIST", "node[1-2"}})).find("SLURM_STEP_NODELIST='node[1-2' is not a Slurm host list"),
+  EXPECT_NE(error_of(with({{"SLURM_STEP_NODELIST", "node[1-2"}}))
+                .find("SLURM_STEP_NODELIST='node[1-2' is not a Slurm host list"),
             std::string::npos);
 }
 
