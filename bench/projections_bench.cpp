@@ -2,10 +2,15 @@
 // default), through the same cuBLASLt path training uses (kernels/cuda/gemm.h): forward, input gradient and weight
 // gradient (fp32 dW accumulated, beta 1) of q_proj, k_proj, v_proj and o_proj one GEMM each, and of q, k, v as one
 // GEMM over the stacked weight [Wq; Wk; Wv] (forward N = (Hq + 2·Hkv)·D, input gradient K = that, weight gradient
-// M = that) — what a fused QKV projection would run instead of three. A dense 8192³ GEMM gives the ceiling.
+// M = that) — what a fused QKV projection would run instead of three. Then the LM head's three GEMMs over the
+// vocabulary (logits, input gradient, fp32 weight gradient), as the chunked cross-entropy runs them. A dense 8192³
+// GEMM gives the ceiling.
 //
-// usage: mixtune_bench_projections [--tokens T] [--hidden H] [--heads Hq] [--kv-heads Hkv] [--head-dim D] [--reps R]
-// Prints one JSON object: per row the op, its shape, ms per call and TFLOP/s.
+// usage: mixtune_bench_projections [--tokens T] [--hidden H] [--heads Hq] [--kv-heads Hkv] [--head-dim D]
+//                                  [--vocab V] [--reps R] [--energy-ms MS]
+// Prints one JSON object: per row the op, its shape, ms per call, TFLOP/s and cuBLASLt's algorithm for it; with
+// --energy-ms each row also runs back to back for MS ms: sustained TFLOP/s and pJ per FLOP (bench/sustained_run.h).
+// MIXTUNE_GEMM_ALGO_RANK=i makes every GEMM take the heuristic's i-th algorithm (kernels/cuda/gemm.cpp).
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -20,6 +25,7 @@
 #include "kernels/cuda/random_fill.h"
 #include "bench_args.h"
 #include "bench_timing.h"
+#include "sustained_run.h"
 
 namespace {
 
@@ -30,16 +36,18 @@ using mt::cuda::GemmOperand;
 using mt_bench::time_ms;
 
 struct Args {
-  int64_t tokens = 4096, hidden = 2048, heads = 32, kv_heads = 4, head_dim = 128, reps = 50;
+  int64_t tokens = 4096, hidden = 2048, heads = 32, kv_heads = 4, head_dim = 128, vocab = 151936, reps = 50,
+          energy_ms = 0;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
   mt_bench::parse_int_options(argc, argv,
                               {{"--tokens", &a.tokens}, {"--hidden", &a.hidden}, {"--heads", &a.heads},
-                               {"--kv-heads", &a.kv_heads}, {"--head-dim", &a.head_dim}, {"--reps", &a.reps}},
+                               {"--kv-heads", &a.kv_heads}, {"--head-dim", &a.head_dim}, {"--vocab", &a.vocab},
+                               {"--reps", &a.reps}, {"--energy-ms", &a.energy_ms}},
                               "mixtune_bench_projections [--tokens T] [--hidden H] [--heads Hq] [--kv-heads Hkv] "
-                              "[--head-dim D] [--reps R]");
+                              "[--head-dim D] [--vocab V] [--reps R] [--energy-ms MS]");
   return a;
 }
 
@@ -53,6 +61,8 @@ struct Row {
   std::string op;
   int64_t m, n, k;
   double ms;
+  mt_bench::Sustained sustained;
+  std::string algo;
 };
 
 }  // namespace
@@ -80,9 +90,11 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   auto gemm_row = [&](const std::string& op, int64_t M, int64_t N, int64_t K, GemmOperand A, GemmOperand B, float beta,
                       void* c, DType cd, int64_t ldc) {
-    const double ms = time_ms(static_cast<int>(a.reps), st,
-                              [&] { mt::cuda::gemm(0, st, M, N, K, 1.0f, A, B, beta, c, cd, ldc); });
-    rows.push_back({op, M, N, K, ms});
+    auto call = [&] { mt::cuda::gemm(0, st, M, N, K, 1.0f, A, B, beta, c, cd, ldc); };
+    const double ms = time_ms(static_cast<int>(a.reps), st, call);
+    const mt_bench::Sustained sus =
+        mt_bench::sustained(static_cast<double>(a.energy_ms) * 1e-3, 2.0 * M * N * K, st, call);
+    rows.push_back({op, M, N, K, ms, sus, mt::cuda::gemm_plan_description(M, N, K)});
   };
   // One projection of `out` rows of the stacked weight starting at row r0 (its own contiguous output and gradient
   // buffers, as the unfused layer has them: ld = out), and the same for the stacked whole (ld = nqkv).
@@ -104,6 +116,19 @@ int main(int argc, char** argv) {
   gemm_row("o weight grad", H, nq, T, {dx.data(), bf, H, true}, {o.data(), bf, nq, false}, 1.0f, dw_o.data(),
            DType::F32, nq);
   {
+    // The LM head over one 4096-row chunk: logits [T, V] = x·Wᵀ, dx [T, H] = dlogits·W, dW [V, H] += dlogitsᵀ·x.
+    const int64_t V = a.vocab;
+    Tensor w_head = normal({V, H}, bf, st), logits = normal({T, V}, bf, st);
+    Tensor dw_head = Tensor::empty({V, H}, DType::F32, Device::cuda(0));
+    MT_CUDA_CHECK(cudaMemsetAsync(dw_head.data(), 0, dw_head.nbytes(), st));
+    gemm_row("head forward", T, V, H, {x.data(), bf, H, false}, {w_head.data(), bf, H, true}, 0.0f, logits.data(), bf,
+             V);
+    gemm_row("head input grad", T, H, V, {logits.data(), bf, V, false}, {w_head.data(), bf, H, false}, 0.0f,
+             dx.data(), bf, H);
+    gemm_row("head weight grad", V, H, T, {logits.data(), bf, V, true}, {x.data(), bf, H, false}, 1.0f,
+             dw_head.data(), DType::F32, H);
+  }
+  {
     const int64_t n = 8192;
     Tensor p = normal({n, n}, bf, st), q = normal({n, n}, bf, st), r = Tensor::empty({n, n}, bf, Device::cuda(0));
     gemm_row("dense 8192^3", n, n, n, {p.data(), bf, n, false}, {q.data(), bf, n, true}, 0.0f, r.data(), bf, n);
@@ -118,9 +143,11 @@ int main(int argc, char** argv) {
     const Row& r = rows[i];
     const double tflops = 2.0 * r.m * r.n * r.k / (r.ms * 1e-3) / 1e12;
     if (i < 9) sep[i % 3] += r.ms;
-    std::printf("    {\"op\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"ms\": %.4f, \"tflops\": %.1f}%s\n",
+    std::printf("    {\"op\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"ms\": %.4f, \"tflops\": %.1f%s, "
+                "\"algo\": \"%s\"}%s\n",
                 r.op.c_str(), static_cast<long long>(r.m), static_cast<long long>(r.n), static_cast<long long>(r.k),
-                r.ms, tflops, i + 1 < rows.size() ? "," : "");
+                r.ms, tflops, mt_bench::sustained_json(r.sustained, "").c_str(), r.algo.c_str(),
+                i + 1 < rows.size() ? "," : "");
   }
   std::printf("  ],\n  \"q_k_v_separate_ms\": {\"forward\": %.4f, \"input_grad\": %.4f, \"weight_grad\": %.4f},\n",
               sep[0], sep[1], sep[2]);

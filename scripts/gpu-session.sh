@@ -34,7 +34,10 @@
 #         confined to fewer SMs: bandwidth, power, pJ per byte; ENERGY_SECONDS per row) | ep2-host-budget (two ranks
 #         sharing the GPU over host-staged collectives, EP 2 at the real shapes, LAYERS=4: the expert row budget and
 #         host reads per step, headroom 1.15 and 0) | mpirun-ep2-host (the same two ranks started by Open MPI's mpirun:
-#         the bootstrap through MPI on the GPU engine; LAYERS=2). `profile` also writes profile_sequence.md (every launch in order).
+#         the bootstrap through MPI on the GPU engine; LAYERS=2) | gemm-algos (the projections' and LM head's cuBLASLt GEMMs
+#         with each of the heuristic's first ALGO_RANKS=8 algorithms: time, sustained TFLOP/s and pJ/FLOP over
+#         ENERGY_MS=700 ms per row; bench/gemm_algos.py tabulates) | mixtune-standard-algoN (the standard step with
+#         every GEMM on the heuristic's N-th algorithm). `profile` also writes profile_sequence.md (every launch in order).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
 [[ $# -lt 2 ]] && { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -103,6 +106,11 @@ for stage in "$@"; do
     copy-power) "$BIN/mixtune_bench_copy_power" --seconds ${ENERGY_SECONDS:-2} > "$OUT/copy_power.json" 2>&1
              cat "$OUT/copy_power.json" ;;
     kernels-projections) "$BIN/mixtune_bench_projections" > "$OUT/projections.json" 2>&1; cat "$OUT/projections.json" ;;
+    gemm-algos) for ((r = 0; r < ${ALGO_RANKS:-8}; r++)); do
+               MIXTUNE_GEMM_ALGO_RANK=$r "$BIN/mixtune_bench_projections" --reps 20 --energy-ms ${ENERGY_MS:-700} \
+                 > "$OUT/gemm_algos_rank$r.json" 2>&1 || { rc=1; tail -3 "$OUT/gemm_algos_rank$r.json"; }
+             done
+             python3 bench/gemm_algos.py "$OUT"/gemm_algos_rank*.json | tee "$OUT/gemm_algos.md" || rc=1 ;;
     ep2-host-budget) for h in 1.15 0; do  # two ranks sharing the GPU (host-staged): the expert row budget at real shapes
                "$BIN/mixtune" launch --nproc 2 -- bench --ep 2 --gpu-collectives host --layers ${LAYERS:-4} --grad-accum 4 \
                  --steps 3 --warmup 1 --ep-row-headroom $h --json-out "$OUT/ep2_host_headroom$h.json" \
@@ -195,6 +203,9 @@ for stage in "$@"; do
                done ;;
     mixtune-standard-late)  # the standard step with the flash forward's softmax left to ptxas
                MIXTUNE_FLASH_FWD_EARLY_SOFTMAX=0 SIDES=mixtune NAME=$stage OUT=$OUT \
+               bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
+    mixtune-standard-algo*)  # the standard step with every cuBLASLt GEMM on the heuristic's N-th algorithm
+               MIXTUNE_GEMM_ALGO_RANK=${stage#mixtune-standard-algo} SIDES=mixtune NAME=$stage OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
     mixtune-standard-heads*)  # the standard step with the flash backward's heads per item forced (…-heads1: G = 1)
                MIXTUNE_FLASH_BWD_HEADS=${stage#mixtune-standard-heads} SIDES=mixtune NAME=$stage OUT=$OUT \

@@ -2,8 +2,12 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
@@ -40,7 +44,22 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  int rank = 0, found = 0;  // which of the heuristic's `found` results `algo` is
 };
+
+// MIXTUNE_GEMM_ALGO_RANK=i (a probe for the benches, bench/NOTES.md 95): take the heuristic's i-th result instead
+// of its first (its last when it offers fewer). Read once.
+int algo_rank_override() {
+  static const int rank = [] {
+    const char* v = std::getenv("MIXTUNE_GEMM_ALGO_RANK");
+    if (!v || !*v) return 0;
+    char* end = nullptr;
+    const long r = std::strtol(v, &end, 10);
+    MT_CHECK(end != v && *end == '\0' && r >= 0 && r < 64, "MIXTUNE_GEMM_ALGO_RANK must be 0..63, found '{}'", v);
+    return static_cast<int>(r);
+  }();
+  return rank;
+}
 
 std::mutex g_plans_mutex;
 // Never destroyed (descriptors outlive static destruction harmlessly; the driver may be gone by then).
@@ -92,10 +111,11 @@ Plan make_plan(const PlanKey& k, cublasLtHandle_t lt, size_t workspace_bytes) {
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c));
-  cublasLtMatmulHeuristicResult_t result{};
+  const int want = algo_rank_override() + 1;
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(want));
   int found = 0;
   const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
+      cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.la, p.lb, p.lc, p.lc, pref, want, results.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
     cublasLtMatrixLayoutDestroy(p.la);
@@ -105,8 +125,17 @@ Plan make_plan(const PlanKey& k, cublasLtHandle_t lt, size_t workspace_bytes) {
     fail("cuBLASLt has no algorithm for GEMM M={} N={} K={} trans=({}, {}) {}->{} ld=({}, {}, {}) ({})", k.m, k.n,
          k.k, k.ta, k.tb, dt_name(k.ab), dt_name(k.c), k.lda, k.ldb, k.ldc, cublasLtGetStatusString(st));
   }
-  p.algo = result.algo;
+  p.found = found;
+  p.rank = std::min(want, found) - 1;
+  p.algo = results[static_cast<size_t>(p.rank)].algo;
   return p;
+}
+
+int algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  uint32_t v = 0;  // every attribute read here fits 32 bits (the ids are uint32 or uint16 enums)
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS) return -1;
+  return static_cast<int>(v);
 }
 
 void check_operand_dtypes(DType ab, DType c) {
@@ -191,6 +220,19 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, cudaS
 int64_t gemm_plan_count() {
   std::lock_guard<std::mutex> lock(g_plans_mutex);
   return static_cast<int64_t>(plans().size());
+}
+
+std::string gemm_plan_description(int64_t M, int64_t N, int64_t K) {
+  std::lock_guard<std::mutex> lock(g_plans_mutex);
+  for (const auto& [k, p] : plans()) {
+    if (k.m != M || k.n != N || k.k != K) continue;
+    const cublasLtMatmulAlgo_t& a = p.algo;
+    return fmt::format("rank {} of {}: algo {} tile {} stages {} cluster {} split-k {} swizzle {}", p.rank, p.found,
+                       algo_config(a, CUBLASLT_ALGO_CONFIG_ID), algo_config(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                       algo_config(a, CUBLASLT_ALGO_CONFIG_STAGES_ID), algo_config(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+                       algo_config(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), algo_config(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
+  }
+  return "no plan";
 }
 
 }  // namespace mt::cuda

@@ -6,6 +6,8 @@
 //   noise on each side; F32 inputs use CUBLAS_COMPUTE_32F: no TF32).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -77,6 +79,11 @@ TEST(CudaGemm, MisalignedViewsAndPlanCache) {
   const int64_t plans = cuda::gemm_plan_count();
   cuda::linear_forward(dx_.rows(1, M), dw_, y, ctx.stream);
   EXPECT_EQ(cuda::gemm_plan_count(), plans) << "the same GEMM built a second plan";
+  // The benches' description of the plan's algorithm: the heuristic's first unless MIXTUNE_GEMM_ALGO_RANK says.
+  const std::string algo = cuda::gemm_plan_description(M - 1, N, K);
+  EXPECT_EQ(algo.rfind(std::getenv("MIXTUNE_GEMM_ALGO_RANK") ? "rank " : "rank 0 of ", 0), 0u) << algo;
+  EXPECT_NE(algo.find(" tile "), std::string::npos) << algo;
+  EXPECT_EQ(cuda::gemm_plan_description(M + 1000, N, K), "no plan");
 }
 
 TEST(CudaGemm, EmptyInnerDimension) {
