@@ -7,7 +7,7 @@
 // GEMM gives the ceiling.
 //
 // usage: mixtune_bench_projections [--tokens T] [--hidden H] [--heads Hq] [--kv-heads Hkv] [--head-dim D]
-//                                  [--vocab V] [--reps R] [--energy-ms MS]
+//                                  [--vocab V] [--reps R] [--energy-ms MS] [--head-only 1]
 // Prints one JSON object: per row the op, its shape, ms per call, TFLOP/s and cuBLASLt's algorithm for it; with
 // --energy-ms each row also runs back to back for MS ms: sustained TFLOP/s and pJ per FLOP (bench/sustained_run.h).
 // MIXTUNE_GEMM_ALGO_RANK=i makes every GEMM take the heuristic's i-th algorithm (kernels/cuda/gemm.cpp).
@@ -37,7 +37,7 @@ using mt_bench::time_ms;
 
 struct Args {
   int64_t tokens = 4096, hidden = 2048, heads = 32, kv_heads = 4, head_dim = 128, vocab = 151936, reps = 50,
-          energy_ms = 0;
+          energy_ms = 0, head_only = 0;
 };
 
 Args parse(int argc, char** argv) {
@@ -45,9 +45,10 @@ Args parse(int argc, char** argv) {
   mt_bench::parse_int_options(argc, argv,
                               {{"--tokens", &a.tokens}, {"--hidden", &a.hidden}, {"--heads", &a.heads},
                                {"--kv-heads", &a.kv_heads}, {"--head-dim", &a.head_dim}, {"--vocab", &a.vocab},
-                               {"--reps", &a.reps}, {"--energy-ms", &a.energy_ms}},
+                               {"--reps", &a.reps}, {"--energy-ms", &a.energy_ms},
+                               {"--head-only", &a.head_only}},
                               "mixtune_bench_projections [--tokens T] [--hidden H] [--heads Hq] [--kv-heads Hkv] "
-                              "[--head-dim D] [--vocab V] [--reps R] [--energy-ms MS]");
+                              "[--head-dim D] [--vocab V] [--reps R] [--energy-ms MS] [--head-only 1]");
   return a;
 }
 
@@ -107,14 +108,19 @@ int main(int argc, char** argv) {
     gemm_row(name + " weight grad", out, H, T, {y, bf, out, true}, {x.data(), bf, H, false}, 1.0f,
              static_cast<float*>(dw_qkv.data()) + r0 * H, DType::F32, H);
   };
-  projection("q", 0, nq);
-  projection("k", nq, nkv);
-  projection("v", nq + nkv, nkv);
-  projection("qkv", 0, nqkv);
-  gemm_row("o forward", T, H, nq, {o.data(), bf, nq, false}, {w_o.data(), bf, nq, true}, 0.0f, dx.data(), bf, H);
-  gemm_row("o input grad", T, nq, H, {dx.data(), bf, H, false}, {w_o.data(), bf, nq, false}, 0.0f, o.data(), bf, nq);
-  gemm_row("o weight grad", H, nq, T, {dx.data(), bf, H, true}, {o.data(), bf, nq, false}, 1.0f, dw_o.data(),
-           DType::F32, nq);
+  if (!a.head_only) {
+    projection("q", 0, nq);
+    projection("k", nq, nkv);
+    projection("v", nq + nkv, nkv);
+    projection("qkv", 0, nqkv);
+  }
+  if (!a.head_only) {
+    gemm_row("o forward", T, H, nq, {o.data(), bf, nq, false}, {w_o.data(), bf, nq, true}, 0.0f, dx.data(), bf, H);
+    gemm_row("o input grad", T, nq, H, {dx.data(), bf, H, false}, {w_o.data(), bf, nq, false}, 0.0f, o.data(), bf,
+             nq);
+    gemm_row("o weight grad", H, nq, T, {dx.data(), bf, H, true}, {o.data(), bf, nq, false}, 1.0f, dw_o.data(),
+             DType::F32, nq);
+  }
   {
     // The LM head over one 4096-row chunk: logits [T, V] = x·Wᵀ, dx [T, H] = dlogits·W, dW [V, H] += dlogitsᵀ·x.
     const int64_t V = a.vocab;
@@ -128,7 +134,7 @@ int main(int argc, char** argv) {
     gemm_row("head weight grad", V, H, T, {logits.data(), bf, V, true}, {x.data(), bf, H, false}, 1.0f,
              dw_head.data(), DType::F32, H);
   }
-  {
+  if (!a.head_only) {
     const int64_t n = 8192;
     Tensor p = normal({n, n}, bf, st), q = normal({n, n}, bf, st), r = Tensor::empty({n, n}, bf, Device::cuda(0));
     gemm_row("dense 8192^3", n, n, n, {p.data(), bf, n, false}, {q.data(), bf, n, true}, 0.0f, r.data(), bf, n);
@@ -142,12 +148,16 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const double tflops = 2.0 * r.m * r.n * r.k / (r.ms * 1e-3) / 1e12;
-    if (i < 9) sep[i % 3] += r.ms;
+    if (!a.head_only && i < 9) sep[i % 3] += r.ms;
     std::printf("    {\"op\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"ms\": %.4f, \"tflops\": %.1f%s, "
                 "\"algo\": \"%s\"}%s\n",
                 r.op.c_str(), static_cast<long long>(r.m), static_cast<long long>(r.n), static_cast<long long>(r.k),
                 r.ms, tflops, mt_bench::sustained_json(r.sustained, "").c_str(), r.algo.c_str(),
                 i + 1 < rows.size() ? "," : "");
+  }
+  if (a.head_only) {
+    std::printf("  ]\n}\n");
+    return 0;
   }
   std::printf("  ],\n  \"q_k_v_separate_ms\": {\"forward\": %.4f, \"input_grad\": %.4f, \"weight_grad\": %.4f},\n",
               sep[0], sep[1], sep[2]);

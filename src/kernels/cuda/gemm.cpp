@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -47,18 +48,48 @@ struct Plan {
   int rank = 0, found = 0;  // which of the heuristic's `found` results `algo` is
 };
 
-// MIXTUNE_GEMM_ALGO_RANK=i (a probe for the benches, bench/NOTES.md 95): take the heuristic's i-th result instead
-// of its first (its last when it offers fewer). Read once.
-int algo_rank_override() {
-  static const int rank = [] {
+// Probes for the benches (bench/NOTES.md 95): MIXTUNE_GEMM_ALGO_RANK=i makes every GEMM take the heuristic's i-th
+// result instead of its first (its last when it offers fewer); MIXTUNE_GEMM_ALGO_RANKS="MxNxK=i,..." does so for
+// the GEMMs of those sizes only and wins over the first. Read once.
+int parse_rank(const std::string& v, const char* var) {
+  char* end = nullptr;
+  const long r = std::strtol(v.c_str(), &end, 10);
+  MT_CHECK(!v.empty() && *end == '\0' && r >= 0 && r < 64, "{} ranks must be 0..63, found '{}'", var, v);
+  return static_cast<int>(r);
+}
+
+struct ShapeRank {
+  int64_t m, n, k;
+  int rank;
+};
+
+int algo_rank_for(int64_t m, int64_t n, int64_t k) {
+  static const int all = [] {
     const char* v = std::getenv("MIXTUNE_GEMM_ALGO_RANK");
-    if (!v || !*v) return 0;
-    char* end = nullptr;
-    const long r = std::strtol(v, &end, 10);
-    MT_CHECK(end != v && *end == '\0' && r >= 0 && r < 64, "MIXTUNE_GEMM_ALGO_RANK must be 0..63, found '{}'", v);
-    return static_cast<int>(r);
+    return v && *v ? parse_rank(v, "MIXTUNE_GEMM_ALGO_RANK") : 0;
   }();
-  return rank;
+  static const std::vector<ShapeRank> shapes = [] {
+    std::vector<ShapeRank> r;
+    const char* v = std::getenv("MIXTUNE_GEMM_ALGO_RANKS");
+    std::string list = v ? v : "";
+    size_t at = 0;
+    while (at < list.size()) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      const std::string item = list.substr(at, comma - at);
+      long long M = 0, N = 0, K = 0;
+      int used = 0;
+      const size_t eq = item.find('=');
+      MT_CHECK(eq != std::string::npos && std::sscanf(item.c_str(), "%lldx%lldx%lld%n", &M, &N, &K, &used) == 3 &&
+                   static_cast<size_t>(used) == eq,
+               "MIXTUNE_GEMM_ALGO_RANKS: expected MxNxK=rank, found '{}'", item);
+      r.push_back({M, N, K, parse_rank(item.substr(eq + 1), "MIXTUNE_GEMM_ALGO_RANKS")});
+      at = comma + 1;
+    }
+    return r;
+  }();
+  for (const ShapeRank& s : shapes)
+    if (s.m == m && s.n == n && s.k == k) return s.rank;
+  return all;
 }
 
 std::mutex g_plans_mutex;
@@ -111,7 +142,7 @@ Plan make_plan(const PlanKey& k, cublasLtHandle_t lt, size_t workspace_bytes) {
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c));
-  const int want = algo_rank_override() + 1;
+  const int want = algo_rank_for(k.m, k.n, k.k) + 1;
   std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(want));
   int found = 0;
   const cublasStatus_t st =
