@@ -40,7 +40,8 @@
 #         every GEMM on the heuristic's N-th algorithm) | gemm-pick (the same per algorithm rank 0..ALGO_RANKS-1, plus the LM
 #         head at 4,095 rows (a sequence's rows with a target); picks per GEMM shape the rank with the fewest pJ/FLOP
 #         where it saves MIN_GAIN=3 %, into gemm_ranks.env) | mixtune-standard-picked (the standard step alternating
-#         cuBLASLt's first algorithms and gemm-pick's picks, twice). `profile` also writes profile_sequence.md (every launch in order).
+#         cuBLASLt's first algorithms and gemm-pick's picks, twice) | mixtune-standard-energytiles (the standard step
+#         alternating MIXTUNE_GEMM_ENERGY_TILES=0 (cuBLASLt's first algorithms) and the default energy rules, twice). `profile` also writes profile_sequence.md (every launch in order).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
 [[ $# -lt 2 ]] && { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -223,6 +224,12 @@ for stage in "$@"; do
                  SIDES=mixtune NAME=$stage-default$round OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1
                  MIXTUNE_GEMM_ALGO_RANKS=$picks SIDES=mixtune NAME=$stage-picked$round OUT=$OUT \
                    bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1
+               done ;;
+    mixtune-standard-energytiles)
+               for round in 1 2; do
+                 MIXTUNE_GEMM_ENERGY_TILES=0 SIDES=mixtune NAME=$stage-off$round OUT=$OUT \
+                   bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1
+                 SIDES=mixtune NAME=$stage-on$round OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1
                done ;;
     mixtune-standard-algo*)  # the standard step with every cuBLASLt GEMM on the heuristic's N-th algorithm
                MIXTUNE_GEMM_ALGO_RANK=${stage#mixtune-standard-algo} SIDES=mixtune NAME=$stage OUT=$OUT \

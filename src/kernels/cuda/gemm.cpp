@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -45,12 +46,13 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  int rank = 0, found = 0;  // which of the heuristic's `found` results `algo` is
+  int rank = 0, found = 0;   // which of the heuristic's `found` results `algo` is
+  const char* why = nullptr;  // the energy rule that chose it, if one did
 };
 
 // Probes for the benches (bench/NOTES.md 95): MIXTUNE_GEMM_ALGO_RANK=i makes every GEMM take the heuristic's i-th
-// result instead of its first (its last when it offers fewer); MIXTUNE_GEMM_ALGO_RANKS="MxNxK=i,..." does so for
-// the GEMMs of those sizes only and wins over the first. Read once.
+// result (its last when it offers fewer) instead of the one the energy rules below pick; MIXTUNE_GEMM_ALGO_RANKS=
+// "MxNxK=i,..." does so for the GEMMs of those sizes only and wins over the first. Read once; -1: neither applies.
 int parse_rank(const std::string& v, const char* var) {
   char* end = nullptr;
   const long r = std::strtol(v.c_str(), &end, 10);
@@ -66,7 +68,7 @@ struct ShapeRank {
 int algo_rank_for(int64_t m, int64_t n, int64_t k) {
   static const int all = [] {
     const char* v = std::getenv("MIXTUNE_GEMM_ALGO_RANK");
-    return v && *v ? parse_rank(v, "MIXTUNE_GEMM_ALGO_RANK") : 0;
+    return v && *v ? parse_rank(v, "MIXTUNE_GEMM_ALGO_RANK") : -1;
   }();
   static const std::vector<ShapeRank> shapes = [] {
     std::vector<ShapeRank> r;
@@ -116,9 +118,68 @@ cudaDataType_t cuda_type(DType t) {
 
 const char* dt_name(DType t) { return dtype_safetensors_name(t).data(); }
 
+int algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  uint32_t v = 0;  // every attribute read here fits 32 bits (the ids are uint32 or uint16 enums)
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS) return -1;
+  return static_cast<int>(v);
+}
+
+// cuBLASLt's heuristic ranks its algorithms for speed at full clock. A training step on an H200 runs at the power
+// cap, where a kernel's joules set its time (bench/NOTES.md 87), and for a few of our GEMM shapes an algorithm the
+// heuristic ranks lower spends fewer joules per FLOP (bench/NOTES.md 95: measured back to back for each of the
+// heuristic's first 8, at Qwen3's vocabulary and projection shapes). Each rule names the GEMMs it is for, the tile
+// the heuristic's first choice has there, and the tiles to take instead when the heuristic offers them (Hopper only;
+// anything else keeps the heuristic's first). MIXTUNE_GEMM_ENERGY_TILES=0 turns the rules off.
+struct EnergyRule {
+  const char* what;
+  bool (*matches)(const PlanKey&);
+  int first_tile;
+  std::array<int, 2> prefer;
+};
+
+constexpr int64_t kVocabularyWide = 65536;  // an output or weight gradient with a dimension this large is a vocabulary's
+
+const EnergyRule kEnergyRules[] = {
+    {"vocabulary-wide logits: 176x128 / 168x128 tiles instead of 320x128",
+     [](const PlanKey& k) { return k.n >= kVocabularyWide && k.c == DType::BF16; }, CUBLASLT_MATMUL_TILE_320x128,
+     {CUBLASLT_MATMUL_TILE_176x128, CUBLASLT_MATMUL_TILE_168x128}},
+    {"vocabulary-wide fp32 weight gradient: 128x256 tiles instead of 256x128",
+     [](const PlanKey& k) { return k.m >= kVocabularyWide && k.c == DType::F32; }, CUBLASLT_MATMUL_TILE_256x128,
+     {CUBLASLT_MATMUL_TILE_128x256, CUBLASLT_MATMUL_TILE_128x256}},
+    {"narrow-K input gradient (K <= 1024): 128x128 tiles instead of 256x128",
+     [](const PlanKey& k) { return k.k <= 1024 && k.m >= 2048 && k.n >= 1024 && k.c == DType::BF16; },
+     CUBLASLT_MATMUL_TILE_256x128, {CUBLASLT_MATMUL_TILE_128x128, CUBLASLT_MATMUL_TILE_128x128}},
+};
+
+bool energy_rules_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("MIXTUNE_GEMM_ENERGY_TILES");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+// The index into results[0, found) the energy rules pick for k, or 0; `why` names the rule.
+int energy_pick(const PlanKey& k, int cc_major, const cublasLtMatmulHeuristicResult_t* results, int found,
+                const char** why) {
+  if (cc_major != 9 || found < 2 || !energy_rules_on()) return 0;
+  const int first = algo_config(results[0].algo, CUBLASLT_ALGO_CONFIG_TILE_ID);
+  for (const EnergyRule& r : kEnergyRules) {
+    if (!r.matches(k) || first != r.first_tile) continue;
+    for (int tile : r.prefer)
+      for (int i = 1; i < found; ++i)
+        if (algo_config(results[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID) == tile) {
+          *why = r.what;
+          return i;
+        }
+  }
+  return 0;
+}
+
 // Builds the cuBLASLt plan. Column-major view of the row-major problem: Cᶜ[N,M] = op(B)ᶜ · op(A)ᶜ,
 // so cuBLAS's A is our B and its B is our A; each row-major [r, c] buffer is a column-major [c, r] one.
-Plan make_plan(const PlanKey& k, cublasLtHandle_t lt, size_t workspace_bytes) {
+Plan make_plan(const PlanKey& k, const DeviceContext& ctx) {
   Plan p;
   MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_a = k.tb ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS A = our B
@@ -135,18 +196,19 @@ Plan make_plan(const PlanKey& k, cublasLtHandle_t lt, size_t workspace_bytes) {
 
   cublasLtMatmulPreference_t pref = nullptr;
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t ws = workspace_bytes;
+  const uint64_t ws = ctx.workspace_bytes;
   const uint32_t al_a = k.align_b, al_b = k.align_a, al_c = k.align_c;  // cuBLAS A/B swapped
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c));
-  const int want = algo_rank_for(k.m, k.n, k.k) + 1;
+  const int forced = algo_rank_for(k.m, k.n, k.k);  // -1: none
+  const int want = std::max(forced + 1, 8);
   std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(want));
   int found = 0;
   const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.la, p.lb, p.lc, p.lc, pref, want, results.data(), &found);
+      cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.desc, p.la, p.lb, p.lc, p.lc, pref, want, results.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
     cublasLtMatrixLayoutDestroy(p.la);
@@ -157,16 +219,9 @@ Plan make_plan(const PlanKey& k, cublasLtHandle_t lt, size_t workspace_bytes) {
          k.k, k.ta, k.tb, dt_name(k.ab), dt_name(k.c), k.lda, k.ldb, k.ldc, cublasLtGetStatusString(st));
   }
   p.found = found;
-  p.rank = std::min(want, found) - 1;
+  p.rank = forced >= 0 ? std::min(forced, found - 1) : energy_pick(k, ctx.cc_major, results.data(), found, &p.why);
   p.algo = results[static_cast<size_t>(p.rank)].algo;
   return p;
-}
-
-int algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  uint32_t v = 0;  // every attribute read here fits 32 bits (the ids are uint32 or uint16 enums)
-  size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS) return -1;
-  return static_cast<int>(v);
 }
 
 void check_operand_dtypes(DType ab, DType c) {
@@ -201,7 +256,7 @@ void gemm(int device, cudaStream_t stream, int64_t M, int64_t N, int64_t K, floa
   {
     std::lock_guard<std::mutex> lock(g_plans_mutex);
     auto it = plans().find(key);
-    if (it == plans().end()) it = plans().emplace(key, make_plan(key, ctx.lt, ctx.workspace_bytes)).first;
+    if (it == plans().end()) it = plans().emplace(key, make_plan(key, ctx)).first;
     plan = &it->second;  // unordered_map nodes are stable
   }
   MT_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, plan->desc, &alpha, b.ptr, plan->la, a.ptr, plan->lb, &beta, c, plan->lc, c,
@@ -258,10 +313,11 @@ std::string gemm_plan_description(int64_t M, int64_t N, int64_t K) {
   for (const auto& [k, p] : plans()) {
     if (k.m != M || k.n != N || k.k != K) continue;
     const cublasLtMatmulAlgo_t& a = p.algo;
-    return fmt::format("rank {} of {}: algo {} tile {} stages {} cluster {} split-k {} swizzle {}", p.rank, p.found,
+    return fmt::format("rank {} of {}: algo {} tile {} stages {} split-k {} swizzle {}{}{}", p.rank, p.found,
                        algo_config(a, CUBLASLT_ALGO_CONFIG_ID), algo_config(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
-                       algo_config(a, CUBLASLT_ALGO_CONFIG_STAGES_ID), algo_config(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
-                       algo_config(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), algo_config(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
+                       algo_config(a, CUBLASLT_ALGO_CONFIG_STAGES_ID), algo_config(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                       algo_config(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING), p.why ? " (" : "", p.why ? p.why : "",
+                       p.why ? ")" : "");
   }
   return "no plan";
 }
