@@ -4,10 +4,8 @@
 clock, sustained TFLOP/s and pJ/FLOP, and the rank with the fewest pJ/FLOP against rank 0 (the one training uses).
 
 usage: bench/gemm_algos.py gemm_algos_rank0.json gemm_algos_rank1.json ...
-       bench/gemm_algos.py --pick-env MIN_GAIN_PCT FILES...
-The second form prints MIXTUNE_GEMM_ALGO_RANKS's value ("MxNxK=rank,..."): for each GEMM the rank with the fewest
-pJ/FLOP, averaged over the files of each rank (gemm_algos_rankN[_roundR].json), where it beats rank 0 by at least
-MIN_GAIN_PCT percent.
+The sustained energy of one row moves by 5-13% between calls (bench/NOTES.md 95): compare within a call, and
+check a difference in the whole step (gpu-session stage mixtune-standard-algoN).
 """
 import json
 import re
@@ -15,9 +13,9 @@ import sys
 
 
 def load(path):
-    m = re.search(r"rank(\d+)(_round\d+)?\.json$", path)
+    m = re.search(r"rank(\d+)\.json$", path)
     if not m:
-        sys.exit(f"gemm_algos: {path}: expected a name ending in rankN.json or rankN_roundR.json")
+        sys.exit(f"gemm_algos: {path}: expected a name ending in rankN.json")
     try:
         with open(path) as f:
             return int(m.group(1)), json.load(f)
@@ -59,31 +57,5 @@ def main(paths):
         print(line)
 
 
-def pick_env(min_gain_pct, paths):
-    runs = [load(p) for p in paths]
-    pj = {}  # (op, m, n, k) -> rank -> [pJ/FLOP per file]
-    for rank, j in runs:
-        for r in j["rows"]:
-            if r.get("pj_per_flop"):
-                pj.setdefault((r["op"], r["m"], r["n"], r["k"]), {}).setdefault(rank, []).append(r["pj_per_flop"])
-    picks = []
-    for (op, m, n, k), by_rank in pj.items():
-        mean = {rank: sum(v) / len(v) for rank, v in by_rank.items()}
-        if 0 not in mean:
-            continue
-        rank = min(mean, key=mean.get)
-        gain = 100 * (1 - mean[rank] / mean[0])
-        print(f"{op}: rank 0 {mean[0]:.3f} pJ/FLOP, rank {rank} {mean[rank]:.3f} ({gain:+.1f}% fewer)", file=sys.stderr)
-        pick = f"{m}x{n}x{k}={rank}"
-        if rank != 0 and gain >= min_gain_pct and pick not in picks:
-            picks.append(pick)
-    print(",".join(picks))
-
-
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--pick-env":
-        if len(sys.argv) < 4:
-            sys.exit(__doc__)
-        pick_env(float(sys.argv[2]), sys.argv[3:])
-    else:
-        main(sys.argv[1:])
+    main(sys.argv[1:])

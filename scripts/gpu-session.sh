@@ -36,12 +36,8 @@
 #         host reads per step, headroom 1.15 and 0) | mpirun-ep2-host (the same two ranks started by Open MPI's mpirun:
 #         the bootstrap through MPI on the GPU engine; LAYERS=2) | gemm-algos (the projections' and LM head's cuBLASLt GEMMs
 #         with each of the heuristic's first ALGO_RANKS=8 algorithms: time, sustained TFLOP/s and pJ/FLOP over
-#         ENERGY_MS=700 ms per row; bench/gemm_algos.py tabulates) | mixtune-standard-algoN (the standard step with
-#         every GEMM on the heuristic's N-th algorithm) | gemm-pick (the same per algorithm rank 0..ALGO_RANKS-1, plus the LM
-#         head at 4,095 rows (a sequence's rows with a target); picks per GEMM shape the rank with the fewest pJ/FLOP
-#         where it saves MIN_GAIN=3 %, into gemm_ranks.env) | mixtune-standard-picked (the standard step alternating
-#         cuBLASLt's first algorithms and gemm-pick's picks, twice) | mixtune-standard-energytiles (the standard step
-#         alternating MIXTUNE_GEMM_ENERGY_TILES=0 (cuBLASLt's first algorithms) and the default energy rules, twice). `profile` also writes profile_sequence.md (every launch in order).
+#         ENERGY_MS=700 ms per row, and the LM head at 4,095 rows as training runs it; bench/gemm_algos.py tabulates) | mixtune-standard-algoN (the standard step with
+#         every GEMM on the heuristic's N-th algorithm). `profile` also writes profile_sequence.md (every launch in order).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
 [[ $# -lt 2 ]] && { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -113,8 +109,11 @@ for stage in "$@"; do
     gemm-algos) for ((r = 0; r < ${ALGO_RANKS:-8}; r++)); do
                MIXTUNE_GEMM_ALGO_RANK=$r "$BIN/mixtune_bench_projections" --reps 20 --energy-ms ${ENERGY_MS:-700} \
                  > "$OUT/gemm_algos_rank$r.json" 2>&1 || { rc=1; tail -3 "$OUT/gemm_algos_rank$r.json"; }
+               MIXTUNE_GEMM_ALGO_RANK=$r "$BIN/mixtune_bench_projections" --tokens 4095 --head-only 1 --reps 5 \
+                 --energy-ms ${ENERGY_MS:-700} > "$OUT/gemm_algos_head4095_rank$r.json" 2>&1 || rc=1
              done
-             python3 bench/gemm_algos.py "$OUT"/gemm_algos_rank*.json | tee "$OUT/gemm_algos.md" || rc=1 ;;
+             python3 bench/gemm_algos.py "$OUT"/gemm_algos_rank*.json | tee "$OUT/gemm_algos.md" || rc=1
+             python3 bench/gemm_algos.py "$OUT"/gemm_algos_head4095_rank*.json | tee "$OUT/gemm_algos_head4095.md" || rc=1 ;;
     ep2-host-budget) for h in 1.15 0; do  # two ranks sharing the GPU (host-staged): the expert row budget at real shapes
                "$BIN/mixtune" launch --nproc 2 -- bench --ep 2 --gpu-collectives host --layers ${LAYERS:-4} --grad-accum 4 \
                  --steps 3 --warmup 1 --ep-row-headroom $h --json-out "$OUT/ep2_host_headroom$h.json" \
@@ -208,29 +207,6 @@ for stage in "$@"; do
     mixtune-standard-late)  # the standard step with the flash forward's softmax left to ptxas
                MIXTUNE_FLASH_FWD_EARLY_SOFTMAX=0 SIDES=mixtune NAME=$stage OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;
-    gemm-pick) for ((r = 0; r < ${ALGO_RANKS:-7}; r++)); do
-               MIXTUNE_GEMM_ALGO_RANK=$r "$BIN/mixtune_bench_projections" --reps 10 --energy-ms ${ENERGY_MS:-700} \
-                 > "$OUT/gemm_pick_rank$r.json" 2>&1 || { rc=1; tail -3 "$OUT/gemm_pick_rank$r.json"; }
-               MIXTUNE_GEMM_ALGO_RANK=$r "$BIN/mixtune_bench_projections" --tokens 4095 --head-only 1 --reps 5 \
-                 --energy-ms ${HEAD_ENERGY_MS:-1500} > "$OUT/gemm_pick_head4095_rank$r.json" 2>&1 || rc=1
-             done
-             python3 bench/gemm_algos.py "$OUT"/gemm_pick_head4095_rank*.json > "$OUT/gemm_pick_head4095.md" || rc=1
-             python3 bench/gemm_algos.py --pick-env ${MIN_GAIN:-3} "$OUT"/gemm_pick_*rank*.json > "$OUT/gemm_ranks.env" || rc=1
-             echo "picked: $(cat "$OUT/gemm_ranks.env")" ;;
-    mixtune-standard-picked)  # needs gemm-pick earlier in the same call
-               picks=$(cat "$OUT/gemm_ranks.env" 2>/dev/null)
-               [[ -n "$picks" ]] || { echo "mixtune-standard-picked: no picks (run gemm-pick first)"; rc=1; continue; }
-               for round in 1 2; do
-                 SIDES=mixtune NAME=$stage-default$round OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1
-                 MIXTUNE_GEMM_ALGO_RANKS=$picks SIDES=mixtune NAME=$stage-picked$round OUT=$OUT \
-                   bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1
-               done ;;
-    mixtune-standard-energytiles)
-               for round in 1 2; do
-                 MIXTUNE_GEMM_ENERGY_TILES=0 SIDES=mixtune NAME=$stage-off$round OUT=$OUT \
-                   bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1
-                 SIDES=mixtune NAME=$stage-on$round OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1
-               done ;;
     mixtune-standard-algo*)  # the standard step with every cuBLASLt GEMM on the heuristic's N-th algorithm
                MIXTUNE_GEMM_ALGO_RANK=${stage#mixtune-standard-algo} SIDES=mixtune NAME=$stage OUT=$OUT \
                bash bench/side_by_side.sh "$BIN/mixtune" standard || rc=1 ;;

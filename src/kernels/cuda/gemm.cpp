@@ -3,8 +3,6 @@
 #include <cublasLt.h>
 
 #include <algorithm>
-#include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -46,52 +44,21 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  int rank = 0, found = 0;   // which of the heuristic's `found` results `algo` is
-  const char* why = nullptr;  // the energy rule that chose it, if one did
+  int rank = 0, found = 0;  // which of the heuristic's `found` results `algo` is
 };
 
-// Probes for the benches (bench/NOTES.md 95): MIXTUNE_GEMM_ALGO_RANK=i makes every GEMM take the heuristic's i-th
-// result (its last when it offers fewer) instead of the one the energy rules below pick; MIXTUNE_GEMM_ALGO_RANKS=
-// "MxNxK=i,..." does so for the GEMMs of those sizes only and wins over the first. Read once; -1: neither applies.
-int parse_rank(const std::string& v, const char* var) {
-  char* end = nullptr;
-  const long r = std::strtol(v.c_str(), &end, 10);
-  MT_CHECK(!v.empty() && *end == '\0' && r >= 0 && r < 64, "{} ranks must be 0..63, found '{}'", var, v);
-  return static_cast<int>(r);
-}
-
-struct ShapeRank {
-  int64_t m, n, k;
-  int rank;
-};
-
-int algo_rank_for(int64_t m, int64_t n, int64_t k) {
-  static const int all = [] {
+// A probe for the benches (bench/NOTES.md 95): MIXTUNE_GEMM_ALGO_RANK=i makes every GEMM take the heuristic's
+// i-th result (its last when it offers fewer) instead of its first. Read once.
+int algo_rank() {
+  static const int rank = [] {
     const char* v = std::getenv("MIXTUNE_GEMM_ALGO_RANK");
-    return v && *v ? parse_rank(v, "MIXTUNE_GEMM_ALGO_RANK") : -1;
+    if (!v || !*v) return 0;
+    char* end = nullptr;
+    const long r = std::strtol(v, &end, 10);
+    MT_CHECK(end != v && *end == '\0' && r >= 0 && r < 64, "MIXTUNE_GEMM_ALGO_RANK must be 0..63, found '{}'", v);
+    return static_cast<int>(r);
   }();
-  static const std::vector<ShapeRank> shapes = [] {
-    std::vector<ShapeRank> r;
-    const char* v = std::getenv("MIXTUNE_GEMM_ALGO_RANKS");
-    std::string list = v ? v : "";
-    size_t at = 0;
-    while (at < list.size()) {
-      const size_t comma = std::min(list.find(',', at), list.size());
-      const std::string item = list.substr(at, comma - at);
-      long long M = 0, N = 0, K = 0;
-      int used = 0;
-      const size_t eq = item.find('=');
-      MT_CHECK(eq != std::string::npos && std::sscanf(item.c_str(), "%lldx%lldx%lld%n", &M, &N, &K, &used) == 3 &&
-                   static_cast<size_t>(used) == eq,
-               "MIXTUNE_GEMM_ALGO_RANKS: expected MxNxK=rank, found '{}'", item);
-      r.push_back({M, N, K, parse_rank(item.substr(eq + 1), "MIXTUNE_GEMM_ALGO_RANKS")});
-      at = comma + 1;
-    }
-    return r;
-  }();
-  for (const ShapeRank& s : shapes)
-    if (s.m == m && s.n == n && s.k == k) return s.rank;
-  return all;
+  return rank;
 }
 
 std::mutex g_plans_mutex;
@@ -125,58 +92,6 @@ int algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttrib
   return static_cast<int>(v);
 }
 
-// cuBLASLt's heuristic ranks its algorithms for speed at full clock. A training step on an H200 runs at the power
-// cap, where a kernel's joules set its time (bench/NOTES.md 87), and for a few of our GEMM shapes an algorithm the
-// heuristic ranks lower spends fewer joules per FLOP (bench/NOTES.md 95: measured back to back for each of the
-// heuristic's first 8, at Qwen3's vocabulary and projection shapes). Each rule names the GEMMs it is for, the tile
-// the heuristic's first choice has there, and the tiles to take instead when the heuristic offers them (Hopper only;
-// anything else keeps the heuristic's first). MIXTUNE_GEMM_ENERGY_TILES=0 turns the rules off.
-struct EnergyRule {
-  const char* what;
-  bool (*matches)(const PlanKey&);
-  int first_tile;
-  std::array<int, 2> prefer;
-};
-
-constexpr int64_t kVocabularyWide = 65536;  // an output or weight gradient with a dimension this large is a vocabulary's
-
-const EnergyRule kEnergyRules[] = {
-    {"vocabulary-wide logits: 176x128 / 168x128 tiles instead of 320x128",
-     [](const PlanKey& k) { return k.n >= kVocabularyWide && k.c == DType::BF16; }, CUBLASLT_MATMUL_TILE_320x128,
-     {CUBLASLT_MATMUL_TILE_176x128, CUBLASLT_MATMUL_TILE_168x128}},
-    {"vocabulary-wide fp32 weight gradient: 128x256 tiles instead of 256x128",
-     [](const PlanKey& k) { return k.m >= kVocabularyWide && k.c == DType::F32; }, CUBLASLT_MATMUL_TILE_256x128,
-     {CUBLASLT_MATMUL_TILE_128x256, CUBLASLT_MATMUL_TILE_128x256}},
-    {"narrow-K input gradient (K <= 1024): 128x128 tiles instead of 256x128",
-     [](const PlanKey& k) { return k.k <= 1024 && k.m >= 2048 && k.n >= 1024 && k.c == DType::BF16; },
-     CUBLASLT_MATMUL_TILE_256x128, {CUBLASLT_MATMUL_TILE_128x128, CUBLASLT_MATMUL_TILE_128x128}},
-};
-
-bool energy_rules_on() {
-  static const bool on = [] {
-    const char* v = std::getenv("MIXTUNE_GEMM_ENERGY_TILES");
-    return !(v && std::string(v) == "0");
-  }();
-  return on;
-}
-
-// The index into results[0, found) the energy rules pick for k, or 0; `why` names the rule.
-int energy_pick(const PlanKey& k, int cc_major, const cublasLtMatmulHeuristicResult_t* results, int found,
-                const char** why) {
-  if (cc_major != 9 || found < 2 || !energy_rules_on()) return 0;
-  const int first = algo_config(results[0].algo, CUBLASLT_ALGO_CONFIG_TILE_ID);
-  for (const EnergyRule& r : kEnergyRules) {
-    if (!r.matches(k) || first != r.first_tile) continue;
-    for (int tile : r.prefer)
-      for (int i = 1; i < found; ++i)
-        if (algo_config(results[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID) == tile) {
-          *why = r.what;
-          return i;
-        }
-  }
-  return 0;
-}
-
 // Builds the cuBLASLt plan. Column-major view of the row-major problem: Cᶜ[N,M] = op(B)ᶜ · op(A)ᶜ,
 // so cuBLAS's A is our B and its B is our A; each row-major [r, c] buffer is a column-major [c, r] one.
 Plan make_plan(const PlanKey& k, const DeviceContext& ctx) {
@@ -203,8 +118,7 @@ Plan make_plan(const PlanKey& k, const DeviceContext& ctx) {
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c));
-  const int forced = algo_rank_for(k.m, k.n, k.k);  // -1: none
-  const int want = std::max(forced + 1, 8);
+  const int want = algo_rank() + 1;
   std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(want));
   int found = 0;
   const cublasStatus_t st =
@@ -219,7 +133,7 @@ Plan make_plan(const PlanKey& k, const DeviceContext& ctx) {
          k.k, k.ta, k.tb, dt_name(k.ab), dt_name(k.c), k.lda, k.ldb, k.ldc, cublasLtGetStatusString(st));
   }
   p.found = found;
-  p.rank = forced >= 0 ? std::min(forced, found - 1) : energy_pick(k, ctx.cc_major, results.data(), found, &p.why);
+  p.rank = std::min(want, found) - 1;
   p.algo = results[static_cast<size_t>(p.rank)].algo;
   return p;
 }
@@ -313,11 +227,10 @@ std::string gemm_plan_description(int64_t M, int64_t N, int64_t K) {
   for (const auto& [k, p] : plans()) {
     if (k.m != M || k.n != N || k.k != K) continue;
     const cublasLtMatmulAlgo_t& a = p.algo;
-    return fmt::format("rank {} of {}: algo {} tile {} stages {} split-k {} swizzle {}{}{}", p.rank, p.found,
+    return fmt::format("rank {} of {}: algo {} tile {} stages {} split-k {} swizzle {}", p.rank, p.found,
                        algo_config(a, CUBLASLT_ALGO_CONFIG_ID), algo_config(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
                        algo_config(a, CUBLASLT_ALGO_CONFIG_STAGES_ID), algo_config(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
-                       algo_config(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING), p.why ? " (" : "", p.why ? p.why : "",
-                       p.why ? ")" : "");
+                       algo_config(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
   }
   return "no plan";
 }
