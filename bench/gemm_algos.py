@@ -48,7 +48,8 @@ def main(paths):
         if with_energy and rows[0][0] == 0 and rows[0][1].get("pj_per_flop"):
             pj, rank, r = min(with_energy, key=lambda t: t[0])
             base = rows[0][1]
-            best.append(f"| {op} | {base['pj_per_flop']:.3f} | {rank} | {pj:.3f} | {100 * (pj / base['pj_per_flop'] - 1):+.1f}% | "
+            change = 100 * (pj / base["pj_per_flop"] - 1)
+            best.append(f"| {op} | {base['pj_per_flop']:.3f} | {rank} | {pj:.3f} | {change:+.1f}% | "
                         f"{base['ms']:.4f} → {r['ms']:.4f} |")
     print()
     print("| op | rank 0 pJ/FLOP | fewest-joules rank | its pJ/FLOP | change | ms rank 0 → it |")

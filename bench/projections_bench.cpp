@@ -122,7 +122,8 @@ int main(int argc, char** argv) {
              DType::F32, nq);
   }
   {
-    // The LM head over one 4096-row chunk: logits [T, V] = x·Wᵀ, dx [T, H] = dlogits·W, dW [V, H] += dlogitsᵀ·x.
+    // The LM head over one chunk of T rows (training: the rows with a target): logits [T, V] = x·Wᵀ,
+    // dx [T, H] = dlogits·W, dW [V, H] += dlogitsᵀ·x.
     const int64_t V = a.vocab;
     Tensor w_head = normal({V, H}, bf, st), logits = normal({T, V}, bf, st);
     Tensor dw_head = Tensor::empty({V, H}, DType::F32, Device::cuda(0));

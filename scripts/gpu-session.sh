@@ -36,11 +36,11 @@
 #         host reads per step, headroom 1.15 and 0) | mpirun-ep2-host (the same two ranks started by Open MPI's mpirun:
 #         the bootstrap through MPI on the GPU engine; LAYERS=2) | gemm-algos (the projections' and LM head's cuBLASLt GEMMs
 #         with each of the heuristic's first ALGO_RANKS=8 algorithms: time, sustained TFLOP/s and pJ/FLOP over
-#         ENERGY_MS=700 ms per row, and the LM head at 4,095 rows as training runs it; bench/gemm_algos.py tabulates) | mixtune-standard-algoN (the standard step with
-#         every GEMM on the heuristic's N-th algorithm). `profile` also writes profile_sequence.md (every launch in order).
+#         ENERGY_MS=700 ms per row, and the LM head at 4,095 rows as training runs it; bench/gemm_algos.py
+#         tabulates) | mixtune-standard-algoN (the standard step with every GEMM on the heuristic's N-th algorithm). `profile` also writes profile_sequence.md (every launch in order).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
-[[ $# -lt 2 ]] && { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -lt 2 ]] && { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2; }
 TARBALL=$1
 shift
 OUT=${OUT:-/tmp/gpu-out}

@@ -38,7 +38,7 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, cudaS
 // Number of cached GEMM plans (for tests and the memory report).
 int64_t gemm_plan_count();
 // The cuBLASLt algorithm of the cached plan of an M x N x K GEMM (the first such plan), for the benches:
-// "rank R of F: algo A tile T stages S cluster C split-k K swizzle W" (the ids are cublasLt.h's enums).
+// "rank R of F: algo A tile T stages S split-k K swizzle W" (the ids are cublasLt.h's enums).
 std::string gemm_plan_description(int64_t M, int64_t N, int64_t K);
 
 }  // namespace mt::cuda
