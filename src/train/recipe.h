@@ -93,7 +93,7 @@ struct RecipeParallel {
   // the ranks holding the same experts, when there are several). false: every rank keeps all of it (the same
   // results, more memory).
   bool shard_optimizer = true;
-  // ZeRO-3 (train/sharded_params.h; CPU engine): those parameters themselves are kept only by their owner and
+  // ZeRO-3 (train/sharded_params.h; both engines): those parameters themselves are kept only by their owner and
   // broadcast to the others for each use. reshard_after_forward false keeps each layer's fetched parameters
   // from its forward to its backward (one fetch less per layer and micro-batch, more memory).
   bool shard_parameters = false;
