@@ -1,6 +1,7 @@
 // mixtune finetune RECIPE.yaml [--set key.path=value ...] [--resume]
-// SIGINT / SIGTERM: finish the current optimizer step, write a checkpoint, exit with 130 / 143.
-// A second signal kills the process at once (the default action is restored by the first).
+// SIGINT / SIGTERM once training steps run: finish the current optimizer step, write a checkpoint, exit with
+// 130 / 143. A second signal kills the process at once (the default action is restored by the first). During
+// set-up (rendezvous, loading) there is nothing to checkpoint: the first signal ends the process at once.
 #include <csignal>
 #include <cstdlib>
 
@@ -15,10 +16,15 @@ namespace mt::cli {
 namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_steps_running = 0;  // set by FinetuneOptions::steps_begin
 
 extern "C" void on_stop_signal(int sig) {
-  g_stop_signal = sig;
   std::signal(sig, SIG_DFL);
+  if (!g_steps_running) {  // still setting up: die by the signal, as without a handler
+    std::raise(sig);
+    return;
+  }
+  g_stop_signal = sig;
 }
 
 struct FinetuneArgs {
@@ -32,6 +38,7 @@ void run_finetune(const FinetuneArgs& a) {
   FinetuneOptions o;
   o.resume = a.resume;
   o.stop_requested = [] { return g_stop_signal != 0; };
+  o.steps_begin = [] { g_steps_running = 1; };
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   const FinetuneResult r = finetune(recipe, o);

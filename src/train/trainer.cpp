@@ -320,6 +320,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
                                r.train.grad_accum, r.train.micro_batch_size, r.data.seq_len));
 
   int64_t last_saved_step = resume_dir.empty() ? -1 : st.step;
+  if (o.steps_begin) o.steps_begin();
   std::deque<double> recent_step_seconds;
   std::vector<MicroBatch> window;
   bool data_done = false;

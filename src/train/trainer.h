@@ -17,6 +17,11 @@ namespace mt {
 struct FinetuneOptions {
   bool resume = false;                   // continue from <checkpoint.dir>/latest (error if there is none)
   std::function<bool()> stop_requested;  // polled after every optimizer step (SIGINT/SIGTERM)
+  // Called once, when set-up (rendezvous, model and data loading, resume) is done and the first step is next:
+  // from then on a stop request ends the run at a step boundary with a checkpoint; before it there is nothing
+  // to save, so the CLI lets a signal end the process at once (a rank waiting on a rendezvous that never
+  // completes must not sit out parallel.timeout_s after Ctrl-C).
+  std::function<void()> steps_begin;
   std::FILE* log = stderr;               // progress, warnings
   int progress_tty = -1;                 // -1: decide by isatty(log); 0/1 force
 };
