@@ -69,18 +69,27 @@ Storage::~Storage() {
 }
 
 namespace {
-void check_dims(const Shape& shape) {
-  for (int64_t d : shape)
+// The bytes a tensor of this shape needs; a negative dimension, or a size past what int64 element counts
+// and size_t byte counts hold (a hostile seq_len, say), is an error instead of a wrapped-around allocation.
+size_t checked_nbytes(const Shape& shape, DType dtype) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
     if (d < 0) fail("negative dimension in shape {}", shape_str(shape));
+    if (__builtin_mul_overflow(n, d, &n)) fail("shape {} has more elements than an int64 counts", shape_str(shape));
+  }
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(n), dtype_size(dtype), &bytes))
+    fail("shape {} of {} needs more bytes than a size_t counts", shape_str(shape), dtype_torch_name(dtype));
+  return bytes;
 }
 }  // namespace
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  check_dims(shape);
+  const size_t nbytes = checked_nbytes(shape, dtype);
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
-  t.storage_ = Storage::allocate(device, static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
+  t.storage_ = Storage::allocate(device, nbytes);
   return t;
 }
 
@@ -102,7 +111,7 @@ Tensor Tensor::from_storage(std::shared_ptr<Storage> s, size_t byte_offset, cons
 }
 
 Tensor Tensor::absent(const Shape& shape, DType dtype, Device device) {
-  check_dims(shape);
+  checked_nbytes(shape, dtype);
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;

@@ -100,12 +100,17 @@ class RecipeReader {
     bad(sec, key, "must be one of " + join(valid), get(sec, key));
   }
 
-  int64_t integer(const char* sec, const char* key, int64_t def, int64_t min) const {
+  // An integer >= min, and <= max when max is given (sizes whose products must not overflow or wait forever).
+  int64_t integer(const char* sec, const char* key, int64_t def, int64_t min,
+                  int64_t max = std::numeric_limits<int64_t>::max()) const {
     YAML::Node n = get(sec, key);
     if (!n || n.IsNull()) return def;
     int64_t v = 0;
-    if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v) || v < min)
-      bad(sec, key, fmt::format("must be an integer >= {}", min), n);
+    if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v) || v < min || v > max)
+      bad(sec, key,
+          max == std::numeric_limits<int64_t>::max() ? fmt::format("must be an integer >= {}", min)
+                                                     : fmt::format("must be an integer in {}..{}", min, max),
+          n);
     return v;
   }
 
@@ -209,14 +214,14 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
 
   rc.data.train = r.str("data", "train", "", true);
   rc.data.eval = r.str("data", "eval", "");
-  rc.data.seq_len = r.integer("data", "seq_len", rc.data.seq_len, 1);
+  rc.data.seq_len = r.integer("data", "seq_len", rc.data.seq_len, 1, kMaxSeqLen);
   rc.data.pack = r.boolean("data", "pack", rc.data.pack);
   rc.data.truncation = r.choice("data", "truncation", rc.data.truncation, {"right", "drop"});
   rc.data.skip_bad_lines = r.boolean("data", "skip_bad_lines", rc.data.skip_bad_lines);
   rc.data.tokenizer = r.str("data", "tokenizer", rc.data.tokenizer);
 
-  rc.train.micro_batch_size = r.integer("train", "micro_batch_size", rc.train.micro_batch_size, 1);
-  rc.train.grad_accum = r.integer("train", "grad_accum", rc.train.grad_accum, 1);
+  rc.train.micro_batch_size = r.integer("train", "micro_batch_size", rc.train.micro_batch_size, 1, kMaxMicroBatch);
+  rc.train.grad_accum = r.integer("train", "grad_accum", rc.train.grad_accum, 1, kMaxGradAccum);
   rc.train.max_steps = r.integer("train", "max_steps", rc.train.max_steps, 0);
   rc.train.epochs = r.integer("train", "epochs", rc.train.epochs, 1);
   rc.train.seed = static_cast<uint64_t>(r.integer("train", "seed", static_cast<int64_t>(rc.train.seed), 0));
@@ -267,7 +272,7 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
   rc.checkpoint.every_steps = r.integer("checkpoint", "every_steps", rc.checkpoint.every_steps, 0);
   rc.checkpoint.keep_last = r.integer("checkpoint", "keep_last", rc.checkpoint.keep_last, 1);
 
-  rc.parallel.timeout_s = r.integer("parallel", "timeout_s", rc.parallel.timeout_s, 1);
+  rc.parallel.timeout_s = r.integer("parallel", "timeout_s", rc.parallel.timeout_s, 1, kMaxTimeoutS);
   rc.parallel.ep = r.integer("parallel", "ep", rc.parallel.ep, 1);
   rc.parallel.ep_dispatch =
       r.choice("parallel", "ep_dispatch", rc.parallel.ep_dispatch, {"auto", "all_gather", "all_to_all"});

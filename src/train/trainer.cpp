@@ -123,6 +123,24 @@ std::string dataset_summary(const char* what, const DatasetOptions& o, const Dat
                          : "");
 }
 
+// Every rank reads the whole accumulation window of all ranks into host memory (three int64 [rows, seq_len]
+// tensors per micro-batch) before training on its share. A window past half of this machine's memory is a
+// recipe error, said before any loading, instead of an out-of-memory kill in the middle of the first step.
+void check_window_fits_host(const Recipe& r, int world) {
+  const double tokens = static_cast<double>(r.train.grad_accum) * world * static_cast<double>(r.train.micro_batch_size) *
+                        static_cast<double>(r.data.seq_len);
+  const double bytes = tokens * 3 * sizeof(int64_t);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;
+  const double host = static_cast<double>(pages) * static_cast<double>(page);
+  if (bytes > host / 2)
+    fail("train.grad_accum {} x train.micro_batch_size {} x data.seq_len {} x {} rank{} = {:.4g} tokens per optimizer "
+         "step: every rank holds them in host memory ({:.1f} GiB), more than half of this machine's {:.1f} GiB; lower "
+         "train.grad_accum, train.micro_batch_size or data.seq_len",
+         r.train.grad_accum, r.train.micro_batch_size, r.data.seq_len, world, world == 1 ? "" : "s", tokens,
+         bytes / 1073741824.0, host / 1073741824.0);
+}
+
 }  // namespace
 
 FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
@@ -132,6 +150,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   const ProcessGroupEnv pg = mpi_bootstrap(process_group_env_from_environment());
   std::unique_ptr<Communicator> comm;
   if (pg.world > 1) comm = tcp_communicator_create(pg, std::chrono::seconds(r.parallel.timeout_s));
+  check_window_fits_host(r, pg.world);
   const bool lead = pg.rank == 0;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> quiet(lead ? nullptr : std::fopen("/dev/null", "w"), &std::fclose);
   std::FILE* log = lead ? o.log : quiet.get();

@@ -162,7 +162,7 @@ TEST(Recipe, SetOverridesScalarAndList) {
   TempRecipe g("model: {path: /m}\ndata: {train: t}\n");
   EXPECT_EQ(recipe_load(g.path, {"checkpoint.dir=/x"}).checkpoint.dir, "/x");
   EXPECT_EQ(load_error(kMinimal, {"train.grad_accum=0"}),
-            ": train.grad_accum: must be an integer >= 1 (found '0')");
+            ": train.grad_accum: must be an integer in 1..1048576 (found '0')");
 }
 
 TEST(Recipe, UnknownKeyAndSection) {
@@ -178,11 +178,11 @@ TEST(Recipe, UnknownKeyAndSection) {
 TEST(Recipe, BadValuesNameTheKeyPath) {
   const std::string m = kMinimal;
   EXPECT_EQ(load_error(m + "train: {micro_batch_size: abc}\n"),
-            ": train.micro_batch_size: must be an integer >= 1 (found 'abc')");
+            ": train.micro_batch_size: must be an integer in 1..65536 (found 'abc')");
   EXPECT_EQ(load_error(m + "train: {micro_batch_size: 1.5}\n"),
-            ": train.micro_batch_size: must be an integer >= 1 (found '1.5')");
+            ": train.micro_batch_size: must be an integer in 1..65536 (found '1.5')");
   EXPECT_EQ(load_error("model: {path: /m}\ncheckpoint: {dir: /c}\ndata: {train: t, seq_len: 0}\n"),
-            ": data.seq_len: must be an integer >= 1 (found '0')");
+            ": data.seq_len: must be an integer in 1..16777216 (found '0')");
   EXPECT_EQ(load_error(m + "optimizer: {lr: 0}\n"), ": optimizer.lr: must be a number > 0 (found '0')");
   EXPECT_EQ(load_error(m + "optimizer: {lr: .nan}\n"), ": optimizer.lr: must be a number > 0 (found '.nan')");
   EXPECT_EQ(load_error(m + "optimizer: {eps: -1e-8}\n"), ": optimizer.eps: must be a number > 0 (found '-1e-8')");
@@ -199,12 +199,34 @@ TEST(Recipe, BadValuesNameTheKeyPath) {
   EXPECT_EQ(load_error(m + "checkpoint_x: 1\n").find("unknown section 'checkpoint_x'"), 2u);
   EXPECT_EQ(load_error("model: {path: /m}\ndata: {train: t}\ncheckpoint: {dir: /c, keep_last: 0}\n"),
             ": checkpoint.keep_last: must be an integer >= 1 (found '0')");
-  EXPECT_EQ(load_error(m + "train: {grad_accum: 0}\n"), ": train.grad_accum: must be an integer >= 1 (found '0')");
-  EXPECT_EQ(load_error(m + "parallel: {timeout_s: 0}\n"), ": parallel.timeout_s: must be an integer >= 1 (found '0')");
+  EXPECT_EQ(load_error(m + "train: {grad_accum: 0}\n"), ": train.grad_accum: must be an integer in 1..1048576 (found '0')");
+  EXPECT_EQ(load_error(m + "parallel: {timeout_s: 0}\n"), ": parallel.timeout_s: must be an integer in 1..31536000 (found '0')");
   EXPECT_EQ(load_error(m + "clip: {max_grad_norm: -1}\n"), ": clip.max_grad_norm: must be a number >= 0 (found '-1')");
   EXPECT_EQ(load_error(m + "train: {pack: 1}\n").find("unknown key 'train.pack'"), 2u);
   EXPECT_EQ(load_error("model: {path: /m}\ncheckpoint: {dir: /c}\ndata: {train: t, pack: maybe}\n"),
             ": data.pack: must be true or false (found 'maybe')");
+}
+
+// Sizes the engine multiplies (tokens per window) and the collective deadline have upper bounds, so a hostile
+// recipe cannot overflow them into a wrapped-around allocation or a deadline in the past.
+TEST(Recipe, SizesHaveUpperBounds) {
+  const std::string m = kMinimal;
+  EXPECT_EQ(load_error(m, {"data.seq_len=9223372036854775807"}),
+            ": data.seq_len: must be an integer in 1..16777216 (found '9223372036854775807')");
+  EXPECT_EQ(load_error(m, {"data.seq_len=99999999999999999999"}),
+            ": data.seq_len: must be an integer in 1..16777216 (found '99999999999999999999')");
+  EXPECT_EQ(load_error(m + "train: {micro_batch_size: 65537}\n"),
+            ": train.micro_batch_size: must be an integer in 1..65536 (found '65537')");
+  EXPECT_EQ(load_error(m + "train: {grad_accum: 4611686018427387904}\n"),
+            ": train.grad_accum: must be an integer in 1..1048576 (found '4611686018427387904')");
+  EXPECT_EQ(load_error(m + "parallel: {timeout_s: 9223372036854775807}\n"),
+            ": parallel.timeout_s: must be an integer in 1..31536000 (found '9223372036854775807')");
+  const Recipe r = recipe_load(TempRecipe(m).path, {"data.seq_len=16777216", "train.micro_batch_size=65536",
+                                                     "train.grad_accum=1048576", "parallel.timeout_s=31536000"});
+  EXPECT_EQ(r.data.seq_len, kMaxSeqLen);
+  EXPECT_EQ(r.train.micro_batch_size, kMaxMicroBatch);
+  EXPECT_EQ(r.train.grad_accum, kMaxGradAccum);
+  EXPECT_EQ(r.parallel.timeout_s, kMaxTimeoutS);
 }
 
 TEST(Recipe, EnumsListChoices) {

@@ -271,6 +271,26 @@ TEST(Trainer, RefusesToOverwriteOrMisresume) {
   }
 }
 
+// A window of micro-batches that cannot fit the host is refused before anything is loaded or written.
+TEST(Trainer, RefusesAWindowLargerThanTheHost) {
+  io_test::ScratchDir dir;
+  Quiet q;
+  const Recipe r = recipe_for(dir, "moe_gqa_aux",
+                              {"train.grad_accum=1048576", "train.micro_batch_size=65536", "data.seq_len=16777216"});
+  try {
+    finetune(r, q.options());
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("train.grad_accum 1048576 x train.micro_batch_size 65536 x data.seq_len "
+                                          "16777216 x 1 rank = 1.153e+18 tokens per optimizer step: every rank holds "
+                                          "them in host memory (25769803776.0 GiB)",
+                                          0),
+              0u)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir.path / "run"));
+}
+
 TEST(Trainer, EvalLossAndDeviceChoice) {
   io_test::ScratchDir dir;
   Quiet q;
