@@ -103,7 +103,7 @@ struct RecipeParallel {
 // Upper bounds the recipe enforces: far above any practical run, low enough that the sizes computed from
 // them (tokens per window, deadlines in milliseconds) cannot overflow.
 constexpr int64_t kMaxSeqLen = int64_t{1} << 24;       // data.seq_len: 16,777,216 tokens per row
-constexpr int64_t kMaxMicroBatch = int64_t{1} << 16;   // train.micro_batch_size: 65,536 rows
+constexpr int64_t kMaxMicroBatch = int64_t{1} << 20;   // train.micro_batch_size: 1,048,576 rows
 constexpr int64_t kMaxGradAccum = int64_t{1} << 20;    // train.grad_accum: 1,048,576 micro-batches
 constexpr int64_t kMaxTimeoutS = 365LL * 24 * 3600;    // parallel.timeout_s: a year
 

@@ -178,9 +178,9 @@ TEST(Recipe, UnknownKeyAndSection) {
 TEST(Recipe, BadValuesNameTheKeyPath) {
   const std::string m = kMinimal;
   EXPECT_EQ(load_error(m + "train: {micro_batch_size: abc}\n"),
-            ": train.micro_batch_size: must be an integer in 1..65536 (found 'abc')");
+            ": train.micro_batch_size: must be an integer in 1..1048576 (found 'abc')");
   EXPECT_EQ(load_error(m + "train: {micro_batch_size: 1.5}\n"),
-            ": train.micro_batch_size: must be an integer in 1..65536 (found '1.5')");
+            ": train.micro_batch_size: must be an integer in 1..1048576 (found '1.5')");
   EXPECT_EQ(load_error("model: {path: /m}\ncheckpoint: {dir: /c}\ndata: {train: t, seq_len: 0}\n"),
             ": data.seq_len: must be an integer in 1..16777216 (found '0')");
   EXPECT_EQ(load_error(m + "optimizer: {lr: 0}\n"), ": optimizer.lr: must be a number > 0 (found '0')");
@@ -215,13 +215,13 @@ TEST(Recipe, SizesHaveUpperBounds) {
             ": data.seq_len: must be an integer in 1..16777216 (found '9223372036854775807')");
   EXPECT_EQ(load_error(m, {"data.seq_len=99999999999999999999"}),
             ": data.seq_len: must be an integer in 1..16777216 (found '99999999999999999999')");
-  EXPECT_EQ(load_error(m + "train: {micro_batch_size: 65537}\n"),
-            ": train.micro_batch_size: must be an integer in 1..65536 (found '65537')");
+  EXPECT_EQ(load_error(m + "train: {micro_batch_size: 1048577}\n"),
+            ": train.micro_batch_size: must be an integer in 1..1048576 (found '1048577')");
   EXPECT_EQ(load_error(m + "train: {grad_accum: 4611686018427387904}\n"),
             ": train.grad_accum: must be an integer in 1..1048576 (found '4611686018427387904')");
   EXPECT_EQ(load_error(m + "parallel: {timeout_s: 9223372036854775807}\n"),
             ": parallel.timeout_s: must be an integer in 1..31536000 (found '9223372036854775807')");
-  const Recipe r = recipe_load(TempRecipe(m).path, {"data.seq_len=16777216", "train.micro_batch_size=65536",
+  const Recipe r = recipe_load(TempRecipe(m).path, {"data.seq_len=16777216", "train.micro_batch_size=1048576",
                                                      "train.grad_accum=1048576", "parallel.timeout_s=31536000"});
   EXPECT_EQ(r.data.seq_len, kMaxSeqLen);
   EXPECT_EQ(r.train.micro_batch_size, kMaxMicroBatch);

@@ -276,14 +276,14 @@ TEST(Trainer, RefusesAWindowLargerThanTheHost) {
   io_test::ScratchDir dir;
   Quiet q;
   const Recipe r = recipe_for(dir, "moe_gqa_aux",
-                              {"train.grad_accum=1048576", "train.micro_batch_size=65536", "data.seq_len=16777216"});
+                              {"train.grad_accum=1048576", "train.micro_batch_size=1048576", "data.seq_len=16777216"});
   try {
     finetune(r, q.options());
     FAIL() << "expected a refusal";
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()).rfind("train.grad_accum 1048576 x train.micro_batch_size 65536 x data.seq_len "
-                                          "16777216 x 1 rank = 1.153e+18 tokens per optimizer step: every rank holds "
-                                          "them in host memory (25769803776.0 GiB)",
+    EXPECT_EQ(std::string(e.what()).rfind("train.grad_accum 1048576 x train.micro_batch_size 1048576 x data.seq_len "
+                                          "16777216 x 1 rank = 1.845e+19 tokens per optimizer step: every rank holds "
+                                          "them in host memory (412316860416.0 GiB)",
                                           0),
               0u)
         << e.what();
