@@ -211,16 +211,19 @@ TEST(Recipe, BadValuesNameTheKeyPath) {
 // recipe cannot overflow them into a wrapped-around allocation or a deadline in the past.
 TEST(Recipe, SizesHaveUpperBounds) {
   const std::string m = kMinimal;
-  EXPECT_EQ(load_error(m, {"data.seq_len=9223372036854775807"}),
-            ": data.seq_len: must be an integer in 1..16777216 (found '9223372036854775807')");
-  EXPECT_EQ(load_error(m, {"data.seq_len=99999999999999999999"}),
-            ": data.seq_len: must be an integer in 1..16777216 (found '99999999999999999999')");
-  EXPECT_EQ(load_error(m + "train: {micro_batch_size: 1048577}\n"),
-            ": train.micro_batch_size: must be an integer in 1..1048576 (found '1048577')");
-  EXPECT_EQ(load_error(m + "train: {grad_accum: 4611686018427387904}\n"),
-            ": train.grad_accum: must be an integer in 1..1048576 (found '4611686018427387904')");
-  EXPECT_EQ(load_error(m + "parallel: {timeout_s: 9223372036854775807}\n"),
-            ": parallel.timeout_s: must be an integer in 1..31536000 (found '9223372036854775807')");
+  // (--set, the error after the file name)
+  const std::pair<const char*, const char*> refused[] = {
+      {"data.seq_len=9223372036854775807",
+       ": data.seq_len: must be an integer in 1..16777216 (found '9223372036854775807')"},
+      {"data.seq_len=99999999999999999999",
+       ": data.seq_len: must be an integer in 1..16777216 (found '99999999999999999999')"},
+      {"train.micro_batch_size=1048577", ": train.micro_batch_size: must be an integer in 1..1048576 (found '1048577')"},
+      {"train.grad_accum=4611686018427387904",
+       ": train.grad_accum: must be an integer in 1..1048576 (found '4611686018427387904')"},
+      {"parallel.timeout_s=9223372036854775807",
+       ": parallel.timeout_s: must be an integer in 1..31536000 (found '9223372036854775807')"},
+  };
+  for (const auto& [set, error] : refused) EXPECT_EQ(load_error(m, {set}), error) << set;
   const Recipe r = recipe_load(TempRecipe(m).path, {"data.seq_len=16777216", "train.micro_batch_size=1048576",
                                                      "train.grad_accum=1048576", "parallel.timeout_s=31536000"});
   EXPECT_EQ(r.data.seq_len, kMaxSeqLen);
