@@ -113,8 +113,6 @@ int main(int argc, char** argv) {
     projection("k", nq, nkv);
     projection("v", nq + nkv, nkv);
     projection("qkv", 0, nqkv);
-  }
-  if (!a.head_only) {
     gemm_row("o forward", T, H, nq, {o.data(), bf, nq, false}, {w_o.data(), bf, nq, true}, 0.0f, dx.data(), bf, H);
     gemm_row("o input grad", T, nq, H, {dx.data(), bf, H, false}, {w_o.data(), bf, nq, false}, 0.0f, o.data(), bf,
              nq);

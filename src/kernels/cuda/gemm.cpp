@@ -55,7 +55,8 @@ int algo_rank() {
     if (!v || !*v) return 0;
     char* end = nullptr;
     const long r = std::strtol(v, &end, 10);
-    MT_CHECK(end != v && *end == '\0' && r >= 0 && r < 64, "MIXTUNE_GEMM_ALGO_RANK must be 0..63, found '{}'", v);
+    if (end == v || *end != '\0' || r < 0 || r >= 64)
+      fail("environment: MIXTUNE_GEMM_ALGO_RANK must be an integer in 0..63 (found '{}')", v);
     return static_cast<int>(r);
   }();
   return rank;
