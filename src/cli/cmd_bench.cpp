@@ -25,7 +25,7 @@ struct BenchArgs {
   int64_t layers = 0, seq = 4096, micro_batch = 1, grad_accum = 8, steps = 5, warmup = 2, ep = 1;
   int64_t ranks = 0;  // --plan-only: the job's ranks (0: --ep)
   bool force = false, no_pair_expert_wgrad = false, plan_only = false, no_shard_optimizer = false;
-  bool shard_parameters = false, balanced_router = false;
+  bool shard_parameters = false, balanced_router = false, deterministic = false;
   double prompt_fraction = 0.0;
   double device_gib = 133.9;  // an H200's cudaMemGetInfo total (143,771,566,080 bytes)
 };
@@ -51,6 +51,7 @@ void run_plan_only(const BenchArgs& a) {
   in.micro_batch = a.micro_batch;
   in.seq = a.seq;
   in.recompute = recompute_parse(a.recompute, "--recompute");
+  in.deterministic = a.deterministic;
   const bool fp32_master = a.precision == "fp32-master";
   in.fp32_master = fp32_master;
   in.bf16_moments = !fp32_master;
@@ -100,6 +101,7 @@ void run_bench(const BenchArgs& a, const std::string& command) {
   o.gpu_collectives = a.gpu_collectives;
   o.prompt_fraction = a.prompt_fraction;
   o.balanced_router = a.balanced_router;
+  o.deterministic = a.deterministic;
   o.command = command;
   o.ep = a.ep;
   o.ep_dispatch = a.ep_dispatch;
@@ -156,6 +158,8 @@ void add_bench_command(CLI::App& app) {
                 "a probe, not training: every token's experts replaced by a perfectly balanced assignment after the "
                 "router (T·k/E rows each), to measure what the real router's uneven loads cost; JSON router "
                 "\"balanced (probe)\"");
+  cmd->add_flag("--deterministic", a.deterministic,
+                "train.deterministic's kernels: every reduction in a fixed order (bitwise repeatable steps)");
   cmd->add_option("--json-out", a.json_out, "also write the JSON to this file");
   cmd->add_flag("--force", a.force, "run even when the memory plan says the configuration does not fit");
   cmd->add_flag("--plan-only", a.plan_only,

@@ -38,6 +38,7 @@ constexpr wide kBf16 = 2, kF32 = 4, kI32 = 4, kI64 = 8;
 struct Dims {
   wide T, H, Hq, Hkv, D, E, k, I, F, V, Tk;
   wide R;  // rows of this rank's expert buffers per micro-batch: T·k, or under the all-gather dispatch's budget more
+  wide flash_kv_heads;  // heads of flash's fp32 dK/dV workspace: Hkv, or Hq for the deterministic backward
 };
 
 Dims dims_of(const Qwen3MoeConfig& c, int64_t tokens) {
@@ -54,6 +55,7 @@ Dims dims_of(const Qwen3MoeConfig& c, int64_t tokens) {
   d.V = c.vocab_size;
   d.Tk = d.T * d.k;
   d.R = d.Tk;
+  d.flash_kv_heads = d.Hkv;
   return d;
 }
 
@@ -121,7 +123,7 @@ wide model_saved_bytes(const Dims& d) {
 // the gradients after RoPE (dqn, dkn) and before q/k-norm, da, and two residual-gradient buffers.
 wide attention_backward_bytes(const Dims& d) {
   wide q = d.T * d.Hq * d.D * kBf16, kv = d.T * d.Hkv * d.D * kBf16, th = d.T * d.H * kBf16;
-  wide flash = (d.Hq + 2 * d.Hkv) * d.D * d.T * kF32 + d.Hq * d.T * kF32;
+  wide flash = (d.Hq + 2 * d.flash_kv_heads) * d.D * d.T * kF32 + d.Hq * d.T * kF32;
   return q /*do*/ + flash + q + 2 * kv /*dq dk dv*/ + q + kv /*dqn dkn*/ + q + kv /*pre-norm*/ + th /*da*/ +
          2 * th /*residual grads*/;
 }
@@ -242,6 +244,7 @@ wide fetched_groups_count(const MemoryPlanInput& in, const Dims& d, const Layers
 MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, int64_t tokens, Recompute r, bool master) {
   const Qwen3MoeConfig& c = in.cfg;
   Dims d = dims_of(c, tokens);
+  if (in.deterministic) d.flash_kv_heads = d.Hq;  // FlashBwdMode::deterministic keeps every head's dK, dV
   const wide ep = std::max<int64_t>(in.expert_parallel, 1);
   // The all-gather dispatch's expert buffers hold the row budget: at least the even share times the headroom.
   if (ep > 1 && in.ep_all_gather && in.ep_row_headroom > 1)

@@ -47,6 +47,8 @@ struct MemoryPlanInput {
   // when reshard_after_forward; without it every layer's stay from its forward to its backward (no saving).
   bool shard_parameters = false;
   bool reshard_after_forward = true;
+  bool deterministic = false;  // train.deterministic: flash attention's backward keeps dK/dV per query head
+
   int64_t device_bytes = 0;   // total memory of the GPU (cudaMemGetInfo total)
   int64_t reserve_bytes = 0;  // kept free for the CUDA context / fragmentation (caller picks, e.g. 1.5 GiB + 3%)
 };

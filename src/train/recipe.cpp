@@ -24,7 +24,7 @@ const std::vector<Section>& recipe_schema() {
       {"model", {"path", "dtype"}},
       {"data", {"train", "eval", "seq_len", "pack", "truncation", "skip_bad_lines", "tokenizer"}},
       {"train", {"micro_batch_size", "grad_accum", "max_steps", "epochs", "seed", "device", "eval_every",
-                 "log_every", "max_nonfinite_steps", "recompute"}},
+                 "log_every", "max_nonfinite_steps", "recompute", "deterministic"}},
       {"optimizer", {"name", "lr", "betas", "eps", "weight_decay", "master_weights", "moment_dtype", "expert_grad_dtype",
                      "decay_norms_and_biases"}},
       {"schedule", {"name", "warmup_steps", "min_lr_ratio"}},
@@ -239,6 +239,7 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
   rc.train.log_every = r.integer("train", "log_every", rc.train.log_every, 1);
   rc.train.max_nonfinite_steps = r.integer("train", "max_nonfinite_steps", rc.train.max_nonfinite_steps, 1);
   rc.train.recompute = r.choice("train", "recompute", rc.train.recompute, {"none", "selective", "full"});
+  rc.train.deterministic = r.boolean("train", "deterministic", rc.train.deterministic);
 
   rc.optimizer.name = r.choice("optimizer", "name", rc.optimizer.name, {"adamw"});
   rc.optimizer.lr = r.real("optimizer", "lr", rc.optimizer.lr, 0, true, kInf, true, "must be a number > 0");

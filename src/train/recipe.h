@@ -35,6 +35,10 @@ struct RecipeTrain {
   // CUDA activation memory: none | selective (recompute norms, RoPE, expert gathers, SwiGLU in the
   // backward) | full (keep only each layer's input, rerun the layer before its backward).
   std::string recompute = "selective";
+  // CUDA: every reduction in a fixed order, so two runs (and a run and its stop-and-resume) are bitwise the
+  // same; costs the flash-attention backward a second pass (docs/numerics.md has the measured cost). The
+  // CPU engine is deterministic either way.
+  bool deterministic = false;
 };
 
 struct RecipeOptimizer {

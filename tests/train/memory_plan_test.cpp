@@ -167,6 +167,17 @@ TEST(MemoryPlan, TinyActivationsExactPerRecomputeMode) {
   }
 }
 
+TEST(MemoryPlan, DeterministicFlashBackwardKeepsEveryQueryHeadsDkDv) {
+  MemoryPlanInput in = tiny_input(Recompute::none);
+  const MemoryPlan base = memory_plan(in);
+  in.deterministic = true;
+  const MemoryPlan det = memory_plan(in);
+  // The fp32 dK and dV workspace of one layer's attention backward grows from Hkv = 2 to Hq = 4 heads:
+  // 2 buffers x T 256 x (4 - 2) heads x head_dim 16 x 4 bytes.
+  EXPECT_EQ(det.activations_transient - base.activations_transient, 2 * 256 * (4 - 2) * 16 * 4);
+  EXPECT_EQ(det.activations_saved, base.activations_saved);
+}
+
 TEST(MemoryPlan, PairedExpertWgradHoldsOneMicroBatchPerMoeLayer) {
   MemoryPlanInput in = tiny_input(Recompute::selective);
   const MemoryPlan base = memory_plan(in);

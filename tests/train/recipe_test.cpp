@@ -128,6 +128,10 @@ TEST(Recipe, Defaults) {
   EXPECT_EQ(r.train.seed, 1234u);
   EXPECT_EQ(r.train.device, "auto");
   EXPECT_EQ(r.train.eval_every, 0);
+  EXPECT_FALSE(r.train.deterministic);
+  EXPECT_TRUE(recipe_load(f.path, {"train.deterministic=true"}).train.deterministic);
+  EXPECT_EQ(load_error(kMinimal, {"train.deterministic=sometimes"}),
+            ": train.deterministic: must be true or false (found 'sometimes')");
   EXPECT_DOUBLE_EQ(r.optimizer.lr, 1e-5);
   EXPECT_DOUBLE_EQ(r.optimizer.beta1, 0.9);
   EXPECT_DOUBLE_EQ(r.optimizer.beta2, 0.999);
@@ -168,7 +172,7 @@ TEST(Recipe, SetOverridesScalarAndList) {
 TEST(Recipe, UnknownKeyAndSection) {
   EXPECT_EQ(load_error(std::string(kMinimal) + "train: {foo: 1}\n"),
             ": unknown key 'train.foo' (valid keys in 'train': micro_batch_size, grad_accum, max_steps, epochs, "
-            "seed, device, eval_every, log_every, max_nonfinite_steps, recompute)");
+            "seed, device, eval_every, log_every, max_nonfinite_steps, recompute, deterministic)");
   EXPECT_EQ(load_error(std::string(kMinimal) + "trian: {epochs: 1}\n"),
             ": unknown section 'trian' (valid sections: model, data, train, optimizer, schedule, clip, checkpoint, parallel)");
   EXPECT_EQ(load_error(std::string(kMinimal) + "clip: 3\n"), ": clip: must be a mapping of keys (found 3)");
@@ -270,7 +274,7 @@ TEST(Recipe, BadSetNamesTheArgument) {
   EXPECT_EQ(load_error(kMinimal, {"train.grad_accum"}), ": --set 'train.grad_accum': expected section.key=value");
   EXPECT_EQ(load_error(kMinimal, {"train.foo=1"}),
             ": --set 'train.foo=1': unknown key 'train.foo' (valid keys in 'train': micro_batch_size, grad_accum, "
-            "max_steps, epochs, seed, device, eval_every, log_every, max_nonfinite_steps, recompute)");
+            "max_steps, epochs, seed, device, eval_every, log_every, max_nonfinite_steps, recompute, deterministic)");
   EXPECT_EQ(load_error(kMinimal, {"bogus.x=1"}).find(": --set 'bogus.x=1': unknown section 'bogus'"), 0u);
   EXPECT_EQ(load_error(kMinimal, {"train=1"}).find(": --set 'train=1': unknown key 'train'"), 0u);
   EXPECT_EQ(load_error(kMinimal, {"optimizer.betas=[0.9,"}).find(": --set 'optimizer.betas=[0.9,': value is not"),

@@ -149,12 +149,14 @@ void flash_attention_forward(const FlashAttentionShape& s, const Tensor& q, cons
 
 void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionDocs& docs,
-                              Tensor& dq, Tensor& dk, Tensor& dv, cudaStream_t stream, FlashDqSums* dq_sums) {
+                              Tensor& dq, Tensor& dk, Tensor& dv, cudaStream_t stream, FlashDqSums* dq_sums,
+                              FlashBwdMode mode) {
   const detail::FlashArgs a = check_args(s, q, k, v, docs);
   check_flat(dout, "flash attention dout", DType::BF16, q.numel(), q.device());
   check_flat(out, "flash attention out", DType::BF16, q.numel(), q.device());
   check_flat(lse, "flash attention lse", DType::F32, s.heads * s.tokens, q.device());
-  const bool sm90 = use_sm90_backward(a, dout, q, k, v);
+  const bool det = mode == FlashBwdMode::deterministic;
+  const bool sm90 = !det && use_sm90_backward(a, dout, q, k, v);
   const bool sums_out = dq_sums && sm90;
   if (dq_sums) *dq_sums = {};
   if (!sums_out) ensure(dq, q, "flash attention dq");
@@ -166,12 +168,15 @@ void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, 
   MT_CHECK(reinterpret_cast<uintptr_t>(dk.data()) % 8 == 0 && reinterpret_cast<uintptr_t>(dv.data()) % 8 == 0,
            "flash attention backward: dk and dv must be 8-byte aligned");
   Tensor dq_acc = Tensor::empty({q.numel()}, DType::F32, q.device());
-  Tensor dk_acc = Tensor::empty({k.numel()}, DType::F32, q.device());
-  Tensor dv_acc = Tensor::empty({k.numel()}, DType::F32, q.device());
+  // The deterministic backward keeps each query head's dK, dV apart until the group sum: [T][Hq][D].
+  const int64_t kv_acc = det ? q.numel() : k.numel();
+  Tensor dk_acc = Tensor::empty({kv_acc}, DType::F32, q.device());
+  Tensor dv_acc = Tensor::empty({kv_acc}, DType::F32, q.device());
   Tensor delta = Tensor::empty({s.heads * s.tokens + 1}, DType::F32, q.device());  // + the sm90 item counter
   if (sums_out) *dq_sums = {dq_acc, a.scale, s.tokens, s.heads};
   if (s.tokens == 0) return;
-  auto* launch = sm90 ? detail::flash_bwd_sm90_launch : detail::flash_bwd_launch;
+  auto* launch = det ? detail::flash_bwd_deterministic_launch
+                     : sm90 ? detail::flash_bwd_sm90_launch : detail::flash_bwd_launch;
   launch(a, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(),
          sums_out ? nullptr : dq.data(), dk.data(), dv.data(), dq_acc.data_as<float>(), dk_acc.data_as<float>(),
          dv_acc.data_as<float>(), delta.data_as<float>(), stream);

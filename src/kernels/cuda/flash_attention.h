@@ -44,13 +44,19 @@ struct FlashDqSums {
   int64_t tokens = 0, heads = 0;
 };
 
+// fast: fp32 atomics add the partial dQ, dK, dV sums (the Hopper kernel where it runs), so the last bits
+// vary run to run. deterministic: every sum in a fixed order (the mma.sync kernels with a separate dQ pass:
+// S and dP computed twice, and dK/dV workspace for every query head), bitwise the same run to run.
+enum class FlashBwdMode { fast, deterministic };
+
 // dout like out -> dq like q, dk/dv like k (BF16; allocated here when undefined). fp32 accumulation in
-// device workspace; not bitwise reproducible run to run (fp32 atomics), see NOTES.md.
+// device workspace (see FlashBwdMode for run-to-run reproducibility).
 // dq_sums: where the Hopper kernel runs, it receives the dQ sums and dq is left untouched (not allocated);
 // elsewhere dq is made as usual and dq_sums->acc stays undefined.
 void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionDocs& docs,
-                              Tensor& dq, Tensor& dk, Tensor& dv, cudaStream_t stream, FlashDqSums* dq_sums = nullptr);
+                              Tensor& dq, Tensor& dk, Tensor& dv, cudaStream_t stream, FlashDqSums* dq_sums = nullptr,
+                              FlashBwdMode mode = FlashBwdMode::fast);
 // The bf16 dq [tokens, heads, 128] of dQ sums, as flash_attention_backward makes it.
 void flash_dq_sums_to_bf16(const FlashDqSums& sums, Tensor& dq, cudaStream_t stream);
 

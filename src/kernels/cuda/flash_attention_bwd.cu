@@ -118,7 +118,10 @@ __global__ void dkdv_to_bf16_kernel(const float* __restrict__ dk_acc, const floa
   }
 }
 
-template <int D>
+// DET (the deterministic backward): no dQ here (flash_bwd_dq_kernel makes it), and this head's dK, dV
+// are stored, not added, into per-query-head buffers [T][Hq][D] that dkdv_group_sum_kernel sums over the
+// GQA group in head order, so no sum depends on which block finishes first.
+template <int D, bool DET>
 __global__ void __launch_bounds__(kBwdThreads, flash::BwdCfg<D>::MIN_BLOCKS)
     flash_bwd_kernel(detail::FlashArgs a, const bf16* __restrict__ q, const bf16* __restrict__ k,
                      const bf16* __restrict__ v, const bf16* __restrict__ dout, const float* __restrict__ lse,
@@ -236,12 +239,13 @@ __global__ void __launch_bounds__(kBwdThreads, flash::BwdCfg<D>::MIN_BLOCKS)
       sa[1] = mma::pack_bf16(dp[2 * t][2], dp[2 * t][3]);
       sa[2] = mma::pack_bf16(dp[2 * t + 1][0], dp[2 * t + 1][1]);
       sa[3] = mma::pack_bf16(dp[2 * t + 1][2], dp[2 * t + 1][3]);
-      // dSᵀ (bf16) to shared memory for dQ: rows = keys, columns = queries.
-      bf16* r0p = sdS + (warp * 16 + g) * C::LDS + 16 * t + 2 * qd;
-      *reinterpret_cast<uint32_t*>(r0p) = sa[0];
-      *reinterpret_cast<uint32_t*>(r0p + 8 * C::LDS) = sa[1];
-      *reinterpret_cast<uint32_t*>(r0p + 8) = sa[2];
-      *reinterpret_cast<uint32_t*>(r0p + 8 * C::LDS + 8) = sa[3];
+      if constexpr (!DET) {  // dSᵀ (bf16) to shared memory for dQ: rows = keys, columns = queries.
+        bf16* r0p = sdS + (warp * 16 + g) * C::LDS + 16 * t + 2 * qd;
+        *reinterpret_cast<uint32_t*>(r0p) = sa[0];
+        *reinterpret_cast<uint32_t*>(r0p + 8 * C::LDS) = sa[1];
+        *reinterpret_cast<uint32_t*>(r0p + 8) = sa[2];
+        *reinterpret_cast<uint32_t*>(r0p + 8 * C::LDS + 8) = sa[3];
+      }
 #pragma unroll
       for (int pr = 0; pr < DH / 16; ++pr) {
         uint32_t bo[4], bq[4];
@@ -257,7 +261,7 @@ __global__ void __launch_bounds__(kBwdThreads, flash::BwdCfg<D>::MIN_BLOCKS)
     __syncthreads();
 
     // dQ[step rows, slice] += dS·K: A = dS (queries x keys) read transposed from dSᵀ, B = K (keys x DH).
-    {
+    if constexpr (!DET) {
       const int wq = (warp % WQ) * 16, wd = d0 + (warp / WQ) * (DH / WD);
       float dq[DQN][4];
 #pragma unroll
@@ -286,20 +290,211 @@ __global__ void __launch_bounds__(kBwdThreads, flash::BwdCfg<D>::MIN_BLOCKS)
     }
   }
 
-  // This head's share of dK, dV for the KV head.
+  if constexpr (DET) {  // this head's dK, dV, stored in its own rows [key][h]
 #pragma unroll
-  for (int j = 0; j < ND; ++j) {
-    const int d = d0 + 8 * j + 2 * qd;
-    if (kr0 < T) {
-      const int64_t o = (static_cast<int64_t>(kr0) * a.Hk + hk) * D + d;
-      atomic_add2(dk_acc + o, dk[j][0], dk[j][1]);
-      atomic_add2(dv_acc + o, dv[j][0], dv[j][1]);
+    for (int j = 0; j < ND; ++j) {
+      const int d = d0 + 8 * j + 2 * qd;
+      if (kr0 < T) {
+        const int64_t o = (static_cast<int64_t>(kr0) * a.Hq + h) * D + d;
+        *reinterpret_cast<float2*>(dk_acc + o) = make_float2(dk[j][0], dk[j][1]);
+        *reinterpret_cast<float2*>(dv_acc + o) = make_float2(dv[j][0], dv[j][1]);
+      }
+      if (kr1 < T) {
+        const int64_t o = (static_cast<int64_t>(kr1) * a.Hq + h) * D + d;
+        *reinterpret_cast<float2*>(dk_acc + o) = make_float2(dk[j][2], dk[j][3]);
+        *reinterpret_cast<float2*>(dv_acc + o) = make_float2(dv[j][2], dv[j][3]);
+      }
     }
-    if (kr1 < T) {
-      const int64_t o = (static_cast<int64_t>(kr1) * a.Hk + hk) * D + d;
-      atomic_add2(dk_acc + o, dk[j][2], dk[j][3]);
-      atomic_add2(dv_acc + o, dv[j][2], dv[j][3]);
+  } else {  // this head's share of dK, dV for the KV head
+#pragma unroll
+    for (int j = 0; j < ND; ++j) {
+      const int d = d0 + 8 * j + 2 * qd;
+      if (kr0 < T) {
+        const int64_t o = (static_cast<int64_t>(kr0) * a.Hk + hk) * D + d;
+        atomic_add2(dk_acc + o, dk[j][0], dk[j][1]);
+        atomic_add2(dv_acc + o, dv[j][0], dv[j][1]);
+      }
+      if (kr1 < T) {
+        const int64_t o = (static_cast<int64_t>(kr1) * a.Hk + hk) * D + d;
+        atomic_add2(dk_acc + o, dk[j][2], dk[j][3]);
+        atomic_add2(dv_acc + o, dv[j][2], dv[j][3]);
+      }
     }
+  }
+}
+
+// The deterministic backward's dQ (FlashAttention-2's dQ as a forward-shaped pass): one block per (query
+// head, 64-query tile), four warps of 16 query rows, walking the tile's key range [doc_start(first query),
+// last query] in tiles of DQ_BN keys (K and V double-buffered with cp.async, as the forward). Per key tile
+// it recomputes S = Q·Kᵀ and dP = dO·Vᵀ, then P = exp2(S·scale·log2e − lse·log2e) and dS = P ⊙ (dP − delta)
+// exactly as flash_bwd_kernel does (dS rounded to bf16 for the MMA), and dQ += dS·K stays in registers: each
+// dQ element is one sum in key order, stored once (no atomics). Cost: S and dP are computed twice (here and
+// in the dK/dV pass), 7 GEMM passes instead of 5.
+template <int D>
+struct DqCfg {
+  static constexpr int BM = 64, WARPS = 4, BN = D == 256 ? 32 : 64;
+  static constexpr int SMEM = (2 * BM * D + 4 * BN * D) * 2;  // Q, dO, 2 x (K, V)
+};
+
+template <int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_rows_t(uint32_t s, const bf16* base, int row0, int T, int H, int head) {
+  constexpr int CH = D / 8;
+#pragma unroll
+  for (int it = 0; it < (ROWS * CH + THREADS - 1) / THREADS; ++it) {
+    const int idx = it * THREADS + threadIdx.x;
+    if (ROWS * CH % THREADS != 0 && idx >= ROWS * CH) break;
+    const int i = idx / CH, c = idx % CH, t = row0 + i;
+    const bool valid = t < T;
+    const bf16* src = valid ? base + (static_cast<int64_t>(t) * H + head) * D + c * 8 : base;
+    mma::cp_async_16(s + flash::tile_offset<CH>(i, c * 8), src, valid);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(DqCfg<D>::WARPS * 32)
+    flash_bwd_dq_kernel(detail::FlashArgs a, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                        const bf16* __restrict__ v, const bf16* __restrict__ dout, const float* __restrict__ lse,
+                        const float* __restrict__ delta, float* __restrict__ dq_acc) {
+  pdl_wait();
+  constexpr int BM = DqCfg<D>::BM, BN = DqCfg<D>::BN, THREADS = DqCfg<D>::WARPS * 32;
+  constexpr int CH = D / 8, NO = D / 8, NS = BN / 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sQ = mma::smem_u32(smem);
+  const uint32_t sO = sQ + BM * D * 2;       // dO
+  const uint32_t sK0 = sO + BM * D * 2;      // two K buffers, then two V buffers
+  const uint32_t sV0 = sK0 + 2 * BN * D * 2;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, qd = lane & 3, mi_ = lane >> 3;
+  const int h = blockIdx.x, hk = h / (a.Hq / a.Hk);
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest key ranges first
+  const int T = a.T;
+  const int q_last = min(q0 + BM, T) - 1;
+  const int kv_lo = a.doc_start[q0];
+  const int ds_max = a.doc_start[q_last];
+  const int ntiles = (q_last - kv_lo + BN) / BN;
+
+  load_rows_t<BM, D, THREADS>(sQ, q, q0, T, a.Hq, h);
+  load_rows_t<BM, D, THREADS>(sO, dout, q0, T, a.Hq, h);
+  load_rows_t<BN, D, THREADS>(sK0, k, kv_lo, T, a.Hk, hk);
+  load_rows_t<BN, D, THREADS>(sV0, v, kv_lo, T, a.Hk, hk);
+  mma::cp_async_commit();
+
+  const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+  const int ds0 = r0 < T ? a.doc_start[r0] : T, ds1 = r1 < T ? a.doc_start[r1] : T;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scale_log2 = a.scale * kLog2e;
+  const float lse0 = r0 < T ? lse[static_cast<int64_t>(h) * T + r0] * kLog2e : 0.0f;
+  const float lse1 = r1 < T ? lse[static_cast<int64_t>(h) * T + r1] * kLog2e : 0.0f;
+  const float dl0 = r0 < T ? delta[static_cast<int64_t>(h) * T + r0] : 0.0f;
+  const float dl1 = r1 < T ? delta[static_cast<int64_t>(h) * T + r1] : 0.0f;
+  float dq[NO][4];
+#pragma unroll
+  for (int j = 0; j < NO; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
+
+  for (int jt = 0; jt < ntiles; ++jt) {
+    const int k0 = kv_lo + jt * BN;
+    const uint32_t sK = sK0 + (jt & 1) * BN * D * 2, sV = sV0 + (jt & 1) * BN * D * 2;
+    mma::cp_async_wait<0>();
+    __syncthreads();  // this tile landed, and every warp is done with the other buffer
+    if (jt + 1 < ntiles) {
+      load_rows_t<BN, D, THREADS>(sK0 + ((jt + 1) & 1) * BN * D * 2, k, k0 + BN, T, a.Hk, hk);
+      load_rows_t<BN, D, THREADS>(sV0 + ((jt + 1) & 1) * BN * D * 2, v, k0 + BN, T, a.Hk, hk);
+    }
+    mma::cp_async_commit();
+
+    // S = Q·Kᵀ and dP = dO·Vᵀ for the warp's 16 rows x BN keys.
+    float s[NS][4], dp[NS][4];
+#pragma unroll
+    for (int j = 0; j < NS; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s[j][c] = 0.0f, dp[j][c] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t aq[4], ao[4];
+      mma::ldmatrix_x4(aq, sQ + flash::tile_offset<CH>(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      mma::ldmatrix_x4(ao, sO + flash::tile_offset<CH>(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+      for (int pr = 0; pr < NS / 2; ++pr) {
+        uint32_t bk[4], bv[4];
+        const int krow = 16 * pr + (mi_ >> 1) * 8 + (lane & 7), kcol = kk * 16 + (mi_ & 1) * 8;
+        mma::ldmatrix_x4(bk, sK + flash::tile_offset<CH>(krow, kcol));
+        mma::ldmatrix_x4(bv, sV + flash::tile_offset<CH>(krow, kcol));
+        mma::mma_16816(s[2 * pr], aq, bk[0], bk[1]);
+        mma::mma_16816(s[2 * pr + 1], aq, bk[2], bk[3]);
+        mma::mma_16816(dp[2 * pr], ao, bv[0], bv[1]);
+        mma::mma_16816(dp[2 * pr + 1], ao, bv[2], bv[3]);
+      }
+    }
+
+    // dS = P ⊙ (dP − delta) on the visible (query, key) pairs; masking as in the forward.
+    const bool full = k0 + BN - 1 <= q0 && k0 >= ds_max;
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int key = k0 + 8 * j + 2 * qd + (c & 1);
+        const int row = c < 2 ? r0 : r1, ds = c < 2 ? ds0 : ds1;
+        const bool vis = full || (key <= row && key >= ds);
+        const float p = vis ? exp2f(s[j][c] * scale_log2 - (c < 2 ? lse0 : lse1)) : 0.0f;
+        s[j][c] = p * (dp[j][c] - (c < 2 ? dl0 : dl1));
+      }
+    }
+
+    // dQ += dS·K, dS rounded to bf16 from the score registers (keys 16t..16t+15 = score tiles 2t, 2t+1).
+#pragma unroll
+    for (int t = 0; t < BN / 16; ++t) {
+      uint32_t sa[4];
+      sa[0] = mma::pack_bf16(s[2 * t][0], s[2 * t][1]);
+      sa[1] = mma::pack_bf16(s[2 * t][2], s[2 * t][3]);
+      sa[2] = mma::pack_bf16(s[2 * t + 1][0], s[2 * t + 1][1]);
+      sa[3] = mma::pack_bf16(s[2 * t + 1][2], s[2 * t + 1][3]);
+#pragma unroll
+      for (int pr = 0; pr < D / 16; ++pr) {
+        uint32_t b[4];
+        const int krow = 16 * t + (mi_ & 1) * 8 + (lane & 7);
+        mma::ldmatrix_x4_trans(b, sK + flash::tile_offset<CH>(krow, 16 * pr + (mi_ >> 1) * 8));
+        mma::mma_16816(dq[2 * pr], sa, b[0], b[1]);
+        mma::mma_16816(dq[2 * pr + 1], sa, b[2], b[3]);
+      }
+    }
+  }
+
+  // Unscaled fp32 dQ, one store per element (the epilogue applies the softmax scale and rounds to bf16).
+#pragma unroll
+  for (int j = 0; j < NO; ++j) {
+    const int d = 8 * j + 2 * qd;
+    if (r0 < T) *reinterpret_cast<float2*>(dq_acc + (static_cast<int64_t>(r0) * a.Hq + h) * D + d) =
+        make_float2(dq[j][0], dq[j][1]);
+    if (r1 < T) *reinterpret_cast<float2*>(dq_acc + (static_cast<int64_t>(r1) * a.Hq + h) * D + d) =
+        make_float2(dq[j][2], dq[j][3]);
+  }
+}
+
+// The deterministic backward's dK, dV: Σ over the G query heads of each KV head, in head order, of the
+// per-head sums [T][Hq][D] -> bf16 [T][Hk][D] (dK times the softmax scale). Four elements per thread.
+__global__ void dkdv_group_sum_kernel(const float* __restrict__ dk_part, const float* __restrict__ dv_part, int T,
+                                      int Hk, int G, int D, float dk_mul, bf16* __restrict__ dk,
+                                      bf16* __restrict__ dv) {
+  pdl_wait();
+  const int64_t n = static_cast<int64_t>(T) * Hk * D;
+  const float* src = blockIdx.y == 0 ? dk_part : dv_part;
+  bf16* dst = blockIdx.y == 0 ? dk : dv;
+  const float mul = blockIdx.y == 0 ? dk_mul : 1.0f;
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * 4) {
+    const int64_t row = i / D;  // t · Hk + hk
+    const int d = static_cast<int>(i % D);
+    const float* p = src + (row * G) * D + d;  // [t][hk·G + 0][d]: the group's heads are consecutive
+    float4 acc = *reinterpret_cast<const float4*>(p);
+    for (int gi = 1; gi < G; ++gi) {
+      const float4 x = *reinterpret_cast<const float4*>(p + static_cast<int64_t>(gi) * D);
+      acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
+    }
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * mul, acc.y * mul);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z * mul, acc.w * mul);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(dst + i) = packed;
   }
 }
 
@@ -327,12 +522,40 @@ void bwd_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* q, c
                   float* dv_acc, float* delta, cudaStream_t stream) {
   constexpr int smem = flash::BwdTiles<D>::SMEM;
   flash::require_smem(smem, D, "backward");
-  auto kern = flash_bwd_kernel<D>;
+  auto kern = flash_bwd_kernel<D, false>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   detail::flash_bwd_prologue(a, dout, out, dq_acc, dk_acc, dv_acc, delta, stream);
   const dim3 grid(a.Hq, (a.T + kBwdBN - 1) / kBwdBN, flash::BwdTiles<D>::SLICES);
   launch_kernel(kern, grid, kBwdThreads, smem, stream, a, q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc);
   detail::flash_bwd_epilogue(a, dq_acc, dk_acc, dv_acc, dq, dk, dv, stream);
+}
+
+// The deterministic backward: prologue (delta), the dK/dV pass into per-head buffers, the dQ pass, then
+// dq to bf16 and the group sums of dK, dV.
+template <int D>
+void bwd_det_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                      const bf16* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc, float* dk_part,
+                      float* dv_part, float* delta, cudaStream_t stream) {
+  constexpr int smem = flash::BwdTiles<D>::SMEM, dq_smem = DqCfg<D>::SMEM;
+  flash::require_smem(smem, D, "backward");
+  flash::require_smem(dq_smem, D, "deterministic dQ backward");
+  auto kern = flash_bwd_kernel<D, true>;
+  auto dq_kern = flash_bwd_dq_kernel<D>;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  MT_CUDA_CHECK(cudaFuncSetAttribute(dq_kern, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem));
+  // The zeroing is not needed (every element is stored once), but the prologue does delta in the same launch.
+  detail::flash_bwd_prologue(a, dout, out, dq_acc, dk_part, dv_part, delta, stream);
+  const dim3 grid(a.Hq, (a.T + kBwdBN - 1) / kBwdBN, flash::BwdTiles<D>::SLICES);
+  launch_kernel(kern, grid, kBwdThreads, smem, stream, a, q, k, v, dout, lse, delta, dq_acc, dk_part, dv_part);
+  const dim3 dq_grid(a.Hq, (a.T + DqCfg<D>::BM - 1) / DqCfg<D>::BM);
+  launch_kernel(dq_kern, dq_grid, DqCfg<D>::WARPS * 32, dq_smem, stream, a, q, k, v, dout, lse,
+                static_cast<const float*>(delta), dq_acc);
+  to_bf16(dq_acc, static_cast<int64_t>(a.T) * a.Hq * D, a.scale, dq, stream);
+  const int64_t nk = static_cast<int64_t>(a.T) * a.Hk * D;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((nk / 4 + 255) / 256, 32768));
+  launch_kernel(dkdv_group_sum_kernel, dim3(blocks, 2), 256, 0, stream, static_cast<const float*>(dk_part),
+                static_cast<const float*>(dv_part), a.T, a.Hk, a.Hq / a.Hk, D, a.scale, static_cast<bf16*>(dk),
+                static_cast<bf16*>(dv));
 }
 
 template <int D>
@@ -387,6 +610,28 @@ void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const
     bwd_launch_d<D>(a, static_cast<const bf16*>(dout), static_cast<const bf16*>(q), static_cast<const bf16*>(k),
                     static_cast<const bf16*>(v), static_cast<const bf16*>(out), lse, dq, dk, dv, dq_acc, dk_acc,
                     dv_acc, delta, stream);
+  };
+  switch (a.D) {
+    case 16: return go(std::integral_constant<int, 16>{});
+    case 32: return go(std::integral_constant<int, 32>{});
+    case 64: return go(std::integral_constant<int, 64>{});
+    case 128: return go(std::integral_constant<int, 128>{});
+    case 256: return go(std::integral_constant<int, 256>{});
+    default:
+      MT_CUDA_REQUIRE(false, "flash attention backward: head_dim " + std::to_string(a.D) +
+                                 " (supported: 16, 32, 64, 128, 256)");
+  }
+}
+
+void flash_bwd_deterministic_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
+                                    const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc,
+                                    float* dk_part, float* dv_part, float* delta, cudaStream_t stream) {
+  if (a.T == 0) return;
+  auto go = [&](auto d_c) {
+    constexpr int D = decltype(d_c)::value;
+    bwd_det_launch_d<D>(a, static_cast<const bf16*>(dout), static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+                        static_cast<const bf16*>(v), static_cast<const bf16*>(out), lse, dq, dk, dv, dq_acc, dk_part,
+                        dv_part, delta, stream);
   };
   switch (a.D) {
     case 16: return go(std::integral_constant<int, 16>{});

@@ -44,6 +44,14 @@ void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const
                       const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc, float* dk_acc,
                       float* dv_acc, float* delta, cudaStream_t stream);
 
+// The deterministic backward (flash_attention_bwd.cu): the same results to fp32 summation order, every
+// sum in a fixed order (no atomics), so a run repeats bit for bit. dK/dV per query head into dk_part /
+// dv_part [T][Hq][D] (summed over each GQA group in head order), dQ by a separate forward-shaped pass into
+// dq_acc [T][Hq][D]; delta as above. Any head_dim the mma.sync backward takes, on any GPU it runs on.
+void flash_bwd_deterministic_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
+                                    const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc,
+                                    float* dk_part, float* dv_part, float* delta, cudaStream_t stream);
+
 // Hopper backward (flash_attention_bwd_sm90.cu: TMA + wgmma), same contract and workspace as
 // flash_bwd_launch for head_dim 128; q, k, v, dout 16-byte aligned. Supported as for the sm90 forward
 // (D == 128, a cc 9.0 GPU running the sm_90a build). The launcher throws where it is not supported.

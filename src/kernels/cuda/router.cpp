@@ -89,6 +89,25 @@ void router_force_balanced(RouterResult& r, int64_t experts, cudaStream_t stream
                                        stream);
 }
 
+namespace {
+std::atomic<int> g_routing_fault_probe{0};
+}  // namespace
+
+void set_routing_fault_probe(int every) { g_routing_fault_probe.store(every > 0 ? every : 0); }
+int routing_fault_probe() { return g_routing_fault_probe.load(); }
+
+void router_inject_fault(RouterResult& r, const Tensor& logits, int every, cudaStream_t stream) {
+  MT_CHECK(r.index.defined() && r.index.ndim() == 2 && logits.defined() && logits.ndim() == 2,
+           "routing fault probe needs the router's [T, k] index and [T, E] logits");
+  const int64_t T = r.index.dim(0), k = r.index.dim(1), E = logits.dim(1);
+  check_device_tensor(r.index, "router index", DType::I32, {T, k});
+  check_device_tensor2(logits, "router logits", DType::F32, DType::BF16, {T, E});
+  MT_CHECK(every > 0 && k < E, "routing fault probe: every {} with top-{} of {} experts", every, k, E);
+  if (T == 0) return;
+  detail::router_fault_index_launch(r.index.data_as<int32_t>(), logits.data(), logits.dtype() == DType::BF16,
+                                    T, static_cast<int>(k), static_cast<int>(E), every, stream);
+}
+
 void router_backward(const Tensor& dweights, const Tensor& logits, const RouterResult& r, bool norm_topk_prob,
                      const Tensor& aux_dp, bool bf16, Tensor& dlogits, cudaStream_t stream) {
   MT_CHECK(logits.defined() && logits.ndim() == 2, "router logits must be [T, E]");

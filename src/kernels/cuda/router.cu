@@ -203,6 +203,28 @@ __global__ void router_balanced_index_kernel(int32_t* __restrict__ index, int64_
     index[i] = static_cast<int32_t>(i % E);
 }
 
+// The routing fault probe (router.h): one thread per faulted token scans its logits for the best expert
+// outside its top-k (ties to the lower index, as the router) and puts it in the k-th slot.
+template <typename Tin>
+__global__ void router_fault_index_kernel(int32_t* __restrict__ index, const Tin* __restrict__ logits, int64_t T,
+                                          int k, int E, int every) {
+  pdl_wait();
+  for (int64_t f = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; f * every < T;
+       f += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = f * every;
+    int32_t* row = index + t * k;
+    int best = -1;
+    float best_v = 0.0f;
+    for (int e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int j = 0; j < k; ++j) taken |= row[j] == e;
+      const float v = static_cast<float>(logits[t * E + e]);
+      if (!taken && (best < 0 || v > best_v)) best = e, best_v = v;
+    }
+    row[k - 1] = best;
+  }
+}
+
 template <int EPL, typename Tin, typename Tout>
 __global__ void __launch_bounds__(kWarps * 32)
     router_backward_kernel(const float* __restrict__ dweights, const Tin* __restrict__ logits,
@@ -349,6 +371,18 @@ void router_balanced_index_launch(int32_t* index, int64_t T, int k, int E, cudaS
   const int64_t slots = T * k;
   const int blocks = static_cast<int>(std::min<int64_t>((slots + 255) / 256, 1024));
   launch_kernel(router_balanced_index_kernel, blocks, 256, 0, stream, index, slots, E);
+}
+
+void router_fault_index_launch(int32_t* index, const void* logits, bool logits_bf16, int64_t T, int k, int E, int every,
+                               cudaStream_t stream) {
+  const int64_t faulted = (T + every - 1) / every;
+  const int blocks = static_cast<int>(std::min<int64_t>((faulted + 127) / 128, 1024));
+  if (logits_bf16)
+    launch_kernel(router_fault_index_kernel<__nv_bfloat16>, blocks, 128, 0, stream, index,
+                  static_cast<const __nv_bfloat16*>(logits), T, k, E, every);
+  else
+    launch_kernel(router_fault_index_kernel<float>, blocks, 128, 0, stream, index, static_cast<const float*>(logits), T,
+                  k, E, every);
 }
 
 void router_backward_launch(const float* dweights, const void* logits, bool logits_bf16, const int32_t* index,

@@ -55,4 +55,13 @@ bool balanced_routing_probe();
 // Overwrites r.index [T, k] with those routes (I32 on a CUDA device; k <= E).
 void router_force_balanced(RouterResult& r, int64_t experts, cudaStream_t stream);
 
+// A fault-injection probe for tests only (tests/models/cuda/gpu_vs_transformers_test.cpp; off by default, never
+// set by training or the bench): every `every`-th token (t % every == 0) has its k-th selected expert replaced by
+// the best expert it did not select, the (k+1)-th — the off-by-one a top-k bug gives — so a test can show that its
+// comparison with Transformers catches a partial routing error. 0 turns it off.
+void set_routing_fault_probe(int every);
+int routing_fault_probe();
+// Applies it to r.index [T, k] from the router logits [T, E] (BF16 or F32, on the same device).
+void router_inject_fault(RouterResult& r, const Tensor& logits, int every, cudaStream_t stream);
+
 }  // namespace mt::cuda

@@ -21,5 +21,8 @@ void router_backward_launch(const float* dweights, const void* logits, bool logi
                             bool dlogits_bf16, cudaStream_t stream);
 
 void router_balanced_index_launch(int32_t* index, int64_t T, int k, int E, cudaStream_t stream);
+// router.h's routing fault probe: index[t][k-1] of every `every`-th token -> its best unselected expert.
+void router_fault_index_launch(int32_t* index, const void* logits, bool logits_bf16, int64_t T, int k, int E, int every,
+                               cudaStream_t stream);
 
 }  // namespace mt::cuda::detail

@@ -80,7 +80,8 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLaye
   Tensor dqr, dkr, dv;
   cuda::FlashDqSums dq_sums;  // the Hopper kernel's fp32 dQ, read by the QK-norm + RoPE backward directly
   cuda::flash_attention_backward(flash_shape(env), d_o, acts.qr, acts.kr, acts.v, acts.o, acts.lse, env.batch->docs,
-                                 dqr, dkr, dv, env.stream, &dq_sums);
+                                 dqr, dkr, dv, env.stream, &dq_sums,
+                                 env.deterministic ? cuda::FlashBwdMode::deterministic : cuda::FlashBwdMode::fast);
   d_o = Tensor();
 
   // Through RoPE (the rotation's transpose) and the QK-norm, back to the projections, one pass.

@@ -22,6 +22,7 @@ struct CudaBlockEnv {
   // The all-gather expert dispatch may run for this micro-batch (every rank has one of the same token
   // count, CudaBatch::uniform_across_ranks); else the per-slot all_to_all, which takes any count.
   bool ep_gather = true;
+  bool deterministic = false;  // CudaModelOptions::deterministic
 
   int64_t tokens() const { return batch->tokens(); }
   float eps() const { return static_cast<float>(cfg->rms_norm_eps); }

@@ -34,6 +34,8 @@ Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeight
   cuda::linear_forward(n, w.router, acts.logits, env.stream);
   acts.route = cuda::router_forward(acts.logits, K, c.norm_topk_prob, /*bf16=*/true, stats, env.stream);
   if (cuda::balanced_routing_probe()) cuda::router_force_balanced(acts.route, E, env.stream);  // bench probe only
+  if (const int every = cuda::routing_fault_probe())  // test probe only
+    cuda::router_inject_fault(acts.route, acts.logits, every, env.stream);
   if (ep_gathers(env)) {
     // Every token of the group once; this rank's experts pick their slots from it (a local plan).
     const CudaExpertParallel& ep = *env.ep;

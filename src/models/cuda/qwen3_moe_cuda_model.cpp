@@ -212,6 +212,7 @@ CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
   CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_, opts_.expert_parallel};
   env.ep_gather = b.uniform_across_ranks;
+  env.deterministic = opts_.deterministic;
   cuda::AuxStats stats;
   if (aux_on_) stats = cuda::aux_stats_zeros(cfg_.num_experts, device_, ctx.stream);
 
@@ -240,6 +241,18 @@ CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
   return loss;
 }
 
+Tensor Qwen3MoeCudaModel::final_hidden(const CudaBatch& b) {
+  const cuda::DeviceContext& ctx = cuda::device_context(device_);
+  CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_, opts_.expert_parallel};
+  env.ep_gather = b.uniform_across_ranks;
+  env.deterministic = opts_.deterministic;
+  const Params params{opts_.residency};
+  Tensor xf = run_layers(env, w_, b, nullptr, nullptr, Recompute::none, params).xf;
+  params.release(ParamResidency::head(cfg_.num_hidden_layers), false);
+  env.phase(Phase::other);
+  return xf;
+}
+
 CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights& grads, double ce_divisor) {
   MT_CHECK(b.targets.defined(), "batch: forward_backward needs labels");
   MT_CHECK(ce_divisor > 0, "ce_divisor must be positive, found {}", ce_divisor);
@@ -247,6 +260,7 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
   CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_, opts_.expert_parallel};
   env.ep_gather = b.uniform_across_ranks;
+  env.deterministic = opts_.deterministic;
   const int64_t T = b.tokens(), H = cfg_.hidden_size, E = cfg_.num_experts, nl = cfg_.num_hidden_layers;
   const Recompute rc = opts_.recompute;
   cuda::AuxStats stats;

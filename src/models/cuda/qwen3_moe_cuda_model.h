@@ -46,6 +46,9 @@ struct CudaModelOptions {
   // ZeRO-3 (models/param_residency.h): the model fetches each group of parameters before reading it (and
   // prefetches the next one), and releases it after. Null: every parameter is always here.
   ParamResidency* residency = nullptr;
+  // Every reduction in a fixed order, so a run repeats bit for bit (train.deterministic): today that is
+  // flash attention's backward (FlashBwdMode::deterministic); every other kernel already sums in a fixed order.
+  bool deterministic = false;
 };
 
 // Device scalars of one micro-batch; read them (cuda::to_host) after the step's sync.
@@ -62,6 +65,9 @@ class Qwen3MoeCudaModel {
                     const CudaModelOptions& options = {});
 
   CudaLoss forward(const CudaBatch& b);
+  // The final norm's output, BF16 [T, H] on the device: what the LM head reads (logits = final_hidden ·
+  // lm_headᵀ; the loss never materialises them). For comparing logits with Transformers.
+  Tensor final_hidden(const CudaBatch& b);
   // Adds d(loss)/d(param) into grads (F32 on the device; the stacked expert weights' may be BF16). loss = ce_sum / ce_divisor +
   // router_aux_loss_coef · aux (when aux_enabled()). Needs targets.
   CudaLoss forward_backward(const CudaBatch& b, Qwen3MoeWeights& grads, double ce_divisor);

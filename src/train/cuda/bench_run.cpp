@@ -182,6 +182,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   pin.micro_batch = o.micro_batch;
   pin.seq = o.seq;
   pin.recompute = o.recompute;
+  pin.deterministic = o.deterministic;
   pin.fp32_master = fp32_master;
   pin.bf16_moments = !fp32_master;
   pin.bf16_expert_grads = !fp32_master;
@@ -314,6 +315,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
 
   CudaTrainStepOptions so;
   so.model.recompute = o.recompute;
+  so.model.deterministic = o.deterministic;
   so.adamw.hyper.lr = 1e-5;
   so.adamw.hyper.weight_decay = 0.0;
   so.adamw.bf16_master = fp32_master;
@@ -436,6 +438,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   j["warmup"] = o.warmup;
   j["precision"] = o.precision;
   j["recompute"] = recompute_name(o.recompute);
+  j["deterministic"] = o.deterministic;
   j["pair_expert_wgrad"] = pair;
   j["shard_optimizer"] = world > 1 && o.shard_optimizer;
   j["shard_parameters"] = shard_params;

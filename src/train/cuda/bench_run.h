@@ -42,6 +42,7 @@ struct BenchOptions {
   // A probe (kernels/cuda/router.h, set_balanced_routing_probe): the experts' loads made exactly even after the
   // router. The losses are then meaningless; the step time is what a perfectly balanced router would give.
   bool balanced_router = false;
+  bool deterministic = false;  // train.deterministic's kernels (CudaModelOptions::deterministic), to measure its cost
   uint64_t seed = 1234;
   std::string command;  // the command line, echoed into the JSON
 };

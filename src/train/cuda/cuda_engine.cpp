@@ -62,6 +62,7 @@ Qwen3MoeWeights upload_bf16(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& ho
 CudaTrainStepOptions step_options(const Recipe& r) {
   CudaTrainStepOptions o;
   o.model.recompute = recompute_parse(r.train.recompute, "train.recompute");
+  o.model.deterministic = r.train.deterministic;
   o.adamw.hyper = adamw_options_from(r);
   o.adamw.bf16_master = o.adamw.hyper.master_weights;
   o.adamw.moment_dtype = r.optimizer.moment_dtype == "bfloat16" ? DType::BF16 : DType::F32;
@@ -80,6 +81,7 @@ bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, int64_t
   in.micro_batch = r.train.micro_batch_size;
   in.seq = r.data.seq_len;
   in.recompute = recompute_parse(r.train.recompute, "train.recompute");
+  in.deterministic = r.train.deterministic;
   in.fp32_master = r.optimizer.master_weights == "float32";
   in.bf16_moments = r.optimizer.moment_dtype == "bfloat16";
   in.bf16_expert_grads = r.optimizer.expert_grad_dtype == "bfloat16";

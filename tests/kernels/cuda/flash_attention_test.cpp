@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -350,6 +351,51 @@ TEST(CudaFlashAttention, Sm90AndMmaSyncBackwardsAgreeD128) {
     test::expect_norm(a.dk, b.dk, 2e-2, 1e-2, "sm90 vs mma dk");
     test::expect_norm(a.dv, b.dv, 2e-2, 1e-2, "sm90 vs mma dv");
   }
+}
+
+BwdOut deterministic_backward(const AttnCase& c, const BwdInputs& in) {
+  Tensor dq, dk, dv;
+  cuda::flash_attention_backward({int64_t{c.B} * c.S, c.Hq, c.Hk, c.D}, in.dout, in.q, in.k, in.v, in.out, in.lse,
+                                 in.docs, dq, dk, dv, stream0(), nullptr, cuda::FlashBwdMode::deterministic);
+  return {test::device_floats(dq), test::device_floats(dk), test::device_floats(dv)};
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// FlashBwdMode::deterministic (train.deterministic): the dK/dV pass stores each query head's sums and a
+// group sum adds them in head order; dQ comes from its own forward-shaped pass. Against the CPU within the
+// file's tolerance (every head_dim, GQA 4:1, 8:1, MQA and none, packed documents of odd lengths), then, at
+// the benchmark's shape, bitwise the same over three runs (the fast backward's fp32 atomics are not: it
+// is checked to differ, so the repeat check can tell) and equal to the fast one up to fp32 summation order
+// (the same bf16 roundings of P and dS; the tolerance of Sm90AndMmaSyncBackwardsAgreeD128).
+TEST(CudaFlashAttention, DeterministicBackwardMatchesCpuAndRepeatsBitwise) {
+  MT_SKIP_WITHOUT_CUDA();
+  for (const AttnCase& c : {AttnCase{2, 300, 8, 2, 128, 1, 150}, AttnCase{1, 700, 4, 1, 64, 0, 0},
+                            AttnCase{3, 171, 4, 4, 32, 1, 45}, AttnCase{1, 130, 8, 1, 16, 1, 60},
+                            AttnCase{1, 200, 4, 2, 256, 1, 90}, AttnCase{2, 97, 16, 2, 128, 1, 30}}) {
+    SCOPED_TRACE(testing::Message() << "vs CPU: B " << c.B << " S " << c.S << " Hq " << c.Hq << " Hk " << c.Hk
+                                    << " D " << c.D << " docs " << c.min_doc << ".." << c.max_doc);
+    const uint64_t seed = 770 + c.S + c.D;
+    expect_grads_near(deterministic_backward(c, bwd_inputs(c, seed)), cpu_backward(c, seed), "deterministic");
+  }
+  const AttnCase big{1, 4096, 32, 4, 128, 1, 1500};
+  const BwdInputs in = bwd_inputs(big, 4242);
+  const BwdOut a = deterministic_backward(big, in);
+  for (int rep = 0; rep < 2; ++rep) {
+    const BwdOut b = deterministic_backward(big, in);
+    EXPECT_TRUE(bitwise_equal(a.dq, b.dq)) << "dq differs on repeat " << rep;
+    EXPECT_TRUE(bitwise_equal(a.dk, b.dk)) << "dk differs on repeat " << rep;
+    EXPECT_TRUE(bitwise_equal(a.dv, b.dv)) << "dv differs on repeat " << rep;
+  }
+  const BwdOut f1 = backward_with(cuda::detail::FlashBwdKernel::Auto, big, in);
+  const BwdOut f2 = backward_with(cuda::detail::FlashBwdKernel::Auto, big, in);
+  EXPECT_FALSE(bitwise_equal(f1.dq, f2.dq) && bitwise_equal(f1.dk, f2.dk))
+      << "the fast backward repeated bitwise: this check cannot tell a deterministic kernel from a lucky one";
+  test::expect_norm(a.dq, f1.dq, 2e-2, 1e-2, "deterministic vs fast dq");
+  test::expect_norm(a.dk, f1.dk, 2e-2, 1e-2, "deterministic vs fast dk");
+  test::expect_norm(a.dv, f1.dv, 2e-2, 1e-2, "deterministic vs fast dv");
 }
 
 // The sm90 backward's items can cover several query heads of one KV head (their dK, dV summed in registers
