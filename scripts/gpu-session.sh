@@ -20,6 +20,7 @@
 #         with both ranks on this ONE GPU over gloo, 1 layer, seq 1024: a functional check, NOT a two-GPU
 #         measurement; DRY2_SIDES=both adds mixtune over host-staged collectives) | long-smoke (~1 min: the
 #         longest-sequence search end to end at 1 layer, capped at 4,096 tokens, one configuration per side) |
+#         fp32master-smoke (~1.5 min: the fp32master workload's five runs at 1 layer, seq 512: its plumbing) |
 #         mixtune-standard (mixtune side only) |
 #         standard2 | fp32master2 (two GPUs, kind nvidia-h200-x2: EP 2 against DDP and FSDP2, the best of them) |
 #         mixtune-standard2 (the mixtune side of standard2) |
@@ -87,13 +88,15 @@ for stage in "$@"; do
              | tail -60 || rc=1 ;;
     standard|fp32master|long|standard2|fp32master2|full8) OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$stage" || rc=1 ;;
     hf-smoke) OUT=$OUT bash bench/hf_smoke.sh || rc=1 ;;
+    fp32master-smoke) NAME=fp32master-smoke OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" fp32master --layers 1 \
+               --seq 512 --grad-accum 2 --steps 1 --warmup 1 || rc=1 ;;  # the workload's plumbing, tiny: not a measurement
     hf-dry2) for w in standard2 fp32master2; do  # functional check: two ranks on one GPU, not a measurement
                DRY2=1 SIDES=${DRY2_SIDES:-hf} OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$w" || rc=1
              done ;;
     long-smoke) for side in hf mixtune; do  # the search end to end, tiny: 1 layer, capped at 4,096 tokens
-               python3 bench/longest_seq.py --side $side --bin "$BIN/mixtune" --configs $([[ $side == hf ]] && echo off \
-                 || echo none) --layers 1 --start 2048 --max-seq 4096 --budget-s 90 --out "$OUT" --tag long-smoke-$side \
-                 || rc=1
+               cfg=none; [[ $side == hf ]] && cfg=off
+               python3 bench/longest_seq.py --side $side --bin "$BIN/mixtune" --configs $cfg --layers 1 --start 2048 \
+                 --max-seq 4096 --budget-s 90 --out "$OUT" --tag long-smoke-$side || rc=1
              done
              python3 bench/compare.py "$OUT/long-smoke-mixtune.json" "$OUT/long-smoke-hf.json" || rc=1 ;;
     mixtune-standard2-dp) SIDES=mixtune NAME=mixtune-standard2-dp OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" \
