@@ -8,28 +8,50 @@ One step = grad_accum micro-batches (loss / grad_accum, backward) + optimizer.st
 
 Prints one JSON object on stdout (progress goes to stderr) with the keys of the `mixtune bench` contract
 (tool "transformers"; phases_ms omitted) and writes it to --json-out too. On CUDA out-of-memory it still writes
-the JSON, with "oom": true, and exits 3; any other failure writes "error" and exits 1.
+the JSON, with "oom": true, and exits 3; any other failure writes "error" and exits 1; bad arguments exit 2.
+
+Precision (--precision):
+  bf16              bf16 parameters, gradients and AdamW moments (from_pretrained(dtype=bf16) + Trainer)
+  fp32-autocast     fp32 parameters and moments, forward under torch.autocast(bf16): grouped_mm is not
+                    autocast-aware, so the experts run in fp32 (the slow path; kept for continuity)
+  fp32-master-copy  bf16 parameters for compute, an fp32 master copy held by the optimizer: gradients
+                    accumulated in fp32 (--master-grad-accum fp32, post-accumulate-grad hooks; or bf16: autograd's
+                    bf16 .grad, copied once per step), fused AdamW on the fp32 masters (fp32 moments), masters
+                    copied back to the bf16 parameters with torch._foreach_copy_
+  fp32-mp           FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): fp32 sharded parameters are
+                    the masters, bf16 compute, fp32 gradients and moments; needs --parallel fsdp2 (one process
+                    without torchrun makes a one-rank process group)
+
+Parallelism (--parallel, under `torchrun --nproc-per-node N`; without torchrun a one-rank group):
+  none    one process, one GPU
+  ddp     torch DistributedDataParallel(gradient_as_bucket_view=True, broadcast_buffers=False)
+  fsdp2   torch.distributed.fsdp.fully_shard on every decoder layer, then the root (Transformers has no expert
+          parallelism that moves tokens: the experts are sharded like every parameter)
+--grad-sync last (default): gradients are reduced on the last micro-batch only (DDP: no_sync() around the
+others; FSDP2: set_requires_gradient_sync(False) before the others, True before the last); every: after each
+micro-batch. --ranks-share-gpu --dist-backend gloo: every rank on GPU (local rank mod GPU count) with gloo
+collectives (NCCL refuses two ranks on one GPU): a functional check of the multi-GPU code, never a measurement
+(the JSON says "functional_check": true).
 
   python3 bench/hf_baseline.py --layers 12 --seq 4096 --micro-batch 1 --grad-accum 8 --steps 5 --warmup 2
-  python3 bench/hf_baseline.py --layers 4 --precision fp32-autocast        # fp32 weights, bf16 autocast
+  python3 bench/hf_baseline.py --layers 4 --precision fp32-master-copy
+  python3 bench/hf_baseline.py --layers 4 --precision fp32-mp --parallel fsdp2        # one rank, no torchrun
+  torchrun --nproc-per-node 2 bench/hf_baseline.py --parallel ddp --layers 12
+  torchrun --nproc-per-node 2 bench/hf_baseline.py --parallel fsdp2 --precision fp32-mp --grad-sync every
+  torchrun --nproc-per-node 2 bench/hf_baseline.py --parallel ddp --ranks-share-gpu --dist-backend gloo \\
+      --layers 1 --seq 512 --grad-accum 2 --steps 1 --warmup 1 --no-gemm-ceiling     # functional check, one GPU
   python3 bench/hf_baseline.py --print-flops --layers 12 --seq 4096        # FLOP formula only (no torch needed)
-  torchrun --nproc-per-node 2 bench/hf_baseline.py --fsdp2 --layers 12     # PyTorch FSDP2 over 2 GPUs
 
---fsdp2 (under torchrun): every decoder layer and then the root wrapped with torch.distributed.fsdp.fully_shard
-(FSDP2, no expert parallelism: Transformers replicates experts, here they are sharded like every parameter);
---precision bf16 keeps bf16 parameters and states, fp32-autocast becomes FSDP2 mixed precision (fp32 sharded
-masters, param_dtype bf16, reduce_dtype fp32). Each rank trains on its own random tokens with grad_accum
-micro-batches per step (gradients reduce-scattered every micro-batch, FSDP2's default); rank 0 prints the JSON
-with per-GPU tokens/s and the largest peak memory over the ranks.
-
-torch and transformers are imported inside main() so that compare.py (and a machine without torch) can import the
-FLOP formula from this file.
+Each rank trains on its own random tokens; rank 0 prints the JSON with per-GPU tokens/s and the largest peak
+memory over the ranks. torch and transformers are imported inside run() so that compare.py (and a machine
+without torch) can import the FLOP formula from this file.
 """
 import argparse
 import contextlib
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -41,6 +63,8 @@ QWEN3_30B_A3B = dict(
 )
 PEAK_989 = 989.0  # H100/H200 dense bf16 peak, TFLOP/s (the NVIDIA suites' MFU denominator)
 EXIT_OOM = 3
+PRECISIONS = ("bf16", "fp32-autocast", "fp32-master-copy", "fp32-mp")
+PARALLEL = ("none", "ddp", "fsdp2")
 
 
 def flops_per_token(layers, seq, hidden, heads, kv_heads, head_dim, top_k, moe_inter, vocab):
@@ -56,24 +80,26 @@ def flops_per_token(layers, seq, hidden, heads, kv_heads, head_dim, top_k, moe_i
     return layers * (6 * (attn_proj + experts) + 6 * core) + 6 * vocab * hidden
 
 
-def qwen3_flops_per_token(layers, seq):
+def qwen3_flops_per_token(layers, seq, vocab=None):
     s = QWEN3_30B_A3B
     return flops_per_token(layers, seq, s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["top_k"],
-                           s["moe_inter"], s["vocab"])
+                           s["moe_inter"], vocab or s["vocab"])
 
 
-def qwen3_param_count(layers):
+def qwen3_param_count(layers, vocab=None):
     """Parameters of the sliced model as HF builds it: embeddings, lm_head, final norm, and per layer q/k/v/o,
     q_norm/k_norm, two RMSNorms, the router (E x H, no bias) and the experts (gate_up 2I x H, down H x I)."""
     s = QWEN3_30B_A3B
     h, hq, hkv, d, e, i, v = (s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["experts"], s["moe_inter"],
-                              s["vocab"])
+                              vocab or s["vocab"])
     per_layer = (2 * h * hq * d + 2 * h * hkv * d) + 2 * d + 2 * h + e * h + e * 3 * h * i
     return layers * per_layer + 2 * v * h + h
 
 
 def log(msg):
-    print(f"[hf_baseline] {msg}", file=sys.stderr, flush=True)
+    rank = os.environ.get("RANK")
+    who = f"[hf_baseline{' rank ' + rank if rank not in (None, '0') else ''}]"
+    print(f"{who} {msg}", file=sys.stderr, flush=True)
 
 
 def git_commit():
@@ -98,19 +124,38 @@ def parse_args(argv):
     ap.add_argument("--grad-accum", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5, help="timed steps")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed ones")
-    ap.add_argument("--precision", choices=["bf16", "fp32-autocast"], default="bf16",
-                    help="bf16: bf16 params, grads and AdamW states; fp32-autocast: fp32 params/states, "
-                         "forward under torch.autocast(bf16)")
+    ap.add_argument("--precision", choices=PRECISIONS, default="bf16",
+                    help="bf16 | fp32-autocast | fp32-master-copy | fp32-mp (see the module docstring)")
+    ap.add_argument("--parallel", choices=PARALLEL, default=None,
+                    help="none (one process) | ddp | fsdp2 (under torchrun; without it a one-rank group)")
+    ap.add_argument("--fsdp2", action="store_const", dest="parallel_alias", const="fsdp2",
+                    help="same as --parallel fsdp2")
+    ap.add_argument("--ddp", action="store_const", dest="parallel_alias", const="ddp", help="same as --parallel ddp")
+    ap.add_argument("--grad-sync", choices=("last", "every"), default=None,
+                    help="ddp/fsdp2: reduce gradients on the last micro-batch only (default) or after every one")
+    ap.add_argument("--master-grad-accum", choices=("fp32", "bf16"), default=None,
+                    help="fp32-master-copy: accumulate micro-batch gradients in fp32 (default; hooks) or in the "
+                         "bf16 .grad (copied to fp32 once per step)")
+    ap.add_argument("--reshard-after-forward", choices=("auto", "true", "false"), default=None,
+                    help="fsdp2, decoder layers: auto (default) = true with several ranks, false with one (then the "
+                         "bf16 copies also stay between the micro-batches of a step)")
+    ap.add_argument("--dist-backend", choices=("nccl", "gloo"), default="nccl")
+    ap.add_argument("--ranks-share-gpu", action="store_true",
+                    help="rank r on GPU (local rank mod GPU count); needs --dist-backend gloo: functional check only")
     ap.add_argument("--gradient-checkpointing", action="store_true",
                     help="HF per-decoder-layer activation checkpointing, use_reentrant=False")
     ap.add_argument("--experts-implementation", default="grouped_mm")
     ap.add_argument("--attn-implementation", default="sdpa")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--fsdp2", action="store_true", help="shard with FSDP2 over the torchrun ranks (LOCAL_RANK GPU)")
+    ap.add_argument("--device", default="cuda:0", help="one-process runs (torchrun ranks use LOCAL_RANK)")
     ap.add_argument("--prompt-fraction", type=float, default=0.0,
                     help="labels -100 on the first F of each row's tokens (a chat prompt's share of SFT data)")
+    ap.add_argument("--no-gemm-ceiling", action="store_true",
+                    help="skip the dense 8192^3 GEMM ceiling measurement (MFU vs ceiling not reported)")
+    ap.add_argument("--vocab", type=int, default=None,
+                    help="functional checks only: a smaller vocabulary (the record is marked functional_check)")
+    ap.add_argument("--label", default=None, help="the baseline's name in compare.py's tables")
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--print-flops", action="store_true", help="print the FLOP formula result and exit")
     a = ap.parse_args(argv)
@@ -121,24 +166,141 @@ def parse_args(argv):
         ap.error(f"--warmup must be >= 0, found {a.warmup}")
     if not 0.0 <= a.prompt_fraction < 1.0:
         ap.error(f"--prompt-fraction must be in [0, 1), found {a.prompt_fraction}")
+    if a.vocab is not None and a.vocab < 2:
+        ap.error(f"--vocab must be >= 2, found {a.vocab}")
+    # --parallel and its aliases: one meaning only.
+    if a.parallel is not None and a.parallel_alias is not None and a.parallel != a.parallel_alias:
+        ap.error(f"--parallel {a.parallel} contradicts --{a.parallel_alias}")
+    a.parallel = a.parallel or a.parallel_alias or "none"
+    # Every combination that would measure something other than what it names is refused here.
+    if a.precision == "fp32-mp" and a.parallel != "fsdp2":
+        ap.error("--precision fp32-mp is FSDP2's MixedPrecisionPolicy: add --parallel fsdp2 (without torchrun it "
+                 "runs as one rank)")
+    if a.parallel == "fsdp2" and a.precision == "fp32-autocast":
+        ap.error("under --parallel fsdp2 fp32 masters are --precision fp32-mp (MixedPrecisionPolicy: fp32 sharded "
+                 "masters, bf16 compute); fp32-autocast is the one-process autocast baseline (earlier versions "
+                 "turned fp32-autocast into FSDP2 mixed precision silently)")
+    if a.parallel == "fsdp2" and a.precision == "fp32-master-copy":
+        ap.error("--precision fp32-master-copy keeps its own fp32 copy; under FSDP2 use --precision fp32-mp")
+    if a.master_grad_accum is not None and a.precision != "fp32-master-copy":
+        ap.error("--master-grad-accum applies to --precision fp32-master-copy only")
+    if a.precision == "fp32-master-copy":
+        a.master_grad_accum = a.master_grad_accum or "fp32"
+        if a.parallel == "ddp" and a.master_grad_accum == "fp32":
+            ap.error("--precision fp32-master-copy with --parallel ddp needs --master-grad-accum bf16 (DDP reduces "
+                     "the bf16 .grad buckets; the fp32 hooks would take the gradients before DDP sees them)")
+    if a.grad_sync is not None and a.parallel == "none":
+        ap.error("--grad-sync applies to --parallel ddp or fsdp2 only")
+    if a.parallel != "none":
+        a.grad_sync = a.grad_sync or "last"
+    if a.reshard_after_forward is not None and a.parallel != "fsdp2":
+        ap.error("--reshard-after-forward applies to --parallel fsdp2 only")
+    if a.parallel == "fsdp2":
+        a.reshard_after_forward = a.reshard_after_forward or "auto"
+    if a.ranks_share_gpu and a.parallel == "none":
+        ap.error("--ranks-share-gpu needs --parallel ddp or fsdp2 under torchrun")
+    if a.ranks_share_gpu and a.dist_backend != "gloo":
+        ap.error("--ranks-share-gpu needs --dist-backend gloo (NCCL refuses two ranks on one GPU: 'Duplicate GPU "
+                 "detected')")
+    if a.dist_backend != "nccl" and a.parallel == "none":
+        ap.error("--dist-backend applies to --parallel ddp or fsdp2 only")
     return a
 
 
+def functional_check(a):
+    return bool(a.ranks_share_gpu or a.dist_backend != "nccl" or a.vocab is not None)
+
+
+def baseline_label(a):
+    """Short name of the baseline (compare.py's tables)."""
+    if a.label:
+        return a.label
+    prec = {"bf16": "bf16", "fp32-autocast": "fp32 + bf16 autocast",
+            "fp32-master-copy": f"bf16 + fp32 master copy ({a.master_grad_accum} grad accum)",
+            "fp32-mp": "FSDP2 mixed precision (fp32 masters)"}[a.precision]
+    if a.parallel == "ddp":
+        par = f"DDP, sync {a.grad_sync}"
+    elif a.parallel == "fsdp2":
+        par = f"FSDP2, sync {a.grad_sync}" if a.precision != "fp32-mp" else f"sync {a.grad_sync}"
+    else:
+        par = ""
+    gc = "checkpointing" if a.gradient_checkpointing else ""
+    extra = ", ".join(x for x in (par, gc) if x)
+    return f"{prec} [{extra}]" if extra else prec
+
+
+def configuration_text(a, world):
+    """Everything that defines this baseline, in one paragraph (compare.py prints it)."""
+    prec = {
+        "bf16": "bf16 parameters, gradients and AdamW moments (no fp32 master weights)",
+        "fp32-autocast": "fp32 parameters, gradients and AdamW moments; forward under torch.autocast(bf16) "
+                         "(grouped_mm is not autocast-aware: the experts run in fp32)",
+        "fp32-master-copy": "bf16 parameters for compute; fp32 master copy in the optimizer (fused AdamW on the fp32 "
+                            "masters, fp32 moments; masters copied back to bf16 after each step); micro-batch "
+                            "gradients accumulated in "
+                            + ("fp32 (post-accumulate-grad hooks)" if a.master_grad_accum == "fp32"
+                               else "the bf16 .grad, copied to fp32 once per step"),
+        "fp32-mp": "FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): fp32 sharded parameters as "
+                   "masters, bf16 compute, fp32 gradients and AdamW moments",
+    }[a.precision]
+    if a.parallel == "ddp":
+        par = (f"DDP over {world} rank(s) (gradient_as_bucket_view, broadcast_buffers=False, default buckets), "
+               + ("all-reduce on the last micro-batch only (no_sync() around the others)" if a.grad_sync == "last"
+                  else "all-reduce after every micro-batch"))
+    elif a.parallel == "fsdp2":
+        raf = resolved_reshard_after_forward(a, world)
+        par = (f"FSDP2 fully_shard on each decoder layer then the root, {world} rank(s), decoder layers "
+               f"reshard_after_forward={raf}, "
+               + ("gradients reduced on the last micro-batch only (set_requires_gradient_sync(False) before the "
+                  "others" + (", set_reshard_after_backward(False) too" if not raf else "") + ")"
+                  if a.grad_sync == "last" else "gradients reduce-scattered after every micro-batch"))
+    else:
+        par = "one process, one GPU"
+    if a.ranks_share_gpu or a.dist_backend != "nccl":
+        par += f"; {a.dist_backend} collectives" + (", all ranks sharing one GPU" if a.ranks_share_gpu else "")
+    parts = [prec, par, f"attention {a.attn_implementation}, experts {a.experts_implementation}",
+             f"torch.optim.AdamW fused, lr {a.lr:g}, weight decay 0.01, betas (0.9, 0.999), eps 1e-8",
+             "no gradient clipping",
+             "gradient checkpointing per decoder layer (use_reentrant=False)" if a.gradient_checkpointing
+             else "no gradient checkpointing",
+             "PYTORCH_ALLOC_CONF " + (os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+                                      or "default")]
+    if a.vocab is not None:
+        parts.append(f"vocabulary {a.vocab} (functional check)")
+    return "; ".join(parts)
+
+
+def resolved_reshard_after_forward(a, world):
+    if a.reshard_after_forward == "true":
+        return True
+    if a.reshard_after_forward == "false":
+        return False
+    return world > 1
+
+
 def base_result(a, command):
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     return {
         "tool": "transformers",
         "commit": git_commit(),
         "gpu": "unknown",
         "command": command,
-        "model": {"preset": "qwen3-30b-a3b", "layers": a.layers, "params": qwen3_param_count(a.layers),
+        "baseline": baseline_label(a),
+        "model": {"preset": "qwen3-30b-a3b" if a.vocab is None else f"qwen3-30b-a3b, vocab {a.vocab}",
+                  "layers": a.layers, "params": qwen3_param_count(a.layers, a.vocab),
                   "hidden": QWEN3_30B_A3B["hidden"], "experts": QWEN3_30B_A3B["experts"],
                   "top_k": QWEN3_30B_A3B["top_k"]},
         "seq": a.seq, "micro_batch": a.micro_batch, "grad_accum": a.grad_accum, "steps": a.steps,
         "warmup": a.warmup, "precision": a.precision,
+        "parallel": a.parallel,
+        "grad_sync": a.grad_sync,
+        "master_grad_accum": a.master_grad_accum,
         "recompute": "full" if a.gradient_checkpointing else "none",
         "router": "real",
         "prompt_fraction": a.prompt_fraction,
-        "flops_per_token": qwen3_flops_per_token(a.layers, a.seq),
+        "flops_per_token": qwen3_flops_per_token(a.layers, a.seq, a.vocab),
+        "functional_check": functional_check(a),
+        "configuration": configuration_text(a, world),
         "oom": False,
     }
 
@@ -204,14 +366,14 @@ def make_config(a):
     from transformers import Qwen3MoeConfig
     s = QWEN3_30B_A3B
     kw = dict(
-        vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["intermediate"],
+        vocab_size=a.vocab or s["vocab"], hidden_size=s["hidden"], intermediate_size=s["intermediate"],
         num_hidden_layers=a.layers, num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
         head_dim=s["head_dim"], moe_intermediate_size=s["moe_inter"], num_experts=s["experts"],
         num_experts_per_tok=s["top_k"], norm_topk_prob=True, output_router_logits=False,
         router_aux_loss_coef=0.001, decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=s["rms_norm_eps"],
         hidden_act="silu", attention_bias=False, use_sliding_window=False, tie_word_embeddings=False,
         use_cache=False, initializer_range=0.02, max_position_embeddings=max(40960, a.seq),
-        bos_token_id=151643, eos_token_id=151645,
+        bos_token_id=min(151643, (a.vocab or s["vocab"]) - 1), eos_token_id=min(151645, (a.vocab or s["vocab"]) - 1),
     )
     try:  # v5 spelling
         cfg = Qwen3MoeConfig(rope_parameters={"rope_type": "default", "rope_theta": s["rope_theta"]}, **kw)
@@ -252,10 +414,13 @@ def build_model(torch, a, cfg, dtype, device):
     if p.device != device:
         log(f"parameters were built on {p.device}; moving to {device}")
         model.to(device)
-    return model, how
+    other = sorted(n for n, q in model.named_parameters() if q.dtype != dtype)
+    if other:  # e.g. a module Transformers keeps in fp32: recorded, and the master copy covers it too
+        log(f"WARNING: {len(other)} parameter(s) not in {dtype} (first: {other[0]})")
+    return model, how, other
 
 
-def probe_expert_ops(torch, model, device, autocast, tokens=256):
+def probe_expert_ops(torch, model, device, autocast, vocab, tokens=256):
     """Counts the aten ops of one small no-grad forward, to show which kernels the experts really ran
     (grouped_mm: 2 grouped GEMMs per layer; eager: a per-expert loop of mm/linear calls)."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -267,11 +432,149 @@ def probe_expert_ops(torch, model, device, autocast, tokens=256):
             counts[name] = counts.get(name, 0) + 1
             return func(*args, **(kwargs or {}))
 
-    ids = torch.randint(0, QWEN3_30B_A3B["vocab"], (1, tokens), device=device)
+    ids = torch.randint(0, vocab, (1, tokens), device=device)
     with torch.no_grad(), autocast(), OpCounter():
         model(input_ids=ids, use_cache=False)
     keep = {k: v for k, v in counts.items() if "grouped_mm" in k or k in ("aten.mm", "aten.addmm", "aten.bmm")}
     return dict(sorted(keep.items()))
+
+
+class MasterCopyAdamW:
+    """bf16 model parameters with an fp32 master copy owned by the optimizer.
+
+    fused torch.optim.AdamW runs on the fp32 masters (fp32 moments); after each step the masters are copied back
+    into the bf16 parameters (round to nearest) with one torch._foreach_copy_. Gradients reach the fp32 master
+    gradients either
+      grad_accum="fp32": through a post-accumulate-grad hook on every bf16 parameter, which adds the micro-batch's
+                         bf16 gradient into the fp32 master gradient (the first micro-batch of a step copies) and
+                         frees the bf16 gradient at once (Megatron's main_grad scheme); or
+      grad_accum="bf16": autograd (or DDP) accumulates the bf16 .grad over the micro-batches; step() copies them
+                         into the fp32 master gradients with one torch._foreach_copy_.
+    A parameter without a gradient in a step is an error (its master gradient would be stale).
+    """
+
+    def __init__(self, torch, named_params, lr, grad_accum, log_fn):
+        self.torch = torch
+        self.names = [n for n, p in named_params if p.requires_grad]
+        self.params = [p for n, p in named_params if p.requires_grad]
+        self.grad_accum = grad_accum
+        with torch.no_grad():
+            self.masters = [p.detach().float() for p in self.params]  # new fp32 tensors
+            self.master_grads = [torch.zeros_like(m) for m in self.masters]
+        for m, g in zip(self.masters, self.master_grads):
+            m.requires_grad_(True)  # leaves outside any graph; the optimizer reads m.grad
+            m.grad = g
+        try:
+            self.opt = torch.optim.AdamW(self.masters, lr=lr, fused=True)
+            self.how = f"torch.optim.AdamW(fused=True, lr={lr:g}) on fp32 masters"
+        except (RuntimeError, TypeError) as e:
+            log_fn(f"fused AdamW rejected on the fp32 masters ({e}); using foreach")
+            self.opt = torch.optim.AdamW(self.masters, lr=lr, foreach=True)
+            self.how = f"torch.optim.AdamW(foreach=True, lr={lr:g}) on fp32 masters"
+        self.fresh = [True] * len(self.params)
+        self.hooks = []
+        if grad_accum == "fp32":
+            for i, p in enumerate(self.params):
+                self.hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(i)))
+
+    def _make_hook(self, i):
+        def hook(p):
+            g = p.grad
+            if g is None:
+                return
+            with self.torch.no_grad():
+                if self.fresh[i]:
+                    self.master_grads[i].copy_(g)
+                    self.fresh[i] = False
+                else:
+                    self.master_grads[i].add_(g)
+            p.grad = None  # the bf16 gradient is freed right away
+        return hook
+
+    def step(self):
+        torch = self.torch
+        if self.grad_accum == "fp32":
+            missing = [n for n, f in zip(self.names, self.fresh) if f]
+        else:
+            missing = [n for n, p in zip(self.names, self.params) if p.grad is None]
+        if missing:
+            raise RuntimeError(f"fp32-master-copy: {len(missing)} parameter(s) got no gradient this step "
+                               f"(first: {missing[0]}); their fp32 master gradients would be stale")
+        with torch.no_grad():
+            if self.grad_accum == "bf16":
+                torch._foreach_copy_(self.master_grads, [p.grad for p in self.params])
+            self.opt.step()
+            torch._foreach_copy_(self.params, self.masters)
+        self.fresh = [True] * len(self.params)
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+
+def init_distributed(torch, a, result):
+    """Process group for --parallel ddp/fsdp2; returns (device, world, rank)."""
+    import torch.distributed as dist
+    if "WORLD_SIZE" not in os.environ:  # one process without torchrun: a one-rank group on loopback
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
+                           "LOCAL_RANK": "0"})
+        device = torch.device(a.device)
+        if device.index is None:
+            device = torch.device("cuda", 0)
+        result["process_group"] = "one rank, made by hf_baseline.py (no torchrun)"
+    else:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        count = torch.cuda.device_count()
+        if count < 1:
+            raise RuntimeError("no CUDA device")
+        if a.ranks_share_gpu:
+            device = torch.device("cuda", local % count)
+        else:
+            if local >= count:
+                raise RuntimeError(f"local rank {local} needs cuda:{local}, {count} GPU(s) here; a functional check "
+                                   f"on fewer GPUs: --ranks-share-gpu --dist-backend gloo")
+            device = torch.device("cuda", local)
+        result["process_group"] = "torchrun"
+    torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        kw = {"backend": a.dist_backend}
+        if a.dist_backend == "nccl":
+            kw["device_id"] = device  # eager NCCL init on this GPU
+        dist.init_process_group(**kw)
+    return device, dist.get_world_size(), dist.get_rank()
+
+
+def fsdp2_wrap(torch, a, model, world, result):
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    mp = MixedPrecisionPolicy() if a.precision == "bf16" else \
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    raf = resolved_reshard_after_forward(a, world)
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=raf)
+    fully_shard(model, mp_policy=mp)
+    forced_sum = None
+    if a.dist_backend == "gloo":  # gloo has no ReduceOp.AVG: SUM and a division instead
+        mods = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        if all(hasattr(m, "set_force_sum_reduction_for_comms") for m in mods):
+            for m in mods:
+                m.set_force_sum_reduction_for_comms(True)
+            forced_sum = True
+        else:
+            log("WARNING: this torch has no FSDPModule.set_force_sum_reduction_for_comms; gloo may refuse AVG")
+            forced_sum = False
+    result["fsdp2"] = {
+        "mp_policy": "none (bf16 params)" if a.precision == "bf16" else
+        "param bf16, reduce fp32, fp32 sharded masters",
+        "wrapped": "each decoder layer, then the root",
+        "reshard_after_forward_layers": raf,
+        "grad_sync": a.grad_sync,
+        "reshard_after_backward_between_micro_batches": raf or a.grad_sync != "last",
+        "force_sum_reduction": forced_sum,
+    }
+    return raf
 
 
 def run(a, result):
@@ -282,48 +585,45 @@ def run(a, result):
     result["torch_version"] = torch.__version__
     if not torch.cuda.is_available():
         raise RuntimeError("torch.cuda.is_available() is False: this baseline needs a CUDA GPU")
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    if a.fsdp2:
-        import torch.distributed as dist
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        if not dist.is_initialized():
-            dist.init_process_group("nccl", device_id=device)
+    world, rank = 1, 0
+    if a.parallel != "none":
+        device, world, rank = init_distributed(torch, a, result)
         result["gpus"] = world
-        result["parallel"] = "fsdp2"
+        result["configuration"] = configuration_text(a, world)
     else:
         device = torch.device(a.device)
-    if device.type != "cuda":
-        raise RuntimeError(f"--device must be a CUDA device, found {a.device!r}")
-    if device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    torch.cuda.set_device(device)
+        if device.type != "cuda":
+            raise RuntimeError(f"--device must be a CUDA device, found {a.device!r}")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
     a.device = str(device)
     result["gpu"] = torch.cuda.get_device_name(device)
     result["stage"] = "gemm_ceiling"
 
-    ceiling = measure_gemm_ceiling(torch, device)
+    if a.no_gemm_ceiling or a.ranks_share_gpu:
+        ceiling = None
+        log("GEMM ceiling not measured" + (" (ranks share the GPU)" if a.ranks_share_gpu else ""))
+    else:
+        ceiling = measure_gemm_ceiling(torch, device)
+        log(f"dense bf16 GEMM 8192^3 ceiling: {ceiling:.1f} TFLOP/s on {result['gpu']}")
     result["gemm_ceiling_tflops"] = ceiling
-    log(f"dense bf16 GEMM 8192^3 ceiling: {ceiling:.1f} TFLOP/s on {result['gpu']}")
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)  # the peak covers the whole run from model creation on
+    free_b, total_b = torch.cuda.mem_get_info(device)
+    result["memory"] = {"device_total_bytes": int(total_b), "free_before_model_bytes": int(free_b)}
 
     result["stage"] = "model"
     torch.manual_seed(a.seed)
     cfg = make_config(a)
-    param_dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
-    model, how = build_model(torch, a, cfg, param_dtype, device)
+    vocab = a.vocab or QWEN3_30B_A3B["vocab"]
+    param_dtype = torch.float32 if a.precision in ("fp32-autocast", "fp32-mp") else torch.bfloat16
+    model, how, other_dtype = build_model(torch, a, cfg, param_dtype, device)
     params_total = sum(p.numel() for p in model.parameters())
-    if a.fsdp2:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mp = MixedPrecisionPolicy() if a.precision == "bf16" else \
-            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for layer in model.model.layers:
-            fully_shard(layer, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
-        result["fsdp2"] = {"mp_policy": "none (bf16 params)" if a.precision == "bf16" else
-                           "param bf16, reduce fp32, fp32 sharded masters",
-                           "wrapped": "each decoder layer, then the root", "reshard_after_forward": True}
+    named_params = list(model.named_parameters())  # before any wrapping: plain tensors, the names HF gives
+    raf = None
+    if a.parallel == "fsdp2":
+        raf = fsdp2_wrap(torch, a, model, world, result)
     model.config.use_cache = False
     model.train()
     if a.gradient_checkpointing:
@@ -343,55 +643,81 @@ def run(a, result):
         "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
         "optimizer": f"torch.optim.AdamW(fused=True, lr={a.lr:g})",
         "alloc_conf": os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "default",
+        "dist_backend": a.dist_backend if a.parallel != "none" else None,
+        "configuration": result["configuration"],
+        "params_not_in_param_dtype": other_dtype,
     }
-    log(f"experts implementation: {experts_active} (requested via {how}; class "
+    log(f"{result['baseline']}: experts {experts_active} (requested via {how}; class "
         f"{result['hf']['experts_class']}; {grouped_fn}); attention: {attn_active}; params {params / 1e9:.3f} B; "
-        f"dtype {param_dtype}")
+        f"dtype {param_dtype}; {world} rank(s)")
     if experts_active != a.experts_implementation:
         raise RuntimeError(f"experts implementation: expected {a.experts_implementation!r}, found "
                            f"{experts_active!r}")
     if attn_active != a.attn_implementation:
         raise RuntimeError(f"attention implementation: expected {a.attn_implementation!r}, found {attn_active!r}")
-    expected_params = qwen3_param_count(a.layers)
+    expected_params = qwen3_param_count(a.layers, a.vocab)
     if params != expected_params:
         log(f"WARNING: parameter count {params} differs from the Qwen3-30B-A3B slice formula {expected_params}")
         result["params_expected"] = expected_params
 
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) \
-        if a.precision == "fp32-autocast" and not a.fsdp2 else contextlib.nullcontext
+        if a.precision == "fp32-autocast" else contextlib.nullcontext
     result["stage"] = "probe"
-    ops = probe_expert_ops(torch, model, device, autocast) if not a.fsdp2 else {}
+    ops = probe_expert_ops(torch, model, device, autocast, vocab) if a.parallel != "fsdp2" else {}
     result["hf"]["probe_ops_256_tokens"] = ops
     grouped_calls = sum(v for k, v in ops.items() if "grouped_mm" in k)
     log(f"ops of one 256-token forward: {ops}")
-    if a.experts_implementation == "grouped_mm" and not a.fsdp2 and grouped_calls != 2 * a.layers:
+    if a.experts_implementation == "grouped_mm" and a.parallel != "fsdp2" and grouped_calls != 2 * a.layers:
         log(f"WARNING: expected {2 * a.layers} grouped_mm calls (2 per layer) in the probe forward, saw "
             f"{grouped_calls}: the experts may not be running through grouped_mm")
 
+    train_model = model
+    if a.parallel == "ddp":
+        result["stage"] = "ddp"
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        train_model = DDP(model, device_ids=[device.index], output_device=device.index,
+                          gradient_as_bucket_view=True, broadcast_buffers=False)
+        result["ddp"] = {"gradient_as_bucket_view": True, "broadcast_buffers": False,
+                         "find_unused_parameters": False, "grad_sync": a.grad_sync}
+
     result["stage"] = "optimizer"
-    try:
-        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, fused=True)
-    except (RuntimeError, TypeError) as e:  # a torch without fused AdamW for DTensor parameters
-        log(f"fused AdamW rejected ({e}); using foreach")
-        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, foreach=True)
-        result["hf"]["optimizer"] = f"torch.optim.AdamW(foreach=True, lr={a.lr:g})"
+    if a.precision == "fp32-master-copy":
+        opt = MasterCopyAdamW(torch, named_params, a.lr, a.master_grad_accum, log)
+        result["hf"]["optimizer"] = opt.how + f"; gradients accumulated in {a.master_grad_accum}"
+    else:
+        try:
+            opt = torch.optim.AdamW(model.parameters(), lr=a.lr, fused=True)
+        except (RuntimeError, TypeError) as e:  # a torch without fused AdamW for DTensor parameters
+            log(f"fused AdamW rejected ({e}); using foreach")
+            opt = torch.optim.AdamW(model.parameters(), lr=a.lr, foreach=True)
+            result["hf"]["optimizer"] = f"torch.optim.AdamW(foreach=True, lr={a.lr:g})"
     gen = torch.Generator(device=device)
     gen.manual_seed(a.seed + 7777 * rank)  # each rank its own tokens
-    vocab = QWEN3_30B_A3B["vocab"]
     prompt_len = int(a.prompt_fraction * a.seq)  # same rounding as mixtune bench
+    sync_last = a.parallel != "none" and a.grad_sync == "last"
+    fsdp_keep_unsharded = a.parallel == "fsdp2" and sync_last and raf is False
 
     def train_step():
         total = torch.zeros((), device=device, dtype=torch.float32)
-        for _ in range(a.grad_accum):
+        for i in range(a.grad_accum):
+            last = i == a.grad_accum - 1
+            ctx = contextlib.nullcontext()
+            if a.parallel == "fsdp2" and sync_last:
+                model.set_requires_gradient_sync(last)
+                if fsdp_keep_unsharded:  # one rank: keep the bf16 copies until the step's last backward
+                    model.set_reshard_after_backward(last)
+            elif a.parallel == "ddp" and sync_last and not last:
+                ctx = train_model.no_sync()
             ids = torch.randint(0, vocab, (a.micro_batch, a.seq), device=device, generator=gen)
             labels = ids
             if prompt_len > 0:
                 labels = ids.clone()
                 labels[:, :prompt_len] = -100
-            with autocast():
-                out = model(input_ids=ids, labels=labels, use_cache=False)
-            loss = out.loss / a.grad_accum
-            loss.backward()
+            with ctx:
+                with autocast():
+                    out = train_model(input_ids=ids, labels=labels, use_cache=False)
+                loss = out.loss / a.grad_accum
+                loss.backward()
             total += loss.detach().float()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -403,12 +729,14 @@ def run(a, result):
         t0 = time.perf_counter()
         losses.append(train_step())
         torch.cuda.synchronize(device)
+        if i == 0:  # weights + optimizer state (+ masters): what stays between steps
+            result["memory"]["allocated_after_first_step_bytes"] = int(torch.cuda.memory_allocated(device))
         log(f"warm-up step {i + 1}/{a.warmup}: {time.perf_counter() - t0:.3f} s")
 
     result["stage"] = "timed"
     events = [torch.cuda.Event(enable_timing=True) for _ in range(a.steps + 1)]
     torch.cuda.synchronize(device)
-    joules0 = gpu_energy_joules(device.index if device.index is not None else torch.cuda.current_device())
+    joules0 = gpu_energy_joules(device.index)
     t0 = time.perf_counter()
     events[0].record()
     for i in range(a.steps):
@@ -416,8 +744,9 @@ def run(a, result):
         events[i + 1].record()
     torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
-    joules1 = gpu_energy_joules(device.index if device.index is not None else torch.cuda.current_device())
+    joules1 = gpu_energy_joules(device.index)
     result.pop("stage")
+    result["memory"].setdefault("allocated_after_first_step_bytes", int(torch.cuda.memory_allocated(device)))
 
     loss_values = [float(x.item()) for x in losses]
     step_time = elapsed / a.steps
@@ -429,28 +758,30 @@ def run(a, result):
         "step_time_s": step_time,
         "step_times_s": [events[i].elapsed_time(events[i + 1]) / 1e3 for i in range(a.steps)],
         "model_tflops_per_gpu": tflops,
-        "mfu_vs_ceiling": tflops / ceiling if ceiling > 0 else None,
+        "mfu_vs_ceiling": tflops / ceiling if ceiling else None,
         "mfu_vs_989": tflops / PEAK_989,
         "loss_first": loss_values[0],
         "loss_last": loss_values[-1],
         "losses": loss_values,
     })
-    if joules0 is not None and joules1 is not None and joules1 > joules0:  # this rank's GPU, as mixtune's
-        energy = joules1 - joules0
+    if joules0 is not None and joules1 is not None and joules1 > joules0 and not a.ranks_share_gpu:
+        energy = joules1 - joules0  # this rank's GPU, as mixtune's
         result.update({"energy_j_per_step": energy / a.steps, "mean_power_w": energy / elapsed,
                        "energy_pj_per_model_flop": energy / (tokens_per_step * a.steps * result["flops_per_token"])
                        * 1e12})
-    log(f"{tps:,.0f} tokens/s{' per GPU' if a.fsdp2 else ''}, step {step_time:.3f} s, {tflops:.1f} model TFLOP/s, "
-        f"MFU {100 * tflops / ceiling:.1f}% of ceiling, loss {loss_values[0]:.4f} -> {loss_values[-1]:.4f}")
+    mfu = f", MFU {100 * tflops / ceiling:.1f}% of ceiling" if ceiling else ""
+    log(f"{tps:,.0f} tokens/s{' per GPU' if world > 1 else ''}, step {step_time:.3f} s, {tflops:.1f} model "
+        f"TFLOP/s{mfu}, loss {loss_values[0]:.4f} -> {loss_values[-1]:.4f}"
+        + (" (functional check, not a measurement)" if result["functional_check"] else ""))
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     a = parse_args(argv)
     if a.print_flops:
-        f = qwen3_flops_per_token(a.layers, a.seq)
+        f = qwen3_flops_per_token(a.layers, a.seq, a.vocab)
         print(json.dumps({"layers": a.layers, "seq": a.seq, "flops_per_token": f,
-                          "params": qwen3_param_count(a.layers)}))
+                          "params": qwen3_param_count(a.layers, a.vocab)}))
         return 0
     command = shlex.join(["python3", sys.argv[0]] + list(argv))
     result = base_result(a, command)
@@ -468,26 +799,29 @@ def main(argv=None):
             import traceback
             traceback.print_exc(file=sys.stderr)
     rank = int(os.environ.get("RANK", "0"))
+    distributed = False
     try:
         import torch
+        import torch.distributed as dist
+        distributed = a.parallel != "none" and dist.is_available() and dist.is_initialized()
         if torch.cuda.is_available():
             dev = torch.device(a.device)
             peaks = [int(torch.cuda.max_memory_allocated(dev)), int(torch.cuda.max_memory_reserved(dev))]
-            if a.fsdp2 and rc == 0:  # per GPU: the largest over the ranks
-                import torch.distributed as dist
+            if distributed and rc == 0 and dist.get_world_size() > 1:  # per GPU: the largest over the ranks
                 t = torch.tensor(peaks, dtype=torch.int64, device=dev)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 peaks = [int(x) for x in t.tolist()]
             result["peak_allocated_bytes"], result["peak_reserved_bytes"] = peaks
+            if a.ranks_share_gpu:
+                result["peak_note"] = "per rank; the ranks share one GPU"
     except Exception as e:  # noqa: BLE001 -- memory stats are best effort after a failure
         log(f"could not read memory statistics: {e}")
     if rank == 0:
         emit(result, a.json_out)
-    if a.fsdp2:
+    if distributed:
         try:
             import torch.distributed as dist
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            dist.destroy_process_group()
         except Exception:  # noqa: BLE001
             pass
     return rc

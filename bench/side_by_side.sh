@@ -1,32 +1,51 @@
 #!/usr/bin/env bash
-# mixtune vs Transformers v5 on the same GPU, one after the other: runs `mixtune bench`, then
-# bench/hf_baseline.py, with the same workload, and prints the bench/compare.py table.
+# mixtune vs Transformers v5 on the same GPU, one after the other: runs `mixtune bench` and every Transformers
+# baseline of the workload (bench/hf_baseline.py) with the same shapes, and prints the bench/compare.py table
+# (ratios against the fastest baseline; every baseline listed).
 #
 #   bench/side_by_side.sh MIXTUNE_BIN WORKLOAD [FLAGS...] [--mixtune FLAGS...] [--hf FLAGS...]
 #
-# WORKLOAD: standard   12 layers, seq 4096, micro-batch 1, grad-accum 8, bf16 on both sides
-#           fp32master 4 layers, seq 4096, micro-batch 1, grad-accum 8; mixtune --precision fp32-master
-#                      vs HF --precision fp32-autocast (fp32 weights, bf16 autocast)
-#           long       bench/longest_seq.sh for both sides (4 layers, seq 32768, 49152, 65536, ...)
-#           standard2  the standard workload on 2 GPUs: mixtune launch --nproc 2 -- bench --ep 2 against
-#                      torchrun --nproc-per-node 2 hf_baseline.py --fsdp2 (per-GPU figures)
-#           fp32master2  standard2 with fp32 masters (mixtune fp32-master, HF FSDP2 mixed precision)
-#           full8      8 GPUs (kind nvidia-h200-x8), all 48 layers: mixtune --ep 8 --recompute selective against
-#                      torchrun FSDP2 (add --hf --gradient-checkpointing if the baseline runs out of memory)
-#           custom     the standard defaults; give the flags you want to change
-# FLAGS before any marker go to both sides (--layers --seq --micro-batch --grad-accum --steps --warmup, and
-# --precision bf16); flags after --mixtune go to mixtune only (e.g. --recompute full, --balanced-router),
-# after --hf to the HF baseline only (e.g. --gradient-checkpointing). A flag given explicitly replaces the
-# workload's default. Defaults: --steps 5 --warmup 2.
-# Output in $OUT (default bench/out): NAME-mixtune.json/.log, NAME-hf.json/.log, NAME.md (the block for
-# bench/RESULTS.md), NAME-env.txt. A side that fails is recorded as failed in the table; the other still runs.
-# Environment: SIDES (both | mixtune | hf), RUN_TIMEOUT_S (270 per side), NAME (file prefix, default the
-# workload), BUDGET_S (long: per side, default 280 with both sides, 560 with one), LIB_DIR (prepended to
-# LD_LIBRARY_PATH; default .carry/lib when it exists), PYTHON (python3). Sets NCCL_NVLS_ENABLE=0.
-# Exit status: 0 when every side that ran succeeded, 1 otherwise, 2 on a usage error.
+# WORKLOAD (Transformers baselines in brackets; names for HF_VARIANTS):
+#   standard    12 layers, seq 4096, micro-batch 1, grad-accum 8, bf16 on both sides [bf16]
+#   fp32master  4 layers, seq 4096, grad-accum 8; mixtune --precision fp32-master against every fp32-master
+#               baseline: [autocast: fp32 + bf16 autocast (experts in fp32, kept for continuity); fsdp2mp: FSDP2
+#               MixedPrecisionPolicy on one rank; master: bf16 params + fp32 master copy, fp32 grad accumulation;
+#               master-bf16acc: the same, bf16 grad accumulation]
+#   long        longest trainable sequence, bench/longest_seq.py on each side: mixtune --recompute full,
+#               selective, none; Transformers gradient checkpointing on, off; search to 1,024 tokens
+#   standard2   the standard workload on 2 GPUs: mixtune launch --nproc 2 -- bench --ep 2 against torchrun
+#               [ddp: DDP, all-reduce on the last micro-batch; fsdp2: FSDP2, gradient sync on the last
+#               micro-batch; fsdp2-every: FSDP2 reduce-scatter after every micro-batch]
+#   fp32master2 standard2 with fp32 masters: mixtune fp32-master against [fsdp2mp: FSDP2 mixed precision, sync on
+#               the last micro-batch; fsdp2mp-every: the same, every micro-batch; ddp-master: DDP + fp32 master
+#               copy (bf16 grad accumulation)]
+#   full8       8 GPUs (kind nvidia-h200-x8), all 48 layers: mixtune --ep 8 --recompute selective against
+#               [fsdp2-every] (add --hf --gradient-checkpointing if the baseline runs out of memory)
+#   custom      the standard defaults; give the flags you want to change [bf16]
+# FLAGS before any marker go to both sides (--layers --seq --micro-batch --grad-accum --steps --warmup);
+# after --mixtune to mixtune only (e.g. --recompute full); after --hf to every baseline (e.g.
+# --gradient-checkpointing). A flag given explicitly replaces the workload's default (--steps 5 --warmup 2).
+# Giving --precision, --parallel, --fsdp2, --ddp, --grad-sync or --master-grad-accum for Transformers (common
+# or --hf) replaces the workload's baselines with that one.
+# Output in $OUT (default bench/out): NAME-mixtune.json/.log, NAME-hf-VARIANT.json/.log (NAME-hf.json/.log
+# when the workload has one baseline), NAME.md (the block for bench/RESULTS.md), NAME-env.txt. A side that
+# fails is recorded as failed; the others still run.
+# Environment: SIDES (both | mixtune | hf), ORDER (auto | mixtune-first | hf-first; auto: the first run in a
+# fresh $OUT picks by the parity of the UTC minute, each later run there takes the other order; the order is
+# written to NAME.md and NAME-env.txt), HF_VARIANTS (names of the workload's baselines to run, space-separated),
+# RUN_TIMEOUT_S (per run: 100 s for fp32master, 130 s for standard2/fp32master2, else 270: a workload fits one
+# 10-minute call even if every run hits it), NAME (file prefix, default the workload), BUDGET_S (long: seconds
+# per side; default 280 for mixtune and 230 for Transformers with both sides, 540 with one),
+# LONG_MIXTUNE_CONFIGS (full,selective,none), LONG_HF_CONFIGS (on,off), LAYERS (long: 4), DRY2=1
+# (standard2/fp32master2/full8 as a functional check on ONE GPU: both ranks share it, Transformers over gloo
+# (--ranks-share-gpu --dist-backend gloo --vocab 8192), mixtune over host-staged collectives
+# (--gpu-collectives host); 1 layer, seq 1024, grad-accum 2, 1 warm-up + 1 step; never a measurement),
+# LIB_DIR (prepended to LD_LIBRARY_PATH; default .carry/lib when it exists), PYTHON (python3).
+# Sets NCCL_NVLS_ENABLE=0.
+# Exit status: 0 when every run succeeded, 1 otherwise, 2 on a usage error.
 set -uo pipefail
 
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -lt 2 || "$1" == "-h" || "$1" == "--help" ]] && usage
 HERE=$(cd "$(dirname "$0")" && pwd)
 BIN=$1
@@ -34,15 +53,21 @@ WORKLOAD=$2
 shift 2
 PY=${PYTHON:-python3}
 SIDES=${SIDES:-both}
-RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-270}
+ORDER=${ORDER:-auto}
 NAME=${NAME:-$WORKLOAD}
 OUTDIR=${OUT:-bench/out}
+DRY2=${DRY2:-0}
 export NCCL_NVLS_ENABLE=0
 case "$SIDES" in both|mixtune|hf) ;; *) echo "side_by_side: SIDES must be both, mixtune or hf, found '$SIDES'" >&2; exit 2;; esac
+case "$ORDER" in auto|mixtune-first|hf-first) ;; *) echo "side_by_side: ORDER must be auto, mixtune-first or hf-first, found '$ORDER'" >&2; exit 2;; esac
 case "$WORKLOAD" in standard|fp32master|long|custom|standard2|fp32master2|full8) ;; *) echo "side_by_side: unknown workload '$WORKLOAD' (standard, fp32master, long, custom, standard2, fp32master2, full8)" >&2; exit 2;; esac
+[[ -n "${SEQS:-}" ]] && { echo "side_by_side: SEQS is gone: the long workload searches (bench/longest_seq.py); set LONG_*_CONFIGS, LAYERS, BUDGET_S" >&2; exit 2; }
 NPROC=1
 if [[ "$WORKLOAD" == standard2 || "$WORKLOAD" == fp32master2 ]]; then NPROC=2; fi
 if [[ "$WORKLOAD" == full8 ]]; then NPROC=8; fi
+if [[ "$DRY2" == 1 && $NPROC -eq 1 ]]; then
+  echo "side_by_side: DRY2=1 is for the multi-GPU workloads (standard2, fp32master2, full8)" >&2; exit 2
+fi
 if [[ "$SIDES" != hf && ! -x "$BIN" ]]; then
   echo "side_by_side: mixtune binary $BIN not found or not executable" >&2; exit 2
 fi
@@ -81,20 +106,71 @@ has_flag() {  # has_flag FLAG ARGS... : is FLAG (or FLAG=...) among ARGS?
   return 1
 }
 
+# Which side runs first. auto: alternate within one $OUT (a counter file), the first run by the UTC minute.
+COUNTER="$OUTDIR/.side_by_side_runs"
+if [[ "$ORDER" == auto ]]; then
+  if [[ -s "$COUNTER" ]]; then n=$(( $(cat "$COUNTER") + 0 )); else n=$(( $(date -u +%s) / 60 % 2 )); fi
+  echo $(( n + 1 )) > "$COUNTER"
+  if (( n % 2 == 0 )); then FIRST=mixtune; else FIRST=hf; fi
+  ORDER_TEXT="$([[ $FIRST == mixtune ]] && echo "mixtune first" || echo "Transformers first") (ORDER=auto, alternating in this OUT)"
+else
+  FIRST=${ORDER%-first}
+  ORDER_TEXT="$([[ $FIRST == mixtune ]] && echo "mixtune first" || echo "Transformers first") (ORDER=$ORDER)"
+fi
+[[ "$SIDES" != both ]] && ORDER_TEXT="one side only ($SIDES)"
+
 # Workload defaults, applied only where the flag was not given.
 declare -A DEF=([--layers]=12 [--seq]=4096 [--micro-batch]=1 [--grad-accum]=8 [--steps]=5 [--warmup]=2)
-MIX_PRECISION=bf16; HF_PRECISION=bf16
-if [[ "$WORKLOAD" == fp32master ]]; then
-  DEF[--layers]=4; MIX_PRECISION=fp32-master; HF_PRECISION=fp32-autocast
+MIX_PRECISION=bf16
+# The Transformers baselines: "name|flags".
+VARIANTS=("bf16|--precision bf16")
+case "$WORKLOAD" in
+  fp32master)
+    DEF[--layers]=4; MIX_PRECISION=fp32-master
+    VARIANTS=("autocast|--precision fp32-autocast"
+              "fsdp2mp|--precision fp32-mp --parallel fsdp2"
+              "master|--precision fp32-master-copy --master-grad-accum fp32"
+              "master-bf16acc|--precision fp32-master-copy --master-grad-accum bf16") ;;
+  standard2)
+    VARIANTS=("ddp|--precision bf16 --parallel ddp --grad-sync last"
+              "fsdp2|--precision bf16 --parallel fsdp2 --grad-sync last"
+              "fsdp2-every|--precision bf16 --parallel fsdp2 --grad-sync every") ;;
+  fp32master2)
+    MIX_PRECISION=fp32-master
+    VARIANTS=("fsdp2mp|--precision fp32-mp --parallel fsdp2 --grad-sync last"
+              "fsdp2mp-every|--precision fp32-mp --parallel fsdp2 --grad-sync every"
+              "ddp-master|--precision fp32-master-copy --master-grad-accum bf16 --parallel ddp --grad-sync last") ;;
+  full8)
+    DEF[--layers]=48
+    has_flag --recompute "${MIX[@]}" || MIX+=(--recompute selective)
+    VARIANTS=("fsdp2-every|--precision bf16 --parallel fsdp2 --grad-sync every") ;;
+esac
+for f in --precision --parallel --fsdp2 --ddp --grad-sync --master-grad-accum; do
+  if has_flag "$f" "${COMMON[@]}" "${HF[@]}"; then VARIANTS=("hf|"); break; fi
+done
+if [[ "$DRY2" == 1 ]]; then
+  DEF[--layers]=1; DEF[--seq]=1024; DEF[--grad-accum]=2; DEF[--steps]=1; DEF[--warmup]=1
+  HF+=(--ranks-share-gpu --dist-backend gloo --no-gemm-ceiling --vocab 8192)
+  has_flag --gpu-collectives "${MIX[@]}" || MIX+=(--gpu-collectives host)
+  export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
+  NAME=${NAME%-dry2}-dry2
 fi
-if [[ "$WORKLOAD" == fp32master2 ]]; then MIX_PRECISION=fp32-master; HF_PRECISION=fp32-autocast; fi
-if [[ "$WORKLOAD" == full8 ]]; then
-  DEF[--layers]=48
-  has_flag --recompute "${MIX[@]}" || MIX+=(--recompute selective)
+# Each run's bound: the whole workload stays inside one 10-minute call even if every run hits it.
+case "$WORKLOAD" in
+  fp32master) RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-100} ;;           # 5 runs of ~20-60 s
+  standard2|fp32master2) RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-130} ;;  # 4 runs of ~40-80 s
+  *) RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-270} ;;
+esac
+if [[ -n "${HF_VARIANTS:-}" ]]; then
+  KEEP=()
+  for v in "${VARIANTS[@]}"; do
+    for want in $HF_VARIANTS; do [[ "${v%%|*}" == "$want" ]] && KEEP+=("$v"); done
+  done
+  [[ ${#KEEP[@]} -eq 0 ]] && { echo "side_by_side: HF_VARIANTS='$HF_VARIANTS' names none of: ${VARIANTS[*]%%|*}" >&2; exit 2; }
+  VARIANTS=("${KEEP[@]}")
 fi
 if [[ $NPROC -gt 1 ]]; then
   has_flag --ep "${MIX[@]}" || MIX+=(--ep "$NPROC")
-  HF+=(--fsdp2)
 fi
 MIX_ARGS=("${COMMON[@]}"); HF_ARGS=("${COMMON[@]}")
 for flag in --layers --seq --micro-batch --grad-accum --steps --warmup; do
@@ -102,7 +178,6 @@ for flag in --layers --seq --micro-batch --grad-accum --steps --warmup; do
   has_flag "$flag" "${COMMON[@]}" "${HF[@]}" || HF_ARGS+=("$flag" "${DEF[$flag]}")
 done
 has_flag --precision "${COMMON[@]}" "${MIX[@]}" || MIX_ARGS+=(--precision "$MIX_PRECISION")
-has_flag --precision "${COMMON[@]}" "${HF[@]}" || HF_ARGS+=(--precision "$HF_PRECISION")
 MIX_ARGS+=("${MIX[@]}"); HF_ARGS+=("${HF[@]}")
 
 {
@@ -110,11 +185,13 @@ MIX_ARGS+=("${MIX[@]}"); HF_ARGS+=("${HF[@]}")
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "(nvidia-smi failed)"
   "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1
   echo "mixtune: $BIN_ABS"
+  echo "order: $ORDER_TEXT"
+  [[ "$WORKLOAD" != long ]] && echo "baselines: ${VARIANTS[*]%%|*}"
+  [[ "$DRY2" == 1 ]] && echo "DRY2: functional check on one GPU, not a measurement"
 } > "$OUTDIR/$NAME-env.txt"
 cat "$OUTDIR/$NAME-env.txt"
 
 FAILED=0
-MJ="$OUTDIR/$NAME-mixtune.json"; HJ="$OUTDIR/$NAME-hf.json"
 
 failure_record() {  # failure_record TOOL JSON LOG RC : make sure JSON holds a record that says why the side failed
   "$PY" - "$@" <<'EOF'
@@ -167,37 +244,76 @@ run_side() {  # run_side TOOL JSON LOG CMD... : runs one bench side under a time
   fi
 }
 
+COMPARE_ARGS=()
 if [[ "$WORKLOAD" == long ]]; then
-  if [[ "$SIDES" == both ]]; then export BUDGET_S=${BUDGET_S:-280}; else export BUDGET_S=${BUDGET_S:-560}; fi
+  # Per side; both sides with the env file, the comparison and a try's kill grace stay inside one 10-minute call.
+  if [[ "$SIDES" != both ]]; then BUDGET_MIX=${BUDGET_S:-540}; BUDGET_HF=${BUDGET_S:-540}
+  else BUDGET_MIX=${BUDGET_S:-280}; BUDGET_HF=${BUDGET_S:-230}; fi
   MJ="$OUTDIR/$NAME-mixtune.json"; HJ="$OUTDIR/$NAME-hf.json"
-  LONG_MIX=("${COMMON[@]}" "${MIX[@]}"); LONG_HF=("${COMMON[@]}" "${HF[@]}")
-  if [[ "$SIDES" != hf ]]; then
-    echo "== mixtune longest sequence (budget ${BUDGET_S}s)"
-    OUT="$OUTDIR" TAG="$NAME-mixtune" "$HERE/longest_seq.sh" "$BIN_ABS" "${LONG_MIX[@]}" || FAILED=1
-  fi
-  if [[ "$SIDES" != mixtune ]]; then
-    echo "== Transformers longest sequence (budget ${BUDGET_S}s)"
-    OUT="$OUTDIR" TAG="$NAME-hf" "$HERE/longest_seq.sh" hf "${LONG_HF[@]}" || FAILED=1
-  fi
-  CMD_M="bench/longest_seq.sh $(printf '%q ' "$BIN" "${LONG_MIX[@]}")"
-  CMD_H="bench/longest_seq.sh hf $(printf '%q ' "${LONG_HF[@]}")"
+  LONG_COMMON=()
+  [[ -n "${LAYERS:-}" ]] && LONG_COMMON+=(--layers "$LAYERS")
+  LONG_MIX=(--side mixtune --bin "$BIN_ABS" --configs "${LONG_MIXTUNE_CONFIGS:-full,selective,none}")
+  LONG_HF=(--side hf --configs "${LONG_HF_CONFIGS:-on,off}")
+  has_flag --recompute "${COMMON[@]}" "${MIX[@]}" && LONG_MIX=(--side mixtune --bin "$BIN_ABS")
+  has_flag --gradient-checkpointing "${COMMON[@]}" "${HF[@]}" && LONG_HF=(--side hf)
+  long_side() {  # long_side mixtune|hf
+    local side=$1 t0=$SECONDS
+    [[ -n "${CLOCK_MARKS:-}" ]] && echo "$(date -u +%H:%M:%S.%N) $NAME $side" >> "$CLOCK_MARKS"
+    if [[ $side == mixtune ]]; then
+      echo "== mixtune longest sequence (budget ${BUDGET_MIX}s)"
+      rm -f "$MJ"
+      "$PY" "$HERE/longest_seq.py" "${LONG_MIX[@]}" "${LONG_COMMON[@]}" --budget-s "$BUDGET_MIX" --out "$OUTDIR" \
+        --tag "$NAME-mixtune" -- "${COMMON[@]}" "${MIX[@]}" || FAILED=1
+    else
+      echo "== Transformers longest sequence (budget ${BUDGET_HF}s)"
+      rm -f "$HJ"
+      "$PY" "$HERE/longest_seq.py" "${LONG_HF[@]}" "${LONG_COMMON[@]}" --budget-s "$BUDGET_HF" --out "$OUTDIR" \
+        --tag "$NAME-hf" --python "$PY" -- "${COMMON[@]}" "${HF[@]}" || FAILED=1
+    fi
+    echo "   $side done after $(( SECONDS - t0 )) s"
+  }
+  ORDERED=(mixtune hf); [[ "$FIRST" == hf ]] && ORDERED=(hf mixtune)
+  for side in "${ORDERED[@]}"; do
+    [[ "$SIDES" == both || "$SIDES" == "$side" ]] && long_side "$side"
+  done
+  COMPARE_ARGS=("$MJ" "$HJ")
 else
+  MJ="$OUTDIR/$NAME-mixtune.json"
   MIX_CMD=("$BIN_ABS" bench --preset qwen3-30b-a3b "${MIX_ARGS[@]}")
-  HF_CMD=("$PY" "$HERE/hf_baseline.py" "${HF_ARGS[@]}")
+  HF_LAUNCH=("$PY")
   if [[ $NPROC -gt 1 ]]; then
     MIX_CMD=("$BIN_ABS" launch --nproc "$NPROC" -- bench --preset qwen3-30b-a3b "${MIX_ARGS[@]}")
-    HF_CMD=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" "$HERE/hf_baseline.py" "${HF_ARGS[@]}")
+    HF_LAUNCH=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC")
   fi
-  [[ "$SIDES" != hf ]] && run_side mixtune "$MJ" "$OUTDIR/$NAME-mixtune.log" "${MIX_CMD[@]}"
-  [[ "$SIDES" != mixtune ]] && run_side transformers "$HJ" "$OUTDIR/$NAME-hf.log" "${HF_CMD[@]}"
-  CMD_M="$(printf '%q ' "${MIX_CMD[@]}")"
-  CMD_H="$(printf '%q ' "${HF_CMD[@]}")"
+  HJS=(); CMDS=(--command "$MJ=$(printf '%q ' "${MIX_CMD[@]}")")
+  run_mixtune() {
+    [[ "$SIDES" == hf ]] && return
+    run_side mixtune "$MJ" "$OUTDIR/$NAME-mixtune.log" "${MIX_CMD[@]}"
+  }
+  run_hf() {
+    local v name flags json log
+    for v in "${VARIANTS[@]}"; do
+      name=${v%%|*}; flags=${v#*|}
+      if [[ ${#VARIANTS[@]} -eq 1 ]]; then json="$OUTDIR/$NAME-hf.json"; log="$OUTDIR/$NAME-hf.log"
+      else json="$OUTDIR/$NAME-hf-$name.json"; log="$OUTDIR/$NAME-hf-$name.log"; fi
+      # shellcheck disable=SC2206  # the variant's flags are plain words
+      local cmd=("${HF_LAUNCH[@]}" "$HERE/hf_baseline.py" "${HF_ARGS[@]}" $flags)
+      HJS+=("$json")
+      CMDS+=(--command "$json=$(printf '%q ' "${cmd[@]}")")
+      [[ "$SIDES" == mixtune ]] && continue
+      run_side "transformers ($name)" "$json" "$log" "${cmd[@]}"
+    done
+  }
+  if [[ "$FIRST" == hf ]]; then run_hf; run_mixtune; else run_mixtune; run_hf; fi
+  COMPARE_ARGS=("$MJ" "${HJS[@]}" "${CMDS[@]}")
 fi
 
-"$PY" "$HERE/compare.py" "$MJ" "$HJ" --markdown --title "$NAME" --command-a "${CMD_M% }" --command-b "${CMD_H% }" \
+NOTES=()
+[[ "$DRY2" == 1 ]] && NOTES+=(--note "DRY2: every rank on one GPU (Transformers over gloo, mixtune over host-staged collectives): a functional check of the multi-GPU code, not a measurement")
+"$PY" "$HERE/compare.py" "${COMPARE_ARGS[@]}" --markdown --title "$NAME" --order "$ORDER_TEXT" "${NOTES[@]}" \
   > "$OUTDIR/$NAME.md" || FAILED=1
 echo
-"$PY" "$HERE/compare.py" "$MJ" "$HJ" || FAILED=1
+"$PY" "$HERE/compare.py" "${COMPARE_ARGS[@]}" --order "$ORDER_TEXT" "${NOTES[@]}" || FAILED=1
 echo
 echo "markdown block for bench/RESULTS.md: $OUTDIR/$NAME.md"
 exit $FAILED

@@ -6,12 +6,28 @@
 #
 # CARRY_TARBALL: .carry/gpu.tar.xz made by scripts/gpu-pack.sh (bin/ with mixtune, mixtune_tests and the
 # kernel benches, lib/ with the non-system shared libraries they need).
-# STAGES: tests (Cuda* gtests) | standard | fp32master | long | mixtune-standard (mixtune side only) |
-#         standard2 | fp32master2 | mixtune-standard2 (two GPUs: EP 2 against FSDP2; kind nvidia-h200-x2) |
+# STAGES: tests (Cuda* gtests) | standard (~2 min) |
+#         fp32master (~3–4 min; 5 runs of at most 100 s each: mixtune --precision fp32-master against every fp32-master baseline of
+#         Transformers — fp32 + autocast, FSDP2 mixed precision on one rank, bf16 + fp32 master copy with fp32 and with
+#         bf16 gradient accumulation — the ratio against the fastest) |
+#         long (at most ~9.5 min: the longest trainable sequence by search to 1,024 tokens, 280 s for mixtune, 230 s for
+#         Transformers:
+#         mixtune --recompute full, selective, none; Transformers gradient checkpointing on, off; the ratio of the
+#         best configurations) |
+#         hf-smoke (~1–1.5 min: every bench/hf_baseline.py mode at 1 layer, seq 512, one step after one warm-up,
+#         OK/FAIL per mode, incl. DDP and FSDP2 with two ranks sharing the GPU over gloo and FSDP2 mixed precision on
+#         one rank; a functional check) | hf-dry2 (~2–3 min: the standard2 and fp32master2 Transformers baselines
+#         with both ranks on this ONE GPU over gloo, 1 layer, seq 1024: a functional check, NOT a two-GPU
+#         measurement; DRY2_SIDES=both adds mixtune over host-staged collectives) | long-smoke (~1 min: the
+#         longest-sequence search end to end at 1 layer, capped at 4,096 tokens, one configuration per side) |
+#         fp32master-smoke (~1.5 min: the fp32master workload's five runs at 1 layer, seq 512: its plumbing) |
+#         mixtune-standard (mixtune side only) |
+#         standard2 | fp32master2 (two GPUs, kind nvidia-h200-x2: EP 2 against DDP and FSDP2, the best of them) |
+#         mixtune-standard2 (the mixtune side of standard2) |
 #         mixtune-standard2-noshard, mixtune-fp32master2-noshard (the same with --no-shard-optimizer) |
 #         mixtune-standard2-a2a (the same with the per-slot all_to_all dispatch) | mixtune-standard2-selective |
 #         nccl-probe (PyTorch's NCCL all-gather / reduce-scatter at the EP 2 sizes, two GPUs) |
-#         mixtune-long (the long workload, mixtune side only; BUDGET_S default 240) |
+#         mixtune-long (the long workload, mixtune side only: its three recompute configurations; BUDGET_S default 240) |
 #         full8 (eight GPUs, 48 layers, EP 8 against FSDP2; kind nvidia-h200-x8) |
 #         kernels (grouped GEMM + flash-attention microbenchmarks) | kernels-gemm (grouped GEMM only; GEMM_TOKENS, GEMM_ARGS e.g. --no-check; 4096 and 8192
 #         tokens) | mixtune-standard-lead (each step queued behind a LEAD_MS=300 GPU spin: phases_ms without the
@@ -71,6 +87,18 @@ for stage in "$@"; do
     tests) MIXTUNE_TEST_BINARY=$BIN/mixtune GTEST_FILTER=${GTEST_FILTER:-Cuda*} bash scripts/gpu-check.sh "$BIN" "$LIB_DIR" 2>&1 | tee "$OUT/tests.log" \
              | tail -60 || rc=1 ;;
     standard|fp32master|long|standard2|fp32master2|full8) OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$stage" || rc=1 ;;
+    hf-smoke) OUT=$OUT bash bench/hf_smoke.sh || rc=1 ;;
+    fp32master-smoke) NAME=fp32master-smoke OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" fp32master --layers 1 \
+               --seq 512 --grad-accum 2 --steps 1 --warmup 1 || rc=1 ;;  # the workload's plumbing, tiny: not a measurement
+    hf-dry2) for w in standard2 fp32master2; do  # functional check: two ranks on one GPU, not a measurement
+               DRY2=1 SIDES=${DRY2_SIDES:-hf} OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$w" || rc=1
+             done ;;
+    long-smoke) for side in hf mixtune; do  # the search end to end, tiny: 1 layer, capped at 4,096 tokens
+               cfg=none; [[ $side == hf ]] && cfg=off
+               python3 bench/longest_seq.py --side $side --bin "$BIN/mixtune" --configs $cfg --layers 1 --start 2048 \
+                 --max-seq 4096 --budget-s 90 --out "$OUT" --tag long-smoke-$side || rc=1
+             done
+             python3 bench/compare.py "$OUT/long-smoke-mixtune.json" "$OUT/long-smoke-hf.json" || rc=1 ;;
     mixtune-standard2-dp) SIDES=mixtune NAME=mixtune-standard2-dp OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" \
                standard2 --mixtune --ep 1 || rc=1 ;;
     mixtune-standard2-blocking) MIXTUNE_NCCL_BLOCKING=1 SIDES=mixtune NAME=mixtune-standard2-blocking OUT=$OUT \
