@@ -54,6 +54,10 @@
 #         with each of the heuristic's first ALGO_RANKS=8 algorithms: time, sustained TFLOP/s and pJ/FLOP over
 #         ENERGY_MS=700 ms per row, and the LM head at 4,095 rows as training runs it; bench/gemm_algos.py
 #         tabulates) | mixtune-standard-algoN (the standard step with every GEMM on the heuristic's N-th algorithm). `profile` also writes profile_sequence.md (every launch in order).
+#         hf-realistic (tools/hf_reference/make_realistic_fixture.py on the GPU, then the GpuVsTransformers tests
+#         against it; ~3 min) | mixtune-standard-det (the standard step with and without --deterministic, twice each:
+#         what train.deterministic costs). `tests` unpacks .carry/qsdata.tar.xz (quickstart data + the Qwen3
+#         tokenizer) for CudaTrainer.PureBf16TracksCpuFp32OnQuickstartData when it is there.
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
 [[ $# -lt 2 ]] && { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2; }
@@ -84,10 +88,34 @@ for stage in "$@"; do
   echo "=== stage $stage ($(date -u +%H:%M:%S))"
   [[ -n "$SMI_PID" ]] && echo "$(date -u +%H:%M:%S.%N) stage $stage" >> "$CLOCK_MARKS"
   case "$stage" in
-    tests) MIXTUNE_TEST_BINARY=$BIN/mixtune GTEST_FILTER=${GTEST_FILTER:-Cuda*} bash scripts/gpu-check.sh "$BIN" "$LIB_DIR" 2>&1 | tee "$OUT/tests.log" \
+    tests) [[ -f .carry/qsdata.tar.xz ]] && mkdir -p /tmp/qsdata && tar xJf .carry/qsdata.tar.xz -C /tmp/qsdata \
+             && export MIXTUNE_QUICKSTART_DATA=/tmp/qsdata/qsdata  # CudaTrainer.PureBf16TracksCpuFp32OnQuickstartData
+           MIXTUNE_TEST_BINARY=$BIN/mixtune GTEST_FILTER=${GTEST_FILTER:-Cuda*} bash scripts/gpu-check.sh "$BIN" "$LIB_DIR" 2>&1 | tee "$OUT/tests.log" \
              | tail -60 || rc=1 ;;
     standard|fp32master|long|standard2|fp32master2|full8) OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$stage" || rc=1 ;;
     hf-smoke) OUT=$OUT bash bench/hf_smoke.sh || rc=1 ;;
+    hf-realistic)  # Transformers' bf16 reference at a 2-layer Qwen3-30B-A3B slice, then the CUDA engine against it
+      PYTHONUNBUFFERED=1 python3 tools/hf_reference/make_realistic_fixture.py /tmp/hf-realistic \
+        > "$OUT/hf_realistic_fixture.log" 2>&1 || { rc=1; tail -20 "$OUT/hf_realistic_fixture.log"; }
+      tail -4 "$OUT/hf_realistic_fixture.log"; cp /tmp/hf-realistic/meta.json "$OUT/hf_realistic_meta.json" 2>/dev/null
+      MIXTUNE_HF_REALISTIC=/tmp/hf-realistic GTEST_FILTER='GpuVsTransformers*' bash scripts/gpu-check.sh "$BIN" \
+        "$LIB_DIR" 2>&1 | tee "$OUT/hf_realistic_tests.log" | grep -E 'check|caught|traj|OK|FAIL|summary' | tail -150 || rc=1 ;;
+    mixtune-standard-det)  # what train.deterministic costs: the standard step with and without it, alternating
+      n=0
+      for d in off on off on; do
+        n=$((n + 1)); flag=(); [[ $d == on ]] && flag=(--deterministic)
+        SIDES=mixtune NAME=mixtune-standard-det-$n-$d OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard \
+          --mixtune "${flag[@]}" > "$OUT/mixtune-standard-det-$n-$d.out" 2>&1 || { rc=1; tail -5 "$OUT/mixtune-standard-det-$n-$d.out"; }
+      done
+      python3 - "$OUT" <<'PY' || rc=1
+import glob, json, sys
+for f in sorted(glob.glob(sys.argv[1] + "/mixtune-standard-det-*-mixtune.json")):
+    j = json.load(open(f))
+    print(f.split("/")[-1], "deterministic" if j.get("deterministic") else "fast", "tokens/s", round(j["tokens_per_s_per_gpu"]),
+          "step ms", round(1000 * j.get("step_time_s", 0), 1), "peak GiB", round(j.get("peak_allocated_bytes", 0) / 2**30, 2),
+          "attention ms", j.get("phases_ms", {}).get("attention"))
+PY
+      ;;
     fp32master-smoke) NAME=fp32master-smoke OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" fp32master --layers 1 \
                --seq 512 --grad-accum 2 --steps 1 --warmup 1 || rc=1 ;;  # the workload's plumbing, tiny: not a measurement
     hf-dry2) for w in standard2 fp32master2; do  # functional check: two ranks on one GPU, not a measurement
