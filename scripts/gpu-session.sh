@@ -102,7 +102,7 @@ for stage in "$@"; do
         "$LIB_DIR" 2>&1 | tee "$OUT/hf_realistic_tests.log" | grep -E 'check|caught|traj|OK|FAIL|summary' | tail -150 || rc=1 ;;
     mixtune-standard-det)  # what train.deterministic costs: the standard step with and without it, alternating
       n=0
-      for d in off on off on; do
+      for d in ${DET_ORDER:-off on}; do
         n=$((n + 1)); flag=(); [[ $d == on ]] && flag=(--deterministic)
         SIDES=mixtune NAME=mixtune-standard-det-$n-$d OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" standard \
           --mixtune "${flag[@]}" > "$OUT/mixtune-standard-det-$n-$d.out" 2>&1 || { rc=1; tail -5 "$OUT/mixtune-standard-det-$n-$d.out"; }

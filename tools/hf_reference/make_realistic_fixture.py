@@ -8,7 +8,8 @@ Runs on the GPU machine (Transformers 5.17, torch 2.11, one H100/H200). Writes i
   batch.safetensors         one micro-batch: 1 x TOKENS packed documents (positions restart, the first label of
                             each document and every 11th label -100), random token ids
   bf16.safetensors          Transformers in bf16 (sdpa, grouped_mm, as a user trains): logits (bf16 [T, V]) and
-                            grad.<param> (bf16, v5 in-memory names)
+                            grad.<param> (bf16, v5 in-memory names); router_logits_{bf16,fp32}.<layer> (fp32 [T, E])
+                            of the bf16 and the fp32 run
   trajectory.safetensors    STEPS micro-batches (learnable: every document counts up from a random start)
   meta.json                 bf16 and fp32 loss / ce / aux; for every tensor the distance of Transformers' bf16 result
                             from its fp32 result (same weights, upcast; eager experts, sdpa in fp32): max-norm and
@@ -67,6 +68,25 @@ def make_batch(tokens, gen, vocab, counting):
         labels[i] = -100
     t = lambda v: torch.tensor([v], dtype=torch.int64)
     return dict(input_ids=t(ids), labels=t(labels), position_ids=t(pos))
+
+
+class RouterLogits:
+    """Each MoE layer's router logits as the model computes them (F.linear of the gate's input in the model's dtype;
+    top-k of their softmax = top-k of the logits), recorded in layer order."""
+
+    def __init__(self, model):
+        self.logits, self.handles = [], []
+        for name, mod in model.named_modules():
+            if name.endswith("mlp.gate") and hasattr(mod, "weight"):
+                self.handles.append(mod.register_forward_pre_hook(self.hook))
+
+    def hook(self, mod, args):
+        x = args[0].detach()
+        self.logits.append(torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), mod.weight.detach()).float())
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
 
 
 def run(model, b):
@@ -134,12 +154,16 @@ def main():
                 max_grad_norm=MAX_GRAD_NORM, schedule="constant")
 
     # bf16 as a user trains (dtype=bfloat16: sdpa attention, grouped_mm experts), then fp32 on the same weights.
-    results = {}
+    results, router = {}, {}
     for name, dtype, experts in [("bf16", torch.bfloat16, "grouped_mm"), ("fp32", torch.float32, "eager")]:
         m = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype, experts_implementation=experts,
                                                  attn_implementation="sdpa").cuda()
         m.train()
+        rec = RouterLogits(m)
         out, vals = run(m, batch)
+        rec.remove()
+        assert len(rec.logits) == a.layers, f"recorded {len(rec.logits)} router calls for {a.layers} layers"
+        router[name] = rec.logits
         out.loss.backward()
         meta[name] = vals
         grads = {n: p.grad.detach() for n, p in m.named_parameters()}
@@ -153,6 +177,9 @@ def main():
     for n in grads16:
         meta["noise"]["grad." + n] = err(grads16[n].float(), grads32[n])
     tensors = {"logits": logits16.contiguous()}
+    for l in range(a.layers):  # router logits per layer: bf16 run (bf16 values, stored as fp32) and fp32 run
+        tensors[f"router_logits_bf16.{l}"] = router["bf16"][l].contiguous()
+        tensors[f"router_logits_fp32.{l}"] = router["fp32"][l].contiguous()
     tensors.update({"grad." + n: g.contiguous() for n, g in grads16.items()})
     save_file(tensors, os.path.join(a.out, "bf16.safetensors"))
     del results, logits16, logits32, grads16, grads32, tensors

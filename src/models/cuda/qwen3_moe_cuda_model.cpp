@@ -241,16 +241,19 @@ CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
   return loss;
 }
 
-Tensor Qwen3MoeCudaModel::final_hidden(const CudaBatch& b) {
+Qwen3MoeCudaModel::Trace Qwen3MoeCudaModel::forward_trace(const CudaBatch& b) {
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
   CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_, opts_.expert_parallel};
   env.ep_gather = b.uniform_across_ranks;
   env.deterministic = opts_.deterministic;
   const Params params{opts_.residency};
-  Tensor xf = run_layers(env, w_, b, nullptr, nullptr, Recompute::none, params).xf;
+  std::vector<LayerActs> acts(cfg_.num_hidden_layers);
+  Trace t;
+  t.final_hidden = run_layers(env, w_, b, nullptr, &acts, Recompute::none, params).xf;
   params.release(ParamResidency::head(cfg_.num_hidden_layers), false);
+  for (LayerActs& a : acts) t.routes.push_back(a.moe.route.index);
   env.phase(Phase::other);
-  return xf;
+  return t;
 }
 
 CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights& grads, double ce_divisor) {

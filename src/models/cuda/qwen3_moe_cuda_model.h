@@ -65,9 +65,15 @@ class Qwen3MoeCudaModel {
                     const CudaModelOptions& options = {});
 
   CudaLoss forward(const CudaBatch& b);
-  // The final norm's output, BF16 [T, H] on the device: what the LM head reads (logits = final_hidden ·
-  // lm_headᵀ; the loss never materialises them). For comparing logits with Transformers.
-  Tensor final_hidden(const CudaBatch& b);
+  // A forward that keeps what a comparison with another implementation needs (tests, diagnostics; it holds
+  // every layer's activations until it returns): the final norm's output, BF16 [T, H], what the LM head reads
+  // (logits = final_hidden · lm_headᵀ; the loss never materialises them), and each MoE layer's selected
+  // experts, I32 [T, k] by descending probability, all on the device.
+  struct Trace {
+    Tensor final_hidden;
+    std::vector<Tensor> routes;
+  };
+  Trace forward_trace(const CudaBatch& b);
   // Adds d(loss)/d(param) into grads (F32 on the device; the stacked expert weights' may be BF16). loss = ce_sum / ce_divisor +
   // router_aux_loss_coef · aux (when aux_enabled()). Needs targets.
   CudaLoss forward_backward(const CudaBatch& b, Qwen3MoeWeights& grads, double ce_divisor);

@@ -3,7 +3,6 @@
 // documents, ignored labels and the aux loss on; the recompute policies against each other.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -91,12 +90,7 @@ struct Tolerance {
   double loss, aux, max_norm, rel_l2;
 };
 
-// derive_from_fp32: each gradient's limits are max(3·n, tol) where n is the CPU bf16 model's own distance from the
-// CPU fp32 model on the same (bf16-valued) weights, per parameter: what bf16 rounding does to that gradient on this
-// input, near-tie routing flips included. The GPU rounds at the CPU bf16 model's points plus flash attention's bf16
-// P and dS; allowing its distance from the fp32 result to be 2n, its distance from the CPU bf16 result is at most
-// 3n (triangle inequality). tol stays the floor: what accumulation order alone gives (the all-experts test).
-void expect_matches_cpu(const Qwen3MoeConfig& cfg, const Tolerance& tol, bool derive_from_fp32 = false) {
+void expect_matches_cpu(const Qwen3MoeConfig& cfg, const Tolerance& tol) {
   Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 7);
   Qwen3MoeWeights dev_w = to_device_weights(host_w);
   const Batch b = test_batch(cfg);
@@ -119,24 +113,11 @@ void expect_matches_cpu(const Qwen3MoeConfig& cfg, const Tolerance& tol, bool de
     EXPECT_NEAR(cuda::to_host(l.ce_sum).to_floats()[0] / static_cast<double>(want.tokens), got.ce, 1e-5 * got.ce);
   }
 
-  std::vector<test::ErrorStats> noise;  // CPU bf16 vs CPU fp32, per parameter
-  if (derive_from_fp32) {
-    Qwen3MoeWeights w32 = Qwen3MoeWeights::random_init(cfg, DType::BF16, 7);
-    for (auto& [name, t] : w32.named_parameters()) *t = t->to(DType::F32);
-    Qwen3MoeModel cpu32(cfg, w32);
-    Qwen3MoeWeights g32 = Qwen3MoeWeights::zeros_like_config(cfg, DType::F32);
-    (void)cpu32.forward_backward(b, g32);
-    auto a = cpu_g.named_parameters();
-    auto c = g32.named_parameters();
-    for (size_t i = 0; i < a.size(); ++i) noise.push_back(test::error_stats(a[i].second->to_floats(), c[i].second->to_floats()));
-  }
   auto want_p = cpu_g.named_parameters();
   auto got_p = got.grads.named_parameters();
   ASSERT_EQ(want_p.size(), got_p.size());
   for (size_t i = 0; i < want_p.size(); ++i) {
-    const double max_norm = noise.empty() ? tol.max_norm : std::max(3 * noise[i].max_norm, tol.max_norm);
-    const double rel_l2 = noise.empty() ? tol.rel_l2 : std::max(3 * noise[i].rel_l2, tol.rel_l2);
-    test::expect_norm(test::device_floats(*got_p[i].second), want_p[i].second->to_floats(), max_norm, rel_l2,
+    test::expect_norm(test::device_floats(*got_p[i].second), want_p[i].second->to_floats(), tol.max_norm, tol.rel_l2,
                       "gradient " + want_p[i].first);
   }
 }
@@ -152,14 +133,17 @@ TEST(CudaQwen3MoeModel, MatchesCpuBf16AllExpertsRouted) {
 }
 
 // Top-2 of 8: the same, plus routing decisions on near-ties that bf16 noise can flip (a token then trains
-// another expert), which moves the router and expert gradients by more. The limits are derived per gradient
-// from the CPU model's own bf16-vs-fp32 distance (expect_matches_cpu): measured on this input 0.02-0.05
-// max-norm / 0.01-0.03 rel-L2 for most parameters, so their limits are 0.06-0.15 / 0.03-0.09 (the flat limits
-// this test had were 0.35 / 0.2 for every gradient); the second layer's router and experts, where flips land,
-// 0.09-0.18 / 0.06-0.09.
+// another expert), which moves the router and expert gradients by more: 0.35 max-norm / 0.2 rel-L2. Limits
+// derived per gradient from the CPU model's own bf16-vs-fp32 distance (3x that distance, by the
+// triangle inequality) were tried and do not hold: the GPU flips other near-ties than the CPU bf16 model does
+// (measured on an H200: layer 0 router gradient 0.33 max-norm / 0.19 rel-L2 from the CPU bf16 model, where
+// the CPU bf16 model is 0.02 / 0.018 from its fp32 run). Which near-ties flip is not a rounding bound, so this
+// test stays loose on routed gradients; routing itself is checked decision by decision against Transformers
+// in GpuVsTransformers (tests/models/cuda/gpu_vs_transformers_test.cpp), and without routing decisions
+// (MatchesCpuBf16AllExpertsRouted) the limits are tight.
 TEST(CudaQwen3MoeModel, MatchesCpuBf16TopTwo) {
   MT_SKIP_WITHOUT_CUDA();
-  expect_matches_cpu(small_config(64, 2), {5e-3, 2e-2, 0.06, 0.03}, /*derive_from_fp32=*/true);
+  expect_matches_cpu(small_config(64, 2), {5e-3, 2e-2, 0.35, 0.2});
 }
 
 TEST(CudaQwen3MoeModel, RecomputePoliciesAgree) {
