@@ -113,7 +113,8 @@ for f in sorted(glob.glob(sys.argv[1] + "/mixtune-standard-det-*-mixtune.json"))
     j = json.load(open(f))
     print(f.split("/")[-1], "deterministic" if j.get("deterministic") else "fast", "tokens/s", round(j["tokens_per_s_per_gpu"]),
           "step ms", round(1000 * j.get("step_time_s", 0), 1), "peak GiB", round(j.get("peak_allocated_bytes", 0) / 2**30, 2),
-          "attention ms", j.get("phases_ms", {}).get("attention"))
+          "attention ms", j.get("phases_ms", {}).get("attention"), "loss first/last", repr(j.get("loss_first")),
+          repr(j.get("loss_last")))
 PY
       ;;
     fp32master-smoke) NAME=fp32master-smoke OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" fp32master --layers 1 \
