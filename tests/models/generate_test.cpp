@@ -103,8 +103,12 @@ TEST_P(Generate, CachedLogitsEqualFullForwardFp32) {
   const auto ref = full_logits(m, ids);
   const auto got = cached_logits(m, ids, 5, 4);
   ASSERT_EQ(got.size(), ref.size());
-  EXPECT_LE(max_rel_error(got, ref), 1e-5);
-  EXPECT_LE(rel_norm_error(got, ref), 2e-6);  // measured: max rel ≤ 5.5e-6, norm ≤ 6.3e-7
+  // Not bitwise: the cache multiplies matrices of 5, 4 and 1 rows where the full forward multiplies 16, and the CPU
+  // BLAS may take other kernels for them. Each fp32 dot product (K ≤ 48) then moves by up to K·u·Σ|a·b| ≈ 2.9e-6·Σ|a·b|,
+  // compounded over ≤ 4 layers. Measured over OpenBLAS's x86-64 core types: max rel ≤ 6.9e-6 (Prescott; Haswell
+  // 5.4e-6), norm ≤ 6.8e-7. We allow 3e-5 and 2e-6.
+  EXPECT_LE(max_rel_error(got, ref), 3e-5);
+  EXPECT_LE(rel_norm_error(got, ref), 2e-6);
 }
 
 TEST_P(Generate, CachedLogitsEqualFullForwardBf16) {
@@ -115,7 +119,8 @@ TEST_P(Generate, CachedLogitsEqualFullForwardBf16) {
   ASSERT_EQ(got.size(), ref.size());
   // Same bf16 rounding points; an fp32 sum that associates differently in a GEMM can flip one rounding,
   // which then moves later values by about one bf16 ulp (2^-8 relative).
-  EXPECT_LE(rel_norm_error(got, ref), 1e-2);  // measured ≤ 4.4e-3, ≥ 80% of the logits bit-identical
+  // Measured over OpenBLAS's x86-64 core types: ≤ 4.4e-3, ≥ 79% of the logits bit-identical (all of them on some).
+  EXPECT_LE(rel_norm_error(got, ref), 1e-2);
   size_t equal = 0;
   for (size_t i = 0; i < got.size(); ++i) equal += got[i] == ref[i];
   EXPECT_GE(equal, got.size() / 2) << "most bf16 logits should be bit-identical";
