@@ -213,24 +213,39 @@ class CrashCli : public ::testing::Test {
   }
 };
 
-// 22 processes killed with SIGKILL at seeded random moments, each resumed by the next: a third at a random time
-// within the first sixth of the uninterrupted run's duration (start-up, the leftover sweep, steps, saves), the
-// others a random 0-4 ms after the n-th (n = 1..5) temp entry of a save appears (the checkpoint's temp directory,
-// or latest.tmp between the commit and the move of `latest`). After each kill every checkpoint is complete and
-// `latest` loads; then one run finishes with the bytes of the uninterrupted run, and nothing is left in flight.
-// (The run gets to about step 24 of 40 here; each process runs a few steps at most.)
+// 22 processes killed with SIGKILL at seeded random moments, each resumed by the next. Every third one at a random
+// time before about its third step (start-up, the leftover sweep, a step, a save), at the latest when its second
+// save starts; the others a random fraction of half a step after the n-th (n = 1..4) temp entry of a save appears
+// (the checkpoint's temp directory, or latest.tmp between the commit and the move of `latest`). Times are in
+// units of the uninterrupted run's, so each process gets at most about two steps further on any machine (about
+// step 20 of 40 in all). After each kill every checkpoint is complete and `latest` loads; then one run finishes
+// with the bytes of the uninterrupted run, and nothing is left in flight.
 TEST_F(CrashCli, KilledAtRandomMomentsResumesToTheUninterruptedRun) {
   constexpr int kKills = 22;
   constexpr int64_t kSteps = 40;
-  const auto t0 = Clock::now();
-  ASSERT_EQ(finetune(recipe("whole", kSteps), "whole.log"), 0) << slurp(dir / "whole.log");
-  const double run_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const fs::path whole = dir / "whole";
+  fs::create_directories(whole);
+  double startup_ms = 0, step_ms = 0;  // until the first save starts; per step after it
+  {
+    DirWatch w(whole);
+    ASSERT_TRUE(w.ok());
+    const auto t0 = Clock::now();
+    const pid_t pid = test::spawn_mixtune({"finetune", recipe("whole", kSteps).string()}, dir / "whole.log");
+    int code = -1;
+    while (startup_ms == 0 && !exited(pid, &code))
+      if (w.next(5).rfind("checkpoint-", 0) == 0) startup_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (code < 0) code = wait_exit(pid);
+    ASSERT_EQ(code, 0) << slurp(dir / "whole.log");
+    step_ms = (std::chrono::duration<double, std::milli>(Clock::now() - t0).count() - startup_ms) / kSteps;
+  }
+  auto ms = [](double v) { return std::chrono::microseconds(static_cast<int64_t>(v * 1000)); };
 
   const fs::path p = recipe("killed", kSteps), run = dir / "killed";
   fs::create_directories(run);
   DirWatch watch(run);
   ASSERT_TRUE(watch.ok());
   std::mt19937 rng(20240542);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
   int kills = 0, with_leftovers = 0, finished_early = 0;
   for (int i = 0; i < kKills; ++i) {
     SCOPED_TRACE("process " + std::to_string(i));
@@ -242,12 +257,16 @@ TEST_F(CrashCli, KilledAtRandomMomentsResumesToTheUninterruptedRun) {
                                           dir / log);
     int code = -1;
     bool done = false;
-    if (rng() % 3 == 0) {
-      const auto at = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(rng() % 1000 * run_ms / 6));
-      while (Clock::now() < at && !(done = exited(pid, &code))) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (i % 3 == 0) {
+      const auto at = Clock::now() + ms(unit(rng) * (startup_ms + 3 * step_ms));
+      int saves = 0;
+      while (Clock::now() < at && saves < 2 && !(done = exited(pid, &code))) {
+        const std::string name = watch.next(1);
+        saves += name.rfind("checkpoint-", 0) == 0 && name.find(".tmp.") != std::string::npos;
+      }
     } else {
-      int wanted = 1 + static_cast<int>(rng() % 5);
-      const auto delay = std::chrono::microseconds(rng() % 4000);
+      int wanted = 1 + static_cast<int>(rng() % 4);
+      const auto delay = ms(unit(rng) * step_ms / 2);
       while (wanted > 0 && !(done = exited(pid, &code))) {
         const std::string name = watch.next(20);
         if (name.find(".tmp.") != std::string::npos) --wanted;
@@ -273,8 +292,8 @@ TEST_F(CrashCli, KilledAtRandomMomentsResumesToTheUninterruptedRun) {
   EXPECT_EQ(kills, kKills);
   // The test means something only if kills left things in flight for the next process to sweep.
   EXPECT_GE(with_leftovers, 3);
-  std::printf("%d kills, %d of them leaving temp entries; the last at %s\n", kills, with_leftovers,
-              latest_name(run).c_str());
+  std::printf("%d kills, %d of them leaving temp entries; then at %s (start-up %.0f ms, %.1f ms a step)\n", kills,
+              with_leftovers, latest_name(run).c_str(), startup_ms, step_ms);
   ASSERT_EQ(finetune(p, "killed_last.log", {"--resume"}), 0) << slurp(dir / "killed_last.log");
   EXPECT_EQ(in_flight(run), std::vector<std::string>{});
   expect_latest_loadable(run);
