@@ -1,6 +1,7 @@
 // mixtune command-line entry point: each subcommand lives in its own cmd_*.cpp.
 #include <CLI/CLI.hpp>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -26,6 +27,9 @@ int failed() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write past the file-size limit (ulimit -f) then fails with EFBIG, said as an error naming the file, instead
+  // of SIGXFSZ killing the process in the middle of a save (ignored dispositions also reach the ranks it execs).
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"mixtune: fine-tune Mixture-of-Experts models stored in Hugging Face format"};
   app.require_subcommand(1);
   mt::cli::add_inspect_command(app);

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <string_view>
 #include <system_error>
 
 #include "core/error.h"
@@ -20,7 +21,27 @@ std::string strip_trailing_slashes(std::string p) {
   while (p.size() > 1 && p.back() == '/') p.pop_back();
   return p;
 }
+
+bool all_digits(std::string_view s) {
+  if (s.empty() || s.size() > 10) return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
 }  // namespace
+
+std::string atomic_dir_temp_target(const std::string& name) {
+  const std::string_view n(name);
+  // <final>.old.<pid>
+  if (const size_t at = n.rfind(".old."); at != std::string_view::npos && at > 0 && all_digits(n.substr(at + 5)))
+    return name.substr(0, at);
+  // <final>.tmp.<pid>.<n>
+  const size_t last = n.rfind('.');
+  if (last == std::string_view::npos || !all_digits(n.substr(last + 1))) return "";
+  const size_t at = n.substr(0, last).rfind(".tmp.");
+  if (at == std::string_view::npos || at == 0 || !all_digits(n.substr(at + 5, last - at - 5))) return "";
+  return name.substr(0, at);
+}
 
 AtomicDirWriter::AtomicDirWriter(const std::string& final_dir) : final_dir_(strip_trailing_slashes(final_dir)) {
   if (final_dir_.empty()) fail("output directory: empty path");

@@ -25,4 +25,9 @@ class AtomicDirWriter {
   bool committed_ = false;
 };
 
+// The final directory name of a name AtomicDirWriter makes next to it (`<final>.tmp.<pid>.<n>` while
+// writing, `<final>.old.<pid>` while committing over an existing one), or "" when `name` is not one.
+// A process killed mid-save leaves these behind; only the process that owns the directory may remove them.
+std::string atomic_dir_temp_target(const std::string& name);
+
 }  // namespace mt

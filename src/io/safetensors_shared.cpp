@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/json_text.h"
 #include "io/safetensors.h"
 
@@ -24,19 +25,22 @@ struct Fd {
 };
 
 void pwrite_all(int fd, const char* p, uint64_t bytes, uint64_t at, const std::string& path, const std::string& what) {
+  const uint64_t total = bytes;
   while (bytes > 0) {
     const ssize_t n = ::pwrite(fd, p, bytes, static_cast<off_t>(at));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail("writing {} ({}): {}", path, what, n < 0 ? std::strerror(errno) : "no progress");
+    if (n <= 0)
+      fail("write to {} ({}) failed at byte {} with {} of its {} bytes still to write: {}", path, what, at, bytes,
+           total, write_failure_reason(path, n < 0 ? errno : ENOSPC));
     p += n, at += static_cast<uint64_t>(n), bytes -= static_cast<uint64_t>(n);
   }
 }
 
 void sync_and_close(Fd& f, const std::string& path) {
-  if (::fsync(f.fd) != 0) fail("fsync of {} failed: {}", path, std::strerror(errno));
+  if (::fsync(f.fd) != 0) fail("fsync of {} failed: {}", path, write_failure_reason(path, errno));
   const int fd = f.fd;
   f.fd = -1;
-  if (::close(fd) != 0) fail("close of {} failed: {}", path, std::strerror(errno));
+  if (::close(fd) != 0) fail("close of {} failed: {}", path, write_failure_reason(path, errno));
 }
 
 }  // namespace
@@ -46,10 +50,10 @@ void safetensors_shared_create(const std::string& path, const std::vector<std::p
   const SafetensorsLayout l = safetensors_layout(path, tensors, metadata);
   Fd f;
   f.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (f.fd < 0) fail("cannot create {}: {}", path, std::strerror(errno));
+  if (f.fd < 0) fail("cannot create {}: {}", path, write_failure_reason(path, errno));
   pwrite_all(f.fd, l.prefix.data(), l.prefix.size(), 0, path, "header");
   if (::ftruncate(f.fd, static_cast<off_t>(l.file_bytes)) != 0)
-    fail("cannot size {} to {} bytes: {}", path, l.file_bytes, std::strerror(errno));
+    fail("cannot size {} to {} bytes: {}", path, l.file_bytes, write_failure_reason(path, errno));
   sync_and_close(f, path);
 }
 

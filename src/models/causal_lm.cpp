@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "io/atomic_dir.h"
+#include "io/atomic_file.h"
 #include "io/checkpoint_files.h"
 #include "io/hf_cache.h"
 #include "models/registry.h"
@@ -63,12 +64,8 @@ std::map<std::string, std::string> read_carried_files(const std::string& dir) {
   return out;
 }
 
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary);
-  f << text;
-  f.close();
-  if (!f) fail("{}: write failed", path.string());
-}
+// Checked (a full disk names the file and what it needed); the directory is fsynced as a whole.
+void write_text(const fs::path& path, const std::string& text) { file_write(path.string(), {text}); }
 
 }  // namespace
 

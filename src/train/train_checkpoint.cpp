@@ -1,5 +1,7 @@
 #include "train/train_checkpoint.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +17,8 @@
 #include "io/json_text.h"
 #include "io/safetensors.h"
 #include "io/safetensors_shared.h"
+#include "models/qwen3_moe_weights.h"
+#include "train/run_dir.h"
 
 namespace fs = std::filesystem;
 
@@ -24,17 +28,8 @@ namespace {
 constexpr const char* kStateFormat = "mixtune-trainer-state-1";
 constexpr const char* kPrefix = "checkpoint-";
 
-std::string checkpoint_name(int64_t step) { return fmt::format("{}{:06d}", kPrefix, step); }
-
-// The step of a "checkpoint-<digits>" directory name, or -1.
-int64_t checkpoint_step(const std::string& name) {
-  if (name.rfind(kPrefix, 0) != 0) return -1;
-  const std::string digits = name.substr(std::strlen(kPrefix));
-  if (digits.empty() || digits.size() > 15) return -1;
-  for (char c : digits)
-    if (c < '0' || c > '9') return -1;
-  return std::stoll(digits);
-}
+std::string checkpoint_name(int64_t step) { return train_checkpoint_name(step); }
+int64_t checkpoint_step(const std::string& name) { return train_checkpoint_dir_step(name); }
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -57,9 +52,14 @@ void prune(const fs::path& run_dir, const std::string& keep_name, int64_t keep_l
   for (const auto& [step, name] : found) {
     if (excess <= 0) break;
     if (name == keep_name) continue;
+    // Renamed first: a process killed while removing leaves a leftover the next run sweeps
+    // (train/run_dir.h), never a partial directory under a complete checkpoint's name.
+    const fs::path doomed = run_dir / fmt::format("{}.old.{}", name, ::getpid());
     std::error_code ec;
-    fs::remove_all(run_dir / name, ec);
+    fs::rename(run_dir / name, doomed, ec);
     if (ec) fail("{}: cannot remove old checkpoint: {}", (run_dir / name).string(), ec.message());
+    fs::remove_all(doomed, ec);
+    if (ec) fail("{}: cannot remove old checkpoint: {}", doomed.string(), ec.message());
     --excess;
   }
 }
@@ -81,6 +81,27 @@ void write_trainer_state(const std::string& dir, const TrainerState& state) {
   file_write_atomic((fs::path(dir) / "trainer_state.json").string(), {text});
 }
 
+// The end of a failed save's message: where a resume continues.
+std::string latest_now(const std::string& run_dir) {
+  std::error_code ec;
+  const fs::path pointer = fs::path(run_dir) / "latest";
+  if (!fs::exists(pointer, ec)) return "the run has no checkpoint yet";
+  std::ifstream in(pointer, std::ios::binary);
+  std::string name;
+  std::getline(in, name);
+  return fmt::format("latest still names {}, where --resume continues", name);
+}
+
+// Every error of a save gets its context: which checkpoint, how large, and what `latest` names now.
+template <typename F>
+void save_or_explain(const std::string& run_dir, const std::string& name, uint64_t bytes, F&& save) {
+  try {
+    save();
+  } catch (const Error& e) {
+    fail("saving {} (about {}) in {} failed: {}; {}", name, bytes_text(bytes), run_dir, e.what(), latest_now(run_dir));
+  }
+}
+
 // `latest` moves only after the checkpoint directory is complete and in place.
 void point_latest_and_prune(const std::string& run_dir, const std::string& name, int64_t keep_last) {
   const std::string pointer = name + "\n";
@@ -89,6 +110,24 @@ void point_latest_and_prune(const std::string& run_dir, const std::string& name,
 }
 
 }  // namespace
+
+std::string train_checkpoint_name(int64_t step) { return fmt::format("{}{:06d}", kPrefix, step); }
+
+int64_t train_checkpoint_dir_step(const std::string& name) {
+  if (name.rfind(kPrefix, 0) != 0) return -1;
+  const std::string digits = name.substr(std::strlen(kPrefix));
+  if (digits.empty() || digits.size() > 15) return -1;
+  for (char c : digits)
+    if (c < '0' || c > '9') return -1;
+  return std::stoll(digits);
+}
+
+uint64_t train_checkpoint_bytes(const CausalLM& model, const std::vector<std::pair<std::string, Tensor>>& optimizer_state) {
+  uint64_t b = static_cast<uint64_t>(Qwen3MoeWeights::absent_like_config(model.config, model.dtype).parameter_count()) *
+               dtype_size(model.dtype);
+  for (const auto& [name, t] : optimizer_state) b += t.nbytes();
+  return b + (1u << 16);  // headers, index, config and state files
+}
 
 std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& model, AdamW& optimizer,
                                   const TrainerState& state, int64_t keep_last) {
@@ -102,14 +141,16 @@ std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& mo
                                   const TrainerState& state, int64_t keep_last) {
   const std::string name = checkpoint_name(state.step);
   const fs::path final_dir = fs::path(run_dir) / name;
-  {
-    AtomicDirWriter out(final_dir.string());
-    model.write_pretrained_files(out.path());
-    safetensors_write((fs::path(out.path()) / kOptimizerFile).string(), tensors, optimizer_metadata());
-    write_trainer_state(out.path(), state);
-    out.commit();
-  }
-  point_latest_and_prune(run_dir, name, keep_last);
+  save_or_explain(run_dir, name, train_checkpoint_bytes(model, tensors), [&] {
+    {
+      AtomicDirWriter out(final_dir.string());  // removes its temp directory if anything below throws
+      model.write_pretrained_files(out.path());
+      safetensors_write((fs::path(out.path()) / kOptimizerFile).string(), tensors, optimizer_metadata());
+      write_trainer_state(out.path(), state);
+      out.commit();
+    }
+    point_latest_and_prune(run_dir, name, keep_last);
+  });
   return final_dir.string();
 }
 
@@ -118,19 +159,21 @@ std::string train_checkpoint_save_shared(const SaveShare& share, const std::stri
                                          const TrainerState& state, int64_t keep_last) {
   const std::string name = checkpoint_name(state.step);
   const fs::path final_dir = fs::path(run_dir) / name;
-  shared_dir_save(
-      share, final_dir.string(),
-      [&](const std::string& tmp) {
-        model.write_pretrained_layout(tmp);
-        safetensors_shared_create((fs::path(tmp) / kOptimizerFile).string(), tensors, optimizer_metadata());
-        write_trainer_state(tmp, state);
-      },
-      [&](const std::string& tmp) {
-        model.write_pretrained_rows(tmp, [&](const std::string& n, const Tensor& t) { return share.model_rows(n, t); });
-        safetensors_shared_write((fs::path(tmp) / kOptimizerFile).string(), tensors, optimizer_metadata(),
-                                 [&](const std::string& n, const Tensor& t) { return share.state_rows(n, t); });
-      },
-      [&] { point_latest_and_prune(run_dir, name, keep_last); });
+  save_or_explain(run_dir, name, train_checkpoint_bytes(model, tensors), [&] {
+    shared_dir_save(
+        share, final_dir.string(),
+        [&](const std::string& tmp) {
+          model.write_pretrained_layout(tmp);
+          safetensors_shared_create((fs::path(tmp) / kOptimizerFile).string(), tensors, optimizer_metadata());
+          write_trainer_state(tmp, state);
+        },
+        [&](const std::string& tmp) {
+          model.write_pretrained_rows(tmp, [&](const std::string& n, const Tensor& t) { return share.model_rows(n, t); });
+          safetensors_shared_write((fs::path(tmp) / kOptimizerFile).string(), tensors, optimizer_metadata(),
+                                   [&](const std::string& n, const Tensor& t) { return share.state_rows(n, t); });
+        },
+        [&] { point_latest_and_prune(run_dir, name, keep_last); });
+  });
   return final_dir.string();
 }
 

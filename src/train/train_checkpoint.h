@@ -28,7 +28,9 @@ struct TrainerState {
 };
 
 // Saves checkpoint-<step>, moves `latest` to it, then removes the oldest checkpoint-* directories
-// beyond keep_last (never the one `latest` names). Returns the checkpoint directory.
+// beyond keep_last (never the one `latest` names). Returns the checkpoint directory. A failed save (a full
+// disk, the file-size limit, an I/O error) leaves no temp directory and `latest` and the earlier checkpoints
+// as they were; its mt::Error names the file, what it needed, and the checkpoint `latest` still names.
 // optimizer_state: host tensors named "<param>.exp_avg" etc. (TrainEngine::optimizer_state_host).
 std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& model,
                                   const std::vector<std::pair<std::string, Tensor>>& optimizer_state,
@@ -42,6 +44,15 @@ std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& mo
 std::string train_checkpoint_save_shared(const SaveShare& share, const std::string& run_dir, const CausalLM& model,
                                          const std::vector<std::pair<std::string, Tensor>>& optimizer_state,
                                          const TrainerState& state, int64_t keep_last);
+
+// "checkpoint-000006": the directory name of step 6's checkpoint.
+std::string train_checkpoint_name(int64_t step);
+// The step of a checkpoint directory name ("checkpoint-<digits>"), or -1 for any other name.
+int64_t train_checkpoint_dir_step(const std::string& name);
+
+// About the bytes a checkpoint of `model` with `optimizer_state` takes on disk (the whole model, every expert,
+// whatever this rank holds).
+uint64_t train_checkpoint_bytes(const CausalLM& model, const std::vector<std::pair<std::string, Tensor>>& optimizer_state);
 
 // The checkpoint directory `latest` names, or "" when the run has none. A `latest` naming a missing
 // or incomplete directory is an error.

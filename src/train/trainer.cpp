@@ -31,6 +31,7 @@
 #include "train/metrics_log.h"
 #include "train/optimizer_shards.h"
 #include "train/progress.h"
+#include "train/run_dir.h"
 #include "train/shared_save.h"
 #include "train/train_checkpoint.h"
 #include "train/train_engine.h"
@@ -167,6 +168,30 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   if (ec) fail("checkpoint.dir: cannot create {}: {}", run_dir.string(), ec.message());
+  // One writer per run directory (train/run_dir.h): rank 0 holds the lock until this function returns and
+  // removes what killed runs left; every rank learns the outcome before any reads the directory.
+  RunDirLock run_lock;
+  {
+    std::string why;
+    if (lead) {
+      try {
+        run_lock = run_dir_lock(run_dir.string());
+        if (!run_lock.warning.empty()) progress.message(run_lock.warning);
+        const std::string swept =
+            run_dir_leftovers_summary(run_dir.string(), run_dir_remove_leftovers(run_dir.string()));
+        if (!swept.empty()) progress.message(swept);
+      } catch (const Error& e) {
+        why = e.what();
+      }
+    }
+    if (comm) {
+      double failed = why.empty() ? 0.0 : 1.0;
+      comm->all_reduce_sum(&failed, 1, "all_reduce(run directory taken by rank 0)");
+      if (failed > 0 && why.empty())
+        fail("rank {}: rank 0 could not take checkpoint.dir {} (see its error)", pg.rank, run_dir.string());
+    }
+    if (!why.empty()) fail("{}", why);
+  }
 
   // Resume point (or refuse to start over an existing run by accident).
   TrainerState st;
@@ -305,9 +330,15 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   FinetuneResult result;
   const SaveShare share =
       comm ? save_share_for(comm.get(), pg.rank, pg.world, ep, cfg.num_experts, engine->optimizer_shards()) : SaveShare{};
+  // Said before a save that will not fit starts writing (it then fails cleanly: train_checkpoint.h).
+  auto warn_space = [&](const std::string& what, uint64_t bytes) {
+    if (!lead) return;
+    if (const std::string w = run_dir_space_warning(run_dir.string(), what, bytes); !w.empty()) progress.message(w);
+  };
   auto save_checkpoint = [&] {
     engine->weights_to_host();  // every rank: the tensors (or expert rows) it writes
     auto state = engine->optimizer_state_host();
+    warn_space(train_checkpoint_name(st.step), train_checkpoint_bytes(lm, state));
     if (comm)
       result.last_checkpoint =
           train_checkpoint_save_shared(share, run_dir.string(), lm, state, st, r.checkpoint.keep_last);
@@ -486,6 +517,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   else
     engine->weights_to_host();
   result.final_dir = (run_dir / "final").string();
+  warn_space("final", train_checkpoint_bytes(lm, {}));
   if (comm) {
     shared_dir_save(
         share, result.final_dir, [&](const std::string& tmp) { lm.write_pretrained_layout(tmp); },

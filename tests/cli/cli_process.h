@@ -2,6 +2,7 @@
 // for its exit status, read files back.
 #pragma once
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,12 +24,18 @@ inline const char* mixtune_binary() {
 }
 
 // Starts `program args...` (program a path) with stdout/stderr to `log`, the variables in `unset` removed from
-// its environment and those in `set` set; returns the pid.
+// its environment and those in `set` set, and a file-size limit (setrlimit(RLIMIT_FSIZE)) of `file_size_limit`
+// bytes; returns the pid.
 inline pid_t spawn_program(const std::string& program, const std::vector<std::string>& args,
                            const std::filesystem::path& log, const std::vector<std::string>& unset = {},
-                           const std::vector<std::pair<std::string, std::string>>& set = {}) {
+                           const std::vector<std::pair<std::string, std::string>>& set = {},
+                           rlim_t file_size_limit = RLIM_INFINITY) {
   const pid_t pid = fork();
   if (pid == 0) {
+    if (file_size_limit != RLIM_INFINITY) {
+      const struct rlimit lim = {file_size_limit, file_size_limit};
+      if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(126);
+    }
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
