@@ -11,16 +11,10 @@ namespace mt {
 namespace {
 
 namespace fs = std::filesystem;
+using io_test::listing;
 using io_test::read_bytes;
 using io_test::ScratchDir;
 using io_test::write_bytes;
-
-std::vector<std::string> listing(const fs::path& p) {
-  std::vector<std::string> r;
-  for (auto& e : fs::directory_iterator(p)) r.push_back(e.path().filename().string());
-  std::sort(r.begin(), r.end());
-  return r;
-}
 
 TEST(AtomicDir, CommitCreatesDirectory) {
   ScratchDir d;

@@ -29,13 +29,6 @@ Tensor u8(int64_t n, uint8_t start) {
   return t;
 }
 
-std::vector<std::string> dir_listing(const fs::path& p) {
-  std::vector<std::string> r;
-  for (auto& e : fs::directory_iterator(p)) r.push_back(e.path().filename().string());
-  std::sort(r.begin(), r.end());
-  return r;
-}
-
 std::string bytes_of(const Tensor& t) { return std::string(static_cast<const char*>(t.data()), t.nbytes()); }
 
 TEST(CheckpointWrite, GreedyShardsAndIndexBytes) {
@@ -99,7 +92,7 @@ TEST(CheckpointWrite, SingleShardHasNoIndex) {
   Tensor t = ramp({3, 2}, DType::BF16);
   auto w = checkpoint_write_tensors(d.path.string(), {{"t", t}, {"u", u8(4, 9)}});
   EXPECT_EQ(w, (std::vector<std::string>{"model.safetensors"}));
-  EXPECT_EQ(dir_listing(d.path), (std::vector<std::string>{"model.safetensors"}));
+  EXPECT_EQ(io_test::listing(d.path), (std::vector<std::string>{"model.safetensors"}));
   auto c = CheckpointFiles::open(d.path.string());
   EXPECT_EQ(c.shard_files(), (std::vector<std::string>{"model.safetensors"}));
   EXPECT_EQ(c.names(), (std::vector<std::string>{"t", "u"}));  // file (offset) order: BF16 before U8
@@ -147,7 +140,7 @@ TEST(CheckpointWrite, ReusesMappingAndEscapesIndexLikePython) {
   // A one-shard mapping still writes the index.
   ScratchDir d2;
   checkpoint_write_tensors(d2.path.string(), {{"x", u8(1, 0)}}, {.shard_of = one_entry("x", "model-00001-of-00001.safetensors")});
-  EXPECT_EQ(dir_listing(d2.path),
+  EXPECT_EQ(io_test::listing(d2.path),
             (std::vector<std::string>{"model-00001-of-00001.safetensors", "model.safetensors.index.json"}));
 
   // Every tensor needs an entry; entries must be plain *.safetensors names.
@@ -166,15 +159,15 @@ TEST(CheckpointWrite, RemovesStaleShardsOnly) {
   write_bytes(d.file("config.json"), "{}");
   write_bytes(d.file("model-notes.txt"), "keep");
   write_bytes(d.file("other.safetensors"), "keep");
-  EXPECT_EQ(dir_listing(d.path).size(), 7u);
+  EXPECT_EQ(io_test::listing(d.path).size(), 7u);
   // Re-save into two shards: shards 1..3-of-3 are stale, and the new names differ.
   checkpoint_write_tensors(d.path.string(), ts, {.max_shard_bytes = 100});
-  EXPECT_EQ(dir_listing(d.path), (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors",
+  EXPECT_EQ(io_test::listing(d.path), (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors",
                                                            "model-00002-of-00002.safetensors", "model-notes.txt",
                                                            "model.safetensors.index.json", "other.safetensors"}));
   // Re-save as one file: the index goes too.
   checkpoint_write_tensors(d.path.string(), ts);
-  EXPECT_EQ(dir_listing(d.path), (std::vector<std::string>{"config.json", "model-notes.txt", "model.safetensors",
+  EXPECT_EQ(io_test::listing(d.path), (std::vector<std::string>{"config.json", "model-notes.txt", "model.safetensors",
                                                            "other.safetensors"}));
   auto c = CheckpointFiles::open(d.path.string());
   EXPECT_EQ(c.names().size(), 3u);
@@ -186,7 +179,7 @@ TEST(CheckpointWrite, RejectsDuplicatesAndBadLimit) {
                {d.path.string(), "duplicate", "\"a\""});
   expect_error([&] { checkpoint_write_tensors(d.path.string(), {{"a", u8(1, 0)}}, {.max_shard_bytes = 0}); },
                {"max shard size"});
-  EXPECT_TRUE(dir_listing(d.path).empty());
+  EXPECT_TRUE(io_test::listing(d.path).empty());
 }
 
 // ---- index validation ---------------------------------------------------------------------

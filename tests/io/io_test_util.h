@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 
@@ -34,6 +36,14 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   ASSERT_TRUE(out.good()) << path;
+}
+
+// The names in a directory, sorted.
+inline std::vector<std::string> listing(const std::filesystem::path& p) {
+  std::vector<std::string> r;
+  for (auto& e : std::filesystem::directory_iterator(p)) r.push_back(e.path().filename().string());
+  std::sort(r.begin(), r.end());
+  return r;
 }
 
 inline std::string read_bytes(const std::string& path) {

@@ -48,18 +48,11 @@ __device__ __forceinline__ void atomic_add2(float* p, float a, float b) {
 #endif
 }
 
+// A tile of ROWS rows with the backward's block of kBwdThreads threads (flash_attention_tiles.cuh).
 template <int ROWS, int D>
 __device__ __forceinline__ void load_rows(uint32_t s, const bf16* base, int row0, int T, int H, int head) {
-  constexpr int CH = D / 8;
-  static_assert(ROWS * CH % kBwdThreads == 0, "tile chunks must split evenly");
-#pragma unroll
-  for (int it = 0; it < ROWS * CH / kBwdThreads; ++it) {
-    const int idx = it * kBwdThreads + threadIdx.x;
-    const int i = idx / CH, c = idx % CH, t = row0 + i;
-    const bool valid = t < T;
-    const bf16* src = valid ? base + (static_cast<int64_t>(t) * H + head) * D + c * 8 : base;
-    mma::cp_async_16(s + flash::tile_offset<CH>(i, c * 8), src, valid);
-  }
+  static_assert(ROWS * (D / 8) % kBwdThreads == 0, "tile chunks must split evenly");
+  flash::load_rows<ROWS, D, kBwdThreads>(s, base, row0, T, H, head);
 }
 
 // The prologue in one launch: delta[h][t] = Σ_d dO·O (fp32), a group of D/8 lanes per (token, head), one 16-byte
@@ -336,20 +329,6 @@ struct DqCfg {
   static constexpr int SMEM = (2 * BM * D + 4 * BN * D) * 2;  // Q, dO, 2 x (K, V)
 };
 
-template <int ROWS, int D, int THREADS>
-__device__ __forceinline__ void load_rows_t(uint32_t s, const bf16* base, int row0, int T, int H, int head) {
-  constexpr int CH = D / 8;
-#pragma unroll
-  for (int it = 0; it < (ROWS * CH + THREADS - 1) / THREADS; ++it) {
-    const int idx = it * THREADS + threadIdx.x;
-    if (ROWS * CH % THREADS != 0 && idx >= ROWS * CH) break;
-    const int i = idx / CH, c = idx % CH, t = row0 + i;
-    const bool valid = t < T;
-    const bf16* src = valid ? base + (static_cast<int64_t>(t) * H + head) * D + c * 8 : base;
-    mma::cp_async_16(s + flash::tile_offset<CH>(i, c * 8), src, valid);
-  }
-}
-
 template <int D>
 __global__ void __launch_bounds__(DqCfg<D>::WARPS * 32)
     flash_bwd_dq_kernel(detail::FlashArgs a, const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -372,10 +351,10 @@ __global__ void __launch_bounds__(DqCfg<D>::WARPS * 32)
   const int ds_max = a.doc_start[q_last];
   const int ntiles = (q_last - kv_lo + BN) / BN;
 
-  load_rows_t<BM, D, THREADS>(sQ, q, q0, T, a.Hq, h);
-  load_rows_t<BM, D, THREADS>(sO, dout, q0, T, a.Hq, h);
-  load_rows_t<BN, D, THREADS>(sK0, k, kv_lo, T, a.Hk, hk);
-  load_rows_t<BN, D, THREADS>(sV0, v, kv_lo, T, a.Hk, hk);
+  flash::load_rows<BM, D, THREADS>(sQ, q, q0, T, a.Hq, h);
+  flash::load_rows<BM, D, THREADS>(sO, dout, q0, T, a.Hq, h);
+  flash::load_rows<BN, D, THREADS>(sK0, k, kv_lo, T, a.Hk, hk);
+  flash::load_rows<BN, D, THREADS>(sV0, v, kv_lo, T, a.Hk, hk);
   mma::cp_async_commit();
 
   const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
@@ -396,8 +375,8 @@ __global__ void __launch_bounds__(DqCfg<D>::WARPS * 32)
     mma::cp_async_wait<0>();
     __syncthreads();  // this tile landed, and every warp is done with the other buffer
     if (jt + 1 < ntiles) {
-      load_rows_t<BN, D, THREADS>(sK0 + ((jt + 1) & 1) * BN * D * 2, k, k0 + BN, T, a.Hk, hk);
-      load_rows_t<BN, D, THREADS>(sV0 + ((jt + 1) & 1) * BN * D * 2, v, k0 + BN, T, a.Hk, hk);
+      flash::load_rows<BN, D, THREADS>(sK0 + ((jt + 1) & 1) * BN * D * 2, k, k0 + BN, T, a.Hk, hk);
+      flash::load_rows<BN, D, THREADS>(sV0 + ((jt + 1) & 1) * BN * D * 2, v, k0 + BN, T, a.Hk, hk);
     }
     mma::cp_async_commit();
 

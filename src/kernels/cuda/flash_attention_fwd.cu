@@ -23,21 +23,7 @@ namespace {
 using flash::FwdCfg;
 using mma::bf16;
 
-// Rows [row0, row0 + ROWS) of a [T][H][D] tensor at head `head` into a swizzled [ROWS][D] tile;
-// rows >= T are zero-filled.
-template <int ROWS, int D, int THREADS>
-__device__ __forceinline__ void load_rows(uint32_t s, const bf16* base, int row0, int T, int H, int head) {
-  constexpr int CH = D / 8;
-#pragma unroll
-  for (int it = 0; it < (ROWS * CH + THREADS - 1) / THREADS; ++it) {
-    const int idx = it * THREADS + threadIdx.x;
-    if (ROWS * CH % THREADS != 0 && idx >= ROWS * CH) break;
-    const int i = idx / CH, c = idx % CH, t = row0 + i;
-    const bool valid = t < T;
-    const bf16* src = valid ? base + (static_cast<int64_t>(t) * H + head) * D + c * 8 : base;
-    mma::cp_async_16(s + flash::tile_offset<CH>(i, c * 8), src, valid);
-  }
-}
+using flash::load_rows;
 
 template <int D>
 __global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)

@@ -34,6 +34,22 @@ __device__ __forceinline__ uint32_t tile_offset(int row, int col) {
   }
 }
 
+// Rows [row0, row0 + ROWS) of a [T][H][D] tensor at head `head` into a swizzled [ROWS][D] shared tile with
+// cp.async, THREADS threads each taking 16-byte chunks; rows >= T are zero-filled.
+template <int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_rows(uint32_t s, const mma::bf16* base, int row0, int T, int H, int head) {
+  constexpr int CH = D / 8;
+#pragma unroll
+  for (int it = 0; it < (ROWS * CH + THREADS - 1) / THREADS; ++it) {
+    const int idx = it * THREADS + threadIdx.x;
+    if (ROWS * CH % THREADS != 0 && idx >= ROWS * CH) break;
+    const int i = idx / CH, c = idx % CH, t = row0 + i;
+    const bool valid = t < T;
+    const mma::bf16* src = valid ? base + (static_cast<int64_t>(t) * H + head) * D + c * 8 : base;
+    mma::cp_async_16(s + tile_offset<CH>(i, c * 8), src, valid);
+  }
+}
+
 // Forward: a block of WARPS x 16 query rows (BM) walks the key range in tiles of BN keys; Q stays in
 // shared memory, K and V tiles are double-buffered. Per warp the O accumulator is 16 x D fp32 (D / 2
 // registers per thread) and the score tile 16 x BN (BN / 8 registers per thread).
