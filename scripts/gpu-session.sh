@@ -58,6 +58,8 @@
 #         against it; ~3 min) | mixtune-standard-det (the standard step with and without --deterministic, twice each:
 #         what train.deterministic costs). `tests` unpacks .carry/qsdata.tar.xz (quickstart data + the Qwen3
 #         tokenizer) for CudaTrainer.PureBf16TracksCpuFp32OnQuickstartData when it is there.
+#         mixtune-standard-ab (the standard step with the old binary in .carry/mixtune-old.tar.xz and the new one,
+#         alternating AB_ORDER="old new old new": a refactor's cost in one call).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
 [[ $# -lt 2 ]] && { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2; }
@@ -115,6 +117,25 @@ for f in sorted(glob.glob(sys.argv[1] + "/mixtune-standard-det-*-mixtune.json"))
     print(f.split("/")[-1], "deterministic" if j.get("deterministic") else "fast", "tokens/s", round(j["tokens_per_s_per_gpu"]),
           "step ms", round(1000 * j.get("step_time_s", 0), 1), "peak GiB", round(j.get("peak_allocated_bytes", 0) / 2**30, 2),
           "attention ms", j.get("phases_ms", {}).get("attention"), "loss first/last", repr(j.get("loss_first")),
+          repr(j.get("loss_last")))
+PY
+      ;;
+    mixtune-standard-ab)  # a refactor's cost: the standard step with the old binary (.carry/mixtune-old.tar.xz) and the new
+      # one, alternating (AB_ORDER, default "old new old new"), same call, same card
+      mkdir -p "$G/old" && tar xJf .carry/mixtune-old.tar.xz -C "$G/old" || { echo "no .carry/mixtune-old.tar.xz" >&2; rc=1; continue; }
+      n=0
+      for v in ${AB_ORDER:-old new old new}; do
+        n=$((n + 1)); b="$BIN/mixtune"; [[ $v == old ]] && b="$G/old/old/mixtune"
+        SIDES=mixtune NAME=mixtune-standard-ab-$n-$v OUT=$OUT bash bench/side_by_side.sh "$b" standard \
+          > "$OUT/mixtune-standard-ab-$n-$v.out" 2>&1 || { rc=1; tail -5 "$OUT/mixtune-standard-ab-$n-$v.out"; }
+      done
+      python3 - "$OUT" "$(cat "$G/old/old/COMMIT" 2>/dev/null)" "$MIXTUNE_COMMIT" <<'PY' || rc=1
+import glob, json, sys
+print("old commit", sys.argv[2], "new commit", sys.argv[3])
+for f in sorted(glob.glob(sys.argv[1] + "/mixtune-standard-ab-*-mixtune.json")):
+    j = json.load(open(f))
+    print(f.split("/")[-1], "tokens/s", round(j["tokens_per_s_per_gpu"]), "step ms", round(1000 * j.get("step_time_s", 0), 1),
+          "peak GiB", round(j.get("peak_allocated_bytes", 0) / 2**30, 2), "loss first/last", repr(j.get("loss_first")),
           repr(j.get("loss_last")))
 PY
       ;;
