@@ -250,6 +250,52 @@ TEST(MemoryPlan, DenseLayerCountsTheDenseMlp) {
   EXPECT_EQ(p.activations_saved, kModelSaved + 2 * kLayerNone - moe_mlp_saved + dense_mlp_saved);
 }
 
+// A dense Qwen3 of the tiny shapes (intermediate_size 128, no experts): every layer holds what the CUDA dense
+// MLP block (layers/cuda/mlp_block_cuda.h) keeps, x_mid, n, gate|up [T, 2F], h [T, F] (selective drops n and
+// h), and its backward allocates d(gate|up), dh and dn.
+TEST(MemoryPlan, DenseQwen3CountsTheCudaMlpBlock) {
+  nlohmann::json j = preset_config_json("qwen3-moe-test");
+  j["architectures"] = {"Qwen3ForCausalLM"};
+  j["model_type"] = "qwen3";
+  for (const char* k : {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+                        "mlp_only_layers", "norm_topk_prob", "output_router_logits", "router_aux_loss_coef"})
+    j.erase(k);
+  MemoryPlanInput in = tiny_input(Recompute::selective);
+  in.cfg = Qwen3MoeConfig::from_json(j, "dense");
+  ASSERT_EQ(in.cfg.num_experts, 0);
+  const int64_t attention_kept = sum({256 * 64 * 2,  // x_in
+                                      256 * 64 * 2,  // q
+                                      256 * 32 * 2,  // k
+                                      256 * 32 * 2,  // v
+                                      256 * 64 * 2,  // o
+                                      4 * 256 * 4}); // lse
+  const int64_t attention_dropped = sum({256 * 64 * 2, 256 * 64 * 2, 256 * 32 * 2});  // a, qr, kr
+  const int64_t mlp_kept = sum({256 * 64 * 2,     // x_mid
+                                256 * 256 * 2});  // gate|up
+  const int64_t mlp_dropped = sum({256 * 64 * 2,    // n
+                                   256 * 128 * 2}); // h
+  const int64_t attention_backward = sum({256 * 64 * 2,                   // do
+                                          (4 + 2 * 2) * 16 * 256 * 4,     // flash fp32 dq/dk/dv
+                                          4 * 256 * 4,                    // flash delta
+                                          256 * 64 * 2, 256 * 32 * 2 * 2, // dq, dk, dv
+                                          256 * 64 * 2 + 256 * 32 * 2,    // dqn, dkn
+                                          256 * 64 * 2 + 256 * 32 * 2,    // before q/k-norm
+                                          256 * 64 * 2,                   // da
+                                          2 * 256 * 64 * 2});             // residual grads
+  const int64_t mlp_backward = sum({256 * 256 * 2,  // d(gate|up)
+                                    256 * 128 * 2,  // dh
+                                    256 * 64 * 2}); // dn
+  MemoryPlan sel = memory_plan(in);
+  EXPECT_EQ(sel.moe_layers, 0);
+  EXPECT_EQ(sel.param_count, kTinyParams - 2 * (8 * 64 + 8 * 2 * 32 * 64 + 8 * 64 * 32) + 2 * 3 * 128 * 64);
+  EXPECT_EQ(sel.activations_saved, kModelSaved + 2 * (attention_kept + mlp_kept));
+  EXPECT_EQ(sel.activations_transient, attention_dropped + mlp_dropped + attention_backward + mlp_backward);
+  in.recompute = Recompute::none;
+  MemoryPlan none = memory_plan(in);
+  EXPECT_EQ(none.activations_saved, kModelSaved + 2 * (attention_kept + attention_dropped + mlp_kept + mlp_dropped));
+  EXPECT_EQ(none.activations_transient, attention_backward + mlp_backward);
+}
+
 TEST(MemoryPlan, ActivationsShrinkWithMoreRecompute) {
   for (int64_t seq : {128, 4096}) {
     MemoryPlanInput in = tiny_input(Recompute::none);

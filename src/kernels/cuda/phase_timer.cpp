@@ -14,6 +14,7 @@ const char* phase_name(Phase p) {
     case Phase::comm_plan: return "comm_plan";
     case Phase::comm: return "comm";
     case Phase::grad_sync: return "grad_sync";
+    case Phase::mlp: return "mlp";
     case Phase::other: return "other";
   }
   return "other";

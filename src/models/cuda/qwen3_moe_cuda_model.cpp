@@ -12,6 +12,7 @@
 #include "kernels/cuda/router.h"
 #include "kernels/cuda/row_select.h"
 #include "layers/cuda/attention_block_cuda.h"
+#include "layers/cuda/mlp_block_cuda.h"
 #include "layers/cuda/moe_block_cuda.h"
 #include "models/qwen3_moe_model.h"
 
@@ -22,15 +23,23 @@ namespace {
 using cuda::Phase;
 
 // One decoder layer's saved state. x_in is the layer input (residual stream), x_mid the stream after
-// the attention residual add (the MoE block's input).
+// the attention residual add (the MoE or dense MLP block's input).
 struct LayerActs {
   Tensor x_in, x_mid;
   AttentionActsCuda attn;
   MoeActsCuda moe;
+  MlpActsCuda mlp;  // a dense layer's
 };
 
-// Runs layer l from its input stream x and normalised input a; fills acts and returns the MoE output
-// (before its residual add, which the next norm fuses).
+// ---- Dense MLP layers (mlp_only_layers, decoder_sparse_step, a dense Qwen3): the shared MLP block ----
+bool dense_layer(const CudaBlockEnv& env) { return !env.cfg->is_moe_layer(env.layer); }
+MlpSpec dense_spec(const Qwen3MoeConfig& c) { return {c.hidden_size, c.intermediate_size, MlpActivation::swiglu}; }
+MlpWeightsCuda dense_weights(const Qwen3MoeLayerWeights& L) { return {L.mlp_gate, L.mlp_up, L.mlp_down}; }
+MlpGradsCuda dense_grads(Qwen3MoeLayerWeights& G) { return {G.mlp_gate, G.mlp_up, G.mlp_down}; }
+// ---- end of the dense MLP layers' helpers ----
+
+// Runs layer l (env.layer) from its input stream x and normalised input a; fills acts and returns the MoE
+// or dense MLP output (before its residual add, which the next norm fuses).
 Tensor layer_forward(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& L, const Tensor& x, const Tensor& a,
                      cuda::AuxStats* stats, LayerActs& acts) {
   acts.x_in = x;
@@ -39,6 +48,7 @@ Tensor layer_forward(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& L, con
   acts.x_mid = env.bf16(x.shape());
   Tensor n = env.bf16(x.shape());
   cuda::rmsnorm_residual_forward(y, x, L.post_norm, env.eps(), acts.x_mid, n, nullptr, env.stream);
+  if (dense_layer(env)) return mlp_block_forward_cuda(env, dense_spec(*env.cfg), dense_weights(L), n, acts.mlp);
   return moe_block_forward_cuda(env, L, n, stats, acts.moe);
 }
 
@@ -47,6 +57,7 @@ void layer_release(LayerActs& acts, Recompute r) {
   if (r == Recompute::selective) {
     attention_acts_drop_cheap(acts.attn);
     moe_acts_drop_cheap(acts.moe);
+    mlp_acts_drop_cheap(acts.mlp);
     return;
   }
   Tensor x = acts.x_in;
@@ -65,7 +76,16 @@ void layer_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& L, Layer
     return;
   }
   attention_acts_restore(env, L, acts.x_in, acts.attn);
-  moe_acts_restore(env, L, acts.x_mid, acts.moe);
+  if (!dense_layer(env)) {
+    moe_acts_restore(env, L, acts.x_mid, acts.moe);
+    return;
+  }
+  if (!acts.mlp.n.defined()) {
+    env.phase(Phase::other);
+    acts.mlp.n = env.bf16(acts.x_mid.shape());
+    cuda::rmsnorm_forward(acts.x_mid, L.post_norm, env.eps(), acts.mlp.n, nullptr, env.stream);
+  }
+  mlp_acts_restore(env, dense_spec(*env.cfg), acts.mlp);
 }
 
 // The model's calls into a ParamResidency (ZeRO-3); no-ops without one.
@@ -141,7 +161,12 @@ void check_grads(const Qwen3MoeWeights& w, const Qwen3MoeWeights& g, int device)
   }
 }
 
-bool config_adds_aux(const Qwen3MoeConfig& c) { return c.output_router_logits && c.num_hidden_layers > 0; }
+bool config_adds_aux(const Qwen3MoeConfig& c) {
+  if (!c.output_router_logits) return false;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    if (c.is_moe_layer(l)) return true;  // the aux loss averages over the MoE layers' router logits
+  return false;
+}
 
 // The LM head and the loss over the rows that have a target (every row when b.target_rows is undefined):
 // ignored rows (prompt tokens of answer-only chat data, padding, each row's last token) add nothing to the
@@ -171,17 +196,17 @@ void head_loss(const CudaBlockEnv& env, const Tensor& xf, const Tensor& head, co
 }  // namespace
 
 std::string cuda_model_unsupported_reason(const Qwen3MoeConfig& c) {
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    if (!c.is_moe_layer(l))
-      return fmt::format("layer {} is a dense MLP layer (mlp_only_layers / decoder_sparse_step); the CUDA model runs "
-                         "MoE layers only",
-                         l);
+  bool moe = false, dense = false;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) (c.is_moe_layer(l) ? moe : dense) = true;
   if (!cuda::flash_attention_head_dim_supported(c.head_dim))
     return fmt::format("head_dim {} has no flash-attention kernel ({})", c.head_dim,
                        cuda::flash_attention_head_dims());
-  if (c.hidden_size % 8 != 0 || c.moe_intermediate_size % 8 != 0)
+  if (c.hidden_size % 8 != 0 || (moe && c.moe_intermediate_size % 8 != 0))
     return fmt::format("hidden_size {} and moe_intermediate_size {} must be multiples of 8 for the grouped GEMM",
                        c.hidden_size, c.moe_intermediate_size);
+  if (dense && c.intermediate_size % 8 != 0)  // the gate and up halves of the dense MLP's [T, 2F] buffer
+    return fmt::format("intermediate_size {} must be a multiple of 8 for the dense MLP layers' GEMMs",
+                       c.intermediate_size);
   return "";
 }
 
@@ -251,7 +276,7 @@ Qwen3MoeCudaModel::Trace Qwen3MoeCudaModel::forward_trace(const CudaBatch& b) {
   Trace t;
   t.final_hidden = run_layers(env, w_, b, nullptr, &acts, Recompute::none, params).xf;
   params.release(ParamResidency::head(cfg_.num_hidden_layers), false);
-  for (LayerActs& a : acts) t.routes.push_back(a.moe.route.index);
+  for (LayerActs& a : acts) t.routes.push_back(a.moe.route.index);  // undefined for a dense layer
   env.phase(Phase::other);
   return t;
 }
@@ -315,7 +340,9 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
     lenv.layer = l;
     if (rc == Recompute::full && dout_all.pending) ep_join(*env.ep, dout_all, ctx.stream);  // the recompute gathers too
     layer_restore(lenv, L, A, rc);
-    Tensor dn = moe_block_backward_cuda(lenv, L, A.moe, dx, aux_dp, G, wgrad_passes_, l, &dout_all);
+    Tensor dn = dense_layer(lenv)
+                    ? mlp_block_backward_cuda(lenv, dense_spec(cfg_), dense_weights(L), A.mlp, dx, dense_grads(G))
+                    : moe_block_backward_cuda(lenv, L, A.moe, dx, aux_dp, G, wgrad_passes_, l, &dout_all);
     MT_CHECK(!dout_all.pending, "layer {}: the prefetched output-gradient all-gather was not used", l);
     env.phase(Phase::other);
     Tensor dx_mid = env.bf16({T, H});
@@ -323,7 +350,8 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
     dn = Tensor();
     dx = Tensor();
     A.moe = {};
-    const bool prefetch = prefetch_dout && l > 0;
+    A.mlp = {};
+    const bool prefetch = prefetch_dout && l > 0 && cfg_.is_moe_layer(l - 1);  // a dense layer gathers nothing
     AttentionWgradsCuda wgrads;
     Tensor da = attention_block_backward_cuda(env, L, A.attn, dx_mid, G, prefetch ? &wgrads : nullptr);
     env.phase(Phase::other);

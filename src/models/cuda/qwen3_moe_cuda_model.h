@@ -25,8 +25,8 @@
 
 namespace mt {
 
-// Why the CUDA model cannot run `cfg` ("" when it can): dense MLP layers, a head_dim the flash-attention
-// kernels lack, expert/hidden sizes the grouped GEMM cannot tile.
+// Why the CUDA model cannot run `cfg` ("" when it can): a head_dim the flash-attention kernels lack,
+// expert/hidden/intermediate sizes that are not multiples of 8.
 std::string cuda_model_unsupported_reason(const Qwen3MoeConfig& cfg);
 
 struct CudaModelOptions {
@@ -60,15 +60,16 @@ struct CudaLoss {
 
 class Qwen3MoeCudaModel {
  public:
-  // weights: BF16 on cuda:device (checked); MoE layers only (a dense MLP layer is refused).
+  // weights: BF16 on cuda:device (checked). MoE layers run the MoE block, dense layers (mlp_only_layers,
+  // decoder_sparse_step, a dense Qwen3) the dense MLP block (layers/cuda/mlp_block_cuda.h).
   Qwen3MoeCudaModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, int device,
                     const CudaModelOptions& options = {});
 
   CudaLoss forward(const CudaBatch& b);
   // A forward that keeps what a comparison with another implementation needs (tests, diagnostics; it holds
   // every layer's activations until it returns): the final norm's output, BF16 [T, H], what the LM head reads
-  // (logits = final_hidden · lm_headᵀ; the loss never materialises them), and each MoE layer's selected
-  // experts, I32 [T, k] by descending probability, all on the device.
+  // (logits = final_hidden · lm_headᵀ; the loss never materialises them), and per layer the selected
+  // experts, I32 [T, k] by descending probability (undefined for a dense layer), all on the device.
   struct Trace {
     Tensor final_hidden;
     std::vector<Tensor> routes;

@@ -1,6 +1,7 @@
 // The CUDA model against the CPU reference model (both BF16 parameters, Transformers' bf16 rounding
 // points on the CPU): loss, aux loss and every parameter gradient of one micro-batch with packed
-// documents, ignored labels and the aux loss on; the recompute policies against each other.
+// documents, ignored labels and the aux loss on, with MoE layers, dense MLP layers (mlp_only_layers,
+// decoder_sparse_step) and a dense Qwen3; the recompute policies against each other.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,7 +22,7 @@
 namespace mt {
 namespace {
 
-Qwen3MoeConfig small_config(int64_t head_dim, int64_t top_k = 2) {
+nlohmann::json small_config_json(int64_t head_dim, int64_t top_k) {
   nlohmann::json j = preset_config_json("qwen3-moe-test");
   j["hidden_size"] = 128;
   j["head_dim"] = head_dim;
@@ -34,7 +35,45 @@ Qwen3MoeConfig small_config(int64_t head_dim, int64_t top_k = 2) {
   j["output_router_logits"] = true;
   j["router_aux_loss_coef"] = 0.02;
   j["initializer_range"] = 0.05;
-  return Qwen3MoeConfig::from_json(j, "test-config");
+  return j;
+}
+
+Qwen3MoeConfig small_config(int64_t head_dim, int64_t top_k = 2) {
+  return Qwen3MoeConfig::from_json(small_config_json(head_dim, top_k), "test-config");
+}
+
+// Where small_config's dense MLP layers are (intermediate_size 200: a multiple of 8, not of a tile).
+enum class DenseLayers {
+  mlp_only_1,     // mlp_only_layers [1]: layer 0 MoE, layer 1 dense
+  sparse_step_2,  // decoder_sparse_step 2: layer 0 dense, layer 1 MoE
+  all,            // a dense Qwen3 (Qwen3ForCausalLM): no experts at all
+};
+
+const char* dense_layers_name(DenseLayers d) {
+  return d == DenseLayers::mlp_only_1 ? "mlp_only_layers [1]"
+         : d == DenseLayers::sparse_step_2 ? "decoder_sparse_step 2"
+                                           : "dense Qwen3";
+}
+
+nlohmann::json dense_config_json(DenseLayers d, int64_t head_dim, int64_t top_k) {
+  nlohmann::json j = small_config_json(head_dim, top_k);
+  j["intermediate_size"] = 200;
+  if (d == DenseLayers::mlp_only_1) {
+    j["mlp_only_layers"] = {1};
+  } else if (d == DenseLayers::sparse_step_2) {
+    j["decoder_sparse_step"] = 2;
+  } else {
+    j["architectures"] = {"Qwen3ForCausalLM"};
+    j["model_type"] = "qwen3";
+    for (const char* k : {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+                          "mlp_only_layers", "norm_topk_prob", "output_router_logits", "router_aux_loss_coef"})
+      j.erase(k);
+  }
+  return j;
+}
+
+Qwen3MoeConfig dense_config(DenseLayers d, int64_t head_dim, int64_t top_k) {
+  return Qwen3MoeConfig::from_json(dense_config_json(d, head_dim, top_k), dense_layers_name(d));
 }
 
 using test::device_zeros_like;
@@ -146,9 +185,24 @@ TEST(CudaQwen3MoeModel, MatchesCpuBf16TopTwo) {
   expect_matches_cpu(small_config(64, 2), {5e-3, 2e-2, 0.35, 0.2});
 }
 
-TEST(CudaQwen3MoeModel, RecomputePoliciesAgree) {
+// Dense MLP layers (layers/cuda/mlp_block_cuda.h) in the model. Top-k = E in the MoE layers, so no routing
+// decision can flip and the all-experts-routed limits apply to every gradient, the dense MLP's included (its
+// numerics are the experts' without the routing weight: two bf16 GEMM outputs, HF's two SwiGLU roundings, a
+// bf16 down GEMM). The dense Qwen3 has no aux loss on either side (0 == 0).
+TEST(CudaQwen3MoeModel, DenseLayersMatchCpuBf16) {
   MT_SKIP_WITHOUT_CUDA();
-  const Qwen3MoeConfig cfg = small_config(64);
+  for (DenseLayers d : {DenseLayers::mlp_only_1, DenseLayers::sparse_step_2, DenseLayers::all})
+    for (int64_t head_dim : {64, 128}) {
+      SCOPED_TRACE(std::string(dense_layers_name(d)) + ", head_dim " + std::to_string(head_dim));
+      const Qwen3MoeConfig cfg = dense_config(d, head_dim, 8);
+      ASSERT_EQ(cfg.is_moe_layer(0), d == DenseLayers::mlp_only_1);
+      ASSERT_EQ(cfg.is_moe_layer(1), d == DenseLayers::sparse_step_2);
+      expect_matches_cpu(cfg, {5e-3, 1e-2, 0.06, 0.03});
+    }
+}
+
+// Recompute none | selective | full against each other, through MoE and dense layers alike (see below).
+void expect_recompute_policies_agree(const Qwen3MoeConfig& cfg) {
   Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 11);
   Qwen3MoeWeights dev_w = to_device_weights(host_w);
   const Batch b = test_batch(cfg);
@@ -164,6 +218,19 @@ TEST(CudaQwen3MoeModel, RecomputePoliciesAgree) {
                                            // flash backward's fp32 atomics may reorder sums
       test::expect_near_normalised(test::device_floats(*a[i].second), test::device_floats(*n[i].second), 2e-3, 1e-3,
                                    "gradient " + a[i].first);
+  }
+}
+
+TEST(CudaQwen3MoeModel, RecomputePoliciesAgree) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_recompute_policies_agree(small_config(64));
+}
+
+TEST(CudaQwen3MoeModel, RecomputePoliciesAgreeWithDenseLayers) {
+  MT_SKIP_WITHOUT_CUDA();
+  for (DenseLayers d : {DenseLayers::sparse_step_2, DenseLayers::all}) {
+    SCOPED_TRACE(dense_layers_name(d));
+    expect_recompute_policies_agree(dense_config(d, 64, 2));
   }
 }
 
@@ -269,7 +336,7 @@ TEST(CudaQwen3MoeModel, MicroBatchWithoutTargetsHasNoLossGradient) {
   }
 }
 
-TEST(CudaQwen3MoeModel, RefusesFp32ParametersAndDenseLayers) {
+TEST(CudaQwen3MoeModel, RefusesFp32Parameters) {
   MT_SKIP_WITHOUT_CUDA();
   const Qwen3MoeConfig cfg = small_config(64);
   Qwen3MoeWeights f32 = Qwen3MoeWeights::random_init(cfg, DType::F32, 1);
@@ -280,18 +347,23 @@ TEST(CudaQwen3MoeModel, RefusesFp32ParametersAndDenseLayers) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("expected dtype BF16"), std::string::npos) << e.what();
   }
-  nlohmann::json j = cfg.to_json();
-  j["mlp_only_layers"] = {1};
-  j["intermediate_size"] = 64;
-  const Qwen3MoeConfig dense = Qwen3MoeConfig::from_json(j, "dense");
-  Qwen3MoeWeights hw = Qwen3MoeWeights::random_init(dense, DType::BF16, 1);
-  Qwen3MoeWeights dw = to_device_weights(hw);
-  try {
-    Qwen3MoeCudaModel m(dense, dw, 0);
-    FAIL() << "dense layer accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("layer 1 is a dense MLP layer"), std::string::npos) << e.what();
+}
+
+// What the CUDA model refuses is a pure function of the config (no GPU needed): dense layers are accepted, but
+// their intermediate_size must be a multiple of 8 (the gate and up halves of the MLP block's [T, 2F] buffer
+// stay 16-byte aligned), and only when the config has a dense layer.
+TEST(CudaQwen3MoeModel, UnsupportedReasonChecksTheDenseIntermediateSize) {
+  for (DenseLayers d : {DenseLayers::mlp_only_1, DenseLayers::sparse_step_2, DenseLayers::all}) {
+    SCOPED_TRACE(dense_layers_name(d));
+    EXPECT_EQ(cuda_model_unsupported_reason(dense_config(d, 64, 2)), "");
+    nlohmann::json j = dense_config_json(d, 64, 2);
+    j["intermediate_size"] = 100;
+    EXPECT_EQ(cuda_model_unsupported_reason(Qwen3MoeConfig::from_json(j, "odd")),
+              "intermediate_size 100 must be a multiple of 8 for the dense MLP layers' GEMMs");
   }
+  nlohmann::json j = small_config_json(64, 2);  // MoE layers only: intermediate_size is unused
+  j["intermediate_size"] = 100;
+  EXPECT_EQ(cuda_model_unsupported_reason(Qwen3MoeConfig::from_json(j, "moe only")), "");
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The CUDA training tests' model and data: a small MoE (head_dim 64 for the flash-attention kernels,
-// 8 experts) saved as an F32 checkpoint, 64 pre-tokenized examples with a learnable pattern (each
+// 8 experts), or with `dense` a dense Qwen3 of the same attention (intermediate_size 256), saved as an F32 checkpoint, 64 pre-tokenized examples with a learnable pattern (each
 // sequence counts up from a random start), a recipe writer and the metrics reader.
 #pragma once
 #include <cstdint>
@@ -17,7 +17,7 @@
 
 namespace mt {
 
-inline void write_model_and_data(const io_test::ScratchDir& dir) {
+inline void write_model_and_data(const io_test::ScratchDir& dir, bool dense = false) {
   nlohmann::json j = preset_config_json("qwen3-moe-test");
   j["hidden_size"] = 128;
   j["head_dim"] = 64;
@@ -27,6 +27,14 @@ inline void write_model_and_data(const io_test::ScratchDir& dir) {
   j["output_router_logits"] = true;
   j["router_aux_loss_coef"] = 0.01;
   j["initializer_range"] = 0.05;
+  if (dense) {
+    j["architectures"] = {"Qwen3ForCausalLM"};
+    j["model_type"] = "qwen3";
+    j["intermediate_size"] = 256;
+    for (const char* k : {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+                          "mlp_only_layers", "norm_topk_prob", "output_router_logits", "router_aux_loss_coef"})
+      j.erase(k);
+  }
   CausalLM lm = CausalLM::from_config(Qwen3MoeConfig::from_json(j, "test"), DType::F32, 3);
   lm.save_pretrained(dir.file("model"));
   std::ofstream out(dir.file("train.jsonl"));

@@ -32,10 +32,10 @@ namespace {
 
 using Quiet = test::QuietLog;
 
-TEST(CudaTrainer, Bf16TracksCpuFp32LossCurveOver50Steps) {
-  MT_SKIP_WITHOUT_CUDA();
+// dense: a dense Qwen3 (every layer the dense MLP block, layers/cuda/mlp_block_cuda.h) instead of the MoE.
+void expect_bf16_tracks_cpu_fp32(bool dense) {
   io_test::ScratchDir dir;
-  write_model_and_data(dir);
+  write_model_and_data(dir, dense);
   Quiet q;
   finetune(recipe(dir, "cpu", {}), q.options());
   finetune(recipe(dir, "gpu", {"model.dtype=bfloat16", "train.device=cuda"}), q.options());
@@ -55,6 +55,18 @@ TEST(CudaTrainer, Bf16TracksCpuFp32LossCurveOver50Steps) {
   // The final checkpoint loads and is bf16.
   CausalLM back = CausalLM::from_pretrained((dir.path / "gpu" / "final").string());
   EXPECT_EQ(back.weights.embed.dtype(), DType::BF16);
+  EXPECT_EQ(back.config.architecture, dense ? "Qwen3ForCausalLM" : "Qwen3MoeForCausalLM");
+}
+
+TEST(CudaTrainer, Bf16TracksCpuFp32LossCurveOver50Steps) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_bf16_tracks_cpu_fp32(false);
+}
+
+// The same for a dense Qwen3 (same limits: the bf16 noise is the same kind, without routing).
+TEST(CudaTrainer, DenseQwen3Bf16TracksCpuFp32LossCurveOver50Steps) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_bf16_tracks_cpu_fp32(true);
 }
 
 TEST(CudaTrainer, Float32ModelSavesFp32MastersAndResumes) {

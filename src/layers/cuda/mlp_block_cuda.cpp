@@ -1,0 +1,103 @@
+#include "layers/cuda/mlp_block_cuda.h"
+
+#include "core/error.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/swiglu.h"
+
+namespace mt {
+
+namespace {
+
+void check_weights(const MlpSpec& s, const MlpWeightsCuda& w) {
+  MT_CHECK(s.hidden > 0 && s.intermediate > 0, "mlp block: hidden {} and intermediate {} must be positive", s.hidden,
+           s.intermediate);
+  MT_CHECK(s.activation == MlpActivation::swiglu, "mlp block: only the SwiGLU activation is implemented");
+  const Shape fh{s.intermediate, s.hidden}, hf{s.hidden, s.intermediate};
+  MT_CHECK(w.gate.shape() == fh && w.up.shape() == fh && w.down.shape() == hf && w.gate.dtype() == DType::BF16 &&
+               w.up.dtype() == DType::BF16 && w.down.dtype() == DType::BF16,
+           "mlp block: expected BF16 gate, up {} and down {}, found {}, {}, {}", shape_str(fh), shape_str(hf),
+           w.gate.desc(), w.up.desc(), w.down.desc());
+}
+
+// The gate half (column 0) or the up half (column F) of a row-major [T, 2F] buffer.
+void* half(const Tensor& gu, int64_t F, int which) {
+  return static_cast<char*>(gu.data()) + which * F * static_cast<int64_t>(dtype_size(gu.dtype()));
+}
+
+}  // namespace
+
+Tensor mlp_block_forward_cuda(const CudaBlockEnv& env, const MlpSpec& spec, const MlpWeightsCuda& w, const Tensor& n,
+                              MlpActsCuda& acts) {
+  check_weights(spec, w);
+  const int64_t H = spec.hidden, F = spec.intermediate;
+  MT_CHECK(n.ndim() == 2 && n.dim(1) == H && n.dtype() == DType::BF16, "mlp block: input BF16 [T, {}], found {}", H,
+           n.desc());
+  const int64_t T = n.dim(0);
+  env.phase(cuda::Phase::mlp);
+  acts.n = n;
+  // gate = n·W_gateᵀ and up = n·W_upᵀ side by side (ldc 2F), the layout the SwiGLU kernel reads.
+  acts.gu = env.bf16({T, 2 * F});
+  for (int which = 0; which < 2; ++which) {
+    const Tensor& wt = which == 0 ? w.gate : w.up;
+    cuda::gemm(env.device, env.stream, T, F, H, 1.0f, {n.data(), DType::BF16, H, false},
+               {wt.data(), DType::BF16, H, true}, 0.0f, half(acts.gu, F, which), DType::BF16, 2 * F);
+  }
+  acts.h = env.bf16({T, F});
+  cuda::swiglu_forward(acts.gu, nullptr, acts.h, env.stream);
+  Tensor y = env.bf16({T, H});
+  cuda::linear_forward(acts.h, w.down, y, env.stream);
+  return y;
+}
+
+void mlp_acts_drop_cheap(MlpActsCuda& acts) {
+  acts.n = Tensor();
+  acts.h = Tensor();
+}
+
+void mlp_acts_restore(const CudaBlockEnv& env, const MlpSpec& spec, MlpActsCuda& acts) {
+  if (acts.h.defined()) return;
+  MT_CHECK(acts.gu.defined(), "mlp block: nothing to recompute from (the gate|up outputs were not kept)");
+  env.phase(cuda::Phase::mlp);
+  acts.h = env.bf16({acts.gu.dim(0), spec.intermediate});
+  cuda::swiglu_forward(acts.gu, nullptr, acts.h, env.stream);
+}
+
+Tensor mlp_block_backward_cuda(const CudaBlockEnv& env, const MlpSpec& spec, const MlpWeightsCuda& w,
+                               const MlpActsCuda& acts, const Tensor& dy, const MlpGradsCuda& g) {
+  check_weights(spec, w);
+  const int64_t H = spec.hidden, F = spec.intermediate;
+  MT_CHECK(acts.n.defined() && acts.gu.defined() && acts.h.defined(),
+           "mlp block: backward needs n, gu and h (restore the dropped activations first)");
+  const int64_t T = acts.n.dim(0);
+  MT_CHECK(dy.ndim() == 2 && dy.dim(0) == T && dy.dim(1) == H && dy.dtype() == DType::BF16,
+           "mlp block: output gradient BF16 [{}, {}], found {}", T, H, dy.desc());
+  const Shape fh{F, H}, hf{H, F};
+  MT_CHECK(g.gate.shape() == fh && g.up.shape() == fh && g.down.shape() == hf && g.gate.dtype() == DType::F32 &&
+               g.up.dtype() == DType::F32 && g.down.dtype() == DType::F32,
+           "mlp block: expected F32 gradients {} and {}, found {}, {}, {}", shape_str(fh), shape_str(hf),
+           g.gate.desc(), g.up.desc(), g.down.desc());
+  env.phase(cuda::Phase::mlp);
+
+  // Down projection: dh = dy·W_down, dW_down += dyᵀ·h.
+  Tensor dh = env.bf16({T, F});
+  cuda::linear_backward_input(dy, w.down, dh, env.stream);
+  cuda::linear_backward_weight(dy, acts.h, g.down, env.stream);
+  // SwiGLU: d(gate | up), fp32 math rounded once to bf16.
+  Tensor dgu = env.bf16({T, 2 * F});
+  cuda::swiglu_backward(dh, acts.gu, nullptr, dgu, nullptr, env.stream);
+  dh = Tensor();
+  // dn = d_gate·W_gate + d_up·W_up (the second GEMM adds, beta 1); dW_gate += d_gateᵀ·n, dW_up += d_upᵀ·n.
+  Tensor dn = env.bf16({T, H});
+  for (int which = 0; which < 2; ++which) {
+    const Tensor& wt = which == 0 ? w.gate : w.up;
+    Tensor& dw = which == 0 ? g.gate : g.up;
+    const void* d = half(dgu, F, which);
+    cuda::gemm(env.device, env.stream, T, H, F, 1.0f, {d, DType::BF16, 2 * F, false}, {wt.data(), DType::BF16, H, false},
+               which == 0 ? 0.0f : 1.0f, dn.data(), DType::BF16, H);
+    cuda::gemm(env.device, env.stream, F, H, T, 1.0f, {d, DType::BF16, 2 * F, true},
+               {acts.n.data(), DType::BF16, H, false}, 1.0f, dw.data(), DType::F32, H);
+  }
+  return dn;
+}
+
+}  // namespace mt

@@ -1,0 +1,59 @@
+// A dense MLP block on the GPU (CPU twin: layers/mlp_block.h), described by explicit inputs so any
+// architecture can use it (Qwen3's dense layers, Qwen3-MoE's mlp_only_layers; later DeepSeek-V3's first
+// dense layers and shared experts):
+//   gu = [n·W_gateᵀ | n·W_upᵀ]  two GEMMs into the halves of one [T, 2F] buffer (bf16, one rounding each)
+//   h  = act(gu)                 SwiGLU: bf16(bf16(silu(gate)) · up), HF's two roundings
+//   y  = h·W_downᵀ               (bf16; the residual add is fused into the next norm by the caller)
+// n is the normalised input (the norm before the block belongs to the caller, as for the MoE block).
+// Reads no model config: only the env's stream, device and phase timer, and the dims given here.
+// Recompute: n and h are cheap (a norm, an elementwise op) and may be dropped after the forward; the
+// GEMM outputs gu are kept. Every GEMM sums in a fixed order (no atomics), so runs repeat bit for bit.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "layers/cuda/cuda_block_env.h"
+
+namespace mt {
+
+enum class MlpActivation { swiglu };  // silu(gate) ⊙ up; ReLU² (up and down only) comes with Nemotron-H
+
+struct MlpSpec {
+  int64_t hidden = 0;        // H
+  int64_t intermediate = 0;  // F
+  MlpActivation activation = MlpActivation::swiglu;
+};
+
+// BF16 parameters on the device, HF's nn.Linear layout [out, in].
+struct MlpWeightsCuda {
+  const Tensor& gate;  // [F, H]
+  const Tensor& up;    // [F, H]
+  const Tensor& down;  // [H, F]
+};
+
+// F32 gradients on the device, shaped like the weights; the backward adds into them (beta 1), like every
+// other block's parameter gradients, so micro-batches accumulate. (A const MlpGradsCuda still writes them.)
+struct MlpGradsCuda {
+  Tensor& gate;
+  Tensor& up;
+  Tensor& down;
+};
+
+struct MlpActsCuda {
+  Tensor n;   // [T, H]  block input (normalised)
+  Tensor gu;  // [T, 2F] gate | up GEMM outputs
+  Tensor h;   // [T, F]  activation output, the down GEMM's input
+};
+
+// n BF16 [T, H] (kept in acts) -> y BF16 [T, H]. T may be 0.
+Tensor mlp_block_forward_cuda(const CudaBlockEnv& env, const MlpSpec& spec, const MlpWeightsCuda& w, const Tensor& n,
+                              MlpActsCuda& acts);
+void mlp_acts_drop_cheap(MlpActsCuda& acts);  // drops n and h
+// Recomputes h from gu if it was dropped. n is the caller's to restore (it owns the norm before the block).
+void mlp_acts_restore(const CudaBlockEnv& env, const MlpSpec& spec, MlpActsCuda& acts);
+// dy BF16 [T, H] (gradient of y) -> dn BF16 [T, H] (gradient of n); the weight gradients are added into g.
+// acts must be complete (after mlp_acts_restore, with n set).
+Tensor mlp_block_backward_cuda(const CudaBlockEnv& env, const MlpSpec& spec, const MlpWeightsCuda& w,
+                               const MlpActsCuda& acts, const Tensor& dy, const MlpGradsCuda& g);
+
+}  // namespace mt
