@@ -105,8 +105,9 @@ TEST(DequantMxfp4, EveryCodeAtEveryExponentIsHfExact) {
     }
   // Each code appears twice per group. NaN: +0 and -0 times 2^128.
   EXPECT_EQ(nan, 2 * 2);
-  // Scale 254 (2^127): |v| >= 2 overflows: codes 4..7 and 12..15; scale 255: the 14 nonzero codes.
-  EXPECT_EQ(inf, 2 * (8 + 14));
+  // |v| >= 2^128 overflows: at scale 253 (2^126) |v| >= 4 (codes 6, 7, 14, 15), at 254 (2^127) |v| >= 2 (codes
+  // 4..7, 12..15); at scale 255 (inf) the 14 nonzero codes.
+  EXPECT_EQ(inf, 2 * (4 + 8 + 14));
   EXPECT_EQ(negzero, 2 * 255);  // code 8 at every finite scale keeps its sign
   // Spot values: scale 127 is 2^0, code 7 = 6, code 9 = -0.5; scale 0 with code 1: 0.5·2^-127 = 2^-128 (a bf16
   // subnormal, 0x0020).

@@ -356,9 +356,10 @@ using K = HfNode::Kind;
 
 int64_t rows_of(const Node& n) { return n.shape.empty() ? 1 : n.shape[0]; }
 
-// Rows [r0, r1) of a tensor (all of it when that is the whole dim 0, or for a scalar).
-Tensor rows_or_whole(const Tensor& t, int64_t r0, int64_t r1) {
-  if (t.ndim() == 0 || (r0 == 0 && r1 == t.dim(0))) return t;
+// The stored tensors behind rows [r0, r1) of node n: all of each when that is all of n; else rows [r0, r1) of each
+// (a partial range only reaches 3+-dim leaves of expert stacks, whose stored tensors share dim 0 with the node).
+Tensor rows_of_stored(const Tensor& t, const Node& n, int64_t r0, int64_t r1) {
+  if (n.shape.empty() || (r0 == 0 && r1 == n.shape[0])) return t;
   return t.rows(r0, r1);
 }
 
@@ -562,7 +563,7 @@ struct Loader {
       // MXFP4 blocks are stored in this node's orientation (HF transposes after dequantising): no transpose.
       const Found& f = found[static_cast<size_t>(part.leaf)];
       Tensor out = dst.contiguous() ? dst.view() : Tensor::empty(dst.shape(), dt);
-      dequant_mxfp4_into(rows_or_whole(f.blocks.t, r0, r1), rows_or_whole(f.scales.t, r0, r1), out,
+      dequant_mxfp4_into(rows_of_stored(f.blocks.t, n, r0, r1), rows_of_stored(f.scales.t, n, r0, r1), out,
                          f.blocks.file + ": " + f.blocks.name);
       if (!dst.contiguous()) dst.write(out);
       return;
@@ -587,16 +588,16 @@ struct Loader {
     const DType dt = dst.base.dtype();
     Tensor out = dst.contiguous() ? dst.view() : Tensor::empty(dst.shape(), dt);
     switch (f.form) {
-      case Found::Form::plain: out.copy_from(rows_or_whole(f.plain.t, r0, r1)); break;
+      case Found::Form::plain: out.copy_from(rows_of_stored(f.plain.t, n, r0, r1)); break;
       case Found::Form::fp8:
-        dequant_fp8_block_into(rows_or_whole(f.plain.t, r0, r1), rows_or_whole(f.scale.t, r0, r1),
+        dequant_fp8_block_into(rows_of_stored(f.plain.t, n, r0, r1), rows_of_stored(f.scale.t, n, r0, r1),
                                opt.fp8_block_rows, opt.fp8_block_cols, out, f.plain.file + ": " + f.plain.name);
         break;
       case Found::Form::mxfp4: {  // dequantised in the blocks' orientation, then transposed to the leaf's
         Shape blk = with_rows(f.scales.t.shape(), r0, r1);
         blk.back() *= 32;
         Tensor tmp = Tensor::empty(blk, dt);
-        dequant_mxfp4_into(rows_or_whole(f.blocks.t, r0, r1), rows_or_whole(f.scales.t, r0, r1), tmp,
+        dequant_mxfp4_into(rows_of_stored(f.blocks.t, n, r0, r1), rows_of_stored(f.scales.t, n, r0, r1), tmp,
                            f.blocks.file + ": " + f.blocks.name);
         transpose_last2_into(tmp, out);
         break;
