@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <exception>
 #include <limits>
+#include <optional>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -621,7 +623,14 @@ std::vector<Tensor> HfNameMap::load(const HfCheckpoint& ckpt, const HfLoadOption
       if (const Stored* s = L.any_stored(Node{K::tensor, {}, 0, {}, static_cast<int>(l)}))
         fail("{}: unexpected tensor '{}' (another form of its parameter is stored)", s->file, s->name);
 
+  // Allocate (checking the expert range) first, then fill the parameters in parallel; the fill does not fail on
+  // checked input, but an exception must not leave an OpenMP region, so the first one is carried out of it.
+  struct Job {
+    Box dst;
+    int64_t r0, r1;
+  };
   std::vector<Tensor> out;
+  std::vector<std::optional<Job>> jobs;
   out.reserve(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     const HfParam& p = params_[i];
@@ -638,14 +647,26 @@ std::vector<Tensor> HfNameMap::load(const HfCheckpoint& ckpt, const HfLoadOption
     const Shape shape = compact ? with_rows(p.shape, r0, r1) : p.shape;
     if (options.skip && options.skip(p.name)) {
       out.push_back(Tensor::absent(shape, p.dtype));
+      jobs.emplace_back();
       continue;
     }
-    Tensor t = Tensor::empty(shape, p.dtype);
-    const Box whole = Box::whole(t);
-    L.fill(m.roots[i], compact || (r0 == 0 && r1 == rows_of(m.roots[i])) ? whole : whole.slice(0, r0, r1 - r0), r0,
-           r1);
-    out.push_back(std::move(t));
+    out.push_back(Tensor::empty(shape, p.dtype));
+    const Box whole = Box::whole(out.back());
+    const bool all_rows = compact || (r0 == 0 && r1 == rows_of(m.roots[i]));
+    jobs.push_back(Job{all_rows ? whole : whole.slice(0, r0, r1 - r0), r0, r1});
   }
+  std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (!jobs[i]) continue;
+    try {
+      L.fill(m.roots[i], jobs[i]->dst, jobs[i]->r0, jobs[i]->r1);
+    } catch (...) {
+#pragma omp critical
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
   return out;
 }
 

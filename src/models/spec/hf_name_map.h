@@ -33,6 +33,7 @@ struct HfCheckpoint {
   std::function<Tensor(const std::string&)> tensor;        // a CPU tensor (may borrow mapped bytes)
   std::function<std::string(const std::string&)> file_of;  // the file holding a name; empty: `source`
 };
+// The tensors of a checkpoint directory (borrows `files`, which must outlive the result).
 HfCheckpoint hf_checkpoint_of(const CheckpointFiles& files);
 
 struct HfLoadOptions {
