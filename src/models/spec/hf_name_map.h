@@ -1,0 +1,83 @@
+// The reversible map between a Hugging Face checkpoint's tensors and a model's in-memory parameters, built from a
+// family's rules (models/spec/hf_rules.h) and its parameter list. load() checks every checkpoint tensor before it
+// allocates anything (missing, unexpected, duplicate, wrong shape or dtype, bad quantisation scales: one-line
+// mt::Error naming the file and the tensor) and then fills each parameter in place; save() gives the checkpoint
+// tensors in the order save_pretrained writes them, as views of the parameters wherever the bytes are contiguous.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "models/spec/hf_rules.h"
+
+namespace mt {
+
+class CheckpointFiles;
+
+// One in-memory parameter (a row of the model's parameter table), in state_dict order.
+struct HfParam {
+  std::string name;           // Transformers' in-memory (v5) name
+  Shape shape;
+  DType dtype = DType::F32;   // what load converts to (F32 or BF16)
+  bool expert_stack = false;  // dim 0 indexes routed experts (expert parallelism splits it)
+};
+
+// The tensors of a checkpoint as load() reads them.
+struct HfCheckpoint {
+  std::string source;              // the directory (or file), named by errors that have no file
+  std::vector<std::string> names;  // every stored name, once per file holding it
+  std::function<Tensor(const std::string&)> tensor;        // a CPU tensor (may borrow mapped bytes)
+  std::function<std::string(const std::string&)> file_of;  // the file holding a name; empty: `source`
+};
+// The tensors of a checkpoint directory (borrows `files`, which must outlive the result).
+HfCheckpoint hf_checkpoint_of(const CheckpointFiles& files);
+
+struct HfLoadOptions {
+  // Only experts [expert_first, expert_first + expert_count) of each expert stack are read (an expert-parallel
+  // rank's share); every tensor is still checked. -1: all. The stack keeps all E rows (the others unwritten) unless
+  // compact_experts, where it holds just those experts.
+  int64_t expert_first = 0;
+  int64_t expert_count = -1;
+  bool compact_experts = false;
+  // skip(param name) true: the parameter's tensors are checked but not read; it is returned as Tensor::absent.
+  std::function<bool(const std::string&)> skip;
+  // FP8 block size (quantization_config.weight_block_size).
+  int64_t fp8_block_rows = 128;
+  int64_t fp8_block_cols = 128;
+};
+
+class HfNameMap {
+ public:
+  // Resolves every rule against every parameter; throws mt::Error naming the parameter when a rule does not fit
+  // its shape, two parameters claim one checkpoint name, a rename is not invertible, or a drop hides a tensor.
+  HfNameMap(const HfLayout& layout, std::vector<HfParam> params);
+  ~HfNameMap();
+  HfNameMap(HfNameMap&&) noexcept;
+  HfNameMap& operator=(HfNameMap&&) noexcept;
+
+  const std::vector<HfParam>& params() const { return params_; }
+
+  // The parameters, parallel to params(), converted to each one's dtype.
+  std::vector<Tensor> load(const HfCheckpoint& ckpt, const HfLoadOptions& options = {}) const;
+
+  // The checkpoint tensors for `values` (parallel to params(); an expert stack may hold experts
+  // [expert_first, expert_first + dim 0) only), in save order, with their checkpoint names (renamed back).
+  // Tensors are views of `values` where the bytes are contiguous, else copies; an absent value, or experts a stack
+  // does not hold, give Tensor::absent of the right shape (a shared save's other ranks' parts).
+  std::vector<std::pair<std::string, Tensor>> save(const std::vector<Tensor>& values, int64_t expert_first = 0) const;
+
+  // Every checkpoint name save() writes, in order, with its shape (plans, inspect).
+  std::vector<std::pair<std::string, Shape>> saved_names() const;
+
+  struct Impl;  // the resolved rule trees (defined in the .cpp only)
+
+ private:
+  std::vector<HfParam> params_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mt
