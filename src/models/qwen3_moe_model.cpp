@@ -18,63 +18,24 @@
 
 namespace mt {
 
-namespace {
-
-// Every parameter of the model with the shape cfg implies, as (name, tensor, shape).
-struct ParamSpec {
-  std::string name;
-  const Tensor* t;
-  Shape shape;
-};
-
-std::vector<ParamSpec> param_specs(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, int64_t experts_held = -1) {
-  const int64_t H = c.hidden_size, D = c.head_dim, V = c.vocab_size;
-  std::vector<ParamSpec> s;
-  s.push_back({"model.embed_tokens.weight", &w.embed, {V, H}});
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const auto& L = w.layers[l];
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    s.push_back({p + "input_layernorm.weight", &L.input_norm, {H}});
-    s.push_back({p + "self_attn.q_proj.weight", &L.q_proj, {c.num_attention_heads * D, H}});
-    s.push_back({p + "self_attn.k_proj.weight", &L.k_proj, {c.num_key_value_heads * D, H}});
-    s.push_back({p + "self_attn.v_proj.weight", &L.v_proj, {c.num_key_value_heads * D, H}});
-    s.push_back({p + "self_attn.o_proj.weight", &L.o_proj, {H, c.num_attention_heads * D}});
-    s.push_back({p + "self_attn.q_norm.weight", &L.q_norm, {D}});
-    s.push_back({p + "self_attn.k_norm.weight", &L.k_norm, {D}});
-    s.push_back({p + "post_attention_layernorm.weight", &L.post_norm, {H}});
-    if (c.is_moe_layer(l)) {
-      const int64_t E = c.num_experts, I = c.moe_intermediate_size;
-      s.push_back({p + "mlp.gate.weight", &L.router, {E, H}});
-      const int64_t held = experts_held >= 0 ? experts_held : E;
-      s.push_back({p + "mlp.experts.gate_up_proj", &L.experts_gate_up, {held, 2 * I, H}});
-      s.push_back({p + "mlp.experts.down_proj", &L.experts_down, {held, H, I}});
-    } else {
-      const int64_t F = c.intermediate_size;
-      s.push_back({p + "mlp.gate_proj.weight", &L.mlp_gate, {F, H}});
-      s.push_back({p + "mlp.up_proj.weight", &L.mlp_up, {F, H}});
-      s.push_back({p + "mlp.down_proj.weight", &L.mlp_down, {H, F}});
-    }
-  }
-  s.push_back({"model.norm.weight", &w.final_norm, {H}});
-  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", &w.lm_head, {V, H}});
-  return s;
-}
-
-}  // namespace
-
 void weights_check(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, const char* what, DType dtype, Device device,
                    int64_t experts_held) {
   if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers)
     fail("{}s have {} layers, config num_hidden_layers is {}", what, w.layers.size(), c.num_hidden_layers);
-  for (const ParamSpec& p : param_specs(c, w, experts_held)) {
-    if (!p.t->defined()) fail("{} {} is missing", what, p.name);
-    if (p.t->device() != device)
-      fail("{} {} is on {}, the model needs it on {}", what, p.name, p.t->device().str(), device.str());
-    if (p.t->dtype() != dtype)
-      fail("{} {}: expected dtype {}, found {}", what, p.name, dtype_safetensors_name(dtype),
-           dtype_safetensors_name(p.t->dtype()));
-    if (p.t->shape() != p.shape)
-      fail("{} {}: expected shape {}, found {}", what, p.name, shape_str(p.shape), shape_str(p.t->shape()));
+  // Against the config's own table: `w` may have been made for another config.
+  const ParamTable table = qwen3_moe_param_table(c);
+  for (const ParamEntry& e : table.entries()) {
+    const Tensor& t = w.slot(e);
+    const Shape shape = param_shape_held(e, experts_held);
+    const DType dt = param_dtype(e, dtype);
+    if (!t.defined()) fail("{} {} is missing", what, e.name);
+    if (t.device() != device)
+      fail("{} {} is on {}, the model needs it on {}", what, e.name, t.device().str(), device.str());
+    if (t.dtype() != dt)
+      fail("{} {}: expected dtype {}, found {}", what, e.name, dtype_safetensors_name(dt),
+           dtype_safetensors_name(t.dtype()));
+    if (t.shape() != shape)
+      fail("{} {}: expected shape {}, found {}", what, e.name, shape_str(shape), shape_str(t.shape()));
   }
 }
 

@@ -13,74 +13,61 @@ namespace {
 
 std::string layer_prefix(size_t l) { return fmt::format("model.layers.{}.", l); }
 
-// Calls f(name, tensor) for every parameter of `w`, in Transformers' state_dict order (v5 names).
-// Which MLP a layer has is read from which tensors are defined (router => MoE).
-template <typename W, typename F>
-void parameters_visit(W& w, F&& f) {
-  f(std::string("model.embed_tokens.weight"), w.embed);
-  for (size_t l = 0; l < w.layers.size(); ++l) {
-    auto& L = w.layers[l];
-    const std::string p = layer_prefix(l);
-    f(p + "self_attn.q_proj.weight", L.q_proj);
-    f(p + "self_attn.k_proj.weight", L.k_proj);
-    f(p + "self_attn.v_proj.weight", L.v_proj);
-    f(p + "self_attn.o_proj.weight", L.o_proj);
-    f(p + "self_attn.q_norm.weight", L.q_norm);
-    f(p + "self_attn.k_norm.weight", L.k_norm);
-    if (L.router.defined()) {
-      f(p + "mlp.gate.weight", L.router);
-      f(p + "mlp.experts.gate_up_proj", L.experts_gate_up);
-      f(p + "mlp.experts.down_proj", L.experts_down);
-    } else {
-      f(p + "mlp.gate_proj.weight", L.mlp_gate);
-      f(p + "mlp.up_proj.weight", L.mlp_up);
-      f(p + "mlp.down_proj.weight", L.mlp_down);
-    }
-    f(p + "input_layernorm.weight", L.input_norm);
-    f(p + "post_attention_layernorm.weight", L.post_norm);
+// ParamEntry::slot numbers: model-level tensors (layer -1) index kModelSlots, per-layer ones kLayerSlots.
+enum ModelSlot : int { kEmbed, kFinalNorm, kLmHead };
+enum LayerSlot : int {
+  kQProj, kKProj, kVProj, kOProj, kQNorm, kKNorm, kRouter, kExpertsGateUp, kExpertsDown, kMlpGate, kMlpUp,
+  kMlpDown, kInputNorm, kPostNorm,
+};
+constexpr Tensor Qwen3MoeWeights::*kModelSlots[] = {&Qwen3MoeWeights::embed, &Qwen3MoeWeights::final_norm,
+                                                    &Qwen3MoeWeights::lm_head};
+constexpr Tensor Qwen3MoeLayerWeights::*kLayerSlots[] = {
+    &Qwen3MoeLayerWeights::q_proj,          &Qwen3MoeLayerWeights::k_proj,       &Qwen3MoeLayerWeights::v_proj,
+    &Qwen3MoeLayerWeights::o_proj,          &Qwen3MoeLayerWeights::q_norm,       &Qwen3MoeLayerWeights::k_norm,
+    &Qwen3MoeLayerWeights::router,          &Qwen3MoeLayerWeights::experts_gate_up,
+    &Qwen3MoeLayerWeights::experts_down,    &Qwen3MoeLayerWeights::mlp_gate,     &Qwen3MoeLayerWeights::mlp_up,
+    &Qwen3MoeLayerWeights::mlp_down,        &Qwen3MoeLayerWeights::input_norm,   &Qwen3MoeLayerWeights::post_norm,
+};
+
+template <typename W>
+auto& slot_of(W& w, const ParamEntry& e) {
+  if (e.layer < 0) {
+    MT_CHECK(e.slot >= 0 && e.slot <= kLmHead, "{}: slot {}", e.name, e.slot);
+    return w.*kModelSlots[e.slot];
   }
-  f(std::string("model.norm.weight"), w.final_norm);
-  if (w.lm_head.defined()) f(std::string("lm_head.weight"), w.lm_head);
+  MT_CHECK(static_cast<size_t>(e.layer) < w.layers.size() && e.slot >= 0 && e.slot <= kPostNorm,
+           "{}: layer {} slot {} of a struct with {} layers", e.name, e.layer, e.slot, w.layers.size());
+  return w.layers[static_cast<size_t>(e.layer)].*kLayerSlots[e.slot];
 }
 
-bool name_is_norm(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
+template <typename P, typename W>
+std::vector<std::pair<std::string, P>> named_of(W& w) {
+  std::vector<std::pair<std::string, P>> r;
+  if (!w.table) return r;
+  r.reserve(w.table->entries().size());
+  for (const ParamEntry& e : w.table->entries())
+    if (e.role != ParamRole::buffer) r.emplace_back(e.name, &slot_of(w, e));
+  return r;
+}
 
-// Every parameter allocated (uninitialised) with the shapes `cfg` implies, or only described (absent).
+// Every table entry allocated (uninitialised), or only described (absent), in the table's order.
+Qwen3MoeWeights weights_alloc(const Qwen3MoeConfig& cfg, std::shared_ptr<const ParamTable> table, DType dtype,
+                              Device device = Device::cpu(), int64_t experts_held = -1, bool absent = false) {
+  Qwen3MoeWeights w;
+  w.table = std::move(table);
+  w.layers.resize(static_cast<size_t>(cfg.num_hidden_layers));
+  for (const ParamEntry& e : w.table->entries()) {
+    const Shape shape = param_shape_held(e, experts_held);
+    const DType dt = param_dtype(e, dtype);
+    slot_of(w, e) = absent ? Tensor::absent(shape, dt, device) : Tensor::empty(shape, dt, device);
+  }
+  return w;
+}
+
 Qwen3MoeWeights weights_alloc(const Qwen3MoeConfig& cfg, DType dtype, Device device = Device::cpu(),
                               int64_t experts_held = -1, bool absent = false) {
-  auto make = [&](const Shape& shape) {
-    return absent ? Tensor::absent(shape, dtype, device) : Tensor::empty(shape, dtype, device);
-  };
-  const int64_t H = cfg.hidden_size, V = cfg.vocab_size, D = cfg.head_dim;
-  const int64_t nq = cfg.num_attention_heads * D, nkv = cfg.num_key_value_heads * D;
-  const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, F = cfg.intermediate_size;
-  Qwen3MoeWeights w;
-  w.embed = make({V, H});
-  w.layers.resize(static_cast<size_t>(cfg.num_hidden_layers));
-  for (size_t l = 0; l < w.layers.size(); ++l) {
-    Qwen3MoeLayerWeights& L = w.layers[l];
-    L.input_norm = make({H});
-    L.q_proj = make({nq, H});
-    L.k_proj = make({nkv, H});
-    L.v_proj = make({nkv, H});
-    L.o_proj = make({H, nq});
-    L.q_norm = make({D});
-    L.k_norm = make({D});
-    L.post_norm = make({H});
-    if (cfg.is_moe_layer(static_cast<int64_t>(l))) {
-      L.router = make({E, H});
-      const int64_t held = experts_held >= 0 ? experts_held : E;
-      L.experts_gate_up = make({held, 2 * I, H});
-      L.experts_down = make({held, H, I});
-    } else {
-      L.mlp_gate = make({F, H});
-      L.mlp_up = make({F, H});
-      L.mlp_down = make({H, F});
-    }
-  }
-  w.final_norm = make({H});
-  if (!cfg.tie_word_embeddings) w.lm_head = make({V, H});
-  return w;
+  return weights_alloc(cfg, std::make_shared<const ParamTable>(qwen3_moe_param_table(cfg)), dtype, device,
+                       experts_held, absent);
 }
 
 void check_param_dtype(DType dtype, const std::string& what) {
@@ -96,16 +83,61 @@ struct CopyJob {
 
 }  // namespace
 
-std::vector<std::pair<std::string, Tensor*>> Qwen3MoeWeights::named_parameters() {
-  std::vector<std::pair<std::string, Tensor*>> r;
-  parameters_visit(*this, [&](const std::string& n, Tensor& t) { r.emplace_back(n, &t); });
-  return r;
+ParamTable qwen3_moe_param_table(const Qwen3MoeConfig& cfg) {
+  const int64_t H = cfg.hidden_size, V = cfg.vocab_size, D = cfg.head_dim;
+  const int64_t nq = cfg.num_attention_heads * D, nkv = cfg.num_key_value_heads * D;
+  const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, F = cfg.intermediate_size;
+  ParamTable t;
+  t.num_experts = E;
+  t.experts_per_token = cfg.num_experts_per_tok;
+  t.tied_embeddings = cfg.tie_word_embeddings;
+  auto add = [&](std::string name, Shape shape, ParamUse use, int64_t layer, int slot,
+                 ParamRole role = ParamRole::replicated) {
+    ParamEntry e = param_entry(std::move(name), std::move(shape), use, role);
+    e.layer = layer;
+    e.slot = slot;
+    t.add(std::move(e));
+  };
+  using U = ParamUse;
+  add("model.embed_tokens.weight", {V, H}, U::embedding, -1, kEmbed);
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const std::string p = layer_prefix(static_cast<size_t>(l));
+    add(p + "self_attn.q_proj.weight", {nq, H}, U::linear, l, kQProj);
+    add(p + "self_attn.k_proj.weight", {nkv, H}, U::linear, l, kKProj);
+    add(p + "self_attn.v_proj.weight", {nkv, H}, U::linear, l, kVProj);
+    add(p + "self_attn.o_proj.weight", {H, nq}, U::linear, l, kOProj);
+    add(p + "self_attn.q_norm.weight", {D}, U::norm, l, kQNorm);
+    add(p + "self_attn.k_norm.weight", {D}, U::norm, l, kKNorm);
+    if (cfg.is_moe_layer(l)) {
+      add(p + "mlp.gate.weight", {E, H}, U::router, l, kRouter);
+      // Stacked as Transformers v5 holds them: gate_up rows 0..I-1 = gate_proj, I..2I-1 = up_proj.
+      add(p + "mlp.experts.gate_up_proj", {E, 2 * I, H}, U::linear, l, kExpertsGateUp, ParamRole::expert_stack);
+      add(p + "mlp.experts.down_proj", {E, H, I}, U::linear, l, kExpertsDown, ParamRole::expert_stack);
+    } else {
+      add(p + "mlp.gate_proj.weight", {F, H}, U::linear, l, kMlpGate);
+      add(p + "mlp.up_proj.weight", {F, H}, U::linear, l, kMlpUp);
+      add(p + "mlp.down_proj.weight", {H, F}, U::linear, l, kMlpDown);
+    }
+    add(p + "input_layernorm.weight", {H}, U::norm, l, kInputNorm);
+    add(p + "post_attention_layernorm.weight", {H}, U::norm, l, kPostNorm);
+  }
+  add("model.norm.weight", {H}, U::norm, -1, kFinalNorm);
+  if (!cfg.tie_word_embeddings) add("lm_head.weight", {V, H}, U::lm_head, -1, kLmHead);
+  return t;
 }
 
+const ParamTable& Qwen3MoeWeights::param_table() const {
+  MT_CHECK(table != nullptr, "weights without a parameter table (a default-constructed struct)");
+  return *table;
+}
+
+Tensor& Qwen3MoeWeights::slot(const ParamEntry& e) { return slot_of(*this, e); }
+const Tensor& Qwen3MoeWeights::slot(const ParamEntry& e) const { return slot_of(*this, e); }
+
+std::vector<std::pair<std::string, Tensor*>> Qwen3MoeWeights::named_parameters() { return named_of<Tensor*>(*this); }
+
 std::vector<std::pair<std::string, const Tensor*>> Qwen3MoeWeights::named_parameters() const {
-  std::vector<std::pair<std::string, const Tensor*>> r;
-  parameters_visit(*this, [&](const std::string& n, const Tensor& t) { r.emplace_back(n, &t); });
-  return r;
+  return named_of<const Tensor*>(*this);
 }
 
 Qwen3MoeWeights Qwen3MoeWeights::empty_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device,
@@ -123,25 +155,28 @@ Qwen3MoeWeights Qwen3MoeWeights::absent_like_config(const Qwen3MoeConfig& cfg, D
 Qwen3MoeWeights Qwen3MoeWeights::zeros_like_config(const Qwen3MoeConfig& cfg, DType dtype, int64_t experts_held) {
   check_param_dtype(dtype, "zeros_like_config");
   Qwen3MoeWeights w = weights_alloc(cfg, dtype, Device::cpu(), experts_held);
-  for (auto& [name, t] : w.named_parameters()) t->fill_zero();
+  for (const ParamEntry& e : w.table->entries()) w.slot(e).fill_zero();
   return w;
 }
 
 Qwen3MoeWeights Qwen3MoeWeights::random_init(const Qwen3MoeConfig& cfg, DType dtype, uint64_t seed) {
   check_param_dtype(dtype, "random_init");
   Qwen3MoeWeights w = weights_alloc(cfg, dtype);
-  auto params = w.named_parameters();
+  const std::vector<ParamEntry>& entries = w.table->entries();
   // One stream per parameter name: the values do not depend on visiting order or threading.
 #pragma omp parallel for schedule(dynamic, 1)
-  for (size_t i = 0; i < params.size(); ++i) {
-    const std::string& name = params[i].first;
-    Tensor& t = *params[i].second;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const ParamEntry& e = entries[i];
+    Tensor& t = w.slot(e);
     std::vector<float> v(static_cast<size_t>(t.numel()));
-    if (name_is_norm(name)) {
-      std::fill(v.begin(), v.end(), 1.0f);
-    } else {
-      Rng rng(seed, rng_stream_of(name));
-      rng.fill_normal(v.data(), t.numel(), 0.0, cfg.initializer_range);
+    switch (e.init) {
+      case ParamInit::ones: std::fill(v.begin(), v.end(), 1.0f); break;
+      case ParamInit::zeros: std::fill(v.begin(), v.end(), 0.0f); break;
+      case ParamInit::normal: {
+        Rng rng(seed, rng_stream_of(e.name));
+        rng.fill_normal(v.data(), t.numel(), 0.0, cfg.initializer_range);
+        break;
+      }
     }
     float* out = t.dtype() == DType::F32 ? t.data_as<float>() : nullptr;
     if (out) {
@@ -160,7 +195,7 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
                                          int64_t expert_first, int64_t expert_count,
                                          const std::function<bool(const std::string&)>& skip, bool compact_experts) {
   check_param_dtype(dtype, source);
-  const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size;
+  const int64_t E = cfg.num_experts;
   if (expert_count < 0) expert_first = 0, expert_count = E;
   MT_CHECK(expert_first >= 0 && expert_first + expert_count <= E, "{}: experts [{}, {}) of {}", source, expert_first,
            expert_first + expert_count, E);
@@ -179,7 +214,7 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
     std::vector<Source> parts;
     Fill fill = Fill::Whole;
   };
-  std::vector<Plan> sources;  // parallel to named_parameters() of the result
+  std::vector<Plan> sources;  // parallel to the table's entries
   auto whole = [&](Source src) { sources.push_back(Plan{{std::move(src)}, Fill::Whole}); };
   auto fetch = [&](const std::string& name, const Shape& shape) {
     Tensor t = stored.count(name) ? lookup(name) : Tensor();
@@ -195,53 +230,36 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
     return Source{name, t};
   };
 
-  const int64_t V = cfg.vocab_size, D = cfg.head_dim;
-  const int64_t nq = cfg.num_attention_heads * D, nkv = cfg.num_key_value_heads * D, F = cfg.intermediate_size;
-  whole(fetch("model.embed_tokens.weight", {V, H}));
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    const std::string p = layer_prefix(static_cast<size_t>(l));
-    whole(fetch(p + "self_attn.q_proj.weight", {nq, H}));
-    whole(fetch(p + "self_attn.k_proj.weight", {nkv, H}));
-    whole(fetch(p + "self_attn.v_proj.weight", {nkv, H}));
-    whole(fetch(p + "self_attn.o_proj.weight", {H, nq}));
-    whole(fetch(p + "self_attn.q_norm.weight", {D}));
-    whole(fetch(p + "self_attn.k_norm.weight", {D}));
-    if (cfg.is_moe_layer(l)) {
-      whole(fetch(p + "mlp.gate.weight", {E, H}));
-      // save_original_format=False checkpoints hold the fused v5 tensors; the default holds per-expert ones.
-      const std::string fused_gu = p + "mlp.experts.gate_up_proj", fused_down = p + "mlp.experts.down_proj";
-      if (stored.count(fused_gu)) {
-        sources.push_back(Plan{{fetch(fused_gu, {E, 2 * I, H})}, Fill::StackedExperts});
-      } else {
-        std::vector<Source> parts;  // gate_0, up_0, gate_1, up_1, ...
-        for (int64_t e = 0; e < E; ++e) {
-          const std::string pe = fmt::format("{}mlp.experts.{}.", p, e);
-          parts.push_back(fetch(pe + "gate_proj.weight", {I, H}));
-          parts.push_back(fetch(pe + "up_proj.weight", {I, H}));
-        }
-        sources.push_back({std::move(parts), Fill::PerExpertGateUp});
-      }
-      if (stored.count(fused_down)) {
-        sources.push_back(Plan{{fetch(fused_down, {E, H, I})}, Fill::StackedExperts});
-      } else {
-        std::vector<Source> parts;
-        for (int64_t e = 0; e < E; ++e)
-          parts.push_back(fetch(fmt::format("{}mlp.experts.{}.down_proj.weight", p, e), {H, I}));
-        sources.push_back({std::move(parts), Fill::PerExpertDown});
-      }
-    } else {
-      whole(fetch(p + "mlp.gate_proj.weight", {F, H}));
-      whole(fetch(p + "mlp.up_proj.weight", {F, H}));
-      whole(fetch(p + "mlp.down_proj.weight", {H, F}));
+  // The table drives the fetch list: every entry is one stored tensor, but an expert stack, which the default
+  // save_original_format holds per expert (save_original_format=False checkpoints hold the fused v5 tensor).
+  auto table = std::make_shared<const ParamTable>(qwen3_moe_param_table(cfg));
+  for (const ParamEntry& e : table->entries()) {
+    if (e.role != ParamRole::expert_stack) {
+      whole(fetch(e.name, e.shape));
+      continue;
     }
-    whole(fetch(p + "input_layernorm.weight", {H}));
-    whole(fetch(p + "post_attention_layernorm.weight", {H}));
+    if (stored.count(e.name)) {
+      sources.push_back(Plan{{fetch(e.name, e.shape)}, Fill::StackedExperts});
+      continue;
+    }
+    const std::string pe = e.name.substr(0, e.name.rfind("experts.") + std::string("experts.").size());
+    const Shape one(e.shape.begin() + 1, e.shape.end());  // one expert's matrix
+    if (e.name.ends_with(".gate_up_proj")) {
+      const Shape half{one[0] / 2, one[1]};
+      std::vector<Source> parts;  // gate_0, up_0, gate_1, up_1, ...
+      for (int64_t x = 0; x < e.shape[0]; ++x) {
+        parts.push_back(fetch(fmt::format("{}{}.gate_proj.weight", pe, x), half));
+        parts.push_back(fetch(fmt::format("{}{}.up_proj.weight", pe, x), half));
+      }
+      sources.push_back({std::move(parts), Fill::PerExpertGateUp});
+    } else {
+      MT_CHECK(e.name.ends_with(".down_proj"), "{}: no per-expert checkpoint names for this stack", e.name);
+      std::vector<Source> parts;
+      for (int64_t x = 0; x < e.shape[0]; ++x) parts.push_back(fetch(fmt::format("{}{}.down_proj.weight", pe, x), one));
+      sources.push_back({std::move(parts), Fill::PerExpertDown});
+    }
   }
-  whole(fetch("model.norm.weight", {H}));
-  if (cfg.tie_word_embeddings)
-    used.insert("lm_head.weight");  // HF drops a stored copy of a tied head without complaint
-  else
-    whole(fetch("lm_head.weight", {V, H}));
+  if (table->tied_embeddings) used.insert("lm_head.weight");  // HF drops a stored copy of a tied head without complaint
 
   std::vector<std::string> extra;
   for (const std::string& n : all_names)
@@ -256,13 +274,13 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
   // Pass 2: allocate and copy (converting dtype). Same-dtype copies are byte copies. Compact stacks take expert
   // e at row e - e0.
   const int64_t row0 = compact_experts ? e0 : 0;
-  Qwen3MoeWeights w = weights_alloc(cfg, dtype, Device::cpu(), compact_experts ? expert_count : -1);
-  auto params = w.named_parameters();
-  MT_CHECK(params.size() == sources.size(), "{} parameters, {} sources", params.size(), sources.size());
+  Qwen3MoeWeights w = weights_alloc(cfg, table, dtype, Device::cpu(), compact_experts ? expert_count : -1);
+  const std::vector<ParamEntry>& entries = table->entries();
+  MT_CHECK(entries.size() == sources.size(), "{} parameters, {} sources", entries.size(), sources.size());
   std::vector<CopyJob> jobs;
-  for (size_t i = 0; i < params.size(); ++i) {
-    Tensor& dst = *params[i].second;
-    if (skip && skip(params[i].first)) {  // its untouched allocation is returned at once
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Tensor& dst = w.slot(entries[i]);
+    if (skip && skip(entries[i].name)) {  // its untouched allocation is returned at once
       dst = Tensor::absent(dst.shape(), dst.dtype(), dst.device());
       continue;
     }
@@ -275,7 +293,7 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
         jobs.push_back({src[0].t.rows(e0, e1), dst.rows(e0 - row0, e1 - row0)});
         break;
       case Fill::PerExpertGateUp:  // [E, 2I, H]: gate rows first, then up (HF Concatenate(dim=1))
-        for (int64_t e = e0; e < e1; ++e) {
+        for (int64_t e = e0, I = dst.dim(1) / 2; e < e1; ++e) {
           jobs.push_back({src[2 * e].t, dst[e - row0].rows(0, I)});
           jobs.push_back({src[2 * e + 1].t, dst[e - row0].rows(I, 2 * I)});
         }

@@ -6,14 +6,23 @@
 #pragma once
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/tensor.h"
+#include "models/param_table.h"
 #include "models/qwen3_moe_config.h"
 
 namespace mt {
+
+// Every tensor of a Qwen3-MoE / Qwen3 model with the shapes `cfg` implies, in Transformers' named_parameters()
+// order: model.embed_tokens.weight; per layer self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm,
+// mlp.{gate, experts.gate_up_proj, experts.down_proj} (MoE layers) or mlp.{gate,up,down}_proj (dense ones),
+// input_layernorm, post_attention_layernorm; model.norm.weight; lm_head.weight (untied only).
+// ParamEntry::slot points at the Qwen3MoeWeights member holding it (Qwen3MoeWeights::slot).
+ParamTable qwen3_moe_param_table(const Qwen3MoeConfig& cfg);
 
 // Whether a parameter name is a stacked expert tensor (mlp.experts.gate_up_proj / down_proj): the tensors
 // expert parallelism splits over ranks.
@@ -45,11 +54,17 @@ struct Qwen3MoeWeights {
   std::vector<Qwen3MoeLayerWeights> layers;
   Tensor final_norm;  // [H]     model.norm.weight
   Tensor lm_head;     // [V, H]  lm_head.weight; undefined when tie_word_embeddings (embed is used)
+  // The config's parameter table (qwen3_moe_param_table), set by the factories below; null in a
+  // default-constructed struct.
+  std::shared_ptr<const ParamTable> table;
 
-  // Every parameter with its in-memory (v5) name, in Transformers' state_dict order:
-  //   model.embed_tokens.weight, per layer: self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm,
-  //   mlp.{gate, experts.gate_up_proj, experts.down_proj} or mlp.{gate,up,down}_proj,
-  //   input_layernorm, post_attention_layernorm; model.norm.weight, lm_head.weight (untied only).
+  const ParamTable& param_table() const;  // throws when `table` is null
+  // The member holding a table entry.
+  Tensor& slot(const ParamEntry& e);
+  const Tensor& slot(const ParamEntry& e) const;
+
+  // Every parameter (the table's entries but buffers) with its in-memory (v5) name, in Transformers'
+  // state_dict order (qwen3_moe_param_table). Empty without a table.
   std::vector<std::pair<std::string, Tensor*>> named_parameters();
   std::vector<std::pair<std::string, const Tensor*>> named_parameters() const;
 
@@ -64,8 +79,8 @@ struct Qwen3MoeWeights {
   // or to allocate only some of them (a ZeRO-3 rank's own).
   static Qwen3MoeWeights absent_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device = Device::cpu(),
                                             int64_t experts_held = -1);
-  // Seeded random init as Transformers does: normal(0, initializer_range) for linear, embedding,
-  // router and expert weights; ones for every RMSNorm weight.
+  // Seeded random init by the table's init rule, as Transformers does: normal(0, initializer_range) for
+  // linear, embedding, router and expert weights; ones for every RMSNorm weight. One RNG stream per name.
   static Qwen3MoeWeights random_init(const Qwen3MoeConfig& cfg, DType dtype, uint64_t seed);
 
   // Conversion from the checkpoint names (per-expert tensors) to this layout. `lookup` returns the
