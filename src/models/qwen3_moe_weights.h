@@ -24,12 +24,6 @@ namespace mt {
 // ParamEntry::slot points at the Qwen3MoeWeights member holding it (Qwen3MoeWeights::slot).
 ParamTable qwen3_moe_param_table(const Qwen3MoeConfig& cfg);
 
-// Whether a parameter name is a stacked expert tensor (mlp.experts.gate_up_proj / down_proj): the tensors
-// expert parallelism splits over ranks.
-inline bool param_is_stacked_expert(const std::string& name) {
-  return name.find(".mlp.experts.") != std::string::npos;
-}
-
 struct Qwen3MoeLayerWeights {
   Tensor input_norm;  // [H]           model.layers.L.input_layernorm.weight
   Tensor q_proj;      // [heads*D, H]  model.layers.L.self_attn.q_proj.weight

@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "models/param_table.h"
 #include "train/adamw.h"
 
 namespace mt {
@@ -165,5 +166,9 @@ std::vector<StateSlot> optimizer_state_layout(const Params& params, const Optimi
 // The parameter an optimizer-state tensor belongs to: "<param>.exp_avg", ".exp_avg_sq" or ".master" without
 // the suffix ("" for another name).
 std::string optimizer_state_param(const std::string& state_name);
+
+// Whether `name`, a parameter's or one of its optimizer-state tensors', is an expert stack (ParamRole::expert_stack)
+// of `params`: the tensors expert parallelism splits over ranks.
+bool param_is_stacked_expert(const ParamTable& params, const std::string& name);
 
 }  // namespace mt

@@ -223,13 +223,14 @@ void optimizer_state_read(const std::string& checkpoint_dir, AdamW& optimizer) {
 }
 
 void optimizer_state_read(const std::string& checkpoint_dir, const std::vector<std::pair<std::string, Tensor*>>& state,
-                          int64_t expert_first, int64_t expert_count, int64_t file_tensors) {
+                          const ParamTable* params, int64_t expert_first, int64_t expert_count, int64_t file_tensors) {
+  MT_CHECK(expert_count < 0 || params, "optimizer_state_read: an expert range needs the parameter table");
   const std::string path = (fs::path(checkpoint_dir) / "optimizer.safetensors").string();
   SafetensorsFile f = SafetensorsFile::open(path);
   for (auto& [name, dst] : state) {
     if (!f.has(name)) fail("{}: tensor '{}' is missing", path, name);
     const SafetensorsInfo& info = f.info(name);
-    const bool rows = expert_count >= 0 && param_is_stacked_expert(name);
+    const bool rows = expert_count >= 0 && param_is_stacked_expert(*params, name);
     Shape want = dst->shape();
     if (rows && !info.shape.empty()) want[0] = info.shape[0];  // the file holds every expert
     if (info.dtype != dst->dtype() || info.shape != want || (rows && (dst->shape().empty() ||

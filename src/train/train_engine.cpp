@@ -44,7 +44,7 @@ class CpuEngine final : public TrainEngine {
            r.optimizer.expert_grad_dtype);
     for (auto& [name, g] : grads_.named_parameters()) {
       grad_list_.push_back(g);
-      split_.push_back(split() && param_is_stacked_expert(name));
+      split_.push_back(split() && grads_.param_table().is_expert_stack(name));
     }
     grad_const_.assign(grad_list_.begin(), grad_list_.end());
     updated_grads_ = shards_.updated(grad_const_);
@@ -245,7 +245,7 @@ class CpuEngine final : public TrainEngine {
   std::vector<std::pair<std::string, Tensor>> optimizer_state_host() override {
     std::vector<std::pair<std::string, Tensor>> r;
     for (StateSlot& s : state_layout()) {
-      if (!split() || !param_is_stacked_expert(s.spec.name)) {
+      if (!split() || !param_is_stacked_expert(lm_.weights.param_table(), s.spec.name)) {
         r.emplace_back(s.spec.name, s.held ? *s.held : Tensor::absent(s.spec.shape, s.spec.dtype));
         continue;
       }
@@ -266,7 +266,7 @@ class CpuEngine final : public TrainEngine {
   // file holds all E, from any expert-parallel layout).
   void optimizer_state_load(const std::string& dir) override {
     const auto total = static_cast<int64_t>(state_layout().size());
-    optimizer_state_read(dir, optimizer_.named_state(), split() ? ep_.first_expert() : 0,
+    optimizer_state_read(dir, optimizer_.named_state(), &lm_.weights.param_table(), split() ? ep_.first_expert() : 0,
                          split() ? ep_.experts_per_rank : -1, total);
   }
   const OptimizerShards& optimizer_shards() const override { return shards_; }
@@ -294,7 +294,7 @@ class CpuEngine final : public TrainEngine {
     if (ep.group.empty()) return ep;
     const int64_t first = ep.first_expert(), n = ep.experts_per_rank;
     for (auto& [name, t] : lm.weights.named_parameters()) {
-      if (!param_is_stacked_expert(name)) continue;
+      if (!lm.weights.param_table().is_expert_stack(name)) continue;
       if (t->dim(0) == n && lm.expert_first == first) continue;  // already this rank's slice
       if (t->dim(0) != lm.config.num_experts)
         fail("{}: holds {} experts from expert {}; this rank of parallel.ep {} trains experts {}..{}", name,

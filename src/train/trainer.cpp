@@ -329,7 +329,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   // no rank gathers the model); alone, the one process writes everything.
   FinetuneResult result;
   const SaveShare share =
-      comm ? save_share_for(comm.get(), pg.rank, pg.world, ep, cfg.num_experts, engine->optimizer_shards()) : SaveShare{};
+      comm ? save_share_for(comm.get(), pg.rank, pg.world, ep, lm.weights.table, engine->optimizer_shards()) : SaveShare{};
   // Said before a save that will not fit starts writing (it then fails cleanly: train_checkpoint.h).
   auto warn_space = [&](const std::string& what, uint64_t bytes) {
     if (!lead) return;

@@ -355,7 +355,7 @@ TEST(Qwen3MoeWeights, LoadsOnlyItsShareOfTheExperts) {
     ASSERT_EQ(want.size(), have.size());
     for (size_t i = 0; i < want.size(); ++i) {
       const std::string& n = want[i].first;
-      if (param_is_stacked_expert(n))
+      if (w.param_table().is_expert_stack(n))
         EXPECT_TRUE(tensor_bytes_equal((*want[i].second)[1], (*have[i].second)[1])) << n;
       else
         EXPECT_TRUE(tensor_bytes_equal(*want[i].second, *have[i].second)) << n;
@@ -401,7 +401,7 @@ TEST(Qwen3MoeWeights, CompactExpertsHoldOnlyTheirShare) {
     ASSERT_EQ(want.size(), have.size());
     for (size_t i = 0; i < want.size(); ++i) {
       const std::string& n = want[i].first;
-      if (param_is_stacked_expert(n)) {
+      if (w.param_table().is_expert_stack(n)) {
         ASSERT_EQ(have[i].second->dim(0), 2) << n;
         EXPECT_TRUE(tensor_bytes_equal(want[i].second->rows(1, 3), *have[i].second)) << n;
       } else {

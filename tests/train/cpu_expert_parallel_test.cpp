@@ -129,6 +129,7 @@ struct ReplicaRun {
   std::vector<OptimizerShards> shards = std::vector<OptimizerShards>(4);
   std::vector<std::vector<std::pair<std::string, int64_t>>> params =
       std::vector<std::vector<std::pair<std::string, int64_t>>>(4);
+  std::shared_ptr<const ParamTable> table;  // the model's
 };
 
 ReplicaRun run_four_ranks_ep2(bool shard) {
@@ -147,6 +148,7 @@ ReplicaRun run_four_ranks_ep2(bool shard) {
     for (int s = 0; s < 3; ++s) run.steps[r].push_back(engine->step({batch_of_rank(r + 4 * s)}, 60.0, 1e-3, 1.0));
     run.state_bytes[r] = engine->optimizer_state_bytes();
     run.shards[r] = engine->optimizer_shards();
+    if (r == 0) run.table = lm.weights.table;
     for (auto& [name, t] : lm.weights.named_parameters()) {
       run.weights[r].push_back(t->clone());
       run.params[r].emplace_back(name, static_cast<int64_t>(t->nbytes()));
@@ -188,7 +190,7 @@ TEST(CpuExpertParallel, ExpertStateShardedOverReplicasTrainsBitwiseLikeUnsharded
     int64_t experts_not_owned = 0, replicated_not_owned = 0;  // bytes of exp_avg + exp_avg_sq of others' tensors
     for (size_t i = 0; i < sharded.params[r].size(); ++i) {
       const int64_t state = 2 * sharded.params[r][i].second;
-      if (param_is_stacked_expert(sharded.params[r][i].first)) {
+      if (sharded.table->is_expert_stack(sharded.params[r][i].first)) {
         ASSERT_TRUE(sh.over_replicas(i));
         if (sh.owner(i) == r)
           ++owned_stacks;

@@ -59,7 +59,7 @@ TEST(OptimizerShards, EveryReplicatedParameterHasExactlyOneOwner) {
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string& name = params[i].first;
       const int64_t n = params[i].second->numel();
-      const bool expert = param_is_stacked_expert(name);
+      const bool expert = w.param_table().is_expert_stack(name);
       int updaters = 0;
       for (int r = 0; r < world; ++r) {
         EXPECT_EQ(ranks[r].owner(name), ranks[r].owner(i)) << name;
@@ -93,7 +93,7 @@ TEST(OptimizerShards, EveryReplicatedParameterHasExactlyOneOwner) {
         EXPECT_EQ(ranks[r].world_owner(i), ranks[0].owner(i)) << name;
       }
       // The replicated parameters' owners are those of the map without expert replicas.
-      const OptimizerShards plain(sizes, world, 0, [&](const std::string& m) { return !(split && param_is_stacked_expert(m)); });
+      const OptimizerShards plain(sizes, world, 0, [&](const std::string& m) { return !(split && w.param_table().is_expert_stack(m)); });
       EXPECT_EQ(plain.owner(i), ranks[0].owner(i)) << name;
       EXPECT_EQ(updaters, 1) << name;
       load[static_cast<size_t>(ranks[0].owner(i))] += n;

@@ -133,7 +133,7 @@ void check_grads(const Qwen3MoeWeights& w, const Qwen3MoeWeights& g, int device)
            gp.size(), wp.size());
   for (size_t i = 0; i < wp.size(); ++i) {
     const Tensor& t = *gp[i].second;
-    const bool expert = param_is_stacked_expert(gp[i].first);
+    const bool expert = w.param_table().is_expert_stack(gp[i].first);
     MT_CHECK(t.defined() && t.device() == Device::cuda(device) && t.shape() == wp[i].second->shape() &&
                  (t.dtype() == DType::F32 || (expert && t.dtype() == DType::BF16)),
              "gradient {}: expected F32{} {} on cuda:{}, found {}", gp[i].first, expert ? " or BF16" : "",

@@ -46,8 +46,6 @@ double env_milliseconds(const char* var) {
   return v;
 }
 
-bool is_norm(const std::string& name) { return name.find("norm") != std::string::npos; }
-
 // Dense bf16 GEMM 8192³ through the same cuBLASLt path the model uses: best of 10 timed runs.
 double measure_gemm_ceiling_tflops(int device) {
   const int64_t n = 8192;
@@ -298,15 +296,16 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     for (size_t i = 0; i < src.size(); ++i) {
       if (!dst[i].second->present()) continue;
       const Tensor& h = *src[i].second;
-      cuda::copy_host_to_device(*dst[i].second, param_is_stacked_expert(src[i].first) ? h.rows(first_expert, first_expert + held) : h);
+      cuda::copy_host_to_device(*dst[i].second, lm.weights.param_table().is_expert_stack(src[i].first) ? h.rows(first_expert, first_expert + held) : h);
     }
   } else {
     uint64_t k = 0;
     for (auto& [name, t] : w.named_parameters()) {
       ++k;
       if (!t->present()) continue;
-      const uint64_t seed = o.seed * 1000003 + k + (param_is_stacked_expert(name) ? 7919ull * static_cast<uint64_t>(first_expert) : 0);
-      if (is_norm(name))
+      const ParamEntry& e = *w.param_table().find(name);
+      const uint64_t seed = o.seed * 1000003 + k + (e.role == ParamRole::expert_stack ? 7919ull * static_cast<uint64_t>(first_expert) : 0);
+      if (e.init == ParamInit::ones)
         cuda::fill_constant(*t, 1.0f, ctx.stream);
       else
         cuda::fill_normal(*t, static_cast<float>(cfg.initializer_range), seed, ctx.stream);

@@ -37,8 +37,9 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // The rows of a host parameter this rank holds: all of it, or under expert parallelism its experts' slice.
 struct ExpertSlice {
   int64_t first = 0, count = -1;  // count < 0: every expert
+  std::shared_ptr<const ParamTable> params;  // which parameters are expert stacks (with count >= 0)
   Tensor of(const std::string& name, const Tensor& host) const {
-    return count >= 0 && param_is_stacked_expert(name) ? host.rows(first, first + count) : host;
+    return count >= 0 && params->is_expert_stack(name) ? host.rows(first, first + count) : host;
   }
 };
 
@@ -116,7 +117,7 @@ class CudaEngine final : public TrainEngine {
     if (ranks) col = join(*comm, r);
     const bool pair = plan_memory(lm.config, r, device_, ep_ ? ep_->ranks() : 1, comm ? comm->size() : 1, log);
     cuda::allocator_reset_peak(device_);
-    if (ep_) slice_ = {ep_->first_expert(), ep_->experts_per_rank()};
+    if (ep_) slice_ = {ep_->first_expert(), ep_->experts_per_rank(), lm.weights.table};
     CudaTrainStepOptions so = step_options(r);
     so.pair_expert_wgrad = pair;
     so.collectives = col;
@@ -188,7 +189,8 @@ class CudaEngine final : public TrainEngine {
     std::vector<std::pair<std::string, Tensor>> r;
     for (StateSlot& s : state_layout()) {
       Shape full = s.spec.shape;
-      if (slice_.count >= 0 && param_is_stacked_expert(s.spec.name)) full[0] = lm_.config.num_experts;
+      if (slice_.count >= 0 && param_is_stacked_expert(lm_.weights.param_table(), s.spec.name))
+        full[0] = lm_.config.num_experts;
       Tensor h = Tensor::empty(full, s.spec.dtype);
       if (s.held) to_host_own(s.spec.name, *s.held, h);
       r.emplace_back(s.spec.name, std::move(h));
@@ -207,7 +209,8 @@ class CudaEngine final : public TrainEngine {
       host.push_back(Tensor::empty(t->shape(), t->dtype()));  // this rank's experts only
       targets.emplace_back(name, &host.back());
     }
-    optimizer_state_read(dir, targets, slice_.count >= 0 ? slice_.first : 0, slice_.count, total);
+    optimizer_state_read(dir, targets, &lm_.weights.param_table(), slice_.count >= 0 ? slice_.first : 0, slice_.count,
+                         total);
     for (size_t i = 0; i < state.size(); ++i) cuda::copy_host_to_device(*state[i].second, host[i]);
   }
 
@@ -257,7 +260,7 @@ class CudaEngine final : public TrainEngine {
   // else rank 0 or the experts' rank (train/shared_save.h).
   void to_host_own(const std::string& name, const Tensor& dev, Tensor& host) {
     const std::string state_of = optimizer_state_param(name);
-    const bool expert_rows = slice_.count >= 0 && param_is_stacked_expert(name);
+    const bool expert_rows = slice_.count >= 0 && param_is_stacked_expert(lm_.weights.param_table(), name);
     if (const int owner = step_->shards().owner(state_of.empty() ? name : state_of); owner >= 0) {
       if (owner != rank_) return;
     } else if (!expert_rows) {

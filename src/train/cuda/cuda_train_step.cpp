@@ -70,7 +70,7 @@ CudaTrainStep::CudaTrainStep(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights
   for (auto& [name, g] : grads_.named_parameters()) {
     if (shards_.updates(grad_list_.size())) updated_grads_.push_back(g);
     grad_list_.push_back(g);
-    is_expert_.push_back(param_is_stacked_expert(name));
+    is_expert_.push_back(grads_.param_table().is_expert_stack(name));
   }
   for (auto& [name, t] : weights.named_parameters()) params_.push_back(t);
   norm_ = Tensor::empty({1}, DType::F32, Device::cuda(device));
@@ -105,7 +105,7 @@ EngineStep CudaTrainStep::run_window(const std::vector<CudaBatch>& window, doubl
   // The stacked expert gradients are not zeroed: their first wgrad pass of the step stores (the largest
   // gradients; saves the memset and one read of dW per layer).
   for (auto& [name, g] : grads_.named_parameters()) {
-    if (param_is_stacked_expert(name))
+    if (grads_.param_table().is_expert_stack(name))
       model_.overwrite_expert_grad_next(*g);
     else
       cuda::fill_zero_async(*g, stream);
