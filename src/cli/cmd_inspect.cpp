@@ -8,39 +8,12 @@
 #include "io/checkpoint_files.h"
 #include "io/hf_cache.h"
 #include "models/qwen3_moe_config.h"
+#include "models/qwen3_moe_weights.h"
 #include "models/registry.h"
 
 namespace mt::cli {
 
 namespace {
-
-struct ParamCounts {
-  int64_t total = 0;
-  int64_t experts = 0;         // routed expert weights
-  int64_t active = 0;          // used per token: total - (E - k)/E of the expert weights
-  int64_t embedding = 0;       // embed_tokens (+ untied lm_head)
-};
-
-ParamCounts count_params(const Qwen3MoeConfig& c) {
-  ParamCounts p;
-  const int64_t H = c.hidden_size, D = c.head_dim;
-  const int64_t attn = H * c.num_attention_heads * D * 2 + H * c.num_key_value_heads * D * 2 + 2 * D + 2 * H;
-  p.embedding = c.vocab_size * H * (c.tie_word_embeddings ? 1 : 2);
-  p.total = p.embedding + H;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    p.total += attn;
-    if (c.is_moe_layer(l)) {
-      const int64_t e = c.num_experts * 3 * H * c.moe_intermediate_size;
-      p.experts += e;
-      p.total += e + c.num_experts * H;
-      p.active -= (c.num_experts - c.num_experts_per_tok) * 3 * H * c.moe_intermediate_size;
-    } else {
-      p.total += 3 * H * c.intermediate_size;
-    }
-  }
-  p.active += p.total;
-  return p;
-}
 
 std::string gib(double bytes) {
   if (bytes < 1024.0 * 1024.0 * 1024.0) return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0));
@@ -74,7 +47,7 @@ void run_inspect(const std::string& path, bool as_json) {
       file_bytes += static_cast<int64_t>(info.end - info.begin);
     }
   }
-  ParamCounts p = count_params(c);
+  const ParamCounts p = param_counts(qwen3_moe_param_table(c));
   int64_t moe_layers = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.is_moe_layer(l);
   const double param_bytes = static_cast<double>(p.total) * static_cast<double>(dtype_size(c.dtype));

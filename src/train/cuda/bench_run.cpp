@@ -104,17 +104,13 @@ Batch random_batch(const Qwen3MoeConfig& cfg, int64_t mbs, int64_t seq, int64_t 
 }  // namespace
 
 double bench_flops_per_token(const Qwen3MoeConfig& c, int64_t seq) {
-  const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.head_dim);
-  const double Hq = static_cast<double>(c.num_attention_heads), Hkv = static_cast<double>(c.num_key_value_heads);
-  double per_token = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const double proj = H * Hq * D * 2 + H * Hkv * D * 2;  // q, o; k, v
-    const double mlp = c.is_moe_layer(l)
-                           ? static_cast<double>(c.num_experts_per_tok) * 3.0 * H * static_cast<double>(c.moe_intermediate_size)
-                           : 3.0 * H * static_cast<double>(c.intermediate_size);
-    per_token += 6.0 * (proj + mlp) + 6.0 * static_cast<double>(seq) * Hq * D;  // causal: half of 12·S·Hq·D
-  }
-  return per_token + 6.0 * static_cast<double>(c.vocab_size) * H;  // LM head
+  // 6 FLOPs (forward + backward) per matmul weight a token meets (the table's count: projections, MLP or its k
+  // routed experts, LM head) plus the causal attention scores; every term an integer, so the sum is exact.
+  const double Hq = static_cast<double>(c.num_attention_heads), D = static_cast<double>(c.head_dim);
+  double per_token = 6.0 * static_cast<double>(param_counts(qwen3_moe_param_table(c)).matmul_per_token);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    per_token += 6.0 * static_cast<double>(seq) * Hq * D;  // causal: half of 12·S·Hq·D
+  return per_token;
 }
 
 namespace {
