@@ -7,8 +7,8 @@
 #include "cli/commands.h"
 #include "io/checkpoint_files.h"
 #include "io/hf_cache.h"
-#include "models/qwen3_moe_config.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/spec/decoder_spec.h"
+#include "models/model_weights.h"
 #include "models/registry.h"
 
 namespace mt::cli {
@@ -31,7 +31,7 @@ std::string count(int64_t n) {
 void run_inspect(const std::string& path, bool as_json) {
   const std::string dir = hf_resolve_model_path(path);
   const std::string cfg_path = (std::filesystem::path(dir) / "config.json").string();
-  Qwen3MoeConfig c = Qwen3MoeConfig::from_file(cfg_path);
+  DecoderSpec c = DecoderSpec::from_file(cfg_path);
   const ArchitectureInfo& arch = architecture_lookup(c.architecture, cfg_path);
   std::map<std::string, int64_t> dtype_counts;
   int64_t file_bytes = 0;
@@ -47,9 +47,9 @@ void run_inspect(const std::string& path, bool as_json) {
       file_bytes += static_cast<int64_t>(info.end - info.begin);
     }
   }
-  const ParamCounts p = param_counts(qwen3_moe_param_table(c));
+  const ParamCounts p = param_counts(param_table_of(c));
   int64_t moe_layers = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.is_moe_layer(l);
+  for (int64_t l = 0; l < c.num_layers(); ++l) moe_layers += c.is_moe_layer(l);
   const double param_bytes = static_cast<double>(p.total) * static_cast<double>(dtype_size(c.dtype));
   const double grad_bytes = static_cast<double>(p.total) * 4;
   const double moments_bytes = static_cast<double>(p.total) * 8;
@@ -59,15 +59,15 @@ void run_inspect(const std::string& path, bool as_json) {
       {"architecture", arch.name},
       {"model_type", c.model_type},
       {"dtype", std::string(dtype_torch_name(c.dtype))},
-      {"layers", c.num_hidden_layers},
+      {"layers", c.num_layers()},
       {"moe_layers", moe_layers},
-      {"dense_layers", c.num_hidden_layers - moe_layers},
+      {"dense_layers", c.num_layers() - moe_layers},
       {"hidden_size", c.hidden_size},
-      {"heads", c.num_attention_heads},
-      {"kv_heads", c.num_key_value_heads},
-      {"head_dim", c.head_dim},
-      {"experts", c.num_experts},
-      {"experts_per_token", c.num_experts_per_tok},
+      {"heads", c.only_attention().heads},
+      {"kv_heads", c.only_attention().kv_heads},
+      {"head_dim", c.only_attention().head_dim},
+      {"experts", c.num_experts()},
+      {"experts_per_token", c.experts_per_token()},
       {"vocab_size", c.vocab_size},
       {"tied_embeddings", c.tie_word_embeddings},
       {"parameters", {{"total", p.total}, {"active_per_token", p.active}, {"routed_experts", p.experts},
@@ -86,13 +86,14 @@ void run_inspect(const std::string& path, bool as_json) {
   }
   fmt::print("{}\n", dir);
   fmt::print("  architecture   {} ({})\n", arch.name, arch.description);
-  fmt::print("  layers         {} ({} MoE, {} dense)\n", c.num_hidden_layers, moe_layers,
-             c.num_hidden_layers - moe_layers);
+  fmt::print("  layers         {} ({} MoE, {} dense)\n", c.num_layers(), moe_layers,
+             c.num_layers() - moe_layers);
   fmt::print("  attention      hidden {}, {} heads / {} kv heads, head_dim {}\n", c.hidden_size,
-             c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-  if (c.is_moe())
+             c.only_attention().heads, c.only_attention().kv_heads, c.only_attention().head_dim);
+  if (c.num_experts() > 0)
     fmt::print("  experts        {} per MoE layer, top-{}, expert intermediate {}, renormalised top-k: {}\n",
-               c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.norm_topk_prob ? "yes" : "no");
+               c.num_experts(), c.experts_per_token(), c.only_moe().expert.intermediate_size,
+               c.only_moe().router.norm_topk_prob ? "yes" : "no");
   fmt::print("  vocabulary     {} ({} embeddings)\n", c.vocab_size, c.tie_word_embeddings ? "tied" : "untied");
   fmt::print("  parameters     {} total, {} active per token ({} in routed experts)\n", count(p.total),
              count(p.active), count(p.experts));

@@ -6,7 +6,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
+#include "models/registry.h"
 #include "train/optimizer_shards.h"
 
 namespace mt {
@@ -42,17 +43,17 @@ struct Dims {
   wide flash_kv_heads;  // heads of flash's fp32 dK/dV workspace: Hkv, or Hq for the deterministic backward
 };
 
-Dims dims_of(const Qwen3MoeConfig& c, int64_t tokens) {
+Dims dims_of(const DecoderSpec& c, int64_t tokens) {
   Dims d;
   d.T = tokens;
   d.H = c.hidden_size;
-  d.Hq = c.num_attention_heads;
-  d.Hkv = c.num_key_value_heads;
-  d.D = c.head_dim;
-  d.E = c.num_experts;
-  d.k = c.num_experts_per_tok;
-  d.I = c.moe_intermediate_size;
-  d.F = c.intermediate_size;
+  d.Hq = c.only_attention().heads;
+  d.Hkv = c.only_attention().kv_heads;
+  d.D = c.only_attention().head_dim;
+  d.E = c.num_experts();
+  d.k = c.experts_per_token();
+  d.I = c.moe.empty() ? 0 : c.only_moe().expert.intermediate_size;  // 0: no MoE configuration
+  d.F = c.mlp.empty() ? 0 : c.only_mlp().intermediate_size;         // 0: no dense MLP configuration
   d.V = c.vocab_size;
   d.Tk = d.T * d.k;
   d.R = d.Tk;
@@ -73,11 +74,11 @@ struct ParamSums {
   std::vector<wide> stacks, stack_per_expert;         // each expert stack: whole, and one expert of it
 };
 
-ParamSums param_sums(const Qwen3MoeConfig& c) {
-  const ParamTable t = qwen3_moe_param_table(c);
+ParamSums param_sums(const DecoderSpec& c) {
+  const ParamTable t = param_table_of(c);
   ParamSums s;
-  s.layer_replicated.assign(static_cast<size_t>(c.num_hidden_layers), 0);
-  s.layer_experts.assign(static_cast<size_t>(c.num_hidden_layers), 0);
+  s.layer_replicated.assign(static_cast<size_t>(c.num_layers()), 0);
+  s.layer_experts.assign(static_cast<size_t>(c.num_layers()), 0);
   for (const ParamEntry& e : t.entries()) {
     // Every term below assumes trained tensors of the model dtype (bf16 on the GPU).
     MT_CHECK(e.role != ParamRole::buffer && e.dtype == ParamDType::model,
@@ -197,9 +198,9 @@ struct Layers {
   int64_t moe = 0, dense = 0;
 };
 
-Layers layers_of(const Qwen3MoeConfig& c) {
+Layers layers_of(const DecoderSpec& c) {
   Layers l;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) (c.is_moe_layer(i) ? l.moe : l.dense)++;
+  for (int64_t i = 0; i < c.num_layers(); ++i) (c.is_moe_layer(i) ? l.moe : l.dense)++;
   return l;
 }
 
@@ -264,7 +265,7 @@ wide fetched_groups_count(const MemoryPlanInput& in, const ParamSums& ps) {
 
 MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, const ParamSums& ps, int64_t tokens, Recompute r,
                       bool master) {
-  const Qwen3MoeConfig& c = in.cfg;
+  const DecoderSpec& c = in.cfg;
   Dims d = dims_of(c, tokens);
   if (in.deterministic) d.flash_kv_heads = d.Hq;  // FlashBwdMode::deterministic keeps every head's dK, dV
   const wide ep = std::max<int64_t>(in.expert_parallel, 1);
@@ -364,27 +365,27 @@ const char* recompute_name(Recompute r) {
 }
 
 MemoryPlan memory_plan(const MemoryPlanInput& in) {
-  const Qwen3MoeConfig& c = in.cfg;
-  check_range("num_hidden_layers", c.num_hidden_layers, 1, kMaxLayers);
+  const DecoderSpec& c = in.cfg;
+  check_range("num_hidden_layers", c.num_layers(), 1, kMaxLayers);
   check_range("hidden_size", c.hidden_size, 1, kMaxDim);
   check_range("vocab_size", c.vocab_size, 1, kMaxDim);
-  check_range("num_attention_heads", c.num_attention_heads, 1, kMaxDim);
-  check_range("num_key_value_heads", c.num_key_value_heads, 1, kMaxDim);
-  check_range("head_dim", c.head_dim, 1, kMaxDim);
-  check_range("num_experts", c.num_experts, 0, kMaxDim);
-  check_range("num_experts_per_tok", c.num_experts_per_tok, c.num_experts > 0 ? 1 : 0, c.num_experts);
-  check_range("moe_intermediate_size", c.moe_intermediate_size, 0, kMaxDim);
-  check_range("intermediate_size", c.intermediate_size, 0, kMaxDim);
+  check_range("num_attention_heads", c.only_attention().heads, 1, kMaxDim);
+  check_range("num_key_value_heads", c.only_attention().kv_heads, 1, kMaxDim);
+  check_range("head_dim", c.only_attention().head_dim, 1, kMaxDim);
+  check_range("num_experts", c.num_experts(), 0, kMaxDim);
+  check_range("num_experts_per_tok", c.experts_per_token(), c.num_experts() > 0 ? 1 : 0, c.num_experts());
+  check_range("moe_intermediate_size", c.moe.empty() ? 0 : c.only_moe().expert.intermediate_size, 0, kMaxDim);
+  check_range("intermediate_size", c.mlp.empty() ? 0 : c.only_mlp().intermediate_size, 0, kMaxDim);
   check_range("micro_batch", in.micro_batch, 1, kMaxTokens);
   check_range("seq", in.seq, 1, kMaxTokens / in.micro_batch);
   check_range("device_bytes", in.device_bytes, 1, std::numeric_limits<int64_t>::max());
   check_range("reserve_bytes", in.reserve_bytes, 0, in.device_bytes);
-  check_range("expert_parallel", in.expert_parallel, 1, std::max<int64_t>(c.num_experts, 1));
+  check_range("expert_parallel", in.expert_parallel, 1, std::max<int64_t>(c.num_experts(), 1));
 
   const Layers layers = layers_of(c);
   const ParamSums ps = param_sums(c);
   MemoryPlan p = plan_bytes(in, layers, ps, in.micro_batch * in.seq, in.recompute, in.fp32_master);
-  p.layers = c.num_hidden_layers;
+  p.layers = c.num_layers();
   p.expert_parallel = in.expert_parallel;
   p.moe_layers = layers.moe;
   p.micro_batch = in.micro_batch;

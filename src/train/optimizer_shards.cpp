@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "models/causal_lm.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
 
 namespace mt {
 
@@ -65,7 +65,7 @@ std::vector<int> expert_replica_ranks(int world, int rank, int64_t ep) {
   return r;
 }
 
-OptimizerShards optimizer_shards_for(const Qwen3MoeWeights& w, int world, int rank, int64_t ep) {
+OptimizerShards optimizer_shards_for(const ModelWeights& w, int world, int rank, int64_t ep) {
   if (world <= 1) return {};
   const bool split = ep > 1;
   std::vector<std::pair<std::string, int64_t>> params;

@@ -17,7 +17,7 @@
 #include "io/json_text.h"
 #include "io/safetensors.h"
 #include "io/safetensors_shared.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
 #include "train/run_dir.h"
 
 namespace fs = std::filesystem;
@@ -123,7 +123,7 @@ int64_t train_checkpoint_dir_step(const std::string& name) {
 }
 
 uint64_t train_checkpoint_bytes(const CausalLM& model, const std::vector<std::pair<std::string, Tensor>>& optimizer_state) {
-  uint64_t b = static_cast<uint64_t>(Qwen3MoeWeights::absent_like_config(model.config, model.dtype).parameter_count()) *
+  uint64_t b = static_cast<uint64_t>(ModelWeights::absent_like_config(model.config, model.dtype).parameter_count()) *
                dtype_size(model.dtype);
   for (const auto& [name, t] : optimizer_state) b += t.nbytes();
   return b + (1u << 16);  // headers, index, config and state files

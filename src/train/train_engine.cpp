@@ -27,13 +27,13 @@ class CpuEngine final : public TrainEngine {
  public:
   CpuEngine(CausalLM& lm, const Recipe& r, Communicator* comm)
       : lm_(lm), comm_(comm && comm->size() > 1 ? comm : nullptr),
-        ep_(experts_sliced(lm, expert_parallel_for(comm_, r.parallel.ep, lm.config.num_experts))),
+        ep_(experts_sliced(lm, expert_parallel_for(comm_, r.parallel.ep, lm.config.num_experts()))),
         shards_(comm_ && r.parallel.shard_optimizer
                     ? optimizer_shards_for(lm.weights, comm_->size(), comm_->rank(), r.parallel.ep)
                     : OptimizerShards()),
         sharded_params_(sharded_params_of(lm, r, shards_, comm_)),
         model_(lm.config, lm.weights, model_options(ep_, sharded_params_.get())),
-        grads_(Qwen3MoeWeights::zeros_like_config(lm.config, DType::F32, split() ? ep_.experts_per_rank : -1)),
+        grads_(ModelWeights::zeros_like_config(lm.config, DType::F32, split() ? ep_.experts_per_rank : -1)),
         optimizer_(shards_.updated(lm.weights.named_parameters()), adamw_options_from(r),
                    r.optimizer.decay_norms_and_biases ? std::function<bool(const std::string&)>() : adamw_hf_decays) {
     if (r.optimizer.moment_dtype != "float32")
@@ -250,7 +250,7 @@ class CpuEngine final : public TrainEngine {
         continue;
       }
       Shape full = s.spec.shape;
-      full[0] = lm_.config.num_experts;
+      full[0] = lm_.config.num_experts();
       const bool writes = shards_.experts_sharded() ? s.held != nullptr : ep_.group.front() == 0;
       if (!writes) {  // another replica (the owner, or the first group) writes these experts
         r.emplace_back(s.spec.name, Tensor::absent(full, s.spec.dtype));
@@ -296,7 +296,7 @@ class CpuEngine final : public TrainEngine {
     for (auto& [name, t] : lm.weights.named_parameters()) {
       if (!lm.weights.param_table().is_expert_stack(name)) continue;
       if (t->dim(0) == n && lm.expert_first == first) continue;  // already this rank's slice
-      if (t->dim(0) != lm.config.num_experts)
+      if (t->dim(0) != lm.config.num_experts())
         fail("{}: holds {} experts from expert {}; this rank of parallel.ep {} trains experts {}..{}", name,
              t->dim(0), lm.expert_first, ep.group.size(), first, first + n - 1);
       *t = t->rows(first, first + n).clone();
@@ -327,8 +327,8 @@ class CpuEngine final : public TrainEngine {
   std::vector<float> flat_;
   OptimizerShards shards_;  // ZeRO-1 over the ranks (train/optimizer_shards.h), or none
   std::unique_ptr<ShardedParams> sharded_params_;  // ZeRO-3 (train/sharded_params.h), or none
-  Qwen3MoeModel model_;
-  Qwen3MoeWeights grads_;
+  DecoderModel model_;
+  ModelWeights grads_;
   AdamW optimizer_;         // the parameters this rank updates
   std::vector<Tensor*> grad_list_;
   std::vector<bool> split_;  // per gradient: an expert stack split over the expert-parallel group
@@ -363,7 +363,7 @@ const CudaEngineHooks* cuda_engine_hooks() {
   return h.create ? &h : nullptr;
 }
 
-int train_device_resolve(const Recipe& r, const Qwen3MoeConfig& cfg, std::string* why, int local_rank,
+int train_device_resolve(const Recipe& r, const DecoderSpec& cfg, std::string* why, int local_rank,
                          int local_world) {
   const std::string& d = r.train.device;
   if (d == "cpu") return -1;

@@ -1,6 +1,7 @@
 // The Qwen3-MoE / Qwen3 parameter table pinned: names (Transformers' named_parameters() order), shapes, roles,
 // uses, init and weight-decay rules, for the qwen3-moe-test preset and its dense, mixed and tied variants.
 #include "models/param_table.h"
+#include "models/registry.h"
 
 #include <gtest/gtest.h>
 
@@ -9,15 +10,15 @@
 
 #include "core/error.h"
 #include "models/presets.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
 
 namespace mt {
 namespace {
 
-Qwen3MoeConfig test_preset(const nlohmann::json& overrides = nlohmann::json::object()) {
+DecoderSpec test_preset(const nlohmann::json& overrides = nlohmann::json::object()) {
   nlohmann::json j = preset_config_json("qwen3-moe-test");
   for (const auto& [k, v] : overrides.items()) j[k] = v;
-  return Qwen3MoeConfig::from_json(j, "qwen3-moe-test");
+  return DecoderSpec::from_json(j, "qwen3-moe-test");
 }
 
 struct Row {
@@ -87,7 +88,7 @@ std::vector<Row> model_rows(const std::vector<bool>& moe_layers, bool tied) {
 }
 
 TEST(ParamTable, Qwen3MoeTestPresetIsPinned) {
-  const ParamTable t = qwen3_moe_param_table(test_preset());
+  const ParamTable t = param_table_of(test_preset());
   expect_rows(t, model_rows({true, true}, false));
   EXPECT_EQ(t.num_experts, 8);
   EXPECT_EQ(t.experts_per_token, 2);
@@ -113,20 +114,20 @@ TEST(ParamTable, Qwen3MoeTestPresetIsPinned) {
 
 TEST(ParamTable, DenseMixedAndTiedVariants) {
   // mlp_only_layers: layer 1 takes the dense MLP; tied embeddings: no lm_head entry.
-  const ParamTable mixed = qwen3_moe_param_table(test_preset({{"mlp_only_layers", {1}}, {"tie_word_embeddings", true}}));
+  const ParamTable mixed = param_table_of(test_preset({{"mlp_only_layers", {1}}, {"tie_word_embeddings", true}}));
   expect_rows(mixed, model_rows({true, false}, true));
   EXPECT_TRUE(mixed.tied_embeddings);
   // decoder_sparse_step 2: MoE on layers 1, 3, ...
-  expect_rows(qwen3_moe_param_table(test_preset({{"decoder_sparse_step", 2}})), model_rows({false, true}, false));
+  expect_rows(param_table_of(test_preset({{"decoder_sparse_step", 2}})), model_rows({false, true}, false));
   // A dense Qwen3: no expert stacks at all.
-  const ParamTable dense = qwen3_moe_param_table(test_preset(
+  const ParamTable dense = param_table_of(test_preset(
       {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"}, {"num_experts", 0}, {"num_experts_per_tok", 0}}));
   expect_rows(dense, model_rows({false, false}, false));
   EXPECT_EQ(dense.num_experts, 0);
 }
 
 TEST(ParamTable, LookupsAndRules) {
-  const ParamTable t = qwen3_moe_param_table(test_preset());
+  const ParamTable t = param_table_of(test_preset());
   EXPECT_TRUE(t.is_expert_stack("model.layers.1.mlp.experts.down_proj"));
   EXPECT_FALSE(t.is_expert_stack("model.layers.1.mlp.gate.weight"));
   EXPECT_FALSE(t.is_expert_stack("model.layers.1.mlp.experts.3.down_proj.weight"));  // an HF name, not a parameter
@@ -159,14 +160,14 @@ TEST(ParamTable, LookupsAndRules) {
 TEST(ParamTable, CountsOfThePreset) {
   // qwen3-moe-test: per layer attention 64·64·2 + 32·64·2 + 16·2 + 64·2, router 8·64, experts 8·3·64·32.
   const int64_t attention = 64 * 64 * 2 + 32 * 64 * 2 + 16 * 2 + 64 * 2, router = 8 * 64, experts = 8 * 3 * 64 * 32;
-  const ParamCounts c = param_counts(qwen3_moe_param_table(test_preset()));
+  const ParamCounts c = param_counts(param_table_of(test_preset()));
   EXPECT_EQ(c.total, 2 * 512 * 64 + 64 + 2 * (attention + router + experts));
   EXPECT_EQ(c.experts, 2 * experts);
   EXPECT_EQ(c.active, c.total - 2 * 6 * 3 * 64 * 32);  // 6 of 8 experts idle per token
   EXPECT_EQ(c.embedding, 2 * 512 * 64);
   EXPECT_EQ(c.matmul_per_token, 2 * (64 * 64 * 2 + 32 * 64 * 2 + 2 * 3 * 64 * 32) + 512 * 64);
   // Tied: the embedding is the LM head's matmul.
-  const ParamCounts tied = param_counts(qwen3_moe_param_table(test_preset({{"tie_word_embeddings", true}})));
+  const ParamCounts tied = param_counts(param_table_of(test_preset({{"tie_word_embeddings", true}})));
   EXPECT_EQ(tied.embedding, 512 * 64);
   EXPECT_EQ(tied.matmul_per_token, c.matmul_per_token);
 }

@@ -61,7 +61,7 @@ EpRun run_two_ranks(int64_t ep) {
     LoadOptions lo;
     lo.dtype = DType::F32;
     const CausalLM whole = CausalLM::from_pretrained(kCkpt, lo);
-    const int64_t E = whole.config.num_experts;
+    const int64_t E = whole.config.num_experts();
     if (ep > 1) {  // as the trainer loads an expert-parallel CPU rank
       lo.expert_count = E / ep;
       lo.expert_first = r % ep * lo.expert_count;
@@ -98,10 +98,10 @@ TEST(CpuExpertParallel, EachRankHoldsOnlyItsExperts) {
   const EpRun one = run_two_ranks(1), split = run_two_ranks(2);
   LoadOptions lo;
   lo.dtype = DType::F32;
-  const Qwen3MoeConfig cfg = CausalLM::from_pretrained(kCkpt, lo).config;
-  const int64_t E = cfg.num_experts, H = cfg.hidden_size, I = cfg.moe_intermediate_size;
+  const DecoderSpec cfg = CausalLM::from_pretrained(kCkpt, lo).config;
+  const int64_t E = cfg.num_experts(), H = cfg.hidden_size, I = cfg.only_moe().expert.intermediate_size;
   int64_t moe_layers = 0;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) moe_layers += cfg.is_moe_layer(l);
+  for (int64_t l = 0; l < cfg.num_layers(); ++l) moe_layers += cfg.is_moe_layer(l);
   ASSERT_EQ(moe_layers, 2);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(one.expert_rows[r], E);

@@ -12,9 +12,10 @@
 
 #include "core/error.h"
 #include "models/param_table.h"
+#include "models/registry.h"
 #include "models/presets.h"
-#include "models/qwen3_moe_model.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/decoder_model.h"
+#include "models/model_weights.h"
 #include "train/adamw.h"
 #include "train/memory_plan.h"
 #include "train/optimizer_shards.h"
@@ -22,13 +23,13 @@
 namespace mt {
 namespace {
 
-Qwen3MoeConfig config_of(const std::string& preset, const nlohmann::json& overrides = nlohmann::json::object()) {
+DecoderSpec config_of(const std::string& preset, const nlohmann::json& overrides = nlohmann::json::object()) {
   nlohmann::json j = preset_config_json(preset);
   for (const auto& [k, v] : overrides.items()) j[k] = v;
-  return Qwen3MoeConfig::from_json(j, preset);
+  return DecoderSpec::from_json(j, preset);
 }
 
-std::vector<std::pair<std::string, Qwen3MoeConfig>> configs() {
+std::vector<std::pair<std::string, DecoderSpec>> configs() {
   return {
       {"qwen3-moe-test", config_of("qwen3-moe-test")},
       {"mixed+tied", config_of("qwen3-moe-test", {{"num_hidden_layers", 4},
@@ -44,26 +45,26 @@ std::vector<std::pair<std::string, Qwen3MoeConfig>> configs() {
   };
 }
 
-bool small(const Qwen3MoeConfig& c) { return c.vocab_size * c.hidden_size < (int64_t{1} << 24); }
+bool small(const DecoderSpec& c) { return c.vocab_size * c.hidden_size < (int64_t{1} << 24); }
 
 // ---- the formulas the consumers had before the table (kept as references) ----
 
 // cli/cmd_inspect.cpp count_params.
-ParamCounts old_inspect_counts(const Qwen3MoeConfig& c) {
+ParamCounts old_inspect_counts(const DecoderSpec& c) {
   ParamCounts p;
-  const int64_t H = c.hidden_size, D = c.head_dim;
-  const int64_t attn = H * c.num_attention_heads * D * 2 + H * c.num_key_value_heads * D * 2 + 2 * D + 2 * H;
+  const int64_t H = c.hidden_size, D = c.only_attention().head_dim;
+  const int64_t attn = H * c.only_attention().heads * D * 2 + H * c.only_attention().kv_heads * D * 2 + 2 * D + 2 * H;
   p.embedding = c.vocab_size * H * (c.tie_word_embeddings ? 1 : 2);
   p.total = p.embedding + H;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  for (int64_t l = 0; l < c.num_layers(); ++l) {
     p.total += attn;
     if (c.is_moe_layer(l)) {
-      const int64_t e = c.num_experts * 3 * H * c.moe_intermediate_size;
+      const int64_t e = c.num_experts() * 3 * H * c.only_moe().expert.intermediate_size;
       p.experts += e;
-      p.total += e + c.num_experts * H;
-      p.active -= (c.num_experts - c.num_experts_per_tok) * 3 * H * c.moe_intermediate_size;
+      p.total += e + c.num_experts() * H;
+      p.active -= (c.num_experts() - c.experts_per_token()) * 3 * H * c.only_moe().expert.intermediate_size;
     } else {
-      p.total += 3 * H * c.intermediate_size;
+      p.total += 3 * H * c.only_mlp().intermediate_size;
     }
   }
   p.active += p.total;
@@ -71,25 +72,26 @@ ParamCounts old_inspect_counts(const Qwen3MoeConfig& c) {
 }
 
 // train/cuda/bench_run.cpp bench_flops_per_token.
-double old_bench_flops_per_token(const Qwen3MoeConfig& c, int64_t seq) {
-  const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.head_dim);
-  const double Hq = static_cast<double>(c.num_attention_heads), Hkv = static_cast<double>(c.num_key_value_heads);
+double old_bench_flops_per_token(const DecoderSpec& c, int64_t seq) {
+  const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.only_attention().head_dim);
+  const AttentionSpec& a = c.only_attention();
+  const double Hq = static_cast<double>(a.heads), Hkv = static_cast<double>(a.kv_heads);
   double per_token = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  for (int64_t l = 0; l < c.num_layers(); ++l) {
     const double proj = H * Hq * D * 2 + H * Hkv * D * 2;
-    const double mlp = c.is_moe_layer(l) ? static_cast<double>(c.num_experts_per_tok) * 3.0 * H *
-                                               static_cast<double>(c.moe_intermediate_size)
-                                         : 3.0 * H * static_cast<double>(c.intermediate_size);
+    const double mlp = c.is_moe_layer(l) ? static_cast<double>(c.experts_per_token()) * 3.0 * H *
+                                               static_cast<double>(c.only_moe().expert.intermediate_size)
+                                         : 3.0 * H * static_cast<double>(c.only_mlp().intermediate_size);
     per_token += 6.0 * (proj + mlp) + 6.0 * static_cast<double>(seq) * Hq * D;
   }
   return per_token + 6.0 * static_cast<double>(c.vocab_size) * H;
 }
 
 // What bench_flops_per_token now computes (train/cuda/bench_run.cpp; CUDA builds only, so restated here).
-double new_bench_flops_per_token(const Qwen3MoeConfig& c, int64_t seq) {
-  const double Hq = static_cast<double>(c.num_attention_heads), D = static_cast<double>(c.head_dim);
-  double per_token = 6.0 * static_cast<double>(param_counts(qwen3_moe_param_table(c)).matmul_per_token);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) per_token += 6.0 * static_cast<double>(seq) * Hq * D;
+double new_bench_flops_per_token(const DecoderSpec& c, int64_t seq) {
+  const double Hq = static_cast<double>(c.only_attention().heads), D = static_cast<double>(c.only_attention().head_dim);
+  double per_token = 6.0 * static_cast<double>(param_counts(param_table_of(c)).matmul_per_token);
+  for (int64_t l = 0; l < c.num_layers(); ++l) per_token += 6.0 * static_cast<double>(seq) * Hq * D;
   return per_token;
 }
 
@@ -102,16 +104,16 @@ constexpr uint64_t kRandomInitHash = 13179619691432260434ull;
 TEST(ParamTableConsumers, AllocationsListTheTable) {
   for (const auto& [what, cfg] : configs()) {
     SCOPED_TRACE(what);
-    const ParamTable t = qwen3_moe_param_table(cfg);
-    const int64_t held = cfg.num_experts > 0 ? cfg.num_experts / 2 : -1;
-    std::vector<std::pair<const char*, Qwen3MoeWeights>> made;
-    made.emplace_back("absent", Qwen3MoeWeights::absent_like_config(cfg, DType::BF16));
-    made.emplace_back("absent held", Qwen3MoeWeights::absent_like_config(cfg, DType::BF16, Device::cpu(), held));
+    const ParamTable t = param_table_of(cfg);
+    const int64_t held = cfg.num_experts() > 0 ? cfg.num_experts() / 2 : -1;
+    std::vector<std::pair<const char*, ModelWeights>> made;
+    made.emplace_back("absent", ModelWeights::absent_like_config(cfg, DType::BF16));
+    made.emplace_back("absent held", ModelWeights::absent_like_config(cfg, DType::BF16, Device::cpu(), held));
     if (small(cfg)) {
-      made.emplace_back("zeros", Qwen3MoeWeights::zeros_like_config(cfg, DType::F32));
-      made.emplace_back("zeros held", Qwen3MoeWeights::zeros_like_config(cfg, DType::F32, held));
-      made.emplace_back("empty", Qwen3MoeWeights::empty_like_config(cfg, DType::BF16, Device::cpu()));
-      made.emplace_back("random", Qwen3MoeWeights::random_init(cfg, DType::F32, 5));
+      made.emplace_back("zeros", ModelWeights::zeros_like_config(cfg, DType::F32));
+      made.emplace_back("zeros held", ModelWeights::zeros_like_config(cfg, DType::F32, held));
+      made.emplace_back("empty", ModelWeights::empty_like_config(cfg, DType::BF16, Device::cpu()));
+      made.emplace_back("random", ModelWeights::random_init(cfg, DType::F32, 5));
     }
     for (auto& [how, w] : made) {
       SCOPED_TRACE(how);
@@ -135,8 +137,8 @@ TEST(ParamTableConsumers, AllocationsListTheTable) {
 }
 
 TEST(ParamTableConsumers, WeightCheckNamesTheEntryThatDiffers) {
-  const Qwen3MoeConfig cfg = config_of("qwen3-moe-test");
-  Qwen3MoeWeights w = Qwen3MoeWeights::zeros_like_config(cfg, DType::F32);
+  const DecoderSpec cfg = config_of("qwen3-moe-test");
+  ModelWeights w = ModelWeights::zeros_like_config(cfg, DType::F32);
   w.layers[1].k_norm = Tensor::zeros({17}, DType::F32);
   try {
     weights_check(cfg, w, "gradient", DType::F32, Device::cpu());
@@ -151,8 +153,8 @@ TEST(ParamTableConsumers, WeightCheckNamesTheEntryThatDiffers) {
 // Norms 1 (the entries with init ones: the names with "norm.weight", as before), everything else normal(0, σ)
 // from one stream per name; pinned bitwise to the values the code before the table drew (kRandomInitHash).
 TEST(ParamTableConsumers, RandomInitFollowsTheInitRule) {
-  const Qwen3MoeConfig cfg = config_of("qwen3-moe-test");
-  const Qwen3MoeWeights w = Qwen3MoeWeights::random_init(cfg, DType::F32, 1234);
+  const DecoderSpec cfg = config_of("qwen3-moe-test");
+  const ModelWeights w = ModelWeights::random_init(cfg, DType::F32, 1234);
   uint64_t h = 1469598103934665603ull;
   auto hash = [&](const void* p, size_t n) {
     const auto* b = static_cast<const unsigned char*>(p);
@@ -175,7 +177,7 @@ TEST(ParamTableConsumers, CheckpointFetchListIsTheSaveList) {
   for (const auto& [what, cfg] : configs()) {
     if (!small(cfg)) continue;
     SCOPED_TRACE(what);
-    const Qwen3MoeWeights w = Qwen3MoeWeights::random_init(cfg, DType::F32, 3);
+    const ModelWeights w = ModelWeights::random_init(cfg, DType::F32, 3);
     std::map<std::string, Tensor> saved;
     std::vector<std::string> names;
     for (auto& [n, t] : w.to_hf(cfg)) {
@@ -188,7 +190,7 @@ TEST(ParamTableConsumers, CheckpointFetchListIsTheSaveList) {
       auto it = saved.find(n);
       return it == saved.end() ? Tensor() : it->second;
     };
-    const Qwen3MoeWeights got = Qwen3MoeWeights::from_hf(cfg, DType::F32, lookup, names, "mem/");
+    const ModelWeights got = ModelWeights::from_hf(cfg, DType::F32, lookup, names, "mem/");
     EXPECT_EQ(fetched, std::set<std::string>(names.begin(), names.end()));
     const auto a = w.named_parameters(), b = got.named_parameters();
     ASSERT_EQ(a.size(), b.size());
@@ -202,7 +204,7 @@ TEST(ParamTableConsumers, CheckpointFetchListIsTheSaveList) {
       for (const std::string& n : names)
         if (n != gone) fewer.push_back(n);
       try {
-        Qwen3MoeWeights::from_hf(cfg, DType::F32, [&](const std::string& n) { return n == gone ? Tensor() : lookup(n); },
+        ModelWeights::from_hf(cfg, DType::F32, [&](const std::string& n) { return n == gone ? Tensor() : lookup(n); },
                                  fewer, "mem/");
         ADD_FAILURE() << gone << ": no error";
       } catch (const Error& e) {
@@ -215,7 +217,7 @@ TEST(ParamTableConsumers, CheckpointFetchListIsTheSaveList) {
 TEST(ParamTableConsumers, RolesAndRulesAgreeWithTheNameRulesTheyReplace) {
   for (const auto& [what, cfg] : configs()) {
     SCOPED_TRACE(what);
-    const ParamTable t = qwen3_moe_param_table(cfg);
+    const ParamTable t = param_table_of(cfg);
     for (const ParamEntry& e : t.entries()) {
       // The ".mlp.experts." pattern param_is_stacked_expert used, for parameters and their optimizer state.
       const bool old_stack = e.name.find(".mlp.experts.") != std::string::npos;
@@ -233,12 +235,12 @@ TEST(ParamTableConsumers, RolesAndRulesAgreeWithTheNameRulesTheyReplace) {
 TEST(ParamTableConsumers, InspectAndBenchCountsAreTheOldFormulas) {
   for (const auto& [what, cfg] : configs()) {
     SCOPED_TRACE(what);
-    const ParamCounts have = param_counts(qwen3_moe_param_table(cfg)), want = old_inspect_counts(cfg);
+    const ParamCounts have = param_counts(param_table_of(cfg)), want = old_inspect_counts(cfg);
     EXPECT_EQ(have.total, want.total);
     EXPECT_EQ(have.experts, want.experts);
     EXPECT_EQ(have.active, want.active);
     EXPECT_EQ(have.embedding, want.embedding);
-    EXPECT_EQ(have.total, Qwen3MoeWeights::absent_like_config(cfg, DType::BF16).parameter_count());
+    EXPECT_EQ(have.total, ModelWeights::absent_like_config(cfg, DType::BF16).parameter_count());
     for (int64_t seq : {1, 128, 4096, 131072})
       EXPECT_EQ(new_bench_flops_per_token(cfg, seq), old_bench_flops_per_token(cfg, seq)) << "seq " << seq;
   }
@@ -247,7 +249,7 @@ TEST(ParamTableConsumers, InspectAndBenchCountsAreTheOldFormulas) {
 TEST(ParamTableConsumers, MemoryPlanCountsTheTable) {
   for (const auto& [what, cfg] : configs()) {
     SCOPED_TRACE(what);
-    const ParamCounts c = param_counts(qwen3_moe_param_table(cfg));
+    const ParamCounts c = param_counts(param_table_of(cfg));
     MemoryPlanInput in;
     in.cfg = cfg;
     in.micro_batch = 1;
@@ -257,7 +259,7 @@ TEST(ParamTableConsumers, MemoryPlanCountsTheTable) {
     EXPECT_EQ(whole.param_count, c.total);
     EXPECT_EQ(whole.grads, 4 * c.total);
     EXPECT_EQ(whole.params, 2 * c.total);
-    if (cfg.num_experts >= 2 && c.experts > 0) {
+    if (cfg.num_experts() >= 2 && c.experts > 0) {
       in.expert_parallel = 2;
       EXPECT_EQ(memory_plan(in).param_count, c.total - c.experts + c.experts / 2);
     }

@@ -22,6 +22,7 @@
 #include "io/safetensors.h"
 #include "io/safetensors_shared.h"
 #include "models/causal_lm.h"
+#include "models/registry.h"
 #include "models/presets.h"
 
 namespace mt {
@@ -55,7 +56,7 @@ std::shared_ptr<const ParamTable> moe_table(int64_t experts) {
   nlohmann::json j = preset_config_json("qwen3-moe-test");
   j["num_hidden_layers"] = 4;
   j["num_experts"] = experts;
-  return std::make_shared<const ParamTable>(qwen3_moe_param_table(Qwen3MoeConfig::from_json(j, "qwen3-moe-test")));
+  return std::make_shared<const ParamTable>(param_table_of(DecoderSpec::from_json(j, "qwen3-moe-test")));
 }
 
 Tensor ramp(const Shape& shape, DType dt, float start) {

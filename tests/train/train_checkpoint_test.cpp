@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "models/presets.h"
+#include "models/registry.h"
 
 namespace mt {
 namespace {
@@ -27,7 +28,7 @@ TEST(TrainCheckpoint, OptimizerStateReadsOneRanksExperts) {
   Tensor e = Tensor::empty({2, 3, 2}, DType::F32), n = Tensor::empty({5}, DType::F32);
   // The table of a model holding that expert stack says which state tensors are stacks.
   const ParamTable table =
-      qwen3_moe_param_table(Qwen3MoeConfig::from_json(preset_config_json("qwen3-moe-test"), "qwen3-moe-test"));
+      param_table_of(DecoderSpec::from_json(preset_config_json("qwen3-moe-test"), "qwen3-moe-test"));
   optimizer_state_read(dir.path.string(), {{ex, &e}, {nm, &n}}, &table, /*expert_first=*/1, /*expert_count=*/2);
   EXPECT_EQ(e.to_floats(), std::vector<float>(expert.begin() + 6, expert.begin() + 18));  // experts 1 and 2
   EXPECT_EQ(n.to_floats(), norm);

@@ -45,9 +45,9 @@ struct ExpertSlice {
 
 // Every host parameter (this rank's slice) uploaded as BF16 (rounded to nearest even when the host holds F32).
 // Under ZeRO-3 the parameters another rank owns stay absent (train/sharded_params.h): never allocated here.
-Qwen3MoeWeights upload_bf16(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& host, int device, const ExpertSlice& sl,
+ModelWeights upload_bf16(const DecoderSpec& cfg, const ModelWeights& host, int device, const ExpertSlice& sl,
                             const OptimizerShards* params_owned) {
-  Qwen3MoeWeights d = Qwen3MoeWeights::absent_like_config(cfg, DType::BF16, Device::cuda(device), sl.count);
+  ModelWeights d = ModelWeights::absent_like_config(cfg, DType::BF16, Device::cuda(device), sl.count);
   auto src = host.named_parameters();
   auto dst = d.named_parameters();
   for (size_t i = 0; i < src.size(); ++i) {
@@ -74,7 +74,7 @@ CudaTrainStepOptions step_options(const Recipe& r) {
 }
 
 // Prints the plan; refuses what cannot fit. Returns whether to pair expert wgrads (pairing_wanted).
-bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, int64_t ep, int64_t world, std::FILE* log) {
+bool plan_memory(const DecoderSpec& cfg, const Recipe& r, int device, int64_t ep, int64_t world, std::FILE* log) {
   size_t free_b = 0, total_b = 0;
   MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   MemoryPlanInput in;
@@ -90,7 +90,7 @@ bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, int64_t
   in.optimizer_shards = world > 1 && r.parallel.shard_optimizer ? world : 1;
   in.shard_parameters = world > 1 && r.parallel.shard_parameters;
   in.reshard_after_forward = r.parallel.reshard_after_forward;
-  in.ep_all_gather = ep > 1 && ep_dispatch_mode_parse(r.parallel.ep_dispatch, ep, cfg.num_experts_per_tok,
+  in.ep_all_gather = ep > 1 && ep_dispatch_mode_parse(r.parallel.ep_dispatch, ep, cfg.experts_per_token(),
                                                       "parallel.ep_dispatch") == EpDispatchMode::all_gather;
   in.ep_row_headroom = r.parallel.ep_row_headroom;
   in.device_bytes = static_cast<int64_t>(total_b);
@@ -144,7 +144,7 @@ class CudaEngine final : public TrainEngine {
     if (comm && comm->size() > 1)
       name_ += fmt::format(", rank {} of {}{}", comm->rank(), comm->size(),
                            ep_ ? fmt::format(", experts {}..{} of {}", slice_.first, slice_.first + slice_.count - 1,
-                                             lm.config.num_experts)
+                                             lm.config.num_experts())
                                : std::string());
   }
 
@@ -190,7 +190,7 @@ class CudaEngine final : public TrainEngine {
     for (StateSlot& s : state_layout()) {
       Shape full = s.spec.shape;
       if (slice_.count >= 0 && param_is_stacked_expert(lm_.weights.param_table(), s.spec.name))
-        full[0] = lm_.config.num_experts;
+        full[0] = lm_.config.num_experts();
       Tensor h = Tensor::empty(full, s.spec.dtype);
       if (s.held) to_host_own(s.spec.name, *s.held, h);
       r.emplace_back(s.spec.name, std::move(h));
@@ -237,8 +237,8 @@ class CudaEngine final : public TrainEngine {
     rank_ = comm.rank();
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s) * 1000);
     const EpDispatchMode dispatch = ep_dispatch_mode_parse(r.parallel.ep_dispatch, r.parallel.ep,
-                                                           lm_.config.num_experts_per_tok, "parallel.ep_dispatch");
-    job_ = cuda_job_collectives_create(comm, device_, timeout, r.parallel.ep, lm_.config.num_experts, dispatch,
+                                                           lm_.config.experts_per_token(), "parallel.ep_dispatch");
+    job_ = cuda_job_collectives_create(comm, device_, timeout, r.parallel.ep, lm_.config.num_experts(), dispatch,
                                        "parallel.ep",
                                        device_collectives_parse(r.parallel.gpu_collectives, "parallel.gpu_collectives"));
     ep_ = job_.ep.get();
@@ -311,7 +311,7 @@ class CudaEngine final : public TrainEngine {
   CudaExpertParallel* ep_ = nullptr;  // job_.ep
   ExpertSlice slice_;
   std::string name_;
-  Qwen3MoeWeights weights_;
+  ModelWeights weights_;
   OptimizerShards shards_;                         // ZeRO-3's owners (sharded_params_ refers to them)
   std::unique_ptr<ShardedParams> sharded_params_;  // ZeRO-3 (train/sharded_params.h), or none
   std::unique_ptr<CudaTrainStep> step_;
@@ -320,7 +320,7 @@ class CudaEngine final : public TrainEngine {
 // Registers the engine with the trainer when the CUDA library is linked in.
 const bool kRegistered = [] {
   cuda_engine_register({[] { return cuda::device_count(); },
-                        [](const Qwen3MoeConfig& cfg) { return cuda_model_unsupported_reason(cfg); },
+                        [](const DecoderSpec& cfg) { return cuda_model_unsupported_reason(cfg); },
                         [](CausalLM& lm, const Recipe& r, int device, std::FILE* log,
                            Communicator* comm) -> std::unique_ptr<TrainEngine> {
                           return std::make_unique<CudaEngine>(lm, r, device, log, comm);

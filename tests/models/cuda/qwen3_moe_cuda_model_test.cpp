@@ -14,14 +14,14 @@
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/kernel_launch.cuh"
 #include "models/cuda/cuda_batch.h"
-#include "models/cuda/qwen3_moe_cuda_model.h"
+#include "models/cuda/decoder_cuda_model.h"
 #include "models/presets.h"
-#include "models/qwen3_moe_model.h"
+#include "models/decoder_model.h"
 
 namespace mt {
 namespace {
 
-Qwen3MoeConfig small_config(int64_t head_dim, int64_t top_k = 2) {
+DecoderSpec small_config(int64_t head_dim, int64_t top_k = 2) {
   nlohmann::json j = preset_config_json("qwen3-moe-test");
   j["hidden_size"] = 128;
   j["head_dim"] = head_dim;
@@ -34,14 +34,14 @@ Qwen3MoeConfig small_config(int64_t head_dim, int64_t top_k = 2) {
   j["output_router_logits"] = true;
   j["router_aux_loss_coef"] = 0.02;
   j["initializer_range"] = 0.05;
-  return Qwen3MoeConfig::from_json(j, "test-config");
+  return DecoderSpec::from_json(j, "test-config");
 }
 
 using test::device_zeros_like;
 using test::to_device_weights;
 
 // Two rows of 96 tokens; row 1 packs three documents; a few labels ignored.
-Batch test_batch(const Qwen3MoeConfig& cfg) {
+Batch test_batch(const DecoderSpec& cfg) {
   const int64_t B = 2, S = 96;
   Batch b;
   b.input_ids = Tensor::empty({B, S}, DType::I64);
@@ -64,17 +64,17 @@ Batch test_batch(const Qwen3MoeConfig& cfg) {
 struct CudaRun {
   double ce = 0, aux = 0;
   int64_t count = 0;
-  Qwen3MoeWeights grads;
+  ModelWeights grads;
 };
 
 // all_head_rows: the LM head runs over every row (the batch's target_rows cleared), not only those with a
 // target.
-CudaRun run_cuda(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& dev_w, const Batch& b, Recompute rc, double div,
+CudaRun run_cuda(const DecoderSpec& cfg, ModelWeights& dev_w, const Batch& b, Recompute rc, double div,
                  bool all_head_rows = false) {
   CudaModelOptions o;
   o.recompute = rc;
   o.loss_chunk_rows = 64;  // several chunks
-  Qwen3MoeCudaModel model(cfg, dev_w, 0, o);
+  DecoderCudaModel model(cfg, dev_w, 0, o);
   CudaBatch gb = cuda_batch_upload(cfg, b, 0);
   if (all_head_rows) gb.target_rows = gb.row_targets = Tensor();
   CudaRun r;
@@ -90,13 +90,13 @@ struct Tolerance {
   double loss, aux, max_norm, rel_l2;
 };
 
-void expect_matches_cpu(const Qwen3MoeConfig& cfg, const Tolerance& tol) {
-  Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 7);
-  Qwen3MoeWeights dev_w = to_device_weights(host_w);
+void expect_matches_cpu(const DecoderSpec& cfg, const Tolerance& tol) {
+  ModelWeights host_w = ModelWeights::random_init(cfg, DType::BF16, 7);
+  ModelWeights dev_w = to_device_weights(host_w);
   const Batch b = test_batch(cfg);
 
-  Qwen3MoeModel cpu(cfg, host_w);
-  Qwen3MoeWeights cpu_g = Qwen3MoeWeights::zeros_like_config(cfg, DType::F32);
+  DecoderModel cpu(cfg, host_w);
+  ModelWeights cpu_g = ModelWeights::zeros_like_config(cfg, DType::F32);
   ForwardResult want = cpu.forward_backward(b, cpu_g);
   ASSERT_GT(want.tokens, 0);
 
@@ -107,7 +107,7 @@ void expect_matches_cpu(const Qwen3MoeConfig& cfg, const Tolerance& tol) {
 
   // Loss through forward() agrees with forward_backward's.
   {
-    Qwen3MoeCudaModel m(cfg, dev_w, 0);
+    DecoderCudaModel m(cfg, dev_w, 0);
     CudaBatch gb = cuda_batch_upload(cfg, b, 0);
     CudaLoss l = m.forward(gb);
     EXPECT_NEAR(cuda::to_host(l.ce_sum).to_floats()[0] / static_cast<double>(want.tokens), got.ce, 1e-5 * got.ce);
@@ -124,7 +124,7 @@ void expect_matches_cpu(const Qwen3MoeConfig& cfg, const Tolerance& tol) {
 
 // Every expert selected (top-k = E): no routing decision can flip between the two implementations, so
 // what remains is bf16 activations on both sides with different accumulation orders and rounding points.
-TEST(CudaQwen3MoeModel, MatchesCpuBf16AllExpertsRouted) {
+TEST(CudaDecoderModel, MatchesCpuBf16AllExpertsRouted) {
   MT_SKIP_WITHOUT_CUDA();
   for (int64_t head_dim : {64, 128}) {
     SCOPED_TRACE("head_dim " + std::to_string(head_dim));
@@ -141,16 +141,16 @@ TEST(CudaQwen3MoeModel, MatchesCpuBf16AllExpertsRouted) {
 // test stays loose on routed gradients; routing itself is checked decision by decision against Transformers
 // in GpuVsTransformers (tests/models/cuda/gpu_vs_transformers_test.cpp), and without routing decisions
 // (MatchesCpuBf16AllExpertsRouted) the limits are tight.
-TEST(CudaQwen3MoeModel, MatchesCpuBf16TopTwo) {
+TEST(CudaDecoderModel, MatchesCpuBf16TopTwo) {
   MT_SKIP_WITHOUT_CUDA();
   expect_matches_cpu(small_config(64, 2), {5e-3, 2e-2, 0.35, 0.2});
 }
 
-TEST(CudaQwen3MoeModel, RecomputePoliciesAgree) {
+TEST(CudaDecoderModel, RecomputePoliciesAgree) {
   MT_SKIP_WITHOUT_CUDA();
-  const Qwen3MoeConfig cfg = small_config(64);
-  Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 11);
-  Qwen3MoeWeights dev_w = to_device_weights(host_w);
+  const DecoderSpec cfg = small_config(64);
+  ModelWeights host_w = ModelWeights::random_init(cfg, DType::BF16, 11);
+  ModelWeights dev_w = to_device_weights(host_w);
   const Batch b = test_batch(cfg);
   const CudaRun none = run_cuda(cfg, dev_w, b, Recompute::none, 100.0);
   for (Recompute rc : {Recompute::selective, Recompute::full}) {
@@ -171,7 +171,7 @@ TEST(CudaQwen3MoeModel, RecomputePoliciesAgree) {
 // griddepcontrol.wait before touching memory) must not change a result: a kernel that read its input before
 // the wait would see the previous step's data here and move the loss or the gradients by far more than the
 // flash backward's atomic reordering does.
-TEST(CudaQwen3MoeModel, ProgrammaticDependentLaunchChangesNoResult) {
+TEST(CudaDecoderModel, ProgrammaticDependentLaunchChangesNoResult) {
   MT_SKIP_WITHOUT_CUDA();
   cuda::pdl_set_enabled(1);
   const bool available = cuda::pdl_enabled();
@@ -179,9 +179,9 @@ TEST(CudaQwen3MoeModel, ProgrammaticDependentLaunchChangesNoResult) {
     cuda::pdl_set_enabled(-1);
     GTEST_SKIP() << "programmatic dependent launch needs compute capability 9.0";
   }
-  const Qwen3MoeConfig cfg = small_config(128, 2);
-  Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 5);
-  Qwen3MoeWeights dev_w = to_device_weights(host_w);
+  const DecoderSpec cfg = small_config(128, 2);
+  ModelWeights host_w = ModelWeights::random_init(cfg, DType::BF16, 5);
+  ModelWeights dev_w = to_device_weights(host_w);
   const Batch b = test_batch(cfg);
   cuda::pdl_set_enabled(0);
   const CudaRun off = run_cuda(cfg, dev_w, b, Recompute::none, 100.0);
@@ -206,11 +206,11 @@ TEST(CudaQwen3MoeModel, ProgrammaticDependentLaunchChangesNoResult) {
 // neither the loss nor any gradient (the full-rows run differs only by the GEMMs' row count; the scatter
 // leaves exact zeros in the ignored rows' input gradient, and a wrong row would move every gradient below
 // the head by far more than 1e-3).
-TEST(CudaQwen3MoeModel, HeadSkipsRowsWithoutTargets) {
+TEST(CudaDecoderModel, HeadSkipsRowsWithoutTargets) {
   MT_SKIP_WITHOUT_CUDA();
-  const Qwen3MoeConfig cfg = small_config(64);
-  Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 13);
-  Qwen3MoeWeights dev_w = to_device_weights(host_w);
+  const DecoderSpec cfg = small_config(64);
+  ModelWeights host_w = ModelWeights::random_init(cfg, DType::BF16, 13);
+  ModelWeights dev_w = to_device_weights(host_w);
   const Batch b = test_batch(cfg);
   {
     const CudaBatch gb = cuda_batch_upload(cfg, b, 0);
@@ -242,11 +242,11 @@ TEST(CudaQwen3MoeModel, HeadSkipsRowsWithoutTargets) {
 
 // A micro-batch without a single target (a prompt-only window): no loss, no head or final-norm gradient,
 // and the rest of the model still trains on the aux loss alone.
-TEST(CudaQwen3MoeModel, MicroBatchWithoutTargetsHasNoLossGradient) {
+TEST(CudaDecoderModel, MicroBatchWithoutTargetsHasNoLossGradient) {
   MT_SKIP_WITHOUT_CUDA();
-  const Qwen3MoeConfig cfg = small_config(64);
-  Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 17);
-  Qwen3MoeWeights dev_w = to_device_weights(host_w);
+  const DecoderSpec cfg = small_config(64);
+  ModelWeights host_w = ModelWeights::random_init(cfg, DType::BF16, 17);
+  ModelWeights dev_w = to_device_weights(host_w);
   Batch b = test_batch(cfg);
   for (int64_t i = 0; i < b.labels.numel(); ++i) b.labels.data_as<int64_t>()[i] = -100;
   const CudaRun r = run_cuda(cfg, dev_w, b, Recompute::none, 1.0);
@@ -269,13 +269,13 @@ TEST(CudaQwen3MoeModel, MicroBatchWithoutTargetsHasNoLossGradient) {
   }
 }
 
-TEST(CudaQwen3MoeModel, RefusesFp32ParametersAndDenseLayers) {
+TEST(CudaDecoderModel, RefusesFp32ParametersAndDenseLayers) {
   MT_SKIP_WITHOUT_CUDA();
-  const Qwen3MoeConfig cfg = small_config(64);
-  Qwen3MoeWeights f32 = Qwen3MoeWeights::random_init(cfg, DType::F32, 1);
-  Qwen3MoeWeights dev = to_device_weights(f32);
+  const DecoderSpec cfg = small_config(64);
+  ModelWeights f32 = ModelWeights::random_init(cfg, DType::F32, 1);
+  ModelWeights dev = to_device_weights(f32);
   try {
-    Qwen3MoeCudaModel m(cfg, dev, 0);
+    DecoderCudaModel m(cfg, dev, 0);
     FAIL() << "F32 parameters accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("expected dtype BF16"), std::string::npos) << e.what();
@@ -283,11 +283,11 @@ TEST(CudaQwen3MoeModel, RefusesFp32ParametersAndDenseLayers) {
   nlohmann::json j = cfg.to_json();
   j["mlp_only_layers"] = {1};
   j["intermediate_size"] = 64;
-  const Qwen3MoeConfig dense = Qwen3MoeConfig::from_json(j, "dense");
-  Qwen3MoeWeights hw = Qwen3MoeWeights::random_init(dense, DType::BF16, 1);
-  Qwen3MoeWeights dw = to_device_weights(hw);
+  const DecoderSpec dense = DecoderSpec::from_json(j, "dense");
+  ModelWeights hw = ModelWeights::random_init(dense, DType::BF16, 1);
+  ModelWeights dw = to_device_weights(hw);
   try {
-    Qwen3MoeCudaModel m(dense, dw, 0);
+    DecoderCudaModel m(dense, dw, 0);
     FAIL() << "dense layer accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("layer 1 is a dense MLP layer"), std::string::npos) << e.what();

@@ -27,7 +27,7 @@ inline void write_model_and_data(const io_test::ScratchDir& dir) {
   j["output_router_logits"] = true;
   j["router_aux_loss_coef"] = 0.01;
   j["initializer_range"] = 0.05;
-  CausalLM lm = CausalLM::from_config(Qwen3MoeConfig::from_json(j, "test"), DType::F32, 3);
+  CausalLM lm = CausalLM::from_config(DecoderSpec::from_json(j, "test"), DType::F32, 3);
   lm.save_pretrained(dir.file("model"));
   std::ofstream out(dir.file("train.jsonl"));
   uint64_t s = 99;

@@ -1,4 +1,4 @@
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
 
 #include <algorithm>
 #include <set>
@@ -6,38 +6,33 @@
 #include "core/error.h"
 #include "core/float_convert.h"
 #include "core/rng.h"
+#include "models/registry.h"
 
 namespace mt {
 
 namespace {
 
-std::string layer_prefix(size_t l) { return fmt::format("model.layers.{}.", l); }
-
-// ParamEntry::slot numbers: model-level tensors (layer -1) index kModelSlots, per-layer ones kLayerSlots.
-enum ModelSlot : int { kEmbed, kFinalNorm, kLmHead };
-enum LayerSlot : int {
-  kQProj, kKProj, kVProj, kOProj, kQNorm, kKNorm, kRouter, kExpertsGateUp, kExpertsDown, kMlpGate, kMlpUp,
-  kMlpDown, kInputNorm, kPostNorm,
+// The member of ModelWeights / LayerWeights a WeightSlot names.
+constexpr Tensor ModelWeights::*kModelSlots[] = {&ModelWeights::embed, &ModelWeights::final_norm,
+                                                 &ModelWeights::lm_head};
+constexpr Tensor LayerWeights::*kLayerSlots[] = {
+    &LayerWeights::input_norm,      &LayerWeights::q_proj,       &LayerWeights::k_proj, &LayerWeights::v_proj,
+    &LayerWeights::o_proj,          &LayerWeights::q_norm,       &LayerWeights::k_norm, &LayerWeights::post_norm,
+    &LayerWeights::router,          &LayerWeights::experts_gate_up, &LayerWeights::experts_down,
+    &LayerWeights::mlp_gate,        &LayerWeights::mlp_up,       &LayerWeights::mlp_down,
 };
-constexpr Tensor Qwen3MoeWeights::*kModelSlots[] = {&Qwen3MoeWeights::embed, &Qwen3MoeWeights::final_norm,
-                                                    &Qwen3MoeWeights::lm_head};
-constexpr Tensor Qwen3MoeLayerWeights::*kLayerSlots[] = {
-    &Qwen3MoeLayerWeights::q_proj,          &Qwen3MoeLayerWeights::k_proj,       &Qwen3MoeLayerWeights::v_proj,
-    &Qwen3MoeLayerWeights::o_proj,          &Qwen3MoeLayerWeights::q_norm,       &Qwen3MoeLayerWeights::k_norm,
-    &Qwen3MoeLayerWeights::router,          &Qwen3MoeLayerWeights::experts_gate_up,
-    &Qwen3MoeLayerWeights::experts_down,    &Qwen3MoeLayerWeights::mlp_gate,     &Qwen3MoeLayerWeights::mlp_up,
-    &Qwen3MoeLayerWeights::mlp_down,        &Qwen3MoeLayerWeights::input_norm,   &Qwen3MoeLayerWeights::post_norm,
-};
+static_assert(WeightSlot::input_norm == 3 && WeightSlot::mlp_down == 16, "kLayerSlots follows WeightSlot");
 
 template <typename W>
 auto& slot_of(W& w, const ParamEntry& e) {
   if (e.layer < 0) {
-    MT_CHECK(e.slot >= 0 && e.slot <= kLmHead, "{}: slot {}", e.name, e.slot);
+    MT_CHECK(e.slot >= WeightSlot::embed && e.slot <= WeightSlot::lm_head, "{}: slot {}", e.name, e.slot);
     return w.*kModelSlots[e.slot];
   }
-  MT_CHECK(static_cast<size_t>(e.layer) < w.layers.size() && e.slot >= 0 && e.slot <= kPostNorm,
+  MT_CHECK(static_cast<size_t>(e.layer) < w.layers.size() && e.slot >= WeightSlot::input_norm &&
+               e.slot <= WeightSlot::mlp_down,
            "{}: layer {} slot {} of a struct with {} layers", e.name, e.layer, e.slot, w.layers.size());
-  return w.layers[static_cast<size_t>(e.layer)].*kLayerSlots[e.slot];
+  return w.layers[static_cast<size_t>(e.layer)].*kLayerSlots[e.slot - WeightSlot::input_norm];
 }
 
 template <typename P, typename W>
@@ -51,11 +46,11 @@ std::vector<std::pair<std::string, P>> named_of(W& w) {
 }
 
 // Every table entry allocated (uninitialised), or only described (absent), in the table's order.
-Qwen3MoeWeights weights_alloc(const Qwen3MoeConfig& cfg, std::shared_ptr<const ParamTable> table, DType dtype,
+ModelWeights weights_alloc(const DecoderSpec& cfg, std::shared_ptr<const ParamTable> table, DType dtype,
                               Device device = Device::cpu(), int64_t experts_held = -1, bool absent = false) {
-  Qwen3MoeWeights w;
+  ModelWeights w;
   w.table = std::move(table);
-  w.layers.resize(static_cast<size_t>(cfg.num_hidden_layers));
+  w.layers.resize(static_cast<size_t>(cfg.num_layers()));
   for (const ParamEntry& e : w.table->entries()) {
     const Shape shape = param_shape_held(e, experts_held);
     const DType dt = param_dtype(e, dtype);
@@ -64,9 +59,9 @@ Qwen3MoeWeights weights_alloc(const Qwen3MoeConfig& cfg, std::shared_ptr<const P
   return w;
 }
 
-Qwen3MoeWeights weights_alloc(const Qwen3MoeConfig& cfg, DType dtype, Device device = Device::cpu(),
+ModelWeights weights_alloc(const DecoderSpec& cfg, DType dtype, Device device = Device::cpu(),
                               int64_t experts_held = -1, bool absent = false) {
-  return weights_alloc(cfg, std::make_shared<const ParamTable>(qwen3_moe_param_table(cfg)), dtype, device,
+  return weights_alloc(cfg, std::make_shared<const ParamTable>(param_table_of(cfg)), dtype, device,
                        experts_held, absent);
 }
 
@@ -83,85 +78,42 @@ struct CopyJob {
 
 }  // namespace
 
-ParamTable qwen3_moe_param_table(const Qwen3MoeConfig& cfg) {
-  const int64_t H = cfg.hidden_size, V = cfg.vocab_size, D = cfg.head_dim;
-  const int64_t nq = cfg.num_attention_heads * D, nkv = cfg.num_key_value_heads * D;
-  const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, F = cfg.intermediate_size;
-  ParamTable t;
-  t.num_experts = E;
-  t.experts_per_token = cfg.num_experts_per_tok;
-  t.tied_embeddings = cfg.tie_word_embeddings;
-  auto add = [&](std::string name, Shape shape, ParamUse use, int64_t layer, int slot,
-                 ParamRole role = ParamRole::replicated) {
-    ParamEntry e = param_entry(std::move(name), std::move(shape), use, role);
-    e.layer = layer;
-    e.slot = slot;
-    t.add(std::move(e));
-  };
-  using U = ParamUse;
-  add("model.embed_tokens.weight", {V, H}, U::embedding, -1, kEmbed);
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    const std::string p = layer_prefix(static_cast<size_t>(l));
-    add(p + "self_attn.q_proj.weight", {nq, H}, U::linear, l, kQProj);
-    add(p + "self_attn.k_proj.weight", {nkv, H}, U::linear, l, kKProj);
-    add(p + "self_attn.v_proj.weight", {nkv, H}, U::linear, l, kVProj);
-    add(p + "self_attn.o_proj.weight", {H, nq}, U::linear, l, kOProj);
-    add(p + "self_attn.q_norm.weight", {D}, U::norm, l, kQNorm);
-    add(p + "self_attn.k_norm.weight", {D}, U::norm, l, kKNorm);
-    if (cfg.is_moe_layer(l)) {
-      add(p + "mlp.gate.weight", {E, H}, U::router, l, kRouter);
-      // Stacked as Transformers v5 holds them: gate_up rows 0..I-1 = gate_proj, I..2I-1 = up_proj.
-      add(p + "mlp.experts.gate_up_proj", {E, 2 * I, H}, U::linear, l, kExpertsGateUp, ParamRole::expert_stack);
-      add(p + "mlp.experts.down_proj", {E, H, I}, U::linear, l, kExpertsDown, ParamRole::expert_stack);
-    } else {
-      add(p + "mlp.gate_proj.weight", {F, H}, U::linear, l, kMlpGate);
-      add(p + "mlp.up_proj.weight", {F, H}, U::linear, l, kMlpUp);
-      add(p + "mlp.down_proj.weight", {H, F}, U::linear, l, kMlpDown);
-    }
-    add(p + "input_layernorm.weight", {H}, U::norm, l, kInputNorm);
-    add(p + "post_attention_layernorm.weight", {H}, U::norm, l, kPostNorm);
-  }
-  add("model.norm.weight", {H}, U::norm, -1, kFinalNorm);
-  if (!cfg.tie_word_embeddings) add("lm_head.weight", {V, H}, U::lm_head, -1, kLmHead);
-  return t;
-}
-
-const ParamTable& Qwen3MoeWeights::param_table() const {
+const ParamTable& ModelWeights::param_table() const {
   MT_CHECK(table != nullptr, "weights without a parameter table (a default-constructed struct)");
   return *table;
 }
 
-Tensor& Qwen3MoeWeights::slot(const ParamEntry& e) { return slot_of(*this, e); }
-const Tensor& Qwen3MoeWeights::slot(const ParamEntry& e) const { return slot_of(*this, e); }
+Tensor& ModelWeights::slot(const ParamEntry& e) { return slot_of(*this, e); }
+const Tensor& ModelWeights::slot(const ParamEntry& e) const { return slot_of(*this, e); }
 
-std::vector<std::pair<std::string, Tensor*>> Qwen3MoeWeights::named_parameters() { return named_of<Tensor*>(*this); }
+std::vector<std::pair<std::string, Tensor*>> ModelWeights::named_parameters() { return named_of<Tensor*>(*this); }
 
-std::vector<std::pair<std::string, const Tensor*>> Qwen3MoeWeights::named_parameters() const {
+std::vector<std::pair<std::string, const Tensor*>> ModelWeights::named_parameters() const {
   return named_of<const Tensor*>(*this);
 }
 
-Qwen3MoeWeights Qwen3MoeWeights::empty_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device,
+ModelWeights ModelWeights::empty_like_config(const DecoderSpec& cfg, DType dtype, Device device,
                                                    int64_t experts_held) {
   check_param_dtype(dtype, "empty_like_config");
   return weights_alloc(cfg, dtype, device, experts_held);
 }
 
-Qwen3MoeWeights Qwen3MoeWeights::absent_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device,
+ModelWeights ModelWeights::absent_like_config(const DecoderSpec& cfg, DType dtype, Device device,
                                                     int64_t experts_held) {
   check_param_dtype(dtype, "absent_like_config");
   return weights_alloc(cfg, dtype, device, experts_held, /*absent=*/true);
 }
 
-Qwen3MoeWeights Qwen3MoeWeights::zeros_like_config(const Qwen3MoeConfig& cfg, DType dtype, int64_t experts_held) {
+ModelWeights ModelWeights::zeros_like_config(const DecoderSpec& cfg, DType dtype, int64_t experts_held) {
   check_param_dtype(dtype, "zeros_like_config");
-  Qwen3MoeWeights w = weights_alloc(cfg, dtype, Device::cpu(), experts_held);
+  ModelWeights w = weights_alloc(cfg, dtype, Device::cpu(), experts_held);
   for (const ParamEntry& e : w.table->entries()) w.slot(e).fill_zero();
   return w;
 }
 
-Qwen3MoeWeights Qwen3MoeWeights::random_init(const Qwen3MoeConfig& cfg, DType dtype, uint64_t seed) {
+ModelWeights ModelWeights::random_init(const DecoderSpec& cfg, DType dtype, uint64_t seed) {
   check_param_dtype(dtype, "random_init");
-  Qwen3MoeWeights w = weights_alloc(cfg, dtype);
+  ModelWeights w = weights_alloc(cfg, dtype);
   const std::vector<ParamEntry>& entries = w.table->entries();
   // One stream per parameter name: the values do not depend on visiting order or threading.
 #pragma omp parallel for schedule(dynamic, 1)
@@ -189,13 +141,13 @@ Qwen3MoeWeights Qwen3MoeWeights::random_init(const Qwen3MoeConfig& cfg, DType dt
   return w;
 }
 
-Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
+ModelWeights ModelWeights::from_hf(const DecoderSpec& cfg, DType dtype,
                                          const std::function<Tensor(const std::string&)>& lookup,
                                          const std::vector<std::string>& all_names, const std::string& source,
                                          int64_t expert_first, int64_t expert_count,
                                          const std::function<bool(const std::string&)>& skip, bool compact_experts) {
   check_param_dtype(dtype, source);
-  const int64_t E = cfg.num_experts;
+  const int64_t E = cfg.num_experts();
   if (expert_count < 0) expert_first = 0, expert_count = E;
   MT_CHECK(expert_first >= 0 && expert_first + expert_count <= E, "{}: experts [{}, {}) of {}", source, expert_first,
            expert_first + expert_count, E);
@@ -232,7 +184,7 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
 
   // The table drives the fetch list: every entry is one stored tensor, but an expert stack, which the default
   // save_original_format holds per expert (save_original_format=False checkpoints hold the fused v5 tensor).
-  auto table = std::make_shared<const ParamTable>(qwen3_moe_param_table(cfg));
+  auto table = std::make_shared<const ParamTable>(param_table_of(cfg));
   for (const ParamEntry& e : table->entries()) {
     if (e.role != ParamRole::expert_stack) {
       whole(fetch(e.name, e.shape));
@@ -274,7 +226,7 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
   // Pass 2: allocate and copy (converting dtype). Same-dtype copies are byte copies. Compact stacks take expert
   // e at row e - e0.
   const int64_t row0 = compact_experts ? e0 : 0;
-  Qwen3MoeWeights w = weights_alloc(cfg, table, dtype, Device::cpu(), compact_experts ? expert_count : -1);
+  ModelWeights w = weights_alloc(cfg, table, dtype, Device::cpu(), compact_experts ? expert_count : -1);
   const std::vector<ParamEntry>& entries = table->entries();
   MT_CHECK(entries.size() == sources.size(), "{} parameters, {} sources", entries.size(), sources.size());
   std::vector<CopyJob> jobs;
@@ -308,17 +260,17 @@ Qwen3MoeWeights Qwen3MoeWeights::from_hf(const Qwen3MoeConfig& cfg, DType dtype,
   return w;
 }
 
-std::vector<std::pair<std::string, Tensor>> Qwen3MoeWeights::to_hf(const Qwen3MoeConfig& cfg,
+std::vector<std::pair<std::string, Tensor>> ModelWeights::to_hf(const DecoderSpec& cfg,
                                                                    int64_t expert_first) const {
-  MT_CHECK(static_cast<int64_t>(layers.size()) == cfg.num_hidden_layers, "{} layers for a config of {}",
-           layers.size(), cfg.num_hidden_layers);
+  MT_CHECK(static_cast<int64_t>(layers.size()) == cfg.num_layers(), "{} layers for a config of {}",
+           layers.size(), cfg.num_layers());
   MT_CHECK(lm_head.defined() != cfg.tie_word_embeddings, "tie_word_embeddings={} but lm_head is {}",
            cfg.tie_word_embeddings, lm_head.defined() ? "defined" : "undefined");
   std::vector<std::pair<std::string, const Tensor*>> params = named_parameters();
   // Order as save_pretrained emits it (checked against the Transformers 5.17 fixtures' shard
   // layout): a model with a weight conversion (qwen3_moe) is written in sorted in-memory name
-  // order, each fused expert tensor expanding in place; the dense Qwen3 keeps state_dict order.
-  if (cfg.architecture == "Qwen3MoeForCausalLM")
+  // order, each fused expert tensor expanding in place; others (the dense Qwen3) keep state_dict order.
+  if (architecture_lookup(cfg.architecture, "to_hf").save_order == HfSaveOrder::sorted_names)
     std::sort(params.begin(), params.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   // Fused experts revert to per-expert tensors (Chunk + SplitModulelist): all downs, then all
   // gates, then all ups. They are views of the stacked storage, so the bytes are exact copies.
@@ -332,7 +284,7 @@ std::vector<std::pair<std::string, Tensor>> Qwen3MoeWeights::to_hf(const Qwen3Mo
     }
     const std::string p = name.substr(0, cut + std::string("experts.").size());
     // Expert e's matrix (rows [r0, r1) of it): a view where the stack holds it, else its shape only.
-    const int64_t E = cfg.num_experts, held = t->dim(0);
+    const int64_t E = cfg.num_experts(), held = t->dim(0);
     const int64_t first = held < E ? expert_first : 0;
     MT_CHECK(first >= 0 && first + held <= E, "{}: experts [{}, {}) of {}", name, first, first + held, E);
     auto expert = [&](int64_t e, int64_t r0, int64_t r1) {
@@ -353,7 +305,7 @@ std::vector<std::pair<std::string, Tensor>> Qwen3MoeWeights::to_hf(const Qwen3Mo
   return r;
 }
 
-int64_t Qwen3MoeWeights::parameter_count() const {
+int64_t ModelWeights::parameter_count() const {
   int64_t n = 0;
   for (const auto& [name, t] : named_parameters()) n += t->numel();
   return n;

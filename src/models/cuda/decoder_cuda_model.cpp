@@ -1,4 +1,4 @@
-#include "models/cuda/qwen3_moe_cuda_model.h"
+#include "models/cuda/decoder_cuda_model.h"
 
 #include <fmt/format.h>
 
@@ -13,7 +13,7 @@
 #include "kernels/cuda/row_select.h"
 #include "layers/cuda/attention_block_cuda.h"
 #include "layers/cuda/moe_block_cuda.h"
-#include "models/qwen3_moe_model.h"
+#include "models/decoder_model.h"
 
 namespace mt {
 
@@ -31,7 +31,7 @@ struct LayerActs {
 
 // Runs layer l from its input stream x and normalised input a; fills acts and returns the MoE output
 // (before its residual add, which the next norm fuses).
-Tensor layer_forward(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& L, const Tensor& x, const Tensor& a,
+Tensor layer_forward(const CudaBlockEnv& env, const LayerWeights& L, const Tensor& x, const Tensor& a,
                      cuda::AuxStats* stats, LayerActs& acts) {
   acts.x_in = x;
   Tensor y = attention_block_forward_cuda(env, L, a, acts.attn);
@@ -55,7 +55,7 @@ void layer_release(LayerActs& acts, Recompute r) {
 }
 
 // Makes every tensor the backward needs present again.
-void layer_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& L, LayerActs& acts, Recompute r) {
+void layer_restore(const CudaBlockEnv& env, const LayerWeights& L, LayerActs& acts, Recompute r) {
   if (r == Recompute::none) return;
   if (r == Recompute::full) {
     env.phase(Phase::other);
@@ -91,10 +91,10 @@ struct StreamEnd {
 // Under ZeRO-3 the groups are fetched in reading order, each next one prefetched while the current one
 // computes; the end of layer l reads layer l + 1's input norm, so both are here there. The head's group
 // stays fetched (the caller releases it).
-StreamEnd run_layers(const CudaBlockEnv& env, const Qwen3MoeWeights& w, const CudaBatch& b, cuda::AuxStats* stats,
+StreamEnd run_layers(const CudaBlockEnv& env, const ModelWeights& w, const CudaBatch& b, cuda::AuxStats* stats,
                      std::vector<LayerActs>* keep, Recompute rc, const Params& params) {
-  const Qwen3MoeConfig& c = *env.cfg;
-  const int64_t T = b.tokens(), H = c.hidden_size, nl = c.num_hidden_layers;
+  const DecoderSpec& c = *env.cfg;
+  const int64_t T = b.tokens(), H = c.hidden_size, nl = c.num_layers();
   const int64_t head = ParamResidency::head(nl);
   env.phase(Phase::other);
   params.fetch(ParamResidency::kEmbedding);
@@ -126,7 +126,7 @@ StreamEnd run_layers(const CudaBlockEnv& env, const Qwen3MoeWeights& w, const Cu
 }
 
 // Gradients: shaped like the parameters, on the device, F32 (the stacked expert weights may be BF16).
-void check_grads(const Qwen3MoeWeights& w, const Qwen3MoeWeights& g, int device) {
+void check_grads(const ModelWeights& w, const ModelWeights& g, int device) {
   auto wp = w.named_parameters();
   auto gp = g.named_parameters();
   MT_CHECK(wp.size() == gp.size() && g.layers.size() == w.layers.size(), "gradients: {} tensors for {} parameters",
@@ -141,7 +141,7 @@ void check_grads(const Qwen3MoeWeights& w, const Qwen3MoeWeights& g, int device)
   }
 }
 
-bool config_adds_aux(const Qwen3MoeConfig& c) { return c.output_router_logits && c.num_hidden_layers > 0; }
+bool config_adds_aux(const DecoderSpec& c) { return c.aux_loss_on() && c.num_layers() > 0; }
 
 // The LM head and the loss over the rows that have a target (every row when b.target_rows is undefined):
 // ignored rows (prompt tokens of answer-only chat data, padding, each row's last token) add nothing to the
@@ -170,22 +170,22 @@ void head_loss(const CudaBlockEnv& env, const Tensor& xf, const Tensor& head, co
 
 }  // namespace
 
-std::string cuda_model_unsupported_reason(const Qwen3MoeConfig& c) {
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
+  for (int64_t l = 0; l < c.num_layers(); ++l)
     if (!c.is_moe_layer(l))
       return fmt::format("layer {} is a dense MLP layer (mlp_only_layers / decoder_sparse_step); the CUDA model runs "
                          "MoE layers only",
                          l);
-  if (!cuda::flash_attention_head_dim_supported(c.head_dim))
-    return fmt::format("head_dim {} has no flash-attention kernel ({})", c.head_dim,
+  if (!cuda::flash_attention_head_dim_supported(c.only_attention().head_dim))
+    return fmt::format("head_dim {} has no flash-attention kernel ({})", c.only_attention().head_dim,
                        cuda::flash_attention_head_dims());
-  if (c.hidden_size % 8 != 0 || c.moe_intermediate_size % 8 != 0)
+  if (c.hidden_size % 8 != 0 || c.only_moe().expert.intermediate_size % 8 != 0)
     return fmt::format("hidden_size {} and moe_intermediate_size {} must be multiples of 8 for the grouped GEMM",
-                       c.hidden_size, c.moe_intermediate_size);
+                       c.hidden_size, c.only_moe().expert.intermediate_size);
   return "";
 }
 
-Qwen3MoeCudaModel::Qwen3MoeCudaModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, int device,
+DecoderCudaModel::DecoderCudaModel(const DecoderSpec& cfg, ModelWeights& weights, int device,
                                      const CudaModelOptions& options)
     : cfg_(cfg), w_(weights), device_(device), opts_(options) {
   model_config_check(cfg_);
@@ -194,27 +194,27 @@ Qwen3MoeCudaModel::Qwen3MoeCudaModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights&
   weights_check(cfg_, w_, "parameter", DType::BF16, Device::cuda(device_), experts_held());
   aux_on_ = config_adds_aux(cfg_);
   MT_CHECK(opts_.loss_chunk_rows > 0, "loss_chunk_rows must be positive, found {}", opts_.loss_chunk_rows);
-  wgrad_passes_.resize(cfg_.num_hidden_layers);
+  wgrad_passes_.resize(cfg_.num_layers());
   wgrad_passes_.set_pairing(opts_.pair_expert_wgrad);
 }
 
-int64_t Qwen3MoeCudaModel::experts_held() const {
-  return opts_.expert_parallel ? opts_.expert_parallel->experts_per_rank() : cfg_.num_experts;
+int64_t DecoderCudaModel::experts_held() const {
+  return opts_.expert_parallel ? opts_.expert_parallel->experts_per_rank() : cfg_.num_experts();
 }
 
-void Qwen3MoeCudaModel::flush_expert_grads() {
+void DecoderCudaModel::flush_expert_grads() {
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
   timer_.mark(Phase::experts, ctx.stream);
   wgrad_passes_.flush(ctx.stream);
 }
 
-CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
+CudaLoss DecoderCudaModel::forward(const CudaBatch& b) {
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
   CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_, opts_.expert_parallel};
   env.ep_gather = b.uniform_across_ranks;
   env.deterministic = opts_.deterministic;
   cuda::AuxStats stats;
-  if (aux_on_) stats = cuda::aux_stats_zeros(cfg_.num_experts, device_, ctx.stream);
+  if (aux_on_) stats = cuda::aux_stats_zeros(cfg_.num_experts(), device_, ctx.stream);
 
   const Params params{opts_.residency};
   const Tensor xf = run_layers(env, w_, b, aux_on_ ? &stats : nullptr, nullptr, Recompute::none, params).xf;
@@ -232,7 +232,7 @@ CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
     MT_CUDA_CHECK(cudaMemsetAsync(loss.ce_sum.data(), 0, 4, ctx.stream));
     MT_CUDA_CHECK(cudaMemsetAsync(loss.count.data(), 0, 4, ctx.stream));
   }
-  params.release(ParamResidency::head(cfg_.num_hidden_layers), false);
+  params.release(ParamResidency::head(cfg_.num_layers()), false);
   if (aux_on_) {
     Tensor aux_dp;
     cuda::aux_loss_finish(stats, /*bf16=*/true, 0.0, loss.aux, aux_dp, ctx.stream);
@@ -241,22 +241,22 @@ CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
   return loss;
 }
 
-Qwen3MoeCudaModel::Trace Qwen3MoeCudaModel::forward_trace(const CudaBatch& b) {
+DecoderCudaModel::Trace DecoderCudaModel::forward_trace(const CudaBatch& b) {
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
   CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_, opts_.expert_parallel};
   env.ep_gather = b.uniform_across_ranks;
   env.deterministic = opts_.deterministic;
   const Params params{opts_.residency};
-  std::vector<LayerActs> acts(cfg_.num_hidden_layers);
+  std::vector<LayerActs> acts(cfg_.num_layers());
   Trace t;
   t.final_hidden = run_layers(env, w_, b, nullptr, &acts, Recompute::none, params).xf;
-  params.release(ParamResidency::head(cfg_.num_hidden_layers), false);
+  params.release(ParamResidency::head(cfg_.num_layers()), false);
   for (LayerActs& a : acts) t.routes.push_back(a.moe.route.index);
   env.phase(Phase::other);
   return t;
 }
 
-CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights& grads, double ce_divisor) {
+CudaLoss DecoderCudaModel::forward_backward(const CudaBatch& b, ModelWeights& grads, double ce_divisor) {
   MT_CHECK(b.targets.defined(), "batch: forward_backward needs labels");
   MT_CHECK(ce_divisor > 0, "ce_divisor must be positive, found {}", ce_divisor);
   check_grads(w_, grads, device_);
@@ -264,7 +264,7 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
   CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_, opts_.expert_parallel};
   env.ep_gather = b.uniform_across_ranks;
   env.deterministic = opts_.deterministic;
-  const int64_t T = b.tokens(), H = cfg_.hidden_size, E = cfg_.num_experts, nl = cfg_.num_hidden_layers;
+  const int64_t T = b.tokens(), H = cfg_.hidden_size, E = cfg_.num_experts(), nl = cfg_.num_layers();
   const Recompute rc = opts_.recompute;
   cuda::AuxStats stats;
   if (aux_on_) stats = cuda::aux_stats_zeros(E, device_, ctx.stream);
@@ -297,7 +297,7 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
   params.release(ParamResidency::head(nl), false);
 
   Tensor aux_dp;
-  if (aux_on_) cuda::aux_loss_finish(stats, /*bf16=*/true, cfg_.router_aux_loss_coef, loss.aux, aux_dp, ctx.stream);
+  if (aux_on_) cuda::aux_loss_finish(stats, /*bf16=*/true, cfg_.aux_loss_coef(), loss.aux, aux_dp, ctx.stream);
 
   // Backward, layer by layer. dx is the gradient of the residual stream after layer l.
   // all_gather expert parallelism: each MoE backward starts with an all-gather of dx. dx is ready before

@@ -1,4 +1,5 @@
-#include "models/qwen3_moe_model.h"
+#include "models/decoder_model.h"
+#include "models/registry.h"
 
 #include <string>
 #include <vector>
@@ -18,12 +19,12 @@
 
 namespace mt {
 
-void weights_check(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, const char* what, DType dtype, Device device,
+void weights_check(const DecoderSpec& c, const ModelWeights& w, const char* what, DType dtype, Device device,
                    int64_t experts_held) {
-  if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers)
-    fail("{}s have {} layers, config num_hidden_layers is {}", what, w.layers.size(), c.num_hidden_layers);
+  if (static_cast<int64_t>(w.layers.size()) != c.num_layers())
+    fail("{}s have {} layers, config num_hidden_layers is {}", what, w.layers.size(), c.num_layers());
   // Against the config's own table: `w` may have been made for another config.
-  const ParamTable table = qwen3_moe_param_table(c);
+  const ParamTable table = param_table_of(c);
   for (const ParamEntry& e : table.entries()) {
     const Tensor& t = w.slot(e);
     const Shape shape = param_shape_held(e, experts_held);
@@ -42,34 +43,64 @@ void weights_check(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, const char
 namespace {
 
 // Under expert parallelism the stacked expert tensors (parameters and gradients) hold this rank's experts only.
-void check_params(const Qwen3MoeConfig& c, const Qwen3MoeWeights& w, const char* what, DType dtype,
+void check_params(const DecoderSpec& c, const ModelWeights& w, const char* what, DType dtype,
                   const ExpertParallel* ep) {
   weights_check(c, w, what, dtype, Device::cpu(), ep ? ep->experts_per_rank : -1);
 }
 
 }  // namespace
 
-void model_config_check(const Qwen3MoeConfig& c) {
+void model_config_check(const DecoderSpec& c) {
   auto need = [](bool ok, const char* field, int64_t v) {
     if (!ok) fail("config: {} = {} is not supported by the model", field, v);
   };
+  auto refuse = [](bool bad, const std::string& what) {
+    if (bad) fail("config: {} is not supported by the model", what);
+  };
   need(c.vocab_size > 0, "vocab_size", c.vocab_size);
   need(c.hidden_size > 0, "hidden_size", c.hidden_size);
-  need(c.num_hidden_layers >= 0, "num_hidden_layers", c.num_hidden_layers);
-  need(c.num_attention_heads > 0, "num_attention_heads", c.num_attention_heads);
-  need(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0, "num_key_value_heads",
-       c.num_key_value_heads);
-  need(c.head_dim > 0 && c.head_dim % 2 == 0, "head_dim", c.head_dim);
-  if (c.attention_bias) fail("config: attention_bias = true is not supported (Qwen3 checkpoints have no biases)");
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (c.is_moe_layer(l)) {
-      need(c.moe_intermediate_size > 0, "moe_intermediate_size", c.moe_intermediate_size);
-      need(c.num_experts_per_tok >= 1 && c.num_experts_per_tok <= c.num_experts, "num_experts_per_tok",
-           c.num_experts_per_tok);
-    } else {
-      need(c.intermediate_size > 0, "intermediate_size", c.intermediate_size);
-    }
+  refuse(c.norm_rounding != NormRounding::qwen, "this RMSNorm rounding rule");
+  refuse(!c.mamba2.empty(), "a Mamba2 mixer");
+  for (const AttentionSpec& a : c.attention) {
+    need(a.heads > 0, "num_attention_heads", a.heads);
+    need(a.kv_heads > 0 && a.heads % a.kv_heads == 0, "num_key_value_heads", a.kv_heads);
+    need(a.head_dim > 0 && a.head_dim % 2 == 0, "head_dim", a.head_dim);
+    if (a.qkv_bias || a.o_bias) fail("config: attention_bias = true is not supported (no attention-bias kernels yet)");
+    refuse(a.kind != AttentionKind::gqa, "multi-head latent attention");
+    refuse(!a.qk_norm, "attention without QK-norm");
+    refuse(a.sinks, "attention sinks");
+    refuse(a.sliding_window > 0, "sliding-window attention");
+    refuse(a.scale != 0, "an attention scale other than head_dim^-1/2");
+    refuse(a.v_head_dim != 0 && a.v_head_dim != a.head_dim, "a value head size unlike the key's");
+    refuse(a.rope.kind != RopeKind::standard || a.rope.interleaved || a.rope.rotary_dim != 0,
+           "a RoPE other than the default half-split one");
   }
+  for (const MlpSpec& m : c.mlp) refuse(m.activation != Activation::swiglu || m.bias, "an MLP other than SwiGLU");
+  for (const MoeSpec& m : c.moe) {
+    refuse(m.expert.activation != Activation::swiglu || m.expert.bias, "experts other than SwiGLU");
+    refuse(m.router.score != RouterScore::softmax_topk || m.router.linear_bias || m.router.correction_bias ||
+               m.router.scale != 1.0,
+           "a router other than softmax top-k");
+    refuse(m.shared_expert.has_value(), "a shared expert");
+  }
+  for (int64_t l = 0; l < c.num_layers(); ++l) {
+    for (const Sublayer& sub : c.layers[static_cast<size_t>(l)].sublayers) {
+      if (sub.kind == SublayerKind::moe) {
+        const MoeSpec& m = c.moe[static_cast<size_t>(sub.index)];
+        need(m.expert.intermediate_size > 0, "moe_intermediate_size", m.expert.intermediate_size);
+        need(m.experts_per_token >= 1 && m.experts_per_token <= m.num_experts, "num_experts_per_tok",
+             m.experts_per_token);
+      } else if (sub.kind == SublayerKind::mlp) {
+        const MlpSpec& m = c.mlp[static_cast<size_t>(sub.index)];
+        need(m.intermediate_size > 0, "intermediate_size", m.intermediate_size);
+      }
+    }
+    // The weights hold one attention and one feed-forward sublayer per layer (model_weights.h WeightSlot).
+    const std::vector<Sublayer>& subs = c.layers[static_cast<size_t>(l)].sublayers;
+    refuse(subs.size() != 2 || subs[0].kind != SublayerKind::attention || subs[1].kind == SublayerKind::attention,
+           fmt::format("layer {}: a sublayer list other than attention then MLP or MoE", l));
+  }
+  c.only_attention();  // one RoPE table per batch
 }
 
 namespace {
@@ -79,27 +110,23 @@ struct Prepared {
   Tensor targets;  // I64 [T] shifted labels, or undefined
 };
 
-Prepared prepare_batch(const Qwen3MoeConfig& c, const Batch& b, bool bf16, bool document_mask,
+Prepared prepare_batch(const DecoderSpec& c, const Batch& b, bool bf16, bool document_mask,
                        const ExpertParallel* ep) {
   batch_validate(c, b);
   Prepared p;
-  p.env.cfg = &c;
+  p.env.spec = &c;
   p.env.batch = b.input_ids.dim(0);
   p.env.seq = b.input_ids.dim(1);
   p.env.bf16 = bf16;
   p.env.ep = ep;
   if (document_mask) p.env.doc_ids = batch_document_ids(b);
-  p.env.rope = cpu::rope_tables(batch_positions(b), c.head_dim, c.rope_theta, bf16);
+  const AttentionSpec& a = c.only_attention();  // one RoPE table serves every layer
+  p.env.rope = cpu::rope_tables(batch_positions(b), a.head_dim, a.rope.theta, bf16);
   if (b.labels.defined()) p.targets = cpu::causal_lm_targets(b.labels, c.vocab_size);
   return p;
 }
 
-bool aux_enabled(const Qwen3MoeConfig& c) {
-  if (!c.output_router_logits) return false;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    if (c.is_moe_layer(l)) return true;
-  return false;
-}
+bool aux_enabled(const DecoderSpec& c) { return c.aux_loss_on(); }
 
 int64_t count_targets(const Tensor& targets) {
   int64_t n = 0;
@@ -115,7 +142,7 @@ double ce_divisor(const LossOptions& o, int64_t count) {
 
 }  // namespace
 
-void batch_validate(const Qwen3MoeConfig& c, const Batch& b) {
+void batch_validate(const DecoderSpec& c, const Batch& b) {
   const Tensor& ids = b.input_ids;
   if (!ids.defined() || ids.dtype() != DType::I64 || ids.ndim() != 2 || ids.dim(0) < 1 || ids.dim(1) < 1)
     fail("batch: input_ids must be I64 [B, S] with B, S >= 1, found {}", ids.defined() ? ids.desc() : "none");
@@ -164,7 +191,7 @@ Tensor batch_document_ids(const Batch& b) {
   return packed ? doc : Tensor();
 }
 
-Qwen3MoeModel::Qwen3MoeModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, const ModelOptions& opts)
+DecoderModel::DecoderModel(const DecoderSpec& cfg, ModelWeights& weights, const ModelOptions& opts)
     : cfg_(cfg), w_(weights), opts_(opts) {
   model_config_check(cfg_);
   if (!w_.embed.defined()) fail("parameter model.embed_tokens.weight is missing");
@@ -176,19 +203,19 @@ Qwen3MoeModel::Qwen3MoeModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights
   bf16_ = dt == DType::BF16;
 }
 
-void Qwen3MoeModel::fetch(int64_t group) const {
+void DecoderModel::fetch(int64_t group) const {
   if (opts_.residency) opts_.residency->fetch(group);
 }
 
-void Qwen3MoeModel::release(int64_t group, bool backward_follows) const {
+void DecoderModel::release(int64_t group, bool backward_follows) const {
   if (opts_.residency) opts_.residency->release(group, backward_follows);
 }
 
-ForwardResult Qwen3MoeModel::forward(const Batch& b, bool want_logits, const LossOptions& o) {
+ForwardResult DecoderModel::forward(const Batch& b, bool want_logits, const LossOptions& o) {
   Prepared p = prepare_batch(cfg_, b, bf16_, opts_.packed_document_mask, opts_.expert_parallel);
   const BlockEnv& env = p.env;
   const bool aux_on = aux_enabled(cfg_);
-  const int64_t nl = cfg_.num_hidden_layers;
+  const int64_t nl = cfg_.num_layers();
   fetch(ParamResidency::kEmbedding);
   Tensor x = cpu::embedding_forward(b.input_ids.view({env.tokens()}), w_.embed);
   release(ParamResidency::kEmbedding, false);
@@ -196,14 +223,21 @@ ForwardResult Qwen3MoeModel::forward(const Batch& b, bool want_logits, const Los
   for (int64_t l = 0; l < nl; ++l) {
     const auto& L = w_.layers[l];
     fetch(l);
-    x = attention_block_forward(env, L, x, nullptr);
-    if (cfg_.is_moe_layer(l)) {
-      MoeBlockActs acts;
-      x = moe_block_forward(env, L, x, aux_on ? &acts : nullptr);
-      if (aux_on) router_logits.push_back(acts.logits);
-    } else {
-      x = mlp_block_forward(env, L, x, nullptr);
-    }
+    for (const Sublayer& sub : cfg_.layers[static_cast<size_t>(l)].sublayers) switch (sub.kind) {
+        case SublayerKind::attention:
+          x = attention_block_forward(env, cfg_.attention[static_cast<size_t>(sub.index)], L, x, nullptr);
+          break;
+        case SublayerKind::moe: {
+          MoeBlockActs acts;
+          x = moe_block_forward(env, cfg_.moe[static_cast<size_t>(sub.index)], L, x, aux_on ? &acts : nullptr);
+          if (aux_on) router_logits.push_back(acts.logits);
+          break;
+        }
+        case SublayerKind::mlp:
+          x = mlp_block_forward(env, cfg_.mlp[static_cast<size_t>(sub.index)], L, x, nullptr);
+          break;
+        case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
+      }
     release(l, false);
   }
   const Tensor& head = cfg_.tie_word_embeddings ? w_.embed : w_.lm_head;
@@ -211,31 +245,35 @@ ForwardResult Qwen3MoeModel::forward(const Batch& b, bool want_logits, const Los
   LmHeadOutput lm = lm_head_forward(env, w_.final_norm, head, x, p.targets, want_logits);
   release(ParamResidency::head(nl), false);
   ForwardResult r;
-  if (aux_on) r.aux_loss = cpu::aux_loss_forward(router_logits, cfg_.num_experts_per_tok, bf16_, nullptr);
+  if (aux_on) r.aux_loss = cpu::aux_loss_forward(router_logits, cfg_.experts_per_token(), bf16_, nullptr);
   if (p.targets.defined()) {
     r.tokens = lm.count;
     const double div = ce_divisor(o, lm.count);
     r.ce_loss = div > 0 ? lm.ce_sum / div : 0.0;
-    r.loss = r.ce_loss + (aux_on ? cfg_.router_aux_loss_coef * r.aux_loss : 0.0);
+    r.loss = r.ce_loss + (aux_on ? cfg_.aux_loss_coef() * r.aux_loss : 0.0);
   }
   if (want_logits) r.logits = lm.logits.view({env.batch, env.seq, cfg_.vocab_size});
   return r;
 }
 
-ForwardResult Qwen3MoeModel::forward_backward(const Batch& b, Qwen3MoeWeights& grads, const LossOptions& o) {
+ForwardResult DecoderModel::forward_backward(const Batch& b, ModelWeights& grads, const LossOptions& o) {
   if (!b.labels.defined()) fail("batch: forward_backward needs labels");
   check_params(cfg_, grads, "gradient", DType::F32, opts_.expert_parallel);
   Prepared p = prepare_batch(cfg_, b, bf16_, opts_.packed_document_mask, opts_.expert_parallel);
   const BlockEnv& env = p.env;
   const bool aux_on = aux_enabled(cfg_);
-  const int64_t nl = cfg_.num_hidden_layers;
+  const int64_t nl = cfg_.num_layers();
 
   // Forward, keeping every block input and its intermediates.
   Tensor ids = b.input_ids.view({env.tokens()});
-  std::vector<Tensor> attn_in(nl), ffn_in(nl);
-  std::vector<AttentionBlockActs> attn_acts(nl);
-  std::vector<MoeBlockActs> moe_acts(nl);
-  std::vector<MlpBlockActs> mlp_acts(nl);
+  // Per layer and sublayer: its input and its block's intermediates (one of the three kinds).
+  struct SublayerSaved {
+    Tensor in;
+    AttentionBlockActs attn;
+    MoeBlockActs moe;
+    MlpBlockActs mlp;
+  };
+  std::vector<std::vector<SublayerSaved>> saved(nl);
   fetch(ParamResidency::kEmbedding);
   Tensor x = cpu::embedding_forward(ids, w_.embed);
   release(ParamResidency::kEmbedding, false);  // its backward needs only the ids
@@ -244,15 +282,22 @@ ForwardResult Qwen3MoeModel::forward_backward(const Batch& b, Qwen3MoeWeights& g
   for (int64_t l = 0; l < nl; ++l) {
     const auto& L = w_.layers[l];
     fetch(l);
-    attn_in[l] = x;
-    x = attention_block_forward(env, L, x, &attn_acts[l]);
-    ffn_in[l] = x;
-    if (cfg_.is_moe_layer(l)) {
-      x = moe_block_forward(env, L, x, &moe_acts[l]);
-      router_logits.push_back(moe_acts[l].logits);
-      moe_layers.push_back(l);
-    } else {
-      x = mlp_block_forward(env, L, x, &mlp_acts[l]);
+    const std::vector<Sublayer>& subs = cfg_.layers[static_cast<size_t>(l)].sublayers;
+    saved[l].resize(subs.size());
+    for (size_t i = 0; i < subs.size(); ++i) {
+      SublayerSaved& sv = saved[l][i];
+      sv.in = x;
+      const size_t k = static_cast<size_t>(subs[i].index);
+      switch (subs[i].kind) {
+        case SublayerKind::attention: x = attention_block_forward(env, cfg_.attention[k], L, x, &sv.attn); break;
+        case SublayerKind::moe:
+          x = moe_block_forward(env, cfg_.moe[k], L, x, &sv.moe);
+          router_logits.push_back(sv.moe.logits);
+          moe_layers.push_back(l);
+          break;
+        case SublayerKind::mlp: x = mlp_block_forward(env, cfg_.mlp[k], L, x, &sv.mlp); break;
+        case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
+      }
     }
     release(l, true);
   }
@@ -273,26 +318,34 @@ ForwardResult Qwen3MoeModel::forward_backward(const Batch& b, Qwen3MoeWeights& g
   std::vector<Tensor> dlogits_aux(nl);
   if (aux_on) {
     cpu::AuxLossSaved saved;
-    r.aux_loss = cpu::aux_loss_forward(router_logits, cfg_.num_experts_per_tok, bf16_, &saved);
+    r.aux_loss = cpu::aux_loss_forward(router_logits, cfg_.experts_per_token(), bf16_, &saved);
     std::vector<Tensor> d;
     for (const Tensor& t : router_logits) d.push_back(Tensor::zeros(t.shape(), DType::F32));
-    cpu::aux_loss_backward(cfg_.router_aux_loss_coef, router_logits, saved, bf16_, d);
+    cpu::aux_loss_backward(cfg_.aux_loss_coef(), router_logits, saved, bf16_, d);
     for (size_t i = 0; i < moe_layers.size(); ++i) dlogits_aux[moe_layers[i]] = d[i];
   }
-  r.loss = r.ce_loss + (aux_on ? cfg_.router_aux_loss_coef * r.aux_loss : 0.0);
+  r.loss = r.ce_loss + (aux_on ? cfg_.aux_loss_coef() * r.aux_loss : 0.0);
 
   for (int64_t l = nl - 1; l >= 0; --l) {
     const auto& L = w_.layers[l];
     auto& G = grads.layers[l];
     fetch(l);
-    if (cfg_.is_moe_layer(l))
-      dx = moe_block_backward(env, L, ffn_in[l], moe_acts[l], dx, dlogits_aux[l], G);
-    else
-      dx = mlp_block_backward(env, L, ffn_in[l], mlp_acts[l], dx, G);
-    moe_acts[l] = {};
-    mlp_acts[l] = {};
-    dx = attention_block_backward(env, L, attn_in[l], attn_acts[l], dx, G);
-    attn_acts[l] = {};
+    const std::vector<Sublayer>& subs = cfg_.layers[static_cast<size_t>(l)].sublayers;
+    for (size_t i = subs.size(); i-- > 0;) {
+      SublayerSaved& sv = saved[l][i];
+      const size_t k = static_cast<size_t>(subs[i].index);
+      switch (subs[i].kind) {
+        case SublayerKind::attention:
+          dx = attention_block_backward(env, cfg_.attention[k], L, sv.in, sv.attn, dx, G);
+          break;
+        case SublayerKind::moe:
+          dx = moe_block_backward(env, cfg_.moe[k], L, sv.in, sv.moe, dx, dlogits_aux[l], G);
+          break;
+        case SublayerKind::mlp: dx = mlp_block_backward(env, cfg_.mlp[k], L, sv.in, sv.mlp, dx, G); break;
+        case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
+      }
+      sv = {};
+    }
     release(l, false);
   }
   cpu::embedding_backward(ids, dx, grads.embed);
