@@ -7,9 +7,9 @@
 #include "cli/commands.h"
 #include "io/checkpoint_files.h"
 #include "io/hf_cache.h"
-#include "models/spec/decoder_spec.h"
 #include "models/model_weights.h"
 #include "models/registry.h"
+#include "models/spec/decoder_spec.h"
 
 namespace mt::cli {
 

@@ -1,5 +1,4 @@
 #include "models/decoder_model.h"
-#include "models/registry.h"
 
 #include <string>
 #include <vector>
@@ -16,6 +15,7 @@
 #include "layers/mlp_block.h"
 #include "layers/moe_block.h"
 #include "models/param_residency.h"
+#include "models/registry.h"
 
 namespace mt {
 

@@ -4,8 +4,8 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "models/spec/decoder_spec.h"
 #include "models/registry.h"
+#include "models/spec/decoder_spec.h"
 
 namespace mt {
 namespace {
@@ -88,7 +88,7 @@ TEST(Qwen3FamilyConfig, DefaultsOfV5) {
   json j = tiny_moe();
   for (const char* k : {"num_key_value_heads", "head_dim", "dtype", "rope_parameters", "intermediate_size"}) j.erase(k);
   DecoderSpec c = DecoderSpec::from_json(j, "c.json");
-  EXPECT_EQ(c.only_attention().kv_heads, 4);  // Qwen3MoeConfig default
+  EXPECT_EQ(c.only_attention().kv_heads, 4);  // Transformers Qwen3-MoE class default
   EXPECT_EQ(c.only_attention().head_dim, 16 / 4);
   EXPECT_EQ(c.dtype, DType::F32);
   EXPECT_DOUBLE_EQ(c.only_attention().rope.theta, 10000.0);

@@ -87,7 +87,7 @@ std::vector<Row> model_rows(const std::vector<bool>& moe_layers, bool tied) {
   return r;
 }
 
-TEST(ParamTable, Qwen3MoeTestPresetIsPinned) {
+TEST(ParamTable, MoeTestPresetIsPinned) {
   const ParamTable t = param_table_of(test_preset());
   expect_rows(t, model_rows({true, true}, false));
   EXPECT_EQ(t.num_experts, 8);

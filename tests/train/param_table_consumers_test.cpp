@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "core/error.h"
-#include "models/param_table.h"
-#include "models/registry.h"
-#include "models/presets.h"
 #include "models/decoder_model.h"
 #include "models/model_weights.h"
+#include "models/param_table.h"
+#include "models/presets.h"
+#include "models/registry.h"
 #include "train/adamw.h"
 #include "train/memory_plan.h"
 #include "train/optimizer_shards.h"

@@ -14,16 +14,16 @@
 #include <thread>
 #include <vector>
 
+#include "../distributed/thread_ranks.h"
 #include "../io/io_test_util.h"
 #include "core/error.h"
 #include "distributed/tcp_socket.h"
-#include "../distributed/thread_ranks.h"
 #include "io/checkpoint_files.h"
 #include "io/safetensors.h"
 #include "io/safetensors_shared.h"
 #include "models/causal_lm.h"
-#include "models/registry.h"
 #include "models/presets.h"
+#include "models/registry.h"
 
 namespace mt {
 namespace {

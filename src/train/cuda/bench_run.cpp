@@ -13,7 +13,6 @@
 
 #include "core/error.h"
 #include "distributed/communicator.h"
-#include "train/cuda/cuda_job_collectives.h"
 #include "distributed/mpi_bootstrap.h"
 #include "distributed/process_group_env.h"
 #include "kernels/cuda/cuda_check.h"
@@ -26,8 +25,9 @@
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/router.h"
 #include "models/causal_lm.h"
-#include "models/registry.h"
 #include "models/presets.h"
+#include "models/registry.h"
+#include "train/cuda/cuda_job_collectives.h"
 #include "train/cuda/cuda_param_transport.h"
 #include "train/cuda/cuda_train_step.h"
 #include "train/sharded_params.h"
