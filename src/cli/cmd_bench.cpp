@@ -9,7 +9,7 @@
 #include "distributed/ep_row_budget.h"
 #include "io/atomic_file.h"
 #include "models/presets.h"
-#include "models/qwen3_moe_config.h"
+#include "models/spec/decoder_spec.h"
 #include "train/memory_plan.h"
 #ifdef MIXTUNE_WITH_CUDA
 #include "train/cuda/bench_run.h"
@@ -36,7 +36,7 @@ struct BenchArgs {
 void run_plan_only(const BenchArgs& a) {
   nlohmann::json j;
   if (!a.model.empty())
-    j = Qwen3MoeConfig::from_file(a.model + "/config.json").to_json();
+    j = DecoderSpec::from_file(a.model + "/config.json").to_json();
   else
     j = preset_config_json(a.preset);
   if (a.layers > 0) j["num_hidden_layers"] = a.layers;
@@ -45,9 +45,9 @@ void run_plan_only(const BenchArgs& a) {
   if (a.precision != "bf16" && a.precision != "fp32-master")
     fail("--precision must be bf16 or fp32-master, found '{}'", a.precision);
   MemoryPlanInput in;
-  in.cfg = Qwen3MoeConfig::from_json(j, a.model.empty() ? "preset " + a.preset : a.model);
-  if (a.ep < 1 || in.cfg.num_experts % a.ep != 0)
-    fail("--ep {} must be >= 1 and divide the model's {} experts", a.ep, in.cfg.num_experts);
+  in.cfg = DecoderSpec::from_json(j, a.model.empty() ? "preset " + a.preset : a.model);
+  if (a.ep < 1 || in.cfg.num_experts() % a.ep != 0)
+    fail("--ep {} must be >= 1 and divide the model's {} experts", a.ep, in.cfg.num_experts());
   in.micro_batch = a.micro_batch;
   in.seq = a.seq;
   in.recompute = recompute_parse(a.recompute, "--recompute");
@@ -57,7 +57,7 @@ void run_plan_only(const BenchArgs& a) {
   in.bf16_moments = !fp32_master;
   in.bf16_expert_grads = !fp32_master;
   in.expert_parallel = a.ep;
-  in.ep_all_gather = a.ep > 1 && ep_dispatch_mode_parse(a.ep_dispatch, a.ep, in.cfg.num_experts_per_tok,
+  in.ep_all_gather = a.ep > 1 && ep_dispatch_mode_parse(a.ep_dispatch, a.ep, in.cfg.experts_per_token(),
                                                         "--ep-dispatch") == EpDispatchMode::all_gather;
   in.ep_row_headroom = a.ep_row_headroom;
   in.device_bytes = static_cast<int64_t>(a.device_gib * static_cast<double>(int64_t{1} << 30));

@@ -20,7 +20,7 @@
 #include "io/json_text.h"
 #include "models/causal_lm.h"
 #include "models/generation_config.h"
-#include "models/qwen3_moe_generate.h"
+#include "models/generate.h"
 
 namespace mt::cli {
 

@@ -32,7 +32,7 @@ void run_init(const InitArgs& a) {
     source = "preset " + a.preset;
   }
   if (a.layers > 0) j["num_hidden_layers"] = a.layers;
-  Qwen3MoeConfig cfg = Qwen3MoeConfig::from_json(j, source);
+  DecoderSpec cfg = DecoderSpec::from_json(j, source);
   DType dtype = a.dtype.empty() ? cfg.dtype : parse_param_dtype(a.dtype, "--dtype");
   if (dtype != DType::F32 && dtype != DType::BF16) dtype = DType::F32;
   CausalLM m = CausalLM::from_config(cfg, dtype, a.seed);

@@ -7,40 +7,13 @@
 #include "cli/commands.h"
 #include "io/checkpoint_files.h"
 #include "io/hf_cache.h"
-#include "models/qwen3_moe_config.h"
+#include "models/model_weights.h"
 #include "models/registry.h"
+#include "models/spec/decoder_spec.h"
 
 namespace mt::cli {
 
 namespace {
-
-struct ParamCounts {
-  int64_t total = 0;
-  int64_t experts = 0;         // routed expert weights
-  int64_t active = 0;          // used per token: total - (E - k)/E of the expert weights
-  int64_t embedding = 0;       // embed_tokens (+ untied lm_head)
-};
-
-ParamCounts count_params(const Qwen3MoeConfig& c) {
-  ParamCounts p;
-  const int64_t H = c.hidden_size, D = c.head_dim;
-  const int64_t attn = H * c.num_attention_heads * D * 2 + H * c.num_key_value_heads * D * 2 + 2 * D + 2 * H;
-  p.embedding = c.vocab_size * H * (c.tie_word_embeddings ? 1 : 2);
-  p.total = p.embedding + H;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    p.total += attn;
-    if (c.is_moe_layer(l)) {
-      const int64_t e = c.num_experts * 3 * H * c.moe_intermediate_size;
-      p.experts += e;
-      p.total += e + c.num_experts * H;
-      p.active -= (c.num_experts - c.num_experts_per_tok) * 3 * H * c.moe_intermediate_size;
-    } else {
-      p.total += 3 * H * c.intermediate_size;
-    }
-  }
-  p.active += p.total;
-  return p;
-}
 
 std::string gib(double bytes) {
   if (bytes < 1024.0 * 1024.0 * 1024.0) return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0));
@@ -58,7 +31,7 @@ std::string count(int64_t n) {
 void run_inspect(const std::string& path, bool as_json) {
   const std::string dir = hf_resolve_model_path(path);
   const std::string cfg_path = (std::filesystem::path(dir) / "config.json").string();
-  Qwen3MoeConfig c = Qwen3MoeConfig::from_file(cfg_path);
+  DecoderSpec c = DecoderSpec::from_file(cfg_path);
   const ArchitectureInfo& arch = architecture_lookup(c.architecture, cfg_path);
   std::map<std::string, int64_t> dtype_counts;
   int64_t file_bytes = 0;
@@ -74,9 +47,9 @@ void run_inspect(const std::string& path, bool as_json) {
       file_bytes += static_cast<int64_t>(info.end - info.begin);
     }
   }
-  ParamCounts p = count_params(c);
+  const ParamCounts p = param_counts(param_table_of(c));
   int64_t moe_layers = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.is_moe_layer(l);
+  for (int64_t l = 0; l < c.num_layers(); ++l) moe_layers += c.is_moe_layer(l);
   const double param_bytes = static_cast<double>(p.total) * static_cast<double>(dtype_size(c.dtype));
   const double grad_bytes = static_cast<double>(p.total) * 4;
   const double moments_bytes = static_cast<double>(p.total) * 8;
@@ -86,15 +59,15 @@ void run_inspect(const std::string& path, bool as_json) {
       {"architecture", arch.name},
       {"model_type", c.model_type},
       {"dtype", std::string(dtype_torch_name(c.dtype))},
-      {"layers", c.num_hidden_layers},
+      {"layers", c.num_layers()},
       {"moe_layers", moe_layers},
-      {"dense_layers", c.num_hidden_layers - moe_layers},
+      {"dense_layers", c.num_layers() - moe_layers},
       {"hidden_size", c.hidden_size},
-      {"heads", c.num_attention_heads},
-      {"kv_heads", c.num_key_value_heads},
-      {"head_dim", c.head_dim},
-      {"experts", c.num_experts},
-      {"experts_per_token", c.num_experts_per_tok},
+      {"heads", c.only_attention().heads},
+      {"kv_heads", c.only_attention().kv_heads},
+      {"head_dim", c.only_attention().head_dim},
+      {"experts", c.num_experts()},
+      {"experts_per_token", c.experts_per_token()},
       {"vocab_size", c.vocab_size},
       {"tied_embeddings", c.tie_word_embeddings},
       {"parameters", {{"total", p.total}, {"active_per_token", p.active}, {"routed_experts", p.experts},
@@ -113,13 +86,14 @@ void run_inspect(const std::string& path, bool as_json) {
   }
   fmt::print("{}\n", dir);
   fmt::print("  architecture   {} ({})\n", arch.name, arch.description);
-  fmt::print("  layers         {} ({} MoE, {} dense)\n", c.num_hidden_layers, moe_layers,
-             c.num_hidden_layers - moe_layers);
+  fmt::print("  layers         {} ({} MoE, {} dense)\n", c.num_layers(), moe_layers,
+             c.num_layers() - moe_layers);
   fmt::print("  attention      hidden {}, {} heads / {} kv heads, head_dim {}\n", c.hidden_size,
-             c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-  if (c.is_moe())
+             c.only_attention().heads, c.only_attention().kv_heads, c.only_attention().head_dim);
+  if (c.num_experts() > 0)
     fmt::print("  experts        {} per MoE layer, top-{}, expert intermediate {}, renormalised top-k: {}\n",
-               c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.norm_topk_prob ? "yes" : "no");
+               c.num_experts(), c.experts_per_token(), c.only_moe().expert.intermediate_size,
+               c.only_moe().router.norm_topk_prob ? "yes" : "no");
   fmt::print("  vocabulary     {} ({} embeddings)\n", c.vocab_size, c.tie_word_embeddings ? "tied" : "untied");
   fmt::print("  parameters     {} total, {} active per token ({} in routed experts)\n", count(p.total),
              count(p.active), count(p.experts));

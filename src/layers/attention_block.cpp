@@ -9,16 +9,14 @@
 namespace mt {
 
 namespace {
-cpu::AttentionShape attention_shape(const BlockEnv& env) {
-  const Qwen3MoeConfig& c = *env.cfg;
-  return {env.batch, env.seq, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+cpu::AttentionShape attention_shape(const BlockEnv& env, const AttentionSpec& a) {
+  return {env.batch, env.seq, a.heads, a.kv_heads, a.head_dim};
 }
 }  // namespace
 
-Tensor attention_block_forward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x,
+Tensor attention_block_forward(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w, const Tensor& x,
                                AttentionBlockActs* acts) {
-  const Qwen3MoeConfig& c = *env.cfg;
-  const int64_t B = env.batch, S = env.seq, Hq = c.num_attention_heads, Hk = c.num_key_value_heads, D = c.head_dim;
+  const int64_t B = env.batch, S = env.seq, Hq = spec.heads, Hk = spec.kv_heads, D = spec.head_dim;
   AttentionBlockActs local;
   AttentionBlockActs& s = acts ? *acts : local;
   s.a = cpu::rmsnorm_forward(x, w.input_norm, env.eps(), env.bf16);
@@ -30,25 +28,24 @@ Tensor attention_block_forward(const BlockEnv& env, const Qwen3MoeLayerWeights& 
   Tensor kn = cpu::rmsnorm_forward(s.k.view({B * S, Hk, D}), w.k_norm, env.eps(), env.bf16);
   s.qr = cpu::rope_forward(qn, env.rope, env.bf16).view({B, S, Hq, D});
   s.kr = cpu::rope_forward(kn, env.rope, env.bf16).view({B, S, Hk, D});
-  s.o = cpu::attention_forward(attention_shape(env), s.qr, s.kr, s.v, env.doc_ids, env.bf16, s.lse);
+  s.o = cpu::attention_forward(attention_shape(env, spec), s.qr, s.kr, s.v, env.doc_ids, env.bf16, s.lse);
   Tensor out = cpu::linear_forward(s.o.view({B * S, Hq * D}), w.o_proj, env.bf16);
   return cpu::residual_add(x, out, env.bf16);
 }
 
-Tensor attention_block_backward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x,
-                                const AttentionBlockActs& s, const Tensor& dy, Qwen3MoeLayerWeights& g) {
-  const Qwen3MoeConfig& c = *env.cfg;
-  const int64_t T = env.tokens(), Hq = c.num_attention_heads, Hk = c.num_key_value_heads, D = c.head_dim;
+Tensor attention_block_backward(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w, const Tensor& x,
+                                const AttentionBlockActs& s, const Tensor& dy, LayerWeights& g) {
+  const int64_t T = env.tokens(), Hq = spec.heads, Hk = spec.kv_heads, D = spec.head_dim;
   Tensor dout = Tensor::empty({T, Hq * D}, DType::F32);
   cpu::linear_backward(dy, s.o.view({T, Hq * D}), w.o_proj, &dout, &g.o_proj);
   Tensor dq, dk, dv;
-  cpu::attention_backward(attention_shape(env), dout.view(s.o.shape()), s.qr, s.kr, s.v, env.doc_ids, s.lse,
+  cpu::attention_backward(attention_shape(env, spec), dout.view(s.o.shape()), s.qr, s.kr, s.v, env.doc_ids, s.lse,
                           env.bf16, dq, dk, dv);
   Tensor dqn = cpu::rope_backward(dq.view({T, Hq, D}), env.rope);
   Tensor dkn = cpu::rope_backward(dk.view({T, Hk, D}), env.rope);
   Tensor dqp = cpu::rmsnorm_backward(dqn, s.q.view({T, Hq, D}), w.q_norm, env.eps(), g.q_norm);
   Tensor dkp = cpu::rmsnorm_backward(dkn, s.k.view({T, Hk, D}), w.k_norm, env.eps(), g.k_norm);
-  const int64_t H = c.hidden_size;
+  const int64_t H = env.spec->hidden_size;
   Tensor da = Tensor::empty({T, H}, DType::F32), tmp = Tensor::empty({T, H}, DType::F32);
   cpu::linear_backward(dqp.view({T, Hq * D}), s.a, w.q_proj, &da, &g.q_proj);
   cpu::linear_backward(dkp.view({T, Hk * D}), s.a, w.k_proj, &tmp, &g.k_proj);

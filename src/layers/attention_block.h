@@ -1,4 +1,4 @@
-// Pre-norm self-attention block of Qwen3 / Qwen3-MoE (hf-numerics.md §2):
+// Pre-norm GQA self-attention block with QK-norm and half-split RoPE (Qwen3, hf-numerics.md §2):
 //   a = input_norm(x); q = rope(q_norm(q_proj a)); k = rope(k_norm(k_proj a)); v = v_proj a
 //   y = x + o_proj(attention(q, k, v))
 // The block input x is kept by the caller; the intermediates live in AttentionBlockActs so a caller
@@ -6,7 +6,7 @@
 #pragma once
 #include "core/tensor.h"
 #include "layers/block_env.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
 
 namespace mt {
 
@@ -20,10 +20,10 @@ struct AttentionBlockActs {
 };
 
 // x F32 [T, H] -> y F32 [T, H]. acts may be null (forward only).
-Tensor attention_block_forward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x,
+Tensor attention_block_forward(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w, const Tensor& x,
                                AttentionBlockActs* acts);
 // dy [T, H] -> dx [T, H] (including the residual path); parameter gradients added into g.
-Tensor attention_block_backward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x,
-                                const AttentionBlockActs& acts, const Tensor& dy, Qwen3MoeLayerWeights& g);
+Tensor attention_block_backward(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w, const Tensor& x,
+                                const AttentionBlockActs& acts, const Tensor& dy, LayerWeights& g);
 
 }  // namespace mt

@@ -9,10 +9,9 @@
 
 namespace mt {
 
-Tensor attention_block_forward_cached(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x,
-                                      int64_t offset, Tensor& k_cache, Tensor& v_cache) {
-  const Qwen3MoeConfig& c = *env.cfg;
-  const int64_t n = env.tokens(), Hq = c.num_attention_heads, Hk = c.num_key_value_heads, D = c.head_dim;
+Tensor attention_block_forward_cached(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w,
+                                      const Tensor& x, int64_t offset, Tensor& k_cache, Tensor& v_cache) {
+  const int64_t n = env.tokens(), Hq = spec.heads, Hk = spec.kv_heads, D = spec.head_dim;
   MT_CHECK(env.batch == 1, "cached attention runs one sequence, batch is {}", env.batch);
   MT_CHECK(offset >= 0 && offset + n <= k_cache.dim(0), "cache rows [{}, {}) of {}", offset, offset + n,
            k_cache.desc());

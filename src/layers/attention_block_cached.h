@@ -7,12 +7,12 @@
 
 #include "core/tensor.h"
 #include "layers/block_env.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
 
 namespace mt {
 
 // x F32 [n, H]; k_cache, v_cache F32 [capacity, kv_heads, D], capacity >= offset + n -> y F32 [n, H].
-Tensor attention_block_forward_cached(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x,
-                                      int64_t offset, Tensor& k_cache, Tensor& v_cache);
+Tensor attention_block_forward_cached(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w,
+                                      const Tensor& x, int64_t offset, Tensor& k_cache, Tensor& v_cache);
 
 }  // namespace mt

@@ -1,18 +1,19 @@
-// What every decoder block of a step shares: batch geometry, the config, the numerics mode, the
+// What every decoder block of a step shares: batch geometry, the model spec (model-level parts; each block
+// also gets its own sublayer spec), the numerics mode, the
 // RoPE tables of this batch's positions and the packed-document ids.
 #pragma once
 #include <cstdint>
 
 #include "core/tensor.h"
 #include "kernels/cpu/rope.h"
-#include "models/qwen3_moe_config.h"
+#include "models/spec/decoder_spec.h"
 
 namespace mt {
 
 struct ExpertParallel;
 
 struct BlockEnv {
-  const Qwen3MoeConfig* cfg = nullptr;
+  const DecoderSpec* spec = nullptr;
   int64_t batch = 0, seq = 0;  // tokens T = batch · seq, activations are [T, hidden]
   bool bf16 = false;           // parameters are BF16: round where Transformers rounds
   cpu::RopeTables rope;        // [T, head_dim]
@@ -20,7 +21,7 @@ struct BlockEnv {
   const ExpertParallel* ep = nullptr;  // MoE experts split over ranks (layers/expert_parallel.h), or local
 
   int64_t tokens() const { return batch * seq; }
-  float eps() const { return static_cast<float>(cfg->rms_norm_eps); }
+  float eps() const { return static_cast<float>(spec->norm_eps); }
 };
 
 }  // namespace mt

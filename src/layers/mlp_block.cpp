@@ -7,7 +7,8 @@
 
 namespace mt {
 
-Tensor mlp_block_forward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& h, MlpBlockActs* acts) {
+Tensor mlp_block_forward(const BlockEnv& env, const MlpSpec& /*SwiGLU (model_config_check)*/, const LayerWeights& w,
+                         const Tensor& h, MlpBlockActs* acts) {
   MlpBlockActs local;
   MlpBlockActs& s = acts ? *acts : local;
   s.n = cpu::rmsnorm_forward(h, w.post_norm, env.eps(), env.bf16);
@@ -18,8 +19,8 @@ Tensor mlp_block_forward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, con
   return cpu::residual_add(h, out, env.bf16);
 }
 
-Tensor mlp_block_backward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& h,
-                          const MlpBlockActs& s, const Tensor& dy, Qwen3MoeLayerWeights& g) {
+Tensor mlp_block_backward(const BlockEnv& env, const MlpSpec& /*SwiGLU*/, const LayerWeights& w, const Tensor& h,
+                          const MlpBlockActs& s, const Tensor& dy, LayerWeights& g) {
   Tensor dact = Tensor::empty(s.act.shape(), DType::F32);
   cpu::linear_backward(dy, s.act, w.mlp_down, &dact, &g.mlp_down);
   Tensor dgate, dup;

@@ -1,8 +1,8 @@
-// Dense SwiGLU MLP block (Qwen3MLP / Qwen3MoeMLP): n = post_norm(h); y = h + down(silu(gate n) ⊙ up n).
+// Dense SwiGLU MLP block (Transformers Qwen3MLP): n = post_norm(h); y = h + down(silu(gate n) ⊙ up n).
 #pragma once
 #include "core/tensor.h"
 #include "layers/block_env.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
 
 namespace mt {
 
@@ -12,9 +12,10 @@ struct MlpBlockActs {
   Tensor act;      // [T, F] silu(gate) ⊙ up
 };
 
-Tensor mlp_block_forward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& h, MlpBlockActs* acts);
+Tensor mlp_block_forward(const BlockEnv& env, const MlpSpec& spec, const LayerWeights& w, const Tensor& h,
+                         MlpBlockActs* acts);
 // dy [T, H] -> dh [T, H] (including the residual); parameter gradients added into g.
-Tensor mlp_block_backward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& h,
-                          const MlpBlockActs& acts, const Tensor& dy, Qwen3MoeLayerWeights& g);
+Tensor mlp_block_backward(const BlockEnv& env, const MlpSpec& spec, const LayerWeights& w, const Tensor& h,
+                          const MlpBlockActs& acts, const Tensor& dy, LayerWeights& g);
 
 }  // namespace mt

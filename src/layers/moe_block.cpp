@@ -6,13 +6,13 @@
 
 namespace mt {
 
-Tensor moe_block_forward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& h, MoeBlockActs* acts) {
-  const Qwen3MoeConfig& c = *env.cfg;
+Tensor moe_block_forward(const BlockEnv& env, const MoeSpec& spec, const LayerWeights& w, const Tensor& h,
+                         MoeBlockActs* acts) {
   MoeBlockActs local;
   MoeBlockActs& s = acts ? *acts : local;
   s.n = cpu::rmsnorm_forward(h, w.post_norm, env.eps(), env.bf16);
   s.logits = cpu::linear_forward(s.n, w.router, env.bf16);
-  s.route = cpu::router_forward(s.logits, c.num_experts_per_tok, c.norm_topk_prob, env.bf16);
+  s.route = cpu::router_forward(s.logits, spec.experts_per_token, spec.router.norm_topk_prob, env.bf16);
   Tensor out = env.ep ? ep_experts_forward(*env.ep, s.n, s.route.index, s.route.weights, w.experts_gate_up,
                                           w.experts_down, env.bf16, &s.ep_experts)
                      : cpu::experts_forward(s.n, s.route.index, s.route.weights, w.experts_gate_up, w.experts_down,
@@ -20,10 +20,9 @@ Tensor moe_block_forward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, con
   return cpu::residual_add(h, out, env.bf16);
 }
 
-Tensor moe_block_backward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& h,
+Tensor moe_block_backward(const BlockEnv& env, const MoeSpec& spec, const LayerWeights& w, const Tensor& h,
                           const MoeBlockActs& s, const Tensor& dy, const Tensor& dlogits_extra,
-                          Qwen3MoeLayerWeights& g) {
-  const Qwen3MoeConfig& c = *env.cfg;
+                          LayerWeights& g) {
   Tensor dn, dweights;
   if (env.ep)
     ep_experts_backward(*env.ep, dy, s.route.weights, w.experts_gate_up, w.experts_down, s.ep_experts, dn, dweights,
@@ -31,7 +30,7 @@ Tensor moe_block_backward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, co
   else
     cpu::experts_backward(dy, s.route.weights, w.experts_gate_up, w.experts_down, s.experts, dn, dweights,
                           g.experts_gate_up, g.experts_down);
-  Tensor dlogits = cpu::router_backward(dweights, s.route, c.norm_topk_prob);
+  Tensor dlogits = cpu::router_backward(dweights, s.route, spec.router.norm_topk_prob);
   if (dlogits_extra.defined()) cpu::add_inplace(dlogits, dlogits_extra);
   Tensor tmp = Tensor::empty(s.n.shape(), DType::F32);
   cpu::linear_backward(dlogits, s.n, w.router, &tmp, &g.router);

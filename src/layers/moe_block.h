@@ -1,4 +1,5 @@
-// Sparse MoE block of Qwen3-MoE (hf-numerics.md §3.2): n = post_norm(h); logits = router(n);
+// Sparse MoE block with a softmax-top-k router and SwiGLU experts (Qwen3-MoE, hf-numerics.md §3.2):
+// n = post_norm(h); logits = router(n);
 // top-k routing; y = h + Σ_slots w · expert(n).
 #pragma once
 #include "core/tensor.h"
@@ -6,7 +7,7 @@
 #include "kernels/cpu/router.h"
 #include "layers/block_env.h"
 #include "layers/expert_parallel.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
 
 namespace mt {
 
@@ -19,11 +20,12 @@ struct MoeBlockActs {
 };
 
 // h F32 [T, H] -> y F32 [T, H]. acts may be null (forward only) unless the caller wants the logits.
-Tensor moe_block_forward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& h, MoeBlockActs* acts);
+Tensor moe_block_forward(const BlockEnv& env, const MoeSpec& spec, const LayerWeights& w, const Tensor& h,
+                         MoeBlockActs* acts);
 // dy [T, H] -> dh [T, H] (including the residual). dlogits_extra F32 [T, E] (e.g. the aux-loss
 // gradient w.r.t. this layer's router logits) is added before the router backward; may be undefined.
-Tensor moe_block_backward(const BlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& h,
+Tensor moe_block_backward(const BlockEnv& env, const MoeSpec& spec, const LayerWeights& w, const Tensor& h,
                           const MoeBlockActs& acts, const Tensor& dy, const Tensor& dlogits_extra,
-                          Qwen3MoeLayerWeights& g);
+                          LayerWeights& g);
 
 }  // namespace mt

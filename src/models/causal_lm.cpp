@@ -74,16 +74,16 @@ CausalLM CausalLM::from_pretrained(const std::string& path_or_repo_id, const Loa
   const std::string config_path = (fs::path(dir) / "config.json").string();
   if (!fs::exists(config_path)) fail("{}: no config.json in the model directory", dir);
   CausalLM m;
-  m.config = Qwen3MoeConfig::from_file(config_path);
+  m.config = DecoderSpec::from_file(config_path);
   architecture_lookup(m.config.architecture, config_path);
   CheckpointFiles files = CheckpointFiles::open(dir);
   m.source_dtype = uniform_float_dtype(files).value_or(m.config.dtype);
   m.dtype = options.dtype.value_or(m.source_dtype);
   check_trainable_dtype(m.dtype, config_path);
-  m.weights = Qwen3MoeWeights::from_hf(
+  m.weights = ModelWeights::from_hf(
       m.config, m.dtype, [&](const std::string& name) { return files.has(name) ? files.tensor(name) : Tensor(); },
       files.names(), dir, options.expert_first, options.expert_count, options.skip_param, options.compact_experts);
-  m.experts_partial = options.expert_count >= 0 && options.expert_count < m.config.num_experts;
+  m.experts_partial = options.expert_count >= 0 && options.expert_count < m.config.num_experts();
   if (options.compact_experts && options.expert_count >= 0) m.expert_first = options.expert_first;
   m.params_partial = static_cast<bool>(options.skip_param);
   m.source_dir = dir;
@@ -94,14 +94,14 @@ CausalLM CausalLM::from_pretrained(const std::string& path_or_repo_id, const Loa
   return m;
 }
 
-CausalLM CausalLM::from_config(const Qwen3MoeConfig& config, DType dtype, uint64_t seed) {
+CausalLM CausalLM::from_config(const DecoderSpec& config, DType dtype, uint64_t seed) {
   check_trainable_dtype(dtype, "init");
   CausalLM m;
   m.config = config;
   m.config.dtype = dtype;
   m.dtype = dtype;
   m.source_dtype = dtype;
-  m.weights = Qwen3MoeWeights::random_init(m.config, dtype, seed);
+  m.weights = ModelWeights::random_init(m.config, dtype, seed);
   return m;
 }
 
@@ -207,7 +207,8 @@ CausalLM::SaveLayout CausalLM::save_layout(const SaveOptions& options) const {
   SaveLayout l;
   auto& tensors = l.tensors;
   tensors = weights.to_hf(config, expert_first);
-  if (config.model_type == "qwen3_moe") tensors = hf_save_order(std::move(tensors));
+  if (architecture_lookup(config.architecture, "save").save_order == HfSaveOrder::sorted_names)
+    tensors = hf_save_order(std::move(tensors));
   CheckpointWriteOptions& wo = l.write;
   wo.max_shard_bytes = std::numeric_limits<int64_t>::max();
   // The source layout is reused only when it still describes these tensors (same names, same dtype).
@@ -225,7 +226,7 @@ CausalLM::SaveLayout CausalLM::save_layout(const SaveOptions& options) const {
 }
 
 void CausalLM::write_metadata_files(const std::string& dir) const {
-  Qwen3MoeConfig cfg = config;
+  DecoderSpec cfg = config;
   cfg.dtype = dtype;
   write_text(fs::path(dir) / "config.json", cfg.to_json().dump(2) + "\n");
   // Files held since load (the source directory may be gone by now, e.g. a pruned training checkpoint),

@@ -10,8 +10,8 @@
 
 #include "core/dtype.h"
 #include "io/checkpoint_files.h"
-#include "models/qwen3_moe_config.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/spec/decoder_spec.h"
+#include "models/model_weights.h"
 
 namespace mt {
 
@@ -20,7 +20,7 @@ struct LoadOptions {
   // when they all agree, else config.json's dtype; so an unchanged save rewrites identical bytes.
   std::optional<DType> dtype;
   // expert_count >= 0: only experts [expert_first, expert_first + expert_count) of each MoE layer are read
-  // from the shards (an expert-parallel rank's share; Qwen3MoeWeights::from_hf). The model is then
+  // from the shards (an expert-parallel rank's share; ModelWeights::from_hf). The model is then
   // `experts_partial`: save_pretrained refuses it; a shared save (write_pretrained_rows) writes those experts.
   int64_t expert_first = 0, expert_count = -1;
   // With expert_count: the stacked expert tensors hold only those experts ([expert_count, ...], the CPU
@@ -40,7 +40,7 @@ class CausalLM {
  public:
   static CausalLM from_pretrained(const std::string& path_or_repo_id, const LoadOptions& options = {});
   // A freshly initialised model (normal(0, initializer_range), norms = 1) for `config`.
-  static CausalLM from_config(const Qwen3MoeConfig& config, DType dtype, uint64_t seed);
+  static CausalLM from_config(const DecoderSpec& config, DType dtype, uint64_t seed);
 
   // Writes config.json, generation_config.json, tokenizer files carried from the source, and the
   // weights (per-expert HF names) atomically: a failed save leaves `dir` as it was.
@@ -57,8 +57,8 @@ class CausalLM {
   // Converts the parameters to `dtype` (the source shard mapping is kept; bytes change).
   void cast(DType dtype);
 
-  Qwen3MoeConfig config;
-  Qwen3MoeWeights weights;
+  DecoderSpec config;
+  ModelWeights weights;
   DType dtype = DType::F32;
   std::string source_dir;                          // empty for from_config
   std::map<std::string, std::string> carried_files;  // carried_file_names() read at load: name -> bytes

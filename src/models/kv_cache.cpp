@@ -4,13 +4,15 @@
 
 namespace mt {
 
-KvCache KvCache::create(const Qwen3MoeConfig& cfg, int64_t capacity) {
+KvCache KvCache::create(const DecoderSpec& cfg, int64_t capacity) {
   if (capacity < 1) fail("kv cache: capacity must be >= 1 position, found {}", capacity);
   KvCache c;
   c.capacity = capacity;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    c.k.push_back(Tensor::zeros({capacity, cfg.num_key_value_heads, cfg.head_dim}, DType::F32));
-    c.v.push_back(Tensor::zeros({capacity, cfg.num_key_value_heads, cfg.head_dim}, DType::F32));
+  for (int64_t l = 0; l < cfg.num_layers(); ++l) {
+    const AttentionSpec* a = cfg.attention_of(l);
+    MT_CHECK(a != nullptr, "kv cache: layer {} has no attention sublayer", l);
+    c.k.push_back(Tensor::zeros({capacity, a->kv_heads, a->head_dim}, DType::F32));
+    c.v.push_back(Tensor::zeros({capacity, a->kv_heads, a->value_dim()}, DType::F32));
   }
   return c;
 }

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "models/qwen3_moe_config.h"
+#include "models/spec/decoder_spec.h"
 
 namespace mt {
 
@@ -17,7 +17,7 @@ struct KvCache {
   std::vector<Tensor> v;  // per layer F32 [capacity, kv_heads, head_dim]
 
   // Zero-filled cache for `capacity` positions of a model with `cfg` (capacity >= 1, else mt::Error).
-  static KvCache create(const Qwen3MoeConfig& cfg, int64_t capacity);
+  static KvCache create(const DecoderSpec& cfg, int64_t capacity);
   int64_t bytes() const;
 };
 

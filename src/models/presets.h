@@ -1,5 +1,6 @@
 // Named model shapes for `mixtune init --preset` and `mixtune bench`: config.json contents of real
-// checkpoints (with random weights) and small shapes for tests and the quickstart.
+// checkpoints (with random weights) and small shapes for tests and the quickstart. Each family file
+// contributes its own (models/families/families.h).
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,7 @@ namespace mt {
 struct PresetInfo {
   std::string name;
   std::string description;
+  nlohmann::json (*config)() = nullptr;  // its config.json
 };
 
 const std::vector<PresetInfo>& preset_list();

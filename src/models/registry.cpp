@@ -1,6 +1,9 @@
 #include "models/registry.h"
 
+#include <algorithm>
+
 #include "core/error.h"
+#include "models/families/families.h"
 
 namespace mt {
 
@@ -17,11 +20,16 @@ std::string name_printable(const std::string& s) {
 }  // namespace
 
 const std::vector<ArchitectureInfo>& architecture_list() {
-  // Sorted by name so the "supported:" list in errors is stable.
-  static const std::vector<ArchitectureInfo> rows = {
-      {"Qwen3ForCausalLM", "qwen3", "Qwen3 dense decoder (QK-norm, GQA, SwiGLU MLP)"},
-      {"Qwen3MoeForCausalLM", "qwen3_moe", "Qwen3-MoE decoder (Qwen3 attention, top-k routed SwiGLU experts)"},
-  };
+  static const std::vector<ArchitectureInfo> rows = [] {
+    std::vector<ArchitectureInfo> r;
+    for (auto* family : {&qwen3_architectures}) {
+      std::vector<ArchitectureInfo> f = family();
+      r.insert(r.end(), f.begin(), f.end());
+    }
+    // Sorted by name so the "supported:" list in errors is stable.
+    std::sort(r.begin(), r.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+    return r;
+  }();
   return rows;
 }
 
@@ -32,6 +40,10 @@ const ArchitectureInfo& architecture_lookup(const std::string& arch, const std::
     names += (names.empty() ? "" : ", ") + a.name;
   }
   fail("{}: architecture '{}' is not supported (supported: {})", file, name_printable(arch), names);
+}
+
+ParamTable param_table_of(const DecoderSpec& s) {
+  return architecture_lookup(s.architecture, "parameter table").param_table(s);
 }
 
 }  // namespace mt

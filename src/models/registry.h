@@ -1,19 +1,46 @@
-// Which architectures (config.json `architectures[0]`) mixtune can train. One row per
-// architecture: adding DeepSeek-V3, GPT-OSS or Nemotron-H is a new row in registry.cpp.
+// Which architectures (config.json `architectures[0]`) mixtune can train: one row per architecture, each
+// pointing at its family file's functions (src/models/families/). Adding a family = its file + its rows in
+// families.h; nothing else tests an architecture's name.
 #pragma once
+#include <nlohmann/json.hpp>
+
 #include <string>
 #include <vector>
 
+#include "models/param_table.h"
+#include "models/registry.h"
+#include "models/spec/decoder_spec.h"
+
 namespace mt {
+
+struct FieldReader;  // models/spec/config_reader.h
+
+// The tensor order save_pretrained writes (Transformers 5.17), which greedy sharding follows.
+enum class HfSaveOrder {
+  state_dict,    // named_parameters() order (models without a weight conversion)
+  sorted_names,  // sorted by in-memory name, each stacked expert tensor expanded in place (models Transformers
+                 // converts on load, e.g. qwen3_moe; causal_lm.h hf_save_order)
+};
 
 struct ArchitectureInfo {
   std::string name;         // "Qwen3MoeForCausalLM", as in config.json `architectures`
   std::string model_type;   // config.json `model_type`: "qwen3_moe"
   std::string description;  // one line for `mixtune --help` and error messages
+  // config.json -> spec (model-level and per-layer parts); architecture, model_type and raw are set by the
+  // caller (DecoderSpec::from_json), which has checked architectures[0] and model_type.
+  DecoderSpec (*parse)(const FieldReader& r) = nullptr;
+  // spec -> config.json to save (raw with the owned fields written back in v5 spellings).
+  nlohmann::json (*to_json)(const DecoderSpec& s) = nullptr;
+  // Every tensor of the model, in Transformers' named_parameters() order, with its HF in-memory name.
+  ParamTable (*param_table)(const DecoderSpec& s) = nullptr;
+  HfSaveOrder save_order = HfSaveOrder::state_dict;
 };
 
 // Throws mt::Error "<file>: architecture 'X' is not supported (supported: A, B)".
 const ArchitectureInfo& architecture_lookup(const std::string& arch, const std::string& file);
 const std::vector<ArchitectureInfo>& architecture_list();
+
+// The parameter table of a spec, by its architecture's row.
+ParamTable param_table_of(const DecoderSpec& s);
 
 }  // namespace mt

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "models/qwen3_moe_model.h"
+#include "models/decoder_model.h"
 
 namespace mt {
 
@@ -45,7 +45,7 @@ Batch make_batch(const std::vector<const TokenRecord*>& recs) {
 
 ScoreResult score_records(CausalLM& model, const std::vector<TokenRecord>& records, bool want_logits) {
   MT_CHECK(!records.empty(), "score of no records");
-  Qwen3MoeModel net(model.config, model.weights);
+  DecoderModel net(model.config, model.weights);
   bool uniform = true;
   for (const auto& r : records) uniform = uniform && r.input_ids.size() == records[0].input_ids.size();
   std::vector<std::vector<const TokenRecord*>> batches;
@@ -80,8 +80,8 @@ ScoreResult score_records(CausalLM& model, const std::vector<TokenRecord>& recor
   }
   out.ce_loss = out.tokens ? ce_sum / static_cast<double>(out.tokens) : 0.0;
   out.aux_loss = aux_sum / static_cast<double>(batches.size());
-  const bool with_aux = model.config.output_router_logits && model.config.is_moe();
-  out.loss = out.ce_loss + (with_aux ? model.config.router_aux_loss_coef * out.aux_loss : 0.0);
+  const bool with_aux = model.config.aux_loss_on();
+  out.loss = out.ce_loss + (with_aux ? model.config.aux_loss_coef() * out.aux_loss : 0.0);
   return out;
 }
 

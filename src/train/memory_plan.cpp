@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "models/model_weights.h"
+#include "models/registry.h"
 #include "train/optimizer_shards.h"
 
 namespace mt {
@@ -41,17 +43,17 @@ struct Dims {
   wide flash_kv_heads;  // heads of flash's fp32 dK/dV workspace: Hkv, or Hq for the deterministic backward
 };
 
-Dims dims_of(const Qwen3MoeConfig& c, int64_t tokens) {
+Dims dims_of(const DecoderSpec& c, int64_t tokens) {
   Dims d;
   d.T = tokens;
   d.H = c.hidden_size;
-  d.Hq = c.num_attention_heads;
-  d.Hkv = c.num_key_value_heads;
-  d.D = c.head_dim;
-  d.E = c.num_experts;
-  d.k = c.num_experts_per_tok;
-  d.I = c.moe_intermediate_size;
-  d.F = c.intermediate_size;
+  d.Hq = c.only_attention().heads;
+  d.Hkv = c.only_attention().kv_heads;
+  d.D = c.only_attention().head_dim;
+  d.E = c.num_experts();
+  d.k = c.experts_per_token();
+  d.I = c.moe.empty() ? 0 : c.only_moe().expert.intermediate_size;  // 0: no MoE configuration
+  d.F = c.mlp.empty() ? 0 : c.only_mlp().intermediate_size;         // 0: no dense MLP configuration
   d.V = c.vocab_size;
   d.Tk = d.T * d.k;
   d.R = d.Tk;
@@ -59,15 +61,47 @@ Dims dims_of(const Qwen3MoeConfig& c, int64_t tokens) {
   return d;
 }
 
-// ---- parameters (element counts) ----
+// ---- parameters (element counts), summed from the model's parameter table ----
 
-wide attention_param_count(const Dims& d) {
-  return d.H * d.Hq * d.D + 2 * d.H * d.Hkv * d.D + d.Hq * d.D * d.H  // q, k, v, o projections
-         + 2 * d.D                                                   // q_norm, k_norm
-         + 2 * d.H;                                                  // input and post-attention norms
+// The table summed the ways the plan needs it: whole-model counts, ZeRO-3's fetch groups (models/
+// param_residency.h: the embedding, each decoder layer, the head) and every tensor for ZeRO-1's assignment.
+struct ParamSums {
+  wide total = 0, experts = 0;  // every parameter; the expert stacks' (all experts)
+  wide embed = 0;               // the embedding's group
+  wide head = 0;                // the head's group: the tensors after the layers, and a tied embedding it reads
+  std::vector<wide> layer_replicated, layer_experts;  // per decoder layer
+  std::vector<wide> replicated;                       // each replicated tensor
+  std::vector<wide> stacks, stack_per_expert;         // each expert stack: whole, and one expert of it
+};
+
+ParamSums param_sums(const DecoderSpec& c) {
+  const ParamTable t = param_table_of(c);
+  ParamSums s;
+  s.layer_replicated.assign(static_cast<size_t>(c.num_layers()), 0);
+  s.layer_experts.assign(static_cast<size_t>(c.num_layers()), 0);
+  for (const ParamEntry& e : t.entries()) {
+    // Every term below assumes trained tensors of the model dtype (bf16 on the GPU).
+    MT_CHECK(e.role != ParamRole::buffer && e.dtype == ParamDType::model,
+             "memory plan: {} ({}) is not planned: buffers and fixed-dtype tensors are not counted yet", e.name,
+             param_role_name(e.role));
+    wide n = 1;  // wide: a dimension may be 2^31
+    for (int64_t dim : e.shape) n *= dim;
+    s.total += n;
+    if (e.layer < 0) (e.use == ParamUse::embedding ? s.embed : s.head) += n;
+    if (e.role == ParamRole::expert_stack) {
+      MT_CHECK(e.layer >= 0, "memory plan: expert stack {} outside a layer", e.name);
+      s.experts += n;
+      s.layer_experts[static_cast<size_t>(e.layer)] += n;
+      s.stacks.push_back(n);
+      s.stack_per_expert.push_back(n / e.shape[0]);
+    } else {
+      if (e.layer >= 0) s.layer_replicated[static_cast<size_t>(e.layer)] += n;
+      s.replicated.push_back(n);
+    }
+  }
+  if (t.tied_embeddings) s.head += s.embed;
+  return s;
 }
-wide moe_param_count(const Dims& d) { return d.E * d.H + d.E * 2 * d.I * d.H + d.E * d.H * d.I; }
-wide dense_param_count(const Dims& d) { return 3 * d.F * d.H; }
 
 // ---- activations saved by forward for backward, per layer ----
 
@@ -164,9 +198,9 @@ struct Layers {
   int64_t moe = 0, dense = 0;
 };
 
-Layers layers_of(const Qwen3MoeConfig& c) {
+Layers layers_of(const DecoderSpec& c) {
   Layers l;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) (c.is_moe_layer(i) ? l.moe : l.dense)++;
+  for (int64_t i = 0; i < c.num_layers(); ++i) (c.is_moe_layer(i) ? l.moe : l.dense)++;
   return l;
 }
 
@@ -182,37 +216,24 @@ int64_t expert_replicas_of(const MemoryPlanInput& in) {
 // them, or with several replicas its share of the whole-stack assignment over them), plus its share of the
 // replicated tensors (all of them, or with optimizer_shards > 1 its share of the whole-tensor assignment of
 // train/optimizer_shards.h); the largest such rank.
-wide optimizer_param_count(const MemoryPlanInput& in, const Dims& d, const Layers& layers, wide count,
+// The assignment depends on the tensors' sizes only, not on their order.
+wide optimizer_param_count(const MemoryPlanInput& in, const Dims& d, const ParamSums& ps, wide count,
                            wide expert_held) {
   const int64_t shards = std::max<int64_t>(in.optimizer_shards, 1);
   const bool split = in.expert_parallel > 1;
   // Past 2^55 parameters nothing fits anyway; the per-tensor sums below stay within int64 under it.
   if (shards <= 1 || count > (wide{1} << 55)) return count;
-  std::vector<int64_t> sizes = {static_cast<int64_t>(d.V * d.H), static_cast<int64_t>(d.H)};
-  if (!in.cfg.tie_word_embeddings) sizes.push_back(static_cast<int64_t>(d.V * d.H));
-  for (int64_t l = 0; l < layers.moe + layers.dense; ++l) {
-    for (wide n : {d.H * d.Hq * d.D, d.H * d.Hkv * d.D, d.H * d.Hkv * d.D, d.Hq * d.D * d.H, d.D, d.D, d.H, d.H})
-      sizes.push_back(static_cast<int64_t>(n));
-    if (l < layers.moe) {
-      sizes.push_back(static_cast<int64_t>(d.E * d.H));
-      if (!split) {
-        sizes.push_back(static_cast<int64_t>(d.E * 2 * d.I * d.H));
-        sizes.push_back(static_cast<int64_t>(d.E * d.H * d.I));
-      }
-    } else {
-      for (int j = 0; j < 3; ++j) sizes.push_back(static_cast<int64_t>(d.F * d.H));
-    }
-  }
+  std::vector<int64_t> sizes;
+  for (wide n : ps.replicated) sizes.push_back(static_cast<int64_t>(n));
+  if (!split)
+    for (wide n : ps.stacks) sizes.push_back(static_cast<int64_t>(n));
   const int64_t replicas = expert_replicas_of(in);
   if (replicas <= 1) return (split ? expert_held : 0) + OptimizerShards::largest_share(sizes, static_cast<int>(shards));
   // Rank r's expert stacks are owned among the replicas {r % ep, r % ep + ep, ...}, r itself being replica
   // r / ep; every replica group uses the same map. The largest rank's replicated share plus its expert share.
   const wide per_rank = d.E / in.expert_parallel;
   std::vector<int64_t> expert_sizes;
-  for (int64_t l = 0; l < layers.moe; ++l) {
-    expert_sizes.push_back(static_cast<int64_t>(per_rank * 2 * d.I * d.H));
-    expert_sizes.push_back(static_cast<int64_t>(per_rank * d.H * d.I));
-  }
+  for (wide n : ps.stack_per_expert) expert_sizes.push_back(static_cast<int64_t>(per_rank * n));
   const std::vector<int64_t> world_share = OptimizerShards::shares(sizes, static_cast<int>(shards));
   const std::vector<int64_t> expert_share = OptimizerShards::shares(expert_sizes, static_cast<int>(replicas));
   wide most = 0;
@@ -227,32 +248,32 @@ wide optimizer_param_count(const MemoryPlanInput& in, const Dims& d, const Layer
 // the prefetched next one; counted whole, an upper bound (a rank's own tensors of them are in its share). The
 // embedding is released before the first layer runs, so it and the head are never here together unless there
 // are no layers. Tied embeddings: the head's group reads the embedding.
-wide fetched_groups_count(const MemoryPlanInput& in, const Dims& d, const Layers& layers) {
+wide fetched_groups_count(const MemoryPlanInput& in, const ParamSums& ps) {
   const bool split = in.expert_parallel > 1;
-  const wide embed = d.V * d.H, head = d.V * d.H + d.H;
-  if (layers.moe + layers.dense == 0) return embed + head;
-  // Split experts: the router, and with several copies of each expert group this rank's expert stacks too
-  // (ZeRO-3 shards them over their replicas, train/sharded_params.h); a single copy keeps them, counted in the
-  // rank's share.
-  const wide experts_here = expert_replicas_of(in) > 1 ? (moe_param_count(d) - d.E * d.H) / in.expert_parallel : 0;
-  wide layer = 0;
-  if (layers.moe > 0) layer = attention_param_count(d) + (split ? d.E * d.H + experts_here : moe_param_count(d));
-  if (layers.dense > 0) layer = std::max(layer, attention_param_count(d) + dense_param_count(d));
-  return std::max(head, layer) + layer;
+  if (ps.layer_replicated.empty()) return ps.embed + ps.head;
+  // Split experts: the replicated tensors (router included), and with several copies of each expert group this
+  // rank's expert stacks too (ZeRO-3 shards them over their replicas, train/sharded_params.h); a single copy
+  // keeps them, counted in the rank's share.
+  const bool replicas = expert_replicas_of(in) > 1;
+  wide layer = 0;  // the largest layer group
+  for (size_t l = 0; l < ps.layer_replicated.size(); ++l) {
+    const wide experts = ps.layer_experts[l];
+    layer = std::max(layer, ps.layer_replicated[l] + (split ? (replicas ? experts / in.expert_parallel : 0) : experts));
+  }
+  return std::max(ps.head, layer) + layer;
 }
 
-MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, int64_t tokens, Recompute r, bool master) {
-  const Qwen3MoeConfig& c = in.cfg;
+MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, const ParamSums& ps, int64_t tokens, Recompute r,
+                      bool master) {
+  const DecoderSpec& c = in.cfg;
   Dims d = dims_of(c, tokens);
   if (in.deterministic) d.flash_kv_heads = d.Hq;  // FlashBwdMode::deterministic keeps every head's dK, dV
   const wide ep = std::max<int64_t>(in.expert_parallel, 1);
   // The all-gather dispatch's expert buffers hold the row budget: at least the even share times the headroom.
   if (ep > 1 && in.ep_all_gather && in.ep_row_headroom > 1)
     d.R = static_cast<wide>(std::ceil(static_cast<double>(d.Tk) * in.ep_row_headroom));
-  const wide expert_count = layers.moe * (moe_param_count(d) - d.E * d.H /*router*/);  // the whole model's
-  wide count = d.V * d.H /*embed*/ + d.H /*final norm*/ + (c.tie_word_embeddings ? 0 : d.V * d.H /*lm_head*/) +
-               layers.moe * (attention_param_count(d) + moe_param_count(d)) +
-               layers.dense * (attention_param_count(d) + dense_param_count(d));
+  const wide expert_count = ps.experts;  // the whole model's
+  wide count = ps.total;
   count -= expert_count - expert_count / ep;  // the experts this rank holds
   wide saved = model_saved_bytes(d) + layers.moe * layer_saved_bytes(d, true, r) +
                layers.dense * layer_saved_bytes(d, false, r);
@@ -275,10 +296,10 @@ MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, int64_t t
   p.param_count = clamp64(count);
   const wide grad_bytes = count * kF32 - (in.bf16_expert_grads ? expert_count / ep * (kF32 - kBf16) : 0);
   p.grads = clamp64(grad_bytes);
-  const wide opt_count = optimizer_param_count(in, d, layers, count, expert_count / ep);
+  const wide opt_count = optimizer_param_count(in, d, ps, count, expert_count / ep);
   wide held = count;  // parameters present on this rank at the peak
   if (in.shard_parameters && in.reshard_after_forward && in.optimizer_shards > 1)
-    held = std::min(count, opt_count + fetched_groups_count(in, d, layers));
+    held = std::min(count, opt_count + fetched_groups_count(in, ps));
   p.params = clamp64(held * kBf16);
   p.optimizer_param_count = clamp64(opt_count);
   p.optimizer = clamp64(opt_count * (2 * moment_bytes + (master ? kF32 : 0)));
@@ -344,26 +365,27 @@ const char* recompute_name(Recompute r) {
 }
 
 MemoryPlan memory_plan(const MemoryPlanInput& in) {
-  const Qwen3MoeConfig& c = in.cfg;
-  check_range("num_hidden_layers", c.num_hidden_layers, 1, kMaxLayers);
+  const DecoderSpec& c = in.cfg;
+  check_range("num_hidden_layers", c.num_layers(), 1, kMaxLayers);
   check_range("hidden_size", c.hidden_size, 1, kMaxDim);
   check_range("vocab_size", c.vocab_size, 1, kMaxDim);
-  check_range("num_attention_heads", c.num_attention_heads, 1, kMaxDim);
-  check_range("num_key_value_heads", c.num_key_value_heads, 1, kMaxDim);
-  check_range("head_dim", c.head_dim, 1, kMaxDim);
-  check_range("num_experts", c.num_experts, 0, kMaxDim);
-  check_range("num_experts_per_tok", c.num_experts_per_tok, c.num_experts > 0 ? 1 : 0, c.num_experts);
-  check_range("moe_intermediate_size", c.moe_intermediate_size, 0, kMaxDim);
-  check_range("intermediate_size", c.intermediate_size, 0, kMaxDim);
+  check_range("num_attention_heads", c.only_attention().heads, 1, kMaxDim);
+  check_range("num_key_value_heads", c.only_attention().kv_heads, 1, kMaxDim);
+  check_range("head_dim", c.only_attention().head_dim, 1, kMaxDim);
+  check_range("num_experts", c.num_experts(), 0, kMaxDim);
+  check_range("num_experts_per_tok", c.experts_per_token(), c.num_experts() > 0 ? 1 : 0, c.num_experts());
+  check_range("moe_intermediate_size", c.moe.empty() ? 0 : c.only_moe().expert.intermediate_size, 0, kMaxDim);
+  check_range("intermediate_size", c.mlp.empty() ? 0 : c.only_mlp().intermediate_size, 0, kMaxDim);
   check_range("micro_batch", in.micro_batch, 1, kMaxTokens);
   check_range("seq", in.seq, 1, kMaxTokens / in.micro_batch);
   check_range("device_bytes", in.device_bytes, 1, std::numeric_limits<int64_t>::max());
   check_range("reserve_bytes", in.reserve_bytes, 0, in.device_bytes);
-  check_range("expert_parallel", in.expert_parallel, 1, std::max<int64_t>(c.num_experts, 1));
+  check_range("expert_parallel", in.expert_parallel, 1, std::max<int64_t>(c.num_experts(), 1));
 
   const Layers layers = layers_of(c);
-  MemoryPlan p = plan_bytes(in, layers, in.micro_batch * in.seq, in.recompute, in.fp32_master);
-  p.layers = c.num_hidden_layers;
+  const ParamSums ps = param_sums(c);
+  MemoryPlan p = plan_bytes(in, layers, ps, in.micro_batch * in.seq, in.recompute, in.fp32_master);
+  p.layers = c.num_layers();
   p.expert_parallel = in.expert_parallel;
   p.moe_layers = layers.moe;
   p.micro_batch = in.micro_batch;
@@ -377,10 +399,10 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   p.expert_replicas = expert_replicas_of(in);
   p.params_sharded = in.shard_parameters && in.reshard_after_forward && p.optimizer_shards > 1;
   p.bf16_expert_grads = in.bf16_expert_grads;
-  p.full_recompute_fits = plan_bytes(in, layers, in.micro_batch * in.seq, Recompute::full, in.fp32_master).fits;
-  p.no_master_fits = plan_bytes(in, layers, in.micro_batch * in.seq, in.recompute, false).fits;
+  p.full_recompute_fits = plan_bytes(in, layers, ps, in.micro_batch * in.seq, Recompute::full, in.fp32_master).fits;
+  p.no_master_fits = plan_bytes(in, layers, ps, in.micro_batch * in.seq, in.recompute, false).fits;
 
-  auto fits_tokens = [&](int64_t tokens) { return plan_bytes(in, layers, tokens, in.recompute, in.fp32_master).fits; };
+  auto fits_tokens = [&](int64_t tokens) { return plan_bytes(in, layers, ps, tokens, in.recompute, in.fp32_master).fits; };
   // The searches never go below the request's own size, so a request that fits is always within them.
   int64_t batch_hi = std::max(in.micro_batch, std::min(kMaxSearchBatch, kMaxTokens / in.seq));
   p.max_micro_batch = search_largest(batch_hi, [&](int64_t b) { return fits_tokens(b * in.seq); });

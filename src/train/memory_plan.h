@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "models/qwen3_moe_config.h"
+#include "models/spec/decoder_spec.h"
 
 namespace mt {
 
@@ -19,7 +19,7 @@ Recompute recompute_parse(const std::string& name, const std::string& where);
 const char* recompute_name(Recompute r);
 
 struct MemoryPlanInput {
-  Qwen3MoeConfig cfg;
+  DecoderSpec cfg;
   int64_t micro_batch = 1, seq = 4096;
   Recompute recompute = Recompute::selective;
   bool fp32_master = true;    // optimizer keeps fp32 master copies of the bf16 params

@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "models/causal_lm.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
 
 namespace mt {
 
@@ -65,18 +65,19 @@ std::vector<int> expert_replica_ranks(int world, int rank, int64_t ep) {
   return r;
 }
 
-OptimizerShards optimizer_shards_for(const Qwen3MoeWeights& w, int world, int rank, int64_t ep) {
+OptimizerShards optimizer_shards_for(const ModelWeights& w, int world, int rank, int64_t ep) {
   if (world <= 1) return {};
   const bool split = ep > 1;
   std::vector<std::pair<std::string, int64_t>> params;
   for (const auto& [name, t] : w.named_parameters()) {
     // An expert stack by its per-expert size: the same map whether `w` holds all experts or a slice.
-    const bool per_expert = split && param_is_stacked_expert(name) && t->ndim() > 0 && t->dim(0) > 0;
+    const bool per_expert = split && w.param_table().is_expert_stack(name) && t->ndim() > 0 && t->dim(0) > 0;
     params.emplace_back(name, per_expert ? t->numel() / t->dim(0) : t->numel());
   }
+  const ParamTable& table = w.param_table();
   return OptimizerShards(
-      params, world, rank, [&](const std::string& name) { return !(split && param_is_stacked_expert(name)); },
-      expert_replica_ranks(world, rank, ep), [&](const std::string& name) { return split && param_is_stacked_expert(name); });
+      params, world, rank, [&](const std::string& name) { return !(split && table.is_expert_stack(name)); },
+      expert_replica_ranks(world, rank, ep), [&](const std::string& name) { return split && table.is_expert_stack(name); });
 }
 
 std::string hf_tensor_param(const std::string& hf_name) {
@@ -93,6 +94,11 @@ std::string optimizer_state_param(const std::string& state_name) {
       return state_name.substr(0, state_name.size() - s.size());
   }
   return "";
+}
+
+bool param_is_stacked_expert(const ParamTable& params, const std::string& name) {
+  const std::string state_of = optimizer_state_param(name);
+  return params.is_expert_stack(state_of.empty() ? name : state_of);
 }
 
 }  // namespace mt

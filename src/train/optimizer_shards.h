@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "models/param_table.h"
 #include "train/adamw.h"
 
 namespace mt {
@@ -113,17 +114,17 @@ class OptimizerShards {
   std::unordered_map<std::string, size_t> by_name_;
 };
 
-struct Qwen3MoeWeights;
+struct ModelWeights;
 // The engines' shards in a job of `world` ranks with expert-parallel groups of `ep` consecutive ranks (1: no
 // expert parallelism): every parameter of `w` is sharded over the world except, when the experts are split
 // over ranks (ep > 1), the stacked expert weights, which are sharded over this rank's expert replicas
 // {rank % ep, rank % ep + ep, ...} when world > ep (else each rank updates its own). world 1: not sharded.
 // The expert stacks are ordered by their per-expert size, so `w` may hold all E experts or this rank's E/ep.
-OptimizerShards optimizer_shards_for(const Qwen3MoeWeights& w, int world, int rank, int64_t ep);
+OptimizerShards optimizer_shards_for(const ModelWeights& w, int world, int rank, int64_t ep);
 // Catches a caller of the former (…, bool experts_split) form: a bool would silently mean ep 0 or 1.
 template <typename B>
   requires std::same_as<B, bool>
-OptimizerShards optimizer_shards_for(const Qwen3MoeWeights& w, int world, int rank, B) = delete;
+OptimizerShards optimizer_shards_for(const ModelWeights& w, int world, int rank, B) = delete;
 // The ranks holding the same experts as `rank` in a job of `world` ranks with expert-parallel groups of `ep`
 // consecutive ranks: {rank % ep, rank % ep + ep, ...} (every rank alone when ep < 2).
 std::vector<int> expert_replica_ranks(int world, int rank, int64_t ep);
@@ -165,5 +166,9 @@ std::vector<StateSlot> optimizer_state_layout(const Params& params, const Optimi
 // The parameter an optimizer-state tensor belongs to: "<param>.exp_avg", ".exp_avg_sq" or ".master" without
 // the suffix ("" for another name).
 std::string optimizer_state_param(const std::string& state_name);
+
+// Whether `name`, a parameter's or one of its optimizer-state tensors', is an expert stack (ParamRole::expert_stack)
+// of `params`: the tensors expert parallelism splits over ranks.
+bool param_is_stacked_expert(const ParamTable& params, const std::string& name);
 
 }  // namespace mt

@@ -92,12 +92,12 @@ int64_t ShardedParams::group_of(const std::string& param, int64_t num_layers) {
   return head(num_layers);  // model.norm.weight, lm_head.weight
 }
 
-ShardedParams::ShardedParams(Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, const OptimizerShards& shards,
+ShardedParams::ShardedParams(ModelWeights& w, const DecoderSpec& cfg, const OptimizerShards& shards,
                              std::unique_ptr<ParamTransport> transport, bool reshard_after_forward)
     : shards_(shards),
       transport_(std::move(transport)),
       reshard_after_forward_(reshard_after_forward),
-      num_layers_(cfg.num_hidden_layers) {
+      num_layers_(cfg.num_layers()) {
   MT_CHECK(shards.active(), "sharded parameters need the job's ZeRO-1 owners");
   const auto params = w.named_parameters();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -113,7 +113,7 @@ ShardedParams::ShardedParams(Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, cons
   for (const auto& [g, members] : groups_) present_[g] = true;
 }
 
-ShardedParams::ShardedParams(Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, const OptimizerShards& shards,
+ShardedParams::ShardedParams(ModelWeights& w, const DecoderSpec& cfg, const OptimizerShards& shards,
                              Communicator& comm, bool reshard_after_forward)
     : ShardedParams(w, cfg, shards,
                     host_param_transport(comm, shards.rank(), shards.world(),

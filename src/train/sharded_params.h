@@ -22,8 +22,8 @@
 #include "core/tensor.h"
 #include "distributed/communicator.h"
 #include "models/param_residency.h"
-#include "models/qwen3_moe_config.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/spec/decoder_spec.h"
+#include "models/model_weights.h"
 #include "train/optimizer_shards.h"
 
 namespace mt {
@@ -56,10 +56,10 @@ std::unique_ptr<ParamTransport> host_param_transport(Communicator& comm, int ran
 class ShardedParams final : public ParamResidency {
  public:
   // shards: the engine's ZeRO-1 owners over the job's ranks (active). Nothing is dropped until shard().
-  ShardedParams(Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, const OptimizerShards& shards,
+  ShardedParams(ModelWeights& w, const DecoderSpec& cfg, const OptimizerShards& shards,
                 std::unique_ptr<ParamTransport> transport, bool reshard_after_forward);
   // With the host transport over comm.
-  ShardedParams(Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, const OptimizerShards& shards, Communicator& comm,
+  ShardedParams(ModelWeights& w, const DecoderSpec& cfg, const OptimizerShards& shards, Communicator& comm,
                 bool reshard_after_forward);
 
   // Drops the tensors other ranks own: from here on they are present only between fetch and release.

@@ -7,7 +7,6 @@
 #include "core/error.h"
 #include "io/atomic_dir.h"
 #include "models/causal_lm.h"
-#include "models/qwen3_moe_weights.h"
 
 namespace mt {
 
@@ -50,16 +49,20 @@ std::pair<int64_t, int64_t> SaveShare::state_rows(const std::string& state_name,
     if (owner != shards.rank()) return {0, 0};
     return shards.over_replicas(param) ? rows_of(held_first, held_count) : all_rows(t);
   }
-  if (!param_is_stacked_expert(state_name)) return lead ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
+  MT_CHECK(params != nullptr, "a save share without the model's parameter table");
+  if (!params->is_expert_stack(param)) return lead ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
   return rows_of(expert_first, expert_count);
 }
 
-SaveShare save_share_for(Communicator* comm, int rank, int world, int64_t ep, int64_t num_experts,
+SaveShare save_share_for(Communicator* comm, int rank, int world, int64_t ep, std::shared_ptr<const ParamTable> params,
                          const OptimizerShards& shards) {
+  MT_CHECK(params != nullptr, "save_share_for: no parameter table");
   SaveShare s;
   s.comm = comm;
   s.lead = rank == 0;
   s.shards = shards;
+  const int64_t num_experts = params->num_experts;
+  s.params = std::move(params);
   const bool split = ep > 1 && world % ep == 0 && num_experts % ep == 0;
   if (!split) {
     s.expert_count = s.lead ? num_experts : 0;

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -28,6 +29,8 @@ struct SaveShare {
   // with fp32 masters only the owner holds exactly — is written whole by its owner; an expert stack sharded
   // over its replicas, by its owner among them, its experts' rows (each replica group's owner its own).
   OptimizerShards shards;
+  // The model's parameter table: which state tensors are expert stacks.
+  std::shared_ptr<const ParamTable> params;
   // The rows this rank writes of a Hugging Face tensor (per-expert names) and of an optimizer-state tensor
   // (stacked experts [E, ...]): all or none, or the expert rows.
   std::pair<int64_t, int64_t> model_rows(const std::string& hf_name, const Tensor& t) const;
@@ -35,8 +38,9 @@ struct SaveShare {
 };
 
 // The share of rank `rank` of a job of `world` ranks with expert-parallel groups of `ep` (1: none; a
-// layout the engines reject, ep not dividing world or experts, counts as none) and the engine's shards.
-SaveShare save_share_for(Communicator* comm, int rank, int world, int64_t ep, int64_t num_experts,
+// layout the engines reject, ep not dividing world or experts, counts as none) and the engine's shards, for the
+// model whose parameter table is `params` (its expert stacks hold params->num_experts experts).
+SaveShare save_share_for(Communicator* comm, int rank, int world, int64_t ep, std::shared_ptr<const ParamTable> params,
                          const OptimizerShards& shards = {});
 
 // lead_prepare(tmp) on the lead (files, layouts), then write_part(tmp) on every rank, then the commit and

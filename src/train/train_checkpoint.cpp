@@ -17,7 +17,7 @@
 #include "io/json_text.h"
 #include "io/safetensors.h"
 #include "io/safetensors_shared.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
 #include "train/run_dir.h"
 
 namespace fs = std::filesystem;
@@ -123,7 +123,7 @@ int64_t train_checkpoint_dir_step(const std::string& name) {
 }
 
 uint64_t train_checkpoint_bytes(const CausalLM& model, const std::vector<std::pair<std::string, Tensor>>& optimizer_state) {
-  uint64_t b = static_cast<uint64_t>(Qwen3MoeWeights::absent_like_config(model.config, model.dtype).parameter_count()) *
+  uint64_t b = static_cast<uint64_t>(ModelWeights::absent_like_config(model.config, model.dtype).parameter_count()) *
                dtype_size(model.dtype);
   for (const auto& [name, t] : optimizer_state) b += t.nbytes();
   return b + (1u << 16);  // headers, index, config and state files
@@ -223,13 +223,14 @@ void optimizer_state_read(const std::string& checkpoint_dir, AdamW& optimizer) {
 }
 
 void optimizer_state_read(const std::string& checkpoint_dir, const std::vector<std::pair<std::string, Tensor*>>& state,
-                          int64_t expert_first, int64_t expert_count, int64_t file_tensors) {
+                          const ParamTable* params, int64_t expert_first, int64_t expert_count, int64_t file_tensors) {
+  MT_CHECK(expert_count < 0 || params, "optimizer_state_read: an expert range needs the parameter table");
   const std::string path = (fs::path(checkpoint_dir) / "optimizer.safetensors").string();
   SafetensorsFile f = SafetensorsFile::open(path);
   for (auto& [name, dst] : state) {
     if (!f.has(name)) fail("{}: tensor '{}' is missing", path, name);
     const SafetensorsInfo& info = f.info(name);
-    const bool rows = expert_count >= 0 && param_is_stacked_expert(name);
+    const bool rows = expert_count >= 0 && param_is_stacked_expert(*params, name);
     Shape want = dst->shape();
     if (rows && !info.shape.empty()) want[0] = info.shape[0];  // the file holds every expert
     if (info.dtype != dst->dtype() || info.shape != want || (rows && (dst->shape().empty() ||

@@ -60,11 +60,13 @@ std::string train_checkpoint_latest(const std::string& run_dir);
 
 TrainerState train_state_read(const std::string& checkpoint_dir);
 // Copies optimizer.safetensors into `state` (host tensors; every name, shape and dtype checked).
-// expert_count >= 0: the stacked expert tensors' targets hold experts [expert_first, expert_first + expert_count)
-// only (an expert-parallel rank's share), and only those rows are read from the file. file_tensors >= 0: the
-// file holds that many tensors, of which `state` is a part (a sharded optimizer's share); else state.size().
+// expert_count >= 0: the stacked expert tensors' targets (the expert stacks of `params`, the model's parameter
+// table) hold experts [expert_first, expert_first + expert_count) only (an expert-parallel rank's share), and only
+// those rows are read from the file. file_tensors >= 0: the file holds that many tensors, of which `state` is a
+// part (a sharded optimizer's share); else state.size().
 void optimizer_state_read(const std::string& checkpoint_dir, const std::vector<std::pair<std::string, Tensor*>>& state,
-                          int64_t expert_first = 0, int64_t expert_count = -1, int64_t file_tensors = -1);
+                          const ParamTable* params = nullptr, int64_t expert_first = 0, int64_t expert_count = -1,
+                          int64_t file_tensors = -1);
 void optimizer_state_read(const std::string& checkpoint_dir, AdamW& optimizer);
 
 }  // namespace mt

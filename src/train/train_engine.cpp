@@ -27,13 +27,13 @@ class CpuEngine final : public TrainEngine {
  public:
   CpuEngine(CausalLM& lm, const Recipe& r, Communicator* comm)
       : lm_(lm), comm_(comm && comm->size() > 1 ? comm : nullptr),
-        ep_(experts_sliced(lm, expert_parallel_for(comm_, r.parallel.ep, lm.config.num_experts))),
+        ep_(experts_sliced(lm, expert_parallel_for(comm_, r.parallel.ep, lm.config.num_experts()))),
         shards_(comm_ && r.parallel.shard_optimizer
                     ? optimizer_shards_for(lm.weights, comm_->size(), comm_->rank(), r.parallel.ep)
                     : OptimizerShards()),
         sharded_params_(sharded_params_of(lm, r, shards_, comm_)),
         model_(lm.config, lm.weights, model_options(ep_, sharded_params_.get())),
-        grads_(Qwen3MoeWeights::zeros_like_config(lm.config, DType::F32, split() ? ep_.experts_per_rank : -1)),
+        grads_(ModelWeights::zeros_like_config(lm.config, DType::F32, split() ? ep_.experts_per_rank : -1)),
         optimizer_(shards_.updated(lm.weights.named_parameters()), adamw_options_from(r),
                    r.optimizer.decay_norms_and_biases ? std::function<bool(const std::string&)>() : adamw_hf_decays) {
     if (r.optimizer.moment_dtype != "float32")
@@ -44,7 +44,7 @@ class CpuEngine final : public TrainEngine {
            r.optimizer.expert_grad_dtype);
     for (auto& [name, g] : grads_.named_parameters()) {
       grad_list_.push_back(g);
-      split_.push_back(split() && param_is_stacked_expert(name));
+      split_.push_back(split() && grads_.param_table().is_expert_stack(name));
     }
     grad_const_.assign(grad_list_.begin(), grad_list_.end());
     updated_grads_ = shards_.updated(grad_const_);
@@ -245,12 +245,12 @@ class CpuEngine final : public TrainEngine {
   std::vector<std::pair<std::string, Tensor>> optimizer_state_host() override {
     std::vector<std::pair<std::string, Tensor>> r;
     for (StateSlot& s : state_layout()) {
-      if (!split() || !param_is_stacked_expert(s.spec.name)) {
+      if (!split() || !param_is_stacked_expert(lm_.weights.param_table(), s.spec.name)) {
         r.emplace_back(s.spec.name, s.held ? *s.held : Tensor::absent(s.spec.shape, s.spec.dtype));
         continue;
       }
       Shape full = s.spec.shape;
-      full[0] = lm_.config.num_experts;
+      full[0] = lm_.config.num_experts();
       const bool writes = shards_.experts_sharded() ? s.held != nullptr : ep_.group.front() == 0;
       if (!writes) {  // another replica (the owner, or the first group) writes these experts
         r.emplace_back(s.spec.name, Tensor::absent(full, s.spec.dtype));
@@ -266,7 +266,7 @@ class CpuEngine final : public TrainEngine {
   // file holds all E, from any expert-parallel layout).
   void optimizer_state_load(const std::string& dir) override {
     const auto total = static_cast<int64_t>(state_layout().size());
-    optimizer_state_read(dir, optimizer_.named_state(), split() ? ep_.first_expert() : 0,
+    optimizer_state_read(dir, optimizer_.named_state(), &lm_.weights.param_table(), split() ? ep_.first_expert() : 0,
                          split() ? ep_.experts_per_rank : -1, total);
   }
   const OptimizerShards& optimizer_shards() const override { return shards_; }
@@ -294,9 +294,9 @@ class CpuEngine final : public TrainEngine {
     if (ep.group.empty()) return ep;
     const int64_t first = ep.first_expert(), n = ep.experts_per_rank;
     for (auto& [name, t] : lm.weights.named_parameters()) {
-      if (!param_is_stacked_expert(name)) continue;
+      if (!lm.weights.param_table().is_expert_stack(name)) continue;
       if (t->dim(0) == n && lm.expert_first == first) continue;  // already this rank's slice
-      if (t->dim(0) != lm.config.num_experts)
+      if (t->dim(0) != lm.config.num_experts())
         fail("{}: holds {} experts from expert {}; this rank of parallel.ep {} trains experts {}..{}", name,
              t->dim(0), lm.expert_first, ep.group.size(), first, first + n - 1);
       *t = t->rows(first, first + n).clone();
@@ -327,8 +327,8 @@ class CpuEngine final : public TrainEngine {
   std::vector<float> flat_;
   OptimizerShards shards_;  // ZeRO-1 over the ranks (train/optimizer_shards.h), or none
   std::unique_ptr<ShardedParams> sharded_params_;  // ZeRO-3 (train/sharded_params.h), or none
-  Qwen3MoeModel model_;
-  Qwen3MoeWeights grads_;
+  DecoderModel model_;
+  ModelWeights grads_;
   AdamW optimizer_;         // the parameters this rank updates
   std::vector<Tensor*> grad_list_;
   std::vector<bool> split_;  // per gradient: an expert stack split over the expert-parallel group
@@ -363,7 +363,7 @@ const CudaEngineHooks* cuda_engine_hooks() {
   return h.create ? &h : nullptr;
 }
 
-int train_device_resolve(const Recipe& r, const Qwen3MoeConfig& cfg, std::string* why, int local_rank,
+int train_device_resolve(const Recipe& r, const DecoderSpec& cfg, std::string* why, int local_rank,
                          int local_world) {
   const std::string& d = r.train.device;
   if (d == "cpu") return -1;

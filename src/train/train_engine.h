@@ -1,6 +1,6 @@
 // Where the numbers of a training step are computed: the trainer (train/trainer.cpp) owns the data,
 // schedule, metrics and checkpoints, and asks an engine to run optimizer steps. The CPU engine is the
-// reference (models/qwen3_moe_model.h + train/adamw.h); the CUDA engine (train/cuda/) runs the same
+// reference (models/decoder_model.h + train/adamw.h); the CUDA engine (train/cuda/) runs the same
 // step on one GPU, or on several over NCCL, and registers itself here when the binary is built with CUDA.
 #pragma once
 #include <cstdint>
@@ -13,7 +13,7 @@
 
 #include "core/tensor.h"
 #include "models/causal_lm.h"
-#include "models/qwen3_moe_model.h"
+#include "models/decoder_model.h"
 #include "train/adamw.h"
 #include "train/optimizer_shards.h"
 #include "train/recipe.h"
@@ -74,7 +74,7 @@ std::unique_ptr<TrainEngine> cpu_engine_create(CausalLM& lm, const Recipe& r, Co
 // The CUDA engine factory, registered by the CUDA library at start-up (absent in a CPU-only build).
 struct CudaEngineHooks {
   std::function<int()> device_count;
-  std::function<std::string(const Qwen3MoeConfig&)> unsupported;  // "" or why the model cannot train on CUDA
+  std::function<std::string(const DecoderSpec&)> unsupported;  // "" or why the model cannot train on CUDA
   // comm: the job's host communicator when it has more than one rank (each rank trains on its own GPU,
   // gradients summed over NCCL; parallel.ep splits the experts), else null.
   std::function<std::unique_ptr<TrainEngine>(CausalLM& lm, const Recipe& r, int device, std::FILE* log,
@@ -90,7 +90,7 @@ const CudaEngineHooks* cuda_engine_hooks();  // null without CUDA support
 // this node (local_world > 1) each rank takes the GPU of its local rank; auto falls back to the CPU when
 // the node has fewer GPUs than ranks, and cuda:N is refused. With parallel.gpu_collectives host the ranks
 // share the GPUs (local rank mod the GPU count).
-int train_device_resolve(const Recipe& r, const Qwen3MoeConfig& cfg, std::string* why, int local_rank = 0,
+int train_device_resolve(const Recipe& r, const DecoderSpec& cfg, std::string* why, int local_rank = 0,
                          int local_world = 1);
 
 }  // namespace mt

@@ -26,7 +26,7 @@
 #include "distributed/process_group_env.h"
 #include "io/hf_cache.h"
 #include "models/causal_lm.h"
-#include "models/qwen3_moe_model.h"
+#include "models/decoder_model.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
 #include "train/optimizer_shards.h"
@@ -79,7 +79,7 @@ Batch batch_of(const MicroBatch& mb) {
   return b;
 }
 
-int32_t pad_id_of(const Qwen3MoeConfig& cfg, const Tokenizer* tok) {
+int32_t pad_id_of(const DecoderSpec& cfg, const Tokenizer* tok) {
   if (cfg.raw.contains("pad_token_id") && cfg.raw["pad_token_id"].is_number_integer()) {
     const int64_t id = cfg.raw["pad_token_id"].get<int64_t>();
     if (id >= 0 && id < cfg.vocab_size) return static_cast<int32_t>(id);
@@ -217,7 +217,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   const std::string model_dir = hf_resolve_model_path(model_src);
   const fs::path config_path = fs::path(model_dir) / "config.json";
   if (!fs::exists(config_path)) fail("{}: no config.json in the model directory", model_dir);
-  const Qwen3MoeConfig model_cfg = Qwen3MoeConfig::from_file(config_path.string());
+  const DecoderSpec model_cfg = DecoderSpec::from_file(config_path.string());
   std::string device_why;
   // Every rank must agree on the engine (a rank on the CPU and another on a GPU cannot share collectives).
   int device = train_device_resolve(r, model_cfg, &device_why, pg.local_rank, comm ? std::max(pg.local_world, 1) : 1);
@@ -234,24 +234,24 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   LoadOptions lo;
   lo.dtype = r.model.dtype == "float32" ? DType::F32 : DType::BF16;
   const int64_t ep = r.parallel.ep;
-  if (comm && ep > 1 && pg.world % ep == 0 && model_cfg.num_experts % ep == 0) {
+  if (comm && ep > 1 && pg.world % ep == 0 && model_cfg.num_experts() % ep == 0) {
     // Its expert-parallel group is ranks of consecutive numbers; its experts [g·E/ep, (g+1)·E/ep), g = rank % ep.
     // The CPU engine trains on the host copy, so it holds those experts only; the GPU's host copy keeps all E
     // rows (the others never written). (A layout that does not divide is refused by the engine.)
-    lo.expert_count = model_cfg.num_experts / ep;
+    lo.expert_count = model_cfg.num_experts() / ep;
     lo.expert_first = (pg.rank % ep) * lo.expert_count;
     lo.compact_experts = device < 0;
   }
   // ZeRO-3: a rank reads only the replicated parameters it owns (the owners depend on names and sizes only).
   OptimizerShards load_owners;
   if (comm && pg.world > 1 && r.parallel.shard_parameters && r.parallel.shard_optimizer) {
-    load_owners = optimizer_shards_for(Qwen3MoeWeights::absent_like_config(model_cfg, DType::BF16), pg.world,
+    load_owners = optimizer_shards_for(ModelWeights::absent_like_config(model_cfg, DType::BF16), pg.world,
                                        pg.rank, ep);
     // The expert stacks: every replica reads its experts.
     lo.skip_param = [&load_owners](const std::string& name) { return !load_owners.keeps_weights(name); };
   }
   CausalLM lm = CausalLM::from_pretrained(model_src, lo);
-  const Qwen3MoeConfig& cfg = lm.config;
+  const DecoderSpec& cfg = lm.config;
   const std::string tok_dir = r.data.tokenizer.empty() ? hf_resolve_model_path(r.model.path) : r.data.tokenizer;
   std::unique_ptr<Tokenizer> tokenizer;
   if (fs::is_regular_file(fs::path(tok_dir) / "tokenizer.json")) {
@@ -329,7 +329,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   // no rank gathers the model); alone, the one process writes everything.
   FinetuneResult result;
   const SaveShare share =
-      comm ? save_share_for(comm.get(), pg.rank, pg.world, ep, cfg.num_experts, engine->optimizer_shards()) : SaveShare{};
+      comm ? save_share_for(comm.get(), pg.rank, pg.world, ep, lm.weights.table, engine->optimizer_shards()) : SaveShare{};
   // Said before a save that will not fit starts writing (it then fails cleanly: train_checkpoint.h).
   auto warn_space = [&](const std::string& what, uint64_t bytes) {
     if (!lead) return;
@@ -365,7 +365,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   progress.message(fmt::format("model {}: {} parameters ({}), {} steps of {} x {} micro-batches x {} tokens",
                                r.model.path,
                                // the whole model's (an expert-parallel CPU rank holds only its experts)
-                               Qwen3MoeWeights::absent_like_config(cfg, lm.dtype).parameter_count(), r.model.dtype,
+                               ModelWeights::absent_like_config(cfg, lm.dtype).parameter_count(), r.model.dtype,
                                total_steps,
                                r.train.grad_accum, r.train.micro_batch_size, r.data.seq_len));
 

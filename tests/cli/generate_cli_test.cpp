@@ -16,7 +16,7 @@
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
 #include "models/causal_lm.h"
-#include "models/qwen3_moe_generate.h"
+#include "models/generate.h"
 
 namespace mt {
 namespace {

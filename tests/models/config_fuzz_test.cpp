@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "models/qwen3_moe_config.h"
+#include "models/spec/decoder_spec.h"
 
 namespace mt {
 namespace {
@@ -94,10 +94,10 @@ void expect_clean_outcome(const std::function<void()>& parse, const std::string&
   }
 }
 
-TEST(Qwen3MoeConfigFuzz, MutatedJson) {
+TEST(DecoderSpecFuzz, MutatedJson) {
   Rng rng(20240601);
   const json base = valid_config();
-  ASSERT_NO_THROW(Qwen3MoeConfig::from_json(base, "fuzz.json"));
+  ASSERT_NO_THROW(DecoderSpec::from_json(base, "fuzz.json"));
   int parsed = 0;
   for (uint64_t iter = 0; iter < 4000; ++iter) {
     json j = base;
@@ -105,13 +105,13 @@ TEST(Qwen3MoeConfigFuzz, MutatedJson) {
     bool ok = false;
     expect_clean_outcome(
         [&] {
-          Qwen3MoeConfig c = Qwen3MoeConfig::from_json(j, "fuzz.json");
+          DecoderSpec c = DecoderSpec::from_json(j, "fuzz.json");
           ok = true;
           // A config that parses must be self-consistent and survive a to_json round trip.
-          EXPECT_GT(c.head_dim, 0);
-          EXPECT_EQ(c.num_attention_heads % c.num_key_value_heads, 0);
-          EXPECT_LE(c.num_experts_per_tok, c.num_experts);
-          Qwen3MoeConfig back = Qwen3MoeConfig::from_json(c.to_json(), "fuzz.json");
+          EXPECT_GT(c.only_attention().head_dim, 0);
+          EXPECT_EQ(c.only_attention().heads % c.only_attention().kv_heads, 0);
+          EXPECT_LE(c.experts_per_token(), c.num_experts());
+          DecoderSpec back = DecoderSpec::from_json(c.to_json(), "fuzz.json");
           EXPECT_EQ(back.to_json(), c.to_json());
         },
         "fuzz.json", iter);
@@ -122,7 +122,7 @@ TEST(Qwen3MoeConfigFuzz, MutatedJson) {
   EXPECT_LT(parsed, 3900);
 }
 
-TEST(Qwen3MoeConfigFuzz, TruncatedAndCorruptedText) {
+TEST(DecoderSpecFuzz, TruncatedAndCorruptedText) {
   Rng rng(7);
   const std::string text = valid_config().dump(2);
   const std::string path = testing::TempDir() + "/mixtune_cfg_fuzz.json";
@@ -138,7 +138,7 @@ TEST(Qwen3MoeConfigFuzz, TruncatedAndCorruptedText) {
       std::ofstream f(path, std::ios::binary);
       f << t;
     }
-    expect_clean_outcome([&] { Qwen3MoeConfig::from_file(path); }, path, iter);
+    expect_clean_outcome([&] { DecoderSpec::from_file(path); }, path, iter);
   }
   std::remove(path.c_str());
 }

@@ -4,8 +4,8 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "models/qwen3_moe_config.h"
 #include "models/registry.h"
+#include "models/spec/decoder_spec.h"
 
 namespace mt {
 namespace {
@@ -47,7 +47,7 @@ json tiny_dense() {
 // Parsing `j` must fail with a one-line message naming the file and `field`.
 void expect_field_error(const json& j, const std::string& field, const std::string& also = "") {
   try {
-    Qwen3MoeConfig::from_json(j, "cfg/config.json");
+    DecoderSpec::from_json(j, "cfg/config.json");
     ADD_FAILURE() << "no error for field " << field << " in " << j.dump();
   } catch (const Error& e) {
     std::string m = e.what();
@@ -60,53 +60,53 @@ void expect_field_error(const json& j, const std::string& field, const std::stri
   }
 }
 
-TEST(Qwen3MoeConfig, Qwen3_30B_A3B) {
-  Qwen3MoeConfig c = Qwen3MoeConfig::from_json(qwen3_30b_a3b(), "config.json");
+TEST(Qwen3FamilyConfig, Qwen3_30B_A3B) {
+  DecoderSpec c = DecoderSpec::from_json(qwen3_30b_a3b(), "config.json");
   EXPECT_EQ(c.architecture, "Qwen3MoeForCausalLM");
   EXPECT_EQ(c.model_type, "qwen3_moe");
   EXPECT_EQ(c.vocab_size, 151936);
   EXPECT_EQ(c.hidden_size, 2048);
-  EXPECT_EQ(c.head_dim, 128);  // declared, not 2048 / 32
-  EXPECT_EQ(c.num_attention_heads, 32);
-  EXPECT_EQ(c.num_key_value_heads, 4);
-  EXPECT_EQ(c.num_experts, 128);
-  EXPECT_EQ(c.num_experts_per_tok, 8);
-  EXPECT_EQ(c.moe_intermediate_size, 768);
-  EXPECT_EQ(c.intermediate_size, 6144);
+  EXPECT_EQ(c.only_attention().head_dim, 128);  // declared, not 2048 / 32
+  EXPECT_EQ(c.only_attention().heads, 32);
+  EXPECT_EQ(c.only_attention().kv_heads, 4);
+  EXPECT_EQ(c.num_experts(), 128);
+  EXPECT_EQ(c.experts_per_token(), 8);
+  EXPECT_EQ(c.only_moe().expert.intermediate_size, 768);
+  EXPECT_EQ(c.only_mlp().intermediate_size, 6144);
   EXPECT_EQ(c.max_position_embeddings, 40960);
-  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
-  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-6);
-  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_DOUBLE_EQ(c.only_attention().rope.theta, 1e6);
+  EXPECT_DOUBLE_EQ(c.norm_eps, 1e-6);
+  EXPECT_TRUE(c.only_moe().router.norm_topk_prob);
   EXPECT_FALSE(c.tie_word_embeddings);
   EXPECT_EQ(c.dtype, DType::BF16);
   int moe_layers = 0;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) moe_layers += c.is_moe_layer(i);
+  for (int64_t i = 0; i < c.num_layers(); ++i) moe_layers += c.is_moe_layer(i);
   EXPECT_EQ(moe_layers, 48);
 }
 
-TEST(Qwen3MoeConfig, DefaultsOfV5) {
+TEST(Qwen3FamilyConfig, DefaultsOfV5) {
   json j = tiny_moe();
   for (const char* k : {"num_key_value_heads", "head_dim", "dtype", "rope_parameters", "intermediate_size"}) j.erase(k);
-  Qwen3MoeConfig c = Qwen3MoeConfig::from_json(j, "c.json");
-  EXPECT_EQ(c.num_key_value_heads, 4);  // Qwen3MoeConfig default
-  EXPECT_EQ(c.head_dim, 16 / 4);
+  DecoderSpec c = DecoderSpec::from_json(j, "c.json");
+  EXPECT_EQ(c.only_attention().kv_heads, 4);  // Transformers Qwen3-MoE class default
+  EXPECT_EQ(c.only_attention().head_dim, 16 / 4);
   EXPECT_EQ(c.dtype, DType::F32);
-  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
-  EXPECT_EQ(c.intermediate_size, 6144);  // unused: every layer is MoE
-  EXPECT_EQ(c.decoder_sparse_step, 1);
-  EXPECT_FALSE(c.norm_topk_prob);
-  EXPECT_DOUBLE_EQ(c.router_aux_loss_coef, 0.001);
+  EXPECT_DOUBLE_EQ(c.only_attention().rope.theta, 10000.0);
+  EXPECT_EQ(c.only_mlp().intermediate_size, 6144);  // unused: every layer is MoE
+  for (int64_t l = 0; l < c.num_layers(); ++l) EXPECT_TRUE(c.is_moe_layer(l));  // decoder_sparse_step 1
+  EXPECT_FALSE(c.only_moe().router.norm_topk_prob);
+  EXPECT_DOUBLE_EQ(c.only_moe().aux_loss_coef, 0.001);
   EXPECT_DOUBLE_EQ(c.initializer_range, 0.02);
   EXPECT_EQ(c.max_position_embeddings, 32768);
   // head_dim null also falls back; num_key_value_heads null means "= heads".
   j["head_dim"] = nullptr;
   j["num_key_value_heads"] = nullptr;
-  c = Qwen3MoeConfig::from_json(j, "c.json");
-  EXPECT_EQ(c.head_dim, 4);
-  EXPECT_EQ(c.num_key_value_heads, 4);
+  c = DecoderSpec::from_json(j, "c.json");
+  EXPECT_EQ(c.only_attention().head_dim, 4);
+  EXPECT_EQ(c.only_attention().kv_heads, 4);
 }
 
-TEST(Qwen3MoeConfig, BothSpellings) {
+TEST(Qwen3FamilyConfig, BothSpellings) {
   json legacy = tiny_moe();
   legacy.erase("num_local_experts");
   legacy["num_experts"] = 4;
@@ -115,60 +115,60 @@ TEST(Qwen3MoeConfig, BothSpellings) {
   legacy.erase("rope_parameters");
   legacy["rope_theta"] = 1e6;
   legacy["rope_scaling"] = nullptr;
-  Qwen3MoeConfig a = Qwen3MoeConfig::from_json(legacy, "a.json");
-  EXPECT_EQ(a.num_experts, 4);
+  DecoderSpec a = DecoderSpec::from_json(legacy, "a.json");
+  EXPECT_EQ(a.num_experts(), 4);
   EXPECT_EQ(a.dtype, DType::BF16);
-  EXPECT_DOUBLE_EQ(a.rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(a.only_attention().rope.theta, 1e6);
 
   json v5 = tiny_moe();
   v5["dtype"] = "bfloat16";
   v5["rope_parameters"]["rope_theta"] = 1e6;
-  Qwen3MoeConfig b = Qwen3MoeConfig::from_json(v5, "b.json");
-  EXPECT_EQ(b.num_experts, 4);
+  DecoderSpec b = DecoderSpec::from_json(v5, "b.json");
+  EXPECT_EQ(b.num_experts(), 4);
   EXPECT_EQ(b.dtype, DType::BF16);
-  EXPECT_DOUBLE_EQ(b.rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(b.only_attention().rope.theta, 1e6);
 
   // Both expert counts present and equal is fine; rope_scaling with `type: default` too.
   json both = legacy;
   both["num_local_experts"] = 4;
   both["rope_scaling"] = {{"type", "default"}};
-  EXPECT_EQ(Qwen3MoeConfig::from_json(both, "c.json").num_experts, 4);
+  EXPECT_EQ(DecoderSpec::from_json(both, "c.json").num_experts(), 4);
   both["num_local_experts"] = 5;
   expect_field_error(both, "num_local_experts", "disagrees");
   // dtype wins over torch_dtype; "torch.float16" spelling is accepted.
   json d = tiny_moe();
   d["dtype"] = "torch.float16";
   d["torch_dtype"] = "bfloat16";
-  EXPECT_EQ(Qwen3MoeConfig::from_json(d, "d.json").dtype, DType::F16);
+  EXPECT_EQ(DecoderSpec::from_json(d, "d.json").dtype, DType::F16);
 }
 
-TEST(Qwen3MoeConfig, DenseQwen3) {
-  Qwen3MoeConfig c = Qwen3MoeConfig::from_json(tiny_dense(), "d.json");
+TEST(Qwen3FamilyConfig, DenseQwen3) {
+  DecoderSpec c = DecoderSpec::from_json(tiny_dense(), "d.json");
   EXPECT_EQ(c.model_type, "qwen3");
-  EXPECT_EQ(c.num_experts, 0);
-  EXPECT_FALSE(c.is_moe());
+  EXPECT_EQ(c.num_experts(), 0);
+  EXPECT_EQ(c.num_experts(), 0);
   EXPECT_FALSE(c.is_moe_layer(0));
   EXPECT_FALSE(c.is_moe_layer(1));
   // Expert fields in a dense config are ignored (Qwen3Config has none).
   json j = tiny_dense();
   j["num_experts"] = 8;
-  EXPECT_EQ(Qwen3MoeConfig::from_json(j, "d.json").num_experts, 0);
+  EXPECT_EQ(DecoderSpec::from_json(j, "d.json").num_experts(), 0);
   // Qwen3Config declares head_dim = 128 and num_key_value_heads = heads when null.
   j.erase("head_dim");
-  EXPECT_EQ(Qwen3MoeConfig::from_json(j, "d.json").head_dim, 128);
+  EXPECT_EQ(DecoderSpec::from_json(j, "d.json").only_attention().head_dim, 128);
   j["head_dim"] = nullptr;
-  EXPECT_EQ(Qwen3MoeConfig::from_json(j, "d.json").head_dim, 4);
+  EXPECT_EQ(DecoderSpec::from_json(j, "d.json").only_attention().head_dim, 4);
   j = tiny_dense();
   j.erase("intermediate_size");
   expect_field_error(j, "intermediate_size", "missing");
 }
 
-TEST(Qwen3MoeConfig, MoeLayerPattern) {
+TEST(Qwen3FamilyConfig, MoeLayerPattern) {
   json j = tiny_moe();
   j["num_hidden_layers"] = 6;
   j["decoder_sparse_step"] = 2;
   j["mlp_only_layers"] = {3};
-  Qwen3MoeConfig c = Qwen3MoeConfig::from_json(j, "c.json");
+  DecoderSpec c = DecoderSpec::from_json(j, "c.json");
   // MoE iff i not in mlp_only_layers and (i + 1) % 2 == 0: layers 1 and 5 (3 is forced dense).
   std::vector<bool> expect = {false, true, false, false, false, true};
   for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(c.is_moe_layer(i), expect[i]) << i;
@@ -177,14 +177,14 @@ TEST(Qwen3MoeConfig, MoeLayerPattern) {
   expect_field_error(j, "intermediate_size", "missing");
   j = tiny_moe();
   j["mlp_only_layers"] = {0, 2};
-  c = Qwen3MoeConfig::from_json(j, "c.json");
+  c = DecoderSpec::from_json(j, "c.json");
   EXPECT_FALSE(c.is_moe_layer(0));
   EXPECT_TRUE(c.is_moe_layer(1));
   EXPECT_FALSE(c.is_moe_layer(2));
   EXPECT_TRUE(c.is_moe_layer(3));
 }
 
-TEST(Qwen3MoeConfig, RequiredFields) {
+TEST(Qwen3FamilyConfig, RequiredFields) {
   for (const char* f : {"architectures", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                         "num_experts_per_tok", "moe_intermediate_size"}) {
     json j = tiny_moe();
@@ -196,7 +196,7 @@ TEST(Qwen3MoeConfig, RequiredFields) {
   expect_field_error(j, "num_experts", "num_local_experts");
 }
 
-TEST(Qwen3MoeConfig, TypeErrors) {
+TEST(Qwen3FamilyConfig, TypeErrors) {
   const std::vector<std::pair<json, std::string>> bad_ints = {
       {"16", "string \"16\""}, {16.0, "16"}, {16.5, "16.5"}, {true, "true"}, {-16, "-16"}, {0, "0"},
       {nullptr, "null"}, {json::array({16}), "an array of 1 elements"},
@@ -232,7 +232,7 @@ TEST(Qwen3MoeConfig, TypeErrors) {
   expect_field_error(j, "model_type", "wrong type");
 }
 
-TEST(Qwen3MoeConfig, ValueErrors) {
+TEST(Qwen3FamilyConfig, ValueErrors) {
   auto with = [](const char* key, json v) {
     json j = tiny_moe();
     j[key] = v;
@@ -273,11 +273,11 @@ TEST(Qwen3MoeConfig, ValueErrors) {
   expect_field_error(json::array({1, 2}), "(root)", "expected a JSON object");
 }
 
-TEST(Qwen3MoeConfig, UnknownArchitecture) {
+TEST(Qwen3FamilyConfig, UnknownArchitecture) {
   json j = tiny_moe();
   j["architectures"] = {"LlamaForCausalLM"};
   try {
-    Qwen3MoeConfig::from_json(j, "m/config.json");
+    DecoderSpec::from_json(j, "m/config.json");
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(),
@@ -302,10 +302,10 @@ TEST(ArchitectureRegistry, LookupAndList) {
   }
 }
 
-TEST(Qwen3MoeConfig, ToJsonKeepsUnknownKeysAndWritesV5) {
+TEST(Qwen3FamilyConfig, ToJsonKeepsUnknownKeysAndWritesV5) {
   json j = qwen3_30b_a3b();
   j["my_custom_key"] = {{"nested", {1, 2, 3}}};
-  Qwen3MoeConfig c = Qwen3MoeConfig::from_json(j, "c.json");
+  DecoderSpec c = DecoderSpec::from_json(j, "c.json");
   json out = c.to_json();
   EXPECT_EQ(out["my_custom_key"], j["my_custom_key"]);
   EXPECT_EQ(out["transformers_version"], "4.51.0");
@@ -321,51 +321,52 @@ TEST(Qwen3MoeConfig, ToJsonKeepsUnknownKeysAndWritesV5) {
   EXPECT_EQ(out["architectures"], json({"Qwen3MoeForCausalLM"}));
   // A changed field is written; the result parses back to the same struct.
   c.dtype = DType::F32;
-  Qwen3MoeConfig back = Qwen3MoeConfig::from_json(c.to_json(), "back.json");
+  DecoderSpec back = DecoderSpec::from_json(c.to_json(), "back.json");
   EXPECT_EQ(back.dtype, DType::F32);
-  EXPECT_EQ(back.head_dim, 128);
-  EXPECT_EQ(back.num_experts, 128);
-  EXPECT_DOUBLE_EQ(back.rope_theta, 1e6);
+  EXPECT_EQ(back.only_attention().head_dim, 128);
+  EXPECT_EQ(back.num_experts(), 128);
+  EXPECT_DOUBLE_EQ(back.only_attention().rope.theta, 1e6);
   EXPECT_EQ(back.to_json(), c.to_json());
   // Dense: no expert fields appear.
-  json d = Qwen3MoeConfig::from_json(tiny_dense(), "d.json").to_json();
+  json d = DecoderSpec::from_json(tiny_dense(), "d.json").to_json();
   EXPECT_FALSE(d.contains("num_local_experts"));
   EXPECT_EQ(d["dtype"], "float32");
 }
 
-TEST(Qwen3MoeConfig, FromFileFixtures) {
+TEST(Qwen3FamilyConfig, FromFileFixtures) {
   const std::string dir = std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/qwen3_moe/";
-  Qwen3MoeConfig a = Qwen3MoeConfig::from_file(dir + "moe_gqa_aux/ckpt/config.json");
-  EXPECT_EQ(a.num_experts, 8);
-  EXPECT_EQ(a.head_dim, 16);
-  EXPECT_EQ(a.mlp_only_layers, std::vector<int64_t>{1});
+  DecoderSpec a = DecoderSpec::from_file(dir + "moe_gqa_aux/ckpt/config.json");
+  EXPECT_EQ(a.num_experts(), 8);
+  EXPECT_EQ(a.only_attention().head_dim, 16);
+  EXPECT_FALSE(a.is_moe_layer(1));  // mlp_only_layers [1]
   EXPECT_FALSE(a.is_moe_layer(1));
   EXPECT_TRUE(a.is_moe_layer(2));
-  EXPECT_DOUBLE_EQ(a.router_aux_loss_coef, 0.02);
-  EXPECT_TRUE(a.output_router_logits);
-  Qwen3MoeConfig b = Qwen3MoeConfig::from_file(dir + "moe_mha_tied_sparse2/ckpt/config.json");
-  EXPECT_EQ(b.head_dim, 8);  // missing: 32 / 4
-  EXPECT_EQ(b.num_experts, 6);
+  EXPECT_DOUBLE_EQ(a.aux_loss_coef(), 0.02);
+  EXPECT_TRUE(a.aux_loss_on());
+  DecoderSpec b = DecoderSpec::from_file(dir + "moe_mha_tied_sparse2/ckpt/config.json");
+  EXPECT_EQ(b.only_attention().head_dim, 8);  // missing: 32 / 4
+  EXPECT_EQ(b.num_experts(), 6);
   EXPECT_TRUE(b.tie_word_embeddings);
-  EXPECT_EQ(b.decoder_sparse_step, 2);
-  Qwen3MoeConfig c = Qwen3MoeConfig::from_file(dir + "moe_mqa_legacy/ckpt/config.json");  // hub spellings
-  EXPECT_EQ(c.num_experts, 4);
-  EXPECT_EQ(c.num_key_value_heads, 1);
-  EXPECT_EQ(c.num_experts_per_tok, 4);
-  Qwen3MoeConfig d = Qwen3MoeConfig::from_file(dir + "dense_qwen3/ckpt/config.json");
+  EXPECT_FALSE(b.is_moe_layer(0));  // decoder_sparse_step 2
+  EXPECT_TRUE(b.is_moe_layer(1));
+  DecoderSpec c = DecoderSpec::from_file(dir + "moe_mqa_legacy/ckpt/config.json");  // hub spellings
+  EXPECT_EQ(c.num_experts(), 4);
+  EXPECT_EQ(c.only_attention().kv_heads, 1);
+  EXPECT_EQ(c.experts_per_token(), 4);
+  DecoderSpec d = DecoderSpec::from_file(dir + "dense_qwen3/ckpt/config.json");
   EXPECT_EQ(d.architecture, "Qwen3ForCausalLM");
-  EXPECT_EQ(d.num_experts, 0);
+  EXPECT_EQ(d.num_experts(), 0);
   EXPECT_TRUE(d.tie_word_embeddings);
 }
 
-TEST(Qwen3MoeConfig, FromFileErrors) {
+TEST(Qwen3FamilyConfig, FromFileErrors) {
   const std::string path = testing::TempDir() + "/mixtune_cfg_bad.json";
   {
     std::ofstream f(path);
     f << "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"vocab_size\": 12";  // truncated
   }
   try {
-    Qwen3MoeConfig::from_file(path);
+    DecoderSpec::from_file(path);
     FAIL() << "no error";
   } catch (const Error& e) {
     std::string m = e.what();
@@ -373,7 +374,7 @@ TEST(Qwen3MoeConfig, FromFileErrors) {
     EXPECT_EQ(m.find('\n'), std::string::npos);
   }
   std::remove(path.c_str());
-  EXPECT_THROW(Qwen3MoeConfig::from_file(path), Error);
+  EXPECT_THROW(DecoderSpec::from_file(path), Error);
 }
 
 }  // namespace

@@ -13,8 +13,8 @@
 #include "core/rng.h"
 #include "models/causal_lm.h"
 #include "models/generation_config.h"
-#include "models/qwen3_moe_generate.h"
-#include "models/qwen3_moe_model.h"
+#include "models/generate.h"
+#include "models/decoder_model.h"
 
 namespace mt {
 namespace {
@@ -35,13 +35,13 @@ std::vector<float> full_logits(const CausalLM& m, const std::vector<int64_t>& id
   Batch b;
   b.input_ids = Tensor::empty({1, static_cast<int64_t>(ids.size())}, DType::I64);
   std::copy(ids.begin(), ids.end(), b.input_ids.data_as<int64_t>());
-  Qwen3MoeWeights w = m.weights;  // shares the tensors; Qwen3MoeModel wants a mutable reference
-  return Qwen3MoeModel(m.config, w).forward(b, true).logits.to_floats();
+  ModelWeights w = m.weights;  // shares the tensors; DecoderModel wants a mutable reference
+  return DecoderModel(m.config, w).forward(b, true).logits.to_floats();
 }
 
 // Prefill `first` tokens, then the next `chunk` together (a prefill at offset > 0), then one per step.
 std::vector<float> cached_logits(CausalLM& m, const std::vector<int64_t>& ids, size_t first, size_t chunk) {
-  Qwen3MoeGenerator gen(m.config, m.weights, static_cast<int64_t>(ids.size()));
+  Generator gen(m.config, m.weights, static_cast<int64_t>(ids.size()));
   std::vector<float> out;
   auto append = [&](const Tensor& t) {
     auto v = t.to_floats();
@@ -158,7 +158,7 @@ TEST(GenerateLimits, MaxPositionEmbeddingsAndBadInputs) {
   const auto ref = generate(m.config, m.weights, prompt, o).ids;
   ASSERT_EQ(ref.size(), 5u);
 
-  Qwen3MoeConfig short_cfg = m.config;
+  DecoderSpec short_cfg = m.config;
   short_cfg.max_position_embeddings = 9;  // room for 3 new tokens
   GenerateResult r = generate(short_cfg, m.weights, prompt, o);
   EXPECT_EQ(r.ids, std::vector<int64_t>(ref.begin(), ref.begin() + 3));
@@ -185,7 +185,7 @@ TEST(GenerateLimits, MaxPositionEmbeddingsAndBadInputs) {
   o.sampling.top_p = 0;
   EXPECT_EQ(error_of([&] { generate(m.config, m.weights, prompt, o); }), "--top-p must be in (0, 1], found 0");
 
-  Qwen3MoeGenerator gen(m.config, m.weights, 4);
+  Generator gen(m.config, m.weights, 4);
   gen.prefill({1, 2, 3});
   gen.decode_step(4);
   EXPECT_EQ(error_of([&] { gen.decode_step(5); }),

@@ -28,8 +28,8 @@
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
 #include "models/generation_config.h"
-#include "models/qwen3_moe_generate.h"
-#include "models/qwen3_moe_model.h"
+#include "models/decoder_model.h"
+#include "models/generate.h"
 #include "train/adamw.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
@@ -145,9 +145,9 @@ TEST_P(GoldenCpu, ModelOutputsBitwise) {
   CausalLM m16 = CausalLM::from_pretrained((dir / "ckpt").string(), {DType::BF16});
   for (const std::string bname : kBatches) {
     const Batch b = test::load_batch(SafetensorsFile::open((dir / (bname + ".safetensors")).string()));
-    g.add(bname + ".fwd.", Qwen3MoeModel(m.config, m.weights).forward(b, true));
-    Qwen3MoeWeights grads = Qwen3MoeWeights::zeros_like_config(m.config, DType::F32);
-    g.add(bname + ".fb.", Qwen3MoeModel(m.config, m.weights).forward_backward(b, grads));
+    g.add(bname + ".fwd.", DecoderModel(m.config, m.weights).forward(b, true));
+    ModelWeights grads = ModelWeights::zeros_like_config(m.config, DType::F32);
+    g.add(bname + ".fb.", DecoderModel(m.config, m.weights).forward_backward(b, grads));
     for (auto& [name, t] : grads.named_parameters())
       g.add(bname + ".grad." + name, bname == "packed2" ? digest(*t) : *t);
     if (bname == "plain") {  // one AdamW step on our own gradients, settings of meta.json
@@ -159,9 +159,9 @@ TEST_P(GoldenCpu, ModelOutputsBitwise) {
       opt.step(gp, o.lr);
       for (auto& [name, p] : stepped.weights.named_parameters()) g.add("adamw." + name, digest(*p));
     }
-    g.add("bf16." + bname + ".fwd.", Qwen3MoeModel(m16.config, m16.weights).forward(b, true));
-    Qwen3MoeWeights grads16 = Qwen3MoeWeights::zeros_like_config(m16.config, DType::F32);
-    g.add("bf16." + bname + ".fb.", Qwen3MoeModel(m16.config, m16.weights).forward_backward(b, grads16));
+    g.add("bf16." + bname + ".fwd.", DecoderModel(m16.config, m16.weights).forward(b, true));
+    ModelWeights grads16 = ModelWeights::zeros_like_config(m16.config, DType::F32);
+    g.add("bf16." + bname + ".fb.", DecoderModel(m16.config, m16.weights).forward_backward(b, grads16));
     for (auto& [name, t] : grads16.named_parameters()) g.add("bf16." + bname + ".grad." + name, digest(*t));
   }
   // Greedy generation (KV cache) from generate.json's prompts, as tests/models/generate_test.cpp runs it.

@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "io/safetensors.h"
-#include "models/qwen3_moe_model.h"
+#include "models/decoder_model.h"
 #include "train/adamw.h"
 
 namespace mt::test {

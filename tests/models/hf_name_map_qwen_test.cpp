@@ -1,5 +1,5 @@
 // The Qwen3-MoE and Qwen3 checkpoint layouts as rule lists reproduce today's hand-written mapping
-// (Qwen3MoeWeights::from_hf / to_hf + hf_save_order) byte for byte on the Transformers-made fixtures.
+// (ModelWeights::from_hf / to_hf + hf_save_order) byte for byte on the Transformers-made fixtures.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,22 +10,22 @@
 #include "hf_rules_test_util.h"
 #include "io/checkpoint_files.h"
 #include "models/causal_lm.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
 
 namespace mt {
 namespace {
 
 using hf_test::bytes_equal;
 
-std::vector<HfParam> qwen_params(const Qwen3MoeConfig& cfg, DType dt) {
+std::vector<HfParam> qwen_params(const DecoderSpec& cfg, DType dt) {
   std::vector<HfParam> r;
-  Qwen3MoeWeights shapes = Qwen3MoeWeights::absent_like_config(cfg, dt);
+  ModelWeights shapes = ModelWeights::absent_like_config(cfg, dt);
   for (const auto& [name, t] : shapes.named_parameters())
     r.push_back({name, t->shape(), dt, param_is_stacked_expert(name)});
   return r;
 }
 
-HfNameMap qwen_map(const Qwen3MoeConfig& cfg, DType dt) {
+HfNameMap qwen_map(const DecoderSpec& cfg, DType dt) {
   return HfNameMap(hf_test::qwen3_layout(cfg.model_type == "qwen3_moe", cfg.tie_word_embeddings),
                    qwen_params(cfg, dt));
 }
@@ -43,12 +43,12 @@ TEST(HfNameMapQwen, FixturesLoadAndSaveExactlyAsToday) {
   for (const char* variant : kFixtures) {
     SCOPED_TRACE(variant);
     const std::string dir = fixture_dir(variant);
-    const Qwen3MoeConfig cfg = Qwen3MoeConfig::from_file(dir + "/config.json");
+    const DecoderSpec cfg = DecoderSpec::from_file(dir + "/config.json");
     CheckpointFiles files = CheckpointFiles::open(dir);
     for (DType dt : {DType::F32, DType::BF16}) {
       const HfNameMap map = qwen_map(cfg, dt);
       const std::vector<Tensor> got = map.load(hf_checkpoint_of(files));
-      Qwen3MoeWeights want = Qwen3MoeWeights::from_hf(
+      ModelWeights want = ModelWeights::from_hf(
           cfg, dt, [&](const std::string& n) { return files.has(n) ? files.tensor(n) : Tensor(); }, files.names(),
           dir);
       const auto named = want.named_parameters();
@@ -75,7 +75,7 @@ TEST(HfNameMapQwen, FixturesLoadAndSaveExactlyAsToday) {
 // Saved expert tensors are views of the stacked parameter (no copy), as today's to_hf gives.
 TEST(HfNameMapQwen, SavedExpertsAreViews) {
   const std::string dir = fixture_dir("moe_gqa_aux/ckpt");
-  const Qwen3MoeConfig cfg = Qwen3MoeConfig::from_file(dir + "/config.json");
+  const DecoderSpec cfg = DecoderSpec::from_file(dir + "/config.json");
   CheckpointFiles files = CheckpointFiles::open(dir);
   const HfNameMap map = qwen_map(cfg, DType::F32);
   const std::vector<Tensor> v = map.load(hf_checkpoint_of(files));
@@ -126,7 +126,7 @@ TEST(HfNameMapQwen, WrittenFilesAreByteIdentical) {
 // reads it, as from_hf does.
 TEST(HfNameMapQwen, FusedExpertTensorsLoadToo) {
   const std::string dir = fixture_dir("moe_gqa_aux/ckpt");
-  const Qwen3MoeConfig cfg = Qwen3MoeConfig::from_file(dir + "/config.json");
+  const DecoderSpec cfg = DecoderSpec::from_file(dir + "/config.json");
   CheckpointFiles files = CheckpointFiles::open(dir);
   const HfNameMap map = qwen_map(cfg, DType::F32);
   const std::vector<Tensor> v = map.load(hf_checkpoint_of(files));
@@ -145,17 +145,17 @@ TEST(HfNameMapQwen, FusedExpertTensorsLoadToo) {
 // the share written, or compact).
 TEST(HfNameMapQwen, ExpertShareMatchesFromHf) {
   const std::string dir = fixture_dir("moe_gqa_aux/ckpt");
-  const Qwen3MoeConfig cfg = Qwen3MoeConfig::from_file(dir + "/config.json");
+  const DecoderSpec cfg = DecoderSpec::from_file(dir + "/config.json");
   CheckpointFiles files = CheckpointFiles::open(dir);
   const HfNameMap map = qwen_map(cfg, DType::F32);
-  ASSERT_GE(cfg.num_experts, 3);
+  ASSERT_GE(cfg.num_experts(), 3);
   for (bool compact : {false, true}) {
     HfLoadOptions o;
     o.expert_first = 1;
     o.expert_count = 2;
     o.compact_experts = compact;
     const std::vector<Tensor> got = map.load(hf_checkpoint_of(files), o);
-    Qwen3MoeWeights want = Qwen3MoeWeights::from_hf(
+    ModelWeights want = ModelWeights::from_hf(
         cfg, DType::F32, [&](const std::string& n) { return files.has(n) ? files.tensor(n) : Tensor(); },
         files.names(), dir, 1, 2, {}, compact);
     const auto named = want.named_parameters();

@@ -11,7 +11,7 @@
 #include "io/checkpoint_files.h"
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
-#include "models/qwen3_moe_model.h"
+#include "models/decoder_model.h"
 #include "hf_fixture_util.h"
 #include "train/adamw.h"
 
@@ -59,7 +59,7 @@ TEST_P(HfParity, Fp32LossLogitsAndGradientsMatchTransformers) {
     SafetensorsFile io = SafetensorsFile::open((dir / (std::string(bname) + ".safetensors")).string());
     const auto& ref = meta["batches"][bname]["fp32"];
     Batch b = load_batch(io);
-    Qwen3MoeModel net(m.config, m.weights);
+    DecoderModel net(m.config, m.weights);
     ForwardResult fwd = net.forward(b, true);
     EXPECT_LE(std::fabs(fwd.loss - ref["loss"].get<double>()) / std::fabs(ref["loss"].get<double>()), 1e-5);
     EXPECT_LE(std::fabs(fwd.ce_loss - ref["ce_loss"].get<double>()) / ref["ce_loss"].get<double>(), 1e-5);
@@ -69,7 +69,7 @@ TEST_P(HfParity, Fp32LossLogitsAndGradientsMatchTransformers) {
     EXPECT_EQ(fwd.tokens, ref["tokens"].get<int64_t>());
     EXPECT_LE(max_abs_diff(fwd.logits.to_floats(), io.tensor("logits").to_floats()), 1e-4);
 
-    Qwen3MoeWeights grads = Qwen3MoeWeights::zeros_like_config(m.config, DType::F32);
+    ModelWeights grads = ModelWeights::zeros_like_config(m.config, DType::F32);
     ForwardResult fb = net.forward_backward(b, grads);
     // Not bit-equal: training runs the head GEMM on the rows that have a target only (a different M for sgemm).
     // The loss is a mean of per-token terms each within a few ulps; measured ≤ 1.7e-8 relative over OpenBLAS's
@@ -110,8 +110,8 @@ TEST_P(HfParity, OneAdamWStepEndToEndMatchesTorch) {
   const AdamWOptions o = adamw_options(read_json(dir / "meta.json")["adamw_one_step"]);
   CausalLM m = CausalLM::from_pretrained((dir / "ckpt").string(), {DType::F32});
   SafetensorsFile io = SafetensorsFile::open((dir / "plain.safetensors").string());
-  Qwen3MoeWeights grads = Qwen3MoeWeights::zeros_like_config(m.config, DType::F32);
-  Qwen3MoeModel(m.config, m.weights).forward_backward(load_batch(io), grads);
+  ModelWeights grads = ModelWeights::zeros_like_config(m.config, DType::F32);
+  DecoderModel(m.config, m.weights).forward_backward(load_batch(io), grads);
   std::vector<const Tensor*> g;
   for (auto& [name, t] : grads.named_parameters()) g.push_back(t);
   AdamW opt(m.weights.named_parameters(), o);
@@ -138,7 +138,7 @@ TEST_P(HfParity, Bf16LossWithinOnePercentOfTransformersBf16) {
   for (const char* bname : kBatches) {
     SCOPED_TRACE(bname);
     SafetensorsFile io = SafetensorsFile::open((dir / (std::string(bname) + ".safetensors")).string());
-    ForwardResult r = Qwen3MoeModel(m.config, m.weights).forward(load_batch(io), false);
+    ForwardResult r = DecoderModel(m.config, m.weights).forward(load_batch(io), false);
     const auto& b16 = meta["batches"][bname]["bf16"];
     EXPECT_LE(std::fabs(r.loss - b16["loss"].get<double>()) / b16["loss"].get<double>(), 1e-2);
     EXPECT_LE(std::fabs(r.ce_loss - b16["ce_loss"].get<double>()) / b16["ce_loss"].get<double>(), 1e-2);
@@ -182,7 +182,7 @@ TEST(HfParityBf16, Bf16CheckpointLoadsAndScores) {
   CausalLM m = CausalLM::from_pretrained((dir / "ckpt_bf16").string());
   EXPECT_EQ(m.dtype, DType::BF16);
   SafetensorsFile io = SafetensorsFile::open((dir / "plain.safetensors").string());
-  ForwardResult r = Qwen3MoeModel(m.config, m.weights).forward(load_batch(io), true);
+  ForwardResult r = DecoderModel(m.config, m.weights).forward(load_batch(io), true);
   const double ref = meta["batches"]["plain"]["bf16"]["loss"];
   EXPECT_LE(std::fabs(r.loss - ref) / ref, 1e-2);
   SafetensorsFile l16 = SafetensorsFile::open((dir / "plain_bf16_logits.safetensors").string());

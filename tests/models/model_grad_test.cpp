@@ -9,38 +9,39 @@
 
 #include "core/error.h"
 #include "core/float_convert.h"
-#include "models/qwen3_moe_model.h"
+#include "models/decoder_model.h"
 
 namespace mt {
 namespace {
 
-Qwen3MoeConfig tiny_config(bool tied) {
-  Qwen3MoeConfig c;
-  c.architecture = "Qwen3MoeForCausalLM";
-  c.model_type = "qwen3_moe";
-  c.vocab_size = 23;
-  c.hidden_size = 12;
-  c.intermediate_size = 10;
-  c.moe_intermediate_size = 5;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 6;  // != hidden / heads
-  c.num_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.mlp_only_layers = {1};
-  c.norm_topk_prob = true;
-  c.tie_word_embeddings = tied;
-  c.output_router_logits = true;
-  c.router_aux_loss_coef = 0.1;  // large enough that the aux gradient is visible
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 10000.0;
-  c.initializer_range = 0.4;
-  return c;
+DecoderSpec tiny_config(bool tied) {
+  const nlohmann::json j = {
+      {"architectures", {"Qwen3MoeForCausalLM"}},
+      {"model_type", "qwen3_moe"},
+      {"vocab_size", 23},
+      {"hidden_size", 12},
+      {"intermediate_size", 10},
+      {"moe_intermediate_size", 5},
+      {"num_hidden_layers", 3},
+      {"num_attention_heads", 4},
+      {"num_key_value_heads", 2},
+      {"head_dim", 6},  // != hidden / heads
+      {"num_experts", 4},
+      {"num_experts_per_tok", 2},
+      {"mlp_only_layers", {1}},
+      {"norm_topk_prob", true},
+      {"tie_word_embeddings", tied},
+      {"output_router_logits", true},
+      {"router_aux_loss_coef", 0.1},  // large enough that the aux gradient is visible
+      {"rms_norm_eps", 1e-6},
+      {"rope_theta", 10000.0},
+      {"initializer_range", 0.4},
+  };
+  return DecoderSpec::from_json(j, "tiny_config");
 }
 
-Qwen3MoeWeights tiny_weights(const Qwen3MoeConfig& c, uint64_t seed) {
-  Qwen3MoeWeights w = Qwen3MoeWeights::random_init(c, DType::F32, seed);
+ModelWeights tiny_weights(const DecoderSpec& c, uint64_t seed) {
+  ModelWeights w = ModelWeights::random_init(c, DType::F32, seed);
   // Norm weights away from 1 so their gradients are exercised non-trivially.
   std::mt19937_64 g(seed);
   std::normal_distribution<float> d(0.0f, 0.1f);
@@ -68,13 +69,13 @@ Batch tiny_batch(int64_t V, uint64_t seed) {
 }
 
 void check_gradients(bool tied) {
-  Qwen3MoeConfig c = tiny_config(tied);
-  Qwen3MoeWeights w = tiny_weights(c, tied ? 11 : 12);
-  Qwen3MoeModel m(c, w);
+  DecoderSpec c = tiny_config(tied);
+  ModelWeights w = tiny_weights(c, tied ? 11 : 12);
+  DecoderModel m(c, w);
   Batch b = tiny_batch(c.vocab_size, 5);
   LossOptions o;
   o.ce_divisor = 1.0;  // CE sum: larger gradients relative to fp32 noise in the loss
-  Qwen3MoeWeights g = Qwen3MoeWeights::zeros_like_config(c, DType::F32);
+  ModelWeights g = ModelWeights::zeros_like_config(c, DType::F32);
   const double L0 = m.forward_backward(b, g, o).loss;
   EXPECT_NEAR(m.forward(b, false, o).loss, L0, 1e-6 * std::fabs(L0));
   std::mt19937_64 rng(99);
@@ -138,9 +139,9 @@ TEST(ModelGrad, FiniteDifferencesUntied) { check_gradients(false); }
 TEST(ModelGrad, FiniteDifferencesTied) { check_gradients(true); }
 
 TEST(ModelForward, PackedDocumentsEqualSeparateRuns) {
-  Qwen3MoeConfig c = tiny_config(false);
-  Qwen3MoeWeights w = tiny_weights(c, 21);
-  Qwen3MoeModel m(c, w);
+  DecoderSpec c = tiny_config(false);
+  ModelWeights w = tiny_weights(c, 21);
+  DecoderModel m(c, w);
   std::vector<int64_t> a = {3, 7, 1, 9}, d = {4, 4, 20};
   std::vector<int64_t> both = a;
   both.insert(both.end(), d.begin(), d.end());
@@ -158,7 +159,7 @@ TEST(ModelForward, PackedDocumentsEqualSeparateRuns) {
   // Without the document mask (HF with use_cache = true) the second document sees the first.
   ModelOptions no_mask;
   no_mask.packed_document_mask = false;
-  Qwen3MoeModel mc(c, w, no_mask);
+  DecoderModel mc(c, w, no_mask);
   auto lc = mc.forward(packed, true).logits.to_floats();
   double diff = 0;
   for (size_t i = 4 * 23; i < lc.size(); ++i) diff = std::max(diff, (double)std::fabs(lc[i] - lp[i]));
@@ -169,9 +170,9 @@ TEST(ModelForward, PackedDocumentsEqualSeparateRuns) {
 }
 
 TEST(ModelForward, LossOptionsAndIgnoredLabels) {
-  Qwen3MoeConfig c = tiny_config(false);
-  Qwen3MoeWeights w = tiny_weights(c, 22);
-  Qwen3MoeModel m(c, w);
+  DecoderSpec c = tiny_config(false);
+  ModelWeights w = tiny_weights(c, 22);
+  DecoderModel m(c, w);
   Batch b = tiny_batch(c.vocab_size, 6);
   ForwardResult mean = m.forward(b, false);
   EXPECT_EQ(mean.tokens, 9);  // 12 shifted targets; labels[0, 3], labels[1, 1] and labels[1, 6] are -100
@@ -183,7 +184,7 @@ TEST(ModelForward, LossOptionsAndIgnoredLabels) {
   EXPECT_NEAR(sum.ce_loss, mean.ce_loss * 9 / 40, 1e-6);
   // All labels ignored: CE 0, no NaN anywhere, gradients only from the aux loss.
   for (int64_t i = 0; i < b.labels.numel(); ++i) b.labels.data_as<int64_t>()[i] = -100;
-  Qwen3MoeWeights g = Qwen3MoeWeights::zeros_like_config(c, DType::F32);
+  ModelWeights g = ModelWeights::zeros_like_config(c, DType::F32);
   ForwardResult r = m.forward_backward(b, g);
   EXPECT_EQ(r.tokens, 0);
   EXPECT_EQ(r.ce_loss, 0.0);
@@ -192,24 +193,24 @@ TEST(ModelForward, LossOptionsAndIgnoredLabels) {
     for (float v : t->to_floats()) ASSERT_TRUE(std::isfinite(v)) << name;
   for (float v : g.lm_head.to_floats()) EXPECT_EQ(v, 0.0f);
   // Aux off: loss is the CE alone and aux is reported 0.
-  c.output_router_logits = false;
-  Qwen3MoeModel m2(c, w);
+  c.moe[0].aux_loss_on = false;
+  DecoderModel m2(c, w);
   ForwardResult r2 = m2.forward(tiny_batch(c.vocab_size, 6), false);
   EXPECT_EQ(r2.aux_loss, 0.0);
   EXPECT_EQ(r2.loss, r2.ce_loss);
 }
 
 TEST(ModelForward, DeterministicAcrossThreadCounts) {
-  Qwen3MoeConfig c = tiny_config(true);
-  Qwen3MoeWeights w = tiny_weights(c, 23);
-  Qwen3MoeModel m(c, w);
+  DecoderSpec c = tiny_config(true);
+  ModelWeights w = tiny_weights(c, 23);
+  DecoderModel m(c, w);
   Batch b = tiny_batch(c.vocab_size, 7);
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
-  Qwen3MoeWeights g1 = Qwen3MoeWeights::zeros_like_config(c, DType::F32);
+  ModelWeights g1 = ModelWeights::zeros_like_config(c, DType::F32);
   ForwardResult r1 = m.forward_backward(b, g1);
   omp_set_num_threads(std::max(2, saved));
-  Qwen3MoeWeights g2 = Qwen3MoeWeights::zeros_like_config(c, DType::F32);
+  ModelWeights g2 = ModelWeights::zeros_like_config(c, DType::F32);
   ForwardResult r2 = m.forward_backward(b, g2);
   omp_set_num_threads(saved);
   // Bitwise by construction: the engine's OpenMP loops split rows or columns and reduce in a fixed order, and the
@@ -221,19 +222,19 @@ TEST(ModelForward, DeterministicAcrossThreadCounts) {
 }
 
 TEST(ModelForward, Bf16CloseToFp32OnTheSameWeights) {
-  Qwen3MoeConfig c = tiny_config(false);
-  Qwen3MoeWeights w32 = tiny_weights(c, 24);
-  Qwen3MoeWeights w16 = Qwen3MoeWeights::zeros_like_config(c, DType::BF16);
+  DecoderSpec c = tiny_config(false);
+  ModelWeights w32 = tiny_weights(c, 24);
+  ModelWeights w16 = ModelWeights::zeros_like_config(c, DType::BF16);
   auto src = w32.named_parameters(), dst = w16.named_parameters();
   for (size_t i = 0; i < src.size(); ++i) {
     dst[i].second->copy_from(*src[i].second);  // rounds to bf16
     src[i].second->copy_from(*dst[i].second);  // fp32 copy of the same values
   }
-  Qwen3MoeModel m32(c, w32), m16(c, w16);
+  DecoderModel m32(c, w32), m16(c, w16);
   EXPECT_TRUE(m16.bf16());
   Batch b = tiny_batch(c.vocab_size, 8);
-  Qwen3MoeWeights g32 = Qwen3MoeWeights::zeros_like_config(c, DType::F32);
-  Qwen3MoeWeights g16 = Qwen3MoeWeights::zeros_like_config(c, DType::F32);
+  ModelWeights g32 = ModelWeights::zeros_like_config(c, DType::F32);
+  ModelWeights g16 = ModelWeights::zeros_like_config(c, DType::F32);
   ForwardResult r32 = m32.forward_backward(b, g32), r16 = m16.forward_backward(b, g16);
   EXPECT_NE(r32.loss, r16.loss);  // the rounding emulation is active
   EXPECT_NEAR(r16.loss, r32.loss, 1e-2 * r32.loss);
@@ -261,9 +262,9 @@ void expect_one_line_error(const std::function<void()>& f, const std::string& ne
 }
 
 TEST(ModelValidation, BadBatchesAndParameters) {
-  Qwen3MoeConfig c = tiny_config(false);
-  Qwen3MoeWeights w = tiny_weights(c, 25);
-  Qwen3MoeModel m(c, w);
+  DecoderSpec c = tiny_config(false);
+  ModelWeights w = tiny_weights(c, 25);
+  DecoderModel m(c, w);
   Batch b = tiny_batch(c.vocab_size, 9);
   b.input_ids.data_as<int64_t>()[3] = 23;
   expect_one_line_error([&] { m.forward(b, false); }, "input_ids[0, 3] = 23");
@@ -275,25 +276,25 @@ TEST(ModelValidation, BadBatchesAndParameters) {
   expect_one_line_error([&] { m.forward(b, false); }, "position_ids");
   b = tiny_batch(c.vocab_size, 9);
   b.labels = Tensor();
-  Qwen3MoeWeights g = Qwen3MoeWeights::zeros_like_config(c, DType::F32);
+  ModelWeights g = ModelWeights::zeros_like_config(c, DType::F32);
   expect_one_line_error([&] { m.forward_backward(b, g); }, "needs labels");
   expect_one_line_error([&] { m.forward({Tensor::empty({2, 0}, DType::I64), Tensor(), Tensor()}, false); },
                         "input_ids");
-  Qwen3MoeWeights g16 = Qwen3MoeWeights::zeros_like_config(c, DType::BF16);
+  ModelWeights g16 = ModelWeights::zeros_like_config(c, DType::BF16);
   expect_one_line_error([&] { m.forward_backward(tiny_batch(c.vocab_size, 9), g16); }, "gradient model.embed_tokens");
   LossOptions bad;
   bad.ce_divisor = -1;
   expect_one_line_error([&] { m.forward(tiny_batch(c.vocab_size, 9), false, bad); }, "ce_divisor");
 
-  Qwen3MoeWeights w2 = tiny_weights(c, 25);
+  ModelWeights w2 = tiny_weights(c, 25);
   w2.layers[2].experts_down = Tensor::zeros({4, 12, 6}, DType::F32);
-  expect_one_line_error([&] { Qwen3MoeModel x(c, w2); }, "model.layers.2.mlp.experts.down_proj");
-  Qwen3MoeWeights w3 = tiny_weights(c, 25);
+  expect_one_line_error([&] { DecoderModel x(c, w2); }, "model.layers.2.mlp.experts.down_proj");
+  ModelWeights w3 = tiny_weights(c, 25);
   w3.lm_head = Tensor();
-  expect_one_line_error([&] { Qwen3MoeModel x(c, w3); }, "lm_head.weight is missing");
-  Qwen3MoeConfig cb = c;
-  cb.attention_bias = true;
-  expect_one_line_error([&] { Qwen3MoeModel x(cb, w); }, "attention_bias");
+  expect_one_line_error([&] { DecoderModel x(c, w3); }, "lm_head.weight is missing");
+  DecoderSpec cb = c;
+  cb.attention[0].qkv_bias = true;
+  expect_one_line_error([&] { DecoderModel x(cb, w); }, "attention_bias");
 }
 
 }  // namespace

@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "core/float_convert.h"
 #include "models/causal_lm.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
 
 namespace mt {
 namespace {
@@ -22,7 +22,7 @@ using nlohmann::json;
 using test::tensor_bytes_equal;
 
 // 2 layers: layer 0 MoE (3 experts), layer 1 dense via mlp_only_layers.
-Qwen3MoeConfig tiny_config(bool tied) {
+DecoderSpec tiny_config(bool tied) {
   json j = {{"architectures", {"Qwen3MoeForCausalLM"}},
             {"vocab_size", 32},
             {"hidden_size", 8},
@@ -37,7 +37,7 @@ Qwen3MoeConfig tiny_config(bool tied) {
             {"mlp_only_layers", {1}},
             {"initializer_range", 0.5},
             {"tie_word_embeddings", tied}};
-  return Qwen3MoeConfig::from_json(j, "tiny.json");
+  return DecoderSpec::from_json(j, "tiny.json");
 }
 
 using HfMap = std::map<std::string, Tensor>;
@@ -54,16 +54,16 @@ std::vector<std::string> names_of(const HfMap& m) {
   return r;
 }
 
-Qwen3MoeWeights load(const Qwen3MoeConfig& cfg, const HfMap& m, DType dtype = DType::F32,
+ModelWeights load(const DecoderSpec& cfg, const HfMap& m, DType dtype = DType::F32,
                      const std::string& source = "ckpt/") {
   auto lookup = [&](const std::string& n) {
     auto it = m.find(n);
     return it == m.end() ? Tensor() : it->second;
   };
-  return Qwen3MoeWeights::from_hf(cfg, dtype, lookup, names_of(m), source);
+  return ModelWeights::from_hf(cfg, dtype, lookup, names_of(m), source);
 }
 
-void expect_load_error(const Qwen3MoeConfig& cfg, const HfMap& m, const std::vector<std::string>& parts) {
+void expect_load_error(const DecoderSpec& cfg, const HfMap& m, const std::vector<std::string>& parts) {
   try {
     load(cfg, m);
     ADD_FAILURE() << "no error, expected " << parts[0];
@@ -75,8 +75,8 @@ void expect_load_error(const Qwen3MoeConfig& cfg, const HfMap& m, const std::vec
   }
 }
 
-TEST(Qwen3MoeWeights, NamedParametersOrderAndShapes) {
-  Qwen3MoeWeights w = Qwen3MoeWeights::zeros_like_config(tiny_config(false), DType::F32);
+TEST(ModelWeights, NamedParametersOrderAndShapes) {
+  ModelWeights w = ModelWeights::zeros_like_config(tiny_config(false), DType::F32);
   std::vector<std::pair<std::string, Shape>> expect = {
       {"model.embed_tokens.weight", {32, 8}},
       {"model.layers.0.self_attn.q_proj.weight", {8, 8}},
@@ -117,19 +117,19 @@ TEST(Qwen3MoeWeights, NamedParametersOrderAndShapes) {
   // Hand count: embed 256 + lm_head 256 + norm 8; per layer attention 64+32+32+64+4+4 + norms 16;
   // MoE mlp 24 + 192 + 96; dense mlp 48 * 3.
   EXPECT_EQ(total, 256 + 256 + 8 + 2 * (200 + 16) + (24 + 192 + 96) + 144);
-  Qwen3MoeWeights tied = Qwen3MoeWeights::zeros_like_config(tiny_config(true), DType::BF16);
+  ModelWeights tied = ModelWeights::zeros_like_config(tiny_config(true), DType::BF16);
   EXPECT_FALSE(tied.lm_head.defined());
   EXPECT_EQ(tied.named_parameters().back().first, "model.norm.weight");
   EXPECT_EQ(tied.parameter_count(), total - 256);
   EXPECT_EQ(tied.embed.dtype(), DType::BF16);
 }
 
-TEST(Qwen3MoeWeights, RandomInit) {
-  const Qwen3MoeConfig cfg = tiny_config(false);
-  Qwen3MoeWeights a = Qwen3MoeWeights::random_init(cfg, DType::F32, 42);
-  Qwen3MoeWeights b = Qwen3MoeWeights::random_init(cfg, DType::F32, 42);
-  Qwen3MoeWeights c = Qwen3MoeWeights::random_init(cfg, DType::F32, 43);
-  Qwen3MoeWeights h = Qwen3MoeWeights::random_init(cfg, DType::BF16, 42);
+TEST(ModelWeights, RandomInit) {
+  const DecoderSpec cfg = tiny_config(false);
+  ModelWeights a = ModelWeights::random_init(cfg, DType::F32, 42);
+  ModelWeights b = ModelWeights::random_init(cfg, DType::F32, 42);
+  ModelWeights c = ModelWeights::random_init(cfg, DType::F32, 43);
+  ModelWeights h = ModelWeights::random_init(cfg, DType::BF16, 42);
   auto pa = a.named_parameters(), pb = b.named_parameters(), pc = c.named_parameters(), ph = h.named_parameters();
   double sum = 0, sumsq = 0;
   int64_t n = 0;
@@ -159,17 +159,17 @@ TEST(Qwen3MoeWeights, RandomInit) {
   EXPECT_NEAR(std, 0.5, 0.03);  // initializer_range
 }
 
-TEST(Qwen3MoeWeights, RoundTripByteIdentical) {
+TEST(ModelWeights, RoundTripByteIdentical) {
   for (bool tied : {false, true}) {
     for (DType dt : {DType::F32, DType::BF16}) {
-      const Qwen3MoeConfig cfg = tiny_config(tied);
-      Qwen3MoeWeights w = Qwen3MoeWeights::random_init(cfg, dt, 7);
+      const DecoderSpec cfg = tiny_config(tied);
+      ModelWeights w = ModelWeights::random_init(cfg, dt, 7);
       auto hf = w.to_hf(cfg);
       EXPECT_EQ(hf.size(), 1 + 2 * 8 + 1 + 3 * 3 + 3 + 1 + (tied ? 0 : 1));
       HfMap m = to_map(hf);
       EXPECT_EQ(m.size(), hf.size());  // no duplicate names
       EXPECT_EQ(m.count("lm_head.weight"), tied ? 0u : 1u);
-      Qwen3MoeWeights back = load(cfg, m, dt);
+      ModelWeights back = load(cfg, m, dt);
       auto p1 = w.named_parameters(), p2 = back.named_parameters();
       ASSERT_EQ(p1.size(), p2.size());
       for (size_t i = 0; i < p1.size(); ++i) {
@@ -188,11 +188,11 @@ TEST(Qwen3MoeWeights, RoundTripByteIdentical) {
   }
 }
 
-TEST(Qwen3MoeWeights, ToHfOrder) {
+TEST(ModelWeights, ToHfOrder) {
   // Transformers 5.17 writes a qwen3_moe checkpoint in sorted in-memory name order with each
   // fused expert tensor expanded in place: downs, then gates, then ups (see FixtureShardOrder).
-  const Qwen3MoeConfig cfg = tiny_config(false);
-  auto hf = Qwen3MoeWeights::zeros_like_config(cfg, DType::F32).to_hf(cfg);
+  const DecoderSpec cfg = tiny_config(false);
+  auto hf = ModelWeights::zeros_like_config(cfg, DType::F32).to_hf(cfg);
   std::vector<std::string> names;
   for (const auto& [n, t] : hf) names.push_back(n);
   const std::string l0 = "model.layers.0.", l1 = "model.layers.1.";
@@ -212,9 +212,9 @@ TEST(Qwen3MoeWeights, ToHfOrder) {
   EXPECT_EQ(names, expect);
 }
 
-TEST(Qwen3MoeWeights, StackedLayoutGateRowsFirst) {
-  const Qwen3MoeConfig cfg = tiny_config(false);
-  HfMap m = to_map(Qwen3MoeWeights::zeros_like_config(cfg, DType::F32).to_hf(cfg));
+TEST(ModelWeights, StackedLayoutGateRowsFirst) {
+  const DecoderSpec cfg = tiny_config(false);
+  HfMap m = to_map(ModelWeights::zeros_like_config(cfg, DType::F32).to_hf(cfg));
   const int64_t I = 4, H = 8;
   auto value = [](int kind, int64_t e, int64_t r, int64_t c) { return float(kind * 1000 + e * 100 + r * 10 + c); };
   for (int64_t e = 0; e < 3; ++e) {
@@ -228,7 +228,7 @@ TEST(Qwen3MoeWeights, StackedLayoutGateRowsFirst) {
     m[p + "up_proj.weight"] = Tensor::from_floats({I, H}, u);
     m[p + "down_proj.weight"] = Tensor::from_floats({H, I}, d);
   }
-  Qwen3MoeWeights w = load(cfg, m);
+  ModelWeights w = load(cfg, m);
   const Tensor& gu = w.layers[0].experts_gate_up;
   ASSERT_EQ(gu.shape(), (Shape{3, 2 * I, H}));
   std::vector<float> v = gu.to_floats(), dv = w.layers[0].experts_down.to_floats();
@@ -247,37 +247,37 @@ TEST(Qwen3MoeWeights, StackedLayoutGateRowsFirst) {
       fused.erase("model.layers.0.mlp.experts." + std::to_string(e) + "." + k + "_proj.weight");
   fused["model.layers.0.mlp.experts.gate_up_proj"] = gu.clone();
   fused["model.layers.0.mlp.experts.down_proj"] = w.layers[0].experts_down.clone();
-  Qwen3MoeWeights wf = load(cfg, fused);
+  ModelWeights wf = load(cfg, fused);
   EXPECT_TRUE(tensor_bytes_equal(wf.layers[0].experts_gate_up, gu));
   EXPECT_TRUE(tensor_bytes_equal(wf.layers[0].experts_down, w.layers[0].experts_down));
 }
 
-TEST(Qwen3MoeWeights, DtypeConversion) {
-  const Qwen3MoeConfig cfg = tiny_config(true);
-  Qwen3MoeWeights w32 = Qwen3MoeWeights::random_init(cfg, DType::F32, 3);
+TEST(ModelWeights, DtypeConversion) {
+  const DecoderSpec cfg = tiny_config(true);
+  ModelWeights w32 = ModelWeights::random_init(cfg, DType::F32, 3);
   HfMap m = to_map(w32.to_hf(cfg));
-  Qwen3MoeWeights w16 = load(cfg, m, DType::BF16);
+  ModelWeights w16 = load(cfg, m, DType::BF16);
   std::vector<float> a = w32.layers[0].experts_gate_up.to_floats(), b = w16.layers[0].experts_gate_up.to_floats();
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(b[i], round_bf16(a[i]));
   EXPECT_EQ(w16.embed.dtype(), DType::BF16);
   // A BF16 checkpoint loads into F32 exactly.
   HfMap m16 = to_map(w16.to_hf(cfg));
-  Qwen3MoeWeights back = load(cfg, m16, DType::F32);
+  ModelWeights back = load(cfg, m16, DType::F32);
   EXPECT_EQ(back.embed.to_floats(), w16.embed.to_floats());
   EXPECT_THROW(load(cfg, m, DType::I32), Error);
 }
 
-TEST(Qwen3MoeWeights, TiedHeadStoredIsIgnored) {
-  const Qwen3MoeConfig cfg = tiny_config(true);
-  HfMap m = to_map(Qwen3MoeWeights::random_init(cfg, DType::F32, 1).to_hf(cfg));
+TEST(ModelWeights, TiedHeadStoredIsIgnored) {
+  const DecoderSpec cfg = tiny_config(true);
+  HfMap m = to_map(ModelWeights::random_init(cfg, DType::F32, 1).to_hf(cfg));
   m["lm_head.weight"] = Tensor::zeros({32, 8}, DType::F32);  // HF drops it for a tied model
-  Qwen3MoeWeights w = load(cfg, m);
+  ModelWeights w = load(cfg, m);
   EXPECT_FALSE(w.lm_head.defined());
 }
 
-TEST(Qwen3MoeWeights, Errors) {
-  const Qwen3MoeConfig cfg = tiny_config(false);
-  const HfMap good = to_map(Qwen3MoeWeights::random_init(cfg, DType::F32, 1).to_hf(cfg));
+TEST(ModelWeights, Errors) {
+  const DecoderSpec cfg = tiny_config(false);
+  const HfMap good = to_map(ModelWeights::random_init(cfg, DType::F32, 1).to_hf(cfg));
   HfMap m = good;
   m.erase("model.layers.0.mlp.experts.2.up_proj.weight");
   expect_load_error(cfg, m, {"'model.layers.0.mlp.experts.2.up_proj.weight'", "missing", "[4, 8]"});
@@ -322,7 +322,7 @@ Tensor no_access_tensor(const Shape& shape, DType dtype) {
 
 // A checkpoint of w as a name -> tensor map: the fused v5 stacks as they are, or the per-expert HF tensors with
 // those of the experts in `unread` made inaccessible memory (a read of them crashes the test).
-HfMap expert_checkpoint(const Qwen3MoeWeights& w, const Qwen3MoeConfig& cfg, bool fused, const std::vector<int>& unread) {
+HfMap expert_checkpoint(const ModelWeights& w, const DecoderSpec& cfg, bool fused, const std::vector<int>& unread) {
   HfMap m;
   if (fused) {
     for (const auto& [n, t] : w.named_parameters()) m[n] = t->clone();
@@ -343,24 +343,24 @@ Tensor find_or_empty(const HfMap& m, const std::string& n) {
 // An expert-parallel rank's load: only experts [first, first + count) are read and copied, for per-expert HF
 // tensors (the others are inaccessible memory here: touching them would crash the test) and the fused v5
 // ones; every other parameter loads in full. A CausalLM loaded so refuses to be saved.
-TEST(Qwen3MoeWeights, LoadsOnlyItsShareOfTheExperts) {
-  const Qwen3MoeConfig cfg = tiny_config(false);
-  const Qwen3MoeWeights w = Qwen3MoeWeights::random_init(cfg, DType::F32, 11);
+TEST(ModelWeights, LoadsOnlyItsShareOfTheExperts) {
+  const DecoderSpec cfg = tiny_config(false);
+  const ModelWeights w = ModelWeights::random_init(cfg, DType::F32, 11);
   for (bool fused : {false, true}) {
     SCOPED_TRACE(fused ? "fused" : "per-expert");
     const HfMap m = expert_checkpoint(w, cfg, fused, {0, 2});
     auto lookup = [&](const std::string& n) { return find_or_empty(m, n); };
-    const Qwen3MoeWeights got = Qwen3MoeWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 1, 1);
+    const ModelWeights got = ModelWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 1, 1);
     const auto want = w.named_parameters(), have = got.named_parameters();
     ASSERT_EQ(want.size(), have.size());
     for (size_t i = 0; i < want.size(); ++i) {
       const std::string& n = want[i].first;
-      if (param_is_stacked_expert(n))
+      if (w.param_table().is_expert_stack(n))
         EXPECT_TRUE(tensor_bytes_equal((*want[i].second)[1], (*have[i].second)[1])) << n;
       else
         EXPECT_TRUE(tensor_bytes_equal(*want[i].second, *have[i].second)) << n;
     }
-    EXPECT_THROW(Qwen3MoeWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 2, 2), Error);
+    EXPECT_THROW(ModelWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 2, 2), Error);
   }
 
   io_test::ScratchDir dir;
@@ -388,20 +388,20 @@ TEST(Qwen3MoeWeights, LoadsOnlyItsShareOfTheExperts) {
 // ([count, ...], the checkpoint's rows of those experts; the others never read), to_hf still names every expert
 // (the others shape-only), and two such models, each writing its own experts' rows and one of them the rest,
 // make together the files one save of the whole model writes, byte for byte.
-TEST(Qwen3MoeWeights, CompactExpertsHoldOnlyTheirShare) {
-  const Qwen3MoeConfig cfg = tiny_config(false);
-  const Qwen3MoeWeights w = Qwen3MoeWeights::random_init(cfg, DType::F32, 11);
+TEST(ModelWeights, CompactExpertsHoldOnlyTheirShare) {
+  const DecoderSpec cfg = tiny_config(false);
+  const ModelWeights w = ModelWeights::random_init(cfg, DType::F32, 11);
   for (bool fused : {false, true}) {
     SCOPED_TRACE(fused ? "fused" : "per-expert");
     const HfMap m = expert_checkpoint(w, cfg, fused, {0});
     auto lookup = [&](const std::string& n) { return find_or_empty(m, n); };
-    const Qwen3MoeWeights got =
-        Qwen3MoeWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 1, 2, {}, /*compact_experts=*/true);
+    const ModelWeights got =
+        ModelWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 1, 2, {}, /*compact_experts=*/true);
     const auto want = w.named_parameters(), have = got.named_parameters();
     ASSERT_EQ(want.size(), have.size());
     for (size_t i = 0; i < want.size(); ++i) {
       const std::string& n = want[i].first;
-      if (param_is_stacked_expert(n)) {
+      if (w.param_table().is_expert_stack(n)) {
         ASSERT_EQ(have[i].second->dim(0), 2) << n;
         EXPECT_TRUE(tensor_bytes_equal(want[i].second->rows(1, 3), *have[i].second)) << n;
       } else {
@@ -463,9 +463,9 @@ TEST(Qwen3MoeWeights, CompactExpertsHoldOnlyTheirShare) {
 // and never read (their checkpoint tensors are inaccessible memory here), every other one holds the
 // checkpoint's bytes; a skipped tensor is still checked (a missing one is an error); a CausalLM loaded so
 // refuses a plain save.
-TEST(Qwen3MoeWeights, SkippedParametersAreCheckedButNotRead) {
-  const Qwen3MoeConfig cfg = tiny_config(false);
-  const Qwen3MoeWeights w = Qwen3MoeWeights::random_init(cfg, DType::F32, 13);
+TEST(ModelWeights, SkippedParametersAreCheckedButNotRead) {
+  const DecoderSpec cfg = tiny_config(false);
+  const ModelWeights w = ModelWeights::random_init(cfg, DType::F32, 13);
   auto skipped = [](const std::string& n) {
     return n == "model.embed_tokens.weight" || n.find("layers.0.self_attn") != std::string::npos;
   };
@@ -476,7 +476,7 @@ TEST(Qwen3MoeWeights, SkippedParametersAreCheckedButNotRead) {
     auto it = m.find(n);
     return it == m.end() ? Tensor() : it->second;
   };
-  const Qwen3MoeWeights got = Qwen3MoeWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 0, -1, skipped);
+  const ModelWeights got = ModelWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 0, -1, skipped);
   const auto want = w.named_parameters(), have = got.named_parameters();
   ASSERT_EQ(want.size(), have.size());
   int absent = 0;
@@ -493,7 +493,7 @@ TEST(Qwen3MoeWeights, SkippedParametersAreCheckedButNotRead) {
   }
   EXPECT_EQ(absent, 7);  // the embedding; layer 0's q, k, v, o projections and q, k norms
   m.erase("model.embed_tokens.weight");
-  EXPECT_THROW(Qwen3MoeWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 0, -1, skipped), Error);
+  EXPECT_THROW(ModelWeights::from_hf(cfg, DType::F32, lookup, names_of(m), "ckpt/", 0, -1, skipped), Error);
 
   io_test::ScratchDir dir;
   CausalLM full = CausalLM::from_config(cfg, DType::F32, 5);
@@ -516,16 +516,16 @@ TEST(Qwen3MoeWeights, SkippedParametersAreCheckedButNotRead) {
 
 // Against the checkpoints Transformers 5.17 wrote (tests/fixtures): loads, writes back the exact
 // bytes, and emits names in the order save_pretrained sharded them.
-TEST(Qwen3MoeWeights, FixtureCheckpoints) {
+TEST(ModelWeights, FixtureCheckpoints) {
   const std::string root = std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/qwen3_moe/";
   for (const char* variant : {"moe_gqa_aux/ckpt", "moe_gqa_aux/ckpt_bf16", "moe_mha_tied_sparse2/ckpt",
                               "moe_mqa_legacy/ckpt", "dense_qwen3/ckpt", "train5/final"}) {
     SCOPED_TRACE(variant);
     const std::string dir = root + variant;
-    const Qwen3MoeConfig cfg = Qwen3MoeConfig::from_file(dir + "/config.json");
+    const DecoderSpec cfg = DecoderSpec::from_file(dir + "/config.json");
     test::FixtureCheckpoint ck = test::fixture_checkpoint_read(dir);
     const DType dt = ck.tensors.at("model.embed_tokens.weight").dtype();
-    Qwen3MoeWeights w = load(cfg, ck.tensors, dt, dir);
+    ModelWeights w = load(cfg, ck.tensors, dt, dir);
     auto hf = w.to_hf(cfg);
     ASSERT_EQ(hf.size(), ck.tensors.size());
     std::string prev_shard;

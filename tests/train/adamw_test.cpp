@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/float_convert.h"
 #include "fixture_tensors.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
 #include "train/adamw.h"
 
 namespace mt {
@@ -165,11 +165,11 @@ TEST(AdamW, MatchesTorchFixture) {
   for (const char* variant : {"moe_gqa_aux", "moe_mha_tied_sparse2", "dense_qwen3"}) {
     SCOPED_TRACE(variant);
     const std::string dir = root + variant;
-    const Qwen3MoeConfig cfg = Qwen3MoeConfig::from_file(dir + "/ckpt/config.json");
+    const DecoderSpec cfg = DecoderSpec::from_file(dir + "/ckpt/config.json");
     test::FixtureCheckpoint ck = test::fixture_checkpoint_read(dir + "/ckpt");
     std::vector<std::string> names;
     for (const auto& [n, t] : ck.tensors) names.push_back(n);
-    Qwen3MoeWeights w = Qwen3MoeWeights::from_hf(
+    ModelWeights w = ModelWeights::from_hf(
         cfg, DType::F32, [&](const std::string& n) { return ck.tensors.count(n) ? ck.tensors.at(n) : Tensor(); },
         names, dir);
     auto grads_file = test::fixture_tensors_read(dir + "/plain.safetensors");

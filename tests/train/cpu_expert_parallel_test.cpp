@@ -61,7 +61,7 @@ EpRun run_two_ranks(int64_t ep) {
     LoadOptions lo;
     lo.dtype = DType::F32;
     const CausalLM whole = CausalLM::from_pretrained(kCkpt, lo);
-    const int64_t E = whole.config.num_experts;
+    const int64_t E = whole.config.num_experts();
     if (ep > 1) {  // as the trainer loads an expert-parallel CPU rank
       lo.expert_count = E / ep;
       lo.expert_first = r % ep * lo.expert_count;
@@ -98,10 +98,10 @@ TEST(CpuExpertParallel, EachRankHoldsOnlyItsExperts) {
   const EpRun one = run_two_ranks(1), split = run_two_ranks(2);
   LoadOptions lo;
   lo.dtype = DType::F32;
-  const Qwen3MoeConfig cfg = CausalLM::from_pretrained(kCkpt, lo).config;
-  const int64_t E = cfg.num_experts, H = cfg.hidden_size, I = cfg.moe_intermediate_size;
+  const DecoderSpec cfg = CausalLM::from_pretrained(kCkpt, lo).config;
+  const int64_t E = cfg.num_experts(), H = cfg.hidden_size, I = cfg.only_moe().expert.intermediate_size;
   int64_t moe_layers = 0;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) moe_layers += cfg.is_moe_layer(l);
+  for (int64_t l = 0; l < cfg.num_layers(); ++l) moe_layers += cfg.is_moe_layer(l);
   ASSERT_EQ(moe_layers, 2);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(one.expert_rows[r], E);
@@ -129,6 +129,7 @@ struct ReplicaRun {
   std::vector<OptimizerShards> shards = std::vector<OptimizerShards>(4);
   std::vector<std::vector<std::pair<std::string, int64_t>>> params =
       std::vector<std::vector<std::pair<std::string, int64_t>>>(4);
+  std::shared_ptr<const ParamTable> table;  // the model's
 };
 
 ReplicaRun run_four_ranks_ep2(bool shard) {
@@ -147,6 +148,7 @@ ReplicaRun run_four_ranks_ep2(bool shard) {
     for (int s = 0; s < 3; ++s) run.steps[r].push_back(engine->step({batch_of_rank(r + 4 * s)}, 60.0, 1e-3, 1.0));
     run.state_bytes[r] = engine->optimizer_state_bytes();
     run.shards[r] = engine->optimizer_shards();
+    if (r == 0) run.table = lm.weights.table;
     for (auto& [name, t] : lm.weights.named_parameters()) {
       run.weights[r].push_back(t->clone());
       run.params[r].emplace_back(name, static_cast<int64_t>(t->nbytes()));
@@ -188,7 +190,7 @@ TEST(CpuExpertParallel, ExpertStateShardedOverReplicasTrainsBitwiseLikeUnsharded
     int64_t experts_not_owned = 0, replicated_not_owned = 0;  // bytes of exp_avg + exp_avg_sq of others' tensors
     for (size_t i = 0; i < sharded.params[r].size(); ++i) {
       const int64_t state = 2 * sharded.params[r][i].second;
-      if (param_is_stacked_expert(sharded.params[r][i].first)) {
+      if (sharded.table->is_expert_stack(sharded.params[r][i].first)) {
         ASSERT_TRUE(sh.over_replicas(i));
         if (sh.owner(i) == r)
           ++owned_stacks;

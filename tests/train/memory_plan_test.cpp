@@ -21,10 +21,10 @@ constexpr int64_t kH200Reserve = 3 * kGiB / 2 + kH200Bytes * 3 / 100;
 
 int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
-Qwen3MoeConfig preset(const char* name, int64_t layers = 0) {
+DecoderSpec preset(const char* name, int64_t layers = 0) {
   nlohmann::json j = preset_config_json(name);
   if (layers > 0) j["num_hidden_layers"] = layers;
-  return Qwen3MoeConfig::from_json(j, name);
+  return DecoderSpec::from_json(j, name);
 }
 
 // qwen3-moe-test at micro_batch 2 x seq 128: T = 256 tokens, Tk = T * top_k = 512 expert slots.
@@ -227,7 +227,7 @@ TEST(MemoryPlan, ExpertParallelHoldsItsShareOfTheExperts) {
 
 TEST(MemoryPlan, DenseLayerCountsTheDenseMlp) {
   MemoryPlanInput in = tiny_input(Recompute::none);
-  in.cfg.mlp_only_layers = {0};  // layer 0 takes the dense MLP (intermediate_size 128)
+  in.cfg.layers[0].sublayers[1] = {SublayerKind::mlp, 0};  // layer 0 takes the dense MLP (intermediate_size 128)
   MemoryPlan p = memory_plan(in);
   EXPECT_EQ(p.moe_layers, 1);
   const int64_t moe_mlp = 8 * 64 + 8 * 2 * 32 * 64 + 8 * 64 * 32;
@@ -261,8 +261,8 @@ TEST(MemoryPlan, DenseQwen3CountsTheCudaMlpBlock) {
                         "mlp_only_layers", "norm_topk_prob", "output_router_logits", "router_aux_loss_coef"})
     j.erase(k);
   MemoryPlanInput in = tiny_input(Recompute::selective);
-  in.cfg = Qwen3MoeConfig::from_json(j, "dense");
-  ASSERT_EQ(in.cfg.num_experts, 0);
+  in.cfg = DecoderSpec::from_json(j, "dense");
+  ASSERT_EQ(in.cfg.num_experts(), 0);
   const int64_t attention_kept = sum({256 * 64 * 2,  // x_in
                                       256 * 64 * 2,  // q
                                       256 * 32 * 2,  // k
@@ -456,7 +456,7 @@ TEST(MemoryPlan, RejectsBadSizesWithOneLine) {
   in.cfg.hidden_size = 0;
   expect_error(in, "hidden_size");
   in = tiny_input(Recompute::none);
-  in.cfg.num_experts_per_tok = 9;
+  in.cfg.moe[0].experts_per_token = 9;
   expect_error(in, "num_experts_per_tok");
   expect_error(MemoryPlanInput{}, "num_hidden_layers");  // a default (empty) config
 }

@@ -7,8 +7,8 @@
 
 #include "core/error.h"
 #include "models/presets.h"
-#include "models/qwen3_moe_config.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/spec/decoder_spec.h"
+#include "models/model_weights.h"
 #include "train/optimizer_shards.h"
 
 namespace mt {
@@ -43,8 +43,8 @@ TEST(OptimizerShards, UnshardedUpdatesEverything) {
 // experts, at the same replica position in every replica group; with world = ep each rank updates its own.
 TEST(OptimizerShards, EveryReplicatedParameterHasExactlyOneOwner) {
   nlohmann::json j = preset_config_json("qwen3-moe-test");
-  const Qwen3MoeConfig cfg = Qwen3MoeConfig::from_json(j, "qwen3-moe-test");
-  const Qwen3MoeWeights w = Qwen3MoeWeights::empty_like_config(cfg, DType::F32, Device::cpu());
+  const DecoderSpec cfg = DecoderSpec::from_json(j, "qwen3-moe-test");
+  const ModelWeights w = ModelWeights::empty_like_config(cfg, DType::F32, Device::cpu());
   const auto params = w.named_parameters();
   const std::vector<std::pair<int, int64_t>> layouts = {{2, 1}, {3, 1}, {4, 1}, {2, 2}, {4, 2}, {6, 2}, {8, 4}, {4, 4}};
   for (const auto& [world, ep] : layouts) {
@@ -59,7 +59,7 @@ TEST(OptimizerShards, EveryReplicatedParameterHasExactlyOneOwner) {
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string& name = params[i].first;
       const int64_t n = params[i].second->numel();
-      const bool expert = param_is_stacked_expert(name);
+      const bool expert = w.param_table().is_expert_stack(name);
       int updaters = 0;
       for (int r = 0; r < world; ++r) {
         EXPECT_EQ(ranks[r].owner(name), ranks[r].owner(i)) << name;
@@ -93,7 +93,7 @@ TEST(OptimizerShards, EveryReplicatedParameterHasExactlyOneOwner) {
         EXPECT_EQ(ranks[r].world_owner(i), ranks[0].owner(i)) << name;
       }
       // The replicated parameters' owners are those of the map without expert replicas.
-      const OptimizerShards plain(sizes, world, 0, [&](const std::string& m) { return !(split && param_is_stacked_expert(m)); });
+      const OptimizerShards plain(sizes, world, 0, [&](const std::string& m) { return !(split && w.param_table().is_expert_stack(m)); });
       EXPECT_EQ(plain.owner(i), ranks[0].owner(i)) << name;
       EXPECT_EQ(updaters, 1) << name;
       load[static_cast<size_t>(ranks[0].owner(i))] += n;
@@ -101,7 +101,7 @@ TEST(OptimizerShards, EveryReplicatedParameterHasExactlyOneOwner) {
       largest = std::max(largest, n);
     }
     if (replicated_experts) {
-      EXPECT_EQ(expert_stacks, 2 * cfg.num_hidden_layers) << "every layer is MoE in the preset";
+      EXPECT_EQ(expert_stacks, 2 * cfg.num_layers()) << "every layer is MoE in the preset";
     }
     // The largest-first bound: no rank holds more than the average plus one tensor; every rank holds some.
     for (int64_t l : load) {
@@ -119,10 +119,10 @@ TEST(OptimizerShards, EveryReplicatedParameterHasExactlyOneOwner) {
 TEST(OptimizerShards, ExpertStacksShardedOverTheirReplicasBySize) {
   nlohmann::json j = preset_config_json("qwen3-moe-test");
   j["num_hidden_layers"] = 2;
-  const Qwen3MoeConfig cfg = Qwen3MoeConfig::from_json(j, "qwen3-moe-test");
-  const int64_t E = cfg.num_experts;
-  const Qwen3MoeWeights all = Qwen3MoeWeights::absent_like_config(cfg, DType::BF16);
-  const Qwen3MoeWeights held = Qwen3MoeWeights::absent_like_config(cfg, DType::BF16, Device::cpu(), E / 2);
+  const DecoderSpec cfg = DecoderSpec::from_json(j, "qwen3-moe-test");
+  const int64_t E = cfg.num_experts();
+  const ModelWeights all = ModelWeights::absent_like_config(cfg, DType::BF16);
+  const ModelWeights held = ModelWeights::absent_like_config(cfg, DType::BF16, Device::cpu(), E / 2);
   const auto params = all.named_parameters();
   for (int r = 0; r < 4; ++r) {
     const OptimizerShards a = optimizer_shards_for(all, 4, r, 2), b = optimizer_shards_for(held, 4, r, 2);

@@ -13,8 +13,8 @@
 
 #include "distributed/communicator.h"
 #include "models/presets.h"
-#include "models/qwen3_moe_config.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/spec/decoder_spec.h"
+#include "models/model_weights.h"
 #include "train/optimizer_shards.h"
 #include "train/sharded_params.h"
 
@@ -23,10 +23,10 @@
 namespace mt {
 namespace {
 
-Qwen3MoeConfig test_config(bool tied) {
+DecoderSpec test_config(bool tied) {
   nlohmann::json j = preset_config_json("qwen3-moe-test");
   j["tie_word_embeddings"] = tied;
-  return Qwen3MoeConfig::from_json(j, "qwen3-moe-test");
+  return DecoderSpec::from_json(j, "qwen3-moe-test");
 }
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
@@ -44,18 +44,18 @@ TEST(ShardedParams, GroupsFollowTheForwardOrder) {
 
 // Each rank: the model's weights (the same seed everywhere), then the residency protocol step by step.
 void run_protocol(int world, bool tied, bool reshard, int64_t ep) {
-  const Qwen3MoeConfig cfg = test_config(tied);
+  const DecoderSpec cfg = test_config(tied);
   const int port = test::free_port();
   const auto err = test::run_ranks(world, [&](int r) {
     auto comm = tcp_communicator_create(test::env_of(r, world, port), std::chrono::milliseconds(20000));
-    const Qwen3MoeWeights original = Qwen3MoeWeights::random_init(cfg, DType::F32, 11);
-    Qwen3MoeWeights w = Qwen3MoeWeights::random_init(cfg, DType::F32, 11);
+    const ModelWeights original = ModelWeights::random_init(cfg, DType::F32, 11);
+    ModelWeights w = ModelWeights::random_init(cfg, DType::F32, 11);
     const OptimizerShards shards = optimizer_shards_for(w, world, r, ep);
     ShardedParams sp(w, cfg, shards, *comm, reshard);
     sp.shard();
     const auto params = w.named_parameters();
     const auto want = original.named_parameters();
-    const int64_t L = cfg.num_hidden_layers;
+    const int64_t L = cfg.num_layers();
     // Present: the owned tensors (an expert stack sharded over its replicas: on its owner among them) and those
     // no rank owns (the expert-parallel stacks of a single copy); the others absent.
     auto expect_held = [&](int64_t fetched) {

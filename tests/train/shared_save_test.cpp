@@ -14,14 +14,16 @@
 #include <thread>
 #include <vector>
 
+#include "../distributed/thread_ranks.h"
 #include "../io/io_test_util.h"
 #include "core/error.h"
 #include "distributed/tcp_socket.h"
-#include "../distributed/thread_ranks.h"
 #include "io/checkpoint_files.h"
 #include "io/safetensors.h"
 #include "io/safetensors_shared.h"
 #include "models/causal_lm.h"
+#include "models/presets.h"
+#include "models/registry.h"
 
 namespace mt {
 namespace {
@@ -47,6 +49,14 @@ std::vector<std::string> run_ranks(int world, const std::function<void(int, Comm
     });
   for (auto& x : t) x.join();
   return err;
+}
+
+// A Qwen3-MoE parameter table of 4 layers and `experts` experts: the expert stacks the names below refer to.
+std::shared_ptr<const ParamTable> moe_table(int64_t experts) {
+  nlohmann::json j = preset_config_json("qwen3-moe-test");
+  j["num_hidden_layers"] = 4;
+  j["num_experts"] = experts;
+  return std::make_shared<const ParamTable>(param_table_of(DecoderSpec::from_json(j, "qwen3-moe-test")));
 }
 
 Tensor ramp(const Shape& shape, DType dt, float start) {
@@ -104,7 +114,7 @@ TEST(SharedSave, TwoRanksWriteTheBytesOfOneWriter) {
   ASSERT_GT(files.size(), 2u) << "the test wants several shards";
 
   const std::vector<std::string> err = run_ranks(2, [&](int rank, Communicator& comm) {
-    const SaveShare share = save_share_for(&comm, rank, 2, /*ep=*/2, /*experts=*/4);
+    const SaveShare share = save_share_for(&comm, rank, 2, /*ep=*/2, moe_table(4));
     const Named my_model = as_held_by(model, [&](auto& n, auto& t) { return share.model_rows(n, t); });
     const Named my_state = as_held_by(state, [&](auto& n, auto& t) { return share.state_rows(n, t); });
     shared_dir_save(
@@ -135,7 +145,7 @@ TEST(SharedSave, AFailingRankCommitsNothingAnywhere) {
   const Named model = model_tensors();
   const fs::path out = dir.path / "final";
   const std::vector<std::string> err = run_ranks(2, [&](int rank, Communicator& comm) {
-    const SaveShare share = save_share_for(&comm, rank, 2, 2, 4);
+    const SaveShare share = save_share_for(&comm, rank, 2, 2, moe_table(4));
     shared_dir_save(
         share, out.string(), [&](const std::string& tmp) { checkpoint_shared_create(tmp, model, sharded()); },
         [&](const std::string& tmp) {
@@ -151,7 +161,7 @@ TEST(SharedSave, AFailingRankCommitsNothingAnywhere) {
 
   // The lead failing to lay the directory out reaches the other rank before it writes anything.
   const std::vector<std::string> err2 = run_ranks(2, [&](int rank, Communicator& comm) {
-    const SaveShare share = save_share_for(&comm, rank, 2, 2, 4);
+    const SaveShare share = save_share_for(&comm, rank, 2, 2, moe_table(4));
     bool wrote = false;
     shared_dir_save(
         share, out.string(), [&](const std::string&) { fail("config.json: write failed (simulated)"); },
@@ -186,7 +196,7 @@ TEST(SharedSave, RowsEachRankWrites) {
   const R none{0, 0};
   // EP 2 over 4 ranks: ranks 0 and 1 write experts 0-3 / 4-7; ranks 2 and 3 (replicas) nothing.
   for (int rank = 0; rank < 4; ++rank) {
-    const SaveShare s = save_share_for(nullptr, rank, 4, 2, 8);
+    const SaveShare s = save_share_for(nullptr, rank, 4, 2, moe_table(8));
     SCOPED_TRACE(rank);
     const R all_plain{0, 5}, first_half{0, 4}, second_half{4, 8};
     EXPECT_EQ(s.model_rows(other, plain), rank == 0 ? all_plain : none);
@@ -196,9 +206,9 @@ TEST(SharedSave, RowsEachRankWrites) {
   // No expert parallelism (or a layout the engines reject): the lead writes everything.
   for (const int64_t ep : {int64_t{1}, int64_t{3}}) {
     const R all_stacked{0, 8};
-    EXPECT_EQ(save_share_for(nullptr, 0, 2, ep, 8).state_rows(state, stacked), all_stacked);
-    EXPECT_EQ(save_share_for(nullptr, 1, 2, ep, 8).model_rows(expert5, plain), none);
-    EXPECT_EQ(save_share_for(nullptr, 1, 2, ep, 8).state_rows(state, stacked), none);
+    EXPECT_EQ(save_share_for(nullptr, 0, 2, ep, moe_table(8)).state_rows(state, stacked), all_stacked);
+    EXPECT_EQ(save_share_for(nullptr, 1, 2, ep, moe_table(8)).model_rows(expert5, plain), none);
+    EXPECT_EQ(save_share_for(nullptr, 1, 2, ep, moe_table(8)).state_rows(state, stacked), none);
   }
   EXPECT_EQ(hf_expert_index(expert5), 5);
   EXPECT_EQ(hf_expert_index("model.layers.3.mlp.experts.gate_up_proj"), -1);
@@ -211,13 +221,14 @@ TEST(SharedSave, ShardedParametersAreWrittenByTheirOwners) {
   const Tensor stacked = Tensor::empty({8, 2}, DType::F32), plain = Tensor::empty({5, 2}, DType::F32);
   const std::vector<std::pair<std::string, int64_t>> params = {
       {"model.embed_tokens.weight", 100}, {"model.norm.weight", 2}, {"model.layers.3.mlp.experts.gate_up_proj", 16}};
+  const auto table = moe_table(8);
   using R = std::pair<int64_t, int64_t>;
   const R none{0, 0}, all_plain{0, 5}, all_stacked{0, 8};
   // Two ranks, no expert parallelism: embed -> rank 0, the experts (16) -> rank 1, the norm (2) -> rank 1.
   for (int rank = 0; rank < 2; ++rank) {
     SCOPED_TRACE(rank);
     const OptimizerShards shards(params, 2, rank, [](const std::string&) { return true; });
-    const SaveShare s = save_share_for(nullptr, rank, 2, 1, 8, shards);
+    const SaveShare s = save_share_for(nullptr, rank, 2, 1, moe_table(8), shards);
     EXPECT_EQ(s.model_rows("model.embed_tokens.weight", plain), rank == 0 ? all_plain : none);
     EXPECT_EQ(s.model_rows("model.norm.weight", plain), rank == 1 ? all_plain : none);
     EXPECT_EQ(s.state_rows("model.norm.weight.exp_avg", plain), rank == 1 ? all_plain : none);
@@ -229,8 +240,8 @@ TEST(SharedSave, ShardedParametersAreWrittenByTheirOwners) {
   // EP 2: the experts stay with expert parallelism (owner -1), the rest with their owners.
   for (int rank = 0; rank < 2; ++rank) {
     SCOPED_TRACE(rank);
-    const OptimizerShards shards(params, 2, rank, [](const std::string& n) { return !param_is_stacked_expert(n); });
-    const SaveShare s = save_share_for(nullptr, rank, 2, 2, 8, shards);
+    const OptimizerShards shards(params, 2, rank, [&](const std::string& n) { return !table->is_expert_stack(n); });
+    const SaveShare s = save_share_for(nullptr, rank, 2, 2, moe_table(8), shards);
     const R half = rank == 0 ? R{0, 4} : R{4, 8};
     EXPECT_EQ(s.state_rows("model.layers.3.mlp.experts.gate_up_proj.exp_avg", stacked), half);
     EXPECT_EQ(s.model_rows("model.layers.3.mlp.experts.5.up_proj.weight", plain), rank == 1 ? all_plain : none);
@@ -247,16 +258,17 @@ TEST(SharedSave, ExpertStacksShardedOverReplicasAreWrittenByTheirOwners) {
   const std::vector<std::pair<std::string, int64_t>> params = {{"model.embed_tokens.weight", 100},
                                                                {"model.layers.3.mlp.experts.gate_up_proj", 16},
                                                                {"model.layers.3.mlp.experts.down_proj", 8}};
+  const auto table = moe_table(8);
   using R = std::pair<int64_t, int64_t>;
   const R none{0, 0}, all_plain{0, 5};
   std::vector<std::vector<int>> state_writers(2, std::vector<int>(8, 0)), model_writers(2, std::vector<int>(8, 0));
   for (int rank = 0; rank < 4; ++rank) {
     SCOPED_TRACE(rank);
     const OptimizerShards shards(
-        params, 4, rank, [](const std::string& n) { return !param_is_stacked_expert(n); },
-        expert_replica_ranks(4, rank, 2), [](const std::string& n) { return param_is_stacked_expert(n); });
+        params, 4, rank, [&](const std::string& n) { return !table->is_expert_stack(n); },
+        expert_replica_ranks(4, rank, 2), [&](const std::string& n) { return table->is_expert_stack(n); });
     ASSERT_TRUE(shards.experts_sharded());
-    const SaveShare s = save_share_for(nullptr, rank, 4, 2, 8, shards);
+    const SaveShare s = save_share_for(nullptr, rank, 4, 2, moe_table(8), shards);
     const int64_t first = rank % 2 * 4;
     const R mine{first, first + 4};
     const bool owns_gate_up = rank < 2, owns_down = rank >= 2;

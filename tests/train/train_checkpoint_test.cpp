@@ -11,6 +11,8 @@
 #include "../io/io_test_util.h"
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "models/presets.h"
+#include "models/registry.h"
 
 namespace mt {
 namespace {
@@ -24,12 +26,15 @@ TEST(TrainCheckpoint, OptimizerStateReadsOneRanksExperts) {
   safetensors_write(dir.file("optimizer.safetensors"),
                     {{ex, Tensor::from_floats({4, 3, 2}, expert)}, {nm, Tensor::from_floats({5}, norm)}});
   Tensor e = Tensor::empty({2, 3, 2}, DType::F32), n = Tensor::empty({5}, DType::F32);
-  optimizer_state_read(dir.path.string(), {{ex, &e}, {nm, &n}}, /*expert_first=*/1, /*expert_count=*/2);
+  // The table of a model holding that expert stack says which state tensors are stacks.
+  const ParamTable table =
+      param_table_of(DecoderSpec::from_json(preset_config_json("qwen3-moe-test"), "qwen3-moe-test"));
+  optimizer_state_read(dir.path.string(), {{ex, &e}, {nm, &n}}, &table, /*expert_first=*/1, /*expert_count=*/2);
   EXPECT_EQ(e.to_floats(), std::vector<float>(expert.begin() + 6, expert.begin() + 18));  // experts 1 and 2
   EXPECT_EQ(n.to_floats(), norm);
   // Experts 3..4 of 4: past the file's rows.
   try {
-    optimizer_state_read(dir.path.string(), {{ex, &e}, {nm, &n}}, 3, 2);
+    optimizer_state_read(dir.path.string(), {{ex, &e}, {nm, &n}}, &table, 3, 2);
     ADD_FAILURE() << "no error";
   } catch (const Error& err) {
     const std::string msg = err.what();

@@ -1,5 +1,5 @@
 // Row subsets of a [T, C] tensor by an index list: the LM head runs on the rows that have a target only
-// (models/cuda/qwen3_moe_cuda_model.cpp), as the CPU head does (layers/lm_head.cpp).
+// (models/cuda/decoder_cuda_model.cpp), as the CPU head does (layers/lm_head.cpp).
 #pragma once
 #include <cuda_runtime_api.h>
 

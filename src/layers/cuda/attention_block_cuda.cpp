@@ -11,13 +11,13 @@ namespace mt {
 namespace {
 
 cuda::FlashAttentionShape flash_shape(const CudaBlockEnv& env) {
-  const Qwen3MoeConfig& c = *env.cfg;
-  return {env.tokens(), c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+  const DecoderSpec& c = *env.cfg;
+  return {env.tokens(), c.only_attention().heads, c.only_attention().kv_heads, c.only_attention().head_dim};
 }
 
 // x [T, heads·D] -> rope(rms_norm over each head's D values), one pass
 Tensor norm_rope(const CudaBlockEnv& env, const Tensor& x, const Tensor& norm_w, int64_t heads) {
-  const int64_t T = env.tokens(), D = env.cfg->head_dim;
+  const int64_t T = env.tokens(), D = env.cfg->only_attention().head_dim;
   Tensor n = env.bf16({T * heads, D});
   cuda::rmsnorm_rope_forward(x.view({T * heads, D}), norm_w, env.eps(), env.batch->rope_cos, env.batch->rope_sin, n,
                              env.stream);
@@ -26,10 +26,11 @@ Tensor norm_rope(const CudaBlockEnv& env, const Tensor& x, const Tensor& norm_w,
 
 }  // namespace
 
-Tensor attention_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& a,
+Tensor attention_block_forward_cuda(const CudaBlockEnv& env, const LayerWeights& w, const Tensor& a,
                                     AttentionActsCuda& acts) {
-  const Qwen3MoeConfig& c = *env.cfg;
-  const int64_t T = env.tokens(), D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const DecoderSpec& c = *env.cfg;
+  const int64_t T = env.tokens(), D = c.only_attention().head_dim, Hq = c.only_attention().heads,
+                Hkv = c.only_attention().kv_heads;
   env.phase(cuda::Phase::attention);
   acts.a = a;
   acts.q = env.bf16({T, Hq * D});
@@ -55,23 +56,24 @@ void attention_acts_drop_cheap(AttentionActsCuda& acts) {
   acts.kr = Tensor();
 }
 
-void attention_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x,
+void attention_acts_restore(const CudaBlockEnv& env, const LayerWeights& w, const Tensor& x,
                             AttentionActsCuda& acts) {
-  const Qwen3MoeConfig& c = *env.cfg;
+  const DecoderSpec& c = *env.cfg;
   env.phase(cuda::Phase::attention);
   if (!acts.a.defined()) {
     acts.a = env.bf16({env.tokens(), c.hidden_size});
     cuda::rmsnorm_forward(x, w.input_norm, env.eps(), acts.a, nullptr, env.stream);
   }
-  if (!acts.qr.defined()) acts.qr = norm_rope(env, acts.q, w.q_norm, c.num_attention_heads);
-  if (!acts.kr.defined()) acts.kr = norm_rope(env, acts.k, w.k_norm, c.num_key_value_heads);
+  if (!acts.qr.defined()) acts.qr = norm_rope(env, acts.q, w.q_norm, c.only_attention().heads);
+  if (!acts.kr.defined()) acts.kr = norm_rope(env, acts.k, w.k_norm, c.only_attention().kv_heads);
 }
 
-Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w,
-                                     const AttentionActsCuda& acts, const Tensor& dy, Qwen3MoeLayerWeights& g,
+Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const LayerWeights& w,
+                                     const AttentionActsCuda& acts, const Tensor& dy, LayerWeights& g,
                                      AttentionWgradsCuda* deferred) {
-  const Qwen3MoeConfig& c = *env.cfg;
-  const int64_t T = env.tokens(), D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const DecoderSpec& c = *env.cfg;
+  const int64_t T = env.tokens(), D = c.only_attention().head_dim, Hq = c.only_attention().heads,
+                Hkv = c.only_attention().kv_heads;
   env.phase(cuda::Phase::attention);
   Tensor d_o = env.bf16({T, Hq * D});
   cuda::linear_backward_input(dy, w.o_proj, d_o, env.stream);
@@ -118,7 +120,7 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLaye
   return da;
 }
 
-void attention_block_wgrads_cuda(const CudaBlockEnv& env, AttentionWgradsCuda& d, Qwen3MoeLayerWeights& g) {
+void attention_block_wgrads_cuda(const CudaBlockEnv& env, AttentionWgradsCuda& d, LayerWeights& g) {
   env.phase(cuda::Phase::attention);
   cuda::linear_backward_weight(d.dq, d.a, g.q_proj, env.stream);
   cuda::linear_backward_weight(d.dk, d.a, g.k_proj, env.stream);

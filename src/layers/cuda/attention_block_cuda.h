@@ -6,7 +6,7 @@
 #pragma once
 #include "core/tensor.h"
 #include "layers/cuda/cuda_block_env.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
 
 namespace mt {
 
@@ -20,12 +20,12 @@ struct AttentionActsCuda {
 };
 
 // a (the normalised input, kept in acts) -> y BF16 [T, H], before the residual add.
-Tensor attention_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& a,
+Tensor attention_block_forward_cuda(const CudaBlockEnv& env, const LayerWeights& w, const Tensor& a,
                                     AttentionActsCuda& acts);
 // Drops a, qr, kr (recomputable from the block input and q, k).
 void attention_acts_drop_cheap(AttentionActsCuda& acts);
 // Recomputes what attention_acts_drop_cheap dropped; x is the block input.
-void attention_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x,
+void attention_acts_restore(const CudaBlockEnv& env, const LayerWeights& w, const Tensor& x,
                             AttentionActsCuda& acts);
 // The q/k/v projections' weight gradients, held back by attention_block_backward_cuda.
 struct AttentionWgradsCuda {
@@ -37,9 +37,9 @@ struct AttentionWgradsCuda {
 // caller's (it fuses the residual gradient). With `deferred`, the q/k/v weight gradients (da does not
 // need them) are left for attention_block_wgrads_cuda, so the caller can queue work that waits for da
 // first (the next expert-parallel exchange) and run them under it.
-Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w,
-                                     const AttentionActsCuda& acts, const Tensor& dy, Qwen3MoeLayerWeights& g,
+Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const LayerWeights& w,
+                                     const AttentionActsCuda& acts, const Tensor& dy, LayerWeights& g,
                                      AttentionWgradsCuda* deferred = nullptr);
-void attention_block_wgrads_cuda(const CudaBlockEnv& env, AttentionWgradsCuda& d, Qwen3MoeLayerWeights& g);
+void attention_block_wgrads_cuda(const CudaBlockEnv& env, AttentionWgradsCuda& d, LayerWeights& g);
 
 }  // namespace mt

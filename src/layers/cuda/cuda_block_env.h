@@ -5,14 +5,14 @@
 
 #include "kernels/cuda/phase_timer.h"
 #include "models/cuda/cuda_batch.h"
-#include "models/qwen3_moe_config.h"
+#include "models/spec/decoder_spec.h"
 
 namespace mt {
 
 class CudaExpertParallel;
 
 struct CudaBlockEnv {
-  const Qwen3MoeConfig* cfg = nullptr;
+  const DecoderSpec* cfg = nullptr;
   const CudaBatch* batch = nullptr;
   int device = 0;
   cudaStream_t stream = nullptr;
@@ -25,7 +25,7 @@ struct CudaBlockEnv {
   bool deterministic = false;  // CudaModelOptions::deterministic
 
   int64_t tokens() const { return batch->tokens(); }
-  float eps() const { return static_cast<float>(cfg->rms_norm_eps); }
+  float eps() const { return static_cast<float>(cfg->norm_eps); }
   Device dev() const { return Device::cuda(device); }
   Tensor bf16(const Shape& s) const { return Tensor::empty(s, DType::BF16, dev()); }
   void phase(cuda::Phase p) const { timer->mark(p, stream); }

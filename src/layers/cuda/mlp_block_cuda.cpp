@@ -8,10 +8,10 @@ namespace mt {
 
 namespace {
 
-void check_weights(const MlpSpec& s, const MlpWeightsCuda& w) {
+void check_weights(const MlpDimsCuda& s, const MlpWeightsCuda& w) {
   MT_CHECK(s.hidden > 0 && s.intermediate > 0, "mlp block: hidden {} and intermediate {} must be positive", s.hidden,
            s.intermediate);
-  MT_CHECK(s.activation == MlpActivation::swiglu, "mlp block: only the SwiGLU activation is implemented");
+  MT_CHECK(s.activation == Activation::swiglu, "mlp block: only the SwiGLU activation is implemented");
   const Shape fh{s.intermediate, s.hidden}, hf{s.hidden, s.intermediate};
   MT_CHECK(w.gate.shape() == fh && w.up.shape() == fh && w.down.shape() == hf && w.gate.dtype() == DType::BF16 &&
                w.up.dtype() == DType::BF16 && w.down.dtype() == DType::BF16,
@@ -26,7 +26,7 @@ void* half(const Tensor& gu, int64_t F, int which) {
 
 }  // namespace
 
-Tensor mlp_block_forward_cuda(const CudaBlockEnv& env, const MlpSpec& spec, const MlpWeightsCuda& w, const Tensor& n,
+Tensor mlp_block_forward_cuda(const CudaBlockEnv& env, const MlpDimsCuda& spec, const MlpWeightsCuda& w, const Tensor& n,
                               MlpActsCuda& acts) {
   check_weights(spec, w);
   const int64_t H = spec.hidden, F = spec.intermediate;
@@ -54,7 +54,7 @@ void mlp_acts_drop_cheap(MlpActsCuda& acts) {
   acts.h = Tensor();
 }
 
-void mlp_acts_restore(const CudaBlockEnv& env, const MlpSpec& spec, MlpActsCuda& acts) {
+void mlp_acts_restore(const CudaBlockEnv& env, const MlpDimsCuda& spec, MlpActsCuda& acts) {
   if (acts.h.defined()) return;
   MT_CHECK(acts.gu.defined(), "mlp block: nothing to recompute from (the gate|up outputs were not kept)");
   env.phase(cuda::Phase::mlp);
@@ -62,7 +62,7 @@ void mlp_acts_restore(const CudaBlockEnv& env, const MlpSpec& spec, MlpActsCuda&
   cuda::swiglu_forward(acts.gu, nullptr, acts.h, env.stream);
 }
 
-Tensor mlp_block_backward_cuda(const CudaBlockEnv& env, const MlpSpec& spec, const MlpWeightsCuda& w,
+Tensor mlp_block_backward_cuda(const CudaBlockEnv& env, const MlpDimsCuda& spec, const MlpWeightsCuda& w,
                                const MlpActsCuda& acts, const Tensor& dy, const MlpGradsCuda& g) {
   check_weights(spec, w);
   const int64_t H = spec.hidden, F = spec.intermediate;

@@ -13,15 +13,16 @@
 
 #include "core/tensor.h"
 #include "layers/cuda/cuda_block_env.h"
+#include "models/spec/decoder_spec.h"
 
 namespace mt {
 
-enum class MlpActivation { swiglu };  // silu(gate) ⊙ up; ReLU² (up and down only) comes with Nemotron-H
-
-struct MlpSpec {
+// The block's dims (a DecoderSpec's MlpSpec plus the hidden size). Only SwiGLU is implemented; GPT-OSS's clamped
+// SwiGLU and Nemotron-H's ReLU² (up and down only) come with those families.
+struct MlpDimsCuda {
   int64_t hidden = 0;        // H
   int64_t intermediate = 0;  // F
-  MlpActivation activation = MlpActivation::swiglu;
+  Activation activation = Activation::swiglu;
 };
 
 // BF16 parameters on the device, HF's nn.Linear layout [out, in].
@@ -46,14 +47,14 @@ struct MlpActsCuda {
 };
 
 // n BF16 [T, H] (kept in acts) -> y BF16 [T, H]. T may be 0.
-Tensor mlp_block_forward_cuda(const CudaBlockEnv& env, const MlpSpec& spec, const MlpWeightsCuda& w, const Tensor& n,
+Tensor mlp_block_forward_cuda(const CudaBlockEnv& env, const MlpDimsCuda& spec, const MlpWeightsCuda& w, const Tensor& n,
                               MlpActsCuda& acts);
 void mlp_acts_drop_cheap(MlpActsCuda& acts);  // drops n and h
 // Recomputes h from gu if it was dropped. n is the caller's to restore (it owns the norm before the block).
-void mlp_acts_restore(const CudaBlockEnv& env, const MlpSpec& spec, MlpActsCuda& acts);
+void mlp_acts_restore(const CudaBlockEnv& env, const MlpDimsCuda& spec, MlpActsCuda& acts);
 // dy BF16 [T, H] (gradient of y) -> dn BF16 [T, H] (gradient of n); the weight gradients are added into g.
 // acts must be complete (after mlp_acts_restore, with n set).
-Tensor mlp_block_backward_cuda(const CudaBlockEnv& env, const MlpSpec& spec, const MlpWeightsCuda& w,
+Tensor mlp_block_backward_cuda(const CudaBlockEnv& env, const MlpDimsCuda& spec, const MlpWeightsCuda& w,
                                const MlpActsCuda& acts, const Tensor& dy, const MlpGradsCuda& g);
 
 }  // namespace mt

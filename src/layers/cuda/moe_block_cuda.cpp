@@ -23,16 +23,17 @@ bool ep_gathers(const CudaBlockEnv& env) {
 
 }  // namespace
 
-Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& n,
+Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const LayerWeights& w, const Tensor& n,
                               cuda::AuxStats* stats, MoeActsCuda& acts) {
-  const Qwen3MoeConfig& c = *env.cfg;
-  const int64_t T = env.tokens(), H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok,
-                I = c.moe_intermediate_size;
+  const DecoderSpec& c = *env.cfg;
+  const int64_t T = env.tokens(), H = c.hidden_size, E = c.num_experts(), K = c.experts_per_token(),
+                I = c.only_moe().expert.intermediate_size;
   env.phase(cuda::Phase::dispatch);
   acts.n = n;
   acts.logits = env.bf16({T, E});
   cuda::linear_forward(n, w.router, acts.logits, env.stream);
-  acts.route = cuda::router_forward(acts.logits, K, c.norm_topk_prob, /*bf16=*/true, stats, env.stream);
+  acts.route =
+      cuda::router_forward(acts.logits, K, c.only_moe().router.norm_topk_prob, /*bf16=*/true, stats, env.stream);
   if (cuda::balanced_routing_probe()) cuda::router_force_balanced(acts.route, E, env.stream);  // bench probe only
   if (const int every = cuda::routing_fault_probe())  // test probe only
     cuda::router_inject_fault(acts.route, acts.logits, every, env.stream);
@@ -105,10 +106,10 @@ void moe_acts_drop_cheap(MoeActsCuda& acts) {
   acts.h = Tensor();
 }
 
-void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x_mid,
+void moe_acts_restore(const CudaBlockEnv& env, const LayerWeights& w, const Tensor& x_mid,
                       MoeActsCuda& acts) {
-  const Qwen3MoeConfig& c = *env.cfg;
-  const int64_t T = env.tokens(), I = c.moe_intermediate_size;
+  const DecoderSpec& c = *env.cfg;
+  const int64_t T = env.tokens(), I = c.only_moe().expert.intermediate_size;
   env.phase(cuda::Phase::other);
   if (!acts.n.defined()) {
     acts.n = env.bf16({T, c.hidden_size});
@@ -128,15 +129,15 @@ void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, co
   }
 }
 
-Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const MoeActsCuda& acts,
-                               const Tensor& dout, const Tensor& aux_dp, Qwen3MoeLayerWeights& g,
+Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const LayerWeights& w, const MoeActsCuda& acts,
+                               const Tensor& dout, const Tensor& aux_dp, LayerWeights& g,
                                ExpertWgradPasses& passes, int64_t layer, EpPending* prefetched) {
   auto wgrad = [&](ExpertWgradPasses::Which which, const Tensor& dy, const Tensor& x, Tensor& dw) {
     passes.add(layer, which, dy, x, acts.expert_offsets, dw, env.stream);
   };
-  const Qwen3MoeConfig& c = *env.cfg;
-  const int64_t T = env.tokens(), H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok,
-                I = c.moe_intermediate_size;
+  const DecoderSpec& c = *env.cfg;
+  const int64_t T = env.tokens(), H = c.hidden_size, E = c.num_experts(), K = c.experts_per_token(),
+                I = c.only_moe().expert.intermediate_size;
   const int64_t N = acts.xg.dim(0);
   const bool gathers = acts.n_all.defined();
   Tensor dyd, dweights;
@@ -210,7 +211,8 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeigh
     dxg = Tensor();
   }
   Tensor dlogits = env.bf16({T, E});
-  cuda::router_backward(dweights, acts.logits, acts.route, c.norm_topk_prob, aux_dp, /*bf16=*/true, dlogits,
+  cuda::router_backward(dweights, acts.logits, acts.route, c.only_moe().router.norm_topk_prob, aux_dp, /*bf16=*/true,
+                        dlogits,
                         env.stream);
   cuda::linear_backward_input(dlogits, w.router, dn, env.stream, 1.0f);
   cuda::linear_backward_weight(dlogits, acts.n, g.router, env.stream);

@@ -15,7 +15,7 @@
 #include "layers/cuda/cuda_block_env.h"
 #include "layers/cuda/expert_parallel_cuda.h"
 #include "layers/cuda/expert_wgrad_passes.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/model_weights.h"
 
 namespace mt {
 
@@ -35,18 +35,18 @@ struct MoeActsCuda {
 };
 
 // n -> out BF16 [T, H]. stats: this layer's aux statistics are added (null: none, e.g. a recompute).
-Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& n,
+Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const LayerWeights& w, const Tensor& n,
                               cuda::AuxStats* stats, MoeActsCuda& acts);
 void moe_acts_drop_cheap(MoeActsCuda& acts);  // drops n, xg, h
 // Recomputes what moe_acts_drop_cheap dropped; x_mid is the block input (before the post-attention norm).
-void moe_acts_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const Tensor& x_mid, MoeActsCuda& acts);
+void moe_acts_restore(const CudaBlockEnv& env, const LayerWeights& w, const Tensor& x_mid, MoeActsCuda& acts);
 // dout BF16 [T, H] -> dn BF16 [T, H] (gradient of the normalised input). aux_dp (F32 [E] or undefined):
 // the aux-loss gradient w.r.t. the router probabilities. Parameter gradients are added into g; the
 // expert weights' go through `passes` (layer `layer`: pairing, first-pass overwrite).
 // dout_all (all_gather EP, optional): dout's all-gather already started (ep_all_gather_async); it is
 // joined here instead of gathering again.
-Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& w, const MoeActsCuda& acts,
-                               const Tensor& dout, const Tensor& aux_dp, Qwen3MoeLayerWeights& g,
+Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const LayerWeights& w, const MoeActsCuda& acts,
+                               const Tensor& dout, const Tensor& aux_dp, LayerWeights& g,
                                ExpertWgradPasses& passes, int64_t layer, EpPending* dout_all = nullptr);
 
 }  // namespace mt

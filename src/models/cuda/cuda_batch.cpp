@@ -8,7 +8,7 @@
 
 namespace mt {
 
-CudaBatch cuda_batch_upload(const Qwen3MoeConfig& cfg, const Batch& b, int device, bool document_mask) {
+CudaBatch cuda_batch_upload(const DecoderSpec& cfg, const Batch& b, int device, bool document_mask) {
   batch_validate(cfg, b);
   cuda::DeviceContext& ctx = cuda::device_context(device);
   CudaBatch g;
@@ -36,9 +36,10 @@ CudaBatch cuda_batch_upload(const Qwen3MoeConfig& cfg, const Batch& b, int devic
     }
   }
   const Tensor positions = cuda::to_device(batch_positions(b).view({T}), device);
-  g.rope_cos = Tensor::empty({T, cfg.head_dim / 2}, DType::F32, Device::cuda(device));
-  g.rope_sin = Tensor::empty({T, cfg.head_dim / 2}, DType::F32, Device::cuda(device));
-  cuda::rope_tables(positions, cfg.head_dim, cfg.rope_theta, /*bf16=*/true, g.rope_cos, g.rope_sin, ctx.stream);
+  g.rope_cos = Tensor::empty({T, cfg.only_attention().head_dim / 2}, DType::F32, Device::cuda(device));
+  g.rope_sin = Tensor::empty({T, cfg.only_attention().head_dim / 2}, DType::F32, Device::cuda(device));
+  cuda::rope_tables(positions, cfg.only_attention().head_dim, cfg.only_attention().rope.theta, /*bf16=*/true,
+                    g.rope_cos, g.rope_sin, ctx.stream);
   const Tensor doc_ids = document_mask ? batch_document_ids(b) : Tensor();
   const Tensor doc_dev = doc_ids.defined() ? cuda::to_device(doc_ids, device) : Tensor();
   g.docs = cuda::attention_docs_from_ids(doc_dev, g.batch, g.seq, device, ctx.stream);

@@ -6,8 +6,8 @@
 
 #include "core/tensor.h"
 #include "kernels/cuda/flash_attention.h"
-#include "models/qwen3_moe_config.h"
-#include "models/qwen3_moe_model.h"
+#include "models/spec/decoder_spec.h"
+#include "models/decoder_model.h"
 
 namespace mt {
 
@@ -27,6 +27,6 @@ struct CudaBatch {
 };
 
 // document_mask = false: packed documents attend across each other (see ModelOptions).
-CudaBatch cuda_batch_upload(const Qwen3MoeConfig& cfg, const Batch& b, int device, bool document_mask = true);
+CudaBatch cuda_batch_upload(const DecoderSpec& cfg, const Batch& b, int device, bool document_mask = true);
 
 }  // namespace mt

@@ -13,7 +13,6 @@
 
 #include "core/error.h"
 #include "distributed/communicator.h"
-#include "train/cuda/cuda_job_collectives.h"
 #include "distributed/mpi_bootstrap.h"
 #include "distributed/process_group_env.h"
 #include "kernels/cuda/cuda_check.h"
@@ -27,6 +26,8 @@
 #include "kernels/cuda/router.h"
 #include "models/causal_lm.h"
 #include "models/presets.h"
+#include "models/registry.h"
+#include "train/cuda/cuda_job_collectives.h"
 #include "train/cuda/cuda_param_transport.h"
 #include "train/cuda/cuda_train_step.h"
 #include "train/sharded_params.h"
@@ -45,8 +46,6 @@ double env_milliseconds(const char* var) {
     fail("{}: expected milliseconds in [0, 60000], found '{}'", var, e);
   return v;
 }
-
-bool is_norm(const std::string& name) { return name.find("norm") != std::string::npos; }
 
 // Dense bf16 GEMM 8192³ through the same cuBLASLt path the model uses: best of 10 timed runs.
 double measure_gemm_ceiling_tflops(int device) {
@@ -77,18 +76,18 @@ double measure_gemm_ceiling_tflops(int device) {
   return 2.0 * static_cast<double>(n) * n * n / (best * 1e-3) / 1e12;
 }
 
-Qwen3MoeConfig bench_config(const BenchOptions& o) {
+DecoderSpec bench_config(const BenchOptions& o) {
   nlohmann::json j;
   if (!o.model_dir.empty()) {
-    j = Qwen3MoeConfig::from_file(o.model_dir + "/config.json").to_json();
+    j = DecoderSpec::from_file(o.model_dir + "/config.json").to_json();
   } else {
     j = preset_config_json(o.preset);
   }
   if (o.layers > 0) j["num_hidden_layers"] = o.layers;
-  return Qwen3MoeConfig::from_json(j, o.model_dir.empty() ? "preset " + o.preset : o.model_dir);
+  return DecoderSpec::from_json(j, o.model_dir.empty() ? "preset " + o.preset : o.model_dir);
 }
 
-Batch random_batch(const Qwen3MoeConfig& cfg, int64_t mbs, int64_t seq, int64_t prompt_len, std::mt19937_64& g) {
+Batch random_batch(const DecoderSpec& cfg, int64_t mbs, int64_t seq, int64_t prompt_len, std::mt19937_64& g) {
   Batch b;
   b.input_ids = Tensor::empty({mbs, seq}, DType::I64);
   std::uniform_int_distribution<int64_t> d(0, cfg.vocab_size - 1);
@@ -105,18 +104,14 @@ Batch random_batch(const Qwen3MoeConfig& cfg, int64_t mbs, int64_t seq, int64_t 
 
 }  // namespace
 
-double bench_flops_per_token(const Qwen3MoeConfig& c, int64_t seq) {
-  const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.head_dim);
-  const double Hq = static_cast<double>(c.num_attention_heads), Hkv = static_cast<double>(c.num_key_value_heads);
-  double per_token = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const double proj = H * Hq * D * 2 + H * Hkv * D * 2;  // q, o; k, v
-    const double mlp = c.is_moe_layer(l)
-                           ? static_cast<double>(c.num_experts_per_tok) * 3.0 * H * static_cast<double>(c.moe_intermediate_size)
-                           : 3.0 * H * static_cast<double>(c.intermediate_size);
-    per_token += 6.0 * (proj + mlp) + 6.0 * static_cast<double>(seq) * Hq * D;  // causal: half of 12·S·Hq·D
-  }
-  return per_token + 6.0 * static_cast<double>(c.vocab_size) * H;  // LM head
+double bench_flops_per_token(const DecoderSpec& c, int64_t seq) {
+  // 6 FLOPs (forward + backward) per matmul weight a token meets (the table's count: projections, MLP or its k
+  // routed experts, LM head) plus the causal attention scores; every term an integer, so the sum is exact.
+  const double Hq = static_cast<double>(c.only_attention().heads), D = static_cast<double>(c.only_attention().head_dim);
+  double per_token = 6.0 * static_cast<double>(param_counts(param_table_of(c)).matmul_per_token);
+  for (int64_t l = 0; l < c.num_layers(); ++l)
+    per_token += 6.0 * static_cast<double>(seq) * Hq * D;  // causal: half of 12·S·Hq·D
+  return per_token;
 }
 
 namespace {
@@ -159,20 +154,21 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   if (device >= count) fail("bench: rank {} needs cuda:{}, {} CUDA device(s) found", rank, device, count);
   cuda::device_set(device);
   cuda::DeviceContext& ctx = cuda::device_context(device);
-  const Qwen3MoeConfig cfg = bench_config(o);
-  if (cfg.num_experts % o.ep != 0) fail("bench: --ep {} does not divide the model's {} experts", o.ep, cfg.num_experts);
+  const DecoderSpec cfg = bench_config(o);
+  if (cfg.num_experts() % o.ep != 0)
+    fail("bench: --ep {} does not divide the model's {} experts", o.ep, cfg.num_experts());
   const bool fp32_master = o.precision == "fp32-master";
 
   if (world > 1) {
     ranks.host = tcp_communicator_create(ranks.pg, std::chrono::seconds(600));
     const EpDispatchMode dispatch =
-        ep_dispatch_mode_parse(o.ep_dispatch, o.ep, cfg.num_experts_per_tok, "bench --ep-dispatch");
-    ranks.job = cuda_job_collectives_create(*ranks.host, device, std::chrono::seconds(600), o.ep, cfg.num_experts,
+        ep_dispatch_mode_parse(o.ep_dispatch, o.ep, cfg.experts_per_token(), "bench --ep-dispatch");
+    ranks.job = cuda_job_collectives_create(*ranks.host, device, std::chrono::seconds(600), o.ep, cfg.num_experts(),
                                             dispatch, "bench --ep", collectives);
   }
   CudaExpertParallel* ep = ranks.job.ep.get();
   if (ep) ep->set_row_headroom(o.ep_row_headroom);
-  const int64_t held = ep ? ep->experts_per_rank() : cfg.num_experts;
+  const int64_t held = ep ? ep->experts_per_rank() : cfg.num_experts();
   const int64_t first_expert = ep ? ep->first_expert() : 0;
 
   size_t free_b = 0, total_b = 0;
@@ -211,7 +207,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     const int g = ep->ranks(), me = ep->me();
     const bool gathers = ep->mode() == EpDispatchMode::all_gather;
     const int64_t tokens = o.micro_batch * o.seq, H = cfg.hidden_size;
-    const int64_t rows = gathers ? tokens : tokens * cfg.num_experts_per_tok;
+    const int64_t rows = gathers ? tokens : tokens * cfg.experts_per_token();
     std::vector<int64_t> first(g), count(g);
     for (int j = 0; j < g; ++j) count[j] = rows / g, first[j] = j * (rows / g);
     Tensor a = Tensor::empty({rows, H}, DType::BF16, Device::cuda(device));
@@ -277,7 +273,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   // Parameters on the device: a checkpoint's, or the Transformers init (normal(0, initializer_range),
   // norms 1) drawn on the device. Every rank draws the same replicated parameters; expert slices differ.
   // ZeRO-1 owners by names and sizes; under ZeRO-3 the parameters other ranks own are never allocated here.
-  Qwen3MoeWeights w = Qwen3MoeWeights::absent_like_config(cfg, DType::BF16, Device::cuda(device), held);
+  ModelWeights w = ModelWeights::absent_like_config(cfg, DType::BF16, Device::cuda(device), held);
   const OptimizerShards shards = world > 1 && o.shard_optimizer
                                      ? optimizer_shards_for(w, world, rank, o.ep)
                                      : OptimizerShards();
@@ -298,15 +294,16 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     for (size_t i = 0; i < src.size(); ++i) {
       if (!dst[i].second->present()) continue;
       const Tensor& h = *src[i].second;
-      cuda::copy_host_to_device(*dst[i].second, param_is_stacked_expert(src[i].first) ? h.rows(first_expert, first_expert + held) : h);
+      cuda::copy_host_to_device(*dst[i].second, lm.weights.param_table().is_expert_stack(src[i].first) ? h.rows(first_expert, first_expert + held) : h);
     }
   } else {
     uint64_t k = 0;
     for (auto& [name, t] : w.named_parameters()) {
       ++k;
       if (!t->present()) continue;
-      const uint64_t seed = o.seed * 1000003 + k + (param_is_stacked_expert(name) ? 7919ull * static_cast<uint64_t>(first_expert) : 0);
-      if (is_norm(name))
+      const ParamEntry& e = *w.param_table().find(name);
+      const uint64_t seed = o.seed * 1000003 + k + (e.role == ParamRole::expert_stack ? 7919ull * static_cast<uint64_t>(first_expert) : 0);
+      if (e.init == ParamInit::ones)
         cuda::fill_constant(*t, 1.0f, ctx.stream);
       else
         cuda::fill_normal(*t, static_cast<float>(cfg.initializer_range), seed, ctx.stream);
@@ -426,11 +423,11 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   if (ep) j["ep_dispatch"] = ep_dispatch_mode_name(ep->mode());
   j["model"] = {{"preset", o.model_dir.empty() ? o.preset : ""},
                 {"model_dir", o.model_dir},
-                {"layers", cfg.num_hidden_layers},
+                {"layers", cfg.num_layers()},
                 {"params_on_gpu0", w.parameter_count()},
                 {"hidden", cfg.hidden_size},
-                {"experts", cfg.num_experts},
-                {"top_k", cfg.num_experts_per_tok}};
+                {"experts", cfg.num_experts()},
+                {"top_k", cfg.experts_per_token()}};
   j["seq"] = o.seq;
   j["micro_batch"] = o.micro_batch;
   j["grad_accum"] = o.grad_accum;

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distributed/ep_row_budget.h"
-#include "models/qwen3_moe_config.h"
+#include "models/spec/decoder_spec.h"
 #include "train/memory_plan.h"
 
 namespace mt {
@@ -48,7 +48,7 @@ struct BenchOptions {
 };
 
 // Model FLOPs per trained token (fwd + bwd) for cfg at sequence length seq, router GEMM excluded.
-double bench_flops_per_token(const Qwen3MoeConfig& cfg, int64_t seq);
+double bench_flops_per_token(const DecoderSpec& cfg, int64_t seq);
 
 // The JSON on rank 0; an empty object on the other ranks.
 nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log);

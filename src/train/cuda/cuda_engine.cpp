@@ -37,16 +37,17 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // The rows of a host parameter this rank holds: all of it, or under expert parallelism its experts' slice.
 struct ExpertSlice {
   int64_t first = 0, count = -1;  // count < 0: every expert
+  std::shared_ptr<const ParamTable> params;  // which parameters are expert stacks (with count >= 0)
   Tensor of(const std::string& name, const Tensor& host) const {
-    return count >= 0 && param_is_stacked_expert(name) ? host.rows(first, first + count) : host;
+    return count >= 0 && params->is_expert_stack(name) ? host.rows(first, first + count) : host;
   }
 };
 
 // Every host parameter (this rank's slice) uploaded as BF16 (rounded to nearest even when the host holds F32).
 // Under ZeRO-3 the parameters another rank owns stay absent (train/sharded_params.h): never allocated here.
-Qwen3MoeWeights upload_bf16(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& host, int device, const ExpertSlice& sl,
+ModelWeights upload_bf16(const DecoderSpec& cfg, const ModelWeights& host, int device, const ExpertSlice& sl,
                             const OptimizerShards* params_owned) {
-  Qwen3MoeWeights d = Qwen3MoeWeights::absent_like_config(cfg, DType::BF16, Device::cuda(device), sl.count);
+  ModelWeights d = ModelWeights::absent_like_config(cfg, DType::BF16, Device::cuda(device), sl.count);
   auto src = host.named_parameters();
   auto dst = d.named_parameters();
   for (size_t i = 0; i < src.size(); ++i) {
@@ -73,7 +74,7 @@ CudaTrainStepOptions step_options(const Recipe& r) {
 }
 
 // Prints the plan; refuses what cannot fit. Returns whether to pair expert wgrads (pairing_wanted).
-bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, int64_t ep, int64_t world, std::FILE* log) {
+bool plan_memory(const DecoderSpec& cfg, const Recipe& r, int device, int64_t ep, int64_t world, std::FILE* log) {
   size_t free_b = 0, total_b = 0;
   MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   MemoryPlanInput in;
@@ -89,7 +90,7 @@ bool plan_memory(const Qwen3MoeConfig& cfg, const Recipe& r, int device, int64_t
   in.optimizer_shards = world > 1 && r.parallel.shard_optimizer ? world : 1;
   in.shard_parameters = world > 1 && r.parallel.shard_parameters;
   in.reshard_after_forward = r.parallel.reshard_after_forward;
-  in.ep_all_gather = ep > 1 && ep_dispatch_mode_parse(r.parallel.ep_dispatch, ep, cfg.num_experts_per_tok,
+  in.ep_all_gather = ep > 1 && ep_dispatch_mode_parse(r.parallel.ep_dispatch, ep, cfg.experts_per_token(),
                                                       "parallel.ep_dispatch") == EpDispatchMode::all_gather;
   in.ep_row_headroom = r.parallel.ep_row_headroom;
   in.device_bytes = static_cast<int64_t>(total_b);
@@ -116,7 +117,7 @@ class CudaEngine final : public TrainEngine {
     if (ranks) col = join(*comm, r);
     const bool pair = plan_memory(lm.config, r, device_, ep_ ? ep_->ranks() : 1, comm ? comm->size() : 1, log);
     cuda::allocator_reset_peak(device_);
-    if (ep_) slice_ = {ep_->first_expert(), ep_->experts_per_rank()};
+    if (ep_) slice_ = {ep_->first_expert(), ep_->experts_per_rank(), lm.weights.table};
     CudaTrainStepOptions so = step_options(r);
     so.pair_expert_wgrad = pair;
     so.collectives = col;
@@ -143,7 +144,7 @@ class CudaEngine final : public TrainEngine {
     if (comm && comm->size() > 1)
       name_ += fmt::format(", rank {} of {}{}", comm->rank(), comm->size(),
                            ep_ ? fmt::format(", experts {}..{} of {}", slice_.first, slice_.first + slice_.count - 1,
-                                             lm.config.num_experts)
+                                             lm.config.num_experts())
                                : std::string());
   }
 
@@ -188,7 +189,8 @@ class CudaEngine final : public TrainEngine {
     std::vector<std::pair<std::string, Tensor>> r;
     for (StateSlot& s : state_layout()) {
       Shape full = s.spec.shape;
-      if (slice_.count >= 0 && param_is_stacked_expert(s.spec.name)) full[0] = lm_.config.num_experts;
+      if (slice_.count >= 0 && param_is_stacked_expert(lm_.weights.param_table(), s.spec.name))
+        full[0] = lm_.config.num_experts();
       Tensor h = Tensor::empty(full, s.spec.dtype);
       if (s.held) to_host_own(s.spec.name, *s.held, h);
       r.emplace_back(s.spec.name, std::move(h));
@@ -207,7 +209,8 @@ class CudaEngine final : public TrainEngine {
       host.push_back(Tensor::empty(t->shape(), t->dtype()));  // this rank's experts only
       targets.emplace_back(name, &host.back());
     }
-    optimizer_state_read(dir, targets, slice_.count >= 0 ? slice_.first : 0, slice_.count, total);
+    optimizer_state_read(dir, targets, &lm_.weights.param_table(), slice_.count >= 0 ? slice_.first : 0, slice_.count,
+                         total);
     for (size_t i = 0; i < state.size(); ++i) cuda::copy_host_to_device(*state[i].second, host[i]);
   }
 
@@ -234,8 +237,8 @@ class CudaEngine final : public TrainEngine {
     rank_ = comm.rank();
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s) * 1000);
     const EpDispatchMode dispatch = ep_dispatch_mode_parse(r.parallel.ep_dispatch, r.parallel.ep,
-                                                           lm_.config.num_experts_per_tok, "parallel.ep_dispatch");
-    job_ = cuda_job_collectives_create(comm, device_, timeout, r.parallel.ep, lm_.config.num_experts, dispatch,
+                                                           lm_.config.experts_per_token(), "parallel.ep_dispatch");
+    job_ = cuda_job_collectives_create(comm, device_, timeout, r.parallel.ep, lm_.config.num_experts(), dispatch,
                                        "parallel.ep",
                                        device_collectives_parse(r.parallel.gpu_collectives, "parallel.gpu_collectives"));
     ep_ = job_.ep.get();
@@ -257,7 +260,7 @@ class CudaEngine final : public TrainEngine {
   // else rank 0 or the experts' rank (train/shared_save.h).
   void to_host_own(const std::string& name, const Tensor& dev, Tensor& host) {
     const std::string state_of = optimizer_state_param(name);
-    const bool expert_rows = slice_.count >= 0 && param_is_stacked_expert(name);
+    const bool expert_rows = slice_.count >= 0 && param_is_stacked_expert(lm_.weights.param_table(), name);
     if (const int owner = step_->shards().owner(state_of.empty() ? name : state_of); owner >= 0) {
       if (owner != rank_) return;
     } else if (!expert_rows) {
@@ -308,7 +311,7 @@ class CudaEngine final : public TrainEngine {
   CudaExpertParallel* ep_ = nullptr;  // job_.ep
   ExpertSlice slice_;
   std::string name_;
-  Qwen3MoeWeights weights_;
+  ModelWeights weights_;
   OptimizerShards shards_;                         // ZeRO-3's owners (sharded_params_ refers to them)
   std::unique_ptr<ShardedParams> sharded_params_;  // ZeRO-3 (train/sharded_params.h), or none
   std::unique_ptr<CudaTrainStep> step_;
@@ -317,7 +320,7 @@ class CudaEngine final : public TrainEngine {
 // Registers the engine with the trainer when the CUDA library is linked in.
 const bool kRegistered = [] {
   cuda_engine_register({[] { return cuda::device_count(); },
-                        [](const Qwen3MoeConfig& cfg) { return cuda_model_unsupported_reason(cfg); },
+                        [](const DecoderSpec& cfg) { return cuda_model_unsupported_reason(cfg); },
                         [](CausalLM& lm, const Recipe& r, int device, std::FILE* log,
                            Communicator* comm) -> std::unique_ptr<TrainEngine> {
                           return std::make_unique<CudaEngine>(lm, r, device, log, comm);

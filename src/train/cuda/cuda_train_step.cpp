@@ -24,7 +24,7 @@ CudaModelOptions model_options(CudaModelOptions o, const CudaTrainStepOptions& s
 
 // The offsets of the parameters this rank's AdamW keeps in the whole parameter list's element order (the
 // stochastic-rounding stream does not depend on the sharding).
-std::vector<int64_t> updated_offsets(Qwen3MoeWeights& w, const OptimizerShards& shards) {
+std::vector<int64_t> updated_offsets(ModelWeights& w, const OptimizerShards& shards) {
   std::vector<int64_t> r;
   int64_t at = 0;
   auto all = w.named_parameters();
@@ -37,8 +37,8 @@ std::vector<int64_t> updated_offsets(Qwen3MoeWeights& w, const OptimizerShards& 
 
 }  // namespace
 
-Qwen3MoeWeights cuda_grad_buffers(const Qwen3MoeConfig& cfg, DType expert_dtype, int device, int64_t experts_held) {
-  Qwen3MoeWeights w = Qwen3MoeWeights::empty_like_config(cfg, DType::F32, Device::cuda(device), experts_held);
+ModelWeights cuda_grad_buffers(const DecoderSpec& cfg, DType expert_dtype, int device, int64_t experts_held) {
+  ModelWeights w = ModelWeights::empty_like_config(cfg, DType::F32, Device::cuda(device), experts_held);
   cuda::DeviceContext& ctx = cuda::device_context(device);
   for (auto& L : w.layers)
     for (Tensor* t : {&L.experts_gate_up, &L.experts_down})
@@ -47,7 +47,7 @@ Qwen3MoeWeights cuda_grad_buffers(const Qwen3MoeConfig& cfg, DType expert_dtype,
   return w;
 }
 
-CudaTrainStep::CudaTrainStep(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, int device,
+CudaTrainStep::CudaTrainStep(const DecoderSpec& cfg, ModelWeights& weights, int device,
                              const CudaTrainStepOptions& o)
     : device_(device),
       col_(o.collectives),
@@ -70,7 +70,7 @@ CudaTrainStep::CudaTrainStep(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights
   for (auto& [name, g] : grads_.named_parameters()) {
     if (shards_.updates(grad_list_.size())) updated_grads_.push_back(g);
     grad_list_.push_back(g);
-    is_expert_.push_back(param_is_stacked_expert(name));
+    is_expert_.push_back(grads_.param_table().is_expert_stack(name));
   }
   for (auto& [name, t] : weights.named_parameters()) params_.push_back(t);
   norm_ = Tensor::empty({1}, DType::F32, Device::cuda(device));
@@ -105,7 +105,7 @@ EngineStep CudaTrainStep::run_window(const std::vector<CudaBatch>& window, doubl
   // The stacked expert gradients are not zeroed: their first wgrad pass of the step stores (the largest
   // gradients; saves the memset and one read of dW per layer).
   for (auto& [name, g] : grads_.named_parameters()) {
-    if (param_is_stacked_expert(name))
+    if (grads_.param_table().is_expert_stack(name))
       model_.overwrite_expert_grad_next(*g);
     else
       cuda::fill_zero_async(*g, stream);
@@ -127,7 +127,7 @@ EngineStep CudaTrainStep::run_window(const std::vector<CudaBatch>& window, doubl
   if (col_.active()) col_.world->wait(stream, "step " + std::to_string(steps_) + ": gradient reduction");
   EngineStep s;
   s.grad_norm = host_scalar(norm_);
-  const double coef = model_.config().router_aux_loss_coef;
+  const double coef = model_.config().aux_loss_coef();
   for (const CudaLoss& l : losses) {
     const double ce = host_scalar(l.ce_sum) / ce_divisor;
     const double aux = l.aux.defined() ? host_scalar(l.aux) : 0.0;

@@ -13,7 +13,7 @@
 
 #include "kernels/cuda/adamw.h"
 #include "models/cuda/cuda_batch.h"
-#include "models/cuda/qwen3_moe_cuda_model.h"
+#include "models/cuda/decoder_cuda_model.h"
 #include "train/memory_plan.h"
 #include "train/optimizer_shards.h"
 #include "train/train_engine.h"
@@ -60,12 +60,12 @@ struct CudaTrainStepOptions {
 class CudaTrainStep {
  public:
   // weights: BF16 on cuda:device; kept by reference.
-  CudaTrainStep(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, int device, const CudaTrainStepOptions& o);
+  CudaTrainStep(const DecoderSpec& cfg, ModelWeights& weights, int device, const CudaTrainStepOptions& o);
 
   EngineStep step(const std::vector<CudaBatch>& window, double ce_divisor, double lr, double max_grad_norm);
   EngineEval eval(const CudaBatch& b);
 
-  Qwen3MoeCudaModel& model() { return model_; }
+  DecoderCudaModel& model() { return model_; }
   cuda::CudaAdamW& optimizer() { return adamw_; }  // this rank's parameters only when sharded
   const OptimizerShards& shards() const { return shards_; }
   int64_t optimizer_state_bytes();  // this rank's AdamW state (moments, masters)
@@ -86,8 +86,8 @@ class CudaTrainStep {
   CudaStepCollectives col_;
   int64_t steps_ = 0;  // steps taken here (named in collective errors)
   int64_t reruns_ = 0;
-  Qwen3MoeCudaModel model_;
-  Qwen3MoeWeights grads_;
+  DecoderCudaModel model_;
+  ModelWeights grads_;
   std::vector<const Tensor*> grad_list_;
   std::vector<bool> is_expert_;  // per grad_list_ entry
   OptimizerShards shards_;
@@ -100,7 +100,7 @@ class CudaTrainStep {
 
 // Gradient buffers: zeros on cuda:device shaped like cfg's parameters, F32 except the stacked expert
 // weights, which get expert_dtype (and hold experts_held experts when >= 0).
-Qwen3MoeWeights cuda_grad_buffers(const Qwen3MoeConfig& cfg, DType expert_dtype, int device,
+ModelWeights cuda_grad_buffers(const DecoderSpec& cfg, DType expert_dtype, int device,
                                   int64_t experts_held = -1);
 
 }  // namespace mt

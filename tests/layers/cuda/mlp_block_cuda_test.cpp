@@ -84,14 +84,14 @@ void run_case(const Case& c, uint64_t seed) {
   const int64_t T = c.T, H = c.H, F = c.F;
   const std::string what = "T=" + std::to_string(T) + " H=" + std::to_string(H) + " F=" + std::to_string(F);
   SCOPED_TRACE(what);
-  Qwen3MoeConfig cfg;
-  cfg.rms_norm_eps = 1e-6;
+  DecoderSpec cfg;
+  cfg.norm_eps = 1e-6;
   BlockEnv cpu_env;
   cpu_env.cfg = &cfg;
   cpu_env.bf16 = true;
 
   // BF16 weights (as the CPU bf16 model holds them), scaled so gate, up and y are O(1).
-  Qwen3MoeLayerWeights L;
+  LayerWeights L;
   {
     std::vector<float> nw = test::cuda_random_floats(static_cast<size_t>(H), seed, 0.1f);
     for (float& x : nw) x = round_bf16(1.0f + x);
@@ -110,7 +110,7 @@ void run_case(const Case& c, uint64_t seed) {
   MlpBlockActs acts;
   mlp_block_forward(cpu_env, L, h, &acts);
   const Tensor y_cpu = cpu::linear_forward(acts.act, L.mlp_down, true);  // the block's output before its residual
-  Qwen3MoeLayerWeights G;
+  LayerWeights G;
   G.post_norm = Tensor::zeros({H}, DType::F32);
   G.mlp_gate = g0_gate.clone();
   G.mlp_up = g0_up.clone();
@@ -129,7 +129,7 @@ void run_case(const Case& c, uint64_t seed) {
 
   // GPU block on the CPU block's normalised input.
   BareEnv be;
-  const MlpSpec spec{H, F, MlpActivation::swiglu};
+  const MlpDimsCuda spec{H, F, Activation::swiglu};
   const Tensor wg = cuda::to_device(L.mlp_gate, 0), wu = cuda::to_device(L.mlp_up, 0), wd = cuda::to_device(L.mlp_down, 0);
   const MlpWeightsCuda w{wg, wu, wd};
   const Tensor n = test::device_from_host(acts.n, DType::BF16);
@@ -188,7 +188,7 @@ TEST(CudaMlpBlock, RecomputedActivationsAreBitwiseTheForwards) {
   MT_SKIP_WITHOUT_CUDA();
   const int64_t T = 37, H = 64, F = 96;
   BareEnv be;
-  const MlpSpec spec{H, F, MlpActivation::swiglu};
+  const MlpDimsCuda spec{H, F, Activation::swiglu};
   const Tensor wg = test::device_from_host(test::host_random({F, H}, 1, 0.125f, true), DType::BF16);
   const Tensor wu = test::device_from_host(test::host_random({F, H}, 2, 0.125f, true), DType::BF16);
   const Tensor wd = test::device_from_host(test::host_random({H, F}, 3, 0.1f, true), DType::BF16);
@@ -216,7 +216,7 @@ TEST(CudaMlpBlock, ZeroTokens) {
   MT_SKIP_WITHOUT_CUDA();
   const int64_t H = 32, F = 48;
   BareEnv be;
-  const MlpSpec spec{H, F, MlpActivation::swiglu};
+  const MlpDimsCuda spec{H, F, Activation::swiglu};
   const Tensor wg = test::device_from_host(test::host_random({F, H}, 1, 0.2f, true), DType::BF16);
   const Tensor wu = test::device_from_host(test::host_random({F, H}, 2, 0.2f, true), DType::BF16);
   const Tensor wd = test::device_from_host(test::host_random({H, F}, 3, 0.2f, true), DType::BF16);
@@ -243,10 +243,10 @@ TEST(CudaMlpBlock, RejectsMismatchedShapes) {
   const Tensor f32 = dev_zeros({F, H}, DType::F32);
   const Tensor n = dev_zeros({4, H}, DType::BF16);
   MlpActsCuda acts;
-  const MlpSpec spec{H, F, MlpActivation::swiglu};
+  const MlpDimsCuda spec{H, F, Activation::swiglu};
   EXPECT_THROW(mlp_block_forward_cuda(be.env, spec, {wg, wrong, wd}, n, acts), Error);
   EXPECT_THROW(mlp_block_forward_cuda(be.env, spec, {wg, f32, wd}, n, acts), Error);
-  EXPECT_THROW(mlp_block_forward_cuda(be.env, MlpSpec{H, F + 8, MlpActivation::swiglu}, {wg, wg, wd}, n, acts), Error);
+  EXPECT_THROW(mlp_block_forward_cuda(be.env, MlpDimsCuda{H, F + 8, Activation::swiglu}, {wg, wg, wd}, n, acts), Error);
   const Tensor n_wide = dev_zeros({4, H + 8}, DType::BF16);
   EXPECT_THROW(mlp_block_forward_cuda(be.env, spec, {wg, wg, wd}, n_wide, acts), Error);
 }

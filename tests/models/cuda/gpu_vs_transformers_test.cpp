@@ -51,7 +51,7 @@
 #include "kernels/cuda/router.h"
 #include "models/causal_lm.h"
 #include "models/cuda/cuda_batch.h"
-#include "models/cuda/qwen3_moe_cuda_model.h"
+#include "models/cuda/decoder_cuda_model.h"
 #include "train/cuda/cuda_train_step.h"
 
 namespace mt {
@@ -96,12 +96,12 @@ double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b)
 struct Loaded {
   nlohmann::json meta;
   CausalLM lm;
-  Qwen3MoeWeights dev;
+  ModelWeights dev;
 };
 
 Loaded load(const fs::path& dir) {
   Loaded l{test::read_json(dir / "meta.json"), CausalLM::from_pretrained((dir / "ckpt").string(), {DType::BF16}), {}};
-  l.dev = Qwen3MoeWeights::absent_like_config(l.lm.config, DType::BF16, Device::cuda(0));
+  l.dev = ModelWeights::absent_like_config(l.lm.config, DType::BF16, Device::cuda(0));
   auto src = l.lm.weights.named_parameters();
   auto dst = l.dev.named_parameters();
   for (size_t i = 0; i < src.size(); ++i) *dst[i].second = cuda::to_device(*src[i].second, 0);
@@ -110,15 +110,15 @@ Loaded load(const fs::path& dir) {
 
 // Loss, logits and every gradient of the fixture batch against Transformers' bf16 run.
 std::vector<Check> compare_one_batch(const fs::path& dir, Loaded& l) {
-  const Qwen3MoeConfig& cfg = l.lm.config;
+  const DecoderSpec& cfg = l.lm.config;
   const nlohmann::json& noise = l.meta["noise"];
   SafetensorsFile bf = SafetensorsFile::open((dir / "batch.safetensors").string());
   const Batch b = test::load_batch(bf);
   const CudaBatch cb = cuda_batch_upload(cfg, b, 0);
   std::vector<Check> out;
 
-  Qwen3MoeCudaModel model(cfg, l.dev, 0);
-  Qwen3MoeWeights grads = cuda_grad_buffers(cfg, DType::F32, 0);
+  DecoderCudaModel model(cfg, l.dev, 0);
+  ModelWeights grads = cuda_grad_buffers(cfg, DType::F32, 0);
   const double div = static_cast<double>(cb.target_count);
   CudaLoss loss = model.forward_backward(cb, grads, div);
   model.flush_expert_grads();
@@ -131,13 +131,13 @@ std::vector<Check> compare_one_batch(const fs::path& dir, Loaded& l) {
                  kFactor * rel(h16["aux_loss"], h32["aux_loss"]) + 2 * kBf16Floor});
 
   SafetensorsFile ref = SafetensorsFile::open((dir / "bf16.safetensors").string());
-  const Qwen3MoeCudaModel::Trace trace = model.forward_trace(cb);
-  for (int64_t layer = 0; layer < cfg.num_hidden_layers; ++layer) {  // routing decisions (see the header)
+  const DecoderCudaModel::Trace trace = model.forward_trace(cb);
+  for (int64_t layer = 0; layer < cfg.num_layers(); ++layer) {  // routing decisions (see the header)
     const std::string l = std::to_string(layer);
     const std::vector<float> l32 = ref.tensor("router_logits_fp32." + l).to_floats();
     const std::vector<float> l16 = ref.tensor("router_logits_bf16." + l).to_floats();
     const Tensor idx = cuda::to_host(trace.routes[static_cast<size_t>(layer)]);
-    const int64_t T = cb.tokens(), E = cfg.num_experts, k = cfg.num_experts_per_tok;
+    const int64_t T = cb.tokens(), E = cfg.num_experts(), k = cfg.experts_per_token();
     int64_t clear = 0, wrong = 0;
     std::vector<int> order(static_cast<size_t>(E));
     for (int64_t t = 0; t < T; ++t) {
@@ -220,7 +220,7 @@ TEST(GpuVsTransformers, BrokenRoutingIsCaught) {
 TEST(GpuVsTransformers, PureBf16TrajectoryTracksTransformers) {
   MT_NEED_FIXTURE(dir);
   Loaded l = load(dir);
-  const Qwen3MoeConfig& cfg = l.lm.config;
+  const DecoderSpec& cfg = l.lm.config;
   const nlohmann::json& tr = l.meta["trajectory"];
   const std::vector<double> h16 = tr["bf16"], h32 = tr["fp32"];
   const nlohmann::json& hp = l.meta["optimizer"];

@@ -4,14 +4,14 @@
 // bf16), and each fixture batch (plain: 2 x 10 with ignored labels; packed: 1 x 14, two documents;
 // packed2: 2 x 12, five documents) runs through cuda_batch_upload with the document mask (the fixtures
 // were made with use_cache=False, so Transformers masked packed documents: ModelOptions in
-// models/qwen3_moe_model.h).
+// models/decoder_model.h).
 //
 // Which fixtures: moe_mqa_legacy: MQA 4/1, head_dim 16 (flash attention's 2-chunk tiles), 4 experts with
 // top-4, tied embeddings, aux loss coef 0.001, legacy config spellings. dense_qwen3 (Qwen3ForCausalLM, every
 // layer the dense MLP block) and moe_gqa_aux (mlp_only_layers [1]: layers 0 and 2 MoE with top-2 of 8, layer 1
 // dense; aux loss coef 0.02) run too (the Dense* tests below). moe_mha_tied_sparse2 (decoder_sparse_step 2)
 // has head_dim 8, which flash attention has no kernel for: refused (checked below); its dense layers are
-// covered by CudaQwen3MoeModel.DenseLayersMatchCpuBf16 (decoder_sparse_step 2 on a random model).
+// covered by CudaDecoderModel.DenseLayersMatchCpuBf16 (decoder_sparse_step 2 on a random model).
 //
 // Thresholds:
 // - CE loss vs Transformers' bf16 CE (meta.json): 5e-3 relative. Going from fp32 to bf16 moves
@@ -28,9 +28,9 @@
 //   aux, a wrong E or layer count, not a subtle aux error (this fixture's aux is 4 up to rounding:
 //   meta.json has 3.9999 to 4.0012).
 // - total loss = CE + 0.001 · aux vs Transformers' bf16 loss: 5e-3 relative (as CE).
-// - gradients vs the CPU model's bf16 gradients (Qwen3MoeModel on the same bf16 weights, Transformers'
+// - gradients vs the CPU model's bf16 gradients (DecoderModel on the same bf16 weights, Transformers'
 //   bf16 rounding points; in fp32 the CPU model matches Transformers' gradients to 1e-4 in HfParity):
-//   max-norm 0.06, rel-L2 0.03 per parameter, as CudaQwen3MoeModel.MatchesCpuBf16AllExpertsRouted (router
+//   max-norm 0.06, rel-L2 0.03 per parameter, as CudaDecoderModel.MatchesCpuBf16AllExpertsRouted (router
 //   weights: 0.1 / 0.06, see the loop)
 //   (top-k = E there too, so no routing decision can flip; what differs is other accumulation orders,
 //   flash attention's bf16 rounding of the unnormalised P and its bf16 dS, and the fp32 atomics of its
@@ -60,8 +60,8 @@
 #include "kernels/cuda/device_copy.h"
 #include "models/causal_lm.h"
 #include "models/cuda/cuda_batch.h"
-#include "models/cuda/qwen3_moe_cuda_model.h"
-#include "models/qwen3_moe_model.h"
+#include "models/cuda/decoder_cuda_model.h"
+#include "models/decoder_model.h"
 #include "train/adamw.h"
 
 namespace mt {
@@ -111,12 +111,12 @@ TEST_F(CudaHfFixture, MqaLegacyLossMatchesTransformersBf16) {
   const fs::path vdir = dir_ / "moe_mqa_legacy";
   const auto meta = read_json(vdir / "meta.json");
   CausalLM m = CausalLM::from_pretrained((vdir / "ckpt").string(), {DType::BF16});
-  ASSERT_EQ(m.config.head_dim, 16);
-  ASSERT_EQ(m.config.num_experts_per_tok, m.config.num_experts);  // the aux bound above needs top-k = E
-  Qwen3MoeWeights dev_w = to_device_weights(m.weights);
-  Qwen3MoeCudaModel model(m.config, dev_w, 0);
+  ASSERT_EQ(m.config.only_attention().head_dim, 16);
+  ASSERT_EQ(m.config.experts_per_token(), m.config.num_experts());  // the aux bound above needs top-k = E
+  ModelWeights dev_w = to_device_weights(m.weights);
+  DecoderCudaModel model(m.config, dev_w, 0);
   ASSERT_TRUE(model.aux_enabled());
-  const double coef = m.config.router_aux_loss_coef;
+  const double coef = m.config.aux_loss_coef();
   for (const char* bname : kBatches) {
     SCOPED_TRACE(bname);
     SafetensorsFile io = SafetensorsFile::open((vdir / (std::string(bname) + ".safetensors")).string());
@@ -140,7 +140,7 @@ TEST_F(CudaHfFixture, MqaLegacyLossMatchesTransformersBf16) {
 
     // forward_backward reports the same losses (the forward is deterministic; the head runs on the
     // target rows only, so within fp32 rounding rather than bitwise).
-    Qwen3MoeWeights grads = device_zeros_like(m.config);
+    ModelWeights grads = device_zeros_like(m.config);
     const CudaLoss lb = model.forward_backward(gb, grads, static_cast<double>(gb.target_count));
     EXPECT_NEAR(cuda::to_host(lb.ce_sum).to_floats()[0] / static_cast<double>(count), ce, 1e-5 * ce);
     EXPECT_NEAR(cuda::to_host(lb.aux).to_floats()[0], aux, 1e-6 * aux);
@@ -151,19 +151,19 @@ TEST_F(CudaHfFixture, MqaLegacyLossMatchesTransformersBf16) {
 TEST_F(CudaHfFixture, MqaLegacyGradientsMatchCpuBf16) {
   const fs::path vdir = dir_ / "moe_mqa_legacy";
   CausalLM m = CausalLM::from_pretrained((vdir / "ckpt").string(), {DType::BF16});
-  Qwen3MoeWeights dev_w = to_device_weights(m.weights);
+  ModelWeights dev_w = to_device_weights(m.weights);
   for (const char* bname : kBatches) {
     SCOPED_TRACE(bname);
     SafetensorsFile io = SafetensorsFile::open((vdir / (std::string(bname) + ".safetensors")).string());
     const Batch b = load_batch(io);
 
-    Qwen3MoeWeights cpu_g = Qwen3MoeWeights::zeros_like_config(m.config, DType::F32);
-    const ForwardResult want = Qwen3MoeModel(m.config, m.weights).forward_backward(b, cpu_g);
+    ModelWeights cpu_g = ModelWeights::zeros_like_config(m.config, DType::F32);
+    const ForwardResult want = DecoderModel(m.config, m.weights).forward_backward(b, cpu_g);
 
-    Qwen3MoeCudaModel model(m.config, dev_w, 0);
+    DecoderCudaModel model(m.config, dev_w, 0);
     const CudaBatch gb = cuda_batch_upload(m.config, b, 0);
     ASSERT_EQ(gb.target_count, want.tokens);
-    Qwen3MoeWeights got_g = device_zeros_like(m.config);
+    ModelWeights got_g = device_zeros_like(m.config);
     const CudaLoss l = model.forward_backward(gb, got_g, static_cast<double>(gb.target_count));
     // The two bf16 models' losses: the same rounding points, other accumulation orders (see the header).
     EXPECT_LE(rel_diff(cuda::to_host(l.ce_sum).to_floats()[0] / static_cast<double>(want.tokens), want.ce_loss),
@@ -205,11 +205,11 @@ void expect_one_adamw_step_matches(const fs::path& vdir) {
   const AdamWOptions o = test::adamw_options(read_json(vdir / "meta.json")["adamw_one_step"]);
   CausalLM m32 = CausalLM::from_pretrained((vdir / "ckpt").string(), {DType::F32});
   CausalLM m16 = CausalLM::from_pretrained((vdir / "ckpt").string(), {DType::BF16});
-  Qwen3MoeWeights dev_w = to_device_weights(m16.weights);
+  ModelWeights dev_w = to_device_weights(m16.weights);
   SafetensorsFile io = SafetensorsFile::open((vdir / "plain.safetensors").string());
-  Qwen3MoeCudaModel model(m16.config, dev_w, 0);
+  DecoderCudaModel model(m16.config, dev_w, 0);
   const CudaBatch gb = cuda_batch_upload(m16.config, load_batch(io), 0);
-  Qwen3MoeWeights grads = device_zeros_like(m16.config);
+  ModelWeights grads = device_zeros_like(m16.config);
   model.forward_backward(gb, grads, static_cast<double>(gb.target_count));
 
   cuda::CudaAdamWOptions co;
@@ -261,10 +261,10 @@ TEST_F(CudaHfFixture, MqaLegacyOneAdamWStepMatchesTransformers) { expect_one_ada
 // moe_mha_tied_sparse2's head_dim 8 has no flash-attention kernel: refused with the reason named.
 TEST_F(CudaHfFixture, HeadDim8FixtureIsRefused) {
   CausalLM m = CausalLM::from_pretrained((dir_ / "moe_mha_tied_sparse2/ckpt").string(), {DType::BF16});
-  ASSERT_EQ(m.config.head_dim, 8);
-  Qwen3MoeWeights dev_w = to_device_weights(m.weights);
+  ASSERT_EQ(m.config.only_attention().head_dim, 8);
+  ModelWeights dev_w = to_device_weights(m.weights);
   try {
-    Qwen3MoeCudaModel model(m.config, dev_w, 0);
+    DecoderCudaModel model(m.config, dev_w, 0);
     ADD_FAILURE() << "head_dim 8 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("head_dim 8 has no flash-attention kernel"), std::string::npos) << e.what();
@@ -298,10 +298,10 @@ TEST_F(CudaHfFixture, DenseLossAndLogitsMatchTransformersBf16) {
     const auto meta = read_json(vdir / "meta.json");
     CausalLM m = CausalLM::from_pretrained((vdir / "ckpt").string(), {DType::BF16});
     bool dense = false;
-    for (int64_t l = 0; l < m.config.num_hidden_layers; ++l) dense |= !m.config.is_moe_layer(l);
+    for (int64_t l = 0; l < m.config.num_layers(); ++l) dense |= !m.config.is_moe_layer(l);
     ASSERT_TRUE(dense);
-    Qwen3MoeWeights dev_w = to_device_weights(m.weights);
-    Qwen3MoeCudaModel model(m.config, dev_w, 0);
+    ModelWeights dev_w = to_device_weights(m.weights);
+    DecoderCudaModel model(m.config, dev_w, 0);
     for (const char* bname : kBatches) {
       SCOPED_TRACE(bname);
       SafetensorsFile io = SafetensorsFile::open((vdir / (std::string(bname) + ".safetensors")).string());
@@ -319,7 +319,7 @@ TEST_F(CudaHfFixture, DenseLossAndLogitsMatchTransformersBf16) {
         ASSERT_TRUE(l.aux.defined());
         const double aux = cuda::to_host(l.aux).to_floats()[0];
         EXPECT_LE(rel_diff(aux, ref["aux_loss"].get<double>()), 1e-2) << "aux " << aux << " vs " << ref["aux_loss"];
-        loss += m.config.router_aux_loss_coef * aux;
+        loss += m.config.aux_loss_coef() * aux;
       }
       EXPECT_LE(rel_diff(loss, ref["loss"].get<double>()), 5e-3) << "loss " << loss << " vs " << ref["loss"];
       if (std::getenv("MT_PRINT_ERRORS"))
@@ -328,7 +328,7 @@ TEST_F(CudaHfFixture, DenseLossAndLogitsMatchTransformersBf16) {
       if (std::string(bname) != "plain" || std::string(variant) != "dense_qwen3") continue;
 
       // Logits of every row (Transformers saved them all), from the final norm's output.
-      const Qwen3MoeCudaModel::Trace t = model.forward_trace(gb);
+      const DecoderCudaModel::Trace t = model.forward_trace(gb);
       const std::vector<float> xf = test::device_floats(t.final_hidden);
       const Tensor& head = m.config.tie_word_embeddings ? m.weights.embed : m.weights.lm_head;
       const std::vector<float> hw = head.to_floats();
@@ -371,24 +371,24 @@ TEST_F(CudaHfFixture, DenseGradientsMatchCpuBf16) {
     SCOPED_TRACE(variant);
     const fs::path vdir = dir_ / variant;
     CausalLM m = CausalLM::from_pretrained((vdir / "ckpt").string(), {DType::BF16});
-    Qwen3MoeConfig cfg = m.config;
-    cfg.num_experts_per_tok = cfg.num_experts;  // 0 for the dense Qwen3
-    Qwen3MoeWeights w32 = m.weights;             // the same bf16 values as F32: the CPU model in fp32
+    DecoderSpec cfg = m.config;
+    cfg.experts_per_token() = cfg.num_experts();  // 0 for the dense Qwen3
+    ModelWeights w32 = m.weights;             // the same bf16 values as F32: the CPU model in fp32
     for (auto& [name, t] : w32.named_parameters()) *t = t->to(DType::F32);
-    Qwen3MoeWeights dev_w = to_device_weights(m.weights);
+    ModelWeights dev_w = to_device_weights(m.weights);
     for (const char* bname : kBatches) {
       SCOPED_TRACE(bname);
       SafetensorsFile io = SafetensorsFile::open((vdir / (std::string(bname) + ".safetensors")).string());
       const Batch b = load_batch(io);
-      Qwen3MoeWeights cpu_g = Qwen3MoeWeights::zeros_like_config(cfg, DType::F32);
-      const ForwardResult want = Qwen3MoeModel(cfg, m.weights).forward_backward(b, cpu_g);
-      Qwen3MoeWeights cpu32_g = Qwen3MoeWeights::zeros_like_config(cfg, DType::F32);
-      Qwen3MoeModel(cfg, w32).forward_backward(b, cpu32_g);
+      ModelWeights cpu_g = ModelWeights::zeros_like_config(cfg, DType::F32);
+      const ForwardResult want = DecoderModel(cfg, m.weights).forward_backward(b, cpu_g);
+      ModelWeights cpu32_g = ModelWeights::zeros_like_config(cfg, DType::F32);
+      DecoderModel(cfg, w32).forward_backward(b, cpu32_g);
 
-      Qwen3MoeCudaModel model(cfg, dev_w, 0);
+      DecoderCudaModel model(cfg, dev_w, 0);
       const CudaBatch gb = cuda_batch_upload(cfg, b, 0);
       ASSERT_EQ(gb.target_count, want.tokens);
-      Qwen3MoeWeights got_g = device_zeros_like(cfg);
+      ModelWeights got_g = device_zeros_like(cfg);
       const CudaLoss l = model.forward_backward(gb, got_g, static_cast<double>(gb.target_count));
       EXPECT_LE(rel_diff(cuda::to_host(l.ce_sum).to_floats()[0] / static_cast<double>(want.tokens), want.ce_loss),
                 5e-3);

@@ -15,9 +15,9 @@
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/kernel_launch.cuh"
 #include "models/cuda/cuda_batch.h"
-#include "models/cuda/qwen3_moe_cuda_model.h"
+#include "models/cuda/decoder_cuda_model.h"
 #include "models/presets.h"
-#include "models/qwen3_moe_model.h"
+#include "models/decoder_model.h"
 
 namespace mt {
 namespace {
@@ -38,8 +38,8 @@ nlohmann::json small_config_json(int64_t head_dim, int64_t top_k) {
   return j;
 }
 
-Qwen3MoeConfig small_config(int64_t head_dim, int64_t top_k = 2) {
-  return Qwen3MoeConfig::from_json(small_config_json(head_dim, top_k), "test-config");
+DecoderSpec small_config(int64_t head_dim, int64_t top_k = 2) {
+  return DecoderSpec::from_json(small_config_json(head_dim, top_k), "test-config");
 }
 
 // Where small_config's dense MLP layers are (intermediate_size 200: a multiple of 8, not of a tile).
@@ -72,15 +72,15 @@ nlohmann::json dense_config_json(DenseLayers d, int64_t head_dim, int64_t top_k)
   return j;
 }
 
-Qwen3MoeConfig dense_config(DenseLayers d, int64_t head_dim, int64_t top_k) {
-  return Qwen3MoeConfig::from_json(dense_config_json(d, head_dim, top_k), dense_layers_name(d));
+DecoderSpec dense_config(DenseLayers d, int64_t head_dim, int64_t top_k) {
+  return DecoderSpec::from_json(dense_config_json(d, head_dim, top_k), dense_layers_name(d));
 }
 
 using test::device_zeros_like;
 using test::to_device_weights;
 
 // Two rows of 96 tokens; row 1 packs three documents; a few labels ignored.
-Batch test_batch(const Qwen3MoeConfig& cfg) {
+Batch test_batch(const DecoderSpec& cfg) {
   const int64_t B = 2, S = 96;
   Batch b;
   b.input_ids = Tensor::empty({B, S}, DType::I64);
@@ -103,17 +103,17 @@ Batch test_batch(const Qwen3MoeConfig& cfg) {
 struct CudaRun {
   double ce = 0, aux = 0;
   int64_t count = 0;
-  Qwen3MoeWeights grads;
+  ModelWeights grads;
 };
 
 // all_head_rows: the LM head runs over every row (the batch's target_rows cleared), not only those with a
 // target.
-CudaRun run_cuda(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& dev_w, const Batch& b, Recompute rc, double div,
+CudaRun run_cuda(const DecoderSpec& cfg, ModelWeights& dev_w, const Batch& b, Recompute rc, double div,
                  bool all_head_rows = false) {
   CudaModelOptions o;
   o.recompute = rc;
   o.loss_chunk_rows = 64;  // several chunks
-  Qwen3MoeCudaModel model(cfg, dev_w, 0, o);
+  DecoderCudaModel model(cfg, dev_w, 0, o);
   CudaBatch gb = cuda_batch_upload(cfg, b, 0);
   if (all_head_rows) gb.target_rows = gb.row_targets = Tensor();
   CudaRun r;
@@ -129,13 +129,13 @@ struct Tolerance {
   double loss, aux, max_norm, rel_l2;
 };
 
-void expect_matches_cpu(const Qwen3MoeConfig& cfg, const Tolerance& tol) {
-  Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 7);
-  Qwen3MoeWeights dev_w = to_device_weights(host_w);
+void expect_matches_cpu(const DecoderSpec& cfg, const Tolerance& tol) {
+  ModelWeights host_w = ModelWeights::random_init(cfg, DType::BF16, 7);
+  ModelWeights dev_w = to_device_weights(host_w);
   const Batch b = test_batch(cfg);
 
-  Qwen3MoeModel cpu(cfg, host_w);
-  Qwen3MoeWeights cpu_g = Qwen3MoeWeights::zeros_like_config(cfg, DType::F32);
+  DecoderModel cpu(cfg, host_w);
+  ModelWeights cpu_g = ModelWeights::zeros_like_config(cfg, DType::F32);
   ForwardResult want = cpu.forward_backward(b, cpu_g);
   ASSERT_GT(want.tokens, 0);
 
@@ -146,7 +146,7 @@ void expect_matches_cpu(const Qwen3MoeConfig& cfg, const Tolerance& tol) {
 
   // Loss through forward() agrees with forward_backward's.
   {
-    Qwen3MoeCudaModel m(cfg, dev_w, 0);
+    DecoderCudaModel m(cfg, dev_w, 0);
     CudaBatch gb = cuda_batch_upload(cfg, b, 0);
     CudaLoss l = m.forward(gb);
     EXPECT_NEAR(cuda::to_host(l.ce_sum).to_floats()[0] / static_cast<double>(want.tokens), got.ce, 1e-5 * got.ce);
@@ -163,7 +163,7 @@ void expect_matches_cpu(const Qwen3MoeConfig& cfg, const Tolerance& tol) {
 
 // Every expert selected (top-k = E): no routing decision can flip between the two implementations, so
 // what remains is bf16 activations on both sides with different accumulation orders and rounding points.
-TEST(CudaQwen3MoeModel, MatchesCpuBf16AllExpertsRouted) {
+TEST(CudaDecoderModel, MatchesCpuBf16AllExpertsRouted) {
   MT_SKIP_WITHOUT_CUDA();
   for (int64_t head_dim : {64, 128}) {
     SCOPED_TRACE("head_dim " + std::to_string(head_dim));
@@ -180,7 +180,7 @@ TEST(CudaQwen3MoeModel, MatchesCpuBf16AllExpertsRouted) {
 // test stays loose on routed gradients; routing itself is checked decision by decision against Transformers
 // in GpuVsTransformers (tests/models/cuda/gpu_vs_transformers_test.cpp), and without routing decisions
 // (MatchesCpuBf16AllExpertsRouted) the limits are tight.
-TEST(CudaQwen3MoeModel, MatchesCpuBf16TopTwo) {
+TEST(CudaDecoderModel, MatchesCpuBf16TopTwo) {
   MT_SKIP_WITHOUT_CUDA();
   expect_matches_cpu(small_config(64, 2), {5e-3, 2e-2, 0.35, 0.2});
 }
@@ -189,12 +189,12 @@ TEST(CudaQwen3MoeModel, MatchesCpuBf16TopTwo) {
 // decision can flip and the all-experts-routed limits apply to every gradient, the dense MLP's included (its
 // numerics are the experts' without the routing weight: two bf16 GEMM outputs, HF's two SwiGLU roundings, a
 // bf16 down GEMM). The dense Qwen3 has no aux loss on either side (0 == 0).
-TEST(CudaQwen3MoeModel, DenseLayersMatchCpuBf16) {
+TEST(CudaDecoderModel, DenseLayersMatchCpuBf16) {
   MT_SKIP_WITHOUT_CUDA();
   for (DenseLayers d : {DenseLayers::mlp_only_1, DenseLayers::sparse_step_2, DenseLayers::all})
     for (int64_t head_dim : {64, 128}) {
       SCOPED_TRACE(std::string(dense_layers_name(d)) + ", head_dim " + std::to_string(head_dim));
-      const Qwen3MoeConfig cfg = dense_config(d, head_dim, 8);
+      const DecoderSpec cfg = dense_config(d, head_dim, 8);
       ASSERT_EQ(cfg.is_moe_layer(0), d == DenseLayers::mlp_only_1);
       ASSERT_EQ(cfg.is_moe_layer(1), d == DenseLayers::sparse_step_2);
       expect_matches_cpu(cfg, {5e-3, 1e-2, 0.06, 0.03});
@@ -202,9 +202,9 @@ TEST(CudaQwen3MoeModel, DenseLayersMatchCpuBf16) {
 }
 
 // Recompute none | selective | full against each other, through MoE and dense layers alike (see below).
-void expect_recompute_policies_agree(const Qwen3MoeConfig& cfg) {
-  Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 11);
-  Qwen3MoeWeights dev_w = to_device_weights(host_w);
+void expect_recompute_policies_agree(const DecoderSpec& cfg) {
+  ModelWeights host_w = ModelWeights::random_init(cfg, DType::BF16, 11);
+  ModelWeights dev_w = to_device_weights(host_w);
   const Batch b = test_batch(cfg);
   const CudaRun none = run_cuda(cfg, dev_w, b, Recompute::none, 100.0);
   for (Recompute rc : {Recompute::selective, Recompute::full}) {
@@ -221,12 +221,12 @@ void expect_recompute_policies_agree(const Qwen3MoeConfig& cfg) {
   }
 }
 
-TEST(CudaQwen3MoeModel, RecomputePoliciesAgree) {
+TEST(CudaDecoderModel, RecomputePoliciesAgree) {
   MT_SKIP_WITHOUT_CUDA();
   expect_recompute_policies_agree(small_config(64));
 }
 
-TEST(CudaQwen3MoeModel, RecomputePoliciesAgreeWithDenseLayers) {
+TEST(CudaDecoderModel, RecomputePoliciesAgreeWithDenseLayers) {
   MT_SKIP_WITHOUT_CUDA();
   for (DenseLayers d : {DenseLayers::sparse_step_2, DenseLayers::all}) {
     SCOPED_TRACE(dense_layers_name(d));
@@ -238,7 +238,7 @@ TEST(CudaQwen3MoeModel, RecomputePoliciesAgreeWithDenseLayers) {
 // griddepcontrol.wait before touching memory) must not change a result: a kernel that read its input before
 // the wait would see the previous step's data here and move the loss or the gradients by far more than the
 // flash backward's atomic reordering does.
-TEST(CudaQwen3MoeModel, ProgrammaticDependentLaunchChangesNoResult) {
+TEST(CudaDecoderModel, ProgrammaticDependentLaunchChangesNoResult) {
   MT_SKIP_WITHOUT_CUDA();
   cuda::pdl_set_enabled(1);
   const bool available = cuda::pdl_enabled();
@@ -246,9 +246,9 @@ TEST(CudaQwen3MoeModel, ProgrammaticDependentLaunchChangesNoResult) {
     cuda::pdl_set_enabled(-1);
     GTEST_SKIP() << "programmatic dependent launch needs compute capability 9.0";
   }
-  const Qwen3MoeConfig cfg = small_config(128, 2);
-  Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 5);
-  Qwen3MoeWeights dev_w = to_device_weights(host_w);
+  const DecoderSpec cfg = small_config(128, 2);
+  ModelWeights host_w = ModelWeights::random_init(cfg, DType::BF16, 5);
+  ModelWeights dev_w = to_device_weights(host_w);
   const Batch b = test_batch(cfg);
   cuda::pdl_set_enabled(0);
   const CudaRun off = run_cuda(cfg, dev_w, b, Recompute::none, 100.0);
@@ -273,11 +273,11 @@ TEST(CudaQwen3MoeModel, ProgrammaticDependentLaunchChangesNoResult) {
 // neither the loss nor any gradient (the full-rows run differs only by the GEMMs' row count; the scatter
 // leaves exact zeros in the ignored rows' input gradient, and a wrong row would move every gradient below
 // the head by far more than 1e-3).
-TEST(CudaQwen3MoeModel, HeadSkipsRowsWithoutTargets) {
+TEST(CudaDecoderModel, HeadSkipsRowsWithoutTargets) {
   MT_SKIP_WITHOUT_CUDA();
-  const Qwen3MoeConfig cfg = small_config(64);
-  Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 13);
-  Qwen3MoeWeights dev_w = to_device_weights(host_w);
+  const DecoderSpec cfg = small_config(64);
+  ModelWeights host_w = ModelWeights::random_init(cfg, DType::BF16, 13);
+  ModelWeights dev_w = to_device_weights(host_w);
   const Batch b = test_batch(cfg);
   {
     const CudaBatch gb = cuda_batch_upload(cfg, b, 0);
@@ -309,11 +309,11 @@ TEST(CudaQwen3MoeModel, HeadSkipsRowsWithoutTargets) {
 
 // A micro-batch without a single target (a prompt-only window): no loss, no head or final-norm gradient,
 // and the rest of the model still trains on the aux loss alone.
-TEST(CudaQwen3MoeModel, MicroBatchWithoutTargetsHasNoLossGradient) {
+TEST(CudaDecoderModel, MicroBatchWithoutTargetsHasNoLossGradient) {
   MT_SKIP_WITHOUT_CUDA();
-  const Qwen3MoeConfig cfg = small_config(64);
-  Qwen3MoeWeights host_w = Qwen3MoeWeights::random_init(cfg, DType::BF16, 17);
-  Qwen3MoeWeights dev_w = to_device_weights(host_w);
+  const DecoderSpec cfg = small_config(64);
+  ModelWeights host_w = ModelWeights::random_init(cfg, DType::BF16, 17);
+  ModelWeights dev_w = to_device_weights(host_w);
   Batch b = test_batch(cfg);
   for (int64_t i = 0; i < b.labels.numel(); ++i) b.labels.data_as<int64_t>()[i] = -100;
   const CudaRun r = run_cuda(cfg, dev_w, b, Recompute::none, 1.0);
@@ -336,13 +336,13 @@ TEST(CudaQwen3MoeModel, MicroBatchWithoutTargetsHasNoLossGradient) {
   }
 }
 
-TEST(CudaQwen3MoeModel, RefusesFp32Parameters) {
+TEST(CudaDecoderModel, RefusesFp32Parameters) {
   MT_SKIP_WITHOUT_CUDA();
-  const Qwen3MoeConfig cfg = small_config(64);
-  Qwen3MoeWeights f32 = Qwen3MoeWeights::random_init(cfg, DType::F32, 1);
-  Qwen3MoeWeights dev = to_device_weights(f32);
+  const DecoderSpec cfg = small_config(64);
+  ModelWeights f32 = ModelWeights::random_init(cfg, DType::F32, 1);
+  ModelWeights dev = to_device_weights(f32);
   try {
-    Qwen3MoeCudaModel m(cfg, dev, 0);
+    DecoderCudaModel m(cfg, dev, 0);
     FAIL() << "F32 parameters accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("expected dtype BF16"), std::string::npos) << e.what();
@@ -352,18 +352,18 @@ TEST(CudaQwen3MoeModel, RefusesFp32Parameters) {
 // What the CUDA model refuses is a pure function of the config (no GPU needed): dense layers are accepted, but
 // their intermediate_size must be a multiple of 8 (the gate and up halves of the MLP block's [T, 2F] buffer
 // stay 16-byte aligned), and only when the config has a dense layer.
-TEST(CudaQwen3MoeModel, UnsupportedReasonChecksTheDenseIntermediateSize) {
+TEST(CudaDecoderModel, UnsupportedReasonChecksTheDenseIntermediateSize) {
   for (DenseLayers d : {DenseLayers::mlp_only_1, DenseLayers::sparse_step_2, DenseLayers::all}) {
     SCOPED_TRACE(dense_layers_name(d));
     EXPECT_EQ(cuda_model_unsupported_reason(dense_config(d, 64, 2)), "");
     nlohmann::json j = dense_config_json(d, 64, 2);
     j["intermediate_size"] = 100;
-    EXPECT_EQ(cuda_model_unsupported_reason(Qwen3MoeConfig::from_json(j, "odd")),
+    EXPECT_EQ(cuda_model_unsupported_reason(DecoderSpec::from_json(j, "odd")),
               "intermediate_size 100 must be a multiple of 8 for the dense MLP layers' GEMMs");
   }
   nlohmann::json j = small_config_json(64, 2);  // MoE layers only: intermediate_size is unused
   j["intermediate_size"] = 100;
-  EXPECT_EQ(cuda_model_unsupported_reason(Qwen3MoeConfig::from_json(j, "moe only")), "");
+  EXPECT_EQ(cuda_model_unsupported_reason(DecoderSpec::from_json(j, "moe only")), "");
 }
 
 }  // namespace

@@ -155,7 +155,7 @@ TEST(CudaMultiGpu, DataAndExpertParallelTrackOneGpuOver50Steps) {
       const int64_t E = X.experts_gate_up.dim(0);
       for (int64_t e = 0; e < E; ++e) {
         SCOPED_TRACE(std::string(run_name) + " layer " + std::to_string(l) + " expert " + std::to_string(e));
-        for (Tensor Qwen3MoeLayerWeights::*stack : {&Qwen3MoeLayerWeights::experts_gate_up, &Qwen3MoeLayerWeights::experts_down}) {
+        for (Tensor LayerWeights::*stack : {&LayerWeights::experts_gate_up, &LayerWeights::experts_down}) {
           const double own = rel_l2((X.*stack)[e], (Y.*stack)[e]);
           farthest = std::max(farthest, own);
           EXPECT_LT(own, 0.1);

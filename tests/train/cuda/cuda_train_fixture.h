@@ -35,7 +35,7 @@ inline void write_model_and_data(const io_test::ScratchDir& dir, bool dense = fa
                           "mlp_only_layers", "norm_topk_prob", "output_router_logits", "router_aux_loss_coef"})
       j.erase(k);
   }
-  CausalLM lm = CausalLM::from_config(Qwen3MoeConfig::from_json(j, "test"), DType::F32, 3);
+  CausalLM lm = CausalLM::from_config(DecoderSpec::from_json(j, "test"), DType::F32, 3);
   lm.save_pretrained(dir.file("model"));
   std::ofstream out(dir.file("train.jsonl"));
   uint64_t s = 99;

@@ -119,7 +119,7 @@ TEST(CudaTrainer, PureBf16TracksCpuFp32OnQuickstartData) {
   if (data.empty() || !fs::exists(data / "train.jsonl") || !fs::exists(data / "tokenizer" / "tokenizer.json"))
     GTEST_SKIP() << "MIXTUNE_QUICKSTART_DATA names no quickstart data (train.jsonl, tokenizer/)";
   io_test::ScratchDir dir;
-  CausalLM::from_config(Qwen3MoeConfig::from_json(preset_config_json("qwen3-moe-tiny"), "qwen3-moe-tiny"), DType::F32,
+  CausalLM::from_config(DecoderSpec::from_json(preset_config_json("qwen3-moe-tiny"), "qwen3-moe-tiny"), DType::F32,
                         1234)
       .save_pretrained(dir.file("model"));
   auto write = [&](const std::string& run) {
@@ -207,7 +207,7 @@ TEST(CudaTrainer, DeterministicRunsAndResumeAreBitwiseIdentical) {
   j["output_router_logits"] = true;
   j["router_aux_loss_coef"] = 0.01;
   j["initializer_range"] = 0.05;
-  CausalLM::from_config(Qwen3MoeConfig::from_json(j, "test"), DType::F32, 11).save_pretrained(dir.file("model"));
+  CausalLM::from_config(DecoderSpec::from_json(j, "test"), DType::F32, 11).save_pretrained(dir.file("model"));
   {
     std::ofstream out(dir.file("train.jsonl"));
     uint64_t s = 7;

@@ -1,27 +1,36 @@
-// Parameters of Qwen3-MoE (and dense Qwen3) in the engine's layout.
-// Experts are stacked per layer as Transformers v5 holds them in memory (hf-numerics.md §3.3):
+// The parameters of a decoder model in the engines' layout: one tensor per entry of the model's parameter
+// table (models/param_table.h, made by its family file from the DecoderSpec), held in the slots the blocks
+// read. Experts are stacked per layer as Transformers v5 holds them in memory (hf-numerics.md §3.3):
 //   experts_gate_up [E, 2I, H]  rows 0..I-1 = gate_proj, rows I..2I-1 = up_proj
 //   experts_down    [E, H, I]
 // Every linear weight is [out, in] as in nn.Linear. The same struct holds gradients.
 #pragma once
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/tensor.h"
-#include "models/qwen3_moe_config.h"
+#include "models/param_table.h"
+#include "models/spec/decoder_spec.h"
 
 namespace mt {
 
-// Whether a parameter name is a stacked expert tensor (mlp.experts.gate_up_proj / down_proj): the tensors
-// expert parallelism splits over ranks.
-inline bool param_is_stacked_expert(const std::string& name) {
-  return name.find(".mlp.experts.") != std::string::npos;
-}
+// ParamEntry::slot of a table entry: the ModelWeights member holding it (model-level slots for layer -1, the
+// LayerWeights members otherwise). The norm before a layer's attention sublayer is input_norm, the one before its
+// feed-forward sublayer (MLP or MoE) post_norm.
+struct WeightSlot {
+  enum : int {
+    embed, final_norm, lm_head,  // model level
+    input_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm,  // attention sublayer
+    post_norm, router, experts_gate_up, experts_down,  // MoE sublayer (post_norm: any feed-forward sublayer)
+    mlp_gate, mlp_up, mlp_down,  // dense MLP sublayer
+  };
+};
 
-struct Qwen3MoeLayerWeights {
+struct LayerWeights {
   Tensor input_norm;  // [H]           model.layers.L.input_layernorm.weight
   Tensor q_proj;      // [heads*D, H]  model.layers.L.self_attn.q_proj.weight
   Tensor k_proj;      // [kv*D, H]
@@ -34,39 +43,45 @@ struct Qwen3MoeLayerWeights {
   Tensor router;           // [E, H]     model.layers.L.mlp.gate.weight
   Tensor experts_gate_up;  // [E, 2I, H] (HF: experts.e.gate_proj / up_proj, stacked)
   Tensor experts_down;     // [E, H, I]  (HF: experts.e.down_proj, stacked)
-  // Dense MLP layers (mlp_only_layers, decoder_sparse_step, or a dense Qwen3)
+  // Dense MLP layers
   Tensor mlp_gate;  // [F, H]
   Tensor mlp_up;    // [F, H]
   Tensor mlp_down;  // [H, F]
 };
 
-struct Qwen3MoeWeights {
+struct ModelWeights {
   Tensor embed;       // [V, H]  model.embed_tokens.weight
-  std::vector<Qwen3MoeLayerWeights> layers;
+  std::vector<LayerWeights> layers;
   Tensor final_norm;  // [H]     model.norm.weight
   Tensor lm_head;     // [V, H]  lm_head.weight; undefined when tie_word_embeddings (embed is used)
+  // The spec's parameter table (param_table_of), set by the factories below; null in a default-constructed
+  // struct.
+  std::shared_ptr<const ParamTable> table;
 
-  // Every parameter with its in-memory (v5) name, in Transformers' state_dict order:
-  //   model.embed_tokens.weight, per layer: self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm,
-  //   mlp.{gate, experts.gate_up_proj, experts.down_proj} or mlp.{gate,up,down}_proj,
-  //   input_layernorm, post_attention_layernorm; model.norm.weight, lm_head.weight (untied only).
+  const ParamTable& param_table() const;  // throws when `table` is null
+  // The member holding a table entry.
+  Tensor& slot(const ParamEntry& e);
+  const Tensor& slot(const ParamEntry& e) const;
+
+  // Every parameter (the table's entries but buffers) with its in-memory (v5) name, in Transformers'
+  // state_dict order (the table's). Empty without a table.
   std::vector<std::pair<std::string, Tensor*>> named_parameters();
   std::vector<std::pair<std::string, const Tensor*>> named_parameters() const;
 
   // Tensors shaped like the parameters for `cfg`, zero-filled, of `dtype` (gradient buffers, moments).
   // experts_held >= 0: the stacked expert tensors hold that many experts (an expert-parallel rank's slice).
-  static Qwen3MoeWeights zeros_like_config(const Qwen3MoeConfig& cfg, DType dtype, int64_t experts_held = -1);
+  static ModelWeights zeros_like_config(const DecoderSpec& cfg, DType dtype, int64_t experts_held = -1);
   // Uninitialised tensors shaped like the parameters, on `device` (device buffers for the CUDA path).
   // experts_held >= 0: the stacked expert tensors hold that many experts (an expert-parallel rank's slice).
-  static Qwen3MoeWeights empty_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device,
+  static ModelWeights empty_like_config(const DecoderSpec& cfg, DType dtype, Device device,
                                            int64_t experts_held = -1);
   // Every parameter Tensor::absent (shape, dtype and device only, no storage): for planning by names and sizes,
   // or to allocate only some of them (a ZeRO-3 rank's own).
-  static Qwen3MoeWeights absent_like_config(const Qwen3MoeConfig& cfg, DType dtype, Device device = Device::cpu(),
+  static ModelWeights absent_like_config(const DecoderSpec& cfg, DType dtype, Device device = Device::cpu(),
                                             int64_t experts_held = -1);
-  // Seeded random init as Transformers does: normal(0, initializer_range) for linear, embedding,
-  // router and expert weights; ones for every RMSNorm weight.
-  static Qwen3MoeWeights random_init(const Qwen3MoeConfig& cfg, DType dtype, uint64_t seed);
+  // Seeded random init by the table's init rule, as Transformers does: normal(0, initializer_range) for
+  // linear, embedding, router and expert weights; ones for every RMSNorm weight. One RNG stream per name.
+  static ModelWeights random_init(const DecoderSpec& cfg, DType dtype, uint64_t seed);
 
   // Conversion from the checkpoint names (per-expert tensors) to this layout. `lookup` returns the
   // tensor stored under an HF name, or an undefined Tensor if absent; `all_names` lists every name
@@ -80,7 +95,7 @@ struct Qwen3MoeWeights {
   // read; it stays Tensor::absent (a ZeRO-3 rank's parameters owned by other ranks, train/sharded_params.h).
   // compact_experts (with expert_count >= 0): the stacked tensors hold just those experts, [expert_count, ...]
   // (the CPU engine trains on them as they are), instead of all E rows with only those written.
-  static Qwen3MoeWeights from_hf(const Qwen3MoeConfig& cfg, DType dtype,
+  static ModelWeights from_hf(const DecoderSpec& cfg, DType dtype,
                                  const std::function<Tensor(const std::string&)>& lookup,
                                  const std::vector<std::string>& all_names, const std::string& source,
                                  int64_t expert_first = 0, int64_t expert_count = -1,
@@ -91,7 +106,7 @@ struct Qwen3MoeWeights {
   // Stacked expert tensors holding fewer than cfg.num_experts experts (compact_experts) hold experts
   // [expert_first, expert_first + held); the others are still listed, as Tensor::absent (shape only), so a
   // shared save lays out the whole model while this rank writes its experts.
-  std::vector<std::pair<std::string, Tensor>> to_hf(const Qwen3MoeConfig& cfg, int64_t expert_first = 0) const;
+  std::vector<std::pair<std::string, Tensor>> to_hf(const DecoderSpec& cfg, int64_t expert_first = 0) const;
 
   int64_t parameter_count() const;
 };

@@ -1,4 +1,4 @@
-#include "models/qwen3_moe_generate.h"
+#include "models/generate.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,19 +13,19 @@
 #include "layers/lm_head.h"
 #include "layers/mlp_block.h"
 #include "layers/moe_block.h"
-#include "models/qwen3_moe_model.h"
+#include "models/decoder_model.h"
 
 namespace mt {
 
-Qwen3MoeGenerator::Qwen3MoeGenerator(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, int64_t capacity)
+Generator::Generator(const DecoderSpec& cfg, ModelWeights& weights, int64_t capacity)
     : cfg_(cfg), w_(weights) {
   // The training model's constructor owns the config and parameter checks; reuse them.
-  bf16_ = Qwen3MoeModel(cfg_, w_).bf16();
+  bf16_ = DecoderModel(cfg_, w_).bf16();
   cache_ = KvCache::create(cfg_, capacity);
   head_f32_ = cpu::param_f32(cfg_.tie_word_embeddings ? w_.embed : w_.lm_head);  // exact: bf16 ⊂ fp32
 }
 
-Tensor Qwen3MoeGenerator::extend(const std::vector<int64_t>& ids, bool all_positions) {
+Tensor Generator::extend(const std::vector<int64_t>& ids, bool all_positions) {
   const int64_t n = static_cast<int64_t>(ids.size()), offset = cache_.length, V = cfg_.vocab_size;
   if (n < 1) fail("generate: no tokens to run");
   if (offset + n > cache_.capacity)
@@ -38,17 +38,27 @@ Tensor Qwen3MoeGenerator::extend(const std::vector<int64_t>& ids, bool all_posit
     pos.data_as<int64_t>()[i] = offset + i;
   }
   BlockEnv env;
-  env.cfg = &cfg_;
+  env.spec = &cfg_;
   env.batch = 1;
   env.seq = n;
   env.bf16 = bf16_;
-  env.rope = cpu::rope_tables(pos, cfg_.head_dim, cfg_.rope_theta, bf16_);
+  const AttentionSpec& a = cfg_.only_attention();  // one RoPE table serves every layer
+  env.rope = cpu::rope_tables(pos, a.head_dim, a.rope.theta, bf16_);
   // The MoE and MLP blocks work token by token, so the training forward serves the cached path as is.
   Tensor x = cpu::embedding_forward(tokens, w_.embed);
-  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+  for (int64_t l = 0; l < cfg_.num_layers(); ++l) {
     const auto& L = w_.layers[l];
-    x = attention_block_forward_cached(env, L, x, offset, cache_.k[l], cache_.v[l]);
-    x = cfg_.is_moe_layer(l) ? moe_block_forward(env, L, x, nullptr) : mlp_block_forward(env, L, x, nullptr);
+    for (const Sublayer& sub : cfg_.layers[static_cast<size_t>(l)].sublayers) {
+      const size_t k = static_cast<size_t>(sub.index);
+      switch (sub.kind) {
+        case SublayerKind::attention:
+          x = attention_block_forward_cached(env, cfg_.attention[k], L, x, offset, cache_.k[l], cache_.v[l]);
+          break;
+        case SublayerKind::moe: x = moe_block_forward(env, cfg_.moe[k], L, x, nullptr); break;
+        case SublayerKind::mlp: x = mlp_block_forward(env, cfg_.mlp[k], L, x, nullptr); break;
+        case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
+      }
+    }
   }
   cache_.length = offset + n;
   const Tensor last = all_positions ? x : x.rows(n - 1, n);
@@ -56,12 +66,12 @@ Tensor Qwen3MoeGenerator::extend(const std::vector<int64_t>& ids, bool all_posit
   return all_positions ? lm.logits : lm.logits.view({V});
 }
 
-Tensor Qwen3MoeGenerator::prefill(const std::vector<int64_t>& prompt) {
+Tensor Generator::prefill(const std::vector<int64_t>& prompt) {
   reset();
   return extend(prompt);
 }
 
-GenerateResult generate(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, const std::vector<int64_t>& prompt,
+GenerateResult generate(const DecoderSpec& cfg, ModelWeights& weights, const std::vector<int64_t>& prompt,
                         const GenerateOptions& o, const std::function<void(int64_t)>& on_token) {
   sampling_options_check(o.sampling);
   const int64_t P = static_cast<int64_t>(prompt.size()), max_pos = cfg.max_position_embeddings;
@@ -71,7 +81,7 @@ GenerateResult generate(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, con
   if (o.max_new_tokens < 0) fail("--max-new-tokens must be >= 0, found {}", o.max_new_tokens);
   // Every generated token but the last is fed back, and the sequence stops at max_position_embeddings.
   const int64_t budget = std::min(o.max_new_tokens, max_pos - P);
-  Qwen3MoeGenerator gen(cfg, weights, P + std::max<int64_t>(budget - 1, 0));
+  Generator gen(cfg, weights, P + std::max<int64_t>(budget - 1, 0));
   Rng rng(o.seed, rng_stream_of("generate"));
   GenerateResult r;
   using clock = std::chrono::steady_clock;

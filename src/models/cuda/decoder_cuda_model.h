@@ -1,4 +1,5 @@
-// Qwen3MoeForCausalLM on one GPU (the CPU twin is models/qwen3_moe_model.h): BF16 parameters and
+// The generic decoder on one GPU (the CPU twin is models/decoder_model.h), today for specs of attention + MoE
+// layers (cuda_model_unsupported_reason): BF16 parameters and
 // activations, FP32 gradients, every op a CUDA kernel or cuBLASLt GEMM queued on the device's stream.
 // Nothing in the layer loop waits for the GPU: expert token counts stay on the device, the losses are
 // returned as device scalars, read after the optimizer step's single sync.
@@ -19,15 +20,15 @@
 #include "layers/cuda/expert_wgrad_passes.h"
 #include "models/cuda/cuda_batch.h"
 #include "models/param_residency.h"
-#include "models/qwen3_moe_config.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/spec/decoder_spec.h"
+#include "models/model_weights.h"
 #include "train/memory_plan.h"
 
 namespace mt {
 
 // Why the CUDA model cannot run `cfg` ("" when it can): a head_dim the flash-attention kernels lack,
 // expert/hidden/intermediate sizes that are not multiples of 8.
-std::string cuda_model_unsupported_reason(const Qwen3MoeConfig& cfg);
+std::string cuda_model_unsupported_reason(const DecoderSpec& cfg);
 
 struct CudaModelOptions {
   Recompute recompute = Recompute::selective;
@@ -58,11 +59,11 @@ struct CudaLoss {
   Tensor aux;     // F32 [1]: load-balancing loss, undefined when the config does not add it
 };
 
-class Qwen3MoeCudaModel {
+class DecoderCudaModel {
  public:
   // weights: BF16 on cuda:device (checked). MoE layers run the MoE block, dense layers (mlp_only_layers,
   // decoder_sparse_step, a dense Qwen3) the dense MLP block (layers/cuda/mlp_block_cuda.h).
-  Qwen3MoeCudaModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, int device,
+  DecoderCudaModel(const DecoderSpec& cfg, ModelWeights& weights, int device,
                     const CudaModelOptions& options = {});
 
   CudaLoss forward(const CudaBatch& b);
@@ -77,7 +78,7 @@ class Qwen3MoeCudaModel {
   Trace forward_trace(const CudaBatch& b);
   // Adds d(loss)/d(param) into grads (F32 on the device; the stacked expert weights' may be BF16). loss = ce_sum / ce_divisor +
   // router_aux_loss_coef · aux (when aux_enabled()). Needs targets.
-  CudaLoss forward_backward(const CudaBatch& b, Qwen3MoeWeights& grads, double ce_divisor);
+  CudaLoss forward_backward(const CudaBatch& b, ModelWeights& grads, double ce_divisor);
 
   // The next expert weight-gradient pass into `grad` (a stacked expert gradient of the tensors given to
   // forward_backward) stores instead of adding: the step marks them instead of zeroing them.
@@ -88,15 +89,15 @@ class Qwen3MoeCudaModel {
   void flush_expert_grads();
 
   bool aux_enabled() const { return aux_on_; }
-  const Qwen3MoeConfig& config() const { return cfg_; }
+  const DecoderSpec& config() const { return cfg_; }
   int device() const { return device_; }
   // Experts held here: E, or E/ep under expert parallelism.
   int64_t experts_held() const;
   cuda::PhaseTimer& timer() { return timer_; }
 
  private:
-  Qwen3MoeConfig cfg_;
-  Qwen3MoeWeights& w_;
+  DecoderSpec cfg_;
+  ModelWeights& w_;
   int device_ = 0;
   CudaModelOptions opts_;
   bool aux_on_ = false;

@@ -1,4 +1,4 @@
-#include "models/cuda/qwen3_moe_cuda_model.h"
+#include "models/cuda/decoder_cuda_model.h"
 
 #include <fmt/format.h>
 
@@ -14,7 +14,7 @@
 #include "layers/cuda/attention_block_cuda.h"
 #include "layers/cuda/mlp_block_cuda.h"
 #include "layers/cuda/moe_block_cuda.h"
-#include "models/qwen3_moe_model.h"
+#include "models/decoder_model.h"
 
 namespace mt {
 
@@ -33,14 +33,17 @@ struct LayerActs {
 
 // ---- Dense MLP layers (mlp_only_layers, decoder_sparse_step, a dense Qwen3): the shared MLP block ----
 bool dense_layer(const CudaBlockEnv& env) { return !env.cfg->is_moe_layer(env.layer); }
-MlpSpec dense_spec(const Qwen3MoeConfig& c) { return {c.hidden_size, c.intermediate_size, MlpActivation::swiglu}; }
-MlpWeightsCuda dense_weights(const Qwen3MoeLayerWeights& L) { return {L.mlp_gate, L.mlp_up, L.mlp_down}; }
-MlpGradsCuda dense_grads(Qwen3MoeLayerWeights& G) { return {G.mlp_gate, G.mlp_up, G.mlp_down}; }
+MlpDimsCuda dense_spec(const DecoderSpec& c, int64_t layer) {
+  const MlpSpec& m = *c.mlp_of(layer);
+  return {c.hidden_size, m.intermediate_size, m.activation};
+}
+MlpWeightsCuda dense_weights(const LayerWeights& L) { return {L.mlp_gate, L.mlp_up, L.mlp_down}; }
+MlpGradsCuda dense_grads(LayerWeights& G) { return {G.mlp_gate, G.mlp_up, G.mlp_down}; }
 // ---- end of the dense MLP layers' helpers ----
 
 // Runs layer l (env.layer) from its input stream x and normalised input a; fills acts and returns the MoE
 // or dense MLP output (before its residual add, which the next norm fuses).
-Tensor layer_forward(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& L, const Tensor& x, const Tensor& a,
+Tensor layer_forward(const CudaBlockEnv& env, const LayerWeights& L, const Tensor& x, const Tensor& a,
                      cuda::AuxStats* stats, LayerActs& acts) {
   acts.x_in = x;
   Tensor y = attention_block_forward_cuda(env, L, a, acts.attn);
@@ -48,7 +51,8 @@ Tensor layer_forward(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& L, con
   acts.x_mid = env.bf16(x.shape());
   Tensor n = env.bf16(x.shape());
   cuda::rmsnorm_residual_forward(y, x, L.post_norm, env.eps(), acts.x_mid, n, nullptr, env.stream);
-  if (dense_layer(env)) return mlp_block_forward_cuda(env, dense_spec(*env.cfg), dense_weights(L), n, acts.mlp);
+  if (dense_layer(env))
+    return mlp_block_forward_cuda(env, dense_spec(*env.cfg, env.layer), dense_weights(L), n, acts.mlp);
   return moe_block_forward_cuda(env, L, n, stats, acts.moe);
 }
 
@@ -66,7 +70,7 @@ void layer_release(LayerActs& acts, Recompute r) {
 }
 
 // Makes every tensor the backward needs present again.
-void layer_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& L, LayerActs& acts, Recompute r) {
+void layer_restore(const CudaBlockEnv& env, const LayerWeights& L, LayerActs& acts, Recompute r) {
   if (r == Recompute::none) return;
   if (r == Recompute::full) {
     env.phase(Phase::other);
@@ -85,7 +89,7 @@ void layer_restore(const CudaBlockEnv& env, const Qwen3MoeLayerWeights& L, Layer
     acts.mlp.n = env.bf16(acts.x_mid.shape());
     cuda::rmsnorm_forward(acts.x_mid, L.post_norm, env.eps(), acts.mlp.n, nullptr, env.stream);
   }
-  mlp_acts_restore(env, dense_spec(*env.cfg), acts.mlp);
+  mlp_acts_restore(env, dense_spec(*env.cfg, env.layer), acts.mlp);
 }
 
 // The model's calls into a ParamResidency (ZeRO-3); no-ops without one.
@@ -111,10 +115,10 @@ struct StreamEnd {
 // Under ZeRO-3 the groups are fetched in reading order, each next one prefetched while the current one
 // computes; the end of layer l reads layer l + 1's input norm, so both are here there. The head's group
 // stays fetched (the caller releases it).
-StreamEnd run_layers(const CudaBlockEnv& env, const Qwen3MoeWeights& w, const CudaBatch& b, cuda::AuxStats* stats,
+StreamEnd run_layers(const CudaBlockEnv& env, const ModelWeights& w, const CudaBatch& b, cuda::AuxStats* stats,
                      std::vector<LayerActs>* keep, Recompute rc, const Params& params) {
-  const Qwen3MoeConfig& c = *env.cfg;
-  const int64_t T = b.tokens(), H = c.hidden_size, nl = c.num_hidden_layers;
+  const DecoderSpec& c = *env.cfg;
+  const int64_t T = b.tokens(), H = c.hidden_size, nl = c.num_layers();
   const int64_t head = ParamResidency::head(nl);
   env.phase(Phase::other);
   params.fetch(ParamResidency::kEmbedding);
@@ -146,14 +150,14 @@ StreamEnd run_layers(const CudaBlockEnv& env, const Qwen3MoeWeights& w, const Cu
 }
 
 // Gradients: shaped like the parameters, on the device, F32 (the stacked expert weights may be BF16).
-void check_grads(const Qwen3MoeWeights& w, const Qwen3MoeWeights& g, int device) {
+void check_grads(const ModelWeights& w, const ModelWeights& g, int device) {
   auto wp = w.named_parameters();
   auto gp = g.named_parameters();
   MT_CHECK(wp.size() == gp.size() && g.layers.size() == w.layers.size(), "gradients: {} tensors for {} parameters",
            gp.size(), wp.size());
   for (size_t i = 0; i < wp.size(); ++i) {
     const Tensor& t = *gp[i].second;
-    const bool expert = param_is_stacked_expert(gp[i].first);
+    const bool expert = w.param_table().is_expert_stack(gp[i].first);
     MT_CHECK(t.defined() && t.device() == Device::cuda(device) && t.shape() == wp[i].second->shape() &&
                  (t.dtype() == DType::F32 || (expert && t.dtype() == DType::BF16)),
              "gradient {}: expected F32{} {} on cuda:{}, found {}", gp[i].first, expert ? " or BF16" : "",
@@ -161,11 +165,8 @@ void check_grads(const Qwen3MoeWeights& w, const Qwen3MoeWeights& g, int device)
   }
 }
 
-bool config_adds_aux(const Qwen3MoeConfig& c) {
-  if (!c.output_router_logits) return false;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    if (c.is_moe_layer(l)) return true;  // the aux loss averages over the MoE layers' router logits
-  return false;
+bool config_adds_aux(const DecoderSpec& c) {
+  return c.aux_loss_on() && c.has_moe();  // the aux loss averages over the MoE layers' router logits
 }
 
 // The LM head and the loss over the rows that have a target (every row when b.target_rows is undefined):
@@ -195,22 +196,21 @@ void head_loss(const CudaBlockEnv& env, const Tensor& xf, const Tensor& head, co
 
 }  // namespace
 
-std::string cuda_model_unsupported_reason(const Qwen3MoeConfig& c) {
-  bool moe = false, dense = false;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) (c.is_moe_layer(l) ? moe : dense) = true;
-  if (!cuda::flash_attention_head_dim_supported(c.head_dim))
-    return fmt::format("head_dim {} has no flash-attention kernel ({})", c.head_dim,
+std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
+  if (!cuda::flash_attention_head_dim_supported(c.only_attention().head_dim))
+    return fmt::format("head_dim {} has no flash-attention kernel ({})", c.only_attention().head_dim,
                        cuda::flash_attention_head_dims());
-  if (c.hidden_size % 8 != 0 || (moe && c.moe_intermediate_size % 8 != 0))
+  if (c.hidden_size % 8 != 0 || (c.has_moe() && c.only_moe().expert.intermediate_size % 8 != 0))
     return fmt::format("hidden_size {} and moe_intermediate_size {} must be multiples of 8 for the grouped GEMM",
-                       c.hidden_size, c.moe_intermediate_size);
-  if (dense && c.intermediate_size % 8 != 0)  // the gate and up halves of the dense MLP's [T, 2F] buffer
-    return fmt::format("intermediate_size {} must be a multiple of 8 for the dense MLP layers' GEMMs",
-                       c.intermediate_size);
+                       c.hidden_size, c.has_moe() ? c.only_moe().expert.intermediate_size : 0);
+  for (int64_t l = 0; l < c.num_layers(); ++l)  // the gate and up halves of the dense MLP's [T, 2F] buffer
+    if (const MlpSpec* m = c.mlp_of(l); m && m->intermediate_size % 8 != 0)
+      return fmt::format("intermediate_size {} must be a multiple of 8 for the dense MLP layers' GEMMs",
+                         m->intermediate_size);
   return "";
 }
 
-Qwen3MoeCudaModel::Qwen3MoeCudaModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, int device,
+DecoderCudaModel::DecoderCudaModel(const DecoderSpec& cfg, ModelWeights& weights, int device,
                                      const CudaModelOptions& options)
     : cfg_(cfg), w_(weights), device_(device), opts_(options) {
   model_config_check(cfg_);
@@ -219,27 +219,27 @@ Qwen3MoeCudaModel::Qwen3MoeCudaModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights&
   weights_check(cfg_, w_, "parameter", DType::BF16, Device::cuda(device_), experts_held());
   aux_on_ = config_adds_aux(cfg_);
   MT_CHECK(opts_.loss_chunk_rows > 0, "loss_chunk_rows must be positive, found {}", opts_.loss_chunk_rows);
-  wgrad_passes_.resize(cfg_.num_hidden_layers);
+  wgrad_passes_.resize(cfg_.num_layers());
   wgrad_passes_.set_pairing(opts_.pair_expert_wgrad);
 }
 
-int64_t Qwen3MoeCudaModel::experts_held() const {
-  return opts_.expert_parallel ? opts_.expert_parallel->experts_per_rank() : cfg_.num_experts;
+int64_t DecoderCudaModel::experts_held() const {
+  return opts_.expert_parallel ? opts_.expert_parallel->experts_per_rank() : cfg_.num_experts();
 }
 
-void Qwen3MoeCudaModel::flush_expert_grads() {
+void DecoderCudaModel::flush_expert_grads() {
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
   timer_.mark(Phase::experts, ctx.stream);
   wgrad_passes_.flush(ctx.stream);
 }
 
-CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
+CudaLoss DecoderCudaModel::forward(const CudaBatch& b) {
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
   CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_, opts_.expert_parallel};
   env.ep_gather = b.uniform_across_ranks;
   env.deterministic = opts_.deterministic;
   cuda::AuxStats stats;
-  if (aux_on_) stats = cuda::aux_stats_zeros(cfg_.num_experts, device_, ctx.stream);
+  if (aux_on_) stats = cuda::aux_stats_zeros(cfg_.num_experts(), device_, ctx.stream);
 
   const Params params{opts_.residency};
   const Tensor xf = run_layers(env, w_, b, aux_on_ ? &stats : nullptr, nullptr, Recompute::none, params).xf;
@@ -257,7 +257,7 @@ CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
     MT_CUDA_CHECK(cudaMemsetAsync(loss.ce_sum.data(), 0, 4, ctx.stream));
     MT_CUDA_CHECK(cudaMemsetAsync(loss.count.data(), 0, 4, ctx.stream));
   }
-  params.release(ParamResidency::head(cfg_.num_hidden_layers), false);
+  params.release(ParamResidency::head(cfg_.num_layers()), false);
   if (aux_on_) {
     Tensor aux_dp;
     cuda::aux_loss_finish(stats, /*bf16=*/true, 0.0, loss.aux, aux_dp, ctx.stream);
@@ -266,22 +266,22 @@ CudaLoss Qwen3MoeCudaModel::forward(const CudaBatch& b) {
   return loss;
 }
 
-Qwen3MoeCudaModel::Trace Qwen3MoeCudaModel::forward_trace(const CudaBatch& b) {
+DecoderCudaModel::Trace DecoderCudaModel::forward_trace(const CudaBatch& b) {
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
   CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_, opts_.expert_parallel};
   env.ep_gather = b.uniform_across_ranks;
   env.deterministic = opts_.deterministic;
   const Params params{opts_.residency};
-  std::vector<LayerActs> acts(cfg_.num_hidden_layers);
+  std::vector<LayerActs> acts(cfg_.num_layers());
   Trace t;
   t.final_hidden = run_layers(env, w_, b, nullptr, &acts, Recompute::none, params).xf;
-  params.release(ParamResidency::head(cfg_.num_hidden_layers), false);
+  params.release(ParamResidency::head(cfg_.num_layers()), false);
   for (LayerActs& a : acts) t.routes.push_back(a.moe.route.index);  // undefined for a dense layer
   env.phase(Phase::other);
   return t;
 }
 
-CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights& grads, double ce_divisor) {
+CudaLoss DecoderCudaModel::forward_backward(const CudaBatch& b, ModelWeights& grads, double ce_divisor) {
   MT_CHECK(b.targets.defined(), "batch: forward_backward needs labels");
   MT_CHECK(ce_divisor > 0, "ce_divisor must be positive, found {}", ce_divisor);
   check_grads(w_, grads, device_);
@@ -289,7 +289,7 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
   CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_, opts_.expert_parallel};
   env.ep_gather = b.uniform_across_ranks;
   env.deterministic = opts_.deterministic;
-  const int64_t T = b.tokens(), H = cfg_.hidden_size, E = cfg_.num_experts, nl = cfg_.num_hidden_layers;
+  const int64_t T = b.tokens(), H = cfg_.hidden_size, E = cfg_.num_experts(), nl = cfg_.num_layers();
   const Recompute rc = opts_.recompute;
   cuda::AuxStats stats;
   if (aux_on_) stats = cuda::aux_stats_zeros(E, device_, ctx.stream);
@@ -322,7 +322,7 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
   params.release(ParamResidency::head(nl), false);
 
   Tensor aux_dp;
-  if (aux_on_) cuda::aux_loss_finish(stats, /*bf16=*/true, cfg_.router_aux_loss_coef, loss.aux, aux_dp, ctx.stream);
+  if (aux_on_) cuda::aux_loss_finish(stats, /*bf16=*/true, cfg_.aux_loss_coef(), loss.aux, aux_dp, ctx.stream);
 
   // Backward, layer by layer. dx is the gradient of the residual stream after layer l.
   // all_gather expert parallelism: each MoE backward starts with an all-gather of dx. dx is ready before
@@ -341,7 +341,7 @@ CudaLoss Qwen3MoeCudaModel::forward_backward(const CudaBatch& b, Qwen3MoeWeights
     if (rc == Recompute::full && dout_all.pending) ep_join(*env.ep, dout_all, ctx.stream);  // the recompute gathers too
     layer_restore(lenv, L, A, rc);
     Tensor dn = dense_layer(lenv)
-                    ? mlp_block_backward_cuda(lenv, dense_spec(cfg_), dense_weights(L), A.mlp, dx, dense_grads(G))
+                    ? mlp_block_backward_cuda(lenv, dense_spec(cfg_, l), dense_weights(L), A.mlp, dx, dense_grads(G))
                     : moe_block_backward_cuda(lenv, L, A.moe, dx, aux_dp, G, wgrad_passes_, l, &dout_all);
     MT_CHECK(!dout_all.pending, "layer {}: the prefetched output-gradient all-gather was not used", l);
     env.phase(Phase::other);

@@ -1,6 +1,6 @@
-// Text generation with Qwen3-MoE / Qwen3 on the CPU reference backend: a KV cache (kv_cache.h), the
+// Text generation with the generic decoder on the CPU reference backend: a KV cache (kv_cache.h), the
 // prompt run once (prefill), then one token per step against the cache. The logits equal those of
-// Qwen3MoeModel::forward() over the whole sequence (same ops and bf16 rounding points; fp32 sums may
+// DecoderModel::forward() over the whole sequence (same ops and bf16 rounding points; fp32 sums may
 // associate differently inside the GEMMs). One sequence at a time.
 #pragma once
 #include <cstdint>
@@ -10,17 +10,17 @@
 
 #include "core/tensor.h"
 #include "models/kv_cache.h"
-#include "models/qwen3_moe_config.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/spec/decoder_spec.h"
+#include "models/model_weights.h"
 #include "models/sampling.h"
 
 namespace mt {
 
-class Qwen3MoeGenerator {
+class Generator {
  public:
-  // Checks cfg and the weights as Qwen3MoeModel does (F32 or BF16 on the CPU; mt::Error otherwise) and
+  // Checks cfg and the weights as DecoderModel does (F32 or BF16 on the CPU; mt::Error otherwise) and
   // allocates a cache for `capacity` positions.
-  Qwen3MoeGenerator(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, int64_t capacity);
+  Generator(const DecoderSpec& cfg, ModelWeights& weights, int64_t capacity);
 
   // Runs `ids` at positions length()..length()+n-1 and appends their keys/values to the cache.
   // Returns F32 logits [n, V] when all_positions, else [V] for the last token. mt::Error for an empty
@@ -35,11 +35,11 @@ class Qwen3MoeGenerator {
   int64_t length() const { return cache_.length; }
   int64_t capacity() const { return cache_.capacity; }
   const KvCache& cache() const { return cache_; }
-  const Qwen3MoeConfig& config() const { return cfg_; }
+  const DecoderSpec& config() const { return cfg_; }
 
  private:
-  Qwen3MoeConfig cfg_;
-  Qwen3MoeWeights& w_;
+  DecoderSpec cfg_;
+  ModelWeights& w_;
   bool bf16_ = false;
   KvCache cache_;
   Tensor head_f32_;  // the LM head as fp32, converted once (lm_head_forward would convert a BF16 head per call)
@@ -62,7 +62,7 @@ struct GenerateResult {
 // Prefill + sampled (or greedy) decode. A prompt longer than max_position_embeddings, an empty prompt,
 // max_new_tokens < 0 or bad sampling options are an mt::Error. on_token (optional) sees each
 // generated id as soon as it is chosen (streaming). The draws use Rng(seed, rng_stream_of("generate")).
-GenerateResult generate(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, const std::vector<int64_t>& prompt,
+GenerateResult generate(const DecoderSpec& cfg, ModelWeights& weights, const std::vector<int64_t>& prompt,
                         const GenerateOptions& options, const std::function<void(int64_t)>& on_token = {});
 
 }  // namespace mt

@@ -1,12 +1,13 @@
-// Qwen3MoeForCausalLM / Qwen3ForCausalLM on the CPU reference backend: forward, loss and an explicit
-// backward over the blocks in src/layers (no general autograd). Numerics follow Transformers 5.17:
+// The generic decoder on the CPU reference backend: embedding, then per layer each sublayer of the spec
+// (attention, dense MLP, MoE; pre-norm + residual inside each block of src/layers), final norm and LM head;
+// forward, loss and an explicit backward over the same blocks (no general autograd). Numerics follow Transformers 5.17:
 // plain fp32 for F32 parameters, the bf16 rounding points of hf-numerics.md §1.1 for BF16 parameters.
 #pragma once
 #include <cstdint>
 
 #include "core/tensor.h"
-#include "models/qwen3_moe_config.h"
-#include "models/qwen3_moe_weights.h"
+#include "models/spec/decoder_spec.h"
+#include "models/model_weights.h"
 
 namespace mt {
 
@@ -21,17 +22,17 @@ struct Batch {
   bool uniform_across_ranks = true;
 };
 
-// Throws on a config the model cannot run (head counts, sizes, attention_bias).
-void model_config_check(const Qwen3MoeConfig& cfg);
+// Throws on a spec the CPU engine cannot run (head counts, sizes, sublayer options it has no kernels for).
+void model_config_check(const DecoderSpec& cfg);
 // Checks every parameter's presence, shape, dtype and device against cfg; `what` ("parameter",
 // "gradient") names the tensors in the error.
 // experts_held >= 0: the stacked expert tensors hold that many experts (an expert-parallel slice).
-void weights_check(const Qwen3MoeConfig& cfg, const Qwen3MoeWeights& w, const char* what, DType dtype, Device device,
+void weights_check(const DecoderSpec& cfg, const ModelWeights& w, const char* what, DType dtype, Device device,
                    int64_t experts_held = -1);
 
 // Checks input_ids (I64 [B, S], ids inside the vocabulary), labels and position_ids (like input_ids);
 // throws a one-line mt::Error naming the field.
-void batch_validate(const Qwen3MoeConfig& cfg, const Batch& b);
+void batch_validate(const DecoderSpec& cfg, const Batch& b);
 // position_ids, or 0..S-1 per row when undefined.
 Tensor batch_positions(const Batch& b);
 // I32 [B, S] document index per token when position_ids restart inside a row (packed documents), else
@@ -67,27 +68,27 @@ struct ModelOptions {
   ParamResidency* residency = nullptr;
 };
 
-class Qwen3MoeModel {
+class DecoderModel {
  public:
   // Checks every parameter's shape and dtype (all F32 or all BF16) against cfg; throws mt::Error.
-  Qwen3MoeModel(const Qwen3MoeConfig& cfg, Qwen3MoeWeights& weights, const ModelOptions& opts = {});
+  DecoderModel(const DecoderSpec& cfg, ModelWeights& weights, const ModelOptions& opts = {});
 
-  // loss = ce_loss + router_aux_loss_coef · aux_loss when cfg.output_router_logits and the model has MoE
-  // layers, else ce_loss. Without labels the losses are 0. With no valid label the CE is 0 (HF's
+  // loss = ce_loss + aux_loss_coef · aux_loss when cfg.aux_loss_on() (a MoE layer asks for the
+  // load-balancing loss), else ce_loss. Without labels the losses are 0. With no valid label the CE is 0 (HF's
   // mean would be NaN; with a ce_divisor it is 0 as here).
   ForwardResult forward(const Batch& b, bool want_logits, const LossOptions& o = {});
-  // Adds d(loss)/d(param) into grads (F32, shaped like the params: Qwen3MoeWeights::zeros_like_config).
+  // Adds d(loss)/d(param) into grads (F32, shaped like the params: ModelWeights::zeros_like_config).
   // Needs labels.
-  ForwardResult forward_backward(const Batch& b, Qwen3MoeWeights& grads, const LossOptions& o = {});
+  ForwardResult forward_backward(const Batch& b, ModelWeights& grads, const LossOptions& o = {});
 
-  const Qwen3MoeConfig& config() const { return cfg_; }
+  const DecoderSpec& config() const { return cfg_; }
   bool bf16() const { return bf16_; }
 
  private:
   void fetch(int64_t group) const;
   void release(int64_t group, bool backward_follows) const;
-  Qwen3MoeConfig cfg_;
-  Qwen3MoeWeights& w_;
+  DecoderSpec cfg_;
+  ModelWeights& w_;
   ModelOptions opts_;
   bool bf16_ = false;
 };

@@ -1,0 +1,355 @@
+#include "models/decoder_model.h"
+
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/aux_loss.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/rope.h"
+#include "layers/attention_block.h"
+#include "layers/block_env.h"
+#include "layers/expert_parallel.h"
+#include "layers/lm_head.h"
+#include "layers/mlp_block.h"
+#include "layers/moe_block.h"
+#include "models/param_residency.h"
+#include "models/registry.h"
+
+namespace mt {
+
+void weights_check(const DecoderSpec& c, const ModelWeights& w, const char* what, DType dtype, Device device,
+                   int64_t experts_held) {
+  if (static_cast<int64_t>(w.layers.size()) != c.num_layers())
+    fail("{}s have {} layers, config num_hidden_layers is {}", what, w.layers.size(), c.num_layers());
+  // Against the config's own table: `w` may have been made for another config.
+  const ParamTable table = param_table_of(c);
+  for (const ParamEntry& e : table.entries()) {
+    const Tensor& t = w.slot(e);
+    const Shape shape = param_shape_held(e, experts_held);
+    const DType dt = param_dtype(e, dtype);
+    if (!t.defined()) fail("{} {} is missing", what, e.name);
+    if (t.device() != device)
+      fail("{} {} is on {}, the model needs it on {}", what, e.name, t.device().str(), device.str());
+    if (t.dtype() != dt)
+      fail("{} {}: expected dtype {}, found {}", what, e.name, dtype_safetensors_name(dt),
+           dtype_safetensors_name(t.dtype()));
+    if (t.shape() != shape)
+      fail("{} {}: expected shape {}, found {}", what, e.name, shape_str(shape), shape_str(t.shape()));
+  }
+}
+
+namespace {
+
+// Under expert parallelism the stacked expert tensors (parameters and gradients) hold this rank's experts only.
+void check_params(const DecoderSpec& c, const ModelWeights& w, const char* what, DType dtype,
+                  const ExpertParallel* ep) {
+  weights_check(c, w, what, dtype, Device::cpu(), ep ? ep->experts_per_rank : -1);
+}
+
+}  // namespace
+
+void model_config_check(const DecoderSpec& c) {
+  auto need = [](bool ok, const char* field, int64_t v) {
+    if (!ok) fail("config: {} = {} is not supported by the model", field, v);
+  };
+  auto refuse = [](bool bad, const std::string& what) {
+    if (bad) fail("config: {} is not supported by the model", what);
+  };
+  need(c.vocab_size > 0, "vocab_size", c.vocab_size);
+  need(c.hidden_size > 0, "hidden_size", c.hidden_size);
+  refuse(c.norm_rounding != NormRounding::qwen, "this RMSNorm rounding rule");
+  refuse(!c.mamba2.empty(), "a Mamba2 mixer");
+  for (const AttentionSpec& a : c.attention) {
+    need(a.heads > 0, "num_attention_heads", a.heads);
+    need(a.kv_heads > 0 && a.heads % a.kv_heads == 0, "num_key_value_heads", a.kv_heads);
+    need(a.head_dim > 0 && a.head_dim % 2 == 0, "head_dim", a.head_dim);
+    if (a.qkv_bias || a.o_bias) fail("config: attention_bias = true is not supported (no attention-bias kernels yet)");
+    refuse(a.kind != AttentionKind::gqa, "multi-head latent attention");
+    refuse(!a.qk_norm, "attention without QK-norm");
+    refuse(a.sinks, "attention sinks");
+    refuse(a.sliding_window > 0, "sliding-window attention");
+    refuse(a.scale != 0, "an attention scale other than head_dim^-1/2");
+    refuse(a.v_head_dim != 0 && a.v_head_dim != a.head_dim, "a value head size unlike the key's");
+    refuse(a.rope.kind != RopeKind::standard || a.rope.interleaved || a.rope.rotary_dim != 0,
+           "a RoPE other than the default half-split one");
+  }
+  for (const MlpSpec& m : c.mlp) refuse(m.activation != Activation::swiglu || m.bias, "an MLP other than SwiGLU");
+  for (const MoeSpec& m : c.moe) {
+    refuse(m.expert.activation != Activation::swiglu || m.expert.bias, "experts other than SwiGLU");
+    refuse(m.router.score != RouterScore::softmax_topk || m.router.linear_bias || m.router.correction_bias ||
+               m.router.scale != 1.0,
+           "a router other than softmax top-k");
+    refuse(m.shared_expert.has_value(), "a shared expert");
+  }
+  for (int64_t l = 0; l < c.num_layers(); ++l) {
+    for (const Sublayer& sub : c.layers[static_cast<size_t>(l)].sublayers) {
+      if (sub.kind == SublayerKind::moe) {
+        const MoeSpec& m = c.moe[static_cast<size_t>(sub.index)];
+        need(m.expert.intermediate_size > 0, "moe_intermediate_size", m.expert.intermediate_size);
+        need(m.experts_per_token >= 1 && m.experts_per_token <= m.num_experts, "num_experts_per_tok",
+             m.experts_per_token);
+      } else if (sub.kind == SublayerKind::mlp) {
+        const MlpSpec& m = c.mlp[static_cast<size_t>(sub.index)];
+        need(m.intermediate_size > 0, "intermediate_size", m.intermediate_size);
+      }
+    }
+    // The weights hold one attention and one feed-forward sublayer per layer (model_weights.h WeightSlot).
+    const std::vector<Sublayer>& subs = c.layers[static_cast<size_t>(l)].sublayers;
+    refuse(subs.size() != 2 || subs[0].kind != SublayerKind::attention || subs[1].kind == SublayerKind::attention,
+           fmt::format("layer {}: a sublayer list other than attention then MLP or MoE", l));
+  }
+  c.only_attention();  // one RoPE table per batch
+}
+
+namespace {
+
+struct Prepared {
+  BlockEnv env;
+  Tensor targets;  // I64 [T] shifted labels, or undefined
+};
+
+Prepared prepare_batch(const DecoderSpec& c, const Batch& b, bool bf16, bool document_mask,
+                       const ExpertParallel* ep) {
+  batch_validate(c, b);
+  Prepared p;
+  p.env.spec = &c;
+  p.env.batch = b.input_ids.dim(0);
+  p.env.seq = b.input_ids.dim(1);
+  p.env.bf16 = bf16;
+  p.env.ep = ep;
+  if (document_mask) p.env.doc_ids = batch_document_ids(b);
+  const AttentionSpec& a = c.only_attention();  // one RoPE table serves every layer
+  p.env.rope = cpu::rope_tables(batch_positions(b), a.head_dim, a.rope.theta, bf16);
+  if (b.labels.defined()) p.targets = cpu::causal_lm_targets(b.labels, c.vocab_size);
+  return p;
+}
+
+bool aux_enabled(const DecoderSpec& c) { return c.aux_loss_on(); }
+
+int64_t count_targets(const Tensor& targets) {
+  int64_t n = 0;
+  const int64_t* y = targets.data_as<int64_t>();
+  for (int64_t i = 0; i < targets.numel(); ++i) n += y[i] != -100;
+  return n;
+}
+
+double ce_divisor(const LossOptions& o, int64_t count) {
+  if (o.ce_divisor < 0) fail("loss options: ce_divisor must be >= 0, found {}", o.ce_divisor);
+  return o.ce_divisor > 0 ? o.ce_divisor : static_cast<double>(count);
+}
+
+}  // namespace
+
+void batch_validate(const DecoderSpec& c, const Batch& b) {
+  const Tensor& ids = b.input_ids;
+  if (!ids.defined() || ids.dtype() != DType::I64 || ids.ndim() != 2 || ids.dim(0) < 1 || ids.dim(1) < 1)
+    fail("batch: input_ids must be I64 [B, S] with B, S >= 1, found {}", ids.defined() ? ids.desc() : "none");
+  MT_CHECK(ids.device().is_cpu(), "batch: input_ids must be on the CPU, found {}", ids.device().str());
+  const int64_t B = ids.dim(0), S = ids.dim(1);
+  auto check_like = [&](const Tensor& t, const char* name) {
+    if (t.defined() && (t.dtype() != DType::I64 || t.shape() != ids.shape() || !t.device().is_cpu()))
+      fail("batch: {} must be I64 {} like input_ids on the CPU, found {}", name, shape_str(ids.shape()), t.desc());
+  };
+  check_like(b.labels, "labels");
+  check_like(b.position_ids, "position_ids");
+  const int64_t* ip = ids.data_as<int64_t>();
+  for (int64_t i = 0; i < B * S; ++i)
+    if (ip[i] < 0 || ip[i] >= c.vocab_size)
+      fail("batch: input_ids[{}, {}] = {} is outside the vocabulary [0, {})", i / S, i % S, ip[i], c.vocab_size);
+}
+
+Tensor batch_positions(const Batch& b) {
+  if (b.position_ids.defined()) return b.position_ids;
+  const int64_t B = b.input_ids.dim(0), S = b.input_ids.dim(1);
+  Tensor pos = Tensor::empty({B, S}, DType::I64);
+  int64_t* pp = pos.data_as<int64_t>();
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t s = 0; s < S; ++s) pp[r * S + s] = s;
+  return pos;
+}
+
+Tensor batch_document_ids(const Batch& b) {
+  if (!b.position_ids.defined()) return Tensor();
+  const int64_t B = b.position_ids.dim(0), S = b.position_ids.dim(1);
+  // Packed documents: a break wherever the position does not step by exactly 1.
+  const int64_t* pp = b.position_ids.data_as<int64_t>();
+  bool packed = false;
+  Tensor doc = Tensor::empty({B, S}, DType::I32);
+  int32_t* dp = doc.data_as<int32_t>();
+  for (int64_t r = 0; r < B; ++r) {
+    int32_t d = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      if (s > 0 && pp[r * S + s] - pp[r * S + s - 1] != 1) {
+        ++d;
+        packed = true;
+      }
+      dp[r * S + s] = d;
+    }
+  }
+  return packed ? doc : Tensor();
+}
+
+DecoderModel::DecoderModel(const DecoderSpec& cfg, ModelWeights& weights, const ModelOptions& opts)
+    : cfg_(cfg), w_(weights), opts_(opts) {
+  model_config_check(cfg_);
+  if (!w_.embed.defined()) fail("parameter model.embed_tokens.weight is missing");
+  const DType dt = w_.embed.dtype();
+  if (dt != DType::F32 && dt != DType::BF16)
+    fail("parameter model.embed_tokens.weight: dtype {} is not supported (F32 or BF16)",
+         dtype_safetensors_name(dt));
+  check_params(cfg_, w_, "parameter", dt, opts_.expert_parallel);
+  bf16_ = dt == DType::BF16;
+}
+
+void DecoderModel::fetch(int64_t group) const {
+  if (opts_.residency) opts_.residency->fetch(group);
+}
+
+void DecoderModel::release(int64_t group, bool backward_follows) const {
+  if (opts_.residency) opts_.residency->release(group, backward_follows);
+}
+
+ForwardResult DecoderModel::forward(const Batch& b, bool want_logits, const LossOptions& o) {
+  Prepared p = prepare_batch(cfg_, b, bf16_, opts_.packed_document_mask, opts_.expert_parallel);
+  const BlockEnv& env = p.env;
+  const bool aux_on = aux_enabled(cfg_);
+  const int64_t nl = cfg_.num_layers();
+  fetch(ParamResidency::kEmbedding);
+  Tensor x = cpu::embedding_forward(b.input_ids.view({env.tokens()}), w_.embed);
+  release(ParamResidency::kEmbedding, false);
+  std::vector<Tensor> router_logits;
+  for (int64_t l = 0; l < nl; ++l) {
+    const auto& L = w_.layers[l];
+    fetch(l);
+    for (const Sublayer& sub : cfg_.layers[static_cast<size_t>(l)].sublayers) switch (sub.kind) {
+        case SublayerKind::attention:
+          x = attention_block_forward(env, cfg_.attention[static_cast<size_t>(sub.index)], L, x, nullptr);
+          break;
+        case SublayerKind::moe: {
+          MoeBlockActs acts;
+          x = moe_block_forward(env, cfg_.moe[static_cast<size_t>(sub.index)], L, x, aux_on ? &acts : nullptr);
+          if (aux_on) router_logits.push_back(acts.logits);
+          break;
+        }
+        case SublayerKind::mlp:
+          x = mlp_block_forward(env, cfg_.mlp[static_cast<size_t>(sub.index)], L, x, nullptr);
+          break;
+        case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
+      }
+    release(l, false);
+  }
+  const Tensor& head = cfg_.tie_word_embeddings ? w_.embed : w_.lm_head;
+  fetch(ParamResidency::head(nl));
+  LmHeadOutput lm = lm_head_forward(env, w_.final_norm, head, x, p.targets, want_logits);
+  release(ParamResidency::head(nl), false);
+  ForwardResult r;
+  if (aux_on) r.aux_loss = cpu::aux_loss_forward(router_logits, cfg_.experts_per_token(), bf16_, nullptr);
+  if (p.targets.defined()) {
+    r.tokens = lm.count;
+    const double div = ce_divisor(o, lm.count);
+    r.ce_loss = div > 0 ? lm.ce_sum / div : 0.0;
+    r.loss = r.ce_loss + (aux_on ? cfg_.aux_loss_coef() * r.aux_loss : 0.0);
+  }
+  if (want_logits) r.logits = lm.logits.view({env.batch, env.seq, cfg_.vocab_size});
+  return r;
+}
+
+ForwardResult DecoderModel::forward_backward(const Batch& b, ModelWeights& grads, const LossOptions& o) {
+  if (!b.labels.defined()) fail("batch: forward_backward needs labels");
+  check_params(cfg_, grads, "gradient", DType::F32, opts_.expert_parallel);
+  Prepared p = prepare_batch(cfg_, b, bf16_, opts_.packed_document_mask, opts_.expert_parallel);
+  const BlockEnv& env = p.env;
+  const bool aux_on = aux_enabled(cfg_);
+  const int64_t nl = cfg_.num_layers();
+
+  // Forward, keeping every block input and its intermediates.
+  Tensor ids = b.input_ids.view({env.tokens()});
+  // Per layer and sublayer: its input and its block's intermediates (one of the three kinds).
+  struct SublayerSaved {
+    Tensor in;
+    AttentionBlockActs attn;
+    MoeBlockActs moe;
+    MlpBlockActs mlp;
+  };
+  std::vector<std::vector<SublayerSaved>> saved(nl);
+  fetch(ParamResidency::kEmbedding);
+  Tensor x = cpu::embedding_forward(ids, w_.embed);
+  release(ParamResidency::kEmbedding, false);  // its backward needs only the ids
+  std::vector<Tensor> router_logits;
+  std::vector<int64_t> moe_layers;
+  for (int64_t l = 0; l < nl; ++l) {
+    const auto& L = w_.layers[l];
+    fetch(l);
+    const std::vector<Sublayer>& subs = cfg_.layers[static_cast<size_t>(l)].sublayers;
+    saved[l].resize(subs.size());
+    for (size_t i = 0; i < subs.size(); ++i) {
+      SublayerSaved& sv = saved[l][i];
+      sv.in = x;
+      const size_t k = static_cast<size_t>(subs[i].index);
+      switch (subs[i].kind) {
+        case SublayerKind::attention: x = attention_block_forward(env, cfg_.attention[k], L, x, &sv.attn); break;
+        case SublayerKind::moe:
+          x = moe_block_forward(env, cfg_.moe[k], L, x, &sv.moe);
+          router_logits.push_back(sv.moe.logits);
+          moe_layers.push_back(l);
+          break;
+        case SublayerKind::mlp: x = mlp_block_forward(env, cfg_.mlp[k], L, x, &sv.mlp); break;
+        case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
+      }
+    }
+    release(l, true);
+  }
+
+  ForwardResult r;
+  const int64_t count = count_targets(p.targets);
+  const double div = ce_divisor(o, count);
+  const float scale = div > 0 ? static_cast<float>(1.0 / div) : 0.0f;
+  const Tensor& head = cfg_.tie_word_embeddings ? w_.embed : w_.lm_head;
+  Tensor& dhead = cfg_.tie_word_embeddings ? grads.embed : grads.lm_head;
+  LmHeadOutput lm;
+  fetch(ParamResidency::head(nl));
+  Tensor dx = lm_head_forward_backward(env, w_.final_norm, head, x, p.targets, scale, grads.final_norm, dhead, &lm);
+  release(ParamResidency::head(nl), false);
+  r.tokens = lm.count;
+  r.ce_loss = div > 0 ? lm.ce_sum / div : 0.0;
+
+  std::vector<Tensor> dlogits_aux(nl);
+  if (aux_on) {
+    cpu::AuxLossSaved saved;
+    r.aux_loss = cpu::aux_loss_forward(router_logits, cfg_.experts_per_token(), bf16_, &saved);
+    std::vector<Tensor> d;
+    for (const Tensor& t : router_logits) d.push_back(Tensor::zeros(t.shape(), DType::F32));
+    cpu::aux_loss_backward(cfg_.aux_loss_coef(), router_logits, saved, bf16_, d);
+    for (size_t i = 0; i < moe_layers.size(); ++i) dlogits_aux[moe_layers[i]] = d[i];
+  }
+  r.loss = r.ce_loss + (aux_on ? cfg_.aux_loss_coef() * r.aux_loss : 0.0);
+
+  for (int64_t l = nl - 1; l >= 0; --l) {
+    const auto& L = w_.layers[l];
+    auto& G = grads.layers[l];
+    fetch(l);
+    const std::vector<Sublayer>& subs = cfg_.layers[static_cast<size_t>(l)].sublayers;
+    for (size_t i = subs.size(); i-- > 0;) {
+      SublayerSaved& sv = saved[l][i];
+      const size_t k = static_cast<size_t>(subs[i].index);
+      switch (subs[i].kind) {
+        case SublayerKind::attention:
+          dx = attention_block_backward(env, cfg_.attention[k], L, sv.in, sv.attn, dx, G);
+          break;
+        case SublayerKind::moe:
+          dx = moe_block_backward(env, cfg_.moe[k], L, sv.in, sv.moe, dx, dlogits_aux[l], G);
+          break;
+        case SublayerKind::mlp: dx = mlp_block_backward(env, cfg_.mlp[k], L, sv.in, sv.mlp, dx, G); break;
+        case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
+      }
+      sv = {};
+    }
+    release(l, false);
+  }
+  cpu::embedding_backward(ids, dx, grads.embed);
+  return r;
+}
+
+}  // namespace mt

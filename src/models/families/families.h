@@ -1,0 +1,14 @@
+// The family files' entry points: each returns its registry rows (models/registry.h) and its presets
+// (models/presets.h). A new family adds one line here and one in registry.cpp / presets.cpp.
+#pragma once
+#include <vector>
+
+#include "models/presets.h"
+#include "models/registry.h"
+
+namespace mt {
+
+std::vector<ArchitectureInfo> qwen3_architectures();  // families/qwen3.cpp
+std::vector<PresetInfo> qwen3_presets();
+
+}  // namespace mt
