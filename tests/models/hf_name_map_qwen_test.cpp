@@ -11,6 +11,7 @@
 #include "io/checkpoint_files.h"
 #include "models/causal_lm.h"
 #include "models/model_weights.h"
+#include "models/registry.h"
 
 namespace mt {
 namespace {
@@ -20,8 +21,9 @@ using hf_test::bytes_equal;
 std::vector<HfParam> qwen_params(const DecoderSpec& cfg, DType dt) {
   std::vector<HfParam> r;
   ModelWeights shapes = ModelWeights::absent_like_config(cfg, dt);
+  const ParamTable table = param_table_of(cfg);
   for (const auto& [name, t] : shapes.named_parameters())
-    r.push_back({name, t->shape(), dt, param_is_stacked_expert(name)});
+    r.push_back({name, t->shape(), dt, table.is_expert_stack(name)});
   return r;
 }
 

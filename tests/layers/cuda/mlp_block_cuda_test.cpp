@@ -87,8 +87,10 @@ void run_case(const Case& c, uint64_t seed) {
   DecoderSpec cfg;
   cfg.norm_eps = 1e-6;
   BlockEnv cpu_env;
-  cpu_env.cfg = &cfg;
+  cpu_env.spec = &cfg;
   cpu_env.bf16 = true;
+  MlpSpec cpu_mlp;  // the CPU block's sublayer spec
+  cpu_mlp.intermediate_size = F;
 
   // BF16 weights (as the CPU bf16 model holds them), scaled so gate, up and y are O(1).
   LayerWeights L;
@@ -108,14 +110,14 @@ void run_case(const Case& c, uint64_t seed) {
 
   // CPU block.
   MlpBlockActs acts;
-  mlp_block_forward(cpu_env, L, h, &acts);
+  mlp_block_forward(cpu_env, cpu_mlp, L, h, &acts);
   const Tensor y_cpu = cpu::linear_forward(acts.act, L.mlp_down, true);  // the block's output before its residual
   LayerWeights G;
   G.post_norm = Tensor::zeros({H}, DType::F32);
   G.mlp_gate = g0_gate.clone();
   G.mlp_up = g0_up.clone();
   G.mlp_down = g0_down.clone();
-  mlp_block_backward(cpu_env, L, h, acts, dy, G);
+  mlp_block_backward(cpu_env, cpu_mlp, L, h, acts, dy, G);
   // dn, which the CPU block passes straight into its norm's backward: its chain up to there.
   Tensor dact = Tensor::empty({T, F}, DType::F32), dgate, dup;
   cpu::linear_backward(dy, acts.act, L.mlp_down, &dact, nullptr);

@@ -372,7 +372,7 @@ TEST_F(CudaHfFixture, DenseGradientsMatchCpuBf16) {
     const fs::path vdir = dir_ / variant;
     CausalLM m = CausalLM::from_pretrained((vdir / "ckpt").string(), {DType::BF16});
     DecoderSpec cfg = m.config;
-    cfg.experts_per_token() = cfg.num_experts();  // 0 for the dense Qwen3
+    for (MoeSpec& moe : cfg.moe) moe.experts_per_token = moe.num_experts;  // none for the dense Qwen3
     ModelWeights w32 = m.weights;             // the same bf16 values as F32: the CPU model in fp32
     for (auto& [name, t] : w32.named_parameters()) *t = t->to(DType::F32);
     ModelWeights dev_w = to_device_weights(m.weights);
