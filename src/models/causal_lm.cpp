@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <regex>
 #include <set>
 
 #include "core/error.h"
@@ -15,6 +14,7 @@
 #include "io/atomic_file.h"
 #include "io/checkpoint_files.h"
 #include "io/hf_cache.h"
+#include "models/hf_checkpoint_map.h"
 #include "models/registry.h"
 
 namespace mt {
@@ -113,61 +113,23 @@ void CausalLM::cast(DType dtype) {
   config.dtype = dtype;
 }
 
-namespace {
-
-// Sort key of one saved tensor: its in-memory (v5) parameter name, then the position inside the
-// stacked tensor it was split from.
-struct SaveKey {
-  std::string group;  // in-memory name
-  int part = 0;       // gate_up_proj: 0 = gate_proj, 1 = up_proj
-  long expert = 0;
-};
-
-SaveKey save_key(const std::string& name) {
-  static const std::regex expert_re(R"(^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$)");
-  std::smatch m;
-  if (!std::regex_match(name, m, expert_re)) return {name, 0, 0};
-  const std::string which = m[3];
-  return {m[1].str() + (which == "down_proj" ? ".down_proj" : ".gate_up_proj"), which == "up_proj" ? 1 : 0,
-          std::stol(m[2])};
-}
-
-}  // namespace
-
-std::vector<std::pair<std::string, Tensor>> hf_save_order(std::vector<std::pair<std::string, Tensor>> tensors) {
-  std::vector<std::pair<SaveKey, size_t>> keys;
-  keys.reserve(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) keys.push_back({save_key(tensors[i].first), i});
-  std::stable_sort(keys.begin(), keys.end(), [](const auto& a, const auto& b) {
-    if (a.first.group != b.first.group) return a.first.group < b.first.group;
-    if (a.first.part != b.first.part) return a.first.part < b.first.part;
-    return a.first.expert < b.first.expert;
-  });
-  std::vector<std::pair<std::string, Tensor>> out;
-  out.reserve(tensors.size());
-  for (const auto& k : keys) out.push_back(std::move(tensors[k.second]));
-  return out;
-}
-
 std::map<std::string, std::string> hf_shard_mapping(const std::vector<std::pair<std::string, Tensor>>& ordered,
+                                                    const std::vector<int64_t>& storage_units,
                                                     int64_t max_shard_bytes) {
-  // Transformers' reverted expert tensors are views sharing one storage per (layer, down | gate | up);
-  // huggingface_hub's split_torch_state_dict_into_shards places each storage as one unit (sized by the
-  // whole storage) where its first tensor falls, and gives a unit larger than the limit a shard of its own.
+  // Transformers' reverted expert tensors are views sharing one storage (HfNameMap::saved_storage_units);
+  // huggingface_hub's split_torch_state_dict_into_shards places each storage as one unit (sized by the whole
+  // storage) where its first tensor falls, and gives a unit larger than the limit a shard of its own.
+  MT_CHECK(storage_units.size() == ordered.size(), "{} storage units for {} tensors", storage_units.size(),
+           ordered.size());
   struct Unit {
     std::vector<std::string> names;
     int64_t bytes = 0;
   };
   std::vector<Unit> units;
-  std::string last_unit_key;
-  for (const auto& [name, t] : ordered) {
-    SaveKey k = save_key(name);
-    const bool expert = k.group != name;
-    const std::string unit_key = expert ? k.group + "#" + std::to_string(k.part) : std::string();
-    if (!expert || unit_key != last_unit_key) units.emplace_back();
-    units.back().names.push_back(name);
-    units.back().bytes += static_cast<int64_t>(t.nbytes());
-    last_unit_key = unit_key;
+  for (size_t i = 0; i < ordered.size(); ++i) {
+    if (i == 0 || storage_units[i] != storage_units[i - 1]) units.emplace_back();
+    units.back().names.push_back(ordered[i].first);
+    units.back().bytes += static_cast<int64_t>(ordered[i].second.nbytes());
   }
   std::vector<std::vector<const Unit*>> shards;
   std::vector<const Unit*> current;
@@ -203,12 +165,10 @@ void CausalLM::save_pretrained(const std::string& dir, const SaveOptions& option
 }
 
 CausalLM::SaveLayout CausalLM::save_layout(const SaveOptions& options) const {
-  // Transformers sorts the names of models it converts on load (qwen3_moe); others keep state_dict order.
+  // The family's rules give the names, the tensors and save_pretrained's order.
   SaveLayout l;
   auto& tensors = l.tensors;
   tensors = weights.to_hf(config, expert_first);
-  if (architecture_lookup(config.architecture, "save").save_order == HfSaveOrder::sorted_names)
-    tensors = hf_save_order(std::move(tensors));
   CheckpointWriteOptions& wo = l.write;
   wo.max_shard_bytes = std::numeric_limits<int64_t>::max();
   // The source layout is reused only when it still describes these tensors (same names, same dtype).
@@ -219,7 +179,8 @@ CausalLM::SaveLayout CausalLM::save_layout(const SaveOptions& options) const {
     if (covers) wo.shard_of = source_shard_of;
   }
   if (!wo.shard_of) {
-    auto mapping = hf_shard_mapping(tensors, options.max_shard_bytes.value_or(50'000'000'000));
+    const auto units = hf_name_map_of(config, weights.param_table(), dtype).saved_storage_units();
+    auto mapping = hf_shard_mapping(tensors, units, options.max_shard_bytes.value_or(50'000'000'000));
     if (!mapping.empty()) wo.shard_of = std::move(mapping);
   }
   return l;

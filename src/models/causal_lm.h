@@ -83,14 +83,11 @@ int64_t hf_expert_index(const std::string& name);
 // Files besides the weights that a save carries over from the source directory.
 const std::vector<std::string>& carried_file_names();
 
-// save_pretrained's tensor order (Transformers 5.17): sorted by the in-memory (v5) parameter name,
-// each stacked expert tensor expanded in place — down_proj experts 0..E-1; gate_up_proj as gate_proj
-// 0..E-1 then up_proj 0..E-1. Greedy sharding follows this order.
-std::vector<std::pair<std::string, Tensor>> hf_save_order(std::vector<std::pair<std::string, Tensor>> tensors);
-
-// save_pretrained's shard assignment for tensors in hf_save_order (huggingface_hub's greedy rule over
-// storage units): tensor -> "model-0000k-of-0000N.safetensors"; empty when everything fits in one file.
+// save_pretrained's shard assignment for tensors in save order (ModelWeights::to_hf), with the storage each is a
+// view of (HfNameMap::saved_storage_units, parallel): huggingface_hub's greedy rule over storage units; tensor ->
+// "model-0000k-of-0000N.safetensors"; empty when everything fits in one file.
 std::map<std::string, std::string> hf_shard_mapping(const std::vector<std::pair<std::string, Tensor>>& ordered,
+                                                    const std::vector<int64_t>& storage_units,
                                                     int64_t max_shard_bytes);
 
 }  // namespace mt

@@ -1,11 +1,11 @@
 #include "models/model_weights.h"
 
 #include <algorithm>
-#include <set>
 
 #include "core/error.h"
 #include "core/float_convert.h"
 #include "core/rng.h"
+#include "models/hf_checkpoint_map.h"
 #include "models/registry.h"
 
 namespace mt {
@@ -69,12 +69,6 @@ void check_param_dtype(DType dtype, const std::string& what) {
   if (dtype != DType::F32 && dtype != DType::BF16)
     fail("{}: parameter dtype {} is not supported (expected F32 or BF16)", what, dtype_safetensors_name(dtype));
 }
-
-// One checkpoint tensor to copy into (a slice of) one parameter.
-struct CopyJob {
-  Tensor src;
-  Tensor dst;
-};
 
 }  // namespace
 
@@ -148,115 +142,28 @@ ModelWeights ModelWeights::from_hf(const DecoderSpec& cfg, DType dtype,
                                          const std::function<bool(const std::string&)>& skip, bool compact_experts) {
   check_param_dtype(dtype, source);
   const int64_t E = cfg.num_experts();
-  if (expert_count < 0) expert_first = 0, expert_count = E;
-  MT_CHECK(expert_first >= 0 && expert_first + expert_count <= E, "{}: experts [{}, {}) of {}", source, expert_first,
-           expert_first + expert_count, E);
-  const int64_t e0 = expert_first, e1 = expert_first + expert_count;
-  const std::set<std::string> stored(all_names.begin(), all_names.end());
-  std::set<std::string> used;
-
-  // Pass 1: find and check every tensor before allocating anything.
-  struct Source {
-    std::string name;
-    Tensor t;
-  };
-  // How the checkpoint tensors of one parameter are laid into it.
-  enum class Fill { Whole, StackedExperts, PerExpertGateUp, PerExpertDown };
-  struct Plan {
-    std::vector<Source> parts;
-    Fill fill = Fill::Whole;
-  };
-  std::vector<Plan> sources;  // parallel to the table's entries
-  auto whole = [&](Source src) { sources.push_back(Plan{{std::move(src)}, Fill::Whole}); };
-  auto fetch = [&](const std::string& name, const Shape& shape) {
-    Tensor t = stored.count(name) ? lookup(name) : Tensor();
-    if (!t.defined()) fail("{}: tensor '{}' is missing (expected shape {})", source, name, shape_str(shape));
-    if (t.shape() != shape)
-      fail("{}: tensor '{}': wrong shape (expected {}, found {})", source, name, shape_str(shape),
-           shape_str(t.shape()));
-    if (t.dtype() != DType::F32 && t.dtype() != DType::BF16 && t.dtype() != DType::F16)
-      fail("{}: tensor '{}': unsupported dtype (expected F32, BF16 or F16, found {})", source, name,
-           dtype_safetensors_name(t.dtype()));
-    if (!t.device().is_cpu()) fail("{}: tensor '{}': expected a CPU tensor, found {}", source, name, t.device().str());
-    used.insert(name);
-    return Source{name, t};
-  };
-
-  // The table drives the fetch list: every entry is one stored tensor, but an expert stack, which the default
-  // save_original_format holds per expert (save_original_format=False checkpoints hold the fused v5 tensor).
+  if (expert_count >= 0)
+    MT_CHECK(expert_first >= 0 && expert_first + expert_count <= E, "{}: experts [{}, {}) of {}", source,
+             expert_first, expert_first + expert_count, E);
   auto table = std::make_shared<const ParamTable>(param_table_of(cfg));
-  for (const ParamEntry& e : table->entries()) {
-    if (e.role != ParamRole::expert_stack) {
-      whole(fetch(e.name, e.shape));
-      continue;
-    }
-    if (stored.count(e.name)) {
-      sources.push_back(Plan{{fetch(e.name, e.shape)}, Fill::StackedExperts});
-      continue;
-    }
-    const std::string pe = e.name.substr(0, e.name.rfind("experts.") + std::string("experts.").size());
-    const Shape one(e.shape.begin() + 1, e.shape.end());  // one expert's matrix
-    if (e.name.ends_with(".gate_up_proj")) {
-      const Shape half{one[0] / 2, one[1]};
-      std::vector<Source> parts;  // gate_0, up_0, gate_1, up_1, ...
-      for (int64_t x = 0; x < e.shape[0]; ++x) {
-        parts.push_back(fetch(fmt::format("{}{}.gate_proj.weight", pe, x), half));
-        parts.push_back(fetch(fmt::format("{}{}.up_proj.weight", pe, x), half));
-      }
-      sources.push_back({std::move(parts), Fill::PerExpertGateUp});
-    } else {
-      MT_CHECK(e.name.ends_with(".down_proj"), "{}: no per-expert checkpoint names for this stack", e.name);
-      std::vector<Source> parts;
-      for (int64_t x = 0; x < e.shape[0]; ++x) parts.push_back(fetch(fmt::format("{}{}.down_proj.weight", pe, x), one));
-      sources.push_back({std::move(parts), Fill::PerExpertDown});
-    }
-  }
-  if (table->tied_embeddings) used.insert("lm_head.weight");  // HF drops a stored copy of a tied head without complaint
-
-  std::vector<std::string> extra;
-  for (const std::string& n : all_names)
-    if (!used.count(n)) extra.push_back(n);
-  if (!extra.empty()) {
-    std::string list;
-    for (size_t i = 0; i < extra.size() && i < 5; ++i) list += (i ? ", " : "") + extra[i];
-    fail("{}: {} unexpected tensor(s) for {}: {}{}", source, extra.size(), cfg.architecture, list,
-         extra.size() > 5 ? ", ..." : "");
-  }
-
-  // Pass 2: allocate and copy (converting dtype). Same-dtype copies are byte copies. Compact stacks take expert
-  // e at row e - e0.
-  const int64_t row0 = compact_experts ? e0 : 0;
-  ModelWeights w = weights_alloc(cfg, table, dtype, Device::cpu(), compact_experts ? expert_count : -1);
+  // The family's rules read the checkpoint (checking every tensor before anything is allocated).
+  const HfNameMap map = hf_name_map_of(cfg, *table, dtype);
+  HfCheckpoint ckpt;
+  ckpt.source = source;
+  ckpt.names = all_names;
+  ckpt.tensor = lookup;
+  HfLoadOptions options;
+  options.expert_first = expert_count >= 0 ? expert_first : 0;
+  options.expert_count = expert_count;
+  options.compact_experts = compact_experts;
+  options.skip = skip;
+  std::vector<Tensor> values = map.load(ckpt, options);
+  ModelWeights w;
+  w.table = table;
+  w.layers.resize(static_cast<size_t>(cfg.num_layers()));
   const std::vector<ParamEntry>& entries = table->entries();
-  MT_CHECK(entries.size() == sources.size(), "{} parameters, {} sources", entries.size(), sources.size());
-  std::vector<CopyJob> jobs;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    Tensor& dst = w.slot(entries[i]);
-    if (skip && skip(entries[i].name)) {  // its untouched allocation is returned at once
-      dst = Tensor::absent(dst.shape(), dst.dtype(), dst.device());
-      continue;
-    }
-    const std::vector<Source>& src = sources[i].parts;
-    switch (sources[i].fill) {
-      case Fill::Whole:
-        jobs.push_back({src[0].t, dst});
-        break;
-      case Fill::StackedExperts:
-        jobs.push_back({src[0].t.rows(e0, e1), dst.rows(e0 - row0, e1 - row0)});
-        break;
-      case Fill::PerExpertGateUp:  // [E, 2I, H]: gate rows first, then up (HF Concatenate(dim=1))
-        for (int64_t e = e0, I = dst.dim(1) / 2; e < e1; ++e) {
-          jobs.push_back({src[2 * e].t, dst[e - row0].rows(0, I)});
-          jobs.push_back({src[2 * e + 1].t, dst[e - row0].rows(I, 2 * I)});
-        }
-        break;
-      case Fill::PerExpertDown:
-        for (int64_t e = e0; e < e1; ++e) jobs.push_back({src[e].t, dst[e - row0]});
-        break;
-    }
-  }
-#pragma omp parallel for schedule(dynamic, 1)
-  for (size_t i = 0; i < jobs.size(); ++i) jobs[i].dst.copy_from(jobs[i].src);
+  MT_CHECK(entries.size() == values.size(), "{} parameters, {} loaded", entries.size(), values.size());
+  for (size_t i = 0; i < entries.size(); ++i) w.slot(entries[i]) = std::move(values[i]);
   return w;
 }
 
@@ -266,43 +173,20 @@ std::vector<std::pair<std::string, Tensor>> ModelWeights::to_hf(const DecoderSpe
            layers.size(), cfg.num_layers());
   MT_CHECK(lm_head.defined() != cfg.tie_word_embeddings, "tie_word_embeddings={} but lm_head is {}",
            cfg.tie_word_embeddings, lm_head.defined() ? "defined" : "undefined");
-  std::vector<std::pair<std::string, const Tensor*>> params = named_parameters();
-  // Order as save_pretrained emits it (checked against the Transformers 5.17 fixtures' shard
-  // layout): a model with a weight conversion (qwen3_moe) is written in sorted in-memory name
-  // order, each fused expert tensor expanding in place; others (the dense Qwen3) keep state_dict order.
-  if (architecture_lookup(cfg.architecture, "to_hf").save_order == HfSaveOrder::sorted_names)
-    std::sort(params.begin(), params.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  // Fused experts revert to per-expert tensors (Chunk + SplitModulelist): all downs, then all
-  // gates, then all ups. They are views of the stacked storage, so the bytes are exact copies.
-  std::vector<std::pair<std::string, Tensor>> r;
-  for (const auto& [name, t] : params) {
-    const size_t cut = name.rfind("experts.");
-    const bool gate_up = name.ends_with("mlp.experts.gate_up_proj");
-    if (!gate_up && !name.ends_with("mlp.experts.down_proj")) {
-      r.emplace_back(name, *t);
-      continue;
+  const ParamTable& t = param_table();
+  // The model's parameter dtype: that of any entry which follows it (all of them do).
+  DType dtype = DType::F32;
+  for (const ParamEntry& e : t.entries())
+    if (e.dtype == ParamDType::model) {
+      dtype = slot(e).dtype();
+      break;
     }
-    const std::string p = name.substr(0, cut + std::string("experts.").size());
-    // Expert e's matrix (rows [r0, r1) of it): a view where the stack holds it, else its shape only.
-    const int64_t E = cfg.num_experts(), held = t->dim(0);
-    const int64_t first = held < E ? expert_first : 0;
-    MT_CHECK(first >= 0 && first + held <= E, "{}: experts [{}, {}) of {}", name, first, first + held, E);
-    auto expert = [&](int64_t e, int64_t r0, int64_t r1) {
-      if (e >= first && e < first + held) return (*t)[e - first].rows(r0, r1);
-      Shape shape(t->shape().begin() + 1, t->shape().end());
-      shape[0] = r1 - r0;
-      return Tensor::absent(shape, t->dtype(), t->device());
-    };
-    const int64_t rows = t->dim(1);
-    if (!gate_up) {
-      for (int64_t e = 0; e < E; ++e) r.emplace_back(fmt::format("{}{}.down_proj.weight", p, e), expert(e, 0, rows));
-      continue;
-    }
-    const int64_t I = rows / 2;
-    for (int64_t e = 0; e < E; ++e) r.emplace_back(fmt::format("{}{}.gate_proj.weight", p, e), expert(e, 0, I));
-    for (int64_t e = 0; e < E; ++e) r.emplace_back(fmt::format("{}{}.up_proj.weight", p, e), expert(e, I, 2 * I));
-  }
-  return r;
+  std::vector<Tensor> values;
+  values.reserve(t.entries().size());
+  for (const ParamEntry& e : t.entries()) values.push_back(slot(e));
+  // Experts a compact stack does not hold come back absent (shape only), so a shared save lays out the whole
+  // model while this rank writes its experts.
+  return hf_name_map_of(cfg, t, dtype).save(values, expert_first);
 }
 
 int64_t ModelWeights::parameter_count() const {

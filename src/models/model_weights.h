@@ -83,29 +83,27 @@ struct ModelWeights {
   // linear, embedding, router and expert weights; ones for every RMSNorm weight. One RNG stream per name.
   static ModelWeights random_init(const DecoderSpec& cfg, DType dtype, uint64_t seed);
 
-  // Conversion from the checkpoint names (per-expert tensors) to this layout. `lookup` returns the
-  // tensor stored under an HF name, or an undefined Tensor if absent; `all_names` lists every name
-  // stored so extras can be reported. Checks presence, shapes and dtypes and throws mt::Error naming
-  // `source` (a file or directory) and the tensor. Tensors are converted to `dtype`.
-  // expert_count >= 0: only experts [expert_first, expert_first + expert_count) of each MoE layer are read
-  // and copied (an expert-parallel rank's share); the stacked tensors keep all E rows, the others
-  // unwritten (their pages are never touched, so they cost no memory until something writes them).
-  // Every tensor's presence, shape and dtype is still checked.
-  // skip(param) true: that parameter (a name of named_parameters()) is checked but neither allocated nor
-  // read; it stays Tensor::absent (a ZeRO-3 rank's parameters owned by other ranks, train/sharded_params.h).
-  // compact_experts (with expert_count >= 0): the stacked tensors hold just those experts, [expert_count, ...]
-  // (the CPU engine trains on them as they are), instead of all E rows with only those written.
+  // The checkpoint read through the family's rules (registry row hf_layout; models/spec/hf_name_map.h): `lookup`
+  // returns the tensor stored under a checkpoint name, `all_names` lists every name stored (so extras are
+  // reported). Every tensor is checked (presence, shape, dtype) before anything is allocated; errors are one-line
+  // mt::Error naming `source` (a file or directory) and the tensor. Tensors are converted to `dtype`.
+  // expert_count >= 0: only experts [expert_first, expert_first + expert_count) of each expert stack are read
+  // (an expert-parallel rank's share); the stacks keep all E rows, the others unwritten (their pages are never
+  // touched, so they cost no memory until something writes them), or with compact_experts hold just those
+  // experts, [expert_count, ...] (the CPU engine trains on them as they are).
+  // skip(param) true: that parameter (a table entry's name) is checked but neither allocated nor read; it stays
+  // Tensor::absent (a ZeRO-3 rank's parameters owned by other ranks, train/sharded_params.h).
   static ModelWeights from_hf(const DecoderSpec& cfg, DType dtype,
                                  const std::function<Tensor(const std::string&)>& lookup,
                                  const std::vector<std::string>& all_names, const std::string& source,
                                  int64_t expert_first = 0, int64_t expert_count = -1,
                                  const std::function<bool(const std::string&)>& skip = {},
                                  bool compact_experts = false);
-  // The checkpoint names and tensors (per-expert, original layouts) in state_dict order, as
-  // save_pretrained writes them. Tied lm_head is omitted. Tensors may be views into this struct.
-  // Stacked expert tensors holding fewer than cfg.num_experts experts (compact_experts) hold experts
-  // [expert_first, expert_first + held); the others are still listed, as Tensor::absent (shape only), so a
-  // shared save lays out the whole model while this rank writes its experts.
+  // The checkpoint names and tensors the family's rules save (per-expert, original layouts), in the order
+  // save_pretrained writes them. A tied lm_head is not a parameter, so it is not written. Tensors are views into
+  // this struct where the bytes are contiguous. Stacked expert tensors holding fewer than cfg.num_experts experts
+  // (compact_experts) hold experts [expert_first, expert_first + held); the others are still listed, as
+  // Tensor::absent (shape only), so a shared save lays out the whole model while this rank writes its experts.
   std::vector<std::pair<std::string, Tensor>> to_hf(const DecoderSpec& cfg, int64_t expert_first = 0) const;
 
   int64_t parameter_count() const;

@@ -46,4 +46,8 @@ ParamTable param_table_of(const DecoderSpec& s) {
   return architecture_lookup(s.architecture, "parameter table").param_table(s);
 }
 
+HfLayout hf_layout_of(const DecoderSpec& s) {
+  return architecture_lookup(s.architecture, "checkpoint layout").hf_layout(s);
+}
+
 }  // namespace mt

@@ -10,17 +10,11 @@
 #include "models/param_table.h"
 #include "models/registry.h"
 #include "models/spec/decoder_spec.h"
+#include "models/spec/hf_rules.h"
 
 namespace mt {
 
 struct FieldReader;  // models/spec/config_reader.h
-
-// The tensor order save_pretrained writes (Transformers 5.17), which greedy sharding follows.
-enum class HfSaveOrder {
-  state_dict,    // named_parameters() order (models without a weight conversion)
-  sorted_names,  // sorted by in-memory name, each stacked expert tensor expanded in place (models Transformers
-                 // converts on load, e.g. qwen3_moe; causal_lm.h hf_save_order)
-};
 
 struct ArchitectureInfo {
   std::string name;         // "Qwen3MoeForCausalLM", as in config.json `architectures`
@@ -33,7 +27,9 @@ struct ArchitectureInfo {
   nlohmann::json (*to_json)(const DecoderSpec& s) = nullptr;
   // Every tensor of the model, in Transformers' named_parameters() order, with its HF in-memory name.
   ParamTable (*param_table)(const DecoderSpec& s) = nullptr;
-  HfSaveOrder save_order = HfSaveOrder::state_dict;
+  // The checkpoint layout as rules over the parameter table's names (models/spec/hf_rules.h): how the stored
+  // tensors make the parameters on load and are written back on save, and the order save_pretrained writes.
+  HfLayout (*hf_layout)(const DecoderSpec& s) = nullptr;
 };
 
 // Throws mt::Error "<file>: architecture 'X' is not supported (supported: A, B)".
@@ -42,5 +38,7 @@ const std::vector<ArchitectureInfo>& architecture_list();
 
 // The parameter table of a spec, by its architecture's row.
 ParamTable param_table_of(const DecoderSpec& s);
+// The checkpoint layout of a spec, by its architecture's row.
+HfLayout hf_layout_of(const DecoderSpec& s);
 
 }  // namespace mt

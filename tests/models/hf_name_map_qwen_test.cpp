@@ -1,5 +1,6 @@
-// The Qwen3-MoE and Qwen3 checkpoint layouts as rule lists reproduce today's hand-written mapping
-// (ModelWeights::from_hf / to_hf + hf_save_order) byte for byte on the Transformers-made fixtures.
+// The Qwen3-MoE and Qwen3 checkpoint layouts (the family file's rule lists) on the Transformers-made fixtures:
+// a map built from the rules and a hand-written parameter list agrees byte for byte with ModelWeights::from_hf /
+// to_hf and CausalLM's save (which go through the registry's layout over the parameter table).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -11,7 +12,6 @@
 #include "io/checkpoint_files.h"
 #include "models/causal_lm.h"
 #include "models/model_weights.h"
-#include "models/registry.h"
 
 namespace mt {
 namespace {
@@ -21,9 +21,8 @@ using hf_test::bytes_equal;
 std::vector<HfParam> qwen_params(const DecoderSpec& cfg, DType dt) {
   std::vector<HfParam> r;
   ModelWeights shapes = ModelWeights::absent_like_config(cfg, dt);
-  const ParamTable table = param_table_of(cfg);
   for (const auto& [name, t] : shapes.named_parameters())
-    r.push_back({name, t->shape(), dt, table.is_expert_stack(name)});
+    r.push_back({name, t->shape(), dt, shapes.param_table().is_expert_stack(name)});
   return r;
 }
 
@@ -40,7 +39,7 @@ std::string fixture_dir(const char* variant) {
 }
 
 // Load through the rules == load through from_hf, tensor by tensor, bitwise (F32 and BF16 targets); save through
-// the rules == to_hf + hf_save_order: same names, order, bytes, and still views of the parameters.
+// the rules == to_hf: same names, order, bytes, and still views of the parameters.
 TEST(HfNameMapQwen, FixturesLoadAndSaveExactlyAsToday) {
   for (const char* variant : kFixtures) {
     SCOPED_TRACE(variant);
@@ -59,8 +58,7 @@ TEST(HfNameMapQwen, FixturesLoadAndSaveExactlyAsToday) {
         EXPECT_EQ(map.params()[i].name, named[i].first);
         EXPECT_TRUE(bytes_equal(got[i], *named[i].second)) << named[i].first;
       }
-      std::vector<std::pair<std::string, Tensor>> today = want.to_hf(cfg);
-      if (cfg.model_type == "qwen3_moe") today = hf_save_order(std::move(today));
+      const std::vector<std::pair<std::string, Tensor>> today = want.to_hf(cfg);
       const auto saved = map.save(got);
       ASSERT_EQ(saved.size(), today.size());
       for (size_t i = 0; i < saved.size(); ++i) {
@@ -108,7 +106,7 @@ TEST(HfNameMapQwen, WrittenFilesAreByteIdentical) {
     wo.max_shard_bytes = std::numeric_limits<int64_t>::max();
     if (!model.source_shard_of.empty())
       wo.shard_of = model.source_shard_of;
-    else if (auto m = hf_shard_mapping(tensors, 50'000'000'000); !m.empty())
+    else if (auto m = hf_shard_mapping(tensors, map.saved_storage_units(), 50'000'000'000); !m.empty())
       wo.shard_of = m;
     std::filesystem::create_directories(tmp.file("rules"));
     checkpoint_write_tensors(tmp.file("rules"), tensors, wo);

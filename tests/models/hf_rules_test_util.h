@@ -10,6 +10,7 @@
 
 #include "core/float_convert.h"
 #include "models/spec/hf_name_map.h"
+#include "models/families/families.h"
 #include "models/spec/hf_rules.h"
 
 namespace mt::hf_test {
@@ -66,20 +67,8 @@ inline bool bytes_equal(const Tensor& a, const Tensor& b) {
 
 // ---- Families (tiny): parameter lists in state_dict order, rules as the family files will state them.
 
-// Qwen3-MoE / Qwen3 (§3.3, §8.1 qwen2_moe pattern): hub per-expert tensors, or the fused v5 ones.
-inline HfLayout qwen3_layout(bool moe, bool tied) {
-  HfLayout l;
-  const std::string x = "model.layers.{L}.mlp.experts.";
-  l.rules.push_back(hf_param(x + "gate_up_proj",
-                             hf_one_of({hf_concat(1, {hf_stack_experts(hf_tensor(x + "{E}.gate_proj.weight")),
-                                                      hf_stack_experts(hf_tensor(x + "{E}.up_proj.weight"))}),
-                                        hf_tensor(x + "gate_up_proj")})));
-  l.rules.push_back(hf_param(x + "down_proj", hf_one_of({hf_stack_experts(hf_tensor(x + "{E}.down_proj.weight")),
-                                                         hf_tensor(x + "down_proj")})));
-  if (tied) l.rules.push_back(hf_drop("lm_head.weight"));  // HF ignores a stored copy of a tied head
-  l.save_order = moe ? HfSaveOrder::sorted_by_param : HfSaveOrder::state_dict;
-  return l;
-}
+// Qwen3-MoE / Qwen3 (§3.3, §8.1 qwen2_moe pattern): the family file's rules (families/qwen3.cpp).
+inline HfLayout qwen3_layout(bool moe, bool tied) { return qwen3_hf_layout(moe, tied); }
 
 // GPT-OSS (§4.3, §8.5): fused experts stored [E, H, 2I] with gate/up interleaved in the last dim, [E, I, H] for
 // down; MXFP4 or bf16. In memory (the engine's layout): gate_up [E, 2I, H] gate rows then up rows, down [E, H, I].

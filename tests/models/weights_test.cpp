@@ -296,17 +296,22 @@ TEST(ModelWeights, Errors) {
   expect_load_error(cfg, m, {"experts.1.down_proj.weight", "expected [8, 4], found [4, 8]"});
   m = good;
   m["model.norm.weight"] = Tensor::zeros({8}, DType::I32);
-  expect_load_error(cfg, m, {"'model.norm.weight'", "unsupported dtype", "found I32"});
+  expect_load_error(cfg, m, {"'model.norm.weight'", "wrong dtype", "found I32"});
   m = good;
-  m["model.layers.0.mlp.experts.gate_up_proj"] = Tensor::zeros({3, 7, 8}, DType::F32);  // fused, wrong shape
+  for (int e = 0; e < 3; ++e)  // the fused form instead of the per-expert one, wrongly shaped
+    for (const char* w : {"gate_proj", "up_proj"}) m.erase(fmt::format("model.layers.0.mlp.experts.{}.{}.weight", e, w));
+  m["model.layers.0.mlp.experts.gate_up_proj"] = Tensor::zeros({3, 7, 8}, DType::F32);
   expect_load_error(cfg, m, {"'model.layers.0.mlp.experts.gate_up_proj'", "expected [3, 8, 8], found [3, 7, 8]"});
+  m = good;
+  m["model.layers.0.mlp.experts.gate_up_proj"] = Tensor::zeros({3, 8, 8}, DType::F32);  // both forms stored
+  expect_load_error(cfg, m, {"'model.layers.0.mlp.experts.gate_up_proj'", "two forms of one parameter"});
   m = good;
   for (int i = 0; i < 7; ++i) m["extra." + std::to_string(i)] = Tensor::zeros({1}, DType::F32);
   m["model.layers.0.mlp.experts.3.up_proj.weight"] = Tensor::zeros({4, 8}, DType::F32);  // beyond E
-  expect_load_error(cfg, m, {"8 unexpected tensor(s)", "extra.0, extra.1, extra.2, extra.3, extra.4, ..."});
+  expect_load_error(cfg, m, {"unexpected tensor 'extra.0'", "7 more: extra.1, extra.2, extra.3, extra.4, ..."});
   m = good;
   m["model.layers.1.mlp.experts.0.up_proj.weight"] = Tensor::zeros({4, 8}, DType::F32);  // experts in a dense layer
-  expect_load_error(cfg, m, {"1 unexpected tensor(s)", "model.layers.1.mlp.experts.0.up_proj.weight"});
+  expect_load_error(cfg, m, {"unexpected tensor 'model.layers.1.mlp.experts.0.up_proj.weight'"});
   EXPECT_NO_THROW(load(cfg, good));
 }
 

@@ -10,5 +10,7 @@ namespace mt {
 
 std::vector<ArchitectureInfo> qwen3_architectures();  // families/qwen3.cpp
 std::vector<PresetInfo> qwen3_presets();
+// The Qwen3 / Qwen3-MoE checkpoint layout (the rows' hf_layout), for tests that pair it with their own parameters.
+HfLayout qwen3_hf_layout(bool moe, bool tied_embeddings);
 
 }  // namespace mt

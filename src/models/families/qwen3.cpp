@@ -263,6 +263,11 @@ ParamTable param_table(const DecoderSpec& s) {
   return t;
 }
 
+// Transformers converts (and so sorts on save) by architecture, whatever the layer pattern.
+HfLayout hf_layout(const DecoderSpec& s) {
+  return qwen3_hf_layout(s.architecture == kQwen3Moe, s.tie_word_embeddings);
+}
+
 json qwen3_moe_base() {
   return {
       {"architectures", {kQwen3Moe}},
@@ -294,13 +299,30 @@ json qwen3_moe_preset(std::initializer_list<std::pair<const char*, json>> overri
 
 }  // namespace
 
+// hf-numerics.md §3.3, §8.1 (the qwen2_moe conversion): the hub stores each expert's gate_proj / up_proj /
+// down_proj; Transformers v5 stacks them on load (gate rows, then up rows, in gate_up_proj) and splits them back on
+// save. A checkpoint saved with save_original_format=False holds the fused tensors instead. A model Transformers
+// converts on load (qwen3_moe) is saved sorted by in-memory name; the dense Qwen3 keeps state_dict order.
+HfLayout qwen3_hf_layout(bool moe, bool tied_embeddings) {
+  HfLayout l;
+  const std::string x = "model.layers.{L}.mlp.experts.";
+  l.rules.push_back(hf_param(x + "gate_up_proj",
+                             hf_one_of({hf_concat(1, {hf_stack_experts(hf_tensor(x + "{E}.gate_proj.weight")),
+                                                      hf_stack_experts(hf_tensor(x + "{E}.up_proj.weight"))}),
+                                        hf_tensor(x + "gate_up_proj")})));
+  l.rules.push_back(hf_param(x + "down_proj", hf_one_of({hf_stack_experts(hf_tensor(x + "{E}.down_proj.weight")),
+                                                         hf_tensor(x + "down_proj")})));
+  if (tied_embeddings) l.rules.push_back(hf_drop("lm_head.weight"));  // HF ignores a stored copy of a tied head
+  l.save_order = moe ? HfSaveOrder::sorted_by_param : HfSaveOrder::state_dict;
+  return l;
+}
+
 std::vector<ArchitectureInfo> qwen3_architectures() {
   return {
       {kQwen3, "qwen3", "Qwen3 dense decoder (QK-norm, GQA, SwiGLU MLP)", &parse_qwen3, &to_json, &param_table,
-       HfSaveOrder::state_dict},
-      // Transformers converts its per-expert checkpoint tensors on load, and then saves in sorted name order.
+       &hf_layout},
       {kQwen3Moe, "qwen3_moe", "Qwen3-MoE decoder (Qwen3 attention, top-k routed SwiGLU experts)",
-       &parse_qwen3_moe, &to_json, &param_table, HfSaveOrder::sorted_names},
+       &parse_qwen3_moe, &to_json, &param_table, &hf_layout},
   };
 }
 

@@ -765,6 +765,29 @@ std::vector<std::pair<std::string, Tensor>> HfNameMap::save(const std::vector<Te
   return out;
 }
 
+namespace {
+// Numbers the leaves save() writes under n, in save() order; `unit` >= 0: inside an expert stack, whose leaves
+// share it.
+void storage_units(const Node& n, int64_t unit, int64_t& next, std::vector<int64_t>& out) {
+  switch (n.kind) {
+    case K::tensor: out.push_back(unit >= 0 ? unit : next++); return;
+    case K::one_of: storage_units(n.parts[0], unit, next, out); return;
+    case K::stack_experts:
+      if (unit < 0) unit = next++;
+      break;
+    default: break;
+  }
+  for (const auto& p : n.parts) storage_units(p, unit, next, out);
+}
+}  // namespace
+
+std::vector<int64_t> HfNameMap::saved_storage_units() const {
+  std::vector<int64_t> r;
+  int64_t next = 0;
+  for (size_t i : impl_->save_order) storage_units(impl_->roots[i], -1, next, r);
+  return r;
+}
+
 std::vector<std::pair<std::string, Shape>> HfNameMap::saved_names() const {
   std::vector<Tensor> values;
   for (const HfParam& p : params_) values.push_back(Tensor::absent(p.shape, p.dtype));

@@ -72,6 +72,10 @@ class HfNameMap {
 
   // Every checkpoint name save() writes, in order, with its shape (plans, inspect).
   std::vector<std::pair<std::string, Shape>> saved_names() const;
+  // Parallel to saved_names(): the storage each saved tensor is a view of in Transformers' save (one per expert
+  // stack of a parameter's tree, all its experts' tensors sharing it; one per tensor otherwise), numbered 0, 1, ...
+  // in save order. huggingface_hub's sharding places a storage's tensors together.
+  std::vector<int64_t> saved_storage_units() const;
 
   struct Impl;  // the resolved rule trees (defined in the .cpp only)
 
