@@ -102,14 +102,16 @@ TEST(CudaTrainer, Float32ModelSavesFp32MastersAndResumes) {
 // moments, bf16 expert gradients) on real text: 50 steps of the quickstart recipe (its chat data, the real
 // Qwen3 tokenizer, the qwen3-moe-tiny preset, answer-only loss, packed rows of 256) against the CPU engine in
 // fp32 from the same weights; the GPU's fp32-master mode on the same run as the control. At lr 3e-3 the loss falls
-// from 11.9 to ~1.9 nats in 50 steps and single late steps move with the batch: pure bf16's stochastic rounding
-// perturbs every update (unbiased, but each run's noise is its own), so a single step is a noisy sample and the
-// bounds are on the curve: the mean relative difference over the 50 steps within 2%, every 10-step window's mean
-// within 4%, any single step within 15% (a blow-up, not noise). The control (fp32 masters: only bf16 compute
-// differs from the CPU) must stay within 1% mean and 6% per step. History of single runs: H200 (session 28) pure
-// bf16 worst step 4.84%, mean 0.62%, control worst 4.20%, mean 0.63%; H100 (session 29) pure bf16 worst step 9.55%
-// (step 32, 6.5% at 33), mean 1.23%, control worst 3.08%, mean 0.47%: a 6% per-step bound and "pure bf16 within twice
-// the control's mean" failed on the second run and were replaced by the windowed bounds.) The data is made by tools/quickstart_data (Node and Debian's quiz files,
+// from 11.9 to ~1.9 nats in 50 steps; after the 20 warm-up steps the runs drift apart chaotically (a loss spike
+// near step 30 amplifies any rounding difference; the curve is deterministic per GPU model — two H100 calls gave
+// the same numbers to the printed digits — but another GPU's kernel tiling gives another sample). So: steps 1-20
+// (warm-up, small updates: where a systematic error such as biased rounding or a wrong moment shows before chaos
+// hides it) each within 2%; after that the curve: every 10-step window's mean within 6%, the 50-step mean within
+// 2%, one step within 15% (a blow-up, not drift). The control (fp32 masters: only bf16 compute differs from the
+// CPU) within 1% mean and 6% per step. Measured (single runs): H200, session 28: worst step 4.84%, mean 0.62%,
+// control worst 4.20%, mean 0.63%. H100, session 29, twice: steps 1-20 at most 0.1%, windows 0.02% / 0.5% / 3.8% /
+// 1.7%, worst step 9.6% (step 32), mean 1.23%, control worst 3.1%, mean 0.47%. (Earlier bounds, a 6% per step and
+// "within twice the control's mean", failed on the H100 run.) The data is made by tools/quickstart_data (Node and Debian's quiz files,
 // which the GPU machine lacks): MIXTUNE_QUICKSTART_DATA names a directory with train.jsonl and tokenizer/
 // (scripts/gpu-session.sh carries it).
 TEST(CudaTrainer, PureBf16TracksCpuFp32OnQuickstartData) {
@@ -154,10 +156,10 @@ TEST(CudaTrainer, PureBf16TracksCpuFp32OnQuickstartData) {
     char buf[16];
     std::snprintf(buf, sizeof buf, " %.3f", rel);
     rels += buf;
-    EXPECT_LT(rel, 0.15) << "step " << i + 1 << ": cuda " << gpu[i] << " cpu " << cpu[i];
+    EXPECT_LT(rel, i < 20 ? 0.02 : 0.15) << "step " << i + 1 << ": cuda " << gpu[i] << " cpu " << cpu[i];
     EXPECT_LT(mrel, 0.06) << "step " << i + 1 << ": cuda fp32-master " << master[i] << " cpu " << cpu[i];
     if ((i + 1) % 10 == 0) {
-      EXPECT_LT(window / 10, 0.04) << "steps " << i - 8 << "-" << i + 1;
+      EXPECT_LT(window / 10, 0.06) << "steps " << i - 8 << "-" << i + 1;
       window = 0;
     }
   }
