@@ -1,4 +1,5 @@
-// mixtune convert: rewrite a checkpoint (dtype, shard size) through the engine's own load/save path.
+// mixtune convert: rewrite a checkpoint (dtype, shard size) through the engine's own load/save path. A fine-grained
+// FP8 checkpoint is dequantised on load, so convert writes the float model without quantization_config.
 #include <fmt/format.h>
 
 #include "cli/commands.h"
@@ -24,7 +25,7 @@ void run_convert(const ConvertArgs& a) {
 }  // namespace
 
 void add_convert_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("convert", "Rewrite a checkpoint in Hugging Face format (dtype, sharding)");
+  auto* cmd = app.add_subcommand("convert", "Rewrite a checkpoint in Hugging Face format (dtype, sharding; dequantises FP8)");
   static ConvertArgs a;
   cmd->add_option("--in", a.in, "source checkpoint directory or Org/Name")->required();
   cmd->add_option("--out", a.out, "output directory (written atomically)")->required();

@@ -32,12 +32,16 @@ const std::vector<std::string>& carried_file_names() {
 
 namespace {
 
-// The dtype all float tensors of a checkpoint share, if they do.
-std::optional<DType> uniform_float_dtype(const CheckpointFiles& files) {
+// The dtype all float tensors of a checkpoint share, if they do. The stored forms of a quantised checkpoint
+// (F8 weights and their F32 `_scale_inv` block scales) say nothing about the model dtype: they are skipped.
+std::optional<DType> uniform_float_dtype(const CheckpointFiles& files, bool quantised) {
+  static const std::string kScale = "_scale_inv";
   std::optional<DType> found;
   for (const auto& n : files.names()) {
     DType t = files.info(n).dtype;
-    if (!dtype_is_float(t)) continue;
+    if (!dtype_is_float(t) || dtype_size(t) == 1) continue;
+    if (quantised && n.size() > kScale.size() && n.compare(n.size() - kScale.size(), kScale.size(), kScale) == 0)
+      continue;
     if (found && *found != t) return std::nullopt;
     found = t;
   }
@@ -77,20 +81,24 @@ CausalLM CausalLM::from_pretrained(const std::string& path_or_repo_id, const Loa
   m.config = DecoderSpec::from_file(config_path);
   architecture_lookup(m.config.architecture, config_path);
   CheckpointFiles files = CheckpointFiles::open(dir);
-  m.source_dtype = uniform_float_dtype(files).value_or(m.config.dtype);
+  const bool quantised = m.config.quant.method != CheckpointQuant::Method::none;
+  m.source_dtype = uniform_float_dtype(files, quantised).value_or(m.config.dtype);
   m.dtype = options.dtype.value_or(m.source_dtype);
   check_trainable_dtype(m.dtype, config_path);
   m.weights = ModelWeights::from_hf(
       m.config, m.dtype, [&](const std::string& name) { return files.has(name) ? files.tensor(name) : Tensor(); },
-      files.names(), dir, options.expert_first, options.expert_count, options.skip_param, options.compact_experts);
+      files.names(), dir, options.expert_first, options.expert_count, options.skip_param, options.compact_experts,
+      [&](const std::string& name) { return (fs::path(dir) / files.shard_of(name)).string(); });
   m.experts_partial = options.expert_count >= 0 && options.expert_count < m.config.num_experts();
   if (options.compact_experts && options.expert_count >= 0) m.expert_first = options.expert_first;
   m.params_partial = static_cast<bool>(options.skip_param);
   m.source_dir = dir;
   m.carried_files = read_carried_files(dir);
-  if (!files.index_metadata().empty() || files.shard_files().size() > 1)
+  // A quantised source's sharding does not describe the (larger) dequantised tensors: save shards afresh.
+  if (!quantised && (!files.index_metadata().empty() || files.shard_files().size() > 1))
     for (const auto& n : files.names()) m.source_shard_of[n] = files.shard_of(n);
   m.config.dtype = m.dtype;
+  m.config.quant = {};  // dequantised: the model in memory (and every save) is float
   return m;
 }
 

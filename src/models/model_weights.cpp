@@ -139,7 +139,8 @@ ModelWeights ModelWeights::from_hf(const DecoderSpec& cfg, DType dtype,
                                          const std::function<Tensor(const std::string&)>& lookup,
                                          const std::vector<std::string>& all_names, const std::string& source,
                                          int64_t expert_first, int64_t expert_count,
-                                         const std::function<bool(const std::string&)>& skip, bool compact_experts) {
+                                         const std::function<bool(const std::string&)>& skip, bool compact_experts,
+                                         const std::function<std::string(const std::string&)>& file_of) {
   check_param_dtype(dtype, source);
   const int64_t E = cfg.num_experts();
   if (expert_count >= 0)
@@ -152,11 +153,15 @@ ModelWeights ModelWeights::from_hf(const DecoderSpec& cfg, DType dtype,
   ckpt.source = source;
   ckpt.names = all_names;
   ckpt.tensor = lookup;
+  ckpt.file_of = file_of;
   HfLoadOptions options;
   options.expert_first = expert_count >= 0 ? expert_first : 0;
   options.expert_count = expert_count;
   options.compact_experts = compact_experts;
   options.skip = skip;
+  options.fp8_declared = cfg.quant.method == CheckpointQuant::Method::fp8_block;
+  options.fp8_block_rows = cfg.quant.block_rows;
+  options.fp8_block_cols = cfg.quant.block_cols;
   std::vector<Tensor> values = map.load(ckpt, options);
   ModelWeights w;
   w.table = table;

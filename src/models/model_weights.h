@@ -93,12 +93,15 @@ struct ModelWeights {
   // experts, [expert_count, ...] (the CPU engine trains on them as they are).
   // skip(param) true: that parameter (a table entry's name) is checked but neither allocated nor read; it stays
   // Tensor::absent (a ZeRO-3 rank's parameters owned by other ranks, train/sharded_params.h).
+  // file_of(name), when given, is the file holding a tensor, named by errors instead of `source`. FP8 weights
+  // (cfg.quant) are dequantised to `dtype`.
   static ModelWeights from_hf(const DecoderSpec& cfg, DType dtype,
                                  const std::function<Tensor(const std::string&)>& lookup,
                                  const std::vector<std::string>& all_names, const std::string& source,
                                  int64_t expert_first = 0, int64_t expert_count = -1,
                                  const std::function<bool(const std::string&)>& skip = {},
-                                 bool compact_experts = false);
+                                 bool compact_experts = false,
+                                 const std::function<std::string(const std::string&)>& file_of = {});
   // The checkpoint names and tensors the family's rules save (per-expert, original layouts), in the order
   // save_pretrained writes them. A tied lm_head is not a parameter, so it is not written. Tensors are views into
   // this struct where the bytes are contiguous. Stacked expert tensors holding fewer than cfg.num_experts experts

@@ -301,7 +301,8 @@ json qwen3_moe_preset(std::initializer_list<std::pair<const char*, json>> overri
 
 // hf-numerics.md §3.3, §8.1 (the qwen2_moe conversion): the hub stores each expert's gate_proj / up_proj /
 // down_proj; Transformers v5 stacks them on load (gate rows, then up rows, in gate_up_proj) and splits them back on
-// save. A checkpoint saved with save_original_format=False holds the fused tensors instead. A model Transformers
+// save. A checkpoint saved with save_original_format=False holds the fused tensors instead. Any weight may come
+// FP8 block-quantised (§8.6), dequantised on load. A model Transformers
 // converts on load (qwen3_moe) is saved sorted by in-memory name; the dense Qwen3 keeps state_dict order.
 HfLayout qwen3_hf_layout(bool moe, bool tied_embeddings) {
   HfLayout l;
@@ -312,7 +313,13 @@ HfLayout qwen3_hf_layout(bool moe, bool tied_embeddings) {
                                         hf_tensor(x + "gate_up_proj")})));
   l.rules.push_back(hf_param(x + "down_proj", hf_one_of({hf_stack_experts(hf_tensor(x + "{E}.down_proj.weight")),
                                                          hf_tensor(x + "down_proj")})));
-  if (tied_embeddings) l.rules.push_back(hf_drop("lm_head.weight"));  // HF ignores a stored copy of a tied head
+  if (tied_embeddings) {  // HF ignores a stored copy of a tied head (and its FP8 scales)
+    l.rules.push_back(hf_drop("lm_head.weight"));
+    l.rules.push_back(hf_drop("lm_head.weight_scale_inv"));
+  }
+  // Qwen's fine-grained FP8 checkpoints (Qwen3-30B-A3B-FP8: e4m3, 128x128 blocks) quantise the linear layers and
+  // leave norms, embeddings, the head and the routers in bf16; the reader takes whatever carries a scale_inv.
+  l.fp8_any_matrix = true;
   l.save_order = moe ? HfSaveOrder::sorted_by_param : HfSaveOrder::state_dict;
   return l;
 }

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "models/spec/decoder_spec.h"
 
 namespace mt {
 
@@ -120,6 +121,37 @@ DType read_dtype(const FieldReader& r) {
     return *d;
   }
   return DType::F32;
+}
+
+CheckpointQuant read_checkpoint_quant(const FieldReader& r) {
+  CheckpointQuant q;
+  const json* qc = r.find("quantization_config");
+  if (!qc || qc->is_null()) return q;
+  const std::string f = "quantization_config";
+  if (!qc->is_object()) r.bad(f, "wrong type", "an object or null", json_found(*qc));
+  auto field = [&](const char* key) -> const json* {
+    auto it = qc->find(key);
+    return it == qc->end() ? nullptr : &*it;
+  };
+  const json* method = field("quant_method");
+  if (!method) r.missing(f + ".quant_method", "\"fp8\"");
+  if (!method->is_string() || *method != "fp8")
+    r.bad(f + ".quant_method", "unsupported quantisation (only fine-grained FP8 checkpoints are dequantised on load)",
+          "\"fp8\"", json_found(*method));
+  q.method = CheckpointQuant::Method::fp8_block;
+  // Qwen's FP8 configs add "fmt"; HF's FineGrainedFP8Config stores e4m3 weights only.
+  if (const json* fmt = field("fmt"); fmt && !fmt->is_null() && *fmt != "e4m3")
+    r.bad(f + ".fmt", "unsupported FP8 format", "\"e4m3\"", json_found(*fmt));
+  // Static activation scales come as extra tensors the engine has no use for; dynamic is what HF and Qwen use.
+  if (const json* act = field("activation_scheme"); act && !act->is_null() && *act != "dynamic")
+    r.bad(f + ".activation_scheme", "unsupported activation scheme", "\"dynamic\"", json_found(*act));
+  if (const json* bs = field("weight_block_size")) {
+    const std::string name = f + ".weight_block_size";
+    if (!bs->is_array() || bs->size() != 2) r.bad(name, "wrong type", "a list of two positive integers", json_found(*bs));
+    q.block_rows = r.as_int(name + "[0]", (*bs)[0], 1, kMaxDim);
+    q.block_cols = r.as_int(name + "[1]", (*bs)[1], 1, kMaxDim);
+  }
+  return q;
 }
 
 json read_config_file(const std::string& path) {

@@ -51,6 +51,12 @@ void check_tensor_size(const FieldReader& r, const std::string& field, const std
 // The storage dtype: v5 `dtype` or hub `torch_dtype` (a null means "not given"); F32 when neither.
 DType read_dtype(const FieldReader& r);
 
+struct CheckpointQuant;
+// config.json `quantization_config`: absent or null is none; fine-grained FP8 ({"quant_method": "fp8", "fmt":
+// "e4m3", "activation_scheme": "dynamic", "weight_block_size": [r, c]}) is dequantised on load; any other
+// quant_method, or a malformed field, is a one-line error naming the file and the field.
+CheckpointQuant read_checkpoint_quant(const FieldReader& r);
+
 // The JSON of a config file (at most kMaxConfigBytes); one-line mt::Error naming `path` otherwise.
 nlohmann::json read_config_file(const std::string& path);
 

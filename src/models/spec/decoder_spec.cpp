@@ -119,6 +119,7 @@ DecoderSpec DecoderSpec::from_json(const nlohmann::json& j, const std::string& f
             fmt::format("\"{}\"", arch.model_type), json_found(*r.find("model_type")));
   }
   DecoderSpec s = arch.parse(r);
+  s.quant = read_checkpoint_quant(r);
   s.architecture = arch.name;
   s.model_type = arch.model_type;
   s.raw = j;
@@ -128,6 +129,10 @@ DecoderSpec DecoderSpec::from_json(const nlohmann::json& j, const std::string& f
 
 DecoderSpec DecoderSpec::from_file(const std::string& path) { return from_json(read_config_file(path), path); }
 
-nlohmann::json DecoderSpec::to_json() const { return architecture_lookup(architecture, "config").to_json(*this); }
+nlohmann::json DecoderSpec::to_json() const {
+  nlohmann::json j = architecture_lookup(architecture, "config").to_json(*this);
+  j.erase("quantization_config");  // the weights were dequantised on load; they are saved as floats
+  return j;
+}
 
 }  // namespace mt

@@ -125,6 +125,15 @@ enum class NormRounding {
   gpt_oss,  // bf16(w · y32): one rounding
 };
 
+// How the checkpoint's weights are stored when config.json has a `quantization_config`. Load dequantises them to
+// the model dtype (hf-numerics.md §8.6): the model in memory is always float, and to_json() drops the field.
+struct CheckpointQuant {
+  enum class Method { none, fp8_block } method = Method::none;
+  // fp8_block: quantization_config.weight_block_size [rows, cols] (HF's default [128, 128]).
+  int64_t block_rows = 128;
+  int64_t block_cols = 128;
+};
+
 struct DecoderSpec {
   std::string architecture;  // config.json architectures[0], e.g. "Qwen3MoeForCausalLM"
   std::string model_type;    // config.json model_type
@@ -144,6 +153,8 @@ struct DecoderSpec {
   std::vector<MoeSpec> moe;
   std::vector<Mamba2Spec> mamba2;
   std::vector<LayerSpec> layers;
+
+  CheckpointQuant quant;  // config.json quantization_config (load only)
 
   nlohmann::json raw;  // config.json as read, carried through to saved checkpoints
 
@@ -173,7 +184,8 @@ struct DecoderSpec {
   // one-line mt::Error naming `file` and the field.
   static DecoderSpec from_json(const nlohmann::json& j, const std::string& file);
   static DecoderSpec from_file(const std::string& path);
-  // The config.json to save: `raw` with the fields the spec owns written back (v5 spellings), by the family.
+  // The config.json to save: `raw` with the fields the spec owns written back (v5 spellings), by the family,
+  // without `quantization_config` (a saved model is always the dequantised float one).
   nlohmann::json to_json() const;
 };
 

@@ -150,6 +150,7 @@ struct HfNameMap::Impl {
   std::vector<Leaf> leaves;
   std::unordered_map<std::string, std::pair<int, Role>> slots;  // checkpoint name -> leaf
   std::vector<size_t> save_order;                                // param indices
+  bool fp8_any_matrix = false;                                   // HfLayout::fp8_any_matrix
 
   std::string rename_to_hf(const std::string& mem) const {
     for (const auto& r : renames) {
@@ -218,7 +219,8 @@ HfNameMap::Impl::Node HfNameMap::Impl::resolve(const HfNode& src, const Shape& s
         fail("hf rules: {}: renames are not invertible for '{}' (saved as '{}', read back as '{}')", what, mem, hf,
              rename_to_param(hf));
       n.leaf = static_cast<int>(leaves.size());
-      leaves.push_back(Leaf{hf, shape, src.quant, param});
+      const unsigned quant = src.quant | (fp8_any_matrix && nd >= 2 ? unsigned{hf_fp8_block} : 0u);
+      leaves.push_back(Leaf{hf, shape, quant, param});
       if ((src.quant & hf_mxfp4) && (nd < 2 || shape[nd - 2] % 32 != 0))
         fail("hf rules: {}: '{}' {} cannot be MXFP4 (needs [..., 32k, n])", what, hf, shape_str(shape));
       if ((src.quant & hf_fp8_block) && nd < 2)
@@ -282,6 +284,7 @@ HfNameMap::HfNameMap(const HfLayout& layout, std::vector<HfParam> params)
     const HfNode* source;
   };
   std::vector<ParamRule> param_rules;
+  m.fp8_any_matrix = layout.fp8_any_matrix;
   for (const HfRule& r : layout.rules) {
     switch (r.kind) {
       case HfRule::Kind::rename:
@@ -499,6 +502,9 @@ struct Loader {
       f.form = Found::Form::mxfp4;
       return;
     }
+    if (!f.plain.t.defined() && f.scale.t.defined())
+      fail("{}: tensor '{}' has no weight '{}' (expected shape {})", f.scale.file, f.scale.name, leaf.name,
+           shape_str(shape));
     if (!f.plain.t.defined())
       fail("{}: tensor '{}' is missing (expected shape {})", ckpt.source, leaf.name, shape_str(shape));
     const Stored& p = f.plain;
@@ -506,6 +512,9 @@ struct Loader {
       fail("{}: tensor '{}': wrong shape (expected {}, found {})", p.file, p.name, shape_str(shape),
            shape_str(p.t.shape()));
     if (p.t.dtype() == DType::F8_E4M3 && (leaf.quant & hf_fp8_block)) {
+      if (!opt.fp8_declared)
+        fail("{}: tensor '{}' is F8_E4M3 but config.json has no quantization_config (quant_method \"fp8\")", p.file,
+             p.name);
       if (!f.scale.t.defined())
         fail("{}: tensor '{}_scale_inv' is missing (its weight is F8_E4M3)", p.file, leaf.name);
       const Stored& s = f.scale;

@@ -48,6 +48,9 @@ struct HfLoadOptions {
   // FP8 block size (quantization_config.weight_block_size).
   int64_t fp8_block_rows = 128;
   int64_t fp8_block_cols = 128;
+  // false: the checkpoint declares no FP8 quantisation (config.json has no quantization_config), so an F8_E4M3
+  // tensor is an error rather than dequantised.
+  bool fp8_declared = true;
 };
 
 class HfNameMap {

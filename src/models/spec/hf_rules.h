@@ -74,6 +74,10 @@ enum class HfSaveOrder { state_dict, sorted_by_param };
 struct HfLayout {
   std::vector<HfRule> rules;
   HfSaveOrder save_order = HfSaveOrder::state_dict;
+  // Every checkpoint tensor of 2+ dims may also be stored FP8 block-quantised (hf_fp8_block): fine-grained FP8
+  // checkpoints pick which linear layers they quantise (HF's modules_to_not_convert), so the reader takes any
+  // tensor that comes with a `_scale_inv`.
+  bool fp8_any_matrix = false;
 };
 
 }  // namespace mt
