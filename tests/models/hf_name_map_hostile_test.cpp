@@ -117,6 +117,32 @@ TEST(HfNameMapHostile, Fp8Scales) {
                {"'w.weight_scale_inv' is stored but 'w.weight' is BF16 (not F8_E4M3)"});
   expect_error([&] { map.load(ckpt(Tensor::zeros({6, 4}, DType::F8_E4M3), good).view(), o); },
                {"'w.weight': wrong shape (expected [6, 5], found [6, 4])"});
+  FakeCheckpoint scale_only;
+  scale_only.add("w.weight_scale_inv", good);
+  expect_error([&] { map.load(scale_only.view(), o); },
+               {file_of("w.weight_scale_inv"), "'w.weight_scale_inv' has no weight 'w.weight'"});
+  HfLoadOptions undeclared = o;  // config.json without quantization_config
+  undeclared.fp8_declared = false;
+  expect_error([&] { map.load(ckpt(q, good).view(), undeclared); },
+               {file_of("w.weight"), "'w.weight' is F8_E4M3 but config.json has no quantization_config"});
+}
+
+// A layout with fp8_any_matrix reads any 2+-dim tensor in FP8 form; 1-dim tensors have no scale slot.
+TEST(HfNameMapHostile, Fp8AnyMatrix) {
+  const std::vector<HfParam> params = {{"w.weight", {6, 5}, DType::F32}, {"n.weight", {5}, DType::F32}};
+  HfLayout l;
+  l.fp8_any_matrix = true;
+  const HfNameMap map(l, params);
+  HfLoadOptions o;
+  o.fp8_block_rows = o.fp8_block_cols = 4;
+  FakeCheckpoint c;
+  c.add("w.weight", Tensor::zeros({6, 5}, DType::F8_E4M3));
+  c.add("w.weight_scale_inv", Tensor::from_floats({2, 2}, {1, 2, 3, 4}));
+  c.add("n.weight", Tensor::from_floats({5}, {1, 1, 1, 1, 1}));
+  EXPECT_NO_THROW(map.load(c.view(), o));
+  c.add("n.weight_scale_inv", Tensor::from_floats({1}, {1}));
+  expect_error([&] { map.load(c.view(), o); },
+               {file_of("n.weight_scale_inv"), "unexpected tensor 'n.weight_scale_inv'"});
 }
 
 // GPT-OSS-style MXFP4: half a pair, both forms, wrong shapes or dtypes.

@@ -140,14 +140,15 @@ CheckpointQuant read_checkpoint_quant(const FieldReader& r) {
           "\"fp8\"", json_found(*method));
   q.method = CheckpointQuant::Method::fp8_block;
   // Qwen's FP8 configs add "fmt"; HF's FineGrainedFP8Config stores e4m3 weights only.
-  if (const json* fmt = field("fmt"); fmt && !fmt->is_null() && *fmt != "e4m3")
-    r.bad(f + ".fmt", "unsupported FP8 format", "\"e4m3\"", json_found(*fmt));
+  if (const json* form = field("fmt"); form && !form->is_null() && *form != "e4m3")
+    r.bad(f + ".fmt", "unsupported FP8 format", "\"e4m3\"", json_found(*form));
   // Static activation scales come as extra tensors the engine has no use for; dynamic is what HF and Qwen use.
   if (const json* act = field("activation_scheme"); act && !act->is_null() && *act != "dynamic")
     r.bad(f + ".activation_scheme", "unsupported activation scheme", "\"dynamic\"", json_found(*act));
   if (const json* bs = field("weight_block_size")) {
     const std::string name = f + ".weight_block_size";
-    if (!bs->is_array() || bs->size() != 2) r.bad(name, "wrong type", "a list of two positive integers", json_found(*bs));
+    if (!bs->is_array() || bs->size() != 2)
+      r.bad(name, "wrong type", "a list of two positive integers", json_found(*bs));
     q.block_rows = r.as_int(name + "[0]", (*bs)[0], 1, kMaxDim);
     q.block_cols = r.as_int(name + "[1]", (*bs)[1], 1, kMaxDim);
   }
