@@ -1,6 +1,7 @@
 #include "models/model_weights.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "core/error.h"
 #include "core/float_convert.h"
@@ -20,8 +21,13 @@ constexpr Tensor LayerWeights::*kLayerSlots[] = {
     &LayerWeights::o_proj,          &LayerWeights::q_norm,       &LayerWeights::k_norm, &LayerWeights::post_norm,
     &LayerWeights::router,          &LayerWeights::experts_gate_up, &LayerWeights::experts_down,
     &LayerWeights::mlp_gate,        &LayerWeights::mlp_up,       &LayerWeights::mlp_down,
+    &LayerWeights::q_bias,          &LayerWeights::k_bias,       &LayerWeights::v_bias, &LayerWeights::o_bias,
+    &LayerWeights::sinks,           &LayerWeights::router_bias,  &LayerWeights::experts_gate_up_bias,
+    &LayerWeights::experts_down_bias,
 };
-static_assert(WeightSlot::input_norm == 3 && WeightSlot::mlp_down == 16, "kLayerSlots follows WeightSlot");
+static_assert(WeightSlot::input_norm == 3 && WeightSlot::experts_down_bias == 24 &&
+                  std::size(kLayerSlots) == WeightSlot::experts_down_bias - WeightSlot::input_norm + 1,
+              "kLayerSlots follows WeightSlot");
 
 template <typename W>
 auto& slot_of(W& w, const ParamEntry& e) {
@@ -30,7 +36,7 @@ auto& slot_of(W& w, const ParamEntry& e) {
     return w.*kModelSlots[e.slot];
   }
   MT_CHECK(static_cast<size_t>(e.layer) < w.layers.size() && e.slot >= WeightSlot::input_norm &&
-               e.slot <= WeightSlot::mlp_down,
+               e.slot <= WeightSlot::experts_down_bias,
            "{}: layer {} slot {} of a struct with {} layers", e.name, e.layer, e.slot, w.layers.size());
   return w.layers[static_cast<size_t>(e.layer)].*kLayerSlots[e.slot - WeightSlot::input_norm];
 }

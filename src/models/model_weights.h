@@ -27,6 +27,8 @@ struct WeightSlot {
     input_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm,  // attention sublayer
     post_norm, router, experts_gate_up, experts_down,  // MoE sublayer (post_norm: any feed-forward sublayer)
     mlp_gate, mlp_up, mlp_down,  // dense MLP sublayer
+    q_bias, k_bias, v_bias, o_bias, sinks,  // attention biases and sink logits (GPT-OSS)
+    router_bias, experts_gate_up_bias, experts_down_bias,  // router and expert biases (GPT-OSS)
   };
 };
 
@@ -47,6 +49,16 @@ struct LayerWeights {
   Tensor mlp_gate;  // [F, H]
   Tensor mlp_up;    // [F, H]
   Tensor mlp_down;  // [H, F]
+  // Attention biases and per-head sink logits (attention_bias, sinks)
+  Tensor q_bias;  // [heads*D]
+  Tensor k_bias;  // [kv*D]
+  Tensor v_bias;  // [kv*D]
+  Tensor o_bias;  // [H]
+  Tensor sinks;   // [heads]   model.layers.L.self_attn.sinks
+  // Router and expert biases (RouterSpec::linear_bias, MlpSpec::bias of the experts)
+  Tensor router_bias;           // [E]
+  Tensor experts_gate_up_bias;  // [E, 2I] gate entries, then up entries (as experts_gate_up's rows)
+  Tensor experts_down_bias;     // [E, H]
 };
 
 struct ModelWeights {

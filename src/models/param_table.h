@@ -27,6 +27,7 @@ enum class ParamUse {
   router,     // the MoE router's weight (a GEMM too, but not counted in bench's model FLOPs)
   norm,       // an RMSNorm weight
   bias,       // an additive bias
+  sink,       // a learned per-head logit joining the attention softmax (GPT-OSS): normal init, decayed
   lm_head,    // the untied LM head
 };
 

@@ -297,11 +297,14 @@ TEST_F(Fp8Checkpoint, HostileQuantizationConfigNamesConfigJsonAndField) {
     return [d] { CausalLM::from_pretrained(d.string()); };
   };
   nlohmann::json qc = config["quantization_config"];
-  for (const char* method : {"mxfp4", "bitsandbytes", "gptq", "awq"}) {
+  for (const char* method : {"bitsandbytes", "gptq", "awq"}) {
     qc["quant_method"] = method;
     expect_error(with(std::string("m_") + method, qc),
                  {"config.json", "quantization_config.quant_method", "unsupported quantisation", method});
   }
+  qc["quant_method"] = "mxfp4";  // a form GPT-OSS stores, never Qwen3
+  expect_error(with("m_mxfp4", qc),
+               {"config.json", "quantization_config.quant_method", "no tensors stored as MXFP4", "mxfp4"});
   qc = config["quantization_config"];
   qc.erase("quant_method");
   expect_error(with("m_none", qc), {"config.json", "quantization_config.quant_method", "missing"});

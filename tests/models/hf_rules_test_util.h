@@ -72,16 +72,7 @@ inline HfLayout qwen3_layout(bool moe, bool tied) { return qwen3_hf_layout(moe, 
 
 // GPT-OSS (§4.3, §8.5): fused experts stored [E, H, 2I] with gate/up interleaved in the last dim, [E, I, H] for
 // down; MXFP4 or bf16. In memory (the engine's layout): gate_up [E, 2I, H] gate rows then up rows, down [E, H, I].
-inline HfLayout gpt_oss_layout() {
-  HfLayout l;
-  const std::string x = "model.layers.{L}.mlp.experts.";
-  l.rules = {
-      hf_param(x + "gate_up_proj", hf_deinterleave(1, hf_transpose(hf_tensor(x + "gate_up_proj", hf_mxfp4)))),
-      hf_param(x + "gate_up_proj_bias", hf_deinterleave(1, hf_tensor(x + "gate_up_proj_bias"))),
-      hf_param(x + "down_proj", hf_transpose(hf_tensor(x + "down_proj", hf_mxfp4))),
-  };
-  return l;
-}
+inline HfLayout gpt_oss_layout() { return gpt_oss_hf_layout(); }  // the family file's rules (families/gpt_oss.cpp)
 
 struct GptOssDims {
   int64_t V = 16, H = 32, I = 32, E = 3, heads = 2, kv = 1, D = 16, layers = 2;

@@ -13,4 +13,8 @@ std::vector<PresetInfo> qwen3_presets();
 // The Qwen3 / Qwen3-MoE checkpoint layout (the rows' hf_layout), for tests that pair it with their own parameters.
 HfLayout qwen3_hf_layout(bool moe, bool tied_embeddings);
 
+std::vector<ArchitectureInfo> gpt_oss_architectures();  // families/gpt_oss.cpp
+std::vector<PresetInfo> gpt_oss_presets();
+HfLayout gpt_oss_hf_layout();
+
 }  // namespace mt

@@ -134,10 +134,23 @@ CheckpointQuant read_checkpoint_quant(const FieldReader& r) {
     return it == qc->end() ? nullptr : &*it;
   };
   const json* method = field("quant_method");
-  if (!method) r.missing(f + ".quant_method", "\"fp8\"");
+  if (!method) r.missing(f + ".quant_method", "\"fp8\" or \"mxfp4\"");
+  if (method->is_string() && *method == "mxfp4") {
+    // GPT-OSS (§8.5): the experts are stored as `_blocks` + `_scales`, the modules listed here in bf16. Which
+    // tensors may be MXFP4 is the family's layout's to say; the list only has to be well-formed.
+    if (const json* keep = field("modules_to_not_convert"); keep && !keep->is_null()) {
+      if (!keep->is_array()) r.bad(f + ".modules_to_not_convert", "wrong type", "a list of strings", json_found(*keep));
+      for (size_t i = 0; i < keep->size(); ++i)
+        if (!(*keep)[i].is_string())
+          r.bad(fmt::format("{}.modules_to_not_convert[{}]", f, i), "wrong type", "a string", json_found((*keep)[i]));
+    }
+    q.method = CheckpointQuant::Method::mxfp4;
+    return q;
+  }
   if (!method->is_string() || *method != "fp8")
-    r.bad(f + ".quant_method", "unsupported quantisation (only fine-grained FP8 checkpoints are dequantised on load)",
-          "\"fp8\"", json_found(*method));
+    r.bad(f + ".quant_method",
+          "unsupported quantisation (fine-grained FP8 and MXFP4 checkpoints are dequantised on load)",
+          "\"fp8\" or \"mxfp4\"", json_found(*method));
   q.method = CheckpointQuant::Method::fp8_block;
   // Qwen's FP8 configs add "fmt"; HF's FineGrainedFP8Config stores e4m3 weights only.
   if (const json* form = field("fmt"); form && !form->is_null() && *form != "e4m3")

@@ -120,6 +120,9 @@ DecoderSpec DecoderSpec::from_json(const nlohmann::json& j, const std::string& f
   }
   DecoderSpec s = arch.parse(r);
   s.quant = read_checkpoint_quant(r);
+  if (s.quant.method == CheckpointQuant::Method::mxfp4 && !hf_layout_accepts(arch.hf_layout(s), hf_mxfp4))
+    r.bad("quantization_config.quant_method", fmt::format("{} has no tensors stored as MXFP4", arch.name),
+          "\"fp8\" or no quantization_config", "\"mxfp4\"");
   s.architecture = arch.name;
   s.model_type = arch.model_type;
   s.raw = j;

@@ -128,7 +128,9 @@ enum class NormRounding {
 // How the checkpoint's weights are stored when config.json has a `quantization_config`. Load dequantises them to
 // the model dtype (hf-numerics.md §8.6): the model in memory is always float, and to_json() drops the field.
 struct CheckpointQuant {
-  enum class Method { none, fp8_block } method = Method::none;
+  // fp8_block: fine-grained FP8 (e4m3 + block scales, §8.6); mxfp4: GPT-OSS's experts as MXFP4 blocks + E8M0 scales
+  // (§8.5), the rest bf16.
+  enum class Method { none, fp8_block, mxfp4 } method = Method::none;
   // fp8_block: quantization_config.weight_block_size [rows, cols] (HF's default [128, 128]).
   int64_t block_rows = 128;
   int64_t block_cols = 128;

@@ -42,4 +42,20 @@ HfRule hf_quantised(const std::string& param_pattern, unsigned quant) {
   return hf_param(param_pattern, hf_tensor(param_pattern, quant));
 }
 
+namespace {
+bool node_accepts(const HfNode& n, HfQuant q) {
+  if (n.kind == HfNode::Kind::tensor) return (n.quant & q) != 0;
+  for (const HfNode& p : n.parts)
+    if (node_accepts(p, q)) return true;
+  return false;
+}
+}  // namespace
+
+bool hf_layout_accepts(const HfLayout& l, HfQuant q) {
+  if (q == hf_fp8_block && l.fp8_any_matrix) return true;
+  for (const HfRule& r : l.rules)
+    if (r.kind == HfRule::Kind::param && node_accepts(r.source, q)) return true;
+  return false;
+}
+
 }  // namespace mt

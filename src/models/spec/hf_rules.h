@@ -80,4 +80,8 @@ struct HfLayout {
   bool fp8_any_matrix = false;
 };
 
+// Whether any tensor of the layout may be stored in the quantised form `q` (a config that declares a form the
+// family never stores is refused).
+bool hf_layout_accepts(const HfLayout& l, HfQuant q);
+
 }  // namespace mt
