@@ -22,6 +22,8 @@ struct BlockEnv {
 
   int64_t tokens() const { return batch * seq; }
   float eps() const { return static_cast<float>(spec->norm_eps); }
+  // GPT-OSS's RMSNorm rounds once in bf16 (hf-numerics.md §1.1).
+  bool norm_rounds_once() const { return spec->norm_rounding == NormRounding::gpt_oss; }
 };
 
 }  // namespace mt

@@ -47,7 +47,7 @@ LmHeadOutput lm_head_forward(const BlockEnv& env, const Tensor& final_norm, cons
                              const Tensor& targets, bool want_logits) {
   LmHeadOutput r;
   const int64_t V = head.dim(0);
-  Tensor n = cpu::rmsnorm_forward(x, final_norm, env.eps(), env.bf16);
+  Tensor n = cpu::rmsnorm_forward(x, final_norm, env.eps(), env.bf16, env.norm_rounds_once());
   const Tensor headf = cpu::param_f32(head);  // convert a BF16 head once, not per chunk
   if (want_logits) {
     r.logits = cpu::linear_forward(n, headf, env.bf16);
@@ -78,7 +78,7 @@ Tensor lm_head_forward_backward(const BlockEnv& env, const Tensor& final_norm, c
                                 const Tensor& targets, float scale, Tensor& dfinal_norm, Tensor& dhead,
                                 LmHeadOutput* out) {
   const int64_t T = x.dim(0), H = x.dim(1), V = head.dim(0);
-  Tensor n = cpu::rmsnorm_forward(x, final_norm, env.eps(), env.bf16);
+  Tensor n = cpu::rmsnorm_forward(x, final_norm, env.eps(), env.bf16, env.norm_rounds_once());
   const Tensor headf = cpu::param_f32(head);  // convert a BF16 head once, not per chunk
   Tensor dn = Tensor::zeros({T, H}, DType::F32);
   const std::vector<int64_t> rows = target_rows(targets);

@@ -11,7 +11,7 @@ Tensor mlp_block_forward(const BlockEnv& env, const MlpSpec& /*SwiGLU (model_con
                          const Tensor& h, MlpBlockActs* acts) {
   MlpBlockActs local;
   MlpBlockActs& s = acts ? *acts : local;
-  s.n = cpu::rmsnorm_forward(h, w.post_norm, env.eps(), env.bf16);
+  s.n = cpu::rmsnorm_forward(h, w.post_norm, env.eps(), env.bf16, env.norm_rounds_once());
   s.gate = cpu::linear_forward(s.n, w.mlp_gate, env.bf16);
   s.up = cpu::linear_forward(s.n, w.mlp_up, env.bf16);
   s.act = cpu::swiglu_forward(s.gate, s.up, env.bf16);

@@ -1,22 +1,42 @@
 #include "layers/moe_block.h"
 
+#include "core/error.h"
+
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/residual.h"
 #include "kernels/cpu/rmsnorm.h"
 
 namespace mt {
 
+namespace {
+cpu::ExpertsVariant experts_variant(const MoeSpec& spec, const LayerWeights& w) {
+  cpu::ExpertsVariant v;
+  v.activation = spec.expert.activation == Activation::swiglu_oai ? cpu::ExpertActivation::swiglu_oai
+                                                                  : cpu::ExpertActivation::swiglu;
+  if (spec.expert.bias) {
+    v.gate_up_bias = &w.experts_gate_up_bias;
+    v.down_bias = &w.experts_down_bias;
+  }
+  return v;
+}
+}  // namespace
+
 Tensor moe_block_forward(const BlockEnv& env, const MoeSpec& spec, const LayerWeights& w, const Tensor& h,
                          MoeBlockActs* acts) {
   MoeBlockActs local;
   MoeBlockActs& s = acts ? *acts : local;
-  s.n = cpu::rmsnorm_forward(h, w.post_norm, env.eps(), env.bf16);
-  s.logits = cpu::linear_forward(s.n, w.router, env.bf16);
-  s.route = cpu::router_forward(s.logits, spec.experts_per_token, spec.router.norm_topk_prob, env.bf16);
+  s.n = cpu::rmsnorm_forward(h, w.post_norm, env.eps(), env.bf16, env.norm_rounds_once());
+  s.logits = cpu::linear_forward(s.n, w.router, spec.router.linear_bias ? w.router_bias : Tensor(), env.bf16);
+  s.route = spec.router.score == RouterScore::topk_softmax
+                ? cpu::router_topk_softmax_forward(s.logits, spec.experts_per_token, env.bf16)
+                : cpu::router_forward(s.logits, spec.experts_per_token, spec.router.norm_topk_prob, env.bf16);
+  const cpu::ExpertsVariant variant = experts_variant(spec, w);
+  if (env.ep && (variant.gate_up_bias || variant.activation != cpu::ExpertActivation::swiglu))
+    fail("expert parallelism: experts with biases or the clamped SwiGLU are not supported yet");
   Tensor out = env.ep ? ep_experts_forward(*env.ep, s.n, s.route.index, s.route.weights, w.experts_gate_up,
                                           w.experts_down, env.bf16, &s.ep_experts)
                      : cpu::experts_forward(s.n, s.route.index, s.route.weights, w.experts_gate_up, w.experts_down,
-                                            env.bf16, &s.experts);
+                                            env.bf16, &s.experts, variant);
   return cpu::residual_add(h, out, env.bf16);
 }
 
@@ -29,11 +49,15 @@ Tensor moe_block_backward(const BlockEnv& env, const MoeSpec& spec, const LayerW
                         g.experts_gate_up, g.experts_down);
   else
     cpu::experts_backward(dy, s.route.weights, w.experts_gate_up, w.experts_down, s.experts, dn, dweights,
-                          g.experts_gate_up, g.experts_down);
-  Tensor dlogits = cpu::router_backward(dweights, s.route, spec.router.norm_topk_prob);
+                          g.experts_gate_up, g.experts_down, experts_variant(spec, w),
+                          {&g.experts_gate_up_bias, &g.experts_down_bias});
+  Tensor dlogits = spec.router.score == RouterScore::topk_softmax
+                       ? cpu::router_topk_softmax_backward(dweights, s.route)
+                       : cpu::router_backward(dweights, s.route, spec.router.norm_topk_prob);
   if (dlogits_extra.defined()) cpu::add_inplace(dlogits, dlogits_extra);
   Tensor tmp = Tensor::empty(s.n.shape(), DType::F32);
   cpu::linear_backward(dlogits, s.n, w.router, &tmp, &g.router);
+  if (spec.router.linear_bias) cpu::bias_backward(dlogits, g.router_bias);
   cpu::add_inplace(dn, tmp);
   Tensor dh = cpu::rmsnorm_backward(dn, h, w.post_norm, env.eps(), g.post_norm);
   cpu::add_inplace(dh, dy);

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "kernels/cpu/cpu_tensor.h"
 #include "kernels/cpu/swiglu.h"
+#include "kernels/cpu/swiglu_oai.h"
 
 namespace mt::cpu {
 
@@ -13,20 +14,40 @@ struct Dims {
   int64_t T, k, E, H, I;
 };
 
-Dims check_dims(const Tensor& gate_up, const Tensor& down, const Tensor& weights) {
+Dims check_dims(const Tensor& gate_up, const Tensor& down, const Tensor& weights, const ExpertsVariant& v) {
   MT_CHECK(gate_up.ndim() == 3 && down.ndim() == 3, "experts weights {} / {}", gate_up.desc(), down.desc());
   MT_CHECK(weights.ndim() == 2, "experts routing weights {}", weights.desc());
   Dims d{weights.dim(0), weights.dim(1), gate_up.dim(0), gate_up.dim(2), gate_up.dim(1) / 2};
   check_param(gate_up, "experts gate_up", {d.E, 2 * d.I, d.H});
   check_param(down, "experts down", {d.E, d.H, d.I});
   check_f32(weights, "experts routing weights", {d.T, d.k});
+  MT_CHECK((v.gate_up_bias == nullptr) == (v.down_bias == nullptr), "experts: both biases or neither");
+  if (v.gate_up_bias) {
+    check_param(*v.gate_up_bias, "experts gate_up bias", {d.E, 2 * d.I});
+    check_param(*v.down_bias, "experts down bias", {d.E, d.H});
+  }
   return d;
+}
+
+// rows += bias (one row of n), rounded in bf16 mode.
+void add_bias_rows(float* rows, int64_t cnt, int64_t n, const float* bias, bool bf16) {
+  for (int64_t r = 0; r < cnt; ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = rows[r * n + i] + bias[i];
+      rows[r * n + i] = bf16 ? round_bf16(v) : v;
+    }
+}
+
+// dbias += Σ over rows.
+void sum_rows_into(const float* rows, int64_t cnt, int64_t n, float* dbias) {
+  for (int64_t r = 0; r < cnt; ++r)
+    for (int64_t i = 0; i < n; ++i) dbias[i] += rows[r * n + i];
 }
 }  // namespace
 
 Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weights, const Tensor& gate_up,
-                       const Tensor& down, bool bf16, ExpertsSaved* saved) {
-  const Dims d = check_dims(gate_up, down, weights);
+                       const Tensor& down, bool bf16, ExpertsSaved* saved, const ExpertsVariant& variant) {
+  const Dims d = check_dims(gate_up, down, weights, variant);
   const int64_t T = d.T, k = d.k, E = d.E, H = d.H, I = d.I, N = T * k;
   check_f32(x, "experts input", {T, H});
   MT_CHECK(index.dtype() == DType::I32 && index.shape() == Shape({T, k}), "experts index {}", index.desc());
@@ -61,6 +82,8 @@ Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weigh
   float* gu = s.gate_up.data_as<float>();
   float* act = s.act.data_as<float>();
   float* y = s.y.data_as<float>();
+  const Tensor b1 = variant.gate_up_bias ? param_f32(*variant.gate_up_bias) : Tensor();
+  const Tensor b2 = variant.down_bias ? param_f32(*variant.down_bias) : Tensor();
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = s.offsets[e], cnt = s.offsets[e + 1] - r0;
     if (cnt == 0) continue;
@@ -68,9 +91,14 @@ Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weigh
     Tensor w2 = param_f32(down[e]);
     gemm_nt(cnt, 2 * I, H, 1.0f, xg + r0 * H, H, w1.data_as<float>(), H, 0.0f, gu + r0 * 2 * I, 2 * I);
     if (bf16) round_bf16_inplace(gu + r0 * 2 * I, cnt * 2 * I);
-    swiglu_forward_rows(cnt, I, gu + r0 * 2 * I, gu + r0 * 2 * I + I, 2 * I, act + r0 * I, I, bf16);
+    if (b1.defined()) add_bias_rows(gu + r0 * 2 * I, cnt, 2 * I, b1.data_as<float>() + e * 2 * I, bf16);
+    if (variant.activation == ExpertActivation::swiglu_oai)
+      swiglu_oai_forward_rows(cnt, I, gu + r0 * 2 * I, gu + r0 * 2 * I + I, 2 * I, act + r0 * I, I, bf16);
+    else
+      swiglu_forward_rows(cnt, I, gu + r0 * 2 * I, gu + r0 * 2 * I + I, 2 * I, act + r0 * I, I, bf16);
     gemm_nt(cnt, H, I, 1.0f, act + r0 * I, I, w2.data_as<float>(), I, 0.0f, y + r0 * H, H);
     if (bf16) round_bf16_inplace(y + r0 * H, cnt * H);
+    if (b2.defined()) add_bias_rows(y + r0 * H, cnt, H, b2.data_as<float>() + e * H, bf16);
   }
 
   Tensor out = Tensor::empty({T, H}, DType::F32);
@@ -92,8 +120,15 @@ Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weigh
 }
 
 void experts_backward(const Tensor& dout, const Tensor& weights, const Tensor& gate_up, const Tensor& down,
-                      const ExpertsSaved& s, Tensor& dx, Tensor& dweights, Tensor& dgate_up, Tensor& ddown) {
-  const Dims d = check_dims(gate_up, down, weights);
+                      const ExpertsSaved& s, Tensor& dx, Tensor& dweights, Tensor& dgate_up, Tensor& ddown,
+                      const ExpertsVariant& variant, const ExpertsBiasGrads& bias_grads) {
+  const Dims d = check_dims(gate_up, down, weights, variant);
+  const bool biased = variant.gate_up_bias != nullptr;
+  MT_CHECK(!biased || (bias_grads.gate_up_bias && bias_grads.down_bias), "experts backward: bias gradients missing");
+  if (biased) {
+    check_f32(*bias_grads.gate_up_bias, "experts dgate_up bias", {d.E, 2 * d.I});
+    check_f32(*bias_grads.down_bias, "experts ddown bias", {d.E, d.H});
+  }
   const int64_t T = d.T, k = d.k, E = d.E, H = d.H, I = d.I, N = T * k;
   check_f32(dout, "experts dout", {T, H});
   check_f32(dgate_up, "experts dgate_up", {E, 2 * I, H});
@@ -137,8 +172,14 @@ void experts_backward(const Tensor& dout, const Tensor& weights, const Tensor& g
     float* dw2 = ddown.data_as<float>() + e * H * I;
     gemm_nn(cnt, I, H, 1.0f, dyp + r0 * H, H, w2.data_as<float>(), I, 0.0f, dap + r0 * I, I);
     gemm_tn(H, I, cnt, 1.0f, dyp + r0 * H, H, act + r0 * I, I, 1.0f, dw2, I);
-    swiglu_backward_rows(cnt, I, dap + r0 * I, I, gu + r0 * 2 * I, gu + r0 * 2 * I + I, 2 * I, dgp + r0 * 2 * I,
-                         dgp + r0 * 2 * I + I, 2 * I);
+    if (biased) sum_rows_into(dyp + r0 * H, cnt, H, bias_grads.down_bias->data_as<float>() + e * H);
+    if (variant.activation == ExpertActivation::swiglu_oai)
+      swiglu_oai_backward_rows(cnt, I, dap + r0 * I, I, gu + r0 * 2 * I, gu + r0 * 2 * I + I, 2 * I,
+                               dgp + r0 * 2 * I, dgp + r0 * 2 * I + I, 2 * I);
+    else
+      swiglu_backward_rows(cnt, I, dap + r0 * I, I, gu + r0 * 2 * I, gu + r0 * 2 * I + I, 2 * I, dgp + r0 * 2 * I,
+                           dgp + r0 * 2 * I + I, 2 * I);
+    if (biased) sum_rows_into(dgp + r0 * 2 * I, cnt, 2 * I, bias_grads.gate_up_bias->data_as<float>() + e * 2 * I);
     gemm_nn(cnt, H, 2 * I, 1.0f, dgp + r0 * 2 * I, 2 * I, w1.data_as<float>(), H, 0.0f, dxp + r0 * H, H);
     gemm_tn(2 * I, H, cnt, 1.0f, dgp + r0 * 2 * I, 2 * I, xg + r0 * H, H, 1.0f, dw1, H);
   }

@@ -1,5 +1,5 @@
-// Routed SwiGLU experts over a token -> expert assignment (Qwen3MoeExperts, grouped_mm dataflow):
-//   for each (token t, slot s): e = index[t, s], y = down_e( silu(gate_e x_t) ⊙ up_e x_t )
+// Routed SwiGLU experts over a token -> expert assignment (Qwen3MoeExperts, GptOssExperts; grouped_mm dataflow):
+//   for each (token t, slot s): e = index[t, s], y = down_e( act(gate_e x_t [+ bg_e], up_e x_t [+ bu_e]) ) [+ bd_e]
 //   out[t] = Σ_s weights[t, s] · y          (bf16: bf16(y·w) per slot, summed in fp32, rounded once)
 // Slots are grouped by expert (a counting sort, stable in slot order) and each expert runs two sgemms
 // over its rows; experts that received no tokens are skipped.
@@ -10,13 +10,31 @@
 
 namespace mt::cpu {
 
+// The expert MLP's variant. Defaults: Qwen3-MoE's SwiGLU without biases.
+enum class ExpertActivation {
+  swiglu,      // silu(g)·u
+  swiglu_oai,  // GPT-OSS's clamped form (kernels/cpu/swiglu_oai.h)
+};
+struct ExpertsVariant {
+  ExpertActivation activation = ExpertActivation::swiglu;
+  // Per-expert biases (GPT-OSS; both or neither), added after each projection (bf16: to the rounded GEMM output,
+  // rounded again, as Transformers' grouped path adds them in place).
+  const Tensor* gate_up_bias = nullptr;  // F32|BF16 [E, 2I]: gate entries, then up entries
+  const Tensor* down_bias = nullptr;     // F32|BF16 [E, H]
+};
+// Their gradients (F32, accumulated), when the variant has biases.
+struct ExpertsBiasGrads {
+  Tensor* gate_up_bias = nullptr;  // [E, 2I]
+  Tensor* down_bias = nullptr;     // [E, H]
+};
+
 struct ExpertsSaved {
   std::vector<int64_t> offsets;  // [E + 1]: grouped rows of expert e are [offsets[e], offsets[e+1])
   std::vector<int32_t> slot;     // [N = T·k]: grouped row -> flat slot t·k + s
   std::vector<int32_t> row;      // [N]: flat slot -> grouped row
   Tensor xg;                     // F32 [N, H] gathered inputs
   Tensor gate_up;                // F32 [N, 2I] gate | up projections (pre-activation)
-  Tensor act;                    // F32 [N, I]  silu(gate) ⊙ up
+  Tensor act;                    // F32 [N, I]  the activation's output
   Tensor y;                      // F32 [N, H]  expert outputs before the routing weight
 };
 
@@ -24,11 +42,13 @@ struct ExpertsSaved {
 // gate_up F32|BF16 [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up), down F32|BF16 [E, H, I] -> out F32 [T, H].
 // `saved` (optional) receives what backward needs.
 Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weights, const Tensor& gate_up,
-                       const Tensor& down, bool bf16, ExpertsSaved* saved);
+                       const Tensor& down, bool bf16, ExpertsSaved* saved, const ExpertsVariant& variant = {});
 
 // dout F32 [T, H] -> dx F32 [T, H] and dweights F32 [T, k] (both allocated here);
 // dgate_up F32 [E, 2I, H] and ddown F32 [E, H, I] are accumulated. fp32 math on the saved activations.
+// With a biased variant, `bias_grads` receives the biases' gradients (both pointers set).
 void experts_backward(const Tensor& dout, const Tensor& weights, const Tensor& gate_up, const Tensor& down,
-                      const ExpertsSaved& saved, Tensor& dx, Tensor& dweights, Tensor& dgate_up, Tensor& ddown);
+                      const ExpertsSaved& saved, Tensor& dx, Tensor& dweights, Tensor& dgate_up, Tensor& ddown,
+                      const ExpertsVariant& variant = {}, const ExpertsBiasGrads& bias_grads = {});
 
 }  // namespace mt::cpu

@@ -5,7 +5,9 @@
 
 namespace mt::cpu {
 
-Tensor linear_forward(const Tensor& x, const Tensor& w, bool bf16) {
+Tensor linear_forward(const Tensor& x, const Tensor& w, bool bf16) { return linear_forward(x, w, Tensor(), bf16); }
+
+Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, bool bf16) {
   MT_CHECK(w.ndim() == 2, "linear weight must be 2-d, got {}", w.desc());
   const int64_t out = w.dim(0), in = w.dim(1);
   MT_CHECK(x.ndim() >= 1 && x.dim(-1) == in, "linear input {} does not match weight {}", x.desc(), w.desc());
@@ -16,8 +18,27 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, bool bf16) {
   Tensor y = Tensor::empty(ys, DType::F32);
   Tensor wf = param_f32(w);
   gemm_nt(n, out, in, 1.0f, x.data_as<float>(), in, wf.data_as<float>(), in, 0.0f, y.data_as<float>(), out);
+  if (b.defined()) {
+    MT_CHECK(b.ndim() == 1 && b.dim(0) == out, "linear bias {} does not match weight {}", b.desc(), w.desc());
+    const Tensor bf = param_f32(b);
+    const float* bp = bf.data_as<float>();
+    float* yp = y.data_as<float>();
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t o = 0; o < out; ++o) yp[r * out + o] += bp[o];
+  }
   if (bf16) round_bf16_inplace(y.data_as<float>(), y.numel());
   return y;
+}
+
+void bias_backward(const Tensor& dy, Tensor& db) {
+  MT_CHECK(db.ndim() == 1, "bias gradient must be 1-d, got {}", db.desc());
+  const int64_t out = db.dim(0), n = out == 0 ? 0 : dy.numel() / out;
+  check_f32_numel(dy, "bias dy", n * out);
+  check_f32(db, "bias db", {out});
+  const float* d = dy.data_as<float>();
+  float* g = db.data_as<float>();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t o = 0; o < out; ++o) g[o] += d[r * out + o];
 }
 
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw) {

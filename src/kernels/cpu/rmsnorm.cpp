@@ -18,7 +18,7 @@ float row_rstd(const float* x, int64_t n, float eps) {
 }
 }  // namespace
 
-Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, bool bf16) {
+Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, bool bf16, bool bf16_round_once) {
   MT_CHECK(w.ndim() == 1, "rmsnorm weight must be 1-d, got {}", w.desc());
   const int64_t n = w.dim(0);
   MT_CHECK(x.ndim() >= 1 && x.dim(-1) == n, "rmsnorm input {} does not match weight {}", x.desc(), w.desc());
@@ -36,7 +36,7 @@ Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, bool bf16) {
     const float rstd = row_rstd(xr, n, eps);
     for (int64_t i = 0; i < n; ++i) {
       const float y = xr[i] * rstd;
-      orow[i] = bf16 ? round_bf16(wp[i] * round_bf16(y)) : wp[i] * y;
+      orow[i] = !bf16 ? wp[i] * y : bf16_round_once ? round_bf16(wp[i] * y) : round_bf16(wp[i] * round_bf16(y));
     }
   }
   return out;

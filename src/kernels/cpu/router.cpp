@@ -95,4 +95,47 @@ Tensor router_backward(const Tensor& dweights, const RouterOutput& r, bool norm_
   return dlogits;
 }
 
+RouterOutput router_topk_softmax_forward(const Tensor& logits, int64_t k, bool bf16) {
+  MT_CHECK(logits.ndim() == 2, "router logits must be [T, E], got {}", logits.desc());
+  const int64_t T = logits.dim(0), E = logits.dim(1);
+  check_f32(logits, "router logits", {T, E});
+  MT_CHECK(k >= 1 && k <= E, "router top-k {} with {} experts", k, E);
+  RouterOutput r{Tensor::empty({T, E}, DType::F32), Tensor::empty({T, k}, DType::I32),
+                 Tensor::empty({T, k}, DType::F32), Tensor::empty({T, k}, DType::F32)};
+  const float* l = logits.data_as<float>();
+  softmax_rows_f32(l, T, E, r.probs.data_as<float>(), false);
+  int32_t* idx = r.index.data_as<int32_t>();
+  float* val = r.value.data_as<float>();
+  float* w = r.weights.data_as<float>();
+#pragma omp parallel for schedule(static) if ((T * E) >= kParallelMinWork)
+  for (int64_t t = 0; t < T; ++t) {
+    topk_row(l + t * E, E, k, idx + t * k);
+    std::vector<float> top(static_cast<size_t>(k));
+    for (int64_t s = 0; s < k; ++s) top[s] = l[t * E + idx[t * k + s]];
+    softmax_rows_f32(top.data(), 1, k, val + t * k, false);
+    for (int64_t s = 0; s < k; ++s) w[t * k + s] = bf16 ? round_bf16(val[t * k + s]) : val[t * k + s];
+  }
+  return r;
+}
+
+Tensor router_topk_softmax_backward(const Tensor& dweights, const RouterOutput& r) {
+  const int64_t T = r.probs.dim(0), E = r.probs.dim(1), k = r.index.dim(1);
+  check_f32(dweights, "router dweights", {T, k});
+  Tensor dlogits = Tensor::empty({T, E}, DType::F32);
+  dlogits.fill_zero();
+  const int32_t* idx = r.index.data_as<int32_t>();
+  const float* val = r.value.data_as<float>();
+  const float* dw = dweights.data_as<float>();
+  float* dl = dlogits.data_as<float>();
+#pragma omp parallel for schedule(static) if ((T * E) >= kParallelMinWork)
+  for (int64_t t = 0; t < T; ++t) {
+    // softmax over the k selected logits: dl_s = v_s·(dw_s − Σ_j dw_j·v_j)
+    double dot = 0.0;
+    for (int64_t s = 0; s < k; ++s) dot += static_cast<double>(dw[t * k + s]) * val[t * k + s];
+    for (int64_t s = 0; s < k; ++s)
+      dl[t * E + idx[t * k + s]] = val[t * k + s] * (dw[t * k + s] - static_cast<float>(dot));
+  }
+  return dlogits;
+}
+
 }  // namespace mt::cpu
