@@ -26,37 +26,73 @@ void check_shapes(const AttentionShape& s, const Tensor& q, const Tensor& k, con
              doc.desc());
 }
 
+// Key j is visible to query i: causal, inside the window, in the same packed document.
+inline bool visible(int64_t i, int64_t j, int64_t window, const int32_t* doc) {
+  return j <= i && (window <= 0 || j > i - window) && (!doc || doc[j] == doc[i]);
+}
+
 // Fills P[i, j] (row stride S) with softmax probabilities for query rows of one (b, h), masked
-// entries 0. `scores` holds scale·Q·Kᵀ on entry. If lse_out is set it is written, else lse_in is used.
-void softmax_rows(int64_t S, float* P, const int32_t* doc, float* lse_out, const float* lse_in) {
+// entries 0. `P` holds scale·Q·Kᵀ on entry. If lse_out is set it is written, else lse_in is used.
+// sink: the head's sink logit joins each row's softmax (nullptr: none).
+void softmax_rows(int64_t S, float* P, const int32_t* doc, int64_t window, const float* sink, float* lse_out,
+                  const float* lse_in) {
 #pragma omp parallel for schedule(static) if ((S * S) >= kParallelMinWork)
   for (int64_t i = 0; i < S; ++i) {
     float* row = P + i * S;
     float lse;
     if (lse_out) {
-      float m = -std::numeric_limits<float>::infinity();
+      float m = sink ? *sink : -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j <= i; ++j)
-        if (!doc || doc[j] == doc[i]) m = std::max(m, row[j]);
-      double sum = 0.0;
+        if (visible(i, j, window, doc)) m = std::max(m, row[j]);
+      double sum = sink ? std::exp(static_cast<double>(*sink - m)) : 0.0;
       for (int64_t j = 0; j <= i; ++j)
-        if (!doc || doc[j] == doc[i]) sum += std::exp(static_cast<double>(row[j] - m));
+        if (visible(i, j, window, doc)) sum += std::exp(static_cast<double>(row[j] - m));
       lse = m + static_cast<float>(std::log(sum));
       lse_out[i] = lse;
     } else {
       lse = lse_in[i];
     }
-    for (int64_t j = 0; j < S; ++j)
-      row[j] = (j <= i && (!doc || doc[j] == doc[i])) ? std::exp(row[j] - lse) : 0.0f;
+    for (int64_t j = 0; j < S; ++j) row[j] = visible(i, j, window, doc) ? std::exp(row[j] - lse) : 0.0f;
   }
+}
+
+// Transformers' eager bf16 softmax on rows of bf16 scores (`P` holds bf16(bf16(Q·Kᵀ)·scale)): c = bf16(x − max)
+// over the visible keys and the sink, softmax of c in fp32, rounded to bf16; the sink's column dropped.
+void eager_bf16_probs(int64_t S, float* P, const int32_t* doc, int64_t window, const float* sink) {
+#pragma omp parallel for schedule(static) if ((S * S) >= kParallelMinWork)
+  for (int64_t i = 0; i < S; ++i) {
+    float* row = P + i * S;
+    float m = sink ? *sink : -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j <= i; ++j)
+      if (visible(i, j, window, doc)) m = std::max(m, row[j]);
+    double sum = sink ? std::exp(static_cast<double>(round_bf16(*sink - m))) : 0.0;
+    for (int64_t j = 0; j <= i; ++j)
+      if (visible(i, j, window, doc)) sum += std::exp(static_cast<double>(round_bf16(row[j] - m)));
+    const float fs = static_cast<float>(sum);
+    for (int64_t j = 0; j < S; ++j)
+      row[j] = visible(i, j, window, doc) ? round_bf16(std::exp(round_bf16(row[j] - m)) / fs) : 0.0f;
+  }
+}
+
+float scale_of(const AttentionShape& s) {
+  return s.scale > 0 ? s.scale : 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+}
+
+std::vector<float> sinks_f32(const AttentionShape& s, const Tensor& sinks) {
+  if (!sinks.defined()) return {};
+  MT_CHECK(sinks.ndim() == 1 && sinks.dim(0) == s.heads, "attention sinks {} for {} heads", sinks.desc(), s.heads);
+  return param_f32(sinks).to_floats();
 }
 
 }  // namespace
 
 Tensor attention_forward(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
-                         const Tensor& doc, bool bf16, Tensor& lse) {
+                         const Tensor& doc, bool bf16, Tensor& lse, const Tensor& sinks) {
   check_shapes(s, q, k, v, doc);
   const int64_t B = s.batch, S = s.seq, Hq = s.heads, Hk = s.kv_heads, D = s.head_dim, group = Hq / Hk;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = scale_of(s);
+  const std::vector<float> sink = sinks_f32(s, sinks);
+  const bool eager = bf16 && s.eager_bf16;
   Tensor out = Tensor::empty(q.shape(), DType::F32);
   lse = Tensor::empty({B, Hq, S}, DType::F32);
   std::vector<float> P(static_cast<size_t>(S * S));
@@ -68,9 +104,19 @@ Tensor attention_forward(const AttentionShape& s, const Tensor& q, const Tensor&
       const float* kp = k.data_as<float>() + (b * S * Hk + g) * D;
       const float* vp = v.data_as<float>() + (b * S * Hk + g) * D;
       float* op = out.data_as<float>() + (b * S * Hq + h) * D;
+      const float* sk = sink.empty() ? nullptr : &sink[static_cast<size_t>(h)];
       gemm_nt(S, S, D, scale, qp, Hq * D, kp, Hk * D, 0.0f, P.data(), S);
-      softmax_rows(S, P.data(), dp, lse.data_as<float>() + (b * Hq + h) * S, nullptr);
-      if (bf16) round_bf16_inplace(P.data(), S * S);
+      // lse from the fp32 scores (what the backward recomputes P from).
+      std::vector<float> scores(eager ? static_cast<size_t>(S * S) : 0);
+      softmax_rows(S, P.data(), dp, s.window, sk, lse.data_as<float>() + (b * Hq + h) * S, nullptr);
+      if (eager) {
+        gemm_nt(S, S, D, 1.0f, qp, Hq * D, kp, Hk * D, 0.0f, scores.data(), S);
+        for (float& x : scores) x = round_bf16(round_bf16(x) * scale);
+        eager_bf16_probs(S, scores.data(), dp, s.window, sk);
+        P.swap(scores);
+      } else if (bf16) {
+        round_bf16_inplace(P.data(), S * S);
+      }
       gemm_nn(S, D, S, 1.0f, P.data(), S, vp, Hk * D, 0.0f, op, Hq * D);
     }
   }
@@ -80,12 +126,15 @@ Tensor attention_forward(const AttentionShape& s, const Tensor& q, const Tensor&
 
 void attention_backward(const AttentionShape& s, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& doc, const Tensor& lse, bool bf16, Tensor& dq, Tensor& dk,
-                        Tensor& dv) {
+                        Tensor& dv, const Tensor& sinks, Tensor* dsinks) {
   check_shapes(s, q, k, v, doc);
   const int64_t B = s.batch, S = s.seq, Hq = s.heads, Hk = s.kv_heads, D = s.head_dim, group = Hq / Hk;
   check_f32(dout, "attention dout", q.shape());
   check_f32(lse, "attention lse", {B, Hq, S});
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = scale_of(s);
+  const std::vector<float> sink = sinks_f32(s, sinks);
+  MT_CHECK(sink.empty() == (dsinks == nullptr), "attention backward: sinks and their gradient go together");
+  if (dsinks) check_f32(*dsinks, "attention dsinks", {Hq});
   dq = Tensor::empty(q.shape(), DType::F32);
   dk = Tensor::zeros(k.shape(), DType::F32);
   dv = Tensor::zeros(v.shape(), DType::F32);
@@ -101,8 +150,9 @@ void attention_backward(const AttentionShape& s, const Tensor& dout, const Tenso
       float* dqp = dq.data_as<float>() + (b * S * Hq + h) * D;
       float* dkp = dk.data_as<float>() + (b * S * Hk + g) * D;
       float* dvp = dv.data_as<float>() + (b * S * Hk + g) * D;
+      const float* lp = lse.data_as<float>() + (b * Hq + h) * S;
       gemm_nt(S, S, D, scale, qp, Hq * D, kp, Hk * D, 0.0f, P.data(), S);
-      softmax_rows(S, P.data(), dp, nullptr, lse.data_as<float>() + (b * Hq + h) * S);
+      softmax_rows(S, P.data(), dp, s.window, nullptr, nullptr, lp);
       // dV += Pᵀ·dO with the P the forward multiplied (bf16-rounded in bf16 mode).
       if (bf16) {
         std::vector<float> Pr(P);
@@ -112,8 +162,10 @@ void attention_backward(const AttentionShape& s, const Tensor& dout, const Tenso
         gemm_tn(S, D, S, 1.0f, P.data(), S, gp, Hq * D, 1.0f, dvp, Hk * D);
       }
       gemm_nt(S, S, D, 1.0f, gp, Hq * D, vp, Hk * D, 0.0f, dP.data(), S);
-      // Softmax backward: dS = P ⊙ (dP − Σ_j P·dP), in place into dP.
-#pragma omp parallel for schedule(static) if ((S * S) >= kParallelMinWork)
+      // Softmax backward: dS = P ⊙ (dP − Σ_j P·dP), in place into dP. The sink's column has no value vector
+      // (dP_sink = 0): d(sink) = −Σ_i p_sink,i · Σ_j P_ij·dP_ij.
+      double dsink = 0.0;
+#pragma omp parallel for schedule(static) if ((S * S) >= kParallelMinWork) reduction(+ : dsink)
       for (int64_t i = 0; i < S; ++i) {
         const float* pr = P.data() + i * S;
         float* gr = dP.data() + i * S;
@@ -121,7 +173,9 @@ void attention_backward(const AttentionShape& s, const Tensor& dout, const Tenso
         for (int64_t j = 0; j <= i; ++j) dot += static_cast<double>(pr[j]) * gr[j];
         const float d = static_cast<float>(dot);
         for (int64_t j = 0; j < S; ++j) gr[j] = pr[j] * (gr[j] - d);
+        if (!sink.empty()) dsink -= std::exp(static_cast<double>(sink[static_cast<size_t>(h)]) - lp[i]) * dot;
       }
+      if (dsinks) dsinks->data_as<float>()[h] += static_cast<float>(dsink);
       gemm_nn(S, D, S, scale, dP.data(), S, kp, Hk * D, 0.0f, dqp, Hq * D);
       gemm_tn(S, D, S, scale, dP.data(), S, qp, Hq * D, 1.0f, dkp, Hk * D);
     }
