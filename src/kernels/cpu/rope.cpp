@@ -1,5 +1,6 @@
 #include "kernels/cpu/rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -8,17 +9,57 @@
 
 namespace mt::cpu {
 
-RopeTables rope_tables(const Tensor& positions, int64_t D, double theta, bool bf16) {
+std::vector<float> rope_default_inv_freq(int64_t D, double theta) {
   MT_CHECK(D > 0 && D % 2 == 0, "rope head_dim must be even and positive, got {}", D);
-  MT_CHECK(positions.dtype() == DType::I64, "rope positions must be I64, got {}", positions.desc());
-  const int64_t T = positions.numel(), half = D / 2;
   // Transformers: 1.0 / (base ** (arange(0, D, 2).float() / D)), all in fp32.
-  std::vector<float> inv_freq(static_cast<size_t>(half));
+  std::vector<float> inv_freq(static_cast<size_t>(D / 2));
   const float base = static_cast<float>(theta);
-  for (int64_t i = 0; i < half; ++i) {
+  for (int64_t i = 0; i < D / 2; ++i) {
     const float e = static_cast<float>(2 * i) / static_cast<float>(D);
     inv_freq[i] = 1.0f / std::pow(base, e);
   }
+  return inv_freq;
+}
+
+std::vector<float> rope_yarn_inv_freq(int64_t D, double theta, double factor, double beta_fast, double beta_slow,
+                                      int64_t original_max_positions, bool truncate) {
+  MT_CHECK(D > 0 && D % 2 == 0, "rope head_dim must be even and positive, got {}", D);
+  MT_CHECK(factor > 0 && beta_fast > 0 && beta_slow > 0 && original_max_positions > 0 && theta > 1,
+           "yarn: factor {} beta_fast {} beta_slow {} original_max_position_embeddings {} theta {}", factor, beta_fast,
+           beta_slow, original_max_positions, theta);
+  // The correction range in double (Python floats), the ramp and the frequencies in fp32 (torch tensors).
+  const double dim = static_cast<double>(D);
+  auto correction_dim = [&](double rotations) {
+    return dim * std::log(static_cast<double>(original_max_positions) / (rotations * 2 * M_PI)) /
+           (2 * std::log(theta));
+  };
+  double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+  if (truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;
+  const float base = static_cast<float>(theta), flow = static_cast<float>(low),
+              fspan = static_cast<float>(high - low), ffactor = static_cast<float>(factor);
+  std::vector<float> inv_freq(static_cast<size_t>(D / 2));
+  for (int64_t i = 0; i < D / 2; ++i) {
+    const float pos_freq = std::pow(base, static_cast<float>(2 * i) / static_cast<float>(D));
+    const float extrapolation = 1.0f / pos_freq, interpolation = 1.0f / (ffactor * pos_freq);
+    const float ramp = std::clamp((static_cast<float>(i) - flow) / fspan, 0.0f, 1.0f);
+    const float extrapolation_factor = 1.0f - ramp;
+    inv_freq[i] = interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
+  }
+  return inv_freq;
+}
+
+RopeTables rope_tables(const Tensor& positions, int64_t D, double theta, bool bf16) {
+  return rope_tables(positions, rope_default_inv_freq(D, theta), 1.0f, bf16);
+}
+
+RopeTables rope_tables(const Tensor& positions, const std::vector<float>& inv_freq, float attention_factor,
+                       bool bf16) {
+  MT_CHECK(!inv_freq.empty(), "rope: no frequencies");
+  MT_CHECK(positions.dtype() == DType::I64, "rope positions must be I64, got {}", positions.desc());
+  const int64_t half = static_cast<int64_t>(inv_freq.size()), D = 2 * half, T = positions.numel();
   RopeTables t{Tensor::empty({T, D}, DType::F32), Tensor::empty({T, D}, DType::F32)};
   const int64_t* pos = positions.data_as<int64_t>();
   float* c = t.cos.data_as<float>();
@@ -28,7 +69,7 @@ RopeTables rope_tables(const Tensor& positions, int64_t D, double theta, bool bf
     const float p = static_cast<float>(pos[r]);
     for (int64_t i = 0; i < half; ++i) {
       const float f = inv_freq[i] * p;
-      float cv = std::cos(f), sv = std::sin(f);
+      float cv = std::cos(f) * attention_factor, sv = std::sin(f) * attention_factor;
       if (bf16) cv = round_bf16(cv), sv = round_bf16(sv);
       c[r * D + i] = c[r * D + half + i] = cv;
       s[r * D + i] = s[r * D + half + i] = sv;

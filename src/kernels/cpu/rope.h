@@ -2,6 +2,8 @@
 //   inv_freq_i = 1 / theta^(2i/D) (fp32), freqs = inv_freq ⊗ position (fp32), emb = cat(freqs, freqs)
 //   out = x·cos(emb) + rotate_half(x)·sin(emb),  rotate_half(x) = cat(-x[D/2:], x[:D/2])
 #pragma once
+#include <vector>
+
 #include "core/tensor.h"
 
 namespace mt::cpu {
@@ -13,6 +15,17 @@ struct RopeTables {
 
 // positions I64 [T] (any shape), head_dim D even -> tables. bf16: cos/sin computed in fp32, then rounded.
 RopeTables rope_tables(const Tensor& positions, int64_t head_dim, double theta, bool bf16);
+// The same from given inverse frequencies [D/2], cos and sin multiplied by attention_factor (fp32) before the
+// bf16 rounding (Transformers' attention_scaling; 1 leaves the default tables bit for bit).
+RopeTables rope_tables(const Tensor& positions, const std::vector<float>& inv_freq, float attention_factor,
+                       bool bf16);
+
+// Transformers' inverse frequencies (modeling_rope_utils.py, hf-numerics.md §7), fp32 as it computes them:
+// default 1 / theta^(2i/D); YaRN blends interpolated (÷ factor) and extrapolated frequencies over a linear ramp
+// between the correction dims of beta_fast and beta_slow (floored / ceiled when truncate).
+std::vector<float> rope_default_inv_freq(int64_t D, double theta);
+std::vector<float> rope_yarn_inv_freq(int64_t D, double theta, double factor, double beta_fast, double beta_slow,
+                                      int64_t original_max_positions, bool truncate);
 
 // x F32 [T, heads, D] (or [T, heads*D]) -> rotated copy. bf16: rounding after every op
 // (bf16(bf16(x·cos) + bf16(rotate_half(x)·sin))).
