@@ -87,6 +87,7 @@ fs::path fixtures_dir() {
 using test::device_zeros_like;
 using test::load_batch;
 using test::read_json;
+using test::router_limit;
 using test::to_device_weights;
 
 double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
@@ -94,12 +95,6 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
 }
 
 double rel_diff(double got, double want) { return std::fabs(got - want) / std::fabs(want); }
-
-// A gradient's limits: `base`, or for a router weight (mlp.gate.weight) 0.1 max-norm / 0.06 rel-L2 (see
-// MqaLegacyGradientsMatchCpuBf16).
-test::GradLimit router_limit(const std::string& name, test::GradLimit base) {
-  return name.find(".mlp.gate.") != std::string::npos ? test::GradLimit{0.1, 0.06} : base;
-}
 
 class CudaHfFixture : public ::testing::Test {
  protected:
