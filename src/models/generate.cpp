@@ -31,7 +31,8 @@ Tensor decoder_layers_forward_cached(const BlockEnv& env, const ModelWeights& w,
       switch (subs[i].kind) {
         case SublayerKind::attention: {
           DecodeCacheEntry* e = cache.find(l, i);
-          MT_CHECK(e != nullptr && e->kind == SublayerKind::attention, "layer {} sublayer {}: no attention cache", l, i);
+          MT_CHECK(e != nullptr && e->kind == SublayerKind::attention, "layer {} sublayer {}: no attention cache", l,
+                   i);
           h = attention_block_forward_cached(env, spec.attention[k], L, h, offset, e->attention);
           break;
         }

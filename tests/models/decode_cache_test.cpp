@@ -161,7 +161,8 @@ BlockEnv env_of(const DecoderSpec& s, int64_t n) {
 
 // The layers over the whole sequence with the training blocks, each attention layer given a table set holding
 // only its own table (built from `theta_of_layer`, normally its spec's base): the reference the cached run matches.
-Tensor full_sequence_reference(const MixedModel& m, const Tensor& x, const std::function<double(int64_t)>& theta_of_layer) {
+Tensor full_sequence_reference(const MixedModel& m, const Tensor& x,
+                               const std::function<double(int64_t)>& theta_of_layer) {
   const DecoderSpec& s = m.spec;
   const int64_t S = x.dim(0);
   Tensor h = x;
@@ -171,7 +172,8 @@ Tensor full_sequence_reference(const MixedModel& m, const Tensor& x, const std::
       BlockEnv env = env_of(s, S);
       if (sub.kind == SublayerKind::attention) {
         const AttentionSpec& a = s.attention[static_cast<size_t>(sub.index)];
-        env.rope.entries.push_back({a.rope, a.head_dim, cpu::rope_tables(positions(0, S), a.head_dim, theta_of_layer(l), false)});
+        env.rope.entries.push_back(
+            {a.rope, a.head_dim, cpu::rope_tables(positions(0, S), a.head_dim, theta_of_layer(l), false)});
         h = attention_block_forward(env, a, L, h, nullptr);
       } else {
         h = mlp_block_forward(env, s.mlp[0], L, h, nullptr);
@@ -234,9 +236,11 @@ TEST(DecodeCache, RopeTablesOnePerDistinctRotation) {
     const int64_t layer = k == 0 ? 0 : k == 1 ? 1 : k == 2 ? 3 : 4;
     BlockEnv all = env_of(m.spec, 5), alone = env_of(m.spec, 5);
     all.rope = set;
-    alone.rope.entries.push_back({a[k].rope, a[k].head_dim, cpu::rope_tables(pos, a[k].head_dim, a[k].rope.theta, false)});
+    alone.rope.entries.push_back(
+        {a[k].rope, a[k].head_dim, cpu::rope_tables(pos, a[k].head_dim, a[k].rope.theta, false)});
     const LayerWeights& L = m.w.layers[static_cast<size_t>(layer)];
-    EXPECT_TRUE(same_bits(attention_block_forward(all, a[k], L, x, nullptr), attention_block_forward(alone, a[k], L, x, nullptr)))
+    EXPECT_TRUE(same_bits(attention_block_forward(all, a[k], L, x, nullptr),
+                          attention_block_forward(alone, a[k], L, x, nullptr)))
         << "attention configuration " << k;
   }
 }
@@ -287,7 +291,8 @@ TEST(DecodeCache, ConfigCheckPerAttentionConfiguration) {
   m.spec.layers[2].sublayers = {{SublayerKind::attention, 1}, {SublayerKind::mlp, 0}};
   EXPECT_EQ(error_of([&] { model_config_check(m.spec); }), "(no error)");
   m.spec.attention[2].sliding_window = 128;
-  EXPECT_EQ(error_of([&] { model_config_check(m.spec); }), "config: sliding-window attention is not supported by the model");
+  EXPECT_EQ(error_of([&] { model_config_check(m.spec); }),
+            "config: sliding-window attention is not supported by the model");
   m.spec.attention[2].sliding_window = 0;
   m.spec.attention[3].rope.interleaved = true;
   EXPECT_EQ(error_of([&] { model_config_check(m.spec); }),
