@@ -7,7 +7,6 @@
 #include "kernels/cpu/aux_loss.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/embedding.h"
-#include "kernels/cpu/rope.h"
 #include "layers/attention_block.h"
 #include "layers/block_env.h"
 #include "layers/expert_parallel.h"
@@ -110,7 +109,6 @@ void model_config_check(const DecoderSpec& c) {
       fail("config: layer {} has {} attention and {} MLP/MoE sublayers; a layer holds at most one of each", l,
            attention, feed_forward);
   }
-  c.only_attention();  // one RoPE table per batch
 }
 
 namespace {
@@ -130,8 +128,7 @@ Prepared prepare_batch(const DecoderSpec& c, const Batch& b, bool bf16, bool doc
   p.env.bf16 = bf16;
   p.env.ep = ep;
   if (document_mask) p.env.doc_ids = batch_document_ids(b);
-  const AttentionSpec& a = c.only_attention();  // one RoPE table serves every layer
-  p.env.rope = cpu::rope_tables(batch_positions(b), a.head_dim, a.rope.theta, bf16);
+  p.env.rope = RopeTableSet::build(c, batch_positions(b), bf16);
   if (b.labels.defined()) p.targets = cpu::causal_lm_targets(b.labels, c.vocab_size);
   return p;
 }
