@@ -26,8 +26,9 @@ Tensor attention_block_forward(const BlockEnv& env, const AttentionSpec& spec, c
   // QK-norm per head over head_dim, before RoPE.
   Tensor qn = cpu::rmsnorm_forward(s.q.view({B * S, Hq, D}), w.q_norm, env.eps(), env.bf16);
   Tensor kn = cpu::rmsnorm_forward(s.k.view({B * S, Hk, D}), w.k_norm, env.eps(), env.bf16);
-  s.qr = cpu::rope_forward(qn, env.rope, env.bf16).view({B, S, Hq, D});
-  s.kr = cpu::rope_forward(kn, env.rope, env.bf16).view({B, S, Hk, D});
+  const cpu::RopeTables& rope = env.rope.of(spec);
+  s.qr = cpu::rope_forward(qn, rope, env.bf16).view({B, S, Hq, D});
+  s.kr = cpu::rope_forward(kn, rope, env.bf16).view({B, S, Hk, D});
   s.o = cpu::attention_forward(attention_shape(env, spec), s.qr, s.kr, s.v, env.doc_ids, env.bf16, s.lse);
   Tensor out = cpu::linear_forward(s.o.view({B * S, Hq * D}), w.o_proj, env.bf16);
   return cpu::residual_add(x, out, env.bf16);
@@ -41,8 +42,9 @@ Tensor attention_block_backward(const BlockEnv& env, const AttentionSpec& spec, 
   Tensor dq, dk, dv;
   cpu::attention_backward(attention_shape(env, spec), dout.view(s.o.shape()), s.qr, s.kr, s.v, env.doc_ids, s.lse,
                           env.bf16, dq, dk, dv);
-  Tensor dqn = cpu::rope_backward(dq.view({T, Hq, D}), env.rope);
-  Tensor dkn = cpu::rope_backward(dk.view({T, Hk, D}), env.rope);
+  const cpu::RopeTables& rope = env.rope.of(spec);
+  Tensor dqn = cpu::rope_backward(dq.view({T, Hq, D}), rope);
+  Tensor dkn = cpu::rope_backward(dk.view({T, Hk, D}), rope);
   Tensor dqp = cpu::rmsnorm_backward(dqn, s.q.view({T, Hq, D}), w.q_norm, env.eps(), g.q_norm);
   Tensor dkp = cpu::rmsnorm_backward(dkn, s.k.view({T, Hk, D}), w.k_norm, env.eps(), g.k_norm);
   const int64_t H = env.spec->hidden_size;

@@ -9,10 +9,20 @@
 
 namespace mt {
 
+AttentionCache AttentionCache::create(const AttentionSpec& spec, int64_t capacity) {
+  MT_CHECK(spec.kind == AttentionKind::gqa, "attention cache: GQA only");
+  return {Tensor::zeros({capacity, spec.kv_heads, spec.head_dim}, DType::F32),
+          Tensor::zeros({capacity, spec.kv_heads, spec.value_dim()}, DType::F32)};
+}
+
 Tensor attention_block_forward_cached(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w,
-                                      const Tensor& x, int64_t offset, Tensor& k_cache, Tensor& v_cache) {
+                                      const Tensor& x, int64_t offset, AttentionCache& cache) {
   const int64_t n = env.tokens(), Hq = spec.heads, Hk = spec.kv_heads, D = spec.head_dim;
+  Tensor& k_cache = cache.k;
+  Tensor& v_cache = cache.v;
   MT_CHECK(env.batch == 1, "cached attention runs one sequence, batch is {}", env.batch);
+  MT_CHECK(k_cache.shape() == Shape({k_cache.dim(0), Hk, D}) && v_cache.shape() == k_cache.shape(),
+           "attention cache {} / {} for {} kv heads of {}", k_cache.desc(), v_cache.desc(), Hk, D);
   MT_CHECK(offset >= 0 && offset + n <= k_cache.dim(0), "cache rows [{}, {}) of {}", offset, offset + n,
            k_cache.desc());
   Tensor a = cpu::rmsnorm_forward(x, w.input_norm, env.eps(), env.bf16);
@@ -22,8 +32,9 @@ Tensor attention_block_forward_cached(const BlockEnv& env, const AttentionSpec& 
   // QK-norm per head over head_dim, before RoPE.
   Tensor qn = cpu::rmsnorm_forward(q.view({n, Hq, D}), w.q_norm, env.eps(), env.bf16);
   Tensor kn = cpu::rmsnorm_forward(k.view({n, Hk, D}), w.k_norm, env.eps(), env.bf16);
-  Tensor qr = cpu::rope_forward(qn, env.rope, env.bf16);
-  k_cache.rows(offset, offset + n).copy_from(cpu::rope_forward(kn, env.rope, env.bf16));
+  const cpu::RopeTables& rope = env.rope.of(spec);
+  Tensor qr = cpu::rope_forward(qn, rope, env.bf16);
+  k_cache.rows(offset, offset + n).copy_from(cpu::rope_forward(kn, rope, env.bf16));
   v_cache.rows(offset, offset + n).copy_from(v.view({n, Hk, D}));
   Tensor o = cpu::attention_decode_forward({offset, n, Hq, Hk, D}, qr, k_cache, v_cache, env.bf16);
   Tensor out = cpu::linear_forward(o.view({n, Hq * D}), w.o_proj, env.bf16);

@@ -7,7 +7,6 @@
 #include "kernels/cpu/aux_loss.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/embedding.h"
-#include "kernels/cpu/rope.h"
 #include "layers/attention_block.h"
 #include "layers/block_env.h"
 #include "layers/expert_parallel.h"
@@ -57,6 +56,7 @@ void model_config_check(const DecoderSpec& c) {
   auto refuse = [](bool bad, const std::string& what) {
     if (bad) fail("config: {} is not supported by the model", what);
   };
+  spec_check(c, "config");  // sublayer indices in range (a spec made in code has not been through from_json)
   need(c.vocab_size > 0, "vocab_size", c.vocab_size);
   need(c.hidden_size > 0, "hidden_size", c.hidden_size);
   refuse(c.norm_rounding != NormRounding::qwen, "this RMSNorm rounding rule");
@@ -85,6 +85,7 @@ void model_config_check(const DecoderSpec& c) {
   }
   for (int64_t l = 0; l < c.num_layers(); ++l) {
     for (const Sublayer& sub : c.layers[static_cast<size_t>(l)].sublayers) {
+      refuse(sub.kind == SublayerKind::mamba2, "a Mamba2 mixer");
       if (sub.kind == SublayerKind::moe) {
         const MoeSpec& m = c.moe[static_cast<size_t>(sub.index)];
         need(m.expert.intermediate_size > 0, "moe_intermediate_size", m.expert.intermediate_size);
@@ -95,12 +96,19 @@ void model_config_check(const DecoderSpec& c) {
         need(m.intermediate_size > 0, "intermediate_size", m.intermediate_size);
       }
     }
-    // The weights hold one attention and one feed-forward sublayer per layer (model_weights.h WeightSlot).
+    // A layer's weights hold at most one attention and one feed-forward (MLP or MoE) sublayer, in either order:
+    // the norm before each is chosen by its kind (model_weights.h WeightSlot: input_norm, post_norm).
     const std::vector<Sublayer>& subs = c.layers[static_cast<size_t>(l)].sublayers;
-    refuse(subs.size() != 2 || subs[0].kind != SublayerKind::attention || subs[1].kind == SublayerKind::attention,
-           fmt::format("layer {}: a sublayer list other than attention then MLP or MoE", l));
+    int attention = 0, feed_forward = 0;
+    for (const Sublayer& sub : subs) {
+      attention += sub.kind == SublayerKind::attention;
+      feed_forward += sub.kind == SublayerKind::mlp || sub.kind == SublayerKind::moe;
+    }
+    if (subs.empty()) fail("config: layer {} has no sublayer", l);
+    if (attention > 1 || feed_forward > 1)
+      fail("config: layer {} has {} attention and {} MLP/MoE sublayers; a layer holds at most one of each", l,
+           attention, feed_forward);
   }
-  c.only_attention();  // one RoPE table per batch
 }
 
 namespace {
@@ -120,8 +128,7 @@ Prepared prepare_batch(const DecoderSpec& c, const Batch& b, bool bf16, bool doc
   p.env.bf16 = bf16;
   p.env.ep = ep;
   if (document_mask) p.env.doc_ids = batch_document_ids(b);
-  const AttentionSpec& a = c.only_attention();  // one RoPE table serves every layer
-  p.env.rope = cpu::rope_tables(batch_positions(b), a.head_dim, a.rope.theta, bf16);
+  p.env.rope = RopeTableSet::build(c, batch_positions(b), bf16);
   if (b.labels.defined()) p.targets = cpu::causal_lm_targets(b.labels, c.vocab_size);
   return p;
 }

@@ -7,9 +7,8 @@
 #include "core/rng.h"
 #include "kernels/cpu/cpu_tensor.h"
 #include "kernels/cpu/embedding.h"
-#include "kernels/cpu/rope.h"
 #include "layers/attention_block_cached.h"
-#include "layers/block_env.h"
+#include "layers/rope_table_set.h"
 #include "layers/lm_head.h"
 #include "layers/mlp_block.h"
 #include "layers/moe_block.h"
@@ -17,19 +16,47 @@
 
 namespace mt {
 
+Tensor decoder_layers_forward_cached(const BlockEnv& env, const ModelWeights& w, const Tensor& x, DecodeCache& cache) {
+  const DecoderSpec& spec = *env.spec;
+  const int64_t n = env.tokens(), offset = cache.length;
+  if (offset + n > cache.capacity)
+    fail("decode cache: {} positions held and {} more do not fit its capacity of {}", offset, n, cache.capacity);
+  // The MoE and MLP blocks work token by token, so the training forward serves the cached path as is.
+  Tensor h = x;
+  for (int64_t l = 0; l < spec.num_layers(); ++l) {
+    const LayerWeights& L = w.layers[static_cast<size_t>(l)];
+    const std::vector<Sublayer>& subs = spec.layers[static_cast<size_t>(l)].sublayers;
+    for (size_t i = 0; i < subs.size(); ++i) {
+      const size_t k = static_cast<size_t>(subs[i].index);
+      switch (subs[i].kind) {
+        case SublayerKind::attention: {
+          DecodeCacheEntry* e = cache.find(l, i);
+          MT_CHECK(e != nullptr && e->kind == SublayerKind::attention, "layer {} sublayer {}: no attention cache", l,
+                   i);
+          h = attention_block_forward_cached(env, spec.attention[k], L, h, offset, e->attention);
+          break;
+        }
+        case SublayerKind::moe: h = moe_block_forward(env, spec.moe[k], L, h, nullptr); break;
+        case SublayerKind::mlp: h = mlp_block_forward(env, spec.mlp[k], L, h, nullptr); break;
+        case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
+      }
+    }
+  }
+  cache.length = offset + n;
+  return h;
+}
+
 Generator::Generator(const DecoderSpec& cfg, ModelWeights& weights, int64_t capacity)
     : cfg_(cfg), w_(weights) {
   // The training model's constructor owns the config and parameter checks; reuse them.
   bf16_ = DecoderModel(cfg_, w_).bf16();
-  cache_ = KvCache::create(cfg_, capacity);
+  cache_ = DecodeCache::create(cfg_, capacity);
   head_f32_ = cpu::param_f32(cfg_.tie_word_embeddings ? w_.embed : w_.lm_head);  // exact: bf16 ⊂ fp32
 }
 
 Tensor Generator::extend(const std::vector<int64_t>& ids, bool all_positions) {
   const int64_t n = static_cast<int64_t>(ids.size()), offset = cache_.length, V = cfg_.vocab_size;
   if (n < 1) fail("generate: no tokens to run");
-  if (offset + n > cache_.capacity)
-    fail("kv cache: {} positions held and {} more do not fit its capacity of {}", offset, n, cache_.capacity);
   Tensor tokens = Tensor::empty({n}, DType::I64), pos = Tensor::empty({n}, DType::I64);
   for (int64_t i = 0; i < n; ++i) {
     if (ids[i] < 0 || ids[i] >= V)
@@ -42,25 +69,8 @@ Tensor Generator::extend(const std::vector<int64_t>& ids, bool all_positions) {
   env.batch = 1;
   env.seq = n;
   env.bf16 = bf16_;
-  const AttentionSpec& a = cfg_.only_attention();  // one RoPE table serves every layer
-  env.rope = cpu::rope_tables(pos, a.head_dim, a.rope.theta, bf16_);
-  // The MoE and MLP blocks work token by token, so the training forward serves the cached path as is.
-  Tensor x = cpu::embedding_forward(tokens, w_.embed);
-  for (int64_t l = 0; l < cfg_.num_layers(); ++l) {
-    const auto& L = w_.layers[l];
-    for (const Sublayer& sub : cfg_.layers[static_cast<size_t>(l)].sublayers) {
-      const size_t k = static_cast<size_t>(sub.index);
-      switch (sub.kind) {
-        case SublayerKind::attention:
-          x = attention_block_forward_cached(env, cfg_.attention[k], L, x, offset, cache_.k[l], cache_.v[l]);
-          break;
-        case SublayerKind::moe: x = moe_block_forward(env, cfg_.moe[k], L, x, nullptr); break;
-        case SublayerKind::mlp: x = mlp_block_forward(env, cfg_.mlp[k], L, x, nullptr); break;
-        case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
-      }
-    }
-  }
-  cache_.length = offset + n;
+  env.rope = RopeTableSet::build(cfg_, pos, bf16_);
+  Tensor x = decoder_layers_forward_cached(env, w_, cpu::embedding_forward(tokens, w_.embed), cache_);
   const Tensor last = all_positions ? x : x.rows(n - 1, n);
   LmHeadOutput lm = lm_head_forward(env, w_.final_norm, head_f32_, last, Tensor(), true);
   return all_positions ? lm.logits : lm.logits.view({V});

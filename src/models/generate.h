@@ -1,5 +1,5 @@
-// Text generation with the generic decoder on the CPU reference backend: a KV cache (kv_cache.h), the
-// prompt run once (prefill), then one token per step against the cache. The logits equal those of
+// Text generation with the generic decoder on the CPU reference backend: a per-sublayer cache (decode_cache.h),
+// the prompt run once (prefill), then one token per step against the cache. The logits equal those of
 // DecoderModel::forward() over the whole sequence (same ops and bf16 rounding points; fp32 sums may
 // associate differently inside the GEMMs). One sequence at a time.
 #pragma once
@@ -9,12 +9,19 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "models/kv_cache.h"
+#include "layers/block_env.h"
+#include "models/decode_cache.h"
 #include "models/spec/decoder_spec.h"
 #include "models/model_weights.h"
 #include "models/sampling.h"
 
 namespace mt {
+
+// The decoder layers over n new rows x F32 [n, hidden] at positions cache.length..cache.length+n-1 (env: batch 1,
+// seq n, the RoPE tables of those positions): each sublayer of the spec runs its block, the stateful ones against
+// their cache entry, which they extend; cache.length advances by n. mt::Error (one line) when the n positions do
+// not fit the capacity. Generator::extend puts the embedding before it and the LM head after.
+Tensor decoder_layers_forward_cached(const BlockEnv& env, const ModelWeights& w, const Tensor& x, DecodeCache& cache);
 
 class Generator {
  public:
@@ -22,7 +29,7 @@ class Generator {
   // allocates a cache for `capacity` positions.
   Generator(const DecoderSpec& cfg, ModelWeights& weights, int64_t capacity);
 
-  // Runs `ids` at positions length()..length()+n-1 and appends their keys/values to the cache.
+  // Runs `ids` at positions length()..length()+n-1 and appends their state (keys/values) to the cache.
   // Returns F32 logits [n, V] when all_positions, else [V] for the last token. mt::Error for an empty
   // list, an id outside the vocabulary, or more positions than the capacity.
   Tensor extend(const std::vector<int64_t>& ids, bool all_positions = false);
@@ -34,14 +41,14 @@ class Generator {
   void reset() { cache_.length = 0; }
   int64_t length() const { return cache_.length; }
   int64_t capacity() const { return cache_.capacity; }
-  const KvCache& cache() const { return cache_; }
+  const DecodeCache& cache() const { return cache_; }
   const DecoderSpec& config() const { return cfg_; }
 
  private:
   DecoderSpec cfg_;
   ModelWeights& w_;
   bool bf16_ = false;
-  KvCache cache_;
+  DecodeCache cache_;
   Tensor head_f32_;  // the LM head as fp32, converted once (lm_head_forward would convert a BF16 head per call)
 };
 

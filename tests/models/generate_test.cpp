@@ -189,7 +189,7 @@ TEST(GenerateLimits, MaxPositionEmbeddingsAndBadInputs) {
   gen.prefill({1, 2, 3});
   gen.decode_step(4);
   EXPECT_EQ(error_of([&] { gen.decode_step(5); }),
-            "kv cache: 4 positions held and 1 more do not fit its capacity of 4");
+            "decode cache: 4 positions held and 1 more do not fit its capacity of 4");
   // prefill empties the cache first.
   EXPECT_EQ(gen.prefill({1, 2}).numel(), m.config.vocab_size);
   EXPECT_EQ(gen.length(), 2);

@@ -1,6 +1,6 @@
 // Whole-model checks on tiny random configs: finite differences of the loss against forward_backward
-// for every parameter tensor, packed documents against separate runs, losses options, bf16 mode,
-// determinism across thread counts, and batch / parameter validation.
+// for every parameter tensor (Qwen's layers and a mixed sublayer layout), packed documents against separate runs,
+// losses options, bf16 mode, determinism across thread counts, and batch / parameter validation.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/float_convert.h"
 #include "models/decoder_model.h"
+#include "sublayer_layout_util.h"
 
 namespace mt {
 namespace {
@@ -68,9 +69,8 @@ Batch tiny_batch(int64_t V, uint64_t seed) {
   return {i64({B, S}, ids), i64({B, S}, labels), i64({B, S}, pos)};
 }
 
-void check_gradients(bool tied) {
-  DecoderSpec c = tiny_config(tied);
-  ModelWeights w = tiny_weights(c, tied ? 11 : 12);
+void check_gradients(const DecoderSpec& c, uint64_t weight_seed) {
+  ModelWeights w = tiny_weights(c, weight_seed);
   DecoderModel m(c, w);
   Batch b = tiny_batch(c.vocab_size, 5);
   LossOptions o;
@@ -135,8 +135,14 @@ void check_gradients(bool tied) {
   EXPECT_GT(checked, 5 * skipped) << "too many routing flips to check gradients";
 }
 
-TEST(ModelGrad, FiniteDifferencesUntied) { check_gradients(false); }
-TEST(ModelGrad, FiniteDifferencesTied) { check_gradients(true); }
+TEST(ModelGrad, FiniteDifferencesUntied) { check_gradients(tiny_config(false), 12); }
+TEST(ModelGrad, FiniteDifferencesTied) { check_gradients(tiny_config(true), 11); }
+
+// Layers of one sublayer and of two in either order (tests/models/sublayer_layout_util.h): every parameter,
+// the norms before each kind included, gets the loss's derivative.
+TEST(ModelGrad, FiniteDifferencesMixedSublayers) {
+  check_gradients(test::with_layout(tiny_config(false), test::mixed_layout()), 13);
+}
 
 TEST(ModelForward, PackedDocumentsEqualSeparateRuns) {
   DecoderSpec c = tiny_config(false);

@@ -1,4 +1,5 @@
-// The Qwen3 attention block on the GPU (CPU twin: layers/attention_block.h):
+// The Qwen3 attention block on the GPU (CPU twin: layers/attention_block.h), given its sublayer spec (heads, head
+// dims; its RoPE table is the batch's for that spec, CudaBatch::rope_table):
 //   a = input_norm(x); q = rope(q_norm(q_proj a)); k = rope(k_norm(k_proj a)); v = v_proj a
 //   y = o_proj(flash_attention(q, k, v))      (the residual add is fused into the next norm)
 // Tensors the backward needs live in AttentionActsCuda; the cheap ones (a, qr, kr) may be dropped
@@ -20,13 +21,13 @@ struct AttentionActsCuda {
 };
 
 // a (the normalised input, kept in acts) -> y BF16 [T, H], before the residual add.
-Tensor attention_block_forward_cuda(const CudaBlockEnv& env, const LayerWeights& w, const Tensor& a,
-                                    AttentionActsCuda& acts);
+Tensor attention_block_forward_cuda(const CudaBlockEnv& env, const AttentionSpec& spec, const LayerWeights& w,
+                                    const Tensor& a, AttentionActsCuda& acts);
 // Drops a, qr, kr (recomputable from the block input and q, k).
 void attention_acts_drop_cheap(AttentionActsCuda& acts);
 // Recomputes what attention_acts_drop_cheap dropped; x is the block input.
-void attention_acts_restore(const CudaBlockEnv& env, const LayerWeights& w, const Tensor& x,
-                            AttentionActsCuda& acts);
+void attention_acts_restore(const CudaBlockEnv& env, const AttentionSpec& spec, const LayerWeights& w,
+                            const Tensor& x, AttentionActsCuda& acts);
 // The q/k/v projections' weight gradients, held back by attention_block_backward_cuda.
 struct AttentionWgradsCuda {
   Tensor a, dq, dk, dv;
@@ -37,7 +38,7 @@ struct AttentionWgradsCuda {
 // caller's (it fuses the residual gradient). With `deferred`, the q/k/v weight gradients (da does not
 // need them) are left for attention_block_wgrads_cuda, so the caller can queue work that waits for da
 // first (the next expert-parallel exchange) and run them under it.
-Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const LayerWeights& w,
+Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const AttentionSpec& spec, const LayerWeights& w,
                                      const AttentionActsCuda& acts, const Tensor& dy, LayerWeights& g,
                                      AttentionWgradsCuda* deferred = nullptr);
 void attention_block_wgrads_cuda(const CudaBlockEnv& env, AttentionWgradsCuda& d, LayerWeights& g);

@@ -23,17 +23,16 @@ bool ep_gathers(const CudaBlockEnv& env) {
 
 }  // namespace
 
-Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const LayerWeights& w, const Tensor& n,
+Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, const LayerWeights& w, const Tensor& n,
                               cuda::AuxStats* stats, MoeActsCuda& acts) {
-  const DecoderSpec& c = *env.cfg;
-  const int64_t T = env.tokens(), H = c.hidden_size, E = c.num_experts(), K = c.experts_per_token(),
-                I = c.only_moe().expert.intermediate_size;
+  const int64_t T = env.tokens(), H = env.cfg->hidden_size, E = spec.num_experts, K = spec.experts_per_token,
+                I = spec.expert.intermediate_size;
   env.phase(cuda::Phase::dispatch);
   acts.n = n;
   acts.logits = env.bf16({T, E});
   cuda::linear_forward(n, w.router, acts.logits, env.stream);
   acts.route =
-      cuda::router_forward(acts.logits, K, c.only_moe().router.norm_topk_prob, /*bf16=*/true, stats, env.stream);
+      cuda::router_forward(acts.logits, K, spec.router.norm_topk_prob, /*bf16=*/true, stats, env.stream);
   if (cuda::balanced_routing_probe()) cuda::router_force_balanced(acts.route, E, env.stream);  // bench probe only
   if (const int every = cuda::routing_fault_probe())  // test probe only
     cuda::router_inject_fault(acts.route, acts.logits, every, env.stream);
@@ -106,18 +105,17 @@ void moe_acts_drop_cheap(MoeActsCuda& acts) {
   acts.h = Tensor();
 }
 
-void moe_acts_restore(const CudaBlockEnv& env, const LayerWeights& w, const Tensor& x_mid,
+void moe_acts_restore(const CudaBlockEnv& env, const MoeSpec& spec, const LayerWeights& w, const Tensor& x,
                       MoeActsCuda& acts) {
-  const DecoderSpec& c = *env.cfg;
-  const int64_t T = env.tokens(), I = c.only_moe().expert.intermediate_size;
+  const int64_t T = env.tokens(), H = env.cfg->hidden_size, I = spec.expert.intermediate_size;
   env.phase(cuda::Phase::other);
   if (!acts.n.defined()) {
-    acts.n = env.bf16({T, c.hidden_size});
-    cuda::rmsnorm_forward(x_mid, w.post_norm, env.eps(), acts.n, nullptr, env.stream);
+    acts.n = env.bf16({T, H});
+    cuda::rmsnorm_forward(x, w.post_norm, env.eps(), acts.n, nullptr, env.stream);
   }
   env.phase(cuda::Phase::dispatch);
   if (!acts.xg.defined() && acts.n_all.defined()) {
-    acts.xg = env.bf16({acts.gu.dim(0), c.hidden_size});  // the forward's rows
+    acts.xg = env.bf16({acts.gu.dim(0), H});  // the forward's rows
     cuda::moe_gather_live(acts.n_all, acts.plan, acts.xg, env.stream);
   } else if (!acts.xg.defined()) {
     acts.xg = cuda::moe_gather(acts.n, acts.plan, env.stream);
@@ -129,15 +127,14 @@ void moe_acts_restore(const CudaBlockEnv& env, const LayerWeights& w, const Tens
   }
 }
 
-Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const LayerWeights& w, const MoeActsCuda& acts,
-                               const Tensor& dout, const Tensor& aux_dp, LayerWeights& g,
+Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, const LayerWeights& w,
+                               const MoeActsCuda& acts, const Tensor& dout, const Tensor& aux_dp, LayerWeights& g,
                                ExpertWgradPasses& passes, int64_t layer, EpPending* prefetched) {
   auto wgrad = [&](ExpertWgradPasses::Which which, const Tensor& dy, const Tensor& x, Tensor& dw) {
     passes.add(layer, which, dy, x, acts.expert_offsets, dw, env.stream);
   };
-  const DecoderSpec& c = *env.cfg;
-  const int64_t T = env.tokens(), H = c.hidden_size, E = c.num_experts(), K = c.experts_per_token(),
-                I = c.only_moe().expert.intermediate_size;
+  const int64_t T = env.tokens(), H = env.cfg->hidden_size, E = spec.num_experts, K = spec.experts_per_token,
+                I = spec.expert.intermediate_size;
   const int64_t N = acts.xg.dim(0);
   const bool gathers = acts.n_all.defined();
   Tensor dyd, dweights;
@@ -211,9 +208,8 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const LayerWeights& w, c
     dxg = Tensor();
   }
   Tensor dlogits = env.bf16({T, E});
-  cuda::router_backward(dweights, acts.logits, acts.route, c.only_moe().router.norm_topk_prob, aux_dp, /*bf16=*/true,
-                        dlogits,
-                        env.stream);
+  cuda::router_backward(dweights, acts.logits, acts.route, spec.router.norm_topk_prob, aux_dp, /*bf16=*/true,
+                        dlogits, env.stream);
   cuda::linear_backward_input(dlogits, w.router, dn, env.stream, 1.0f);
   cuda::linear_backward_weight(dlogits, acts.n, g.router, env.stream);
   return dn;

@@ -1,4 +1,5 @@
-// The Qwen3-MoE sparse block on the GPU (CPU twin: layers/moe_block.h), without a host sync:
+// The Qwen3-MoE sparse block on the GPU (CPU twin: layers/moe_block.h), given its sublayer spec (experts, k,
+// expert size, router), without a host sync:
 //   logits = router(n); top-k routing (fused softmax/top-k/renorm, aux statistics on the device);
 //   tokens permuted into the expert-contiguous layout; gate_up = grouped GEMM; h = SwiGLU;
 //   y_e = grouped GEMM (down); out = Σ_slots w · y_e       (the residual add is fused into the next norm)
@@ -35,18 +36,19 @@ struct MoeActsCuda {
 };
 
 // n -> out BF16 [T, H]. stats: this layer's aux statistics are added (null: none, e.g. a recompute).
-Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const LayerWeights& w, const Tensor& n,
+Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, const LayerWeights& w, const Tensor& n,
                               cuda::AuxStats* stats, MoeActsCuda& acts);
 void moe_acts_drop_cheap(MoeActsCuda& acts);  // drops n, xg, h
-// Recomputes what moe_acts_drop_cheap dropped; x_mid is the block input (before the post-attention norm).
-void moe_acts_restore(const CudaBlockEnv& env, const LayerWeights& w, const Tensor& x_mid, MoeActsCuda& acts);
+// Recomputes what moe_acts_drop_cheap dropped; x is the block input (before its norm, post_norm).
+void moe_acts_restore(const CudaBlockEnv& env, const MoeSpec& spec, const LayerWeights& w, const Tensor& x,
+                      MoeActsCuda& acts);
 // dout BF16 [T, H] -> dn BF16 [T, H] (gradient of the normalised input). aux_dp (F32 [E] or undefined):
 // the aux-loss gradient w.r.t. the router probabilities. Parameter gradients are added into g; the
 // expert weights' go through `passes` (layer `layer`: pairing, first-pass overwrite).
 // dout_all (all_gather EP, optional): dout's all-gather already started (ep_all_gather_async); it is
 // joined here instead of gathering again.
-Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const LayerWeights& w, const MoeActsCuda& acts,
-                               const Tensor& dout, const Tensor& aux_dp, LayerWeights& g,
+Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, const LayerWeights& w,
+                               const MoeActsCuda& acts, const Tensor& dout, const Tensor& aux_dp, LayerWeights& g,
                                ExpertWgradPasses& passes, int64_t layer, EpPending* dout_all = nullptr);
 
 }  // namespace mt

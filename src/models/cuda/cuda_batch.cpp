@@ -1,5 +1,7 @@
 #include "models/cuda/cuda_batch.h"
 
+#include <utility>
+
 #include "core/error.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cuda/device_context.h"
@@ -7,6 +9,33 @@
 #include "kernels/cuda/rope.h"
 
 namespace mt {
+
+namespace {
+
+// Whether a table made for (rope, head_dim) serves attention configuration `a`: every RoPE field alike.
+bool rope_table_serves(const RopeSpec& rope, int64_t head_dim, const AttentionSpec& a) {
+  const RopeSpec& r = a.rope;
+  return head_dim == a.head_dim && rope.kind == r.kind && rope.theta == r.theta && rope.rotary_dim == r.rotary_dim &&
+         rope.interleaved == r.interleaved && rope.factor == r.factor && rope.beta_fast == r.beta_fast &&
+         rope.beta_slow == r.beta_slow && rope.attention_factor == r.attention_factor &&
+         rope.original_max_position == r.original_max_position && rope.truncate == r.truncate;
+}
+
+const CudaRopeTable* find_table(const std::vector<CudaRopeTable>& tables, const AttentionSpec& a) {
+  for (const CudaRopeTable& t : tables)
+    if (rope_table_serves(t.rope, t.head_dim, a)) return &t;
+  return nullptr;
+}
+
+}  // namespace
+
+const CudaRopeTable& CudaBatch::rope_table(const AttentionSpec& a) const {
+  const CudaRopeTable* t = find_table(rope_tables, a);
+  if (!t)
+    fail("batch: no RoPE table for head_dim {} and rope_theta {} (uploaded for another config)", a.head_dim,
+         a.rope.theta);
+  return *t;
+}
 
 CudaBatch cuda_batch_upload(const DecoderSpec& cfg, const Batch& b, int device, bool document_mask) {
   batch_validate(cfg, b);
@@ -36,10 +65,15 @@ CudaBatch cuda_batch_upload(const DecoderSpec& cfg, const Batch& b, int device, 
     }
   }
   const Tensor positions = cuda::to_device(batch_positions(b).view({T}), device);
-  g.rope_cos = Tensor::empty({T, cfg.only_attention().head_dim / 2}, DType::F32, Device::cuda(device));
-  g.rope_sin = Tensor::empty({T, cfg.only_attention().head_dim / 2}, DType::F32, Device::cuda(device));
-  cuda::rope_tables(positions, cfg.only_attention().head_dim, cfg.only_attention().rope.theta, /*bf16=*/true,
-                    g.rope_cos, g.rope_sin, ctx.stream);
+  for (const AttentionSpec& a : cfg.attention) {
+    if (find_table(g.rope_tables, a)) continue;  // identical configurations share one table
+    if (a.rope.kind != RopeKind::standard || a.rope.interleaved || a.rope.rotary_dim != 0)
+      fail("config: the CUDA batch has RoPE tables for the default half-split RoPE only");
+    CudaRopeTable t{a.rope, a.head_dim, Tensor::empty({T, a.head_dim / 2}, DType::F32, Device::cuda(device)),
+                    Tensor::empty({T, a.head_dim / 2}, DType::F32, Device::cuda(device))};
+    cuda::rope_tables(positions, a.head_dim, a.rope.theta, /*bf16=*/true, t.cos, t.sin, ctx.stream);
+    g.rope_tables.push_back(std::move(t));
+  }
   const Tensor doc_ids = document_mask ? batch_document_ids(b) : Tensor();
   const Tensor doc_dev = doc_ids.defined() ? cuda::to_device(doc_ids, device) : Tensor();
   g.docs = cuda::attention_docs_from_ids(doc_dev, g.batch, g.seq, device, ctx.stream);

@@ -3,6 +3,7 @@
 // Uploading a whole accumulation window before its first forward keeps host syncs out of the step.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 #include "kernels/cuda/flash_attention.h"
@@ -10,6 +11,14 @@
 #include "models/decoder_model.h"
 
 namespace mt {
+
+// The RoPE cos/sin of the batch's positions for one (RoPE configuration, head_dim): attention sublayers whose
+// configurations agree on both read the same table.
+struct CudaRopeTable {
+  RopeSpec rope;
+  int64_t head_dim = 0;
+  Tensor cos, sin;  // F32 [T, head_dim / 2]
+};
 
 struct CudaBatch {
   int64_t batch = 0, seq = 0;
@@ -20,10 +29,14 @@ struct CudaBatch {
   // LM head computes logits for those rows only (ignored rows add nothing to the loss or any gradient).
   // Undefined when every row has a target.
   Tensor target_rows, row_targets;
-  Tensor rope_cos, rope_sin; // F32 [T, head_dim / 2]
+  // One table per distinct (rope, head_dim) among the spec's attention configurations (one for every model
+  // today); an attention block finds its own with rope_table().
+  std::vector<CudaRopeTable> rope_tables;
   cuda::AttentionDocs docs;  // per token: its document's [start, end)
   bool uniform_across_ranks = true;  // Batch::uniform_across_ranks
   int64_t tokens() const { return batch * seq; }
+  // The table of an attention configuration (mt::Error when the batch was uploaded for a spec without it).
+  const CudaRopeTable& rope_table(const AttentionSpec& a) const;
 };
 
 // document_mask = false: packed documents attend across each other (see ModelOptions).

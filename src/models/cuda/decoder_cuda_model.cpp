@@ -22,74 +22,133 @@ namespace {
 
 using cuda::Phase;
 
-// One decoder layer's saved state. x_in is the layer input (residual stream), x_mid the stream after
-// the attention residual add (the MoE or dense MLP block's input).
-struct LayerActs {
-  Tensor x_in, x_mid;
+// One sublayer's saved state: x its input (the residual stream) and the tensors its block keeps (those of its
+// kind; the other two stay empty).
+struct SublayerActs {
+  Tensor x;
   AttentionActsCuda attn;
   MoeActsCuda moe;
-  MlpActsCuda mlp;  // a dense layer's
+  MlpActsCuda mlp;
 };
 
-// ---- Dense MLP layers (mlp_only_layers, decoder_sparse_step, a dense Qwen3): the shared MLP block ----
-bool dense_layer(const CudaBlockEnv& env) { return !env.cfg->is_moe_layer(env.layer); }
-MlpDimsCuda dense_spec(const DecoderSpec& c, int64_t layer) {
-  const MlpSpec& m = *c.mlp_of(layer);
+// One decoder layer's saved state: one SublayerActs per sublayer of its spec, in execution order.
+struct LayerActs {
+  std::vector<SublayerActs> subs;
+};
+
+const std::vector<Sublayer>& sublayers_of(const DecoderSpec& c, int64_t layer) {
+  return c.layers[static_cast<size_t>(layer)].sublayers;
+}
+const AttentionSpec& attention_spec(const DecoderSpec& c, const Sublayer& s) {
+  return c.attention[static_cast<size_t>(s.index)];
+}
+const MoeSpec& moe_spec(const DecoderSpec& c, const Sublayer& s) { return c.moe[static_cast<size_t>(s.index)]; }
+
+// The norm before a sublayer, by the weights' slot rule (model_weights.h WeightSlot): input_norm before the
+// attention, post_norm before the MLP or MoE. Parameters and gradients alike.
+template <typename Weights>
+auto& norm_before(Weights& L, const Sublayer& s) {
+  return s.kind == SublayerKind::attention ? L.input_norm : L.post_norm;
+}
+
+// The first norm of layer l, or the final norm after the last layer (the one the residual add of the layer
+// before is fused into).
+const Tensor& norm_entering(const DecoderSpec& c, const ModelWeights& w, int64_t l) {
+  return l < c.num_layers() ? norm_before(w.layers[static_cast<size_t>(l)], sublayers_of(c, l).front())
+                            : w.final_norm;
+}
+
+// ---- The dense MLP sublayer: the shared MLP block, given its dims and weights ----
+MlpDimsCuda mlp_dims(const DecoderSpec& c, const Sublayer& s) {
+  const MlpSpec& m = c.mlp[static_cast<size_t>(s.index)];
   return {c.hidden_size, m.intermediate_size, m.activation};
 }
-MlpWeightsCuda dense_weights(const LayerWeights& L) { return {L.mlp_gate, L.mlp_up, L.mlp_down}; }
-MlpGradsCuda dense_grads(LayerWeights& G) { return {G.mlp_gate, G.mlp_up, G.mlp_down}; }
-// ---- end of the dense MLP layers' helpers ----
+MlpWeightsCuda mlp_weights(const LayerWeights& L) { return {L.mlp_gate, L.mlp_up, L.mlp_down}; }
+MlpGradsCuda mlp_grads(LayerWeights& G) { return {G.mlp_gate, G.mlp_up, G.mlp_down}; }
+// ---- end of the dense MLP sublayer's helpers ----
 
-// Runs layer l (env.layer) from its input stream x and normalised input a; fills acts and returns the MoE
-// or dense MLP output (before its residual add, which the next norm fuses).
-Tensor layer_forward(const CudaBlockEnv& env, const LayerWeights& L, const Tensor& x, const Tensor& a,
-                     cuda::AuxStats* stats, LayerActs& acts) {
-  acts.x_in = x;
-  Tensor y = attention_block_forward_cuda(env, L, a, acts.attn);
-  env.phase(Phase::other);
-  acts.x_mid = env.bf16(x.shape());
-  Tensor n = env.bf16(x.shape());
-  cuda::rmsnorm_residual_forward(y, x, L.post_norm, env.eps(), acts.x_mid, n, nullptr, env.stream);
-  if (dense_layer(env))
-    return mlp_block_forward_cuda(env, dense_spec(*env.cfg, env.layer), dense_weights(L), n, acts.mlp);
-  return moe_block_forward_cuda(env, L, n, stats, acts.moe);
+// Runs sublayer s of layer env.layer from its input stream x and normalised input a; fills acts and returns the
+// block's output (before its residual add, which the next norm fuses).
+Tensor sublayer_forward(const CudaBlockEnv& env, const Sublayer& s, const LayerWeights& L, const Tensor& x,
+                        const Tensor& a, cuda::AuxStats* stats, SublayerActs& acts) {
+  const DecoderSpec& c = *env.cfg;
+  acts.x = x;
+  switch (s.kind) {
+    case SublayerKind::attention: return attention_block_forward_cuda(env, attention_spec(c, s), L, a, acts.attn);
+    case SublayerKind::mlp: return mlp_block_forward_cuda(env, mlp_dims(c, s), mlp_weights(L), a, acts.mlp);
+    case SublayerKind::moe: return moe_block_forward_cuda(env, moe_spec(c, s), L, a, stats, acts.moe);
+    case SublayerKind::mamba2: break;
+  }
+  fail("layer {}: a {} sublayer has no CUDA block", env.layer, sublayer_kind_name(s.kind));
+}
+
+// Runs the sublayers of layer env.layer from its input stream x and the first sublayer's normalised input a,
+// each sublayer's residual add fused into the next one's norm; fills acts and returns the last sublayer's output
+// (its residual add is fused into the next layer's first norm, or the final norm, by the caller).
+Tensor layer_forward(const CudaBlockEnv& env, const LayerWeights& L, Tensor x, Tensor a, cuda::AuxStats* stats,
+                     LayerActs& acts) {
+  const std::vector<Sublayer>& subs = sublayers_of(*env.cfg, env.layer);
+  acts.subs.resize(subs.size());
+  Tensor y;
+  for (size_t i = 0; i < subs.size(); ++i) {
+    if (i > 0) {
+      env.phase(Phase::other);
+      Tensor xi = env.bf16(x.shape()), ai = env.bf16(x.shape());
+      cuda::rmsnorm_residual_forward(y, x, norm_before(L, subs[i]), env.eps(), xi, ai, nullptr, env.stream);
+      x = xi, a = ai;
+    }
+    y = sublayer_forward(env, subs[i], L, x, a, stats, acts.subs[i]);
+  }
+  return y;
 }
 
 void layer_release(LayerActs& acts, Recompute r) {
   if (r == Recompute::none) return;
   if (r == Recompute::selective) {
-    attention_acts_drop_cheap(acts.attn);
-    moe_acts_drop_cheap(acts.moe);
-    mlp_acts_drop_cheap(acts.mlp);
+    for (SublayerActs& s : acts.subs) {
+      attention_acts_drop_cheap(s.attn);
+      moe_acts_drop_cheap(s.moe);
+      mlp_acts_drop_cheap(s.mlp);
+    }
     return;
   }
-  Tensor x = acts.x_in;
-  acts = {};
-  acts.x_in = x;
+  const Tensor x = acts.subs.front().x;  // full: the layer's input only
+  for (SublayerActs& s : acts.subs) s = {};
+  acts.subs.front().x = x;
+}
+
+// Recomputes what the selective policy dropped from sublayer s's block.
+void sublayer_restore(const CudaBlockEnv& env, const Sublayer& s, const LayerWeights& L, SublayerActs& acts) {
+  const DecoderSpec& c = *env.cfg;
+  switch (s.kind) {
+    case SublayerKind::attention: attention_acts_restore(env, attention_spec(c, s), L, acts.x, acts.attn); return;
+    case SublayerKind::moe: moe_acts_restore(env, moe_spec(c, s), L, acts.x, acts.moe); return;
+    case SublayerKind::mlp:
+      if (!acts.mlp.n.defined()) {  // the norm before the block is the caller's
+        env.phase(Phase::other);
+        acts.mlp.n = env.bf16(acts.x.shape());
+        cuda::rmsnorm_forward(acts.x, L.post_norm, env.eps(), acts.mlp.n, nullptr, env.stream);
+      }
+      mlp_acts_restore(env, mlp_dims(c, s), acts.mlp);
+      return;
+    case SublayerKind::mamba2: break;
+  }
+  fail("layer {}: a {} sublayer has no CUDA block", env.layer, sublayer_kind_name(s.kind));
 }
 
 // Makes every tensor the backward needs present again.
 void layer_restore(const CudaBlockEnv& env, const LayerWeights& L, LayerActs& acts, Recompute r) {
   if (r == Recompute::none) return;
+  const std::vector<Sublayer>& subs = sublayers_of(*env.cfg, env.layer);
   if (r == Recompute::full) {
     env.phase(Phase::other);
-    Tensor a = env.bf16(acts.x_in.shape());
-    cuda::rmsnorm_forward(acts.x_in, L.input_norm, env.eps(), a, nullptr, env.stream);
-    layer_forward(env, L, acts.x_in, a, nullptr, acts);  // same routing: every kernel is deterministic
+    const Tensor x = acts.subs.front().x;
+    Tensor a = env.bf16(x.shape());
+    cuda::rmsnorm_forward(x, norm_before(L, subs.front()), env.eps(), a, nullptr, env.stream);
+    layer_forward(env, L, x, a, nullptr, acts);  // same routing: every kernel is deterministic
     return;
   }
-  attention_acts_restore(env, L, acts.x_in, acts.attn);
-  if (!dense_layer(env)) {
-    moe_acts_restore(env, L, acts.x_mid, acts.moe);
-    return;
-  }
-  if (!acts.mlp.n.defined()) {
-    env.phase(Phase::other);
-    acts.mlp.n = env.bf16(acts.x_mid.shape());
-    cuda::rmsnorm_forward(acts.x_mid, L.post_norm, env.eps(), acts.mlp.n, nullptr, env.stream);
-  }
-  mlp_acts_restore(env, dense_spec(*env.cfg, env.layer), acts.mlp);
+  for (size_t i = 0; i < subs.size(); ++i) sublayer_restore(env, subs[i], L, acts.subs[i]);
 }
 
 // The model's calls into a ParamResidency (ZeRO-3); no-ops without one.
@@ -113,7 +172,7 @@ struct StreamEnd {
   Tensor xf;  // final-norm output
 };
 // Under ZeRO-3 the groups are fetched in reading order, each next one prefetched while the current one
-// computes; the end of layer l reads layer l + 1's input norm, so both are here there. The head's group
+// computes; the end of layer l reads layer l + 1's first norm, so both are here there. The head's group
 // stays fetched (the caller releases it).
 StreamEnd run_layers(const CudaBlockEnv& env, const ModelWeights& w, const CudaBatch& b, cuda::AuxStats* stats,
                      std::vector<LayerActs>* keep, Recompute rc, const Params& params) {
@@ -125,10 +184,10 @@ StreamEnd run_layers(const CudaBlockEnv& env, const ModelWeights& w, const CudaB
   params.prefetch(0);
   Tensor x = env.bf16({T, H});
   cuda::embedding_forward(b.ids, w.embed, x, env.stream);
-  params.fetch(0);  // the first input norm (the head's final norm without layers)
+  params.fetch(0);  // layer 0's first norm (the head's final norm without layers)
   params.release(ParamResidency::kEmbedding, false);  // the embedding backward reads no parameter
   Tensor a = env.bf16({T, H});
-  cuda::rmsnorm_forward(x, nl > 0 ? w.layers[0].input_norm : w.final_norm, env.eps(), a, nullptr, env.stream);
+  cuda::rmsnorm_forward(x, norm_entering(c, w, 0), env.eps(), a, nullptr, env.stream);
   for (int64_t l = 0; l < nl; ++l) {
     LayerActs local;
     LayerActs& acts = keep ? (*keep)[l] : local;
@@ -138,10 +197,10 @@ StreamEnd run_layers(const CudaBlockEnv& env, const ModelWeights& w, const CudaB
     Tensor y = layer_forward(lenv, w.layers[l], x, a, stats, acts);
     env.phase(Phase::other);
     params.fetch(l + 1);
-    const Tensor& next_norm = l + 1 < nl ? w.layers[l + 1].input_norm : w.final_norm;
+    const Tensor x_last = acts.subs.back().x;  // the last sublayer's input
     x = env.bf16({T, H});
     a = env.bf16({T, H});
-    cuda::rmsnorm_residual_forward(y, acts.x_mid, next_norm, env.eps(), x, a, nullptr, env.stream);
+    cuda::rmsnorm_residual_forward(y, x_last, norm_entering(c, w, l + 1), env.eps(), x, a, nullptr, env.stream);
     if (keep) layer_release(acts, rc);
     params.release(l, keep != nullptr);
   }
@@ -197,16 +256,24 @@ void head_loss(const CudaBlockEnv& env, const Tensor& xf, const Tensor& head, co
 }  // namespace
 
 std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
-  if (!cuda::flash_attention_head_dim_supported(c.only_attention().head_dim))
-    return fmt::format("head_dim {} has no flash-attention kernel ({})", c.only_attention().head_dim,
-                       cuda::flash_attention_head_dims());
-  if (c.hidden_size % 8 != 0 || (c.has_moe() && c.only_moe().expert.intermediate_size % 8 != 0))
-    return fmt::format("hidden_size {} and moe_intermediate_size {} must be multiples of 8 for the grouped GEMM",
-                       c.hidden_size, c.has_moe() ? c.only_moe().expert.intermediate_size : 0);
-  for (int64_t l = 0; l < c.num_layers(); ++l)  // the gate and up halves of the dense MLP's [T, 2F] buffer
-    if (const MlpSpec* m = c.mlp_of(l); m && m->intermediate_size % 8 != 0)
-      return fmt::format("intermediate_size {} must be a multiple of 8 for the dense MLP layers' GEMMs",
-                         m->intermediate_size);
+  // The configurations the layers run (a declared one no layer uses, such as Qwen3-MoE's mlp[0] without dense
+  // layers, is not checked).
+  for (int64_t l = 0; l < c.num_layers(); ++l)
+    for (const Sublayer& s : sublayers_of(c, l)) {
+      const size_t k = static_cast<size_t>(s.index);
+      if (s.kind == SublayerKind::attention && !cuda::flash_attention_head_dim_supported(c.attention[k].head_dim))
+        return fmt::format("head_dim {} has no flash-attention kernel ({})", c.attention[k].head_dim,
+                           cuda::flash_attention_head_dims());
+      if (s.kind == SublayerKind::moe && (c.hidden_size % 8 != 0 || c.moe[k].expert.intermediate_size % 8 != 0))
+        return fmt::format("hidden_size {} and moe_intermediate_size {} must be multiples of 8 for the grouped GEMM",
+                           c.hidden_size, c.moe[k].expert.intermediate_size);
+      // the gate and up halves of the dense MLP's [T, 2F] buffer
+      if (s.kind == SublayerKind::mlp && c.mlp[k].intermediate_size % 8 != 0)
+        return fmt::format("intermediate_size {} must be a multiple of 8 for the dense MLP layers' GEMMs",
+                           c.mlp[k].intermediate_size);
+    }
+  if (c.hidden_size % 8 != 0)
+    return fmt::format("hidden_size {} must be a multiple of 8 for the GEMMs", c.hidden_size);
   return "";
 }
 
@@ -276,7 +343,13 @@ DecoderCudaModel::Trace DecoderCudaModel::forward_trace(const CudaBatch& b) {
   Trace t;
   t.final_hidden = run_layers(env, w_, b, nullptr, &acts, Recompute::none, params).xf;
   params.release(ParamResidency::head(cfg_.num_layers()), false);
-  for (LayerActs& a : acts) t.routes.push_back(a.moe.route.index);  // undefined for a dense layer
+  for (int64_t l = 0; l < cfg_.num_layers(); ++l) {
+    Tensor route;  // undefined for a layer without MoE
+    const std::vector<Sublayer>& subs = sublayers_of(cfg_, l);
+    for (size_t i = 0; i < subs.size(); ++i)
+      if (subs[i].kind == SublayerKind::moe) route = acts[l].subs[i].moe.route.index;
+    t.routes.push_back(route);
+  }
   env.phase(Phase::other);
   return t;
 }
@@ -324,10 +397,11 @@ CudaLoss DecoderCudaModel::forward_backward(const CudaBatch& b, ModelWeights& gr
   Tensor aux_dp;
   if (aux_on_) cuda::aux_loss_finish(stats, /*bf16=*/true, cfg_.aux_loss_coef(), loss.aux, aux_dp, ctx.stream);
 
-  // Backward, layer by layer. dx is the gradient of the residual stream after layer l.
-  // all_gather expert parallelism: each MoE backward starts with an all-gather of dx. dx is ready before
-  // the layer above finishes its attention backward (the q/k/v weight gradients do not feed it), so the
-  // all-gather starts on the side stream there and those GEMMs run under it.
+  // Backward, layer by layer, each layer's sublayers in reverse. dx is the gradient of the residual stream after
+  // the sublayer whose backward runs. all_gather expert parallelism: each MoE backward starts with an all-gather
+  // of its output gradient, which is ready as soon as the norm backward of the sublayer after it (in forward
+  // order) has run; when that sublayer is an attention one, its q/k/v weight gradients do not feed the gradient,
+  // so the all-gather starts on the side stream before them and those GEMMs run under it.
   const bool prefetch_dout = env.ep && env.ep->mode() == EpDispatchMode::all_gather && env.ep_gather;
   EpPending dout_all;
   for (int64_t l = nl - 1; l >= 0; --l) {
@@ -338,30 +412,47 @@ CudaLoss DecoderCudaModel::forward_backward(const CudaBatch& b, ModelWeights& gr
     LayerActs& A = acts[l];
     CudaBlockEnv lenv = env;
     lenv.layer = l;
+    const std::vector<Sublayer>& subs = sublayers_of(cfg_, l);
     if (rc == Recompute::full && dout_all.pending) ep_join(*env.ep, dout_all, ctx.stream);  // the recompute gathers too
     layer_restore(lenv, L, A, rc);
-    Tensor dn = dense_layer(lenv)
-                    ? mlp_block_backward_cuda(lenv, dense_spec(cfg_, l), dense_weights(L), A.mlp, dx, dense_grads(G))
-                    : moe_block_backward_cuda(lenv, L, A.moe, dx, aux_dp, G, wgrad_passes_, l, &dout_all);
-    MT_CHECK(!dout_all.pending, "layer {}: the prefetched output-gradient all-gather was not used", l);
-    env.phase(Phase::other);
-    Tensor dx_mid = env.bf16({T, H});
-    cuda::rmsnorm_backward(dn, A.x_mid, L.post_norm, env.eps(), dx_mid, G.post_norm, &dx, ctx.stream);
-    dn = Tensor();
-    dx = Tensor();
-    A.moe = {};
-    A.mlp = {};
-    const bool prefetch = prefetch_dout && l > 0 && cfg_.is_moe_layer(l - 1);  // a dense layer gathers nothing
-    AttentionWgradsCuda wgrads;
-    Tensor da = attention_block_backward_cuda(env, L, A.attn, dx_mid, G, prefetch ? &wgrads : nullptr);
-    env.phase(Phase::other);
-    dx = env.bf16({T, H});
-    cuda::rmsnorm_backward(da, A.x_in, L.input_norm, env.eps(), dx, G.input_norm, &dx_mid, ctx.stream);
-    if (prefetch) {
-      env.phase(Phase::comm);
-      dout_all = ep_all_gather_async(*env.ep, {dx}, ctx.stream,
-                                     "layer " + std::to_string(l - 1) + ": all_gather(output gradient, backward)");
-      attention_block_wgrads_cuda(env, wgrads, G);
+    for (size_t i = subs.size(); i-- > 0;) {
+      const Sublayer& s = subs[i];
+      SublayerActs& S = A.subs[i];
+      // The sublayer whose backward runs next (the one before in forward order) reads the gradient this one makes.
+      const int64_t next_layer = i > 0 ? l : l - 1;
+      const bool prefetch = prefetch_dout && next_layer >= 0 &&
+                            (i > 0 ? subs[i - 1] : sublayers_of(cfg_, next_layer).back()).kind == SublayerKind::moe;
+      AttentionWgradsCuda wgrads;
+      Tensor dn;
+      switch (s.kind) {
+        case SublayerKind::attention:
+          dn = attention_block_backward_cuda(lenv, attention_spec(cfg_, s), L, S.attn, dx, G,
+                                             prefetch ? &wgrads : nullptr);
+          break;
+        case SublayerKind::mlp:
+          dn = mlp_block_backward_cuda(lenv, mlp_dims(cfg_, s), mlp_weights(L), S.mlp, dx, mlp_grads(G));
+          break;
+        case SublayerKind::moe:
+          dn = moe_block_backward_cuda(lenv, moe_spec(cfg_, s), L, S.moe, dx, aux_dp, G, wgrad_passes_, l, &dout_all);
+          MT_CHECK(!dout_all.pending, "layer {}: the prefetched output-gradient all-gather was not used", l);
+          break;
+        case SublayerKind::mamba2: fail("layer {}: a mamba2 sublayer has no CUDA block", l);
+      }
+      env.phase(Phase::other);
+      Tensor dx_in = env.bf16({T, H});  // the gradient of the sublayer's input: its norm's plus the residual's
+      cuda::rmsnorm_backward(dn, S.x, norm_before(L, s), env.eps(), dx_in, norm_before(G, s), &dx, ctx.stream);
+      dn = Tensor();
+      dx = dx_in;
+      dx_in = Tensor();
+      S.moe = {};  // freed before the all-gather's buffers; the attention's input stays for its weight gradients
+      S.mlp = {};
+      if (prefetch) {
+        env.phase(Phase::comm);
+        const std::string what = "layer " + std::to_string(next_layer) + ": all_gather(output gradient, backward)";
+        dout_all = ep_all_gather_async(*env.ep, {dx}, ctx.stream, what);
+        if (s.kind == SublayerKind::attention) attention_block_wgrads_cuda(lenv, wgrads, G);
+      }
+      S = {};
     }
     A = {};
     params.release(l, false);

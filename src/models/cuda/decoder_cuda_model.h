@@ -1,5 +1,8 @@
-// The generic decoder on one GPU (the CPU twin is models/decoder_model.h), today for specs of attention + MoE
-// layers (cuda_model_unsupported_reason): BF16 parameters and
+// The generic decoder on one GPU (the CPU twin is models/decoder_model.h): embedding; per layer, each sublayer of
+// its spec in order (attention, dense MLP or MoE; model_config_check's slot rule: at most one attention and one
+// MLP or MoE per layer, in either order), the block of its kind given its own sublayer spec; final norm and the
+// LM head. Each sublayer is pre-norm + residual, the residual add fused into the next sublayer's (or the final)
+// RMSNorm. What the kernels cannot run is refused by cuda_model_unsupported_reason. BF16 parameters and
 // activations, FP32 gradients, every op a CUDA kernel or cuBLASLt GEMM queued on the device's stream.
 // Nothing in the layer loop waits for the GPU: expert token counts stay on the device, the losses are
 // returned as device scalars, read after the optimizer step's single sync.
@@ -8,7 +11,7 @@
 //   none       keep every tensor the backward needs
 //   selective  drop the cheap ones (input norms, QK-norm+RoPE outputs, the gathered expert inputs, the
 //              SwiGLU output) and recompute them in the backward; keep GEMM and attention outputs
-//   full       keep only each layer's input and rerun the layer's forward before its backward
+//   full       keep only each layer's input and rerun the layer's sublayers before its backward
 #pragma once
 #include <cstdint>
 #include <string>
@@ -26,8 +29,8 @@
 
 namespace mt {
 
-// Why the CUDA model cannot run `cfg` ("" when it can): a head_dim the flash-attention kernels lack,
-// expert/hidden/intermediate sizes that are not multiples of 8.
+// Why the CUDA model cannot run `cfg` ("" when it can), over every sublayer configuration a layer uses: a head_dim
+// the flash-attention kernels lack, expert/hidden/intermediate sizes that are not multiples of 8.
 std::string cuda_model_unsupported_reason(const DecoderSpec& cfg);
 
 struct CudaModelOptions {
@@ -61,8 +64,9 @@ struct CudaLoss {
 
 class DecoderCudaModel {
  public:
-  // weights: BF16 on cuda:device (checked). MoE layers run the MoE block, dense layers (mlp_only_layers,
-  // decoder_sparse_step, a dense Qwen3) the dense MLP block (layers/cuda/mlp_block_cuda.h).
+  // weights: BF16 on cuda:device (checked). An attention sublayer runs layers/cuda/attention_block_cuda.h, a MoE
+  // one layers/cuda/moe_block_cuda.h, a dense MLP one (mlp_only_layers, decoder_sparse_step, a dense Qwen3)
+  // layers/cuda/mlp_block_cuda.h.
   DecoderCudaModel(const DecoderSpec& cfg, ModelWeights& weights, int device,
                     const CudaModelOptions& options = {});
 
@@ -70,7 +74,7 @@ class DecoderCudaModel {
   // A forward that keeps what a comparison with another implementation needs (tests, diagnostics; it holds
   // every layer's activations until it returns): the final norm's output, BF16 [T, H], what the LM head reads
   // (logits = final_hidden · lm_headᵀ; the loss never materialises them), and per layer the selected
-  // experts, I32 [T, k] by descending probability (undefined for a dense layer), all on the device.
+  // experts, I32 [T, k] by descending probability (undefined for a layer without MoE), all on the device.
   struct Trace {
     Tensor final_hidden;
     std::vector<Tensor> routes;

@@ -216,11 +216,11 @@ std::string layer_prefix(int64_t l) { return fmt::format("model.layers.{}.", l);
 
 // model.embed_tokens.weight; per layer self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm,
 // mlp.{gate, experts.gate_up_proj, experts.down_proj} (MoE layers) or mlp.{gate,up,down}_proj (dense ones),
-// input_layernorm, post_attention_layernorm; model.norm.weight; lm_head.weight (untied only).
+// input_layernorm, post_attention_layernorm; model.norm.weight; lm_head.weight (untied only). A layer lists the
+// parameters of the sublayers it has, each with its norm (input_layernorm before the attention,
+// post_attention_layernorm before the MLP or MoE), so a spec whose layers were edited (tests) gets its table.
 ParamTable param_table(const DecoderSpec& s) {
-  const AttentionSpec& a = s.only_attention();
-  const int64_t H = s.hidden_size, V = s.vocab_size, D = a.head_dim;
-  const int64_t nq = a.heads * D, nkv = a.kv_heads * D;
+  const int64_t H = s.hidden_size, V = s.vocab_size;
   ParamTable t;
   t.num_experts = s.num_experts();
   t.experts_per_token = s.experts_per_token();
@@ -237,26 +237,32 @@ ParamTable param_table(const DecoderSpec& s) {
   add("model.embed_tokens.weight", {V, H}, U::embedding, -1, W::embed);
   for (int64_t l = 0; l < s.num_layers(); ++l) {
     const std::string p = layer_prefix(l);
-    add(p + "self_attn.q_proj.weight", {nq, H}, U::linear, l, W::q_proj);
-    add(p + "self_attn.k_proj.weight", {nkv, H}, U::linear, l, W::k_proj);
-    add(p + "self_attn.v_proj.weight", {nkv, H}, U::linear, l, W::v_proj);
-    add(p + "self_attn.o_proj.weight", {H, nq}, U::linear, l, W::o_proj);
-    add(p + "self_attn.q_norm.weight", {D}, U::norm, l, W::q_norm);
-    add(p + "self_attn.k_norm.weight", {D}, U::norm, l, W::k_norm);
-    if (const MoeSpec* m = s.moe_of(l)) {
+    const AttentionSpec* a = s.attention_of(l);
+    if (a) {
+      const int64_t D = a->head_dim, nq = a->heads * D, nkv = a->kv_heads * D;
+      add(p + "self_attn.q_proj.weight", {nq, H}, U::linear, l, W::q_proj);
+      add(p + "self_attn.k_proj.weight", {nkv, H}, U::linear, l, W::k_proj);
+      add(p + "self_attn.v_proj.weight", {nkv, H}, U::linear, l, W::v_proj);
+      add(p + "self_attn.o_proj.weight", {H, nq}, U::linear, l, W::o_proj);
+      add(p + "self_attn.q_norm.weight", {D}, U::norm, l, W::q_norm);
+      add(p + "self_attn.k_norm.weight", {D}, U::norm, l, W::k_norm);
+    }
+    const MoeSpec* m = s.moe_of(l);
+    const MlpSpec* mlp = s.mlp_of(l);
+    if (m) {
       const int64_t E = m->num_experts, I = m->expert.intermediate_size;
       add(p + "mlp.gate.weight", {E, H}, U::router, l, W::router);
       // Stacked as Transformers v5 holds them: gate_up rows 0..I-1 = gate_proj, I..2I-1 = up_proj.
       add(p + "mlp.experts.gate_up_proj", {E, 2 * I, H}, U::linear, l, W::experts_gate_up, ParamRole::expert_stack);
       add(p + "mlp.experts.down_proj", {E, H, I}, U::linear, l, W::experts_down, ParamRole::expert_stack);
-    } else {
-      const int64_t F = s.mlp_of(l)->intermediate_size;
+    } else if (mlp) {
+      const int64_t F = mlp->intermediate_size;
       add(p + "mlp.gate_proj.weight", {F, H}, U::linear, l, W::mlp_gate);
       add(p + "mlp.up_proj.weight", {F, H}, U::linear, l, W::mlp_up);
       add(p + "mlp.down_proj.weight", {H, F}, U::linear, l, W::mlp_down);
     }
-    add(p + "input_layernorm.weight", {H}, U::norm, l, W::input_norm);
-    add(p + "post_attention_layernorm.weight", {H}, U::norm, l, W::post_norm);
+    if (a) add(p + "input_layernorm.weight", {H}, U::norm, l, W::input_norm);
+    if (m || mlp) add(p + "post_attention_layernorm.weight", {H}, U::norm, l, W::post_norm);
   }
   add("model.norm.weight", {H}, U::norm, -1, W::final_norm);
   if (!s.tie_word_embeddings) add("lm_head.weight", {V, H}, U::lm_head, -1, W::lm_head);

@@ -35,6 +35,8 @@ struct RopeSpec {
   double attention_factor = 1.0;  // cos and sin scaled by it
   int64_t original_max_position = 0;
   bool truncate = true;
+
+  bool operator==(const RopeSpec&) const = default;  // the same rotation: layers may share one table
 };
 
 enum class AttentionKind {

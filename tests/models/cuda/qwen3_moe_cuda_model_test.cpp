@@ -77,28 +77,8 @@ DecoderSpec dense_config(DenseLayers d, int64_t head_dim, int64_t top_k) {
 }
 
 using test::device_zeros_like;
+using test::test_batch;
 using test::to_device_weights;
-
-// Two rows of 96 tokens; row 1 packs three documents; a few labels ignored.
-Batch test_batch(const DecoderSpec& cfg) {
-  const int64_t B = 2, S = 96;
-  Batch b;
-  b.input_ids = Tensor::empty({B, S}, DType::I64);
-  b.labels = Tensor::empty({B, S}, DType::I64);
-  b.position_ids = Tensor::empty({B, S}, DType::I64);
-  auto* ids = b.input_ids.data_as<int64_t>();
-  auto* lab = b.labels.data_as<int64_t>();
-  auto* pos = b.position_ids.data_as<int64_t>();
-  uint64_t s = 12345;
-  for (int64_t i = 0; i < B * S; ++i) {
-    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-    ids[i] = static_cast<int64_t>((s >> 33) % static_cast<uint64_t>(cfg.vocab_size));
-    lab[i] = (i % 7 == 3) ? -100 : ids[i];
-    const int64_t r = i / S, t = i % S;
-    pos[i] = r == 0 ? t : (t < 40 ? t : (t < 70 ? t - 40 : t - 70));
-  }
-  return b;
-}
 
 struct CudaRun {
   double ce = 0, aux = 0;
@@ -152,13 +132,7 @@ void expect_matches_cpu(const DecoderSpec& cfg, const Tolerance& tol) {
     EXPECT_NEAR(cuda::to_host(l.ce_sum).to_floats()[0] / static_cast<double>(want.tokens), got.ce, 1e-5 * got.ce);
   }
 
-  auto want_p = cpu_g.named_parameters();
-  auto got_p = got.grads.named_parameters();
-  ASSERT_EQ(want_p.size(), got_p.size());
-  for (size_t i = 0; i < want_p.size(); ++i) {
-    test::expect_norm(test::device_floats(*got_p[i].second), want_p[i].second->to_floats(), tol.max_norm, tol.rel_l2,
-                      "gradient " + want_p[i].first);
-  }
+  test::expect_gradients_near(got.grads, cpu_g, {tol.max_norm, tol.rel_l2});
 }
 
 // Every expert selected (top-k = E): no routing decision can flip between the two implementations, so
@@ -212,12 +186,8 @@ void expect_recompute_policies_agree(const DecoderSpec& cfg) {
     const CudaRun r = run_cuda(cfg, dev_w, b, rc, 100.0);
     EXPECT_EQ(r.ce, none.ce);  // the forward is deterministic: same bits
     EXPECT_EQ(r.aux, none.aux);
-    auto a = r.grads.named_parameters();
-    auto n = none.grads.named_parameters();
-    for (size_t i = 0; i < a.size(); ++i)  // recomputed tensors are bitwise the forward's; only the
-                                           // flash backward's fp32 atomics may reorder sums
-      test::expect_near_normalised(test::device_floats(*a[i].second), test::device_floats(*n[i].second), 2e-3, 1e-3,
-                                   "gradient " + a[i].first);
+    // recomputed tensors are bitwise the forward's; only the flash backward's fp32 atomics may reorder sums
+    test::expect_gradients_near(r.grads, none.grads, {2e-3, 1e-3});
   }
 }
 
@@ -259,14 +229,7 @@ TEST(CudaDecoderModel, ProgrammaticDependentLaunchChangesNoResult) {
   EXPECT_EQ(on.ce, off.ce);  // the forward is deterministic: same bits
   EXPECT_EQ(on.aux, off.aux);
   EXPECT_EQ(on_full.ce, off.ce);
-  auto n = off.grads.named_parameters();
-  for (const CudaRun* r : {&on, &on_full}) {
-    auto a = r->grads.named_parameters();
-    ASSERT_EQ(a.size(), n.size());
-    for (size_t i = 0; i < a.size(); ++i)
-      test::expect_near_normalised(test::device_floats(*a[i].second), test::device_floats(*n[i].second), 2e-3, 1e-3,
-                                   "gradient " + a[i].first);
-  }
+  for (const CudaRun* r : {&on, &on_full}) test::expect_gradients_near(r->grads, off.grads, {2e-3, 1e-3});
 }
 
 // The head runs on the rows that have a target only: the batch lists them, and skipping the others changes
@@ -300,11 +263,7 @@ TEST(CudaDecoderModel, HeadSkipsRowsWithoutTargets) {
   const CudaRun full = run_cuda(cfg, dev_w, b, Recompute::none, 100.0, /*all_head_rows=*/true);
   EXPECT_EQ(part.count, full.count);
   EXPECT_NEAR(part.ce, full.ce, 1e-5 * full.ce);
-  auto a = part.grads.named_parameters();
-  auto f = full.grads.named_parameters();
-  for (size_t i = 0; i < a.size(); ++i)
-    test::expect_near_normalised(test::device_floats(*a[i].second), test::device_floats(*f[i].second), 2e-3, 1e-3,
-                                 "gradient " + a[i].first);
+  test::expect_gradients_near(part.grads, full.grads, {2e-3, 1e-3});
 }
 
 // A micro-batch without a single target (a prompt-only window): no loss, no head or final-norm gradient,

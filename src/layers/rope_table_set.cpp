@@ -1,0 +1,36 @@
+#include "layers/rope_table_set.h"
+
+#include "core/error.h"
+
+namespace mt {
+
+namespace {
+const RopeTableSet::Entry* find_entry(const std::vector<RopeTableSet::Entry>& entries, const AttentionSpec& a) {
+  for (const RopeTableSet::Entry& e : entries)
+    if (e.rope == a.rope && e.head_dim == a.head_dim) return &e;
+  return nullptr;
+}
+}  // namespace
+
+RopeTableSet RopeTableSet::build(const DecoderSpec& spec, const Tensor& positions, bool bf16) {
+  RopeTableSet set;
+  for (const LayerSpec& layer : spec.layers)
+    for (const Sublayer& sub : layer.sublayers) {
+      if (sub.kind != SublayerKind::attention) continue;
+      const AttentionSpec& a = spec.attention.at(static_cast<size_t>(sub.index));
+      if (find_entry(set.entries, a)) continue;
+      MT_CHECK(a.rope.kind == RopeKind::standard && !a.rope.interleaved && a.rope.rotary_dim == 0,
+               "RoPE other than the standard half split (refused by model_config_check)");
+      set.entries.push_back({a.rope, a.head_dim, cpu::rope_tables(positions, a.head_dim, a.rope.theta, bf16)});
+    }
+  return set;
+}
+
+const cpu::RopeTables& RopeTableSet::of(const AttentionSpec& a) const {
+  const Entry* e = find_entry(entries, a);
+  MT_CHECK(e != nullptr, "no RoPE table for head_dim {} theta {} (built from another spec?)", a.head_dim,
+           a.rope.theta);
+  return e->tables;
+}
+
+}  // namespace mt

@@ -1,0 +1,50 @@
+#include "models/decode_cache.h"
+
+#include "core/error.h"
+
+namespace mt {
+
+DecodeCache DecodeCache::create(const DecoderSpec& spec, int64_t capacity) {
+  if (capacity < 1) fail("decode cache: capacity must be >= 1 position, found {}", capacity);
+  DecodeCache c;
+  c.capacity = capacity;
+  c.entry_of_.resize(spec.layers.size());
+  for (int64_t l = 0; l < spec.num_layers(); ++l) {
+    const std::vector<Sublayer>& subs = spec.layers[static_cast<size_t>(l)].sublayers;
+    std::vector<int>& index = c.entry_of_[static_cast<size_t>(l)];
+    index.assign(subs.size(), -1);
+    for (size_t i = 0; i < subs.size(); ++i) {
+      const Sublayer& sub = subs[i];
+      switch (sub.kind) {
+        case SublayerKind::attention: {
+          const AttentionSpec& a = spec.attention.at(static_cast<size_t>(sub.index));
+          if (a.kind != AttentionKind::gqa)
+            fail("decode cache: layer {}: multi-head latent attention has no decode cache yet", l);
+          index[i] = static_cast<int>(c.entries.size());
+          c.entries.push_back({l, i, sub.kind, AttentionCache::create(a, capacity)});
+          break;
+        }
+        case SublayerKind::mlp:
+        case SublayerKind::moe: break;  // token by token: nothing to keep
+        case SublayerKind::mamba2: fail("decode cache: layer {}: a Mamba2 mixer has no decode cache yet", l);
+      }
+    }
+  }
+  return c;
+}
+
+DecodeCacheEntry* DecodeCache::find(int64_t layer, size_t sublayer) {
+  MT_CHECK(layer >= 0 && static_cast<size_t>(layer) < entry_of_.size() &&
+               sublayer < entry_of_[static_cast<size_t>(layer)].size(),
+           "decode cache: layer {} sublayer {} is not in the spec it was made for", layer, sublayer);
+  const int e = entry_of_[static_cast<size_t>(layer)][sublayer];
+  return e < 0 ? nullptr : &entries[static_cast<size_t>(e)];
+}
+
+int64_t DecodeCache::bytes() const {
+  int64_t n = 0;
+  for (const DecodeCacheEntry& e : entries) n += e.bytes();
+  return n;
+}
+
+}  // namespace mt
