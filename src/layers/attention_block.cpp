@@ -10,7 +10,16 @@ namespace mt {
 
 namespace {
 cpu::AttentionShape attention_shape(const BlockEnv& env, const AttentionSpec& a) {
-  return {env.batch, env.seq, a.heads, a.kv_heads, a.head_dim};
+  cpu::AttentionShape s{env.batch, env.seq, a.heads, a.kv_heads, a.head_dim};
+  s.window = a.sliding_window;
+  s.scale = static_cast<float>(a.scale);
+  s.eager_bf16 = a.eager_bf16;
+  return s;
+}
+
+const Tensor& bias_or_none(bool on, const Tensor& b) {
+  static const Tensor none;
+  return on ? b : none;
 }
 }  // namespace
 
@@ -19,18 +28,21 @@ Tensor attention_block_forward(const BlockEnv& env, const AttentionSpec& spec, c
   const int64_t B = env.batch, S = env.seq, Hq = spec.heads, Hk = spec.kv_heads, D = spec.head_dim;
   AttentionBlockActs local;
   AttentionBlockActs& s = acts ? *acts : local;
-  s.a = cpu::rmsnorm_forward(x, w.input_norm, env.eps(), env.bf16);
-  s.q = cpu::linear_forward(s.a, w.q_proj, env.bf16);
-  s.k = cpu::linear_forward(s.a, w.k_proj, env.bf16);
-  s.v = cpu::linear_forward(s.a, w.v_proj, env.bf16).view({B, S, Hk, D});
-  // QK-norm per head over head_dim, before RoPE.
-  Tensor qn = cpu::rmsnorm_forward(s.q.view({B * S, Hq, D}), w.q_norm, env.eps(), env.bf16);
-  Tensor kn = cpu::rmsnorm_forward(s.k.view({B * S, Hk, D}), w.k_norm, env.eps(), env.bf16);
+  s.a = cpu::rmsnorm_forward(x, w.input_norm, env.eps(), env.bf16, env.norm_rounds_once());
+  s.q = cpu::linear_forward(s.a, w.q_proj, bias_or_none(spec.qkv_bias, w.q_bias), env.bf16);
+  s.k = cpu::linear_forward(s.a, w.k_proj, bias_or_none(spec.qkv_bias, w.k_bias), env.bf16);
+  s.v = cpu::linear_forward(s.a, w.v_proj, bias_or_none(spec.qkv_bias, w.v_bias), env.bf16).view({B, S, Hk, D});
+  // QK-norm per head over head_dim, before RoPE (Qwen3); without it RoPE reads the projections.
+  Tensor qn = spec.qk_norm ? cpu::rmsnorm_forward(s.q.view({B * S, Hq, D}), w.q_norm, env.eps(), env.bf16)
+                           : s.q.view({B * S, Hq, D});
+  Tensor kn = spec.qk_norm ? cpu::rmsnorm_forward(s.k.view({B * S, Hk, D}), w.k_norm, env.eps(), env.bf16)
+                           : s.k.view({B * S, Hk, D});
   const cpu::RopeTables& rope = env.rope.of(spec);
   s.qr = cpu::rope_forward(qn, rope, env.bf16).view({B, S, Hq, D});
   s.kr = cpu::rope_forward(kn, rope, env.bf16).view({B, S, Hk, D});
-  s.o = cpu::attention_forward(attention_shape(env, spec), s.qr, s.kr, s.v, env.doc_ids, env.bf16, s.lse);
-  Tensor out = cpu::linear_forward(s.o.view({B * S, Hq * D}), w.o_proj, env.bf16);
+  s.o = cpu::attention_forward(attention_shape(env, spec), s.qr, s.kr, s.v, env.doc_ids, env.bf16, s.lse,
+                               spec.sinks ? w.sinks : Tensor());
+  Tensor out = cpu::linear_forward(s.o.view({B * S, Hq * D}), w.o_proj, bias_or_none(spec.o_bias, w.o_bias), env.bf16);
   return cpu::residual_add(x, out, env.bf16);
 }
 
@@ -39,14 +51,20 @@ Tensor attention_block_backward(const BlockEnv& env, const AttentionSpec& spec, 
   const int64_t T = env.tokens(), Hq = spec.heads, Hk = spec.kv_heads, D = spec.head_dim;
   Tensor dout = Tensor::empty({T, Hq * D}, DType::F32);
   cpu::linear_backward(dy, s.o.view({T, Hq * D}), w.o_proj, &dout, &g.o_proj);
+  if (spec.o_bias) cpu::bias_backward(dy, g.o_bias);
   Tensor dq, dk, dv;
   cpu::attention_backward(attention_shape(env, spec), dout.view(s.o.shape()), s.qr, s.kr, s.v, env.doc_ids, s.lse,
-                          env.bf16, dq, dk, dv);
+                          env.bf16, dq, dk, dv, spec.sinks ? w.sinks : Tensor(), spec.sinks ? &g.sinks : nullptr);
   const cpu::RopeTables& rope = env.rope.of(spec);
   Tensor dqn = cpu::rope_backward(dq.view({T, Hq, D}), rope);
   Tensor dkn = cpu::rope_backward(dk.view({T, Hk, D}), rope);
-  Tensor dqp = cpu::rmsnorm_backward(dqn, s.q.view({T, Hq, D}), w.q_norm, env.eps(), g.q_norm);
-  Tensor dkp = cpu::rmsnorm_backward(dkn, s.k.view({T, Hk, D}), w.k_norm, env.eps(), g.k_norm);
+  Tensor dqp = spec.qk_norm ? cpu::rmsnorm_backward(dqn, s.q.view({T, Hq, D}), w.q_norm, env.eps(), g.q_norm) : dqn;
+  Tensor dkp = spec.qk_norm ? cpu::rmsnorm_backward(dkn, s.k.view({T, Hk, D}), w.k_norm, env.eps(), g.k_norm) : dkn;
+  if (spec.qkv_bias) {
+    cpu::bias_backward(dqp, g.q_bias);
+    cpu::bias_backward(dkp, g.k_bias);
+    cpu::bias_backward(dv, g.v_bias);
+  }
   const int64_t H = env.spec->hidden_size;
   Tensor da = Tensor::empty({T, H}, DType::F32), tmp = Tensor::empty({T, H}, DType::F32);
   cpu::linear_backward(dqp.view({T, Hq * D}), s.a, w.q_proj, &da, &g.q_proj);

@@ -25,19 +25,24 @@ Tensor attention_block_forward_cached(const BlockEnv& env, const AttentionSpec& 
            "attention cache {} / {} for {} kv heads of {}", k_cache.desc(), v_cache.desc(), Hk, D);
   MT_CHECK(offset >= 0 && offset + n <= k_cache.dim(0), "cache rows [{}, {}) of {}", offset, offset + n,
            k_cache.desc());
-  Tensor a = cpu::rmsnorm_forward(x, w.input_norm, env.eps(), env.bf16);
-  Tensor q = cpu::linear_forward(a, w.q_proj, env.bf16);
-  Tensor k = cpu::linear_forward(a, w.k_proj, env.bf16);
-  Tensor v = cpu::linear_forward(a, w.v_proj, env.bf16);
-  // QK-norm per head over head_dim, before RoPE.
-  Tensor qn = cpu::rmsnorm_forward(q.view({n, Hq, D}), w.q_norm, env.eps(), env.bf16);
-  Tensor kn = cpu::rmsnorm_forward(k.view({n, Hk, D}), w.k_norm, env.eps(), env.bf16);
+  const Tensor none;
+  Tensor a = cpu::rmsnorm_forward(x, w.input_norm, env.eps(), env.bf16, env.norm_rounds_once());
+  Tensor q = cpu::linear_forward(a, w.q_proj, spec.qkv_bias ? w.q_bias : none, env.bf16);
+  Tensor k = cpu::linear_forward(a, w.k_proj, spec.qkv_bias ? w.k_bias : none, env.bf16);
+  Tensor v = cpu::linear_forward(a, w.v_proj, spec.qkv_bias ? w.v_bias : none, env.bf16);
+  // QK-norm per head over head_dim, before RoPE (Qwen3).
+  Tensor qn = spec.qk_norm ? cpu::rmsnorm_forward(q.view({n, Hq, D}), w.q_norm, env.eps(), env.bf16) : q.view({n, Hq, D});
+  Tensor kn = spec.qk_norm ? cpu::rmsnorm_forward(k.view({n, Hk, D}), w.k_norm, env.eps(), env.bf16) : k.view({n, Hk, D});
   const cpu::RopeTables& rope = env.rope.of(spec);
   Tensor qr = cpu::rope_forward(qn, rope, env.bf16);
   k_cache.rows(offset, offset + n).copy_from(cpu::rope_forward(kn, rope, env.bf16));
   v_cache.rows(offset, offset + n).copy_from(v.view({n, Hk, D}));
-  Tensor o = cpu::attention_decode_forward({offset, n, Hq, Hk, D}, qr, k_cache, v_cache, env.bf16);
-  Tensor out = cpu::linear_forward(o.view({n, Hq * D}), w.o_proj, env.bf16);
+  cpu::AttentionDecodeShape shape{offset, n, Hq, Hk, D};
+  shape.window = spec.sliding_window;
+  shape.scale = static_cast<float>(spec.scale);
+  shape.eager_bf16 = spec.eager_bf16;
+  Tensor o = cpu::attention_decode_forward(shape, qr, k_cache, v_cache, env.bf16, spec.sinks ? w.sinks : none);
+  Tensor out = cpu::linear_forward(o.view({n, Hq * D}), w.o_proj, spec.o_bias ? w.o_bias : none, env.bf16);
   return cpu::residual_add(x, out, env.bf16);
 }
 

@@ -19,9 +19,15 @@ RopeTableSet RopeTableSet::build(const DecoderSpec& spec, const Tensor& position
       if (sub.kind != SublayerKind::attention) continue;
       const AttentionSpec& a = spec.attention.at(static_cast<size_t>(sub.index));
       if (find_entry(set.entries, a)) continue;
-      MT_CHECK(a.rope.kind == RopeKind::standard && !a.rope.interleaved && a.rope.rotary_dim == 0,
-               "RoPE other than the standard half split (refused by model_config_check)");
-      set.entries.push_back({a.rope, a.head_dim, cpu::rope_tables(positions, a.head_dim, a.rope.theta, bf16)});
+      MT_CHECK(a.rope.kind != RopeKind::none && !a.rope.interleaved && a.rope.rotary_dim == 0,
+               "RoPE other than the half split over the whole head (refused by model_config_check)");
+      const RopeSpec& r = a.rope;
+      const std::vector<float> inv_freq =
+          r.kind == RopeKind::yarn ? cpu::rope_yarn_inv_freq(a.head_dim, r.theta, r.factor, r.beta_fast, r.beta_slow,
+                                                             r.original_max_position, r.truncate)
+                                   : cpu::rope_default_inv_freq(a.head_dim, r.theta);
+      const float factor = r.kind == RopeKind::yarn ? static_cast<float>(r.attention_factor) : 1.0f;
+      set.entries.push_back({a.rope, a.head_dim, cpu::rope_tables(positions, inv_freq, factor, bf16)});
     }
   return set;
 }

@@ -19,8 +19,8 @@ struct RopeTableSet {
   };
   std::vector<Entry> entries;  // in the order the layers first use them
 
-  // positions I64 (any shape, T values). Only the RoPE the CPU kernel implements (standard, half split, whole
-  // head): model_config_check refuses the others before a model runs.
+  // positions I64 (any shape, T values). Only the RoPE the CPU kernel implements (default or YaRN, half split,
+  // whole head): model_config_check refuses the others before a model runs.
   static RopeTableSet build(const DecoderSpec& spec, const Tensor& positions, bool bf16);
   // The tables for attention `a` of the spec the set was built from.
   const cpu::RopeTables& of(const AttentionSpec& a) const;

@@ -59,28 +59,22 @@ void model_config_check(const DecoderSpec& c) {
   spec_check(c, "config");  // sublayer indices in range (a spec made in code has not been through from_json)
   need(c.vocab_size > 0, "vocab_size", c.vocab_size);
   need(c.hidden_size > 0, "hidden_size", c.hidden_size);
-  refuse(c.norm_rounding != NormRounding::qwen, "this RMSNorm rounding rule");
   refuse(!c.mamba2.empty(), "a Mamba2 mixer");
   for (const AttentionSpec& a : c.attention) {
     need(a.heads > 0, "num_attention_heads", a.heads);
     need(a.kv_heads > 0 && a.heads % a.kv_heads == 0, "num_key_value_heads", a.kv_heads);
     need(a.head_dim > 0 && a.head_dim % 2 == 0, "head_dim", a.head_dim);
-    if (a.qkv_bias || a.o_bias) fail("config: attention_bias = true is not supported (no attention-bias kernels yet)");
     refuse(a.kind != AttentionKind::gqa, "multi-head latent attention");
-    refuse(!a.qk_norm, "attention without QK-norm");
-    refuse(a.sinks, "attention sinks");
-    refuse(a.sliding_window > 0, "sliding-window attention");
-    refuse(a.scale != 0, "an attention scale other than head_dim^-1/2");
+    refuse(a.scale < 0, "a negative attention scale");
     refuse(a.v_head_dim != 0 && a.v_head_dim != a.head_dim, "a value head size unlike the key's");
-    refuse(a.rope.kind != RopeKind::standard || a.rope.interleaved || a.rope.rotary_dim != 0,
-           "a RoPE other than the default half-split one");
+    refuse(a.rope.kind == RopeKind::none || a.rope.interleaved || a.rope.rotary_dim != 0,
+           "a RoPE other than the half split over the whole head (default or YaRN)");
   }
   for (const MlpSpec& m : c.mlp) refuse(m.activation != Activation::swiglu || m.bias, "an MLP other than SwiGLU");
   for (const MoeSpec& m : c.moe) {
-    refuse(m.expert.activation != Activation::swiglu || m.expert.bias, "experts other than SwiGLU");
-    refuse(m.router.score != RouterScore::softmax_topk || m.router.linear_bias || m.router.correction_bias ||
-               m.router.scale != 1.0,
-           "a router other than softmax top-k");
+    refuse(m.expert.activation == Activation::relu2, "experts other than SwiGLU or GPT-OSS's clamped SwiGLU");
+    refuse(m.router.score == RouterScore::sigmoid_group || m.router.correction_bias || m.router.scale != 1.0,
+           "a router other than softmax top-k or top-k softmax");
     refuse(m.shared_expert.has_value(), "a shared expert");
   }
   for (int64_t l = 0; l < c.num_layers(); ++l) {

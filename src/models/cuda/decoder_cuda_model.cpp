@@ -256,11 +256,26 @@ void head_loss(const CudaBlockEnv& env, const Tensor& xf, const Tensor& head, co
 }  // namespace
 
 std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
+  // What the CPU engine runs and the CUDA kernels do not yet (GPT-OSS's parts).
+  if (c.norm_rounding != NormRounding::qwen) return "the RMSNorm rounding rule of this architecture has no CUDA kernel";
   // The configurations the layers run (a declared one no layer uses, such as Qwen3-MoE's mlp[0] without dense
   // layers, is not checked).
   for (int64_t l = 0; l < c.num_layers(); ++l)
     for (const Sublayer& s : sublayers_of(c, l)) {
       const size_t k = static_cast<size_t>(s.index);
+      if (s.kind == SublayerKind::attention) {
+        const AttentionSpec& a = c.attention[k];
+        if (a.qkv_bias || a.o_bias || a.sinks || a.sliding_window > 0 || !a.qk_norm || a.scale != 0 ||
+            a.rope.kind != RopeKind::standard)
+          return "attention with biases, sinks, a sliding window, YaRN, a given scale or without QK-norm has no "
+                 "CUDA kernels yet";
+      }
+      if (s.kind == SublayerKind::moe) {
+        const MoeSpec& m = c.moe[k];
+        if (m.expert.bias || m.expert.activation != Activation::swiglu || m.router.score != RouterScore::softmax_topk ||
+            m.router.linear_bias)
+          return "experts with biases or the clamped SwiGLU, or a top-k-softmax router, have no CUDA kernels yet";
+      }
       if (s.kind == SublayerKind::attention && !cuda::flash_attention_head_dim_supported(c.attention[k].head_dim))
         return fmt::format("head_dim {} has no flash-attention kernel ({})", c.attention[k].head_dim,
                            cuda::flash_attention_head_dims());

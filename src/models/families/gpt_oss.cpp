@@ -144,6 +144,7 @@ DecoderSpec parse_gpt_oss(const FieldReader& r) {
     r.bad("head_dim", "RoPE rotates the two halves of a head", "an even number", std::to_string(full.head_dim));
   full.qkv_bias = full.o_bias = r.get_bool("attention_bias", true);
   full.sinks = true;
+  full.eager_bf16 = true;
   full.rope = read_rope(r, s.max_position_embeddings);
   if (r.get_number("attention_dropout", 0.0, false) != 0.0)
     r.bad("attention_dropout", "attention dropout is not supported", "0", json_found(*r.find("attention_dropout")));

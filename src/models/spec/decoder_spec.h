@@ -55,6 +55,9 @@ struct AttentionSpec {
   bool sinks = false;          // a learned per-head extra softmax column (GPT-OSS)
   int64_t sliding_window = 0;  // 0 = full causal attention
   double scale = 0;            // softmax scale; 0 = head_dim^-1/2
+  // Transformers runs this attention eagerly (GPT-OSS: sdpa is not allowed), so in bf16 the scores and the softmax
+  // round as eager ops do (kernels/cpu/attention.h); otherwise as sdpa.
+  bool eager_bf16 = false;
   RopeSpec rope;
   // MLA (kind == mla)
   int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0;
