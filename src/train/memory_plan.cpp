@@ -1,13 +1,12 @@
 #include "train/memory_plan.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <vector>
 
 #include "core/error.h"
-#include "models/model_weights.h"
 #include "models/decoder_costs.h"
+#include "models/model_weights.h"
 #include "models/registry.h"
 #include "train/optimizer_shards.h"
 
