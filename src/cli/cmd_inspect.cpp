@@ -3,6 +3,8 @@
 
 #include <filesystem>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "io/checkpoint_files.h"
@@ -26,6 +28,40 @@ std::string count(int64_t n) {
   if (n >= 1'000'000) return fmt::format("{:.2f} M", n / 1e6);
   if (n >= 1'000) return fmt::format("{:.1f} K", n / 1e3);
   return std::to_string(n);
+}
+
+// "0-3, 8, 10-11": the layers listed, consecutive runs joined.
+std::string layer_ranges(const std::vector<int64_t>& layers) {
+  std::string r;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    r += (r.empty() ? "" : ", ") + (j == i ? std::to_string(layers[i]) : fmt::format("{}-{}", layers[i], layers[j]));
+    i = j + 1;
+  }
+  return r;
+}
+
+// The layers using each configuration of `kind` (spec index -> layers), for configurations some layer uses.
+std::map<int, std::vector<int64_t>> layers_by_config(const DecoderSpec& c, SublayerKind kind) {
+  std::map<int, std::vector<int64_t>> r;
+  for (int64_t l = 0; l < c.num_layers(); ++l)
+    for (const Sublayer& s : c.layers[static_cast<size_t>(l)].sublayers)
+      if (s.kind == kind && (r[s.index].empty() || r[s.index].back() != l)) r[s.index].push_back(l);
+  return r;
+}
+
+std::string attention_desc(const AttentionSpec& a) {
+  std::string d = a.kind == AttentionKind::mla
+                      ? fmt::format("MLA, {} heads, q_lora_rank {}, kv_lora_rank {}, qk dims {}+{}, v_head_dim {}",
+                                    a.heads, a.q_lora_rank, a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim,
+                                    a.value_dim())
+                      : fmt::format("{} heads / {} kv heads, head_dim {}", a.heads, a.kv_heads, a.head_dim);
+  if (a.kind == AttentionKind::gqa && a.value_dim() != a.head_dim) d += fmt::format(", v_head_dim {}", a.value_dim());
+  if (a.sliding_window > 0) d += fmt::format(", sliding window {}", a.sliding_window);
+  if (a.sinks) d += ", sinks";
+  if (a.rope.kind == RopeKind::none) d += ", no RoPE";
+  return d;
 }
 
 void run_inspect(const std::string& path, bool as_json) {
@@ -63,9 +99,6 @@ void run_inspect(const std::string& path, bool as_json) {
       {"moe_layers", moe_layers},
       {"dense_layers", c.num_layers() - moe_layers},
       {"hidden_size", c.hidden_size},
-      {"heads", c.only_attention().heads},
-      {"kv_heads", c.only_attention().kv_heads},
-      {"head_dim", c.only_attention().head_dim},
       {"experts", c.num_experts()},
       {"experts_per_token", c.experts_per_token()},
       {"vocab_size", c.vocab_size},
@@ -80,6 +113,29 @@ void run_inspect(const std::string& path, bool as_json) {
         {"master_weights_fp32", master_bytes},
         {"total_without_activations", param_bytes + grad_bytes + moments_bytes + master_bytes}}},
   };
+  // One entry per configuration the layers use, with those layers.
+  const auto attention_layers = layers_by_config(c, SublayerKind::attention);
+  const auto moe_layers_of = layers_by_config(c, SublayerKind::moe);
+  j["attention"] = nlohmann::json::array();
+  for (const auto& [i, layers] : attention_layers) {
+    const AttentionSpec& a = c.attention[static_cast<size_t>(i)];
+    j["attention"].push_back({{"layers", layers},
+                              {"kind", a.kind == AttentionKind::mla ? "mla" : "gqa"},
+                              {"heads", a.heads},
+                              {"kv_heads", a.kv_heads},
+                              {"head_dim", a.head_dim},
+                              {"v_head_dim", a.value_dim()},
+                              {"sliding_window", a.sliding_window}});
+  }
+  j["moe"] = nlohmann::json::array();
+  for (const auto& [i, layers] : moe_layers_of) {
+    const MoeSpec& m = c.moe[static_cast<size_t>(i)];
+    j["moe"].push_back({{"layers", layers},
+                        {"experts", m.num_experts},
+                        {"experts_per_token", m.experts_per_token},
+                        {"expert_intermediate_size", m.expert.intermediate_size},
+                        {"norm_topk_prob", m.router.norm_topk_prob}});
+  }
   if (as_json) {
     fmt::print("{}\n", j.dump(2));
     return;
@@ -88,12 +144,17 @@ void run_inspect(const std::string& path, bool as_json) {
   fmt::print("  architecture   {} ({})\n", arch.name, arch.description);
   fmt::print("  layers         {} ({} MoE, {} dense)\n", c.num_layers(), moe_layers,
              c.num_layers() - moe_layers);
-  fmt::print("  attention      hidden {}, {} heads / {} kv heads, head_dim {}\n", c.hidden_size,
-             c.only_attention().heads, c.only_attention().kv_heads, c.only_attention().head_dim);
-  if (c.num_experts() > 0)
-    fmt::print("  experts        {} per MoE layer, top-{}, expert intermediate {}, renormalised top-k: {}\n",
-               c.num_experts(), c.experts_per_token(), c.only_moe().expert.intermediate_size,
-               c.only_moe().router.norm_topk_prob ? "yes" : "no");
+  // One line per configuration; the layers are named when they differ.
+  for (const auto& [i, layers] : attention_layers)
+    fmt::print("  attention      {}hidden {}, {}\n",
+               attention_layers.size() > 1 ? "layers " + layer_ranges(layers) + ": " : "", c.hidden_size,
+               attention_desc(c.attention[static_cast<size_t>(i)]));
+  for (const auto& [i, layers] : moe_layers_of) {
+    const MoeSpec& m = c.moe[static_cast<size_t>(i)];
+    fmt::print("  experts        {}{} per MoE layer, top-{}, expert intermediate {}, renormalised top-k: {}\n",
+               moe_layers_of.size() > 1 ? "layers " + layer_ranges(layers) + ": " : "", m.num_experts,
+               m.experts_per_token, m.expert.intermediate_size, m.router.norm_topk_prob ? "yes" : "no");
+  }
   fmt::print("  vocabulary     {} ({} embeddings)\n", c.vocab_size, c.tie_word_embeddings ? "tied" : "untied");
   fmt::print("  parameters     {} total, {} active per token ({} in routed experts)\n", count(p.total),
              count(p.active), count(p.experts));

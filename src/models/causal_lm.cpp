@@ -235,15 +235,4 @@ void CausalLM::write_pretrained_rows(const std::string& dir, const RowsOf& rows_
   checkpoint_shared_write(dir, l.tensors, l.write, rows_of);
 }
 
-int64_t hf_expert_index(const std::string& name) {
-  static const std::string key = ".mlp.experts.";
-  const size_t at = name.find(key);
-  if (at == std::string::npos) return -1;
-  size_t i = at + key.size();
-  int64_t e = 0;
-  const size_t start = i;
-  while (i < name.size() && name[i] >= '0' && name[i] <= '9' && i - start < 9) e = e * 10 + (name[i++] - '0');
-  return i > start && i < name.size() && name[i] == '.' ? e : -1;
-}
-
 }  // namespace mt

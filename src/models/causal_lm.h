@@ -77,9 +77,6 @@ class CausalLM {
   void write_metadata_files(const std::string& dir) const;  // config, generation config, carried files
 };
 
-// The expert index of a per-expert HF tensor name ("model.layers.L.mlp.experts.E.down_proj.weight"), else -1.
-int64_t hf_expert_index(const std::string& name);
-
 // Files besides the weights that a save carries over from the source directory.
 const std::vector<std::string>& carried_file_names();
 

@@ -1,11 +1,11 @@
 #include "train/memory_plan.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <vector>
 
 #include "core/error.h"
+#include "models/decoder_costs.h"
 #include "models/model_weights.h"
 #include "models/registry.h"
 #include "train/optimizer_shards.h"
@@ -34,31 +34,16 @@ constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
 // request: headroom on top of the exact tensor sizes.
 constexpr int64_t kAllocatorSlackBytes = int64_t{256} << 20;
 
-constexpr wide kBf16 = 2, kF32 = 4, kI32 = 4, kI64 = 8;
+constexpr wide kBf16 = kCostBf16, kF32 = kCostF32, kI32 = kCostI32, kI64 = kCostI64;
 
-// Dimensions of one request, as wide integers so products cannot overflow.
+// Model-level dimensions of one request, as wide integers so products cannot overflow (each sublayer's own
+// come from its spec, through models/decoder_costs.h).
 struct Dims {
-  wide T, H, Hq, Hkv, D, E, k, I, F, V, Tk;
-  wide R;  // rows of this rank's expert buffers per micro-batch: T·k, or under the all-gather dispatch's budget more
-  wide flash_kv_heads;  // heads of flash's fp32 dK/dV workspace: Hkv, or Hq for the deterministic backward
+  wide T, H, E, V;
 };
 
 Dims dims_of(const DecoderSpec& c, int64_t tokens) {
-  Dims d;
-  d.T = tokens;
-  d.H = c.hidden_size;
-  d.Hq = c.only_attention().heads;
-  d.Hkv = c.only_attention().kv_heads;
-  d.D = c.only_attention().head_dim;
-  d.E = c.num_experts();
-  d.k = c.experts_per_token();
-  d.I = c.moe.empty() ? 0 : c.only_moe().expert.intermediate_size;  // 0: no MoE configuration
-  d.F = c.mlp.empty() ? 0 : c.only_mlp().intermediate_size;         // 0: no dense MLP configuration
-  d.V = c.vocab_size;
-  d.Tk = d.T * d.k;
-  d.R = d.Tk;
-  d.flash_kv_heads = d.Hkv;
-  return d;
+  return {tokens, c.hidden_size, c.num_experts(), c.vocab_size};
 }
 
 // ---- parameters (element counts), summed from the model's parameter table ----
@@ -103,82 +88,16 @@ ParamSums param_sums(const DecoderSpec& c) {
   return s;
 }
 
-// ---- activations saved by forward for backward, per layer ----
+// ---- activations saved by forward for backward: per layer, the sum of its blocks' (models/decoder_costs.h) ----
 
-// x_in is the layer input (the residual stream); it is the only tensor kept under full recompute.
-wide layer_input_bytes(const Dims& d) { return d.T * d.H * kBf16; }
-
-// Attention: a = input norm output, q/k/v projections, qr/kr after q/k-norm and RoPE, o attention
-// output, lse the log-sum-exp flash attention keeps. Selective recompute drops a, qr and kr
-// (cheap element-wise ops redone in backward).
-wide attention_saved_bytes(const Dims& d, Recompute r) {
-  wide a = d.T * d.H * kBf16;
-  wide q = d.T * d.Hq * d.D * kBf16, kv = d.T * d.Hkv * d.D * kBf16;
-  wide o = d.T * d.Hq * d.D * kBf16, lse = d.Hq * d.T * kF32;
-  wide kept = q + kv /*k*/ + kv /*v*/ + o + lse;
-  return r == Recompute::none ? kept + a + q /*qr*/ + kv /*kr*/ : kept;
-}
-
-// MoE MLP: x_mid residual after attention, n post-attention norm output, router logits, top-k index
-// (i32) and weight (f32), the permutation plan (expert offsets, row_of_slot, slot_of_row), xg tokens
-// gathered per expert, gu gate/up GEMM output, h SwiGLU output, yd down GEMM output. Selective
-// recompute drops n, xg and h.
-wide moe_saved_bytes(const Dims& d, Recompute r) {
-  wide x_mid = d.T * d.H * kBf16, n = d.T * d.H * kBf16;
-  wide logits = d.T * d.E * kBf16;
-  wide route = d.Tk * kI32 + d.Tk * kF32;
-  wide plan = (d.E + 1) * kI32 + d.Tk * kI32 + d.Tk * kI32;
-  wide xg = d.R * d.H * kBf16, gu = d.R * 2 * d.I * kBf16, h = d.R * d.I * kBf16, yd = d.R * d.H * kBf16;
-  wide kept = x_mid + logits + route + plan + gu + yd;
-  return r == Recompute::none ? kept + n + xg + h : kept;
-}
-
-// Dense MLP: x_mid, n, gate_up GEMM output, h SwiGLU output; selective drops n and h.
-wide dense_saved_bytes(const Dims& d, Recompute r) {
-  wide x_mid = d.T * d.H * kBf16, n = d.T * d.H * kBf16;
-  wide gate_up = d.T * 2 * d.F * kBf16, h = d.T * d.F * kBf16;
-  return r == Recompute::none ? x_mid + n + gate_up + h : x_mid + gate_up;
-}
-
-wide layer_saved_bytes(const Dims& d, bool moe, Recompute r) {
-  if (r == Recompute::full) return layer_input_bytes(d);
-  return layer_input_bytes(d) + attention_saved_bytes(d, r) + (moe ? moe_saved_bytes(d, r) : dense_saved_bytes(d, r));
-}
-
-// After the last layer: final residual x, final-norm output, targets and input ids (i64), RoPE cos and
-// sin tables (f32, D/2 per token each), document start/end per token (i32) for packed attention.
-wide model_saved_bytes(const Dims& d) {
-  return 2 * d.T * d.H * kBf16 + d.T * kI64 + d.T * kI64 + 2 * d.T * (d.D / 2) * kF32 + 2 * d.T * kI32;
+// After the last layer: final residual x, final-norm output, targets and input ids (i64), the RoPE cos and
+// sin tables (one per attention configuration), document start/end per token (i32) for packed attention.
+wide model_saved_bytes(const DecoderSpec& c, const Dims& d) {
+  return 2 * d.T * d.H * kBf16 + d.T * kI64 + d.T * kI64 + decoder_rope_table_bytes(c, static_cast<int64_t>(d.T)) +
+         2 * d.T * kI32;
 }
 
 // ---- transients: alive on top of the saved activations at one moment ----
-
-// Backward of attention: dout, the flash kernel's fp32 dq/dk/dv accumulators and delta, dq/dk/dv,
-// the gradients after RoPE (dqn, dkn) and before q/k-norm, da, and two residual-gradient buffers.
-wide attention_backward_bytes(const Dims& d) {
-  wide q = d.T * d.Hq * d.D * kBf16, kv = d.T * d.Hkv * d.D * kBf16, th = d.T * d.H * kBf16;
-  wide flash = (d.Hq + 2 * d.flash_kv_heads) * d.D * d.T * kF32 + d.Hq * d.T * kF32;
-  return q /*do*/ + flash + q + 2 * kv /*dq dk dv*/ + q + kv /*dqn dkn*/ + q + kv /*pre-norm*/ + th /*da*/ +
-         2 * th /*residual grads*/;
-}
-
-// Backward of the MoE MLP: dyd, dh, dgu, dxg per slot, dn, d(routing weights) f32, d(router logits).
-wide moe_backward_bytes(const Dims& d) {
-  return d.R * d.H * kBf16 + d.R * d.I * kBf16 + d.R * 2 * d.I * kBf16 + d.R * d.H * kBf16 +
-         d.T * d.H * kBf16 + d.Tk * kF32 + d.T * d.E * kBf16;
-}
-
-// Backward of the dense MLP: d(gate_up), dh, dn.
-wide dense_backward_bytes(const Dims& d) {
-  return d.T * 2 * d.F * kBf16 + d.T * d.F * kBf16 + d.T * d.H * kBf16;
-}
-
-// One layer's backward: what recompute dropped is re-materialised (for full recompute, everything
-// but the saved input), plus the gradient buffers.
-wide layer_backward_peak_bytes(const Dims& d, bool moe, Recompute r) {
-  wide rematerialised = layer_saved_bytes(d, moe, Recompute::none) - layer_saved_bytes(d, moe, r);
-  return rematerialised + attention_backward_bytes(d) + (moe ? moe_backward_bytes(d) : dense_backward_bytes(d));
-}
 
 // Fused LM head + cross-entropy (kernels/cuda/linear_cross_entropy.cu): one bf16 logits chunk of
 // min(4096, T) rows (the gradient is written over it in place), the per-row loss (f32) and dx; the head runs
@@ -194,17 +113,6 @@ int64_t clamp64(wide v) {
   return static_cast<int64_t>(v > hi ? hi : v);
 }
 
-struct Layers {
-  int64_t moe = 0, dense = 0;
-};
-
-Layers layers_of(const DecoderSpec& c) {
-  Layers l;
-  for (int64_t i = 0; i < c.num_layers(); ++i) (c.is_moe_layer(i) ? l.moe : l.dense)++;
-  return l;
-}
-
-// Every component for `tokens` tokens, without the searches.
 // The ranks holding the same experts over which ZeRO-1 shards the expert stacks' state: optimizer_shards (the
 // job's ranks) / expert_parallel when the experts are split and the job holds several copies of them, else 1.
 int64_t expert_replicas_of(const MemoryPlanInput& in) {
@@ -263,33 +171,29 @@ wide fetched_groups_count(const MemoryPlanInput& in, const ParamSums& ps) {
   return std::max(ps.head, layer) + layer;
 }
 
-MemoryPlan plan_bytes(const MemoryPlanInput& in, const Layers& layers, const ParamSums& ps, int64_t tokens, Recompute r,
-                      bool master) {
+// Every component for `tokens` tokens, without the searches.
+MemoryPlan plan_bytes(const MemoryPlanInput& in, const ParamSums& ps, int64_t tokens, Recompute r, bool master) {
   const DecoderSpec& c = in.cfg;
-  Dims d = dims_of(c, tokens);
-  if (in.deterministic) d.flash_kv_heads = d.Hq;  // FlashBwdMode::deterministic keeps every head's dK, dV
+  const Dims d = dims_of(c, tokens);
   const wide ep = std::max<int64_t>(in.expert_parallel, 1);
-  // The all-gather dispatch's expert buffers hold the row budget: at least the even share times the headroom.
-  if (ep > 1 && in.ep_all_gather && in.ep_row_headroom > 1)
-    d.R = static_cast<wide>(std::ceil(static_cast<double>(d.Tk) * in.ep_row_headroom));
   const wide expert_count = ps.experts;  // the whole model's
   wide count = ps.total;
   count -= expert_count - expert_count / ep;  // the experts this rank holds
-  wide saved = model_saved_bytes(d) + layers.moe * layer_saved_bytes(d, true, r) +
-               layers.dense * layer_saved_bytes(d, false, r);
-  const bool gathers = ep > 1 && in.ep_all_gather;
-  if (gathers && r != Recompute::full)  // the gathered n_all [ep·T, H] and routing weights f32 [ep·T, k]
-    saved += layers.moe * ep * d.T * (d.H * kBf16 + d.k * kF32);
-  else if (ep > 1 && r == Recompute::selective)  // the received expert rows xg [Tk,H] are kept, not re-dispatched
-    saved += layers.moe * d.T * d.k * d.H * kBf16;
-  if (in.pair_expert_wgrad)  // held per MoE layer: dyd [R,H], h [R,I], dgu [R,2I], xg [R,H]
-    saved += layers.moe * d.R * (2 * d.H + 3 * d.I) * kBf16;
-  wide transient = head_loss_bytes(d);
-  // Under EP, plus the source-major copy of a dispatch (all_to_all), or the gathered output gradient and the
-  // input gradient's partial sums, [ep·T, H] each (all_gather).
-  const wide ep_extra = gathers ? 2 * ep * d.T * d.H * kBf16 : (ep > 1 ? d.T * d.k * d.H * kBf16 : 0);
-  if (layers.moe > 0) transient = std::max(transient, layer_backward_peak_bytes(d, true, r) + ep_extra);
-  if (layers.dense > 0) transient = std::max(transient, layer_backward_peak_bytes(d, false, r));
+  BlockBatch b;
+  b.tokens = tokens;
+  b.recompute = r;
+  b.deterministic = in.deterministic;
+  b.expert_parallel = ep;
+  b.ep_all_gather = in.ep_all_gather;
+  b.ep_row_headroom = in.ep_row_headroom;
+  b.pair_expert_wgrad = in.pair_expert_wgrad;
+  // Every layer's saved activations; the transient peak is the largest layer backward's, or the LM head's loss.
+  wide saved = model_saved_bytes(c, d), transient = head_loss_bytes(d);
+  for (int64_t l = 0; l < c.num_layers(); ++l) {
+    const LayerBytes lb = decoder_layer_bytes(c, l, b);
+    saved += lb.saved;
+    transient = std::max(transient, lb.backward_peak);
+  }
   wide moment_bytes = in.bf16_moments ? kBf16 : kF32;
 
   MemoryPlan p;
@@ -369,25 +273,30 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   check_range("num_hidden_layers", c.num_layers(), 1, kMaxLayers);
   check_range("hidden_size", c.hidden_size, 1, kMaxDim);
   check_range("vocab_size", c.vocab_size, 1, kMaxDim);
-  check_range("num_attention_heads", c.only_attention().heads, 1, kMaxDim);
-  check_range("num_key_value_heads", c.only_attention().kv_heads, 1, kMaxDim);
-  check_range("head_dim", c.only_attention().head_dim, 1, kMaxDim);
-  check_range("num_experts", c.num_experts(), 0, kMaxDim);
-  check_range("num_experts_per_tok", c.experts_per_token(), c.num_experts() > 0 ? 1 : 0, c.num_experts());
-  check_range("moe_intermediate_size", c.moe.empty() ? 0 : c.only_moe().expert.intermediate_size, 0, kMaxDim);
-  check_range("intermediate_size", c.mlp.empty() ? 0 : c.only_mlp().intermediate_size, 0, kMaxDim);
+  for (const AttentionSpec& a : c.attention) {  // every configuration the layers may use
+    check_range("num_attention_heads", a.heads, 1, kMaxDim);
+    check_range("num_key_value_heads", a.kv_heads, 1, kMaxDim);
+    check_range("head_dim", a.head_dim, 1, kMaxDim);
+    check_range("v_head_dim", a.value_dim(), 1, kMaxDim);
+  }
+  for (const MoeSpec& m : c.moe) {
+    check_range("num_experts", m.num_experts, 0, kMaxDim);
+    check_range("num_experts_per_tok", m.experts_per_token, m.num_experts > 0 ? 1 : 0, m.num_experts);
+    check_range("moe_intermediate_size", m.expert.intermediate_size, 0, kMaxDim);
+    if (m.shared_expert) check_range("shared_expert_intermediate_size", m.shared_expert->intermediate_size, 0, kMaxDim);
+  }
+  for (const MlpSpec& m : c.mlp) check_range("intermediate_size", m.intermediate_size, 0, kMaxDim);
   check_range("micro_batch", in.micro_batch, 1, kMaxTokens);
   check_range("seq", in.seq, 1, kMaxTokens / in.micro_batch);
   check_range("device_bytes", in.device_bytes, 1, std::numeric_limits<int64_t>::max());
   check_range("reserve_bytes", in.reserve_bytes, 0, in.device_bytes);
   check_range("expert_parallel", in.expert_parallel, 1, std::max<int64_t>(c.num_experts(), 1));
 
-  const Layers layers = layers_of(c);
   const ParamSums ps = param_sums(c);
-  MemoryPlan p = plan_bytes(in, layers, ps, in.micro_batch * in.seq, in.recompute, in.fp32_master);
+  MemoryPlan p = plan_bytes(in, ps, in.micro_batch * in.seq, in.recompute, in.fp32_master);
   p.layers = c.num_layers();
   p.expert_parallel = in.expert_parallel;
-  p.moe_layers = layers.moe;
+  for (int64_t l = 0; l < c.num_layers(); ++l) p.moe_layers += c.is_moe_layer(l);
   p.micro_batch = in.micro_batch;
   p.seq = in.seq;
   p.device_bytes = in.device_bytes;
@@ -399,10 +308,10 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   p.expert_replicas = expert_replicas_of(in);
   p.params_sharded = in.shard_parameters && in.reshard_after_forward && p.optimizer_shards > 1;
   p.bf16_expert_grads = in.bf16_expert_grads;
-  p.full_recompute_fits = plan_bytes(in, layers, ps, in.micro_batch * in.seq, Recompute::full, in.fp32_master).fits;
-  p.no_master_fits = plan_bytes(in, layers, ps, in.micro_batch * in.seq, in.recompute, false).fits;
+  p.full_recompute_fits = plan_bytes(in, ps, in.micro_batch * in.seq, Recompute::full, in.fp32_master).fits;
+  p.no_master_fits = plan_bytes(in, ps, in.micro_batch * in.seq, in.recompute, false).fits;
 
-  auto fits_tokens = [&](int64_t tokens) { return plan_bytes(in, layers, ps, tokens, in.recompute, in.fp32_master).fits; };
+  auto fits_tokens = [&](int64_t tokens) { return plan_bytes(in, ps, tokens, in.recompute, in.fp32_master).fits; };
   // The searches never go below the request's own size, so a request that fits is always within them.
   int64_t batch_hi = std::max(in.micro_batch, std::min(kMaxSearchBatch, kMaxTokens / in.seq));
   p.max_micro_batch = search_largest(batch_hi, [&](int64_t b) { return fits_tokens(b * in.seq); });

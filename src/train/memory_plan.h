@@ -2,16 +2,17 @@
 // what the model will keep (bf16 parameters, fp32 gradients, AdamW state, saved activations plus the
 // largest transient of one step, workspace), print it, and refuse a configuration that cannot fit,
 // naming the largest micro-batch and sequence length that would.
-// The byte counts mirror what the CUDA model allocates; memory_plan.cpp lists every tensor counted.
+// The activations are the blocks' cost models summed over the layers (models/decoder_costs.h, layers/costs/:
+// each lists the tensors its CUDA block keeps); memory_plan.cpp adds the model-level tensors, the parameters,
+// gradients, optimizer state and workspace.
 #pragma once
 #include <cstdint>
 #include <string>
 
+#include "layers/costs/block_cost.h"  // Recompute
 #include "models/spec/decoder_spec.h"
 
 namespace mt {
-
-enum class Recompute { none, selective, full };
 
 // "none" | "selective" | "full"; anything else throws a one-line mt::Error naming `where`
 // (e.g. "recipe.yaml: train.recompute").

@@ -4,7 +4,6 @@
 #include <numeric>
 
 #include "core/error.h"
-#include "models/causal_lm.h"
 #include "models/model_weights.h"
 
 namespace mt {
@@ -78,13 +77,6 @@ OptimizerShards optimizer_shards_for(const ModelWeights& w, int world, int rank,
   return OptimizerShards(
       params, world, rank, [&](const std::string& name) { return !(split && table.is_expert_stack(name)); },
       expert_replica_ranks(world, rank, ep), [&](const std::string& name) { return split && table.is_expert_stack(name); });
-}
-
-std::string hf_tensor_param(const std::string& hf_name) {
-  if (hf_expert_index(hf_name) < 0) return hf_name;
-  const size_t cut = hf_name.rfind("experts.");
-  const std::string prefix = hf_name.substr(0, cut + std::string("experts.").size());
-  return prefix + (hf_name.ends_with(".down_proj.weight") ? "down_proj" : "gate_up_proj");
 }
 
 std::string optimizer_state_param(const std::string& state_name) {

@@ -129,10 +129,6 @@ OptimizerShards optimizer_shards_for(const ModelWeights& w, int world, int rank,
 // consecutive ranks: {rank % ep, rank % ep + ep, ...} (every rank alone when ep < 2).
 std::vector<int> expert_replica_ranks(int world, int rank, int64_t ep);
 
-// The parameter a Hugging Face tensor name belongs to: the name itself, or for a per-expert tensor
-// ("...mlp.experts.<e>.{gate,up,down}_proj.weight") the stacked "...mlp.experts.{gate_up,down}_proj".
-std::string hf_tensor_param(const std::string& hf_name);
-
 // One optimizer-state tensor of the whole model, with this rank's tensor of that name where it updates the
 // parameter (null: another rank's share).
 struct StateSlot {

@@ -6,13 +6,19 @@
 
 #include "core/error.h"
 #include "io/atomic_dir.h"
-#include "models/causal_lm.h"
 
 namespace mt {
 
 namespace {
 
 std::pair<int64_t, int64_t> all_rows(const Tensor& t) { return {0, t.ndim() == 0 ? 1 : t.dim(0)}; }
+
+// The rows of `t` that hold experts [first, first + count) (t's rows are all the experts).
+std::pair<int64_t, int64_t> expert_rows_of(const Tensor& t, int64_t first, int64_t count) {
+  const int64_t rows = all_rows(t).second;
+  const int64_t r0 = std::min(first, rows), r1 = std::min(first + count, rows);
+  return r1 > r0 ? std::pair<int64_t, int64_t>{r0, r1} : std::pair<int64_t, int64_t>{0, 0};
+}
 
 // Every rank learns whether any rank failed; this rank's own error wins its message.
 void agree(const SaveShare& share, const std::string& why, const std::string& phase, const std::string& dir) {
@@ -27,23 +33,28 @@ void agree(const SaveShare& share, const std::string& why, const std::string& ph
 }  // namespace
 
 std::pair<int64_t, int64_t> SaveShare::model_rows(const std::string& hf_name, const Tensor& t) const {
-  const std::string param = hf_tensor_param(hf_name);
-  const int64_t e = hf_expert_index(hf_name);
-  if (const int owner = shards.owner(param); owner >= 0) {
+  MT_CHECK(checkpoint != nullptr && params != nullptr, "a save share without the model's checkpoint map");
+  const auto it = checkpoint->find(hf_name);
+  if (it == checkpoint->end()) fail("shared save: '{}' is not a tensor of this model's checkpoint", hf_name);
+  const Source& src = it->second;
+  // The tensors of experts [first, first + count): one of those experts whole, or their rows of a fused stack (the
+  // checkpoint map keeps every expert stack's experts on dim 0).
+  auto of_experts = [&](int64_t first, int64_t count) -> std::pair<int64_t, int64_t> {
+    if (src.expert < 0) return expert_rows_of(t, first, count);
+    return src.expert >= first && src.expert < first + count ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
+  };
+  if (const int owner = shards.owner(src.param); owner >= 0) {
     if (owner != shards.rank()) return {0, 0};
-    if (!shards.over_replicas(param)) return all_rows(t);
-    return e >= held_first && e < held_first + held_count ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
+    return shards.over_replicas(src.param) ? of_experts(held_first, held_count) : all_rows(t);
   }
-  if (e < 0) return lead ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
-  return e >= expert_first && e < expert_first + expert_count ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
+  if (!params->is_expert_stack(src.param)) return lead ? all_rows(t) : std::pair<int64_t, int64_t>{0, 0};
+  MT_CHECK(src.expert >= 0 || src.expert_rows, "shared save: '{}' of expert stack '{}' holds neither one expert nor "
+           "expert rows", hf_name, src.param);
+  return of_experts(expert_first, expert_count);
 }
 
 std::pair<int64_t, int64_t> SaveShare::state_rows(const std::string& state_name, const Tensor& t) const {
-  auto rows_of = [&](int64_t first, int64_t count) {
-    const int64_t rows = all_rows(t).second;
-    const int64_t r0 = std::min(first, rows), r1 = std::min(first + count, rows);
-    return r1 > r0 ? std::pair<int64_t, int64_t>{r0, r1} : std::pair<int64_t, int64_t>{0, 0};
-  };
+  auto rows_of = [&](int64_t first, int64_t count) { return expert_rows_of(t, first, count); };
   const std::string param = optimizer_state_param(state_name);
   if (const int owner = shards.owner(param); owner >= 0) {
     if (owner != shards.rank()) return {0, 0};
@@ -55,9 +66,13 @@ std::pair<int64_t, int64_t> SaveShare::state_rows(const std::string& state_name,
 }
 
 SaveShare save_share_for(Communicator* comm, int rank, int world, int64_t ep, std::shared_ptr<const ParamTable> params,
-                         const OptimizerShards& shards) {
+                         const HfNameMap& checkpoint, const OptimizerShards& shards) {
   MT_CHECK(params != nullptr, "save_share_for: no parameter table");
   SaveShare s;
+  auto sources = std::make_shared<std::unordered_map<std::string, SaveShare::Source>>();
+  for (const HfSavedSource& src : checkpoint.saved_sources())
+    (*sources)[src.name] = {checkpoint.params().at(src.param).name, src.expert, src.expert_rows};
+  s.checkpoint = std::move(sources);
   s.comm = comm;
   s.lead = rank == 0;
   s.shards = shards;

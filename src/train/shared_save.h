@@ -12,10 +12,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "core/tensor.h"
 #include "distributed/communicator.h"
+#include "models/spec/hf_name_map.h"
 #include "train/optimizer_shards.h"
 
 namespace mt {
@@ -31,17 +33,26 @@ struct SaveShare {
   OptimizerShards shards;
   // The model's parameter table: which state tensors are expert stacks.
   std::shared_ptr<const ParamTable> params;
-  // The rows this rank writes of a Hugging Face tensor (per-expert names) and of an optimizer-state tensor
-  // (stacked experts [E, ...]): all or none, or the expert rows.
+  // What each checkpoint tensor is made of, by its name (from the family's checkpoint map, HfNameMap::saved_sources):
+  // its parameter's in-memory name, and the expert it holds or whether its rows are the experts.
+  struct Source {
+    std::string param;
+    int64_t expert = -1;
+    bool expert_rows = false;
+  };
+  std::shared_ptr<const std::unordered_map<std::string, Source>> checkpoint;
+  // The rows this rank writes of a checkpoint tensor (a per-expert tensor, a fused stack whose rows are experts, or
+  // any other) and of an optimizer-state tensor (stacked experts [E, ...]): all or none, or the expert rows.
   std::pair<int64_t, int64_t> model_rows(const std::string& hf_name, const Tensor& t) const;
   std::pair<int64_t, int64_t> state_rows(const std::string& state_name, const Tensor& t) const;
 };
 
 // The share of rank `rank` of a job of `world` ranks with expert-parallel groups of `ep` (1: none; a
 // layout the engines reject, ep not dividing world or experts, counts as none) and the engine's shards, for the
-// model whose parameter table is `params` (its expert stacks hold params->num_experts experts).
+// model whose parameter table is `params` (its expert stacks hold params->num_experts experts) and whose checkpoint
+// tensors `checkpoint` saves (hf_name_map_of over that table).
 SaveShare save_share_for(Communicator* comm, int rank, int world, int64_t ep, std::shared_ptr<const ParamTable> params,
-                         const OptimizerShards& shards = {});
+                         const HfNameMap& checkpoint, const OptimizerShards& shards = {});
 
 // lead_prepare(tmp) on the lead (files, layouts), then write_part(tmp) on every rank, then the commit and
 // after_commit() on the lead; each phase's outcome agreed by all ranks. Every rank calls it.

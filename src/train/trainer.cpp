@@ -27,6 +27,7 @@
 #include "io/hf_cache.h"
 #include "models/causal_lm.h"
 #include "models/decoder_model.h"
+#include "models/hf_checkpoint_map.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
 #include "train/optimizer_shards.h"
@@ -329,7 +330,9 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   // no rank gathers the model); alone, the one process writes everything.
   FinetuneResult result;
   const SaveShare share =
-      comm ? save_share_for(comm.get(), pg.rank, pg.world, ep, lm.weights.table, engine->optimizer_shards()) : SaveShare{};
+      comm ? save_share_for(comm.get(), pg.rank, pg.world, ep, lm.weights.table,
+                            hf_name_map_of(lm.config, *lm.weights.table, lm.dtype), engine->optimizer_shards())
+           : SaveShare{};
   // Said before a save that will not fit starts writing (it then fails cleanly: train_checkpoint.h).
   auto warn_space = [&](const std::string& what, uint64_t bytes) {
     if (!lead) return;

@@ -70,6 +70,15 @@ TEST_F(Cli, InitInspectScoreConvert) {
   EXPECT_EQ(j["architecture"], "Qwen3MoeForCausalLM");
   EXPECT_EQ(j["layers"], 2);
   EXPECT_EQ(j["experts"], 8);
+  // One entry per attention / MoE configuration, with the layers using it.
+  ASSERT_EQ(j["attention"].size(), 1u);
+  EXPECT_EQ(j["attention"][0]["layers"], nlohmann::json({0, 1}));
+  EXPECT_EQ(j["attention"][0]["heads"], 4);
+  EXPECT_EQ(j["attention"][0]["kv_heads"], 2);
+  EXPECT_EQ(j["attention"][0]["head_dim"], 16);
+  ASSERT_EQ(j["moe"].size(), 1u);
+  EXPECT_EQ(j["moe"][0]["layers"], nlohmann::json({0, 1}));
+  EXPECT_EQ(j["moe"][0]["expert_intermediate_size"], 32);
   // 512·64·2 (untied) + 64 + 2·(attention 64·64·2 + 64·32·2 + 2·16 + 2·64, router 8·64, experts 8·3·64·32)
   const int64_t attn = 64 * 64 * 2 + 64 * 32 * 2 + 2 * 16 + 2 * 64;
   const int64_t total = 512 * 64 * 2 + 64 + 2 * (attn + 8 * 64 + 8 * 3 * 64 * 32);

@@ -170,10 +170,13 @@ TEST(HfNameMapQwen, ExpertShareMatchesFromHf) {
     if (compact) {  // a compact rank's save lists every expert, its own as views, the others absent
       const auto mine = map.save(got, 1);
       const auto all = map.save(map.load(hf_checkpoint_of(files)));
+      const std::vector<HfSavedSource> sources = map.saved_sources();
       ASSERT_EQ(mine.size(), all.size());
+      ASSERT_EQ(sources.size(), all.size());
       for (size_t i = 0; i < all.size(); ++i) {
         EXPECT_EQ(mine[i].first, all[i].first);
-        const int64_t e = hf_expert_index(all[i].first);
+        EXPECT_EQ(sources[i].name, all[i].first);
+        const int64_t e = sources[i].expert;
         if (e == 0 || e >= 3)
           EXPECT_FALSE(mine[i].second.present()) << all[i].first;
         else

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "../io/io_test_util.h"
 #include "hf_rules_test_util.h"
@@ -292,6 +293,54 @@ TEST(HfNameMapNemotronH, BackboneNamesRoundTripAndMtpIsIgnored) {
   // A model.* name in a backbone checkpoint is not the parameter (HF renames the stored name, not ours).
   c.add("model.norm_f.weight", pattern_tensor({d.H}, DType::BF16, 3));
   io_test::expect_error([&] { map.load(c.view()); }, {"unexpected tensor 'model.norm_f.weight'"});
+}
+
+// Where each saved tensor comes from (what a shared save splits by): per-expert tensors name their expert whatever
+// their names look like, a fused stack keeps its experts as rows, everything else is neither.
+TEST(HfNameMapSources, EachSavedTensorNamesItsParameterAndExperts) {
+  auto sources_by_name = [](const HfNameMap& map) {
+    std::map<std::string, HfSavedSource> r;
+    const auto names = map.saved_names();
+    const auto sources = map.saved_sources();
+    EXPECT_EQ(names.size(), sources.size());
+    for (size_t i = 0; i < sources.size() && i < names.size(); ++i) {
+      EXPECT_EQ(sources[i].name, names[i].first);
+      r[sources[i].name] = sources[i];
+    }
+    return r;
+  };
+  auto param_of = [](const HfNameMap& map, const HfSavedSource& s) { return map.params().at(s.param).name; };
+
+  const hf_test::Dsv3Dims d3;  // per-expert like Qwen3-MoE, concatenated gate|up; shared experts are not experts
+  const HfNameMap dsv3(hf_test::dsv3_layout(d3), hf_test::dsv3_params(d3));
+  auto s = sources_by_name(dsv3);
+  EXPECT_EQ(param_of(dsv3, s.at("model.layers.1.mlp.experts.2.up_proj.weight")),
+            "model.layers.1.mlp.experts.gate_up_proj");
+  EXPECT_EQ(s.at("model.layers.1.mlp.experts.2.up_proj.weight").expert, 2);
+  EXPECT_EQ(s.at("model.layers.1.mlp.experts.0.down_proj.weight").expert, 0);
+  EXPECT_EQ(s.at("model.layers.1.mlp.shared_experts.up_proj.weight").expert, -1);
+  EXPECT_FALSE(s.at("model.layers.1.mlp.shared_experts.up_proj.weight").expert_rows);
+  EXPECT_FALSE(s.at("model.layers.1.mlp.experts.2.up_proj.weight").expert_rows);
+
+  const hf_test::GptOssDims g;  // fused, transposed, interleaved: the experts stay rows
+  const HfNameMap gpt(hf_test::gpt_oss_layout(), hf_test::gpt_oss_params(g));
+  s = sources_by_name(gpt);
+  for (const char* n : {"model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.gate_up_proj_bias",
+                        "model.layers.1.mlp.experts.down_proj", "model.layers.1.mlp.experts.down_proj_bias"}) {
+    EXPECT_EQ(param_of(gpt, s.at(n)), n);
+    EXPECT_EQ(s.at(n).expert, -1) << n;
+    EXPECT_TRUE(s.at(n).expert_rows) << n;
+  }
+  EXPECT_FALSE(s.at("model.layers.1.mlp.router.weight").expert_rows);
+
+  const hf_test::NemhDims n;  // renamed per-expert tensors
+  const HfNameMap nemh(hf_test::nemotron_h_layout(), hf_test::nemotron_h_params(n));
+  s = sources_by_name(nemh);
+  EXPECT_EQ(param_of(nemh, s.at("backbone.layers.1.mixer.experts.2.down_proj.weight")),
+            "model.layers.1.mixer.experts.down_proj");
+  EXPECT_EQ(s.at("backbone.layers.1.mixer.experts.2.down_proj.weight").expert, 2);
+  EXPECT_EQ(param_of(nemh, s.at("backbone.embeddings.weight")), "model.embeddings.weight");
+  EXPECT_EQ(s.at("backbone.embeddings.weight").expert, -1);
 }
 
 TEST(HfNameMapRename, PlaceholdersBindIndices) {

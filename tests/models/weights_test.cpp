@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/float_convert.h"
 #include "models/causal_lm.h"
+#include "models/hf_checkpoint_map.h"
 #include "models/model_weights.h"
 
 namespace mt {
@@ -447,9 +448,12 @@ TEST(ModelWeights, CompactExpertsHoldOnlyTheirShare) {
   }
   std::filesystem::create_directories(dir.file("shared"));
   parts[1].write_pretrained_layout(dir.file("shared"));
+  std::map<std::string, int64_t> expert_of;  // the checkpoint map's expert of each per-expert tensor, else -1
+  for (const HfSavedSource& s : hf_name_map_of(cfg, full.weights.param_table(), full.dtype).saved_sources())
+    expert_of[s.name] = s.expert;
   for (int i = 0; i < 2; ++i)
     parts[i].write_pretrained_rows(dir.file("shared"), [&](const std::string& n, const Tensor& t) {
-      const int64_t e = hf_expert_index(n);
+      const int64_t e = expert_of.at(n);
       const bool mine = e < 0 ? i == 0 : e >= first[i] && e < first[i] + count[i];
       return mine ? std::pair<int64_t, int64_t>{0, t.ndim() == 0 ? 1 : t.dim(0)} : std::pair<int64_t, int64_t>{0, 0};
     });

@@ -148,17 +148,12 @@ TEST(OptimizerShards, ExpertStacksShardedOverTheirReplicasBySize) {
   EXPECT_EQ(expert_replica_ranks(4, 3, 1), (std::vector<int>{3}));
 }
 
-TEST(OptimizerShards, NamesOfStateAndHuggingFaceTensors) {
+TEST(OptimizerShards, NamesOfStateTensors) {
   EXPECT_EQ(optimizer_state_param("model.norm.weight.exp_avg"), "model.norm.weight");
   EXPECT_EQ(optimizer_state_param("model.norm.weight.exp_avg_sq"), "model.norm.weight");
   EXPECT_EQ(optimizer_state_param("model.layers.0.mlp.experts.down_proj.master"), "model.layers.0.mlp.experts.down_proj");
   EXPECT_EQ(optimizer_state_param("model.norm.weight"), "");
   EXPECT_EQ(optimizer_state_param(".master"), "");
-  EXPECT_EQ(hf_tensor_param("model.layers.3.mlp.experts.17.up_proj.weight"), "model.layers.3.mlp.experts.gate_up_proj");
-  EXPECT_EQ(hf_tensor_param("model.layers.3.mlp.experts.0.gate_proj.weight"), "model.layers.3.mlp.experts.gate_up_proj");
-  EXPECT_EQ(hf_tensor_param("model.layers.3.mlp.experts.5.down_proj.weight"), "model.layers.3.mlp.experts.down_proj");
-  EXPECT_EQ(hf_tensor_param("model.embed_tokens.weight"), "model.embed_tokens.weight");
-  EXPECT_EQ(hf_tensor_param("model.layers.3.mlp.gate.weight"), "model.layers.3.mlp.gate.weight");
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "models/decoder_costs.h"
 #include "models/decoder_model.h"
 #include "models/model_weights.h"
 #include "models/param_table.h"
@@ -71,7 +72,7 @@ ParamCounts old_inspect_counts(const DecoderSpec& c) {
   return p;
 }
 
-// train/cuda/bench_run.cpp bench_flops_per_token.
+// train/cuda/bench_run.cpp bench_flops_per_token (now models/decoder_costs.h decoder_train_flops_per_token).
 double old_bench_flops_per_token(const DecoderSpec& c, int64_t seq) {
   const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.only_attention().head_dim);
   const AttentionSpec& a = c.only_attention();
@@ -85,14 +86,6 @@ double old_bench_flops_per_token(const DecoderSpec& c, int64_t seq) {
     per_token += 6.0 * (proj + mlp) + 6.0 * static_cast<double>(seq) * Hq * D;
   }
   return per_token + 6.0 * static_cast<double>(c.vocab_size) * H;
-}
-
-// What bench_flops_per_token now computes (train/cuda/bench_run.cpp; CUDA builds only, so restated here).
-double new_bench_flops_per_token(const DecoderSpec& c, int64_t seq) {
-  const double Hq = static_cast<double>(c.only_attention().heads), D = static_cast<double>(c.only_attention().head_dim);
-  double per_token = 6.0 * static_cast<double>(param_counts(param_table_of(c)).matmul_per_token);
-  for (int64_t l = 0; l < c.num_layers(); ++l) per_token += 6.0 * static_cast<double>(seq) * Hq * D;
-  return per_token;
 }
 
 // FNV-1a over (name, bytes) of every parameter of random_init(qwen3-moe-test, F32, seed 1234), in
@@ -242,7 +235,7 @@ TEST(ParamTableConsumers, InspectAndBenchCountsAreTheOldFormulas) {
     EXPECT_EQ(have.embedding, want.embedding);
     EXPECT_EQ(have.total, ModelWeights::absent_like_config(cfg, DType::BF16).parameter_count());
     for (int64_t seq : {1, 128, 4096, 131072})
-      EXPECT_EQ(new_bench_flops_per_token(cfg, seq), old_bench_flops_per_token(cfg, seq)) << "seq " << seq;
+      EXPECT_EQ(decoder_train_flops_per_token(cfg, seq), old_bench_flops_per_token(cfg, seq)) << "seq " << seq;
   }
 }
 

@@ -16,12 +16,14 @@
 
 #include "../distributed/thread_ranks.h"
 #include "../io/io_test_util.h"
+#include "../models/hf_rules_test_util.h"
 #include "core/error.h"
 #include "distributed/tcp_socket.h"
 #include "io/checkpoint_files.h"
 #include "io/safetensors.h"
 #include "io/safetensors_shared.h"
 #include "models/causal_lm.h"
+#include "models/hf_checkpoint_map.h"
 #include "models/presets.h"
 #include "models/registry.h"
 
@@ -51,12 +53,21 @@ std::vector<std::string> run_ranks(int world, const std::function<void(int, Comm
   return err;
 }
 
-// A Qwen3-MoE parameter table of 4 layers and `experts` experts: the expert stacks the names below refer to.
-std::shared_ptr<const ParamTable> moe_table(int64_t experts) {
+// A Qwen3-MoE of 4 layers and `experts` experts: the parameters and checkpoint tensors the names below refer to.
+DecoderSpec moe_spec(int64_t experts) {
   nlohmann::json j = preset_config_json("qwen3-moe-test");
   j["num_hidden_layers"] = 4;
   j["num_experts"] = experts;
-  return std::make_shared<const ParamTable>(param_table_of(DecoderSpec::from_json(j, "qwen3-moe-test")));
+  return DecoderSpec::from_json(j, "qwen3-moe-test");
+}
+std::shared_ptr<const ParamTable> moe_table(int64_t experts) {
+  return std::make_shared<const ParamTable>(param_table_of(moe_spec(experts)));
+}
+// Its save share: the rows of its tensors rank `rank` writes.
+SaveShare moe_share(Communicator* comm, int rank, int world, int64_t ep, int64_t experts,
+                    const OptimizerShards& shards = {}) {
+  const auto table = moe_table(experts);
+  return save_share_for(comm, rank, world, ep, table, hf_name_map_of(moe_spec(experts), *table, DType::BF16), shards);
 }
 
 Tensor ramp(const Shape& shape, DType dt, float start) {
@@ -114,7 +125,7 @@ TEST(SharedSave, TwoRanksWriteTheBytesOfOneWriter) {
   ASSERT_GT(files.size(), 2u) << "the test wants several shards";
 
   const std::vector<std::string> err = run_ranks(2, [&](int rank, Communicator& comm) {
-    const SaveShare share = save_share_for(&comm, rank, 2, /*ep=*/2, moe_table(4));
+    const SaveShare share = moe_share(&comm, rank, 2, /*ep=*/2, 4);
     const Named my_model = as_held_by(model, [&](auto& n, auto& t) { return share.model_rows(n, t); });
     const Named my_state = as_held_by(state, [&](auto& n, auto& t) { return share.state_rows(n, t); });
     shared_dir_save(
@@ -145,7 +156,7 @@ TEST(SharedSave, AFailingRankCommitsNothingAnywhere) {
   const Named model = model_tensors();
   const fs::path out = dir.path / "final";
   const std::vector<std::string> err = run_ranks(2, [&](int rank, Communicator& comm) {
-    const SaveShare share = save_share_for(&comm, rank, 2, 2, moe_table(4));
+    const SaveShare share = moe_share(&comm, rank, 2, 2, 4);
     shared_dir_save(
         share, out.string(), [&](const std::string& tmp) { checkpoint_shared_create(tmp, model, sharded()); },
         [&](const std::string& tmp) {
@@ -161,7 +172,7 @@ TEST(SharedSave, AFailingRankCommitsNothingAnywhere) {
 
   // The lead failing to lay the directory out reaches the other rank before it writes anything.
   const std::vector<std::string> err2 = run_ranks(2, [&](int rank, Communicator& comm) {
-    const SaveShare share = save_share_for(&comm, rank, 2, 2, moe_table(4));
+    const SaveShare share = moe_share(&comm, rank, 2, 2, 4);
     bool wrote = false;
     shared_dir_save(
         share, out.string(), [&](const std::string&) { fail("config.json: write failed (simulated)"); },
@@ -196,7 +207,7 @@ TEST(SharedSave, RowsEachRankWrites) {
   const R none{0, 0};
   // EP 2 over 4 ranks: ranks 0 and 1 write experts 0-3 / 4-7; ranks 2 and 3 (replicas) nothing.
   for (int rank = 0; rank < 4; ++rank) {
-    const SaveShare s = save_share_for(nullptr, rank, 4, 2, moe_table(8));
+    const SaveShare s = moe_share(nullptr, rank, 4, 2, 8);
     SCOPED_TRACE(rank);
     const R all_plain{0, 5}, first_half{0, 4}, second_half{4, 8};
     EXPECT_EQ(s.model_rows(other, plain), rank == 0 ? all_plain : none);
@@ -206,13 +217,10 @@ TEST(SharedSave, RowsEachRankWrites) {
   // No expert parallelism (or a layout the engines reject): the lead writes everything.
   for (const int64_t ep : {int64_t{1}, int64_t{3}}) {
     const R all_stacked{0, 8};
-    EXPECT_EQ(save_share_for(nullptr, 0, 2, ep, moe_table(8)).state_rows(state, stacked), all_stacked);
-    EXPECT_EQ(save_share_for(nullptr, 1, 2, ep, moe_table(8)).model_rows(expert5, plain), none);
-    EXPECT_EQ(save_share_for(nullptr, 1, 2, ep, moe_table(8)).state_rows(state, stacked), none);
+    EXPECT_EQ(moe_share(nullptr, 0, 2, ep, 8).state_rows(state, stacked), all_stacked);
+    EXPECT_EQ(moe_share(nullptr, 1, 2, ep, 8).model_rows(expert5, plain), none);
+    EXPECT_EQ(moe_share(nullptr, 1, 2, ep, 8).state_rows(state, stacked), none);
   }
-  EXPECT_EQ(hf_expert_index(expert5), 5);
-  EXPECT_EQ(hf_expert_index("model.layers.3.mlp.experts.gate_up_proj"), -1);
-  EXPECT_EQ(hf_expert_index(other), -1);
 }
 
 // A sharded optimizer (train/optimizer_shards.h): each sharded parameter's state and HF tensors (a stacked
@@ -228,7 +236,7 @@ TEST(SharedSave, ShardedParametersAreWrittenByTheirOwners) {
   for (int rank = 0; rank < 2; ++rank) {
     SCOPED_TRACE(rank);
     const OptimizerShards shards(params, 2, rank, [](const std::string&) { return true; });
-    const SaveShare s = save_share_for(nullptr, rank, 2, 1, moe_table(8), shards);
+    const SaveShare s = moe_share(nullptr, rank, 2, 1, 8, shards);
     EXPECT_EQ(s.model_rows("model.embed_tokens.weight", plain), rank == 0 ? all_plain : none);
     EXPECT_EQ(s.model_rows("model.norm.weight", plain), rank == 1 ? all_plain : none);
     EXPECT_EQ(s.state_rows("model.norm.weight.exp_avg", plain), rank == 1 ? all_plain : none);
@@ -241,7 +249,7 @@ TEST(SharedSave, ShardedParametersAreWrittenByTheirOwners) {
   for (int rank = 0; rank < 2; ++rank) {
     SCOPED_TRACE(rank);
     const OptimizerShards shards(params, 2, rank, [&](const std::string& n) { return !table->is_expert_stack(n); });
-    const SaveShare s = save_share_for(nullptr, rank, 2, 2, moe_table(8), shards);
+    const SaveShare s = moe_share(nullptr, rank, 2, 2, 8, shards);
     const R half = rank == 0 ? R{0, 4} : R{4, 8};
     EXPECT_EQ(s.state_rows("model.layers.3.mlp.experts.gate_up_proj.exp_avg", stacked), half);
     EXPECT_EQ(s.model_rows("model.layers.3.mlp.experts.5.up_proj.weight", plain), rank == 1 ? all_plain : none);
@@ -268,7 +276,7 @@ TEST(SharedSave, ExpertStacksShardedOverReplicasAreWrittenByTheirOwners) {
         params, 4, rank, [&](const std::string& n) { return !table->is_expert_stack(n); },
         expert_replica_ranks(4, rank, 2), [&](const std::string& n) { return table->is_expert_stack(n); });
     ASSERT_TRUE(shards.experts_sharded());
-    const SaveShare s = save_share_for(nullptr, rank, 4, 2, moe_table(8), shards);
+    const SaveShare s = moe_share(nullptr, rank, 4, 2, 8, shards);
     const int64_t first = rank % 2 * 4;
     const R mine{first, first + 4};
     const bool owns_gate_up = rank < 2, owns_down = rank >= 2;
@@ -295,6 +303,92 @@ TEST(SharedSave, ExpertStacksShardedOverReplicasAreWrittenByTheirOwners) {
       EXPECT_EQ(state_writers[k][e], 1) << "stack " << k << " expert " << e;
       EXPECT_EQ(model_writers[k][e], 1) << "stack " << k << " expert " << e;
     }
+}
+
+// Layouts where the tensor names do not say which expert a tensor holds the Qwen way (".mlp.experts.<e>."): the
+// checkpoint map does. GPT-OSS stores each expert stack fused and transposed ([E, H, 2I], gate/up interleaved): a
+// rank writes its experts' rows of it. Nemotron-H stores per-expert tensors under "backbone.layers.L.mixer.experts.
+// <e>.": a rank writes its experts' tensors. Two ranks, EP 2, each holding all E rows of every stack with the other
+// rank's experts (and, on rank 1, every replicated tensor) garbage: the shared files are byte for byte what one
+// writer makes from the whole model.
+TEST(SharedSave, FusedAndRenamedExpertLayoutsWriteTheRightRows) {
+  struct Layout {
+    const char* what;
+    HfLayout layout;
+    std::vector<HfParam> params;
+    int64_t experts;
+  };
+  hf_test::GptOssDims g;
+  g.E = 4;
+  hf_test::NemhDims n;
+  n.E = 4;
+  const Layout layouts[] = {{"gpt-oss", hf_test::gpt_oss_layout(), hf_test::gpt_oss_params(g), g.E},
+                            {"nemotron-h", hf_test::nemotron_h_layout(), hf_test::nemotron_h_params(n), n.E}};
+  using R = std::pair<int64_t, int64_t>;
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(l.what);
+    const HfNameMap map(l.layout, l.params);
+    auto table = std::make_shared<ParamTable>();
+    table->num_experts = l.experts;
+    for (const HfParam& p : l.params)
+      table->add(param_entry(p.name, p.shape, ParamUse::linear,
+                             p.expert_stack ? ParamRole::expert_stack : ParamRole::replicated));
+    const std::vector<Tensor> values = hf_test::pattern_params(l.params);
+    io_test::ScratchDir dir;
+    CheckpointWriteOptions o;
+    o.max_shard_bytes = 256;  // several files
+    const Named whole = map.save(values);
+    const std::vector<std::string> files = checkpoint_write_tensors(dir.file("one"), whole, o);
+    ASSERT_GT(files.size(), 1u);
+    checkpoint_shared_create(dir.file("two"), whole, o);
+    for (int rank = 0; rank < 2; ++rank) {
+      SCOPED_TRACE(rank);
+      const SaveShare share = save_share_for(nullptr, rank, 2, 2, table, map);
+      const int64_t first = rank * l.experts / 2, count = l.experts / 2;
+      std::vector<Tensor> held;
+      for (size_t i = 0; i < values.size(); ++i) {
+        Tensor t = values[i].clone();
+        const int64_t rows = t.dim(0);
+        const size_t row_bytes = t.nbytes() / static_cast<size_t>(rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          const bool mine = l.params[i].expert_stack ? r >= first && r < first + count : rank == 0;
+          if (!mine) std::memset(static_cast<char*>(t.data()) + r * row_bytes, 0xFF, row_bytes);
+        }
+        held.push_back(t);
+      }
+      const Named mine = map.save(held);
+      for (const auto& [name, t] : mine) {
+        const R rows = share.model_rows(name, t);
+        if (name == "model.layers.0.mlp.experts.gate_up_proj") {
+          EXPECT_EQ(rows, (R{first, first + count}));
+        }
+        if (name == "backbone.layers.1.mixer.experts.3.up_proj.weight") {
+          EXPECT_EQ(rows, (rank == 1 ? R{0, 4} : R{0, 0}));
+        }
+        if (name == "backbone.embeddings.weight") {
+          EXPECT_EQ(rows, (rank == 0 ? R{0, 16} : R{0, 0}));
+        }
+      }
+      checkpoint_shared_write(dir.file("two"), mine, o, [&](auto& name, auto& t) { return share.model_rows(name, t); });
+    }
+    for (const std::string& f : files)
+      EXPECT_EQ(io_test::read_bytes(dir.file("two") + "/" + f), io_test::read_bytes(dir.file("one") + "/" + f)) << f;
+  }
+}
+
+// A tensor the model's checkpoint does not have is an error, not silently left to the lead.
+TEST(SharedSave, ANameOutsideTheCheckpointIsAnError) {
+  const Tensor plain = Tensor::empty({5, 2}, DType::F32);
+  try {
+    moe_share(nullptr, 0, 2, 2, 8).model_rows("model.layers.9.mlp.experts.1.up_proj.weight", plain);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("'model.layers.9.mlp.experts.1.up_proj.weight' is not a tensor of this model's checkpoint"),
+              std::string::npos)
+        << w;
+    EXPECT_EQ(w.find('\n'), std::string::npos) << w;
+  }
 }
 
 }  // namespace

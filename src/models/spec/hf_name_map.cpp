@@ -799,6 +799,32 @@ std::vector<int64_t> HfNameMap::saved_storage_units() const {
   return r;
 }
 
+namespace {
+// The sources of the leaves save() writes under n, in save() order (Saver::emit's walk). `rows`: n's dim 0 indexes
+// the experts of the parameter's stack.
+void saved_sources_of(const HfNameMap::Impl& m, const Node& n, size_t param, int64_t expert, bool rows,
+                      std::vector<HfSavedSource>& out) {
+  switch (n.kind) {
+    case K::tensor: out.push_back({m.leaves[static_cast<size_t>(n.leaf)].name, param, expert, rows}); return;
+    case K::one_of: saved_sources_of(m, n.parts[0], param, expert, rows, out); return;
+    case K::stack_experts:
+      for (size_t e = 0; e < n.parts.size(); ++e)
+        saved_sources_of(m, n.parts[e], param, static_cast<int64_t>(e), false, out);
+      return;
+    case K::concat:
+    case K::deinterleave: rows = rows && n.dim != 0; break;  // along dim 0 the parts split the experts
+    case K::transpose: rows = rows && n.shape.size() >= 3; break;  // a 2-d transpose moves dim 0
+  }
+  for (const auto& p : n.parts) saved_sources_of(m, p, param, expert, rows, out);
+}
+}  // namespace
+
+std::vector<HfSavedSource> HfNameMap::saved_sources() const {
+  std::vector<HfSavedSource> r;
+  for (size_t i : impl_->save_order) saved_sources_of(*impl_, impl_->roots[i], i, -1, params_[i].expert_stack, r);
+  return r;
+}
+
 std::vector<std::pair<std::string, Shape>> HfNameMap::saved_names() const {
   std::vector<Tensor> values;
   for (const HfParam& p : params_) values.push_back(Tensor::absent(p.shape, p.dtype));

@@ -53,6 +53,15 @@ struct HfLoadOptions {
   bool fp8_declared = true;
 };
 
+// Where a tensor save() writes comes from: which parameter, and which of an expert stack's experts it holds (a shared
+// save gives each rank the tensors, or the rows, of the experts it holds: train/shared_save.h).
+struct HfSavedSource {
+  std::string name;           // the checkpoint name, as saved_names() gives it
+  size_t param = 0;           // index into params()
+  int64_t expert = -1;        // inside hf_stack_experts: the one expert this tensor is; else -1
+  bool expert_rows = false;   // an expert stack's tensor whose dim 0 still indexes its experts (a fused stack)
+};
+
 class HfNameMap {
  public:
   // Resolves every rule against every parameter; throws mt::Error naming the parameter when a rule does not fit
@@ -79,6 +88,8 @@ class HfNameMap {
   // stack of a parameter's tree, all its experts' tensors sharing it; one per tensor otherwise), numbered 0, 1, ...
   // in save order. huggingface_hub's sharding places a storage's tensors together.
   std::vector<int64_t> saved_storage_units() const;
+  // Parallel to saved_names(): each saved tensor's parameter and experts.
+  std::vector<HfSavedSource> saved_sources() const;
 
   struct Impl;  // the resolved rule trees (defined in the .cpp only)
 

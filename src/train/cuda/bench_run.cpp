@@ -25,6 +25,7 @@
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/router.h"
 #include "models/causal_lm.h"
+#include "models/decoder_costs.h"
 #include "models/presets.h"
 #include "models/registry.h"
 #include "train/cuda/cuda_job_collectives.h"
@@ -101,20 +102,6 @@ Batch random_batch(const DecoderSpec& cfg, int64_t mbs, int64_t seq, int64_t pro
   }
   return b;
 }
-
-}  // namespace
-
-double bench_flops_per_token(const DecoderSpec& c, int64_t seq) {
-  // 6 FLOPs (forward + backward) per matmul weight a token meets (the table's count: projections, MLP or its k
-  // routed experts, LM head) plus the causal attention scores; every term an integer, so the sum is exact.
-  const double Hq = static_cast<double>(c.only_attention().heads), D = static_cast<double>(c.only_attention().head_dim);
-  double per_token = 6.0 * static_cast<double>(param_counts(param_table_of(c)).matmul_per_token);
-  for (int64_t l = 0; l < c.num_layers(); ++l)
-    per_token += 6.0 * static_cast<double>(seq) * Hq * D;  // causal: half of 12·S·Hq·D
-  return per_token;
-}
-
-namespace {
 
 // The multi-GPU side of a bench (empty for one process).
 struct BenchRanks {
@@ -410,7 +397,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   cudaDeviceProp prop{};
   MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   const double tps = static_cast<double>(tokens_per_step * o.steps) / timed_s;
-  const double fpt = bench_flops_per_token(cfg, o.seq);
+  const double fpt = decoder_train_flops_per_token(cfg, o.seq);
   const double tflops = tps * fpt / 1e12;
 
   j["tool"] = "mixtune";

@@ -1,7 +1,7 @@
 // `mixtune bench`: timed optimizer steps of the CUDA training path on a model config (a preset sliced
 // to N layers, or a checkpoint's config), synthetic random tokens, the real router. Reports tokens/s,
-// model TFLOP/s (6 × matmul parameters per token + causal attention, router excluded: the NeMo /
-// Megatron formula), MFU against a dense bf16 GEMM measured on the same GPU at start-up, peak memory
+// model TFLOP/s (3 × the blocks' forward FLOPs per token, models/decoder_costs.h: 6 × matmul parameters per
+// token + causal attention, router excluded: the NeMo / Megatron formula), MFU against a dense bf16 GEMM measured on the same GPU at start-up, peak memory
 // and a per-phase GPU time breakdown, as one JSON object (bench/README.md describes the fields).
 // Under `mixtune launch --nproc N -- bench ...` (or mpirun) every rank trains on its own GPU (LOCAL_RANK)
 // with its own grad_accum micro-batches, gradients summed over NCCL; --ep splits the experts. Rank 0
@@ -46,9 +46,6 @@ struct BenchOptions {
   uint64_t seed = 1234;
   std::string command;  // the command line, echoed into the JSON
 };
-
-// Model FLOPs per trained token (fwd + bwd) for cfg at sequence length seq, router GEMM excluded.
-double bench_flops_per_token(const DecoderSpec& cfg, int64_t seq);
 
 // The JSON on rank 0; an empty object on the other ranks.
 nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log);

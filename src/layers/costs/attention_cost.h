@@ -1,0 +1,20 @@
+// The GQA attention block's costs (CUDA twin: layers/cuda/attention_block_cuda.h; see block_cost.h).
+#pragma once
+#include <cstdint>
+
+#include "layers/costs/block_cost.h"
+
+namespace mt {
+
+// AttentionActsCuda: a (the normalised input), q, k, v, qr and kr (after QK-norm and RoPE), o, lse (F32 [Hq, T]);
+// selective recompute drops a, qr and kr. Backward: d(o), flash's fp32 dQ/dK/dV sums and delta, dq, dk, dv, the
+// gradients after RoPE and before the QK-norm, da.
+BlockBytes attention_bytes(const AttentionSpec& a, int64_t hidden, const BlockBatch& b);
+// q, k, v and o projections, plus the causal scores and weighted values (half of the full S x S square; a
+// sliding window caps each query's keys).
+double attention_flops_per_token(const AttentionSpec& a, int64_t hidden, int64_t seq);
+// The RoPE cos and sin tables (F32, rotated dims / 2 per token) a batch carries for this configuration; 0 without
+// RoPE.
+CostBytes attention_rope_table_bytes(const AttentionSpec& a, int64_t tokens);
+
+}  // namespace mt
