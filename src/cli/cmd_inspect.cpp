@@ -64,6 +64,35 @@ std::string attention_desc(const AttentionSpec& a) {
   return d;
 }
 
+const char* router_name(const RouterSpec& r) {
+  switch (r.score) {
+    case RouterScore::softmax_topk: return "softmax_topk";
+    case RouterScore::topk_softmax: return "topk_softmax";
+    case RouterScore::sigmoid_group: return "sigmoid_group";
+  }
+  return "unknown";
+}
+
+std::string router_desc(const MoeSpec& m) {
+  const RouterSpec& r = m.router;
+  switch (r.score) {
+    case RouterScore::softmax_topk:
+      return fmt::format("softmax then top-k{}", r.norm_topk_prob ? ", renormalised" : "");
+    case RouterScore::topk_softmax: return fmt::format("top-k of the logits then softmax{}", r.linear_bias ? ", biased" : "");
+    case RouterScore::sigmoid_group: return "sigmoid, group-limited top-k";
+  }
+  return "unknown";
+}
+
+std::string quant_name(const CheckpointQuant& q) {
+  switch (q.method) {
+    case CheckpointQuant::Method::none: return "none";
+    case CheckpointQuant::Method::fp8_block: return fmt::format("fp8 e4m3, {}x{} blocks", q.block_rows, q.block_cols);
+    case CheckpointQuant::Method::mxfp4: return "mxfp4";
+  }
+  return "unknown";
+}
+
 void run_inspect(const std::string& path, bool as_json) {
   const std::string dir = hf_resolve_model_path(path);
   const std::string cfg_path = (std::filesystem::path(dir) / "config.json").string();
@@ -134,8 +163,10 @@ void run_inspect(const std::string& path, bool as_json) {
                         {"experts", m.num_experts},
                         {"experts_per_token", m.experts_per_token},
                         {"expert_intermediate_size", m.expert.intermediate_size},
+                        {"router", router_name(m.router)},
                         {"norm_topk_prob", m.router.norm_topk_prob}});
   }
+  j["stored_quantisation"] = quant_name(c.quant);
   if (as_json) {
     fmt::print("{}\n", j.dump(2));
     return;
@@ -151,9 +182,9 @@ void run_inspect(const std::string& path, bool as_json) {
                attention_desc(c.attention[static_cast<size_t>(i)]));
   for (const auto& [i, layers] : moe_layers_of) {
     const MoeSpec& m = c.moe[static_cast<size_t>(i)];
-    fmt::print("  experts        {}{} per MoE layer, top-{}, expert intermediate {}, renormalised top-k: {}\n",
+    fmt::print("  experts        {}{} per MoE layer, top-{}, expert intermediate {}, router: {}\n",
                moe_layers_of.size() > 1 ? "layers " + layer_ranges(layers) + ": " : "", m.num_experts,
-               m.experts_per_token, m.expert.intermediate_size, m.router.norm_topk_prob ? "yes" : "no");
+               m.experts_per_token, m.expert.intermediate_size, router_desc(m));
   }
   fmt::print("  vocabulary     {} ({} embeddings)\n", c.vocab_size, c.tie_word_embeddings ? "tied" : "untied");
   fmt::print("  parameters     {} total, {} active per token ({} in routed experts)\n", count(p.total),
@@ -162,6 +193,9 @@ void run_inspect(const std::string& path, bool as_json) {
   for (const auto& [k, v] : dtype_counts) dts += fmt::format("{}{} x{}", dts.empty() ? "" : ", ", k, v);
   fmt::print("  checkpoint     {} shard(s), {} of tensors, dtypes: {}\n", shards, gib(file_bytes),
              dts.empty() ? "(no weights)" : dts);
+  if (c.quant.method != CheckpointQuant::Method::none)
+    fmt::print("  quantised      {} (dequantised to {} on load; convert writes the float model)\n",
+               quant_name(c.quant), dtype_torch_name(c.dtype));
   fmt::print("  training state (AdamW, before activations), parameters stored as {}:\n", dtype_torch_name(c.dtype));
   fmt::print("    parameters        {}\n", gib(param_bytes));
   fmt::print("    gradients (fp32)  {}\n", gib(grad_bytes));

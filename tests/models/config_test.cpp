@@ -281,15 +281,16 @@ TEST(Qwen3FamilyConfig, UnknownArchitecture) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(),
-                 "m/config.json: architecture 'LlamaForCausalLM' is not supported (supported: Qwen3ForCausalLM, "
-                 "Qwen3MoeForCausalLM)");
+                 "m/config.json: architecture 'LlamaForCausalLM' is not supported (supported: GptOssForCausalLM, "
+                 "Qwen3ForCausalLM, Qwen3MoeForCausalLM)");
   }
 }
 
 TEST(ArchitectureRegistry, LookupAndList) {
   EXPECT_EQ(architecture_lookup("Qwen3MoeForCausalLM", "f").model_type, "qwen3_moe");
   EXPECT_EQ(architecture_lookup("Qwen3ForCausalLM", "f").model_type, "qwen3");
-  ASSERT_EQ(architecture_list().size(), 2u);
+  EXPECT_EQ(architecture_lookup("GptOssForCausalLM", "f").model_type, "gpt_oss");
+  ASSERT_EQ(architecture_list().size(), 3u);
   for (const ArchitectureInfo& a : architecture_list()) EXPECT_FALSE(a.description.empty());
   try {
     architecture_lookup(std::string("Bad\nName") + std::string(200, 'x'), "x.json");

@@ -300,7 +300,7 @@ TEST(ModelValidation, BadBatchesAndParameters) {
   expect_one_line_error([&] { DecoderModel x(c, w3); }, "lm_head.weight is missing");
   DecoderSpec cb = c;
   cb.attention[0].qkv_bias = true;
-  expect_one_line_error([&] { DecoderModel x(cb, w); }, "attention_bias");
+  expect_one_line_error([&] { DecoderModel x(cb, w); }, "model.layers.0.self_attn.q_proj.bias is missing");
 }
 
 }  // namespace

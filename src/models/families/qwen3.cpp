@@ -240,10 +240,16 @@ ParamTable param_table(const DecoderSpec& s) {
     const AttentionSpec* a = s.attention_of(l);
     if (a) {
       const int64_t D = a->head_dim, nq = a->heads * D, nkv = a->kv_heads * D;
+      // attention_bias (refused by parse until the CUDA engine has bias kernels; a spec edited in code that asks
+      // for biases gets their entries, so its weights are checked for them).
       add(p + "self_attn.q_proj.weight", {nq, H}, U::linear, l, W::q_proj);
+      if (a->qkv_bias) add(p + "self_attn.q_proj.bias", {nq}, U::bias, l, W::q_bias);
       add(p + "self_attn.k_proj.weight", {nkv, H}, U::linear, l, W::k_proj);
+      if (a->qkv_bias) add(p + "self_attn.k_proj.bias", {nkv}, U::bias, l, W::k_bias);
       add(p + "self_attn.v_proj.weight", {nkv, H}, U::linear, l, W::v_proj);
+      if (a->qkv_bias) add(p + "self_attn.v_proj.bias", {nkv}, U::bias, l, W::v_bias);
       add(p + "self_attn.o_proj.weight", {H, nq}, U::linear, l, W::o_proj);
+      if (a->o_bias) add(p + "self_attn.o_proj.bias", {H}, U::bias, l, W::o_bias);
       add(p + "self_attn.q_norm.weight", {D}, U::norm, l, W::q_norm);
       add(p + "self_attn.k_norm.weight", {D}, U::norm, l, W::k_norm);
     }
