@@ -15,6 +15,7 @@
 #include "models/generation_config.h"
 #include "models/generate.h"
 #include "models/decoder_model.h"
+#include "hf_fixture_util.h"
 
 namespace mt {
 namespace {
@@ -54,14 +55,7 @@ std::vector<float> cached_logits(CausalLM& m, const std::vector<int64_t>& ids, s
   return out;
 }
 
-double rel_norm_error(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
+using test::rel_norm_error;
 
 // Largest |a − b| / max(1, |b|) over all elements.
 double max_rel_error(const std::vector<float>& a, const std::vector<float>& ref) {
@@ -219,21 +213,7 @@ TEST_P(Generate, GreedyEqualsTransformersGoldens) {
   const fs::path dir = kFixtures / GetParam();
   if (!fs::exists(dir / "generate.json"))
     GTEST_SKIP() << (dir / "generate.json").string() << " not made yet (tools/hf_reference/make_generate_goldens.py)";
-  std::ifstream f(dir / "generate.json");
-  const auto g = nlohmann::json::parse(f);
-  CausalLM m = CausalLM::from_pretrained((dir / "ckpt").string(), {DType::F32});
-  const GenerationConfig gc = generation_config_read((dir / "ckpt").string(), m.config.raw);
-  ASSERT_EQ(g["prompts"].size(), g["outputs"].size());
-  ASSERT_FALSE(g["prompts"].empty());
-  for (size_t i = 0; i < g["prompts"].size(); ++i) {
-    SCOPED_TRACE(i);
-    GenerateOptions o;
-    o.max_new_tokens = g.value("max_new_tokens", 12);
-    o.sampling.temperature = 0;
-    o.eos_token_ids = gc.eos_token_ids;
-    const auto r = generate(m.config, m.weights, g["prompts"][i].get<std::vector<int64_t>>(), o);
-    EXPECT_EQ(r.ids, g["outputs"][i].get<std::vector<int64_t>>());
-  }
+  test::expect_greedy_equals_goldens(dir);
 }
 
 }  // namespace

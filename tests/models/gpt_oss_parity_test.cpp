@@ -13,8 +13,6 @@
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
 #include "models/decoder_model.h"
-#include "models/generate.h"
-#include "models/generation_config.h"
 #include "hf_fixture_util.h"
 #include "train/adamw.h"
 
@@ -28,20 +26,8 @@ using test::read_json;
 const fs::path kFixtures = fs::path(MIXTUNE_SOURCE_DIR) / "tests/fixtures/gpt_oss";
 const char* kVariants[] = {"yarn_window_aux", "tied_mqa_default_rope"};
 
-double rel_norm_error(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
-  return m;
-}
+using test::max_abs_diff;
+using test::rel_norm_error;
 
 // Tensors of a ModelWeights-shaped struct (parameters or gradients) by Transformers' names and layout.
 std::map<std::string, std::vector<float>> in_hf_layout(const DecoderSpec& cfg, const ModelWeights& w) {
@@ -177,23 +163,7 @@ TEST(GptOssMxfp4, Bf16ForwardOfTheDequantisedCheckpointMatchesTransformers) {
 
 // Transformers' greedy generate() (use_cache=True, fp32): the cached path runs the window and the sinks (the longest
 // prompt, 37 tokens, is far past the 4-token window).
-TEST_P(GptOssParity, GreedyGenerationEqualsTransformers) {
-  const fs::path dir = kFixtures / GetParam();
-  const auto g = read_json(dir / "generate.json");
-  CausalLM m = CausalLM::from_pretrained((dir / "ckpt").string(), {DType::F32});
-  const GenerationConfig gc = generation_config_read((dir / "ckpt").string(), m.config.raw);
-  ASSERT_EQ(g["prompts"].size(), g["outputs"].size());
-  ASSERT_FALSE(g["prompts"].empty());
-  for (size_t i = 0; i < g["prompts"].size(); ++i) {
-    SCOPED_TRACE(i);
-    GenerateOptions o;
-    o.max_new_tokens = g.value("max_new_tokens", 12);
-    o.sampling.temperature = 0;
-    o.eos_token_ids = gc.eos_token_ids;
-    const auto r = generate(m.config, m.weights, g["prompts"][i].get<std::vector<int64_t>>(), o);
-    EXPECT_EQ(r.ids, g["outputs"][i].get<std::vector<int64_t>>());
-  }
-}
+TEST_P(GptOssParity, GreedyGenerationEqualsTransformers) { test::expect_greedy_equals_goldens(kFixtures / GetParam()); }
 
 }  // namespace
 }  // namespace mt

@@ -3,11 +3,21 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "io/safetensors.h"
+#include "models/causal_lm.h"
 #include "models/decoder_model.h"
+#include "models/generate.h"
+#include "models/generation_config.h"
 #include "train/adamw.h"
 
 namespace mt::test {
@@ -35,6 +45,74 @@ inline AdamWOptions adamw_options(const nlohmann::json& hp) {
   o.eps = hp["eps"];
   o.weight_decay = hp["weight_decay"];
   return o;
+}
+
+inline std::string read_bytes(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// |a − ref|₂ / |ref|₂
+inline double rel_norm_error(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
+  return m;
+}
+
+// Transformers' greedy generate() goldens (<dir>/generate.json: prompts, outputs, max_new_tokens) against ours on
+// <dir>/ckpt in fp32.
+inline void expect_greedy_equals_goldens(const std::filesystem::path& dir) {
+  const nlohmann::json g = read_json(dir / "generate.json");
+  CausalLM m = CausalLM::from_pretrained((dir / "ckpt").string(), {DType::F32});
+  const GenerationConfig gc = generation_config_read((dir / "ckpt").string(), m.config.raw);
+  ASSERT_EQ(g["prompts"].size(), g["outputs"].size());
+  ASSERT_FALSE(g["prompts"].empty());
+  for (size_t i = 0; i < g["prompts"].size(); ++i) {
+    SCOPED_TRACE(i);
+    GenerateOptions o;
+    o.max_new_tokens = g.value("max_new_tokens", 12);
+    o.sampling.temperature = 0;
+    o.eos_token_ids = gc.eos_token_ids;
+    const auto r = generate(m.config, m.weights, g["prompts"][i].get<std::vector<int64_t>>(), o);
+    EXPECT_EQ(r.ids, g["outputs"][i].get<std::vector<int64_t>>());
+  }
+}
+
+// Load + save of a Transformers-saved checkpoint rewrites its shards and index byte for byte (the source's shard
+// map), and greedy sharding at the generator's 40,000 bytes reproduces save_pretrained's mapping on its own.
+inline void expect_convert_reproduces(const std::filesystem::path& src, const std::string& tag) {
+  namespace fs = std::filesystem;
+  const fs::path out = fs::temp_directory_path() / ("mt_convert_" + tag);
+  fs::remove_all(out);
+  CausalLM::from_pretrained(src.string()).save_pretrained(out.string());
+  for (const auto& e : fs::directory_iterator(src)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("model", 0) != 0) continue;
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(fs::exists(out / name));
+    EXPECT_TRUE(read_bytes(e.path()) == read_bytes(out / name));
+  }
+  EXPECT_EQ(read_bytes(src / "generation_config.json"), read_bytes(out / "generation_config.json"));
+  const fs::path out2 = out.string() + "_greedy";
+  fs::remove_all(out2);
+  SaveOptions so;
+  so.max_shard_bytes = 40000;
+  CausalLM::from_pretrained(src.string()).save_pretrained(out2.string(), so);
+  EXPECT_EQ(read_json(src / "model.safetensors.index.json")["weight_map"],
+            read_json(out2 / "model.safetensors.index.json")["weight_map"]);
+  fs::remove_all(out);
+  fs::remove_all(out2);
 }
 
 }  // namespace mt::test

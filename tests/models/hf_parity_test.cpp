@@ -26,27 +26,9 @@ const fs::path kFixtures = fs::path(MIXTUNE_SOURCE_DIR) / "tests/fixtures/qwen3_
 const char* kVariants[] = {"moe_gqa_aux", "moe_mha_tied_sparse2", "moe_mqa_legacy", "dense_qwen3"};
 const char* kBatches[] = {"plain", "packed", "packed2"};
 
-std::string read_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-double rel_norm_error(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
-  return m;
-}
+using test::max_abs_diff;
+using test::read_bytes;
+using test::rel_norm_error;
 
 class HfParity : public ::testing::TestWithParam<const char*> {};
 
@@ -149,29 +131,7 @@ TEST_P(HfParity, Bf16LossWithinOnePercentOfTransformersBf16) {
 }
 
 TEST_P(HfParity, ConvertRewritesTheSameBytesAndShardMap) {
-  const fs::path src = kFixtures / GetParam() / "ckpt";
-  const fs::path out = fs::temp_directory_path() / (std::string("mt_convert_") + GetParam());
-  fs::remove_all(out);
-  CausalLM::from_pretrained(src.string()).save_pretrained(out.string());
-  // Same shard mapping, so every shard and the index must be byte-identical to Transformers' files.
-  for (const auto& e : fs::directory_iterator(src)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("model", 0) != 0) continue;
-    SCOPED_TRACE(name);
-    ASSERT_TRUE(fs::exists(out / name));
-    EXPECT_TRUE(read_bytes(e.path()) == read_bytes(out / name));
-  }
-  EXPECT_EQ(read_bytes(src / "generation_config.json"), read_bytes(out / "generation_config.json"));
-  // Greedy sharding at the same size reproduces save_pretrained's mapping on its own.
-  const fs::path out2 = out.string() + "_greedy";
-  fs::remove_all(out2);
-  SaveOptions so;
-  so.max_shard_bytes = 40000;
-  CausalLM::from_pretrained(src.string()).save_pretrained(out2.string(), so);
-  EXPECT_EQ(read_json(src / "model.safetensors.index.json")["weight_map"],
-            read_json(out2 / "model.safetensors.index.json")["weight_map"]);
-  fs::remove_all(out);
-  fs::remove_all(out2);
+  test::expect_convert_reproduces(kFixtures / GetParam() / "ckpt", GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, HfParity, ::testing::ValuesIn(kVariants));

@@ -39,13 +39,21 @@ void topk_row(const float* p, int64_t n, int64_t k, int32_t* idx) {
   }
 }
 
-RouterOutput router_forward(const Tensor& logits, int64_t k, bool norm_topk_prob, bool bf16) {
+namespace {
+// Checks logits F32 [T, E] and top-k, and allocates the outputs.
+RouterOutput router_output_for(const Tensor& logits, int64_t k) {
   MT_CHECK(logits.ndim() == 2, "router logits must be [T, E], got {}", logits.desc());
   const int64_t T = logits.dim(0), E = logits.dim(1);
   check_f32(logits, "router logits", {T, E});
   MT_CHECK(k >= 1 && k <= E, "router top-k {} with {} experts", k, E);
-  RouterOutput r{Tensor::empty({T, E}, DType::F32), Tensor::empty({T, k}, DType::I32),
-                 Tensor::empty({T, k}, DType::F32), Tensor::empty({T, k}, DType::F32)};
+  return RouterOutput{Tensor::empty({T, E}, DType::F32), Tensor::empty({T, k}, DType::I32),
+                      Tensor::empty({T, k}, DType::F32), Tensor::empty({T, k}, DType::F32)};
+}
+}  // namespace
+
+RouterOutput router_forward(const Tensor& logits, int64_t k, bool norm_topk_prob, bool bf16) {
+  RouterOutput r = router_output_for(logits, k);
+  const int64_t T = logits.dim(0), E = logits.dim(1);
   float* p = r.probs.data_as<float>();
   softmax_rows_f32(logits.data_as<float>(), T, E, p, false);
   int32_t* idx = r.index.data_as<int32_t>();
@@ -96,12 +104,8 @@ Tensor router_backward(const Tensor& dweights, const RouterOutput& r, bool norm_
 }
 
 RouterOutput router_topk_softmax_forward(const Tensor& logits, int64_t k, bool bf16) {
-  MT_CHECK(logits.ndim() == 2, "router logits must be [T, E], got {}", logits.desc());
+  RouterOutput r = router_output_for(logits, k);
   const int64_t T = logits.dim(0), E = logits.dim(1);
-  check_f32(logits, "router logits", {T, E});
-  MT_CHECK(k >= 1 && k <= E, "router top-k {} with {} experts", k, E);
-  RouterOutput r{Tensor::empty({T, E}, DType::F32), Tensor::empty({T, k}, DType::I32),
-                 Tensor::empty({T, k}, DType::F32), Tensor::empty({T, k}, DType::F32)};
   const float* l = logits.data_as<float>();
   softmax_rows_f32(l, T, E, r.probs.data_as<float>(), false);
   int32_t* idx = r.index.data_as<int32_t>();

@@ -14,6 +14,7 @@
 #include "models/families/families.h"
 #include "models/model_weights.h"
 #include "models/spec/config_reader.h"
+#include "models/spec/config_writer.h"
 
 namespace mt {
 
@@ -204,23 +205,10 @@ int64_t window_of(const DecoderSpec& s) {
 }
 
 json to_json(const DecoderSpec& s) {
-  json j = s.raw.is_object() ? s.raw : json::object();
   const AttentionSpec& a = s.attention.at(0);
   const MoeSpec& m = s.moe.at(0);
-  if (!j.contains("architectures")) j["architectures"] = json::array({s.architecture});
-  j["model_type"] = s.model_type;
-  j["vocab_size"] = s.vocab_size;
-  j["hidden_size"] = s.hidden_size;
+  json j = config_json_common(s, a);
   j["intermediate_size"] = m.expert.intermediate_size;
-  j["num_hidden_layers"] = s.num_layers();
-  j["num_attention_heads"] = a.heads;
-  j["num_key_value_heads"] = a.kv_heads;
-  j["head_dim"] = a.head_dim;
-  j["attention_bias"] = a.qkv_bias;
-  j["tie_word_embeddings"] = s.tie_word_embeddings;
-  j["rms_norm_eps"] = s.norm_eps;
-  j["initializer_range"] = s.initializer_range;
-  j["max_position_embeddings"] = s.max_position_embeddings;
   // v5 canonical spellings of the expert count and top-k.
   j.erase("num_experts");
   j.erase("experts_per_token");
@@ -234,10 +222,7 @@ json to_json(const DecoderSpec& s) {
     types.push_back(s.attention_of(l)->sliding_window > 0 ? "sliding_attention" : "full_attention");
   j["layer_types"] = types;
   // v5 folds rope_theta / rope_scaling into rope_parameters; keep any extra keys it had.
-  json rope = (j.contains("rope_parameters") && j["rope_parameters"].is_object()) ? j["rope_parameters"]
-              : (j.contains("rope_scaling") && j["rope_scaling"].is_object()) ? j["rope_scaling"]
-                                                                                : json::object();
-  rope.erase("type");
+  json rope = config_json_rope_base(j, /*from_legacy=*/true);
   rope["rope_theta"] = a.rope.theta;
   if (a.rope.kind == RopeKind::yarn) {
     rope["rope_type"] = "yarn";
@@ -249,11 +234,7 @@ json to_json(const DecoderSpec& s) {
   } else {
     rope["rope_type"] = "default";
   }
-  j["rope_parameters"] = rope;
-  j.erase("rope_theta");
-  j.erase("rope_scaling");
-  j.erase("torch_dtype");
-  j["dtype"] = std::string(dtype_torch_name(s.dtype));
+  config_json_finish(j, s, rope);
   return j;
 }
 

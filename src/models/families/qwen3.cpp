@@ -11,6 +11,7 @@
 #include "models/families/families.h"
 #include "models/model_weights.h"
 #include "models/spec/config_reader.h"
+#include "models/spec/config_writer.h"
 
 namespace mt {
 
@@ -166,22 +167,9 @@ DecoderSpec parse_qwen3(const FieldReader& r) { return parse(r, /*moe=*/false); 
 DecoderSpec parse_qwen3_moe(const FieldReader& r) { return parse(r, /*moe=*/true); }
 
 json to_json(const DecoderSpec& s) {
-  json j = s.raw.is_object() ? s.raw : json::object();
   const AttentionSpec& a = s.only_attention();
-  if (!j.contains("architectures")) j["architectures"] = json::array({s.architecture});
-  j["model_type"] = s.model_type;
-  j["vocab_size"] = s.vocab_size;
-  j["hidden_size"] = s.hidden_size;
+  json j = config_json_common(s, a);
   j["intermediate_size"] = s.mlp.at(0).intermediate_size;
-  j["num_hidden_layers"] = s.num_layers();
-  j["num_attention_heads"] = a.heads;
-  j["num_key_value_heads"] = a.kv_heads;
-  j["head_dim"] = a.head_dim;
-  j["tie_word_embeddings"] = s.tie_word_embeddings;
-  j["attention_bias"] = a.qkv_bias;
-  j["rms_norm_eps"] = s.norm_eps;
-  j["initializer_range"] = s.initializer_range;
-  j["max_position_embeddings"] = s.max_position_embeddings;
   if (!s.moe.empty()) {
     const MoeSpec& m = s.moe[0];
     // The layer pattern as read (the raw file passed its checks when the spec was parsed).
@@ -199,16 +187,10 @@ json to_json(const DecoderSpec& s) {
     j["router_aux_loss_coef"] = m.aux_loss_coef;
   }
   // v5 folds rope_theta / rope_scaling into rope_parameters; keep any extra keys it had.
-  json rope = (j.contains("rope_parameters") && j["rope_parameters"].is_object()) ? j["rope_parameters"]
-                                                                                  : json::object();
-  rope.erase("type");
+  json rope = config_json_rope_base(j, /*from_legacy=*/false);
   rope["rope_type"] = "default";
   rope["rope_theta"] = a.rope.theta;
-  j["rope_parameters"] = rope;
-  j.erase("rope_theta");
-  j.erase("rope_scaling");
-  j.erase("torch_dtype");
-  j["dtype"] = std::string(dtype_torch_name(s.dtype));
+  config_json_finish(j, s, rope);
   return j;
 }
 
