@@ -8,6 +8,7 @@
 #include "distributed/ep_dispatch_mode.h"
 #include "distributed/ep_row_budget.h"
 #include "io/atomic_file.h"
+#include "models/spec/config_writer.h"
 #include "models/presets.h"
 #include "models/spec/decoder_spec.h"
 #include "train/memory_plan.h"
@@ -39,7 +40,7 @@ void run_plan_only(const BenchArgs& a) {
     j = DecoderSpec::from_file(a.model + "/config.json").to_json();
   else
     j = preset_config_json(a.preset);
-  if (a.layers > 0) j["num_hidden_layers"] = a.layers;
+  if (a.layers > 0) config_json_set_layers(j, a.layers);
   if (a.layers < 0) fail("--layers must be >= 0 (0: all the model's layers), found {}", a.layers);
   if (!(a.device_gib > 0 && a.device_gib < 1e6)) fail("--device-gib must be positive, found {}", a.device_gib);
   if (a.precision != "bf16" && a.precision != "fp32-master")

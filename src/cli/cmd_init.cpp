@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
+#include "models/spec/config_writer.h"
 #include "models/causal_lm.h"
 #include "models/presets.h"
 
@@ -31,7 +32,7 @@ void run_init(const InitArgs& a) {
     j = preset_config_json(a.preset);
     source = "preset " + a.preset;
   }
-  if (a.layers > 0) j["num_hidden_layers"] = a.layers;
+  if (a.layers > 0) config_json_set_layers(j, a.layers);
   DecoderSpec cfg = DecoderSpec::from_json(j, source);
   DType dtype = a.dtype.empty() ? cfg.dtype : parse_param_dtype(a.dtype, "--dtype");
   if (dtype != DType::F32 && dtype != DType::BF16) dtype = DType::F32;

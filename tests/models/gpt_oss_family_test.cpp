@@ -16,6 +16,7 @@
 #include "models/param_table.h"
 #include "models/presets.h"
 #include "models/registry.h"
+#include "models/spec/config_writer.h"
 #include "hf_fixture_util.h"
 
 namespace mt {
@@ -277,6 +278,25 @@ TEST(GptOssFamily, PresetsHaveTheHubSizes) {
     EXPECT_NEAR(static_cast<double>(c.total), w.total, 0.005e9);
     EXPECT_NEAR(static_cast<double>(c.active) - embed, w.active, 0.005e9);
   }
+}
+
+// `--layers N` (init, bench) keeps a preset valid: layer_types cut (or left to the default), mlp_only_layers past N
+// dropped.
+TEST(GptOssFamily, LayerOverrideKeepsPerLayerListsValid) {
+  nlohmann::json j = preset_config_json("gpt-oss-20b");
+  config_json_set_layers(j, 3);
+  const DecoderSpec s = DecoderSpec::from_json(j, "preset");
+  ASSERT_EQ(s.num_layers(), 3);
+  EXPECT_EQ(s.attention_of(0)->sliding_window, 128);
+  EXPECT_EQ(s.attention_of(1)->sliding_window, 0);
+  EXPECT_EQ(s.attention_of(2)->sliding_window, 128);
+  config_json_set_layers(j, 5);  // more than listed: GPT-OSS's default alternation
+  EXPECT_EQ(DecoderSpec::from_json(j, "preset").attention_of(4)->sliding_window, 128);
+  nlohmann::json q = preset_config_json("qwen3-moe-test");
+  q["mlp_only_layers"] = {0, 1};
+  config_json_set_layers(q, 1);
+  EXPECT_EQ(q["mlp_only_layers"], nlohmann::json({0}));
+  EXPECT_FALSE(DecoderSpec::from_json(q, "preset").is_moe_layer(0));
 }
 
 }  // namespace

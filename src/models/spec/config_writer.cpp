@@ -43,4 +43,23 @@ void config_json_finish(json& j, const DecoderSpec& s, json rope) {
   j["dtype"] = std::string(dtype_torch_name(s.dtype));
 }
 
+void config_json_set_layers(json& j, int64_t n) {
+  j["num_hidden_layers"] = n;
+  if (auto it = j.find("layer_types"); it != j.end() && it->is_array()) {
+    if (static_cast<int64_t>(it->size()) < n) {
+      j.erase(it);  // longer than listed: the family's default pattern
+    } else {
+      json cut = json::array();
+      for (int64_t l = 0; l < n; ++l) cut.push_back((*it)[static_cast<size_t>(l)]);
+      *it = cut;
+    }
+  }
+  if (auto it = j.find("mlp_only_layers"); it != j.end() && it->is_array()) {
+    json kept = json::array();
+    for (const json& v : *it)
+      if (!v.is_number_integer() || v.get<int64_t>() < n) kept.push_back(v);
+    *it = kept;
+  }
+}
+
 }  // namespace mt

@@ -20,4 +20,9 @@ void config_json_finish(nlohmann::json& j, const DecoderSpec& s, nlohmann::json 
 // `from_legacy` also `rope_scaling`; an empty object when neither is one.
 nlohmann::json config_json_rope_base(const nlohmann::json& j, bool from_legacy);
 
+// `--layers N` on a config: num_hidden_layers = n, and the per-layer lists cut to the first n layers (layer_types;
+// dropped when it lists fewer, so the family's default pattern applies) and layer indices past n dropped
+// (mlp_only_layers), so the config stays valid for any family.
+void config_json_set_layers(nlohmann::json& j, int64_t n);
+
 }  // namespace mt

@@ -24,6 +24,7 @@
 #include "kernels/cuda/gpu_spin.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/router.h"
+#include "models/spec/config_writer.h"
 #include "models/causal_lm.h"
 #include "models/decoder_costs.h"
 #include "models/presets.h"
@@ -84,7 +85,7 @@ DecoderSpec bench_config(const BenchOptions& o) {
   } else {
     j = preset_config_json(o.preset);
   }
-  if (o.layers > 0) j["num_hidden_layers"] = o.layers;
+  if (o.layers > 0) config_json_set_layers(j, o.layers);
   return DecoderSpec::from_json(j, o.model_dir.empty() ? "preset " + o.preset : o.model_dir);
 }
 
