@@ -250,6 +250,17 @@ TEST(GptOssFamily, ConvertDequantisesMxfp4) {
   const nlohmann::json cfg = read_json(out / "config.json");
   EXPECT_FALSE(cfg.contains("quantization_config"));
   EXPECT_EQ(cfg["dtype"], "bfloat16");
+  // The bf16 checkpoint it wrote converts to itself byte for byte (shards, index, config).
+  const fs::path again = out.string() + "_again";
+  fs::remove_all(again);
+  CausalLM::from_pretrained(out.string()).save_pretrained(again.string());
+  for (const auto& e : fs::directory_iterator(out)) {
+    const std::string name = e.path().filename().string();
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(fs::exists(again / name));
+    EXPECT_TRUE(test::read_bytes(e.path()) == test::read_bytes(again / name));
+  }
+  fs::remove_all(again);
   const SafetensorsFile hf = SafetensorsFile::open((dir / "ckpt_mxfp4_hf_loaded.safetensors").string());
   const SafetensorsFile saved = SafetensorsFile::open((out / "model.safetensors").string());
   EXPECT_EQ(saved.names().size(), hf.names().size());
