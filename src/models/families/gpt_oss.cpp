@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "models/families/families.h"
+#include "models/families/family_params.h"
 #include "models/model_weights.h"
 #include "models/spec/config_reader.h"
 #include "models/spec/config_writer.h"
@@ -253,26 +254,14 @@ ParamTable param_table(const DecoderSpec& s) {
   using W = WeightSlot;
   auto add = [&](std::string name, Shape shape, ParamUse use, int64_t layer, int slot,
                  ParamRole role = ParamRole::replicated, std::optional<ParamInit> init = std::nullopt) {
-    ParamEntry e = param_entry(std::move(name), std::move(shape), use, role);
-    e.layer = layer;
-    e.slot = slot;
-    if (init) e.init = *init;
-    t.add(std::move(e));
+    add_param(t, std::move(name), std::move(shape), use, layer, slot, role, init);
   };
   add("model.embed_tokens.weight", {V, H}, U::embedding, -1, W::embed);
   for (int64_t l = 0; l < s.num_layers(); ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
     if (const AttentionSpec* a = s.attention_of(l)) {
-      const int64_t nq = a->heads * a->head_dim, nkv = a->kv_heads * a->head_dim;
       if (a->sinks) add(p + "self_attn.sinks", {a->heads}, U::sink, l, W::sinks);
-      add(p + "self_attn.q_proj.weight", {nq, H}, U::linear, l, W::q_proj);
-      if (a->qkv_bias) add(p + "self_attn.q_proj.bias", {nq}, U::bias, l, W::q_bias);
-      add(p + "self_attn.k_proj.weight", {nkv, H}, U::linear, l, W::k_proj);
-      if (a->qkv_bias) add(p + "self_attn.k_proj.bias", {nkv}, U::bias, l, W::k_bias);
-      add(p + "self_attn.v_proj.weight", {nkv, H}, U::linear, l, W::v_proj);
-      if (a->qkv_bias) add(p + "self_attn.v_proj.bias", {nkv}, U::bias, l, W::v_bias);
-      add(p + "self_attn.o_proj.weight", {H, nq}, U::linear, l, W::o_proj);
-      if (a->o_bias) add(p + "self_attn.o_proj.bias", {H}, U::bias, l, W::o_bias);
+      add_attention_projections(t, p + "self_attn.", *a, H, l);
     }
     if (const MoeSpec* m = s.moe_of(l)) {
       const int64_t E = m->num_experts, I = m->expert.intermediate_size;

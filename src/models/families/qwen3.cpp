@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "models/families/families.h"
+#include "models/families/family_params.h"
 #include "models/model_weights.h"
 #include "models/spec/config_reader.h"
 #include "models/spec/config_writer.h"
@@ -209,10 +210,7 @@ ParamTable param_table(const DecoderSpec& s) {
   t.tied_embeddings = s.tie_word_embeddings;
   auto add = [&](std::string name, Shape shape, ParamUse use, int64_t layer, int slot,
                  ParamRole role = ParamRole::replicated) {
-    ParamEntry e = param_entry(std::move(name), std::move(shape), use, role);
-    e.layer = layer;
-    e.slot = slot;
-    t.add(std::move(e));
+    add_param(t, std::move(name), std::move(shape), use, layer, slot, role);
   };
   using U = ParamUse;
   using W = WeightSlot;
@@ -221,17 +219,10 @@ ParamTable param_table(const DecoderSpec& s) {
     const std::string p = layer_prefix(l);
     const AttentionSpec* a = s.attention_of(l);
     if (a) {
-      const int64_t D = a->head_dim, nq = a->heads * D, nkv = a->kv_heads * D;
+      const int64_t D = a->head_dim;
       // attention_bias (refused by parse until the CUDA engine has bias kernels; a spec edited in code that asks
       // for biases gets their entries, so its weights are checked for them).
-      add(p + "self_attn.q_proj.weight", {nq, H}, U::linear, l, W::q_proj);
-      if (a->qkv_bias) add(p + "self_attn.q_proj.bias", {nq}, U::bias, l, W::q_bias);
-      add(p + "self_attn.k_proj.weight", {nkv, H}, U::linear, l, W::k_proj);
-      if (a->qkv_bias) add(p + "self_attn.k_proj.bias", {nkv}, U::bias, l, W::k_bias);
-      add(p + "self_attn.v_proj.weight", {nkv, H}, U::linear, l, W::v_proj);
-      if (a->qkv_bias) add(p + "self_attn.v_proj.bias", {nkv}, U::bias, l, W::v_bias);
-      add(p + "self_attn.o_proj.weight", {H, nq}, U::linear, l, W::o_proj);
-      if (a->o_bias) add(p + "self_attn.o_proj.bias", {H}, U::bias, l, W::o_bias);
+      add_attention_projections(t, p + "self_attn.", *a, H, l);
       add(p + "self_attn.q_norm.weight", {D}, U::norm, l, W::q_norm);
       add(p + "self_attn.k_norm.weight", {D}, U::norm, l, W::k_norm);
     }
