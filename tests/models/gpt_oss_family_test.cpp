@@ -131,6 +131,24 @@ TEST(GptOssFamily, HostileConfigsNameTheField) {
   expect_bad("rope_parameters", {{"rope_type", "longrope"}}, "rope_parameters.rope_type");
   expect_bad("rope_parameters", {{"rope_type", "yarn"}, {"factor", -2}}, "rope_parameters.factor");
   expect_bad("rope_parameters", "yarn", "rope_parameters");
+  expect_bad("rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 1.0}}, "rope_parameters.rope_theta");
+  expect_bad("rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 0.5}}, "rope_parameters.rope_theta");
+  {
+    nlohmann::json j = base;
+    j.erase("rope_parameters");
+    j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 8.0}};
+    j["rope_theta"] = 1.0;
+    EXPECT_THROW(
+        {
+          try {
+            DecoderSpec::from_json(j, "cfg.json");
+          } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("cfg.json: field 'rope_theta'"), std::string::npos) << e.what();
+            throw;
+          }
+        },
+        Error);
+  }
   expect_bad("sliding_window", 0, "sliding_window");
   expect_bad("quantization_config", {{"quant_method", "mxfp4"}, {"modules_to_not_convert", {1}}},
              "quantization_config.modules_to_not_convert[0]");

@@ -65,6 +65,8 @@ RopeSpec read_rope(const FieldReader& r, int64_t max_positions) {
       type = t->get<std::string>();
       break;
     }
+  std::string theta_field = "rope_theta";
+  if (field("rope_theta")) theta_field = where + ".rope_theta";
   rope.theta = number("rope_theta", rope.theta, true);
   if (type == "default") {
     rope.kind = RopeKind::standard;
@@ -72,6 +74,9 @@ RopeSpec read_rope(const FieldReader& r, int64_t max_positions) {
   }
   if (type != "yarn")
     r.bad(where + ".rope_type", "unsupported RoPE type", "one of: yarn, default", json_found(std::string(type)));
+  // YaRN's correction range divides by log(theta): a base of 1 or less has no frequencies to interpolate.
+  if (rope.theta <= 1)
+    r.bad(theta_field, "out of range for YaRN", "a number > 1", fmt::format("{}", rope.theta));
   if (const json* o = field("original_max_position_embeddings"))
     rope.original_max_position = r.as_int(where + ".original_max_position_embeddings", *o, 1, kMaxDim);
   else
