@@ -2,25 +2,50 @@
 
 #include <utility>
 
+#include "kernels/cuda/bias.h"
+#include "kernels/cuda/dtype_cast.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
 
 namespace mt {
 
 namespace {
 
 cuda::FlashAttentionShape flash_shape(const CudaBlockEnv& env, const AttentionSpec& spec) {
-  return {env.tokens(), spec.heads, spec.kv_heads, spec.head_dim};
+  cuda::FlashAttentionShape s{env.tokens(), spec.heads, spec.kv_heads, spec.head_dim};
+  s.window = spec.sliding_window;
+  s.scale = static_cast<float>(spec.scale);
+  return s;
 }
 
-// x [T, heads·D] -> rope(rms_norm over each head's D values), one pass
+// y = x·wᵀ (+ b where the spec has biases), one rounding either way.
+void project(const CudaBlockEnv& env, bool bias, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
+  if (bias)
+    cuda::linear_forward_bias(x, w, b, y, env.stream);
+  else
+    cuda::linear_forward(x, w, y, env.stream);
+}
+
+// The sink logits as the flash kernels take them (F32 [heads]; the parameter is BF16), or none.
+Tensor sinks_f32(const CudaBlockEnv& env, const AttentionSpec& spec, const LayerWeights& w) {
+  if (!spec.sinks) return Tensor();
+  Tensor s = Tensor::empty({spec.heads}, DType::F32, env.dev());
+  cuda::cast_async(w.sinks, s, env.stream);
+  return s;
+}
+
+// x [T, heads·D] -> rope(rms_norm over each head's D values) in one pass with the QK-norm, or rope(x) without it.
 Tensor norm_rope(const CudaBlockEnv& env, const AttentionSpec& spec, const Tensor& x, const Tensor& norm_w,
                  int64_t heads) {
   const int64_t T = env.tokens(), D = spec.head_dim;
   const CudaRopeTable& rope = env.batch->rope_table(spec);
   Tensor n = env.bf16({T * heads, D});
-  cuda::rmsnorm_rope_forward(x.view({T * heads, D}), norm_w, env.eps(), rope.cos, rope.sin, n, env.stream);
+  if (spec.qk_norm)
+    cuda::rmsnorm_rope_forward(x.view({T * heads, D}), norm_w, env.eps(), rope.cos, rope.sin, n, env.stream);
+  else
+    cuda::rope_forward(x.view({T * heads, D}), rope.cos, rope.sin, n, env.stream);
   return n.view({T, heads * D});
 }
 
@@ -34,17 +59,17 @@ Tensor attention_block_forward_cuda(const CudaBlockEnv& env, const AttentionSpec
   acts.q = env.bf16({T, Hq * D});
   acts.k = env.bf16({T, Hkv * D});
   acts.v = env.bf16({T, Hkv * D});
-  cuda::linear_forward(a, w.q_proj, acts.q, env.stream);
-  cuda::linear_forward(a, w.k_proj, acts.k, env.stream);
-  cuda::linear_forward(a, w.v_proj, acts.v, env.stream);
+  project(env, spec.qkv_bias, a, w.q_proj, w.q_bias, acts.q);
+  project(env, spec.qkv_bias, a, w.k_proj, w.k_bias, acts.k);
+  project(env, spec.qkv_bias, a, w.v_proj, w.v_bias, acts.v);
   acts.qr = norm_rope(env, spec, acts.q, w.q_norm, Hq);
   acts.kr = norm_rope(env, spec, acts.k, w.k_norm, Hkv);
   acts.o = env.bf16({T, Hq * D});
   acts.lse = Tensor();
   cuda::flash_attention_forward(flash_shape(env, spec), acts.qr, acts.kr, acts.v, env.batch->docs, acts.o, acts.lse,
-                                env.stream);
+                                env.stream, sinks_f32(env, spec, w));
   Tensor y = env.bf16({T, env.cfg->hidden_size});
-  cuda::linear_forward(acts.o, w.o_proj, y, env.stream);
+  project(env, spec.o_bias, acts.o, w.o_proj, w.o_bias, y);
   return y;
 }
 
@@ -59,7 +84,7 @@ void attention_acts_restore(const CudaBlockEnv& env, const AttentionSpec& spec, 
   env.phase(cuda::Phase::attention);
   if (!acts.a.defined()) {
     acts.a = env.bf16({env.tokens(), env.cfg->hidden_size});
-    cuda::rmsnorm_forward(x, w.input_norm, env.eps(), acts.a, nullptr, env.stream);
+    cuda::rmsnorm_forward(x, w.input_norm, env.eps(), acts.a, nullptr, env.stream, env.norm_round_once());
   }
   if (!acts.qr.defined()) acts.qr = norm_rope(env, spec, acts.q, w.q_norm, spec.heads);
   if (!acts.kr.defined()) acts.kr = norm_rope(env, spec, acts.k, w.k_norm, spec.kv_heads);
@@ -74,20 +99,27 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const AttentionSpe
   Tensor d_o = env.bf16({T, Hq * D});
   cuda::linear_backward_input(dy, w.o_proj, d_o, env.stream);
   cuda::linear_backward_weight(dy, acts.o, g.o_proj, env.stream);
+  if (spec.o_bias) cuda::bias_backward(dy, g.o_bias, env.stream);
 
   Tensor dqr, dkr, dv;
-  cuda::FlashDqSums dq_sums;  // the Hopper kernel's fp32 dQ, read by the QK-norm + RoPE backward directly
+  // The Hopper kernel's fp32 dQ, read by the QK-norm + RoPE backward directly (without the QK-norm, RoPE's backward
+  // reads the bf16 dq).
+  cuda::FlashDqSums dq_sums;
   cuda::flash_attention_backward(flash_shape(env, spec), d_o, acts.qr, acts.kr, acts.v, acts.o, acts.lse,
-                                 env.batch->docs, dqr, dkr, dv, env.stream, &dq_sums,
-                                 env.deterministic ? cuda::FlashBwdMode::deterministic : cuda::FlashBwdMode::fast);
+                                 env.batch->docs, dqr, dkr, dv, env.stream, spec.qk_norm ? &dq_sums : nullptr,
+                                 env.deterministic ? cuda::FlashBwdMode::deterministic : cuda::FlashBwdMode::fast,
+                                 sinks_f32(env, spec, w), spec.sinks ? &g.sinks : nullptr);
   d_o = Tensor();
 
-  // Through RoPE (the rotation's transpose) and the QK-norm, back to the projections, one pass.
+  // Through RoPE (the rotation's transpose) and the QK-norm where there is one, back to the projections.
   auto unrope_unnorm = [&](Tensor& dr, const Tensor& pre_norm, const Tensor& norm_w, Tensor& dnorm_w, int64_t heads) {
     Tensor dpre = env.bf16({T, heads * D});
     Tensor dpre_rows = dpre.view({T * heads, D});
-    cuda::rmsnorm_rope_backward(dr.view({T * heads, D}), pre_norm.view({T * heads, D}), norm_w, env.eps(),
-                                rope.cos, rope.sin, dpre_rows, dnorm_w, env.stream);
+    if (spec.qk_norm)
+      cuda::rmsnorm_rope_backward(dr.view({T * heads, D}), pre_norm.view({T * heads, D}), norm_w, env.eps(),
+                                  rope.cos, rope.sin, dpre_rows, dnorm_w, env.stream);
+    else
+      cuda::rope_backward(dr.view({T * heads, D}), rope.cos, rope.sin, dpre_rows, env.stream);
     return dpre;
   };
   Tensor dq;
@@ -108,7 +140,7 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const AttentionSpe
   cuda::linear_backward_input(dq, w.q_proj, da, env.stream, 0.0f);
   cuda::linear_backward_input(dk, w.k_proj, da, env.stream, 1.0f);
   cuda::linear_backward_input(dv, w.v_proj, da, env.stream, 1.0f);
-  AttentionWgradsCuda wg{acts.a, dq, dk, dv};
+  AttentionWgradsCuda wg{acts.a, dq, dk, dv, spec.qkv_bias};
   if (deferred)
     *deferred = std::move(wg);
   else
@@ -121,6 +153,11 @@ void attention_block_wgrads_cuda(const CudaBlockEnv& env, AttentionWgradsCuda& d
   cuda::linear_backward_weight(d.dq, d.a, g.q_proj, env.stream);
   cuda::linear_backward_weight(d.dk, d.a, g.k_proj, env.stream);
   cuda::linear_backward_weight(d.dv, d.a, g.v_proj, env.stream);
+  if (d.bias) {
+    cuda::bias_backward(d.dq, g.q_bias, env.stream);
+    cuda::bias_backward(d.dk, g.k_bias, env.stream);
+    cuda::bias_backward(d.dv, g.v_bias, env.stream);
+  }
   d = {};
 }
 

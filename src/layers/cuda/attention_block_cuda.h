@@ -1,7 +1,8 @@
-// The Qwen3 attention block on the GPU (CPU twin: layers/attention_block.h), given its sublayer spec (heads, head
-// dims; its RoPE table is the batch's for that spec, CudaBatch::rope_table):
-//   a = input_norm(x); q = rope(q_norm(q_proj a)); k = rope(k_norm(k_proj a)); v = v_proj a
-//   y = o_proj(flash_attention(q, k, v))      (the residual add is fused into the next norm)
+// The grouped-query attention block on the GPU (CPU twin: layers/attention_block.h), given its sublayer spec (heads,
+// head dims, options; its RoPE table is the batch's for that spec, CudaBatch::rope_table):
+//   a = input_norm(x); q = rope([q_norm](q_proj a [+ bq])); k = rope([k_norm](k_proj a [+ bk])); v = v_proj a [+ bv]
+//   y = o_proj(flash_attention(q, k, v [, sinks, window, scale])) [+ bo]   (the residual add is fused into the next
+//   norm). QK-norm: Qwen3; biases, sinks and sliding windows: GPT-OSS.
 // Tensors the backward needs live in AttentionActsCuda; the cheap ones (a, qr, kr) may be dropped
 // after the forward and recomputed (selective recompute).
 #pragma once
@@ -13,8 +14,8 @@ namespace mt {
 
 struct AttentionActsCuda {
   Tensor a;       // [T, H]       normalised block input
-  Tensor q, k;    // [T, Hq·D], [T, Hkv·D] projections before the QK-norm
-  Tensor qr, kr;  // after QK-norm and RoPE
+  Tensor q, k;    // [T, Hq·D], [T, Hkv·D] projections (with their biases) before the QK-norm
+  Tensor qr, kr;  // after the QK-norm (where the spec has it) and RoPE
   Tensor v;       // [T, Hkv·D]
   Tensor o;       // [T, Hq·D] attention output
   Tensor lse;     // F32 [Hq, T]
@@ -31,10 +32,11 @@ void attention_acts_restore(const CudaBlockEnv& env, const AttentionSpec& spec, 
 // The q/k/v projections' weight gradients, held back by attention_block_backward_cuda.
 struct AttentionWgradsCuda {
   Tensor a, dq, dk, dv;
+  bool bias = false;  // the projections have biases: their gradients too
 };
 
 // dy BF16 [T, H] (gradient of y) -> da BF16 [T, H] (gradient of the normalised input a); parameter
-// gradients (F32) are added into g (q/k/v/o projections, q/k norms). The input norm's backward is the
+// gradients (F32) are added into g (q/k/v/o projections and biases, q/k norms, sinks). The input norm's backward is the
 // caller's (it fuses the residual gradient). With `deferred`, the q/k/v weight gradients (da does not
 // need them) are left for attention_block_wgrads_cuda, so the caller can queue work that waits for da
 // first (the next expert-parallel exchange) and run them under it.

@@ -26,6 +26,8 @@ struct CudaBlockEnv {
 
   int64_t tokens() const { return batch->tokens(); }
   float eps() const { return static_cast<float>(cfg->norm_eps); }
+  // Every RMSNorm of the model rounds once in bf16 (GPT-OSS) rather than twice (NormRounding).
+  bool norm_round_once() const { return cfg->norm_rounding == NormRounding::gpt_oss; }
   Device dev() const { return Device::cuda(device); }
   Tensor bf16(const Shape& s) const { return Tensor::empty(s, DType::BF16, dev()); }
   void phase(cuda::Phase p) const { timer->mark(p, stream); }

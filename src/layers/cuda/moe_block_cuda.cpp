@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/cuda/bias.h"
 #include "kernels/cuda/ep_row_watch.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/swiglu.h"
+#include "kernels/cuda/swiglu_oai.h"
 
 namespace mt {
 
@@ -21,6 +23,29 @@ bool ep_gathers(const CudaBlockEnv& env) {
   return env.ep && env.ep->mode() == EpDispatchMode::all_gather && env.ep_gather;
 }
 
+// The experts' activation on the packed gate | up rows: SwiGLU (Qwen3-MoE) or the clamped form (GPT-OSS).
+void activation_forward(const MoeSpec& spec, const Tensor& gu, Tensor& h, cudaStream_t stream) {
+  if (spec.expert.activation == Activation::swiglu_oai)
+    cuda::swiglu_oai_forward(gu, nullptr, h, stream);
+  else
+    cuda::swiglu_forward(gu, nullptr, h, stream);
+}
+void activation_backward(const MoeSpec& spec, const Tensor& dh, const Tensor& gu, Tensor& dgu, cudaStream_t stream) {
+  if (spec.expert.activation == Activation::swiglu_oai)
+    cuda::swiglu_oai_backward(dh, gu, nullptr, dgu, nullptr, stream);
+  else
+    cuda::swiglu_backward(dh, gu, nullptr, dgu, nullptr, stream);
+}
+
+// Routing from the router logits: softmax over all experts then top-k (Qwen3-MoE), or top-k of the logits then a
+// softmax over those k (GPT-OSS).
+cuda::RouterResult route(const MoeSpec& spec, const Tensor& logits, cuda::AuxStats* stats, cudaStream_t stream) {
+  if (spec.router.score == RouterScore::topk_softmax)
+    return cuda::router_topk_softmax_forward(logits, spec.experts_per_token, /*bf16=*/true, stats, stream);
+  return cuda::router_forward(logits, spec.experts_per_token, spec.router.norm_topk_prob, /*bf16=*/true, stats,
+                              stream);
+}
+
 }  // namespace
 
 Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, const LayerWeights& w, const Tensor& n,
@@ -30,9 +55,11 @@ Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, cons
   env.phase(cuda::Phase::dispatch);
   acts.n = n;
   acts.logits = env.bf16({T, E});
-  cuda::linear_forward(n, w.router, acts.logits, env.stream);
-  acts.route =
-      cuda::router_forward(acts.logits, K, spec.router.norm_topk_prob, /*bf16=*/true, stats, env.stream);
+  if (spec.router.linear_bias)
+    cuda::linear_forward_bias(n, w.router, w.router_bias, acts.logits, env.stream);
+  else
+    cuda::linear_forward(n, w.router, acts.logits, env.stream);
+  acts.route = route(spec, acts.logits, stats, env.stream);
   if (cuda::balanced_routing_probe()) cuda::router_force_balanced(acts.route, E, env.stream);  // bench probe only
   if (const int every = cuda::routing_fault_probe())  // test probe only
     cuda::router_inject_fault(acts.route, acts.logits, every, env.stream);
@@ -76,10 +103,12 @@ Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, cons
   env.phase(cuda::Phase::experts);
   acts.gu = env.bf16({N, 2 * I});
   cuda::grouped_gemm_forward(acts.xg, w.experts_gate_up, acts.expert_offsets, acts.gu, env.stream);
+  if (spec.expert.bias) cuda::grouped_bias_add(acts.gu, w.experts_gate_up_bias, acts.expert_offsets, env.stream);
   acts.h = env.bf16({N, I});
-  cuda::swiglu_forward(acts.gu, nullptr, acts.h, env.stream);
+  activation_forward(spec, acts.gu, acts.h, env.stream);
   acts.yd = env.bf16({N, H});
   cuda::grouped_gemm_forward(acts.h, w.experts_down, acts.expert_offsets, acts.yd, env.stream);
+  if (spec.expert.bias) cuda::grouped_bias_add(acts.yd, w.experts_down_bias, acts.expert_offsets, env.stream);
   if (ep_gathers(env)) {
     env.phase(cuda::Phase::dispatch);
     Tensor partial = env.bf16({acts.n_all.dim(0), H});
@@ -111,7 +140,7 @@ void moe_acts_restore(const CudaBlockEnv& env, const MoeSpec& spec, const LayerW
   env.phase(cuda::Phase::other);
   if (!acts.n.defined()) {
     acts.n = env.bf16({T, H});
-    cuda::rmsnorm_forward(x, w.post_norm, env.eps(), acts.n, nullptr, env.stream);
+    cuda::rmsnorm_forward(x, w.post_norm, env.eps(), acts.n, nullptr, env.stream, env.norm_round_once());
   }
   env.phase(cuda::Phase::dispatch);
   if (!acts.xg.defined() && acts.n_all.defined()) {
@@ -123,7 +152,7 @@ void moe_acts_restore(const CudaBlockEnv& env, const MoeSpec& spec, const LayerW
   env.phase(cuda::Phase::experts);
   if (!acts.h.defined()) {
     acts.h = env.bf16({acts.gu.dim(0), I});
-    cuda::swiglu_forward(acts.gu, nullptr, acts.h, env.stream);
+    activation_forward(spec, acts.gu, acts.h, env.stream);
   }
 }
 
@@ -169,9 +198,11 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, con
   Tensor dh = env.bf16({N, I});
   cuda::grouped_gemm_dgrad(dyd, w.experts_down, acts.expert_offsets, dh, env.stream);
   wgrad(ExpertWgradPasses::down, dyd, acts.h, g.experts_down);
+  if (spec.expert.bias) cuda::grouped_bias_backward(dyd, acts.expert_offsets, g.experts_down_bias, env.stream);
   dyd = Tensor();
   Tensor dgu = env.bf16({N, 2 * I});
-  cuda::swiglu_backward(dh, acts.gu, nullptr, dgu, nullptr, env.stream);
+  activation_backward(spec, dh, acts.gu, dgu, env.stream);
+  if (spec.expert.bias) cuda::grouped_bias_backward(dgu, acts.expert_offsets, g.experts_gate_up_bias, env.stream);
   dh = Tensor();
   Tensor dxg = env.bf16({N, H});
   cuda::grouped_gemm_dgrad(dgu, w.experts_gate_up, acts.expert_offsets, dxg, env.stream);
@@ -208,8 +239,12 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, con
     dxg = Tensor();
   }
   Tensor dlogits = env.bf16({T, E});
-  cuda::router_backward(dweights, acts.logits, acts.route, spec.router.norm_topk_prob, aux_dp, /*bf16=*/true,
-                        dlogits, env.stream);
+  if (spec.router.score == RouterScore::topk_softmax)
+    cuda::router_topk_softmax_backward(dweights, acts.logits, acts.route, aux_dp, /*bf16=*/true, dlogits, env.stream);
+  else
+    cuda::router_backward(dweights, acts.logits, acts.route, spec.router.norm_topk_prob, aux_dp, /*bf16=*/true,
+                          dlogits, env.stream);
+  if (spec.router.linear_bias) cuda::bias_backward(dlogits, g.router_bias, env.stream);
   cuda::linear_backward_input(dlogits, w.router, dn, env.stream, 1.0f);
   cuda::linear_backward_weight(dlogits, acts.n, g.router, env.stream);
   return dn;

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/rope.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/rope.h"
@@ -67,11 +68,18 @@ CudaBatch cuda_batch_upload(const DecoderSpec& cfg, const Batch& b, int device, 
   const Tensor positions = cuda::to_device(batch_positions(b).view({T}), device);
   for (const AttentionSpec& a : cfg.attention) {
     if (find_table(g.rope_tables, a)) continue;  // identical configurations share one table
-    if (a.rope.kind != RopeKind::standard || a.rope.interleaved || a.rope.rotary_dim != 0)
-      fail("config: the CUDA batch has RoPE tables for the default half-split RoPE only");
-    CudaRopeTable t{a.rope, a.head_dim, Tensor::empty({T, a.head_dim / 2}, DType::F32, Device::cuda(device)),
+    const RopeSpec& r = a.rope;
+    if ((r.kind != RopeKind::standard && r.kind != RopeKind::yarn) || r.interleaved || r.rotary_dim != 0)
+      fail("config: the CUDA batch has RoPE tables for the half-split RoPE (default or YaRN) only");
+    CudaRopeTable t{r, a.head_dim, Tensor::empty({T, a.head_dim / 2}, DType::F32, Device::cuda(device)),
                     Tensor::empty({T, a.head_dim / 2}, DType::F32, Device::cuda(device))};
-    cuda::rope_tables(positions, a.head_dim, a.rope.theta, /*bf16=*/true, t.cos, t.sin, ctx.stream);
+    if (r.kind == RopeKind::yarn)  // the frequencies as the CPU reference computes them (layers/rope_table_set.cpp)
+      cuda::rope_tables(positions,
+                        cpu::rope_yarn_inv_freq(a.head_dim, r.theta, r.factor, r.beta_fast, r.beta_slow,
+                                                r.original_max_position, r.truncate),
+                        static_cast<float>(r.attention_factor), /*bf16=*/true, t.cos, t.sin, ctx.stream);
+    else
+      cuda::rope_tables(positions, a.head_dim, r.theta, /*bf16=*/true, t.cos, t.sin, ctx.stream);
     g.rope_tables.push_back(std::move(t));
   }
   const Tensor doc_ids = document_mask ? batch_document_ids(b) : Tensor();

@@ -94,7 +94,7 @@ Tensor layer_forward(const CudaBlockEnv& env, const LayerWeights& L, Tensor x, T
     if (i > 0) {
       env.phase(Phase::other);
       Tensor xi = env.bf16(x.shape()), ai = env.bf16(x.shape());
-      cuda::rmsnorm_residual_forward(y, x, norm_before(L, subs[i]), env.eps(), xi, ai, nullptr, env.stream);
+      cuda::rmsnorm_residual_forward(y, x, norm_before(L, subs[i]), env.eps(), xi, ai, nullptr, env.stream, env.norm_round_once());
       x = xi, a = ai;
     }
     y = sublayer_forward(env, subs[i], L, x, a, stats, acts.subs[i]);
@@ -127,7 +127,7 @@ void sublayer_restore(const CudaBlockEnv& env, const Sublayer& s, const LayerWei
       if (!acts.mlp.n.defined()) {  // the norm before the block is the caller's
         env.phase(Phase::other);
         acts.mlp.n = env.bf16(acts.x.shape());
-        cuda::rmsnorm_forward(acts.x, L.post_norm, env.eps(), acts.mlp.n, nullptr, env.stream);
+        cuda::rmsnorm_forward(acts.x, L.post_norm, env.eps(), acts.mlp.n, nullptr, env.stream, env.norm_round_once());
       }
       mlp_acts_restore(env, mlp_dims(c, s), acts.mlp);
       return;
@@ -144,7 +144,7 @@ void layer_restore(const CudaBlockEnv& env, const LayerWeights& L, LayerActs& ac
     env.phase(Phase::other);
     const Tensor x = acts.subs.front().x;
     Tensor a = env.bf16(x.shape());
-    cuda::rmsnorm_forward(x, norm_before(L, subs.front()), env.eps(), a, nullptr, env.stream);
+    cuda::rmsnorm_forward(x, norm_before(L, subs.front()), env.eps(), a, nullptr, env.stream, env.norm_round_once());
     layer_forward(env, L, x, a, nullptr, acts);  // same routing: every kernel is deterministic
     return;
   }
@@ -187,7 +187,7 @@ StreamEnd run_layers(const CudaBlockEnv& env, const ModelWeights& w, const CudaB
   params.fetch(0);  // layer 0's first norm (the head's final norm without layers)
   params.release(ParamResidency::kEmbedding, false);  // the embedding backward reads no parameter
   Tensor a = env.bf16({T, H});
-  cuda::rmsnorm_forward(x, norm_entering(c, w, 0), env.eps(), a, nullptr, env.stream);
+  cuda::rmsnorm_forward(x, norm_entering(c, w, 0), env.eps(), a, nullptr, env.stream, env.norm_round_once());
   for (int64_t l = 0; l < nl; ++l) {
     LayerActs local;
     LayerActs& acts = keep ? (*keep)[l] : local;
@@ -200,7 +200,7 @@ StreamEnd run_layers(const CudaBlockEnv& env, const ModelWeights& w, const CudaB
     const Tensor x_last = acts.subs.back().x;  // the last sublayer's input
     x = env.bf16({T, H});
     a = env.bf16({T, H});
-    cuda::rmsnorm_residual_forward(y, x_last, norm_entering(c, w, l + 1), env.eps(), x, a, nullptr, env.stream);
+    cuda::rmsnorm_residual_forward(y, x_last, norm_entering(c, w, l + 1), env.eps(), x, a, nullptr, env.stream, env.norm_round_once());
     if (keep) layer_release(acts, rc);
     params.release(l, keep != nullptr);
   }
@@ -256,26 +256,26 @@ void head_loss(const CudaBlockEnv& env, const Tensor& xf, const Tensor& head, co
 }  // namespace
 
 std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
-  // What the CPU engine runs and the CUDA kernels do not yet (GPT-OSS's parts).
-  if (c.norm_rounding != NormRounding::qwen) return "the RMSNorm rounding rule of this architecture has no CUDA kernel";
+  // What the CPU engine runs and the CUDA kernels do not yet.
   // The configurations the layers run (a declared one no layer uses, such as Qwen3-MoE's mlp[0] without dense
   // layers, is not checked).
   for (int64_t l = 0; l < c.num_layers(); ++l)
     for (const Sublayer& s : sublayers_of(c, l)) {
       const size_t k = static_cast<size_t>(s.index);
       if (s.kind == SublayerKind::attention) {
-        const AttentionSpec& a = c.attention[k];
-        if (a.qkv_bias || a.o_bias || a.sinks || a.sliding_window > 0 || !a.qk_norm || a.scale != 0 ||
-            a.rope.kind != RopeKind::standard)
-          return "attention with biases, sinks, a sliding window, YaRN, a given scale or without QK-norm has no "
-                 "CUDA kernels yet";
+        const RopeSpec& r = c.attention[k].rope;
+        if ((r.kind != RopeKind::standard && r.kind != RopeKind::yarn) || r.interleaved || r.rotary_dim != 0)
+          return "attention without RoPE, or with interleaved or partial RoPE, has no CUDA kernels yet";
       }
       if (s.kind == SublayerKind::moe) {
         const MoeSpec& m = c.moe[k];
-        if (m.expert.bias || m.expert.activation != Activation::swiglu || m.router.score != RouterScore::softmax_topk ||
-            m.router.linear_bias)
-          return "experts with biases or the clamped SwiGLU, or a top-k-softmax router, have no CUDA kernels yet";
+        if (m.expert.activation != Activation::swiglu && m.expert.activation != Activation::swiglu_oai)
+          return "experts with this activation have no CUDA kernel yet";
+        if (m.router.score != RouterScore::softmax_topk && m.router.score != RouterScore::topk_softmax)
+          return "this router (sigmoid group-limited top-k) has no CUDA kernel yet";
       }
+      if (s.kind == SublayerKind::mlp && (c.mlp[k].bias || c.mlp[k].activation != Activation::swiglu))
+        return "a dense MLP with biases or an activation other than SwiGLU has no CUDA kernels yet";
       if (s.kind == SublayerKind::attention && !cuda::flash_attention_head_dim_supported(c.attention[k].head_dim))
         return fmt::format("head_dim {} has no flash-attention kernel ({})", c.attention[k].head_dim,
                            cuda::flash_attention_head_dims());

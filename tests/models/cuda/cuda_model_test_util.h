@@ -1,12 +1,26 @@
 // Shared by the CUDA model tests: host weights copied to GPU 0, zero gradient buffers there, a micro-batch with
-// packed documents and ignored labels, and the per-gradient comparison of two models' gradients.
+// packed documents and ignored labels, the per-gradient comparison of two models' gradients, and one AdamW step
+// against a Transformers fixture's.
 #pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "../../kernels/cuda/error_report.h"
+#include "../../kernels/cuda/cuda_test_util.h"
+#include "../hf_fixture_util.h"
+#include "io/safetensors.h"
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
+#include "models/causal_lm.h"
+#include "models/cuda/cuda_batch.h"
+#include "models/cuda/decoder_cuda_model.h"
 #include "models/decoder_model.h"
 #include "models/model_weights.h"
 #include "models/spec/decoder_spec.h"
@@ -59,11 +73,13 @@ struct GradLimit {
   double max_norm, rel_l2;
 };
 
-// A gradient's limits against the CPU bf16 model: `base`, or for a router weight (mlp.gate.weight) 0.1 max-norm /
+// A gradient's limits against the CPU bf16 model: `base`, or for a router weight (mlp.gate.weight; GPT-OSS's
+// mlp.router.weight and .bias) 0.1 max-norm /
 // 0.06 rel-L2: its gradient goes through the routing-weight dot products over H and the softmax Jacobian of bf16
 // logits, the noisiest (CudaHfFixture.MqaLegacyGradientsMatchCpuBf16).
 inline GradLimit router_limit(const std::string& name, GradLimit base) {
-  return name.find(".mlp.gate.") != std::string::npos ? GradLimit{0.1, 0.06} : base;
+  const bool router = name.find(".mlp.gate.") != std::string::npos || name.find(".mlp.router.") != std::string::npos;
+  return router ? GradLimit{0.1, 0.06} : base;
 }
 
 // Every gradient of `got` against the same-named one of `want` (the same parameter table; each on the device or
@@ -92,5 +108,70 @@ inline void expect_gradients_near(const ModelWeights& got, const ModelWeights& w
                                   const std::string& what = "gradient") {
   expect_gradients_near(got, want, [l](size_t, const std::string&) { return l; }, what);
 }
+
+// One training step end to end against Transformers: the CUDA model's bf16 gradients on the plain batch,
+// then CudaAdamW with fp32 masters (started from the checkpoint's fp32 weights, as `model.dtype: float32`
+// runs on CUDA), against the parameters after torch.optim.AdamW's step on Transformers' fp32 gradients
+// (after_adamw.safetensors, settings in meta.json). Adam's first step moves a weight by lr·g/(|g| + eps),
+// i.e. by ±lr for any gradient well above eps, so an element whose gradient sign agrees gets torch's
+// update to fp32 rounding, and one whose sign the bf16 noise flips (gradients near zero) is off by up to
+// 2·lr. Elements with |g| >= half the tensor's gradient RMS are held to 1e-5 (at most 0.5% of them may
+// flip: bf16 gradients are ~1e-2 rel-L2 from fp32 ones); every other element to 2·lr + 1e-5. At least a
+// fifth of all elements must be in the first group, so the check cannot pass on zero gradients.
+inline void expect_one_cuda_adamw_step_matches(const std::filesystem::path& vdir) {
+  const AdamWOptions o = adamw_options(read_json(vdir / "meta.json")["adamw_one_step"]);
+  CausalLM m32 = CausalLM::from_pretrained((vdir / "ckpt").string(), {DType::F32});
+  CausalLM m16 = CausalLM::from_pretrained((vdir / "ckpt").string(), {DType::BF16});
+  ModelWeights dev_w = to_device_weights(m16.weights);
+  SafetensorsFile io = SafetensorsFile::open((vdir / "plain.safetensors").string());
+  DecoderCudaModel model(m16.config, dev_w, 0);
+  const CudaBatch gb = cuda_batch_upload(m16.config, load_batch(io), 0);
+  ModelWeights grads = device_zeros_like(m16.config);
+  model.forward_backward(gb, grads, static_cast<double>(gb.target_count));
+
+  cuda::CudaAdamWOptions co;
+  co.hyper = o;
+  co.bf16_master = true;
+  const cudaStream_t stream = cuda::device_context(0).stream;
+  cuda::CudaAdamW opt(dev_w.named_parameters(), co, nullptr, stream);  // torch's AdamW here decays everything
+  auto host32 = m32.weights.named_parameters();
+  auto state = opt.named_state();
+  size_t masters = 0;
+  for (auto& [name, t] : state)
+    for (auto& [pname, hp32] : host32)
+      if (name == pname + ".master") cuda::copy_host_to_device(*t, *hp32), ++masters;
+  ASSERT_EQ(masters, host32.size());
+  std::vector<const Tensor*> g;
+  for (auto& [name, t] : grads.named_parameters()) g.push_back(t);
+  opt.step(g, o.lr, nullptr, stream);
+
+  SafetensorsFile after = SafetensorsFile::open((vdir / "after_adamw.safetensors").string());
+  int64_t total = 0, well = 0, flipped = 0;
+  for (auto& [name, t] : opt.named_state()) {
+    if (name.size() < 7 || name.substr(name.size() - 7) != ".master") continue;
+    const std::string pname = name.substr(0, name.size() - 7);
+    SCOPED_TRACE(pname);
+    const std::vector<float> got = device_floats(*t), want = after.tensor(pname).to_floats();
+    const std::vector<float> gref = io.tensor("grad." + pname).to_floats();
+    ASSERT_EQ(got.size(), want.size());
+    double ss = 0;
+    for (float v : gref) ss += double(v) * v;
+    const double rms = std::sqrt(ss / std::max<size_t>(gref.size(), 1));
+    for (size_t i = 0; i < got.size(); ++i, ++total) {
+      const double d = std::fabs(double(got[i]) - want[i]);
+      ASSERT_LE(d, 2 * o.lr + 1e-5) << "element " << i << ": " << got[i] << " vs " << want[i];
+      if (rms > 0 && std::fabs(gref[i]) >= 0.5 * rms) {
+        ++well;
+        flipped += d > 1e-5;
+      }
+    }
+  }
+  EXPECT_GE(well * 5, total) << well << " of " << total << " elements have a gradient above half their RMS";
+  EXPECT_LE(flipped * 200, well) << flipped << " of " << well << " well-conditioned elements differ by more than 1e-5";
+  if (std::getenv("MT_PRINT_ERRORS"))
+    std::printf("[ error    ] one step: %lld of %lld well-conditioned elements off by > 1e-5 (%lld elements)\n",
+                static_cast<long long>(flipped), static_cast<long long>(well), static_cast<long long>(total));
+}
+
 
 }  // namespace mt::test

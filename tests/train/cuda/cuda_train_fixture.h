@@ -1,6 +1,8 @@
 // The CUDA training tests' model and data: a small MoE (head_dim 64 for the flash-attention kernels,
-// 8 experts), or with `dense` a dense Qwen3 of the same attention (intermediate_size 256), saved as an F32 checkpoint, 64 pre-tokenized examples with a learnable pattern (each
-// sequence counts up from a random start), a recipe writer and the metrics reader.
+// 8 experts), or a dense Qwen3 of the same attention (intermediate_size 256), or a GPT-OSS of the same size (biases,
+// sinks, a 16-token window on every other layer, YaRN, the clamped experts), saved as an F32 checkpoint; 64
+// pre-tokenized examples with a learnable pattern (each sequence counts up from a random start), a recipe writer and
+// the metrics reader.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -17,7 +19,33 @@
 
 namespace mt {
 
-inline void write_model_and_data(const io_test::ScratchDir& dir, bool dense = false) {
+enum class TrainModel { qwen3_moe, dense_qwen3, gpt_oss };
+
+inline nlohmann::json gpt_oss_train_config() {
+  nlohmann::json j = preset_config_json("gpt-oss-20b");
+  j["vocab_size"] = 512;
+  j["hidden_size"] = 128;
+  j["intermediate_size"] = 64;
+  j["head_dim"] = 64;
+  j["num_attention_heads"] = 4;
+  j["num_key_value_heads"] = 2;
+  j["num_hidden_layers"] = 2;
+  j["num_local_experts"] = 8;
+  j["num_experts_per_tok"] = 2;
+  j["experts_per_token"] = 2;
+  j["layer_types"] = {"sliding_attention", "full_attention"};
+  j["sliding_window"] = 16;
+  j["output_router_logits"] = true;
+  j["router_aux_loss_coef"] = 0.01;
+  j["initializer_range"] = 0.05;
+  j["eos_token_id"] = 2;
+  j["pad_token_id"] = 0;
+  j["dtype"] = "float32";
+  return j;
+}
+
+inline void write_model_and_data(const io_test::ScratchDir& dir, TrainModel kind = TrainModel::qwen3_moe) {
+  const bool dense = kind == TrainModel::dense_qwen3;
   nlohmann::json j = preset_config_json("qwen3-moe-test");
   j["hidden_size"] = 128;
   j["head_dim"] = 64;
@@ -35,6 +63,7 @@ inline void write_model_and_data(const io_test::ScratchDir& dir, bool dense = fa
                           "mlp_only_layers", "norm_topk_prob", "output_router_logits", "router_aux_loss_coef"})
       j.erase(k);
   }
+  if (kind == TrainModel::gpt_oss) j = gpt_oss_train_config();
   CausalLM lm = CausalLM::from_config(DecoderSpec::from_json(j, "test"), DType::F32, 3);
   lm.save_pretrained(dir.file("model"));
   std::ofstream out(dir.file("train.jsonl"));

@@ -32,10 +32,11 @@ namespace {
 
 using Quiet = test::QuietLog;
 
-// dense: a dense Qwen3 (every layer the dense MLP block, layers/cuda/mlp_block_cuda.h) instead of the MoE.
-void expect_bf16_tracks_cpu_fp32(bool dense) {
+// dense_qwen3: every layer the dense MLP block (layers/cuda/mlp_block_cuda.h); gpt_oss: GPT-OSS's attention
+// (biases, sinks, sliding window, YaRN) and experts (biases, clamped SwiGLU, top-k-softmax router).
+void expect_bf16_tracks_cpu_fp32(TrainModel kind) {
   io_test::ScratchDir dir;
-  write_model_and_data(dir, dense);
+  write_model_and_data(dir, kind);
   Quiet q;
   finetune(recipe(dir, "cpu", {}), q.options());
   finetune(recipe(dir, "gpu", {"model.dtype=bfloat16", "train.device=cuda"}), q.options());
@@ -55,18 +56,27 @@ void expect_bf16_tracks_cpu_fp32(bool dense) {
   // The final checkpoint loads and is bf16.
   CausalLM back = CausalLM::from_pretrained((dir.path / "gpu" / "final").string());
   EXPECT_EQ(back.weights.embed.dtype(), DType::BF16);
-  EXPECT_EQ(back.config.architecture, dense ? "Qwen3ForCausalLM" : "Qwen3MoeForCausalLM");
+  EXPECT_EQ(back.config.architecture, kind == TrainModel::dense_qwen3 ? "Qwen3ForCausalLM"
+                                      : kind == TrainModel::gpt_oss   ? "GptOssForCausalLM"
+                                                                      : "Qwen3MoeForCausalLM");
 }
 
 TEST(CudaTrainer, Bf16TracksCpuFp32LossCurveOver50Steps) {
   MT_SKIP_WITHOUT_CUDA();
-  expect_bf16_tracks_cpu_fp32(false);
+  expect_bf16_tracks_cpu_fp32(TrainModel::qwen3_moe);
 }
 
 // The same for a dense Qwen3 (same limits: the bf16 noise is the same kind, without routing).
 TEST(CudaTrainer, DenseQwen3Bf16TracksCpuFp32LossCurveOver50Steps) {
   MT_SKIP_WITHOUT_CUDA();
-  expect_bf16_tracks_cpu_fp32(true);
+  expect_bf16_tracks_cpu_fp32(TrainModel::dense_qwen3);
+}
+
+// The same for GPT-OSS (same limits: its extra parts add bf16 rounding of the same kind; the CPU engine runs it in
+// fp32 HF-exact, tests/models/gpt_oss_parity_test.cpp).
+TEST(CudaTrainer, GptOssBf16TracksCpuFp32LossCurveOver50Steps) {
+  MT_SKIP_WITHOUT_CUDA();
+  expect_bf16_tracks_cpu_fp32(TrainModel::gpt_oss);
 }
 
 TEST(CudaTrainer, Float32ModelSavesFp32MastersAndResumes) {
