@@ -25,7 +25,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_baseline import PEAK_989, qwen3_flops_per_token  # noqa: E402  (pure-Python part of that file)
+from hf_baseline import PEAK_989, preset_flops_per_token  # noqa: E402  (pure-Python part of that file)
 
 GIB = float(1 << 30)
 
@@ -142,8 +142,9 @@ def status_text(rec):
 
 def workload(rec):
     m = rec.get("model") or {}
-    return {"layers": m.get("layers"), "seq": rec.get("seq"), "micro_batch": rec.get("micro_batch"),
-            "grad_accum": rec.get("grad_accum"), "steps": rec.get("steps"), "warmup": rec.get("warmup")}
+    return {"preset": m.get("preset") or None, "layers": m.get("layers"), "seq": rec.get("seq"),
+            "micro_batch": rec.get("micro_batch"), "grad_accum": rec.get("grad_accum"), "steps": rec.get("steps"),
+            "warmup": rec.get("warmup")}
 
 
 def workload_text(rec, with_precision=True):
@@ -154,7 +155,8 @@ def workload_text(rec, with_precision=True):
              f"recompute {rec.get('recompute')}" if rec.get("recompute") and with_precision else None,
              f"router {rec.get('router')}" if rec.get("router") else None,
              f"prompt {rec['prompt_fraction']:.0%} unlabelled" if rec.get("prompt_fraction") else None]
-    parts = [f"{w['layers']} layers" if w["layers"] is not None else None,
+    parts = [f"{w['preset']} slice" if w["preset"] else None,
+             f"{w['layers']} layers" if w["layers"] is not None else None,
              f"seq {w['seq']}" if w["seq"] is not None else None,
              f"mbs {w['micro_batch']}" if w["micro_batch"] is not None else None,
              f"grad-accum {w['grad_accum']}" if w["grad_accum"] is not None else None,
@@ -242,7 +244,7 @@ def consistency_notes(m, h):
     notes = []
     if status(m) == "ok" and status(h) == "ok":
         wm, wh = workload(m), workload(h)
-        for k in ("layers", "seq", "micro_batch", "grad_accum"):
+        for k in ("preset", "layers", "seq", "micro_batch", "grad_accum"):
             if wm[k] != wh[k]:
                 notes.append(f"workloads differ: {k} {wm[k]} vs {wh[k]}")
         fm, fh = num(m, "flops_per_token"), num(h, "flops_per_token")
@@ -251,11 +253,11 @@ def consistency_notes(m, h):
     for rec in (m, h):
         layers, seq = workload(rec)["layers"], rec.get("seq")
         f = num(rec, "flops_per_token")
-        if (rec.get("model") or {}).get("preset") == "qwen3-30b-a3b" and f and layers and seq:
-            want = qwen3_flops_per_token(layers, seq)
-            if abs(f - want) > 1e-3 * want:
-                notes.append(f"{tool_label(rec)} reports {f:.4g} FLOP/token; the formula gives {want:.4g} "
-                             f"(router excluded)")
+        want = preset_flops_per_token((rec.get("model") or {}).get("preset"), layers, seq) \
+            if f and layers and seq else None
+        if want and abs(f - want) > 1e-3 * want:
+            notes.append(f"{tool_label(rec)} reports {f:.4g} FLOP/token; the formula gives {want:.4g} "
+                         f"(router excluded)")
     return notes
 
 
@@ -407,8 +409,9 @@ def search_ratio_text(m, h):
 def search_config_lines(label, rec):
     out = []
     steps = f"{rec.get('warmup')} warm-up + {rec.get('steps')} timed step(s)"
-    head = (f"{label}: {rec.get('layers')} layers, micro-batch 1, grad-accum 1, {steps} per try, each try a fresh "
-            f"process; extra flags: {' '.join(rec.get('extra_args') or []) or 'none'}")
+    model = f"{rec['preset']} slice, " if rec.get("preset") else ""
+    head = (f"{label}: {model}{rec.get('layers')} layers, micro-batch 1, grad-accum 1, {steps} per try, each try a "
+            f"fresh process; extra flags: {' '.join(rec.get('extra_args') or []) or 'none'}")
     if rec.get("alloc_conf"):
         head += f"; PYTORCH_ALLOC_CONF {rec['alloc_conf']}"
     if rec.get("device_total_bytes"):
@@ -600,8 +603,9 @@ def markdown_report(d, title, now=None):
         out += [""] + [f"* NOTE: {n}" for n in notes]
     if not d["longest"]:
         out += ["", "FLOPs per token: 6 × matmul params (q/k/v/o + top-k experts, router excluded) + 6·S·Hq·D "
-                    "causal attention per layer + 6·V·H LM head; MFU = model TFLOP/s ÷ the dense bf16 GEMM "
-                    "8192³ rate measured in the same process (and ÷ 989)."]
+                    "causal attention per layer (a sliding-window layer of W keys: 12·P·Hq·D over its "
+                    "P = (2SW − W²)/2S visible keys per query) + 6·V·H LM head; MFU = model TFLOP/s ÷ the dense "
+                    "bf16 GEMM 8192³ rate measured in the same process (and ÷ 989)."]
     return "\n".join(out) + "\n"
 
 

@@ -1,9 +1,20 @@
 #!/usr/bin/env python3
 """Transformers v5 training baseline for `mixtune bench` (run on the GPU machine: torch 2.11, transformers 5.17).
 
-Random-weight Qwen3-30B-A3B layer shapes sliced to --layers N (full vocabulary, untied lm_head), built with
-Qwen3MoeConfig + AutoModelForCausalLM.from_config(dtype, attn_implementation="sdpa",
-experts_implementation="grouped_mm"), trained on seeded random token ids with fused torch AdamW (lr 1e-5).
+Random-weight layer shapes of a real model sliced to --layers N (full vocabulary, untied lm_head), built with
+AutoModelForCausalLM.from_config(dtype, attn_implementation, experts_implementation="grouped_mm"), trained on
+seeded random token ids with fused torch AdamW (lr 1e-5). --family picks the model:
+  qwen3-moe (default)  Qwen3-30B-A3B through Qwen3MoeConfig, attention "sdpa" (`mixtune bench --preset
+                       qwen3-30b-a3b`)
+  gpt-oss              gpt-oss-20b through GptOssConfig (`mixtune bench --preset gpt-oss-20b`): hidden 2880, 64 query
+                       / 8 key-value heads of 64, 32 experts top-4 of intermediate 2880 with biases and the clamped
+                       SwiGLU (limit 7.0), vocab 201088, sinks, a 128-key sliding window on the even layers
+                       (layer_types alternating from sliding), YaRN RoPE (theta 150000, factor 32, original 4096,
+                       no truncation), router aux loss off as in the hub config (output_router_logits false, coef
+                       0.9). Attention "eager", Transformers' default for GPT-OSS: GptOssPreTrainedModel sets
+                       _supports_sdpa = False (models/gpt_oss/modeling_gpt_oss.py of 5.17), so sdpa is refused;
+                       eager builds the full [heads, S, S + 1] score matrix on every layer, the sliding ones
+                       included (the window is a mask).
 One step = grad_accum micro-batches (loss / grad_accum, backward) + optimizer.step + zero_grad(set_to_none=True).
 
 Prints one JSON object on stdout (progress goes to stderr) with the keys of the `mixtune bench` contract
@@ -41,6 +52,8 @@ collectives (NCCL refuses two ranks on one GPU): a functional check of the multi
   torchrun --nproc-per-node 2 bench/hf_baseline.py --parallel ddp --ranks-share-gpu --dist-backend gloo \\
       --layers 1 --seq 512 --grad-accum 2 --steps 1 --warmup 1 --no-gemm-ceiling     # functional check, one GPU
   python3 bench/hf_baseline.py --print-flops --layers 12 --seq 4096        # FLOP formula only (no torch needed)
+  python3 bench/hf_baseline.py --family gpt-oss --layers 5 --seq 4096 --micro-batch 1 --grad-accum 8
+  python3 bench/hf_baseline.py --family gpt-oss --print-flops --layers 5 --seq 4096
 
 Each rank trains on its own random tokens; rank 0 prints the JSON with per-GPU tokens/s and the largest peak
 memory over the ranks. torch and transformers are imported inside run() so that compare.py (and a machine
@@ -61,23 +74,53 @@ QWEN3_30B_A3B = dict(
     hidden=2048, heads=32, kv_heads=4, head_dim=128, experts=128, top_k=8, moe_inter=768, vocab=151936,
     rms_norm_eps=1e-6, rope_theta=1e6, intermediate=6144,
 )
+# gpt-oss-20b shapes: the config.json of openai/gpt-oss-20b, as mixtune's preset holds it
+# (src/models/families/gpt_oss.cpp, gpt_oss_base + gpt_oss_preset(24, 32); hf-numerics.md §4.1).
+GPT_OSS_20B = dict(
+    hidden=2880, heads=64, kv_heads=8, head_dim=64, experts=32, top_k=4, moe_inter=2880, vocab=201088,
+    sliding_window=128, rms_norm_eps=1e-5, router_aux_loss_coef=0.9, swiglu_limit=7.0,
+    max_position_embeddings=131072, eos_token_id=200002, pad_token_id=199999, initializer_range=0.02,
+)
+GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 4096}
+FAMILIES = ("qwen3-moe", "gpt-oss")
+PRESETS = {"qwen3-moe": "qwen3-30b-a3b", "gpt-oss": "gpt-oss-20b"}  # mixtune bench --preset of each family
+DEFAULT_ATTN = {"qwen3-moe": "sdpa", "gpt-oss": "eager"}  # Transformers' own default for GPT-OSS is eager
 PEAK_989 = 989.0  # H100/H200 dense bf16 peak, TFLOP/s (the NVIDIA suites' MFU denominator)
 EXIT_OOM = 3
 PRECISIONS = ("bf16", "fp32-autocast", "fp32-master-copy", "fp32-mp")
 PARALLEL = ("none", "ddp", "fsdp2")
 
 
-def flops_per_token(layers, seq, hidden, heads, kv_heads, head_dim, top_k, moe_inter, vocab):
+def attention_pairs_per_query(seq, window=None):
+    """Visible (query, key) pairs of one row per query, as the area of the visible region: causal S^2 / 2 (the
+    Megatron convention, half of the S x S square); a window of W keys (Transformers: key > query - W) removes the
+    (S - W)^2 / 2 beyond it, leaving (2 S W - W^2) / 2. Both conventions drop half of the diagonal (the exact
+    counts are S (S + 1) / 2 and (2 S W - W^2 + W) / 2); mixtune's cost model (layers/costs/attention_cost.cpp)
+    counts the same way."""
+    if window is None or window >= seq:
+        return seq / 2
+    return (2 * seq * window - window * window) / (2 * seq)
+
+
+def flops_per_token(layers, seq, hidden, heads, kv_heads, head_dim, top_k, moe_inter, vocab, windows=None):
     """NeMo/Megatron model FLOPs per trained token, router GEMM excluded, recompute not counted.
 
     per layer: 6 x (q, k, v, o projection params) + 6 x (top_k x 3 x H x I expert params)
-               + 6 x S x Hq x D (causal attention core: QK^T and PV, half of the S x S square)
-    plus 6 x V x H for the LM head.
+               + 12 x P x Hq x D, the attention core (QK^T and PV) over P = attention_pairs_per_query keys per
+               query: 6 x S x Hq x D on a causal layer (P = S / 2)
+    plus 6 x V x H for the LM head. windows: per layer, its sliding window or None (all causal when omitted).
+    Biases, norms, RoPE, softmax and the SwiGLU elementwise work are not counted.
     """
     attn_proj = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
     experts = top_k * 3 * hidden * moe_inter
-    core = seq * heads * head_dim
-    return layers * (6 * (attn_proj + experts) + 6 * core) + 6 * vocab * hidden
+    if windows is None:
+        core = seq * heads * head_dim
+        return layers * (6 * (attn_proj + experts) + 6 * core) + 6 * vocab * hidden
+    if len(windows) != layers:
+        raise ValueError(f"windows: {len(windows)} entries for {layers} layers")
+    cores = sum(12 * attention_pairs_per_query(seq, w) * heads * head_dim for w in windows)
+    return layers * 6 * (attn_proj + experts) + cores + 6 * vocab * hidden
 
 
 def qwen3_flops_per_token(layers, seq, vocab=None):
@@ -94,6 +137,52 @@ def qwen3_param_count(layers, vocab=None):
                               vocab or s["vocab"])
     per_layer = (2 * h * hq * d + 2 * h * hkv * d) + 2 * d + 2 * h + e * h + e * 3 * h * i
     return layers * per_layer + 2 * v * h + h
+
+
+def gpt_oss_layer_types(layers):
+    """gpt-oss-20b's layer_types: even layers slide, odd layers attend to every earlier position."""
+    return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+
+
+def gpt_oss_flops_per_token(layers, seq, vocab=None):
+    """flops_per_token for the gpt-oss-20b slice: the 128-key window counted on the sliding layers."""
+    s = GPT_OSS_20B
+    windows = [s["sliding_window"] if t == "sliding_attention" else None for t in gpt_oss_layer_types(layers)]
+    return flops_per_token(layers, seq, s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["top_k"],
+                           s["moe_inter"], vocab or s["vocab"], windows=windows)
+
+
+def gpt_oss_param_count(layers, vocab=None):
+    """Parameters of the sliced model as HF builds it: embeddings, lm_head, final norm, and per layer q/k/v/o with
+    their biases, the sinks (one per query head), two RMSNorms, the router (E x H + E bias) and the experts
+    (gate_up H x 2I + 2I bias, down I x H + H bias, per expert)."""
+    s = GPT_OSS_20B
+    h, hq, hkv, d, e, i, v = (s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["experts"], s["moe_inter"],
+                              vocab or s["vocab"])
+    attention = (2 * h * hq * d + 2 * h * hkv * d) + (hq * d + 2 * hkv * d + h) + hq
+    per_layer = attention + 2 * h + (e * h + e) + e * (h * 2 * i + 2 * i + i * h + h)
+    return layers * per_layer + 2 * v * h + h
+
+
+def family_flops_per_token(family, layers, seq, vocab=None):
+    return gpt_oss_flops_per_token(layers, seq, vocab) if family == "gpt-oss" else \
+        qwen3_flops_per_token(layers, seq, vocab)
+
+
+def family_param_count(family, layers, vocab=None):
+    return gpt_oss_param_count(layers, vocab) if family == "gpt-oss" else qwen3_param_count(layers, vocab)
+
+
+def family_shapes(family):
+    return GPT_OSS_20B if family == "gpt-oss" else QWEN3_30B_A3B
+
+
+def preset_flops_per_token(preset, layers, seq):
+    """The formula for a mixtune preset name (compare.py's consistency check), or None for another model."""
+    for family, name in PRESETS.items():
+        if preset == name:
+            return family_flops_per_token(family, layers, seq)
+    return None
 
 
 def log(msg):
@@ -118,6 +207,8 @@ def git_commit():
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--family", choices=FAMILIES, default="qwen3-moe",
+                    help="qwen3-moe: Qwen3-30B-A3B shapes (default); gpt-oss: gpt-oss-20b shapes")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--micro-batch", type=int, default=1)
@@ -145,7 +236,8 @@ def parse_args(argv):
     ap.add_argument("--gradient-checkpointing", action="store_true",
                     help="HF per-decoder-layer activation checkpointing, use_reentrant=False")
     ap.add_argument("--experts-implementation", default="grouped_mm")
-    ap.add_argument("--attn-implementation", default="sdpa")
+    ap.add_argument("--attn-implementation", default=None,
+                    help="default: the family's Transformers default (qwen3-moe sdpa, gpt-oss eager)")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--device", default="cuda:0", help="one-process runs (torchrun ranks use LOCAL_RANK)")
@@ -168,6 +260,11 @@ def parse_args(argv):
         ap.error(f"--prompt-fraction must be in [0, 1), found {a.prompt_fraction}")
     if a.vocab is not None and a.vocab < 2:
         ap.error(f"--vocab must be >= 2, found {a.vocab}")
+    a.attn_implementation = a.attn_implementation or DEFAULT_ATTN[a.family]
+    if a.family == "gpt-oss" and a.attn_implementation == "sdpa":
+        ap.error("--attn-implementation sdpa: Transformers 5.17 refuses it for GPT-OSS (GptOssPreTrainedModel."
+                 "_supports_sdpa = False: sdpa has no attention sinks); eager is its default (also "
+                 "flex_attention or a flash kernel from the hub)")
     # --parallel and its aliases: one meaning only.
     if a.parallel is not None and a.parallel_alias is not None and a.parallel != a.parallel_alias:
         ap.error(f"--parallel {a.parallel} contradicts --{a.parallel_alias}")
@@ -258,7 +355,16 @@ def configuration_text(a, world):
         par = "one process, one GPU"
     if a.ranks_share_gpu or a.dist_backend != "nccl":
         par += f"; {a.dist_backend} collectives" + (", all ranks sharing one GPU" if a.ranks_share_gpu else "")
-    parts = [prec, par, f"attention {a.attn_implementation}, experts {a.experts_implementation}",
+    attn = f"attention {a.attn_implementation}, experts {a.experts_implementation}"
+    if a.family == "gpt-oss":
+        attn = (f"GptOssConfig with gpt-oss-20b's shapes, {a.layers} layers (layer_types alternating from sliding, "
+                f"window {GPT_OSS_20B['sliding_window']}; YaRN RoPE; sinks; biases; clamped SwiGLU); "
+                f"attention {a.attn_implementation}"
+                + (" (Transformers' default for GPT-OSS, which refuses sdpa; the full [heads, S, S+1] scores on "
+                   "every layer, the window as a mask)" if a.attn_implementation == "eager" else "")
+                + f", experts {a.experts_implementation}; router aux loss off (output_router_logits false, as "
+                  f"gpt-oss-20b's config.json)")
+    parts = [prec, par, attn,
              f"torch.optim.AdamW fused, lr {a.lr:g}, weight decay 0.01, betas (0.9, 0.999), eps 1e-8",
              "no gradient clipping",
              "gradient checkpointing per decoder layer (use_reentrant=False)" if a.gradient_checkpointing
@@ -278,6 +384,20 @@ def resolved_reshard_after_forward(a, world):
     return world > 1
 
 
+def model_record(a):
+    """The "model" object of the record: the mixtune preset these shapes are, the slice and its size."""
+    preset = PRESETS[a.family]
+    shapes = family_shapes(a.family)
+    m = {"preset": preset if a.vocab is None else f"{preset}, vocab {a.vocab}",
+         "layers": a.layers, "params": family_param_count(a.family, a.layers, a.vocab),
+         "hidden": shapes["hidden"], "experts": shapes["experts"], "top_k": shapes["top_k"]}
+    if a.family == "gpt-oss":
+        m["family"] = a.family
+        m["sliding_window"] = shapes["sliding_window"]
+        m["layer_types"] = gpt_oss_layer_types(a.layers)
+    return m
+
+
 def base_result(a, command):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     return {
@@ -286,10 +406,7 @@ def base_result(a, command):
         "gpu": "unknown",
         "command": command,
         "baseline": baseline_label(a),
-        "model": {"preset": "qwen3-30b-a3b" if a.vocab is None else f"qwen3-30b-a3b, vocab {a.vocab}",
-                  "layers": a.layers, "params": qwen3_param_count(a.layers, a.vocab),
-                  "hidden": QWEN3_30B_A3B["hidden"], "experts": QWEN3_30B_A3B["experts"],
-                  "top_k": QWEN3_30B_A3B["top_k"]},
+        "model": model_record(a),
         "seq": a.seq, "micro_batch": a.micro_batch, "grad_accum": a.grad_accum, "steps": a.steps,
         "warmup": a.warmup, "precision": a.precision,
         "parallel": a.parallel,
@@ -298,7 +415,7 @@ def base_result(a, command):
         "recompute": "full" if a.gradient_checkpointing else "none",
         "router": "real",
         "prompt_fraction": a.prompt_fraction,
-        "flops_per_token": qwen3_flops_per_token(a.layers, a.seq, a.vocab),
+        "flops_per_token": family_flops_per_token(a.family, a.layers, a.seq, a.vocab),
         "functional_check": functional_check(a),
         "configuration": configuration_text(a, world),
         "oom": False,
@@ -363,6 +480,45 @@ def measure_gemm_ceiling(torch, device, n=8192, iters=10, trials=5):
 
 
 def make_config(a):
+    return make_gpt_oss_config(a) if a.family == "gpt-oss" else make_qwen3_config(a)
+
+
+def make_gpt_oss_config(a):
+    """GptOssConfig with gpt-oss-20b's config.json values, sliced to a.layers (layer_types sliced with it)."""
+    from transformers import GptOssConfig
+    s = GPT_OSS_20B
+    vocab = a.vocab or s["vocab"]
+    kw = dict(
+        vocab_size=vocab, hidden_size=s["hidden"], intermediate_size=s["moe_inter"], num_hidden_layers=a.layers,
+        num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"], head_dim=s["head_dim"],
+        num_local_experts=s["experts"], num_experts_per_tok=s["top_k"], sliding_window=s["sliding_window"],
+        layer_types=gpt_oss_layer_types(a.layers), rope_parameters=dict(GPT_OSS_ROPE),
+        max_position_embeddings=max(s["max_position_embeddings"], a.seq), rms_norm_eps=s["rms_norm_eps"],
+        attention_bias=True, attention_dropout=0.0, router_aux_loss_coef=s["router_aux_loss_coef"],
+        output_router_logits=False, tie_word_embeddings=False, initializer_range=s["initializer_range"],
+        hidden_act="silu", use_cache=False, eos_token_id=min(s["eos_token_id"], vocab - 1),
+        pad_token_id=min(s["pad_token_id"], vocab - 1),
+    )
+    try:  # the hub config carries swiglu_limit; Transformers hard-codes the same 7.0 in GptOssExperts
+        cfg = GptOssConfig(swiglu_limit=s["swiglu_limit"], **kw)
+    except Exception as e:  # noqa: BLE001 -- a strict config's own exception type; retried without the key
+        log(f"GptOssConfig(swiglu_limit=...) rejected ({e}); without it (GptOssExperts.limit is 7.0 anyway)")
+        cfg = GptOssConfig(**kw)
+    rp = getattr(cfg, "rope_parameters", None) or {}
+    checks = {"rope_type": (rp.get("rope_type"), "yarn"), "rope_theta": (rp.get("rope_theta"), 150000.0),
+              "rope factor": (rp.get("factor"), 32.0), "head_dim": (getattr(cfg, "head_dim", None), s["head_dim"]),
+              "num_local_experts": (getattr(cfg, "num_local_experts", None), s["experts"]),
+              "sliding_window": (cfg.sliding_window, s["sliding_window"]),
+              "layer_types": (list(cfg.layer_types), gpt_oss_layer_types(a.layers)),
+              "output_router_logits": (cfg.output_router_logits, False),
+              "tie_word_embeddings": (cfg.tie_word_embeddings, False)}
+    for name, (found, want) in checks.items():
+        if found != want:
+            raise RuntimeError(f"GptOssConfig field {name}: expected {want}, found {found}")
+    return cfg
+
+
+def make_qwen3_config(a):
     from transformers import Qwen3MoeConfig
     s = QWEN3_30B_A3B
     kw = dict(
@@ -616,7 +772,7 @@ def run(a, result):
     result["stage"] = "model"
     torch.manual_seed(a.seed)
     cfg = make_config(a)
-    vocab = a.vocab or QWEN3_30B_A3B["vocab"]
+    vocab = a.vocab or family_shapes(a.family)["vocab"]
     param_dtype = torch.float32 if a.precision in ("fp32-autocast", "fp32-mp") else torch.bfloat16
     model, how, other_dtype = build_model(torch, a, cfg, param_dtype, device)
     params_total = sum(p.numel() for p in model.parameters())
@@ -655,9 +811,10 @@ def run(a, result):
                            f"{experts_active!r}")
     if attn_active != a.attn_implementation:
         raise RuntimeError(f"attention implementation: expected {a.attn_implementation!r}, found {attn_active!r}")
-    expected_params = qwen3_param_count(a.layers, a.vocab)
+    expected_params = family_param_count(a.family, a.layers, a.vocab)
     if params != expected_params:
-        log(f"WARNING: parameter count {params} differs from the Qwen3-30B-A3B slice formula {expected_params}")
+        log(f"WARNING: parameter count {params} differs from the {PRESETS[a.family]} slice formula "
+            f"{expected_params}")
         result["params_expected"] = expected_params
 
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) \
@@ -779,9 +936,9 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     a = parse_args(argv)
     if a.print_flops:
-        f = qwen3_flops_per_token(a.layers, a.seq, a.vocab)
-        print(json.dumps({"layers": a.layers, "seq": a.seq, "flops_per_token": f,
-                          "params": qwen3_param_count(a.layers, a.vocab)}))
+        f = family_flops_per_token(a.family, a.layers, a.seq, a.vocab)
+        print(json.dumps({"family": a.family, "preset": PRESETS[a.family], "layers": a.layers, "seq": a.seq,
+                          "flops_per_token": f, "params": family_param_count(a.family, a.layers, a.vocab)}))
         return 0
     command = shlex.join(["python3", sys.argv[0]] + list(argv))
     result = base_result(a, command)

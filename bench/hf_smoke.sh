@@ -8,7 +8,8 @@
 # accumulation; FSDP2 mixed precision on one rank (a one-rank process group, sync and reshard on the last
 # micro-batch). Two ranks under torchrun sharing the GPU over gloo (--ranks-share-gpu --dist-backend gloo,
 # vocabulary 8192): DDP bf16 (no_sync), FSDP2 bf16 (set_requires_gradient_sync), FSDP2 mixed precision, DDP with
-# the fp32 master copy. Modes run two at a time (SMOKE_PARALLEL=1: one at a time); each under SMOKE_TIMEOUT_S
+# the fp32 master copy. GPT-OSS (--family gpt-oss: eager attention, grouped_mm), bf16 with and without gradient
+# checkpointing. Modes run two at a time (SMOKE_PARALLEL=1: one at a time); each under SMOKE_TIMEOUT_S
 # (150). A mode passes when it exits 0 with a record of positive tokens/s and finite losses.
 # Output in $OUT (default bench/out): smoke-MODE.json/.log, smoke.txt (the OK/FAIL lines).
 # Exit status: 0 when every mode passed, 1 otherwise.
@@ -32,6 +33,8 @@ MODES=(
   "fsdp2-bf16-2r|2|--precision bf16 --parallel fsdp2 --grad-sync last"
   "fsdp2mp-2r|2|--precision fp32-mp --parallel fsdp2 --grad-sync last"
   "ddp-master-2r|2|--precision fp32-master-copy --master-grad-accum bf16 --parallel ddp --grad-sync last"
+  "gptoss-bf16|1|--family gpt-oss --precision bf16"
+  "gptoss-gc|1|--family gpt-oss --precision bf16 --gradient-checkpointing"
 )
 [[ -n "${SMOKE_MODES:-}" ]] && { KEEP=(); for m in "${MODES[@]}"; do for w in $SMOKE_MODES; do [[ ${m%%|*} == "$w" ]] && KEEP+=("$m"); done; done; MODES=("${KEEP[@]}"); }
 

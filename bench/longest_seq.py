@@ -4,6 +4,10 @@
   python3 bench/longest_seq.py --side mixtune --bin .carry/bin/mixtune [--configs full,selective,none] [-- EXTRA...]
   python3 bench/longest_seq.py --side hf [--configs on,off] [-- EXTRA...]
   python3 bench/longest_seq.py --self-test          # the search against simulated runs (no GPU)
+  python3 bench/longest_seq.py --family gpt-oss --layers 5 --side hf    # the gpt-oss-20b slice
+
+--family picks the model on both sides: qwen3-moe (default; mixtune --preset qwen3-30b-a3b, hf_baseline.py
+--family qwen3-moe) or gpt-oss (mixtune --preset gpt-oss-20b, hf_baseline.py --family gpt-oss).
 
 Each configuration (mixtune: --recompute full | selective | none; Transformers: gradient checkpointing on | off)
 is searched on its own: 4 layers (--layers), micro-batch 1, grad-accum 1, --warmup 1 + --steps 1 (two optimizer
@@ -14,7 +18,8 @@ as ok, oom (CUDA out of memory), refused (mixtune's memory plan refuses the leng
 
 The search. A first length: mixtune's memory plan bound (`mixtune bench --plan-only`'s "largest seq at
 micro_batch 1", for this GPU's memory, rounded down to the resolution), else --start (Transformers: 16,384
-without checkpointing, 32,768 with). If the first length fails it is halved until one trains. Then a
+without checkpointing, 32,768 with; GPT-OSS, whose eager attention keeps [heads, S, S] per layer: 4,096 without,
+8,192 with). If the first length fails it is halved until one trains. Then a
 prediction (the plan bound, or a linear fit of peak reserved memory over the lengths that trained, against the
 GPU's memory less 1.5 GiB) is tried, and from it lengths one resolution step, two, four, ... further in the
 direction of its outcome until the edge is crossed; with no prediction the last length that trained is doubled
@@ -49,8 +54,13 @@ import time
 
 GIB = float(1 << 30)
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from hf_baseline import FAMILIES, PRESETS  # noqa: E402  (pure-Python part of that file)
+# Transformers' first length per family and configuration when there is no plan bound (--start overrides).
+HF_START = {"qwen3-moe": {"on": 32768, "off": 16384}, "gpt-oss": {"on": 8192, "off": 4096}}
 MARGIN_BYTES = int(1.5 * (1 << 30))  # CUDA context and what the caching allocator cannot use
-FIXED_FLAGS = ("--seq", "--micro-batch", "--grad-accum", "--steps", "--warmup", "--json-out")
+FIXED_FLAGS = ("--seq", "--micro-batch", "--grad-accum", "--steps", "--warmup", "--json-out", "--family",
+               "--preset")
 OOM_RE = re.compile(r"out of memory|outofmemory|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED|\bOOM\b", re.I)
 REFUSED_RE = re.compile(r"does not fit", re.I)
 MIXTUNE_CONFIGS = {"full": ["--recompute", "full"], "selective": ["--recompute", "selective"],
@@ -252,7 +262,9 @@ def classify(rc, timed_out, json_path, log_path):
         return "ok", rec
     if timed_out or rc in (124, 137):
         return "timeout", rec
-    if rec.get("oom") or OOM_RE.search(text):
+    # A record that says whether it ran out of memory is believed (its own JSON, printed into the log, holds the
+    # key "oom" and would match the pattern); without one, the log decides.
+    if rec.get("oom") if "oom" in rec else OOM_RE.search(text):
         return "oom", rec
     if REFUSED_RE.search(text):
         return "refused", rec
@@ -267,10 +279,10 @@ def last_line(path):
         return ""
 
 
-def mixtune_plan_bound(binary, layers, args, device_gib, res, outdir, tag):
+def mixtune_plan_bound(binary, preset, layers, args, device_gib, res, outdir, tag):
     """`mixtune bench --plan-only`'s largest sequence at micro-batch 1 (rounded down to res), or None; args hold
     the configuration's --recompute and the extra flags."""
-    cmd = [binary, "bench", "--plan-only", "--preset", "qwen3-30b-a3b", "--layers", str(layers), "--seq", "4096",
+    cmd = [binary, "bench", "--plan-only", "--preset", preset, "--layers", str(layers), "--seq", "4096",
            "--micro-batch", "1", "--grad-accum", "1"] + args
     if device_gib:
         cmd += ["--device-gib", f"{device_gib:.6f}"]
@@ -335,6 +347,9 @@ def main(argv=None):
         argv, extra = argv[:k], argv[k + 1:]
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--side", choices=("mixtune", "hf"))
+    ap.add_argument("--family", choices=FAMILIES, default="qwen3-moe",
+                    help="the model on both sides: qwen3-moe (mixtune --preset qwen3-30b-a3b) or gpt-oss "
+                         "(--preset gpt-oss-20b)")
     ap.add_argument("--bin", help="the mixtune binary (--side mixtune)")
     ap.add_argument("--configs", default=None,
                     help="comma-separated, in the order to run: mixtune full,selective,none (default); "
@@ -379,6 +394,7 @@ def main(argv=None):
     if bad:
         ap.error(f"unknown configuration(s) {bad}; {a.side}: {', '.join(table)}")
     tool = "mixtune" if a.side == "mixtune" else "transformers"
+    preset = PRESETS[a.family]
     tag = a.tag or os.environ.get("TAG") or f"longest-{a.side}"
     os.makedirs(a.out, exist_ok=True)
     outdir = os.path.abspath(a.out)
@@ -388,8 +404,8 @@ def main(argv=None):
     # mixtune's plan needs the GPU's memory; Transformers' records carry it themselves.
     total, total_src = device_total_bytes(a.python) if a.side == "mixtune" else (None, "each try's record")
     mem = f"{total / GIB:.2f} GiB" if total else "from the tries"
-    print(f"== {tool}: longest sequence, {layers} layers, configurations {names}, resolution {res}, budget "
-          f"{a.budget_s:.0f} s; GPU memory {mem} ({total_src})", flush=True)
+    print(f"== {tool}: longest sequence, {preset}, {layers} layers, configurations {names}, resolution {res}, "
+          f"budget {a.budget_s:.0f} s; GPU memory {mem} ({total_src})", flush=True)
     env_hf = dict(os.environ)
     if a.side == "hf" and a.hf_alloc_conf:
         env_hf["PYTORCH_ALLOC_CONF"] = a.hf_alloc_conf
@@ -408,8 +424,8 @@ def main(argv=None):
         print(f"== {tool} {label}: until +{cfg_deadline - t_start:.0f} s", flush=True)
         plan_bound = None
         if a.side == "mixtune" and not a.no_plan:
-            plan_bound, plan_cmd = mixtune_plan_bound(a.bin, layers, cfg_args + extra, total / GIB if total else None,
-                                                      res, outdir, f"{tag}-{name}")
+            plan_bound, plan_cmd = mixtune_plan_bound(a.bin, preset, layers, cfg_args + extra,
+                                                      total / GIB if total else None, res, outdir, f"{tag}-{name}")
             cfg["plan_bound"] = plan_bound
             cfg["plan_command"] = plan_cmd
             print(f"   memory plan bound (rounded down to {res}): {plan_bound}", flush=True)
@@ -427,11 +443,11 @@ def main(argv=None):
             common = ["--layers", str(layers), "--seq", str(seq), "--micro-batch", "1", "--grad-accum", "1",
                       "--steps", str(a.steps), "--warmup", str(a.warmup)]
             if a.side == "mixtune":
-                cmd = [a.bin, "bench", "--preset", "qwen3-30b-a3b"] + common + cfg_args + extra
+                cmd = [a.bin, "bench", "--preset", preset] + common + cfg_args + extra
                 env = None
             else:
-                cmd = [a.python, os.path.join(HERE, "hf_baseline.py")] + common + ["--no-gemm-ceiling"] + cfg_args \
-                    + extra
+                cmd = [a.python, os.path.join(HERE, "hf_baseline.py"), "--family", a.family] + common \
+                    + ["--no-gemm-ceiling"] + cfg_args + extra
                 env = env_hf
             cmd += ["--json-out", json_path]
             counter["n"] += 1
@@ -444,7 +460,7 @@ def main(argv=None):
                 if k in rec:
                     att[k] = rec[k]
             if status not in ("ok", "oom"):
-                att["last_line"] = last_line(log_path)
+                att["last_line"] = str(rec.get("error") or "")[:300] or last_line(log_path)
             cfg["attempts"].append(att)
             print(f" -> {status} ({wall:.0f} s)" + (f": {att.get('last_line', '')}" if status in ("error",) else ""),
                   flush=True)
@@ -473,7 +489,7 @@ def main(argv=None):
         if plan_bound:
             start, predicted = plan_bound, True
         else:
-            start = a.start or (32768 if (a.side == "hf" and name == "on") else 16384 if a.side == "hf" else 32768)
+            start = a.start or (HF_START[a.family][name] if a.side == "hf" else 32768)
             predicted = False
         search = Search(try_fn, res, start, a.max_seq, predicted_start=predicted, predict_fn=predict)
         try:
@@ -524,7 +540,8 @@ def summarize(results, tool, layers, res, a, extra, total, total_src, env_hf):
     ok = [c for c in results if c.get("longest_seq")]
     best = max(ok, key=lambda c: (c["longest_seq"], c["status"] == "converged")) if ok else None
     summary = {
-        "kind": "longest_seq_search", "tool": tool, "layers": layers, "micro_batch": 1, "grad_accum": 1,
+        "kind": "longest_seq_search", "tool": tool, "family": a.family, "preset": PRESETS[a.family],
+        "layers": layers, "micro_batch": 1, "grad_accum": 1,
         "steps": a.steps, "warmup": a.warmup, "resolution": res, "budget_s": a.budget_s,
         "max_seq": a.max_seq, "extra_args": extra, "device_total_bytes": total, "device_total_source": total_src,
         "configs": results,

@@ -22,6 +22,12 @@
 #   full8       8 GPUs (kind nvidia-h200-x8), all 48 layers: mixtune --ep 8 --recompute selective against
 #               [fsdp2-every] (add --hf --gradient-checkpointing if the baseline runs out of memory)
 #   custom      the standard defaults; give the flags you want to change [bf16]
+#   gptoss      a gpt-oss-20b slice: mixtune bench --preset gpt-oss-20b against hf_baseline.py --family gpt-oss
+#               (GptOssConfig, eager attention, grouped_mm experts, fused AdamW: Transformers' defaults for
+#               GPT-OSS), LAYERS layers (default 5: the most that fit Transformers on an 80 GB H100, arithmetic
+#               below), seq 4096, micro-batch 1, grad-accum 8, real router, bf16 on both sides [bf16]
+#   gptoss-long the long workload on the gptoss slice (LAYERS, default 5): bench/longest_seq.py --family gpt-oss
+#               on each side
 # FLAGS before any marker go to both sides (--layers --seq --micro-batch --grad-accum --steps --warmup);
 # after --mixtune to mixtune only (e.g. --recompute full); after --hf to every baseline (e.g.
 # --gradient-checkpointing). A flag given explicitly replaces the workload's default (--steps 5 --warmup 2).
@@ -36,7 +42,8 @@
 # RUN_TIMEOUT_S (per run: 100 s for fp32master, 130 s for standard2/fp32master2, else 270: a workload fits one
 # 10-minute call even if every run hits it), NAME (file prefix, default the workload), BUDGET_S (long: seconds
 # per side; default 280 for mixtune and 230 for Transformers with both sides, 540 with one),
-# LONG_MIXTUNE_CONFIGS (full,selective,none), LONG_HF_CONFIGS (on,off), LAYERS (long: 4), DRY2=1
+# LONG_MIXTUNE_CONFIGS (full,selective,none), LONG_HF_CONFIGS (on,off), LAYERS (long: 4; gptoss, gptoss-long:
+# 5), DRY2=1
 # (standard2/fp32master2/full8 as a functional check on ONE GPU: both ranks share it, Transformers over gloo
 # (--ranks-share-gpu --dist-backend gloo --vocab 8192), mixtune over host-staged collectives
 # (--gpu-collectives host); 1 layer, seq 1024, grad-accum 2, 1 warm-up + 1 step; never a measurement),
@@ -60,7 +67,24 @@ DRY2=${DRY2:-0}
 export NCCL_NVLS_ENABLE=0
 case "$SIDES" in both|mixtune|hf) ;; *) echo "side_by_side: SIDES must be both, mixtune or hf, found '$SIDES'" >&2; exit 2;; esac
 case "$ORDER" in auto|mixtune-first|hf-first) ;; *) echo "side_by_side: ORDER must be auto, mixtune-first or hf-first, found '$ORDER'" >&2; exit 2;; esac
-case "$WORKLOAD" in standard|fp32master|long|custom|standard2|fp32master2|full8) ;; *) echo "side_by_side: unknown workload '$WORKLOAD' (standard, fp32master, long, custom, standard2, fp32master2, full8)" >&2; exit 2;; esac
+case "$WORKLOAD" in standard|fp32master|long|custom|standard2|fp32master2|full8|gptoss|gptoss-long) ;; *) echo "side_by_side: unknown workload '$WORKLOAD' (standard, fp32master, long, custom, standard2, fp32master2, full8, gptoss, gptoss-long)" >&2; exit 2;; esac
+LONG=0
+[[ "$WORKLOAD" == long || "$WORKLOAD" == gptoss-long ]] && LONG=1
+# The model: mixtune's preset and the same shapes for Transformers (hf_baseline.py --family).
+PRESET=qwen3-30b-a3b; FAMILY=qwen3-moe
+# gpt-oss-20b slice of N layers on an 80 GB H100 (79.1 GiB usable), Transformers bf16 with fused AdamW:
+#   parameters: 823.19 M per layer (q/k/v/o 26.54 M with biases; 32 experts x (2880 x 5760 + 2880 x 2880 + biases)
+#     = 796.5 M; router 0.09 M) + 1158.3 M embedding and LM head; bf16 parameter + gradient + AdamW exp_avg and
+#     exp_avg_sq = 8 bytes each: 6.13 GiB per layer + 8.63 GiB.
+#   activations kept per layer at seq 4096, micro-batch 1: eager attention's softmax output [64, 4096, 4097] bf16
+#     = 2.00 GiB (sliding layers too: the window is a mask) + q, k, v, repeated k/v, RoPE and o inputs 0.2 GiB + the
+#     grouped_mm experts on 4 x 4096 rows (gathered input, gate_up output, clamped SwiGLU terms, down input and
+#     output) 0.8 GiB + two fp32 RMSNorm intermediates 0.2 GiB = 3.17 GiB per layer.
+#   LM head at its backward: bf16 logits [4096, 201088] (kept by the output) 1.6 GiB + fp32 log-softmax, its
+#     gradient and the input gradient 3 x 3.1 GiB = 10.7 GiB (more than a layer's eager backward, ~4 x 2 GiB).
+#   total 8.63 + 9.30 N + 10.7 GiB + allocator slack: N = 5 -> 65.9 GiB (fills ~85%), N = 6 -> 75.2 GiB (leaves
+#   under 4 GiB for fragmentation and the CUDA context: out of memory in practice), so N = 5.
+if [[ "$WORKLOAD" == gptoss || "$WORKLOAD" == gptoss-long ]]; then PRESET=gpt-oss-20b; FAMILY=gpt-oss; fi
 [[ -n "${SEQS:-}" ]] && { echo "side_by_side: SEQS is gone: the long workload searches (bench/longest_seq.py); set LONG_*_CONFIGS, LAYERS, BUDGET_S" >&2; exit 2; }
 NPROC=1
 if [[ "$WORKLOAD" == standard2 || "$WORKLOAD" == fp32master2 ]]; then NPROC=2; fi
@@ -140,6 +164,8 @@ case "$WORKLOAD" in
     VARIANTS=("fsdp2mp|--precision fp32-mp --parallel fsdp2 --grad-sync last"
               "fsdp2mp-every|--precision fp32-mp --parallel fsdp2 --grad-sync every"
               "ddp-master|--precision fp32-master-copy --master-grad-accum bf16 --parallel ddp --grad-sync last") ;;
+  gptoss)
+    DEF[--layers]=${LAYERS:-5} ;;
   full8)
     DEF[--layers]=48
     has_flag --recompute "${MIX[@]}" || MIX+=(--recompute selective)
@@ -172,7 +198,7 @@ fi
 if [[ $NPROC -gt 1 ]]; then
   has_flag --ep "${MIX[@]}" || MIX+=(--ep "$NPROC")
 fi
-MIX_ARGS=("${COMMON[@]}"); HF_ARGS=("${COMMON[@]}")
+MIX_ARGS=("${COMMON[@]}"); HF_ARGS=(--family "$FAMILY" "${COMMON[@]}")
 for flag in --layers --seq --micro-batch --grad-accum --steps --warmup; do
   has_flag "$flag" "${COMMON[@]}" "${MIX[@]}" || MIX_ARGS+=("$flag" "${DEF[$flag]}")
   has_flag "$flag" "${COMMON[@]}" "${HF[@]}" || HF_ARGS+=("$flag" "${DEF[$flag]}")
@@ -186,7 +212,8 @@ MIX_ARGS+=("${MIX[@]}"); HF_ARGS+=("${HF[@]}")
   "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1
   echo "mixtune: $BIN_ABS"
   echo "order: $ORDER_TEXT"
-  [[ "$WORKLOAD" != long ]] && echo "baselines: ${VARIANTS[*]%%|*}"
+  echo "model: mixtune --preset $PRESET, Transformers --family $FAMILY"
+  [[ $LONG == 0 ]] && echo "baselines: ${VARIANTS[*]%%|*}"
   [[ "$DRY2" == 1 ]] && echo "DRY2: functional check on one GPU, not a measurement"
 } > "$OUTDIR/$NAME-env.txt"
 cat "$OUTDIR/$NAME-env.txt"
@@ -245,13 +272,14 @@ run_side() {  # run_side TOOL JSON LOG CMD... : runs one bench side under a time
 }
 
 COMPARE_ARGS=()
-if [[ "$WORKLOAD" == long ]]; then
+if [[ $LONG == 1 ]]; then
   # Per side; both sides with the env file, the comparison and a try's kill grace stay inside one 10-minute call.
   if [[ "$SIDES" != both ]]; then BUDGET_MIX=${BUDGET_S:-540}; BUDGET_HF=${BUDGET_S:-540}
   else BUDGET_MIX=${BUDGET_S:-280}; BUDGET_HF=${BUDGET_S:-230}; fi
   MJ="$OUTDIR/$NAME-mixtune.json"; HJ="$OUTDIR/$NAME-hf.json"
-  LONG_COMMON=()
-  [[ -n "${LAYERS:-}" ]] && LONG_COMMON+=(--layers "$LAYERS")
+  LONG_COMMON=(--family "$FAMILY")
+  if [[ -n "${LAYERS:-}" ]]; then LONG_COMMON+=(--layers "$LAYERS")
+  elif [[ "$WORKLOAD" == gptoss-long ]]; then LONG_COMMON+=(--layers 5); fi  # the gptoss slice
   LONG_MIX=(--side mixtune --bin "$BIN_ABS" --configs "${LONG_MIXTUNE_CONFIGS:-full,selective,none}")
   LONG_HF=(--side hf --configs "${LONG_HF_CONFIGS:-on,off}")
   has_flag --recompute "${COMMON[@]}" "${MIX[@]}" && LONG_MIX=(--side mixtune --bin "$BIN_ABS")
@@ -279,10 +307,10 @@ if [[ "$WORKLOAD" == long ]]; then
   COMPARE_ARGS=("$MJ" "$HJ")
 else
   MJ="$OUTDIR/$NAME-mixtune.json"
-  MIX_CMD=("$BIN_ABS" bench --preset qwen3-30b-a3b "${MIX_ARGS[@]}")
+  MIX_CMD=("$BIN_ABS" bench --preset "$PRESET" "${MIX_ARGS[@]}")
   HF_LAUNCH=("$PY")
   if [[ $NPROC -gt 1 ]]; then
-    MIX_CMD=("$BIN_ABS" launch --nproc "$NPROC" -- bench --preset qwen3-30b-a3b "${MIX_ARGS[@]}")
+    MIX_CMD=("$BIN_ABS" launch --nproc "$NPROC" -- bench --preset "$PRESET" "${MIX_ARGS[@]}")
     HF_LAUNCH=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC")
   fi
   HJS=(); CMDS=(--command "$MJ=$(printf '%q ' "${MIX_CMD[@]}")")

@@ -60,6 +60,12 @@
 #         tokenizer) for CudaTrainer.PureBf16TracksCpuFp32OnQuickstartData when it is there.
 #         mixtune-standard-ab (the standard step with the old binary in .carry/mixtune-old.tar.xz and the new one,
 #         alternating AB_ORDER="old new old new": a refactor's cost in one call).
+#         gptoss (~2–3 min: a gpt-oss-20b slice, LAYERS=5 layers, seq 4096, micro-batch 1, grad-accum 8, mixtune
+#         --preset gpt-oss-20b against Transformers' GPT-OSS defaults: eager attention, grouped_mm, fused AdamW) |
+#         gptoss-long (at most ~9.5 min: the longest trainable sequence of that slice on each side, as long) |
+#         verify-gpt-oss (~2–4 min, CPU: tools/hf_reference/verify_gpt_oss_unseen.py, Transformers-made GPT-OSS
+#         checkpoints of shapes the fixtures lack against mixtune score, convert and one finetune step; VERIFY_ARGS
+#         e.g. "--random 4 --seed 7"; the PASS/FAIL table in verify-gpt-oss.md).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
 [[ $# -lt 2 ]] && { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2; }
@@ -94,7 +100,14 @@ for stage in "$@"; do
              && export MIXTUNE_QUICKSTART_DATA=/tmp/qsdata/qsdata  # CudaTrainer.PureBf16TracksCpuFp32OnQuickstartData
            MIXTUNE_TEST_BINARY=$BIN/mixtune GTEST_FILTER=${GTEST_FILTER:-Cuda*} bash scripts/gpu-check.sh "$BIN" "$LIB_DIR" 2>&1 | tee "$OUT/tests.log" \
              | tail -60 || rc=1 ;;
-    standard|fp32master|long|standard2|fp32master2|full8) OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$stage" || rc=1 ;;
+    standard|fp32master|long|standard2|fp32master2|full8|gptoss|gptoss-long)
+               OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$stage" || rc=1 ;;
+    verify-gpt-oss)  # Transformers-made GPT-OSS checkpoints of unseen shapes: score, convert, one finetune step
+      PYTHONUNBUFFERED=1 python3 tools/hf_reference/verify_gpt_oss_unseen.py "$BIN/mixtune" /tmp/verify-gpt-oss \
+        ${VERIFY_ARGS:-} > "$OUT/verify-gpt-oss.log" 2>&1 || rc=1
+      sed -n '/^variant  */,$p' "$OUT/verify-gpt-oss.log" | tee "$OUT/verify-gpt-oss.md"
+      grep -q '^verify-gpt-oss:' "$OUT/verify-gpt-oss.log" || tail -30 "$OUT/verify-gpt-oss.log"
+      cp /tmp/verify-gpt-oss/results.json "$OUT/verify-gpt-oss.json" 2>/dev/null ;;
     hf-smoke) OUT=$OUT bash bench/hf_smoke.sh || rc=1 ;;
     hf-realistic)  # Transformers' bf16 reference at a 2-layer Qwen3-30B-A3B slice, then the CUDA engine against it
       PYTHONUNBUFFERED=1 python3 tools/hf_reference/make_realistic_fixture.py /tmp/hf-realistic \

@@ -9,6 +9,7 @@
 #include "distributed/ep_row_budget.h"
 #include "io/atomic_file.h"
 #include "models/spec/config_writer.h"
+#include "models/decoder_costs.h"
 #include "models/presets.h"
 #include "models/spec/decoder_spec.h"
 #include "train/memory_plan.h"
@@ -72,6 +73,10 @@ void run_plan_only(const BenchArgs& a) {
   in.shard_parameters = a.shard_parameters;
   const MemoryPlan plan = memory_plan(in);
   std::printf("%s\n", plan.table().c_str());
+  // The FLOPs per token the run's JSON would report (models/decoder_costs.h), for comparison with another tool's
+  // count (bench/hf_baseline.py --print-flops) without a GPU.
+  std::printf("model FLOPs per token at seq %lld (training: 3 x forward; router, norms and biases excluded): %.0f\n",
+              static_cast<long long>(a.seq), decoder_train_flops_per_token(in.cfg, a.seq));
   std::fflush(stdout);
   if (!plan.fits) fail("bench --plan-only: {}", plan.refusal());
 }
@@ -130,7 +135,9 @@ void run_bench(const BenchArgs& a, const std::string& command) {
 void add_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Timed training steps on the GPU (tokens/s, TFLOP/s, MFU, memory), as JSON");
   static BenchArgs a;
-  cmd->add_option("--preset", a.preset, "model shapes: qwen3-30b-a3b | qwen3-moe-tiny | qwen3-moe-test");
+  std::string presets;  // the registry's, so that a new family's presets are listed without touching this file
+  for (const PresetInfo& p : preset_list()) presets += (presets.empty() ? "" : " | ") + p.name;
+  cmd->add_option("--preset", a.preset, "model shapes (default qwen3-30b-a3b): " + presets);
   cmd->add_option("--model", a.model, "take the config and weights from this checkpoint instead of a preset");
   cmd->add_option("--layers", a.layers, "slice the model to this many layers (0: all)");
   cmd->add_option("--seq", a.seq, "tokens per sequence");

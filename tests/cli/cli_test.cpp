@@ -136,6 +136,26 @@ TEST_F(Cli, BenchPlanOnlyDryRun) {
   }
 }
 
+// Every registered preset is a bench preset: the help lists the registry's, and GPT-OSS plans without a GPU. A
+// 5-layer gpt-oss-20b slice (the side-by-side's, 5.27 B parameters) fits an 80 GB H100; its FLOPs per token are
+// bench/hf_baseline.py --family gpt-oss --print-flops --layers 5 --seq 4096's (the sliding layers count their
+// 128-key window only).
+TEST_F(Cli, BenchPresetsComeFromTheRegistryAndGptOssPlans) {
+  RunResult help = run("bench --help");
+  EXPECT_EQ(help.code, 0) << help.err;
+  for (const char* p : {"qwen3-30b-a3b", "qwen3-moe-test", "gpt-oss-20b", "gpt-oss-120b"})
+    EXPECT_NE(help.out.find(p), std::string::npos) << p << "\n" << help.out;
+  RunResult oss = run("bench --plan-only --preset gpt-oss-20b --layers 5 --seq 4096 --device-gib 79.1");
+  EXPECT_EQ(oss.code, 0) << oss.out << oss.err;
+  EXPECT_NE(oss.out.find("memory plan: 5 layers (5 MoE), 5.27 B parameters"), std::string::npos) << oss.out;
+  EXPECT_NE(oss.out.find("model FLOPs per token at seq 4096 (training: 3 x forward; router, norms and biases "
+                         "excluded): 7476953088\n"),
+            std::string::npos)
+      << oss.out;
+  RunResult big = run("bench --plan-only --preset gpt-oss-120b --seq 4096");
+  EXPECT_NE(big.out.find("memory plan: 36 layers (36 MoE)"), std::string::npos) << big.out << big.err;
+}
+
 TEST_F(Cli, BadInputIsOneLineExitOneAndNoPartialOutput) {
   const fs::path model = dir / "model";
   ASSERT_EQ(run("init --preset qwen3-moe-test " + model.string()).code, 0);

@@ -19,6 +19,7 @@
 #include "layers/costs/moe_cost.h"
 #include "models/decoder_costs.h"
 #include "models/presets.h"
+#include "models/spec/config_writer.h"
 #include "train/memory_plan.h"
 
 namespace mt {
@@ -246,6 +247,29 @@ TEST(BlockCosts, FlopsSumTheBlocksAndTheHead) {
     EXPECT_EQ(decoder_flops_per_token(s, seq), forward);
     EXPECT_EQ(decoder_train_flops_per_token(s, seq), 3 * forward);
   }
+}
+
+// gpt-oss-20b sliced to 5 layers: layers 0, 2, 4 slide over 128 keys, layers 1, 3 attend causally, so their
+// attention cores differ. At seq 4096 a sliding layer's queries meet (4096² − 3968²) / 2 / 4096 = 126 keys on
+// average, a causal layer's 2048. Every term is an integer below 2^53: the sums are exact in any order. The train
+// total is the number bench/hf_baseline.py --family gpt-oss --print-flops --layers 5 --seq 4096 prints.
+TEST(BlockCosts, GptOssSlidingLayersCountOnlyTheKeysInTheirWindow) {
+  nlohmann::json j = preset_config_json("gpt-oss-20b");
+  config_json_set_layers(j, 5);
+  const DecoderSpec s = DecoderSpec::from_json(j, "gpt-oss-20b");
+  for (int64_t l = 0; l < 5; ++l) EXPECT_EQ(s.attention_of(l)->sliding_window, l % 2 == 0 ? 128 : 0) << l;
+  const double H = 2880, Hq = 64, Hkv = 8, D = 64, I = 2880, V = 201088;
+  const double proj = 2.0 * (H * Hq * D + H * Hkv * D + H * Hkv * D + Hq * D * H);
+  const double experts = 4 * 2.0 * 3 * H * I;  // top-4, router left out
+  const auto core = [&](double keys) { return 2.0 * keys * Hq * (D + D); };
+  const double forward = 2.0 * V * H + 5 * (proj + experts) + 3 * core(126) + 2 * core(2048);
+  EXPECT_EQ(decoder_flops_per_token(s, 4096), forward);
+  EXPECT_EQ(decoder_train_flops_per_token(s, 4096), 7476953088.0);
+  // A sequence no longer than the window: every layer is causal.
+  EXPECT_EQ(decoder_flops_per_token(s, 128), 2.0 * V * H + 5 * (proj + experts) + 5 * core(64));
+  // Between: 200 tokens, (200² − 72²) / 2 / 200 = 87.04 keys per query on the sliding layers.
+  EXPECT_DOUBLE_EQ(decoder_flops_per_token(s, 200),
+                   2.0 * V * H + 5 * (proj + experts) + 3 * core(87.04) + 2 * core(100));
 }
 
 TEST(BlockCosts, RopeTablesOnePerAttentionConfigurationInUse) {
