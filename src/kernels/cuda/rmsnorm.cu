@@ -19,9 +19,11 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 
 // One warp per row. With `res`, the row is first replaced by x + res (rounded to T) and written to `sum`.
+// round_once (GPT-OSS): out = w·(x·rstd) rounded once, instead of w·round(x·rstd) rounded again.
 template <typename T>
 __global__ void rmsnorm_forward_kernel(const T* x, const T* res, const T* __restrict__ w,
-                                       T* sum, T* out, float* rstd_out, int64_t rows, int64_t n, float eps) {
+                                       T* sum, T* out, float* rstd_out, int64_t rows, int64_t n, float eps,
+                                       bool round_once) {
   pdl_wait();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
@@ -49,7 +51,7 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* res, const T* __rest
   T* orow = out + row * n;
   for (int64_t i = lane; i < n; i += 32) {
     const float y = Elt<T>::load(xr, i) * rstd;
-    Elt<T>::store(orow, i, Elt<T>::load(w, i) * Elt<T>::round(y));
+    Elt<T>::store(orow, i, Elt<T>::load(w, i) * (round_once ? y : Elt<T>::round(y)));
   }
 }
 
@@ -173,7 +175,8 @@ __device__ inline void rope_lane(const float (&own)[8], const float (&partner)[8
 template <int VPL, int LANES>
 __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x, const bf16* res,
                                                                    const bf16* __restrict__ w, bf16* sum, bf16* out,
-                                                                   float* rstd_out, int64_t rows, float eps) {
+                                                                   float* rstd_out, int64_t rows, float eps,
+                                                                   bool round_once) {
   pdl_wait();
   constexpr int kN = VPL * LANES * 8;
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
@@ -210,8 +213,13 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_rows_kernel(const bf16* x
     float f[8], wf[8];
     bf16x8_to_float(h[j], f);
     bf16x8_to_float(*reinterpret_cast<const uint4*>(w + c), wf);
+    if (round_once) {  // GPT-OSS: bf16(w · (x·rstd))
 #pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] = wf[e] * Elt<bf16>::round(f[e] * rstd);
+      for (int e = 0; e < 8; ++e) f[e] = wf[e] * (f[e] * rstd);
+    } else {  // Qwen: bf16(w · bf16(x·rstd))
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = wf[e] * Elt<bf16>::round(f[e] * rstd);
+    }
     *reinterpret_cast<uint4*>(out + base + c) = float_to_bf16x8(f);
   }
 }
@@ -509,7 +517,7 @@ Rows check_norm_io(const Tensor& x, const Tensor& w, const char* op) {
 
 template <typename T>
 void launch_forward(const Tensor& x, const Tensor* res, const Tensor& w, float eps, Tensor* sum, Tensor& out,
-                    Tensor* rstd, const Rows& r, cudaStream_t stream) {
+                    Tensor* rstd, bool round_once, const Rows& r, cudaStream_t stream) {
   if (r.rows == 0 || r.n == 0) return;
   if constexpr (std::is_same_v<T, bf16>) {
     const RowLayout l = row_layout(r.n);
@@ -520,27 +528,28 @@ void launch_forward(const Tensor& x, const Tensor* res, const Tensor& w, float e
       with_row_layout<16>(l, [&]<int VPL, int LANES>() {
         const unsigned blocks = blocks_for(r.rows * LANES, 256);
         launch_kernel(rmsnorm_forward_rows_kernel<VPL, LANES>, blocks, 256, 0, stream, x.data_as<bf16>(), resp,
-            w.data_as<bf16>(), sump, out.data_as<bf16>(), rstd ? rstd->data_as<float>() : nullptr, r.rows, eps);
+            w.data_as<bf16>(), sump, out.data_as<bf16>(), rstd ? rstd->data_as<float>() : nullptr, r.rows, eps,
+            round_once);
       });
       return;
     }
   }
   launch_kernel(rmsnorm_forward_kernel<T>, blocks_for(r.rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream,
       x.data_as<T>(), res ? res->data_as<T>() : nullptr, w.data_as<T>(), sum ? sum->data_as<T>() : nullptr,
-      out.data_as<T>(), rstd ? rstd->data_as<float>() : nullptr, r.rows, r.n, eps);
+      out.data_as<T>(), rstd ? rstd->data_as<float>() : nullptr, r.rows, r.n, eps, round_once);
 }
 
 void forward_any(const Tensor& x, const Tensor* res, const Tensor& w, float eps, Tensor* sum, Tensor& out,
-                 Tensor* rstd, cudaStream_t stream, const char* op) {
+                 Tensor* rstd, bool round_once, cudaStream_t stream, const char* op) {
   const Rows r = check_norm_io(x, w, op);
   check_tensor(out, op, r.device, x.dtype(), x.numel());
   if (res) check_tensor(*res, op, r.device, x.dtype(), x.numel());
   if (sum) check_tensor(*sum, op, r.device, x.dtype(), x.numel());
   if (rstd) check_tensor(*rstd, op, r.device, DType::F32, r.rows);
   if (x.dtype() == DType::BF16)
-    launch_forward<bf16>(x, res, w, eps, sum, out, rstd, r, stream);
+    launch_forward<bf16>(x, res, w, eps, sum, out, rstd, round_once, r, stream);
   else
-    launch_forward<float>(x, res, w, eps, sum, out, rstd, r, stream);
+    launch_forward<float>(x, res, w, eps, sum, out, rstd, round_once, r, stream);
 }
 
 std::atomic<bool> g_backward_prefetch_next{true};
@@ -603,13 +612,14 @@ void launch_backward(const Tensor& dy, const Tensor& x, const Tensor& w, float e
 
 }  // namespace
 
-void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& out, Tensor* rstd, cudaStream_t stream) {
-  forward_any(x, nullptr, w, eps, nullptr, out, rstd, stream, "rmsnorm_forward");
+void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& out, Tensor* rstd, cudaStream_t stream,
+                     bool round_once) {
+  forward_any(x, nullptr, w, eps, nullptr, out, rstd, round_once, stream, "rmsnorm_forward");
 }
 
 void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps, Tensor& sum,
-                              Tensor& out, Tensor* rstd, cudaStream_t stream) {
-  forward_any(x, &residual, w, eps, &sum, out, rstd, stream, "rmsnorm_residual_forward");
+                              Tensor& out, Tensor* rstd, cudaStream_t stream, bool round_once) {
+  forward_any(x, &residual, w, eps, &sum, out, rstd, round_once, stream, "rmsnorm_residual_forward");
 }
 
 namespace {

@@ -1,6 +1,8 @@
 // RMSNorm over the last dimension (Qwen3RMSNorm), also the QK-norm (rows = tokens × heads, n = head_dim).
 // The activation dtype T (BF16 or F32) is that of x; w, out, the residual and the gradients dy/dx use T too.
-//   BF16: out = bf16(w · bf16(x·rstd)) (HF's two roundings, hf-numerics.md §1.1); F32: out = w · x·rstd.
+//   BF16: out = bf16(w · bf16(x·rstd)) (HF's two roundings, hf-numerics.md §1.1), or with round_once
+//   out = bf16(w · (x·rstd)) (GPT-OSS's RMSNorm: the product in fp32, one rounding; NormRounding::gpt_oss).
+//   F32: out = w · x·rstd (round_once changes nothing). The backward is the same for both (fp32 on x).
 //   rstd = rsqrt(mean(x²) + eps) in fp32.
 // Outputs may alias inputs elementwise (out = x, sum = x or residual, dx = dy or dresidual).
 #pragma once
@@ -12,12 +14,13 @@
 namespace mt::cuda {
 
 // x [..., n], w [n] -> out [..., n]; rstd (optional, F32 [rows]) receives rsqrt(mean(x²)+eps).
-void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& out, Tensor* rstd, cudaStream_t stream);
+void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& out, Tensor* rstd, cudaStream_t stream,
+                     bool round_once = false);
 
 // Fused residual add + norm: sum = x + residual (bf16-rounded in BF16, as HF adds two bf16 tensors),
 // out = rmsnorm(sum). `sum` is the new residual stream.
 void rmsnorm_residual_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps, Tensor& sum,
-                              Tensor& out, Tensor* rstd, cudaStream_t stream);
+                              Tensor& out, Tensor* rstd, cudaStream_t stream, bool round_once = false);
 
 // dy [..., n] -> dx (overwritten) = d(out)/d(x)ᵀ·dy (+ dresidual when given: the gradient that reached the
 // residual stream directly); dw F32 [n] += Σ_rows dy ⊙ x·rstd. fp32 math on x without the bf16 roundings

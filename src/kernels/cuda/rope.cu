@@ -1,5 +1,6 @@
 #include "kernels/cuda/rope.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/cuda_check.h"
@@ -18,9 +19,11 @@ struct InvFreq {
   float v[kRopeMaxHeadDim / 2];
 };
 
+// attention_factor (YaRN's attention scaling) multiplies the fp32 values before the bf16 rounding, as the CPU
+// reference and Transformers do; 1 leaves them unchanged.
 template <typename P>
-__global__ void rope_tables_kernel(const P* __restrict__ pos, InvFreq inv, int64_t T, int64_t half, bool bf16_out,
-                                   float* cos_out, float* sin_out) {
+__global__ void rope_tables_kernel(const P* __restrict__ pos, InvFreq inv, float attention_factor, int64_t T,
+                                   int64_t half, bool bf16_out, float* cos_out, float* sin_out) {
   pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= T * half) return;
@@ -28,8 +31,8 @@ __global__ void rope_tables_kernel(const P* __restrict__ pos, InvFreq inv, int64
   const float f = inv.v[j] * static_cast<float>(pos[t]);
   // Double-precision cos/sin rounded once to fp32: the correctly rounded value, which is what the
   // host libm returns for the CPU reference (CUDA's fp32 cosf may be 1-2 ulp off).
-  float c = static_cast<float>(cos(static_cast<double>(f)));
-  float s = static_cast<float>(sin(static_cast<double>(f)));
+  float c = static_cast<float>(cos(static_cast<double>(f))) * attention_factor;
+  float s = static_cast<float>(sin(static_cast<double>(f))) * attention_factor;
   if (bf16_out) c = Elt<bf16>::round(c), s = Elt<bf16>::round(s);
   cos_out[i] = c;
   sin_out[i] = s;
@@ -125,32 +128,53 @@ RopeDims check_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const
 
 }  // namespace
 
+namespace {
+
+void tables_launch(const Tensor& positions, const InvFreq& inv, float attention_factor, int64_t half, bool bf16_out,
+                   Tensor& cos, Tensor& sin, cudaStream_t stream, const char* op) {
+  MT_CUDA_REQUIRE(positions.defined() && positions.device().is_cuda() &&
+                      (positions.dtype() == DType::I64 || positions.dtype() == DType::I32),
+                  std::string(op) + ": positions must be I64 or I32 on a CUDA device, got " + tensor_where(positions));
+  const int dev = positions.device().index;
+  const int64_t T = positions.numel();
+  check_tensor(cos, op, dev, DType::F32, T * half);
+  check_tensor(sin, op, dev, DType::F32, T * half);
+  if (T == 0) return;
+  const unsigned blocks = blocks_for(T * half, 256);
+  if (positions.dtype() == DType::I64)
+    launch_kernel(rope_tables_kernel<int64_t>, blocks, 256, 0, stream, positions.data_as<int64_t>(), inv,
+        attention_factor, T, half, bf16_out, cos.data_as<float>(), sin.data_as<float>());
+  else
+    launch_kernel(rope_tables_kernel<int32_t>, blocks, 256, 0, stream, positions.data_as<int32_t>(), inv,
+        attention_factor, T, half, bf16_out, cos.data_as<float>(), sin.data_as<float>());
+}
+
+}  // namespace
+
 void rope_tables(const Tensor& positions, int64_t head_dim, double theta, bool bf16_out, Tensor& cos, Tensor& sin,
                  cudaStream_t stream) {
   const char* op = "rope_tables";
   MT_CUDA_REQUIRE(head_dim > 0 && head_dim % 2 == 0 && head_dim <= kRopeMaxHeadDim,
                   std::string(op) + ": head_dim must be even and in [2, 512], got " + std::to_string(head_dim));
-  MT_CUDA_REQUIRE(positions.defined() && positions.device().is_cuda() &&
-                      (positions.dtype() == DType::I64 || positions.dtype() == DType::I32),
-                  std::string(op) + ": positions must be I64 or I32 on a CUDA device, got " + tensor_where(positions));
-  const int dev = positions.device().index;
-  const int64_t T = positions.numel(), half = head_dim / 2;
-  check_tensor(cos, op, dev, DType::F32, T * half);
-  check_tensor(sin, op, dev, DType::F32, T * half);
+  const int64_t half = head_dim / 2;
   InvFreq inv{};
   const float base = static_cast<float>(theta);
   for (int64_t i = 0; i < half; ++i) {
     const float e = static_cast<float>(2 * i) / static_cast<float>(head_dim);
     inv.v[i] = 1.0f / std::pow(base, e);  // the CPU reference's (and Transformers') fp32 formula
   }
-  if (T == 0) return;
-  const unsigned blocks = blocks_for(T * half, 256);
-  if (positions.dtype() == DType::I64)
-    launch_kernel(rope_tables_kernel<int64_t>, blocks, 256, 0, stream, positions.data_as<int64_t>(), inv, T, half,
-        bf16_out, cos.data_as<float>(), sin.data_as<float>());
-  else
-    launch_kernel(rope_tables_kernel<int32_t>, blocks, 256, 0, stream, positions.data_as<int32_t>(), inv, T, half,
-        bf16_out, cos.data_as<float>(), sin.data_as<float>());
+  tables_launch(positions, inv, 1.0f, half, bf16_out, cos, sin, stream, op);
+}
+
+void rope_tables(const Tensor& positions, const std::vector<float>& inv_freq, float attention_factor, bool bf16_out,
+                 Tensor& cos, Tensor& sin, cudaStream_t stream) {
+  const char* op = "rope_tables";
+  const int64_t half = static_cast<int64_t>(inv_freq.size());
+  MT_CUDA_REQUIRE(half > 0 && 2 * half <= kRopeMaxHeadDim,
+                  std::string(op) + ": " + std::to_string(half) + " frequencies (head_dim must be in [2, 512])");
+  InvFreq inv{};
+  std::copy(inv_freq.begin(), inv_freq.end(), inv.v);
+  tables_launch(positions, inv, attention_factor, half, bf16_out, cos, sin, stream, op);
 }
 
 void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out, cudaStream_t stream) {

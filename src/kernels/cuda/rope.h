@@ -5,6 +5,8 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <vector>
+
 #include "core/tensor.h"
 
 namespace mt::cuda {
@@ -15,6 +17,12 @@ constexpr int64_t kRopeMaxHeadDim = 512;
 // bf16: the values are rounded to bf16 (HF casts the tables to the model dtype). D even, <= 512.
 void rope_tables(const Tensor& positions, int64_t head_dim, double theta, bool bf16, Tensor& cos, Tensor& sin,
                  cudaStream_t stream);
+
+// The same from given inverse frequencies [D/2] (YaRN's, computed on the host by cpu::rope_yarn_inv_freq), cos and
+// sin multiplied by attention_factor in fp32 before the bf16 rounding, as cpu::rope_tables(positions, inv_freq,
+// attention_factor, bf16) (GPT-OSS: ≈ 1.34657). attention_factor 1 gives the tables above bit for bit.
+void rope_tables(const Tensor& positions, const std::vector<float>& inv_freq, float attention_factor, bool bf16,
+                 Tensor& cos, Tensor& sin, cudaStream_t stream);
 
 // x [T, heads, D] (any shape of T·heads·D elements, BF16 or F32) -> out, same dtype; out may be x.
 // BF16: bf16(bf16(x·cos) + bf16(rotate_half(x)·sin)), HF's per-op rounding.

@@ -20,8 +20,11 @@ AuxStats aux_stats_zeros(int64_t experts, int device, cudaStream_t stream) {
   return s;
 }
 
-RouterResult router_forward(const Tensor& logits, int64_t top_k, bool norm_topk_prob, bool bf16, AuxStats* stats,
-                            cudaStream_t stream) {
+namespace {
+
+// Both routers: topk_softmax picks GPT-OSS's (norm_topk_prob unused), else Qwen's.
+RouterResult route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, bool topk_softmax, bool bf16,
+                   AuxStats* stats, cudaStream_t stream) {
   MT_CHECK(logits.defined() && logits.ndim() == 2, "router logits must be [T, E], got {}",
            logits.defined() ? logits.desc() : "undefined");
   const int64_t T = logits.dim(0), E = logits.dim(1);
@@ -47,7 +50,8 @@ RouterResult router_forward(const Tensor& logits, int64_t top_k, bool norm_topk_
     part_psum = Tensor::empty({blocks, E}, DType::F32, logits.device());
   }
   detail::router_forward_launch(logits.data(), logits.dtype() == DType::BF16, static_cast<int>(T), static_cast<int>(E),
-                                static_cast<int>(top_k), norm_topk_prob, bf16, static_cast<int>(tokens_per_block),
+                                static_cast<int>(top_k), norm_topk_prob, bf16, topk_softmax,
+                                static_cast<int>(tokens_per_block),
                                 blocks, r.index.data_as<int32_t>(), r.weights.data_as<float>(),
                                 stats ? part_count.data_as<int32_t>() : nullptr,
                                 stats ? part_psum.data_as<float>() : nullptr, stream);
@@ -58,6 +62,18 @@ RouterResult router_forward(const Tensor& logits, int64_t top_k, bool norm_topk_
     stats->rows += T;
   }
   return r;
+}
+
+}  // namespace
+
+RouterResult router_forward(const Tensor& logits, int64_t top_k, bool norm_topk_prob, bool bf16, AuxStats* stats,
+                            cudaStream_t stream) {
+  return route(logits, top_k, norm_topk_prob, false, bf16, stats, stream);
+}
+
+RouterResult router_topk_softmax_forward(const Tensor& logits, int64_t top_k, bool bf16, AuxStats* stats,
+                                         cudaStream_t stream) {
+  return route(logits, top_k, false, true, bf16, stats, stream);
 }
 
 void aux_loss_finish(const AuxStats& stats, bool bf16, double daux, Tensor& aux, Tensor& aux_dp, cudaStream_t stream) {
@@ -108,8 +124,9 @@ void router_inject_fault(RouterResult& r, const Tensor& logits, int every, cudaS
                                     T, static_cast<int>(k), static_cast<int>(E), every, stream);
 }
 
-void router_backward(const Tensor& dweights, const Tensor& logits, const RouterResult& r, bool norm_topk_prob,
-                     const Tensor& aux_dp, bool bf16, Tensor& dlogits, cudaStream_t stream) {
+namespace {
+void route_backward(const Tensor& dweights, const Tensor& logits, const RouterResult& r, bool norm_topk_prob,
+                    bool topk_softmax, const Tensor& aux_dp, bool bf16, Tensor& dlogits, cudaStream_t stream) {
   MT_CHECK(logits.defined() && logits.ndim() == 2, "router logits must be [T, E]");
   const int64_t T = logits.dim(0), E = logits.dim(1);
   check_device_tensor2(logits, "router logits", DType::F32, DType::BF16, {T, E});
@@ -125,7 +142,18 @@ void router_backward(const Tensor& dweights, const Tensor& logits, const RouterR
   detail::router_backward_launch(dweights.data_as<float>(), logits.data(), logits.dtype() == DType::BF16,
                                  r.index.data_as<int32_t>(), aux_dp.defined() ? aux_dp.data_as<float>() : nullptr,
                                  static_cast<int>(T), static_cast<int>(E), static_cast<int>(k), norm_topk_prob, bf16,
-                                 dlogits.data(), dlogits.dtype() == DType::BF16, stream);
+                                 topk_softmax, dlogits.data(), dlogits.dtype() == DType::BF16, stream);
+}
+}  // namespace
+
+void router_backward(const Tensor& dweights, const Tensor& logits, const RouterResult& r, bool norm_topk_prob,
+                     const Tensor& aux_dp, bool bf16, Tensor& dlogits, cudaStream_t stream) {
+  route_backward(dweights, logits, r, norm_topk_prob, false, aux_dp, bf16, dlogits, stream);
+}
+
+void router_topk_softmax_backward(const Tensor& dweights, const Tensor& logits, const RouterResult& r,
+                                  const Tensor& aux_dp, bool bf16, Tensor& dlogits, cudaStream_t stream) {
+  route_backward(dweights, logits, r, false, true, aux_dp, bf16, dlogits, stream);
 }
 
 }  // namespace mt::cuda

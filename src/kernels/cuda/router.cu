@@ -39,17 +39,23 @@ __device__ __forceinline__ bool ranks_before(float va, int ia, float vb, int ib)
   return ia < ib;
 }
 
-// fp32 softmax of one token's logits, as softmax_rows_f32 does on the CPU: max, exp(x − max) in fp32,
-// the sum in double, one fp32 division. Lanes beyond E hold p = 0.
+// One token's logits into the lanes (expert lane + 32j in x[j]); lanes beyond E hold −inf.
 template <int EPL, typename Tin>
-__device__ __forceinline__ void softmax_token(const Tin* row, int E, int lane, float (&p)[EPL]) {
-  float m = -INFINITY;
+__device__ __forceinline__ void load_token(const Tin* row, int E, int lane, float (&x)[EPL]) {
 #pragma unroll
   for (int j = 0; j < EPL; ++j) {
     const int e = lane + 32 * j;
-    p[j] = e < E ? to_float(row[e]) : -INFINITY;
-    m = fmaxf(m, p[j]);
+    x[j] = e < E ? to_float(row[e]) : -INFINITY;
   }
+}
+
+// fp32 softmax of one token's logits (in place, from load_token), as softmax_rows_f32 does on the CPU: max,
+// exp(x − max) in fp32, the sum in double, one fp32 division. Lanes beyond E hold p = 0.
+template <int EPL>
+__device__ __forceinline__ void softmax_lanes(int E, int lane, float (&p)[EPL]) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < EPL; ++j) m = fmaxf(m, p[j]);
   m = mma::warp_max(m);
   double s = 0.0;
 #pragma unroll
@@ -61,6 +67,27 @@ __device__ __forceinline__ void softmax_token(const Tin* row, int E, int lane, f
   const float fs = static_cast<float>(mma::warp_sum(s));
 #pragma unroll
   for (int j = 0; j < EPL; ++j) p[j] = p[j] / fs;
+}
+
+// GPT-OSS's routing weights: the softmax over the k selected logits (lane s < k holds the s-th, `x`), as the CPU's
+// softmax_rows_f32 over those k values: max, exp(x − max) in fp32, summed in double in slot order, one division.
+// Returns lane s's weight (lanes >= k: 0).
+__device__ __forceinline__ float topk_softmax_lane(float x, int k, int lane) {
+  const float m = mma::warp_max(lane < k ? x : -INFINITY);
+  const float ex = lane < k ? expf(x - m) : 0.0f;
+  double s = 0.0;
+  for (int j = 0; j < k; ++j) s += __shfl_sync(0xffffffffu, ex, j);
+  return lane < k ? ex / static_cast<float>(s) : 0.0f;
+}
+
+// The value x[e] of expert e (held by lane e % 32 in slot e / 32), delivered to every lane.
+template <int EPL>
+__device__ __forceinline__ float value_of_expert(const float (&x)[EPL], int e) {
+  float v = 0.0f;
+#pragma unroll
+  for (int j = 0; j < EPL; ++j)
+    if (j == (e >> 5)) v = x[j];
+  return __shfl_sync(0xffffffffu, v, e & 31);
 }
 
 // Top-k over the warp's probabilities. Returns this lane's mask of selected j (bit j = expert lane+32j);
@@ -90,11 +117,14 @@ __device__ __forceinline__ uint32_t topk_warp(const float (&p)[EPL], int E, int 
   return taken & ~padding;
 }
 
+// topk_softmax (GPT-OSS): the top-k of the logits themselves and a softmax over those k; the statistics still come
+// from the full softmax and its own top-k (the aux loss reads softmax(logits), hf-numerics.md §4.2).
 template <int EPL, typename Tin>
 __global__ void __launch_bounds__(kWarps * 32)
     router_forward_kernel(const Tin* __restrict__ logits, int T, int E, int k, bool norm, bool bf16_mode,
-                          int tokens_per_block, int32_t* __restrict__ index, float* __restrict__ weights,
-                          int32_t* __restrict__ part_count, float* __restrict__ part_psum) {
+                          bool topk_softmax, int tokens_per_block, int32_t* __restrict__ index,
+                          float* __restrict__ weights, int32_t* __restrict__ part_count,
+                          float* __restrict__ part_psum) {
   pdl_wait();
   extern __shared__ float smem[];  // [kWarps][E] psum, then [kWarps][E] counts (as int)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -107,17 +137,31 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int t0 = blockIdx.x * tokens_per_block, t1 = min(T, t0 + tokens_per_block);
   for (int t = t0 + warp; t < t1; t += kWarps) {
     float p[EPL];
-    softmax_token<EPL>(logits + static_cast<int64_t>(t) * E, E, lane, p);
+    load_token<EPL>(logits + static_cast<int64_t>(t) * E, E, lane, p);
     int idx = 0;
     float val = 0.0f;
-    const uint32_t sel = topk_warp<EPL>(p, E, k, lane, idx, val);
-    // Renormalise in slot order, the CPU's summation order.
-    float sum = 0.0f;
-    for (int s = 0; s < k; ++s) sum += __shfl_sync(0xffffffffu, val, s);
-    if (lane < k) {
-      const float v = norm ? val / sum : val;
-      index[static_cast<int64_t>(t) * k + lane] = idx;
-      weights[static_cast<int64_t>(t) * k + lane] = bf16_mode ? round_bf16_dev(v) : v;
+    uint32_t sel = 0;
+    if (topk_softmax) {
+      sel = topk_warp<EPL>(p, E, k, lane, idx, val);  // of the logits
+      const float v = topk_softmax_lane(val, k, lane);
+      if (lane < k) {
+        index[static_cast<int64_t>(t) * k + lane] = idx;
+        weights[static_cast<int64_t>(t) * k + lane] = bf16_mode ? round_bf16_dev(v) : v;
+      }
+      if (!stats) continue;
+      softmax_lanes<EPL>(E, lane, p);
+      if (!bf16_mode) sel = topk_warp<EPL>(p, E, k, lane, idx, val);  // the aux loss's top-k is of p
+    } else {
+      softmax_lanes<EPL>(E, lane, p);
+      sel = topk_warp<EPL>(p, E, k, lane, idx, val);
+      // Renormalise in slot order, the CPU's summation order.
+      float sum = 0.0f;
+      for (int s = 0; s < k; ++s) sum += __shfl_sync(0xffffffffu, val, s);
+      if (lane < k) {
+        const float v = norm ? val / sum : val;
+        index[static_cast<int64_t>(t) * k + lane] = idx;
+        weights[static_cast<int64_t>(t) * k + lane] = bf16_mode ? round_bf16_dev(v) : v;
+      }
     }
     if (stats) {
       if (bf16_mode) {
@@ -225,28 +269,71 @@ __global__ void router_fault_index_kernel(int32_t* __restrict__ index, const Tin
   }
 }
 
+// topk_softmax (GPT-OSS): the routing path is the k-way softmax's backward on the selected logits only,
+// dl_s = v_s·(dw_s − Σ_j dw_j·v_j) with v recomputed as the forward computed it; the aux path as for Qwen.
 template <int EPL, typename Tin, typename Tout>
 __global__ void __launch_bounds__(kWarps * 32)
     router_backward_kernel(const float* __restrict__ dweights, const Tin* __restrict__ logits,
                            const int32_t* __restrict__ index, const float* __restrict__ aux_dp, int T, int E, int k,
-                           bool norm, bool bf16_mode, Tout* __restrict__ dlogits) {
+                           bool norm, bool bf16_mode, bool topk_softmax, Tout* __restrict__ dlogits) {
   pdl_wait();
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * kWarps + threadIdx.x / 32;
   if (t >= T) return;
   float p[EPL];
-  softmax_token<EPL>(logits + static_cast<int64_t>(t) * E, E, lane, p);
+  load_token<EPL>(logits + static_cast<int64_t>(t) * E, E, lane, p);
   const int my_idx = lane < k ? index[static_cast<int64_t>(t) * k + lane] : 0;
   const float my_dw = lane < k ? dweights[static_cast<int64_t>(t) * k + lane] : 0.0f;
+  if (topk_softmax) {
+    float my_x = 0.0f;
+    for (int s = 0; s < k; ++s) {
+      const float xs = value_of_expert<EPL>(p, min(max(__shfl_sync(0xffffffffu, my_idx, s), 0), E - 1));
+      if (lane == s) my_x = xs;
+    }
+    const float v = topk_softmax_lane(my_x, k, lane);
+    double dot = 0.0;  // in slot order, as the CPU
+    for (int s = 0; s < k; ++s)
+      dot += static_cast<double>(__shfl_sync(0xffffffffu, my_dw, s)) * __shfl_sync(0xffffffffu, v, s);
+    const float g = v * (my_dw - static_cast<float>(dot));
+    float dl[EPL];
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) dl[j] = 0.0f;
+    for (int s = 0; s < k; ++s) {
+      const int e = min(max(__shfl_sync(0xffffffffu, my_idx, s), 0), E - 1);
+      const float gs = __shfl_sync(0xffffffffu, g, s);
+      if ((e & 31) == lane) {
+#pragma unroll
+        for (int j = 0; j < EPL; ++j)
+          if (j == (e >> 5)) dl[j] = gs;
+      }
+    }
+    if (aux_dp) {
+      softmax_lanes<EPL>(E, lane, p);
+      float pa[EPL], ad[EPL];
+      double dot2 = 0.0;
+#pragma unroll
+      for (int j = 0; j < EPL; ++j) {
+        const int e = lane + 32 * j;
+        pa[j] = bf16_mode ? round_bf16_dev(p[j]) : p[j];
+        ad[j] = e < E ? aux_dp[e] : 0.0f;
+        dot2 += static_cast<double>(pa[j]) * ad[j];
+      }
+      const float fdot2 = static_cast<float>(mma::warp_sum(dot2));
+#pragma unroll
+      for (int j = 0; j < EPL; ++j) dl[j] += pa[j] * (ad[j] - fdot2);
+    }
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) {
+      const int e = lane + 32 * j;
+      if (e < E) store_out(dlogits + static_cast<int64_t>(t) * E + e, dl[j]);
+    }
+    return;
+  }
+  softmax_lanes<EPL>(E, lane, p);
   // p at each selected expert, fetched from its owner lane into the slot's lane.
   float my_p = 0.0f;
   for (int s = 0; s < k; ++s) {
-    const int e = min(max(__shfl_sync(0xffffffffu, my_idx, s), 0), E - 1);
-    float pj = 0.0f;
-#pragma unroll
-    for (int j = 0; j < EPL; ++j)
-      if (j == (e >> 5)) pj = p[j];
-    pj = __shfl_sync(0xffffffffu, pj, e & 31);
+    const float pj = value_of_expert<EPL>(p, min(max(__shfl_sync(0xffffffffu, my_idx, s), 0), E - 1));
     if (lane == s) my_p = pj;
   }
   float g = my_dw;
@@ -335,8 +422,8 @@ void with_epl(int epl, F&& f) {
 namespace detail {
 
 void router_forward_launch(const void* logits, bool logits_bf16, int T, int E, int k, bool norm, bool bf16_mode,
-                           int tokens_per_block, int blocks, int32_t* index, float* weights, int32_t* part_count,
-                           float* part_psum, cudaStream_t stream) {
+                           bool topk_softmax, int tokens_per_block, int blocks, int32_t* index, float* weights,
+                           int32_t* part_count, float* part_psum, cudaStream_t stream) {
   const size_t smem = part_count ? static_cast<size_t>(kWarps) * E * 8 : 0;
   with_epl(experts_per_lane(E), [&](auto epl_c) {
     constexpr int EPL = decltype(epl_c)::value;
@@ -345,8 +432,8 @@ void router_forward_launch(const void* logits, bool logits_bf16, int T, int E, i
       auto kern = router_forward_kernel<EPL, Tin>;
       if (smem > 48 * 1024)
         MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      launch_kernel(kern, blocks, kWarps * 32, smem, stream, in, T, E, k, norm, bf16_mode, tokens_per_block, index,
-          weights, part_count, part_psum);
+      launch_kernel(kern, blocks, kWarps * 32, smem, stream, in, T, E, k, norm, bf16_mode, topk_softmax,
+          tokens_per_block, index, weights, part_count, part_psum);
     };
     if (logits_bf16)
       launch(static_cast<const bf16*>(logits));
@@ -386,8 +473,8 @@ void router_fault_index_launch(int32_t* index, const void* logits, bool logits_b
 }
 
 void router_backward_launch(const float* dweights, const void* logits, bool logits_bf16, const int32_t* index,
-                            const float* aux_dp, int T, int E, int k, bool norm, bool bf16_mode, void* dlogits,
-                            bool dlogits_bf16, cudaStream_t stream) {
+                            const float* aux_dp, int T, int E, int k, bool norm, bool bf16_mode, bool topk_softmax,
+                            void* dlogits, bool dlogits_bf16, cudaStream_t stream) {
   const int blocks = (T + kWarps - 1) / kWarps;
   with_epl(experts_per_lane(E), [&](auto epl_c) {
     constexpr int EPL = decltype(epl_c)::value;
@@ -395,7 +482,7 @@ void router_backward_launch(const float* dweights, const void* logits, bool logi
       using Tin = std::remove_const_t<std::remove_pointer_t<decltype(in)>>;
       using Tout = std::remove_pointer_t<decltype(out)>;
       launch_kernel(router_backward_kernel<EPL, Tin, Tout>, blocks, kWarps * 32, 0, stream, dweights, in, index,
-          aux_dp, T, E, k, norm, bf16_mode, out);
+          aux_dp, T, E, k, norm, bf16_mode, topk_softmax, out);
     };
     auto with_out = [&](auto* in) {
       if (dlogits_bf16)

@@ -1,4 +1,4 @@
-// Fused top-k router of Qwen3-MoE on the GPU (the CPU twin is kernels/cpu/router.h + aux_loss.h):
+// Fused top-k routers of Qwen3-MoE and GPT-OSS on the GPU (the CPU twin is kernels/cpu/router.h + aux_loss.h):
 // after the router GEMM, one warp per token does softmax (fp32) -> top-k -> optional renormalisation
 // -> routing weights, and gathers the load-balancing statistics (per-expert top-k counts and the sum of
 // the router probabilities) without a host sync. Backward recomputes the softmax from the logits.
@@ -34,6 +34,13 @@ AuxStats aux_stats_zeros(int64_t experts, int device, cudaStream_t stream);
 RouterResult router_forward(const Tensor& logits, int64_t top_k, bool norm_topk_prob, bool bf16, AuxStats* stats,
                             cudaStream_t stream);
 
+// GPT-OSS's router (GptOssTopKRouter after its biased linear; the CPU twin is cpu::router_topk_softmax_forward):
+// top-k of the logits themselves (ties to the lower index, NaN first, as above), then the softmax over those k
+// values (fp32 math as the CPU; bf16 mode rounds the weights, HF's bf16 softmax). `stats` gets the same statistics
+// as router_forward's: HF's aux loss reads the FULL softmax of these (biased) logits and its own top-k of it.
+RouterResult router_topk_softmax_forward(const Tensor& logits, int64_t top_k, bool bf16, AuxStats* stats,
+                                         cudaStream_t stream);
+
 // From the summed statistics: aux (F32 [1]) = E · Σ_e f_e · P_e with f_e = count/rows, P_e = psum/rows
 // (bf16 mode: P_e rounded to bf16), and aux_dp (F32 [E]) = daux · E · f_e / rows, the gradient of the
 // aux loss w.r.t. each probability that router_backward spreads through every layer's softmax.
@@ -45,6 +52,12 @@ void aux_loss_finish(const AuxStats& stats, bool bf16, double daux, Tensor& aux,
 // the aux-loss path through the (bf16 mode: rounded) probabilities. Overwrites dlogits.
 void router_backward(const Tensor& dweights, const Tensor& logits, const RouterResult& r, bool norm_topk_prob,
                      const Tensor& aux_dp, bool bf16, Tensor& dlogits, cudaStream_t stream);
+
+// GPT-OSS's backward: dlogits [T, E] (F32|BF16, overwritten) = the k-way softmax's gradient on the selected
+// experts, v_s·(dw_s − Σ_j dw_j·v_j) with v recomputed from the logits (zero elsewhere), plus, when aux_dp is
+// defined, the aux-loss path through the full softmax exactly as router_backward adds it.
+void router_topk_softmax_backward(const Tensor& dweights, const Tensor& logits, const RouterResult& r,
+                                  const Tensor& aux_dp, bool bf16, Tensor& dlogits, cudaStream_t stream);
 
 // A benchmark probe (`mixtune bench --balanced-router`; off by default, never set by training): after the
 // router, every token's k experts become (t·k + j) mod E, so each expert gets exactly T·k/E rows (when E divides

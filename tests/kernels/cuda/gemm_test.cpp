@@ -1,4 +1,5 @@
-// cuBLASLt GEMMs (the three linear-layer forms) against the CPU reference (cpu::linear_*, sgemm).
+// cuBLASLt GEMMs (the three linear-layer forms, and the forward with a bias) against the CPU reference
+// (cpu::linear_*, sgemm).
 // Inputs are bf16-representable, so both sides multiply the same numbers; they differ in fp32
 // accumulation order (relative ~1e-6 of the row's magnitude) and, for a BF16 output, one rounding:
 //   BF16 out: max-norm 4e-3 (one bf16 step of the largest value plus order), rel-L2 3e-3.
@@ -98,6 +99,80 @@ TEST(CudaGemm, EmptyInnerDimension) {
   Tensor dw = cuda::to_device(Tensor::from_floats({4, 3}, std::vector<float>(12, 2.0f)), 0);
   cuda::linear_backward_weight(dy, x0, dw, ctx.stream, 1.0f);  // no rows: dW unchanged
   EXPECT_EQ(test::device_floats(dw), std::vector<float>(12, 2.0f));
+}
+
+// y = x·Wᵀ + b (linear_forward_bias) against cpu::linear_forward with a bias (fp32 sum, one rounding), through
+// cuBLASLt's bias epilogue (bias of y's dtype) and through the fallback (fp32 GEMM + bias_add_rows: a bias of
+// another dtype, or the epilogue switched off). Thresholds as above: the sides differ in accumulation order and,
+// for a BF16 output, one rounding of the sum.
+TEST(CudaGemm, LinearForwardBiasMatchesCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  auto& ctx = cuda::device_context(0);
+  const Device d = Device::cuda(0);
+  struct Dt {
+    DType in, out, bias;
+  };
+  const Dt dts[] = {{DType::BF16, DType::BF16, DType::BF16}, {DType::BF16, DType::F32, DType::F32},
+                    {DType::F32, DType::F32, DType::F32},    {DType::BF16, DType::BF16, DType::F32},
+                    {DType::BF16, DType::F32, DType::BF16}};
+  uint64_t seed = 1300;
+  for (bool epilogue : {true, false}) {
+    cuda::detail::linear_bias_epilogue_set(epilogue);
+    for (const auto& c : kCases) {
+      for (const Dt& dt : dts) {
+        const bool bf_out = dt.out == DType::BF16;
+        const std::string what = std::string(epilogue ? "epilogue " : "fallback ") +
+                                 std::string(dtype_safetensors_name(dt.in)) + "->" +
+                                 std::string(dtype_safetensors_name(dt.out)) + " bias " +
+                                 std::string(dtype_safetensors_name(dt.bias)) + " M=" + std::to_string(c.M) +
+                                 " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K);
+        Tensor x = test::host_random({c.M, c.K}, seed += 10, 1.0f, true);
+        Tensor w = test::host_random({c.N, c.K}, seed + 1, 0.1f, true);
+        Tensor b = test::host_random({c.N}, seed + 2, 1.0f, true);
+        Tensor want = cpu::linear_forward(x, w, b, bf_out);
+        Tensor y = Tensor::empty({c.M, c.N}, dt.out, d);
+        cuda::linear_forward_bias(test::device_from_host(x, dt.in), test::device_from_host(w, dt.in),
+                                  test::device_from_host(b, dt.bias), y, ctx.stream);
+        test::expect_near_normalised(test::device_floats(y), want.to_floats(), bf_out ? 4e-3 : 2e-5,
+                                     bf_out ? 3e-3 : 5e-6, what);
+      }
+    }
+  }
+  cuda::detail::linear_bias_epilogue_set(true);
+}
+
+// One rounding, not two: x·w = 1 + 33.25/128 and b = 0.25/128 sum to 1 + 33.5/128, a tie that bf16 rounds to even
+// (1 + 34/128 = 1.265625); rounding the product first (1 + 33/128) and then the sum would give 1.2578125.
+// Also: K = 0 gives y = b; a bias plan is its own cache entry (a plain GEMM of the same shape adds no bias).
+TEST(CudaGemm, LinearForwardBiasRoundsOnceAndCachesApart) {
+  MT_SKIP_WITHOUT_CUDA();
+  auto& ctx = cuda::device_context(0);
+  const Device d = Device::cuda(0);
+  for (bool epilogue : {true, false}) {
+    cuda::detail::linear_bias_epilogue_set(epilogue);
+    Tensor x = test::device_from_host(Tensor::from_floats({2, 1}, {1.0f + 1.0f / 128, 1.0f + 1.0f / 128}), DType::BF16);
+    Tensor w = test::device_from_host(Tensor::from_floats({1, 1}, {1.25f}), DType::BF16);
+    Tensor b = test::device_from_host(Tensor::from_floats({1}, {1.0f / 512}), DType::BF16);
+    Tensor y = Tensor::empty({2, 1}, DType::BF16, d);
+    cuda::linear_forward_bias(x, w, b, y, ctx.stream);
+    EXPECT_EQ(test::device_floats(y), std::vector<float>({1.265625f, 1.265625f}))
+        << (epilogue ? "epilogue" : "fallback");
+    cuda::linear_forward(x, w, y, ctx.stream);
+    EXPECT_EQ(test::device_floats(y), std::vector<float>({1.2578125f, 1.2578125f}))
+        << "the plain GEMM after a bias one";
+
+    Tensor x0 = Tensor::empty({3, 0}, DType::BF16, d), w0 = Tensor::empty({2, 0}, DType::BF16, d);
+    Tensor b2 = test::device_from_host(Tensor::from_floats({2}, {0.5f, -3.0f}), DType::F32);
+    Tensor y0 = Tensor::empty({3, 2}, DType::F32, d);
+    cuda::linear_forward_bias(x0, w0, b2, y0, ctx.stream);
+    EXPECT_EQ(test::device_floats(y0), std::vector<float>({0.5f, -3.0f, 0.5f, -3.0f, 0.5f, -3.0f})) << "K = 0";
+  }
+  cuda::detail::linear_bias_epilogue_set(true);
+  Tensor x = Tensor::empty({4, 8}, DType::BF16, d), w = Tensor::empty({5, 8}, DType::BF16, d);
+  Tensor y = Tensor::empty({4, 5}, DType::BF16, d);
+  EXPECT_THROW(cuda::linear_forward_bias(x, w, Tensor::empty({4}, DType::BF16, d), y, ctx.stream), Error);
+  EXPECT_THROW(cuda::linear_forward_bias(x, w, Tensor::empty({5}, DType::I32, d), y, ctx.stream), Error);
+  EXPECT_THROW(cuda::linear_forward_bias(x, w, Tensor::empty({5}, DType::BF16), y, ctx.stream), Error);  // host bias
 }
 
 TEST(CudaGemm, RejectsMismatchedShapes) {

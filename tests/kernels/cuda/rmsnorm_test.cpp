@@ -105,6 +105,58 @@ TEST(CudaRmsnorm, ResidualVariantMatchesCpu) {
   }
 }
 
+// GPT-OSS's RMSNorm (round_once: out = bf16(w · (x·rstd)), one rounding) against cpu::rmsnorm_forward(...,
+// bf16_round_once = true), plain and with the fused residual add, in the rows-in-registers kernel (n = 2048, 128)
+// and the per-row kernel (n = 2880, GPT-OSS's hidden size, and odd widths). One rounding: an element lands at most
+// one bf16 step (2^-8 of itself) away when the fp32-vs-double x² sums move it across a rounding boundary: max-norm
+// 4e-3, rel-L2 2e-3; F32 as above. The backward is the same op for both roundings (fp32 on x, cpu::rmsnorm_backward
+// takes no rounding flag), covered above. The flag must matter: in BF16 the two roundings differ from the one on
+// some elements of every large case (and never in F32).
+TEST(CudaRmsnorm, RoundOnceMatchesCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  auto& ctx = cuda::device_context(0);
+  const NormCase cases[] = {{1, 1}, {7, 33}, {65, 1000}, {300, 2880}, {4100, 2048}, {5000, 128}};
+  const float eps = 1e-5f;  // GPT-OSS's rms_norm_eps
+  uint64_t seed = 2500;
+  for (const NormCase& c : cases) {
+    for (DType dt : {DType::BF16, DType::F32}) {
+      for (bool residual : {false, true}) {
+        const bool bf = dt == DType::BF16;
+        const std::string what = std::string(bf ? "bf16" : "f32") + (residual ? " residual" : "") + " rows=" +
+                                 std::to_string(c.rows) + " n=" + std::to_string(c.n);
+        Tensor x = test::host_random({c.rows, c.n}, seed += 10, 1.5f, bf);
+        Tensor r = test::host_random({c.rows, c.n}, seed + 1, 1.0f, bf);
+        Tensor w = test::host_random({c.n}, seed + 2, 0.3f, bf);
+        for (float& v : std::span(w.data_as<float>(), c.n)) v = bf ? round_bf16(v + 1.0f) : v + 1.0f;
+        Tensor h = residual ? cpu::residual_add(x, r, bf) : x;
+        Tensor want = cpu::rmsnorm_forward(h, w, eps, bf, true);
+        Tensor dx_ = test::device_from_host(x, dt), dr = test::device_from_host(r, dt);
+        Tensor dw_ = test::device_from_host(w, dt);
+        Tensor out = Tensor::empty(x.shape(), dt, Device::cuda(0));
+        Tensor twice = Tensor::empty(x.shape(), dt, Device::cuda(0));
+        Tensor sum = Tensor::empty(x.shape(), dt, Device::cuda(0));
+        if (residual) {
+          cuda::rmsnorm_residual_forward(dx_, dr, dw_, eps, sum, out, nullptr, ctx.stream, true);
+          test::expect_near_normalised(test::device_floats(sum), h.to_floats(), 0.0, 0.0, what + " sum");
+          cuda::rmsnorm_residual_forward(dx_, dr, dw_, eps, sum, twice, nullptr, ctx.stream);
+        } else {
+          cuda::rmsnorm_forward(dx_, dw_, eps, out, nullptr, ctx.stream, true);
+          cuda::rmsnorm_forward(dx_, dw_, eps, twice, nullptr, ctx.stream);
+        }
+        const std::vector<float> got = test::device_floats(out), got2 = test::device_floats(twice);
+        test::expect_near_normalised(got, want.to_floats(), bf ? 4e-3 : 2e-5, bf ? 2e-3 : 5e-6, what + " out");
+        size_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i) differ += got[i] != got2[i];
+        if (!bf) {
+          EXPECT_EQ(differ, 0u) << what << ": round_once changed an F32 result";
+        } else if (c.rows * c.n >= 10000) {
+          EXPECT_GT(differ, 0u) << what << ": round_once changed nothing";
+        }
+      }
+    }
+  }
+}
+
 // Attention's QK-norm + RoPE in one pass (rmsnorm_rope_forward / _backward) against the two kernels it replaces,
 // bit for bit: out, dx and dw (accumulated onto a non-zero start). Head dims 128 (query- and key-like head counts),
 // 64 and 16 take the fused rows; 96 falls back to the two kernels. The forward runs with every rows-per-group choice

@@ -6,6 +6,8 @@
 // 4e-3 / 3e-3. F32: 1e-5 / 1e-6.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "core/error.h"
@@ -85,6 +87,47 @@ TEST(CudaRope, MatchesCpuOnPackedDocuments) {
     run_case({3, 4}, 30000, 1, 256, 1e6, dt, seed += 10);       // long-context positions
     run_case({1}, 0, 7, 2, 10000.0, dt, seed += 10);            // D = 2
   }
+}
+
+// YaRN tables (GPT-OSS: head_dim 64, theta 150000, factor 32, beta 32 / 1, original 4096, truncate false; cos and
+// sin times attention_factor 0.1·ln 32 + 1 before the bf16 rounding) from the host's inverse frequencies, against
+// cpu::rope_tables(positions, inv_freq, attention_factor, bf16); thresholds as above (correctly rounded cos/sin, the
+// same fp32 product). Positions reach GPT-OSS's 131,072. With the default frequencies and factor 1 they are the
+// theta overload's tables bit for bit.
+TEST(CudaRope, YarnTablesMatchCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  auto& ctx = cuda::device_context(0);
+  const int64_t D = 64;
+  const std::vector<float> inv = cpu::rope_yarn_inv_freq(D, 150000.0, 32.0, 32.0, 1.0, 4096, false);
+  const float factor = static_cast<float>(0.1 * std::log(32.0) + 1.0);
+  for (int64_t start : {int64_t{0}, int64_t{131000}}) {
+    Tensor pos = doc_positions({30, 17, 25}, start);
+    const int64_t T = pos.numel();
+    for (bool bf : {false, true}) {
+      const std::string what = std::string(bf ? "bf16" : "f32") + " start=" + std::to_string(start);
+      cpu::RopeTables ref = cpu::rope_tables(pos, inv, factor, bf);
+      Tensor cos = Tensor::empty({T, D / 2}, DType::F32, Device::cuda(0));
+      Tensor sin = Tensor::empty({T, D / 2}, DType::F32, Device::cuda(0));
+      cuda::rope_tables(cuda::to_device(pos, 0), inv, factor, bf, cos, sin, ctx.stream);
+      test::expect_near_normalised(test::device_floats(cos), first_half(ref.cos), 1e-6, 1e-7, what + " yarn cos");
+      test::expect_near_normalised(test::device_floats(sin), first_half(ref.sin), 1e-6, 1e-7, what + " yarn sin");
+      const std::vector<float> c = test::device_floats(cos);
+      EXPECT_GT(*std::max_element(c.begin(), c.end()), 1.3f) << what << ": the attention factor is missing";
+
+      auto table = [T, D] { return Tensor::empty({T, D / 2}, DType::F32, Device::cuda(0)); };
+      Tensor cos1 = table(), sin1 = table(), cos2 = table(), sin2 = table();
+      cuda::rope_tables(cuda::to_device(pos, 0), cpu::rope_default_inv_freq(D, 1e6), 1.0f, bf, cos1, sin1, ctx.stream);
+      cuda::rope_tables(cuda::to_device(pos, 0), D, 1e6, bf, cos2, sin2, ctx.stream);
+      EXPECT_EQ(test::device_floats(cos1), test::device_floats(cos2)) << what;
+      EXPECT_EQ(test::device_floats(sin1), test::device_floats(sin2)) << what;
+    }
+  }
+  Tensor pos = cuda::to_device(doc_positions({4}, 0), 0);
+  Tensor cos = Tensor::empty({4, 4}, DType::F32, Device::cuda(0));
+  Tensor sin = Tensor::empty({4, 4}, DType::F32, Device::cuda(0));
+  EXPECT_THROW(cuda::rope_tables(pos, std::vector<float>(), 1.0f, false, cos, sin, ctx.stream), Error);
+  EXPECT_THROW(cuda::rope_tables(pos, std::vector<float>(8, 1.0f), 1.0f, false, cos, sin, ctx.stream), Error);
+  EXPECT_THROW(cuda::rope_tables(pos, std::vector<float>(300, 1.0f), 1.0f, false, cos, sin, ctx.stream), Error);
 }
 
 TEST(CudaRope, RejectsBadShapes) {

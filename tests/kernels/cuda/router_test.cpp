@@ -1,5 +1,5 @@
-// CUDA fused router (softmax, top-k, renormalisation, aux statistics) and its backward against the CPU
-// reference ops (kernels/cpu/router.h, aux_loss.h).
+// CUDA fused routers (Qwen's softmax, top-k, renormalisation; GPT-OSS's top-k then softmax; aux statistics) and
+// their backward against the CPU reference ops (kernels/cpu/router.h, aux_loss.h).
 //
 // Thresholds: the GPU softmax uses expf (a few ulp from glibc's) and sums in double like the CPU, so fp32
 // results agree to ~1e-7 relative (limit 1e-5). Routing weights rounded to bf16 from nearly equal fp32
@@ -197,6 +197,158 @@ TEST(CudaRouter, BackwardWithoutAuxMatchesCpu) {
                           c.bf16, dl, stream0());
     test::expect_norm(test::device_floats(dl), want.to_floats(), 1e-5, 1e-5, "dlogits");
   }
+}
+
+// ---- GPT-OSS's router: top-k of the logits, softmax over the k (router_topk_softmax_*) ----
+// The top-k reads the logits themselves, which are the same bits on both sides: the ids must agree exactly, ties
+// included (bf16 logits tie often; the lower index wins on both). The weights' softmax over k values: expf a few
+// ulp apart, the k-term sum in double on both sides: fp32 1e-5 / 1e-6; bf16 weights one bf16 step (2^-8 of a
+// value <= 1) where a rounding boundary sits between: 1e-2 / 2e-3, as above.
+
+const RouterCase kTopkSoftmaxCases[] = {
+    {37, 8, 2, false, false},    // tiny
+    {513, 32, 4, false, true},   // gpt-oss-20b: 32 experts, top-4, bf16
+    {301, 128, 4, false, false}, // gpt-oss-120b: 128 experts, fp32
+    {100, 60, 4, false, true},   // E not a multiple of 32
+    {20, 1000, 32, false, false},// the limits
+    {3, 1, 1, false, true},      // a single expert: weight 1
+};
+
+TEST(CudaRouterTopkSoftmax, ForwardMatchesCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  uint64_t seed = 1200;
+  for (const RouterCase& c : kTopkSoftmaxCases) {
+    SCOPED_TRACE(testing::Message() << "T " << c.T << " E " << c.E << " k " << c.k << " bf16 " << c.bf16);
+    Logits l = make_logits(c, ++seed);
+    cpu::RouterOutput want = cpu::router_topk_softmax_forward(l.host, c.k, c.bf16);
+    cuda::RouterResult got = cuda::router_topk_softmax_forward(l.dev, c.k, c.bf16, nullptr, stream0());
+    std::vector<int32_t> wi(want.index.data_as<int32_t>(), want.index.data_as<int32_t>() + c.T * c.k);
+    EXPECT_EQ(host_ints(got.index), wi) << "top-k ids";
+    test::expect_norm(test::device_floats(got.weights), want.weights.to_floats(), c.bf16 ? 1e-2 : 1e-5,
+                      c.bf16 ? 2e-3 : 1e-6, "routing weights");
+  }
+}
+
+// Exact ties: equal logits go to the lower index, in the top-k and at its boundary, as on the CPU.
+TEST(CudaRouterTopkSoftmax, TiesGoToTheLowerIndex) {
+  MT_SKIP_WITHOUT_CUDA();
+  const int E = 40, k = 3;
+  std::vector<float> v(4 * E, -1.0f);
+  for (int e = 0; e < E; ++e) v[0 * E + e] = 0.5f;  // all equal: 0, 1, 2; weights 1/3
+  v[1 * E + 5] = 3, v[1 * E + 9] = 3, v[1 * E + 37] = 3, v[1 * E + 2] = 3;  // four-way tie for three places
+  v[2 * E + 33] = 2, v[2 * E + 1] = 1, v[2 * E + 20] = 1, v[2 * E + 39] = 1;  // a tie at the boundary
+  v[3 * E + 39] = 5, v[3 * E + 38] = 5, v[3 * E + 0] = 4;  // ties in the last lanes' second slot
+  Tensor host = Tensor::from_floats({4, E}, v);
+  for (bool bf16 : {false, true}) {
+    cpu::RouterOutput want = cpu::router_topk_softmax_forward(host, k, bf16);
+    cuda::RouterResult got = cuda::router_topk_softmax_forward(
+        test::device_from_host(host, bf16 ? DType::BF16 : DType::F32), k, bf16, nullptr, stream0());
+    const std::vector<int32_t> gi = host_ints(got.index);
+    EXPECT_EQ(gi, std::vector<int32_t>(want.index.data_as<int32_t>(), want.index.data_as<int32_t>() + 4 * k));
+    EXPECT_EQ(gi, std::vector<int32_t>({0, 1, 2, 2, 5, 9, 33, 1, 20, 38, 39, 0})) << "bf16 " << bf16;
+    const std::vector<float> gw = test::device_floats(got.weights);
+    EXPECT_NEAR(gw[0], 1.0f / 3, bf16 ? 2e-3 : 1e-7);
+    EXPECT_EQ(gw[0], gw[1]);
+    EXPECT_EQ(gw[1], gw[2]);
+  }
+}
+
+// The aux statistics (the full softmax of the logits and its own top-k, as HF's aux loss reads GPT-OSS's router
+// logits) over two layers, then aux and the backward with the aux path, against cpu::router_topk_softmax_* and
+// cpu::aux_loss_* (what the CPU model runs for RouterScore::topk_softmax).
+TEST(CudaRouterTopkSoftmax, AuxStatsAndBackwardMatchCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "bf16 " << bf16);
+    const RouterCase c{517, 32, 4, false, bf16};
+    const int layers = 2;
+    std::vector<Logits> ls;
+    std::vector<Tensor> host_logits;
+    for (int l = 0; l < layers; ++l) ls.push_back(make_logits(c, 1900 + l)), host_logits.push_back(ls.back().host);
+    cuda::AuxStats stats = cuda::aux_stats_zeros(c.E, 0, stream0());
+    std::vector<cpu::RouterOutput> cpu_r;
+    for (int l = 0; l < layers; ++l) {
+      cpu_r.push_back(cpu::router_topk_softmax_forward(ls[l].host, c.k, bf16));
+      cuda::router_topk_softmax_forward(ls[l].dev, c.k, bf16, &stats, stream0());
+    }
+    EXPECT_EQ(stats.rows, int64_t{layers} * c.T);
+    std::vector<double> cnt(c.E, 0.0), psum(c.E, 0.0);
+    for (int l = 0; l < layers; ++l) {
+      std::vector<float> p(c.T * c.E);
+      cpu::softmax_rows_f32(host_logits[l].data_as<float>(), c.T, c.E, p.data(), bf16);
+      std::vector<int32_t> idx(c.k);
+      for (int t = 0; t < c.T; ++t) {
+        cpu::topk_row(&p[t * c.E], c.E, c.k, idx.data());
+        for (int s = 0; s < c.k; ++s) cnt[idx[s]] += 1;
+        for (int e = 0; e < c.E; ++e) psum[e] += p[t * c.E + e];
+      }
+    }
+    std::vector<int32_t> gcnt = host_ints(stats.count);
+    std::vector<float> gpsum = test::device_floats(stats.psum);
+    double count_diff = 0;
+    for (int e = 0; e < c.E; ++e) {
+      count_diff += std::fabs(gcnt[e] - cnt[e]);
+      EXPECT_NEAR(gpsum[e], psum[e], 1e-5 * layers * c.T) << "psum of expert " << e;
+    }
+    EXPECT_LE(count_diff, 2.0 * (bf16 ? 4 : 1)) << "aux top-k counts";
+
+    cpu::AuxLossSaved saved;
+    const double want_aux = cpu::aux_loss_forward(host_logits, c.k, bf16, &saved);
+    const double daux = 0.37;
+    Tensor aux, aux_dp;
+    cuda::aux_loss_finish(stats, bf16, daux, aux, aux_dp, stream0());
+    EXPECT_NEAR(test::device_floats(aux)[0], want_aux, (bf16 ? 2e-3 : 1e-5) * want_aux);
+
+    std::vector<Tensor> cpu_dl;
+    for (int l = 0; l < layers; ++l)
+      cpu_dl.push_back(cpu::router_topk_softmax_backward(test::host_random({c.T, c.k}, 1700 + l), cpu_r[l]));
+    cpu::aux_loss_backward(daux, host_logits, saved, bf16, cpu_dl);
+    for (int l = 0; l < layers; ++l) {
+      Tensor dw = test::host_random({c.T, c.k}, 1700 + l);
+      cuda::RouterResult r{cuda::to_device(cpu_r[l].index, 0), Tensor()};
+      for (DType out_dt : {DType::F32, DType::BF16}) {
+        Tensor dl = Tensor::empty({c.T, c.E}, out_dt, Device::cuda(0));
+        cuda::router_topk_softmax_backward(cuda::to_device(dw, 0), ls[l].dev, r, aux_dp, bf16, dl, stream0());
+        test::expect_norm(test::device_floats(dl), cpu_dl[l].to_floats(), out_dt == DType::F32 ? 1e-5 : 6e-3,
+                          out_dt == DType::F32 ? 1e-5 : 3e-3, "dlogits");
+      }
+    }
+  }
+}
+
+// Without the aux path: the gradient is the k-way softmax's, on the selected experts only (others exactly 0).
+TEST(CudaRouterTopkSoftmax, BackwardWithoutAuxMatchesCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  for (const RouterCase& c : kTopkSoftmaxCases) {
+    SCOPED_TRACE(testing::Message() << "T " << c.T << " E " << c.E << " k " << c.k << " bf16 " << c.bf16);
+    Logits l = make_logits(c, 1500 + c.E);
+    cpu::RouterOutput r = cpu::router_topk_softmax_forward(l.host, c.k, c.bf16);
+    Tensor dw = test::host_random({c.T, c.k}, 1501);
+    Tensor want = cpu::router_topk_softmax_backward(dw, r);
+    Tensor dl = Tensor::empty({c.T, c.E}, DType::F32, Device::cuda(0));
+    cuda::router_topk_softmax_backward(cuda::to_device(dw, 0), l.dev, {cuda::to_device(r.index, 0), Tensor()}, Tensor(),
+                                       c.bf16, dl, stream0());
+    const std::vector<float> got = test::device_floats(dl), wv = want.to_floats();
+    test::expect_norm(got, wv, 1e-5, 1e-5, "dlogits");
+    size_t stray = 0;
+    for (size_t i = 0; i < got.size(); ++i) stray += wv[i] == 0.0f && got[i] != 0.0f;
+    EXPECT_EQ(stray, 0u) << "gradient on experts that were not selected";
+  }
+}
+
+TEST(CudaRouterTopkSoftmax, ZeroTokensAndBadShapes) {
+  MT_SKIP_WITHOUT_CUDA();
+  Tensor empty = Tensor::empty({0, 32}, DType::BF16, Device::cuda(0));
+  cuda::AuxStats stats = cuda::aux_stats_zeros(32, 0, stream0());
+  cuda::RouterResult r = cuda::router_topk_softmax_forward(empty, 4, true, &stats, stream0());
+  EXPECT_EQ(r.index.shape(), Shape({0, 4}));
+  EXPECT_EQ(stats.rows, 0);
+  Tensor dl = Tensor::empty({0, 32}, DType::F32, Device::cuda(0));
+  cuda::router_topk_softmax_backward(Tensor::empty({0, 4}, DType::F32, Device::cuda(0)), empty, r, Tensor(), true, dl,
+                                     stream0());
+  Tensor logits = test::device_from_host(test::host_random({4, 16}, 1), DType::F32);
+  EXPECT_THROW(cuda::router_topk_softmax_forward(logits, 17, false, nullptr, stream0()), Error);  // k > E
+  EXPECT_THROW(cuda::router_topk_softmax_forward(logits, 0, false, nullptr, stream0()), Error);   // k = 0
 }
 
 TEST(CudaRouter, ZeroTokensAndBadShapes) {
