@@ -88,7 +88,9 @@ TEST(Dataset, ChatTrainsExactlyOnAssistantTokens) {
   const Example& ex = d.examples()[0];
 
   // Piecewise encoding equals encoding the whole rendered text at once.
-  const std::string text = chat_render_qwen3(chat_messages_from_json(messages, "t"), ChatOptions{false, false, {}});
+  ChatOptions co;
+  co.enable_thinking = false;  // the dataset's default
+  const std::string text = chat_render_qwen3(chat_messages_from_json(messages, "t"), co);
   EXPECT_EQ(ex.input_ids, tok.encode(text));
   ASSERT_EQ(ex.labels.size(), ex.input_ids.size());
 
