@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <unistd.h>
@@ -87,6 +88,16 @@ uint64_t dataset_cache_key(const DatasetOptions& options, const Tokenizer* token
   h.str(options.truncation);
   h.u64(options.skip_bad_lines);
   h.u64(options.enable_thinking);
+  // Only when set, so the keys of caches made before these options existed stay valid.
+  if (!options.chat_template.empty()) h.str(options.chat_template);
+  if (options.chat_now) {
+    h.u64(static_cast<uint64_t>(*options.chat_now));
+  } else if (options.chat_template.find("strftime_now") != std::string::npos) {
+    // The template prints the local date: a cache from another day holds another date.
+    const std::time_t t = std::time(nullptr);
+    std::tm tm{};
+    if (localtime_r(&t, &tm)) h.str(fmt::format("{}-{:02}-{:02}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday));
+  }
   return h.h;
 }
 
