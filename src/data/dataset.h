@@ -36,8 +36,8 @@ struct DatasetOptions {
   // The model's chat template text (chat_template_from_model_dir); "" = the built-in Qwen3 template.
   std::string chat_template;
   // strftime_now's clock for chat templates that print the date (GPT-OSS): seconds since the epoch,
-  // formatted in UTC; unset = the local time while rendering, as Transformers (the cache key then
-  // holds the local date, so a later day re-renders).
+  // formatted in UTC; unset = the local time while rendering, as Transformers (a cache keeps the date
+  // of the day it was built: the key does not hold the day, so a resumed run reads the same tokens).
   std::optional<int64_t> chat_now;
 };
 

@@ -2,7 +2,6 @@
 
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <unistd.h>
@@ -89,15 +88,10 @@ uint64_t dataset_cache_key(const DatasetOptions& options, const Tokenizer* token
   h.u64(options.skip_bad_lines);
   h.u64(options.enable_thinking);
   // Only when set, so the keys of caches made before these options existed stay valid.
+  // NOTE: an unset clock is not keyed: a template that prints the date keeps the date of the day the cache
+  // was built, so a run resumed on another day (or ranks on both sides of midnight) gets the same tokens.
   if (!options.chat_template.empty()) h.str(options.chat_template);
-  if (options.chat_now) {
-    h.u64(static_cast<uint64_t>(*options.chat_now));
-  } else if (options.chat_template.find("strftime_now") != std::string::npos) {
-    // The template prints the local date: a cache from another day holds another date.
-    const std::time_t t = std::time(nullptr);
-    std::tm tm{};
-    if (localtime_r(&t, &tm)) h.str(fmt::format("{}-{:02}-{:02}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday));
-  }
+  if (options.chat_now) h.u64(static_cast<uint64_t>(*options.chat_now));
   return h.h;
 }
 
