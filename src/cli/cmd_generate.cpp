@@ -1,7 +1,9 @@
 // mixtune generate --model DIR (--prompt S | --chat MESSAGES.json) [--max-new-tokens N] [--temperature T]
 //   [--top-p P] [--top-k K] [--seed S] [--tokenizer DIR] [--no-thinking] [--json]
 // Text generation with a KV cache on the CPU reference backend. --prompt is raw text (no template);
-// --chat renders an OpenAI-style messages array with the Qwen3 chat template (add_generation_prompt).
+// --chat renders an OpenAI-style messages array with the checkpoint's chat template (chat_template.jinja or
+// tokenizer_config.json beside the tokenizer; the built-in Qwen3 template when it has none), with
+// add_generation_prompt.
 // Sampling defaults come from the checkpoint's generation_config.json. The text is streamed to stdout
 // as it is generated, or printed as one JSON object with --json.
 #include <nlohmann/json.hpp>
@@ -15,6 +17,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "data/chat_format.h"
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
 #include "io/json_text.h"
@@ -50,8 +53,9 @@ std::string read_messages_file(const std::string& path) {
   return text;
 }
 
-// The rendered chat prompt: a JSON array of messages, or an object holding one under "messages".
-std::string chat_prompt(const GenerateArgs& a) {
+// The rendered chat prompt: a JSON array of messages, or an object holding one under "messages", through the
+// chat template of `template_dir` (the tokenizer's directory, where Transformers reads it from).
+std::string chat_prompt(const GenerateArgs& a, const std::string& template_dir) {
   const std::string what = "--chat " + a.chat;
   nlohmann::ordered_json j = json_parse_strict(read_messages_file(a.chat), what, 64);
   if (j.is_object()) {
@@ -63,7 +67,9 @@ std::string chat_prompt(const GenerateArgs& a) {
   ChatOptions co;
   co.add_generation_prompt = true;
   co.enable_thinking = !a.no_thinking;
-  return chat_render_qwen3(messages, co);
+  const std::string tmpl = chat_template_from_model_dir(template_dir);
+  if (tmpl.empty()) return chat_render_qwen3(messages, co);
+  return chat_render(jinja_compile(tmpl, template_dir + " chat template"), messages, co);
 }
 
 // Sampling options: the command line, else generation_config.json, else HF's defaults (1.0, 1.0, off).
@@ -94,8 +100,12 @@ void run_generate(const GenerateArgs& a) {
 
   CausalLM m = CausalLM::from_pretrained(a.model);
   const GenerationConfig gc = generation_config_read(m.source_dir, m.config.raw);
-  const Tokenizer tok = Tokenizer::from_file(a.tokenizer.empty() ? m.source_dir : a.tokenizer);
-  const std::string text = a.chat.empty() ? a.prompt : chat_prompt(a);
+  const std::string tok_dir = a.tokenizer.empty() ? m.source_dir : a.tokenizer;
+  const Tokenizer tok = Tokenizer::from_file(tok_dir);
+  const std::filesystem::path tok_path(tok_dir);
+  const std::string text =
+      a.chat.empty() ? a.prompt
+                     : chat_prompt(a, std::filesystem::is_directory(tok_path) ? tok_dir : tok_path.parent_path().string());
   std::vector<int64_t> prompt;
   for (int32_t id : tok.encode(text)) prompt.push_back(id);
   if (prompt.empty()) fail("{}: the prompt encodes to no tokens", a.chat.empty() ? "--prompt" : "--chat " + a.chat);
@@ -155,7 +165,8 @@ void add_generate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("generate", "Generate text with a KV cache (CPU reference backend)");
   cmd->add_option("--model", a->model, "checkpoint directory or Org/Name in the local HF cache")->required();
   auto* prompt = cmd->add_option("--prompt", a->prompt, "raw text to continue (encoded as is, no chat template)");
-  auto* chat = cmd->add_option("--chat", a->chat, "JSON file with an OpenAI-style messages array (Qwen3 template)");
+  auto* chat = cmd->add_option("--chat", a->chat,
+                               "JSON file with an OpenAI-style messages array (the model's chat template, else Qwen3's)");
   prompt->excludes(chat);
   chat->excludes(prompt);
   cmd->add_option("--max-new-tokens", a->max_new_tokens, "most tokens to generate (default 128)");

@@ -1,5 +1,4 @@
-// OpenAI-format message parsing, checks, and rendering through a chat template; ChatML
-// assistant spans for the Qwen3 layout.
+// OpenAI-format message parsing, checks, and rendering through a chat template.
 #include "data/chat_template.h"
 
 #include "core/error.h"
@@ -10,7 +9,10 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-constexpr std::string_view kRoles[] = {"system", "user", "assistant", "tool"};
+constexpr std::string_view kRoles[] = {"system", "developer", "user", "assistant", "tool"};
+constexpr const char* kRoleList = "system, developer, user, assistant, tool";
+// The variables chat_render sets from ChatOptions' own fields.
+constexpr std::string_view kReservedVars[] = {"messages", "tools", "add_generation_prompt", "enable_thinking"};
 
 std::string at(std::string_view what, const std::string& field) {
   return what.empty() ? field : fmt::format("{}: {}", what, field);
@@ -60,9 +62,10 @@ void check_messages(const std::vector<ChatMessage>& messages, const ChatOptions&
     const ChatMessage& m = messages[i];
     std::string f = fmt::format("messages[{}]", i);
     if (!role_valid(m.role))
-      fail("{}.role: unknown role {} (valid: system, user, assistant, tool)", f, json_quote_short(m.role));
+      fail("{}.role: unknown role {} (valid: {})", f, json_quote_short(m.role), kRoleList);
     check_utf8(m.content, f + ".content");
     if (m.reasoning_content) check_utf8(*m.reasoning_content, f + ".reasoning_content");
+    if (m.thinking) check_utf8(*m.thinking, f + ".thinking");
     if (!m.tool_calls.empty() && m.role != "assistant")
       fail("{}.tool_calls: only assistant messages may have tool calls (role is '{}')", f, m.role);
     for (size_t k = 0; k < m.tool_calls.size(); ++k) {
@@ -75,6 +78,7 @@ void check_messages(const std::vector<ChatMessage>& messages, const ChatOptions&
     }
   }
   chat_tools_from_json(options.tools, "");
+  chat_template_kwargs_from_json(options.template_kwargs, "");
 }
 
 }  // namespace
@@ -92,7 +96,7 @@ std::vector<ChatMessage> chat_messages_from_json(const ojson& messages, std::str
     if (!j.contains("role")) fail("{}.role: missing", at(what, f));
     m.role = require_string(j["role"], what, f + ".role");
     if (!role_valid(m.role))
-      fail("{}.role: unknown role {} (valid: system, user, assistant, tool)", at(what, f), json_quote_short(m.role));
+      fail("{}.role: unknown role {} (valid: {})", at(what, f), json_quote_short(m.role), kRoleList);
     if (j.contains("tool_calls") && !j["tool_calls"].is_null()) {
       const ojson& calls = j["tool_calls"];
       if (!calls.is_array()) fail("{}.tool_calls: expected an array, found {}", at(what, f), calls.type_name());
@@ -112,6 +116,8 @@ std::vector<ChatMessage> chat_messages_from_json(const ojson& messages, std::str
     }
     if (j.contains("reasoning_content") && !j["reasoning_content"].is_null())
       m.reasoning_content = require_string(j["reasoning_content"], what, f + ".reasoning_content");
+    if (j.contains("thinking") && !j["thinking"].is_null())
+      m.thinking = require_string(j["thinking"], what, f + ".thinking");
     out.push_back(std::move(m));
   }
   return out;
@@ -126,11 +132,23 @@ ojson chat_tools_from_json(const ojson& tools, std::string_view what) {
   return tools;
 }
 
+ojson chat_template_kwargs_from_json(const ojson& kwargs, std::string_view what) {
+  if (kwargs.is_null()) return kwargs;
+  if (!kwargs.is_object())
+    fail("{}: expected an object or null, found {}", at(what, "chat_template_kwargs"), kwargs.type_name());
+  for (const auto& [k, v] : kwargs.items())
+    for (std::string_view r : kReservedVars)
+      if (k == r)
+        fail("{}: set by mixtune itself, not by chat_template_kwargs", at(what, "chat_template_kwargs." + k));
+  return kwargs;
+}
+
 ojson chat_messages_to_json(const std::vector<ChatMessage>& messages) {
   ojson out = ojson::array();
   for (const ChatMessage& m : messages) {
     ojson j = {{"role", m.role}, {"content", m.content}};
     if (m.reasoning_content) j["reasoning_content"] = *m.reasoning_content;
+    if (m.thinking) j["thinking"] = *m.thinking;
     if (!m.tool_calls.empty()) {
       ojson calls = ojson::array();
       for (const ChatToolCall& c : m.tool_calls)
@@ -149,67 +167,11 @@ std::string chat_render(const JinjaTemplate& tmpl, const std::vector<ChatMessage
   vars["tools"] = options.tools;
   vars["add_generation_prompt"] = options.add_generation_prompt;
   vars["enable_thinking"] = options.enable_thinking;
-  return jinja_render(tmpl, vars);
-}
-
-std::string chat_render_qwen3(const std::vector<ChatMessage>& messages, const ChatOptions& options) {
-  return chat_render(chat_template_qwen3_compiled(), messages, options);
-}
-
-ChatRender chat_render_qwen3_spans(const std::vector<ChatMessage>& messages, const ChatOptions& options) {
-  static constexpr std::string_view kStart = "<|im_start|>", kEnd = "<|im_end|>";
-  auto check_markers = [](const std::string& s, const std::string& field) {
-    for (std::string_view mark : {kStart, kEnd})
-      if (s.find(mark) != std::string::npos)
-        fail("{}: contains the ChatML control marker '{}'; assistant spans would be ambiguous", field, mark);
-  };
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
-    std::string f = fmt::format("messages[{}]", i);
-    check_markers(m.content, f + ".content");
-    if (m.reasoning_content) check_markers(*m.reasoning_content, f + ".reasoning_content");
-    for (size_t k = 0; k < m.tool_calls.size(); ++k) {
-      std::string cf = fmt::format("{}.tool_calls[{}]", f, k);
-      check_markers(m.tool_calls[k].name, cf + ".name");
-      const auto& a = m.tool_calls[k].arguments;
-      check_markers(a.is_string() ? a.get<std::string>() : a.dump(), cf + ".arguments");
-    }
-  }
-  if (!options.tools.is_null()) check_markers(options.tools.dump(), "tools");
-
-  ChatRender r;
-  r.text = chat_render_qwen3(messages, options);
-
-  // The turns the template writes, in order (see the template's branches per role).
-  struct Turn {
-    std::string role;
-    bool assistant;
-  };
-  std::vector<Turn> turns;
-  if ((options.tools.is_array() && !options.tools.empty()) || messages[0].role == "system") turns.push_back({"system", false});
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const std::string& role = messages[i].role;
-    if (role == "user" || (role == "system" && i > 0)) turns.push_back({role, false});
-    else if (role == "assistant") turns.push_back({"assistant", true});
-    else if (role == "tool" && (i == 0 || messages[i - 1].role != "tool")) turns.push_back({"user", false});
-  }
-  const std::string& t = r.text;
-  size_t pos = 0;
-  for (const Turn& turn : turns) {
-    std::string header = std::string(kStart) + turn.role + "\n";
-    MT_CHECK(t.compare(pos, header.size(), header) == 0, "expected a '{}' turn at byte {}", turn.role, pos);
-    size_t begin = pos + header.size();
-    size_t end = t.find(kEnd, begin);
-    MT_CHECK(end != std::string::npos && t.find(kStart, begin) > end, "unterminated '{}' turn at byte {}", turn.role, pos);
-    end += kEnd.size();
-    MT_CHECK(end < t.size() && t[end] == '\n', "no newline after the turn ending at byte {}", end);
-    if (turn.assistant) r.assistant_spans.emplace_back(begin, end);
-    pos = end + 1;
-  }
-  std::string tail;
-  if (options.add_generation_prompt) tail = std::string(kStart) + "assistant\n" + (options.enable_thinking ? "" : "<think>\n\n</think>\n\n");
-  MT_CHECK(t.compare(pos, std::string::npos, tail) == 0, "unexpected text after the last turn at byte {}", pos);
-  return r;
+  if (options.template_kwargs.is_object())
+    for (const auto& [k, v] : options.template_kwargs.items()) vars[k] = v;
+  JinjaEnv env;
+  env.now = options.now;
+  return jinja_render(tmpl, vars, env);
 }
 
 }  // namespace mt

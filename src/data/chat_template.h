@@ -1,16 +1,20 @@
 // Chat conversations -> model text, byte for byte as Transformers' apply_chat_template renders
 // them (hf-numerics.md §10). The real template text runs in mixtune's Jinja interpreter
-// (jinja.h); the Qwen3 template ships inside the binary (chat_template_qwen3()).
+// (jinja.h); the Qwen3 template ships inside the binary (chat_template_qwen3()), any other comes
+// from the checkpoint (chat_format.h).
 //
 // Answer-only loss: chat_render_qwen3_spans() also returns, per assistant message, the byte span
 // of the text the model is trained on: everything after "<|im_start|>assistant\n" up to and
 // including "<|im_end|>" (the stop token must be learned), excluding the "\n" that follows it
 // (the template writes it between turns; it is context, as in TRL/LLaMA-Factory ChatML masks).
-// That span includes the "<think>...</think>" block where the template renders one.
+// That span includes the "<think>...</think>" block where the template renders one. Other layouts
+// (GPT-OSS's harmony) cut their spans by the same rule: after the generation prompt, through the
+// closing token (chat_format.h).
 #pragma once
 #include <nlohmann/json.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -27,11 +31,13 @@ struct ChatToolCall {
 };
 
 struct ChatMessage {
-  std::string role;  // system, user, assistant, tool
+  std::string role;  // system, developer, user, assistant, tool
   std::string content;
   // Absent (nullopt) and "" differ in the template: when set, even to "", it replaces the
-  // <think>...</think> block parsed out of `content`.
+  // <think>...</think> block parsed out of `content`. Qwen3's key.
   std::optional<std::string> reasoning_content;
+  // An assistant's reasoning as GPT-OSS's template reads it (its analysis channel).
+  std::optional<std::string> thinking;
   std::vector<ChatToolCall> tool_calls;  // assistant only
 };
 
@@ -39,6 +45,11 @@ struct ChatOptions {
   bool add_generation_prompt = false;
   bool enable_thinking = true;
   nlohmann::ordered_json tools;  // null or an array of tool definitions (key order is kept in the text)
+  // More template variables, as apply_chat_template's **kwargs (GPT-OSS: reasoning_effort,
+  // model_identity, builtin_tools): null or an object; the names above are set by the fields.
+  nlohmann::ordered_json template_kwargs;
+  // strftime_now's clock (JinjaEnv::now): unset = the local time now, as Transformers.
+  std::optional<int64_t> now;
 };
 
 // Byte offsets [begin, end) into the rendered text.
@@ -49,21 +60,27 @@ struct ChatRender {
   std::vector<ChatSpan> assistant_spans;  // one per assistant message, in order
 };
 
-// OpenAI-format messages: [{"role", "content", "reasoning_content"?, "tool_calls"?: [{"type":
-// "function", "function": {"name", "arguments"}}]}]. A flat call {"name", "arguments"} is accepted
-// too (the template reads either). content may be null or missing only on an assistant message
-// with tool calls (read as ""). Other keys (name, tool_call_id, ...) are ignored, as the template
-// ignores them. Errors are one line: "<what>: messages[2].role: unknown role 'foo' (valid: ...)".
+// OpenAI-format messages: [{"role", "content", "reasoning_content"?, "thinking"?, "tool_calls"?:
+// [{"type": "function", "function": {"name", "arguments"}}]}]. A flat call {"name", "arguments"} is
+// accepted too (the templates read either). content may be null or missing only on an assistant
+// message with tool calls (read as ""); a null reasoning_content or thinking is absent. Other keys
+// (name, tool_call_id, ...) are ignored, as the templates ignore them. Errors are one line:
+// "<what>: messages[2].role: unknown role 'foo' (valid: ...)".
 std::vector<ChatMessage> chat_messages_from_json(const nlohmann::ordered_json& messages, std::string_view what);
 
 // null or an array of objects; errors name "<what>: tools[i]".
 nlohmann::ordered_json chat_tools_from_json(const nlohmann::ordered_json& tools, std::string_view what);
 
+// null or an object whose keys are not the variables chat_render sets itself (messages, tools,
+// add_generation_prompt, enable_thinking); errors name "<what>: chat_template_kwargs.<key>".
+nlohmann::ordered_json chat_template_kwargs_from_json(const nlohmann::ordered_json& kwargs, std::string_view what);
+
 // The messages as the template sees them (OpenAI-format dicts).
 nlohmann::ordered_json chat_messages_to_json(const std::vector<ChatMessage>& messages);
 
 // Renders with any HF chat template: variables messages, tools, add_generation_prompt,
-// enable_thinking. Checks the messages first (roles, UTF-8, tool calls) with one-line errors.
+// enable_thinking and template_kwargs; strftime_now reads options.now. Checks the messages first
+// (roles, UTF-8, tool calls) with one-line errors.
 std::string chat_render(const JinjaTemplate& tmpl, const std::vector<ChatMessage>& messages, const ChatOptions& options);
 
 // The Qwen3 chat template (tokenizer_config.json of Qwen3 / Qwen3-MoE, 4,116 chars), compiled once.

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "data/chat_format.h"
 #include "data/chat_template.h"
 #include "data/dataset_cache.h"
 #include "data/tokenizer.h"
@@ -65,24 +66,52 @@ const Tokenizer& need_tokenizer(const Tokenizer* tok, const std::string& where, 
   return *tok;
 }
 
+// The chat template and its layout, set up at the first chat line (a file without one never needs
+// the model's template to be one mixtune knows).
+struct ChatSetup {
+  const DatasetOptions& options;
+  std::optional<JinjaTemplate> tmpl;
+  const ChatFormat* format = nullptr;
+
+  void ensure() {
+    if (tmpl) return;
+    const std::string& text = options.chat_template.empty() ? std::string(chat_template_qwen3()) : options.chat_template;
+    try {
+      tmpl = options.chat_template.empty() ? chat_template_qwen3_compiled() : jinja_compile(text, "chat template");
+    } catch (const Error& e) {
+      throw ConfigError(fmt::format("{}: the model's {}", options.path, e.what()));
+    }
+    format = chat_format_of(text);
+    if (!format)
+      throw ConfigError(fmt::format("{}: the model's chat template is not one whose assistant turns mixtune can mark "
+                                    "for answer-only loss (known layouts: {})", options.path, chat_format_names()));
+  }
+};
+
 // Chat: encode the rendered text piecewise (context, span, context, span, ...) and train on the spans.
 // This equals encoding the whole text at once because every span boundary sits next to a special token
-// ("<|im_start|>assistant\n" before, "<|im_end|>" at the end), and added tokens split the text before
-// the BPE pre-tokenizer runs, so no BPE merge or regex match can cross a boundary.
+// ("<|im_start|>assistant\n" before, "<|im_end|>" at the end; harmony: "<|start|>assistant" before,
+// <|return|>/<|end|>/<|call|> at the end), and added tokens split the text before the BPE pre-tokenizer
+// runs, so no BPE merge or regex match can cross a boundary.
 // The boundary after "assistant\n" is the exception in principle ("\n" then content); Qwen3's
 // pre-tokenizer regex keeps "\n" apart from a following letter but can join "\n" with following
 // newlines/spaces, so a content starting with whitespace may tokenize differently than in one pass.
-// That is the same choice TRL makes (its assistant mask is built from the same text pieces).
-void example_from_chat(const json& obj, const std::string& where, const Tokenizer& tok, bool enable_thinking,
+// That is the same choice TRL makes (its assistant mask is built from the same text pieces). (Harmony's
+// spans start with <|channel|> or " to=", which the GPT-OSS regex never joins to "assistant".)
+void example_from_chat(const json& obj, const std::string& where, const Tokenizer& tok, ChatSetup& chat,
                        Example& ex) {
+  chat.ensure();
   const std::vector<ChatMessage> messages = chat_messages_from_json(obj.at("messages"), where);
   ChatOptions copt;
   copt.add_generation_prompt = false;
-  copt.enable_thinking = enable_thinking;
+  copt.enable_thinking = chat.options.enable_thinking;
+  copt.now = chat.options.chat_now;
   if (auto it = obj.find("tools"); it != obj.end()) copt.tools = chat_tools_from_json(*it, where);
+  if (auto it = obj.find("chat_template_kwargs"); it != obj.end())
+    copt.template_kwargs = chat_template_kwargs_from_json(*it, where);
   ChatRender render;
   try {
-    render = chat_render_qwen3_spans(messages, copt);
+    render = chat.format->render_spans(*chat.tmpl, messages, copt);
   } catch (const Error& e) {
     fail("{}: {}", where, e.what());
   }
@@ -100,7 +129,7 @@ void example_from_chat(const json& obj, const std::string& where, const Tokenize
 
 // Parses one non-blank line into `ex`; throws mt::Error naming where and the field.
 void example_from_line(const std::string& line, const std::string& where, const Tokenizer* tok,
-                       int64_t vocab_size, bool enable_thinking, Example& ex) {
+                       int64_t vocab_size, ChatSetup& chat, Example& ex) {
   json obj = json::parse(line, nullptr, false);
   if (obj.is_discarded()) fail("{}: line: not valid JSON", where);
   if (!obj.is_object()) fail("{}: line: expected a JSON object, found {}", where, obj.type_name());
@@ -109,7 +138,7 @@ void example_from_line(const std::string& line, const std::string& where, const 
   if (tok) eos = tok->token_to_id("<|endoftext|>");
 
   if (obj.contains("messages")) {
-    example_from_chat(obj, where, need_tokenizer(tok, where, "messages"), enable_thinking, ex);
+    example_from_chat(obj, where, need_tokenizer(tok, where, "messages"), chat, ex);
   } else if (obj.contains("prompt") || obj.contains("completion")) {
     const std::string& prompt = read_string(obj, "prompt", where);
     const std::string& completion = read_string(obj, "completion", where);
@@ -162,6 +191,7 @@ Dataset Dataset::load(const DatasetOptions& options, const Tokenizer* tokenizer,
   }
   DatasetStats& st = d.stats_;
   const bool truncate_right = options.truncation == "right";
+  ChatSetup chat{options, std::nullopt, nullptr};
   std::string line;
   int64_t line_no = 0;
   while (std::getline(f, line)) {
@@ -171,7 +201,7 @@ Dataset Dataset::load(const DatasetOptions& options, const Tokenizer* tokenizer,
     const std::string where = options.path + ":" + std::to_string(line_no);
     Example ex;
     try {
-      example_from_line(line, where, tokenizer, vocab_size, options.enable_thinking, ex);
+      example_from_line(line, where, tokenizer, vocab_size, chat, ex);
     } catch (const ConfigError&) {
       throw;
     } catch (const Error&) {

@@ -2,13 +2,15 @@
 // served as micro-batches by a seeded, resumable loader that can pack several documents per row.
 //
 // Line formats (detected per line by its keys):
-//   {"messages": [{"role": ..., "content": ...}, ...]}   OpenAI chat; rendered with the Qwen3 chat template;
-//                                                        loss only on assistant turns (answer-only)
+//   {"messages": [{"role": ..., "content": ...}, ...]}   OpenAI chat; rendered with the model's chat template
+//     (+ "tools", "chat_template_kwargs" optional)       (a Qwen3 or GPT-OSS layout, chat_format.h); loss only
+//                                                        on assistant turns (answer-only)
 //   {"prompt": "...", "completion": "..."}               loss only on the completion (+ EOS)
 //   {"text": "..."}                                      continued pre-training: loss on every token (+ EOS)
 //   {"input_ids": [...], "labels": [...]}                pre-tokenized; labels optional (= input_ids)
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,12 @@ struct DatasetOptions {
   bool skip_bad_lines = false;       // false: a malformed line is an error (file:line: field: problem)
   std::string cache_dir;             // tokenized cache; empty = no cache
   bool enable_thinking = false;      // chat template: render without <think> in the generation prompt
+  // The model's chat template text (chat_template_from_model_dir); "" = the built-in Qwen3 template.
+  std::string chat_template;
+  // strftime_now's clock for chat templates that print the date (GPT-OSS): seconds since the epoch,
+  // formatted in UTC; unset = the local time while rendering, as Transformers (a cache keeps the date
+  // of the day it was built: the key does not hold the day, so a resumed run reads the same tokens).
+  std::optional<int64_t> chat_now;
 };
 
 struct DatasetStats {

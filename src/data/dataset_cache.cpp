@@ -87,6 +87,11 @@ uint64_t dataset_cache_key(const DatasetOptions& options, const Tokenizer* token
   h.str(options.truncation);
   h.u64(options.skip_bad_lines);
   h.u64(options.enable_thinking);
+  // Only when set, so the keys of caches made before these options existed stay valid.
+  // NOTE: an unset clock is not keyed: a template that prints the date keeps the date of the day the cache
+  // was built, so a run resumed on another day (or ranks on both sides of midnight) gets the same tokens.
+  if (!options.chat_template.empty()) h.str(options.chat_template);
+  if (options.chat_now) h.u64(static_cast<uint64_t>(*options.chat_now));
   return h.h;
 }
 

@@ -17,10 +17,12 @@ namespace mt {
 struct JValue;
 using JList = std::vector<JValue>;
 struct JDict;
+struct JNode;
 
 struct JValue {
   // Namespace is a mutable dict (namespace()); Tuple renders like a list but prints "(a, b)".
-  enum class Kind { Undefined, None, Bool, Int, Float, String, List, Tuple, Dict, Namespace, Function };
+  // Function is a global (namespace, range, ...); Macro a {% macro %} of the template being rendered.
+  enum class Kind { Undefined, None, Bool, Int, Float, String, List, Tuple, Dict, Namespace, Function, Macro };
   Kind kind = Kind::Undefined;
   bool b = false;
   int64_t i = 0;
@@ -28,6 +30,7 @@ struct JValue {
   std::string s;                  // String; the global's name for Function; why, for Undefined
   std::shared_ptr<JList> list;    // List, Tuple
   std::shared_ptr<JDict> dict;    // Dict, Namespace
+  const JNode* macro = nullptr;   // Macro: its definition (values never outlive the render)
 
   static JValue none() { return make(Kind::None); }
   static JValue boolean(bool v) { JValue x = make(Kind::Bool); x.b = v; return x; }
@@ -38,6 +41,7 @@ struct JValue {
   static JValue of_list(JList v, Kind k = Kind::List);
   static JValue of_dict(JDict v, Kind k = Kind::Dict);
   static JValue function(std::string name) { JValue x = make(Kind::Function); x.s = std::move(name); return x; }
+  static JValue of_macro(const JNode* m);
   static JValue make(Kind k) { JValue x; x.kind = k; return x; }
 
   bool is(Kind k) const { return kind == k; }
@@ -112,16 +116,17 @@ struct JNode;
 using JBody = std::vector<JNode>;
 
 struct JNode {
-  enum class Kind { Text, Output, If, For, Set, SetBlock, Break, Continue };
+  enum class Kind { Text, Output, If, For, Set, SetBlock, Break, Continue, Macro };
   Kind kind = Kind::Text;
   int line = 0;
   std::string text;                    // Text
   JExprPtr expr;                       // Output, Set value, For iterable
   std::vector<JExprPtr> conditions;    // If: one per if/elif branch
   std::vector<JBody> bodies;           // If: one per branch (+1 for else); For: body (+ else)
-  std::vector<std::string> targets;    // For: loop variables; Set/SetBlock: names
-  std::string attr;                    // Set: `ns.attr` assignment (targets[0] = ns)
+  std::vector<std::string> targets;    // For: loop variables; Set/SetBlock: names; Macro: parameters
+  std::string attr;                    // Set: `ns.attr` assignment (targets[0] = ns); Macro: its name
   JExprPtr filter;                     // For: inline `if`
+  std::vector<JExprPtr> defaults;      // Macro: one per parameter (null = no default)
 };
 
 struct JinjaProgram {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <ctime>
 #include <optional>
 #include <unordered_map>
 
@@ -534,7 +535,7 @@ bool apply_test(const std::string& name, const JValue& v, const Args& a) {
   if (name == "mapping") return v.is(K::Dict);
   if (name == "sequence") return v.is(K::String) || v.is_sequence() || v.is(K::Dict);
   if (name == "iterable") return v.is(K::String) || v.is_sequence() || v.is(K::Dict) || v.is(K::Undefined);
-  if (name == "callable") return v.is(K::Function);
+  if (name == "callable") return v.is(K::Function) || v.is(K::Macro);
   if (name == "odd" || name == "even") return (as_int(v, "value") % 2 != 0) == (name == "odd");
   if (name == "divisibleby") {
     int64_t d = as_int(arg(name), "divisor");
@@ -595,6 +596,62 @@ JValue call_global(const std::string& name, const Args& a) {
     return JValue::of_list(std::move(out));
   }
   fail("'{}' is not callable", name);
+}
+
+std::string strftime_now(const Args& a, const std::optional<int64_t>& now) {
+  a.limit(1, {}, "strftime_now");
+  if (a.pos.size() != 1) fail("strftime_now() takes exactly one argument (the format)");
+  const std::string& format = as_str(a.pos[0], "strftime_now format");
+  constexpr int64_t kLast = 253402300799;  // 9999-12-31T23:59:59Z: years keep four digits
+  std::tm tm{};
+  if (now) {
+    if (*now < 0 || *now > kLast) fail("strftime_now: the fixed clock {} is outside 1970-9999", *now);
+    const std::time_t t = static_cast<std::time_t>(*now);
+    if (!gmtime_r(&t, &tm)) fail("strftime_now: cannot convert the fixed clock {}", *now);
+  } else {
+    const std::time_t t = std::time(nullptr);
+    if (!localtime_r(&t, &tm)) fail("strftime_now: cannot read the local time");
+  }
+  static constexpr const char* kDays[] = {"Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"};
+  static constexpr const char* kMonths[] = {"January", "February", "March",     "April",   "May",      "June",
+                                            "July",    "August",   "September", "October", "November", "December"};
+  const int hour12 = tm.tm_hour % 12 == 0 ? 12 : tm.tm_hour % 12;
+  std::string out;
+  for (size_t i = 0; i < format.size(); ++i) {
+    if (format[i] != '%') {
+      out += format[i];
+      continue;
+    }
+    if (++i == format.size()) fail("strftime_now: the format ends with a lone '%'");
+    switch (format[i]) {
+      case 'a': out += std::string_view(kDays[tm.tm_wday]).substr(0, 3); break;
+      case 'A': out += kDays[tm.tm_wday]; break;
+      case 'b': out += std::string_view(kMonths[tm.tm_mon]).substr(0, 3); break;
+      case 'B': out += kMonths[tm.tm_mon]; break;
+      case 'd': out += fmt::format("{:02}", tm.tm_mday); break;
+      case 'e': out += fmt::format("{:2}", tm.tm_mday); break;
+      case 'H': out += fmt::format("{:02}", tm.tm_hour); break;
+      case 'I': out += fmt::format("{:02}", hour12); break;
+      case 'j': out += fmt::format("{:03}", tm.tm_yday + 1); break;
+      case 'm': out += fmt::format("{:02}", tm.tm_mon + 1); break;
+      case 'M': out += fmt::format("{:02}", tm.tm_min); break;
+      case 'p': out += tm.tm_hour < 12 ? "AM" : "PM"; break;
+      case 'S': out += fmt::format("{:02}", tm.tm_sec); break;
+      case 'u': out += fmt::format("{}", tm.tm_wday == 0 ? 7 : tm.tm_wday); break;
+      case 'w': out += fmt::format("{}", tm.tm_wday); break;
+      case 'y': out += fmt::format("{:02}", (tm.tm_year + 1900) % 100); break;
+      case 'Y': out += fmt::format("{}", tm.tm_year + 1900); break;
+      case 'D': out += fmt::format("{:02}/{:02}/{:02}", tm.tm_mon + 1, tm.tm_mday, (tm.tm_year + 1900) % 100); break;
+      case 'F': out += fmt::format("{}-{:02}-{:02}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday); break;
+      case 'R': out += fmt::format("{:02}:{:02}", tm.tm_hour, tm.tm_min); break;
+      case 'T': out += fmt::format("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec); break;
+      case 'n': out += '\n'; break;
+      case 't': out += '\t'; break;
+      case '%': out += '%'; break;
+      default: fail("strftime_now: format directive '%{}' is not supported", format[i]);
+    }
+  }
+  return out;
 }
 
 }  // namespace mt::jinja

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -44,5 +45,10 @@ JValue dict_method(const JValue& self, const std::string& name, const Args& a);
 JValue apply_filter(const std::string& name, const JValue& v, const Args& a);
 bool apply_test(const std::string& name, const JValue& v, const Args& a);
 JValue call_global(const std::string& name, const Args& a);  // namespace, dict, range, raise_exception
+
+// strftime_now(format): Python's datetime.strftime on `now` (seconds since the epoch, UTC), or on the
+// local time now when unset. Directives: %a %A %b %B %d %e %H %I %j %m %M %p %S %u %w %y %Y %D %F
+// %R %T %n %t %% (English names, as Python's default C locale); any other is an error.
+std::string strftime_now(const Args& a, const std::optional<int64_t>& now);
 
 }  // namespace mt::jinja

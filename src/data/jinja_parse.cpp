@@ -195,6 +195,35 @@ class Parser {
         n.bodies.push_back(parse_until({"endset"}, found));
         expect_block_end();
       }
+    } else if (tag == "macro") {
+      // {% macro name(a, b=default) %}...{% endmacro %}: defaults are evaluated at each call, in the
+      // macro's own scope (so `c=a` sees the argument a), as jinja2 does.
+      n.kind = JNode::Kind::Macro;
+      n.attr = expect_name();
+      expect_op("(");
+      while (!is_op(")")) {
+        if (is_op("*") || is_op("**")) error("*args and **kwargs in macro parameters are not supported");
+        std::string param = expect_name();
+        for (const auto& p : n.targets)
+          if (p == param) error(fmt::format("duplicate parameter '{}' in macro '{}'", param, n.attr));
+        n.targets.push_back(std::move(param));
+        if (is_op("=")) {
+          ++p_;
+          n.defaults.push_back(parse_expr());
+        } else {
+          if (!n.defaults.empty() && n.defaults.back()) error("non-default parameter follows a default parameter");
+          n.defaults.push_back(nullptr);
+        }
+        if (!is_op(",")) break;
+        ++p_;
+      }
+      expect_op(")");
+      expect_block_end();
+      const int outer_loops = loop_depth_;
+      loop_depth_ = 0;  // break/continue cannot leave a macro
+      n.bodies.push_back(parse_until({"endmacro"}, found));
+      loop_depth_ = outer_loops;
+      expect_block_end();
     } else if (tag == "break" || tag == "continue") {
       if (loop_depth_ == 0) error(fmt::format("'{}' outside of a for loop", tag));
       n.kind = tag == "break" ? JNode::Kind::Break : JNode::Kind::Continue;

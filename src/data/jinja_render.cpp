@@ -1,6 +1,7 @@
 // Jinja evaluator: walks a JinjaProgram with Python/jinja2 semantics (Undefined for missing
 // names, keys and indexes; per-iteration scopes in for loops; namespace() for state that must
-// outlive a loop), plus the filters, tests, globals and str/dict methods chat templates use.
+// outlive a loop; macros that see their arguments and the template's top level), plus the
+// filters, tests, globals and str/dict methods chat templates use.
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -18,11 +19,14 @@ namespace {
 using namespace jinja;
 using K = JValue::Kind;
 
+constexpr int kMaxMacroDepth = 100;  // nested macro calls; keeps the C++ stack bounded
+
 class Renderer {
  public:
-  Renderer(const nlohmann::ordered_json& vars) {
+  Renderer(const nlohmann::ordered_json& vars, const JinjaEnv& env) : env_(env) {
     scopes_.emplace_back();
-    for (const char* g : {"namespace", "range", "raise_exception", "dict"}) scopes_.back()[g] = JValue::function(g);
+    for (const char* g : {"namespace", "range", "raise_exception", "dict", "strftime_now"})
+      scopes_.back()[g] = JValue::function(g);
     scopes_.emplace_back();
     for (const auto& [k, v] : vars.items()) scopes_.back()[k] = jvalue_from_json(v);
   }
@@ -66,6 +70,7 @@ class Renderer {
           scopes_.back()[n.targets[0]] = JValue::string(std::move(captured));
           break;
         }
+        case JNode::Kind::Macro: scopes_.back()[n.attr] = JValue::of_macro(&n); break;
         case JNode::Kind::Break: return Flow::Break;
         case JNode::Kind::Continue: return Flow::Continue;
       }
@@ -86,12 +91,54 @@ class Renderer {
     for (size_t i = 0; i < targets.size(); ++i) scopes_.back()[targets[i]] = items[i];
   }
 
+  // Innermost first; inside a macro, its own scopes and then the top level (globals, variables and
+  // top-level sets, scopes 0 and 1), not the scopes of its caller.
   JValue lookup(const std::string& name) const {
-    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
-      auto f = it->find(name);
-      if (f != it->end()) return f->second;
+    for (size_t i = scopes_.size(); i-- > 0;) {
+      if (i < floor_ && i > 1) continue;
+      auto f = scopes_[i].find(name);
+      if (f != scopes_[i].end()) return f->second;
     }
     return JValue::undefined(fmt::format("'{}' is undefined", name));
+  }
+
+  // Arguments bind like jinja2's Macro.__call__: positional, then keyword, then the default
+  // (evaluated in the macro's scope), else Undefined.
+  JValue call_macro(const JNode& m, const Args& a) {
+    const size_t n = m.targets.size();
+    if (a.pos.size() > n) fail("macro '{}' takes not more than {} argument(s)", m.attr, n);
+    for (const auto& [k, v] : a.kw) {
+      auto it = std::find(m.targets.begin(), m.targets.end(), k);
+      if (it == m.targets.end()) fail("macro '{}' takes no keyword argument '{}'", m.attr, k);
+      if (static_cast<size_t>(it - m.targets.begin()) < a.pos.size())
+        fail("macro '{}' got multiple values for argument '{}'", m.attr, k);
+    }
+    if (macro_depth_ >= kMaxMacroDepth) fail("macro '{}': calls nested deeper than {}", m.attr, kMaxMacroDepth);
+    struct Restore {
+      Renderer& r;
+      size_t floor;
+      size_t scopes;
+      ~Restore() {
+        r.scopes_.resize(scopes);
+        r.floor_ = floor;
+        --r.macro_depth_;
+      }
+    } restore{*this, floor_, scopes_.size()};
+    ++macro_depth_;
+    scopes_.emplace_back();
+    floor_ = scopes_.size() - 1;
+    for (size_t i = 0; i < n; ++i) {
+      const std::string& p = m.targets[i];
+      JValue v = JValue::undefined(fmt::format("'{}' is undefined", p));
+      auto kw = std::find_if(a.kw.begin(), a.kw.end(), [&](const auto& x) { return x.first == p; });
+      if (i < a.pos.size()) v = a.pos[i];
+      else if (kw != a.kw.end()) v = kw->second;
+      else if (m.defaults[i]) v = eval(*m.defaults[i]);
+      scopes_.back()[p] = std::move(v);
+    }
+    std::string out;
+    exec(m.bodies[0], out);
+    return JValue::string(std::move(out));
   }
 
   void exec_for(const JNode& n, std::string& out) {
@@ -211,8 +258,15 @@ class Renderer {
           line_ = e.line;
           if (obj.is(K::Undefined)) fail("{} (calling '{}')", obj.s, callee.name);
           if (obj.is(K::String)) return str_method(obj, callee.name, a);
-          if (obj.is(K::Dict)) {
+          if (obj.is(K::Dict) || obj.is(K::Namespace)) {
             if (const JValue* f = obj.dict->find(callee.name); f && f->is(K::Function)) return call_global(f->s, a);
+            if (const JValue* f = obj.dict->find(callee.name); f && f->is(K::Macro)) {
+              const JNode* m = f->macro;  // the dict may change while the macro runs
+              JValue r = call_macro(*m, a);
+              line_ = e.line;
+              return r;
+            }
+            if (obj.is(K::Namespace)) fail("'Namespace' object has no callable attribute '{}'", callee.name);
             return dict_method(obj, callee.name, a);
           }
           fail("'{}' object has no callable attribute '{}'", jvalue_type_name(obj), callee.name);
@@ -221,7 +275,13 @@ class Renderer {
         Args a = eval_args(e, 1);
         line_ = e.line;
         if (fn.is(K::Undefined)) fail("{} (called as a function)", fn.s);
+        if (fn.is(K::Macro)) {
+          JValue r = call_macro(*fn.macro, a);
+          line_ = e.line;
+          return r;
+        }
         if (!fn.is(K::Function)) fail("'{}' object is not callable", jvalue_type_name(fn));
+        if (fn.s == "strftime_now") return JValue::string(strftime_now(a, env_.now));
         return call_global(fn.s, a);
       }
       case JExpr::Kind::Filter: {
@@ -285,6 +345,9 @@ class Renderer {
   }
 
   std::vector<std::unordered_map<std::string, JValue>> scopes_;
+  size_t floor_ = 0;  // inside a macro: its first scope (see lookup)
+  int macro_depth_ = 0;
+  JinjaEnv env_;
   int line_ = 0;
 };
 
@@ -301,13 +364,13 @@ std::string one_line(std::string s) {
 
 }  // namespace
 
-std::string jinja_render(const JinjaTemplate& t, const nlohmann::ordered_json& vars) {
+std::string jinja_render(const JinjaTemplate& t, const nlohmann::ordered_json& vars, const JinjaEnv& env) {
   if (!t.program) fail("{}: template is not compiled", t.name);
   if (!vars.is_object()) fail("{}: template variables must be a JSON object", t.name);
   std::string out;
   int line = 0;
   try {
-    Renderer r(vars);
+    Renderer r(vars, env);
     try {
       r.exec(t.program->body, out);
     } catch (const Error&) {

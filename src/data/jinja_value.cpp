@@ -21,6 +21,13 @@ JValue JValue::of_dict(JDict v, Kind k) {
   return x;
 }
 
+JValue JValue::of_macro(const JNode* m) {
+  JValue x = make(Kind::Macro);
+  x.macro = m;
+  x.s = m->attr;
+  return x;
+}
+
 const JValue* JDict::find(std::string_view key) const {
   for (const auto& [k, v] : items)
     if (k == key) return &v;
@@ -79,6 +86,7 @@ std::string jvalue_type_name(const JValue& v) {
     case JValue::Kind::Dict: return "dict";
     case JValue::Kind::Namespace: return "Namespace";
     case JValue::Kind::Function: return "function";
+    case JValue::Kind::Macro: return "Macro";
   }
   return "?";
 }
@@ -95,7 +103,8 @@ bool jvalue_truthy(const JValue& v) {
     case JValue::Kind::Tuple: return !v.list->empty();
     case JValue::Kind::Dict: return !v.dict->items.empty();
     case JValue::Kind::Namespace:
-    case JValue::Kind::Function: return true;
+    case JValue::Kind::Function:
+    case JValue::Kind::Macro: return true;
   }
   return false;
 }
@@ -119,6 +128,7 @@ bool jvalue_equal(const JValue& a, const JValue& b) {
     case K::None: return true;
     case K::String:
     case K::Function: return a.s == b.s;
+    case K::Macro: return a.macro == b.macro;
     case K::List:
     case K::Tuple:
       if (a.list->size() != b.list->size()) return false;
@@ -237,6 +247,7 @@ std::string jvalue_str(const JValue& v) {
     case JValue::Kind::Float: return python_float_repr(v.f);
     case JValue::Kind::String: return v.s;
     case JValue::Kind::Function: return "<function " + v.s + ">";
+    case JValue::Kind::Macro: return "<Macro '" + v.s + "'>";
     default: return jvalue_repr(v);
   }
 }

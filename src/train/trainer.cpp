@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/exit_policy.h"
 #include "core/memory.h"
+#include "data/chat_format.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "distributed/communicator.h"
@@ -266,6 +267,15 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   dopt.truncation = r.data.truncation;
   dopt.skip_bad_lines = r.data.skip_bad_lines;
   dopt.cache_dir = (run_dir / "data-cache").string();
+  // The tokenizer directory's chat template picks the chat layout of chat lines (chat_format.h). One mixtune
+  // cannot mark for answer-only loss leaves them on the built-in Qwen3 template, as before, and says so.
+  if (std::string tmpl = chat_template_from_model_dir(tok_dir); !tmpl.empty()) {
+    if (chat_format_of(tmpl))
+      dopt.chat_template = std::move(tmpl);
+    else
+      progress.message(fmt::format("{}: its chat template is not a layout mixtune can mark for answer-only loss ({}); "
+                                   "chat lines, if any, use the built-in Qwen3 template", tok_dir, chat_format_names()));
+  }
   // Rank 0 builds the dataset cache before the others read it.
   if (comm && !lead) comm->barrier("barrier(dataset cache written)");
   const Dataset train_data = Dataset::load(dopt, tokenizer.get(), cfg.vocab_size);

