@@ -35,7 +35,8 @@ ExpertParallel expert_parallel_for(Communicator* comm, int64_t ep, int64_t num_e
 }
 
 Tensor ep_experts_forward(const ExpertParallel& ep, const Tensor& x, const Tensor& index, const Tensor& weights,
-                          const Tensor& gate_up, const Tensor& down, bool bf16, EpExpertsSaved* saved) {
+                          const Tensor& gate_up, const Tensor& down, bool bf16, EpExpertsSaved* saved,
+                          const cpu::ExpertsVariant& variant) {
   MT_CHECK(saved != nullptr, "ep_experts_forward needs a saved struct");
   const int g = static_cast<int>(ep.group.size());
   const int64_t T = weights.dim(0), k = weights.dim(1), H = x.dim(1), E = ep.experts_per_rank * g;
@@ -82,8 +83,8 @@ Tensor ep_experts_forward(const ExpertParallel& ep, const Tensor& x, const Tenso
       std::memcpy(xr.data_as<float>() + r * H, recv[j].data() + n + q * H, sizeof(float) * H);
     }
   }
-  // k = 1 and weight 1: each output row is its expert's output (already bf16-rounded in bf16 mode).
-  Tensor yr = cpu::experts_forward(xr, ir, ones, gate_up, down, bf16, &s.local);
+  // k = 1 and weight 1: each output row is its expert's output, bias included (already bf16-rounded in bf16 mode).
+  Tensor yr = cpu::experts_forward(xr, ir, ones, gate_up, down, bf16, &s.local, variant);
 
   std::vector<std::vector<float>> back(g);
   r = 0;
@@ -119,7 +120,7 @@ Tensor ep_experts_forward(const ExpertParallel& ep, const Tensor& x, const Tenso
 
 void ep_experts_backward(const ExpertParallel& ep, const Tensor& dout, const Tensor& weights, const Tensor& gate_up,
                          const Tensor& down, const EpExpertsSaved& s, Tensor& dx, Tensor& dweights, Tensor& dgate_up,
-                         Tensor& ddown) {
+                         Tensor& ddown, const cpu::ExpertsVariant& variant, const cpu::ExpertsBiasGrads& bias_grads) {
   const int g = static_cast<int>(ep.group.size());
   const int64_t T = weights.dim(0), k = weights.dim(1), H = dout.dim(1);
   MT_CHECK(s.y_slots.defined() && s.y_slots.dim(0) == T * k, "expert parallel backward without its forward");
@@ -159,7 +160,7 @@ void ep_experts_backward(const ExpertParallel& ep, const Tensor& dout, const Ten
       ones.data_as<float>()[r] = 1.0f;
     }
   Tensor dxr, dw_unused;
-  cpu::experts_backward(dyr, ones, gate_up, down, s.local, dxr, dw_unused, dgate_up, ddown);
+  cpu::experts_backward(dyr, ones, gate_up, down, s.local, dxr, dw_unused, dgate_up, ddown, variant, bias_grads);
 
   std::vector<std::vector<float>> back(g);
   r = 0;

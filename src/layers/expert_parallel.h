@@ -8,7 +8,9 @@
 //   backward: dweights and the per-slot dY locally -> all_to_allv -> cpu::experts_backward on the received
 //             rows (weight gradients of the owned experts only) -> all_to_allv back -> dX summed over slots
 //
-// A rank holds only its own experts' weights and gradients ([E/ep, ...] stacks). Every rank of the group must
+// A rank holds only its own experts' weights and gradients ([E/ep, ...] stacks), their biases too (GPT-OSS's
+// [E/ep, 2I] / [E/ep, H] rows, cpu::ExpertsVariant): each received row runs its expert's whole MLP (biases, the
+// clamped SwiGLU) on the owner, so the bias gradients land there with the weights'. Every rank of the group must
 // run the same number of MoE layers and micro-batches (each call is a collective). The results equal
 // cpu::experts_forward / experts_backward on the whole batch up to the order of fp32 sums in the expert GEMMs
 // (rows of several ranks go through one GEMM). The expert weight gradients cover the group's tokens; ranks
@@ -46,16 +48,18 @@ struct EpExpertsSaved {
   cpu::ExpertsSaved local;                  // the owned experts' forward on the received rows
 };
 
-// Same contract as cpu::experts_forward, but gate_up / down are this rank's experts only ([E/ep, 2I, H],
-// [E/ep, H, I]: experts first_expert() ...); index still names experts of the whole model. `saved` is
-// required when a backward follows.
+// Same contract as cpu::experts_forward, but gate_up / down (and the variant's biases) are this rank's experts
+// only ([E/ep, 2I, H], [E/ep, H, I], [E/ep, 2I], [E/ep, H]: experts first_expert() ...); index still names experts
+// of the whole model. `saved` is required when a backward follows.
 Tensor ep_experts_forward(const ExpertParallel& ep, const Tensor& x, const Tensor& index, const Tensor& weights,
-                          const Tensor& gate_up, const Tensor& down, bool bf16, EpExpertsSaved* saved);
+                          const Tensor& gate_up, const Tensor& down, bool bf16, EpExpertsSaved* saved,
+                          const cpu::ExpertsVariant& variant = {});
 
-// Same contract as cpu::experts_backward, on this rank's experts: dgate_up / ddown ([E/ep, ...]) get their
-// gradients added.
+// Same contract as cpu::experts_backward, on this rank's experts: dgate_up / ddown ([E/ep, ...]) and, with a biased
+// variant, bias_grads ([E/ep, 2I], [E/ep, H]) get their gradients added.
 void ep_experts_backward(const ExpertParallel& ep, const Tensor& dout, const Tensor& weights, const Tensor& gate_up,
                          const Tensor& down, const EpExpertsSaved& saved, Tensor& dx, Tensor& dweights,
-                         Tensor& dgate_up, Tensor& ddown);
+                         Tensor& dgate_up, Tensor& ddown, const cpu::ExpertsVariant& variant = {},
+                         const cpu::ExpertsBiasGrads& bias_grads = {});
 
 }  // namespace mt

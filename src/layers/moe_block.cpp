@@ -1,7 +1,5 @@
 #include "layers/moe_block.h"
 
-#include "core/error.h"
-
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/residual.h"
 #include "kernels/cpu/rmsnorm.h"
@@ -31,10 +29,8 @@ Tensor moe_block_forward(const BlockEnv& env, const MoeSpec& spec, const LayerWe
                 ? cpu::router_topk_softmax_forward(s.logits, spec.experts_per_token, env.bf16)
                 : cpu::router_forward(s.logits, spec.experts_per_token, spec.router.norm_topk_prob, env.bf16);
   const cpu::ExpertsVariant variant = experts_variant(spec, w);
-  if (env.ep && (variant.gate_up_bias || variant.activation != cpu::ExpertActivation::swiglu))
-    fail("expert parallelism: experts with biases or the clamped SwiGLU are not supported yet");
   Tensor out = env.ep ? ep_experts_forward(*env.ep, s.n, s.route.index, s.route.weights, w.experts_gate_up,
-                                          w.experts_down, env.bf16, &s.ep_experts)
+                                          w.experts_down, env.bf16, &s.ep_experts, variant)
                      : cpu::experts_forward(s.n, s.route.index, s.route.weights, w.experts_gate_up, w.experts_down,
                                             env.bf16, &s.experts, variant);
   return cpu::residual_add(h, out, env.bf16);
@@ -44,13 +40,14 @@ Tensor moe_block_backward(const BlockEnv& env, const MoeSpec& spec, const LayerW
                           const MoeBlockActs& s, const Tensor& dy, const Tensor& dlogits_extra,
                           LayerWeights& g) {
   Tensor dn, dweights;
+  const cpu::ExpertsVariant variant = experts_variant(spec, w);
+  const cpu::ExpertsBiasGrads bias_grads{&g.experts_gate_up_bias, &g.experts_down_bias};
   if (env.ep)
     ep_experts_backward(*env.ep, dy, s.route.weights, w.experts_gate_up, w.experts_down, s.ep_experts, dn, dweights,
-                        g.experts_gate_up, g.experts_down);
+                        g.experts_gate_up, g.experts_down, variant, bias_grads);
   else
     cpu::experts_backward(dy, s.route.weights, w.experts_gate_up, w.experts_down, s.experts, dn, dweights,
-                          g.experts_gate_up, g.experts_down, experts_variant(spec, w),
-                          {&g.experts_gate_up_bias, &g.experts_down_bias});
+                          g.experts_gate_up, g.experts_down, variant, bias_grads);
   Tensor dlogits = spec.router.score == RouterScore::topk_softmax
                        ? cpu::router_topk_softmax_backward(dweights, s.route)
                        : cpu::router_backward(dweights, s.route, spec.router.norm_topk_prob);

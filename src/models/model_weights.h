@@ -118,7 +118,8 @@ struct ModelWeights {
   // save_pretrained writes them. A tied lm_head is not a parameter, so it is not written. Tensors are views into
   // this struct where the bytes are contiguous. Stacked expert tensors holding fewer than cfg.num_experts experts
   // (compact_experts) hold experts [expert_first, expert_first + held); the others are still listed, as
-  // Tensor::absent (shape only), so a shared save lays out the whole model while this rank writes its experts.
+  // Tensor::absent (shape only) or, in a fused stack tensor, as unset rows (HfNameMap::save), so a shared save lays
+  // out the whole model while this rank writes its experts.
   std::vector<std::pair<std::string, Tensor>> to_hf(const DecoderSpec& cfg, int64_t expert_first = 0) const;
 
   int64_t parameter_count() const;

@@ -309,8 +309,9 @@ TEST(SharedSave, ExpertStacksShardedOverReplicasAreWrittenByTheirOwners) {
 // checkpoint map does. GPT-OSS stores each expert stack fused and transposed ([E, H, 2I], gate/up interleaved): a
 // rank writes its experts' rows of it. Nemotron-H stores per-expert tensors under "backbone.layers.L.mixer.experts.
 // <e>.": a rank writes its experts' tensors. Two ranks, EP 2, each holding all E rows of every stack with the other
-// rank's experts (and, on rank 1, every replicated tensor) garbage: the shared files are byte for byte what one
-// writer makes from the whole model.
+// rank's experts (and, on rank 1, every replicated tensor) garbage (the GPU engine's host copy), or holding only its
+// experts' rows (the CPU engine's compact stacks, HfNameMap::save(values, expert_first)): the shared files are byte
+// for byte what one writer makes from the whole model.
 TEST(SharedSave, FusedAndRenamedExpertLayoutsWriteTheRightRows) {
   struct Layout {
     const char* what;
@@ -326,53 +327,60 @@ TEST(SharedSave, FusedAndRenamedExpertLayoutsWriteTheRightRows) {
                             {"nemotron-h", hf_test::nemotron_h_layout(), hf_test::nemotron_h_params(n), n.E}};
   using R = std::pair<int64_t, int64_t>;
   for (const Layout& l : layouts) {
-    SCOPED_TRACE(l.what);
-    const HfNameMap map(l.layout, l.params);
-    auto table = std::make_shared<ParamTable>();
-    table->num_experts = l.experts;
-    for (const HfParam& p : l.params)
-      table->add(param_entry(p.name, p.shape, ParamUse::linear,
-                             p.expert_stack ? ParamRole::expert_stack : ParamRole::replicated));
-    const std::vector<Tensor> values = hf_test::pattern_params(l.params);
-    io_test::ScratchDir dir;
-    CheckpointWriteOptions o;
-    o.max_shard_bytes = 256;  // several files
-    const Named whole = map.save(values);
-    const std::vector<std::string> files = checkpoint_write_tensors(dir.file("one"), whole, o);
-    ASSERT_GT(files.size(), 1u);
-    checkpoint_shared_create(dir.file("two"), whole, o);
-    for (int rank = 0; rank < 2; ++rank) {
-      SCOPED_TRACE(rank);
-      const SaveShare share = save_share_for(nullptr, rank, 2, 2, table, map);
-      const int64_t first = rank * l.experts / 2, count = l.experts / 2;
-      std::vector<Tensor> held;
-      for (size_t i = 0; i < values.size(); ++i) {
-        Tensor t = values[i].clone();
-        const int64_t rows = t.dim(0);
-        const size_t row_bytes = t.nbytes() / static_cast<size_t>(rows);
-        for (int64_t r = 0; r < rows; ++r) {
-          const bool mine = l.params[i].expert_stack ? r >= first && r < first + count : rank == 0;
-          if (!mine) std::memset(static_cast<char*>(t.data()) + r * row_bytes, 0xFF, row_bytes);
+    for (const bool compact : {false, true}) {
+      SCOPED_TRACE(std::string(l.what) + (compact ? ", compact stacks" : ", all E rows held"));
+      const HfNameMap map(l.layout, l.params);
+      auto table = std::make_shared<ParamTable>();
+      table->num_experts = l.experts;
+      for (const HfParam& p : l.params)
+        table->add(param_entry(p.name, p.shape, ParamUse::linear,
+                               p.expert_stack ? ParamRole::expert_stack : ParamRole::replicated));
+      const std::vector<Tensor> values = hf_test::pattern_params(l.params);
+      io_test::ScratchDir dir;
+      CheckpointWriteOptions o;
+      o.max_shard_bytes = 256;  // several files
+      const Named whole = map.save(values);
+      const std::vector<std::string> files = checkpoint_write_tensors(dir.file("one"), whole, o);
+      ASSERT_GT(files.size(), 1u);
+      checkpoint_shared_create(dir.file("two"), whole, o);
+      for (int rank = 0; rank < 2; ++rank) {
+        SCOPED_TRACE(rank);
+        const SaveShare share = save_share_for(nullptr, rank, 2, 2, table, map);
+        const int64_t first = rank * l.experts / 2, count = l.experts / 2;
+        std::vector<Tensor> held;
+        for (size_t i = 0; i < values.size(); ++i) {
+          if (compact && l.params[i].expert_stack) {
+            held.push_back(values[i].rows(first, first + count).clone());
+            continue;
+          }
+          Tensor t = values[i].clone();
+          const int64_t rows = t.dim(0);
+          const size_t row_bytes = t.nbytes() / static_cast<size_t>(rows);
+          for (int64_t r = 0; r < rows; ++r) {
+            const bool mine = l.params[i].expert_stack ? r >= first && r < first + count : rank == 0;
+            if (!mine) std::memset(static_cast<char*>(t.data()) + r * row_bytes, 0xFF, row_bytes);
+          }
+          held.push_back(t);
         }
-        held.push_back(t);
+        const Named mine = map.save(held, compact ? first : 0);
+        for (const auto& [name, t] : mine) {
+          const R rows = share.model_rows(name, t);
+          if (name == "model.layers.0.mlp.experts.gate_up_proj") {
+            EXPECT_EQ(rows, (R{first, first + count}));
+          }
+          if (name == "backbone.layers.1.mixer.experts.3.up_proj.weight") {
+            EXPECT_EQ(rows, (rank == 1 ? R{0, 4} : R{0, 0}));
+          }
+          if (name == "backbone.embeddings.weight") {
+            EXPECT_EQ(rows, (rank == 0 ? R{0, 16} : R{0, 0}));
+          }
+        }
+        checkpoint_shared_write(dir.file("two"), mine, o,
+                                [&](auto& name, auto& t) { return share.model_rows(name, t); });
       }
-      const Named mine = map.save(held);
-      for (const auto& [name, t] : mine) {
-        const R rows = share.model_rows(name, t);
-        if (name == "model.layers.0.mlp.experts.gate_up_proj") {
-          EXPECT_EQ(rows, (R{first, first + count}));
-        }
-        if (name == "backbone.layers.1.mixer.experts.3.up_proj.weight") {
-          EXPECT_EQ(rows, (rank == 1 ? R{0, 4} : R{0, 0}));
-        }
-        if (name == "backbone.embeddings.weight") {
-          EXPECT_EQ(rows, (rank == 0 ? R{0, 16} : R{0, 0}));
-        }
-      }
-      checkpoint_shared_write(dir.file("two"), mine, o, [&](auto& name, auto& t) { return share.model_rows(name, t); });
+      for (const std::string& f : files)
+        EXPECT_EQ(io_test::read_bytes(dir.file("two") + "/" + f), io_test::read_bytes(dir.file("one") + "/" + f)) << f;
     }
-    for (const std::string& f : files)
-      EXPECT_EQ(io_test::read_bytes(dir.file("two") + "/" + f), io_test::read_bytes(dir.file("one") + "/" + f)) << f;
   }
 }
 

@@ -742,7 +742,18 @@ struct Saver {
       case K::tensor: {
         const std::string& name = m.leaves[static_cast<size_t>(n.leaf)].name;
         const bool whole = n.shape.empty() || (r0 == 0 && r1 == n.shape[0]);
-        out.emplace_back(name, whole ? src.read() : Tensor::absent(n.shape, dt));  // see save() in the header
+        if (whole || !src.base.present()) {
+          out.emplace_back(name, whole ? src.read() : Tensor::absent(n.shape, dt));
+          return;
+        }
+        // Rows [r0, r1) of a tensor whose dim 0 is every expert (a fused stack: GPT-OSS's gate_up_proj, its bias,
+        // down_proj) from a compact stack: the full shape with only those rows written, at their place, so a
+        // shared save writes them (SaveShare::model_rows gives this rank just these rows). The other rows are
+        // never touched, so they cost no memory (a large allocation's pages are mapped on first write), and never
+        // read. See save() in the header.
+        Tensor full = Tensor::empty(n.shape, dt);
+        full.rows(r0, r1).copy_from(src.read());
+        out.emplace_back(name, std::move(full));
         return;
       }
     }

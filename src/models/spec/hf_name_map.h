@@ -79,7 +79,9 @@ class HfNameMap {
   // The checkpoint tensors for `values` (parallel to params(); an expert stack may hold experts
   // [expert_first, expert_first + dim 0) only), in save order, with their checkpoint names (renamed back).
   // Tensors are views of `values` where the bytes are contiguous, else copies; an absent value, or experts a stack
-  // does not hold, give Tensor::absent of the right shape (a shared save's other ranks' parts).
+  // does not hold, give Tensor::absent of the right shape (a shared save's other ranks' parts). A tensor whose
+  // dim 0 indexes the experts (a fused stack) comes back in its full shape with only the held experts' rows written
+  // (the others unset: a shared save writes just those rows, HfSavedSource::expert_rows).
   std::vector<std::pair<std::string, Tensor>> save(const std::vector<Tensor>& values, int64_t expert_first = 0) const;
 
   // Every checkpoint name save() writes, in order, with its shape (plans, inspect).
