@@ -8,7 +8,8 @@
 //
 // usage: mixtune_bench_flash_attention [--seq S] [--batch B] [--heads H] [--kv-heads K] [--head-dim D]
 //                                      [--doc-len L] [--reps R] [--energy-seconds S] [--bwd-heads G]
-//                                      [--bwd-heads-sweep ROUNDS] [--fwd-early-ab ROUNDS]
+//                                      [--bwd-heads-sweep ROUNDS] [--fwd-early-ab ROUNDS] [--window W]
+//                                      [--sinks 0|1] [--scale X]
 // --energy-seconds S also runs the default forward and backward back to back for S seconds each: sustained TFLOP/s
 // and picojoules per FLOP from the GPU's energy counter (bench/sustained_run.h). --bwd-heads G forces the
 // sm90 backward's query heads per work item (0: its measured rule chooses; default: MIXTUNE_FLASH_BWD_HEADS,
@@ -16,9 +17,17 @@
 // alternating G within each round, and reports each G's median (backward_by_heads); --fwd-early-ab ROUNDS
 // times the sm90 forward with its softmax left to ptxas (0) and pinned before the P·V wait (1, the default)
 // alternately (forward_by_softmax, medians).
+//
+// Sliding window and sinks (GPT-OSS's sliding layers): --window W (keys j > t − W only), --sinks 1 (a sink logit
+// per query head; the backward also accumulates dsinks), --scale X (softmax scale; 0: head_dim^-1/2). These run
+// the mma.sync kernels. The FLOPs count the pairs the window leaves, Σ_t min(t − doc_start + 1, W) (the window's
+// real work, not the causal half), so TFLOP/s stays comparable with the causal runs; "full_causal" times the same
+// shape (and sinks) without the window, for the O(T·W) against O(T²) comparison. GPT-OSS's sliding layer:
+//   mixtune_bench_flash_attention --head-dim 64 --heads 64 --kv-heads 8 --seq 4096 --window 128 --sinks 1
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -54,8 +63,10 @@ Tensor random_bf16(const mt::Shape& s, uint64_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t S = 4096, B = 1, Hq = 32, Hk = 4, D = 128, doc_len = 0;
+  int64_t S = 4096, B = 1, Hq = 32, Hk = 4, D = 128, doc_len = 0, window = 0;
   int reps = 10, bwd_heads = -1, sweep_rounds = 0, fwd_ab_rounds = 0;
+  bool use_sinks = false;
+  float scale = 0.0f;
   double energy_seconds = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
@@ -63,7 +74,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s needs a value\n", s.c_str());
       return 2;
     }
-    const int64_t v = std::atoll(argv[++i]);
+    const char* arg = argv[++i];
+    const int64_t v = std::atoll(arg);
     if (s == "--seq")
       S = v;
     else if (s == "--batch")
@@ -86,6 +98,12 @@ int main(int argc, char** argv) {
       sweep_rounds = static_cast<int>(v);
     else if (s == "--fwd-early-ab")
       fwd_ab_rounds = static_cast<int>(v);
+    else if (s == "--window")
+      window = v;
+    else if (s == "--sinks")
+      use_sinks = v != 0;
+    else if (s == "--scale")
+      scale = static_cast<float>(std::atof(arg));
     else {
       std::fprintf(stderr, "unknown argument %s\n", s.c_str());
       return 2;
@@ -99,27 +117,45 @@ int main(int argc, char** argv) {
     Tensor q = random_bf16({T, Hq, D}, 1), k = random_bf16({T, Hk, D}, 2), v = random_bf16({T, Hk, D}, 3);
     Tensor dout = random_bf16({T, Hq, D}, 4);
     Tensor doc;
-    double visible = 0;  // (query, key) pairs attended
     if (doc_len > 0) {
       Tensor h = Tensor::empty({B, S}, DType::I32);
       for (int64_t b = 0; b < B; ++b)
         for (int64_t i = 0; i < S; ++i) h.data_as<int32_t>()[b * S + i] = static_cast<int32_t>(i / doc_len);
       doc = mt::cuda::to_device(h, 0);
-      for (int64_t i0 = 0; i0 < S; i0 += doc_len) {
-        const double n = static_cast<double>(std::min(doc_len, S - i0));
-        visible += B * n * (n + 1) / 2;
-      }
-    } else {
-      visible = B * static_cast<double>(S) * (S + 1) / 2;
     }
+    // (query, key) pairs attended: row i of a document sees min(i − start + 1, W) keys (W = 0: all i − start + 1).
+    auto visible_pairs = [&](int64_t w) {
+      double pairs = 0;
+      for (int64_t i = 0; i < S; ++i) {
+        const int64_t seen = doc_len > 0 ? i % doc_len + 1 : i + 1;
+        pairs += static_cast<double>(w > 0 ? std::min(seen, w) : seen);
+      }
+      return pairs * static_cast<double>(B);
+    };
+    const double visible = visible_pairs(window), visible_causal = visible_pairs(0);
     mt::cuda::AttentionDocs docs = mt::cuda::attention_docs_from_ids(doc, B, S, 0, ctx.stream);
-    const mt::cuda::FlashAttentionShape fs{T, Hq, Hk, D};
+    mt::cuda::FlashAttentionShape fs{T, Hq, Hk, D};
+    fs.window = window;
+    fs.scale = scale;
+    Tensor sinks, dsinks;
+    if (use_sinks) {
+      Tensor h = Tensor::empty({Hq}, DType::F32);
+      for (int64_t i = 0; i < Hq; ++i) h.data_as<float>()[i] = static_cast<float>(i % 7) - 1.0f;  // logits -1..5
+      sinks = mt::cuda::to_device(h, 0);
+      dsinks = mt::cuda::to_device(Tensor::zeros({Hq}, DType::F32), 0);  // accumulates over the reps
+    }
+    Tensor* dsinks_out = use_sinks ? &dsinks : nullptr;
     Tensor out, lse, dq, dk, dv;
     namespace det = mt::cuda::detail;
     det::FlashArgs fa;
     fa.T = static_cast<int>(T), fa.Hq = static_cast<int>(Hq), fa.Hk = static_cast<int>(Hk), fa.D = static_cast<int>(D);
-    const bool have_sm90 = det::flash_fwd_sm90_supported(fa);
-    const bool have_bwd_sm90 = det::flash_bwd_sm90_supported(fa);
+    // What flash_attention.cpp makes of the shape: a window reaching past every row is none.
+    fa.window = window < T ? static_cast<int>(window) : 0;
+    fa.scale = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(D));
+    fa.sinks = use_sinks ? sinks.data_as<float>() : nullptr;
+    const bool plain = det::flash_args_plain(fa);  // else only the mma.sync kernels run
+    const bool have_sm90 = plain && det::flash_fwd_sm90_supported(fa);
+    const bool have_bwd_sm90 = plain && det::flash_bwd_sm90_supported(fa);
     if (bwd_heads >= 0) det::flash_bwd_sm90_heads_set(bwd_heads);
     const int bwd_heads_used =
         have_bwd_sm90 ? det::flash_bwd_sm90_heads_per_item(static_cast<int>(T), static_cast<int>(Hq),
@@ -128,7 +164,7 @@ int main(int argc, char** argv) {
     auto forward_ms = [&](det::FlashFwdKernel kind) {
       det::flash_fwd_kernel_set(kind);
       const double ms = time_ms(reps, ctx.stream, [&] {
-        mt::cuda::flash_attention_forward(fs, q, k, v, docs, out, lse, ctx.stream);
+        mt::cuda::flash_attention_forward(fs, q, k, v, docs, out, lse, ctx.stream, sinks);
       }, /*warmup=*/2);
       det::flash_fwd_kernel_set(det::FlashFwdKernel::Auto);
       return ms;
@@ -150,7 +186,8 @@ int main(int argc, char** argv) {
     auto backward_ms = [&](det::FlashBwdKernel kind) {
       det::flash_bwd_kernel_set(kind);
       const double ms = time_ms(reps, ctx.stream, [&] {
-        mt::cuda::flash_attention_backward(fs, dout, q, k, v, out, lse, docs, dq, dk, dv, ctx.stream);
+        mt::cuda::flash_attention_backward(fs, dout, q, k, v, out, lse, docs, dq, dk, dv, ctx.stream, nullptr,
+                                           mt::cuda::FlashBwdMode::fast, sinks, dsinks_out);
       }, /*warmup=*/2);
       det::flash_bwd_kernel_set(det::FlashBwdKernel::Auto);
       return ms;
@@ -159,6 +196,21 @@ int main(int argc, char** argv) {
     const double bwd_mma_ms = have_bwd_sm90 ? backward_ms(det::FlashBwdKernel::MmaSync) : bwd_ms;
     const double bwd_sm90_ms = have_bwd_sm90 ? backward_ms(det::FlashBwdKernel::Sm90) : 0.0;
     const double fwd_flops = 4.0 * visible * D * Hq, bwd_flops = 2.5 * fwd_flops;
+    // The same shape without the window (the default kernels; sinks and scale kept), for the comparison.
+    double causal_fwd_ms = 0, causal_bwd_ms = 0;
+    if (fs.window > 0) {
+      mt::cuda::FlashAttentionShape full = fs;
+      full.window = 0;
+      Tensor o2, l2, dq2, dk2, dv2;
+      causal_fwd_ms = time_ms(reps, ctx.stream, [&] {
+        mt::cuda::flash_attention_forward(full, q, k, v, docs, o2, l2, ctx.stream, sinks);
+      }, /*warmup=*/2);
+      causal_bwd_ms = time_ms(reps, ctx.stream, [&] {
+        mt::cuda::flash_attention_backward(full, dout, q, k, v, o2, l2, docs, dq2, dk2, dv2, ctx.stream, nullptr,
+                                           mt::cuda::FlashBwdMode::fast, sinks, dsinks_out);
+      }, /*warmup=*/2);
+    }
+    const double causal_fwd_flops = 4.0 * visible_causal * D * Hq, causal_bwd_flops = 2.5 * causal_fwd_flops;
     // The sweep: every divisor G of the group, alternating within a round; medians over the rounds.
     std::vector<int> sweep_g;
     std::vector<std::vector<double>> sweep_ms;
@@ -171,17 +223,19 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < sweep_g.size(); ++i) {
           det::flash_bwd_sm90_heads_set(sweep_g[i]);
           sweep_ms[i].push_back(time_ms(reps, ctx.stream, [&] {
-            mt::cuda::flash_attention_backward(fs, dout, q, k, v, out, lse, docs, dq, dk, dv, ctx.stream);
+            mt::cuda::flash_attention_backward(fs, dout, q, k, v, out, lse, docs, dq, dk, dv, ctx.stream, nullptr,
+                                           mt::cuda::FlashBwdMode::fast, sinks, dsinks_out);
           }, /*warmup=*/2));
         }
       det::flash_bwd_kernel_set(det::FlashBwdKernel::Auto);
       det::flash_bwd_sm90_heads_set(bwd_heads);  // back to the run's setting (-1: unset)
     }
     const mt_bench::Sustained fwd_sus = mt_bench::sustained(energy_seconds, fwd_flops, ctx.stream, [&] {
-      mt::cuda::flash_attention_forward(fs, q, k, v, docs, out, lse, ctx.stream);
+      mt::cuda::flash_attention_forward(fs, q, k, v, docs, out, lse, ctx.stream, sinks);
     });
     const mt_bench::Sustained bwd_sus = mt_bench::sustained(energy_seconds, bwd_flops, ctx.stream, [&] {
-      mt::cuda::flash_attention_backward(fs, dout, q, k, v, out, lse, docs, dq, dk, dv, ctx.stream);
+      mt::cuda::flash_attention_backward(fs, dout, q, k, v, out, lse, docs, dq, dk, dv, ctx.stream, nullptr,
+                                           mt::cuda::FlashBwdMode::fast, sinks, dsinks_out);
     });
     const char* env = std::getenv("MIXTUNE_FLASH_FWD");
     const char* auto_kernel = have_sm90 && (env == nullptr || std::string(env) != "mma") ? "sm90" : "mma";
@@ -189,6 +243,14 @@ int main(int argc, char** argv) {
         "{\"bench\": \"flash_attention\", \"gpu\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"heads\": %lld, "
         "\"kv_heads\": %lld, \"head_dim\": %lld, \"doc_len\": %lld,\n",
         prop.name, (long long)B, (long long)S, (long long)Hq, (long long)Hk, (long long)D, (long long)doc_len);
+    std::printf(" \"window\": %lld, \"sinks\": %s, \"scale\": %.6g, \"visible_pairs\": %.0f,\n", (long long)window,
+                use_sinks ? "true" : "false", fa.scale, visible);
+    if (fs.window > 0)
+      std::printf(
+          " \"full_causal\": {\"forward\": {\"ms\": %.4f, \"tflops\": %.1f}, \"backward\": {\"ms\": %.4f, "
+          "\"tflops\": %.1f}}, \"window_speedup\": {\"forward\": %.2f, \"backward\": %.2f},\n",
+          causal_fwd_ms, causal_fwd_flops / causal_fwd_ms * 1e-9, causal_bwd_ms, causal_bwd_flops / causal_bwd_ms * 1e-9,
+          causal_fwd_ms / fwd_ms, causal_bwd_ms / bwd_ms);
     std::printf(" \"forward_kernel\": \"%s\", \"forward\": {\"ms\": %.4f, \"tflops\": %.1f%s},\n", auto_kernel, fwd_ms,
                 fwd_flops / fwd_ms * 1e-9, mt_bench::sustained_json(fwd_sus, "").c_str());
     if (have_sm90)

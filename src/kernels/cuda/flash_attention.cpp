@@ -20,14 +20,18 @@ void check_flat(const Tensor& t, const char* what, DType dt, int64_t numel, Devi
            dtype_safetensors_name(dt), numel, t.desc());
 }
 
+float default_scale(int64_t head_dim) { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
+
 detail::FlashArgs check_args(const FlashAttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const AttentionDocs& docs) {
+                             const AttentionDocs& docs, const Tensor& sinks) {
   MT_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0, "flash attention heads {} / kv_heads {}",
            s.heads, s.kv_heads);
   MT_CHECK(flash_attention_head_dim_supported(s.head_dim), "flash attention head_dim {} ({})", s.head_dim,
            flash_attention_head_dims());
   MT_CHECK(s.tokens >= 0 && s.tokens * s.heads < (int64_t{1} << 31) && s.heads <= 65535,
            "flash attention: {} tokens x {} heads", s.tokens, s.heads);
+  MT_CHECK(s.window >= 0, "flash attention window {} (0: none)", s.window);
+  MT_CHECK(std::isfinite(s.scale) && s.scale >= 0.0f, "flash attention scale {} (0: head_dim^-1/2)", s.scale);
   MT_CHECK(q.defined() && q.device().is_cuda(), "flash attention q must be a CUDA tensor");
   const Device dev = q.device();
   check_flat(q, "flash attention q", DType::BF16, s.tokens * s.heads * s.head_dim, dev);
@@ -40,9 +44,15 @@ detail::FlashArgs check_args(const FlashAttentionShape& s, const Tensor& q, cons
   a.Hq = static_cast<int>(s.heads);
   a.Hk = static_cast<int>(s.kv_heads);
   a.D = static_cast<int>(s.head_dim);
-  a.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  // A window that reaches past the first token of every row (window >= T) masks nothing: none.
+  a.window = s.window < s.tokens ? static_cast<int>(s.window) : 0;
+  a.scale = s.scale > 0.0f ? s.scale : default_scale(s.head_dim);
   a.doc_start = docs.start.data_as<int32_t>();
   a.doc_end = docs.end.data_as<int32_t>();
+  if (sinks.defined()) {
+    check_flat(sinks, "flash attention sinks", DType::F32, s.heads, dev);
+    a.sinks = sinks.data_as<float>();
+  }
   return a;
 }
 
@@ -63,6 +73,10 @@ bool use_sm90_forward(const detail::FlashArgs& a, const Tensor& q, const Tensor&
   if (kind == detail::FlashFwdKernel::MmaSync) return false;
   const bool aligned = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out);
   if (kind == detail::FlashFwdKernel::Sm90) {
+    MT_CHECK(detail::flash_args_plain(a),
+             "flash attention forward: the sm90 kernel has no sliding window, sinks or softmax scale other than "
+             "head_dim^-1/2 (window {}, sinks {}, scale {}); select the mma.sync kernel",
+             a.window, a.sinks ? "given" : "none", a.scale);
     MT_CHECK(detail::flash_fwd_sm90_supported(a),
              "flash attention forward: the sm90 kernel needs head_dim 128 (got {}), a cc 9.0 GPU and an sm_90a "
              "build",
@@ -70,7 +84,7 @@ bool use_sm90_forward(const detail::FlashArgs& a, const Tensor& q, const Tensor&
     MT_CHECK(aligned, "flash attention forward: the sm90 kernel needs 16-byte aligned q, k, v and out");
     return true;
   }
-  return sm90_forward_allowed() && aligned && detail::flash_fwd_sm90_supported(a);
+  return sm90_forward_allowed() && aligned && detail::flash_args_plain(a) && detail::flash_fwd_sm90_supported(a);
 }
 
 std::atomic<detail::FlashBwdKernel> g_bwd_kernel{detail::FlashBwdKernel::Auto};
@@ -89,6 +103,10 @@ bool use_sm90_backward(const detail::FlashArgs& a, const Tensor& dout, const Ten
   if (kind == detail::FlashBwdKernel::MmaSync) return false;
   const bool aligned = aligned16(dout) && aligned16(q) && aligned16(k) && aligned16(v);
   if (kind == detail::FlashBwdKernel::Sm90) {
+    MT_CHECK(detail::flash_args_plain(a),
+             "flash attention backward: the sm90 kernel has no sliding window, sinks or softmax scale other than "
+             "head_dim^-1/2 (window {}, sinks {}, scale {}); select the mma.sync kernel",
+             a.window, a.sinks || a.dsinks ? "given" : "none", a.scale);
     MT_CHECK(detail::flash_bwd_sm90_supported(a),
              "flash attention backward: the sm90 kernel needs head_dim 128 (got {}), a cc 9.0 GPU and an sm_90a "
              "build",
@@ -96,7 +114,7 @@ bool use_sm90_backward(const detail::FlashArgs& a, const Tensor& dout, const Ten
     MT_CHECK(aligned, "flash attention backward: the sm90 kernel needs 16-byte aligned dout, q, k and v");
     return true;
   }
-  return sm90_backward_allowed() && aligned && detail::flash_bwd_sm90_supported(a);
+  return sm90_backward_allowed() && aligned && detail::flash_args_plain(a) && detail::flash_bwd_sm90_supported(a);
 }
 
 void ensure(Tensor& t, const Tensor& like, const char* what) {
@@ -133,8 +151,9 @@ AttentionDocs attention_docs_from_cu_seqlens(const Tensor& cu_seqlens, int64_t t
 }
 
 void flash_attention_forward(const FlashAttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const AttentionDocs& docs, Tensor& out, Tensor& lse, cudaStream_t stream) {
-  const detail::FlashArgs a = check_args(s, q, k, v, docs);
+                             const AttentionDocs& docs, Tensor& out, Tensor& lse, cudaStream_t stream,
+                             const Tensor& sinks) {
+  const detail::FlashArgs a = check_args(s, q, k, v, docs, sinks);
   ensure(out, q, "flash attention out");
   if (!lse.defined())
     lse = Tensor::empty({s.heads, s.tokens}, DType::F32, q.device());
@@ -150,8 +169,13 @@ void flash_attention_forward(const FlashAttentionShape& s, const Tensor& q, cons
 void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionDocs& docs,
                               Tensor& dq, Tensor& dk, Tensor& dv, cudaStream_t stream, FlashDqSums* dq_sums,
-                              FlashBwdMode mode) {
-  const detail::FlashArgs a = check_args(s, q, k, v, docs);
+                              FlashBwdMode mode, const Tensor& sinks, Tensor* dsinks) {
+  detail::FlashArgs a = check_args(s, q, k, v, docs, sinks);
+  if (dsinks) {
+    MT_CHECK(sinks.defined(), "flash attention backward: dsinks without sinks");
+    check_flat(*dsinks, "flash attention dsinks", DType::F32, s.heads, q.device());
+    a.dsinks = dsinks->data_as<float>();
+  }
   check_flat(dout, "flash attention dout", DType::BF16, q.numel(), q.device());
   check_flat(out, "flash attention out", DType::BF16, q.numel(), q.device());
   check_flat(lse, "flash attention lse", DType::F32, s.heads * s.tokens, q.device());
@@ -190,6 +214,10 @@ void flash_dq_sums_to_bf16(const FlashDqSums& sums, Tensor& dq, cudaStream_t str
 }
 
 namespace detail {
+
+bool flash_args_plain(const FlashArgs& a) {
+  return a.window == 0 && a.sinks == nullptr && a.dsinks == nullptr && a.scale == default_scale(a.D);
+}
 
 void flash_fwd_kernel_set(FlashFwdKernel k) { g_fwd_kernel.store(k); }
 FlashFwdKernel flash_fwd_kernel_get() { return g_fwd_kernel.load(); }

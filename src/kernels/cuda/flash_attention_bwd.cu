@@ -23,6 +23,9 @@
 //      its KV head) are added to fp32 buffers with atomics. DH = D except at D = 256 (two slices: the
 //      dK/dV accumulators of a full row would not fit in registers), see flash_attention_tiles.cuh.
 //   3. fp32 buffers -> bf16 outputs (dQ and dK take the softmax scale here).
+// With sinks' gradient requested, a small kernel after 1 adds dsinks from lse and delta (fixed order).
+// A sliding window: the queries of a key tile end at last_query(last key) (flash_attention_tiles.cuh), and the
+// per-step first keys (s_ds) carry the window, so the mask and the fully-visible test are the causal ones.
 // Launches 1 (with the zeroing) and 3 are detail::flash_bwd_prologue / flash_bwd_epilogue, which the
 // Hopper backward (flash_attention_bwd_sm90.cu, the default for head_dim 128 on a cc 9.0 GPU) shares.
 // NOTE: fp32 atomics make dQ/dK/dV not bitwise reproducible run to run (the sum order varies); the
@@ -92,6 +95,33 @@ __global__ void __launch_bounds__(256) flash_bwd_prologue_kernel(const bf16* __r
   if (w < rows && lane == 0) delta[(w % Hq) * T + w / Hq] = acc;
 }
 
+// The sinks' gradient, dsinks[h] += −Σ_t p_sink(t)·delta[h][t] with p_sink = exp(sinks[h] − lse[h][t]): the sink's
+// column has a zero value vector, so its dP is 0 and its dS = p_sink·(0 − delta). One block per head: thread i
+// sums tokens i, i + 256, ... in order, then a fixed tree over the threads, and thread 0 adds the total: the same
+// order every run (bitwise reproducible, no atomics), and no other block touches dsinks[h].
+constexpr int kSinkThreads = 256;
+__global__ void __launch_bounds__(kSinkThreads) flash_sink_grad_kernel(const float* __restrict__ lse,
+                                                                       const float* __restrict__ delta,
+                                                                       const float* __restrict__ sinks,
+                                                                       float* __restrict__ dsinks, int T) {
+  pdl_wait();
+  __shared__ float part[kSinkThreads];
+  const int h = blockIdx.x;
+  const float sink = sinks[h];
+  const float* l = lse + static_cast<int64_t>(h) * T;
+  const float* d = delta + static_cast<int64_t>(h) * T;
+  float acc = 0.0f;
+  for (int t = threadIdx.x; t < T; t += kSinkThreads) acc += expf(sink - l[t]) * d[t];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+#pragma unroll
+  for (int w = kSinkThreads / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) dsinks[h] -= part[0];
+}
+
 // fp32 accumulators -> bf16 for dK and dV in one launch (blockIdx.y: 0 dK times the softmax scale, 1 dV).
 __global__ void dkdv_to_bf16_kernel(const float* __restrict__ dk_acc, const float* __restrict__ dv_acc, int64_t n,
                                     float dk_mul, bf16* __restrict__ dk, bf16* __restrict__ dv) {
@@ -132,7 +162,7 @@ __global__ void __launch_bounds__(kBwdThreads, flash::BwdCfg<D>::MIN_BLOCKS)
   bf16* sdS = reinterpret_cast<bf16*>(smem + 2 * BN * D * 2 + 4 * C::Q_BYTES);  // [BN][LDS]
   float* s_lse = reinterpret_cast<float*>(sdS + BN * C::LDS);                   // [2][BMQ], log2 units
   float* s_delta = s_lse + 2 * BMQ;                                             // [2][BMQ]
-  int* s_ds = reinterpret_cast<int*>(s_delta + 2 * BMQ);                        // [2][BMQ]
+  int* s_ds = reinterpret_cast<int*>(s_delta + 2 * BMQ);  // [2][BMQ] first visible key (flash::first_key)
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, qd = lane & 3, mi_ = lane >> 3;
   const int h = blockIdx.x, hk = h / (a.Hq / a.Hk);
@@ -140,7 +170,9 @@ __global__ void __launch_bounds__(kBwdThreads, flash::BwdCfg<D>::MIN_BLOCKS)
   const int k0 = blockIdx.y * BN;  // tile 0 (the most queries) is scheduled first
   const int d0 = blockIdx.z * DH;  // this block's columns of dQ, dK, dV: [d0, d0 + DH)
   const int k_last = min(k0 + BN, T) - 1;
-  const int q_lo = k0, q_hi = a.doc_end[k_last] - 1;
+  // The queries that see a key of the tile: from the first key on (causal) to the last that sees the last key
+  // (its document's end, or with a window W the earlier k_last + W − 1): O(BN + W) queries per key tile.
+  const int q_lo = k0, q_hi = flash::last_query(a, k_last);
   const int nsteps = (q_hi - q_lo + BMQ) / BMQ;
   const float scale_log2 = a.scale * 1.4426950408889634f;
 
@@ -152,7 +184,7 @@ __global__ void __launch_bounds__(kBwdThreads, flash::BwdCfg<D>::MIN_BLOCKS)
       const bool valid = t < T;
       s_lse[buf * BMQ + i] = valid ? lse[static_cast<int64_t>(h) * T + t] * 1.4426950408889634f : 0.0f;
       s_delta[buf * BMQ + i] = valid ? delta[static_cast<int64_t>(h) * T + t] : 0.0f;
-      s_ds[buf * BMQ + i] = valid ? a.doc_start[t] : INT_MAX;  // rows past T see no key
+      s_ds[buf * BMQ + i] = valid ? flash::first_key(a, t) : INT_MAX;  // rows past T see no key
     }
   };
 
@@ -204,8 +236,9 @@ __global__ void __launch_bounds__(kBwdThreads, flash::BwdCfg<D>::MIN_BLOCKS)
     }
 
     // Pᵀ = exp2(s·scale·log2e − lse·log2e) on visible (key, query) pairs; dSᵀ = Pᵀ ⊙ (dPᵀ − delta).
-    // Masking is skipped when every key of the tile is visible to every query of the step.
-    const bool full = k0 + BN - 1 <= qs && k0 >= dsq[BMQ - 1];
+    // Masking is skipped when every key of the warp is visible to every query of the step (first keys grow
+    // with the query: the step's last query has the greatest).
+    const bool full = k0 + warp * 16 + 15 <= qs && k0 + warp * 16 >= dsq[BMQ - 1];
 #pragma unroll
     for (int j = 0; j < NQ; ++j) {
 #pragma unroll
@@ -317,11 +350,12 @@ __global__ void __launch_bounds__(kBwdThreads, flash::BwdCfg<D>::MIN_BLOCKS)
 }
 
 // The deterministic backward's dQ (FlashAttention-2's dQ as a forward-shaped pass): one block per (query
-// head, 64-query tile), four warps of 16 query rows, walking the tile's key range [doc_start(first query),
-// last query] in tiles of DQ_BN keys (K and V double-buffered with cp.async, as the forward). Per key tile
-// it recomputes S = Q·Kᵀ and dP = dO·Vᵀ, then P = exp2(S·scale·log2e − lse·log2e) and dS = P ⊙ (dP − delta)
-// exactly as flash_bwd_kernel does (dS rounded to bf16 for the MMA), and dQ += dS·K stays in registers: each
-// dQ element is one sum in key order, stored once (no atomics). Cost: S and dP are computed twice (here and
+// head, 64-query tile), four warps of 16 query rows, walking the tile's key range [first_key(first query),
+// last query] in tiles of DQ_BN keys (K and V double-buffered with cp.async; a warp skips the tiles none of its
+// rows sees, as the forward). Per key tile it recomputes S = Q·Kᵀ and dP = dO·Vᵀ, then
+// P = exp2(S·scale·log2e − lse·log2e) and dS = P ⊙ (dP − delta) exactly as flash_bwd_kernel does (dS rounded to
+// bf16 for the MMA), and dQ += dS·K stays in registers: each dQ element is one sum in key order, stored once (no
+// atomics). Cost: S and dP are computed twice (here and
 // in the dK/dV pass), 7 GEMM passes instead of 5.
 template <int D>
 struct DqCfg {
@@ -347,8 +381,7 @@ __global__ void __launch_bounds__(DqCfg<D>::WARPS * 32)
   const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest key ranges first
   const int T = a.T;
   const int q_last = min(q0 + BM, T) - 1;
-  const int kv_lo = a.doc_start[q0];
-  const int ds_max = a.doc_start[q_last];
+  const int kv_lo = flash::first_key(a, q0);
   const int ntiles = (q_last - kv_lo + BN) / BN;
 
   flash::load_rows<BM, D, THREADS>(sQ, q, q0, T, a.Hq, h);
@@ -358,7 +391,11 @@ __global__ void __launch_bounds__(DqCfg<D>::WARPS * 32)
   mma::cp_async_commit();
 
   const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
-  const int ds0 = r0 < T ? a.doc_start[r0] : T, ds1 = r1 < T ? a.doc_start[r1] : T;
+  const int lo0 = r0 < T ? flash::first_key(a, r0) : T, lo1 = r1 < T ? flash::first_key(a, r1) : T;
+  // The warp's rows [w_first, w_last] and their least / greatest first keys, as in the forward.
+  const int w_first = q0 + warp * 16, w_last = min(w_first + 15, T - 1);
+  const int w_lo_min = w_first < T ? flash::first_key(a, w_first) : INT_MAX;
+  const int w_lo_max = w_first < T ? flash::first_key(a, w_last) : INT_MAX;
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = a.scale * kLog2e;
   const float lse0 = r0 < T ? lse[static_cast<int64_t>(h) * T + r0] * kLog2e : 0.0f;
@@ -379,6 +416,7 @@ __global__ void __launch_bounds__(DqCfg<D>::WARPS * 32)
       flash::load_rows<BN, D, THREADS>(sV0 + ((jt + 1) & 1) * BN * D * 2, v, k0 + BN, T, a.Hk, hk);
     }
     mma::cp_async_commit();
+    if (k0 > w_last || k0 + BN - 1 < w_lo_min) continue;  // no row of this warp sees a key of the tile: dS = 0
 
     // S = Q·Kᵀ and dP = dO·Vᵀ for the warp's 16 rows x BN keys.
     float s[NS][4], dp[NS][4];
@@ -405,14 +443,14 @@ __global__ void __launch_bounds__(DqCfg<D>::WARPS * 32)
     }
 
     // dS = P ⊙ (dP − delta) on the visible (query, key) pairs; masking as in the forward.
-    const bool full = k0 + BN - 1 <= q0 && k0 >= ds_max;
+    const bool full = k0 + BN - 1 <= w_first && k0 >= w_lo_max;
 #pragma unroll
     for (int j = 0; j < NS; ++j) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int key = k0 + 8 * j + 2 * qd + (c & 1);
-        const int row = c < 2 ? r0 : r1, ds = c < 2 ? ds0 : ds1;
-        const bool vis = full || (key <= row && key >= ds);
+        const int row = c < 2 ? r0 : r1, lo = c < 2 ? lo0 : lo1;
+        const bool vis = full || (key <= row && key >= lo);
         const float p = vis ? exp2f(s[j][c] * scale_log2 - (c < 2 ? lse0 : lse1)) : 0.0f;
         s[j][c] = p * (dp[j][c] - (c < 2 ? dl0 : dl1));
       }
@@ -504,6 +542,7 @@ void bwd_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* q, c
   auto kern = flash_bwd_kernel<D, false>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   detail::flash_bwd_prologue(a, dout, out, dq_acc, dk_acc, dv_acc, delta, stream);
+  detail::flash_sink_grad_launch(a, lse, delta, stream);
   const dim3 grid(a.Hq, (a.T + kBwdBN - 1) / kBwdBN, flash::BwdTiles<D>::SLICES);
   launch_kernel(kern, grid, kBwdThreads, smem, stream, a, q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc);
   detail::flash_bwd_epilogue(a, dq_acc, dk_acc, dv_acc, dq, dk, dv, stream);
@@ -524,6 +563,7 @@ void bwd_det_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* 
   MT_CUDA_CHECK(cudaFuncSetAttribute(dq_kern, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem));
   // The zeroing is not needed (every element is stored once), but the prologue does delta in the same launch.
   detail::flash_bwd_prologue(a, dout, out, dq_acc, dk_part, dv_part, delta, stream);
+  detail::flash_sink_grad_launch(a, lse, delta, stream);
   const dim3 grid(a.Hq, (a.T + kBwdBN - 1) / kBwdBN, flash::BwdTiles<D>::SLICES);
   launch_kernel(kern, grid, kBwdThreads, smem, stream, a, q, k, v, dout, lse, delta, dq_acc, dk_part, dv_part);
   const dim3 dq_grid(a.Hq, (a.T + DqCfg<D>::BM - 1) / DqCfg<D>::BM);
@@ -578,6 +618,13 @@ void flash_bwd_epilogue(const FlashArgs& a, const float* dq_acc, const float* dk
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((nk / 4 + 255) / 256, 32768));
   launch_kernel(dkdv_to_bf16_kernel, dim3(blocks, 2), 256, 0, stream, dk_acc, dv_acc, nk, a.scale,
       static_cast<bf16*>(dk), static_cast<bf16*>(dv));
+}
+
+void flash_sink_grad_launch(const FlashArgs& a, const float* lse, const float* delta, cudaStream_t stream) {
+  if (a.dsinks == nullptr || a.T == 0) return;
+  MT_CUDA_REQUIRE(a.sinks != nullptr, "flash attention backward: dsinks without sinks");
+  launch_kernel(flash_sink_grad_kernel, a.Hq, kSinkThreads, 0, stream, lse, static_cast<const float*>(delta),
+                a.sinks, a.dsinks, a.T);
 }
 
 void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,

@@ -594,6 +594,9 @@ void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, 
   MT_CUDA_REQUIRE(flash_bwd_sm90_supported(a), "flash attention backward (sm90): needs head_dim 128 (got " +
                                                    std::to_string(a.D) +
                                                    "), a cc 9.0 GPU and a build with 90a in CMAKE_CUDA_ARCHITECTURES");
+  MT_CUDA_REQUIRE(flash_args_plain(a),
+                  "flash attention backward (sm90): no sliding window, sinks or softmax scale other than "
+                  "head_dim^-1/2 here (the mma.sync kernel has them)");
   MT_CUDA_REQUIRE(aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout) && aligned16(dq_acc),
                   "flash attention backward (sm90): q, k, v, dout and dq_acc must be 16-byte aligned (TMA, bulk "
                   "reduce-add)");

@@ -1,5 +1,6 @@
 #include <cuda_bf16.h>
 
+#include <climits>
 #include <cstdint>
 #include <string>
 
@@ -13,8 +14,12 @@
 // tile), BM / 16 warps of 16 query rows. K/V tiles of BN keys stream through a cp.async double buffer
 // (BM, BN per head_dim: flash_attention_tiles.cuh); the running max / sum stay in registers (scores in
 // the log2 domain, exp2), P is rounded to bf16 straight from the score accumulators into A fragments
-// for P·V. A query tile may span several packed documents: its key range is [doc_start(first query),
-// last query], masked per element only in tiles that are not entirely visible to every row.
+// for P·V. A query tile may span several packed documents: its key range is [first_key(first query),
+// last query] (first_key: the document start, or with a sliding window W the later t − W + 1, so a window
+// costs O(T·W)); per warp, a key tile that none of the warp's 16 rows sees is skipped (it would leave the
+// running max, sum and O bitwise as they are), and the per-element mask runs only in tiles that not every
+// row of the warp sees entirely. Sinks: the running max starts at the sink's logit and the sink's exp joins
+// the row sum at the end, so lse includes it and the weights sum to 1 − p_sink.
 
 namespace mt::cuda {
 
@@ -41,8 +46,7 @@ __global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)
   const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest key ranges first
   const int T = a.T;
   const int q_last = min(q0 + BM, T) - 1;
-  const int kv_lo = a.doc_start[q0];
-  const int ds_max = a.doc_start[q_last];
+  const int kv_lo = flash::first_key(a, q0);
   const int ntiles = (q_last - kv_lo + BN) / BN;
 
   load_rows<BM, D, THREADS>(sQ, q, q0, T, a.Hq, h);
@@ -51,12 +55,21 @@ __global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)
   mma::cp_async_commit();
 
   const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
-  const int ds0 = r0 < T ? a.doc_start[r0] : T, ds1 = r1 < T ? a.doc_start[r1] : T;
-  const float scale_log2 = a.scale * 1.4426950408889634f;
+  // Each row's first visible key (rows past T see none: T is past every key they could be shown).
+  const int lo0 = r0 < T ? flash::first_key(a, r0) : T, lo1 = r1 < T ? flash::first_key(a, r1) : T;
+  // The warp's rows [w_first, w_last]: no key outside [w_lo_min, w_last] is visible to any of them, and keys
+  // [w_lo_max, w_first] are visible to all (first keys grow with the row; a warp past T sees nothing).
+  const int w_first = q0 + warp * 16, w_last = min(w_first + 15, T - 1);
+  const int w_lo_min = w_first < T ? flash::first_key(a, w_first) : INT_MAX;
+  const int w_lo_max = w_first < T ? flash::first_key(a, w_last) : INT_MAX;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scale_log2 = a.scale * kLog2e;
+  // The sink's logit in the log2 domain (-inf: none); the running max starts there, so every exp stays <= 1.
+  const float sink2 = a.sinks ? a.sinks[h] * kLog2e : -INFINITY;
   float o[NO][4];
 #pragma unroll
   for (int j = 0; j < NO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  float m0 = sink2, m1 = sink2, l0 = 0.0f, l1 = 0.0f;
 
   for (int jt = 0; jt < ntiles; ++jt) {
     const int k0 = kv_lo + jt * BN;
@@ -68,6 +81,7 @@ __global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)
       load_rows<BN, D, THREADS>(sV0 + ((jt + 1) & 1) * BN * D * 2, v, k0 + BN, T, a.Hk, hk);
     }
     mma::cp_async_commit();
+    if (k0 > w_last || k0 + BN - 1 < w_lo_min) continue;  // no row of this warp sees a key of the tile
 
     // S = Q · Kᵀ for the warp's 16 rows x BN keys.
     float s[NS][4];
@@ -87,8 +101,8 @@ __global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)
       }
     }
 
-    // Scale into the log2 domain; mask unless every key of the tile is visible to every row of the block.
-    const bool full = k0 + BN - 1 <= q0 && k0 >= ds_max;
+    // Scale into the log2 domain; mask unless every key of the tile is visible to every row of the warp.
+    const bool full = k0 + BN - 1 <= w_first && k0 >= w_lo_max;
     float tmax0 = -INFINITY, tmax1 = -INFINITY;
 #pragma unroll
     for (int j = 0; j < NS; ++j) {
@@ -97,8 +111,8 @@ __global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)
         float x = s[j][c] * scale_log2;
         if (!full) {
           const int key = k0 + 8 * j + 2 * qd + (c & 1);
-          const int row = c < 2 ? r0 : r1, ds = c < 2 ? ds0 : ds1;
-          if (key > row || key < ds) x = -INFINITY;
+          const int row = c < 2 ? r0 : r1, lo = c < 2 ? lo0 : lo1;
+          if (key > row || key < lo) x = -INFINITY;
         }
         s[j][c] = x;
       }
@@ -150,6 +164,7 @@ __global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)
     l0 += __shfl_xor_sync(0xffffffffu, l0, o_);
     l1 += __shfl_xor_sync(0xffffffffu, l1, o_);
   }
+  if (a.sinks) l0 += exp2f(sink2 - m0), l1 += exp2f(sink2 - m1);  // m >= sink2 (finite): the sink's column
   const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
   unsigned char* sq_bytes = smem;
 #pragma unroll

@@ -386,6 +386,8 @@ void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, con
   MT_CUDA_REQUIRE(flash_fwd_sm90_supported(a), "flash attention forward (sm90): needs head_dim 128 (got " +
                                                    std::to_string(a.D) +
                                                    "), a cc 9.0 GPU and a build with 90a in CMAKE_CUDA_ARCHITECTURES");
+  MT_CUDA_REQUIRE(flash_args_plain(a), "flash attention forward (sm90): no sliding window, sinks or softmax scale "
+                                       "other than head_dim^-1/2 here (the mma.sync kernel has them)");
   MT_CUDA_REQUIRE(aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out),
                   "flash attention forward (sm90): q, k, v and out must be 16-byte aligned (TMA, 16-byte stores)");
   const CUtensorMap mq = rows_map("q", q, a.T, a.Hq);

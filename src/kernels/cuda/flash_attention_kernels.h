@@ -1,7 +1,8 @@
 // Raw launchers of the flash-attention kernels (flash_attention_fwd.cu, flash_attention_fwd_sm90.cu,
 // flash_attention_bwd.cu, attention_docs.cu), called by flash_attention.cpp after its checks. Layouts:
 // q/out/dout [T][Hq][D], k/v [T][Hk][D] bf16; lse/delta [Hq][T] fp32; doc_start/doc_end [T] int32 (token
-// t attends to keys [doc_start[t], t]; doc_end[t] is one past the last token of t's document).
+// t attends to keys [doc_start[t], t], and with window W > 0 to keys j > t − W only: keys
+// [max(doc_start[t], t − W + 1), t]; doc_end[t] is one past the last token of t's document).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -11,16 +12,25 @@ namespace mt::cuda::detail {
 
 struct FlashArgs {
   int T = 0, Hq = 0, Hk = 0, D = 0;
-  float scale = 0.0f;  // softmax scale, D^-0.5
+  int window = 0;      // > 0 and < T: sliding window (keys j > t − window); 0: none (flash_attention.cpp
+                       // turns a window >= T into 0, so the kernels never form t − window out of range)
+  float scale = 0.0f;  // softmax scale on q·k (D^-0.5 unless the caller gives one)
   const int32_t* doc_start = nullptr;
   const int32_t* doc_end = nullptr;
+  const float* sinks = nullptr;  // [Hq] sink logits (score units, not scaled), or null: no sink column
+  float* dsinks = nullptr;       // backward: [Hq] += d(loss)/d(sink), or null; needs sinks
 };
+
+// Whether a call uses none of the features only the mma.sync kernels have (window, sinks or dsinks, a scale
+// other than D^-0.5): the sm90 kernels take only such calls.
+bool flash_args_plain(const FlashArgs& a);
 
 void flash_fwd_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
                       cudaStream_t stream);
 
 // Hopper forward (flash_attention_fwd_sm90.cu: TMA + wgmma), same contract as flash_fwd_launch for
-// head_dim 128; q, k, v, out 16-byte aligned. Supported: D == 128 and the current device runs its
+// head_dim 128 and plain args (flash_args_plain; flash_attention.cpp routes the rest to the mma.sync
+// kernel); q, k, v, out 16-byte aligned. Supported: D == 128 and the current device runs its
 // sm_90a build (a cc 9.0 GPU and 90a in CMAKE_CUDA_ARCHITECTURES; cached per device). The launcher
 // throws where it is not supported.
 bool flash_fwd_sm90_supported(const FlashArgs& a);
@@ -39,7 +49,8 @@ void flash_fwd_kernel_set(FlashFwdKernel k);
 FlashFwdKernel flash_fwd_kernel_get();
 
 // Workspace (fp32, zeroed here): dq_acc [T][Hq][D], dk_acc / dv_acc [T][Hk][D], delta [Hq][T] and one
-// element more (the sm90 backward's work-item counter).
+// element more (the sm90 backward's work-item counter). With a.dsinks, also dsinks += −Σ_t p_sink·delta
+// (flash_sink_grad_launch).
 void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
                       const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc, float* dk_acc,
                       float* dv_acc, float* delta, cudaStream_t stream);
@@ -53,8 +64,9 @@ void flash_bwd_deterministic_launch(const FlashArgs& a, const void* dout, const 
                                     float* dk_part, float* dv_part, float* delta, cudaStream_t stream);
 
 // Hopper backward (flash_attention_bwd_sm90.cu: TMA + wgmma), same contract and workspace as
-// flash_bwd_launch for head_dim 128; q, k, v, dout 16-byte aligned. Supported as for the sm90 forward
-// (D == 128, a cc 9.0 GPU running the sm_90a build). The launcher throws where it is not supported.
+// flash_bwd_launch for head_dim 128 and plain args (flash_args_plain); q, k, v, dout 16-byte aligned.
+// Supported as for the sm90 forward (D == 128, a cc 9.0 GPU running the sm_90a build). The launcher throws
+// where it is not supported.
 bool flash_bwd_sm90_supported(const FlashArgs& a);
 // dq null: dq_acc keeps the fp32 dQ sums (flash_dq_layout.cuh) and no bf16 dq is made.
 void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
@@ -79,6 +91,10 @@ void flash_bwd_prologue(const FlashArgs& a, const void* dout, const void* out, f
                         float* dv_acc, float* delta, cudaStream_t stream);
 void flash_bwd_epilogue(const FlashArgs& a, const float* dq_acc, const float* dk_acc, const float* dv_acc, void* dq,
                         void* dk, void* dv, cudaStream_t stream);
+// a.dsinks[h] += −Σ_t exp(a.sinks[h] − lse[h][t]) · delta[h][t]: one block per head, each thread a fixed stride
+// of tokens, then a fixed tree, so the sum is bitwise the same run to run. Both mma.sync backwards call it after
+// the prologue (delta); nothing is queued without a.dsinks.
+void flash_sink_grad_launch(const FlashArgs& a, const float* lse, const float* delta, cudaStream_t stream);
 
 // Which backward flash_attention_backward runs: as FlashFwdKernel, with MIXTUNE_FLASH_BWD=mma (read once)
 // selecting the mma.sync one under Auto.

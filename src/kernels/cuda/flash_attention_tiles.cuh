@@ -8,9 +8,26 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/flash_attention_kernels.h"
 #include "kernels/cuda/mma_sm80.cuh"
 
 namespace mt::cuda::flash {
+
+// The first key query t sees (t < T): its document's start and, with a window W, no key before t − W + 1.
+// Both bounds grow with t, so over a run of queries the first query's is the least and the last query's the
+// greatest: a query tile's key range starts at its first query's first key, and a key tile is visible to
+// every query of a tile when it lies in [first_key(last query), first query].
+__device__ __forceinline__ int first_key(const detail::FlashArgs& a, int t) {
+  const int ds = a.doc_start[t];
+  return a.window > 0 ? max(ds, t - a.window + 1) : ds;
+}
+
+// The last query that sees key j (j < T): the last token of j's document and, with a window W, no query past
+// j + W − 1 (written so that j + W cannot overflow). Grows with j, like first_key.
+__device__ __forceinline__ int last_query(const detail::FlashArgs& a, int j) {
+  const int de = a.doc_end[j] - 1;
+  return a.window > 0 && de - j >= a.window ? j + a.window - 1 : de;
+}
 
 // Byte offset of element (row, col) in a shared tile of CH 16-byte chunks (8 bf16) per row. The chunk
 // index is XOR-swizzled so that the 8 rows read by one ldmatrix 8x8 matrix (8 consecutive rows starting

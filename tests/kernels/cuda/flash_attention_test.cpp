@@ -13,6 +13,19 @@
 // gradients up to 6.2e-3 / 3.4e-3). On a cc 9.0 GPU the head_dim 128 cases run the Hopper forward and
 // backward (flash_attention_{fwd,bwd}_sm90.cu); Sm90AndMmaSync{Forwards,Backwards}AgreeD128 run both
 // head_dim 128 kernels of each pass.
+//
+// Sliding window, sinks and a given scale (GPT-OSS, the CudaFlashAttentionWindowSinks suite): the window only
+// masks (a visible element is computed exactly as without it) and the sink adds one fp32 term exp2(sink − m) to
+// each row sum, so the rounding points and the thresholds above are unchanged: out 1e-2 / 5e-3, lse 1e-4,
+// dq/dk/dv 2e-2 / 1e-2 (max-norm relative to the whole tensor: a head whose sink takes most of the weight has
+// small outputs, but ignoring its sink, or a key leaking in from outside the window, is an O(1) error there).
+// dsinks[h] = −Σ_t p_sink·delta_t: p_sink comes from the fp32 lse (1e-4 absolute: 1e-4 relative), delta from the
+// bf16 output (Σ_d dO·O with O off by ~one bf16 rounding, rel-L2 ~3e-3 measured) where the CPU sums Σ_j P·dP in
+// double from unrounded P; the errors of the T terms have random signs as the terms do, so the sum keeps about
+// the relative error of O: the gradient thresholds (2e-2 / 1e-2 over the heads) leave a 5x margin; a sign error
+// or a missing term is O(1). With window 1 and no sink every row's softmax is the constant 1: dS = 0 and the CPU
+// dq, dk are exactly 0; the GPU leaves fp32 rounding noise (dP − delta summed in two orders, ~1e-6): 1e-4
+// absolute there. The deterministic backward and dsinks repeat bitwise (memcmp) in both modes.
 #include "kernels/cuda/flash_attention.h"
 
 #include <gtest/gtest.h>
@@ -663,6 +676,294 @@ TEST(CudaFlashAttention, BadShapesAreErrors) {
   Tensor qf = Tensor::empty({8, 2, 64}, DType::F32, Device::cuda(0));
   Tensor kv1 = Tensor::empty({8, 1, 64}, DType::BF16, Device::cuda(0));
   EXPECT_THROW(cuda::flash_attention_forward({8, 2, 1, 64}, qf, kv1, kv1, docs, out, lse, stream0()), Error);  // fp32 q
+}
+
+// ---- Sliding window, sinks and a given softmax scale (GPT-OSS; thresholds in the header) ----
+
+struct FeatureCase {
+  AttnCase c;
+  int window;   // 0: full causal
+  bool sinks;   // a sink logit per query head
+  float scale;  // 0: head_dim^-1/2
+};
+
+std::string feature_name(const FeatureCase& f) {
+  const AttnCase& c = f.c;
+  return "B " + std::to_string(c.B) + " S " + std::to_string(c.S) + " Hq " + std::to_string(c.Hq) + " Hk " +
+         std::to_string(c.Hk) + " D " + std::to_string(c.D) + " docs " + std::to_string(c.min_doc) + ".." +
+         std::to_string(c.max_doc) + " window " + std::to_string(f.window) + (f.sinks ? " sinks" : " no sinks") +
+         " scale " + std::to_string(f.scale);
+}
+
+// Sink logits in [-1, 6]: from a few percent of a 128-key row's weight to most of a short row's.
+Tensor host_sinks(int heads, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 6.0f);
+  std::vector<float> v(static_cast<size_t>(heads));
+  for (float& x : v) x = u(g);
+  return Tensor::from_floats({heads}, v);
+}
+
+// The host inputs of a case (bf16-representable, so the GPU sees the same numbers) and the CPU reference.
+struct FeatureRef {
+  Tensor q, k, v, dout, doc, sinks;  // host; doc and sinks may be undefined
+  std::vector<float> out, lse, dq, dk, dv, dsinks;
+};
+
+FeatureRef feature_reference(const FeatureCase& f, uint64_t seed) {
+  const AttnCase& c = f.c;
+  FeatureRef r;
+  const std::vector<int32_t> doc = make_docs(c, seed);
+  if (!doc.empty()) r.doc = host_i32({c.B, c.S}, doc);
+  r.q = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 1, 1.0f, true);
+  r.k = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 2, 1.0f, true);
+  r.v = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 3, 1.0f, true);
+  r.dout = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 4, 1.0f, true);
+  if (f.sinks) r.sinks = host_sinks(c.Hq, seed + 5);
+  cpu::AttentionShape cs{c.B, c.S, c.Hq, c.Hk, c.D};
+  cs.window = f.window;
+  cs.scale = f.scale;
+  Tensor lse, dq, dk, dv;
+  r.out = cpu::attention_forward(cs, r.q, r.k, r.v, r.doc, true, lse, r.sinks).to_floats();
+  r.lse = lse.to_floats();
+  Tensor dsinks = Tensor::zeros({c.Hq}, DType::F32);
+  cpu::attention_backward(cs, r.dout, r.q, r.k, r.v, r.doc, lse, true, dq, dk, dv, r.sinks,
+                          f.sinks ? &dsinks : nullptr);
+  r.dq = dq.to_floats(), r.dk = dk.to_floats(), r.dv = dv.to_floats();
+  if (f.sinks) r.dsinks = dsinks.to_floats();
+  return r;
+}
+
+cuda::FlashAttentionShape flash_shape(const FeatureCase& f) {
+  cuda::FlashAttentionShape s{int64_t{f.c.B} * f.c.S, f.c.Hq, f.c.Hk, f.c.D};
+  s.window = f.window;
+  s.scale = f.scale;
+  return s;
+}
+
+// The case's device inputs and the GPU forward's out and lse.
+struct FeatureDev {
+  cuda::AttentionDocs docs;
+  Tensor q, k, v, dout, sinks, out, lse;
+};
+
+FeatureDev feature_forward(const FeatureCase& f, const FeatureRef& r) {
+  FeatureDev d;
+  d.docs = cuda::attention_docs_from_ids(r.doc.defined() ? cuda::to_device(r.doc, 0) : Tensor(), f.c.B, f.c.S, 0,
+                                         stream0());
+  d.q = test::device_from_host(r.q, DType::BF16);
+  d.k = test::device_from_host(r.k, DType::BF16);
+  d.v = test::device_from_host(r.v, DType::BF16);
+  d.dout = test::device_from_host(r.dout, DType::BF16);
+  if (r.sinks.defined()) d.sinks = cuda::to_device(r.sinks, 0);
+  cuda::flash_attention_forward(flash_shape(f), d.q, d.k, d.v, d.docs, d.out, d.lse, stream0(), d.sinks);
+  return d;
+}
+
+// dsinks starts from these values, so the test sees that the backward adds (+=) rather than overwrites.
+constexpr float kDsinksStart = 0.25f;
+
+struct FeatureGrads {
+  std::vector<float> dq, dk, dv, dsinks;  // dsinks: what the backward added (empty without sinks)
+  std::vector<float> dsinks_raw;          // dsinks as the backward left it (bitwise checks)
+};
+
+FeatureGrads feature_backward(const FeatureCase& f, const FeatureDev& d, cuda::FlashBwdMode mode) {
+  Tensor dq, dk, dv, dsinks;
+  if (f.sinks)
+    dsinks = cuda::to_device(Tensor::from_floats({f.c.Hq}, std::vector<float>(f.c.Hq, kDsinksStart)), 0);
+  cuda::flash_attention_backward(flash_shape(f), d.dout, d.q, d.k, d.v, d.out, d.lse, d.docs, dq, dk, dv, stream0(),
+                                 nullptr, mode, d.sinks, f.sinks ? &dsinks : nullptr);
+  FeatureGrads g{test::device_floats(dq), test::device_floats(dk), test::device_floats(dv), {}, {}};
+  if (f.sinks) {
+    g.dsinks_raw = test::device_floats(dsinks);
+    for (float x : g.dsinks_raw) g.dsinks.push_back(x - kDsinksStart);
+  }
+  return g;
+}
+
+// A gradient against the CPU: the header's thresholds, or, where the CPU's is exactly zero (window 1 without a
+// sink: dS = 0), an absolute bound on the GPU's rounding noise.
+void expect_grad(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  const bool zero = std::all_of(want.begin(), want.end(), [](float x) { return x == 0.0f; });
+  if (!zero) return test::expect_norm(got, want, 2e-2, 1e-2, what);
+  ASSERT_EQ(got.size(), want.size()) << what;
+  float worst = 0;
+  for (float x : got) worst = std::max(worst, std::fabs(x));
+  EXPECT_LE(worst, 1e-4f) << what << ": the reference is exactly 0";
+}
+
+// Forward (out, lse) and both backwards (dq, dk, dv, dsinks) of one case against the CPU op.
+void check_feature_case(const FeatureCase& f, uint64_t seed) {
+  SCOPED_TRACE(feature_name(f));
+  const FeatureRef r = feature_reference(f, seed);
+  const FeatureDev d = feature_forward(f, r);
+  test::expect_norm(test::device_floats(d.out), r.out, 1e-2, 5e-3, "out");
+  const double worst = lse_max_abs(f.c, test::device_floats(d.lse), r.lse);
+  EXPECT_LE(worst, 1e-4) << "lse";
+  if (std::getenv("MT_PRINT_ERRORS")) std::printf("[ error    ] lse: max abs %.3g (limit 1e-4)\n", worst);
+  for (const cuda::FlashBwdMode mode : {cuda::FlashBwdMode::fast, cuda::FlashBwdMode::deterministic}) {
+    const std::string name = mode == cuda::FlashBwdMode::fast ? "fast " : "deterministic ";
+    const FeatureGrads g = feature_backward(f, d, mode);
+    expect_grad(g.dq, r.dq, name + "dq");
+    expect_grad(g.dk, r.dk, name + "dk");
+    expect_grad(g.dv, r.dv, name + "dv");
+    if (f.sinks) test::expect_norm(g.dsinks, r.dsinks, 2e-2, 1e-2, name + "dsinks");
+  }
+}
+
+// GPT-OSS's attention: head_dim 64, 8 query heads per KV head, a 128-key window with sinks (scale 64^-0.5 given
+// explicitly, as the model does), one long row and packed documents shorter and longer than the window
+// (boundaries inside it and across it); then windows 1 (each row sees itself and the sink), 7 (inside a key tile)
+// and longer than the sequence (no window), with and without sinks, scales other than D^-0.5, T not a multiple of
+// the tiles.
+TEST(CudaFlashAttentionWindowSinks, HeadDim64MatchesCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  const std::vector<FeatureCase> cases = {
+      {{1, 517, 16, 2, 64, 0, 0}, 128, true, 0.125f},
+      {{2, 300, 16, 2, 64, 1, 150}, 128, true, 0.0f},
+      {{1, 700, 8, 1, 64, 90, 400}, 128, false, 0.0f},
+      {{1, 300, 8, 1, 64, 0, 0}, 1, true, 0.0f},
+      {{2, 150, 8, 2, 64, 1, 40}, 1, false, 0.0f},
+      {{2, 200, 8, 2, 64, 5, 60}, 7, true, 0.3f},
+      {{1, 333, 4, 4, 64, 0, 0}, 7, false, 0.05f},
+      {{1, 333, 8, 2, 64, 1, 200}, 1000, true, 0.0f},
+      {{1, 257, 8, 2, 64, 0, 0}, 0, true, 0.2f},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) check_feature_case(cases[i], 1100 + 10 * i);
+}
+
+// head_dim 128: the same features on the mma.sync kernels (the Hopper ones have none of them; a window longer
+// than the sequence is no window and may run there).
+TEST(CudaFlashAttentionWindowSinks, HeadDim128MatchesCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  const std::vector<FeatureCase> cases = {
+      {{2, 300, 16, 2, 128, 1, 150}, 128, true, 0.0f},
+      {{1, 517, 8, 1, 128, 0, 0}, 128, false, 0.1f},
+      {{1, 300, 4, 2, 128, 1, 100}, 1, true, 0.0f},
+      {{1, 200, 4, 1, 128, 0, 0}, 1, false, 0.0f},
+      {{2, 170, 8, 2, 128, 3, 50}, 7, true, 0.0f},
+      {{1, 517, 4, 2, 128, 0, 0}, 7, false, 0.2f},
+      {{1, 400, 8, 2, 128, 0, 0}, 1000, false, 0.0f},
+      {{1, 300, 8, 2, 128, 1, 100}, 1000, true, 0.0f},
+      {{2, 129, 4, 1, 128, 0, 0}, 0, false, 0.05f},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) check_feature_case(cases[i], 1300 + 10 * i);
+}
+
+// The other head dims' tile shapes (16: 128-query backward steps; 32: two blocks per SM; 256: 32-key forward tiles
+// and two backward column slices) with a window and sinks.
+TEST(CudaFlashAttentionWindowSinks, OtherHeadDimsMatchCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  check_feature_case({{2, 200, 8, 2, 16, 1, 90}, 37, true, 0.0f}, 1500);
+  check_feature_case({{1, 300, 8, 1, 32, 0, 0}, 100, true, 0.3f}, 1510);
+  check_feature_case({{2, 150, 4, 2, 256, 1, 80}, 50, true, 0.0f}, 1520);
+}
+
+// At GPT-OSS's sliding-layer shape (seq 4096, 64 / 8 heads, head_dim 64, window 128, sinks; packed documents):
+// the deterministic backward repeats bit for bit (dq, dk, dv and dsinks), dsinks also in the fast mode (its own
+// fixed-order kernel), and the two modes agree within the CPU tolerance.
+TEST(CudaFlashAttentionWindowSinks, BackwardRepeatsBitwiseWithSinks) {
+  MT_SKIP_WITHOUT_CUDA();
+  const FeatureCase f{{1, 4096, 64, 8, 64, 1, 1500}, 128, true, 0.125f};
+  FeatureRef r;  // inputs only: the CPU reference would take minutes at this size
+  const std::vector<int32_t> doc = make_docs(f.c, 4300);
+  r.doc = host_i32({1, f.c.S}, doc);
+  r.q = test::host_random({1, f.c.S, f.c.Hq, f.c.D}, 4301, 1.0f, true);
+  r.k = test::host_random({1, f.c.S, f.c.Hk, f.c.D}, 4302, 1.0f, true);
+  r.v = test::host_random({1, f.c.S, f.c.Hk, f.c.D}, 4303, 1.0f, true);
+  r.dout = test::host_random({1, f.c.S, f.c.Hq, f.c.D}, 4304, 1.0f, true);
+  r.sinks = host_sinks(f.c.Hq, 4305);
+  const FeatureDev d = feature_forward(f, r);
+  using M = cuda::FlashBwdMode;
+  const FeatureGrads a = feature_backward(f, d, M::deterministic);
+  for (int rep = 0; rep < 2; ++rep) {
+    const FeatureGrads b = feature_backward(f, d, M::deterministic);
+    EXPECT_TRUE(bitwise_equal(a.dq, b.dq)) << "dq differs on repeat " << rep;
+    EXPECT_TRUE(bitwise_equal(a.dk, b.dk)) << "dk differs on repeat " << rep;
+    EXPECT_TRUE(bitwise_equal(a.dv, b.dv)) << "dv differs on repeat " << rep;
+    EXPECT_TRUE(bitwise_equal(a.dsinks_raw, b.dsinks_raw)) << "dsinks differ on repeat " << rep;
+  }
+  const FeatureGrads f1 = feature_backward(f, d, M::fast), f2 = feature_backward(f, d, M::fast);
+  EXPECT_TRUE(bitwise_equal(f1.dsinks_raw, f2.dsinks_raw)) << "fast-mode dsinks differ run to run";
+  EXPECT_TRUE(bitwise_equal(f1.dsinks_raw, a.dsinks_raw)) << "dsinks differ between the modes (same kernel, same delta)";
+  test::expect_norm(a.dq, f1.dq, 2e-2, 1e-2, "deterministic vs fast dq");
+  test::expect_norm(a.dk, f1.dk, 2e-2, 1e-2, "deterministic vs fast dk");
+  test::expect_norm(a.dv, f1.dv, 2e-2, 1e-2, "deterministic vs fast dv");
+  // Not all zero: a dsinks kernel that never ran would repeat too.
+  EXPECT_TRUE(std::any_of(a.dsinks.begin(), a.dsinks.end(), [](float x) { return x != 0.0f; }));
+}
+
+// The Hopper kernels have no window, sinks or other scale: forcing them with one is a clear error; under Auto the
+// call runs the mma.sync kernels (on a cc 9.0 GPU too), and the backward then makes dq and leaves dq_sums empty.
+TEST(CudaFlashAttentionWindowSinks, Sm90RefusesFeaturesAndAutoRoutesThemToMmaSync) {
+  MT_SKIP_WITHOUT_CUDA();
+  const FeatureCase f{{1, 200, 4, 2, 128, 0, 0}, 64, true, 0.0f};
+  const FeatureRef r = feature_reference(f, 1700);
+  FeatureDev d = feature_forward(f, r);  // Auto
+  test::expect_norm(test::device_floats(d.out), r.out, 1e-2, 5e-3, "auto out");
+  {
+    FwdKernelScope scope(cuda::detail::FlashFwdKernel::Sm90);
+    Tensor out, lse;
+    try {
+      cuda::flash_attention_forward(flash_shape(f), d.q, d.k, d.v, d.docs, out, lse, stream0(), d.sinks);
+      ADD_FAILURE() << "the sm90 forward accepted a window and sinks";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("sm90 kernel has no sliding window"), std::string::npos) << e.what();
+    }
+    FeatureCase scaled = f;
+    scaled.window = 0, scaled.sinks = false, scaled.scale = 0.5f;
+    EXPECT_THROW(cuda::flash_attention_forward(flash_shape(scaled), d.q, d.k, d.v, d.docs, out, lse, stream0()),
+                 Error);
+  }
+  {
+    BwdKernelScope scope(cuda::detail::FlashBwdKernel::Sm90);
+    Tensor dq, dk, dv;
+    EXPECT_THROW(cuda::flash_attention_backward(flash_shape(f), d.dout, d.q, d.k, d.v, d.out, d.lse, d.docs, dq, dk,
+                                                dv, stream0()),
+                 Error);
+  }
+  Tensor dq, dk, dv;
+  Tensor dsinks = cuda::to_device(Tensor::zeros({f.c.Hq}, DType::F32), 0);
+  cuda::FlashDqSums sums;
+  cuda::flash_attention_backward(flash_shape(f), d.dout, d.q, d.k, d.v, d.out, d.lse, d.docs, dq, dk, dv, stream0(),
+                                 &sums, cuda::FlashBwdMode::fast, d.sinks, &dsinks);
+  EXPECT_FALSE(sums.acc.defined()) << "the mma.sync backward makes dq, not dQ sums";
+  ASSERT_TRUE(dq.defined());
+  test::expect_norm(test::device_floats(dq), r.dq, 2e-2, 1e-2, "auto dq");
+  test::expect_norm(test::device_floats(dsinks), r.dsinks, 2e-2, 1e-2, "auto dsinks");
+}
+
+TEST(CudaFlashAttentionWindowSinks, BadArgumentsAreErrors) {
+  MT_SKIP_WITHOUT_CUDA();
+  const FeatureCase f{{1, 64, 2, 1, 64, 0, 0}, 16, true, 0.0f};
+  const FeatureRef r = feature_reference(f, 1800);
+  const FeatureDev d = feature_forward(f, r);
+  Tensor out, lse;
+  cuda::FlashAttentionShape neg = flash_shape(f);
+  neg.window = -1;
+  EXPECT_THROW(cuda::flash_attention_forward(neg, d.q, d.k, d.v, d.docs, out, lse, stream0()), Error);
+  cuda::FlashAttentionShape bad_scale = flash_shape(f);
+  bad_scale.scale = -0.5f;
+  EXPECT_THROW(cuda::flash_attention_forward(bad_scale, d.q, d.k, d.v, d.docs, out, lse, stream0()), Error);
+  const Tensor sinks3 = cuda::to_device(Tensor::zeros({3}, DType::F32), 0);  // 2 heads
+  EXPECT_THROW(cuda::flash_attention_forward(flash_shape(f), d.q, d.k, d.v, d.docs, out, lse, stream0(), sinks3),
+               Error);
+  const Tensor sinks_bf16 = test::device_from_host(r.sinks, DType::BF16);
+  EXPECT_THROW(cuda::flash_attention_forward(flash_shape(f), d.q, d.k, d.v, d.docs, out, lse, stream0(), sinks_bf16),
+               Error);
+  const Tensor sinks_host = r.sinks;
+  EXPECT_THROW(cuda::flash_attention_forward(flash_shape(f), d.q, d.k, d.v, d.docs, out, lse, stream0(), sinks_host),
+               Error);
+  Tensor dq, dk, dv;
+  Tensor dsinks = cuda::to_device(Tensor::zeros({f.c.Hq}, DType::F32), 0);
+  EXPECT_THROW(cuda::flash_attention_backward(flash_shape(f), d.dout, d.q, d.k, d.v, d.out, d.lse, d.docs, dq, dk, dv,
+                                              stream0(), nullptr, cuda::FlashBwdMode::fast, Tensor(), &dsinks),
+               Error);  // dsinks without sinks
+  Tensor dsinks3 = cuda::to_device(Tensor::zeros({3}, DType::F32), 0);
+  EXPECT_THROW(cuda::flash_attention_backward(flash_shape(f), d.dout, d.q, d.k, d.v, d.out, d.lse, d.docs, dq, dk, dv,
+                                              stream0(), nullptr, cuda::FlashBwdMode::fast, d.sinks, &dsinks3),
+               Error);
 }
 
 }  // namespace
