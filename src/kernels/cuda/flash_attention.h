@@ -14,7 +14,7 @@
 //
 // Kernels: head_dim 128 on a cc 9.0 GPU runs the Hopper (TMA + wgmma) forward and backward by default; they
 // have no window, sinks or softmax scale other than head_dim^-1/2, so calls with any of those run the mma.sync
-// kernels (a window at least as long as the sequence is no window, and takes the Hopper path).
+// kernels (a window of at least `tokens` is no window, and takes the Hopper path).
 #pragma once
 #include <cuda_runtime_api.h>
 

@@ -392,10 +392,9 @@ __global__ void __launch_bounds__(DqCfg<D>::WARPS * 32)
 
   const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
   const int lo0 = r0 < T ? flash::first_key(a, r0) : T, lo1 = r1 < T ? flash::first_key(a, r1) : T;
-  // The warp's rows [w_first, w_last] and their least / greatest first keys, as in the forward.
-  const int w_first = q0 + warp * 16, w_last = min(w_first + 15, T - 1);
-  const int w_lo_min = w_first < T ? flash::first_key(a, w_first) : INT_MAX;
-  const int w_lo_max = w_first < T ? flash::first_key(a, w_last) : INT_MAX;
+  // The warp's first row. Its rows' least and greatest first keys are read per key tile below (L1 hits), not
+  // kept: four more live registers made ptxas spill 44 bytes at D = 128 (12 this way, 8 before the window).
+  const int w_first = q0 + warp * 16;
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = a.scale * kLog2e;
   const float lse0 = r0 < T ? lse[static_cast<int64_t>(h) * T + r0] * kLog2e : 0.0f;
@@ -416,7 +415,8 @@ __global__ void __launch_bounds__(DqCfg<D>::WARPS * 32)
       flash::load_rows<BN, D, THREADS>(sV0 + ((jt + 1) & 1) * BN * D * 2, v, k0 + BN, T, a.Hk, hk);
     }
     mma::cp_async_commit();
-    if (k0 > w_last || k0 + BN - 1 < w_lo_min) continue;  // no row of this warp sees a key of the tile: dS = 0
+    // No row of this warp sees a key of the tile (a warp past T sees none): dS = 0, skipped as in the forward.
+    if (w_first >= T || k0 > w_first + 15 || k0 + BN - 1 < flash::first_key(a, w_first)) continue;
 
     // S = Q·Kᵀ and dP = dO·Vᵀ for the warp's 16 rows x BN keys.
     float s[NS][4], dp[NS][4];
@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(DqCfg<D>::WARPS * 32)
     }
 
     // dS = P ⊙ (dP − delta) on the visible (query, key) pairs; masking as in the forward.
-    const bool full = k0 + BN - 1 <= w_first && k0 >= w_lo_max;
+    const bool full = k0 + BN - 1 <= w_first && k0 >= flash::first_key(a, min(w_first + 15, T - 1));
 #pragma unroll
     for (int j = 0; j < NS; ++j) {
 #pragma unroll

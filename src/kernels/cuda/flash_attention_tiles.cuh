@@ -122,7 +122,8 @@ struct BwdCfg<16> {
   static constexpr int BMQ = 128, DH = 16, MIN_BLOCKS = 1;
 };
 // BMQ = 64 is the smallest step the dQ warp split allows at DH = 32 (DQN = 2). Two blocks per SM cap
-// registers at 128: ptxas spills 12 bytes there (198 registers uncapped, one block per SM).
+// registers at 128: ptxas spills 20 bytes there (12 before the sliding window; 198 registers uncapped, one
+// block per SM).
 template <>
 struct BwdCfg<32> {
   static constexpr int BMQ = 64, DH = 32, MIN_BLOCKS = 2;
