@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
     Tensor table = normal({V, H}, DType::BF16, 0.02f, 9, st), ids = ids_like(T, V, st);
     Tensor out = dev_empty({T, H}, DType::BF16), dtable = dev_zeros({V, H}, DType::F32);
     mem("embedding_forward", 2 * act, [&] { mt::cuda::embedding_forward(ids, table, out, st); });
-    mem("embedding_backward", act + T * H * 8.0, [&] { mt::cuda::embedding_backward(ids, out, dtable, st); });
+    mem("embedding_backward", act + T * H * 8.0, [&] { mt::cuda::embedding_backward(ids, out, dtable, std::nullopt, st); });
   }
   {
     // The LM head + loss over one micro-batch (three GEMMs and the row softmax): GEMM-bound.

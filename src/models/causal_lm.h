@@ -39,7 +39,8 @@ struct SaveOptions {
 class CausalLM {
  public:
   static CausalLM from_pretrained(const std::string& path_or_repo_id, const LoadOptions& options = {});
-  // A freshly initialised model (normal(0, initializer_range), norms = 1) for `config`.
+  // A freshly initialised model (normal(0, initializer_range), norms = 1, the embedding's padding_idx row 0) for
+  // `config`.
   static CausalLM from_config(const DecoderSpec& config, DType dtype, uint64_t seed);
 
   // Writes config.json, generation_config.json, tokenizer files carried from the source, and the

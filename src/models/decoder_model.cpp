@@ -349,7 +349,7 @@ ForwardResult DecoderModel::forward_backward(const Batch& b, ModelWeights& grads
     }
     release(l, false);
   }
-  cpu::embedding_backward(ids, dx, grads.embed);
+  cpu::embedding_backward(ids, dx, grads.embed, cfg_.padding_idx);  // the pad row: no gradient, as in HF
   return r;
 }
 

@@ -113,6 +113,8 @@ ModelWeights ModelWeights::zeros_like_config(const DecoderSpec& cfg, DType dtype
 
 ModelWeights ModelWeights::random_init(const DecoderSpec& cfg, DType dtype, uint64_t seed) {
   check_param_dtype(dtype, "random_init");
+  MT_CHECK(!cfg.padding_idx || (*cfg.padding_idx >= 0 && *cfg.padding_idx < cfg.vocab_size),
+           "random_init: padding_idx {} outside the vocabulary [0, {})", cfg.padding_idx.value_or(0), cfg.vocab_size);
   ModelWeights w = weights_alloc(cfg, dtype);
   const std::vector<ParamEntry>& entries = w.table->entries();
   // One stream per parameter name: the values do not depend on visiting order or threading.
@@ -129,6 +131,11 @@ ModelWeights ModelWeights::random_init(const DecoderSpec& cfg, DType dtype, uint
         rng.fill_normal(v.data(), t.numel(), 0.0, cfg.initializer_range);
         break;
       }
+    }
+    // Transformers' _init_weights zeroes nn.Embedding's padding_idx row (a tied head shares it).
+    if (e.use == ParamUse::embedding && cfg.padding_idx) {
+      const int64_t H = e.shape.back();
+      std::fill_n(v.begin() + *cfg.padding_idx * H, H, 0.0f);
     }
     float* out = t.dtype() == DType::F32 ? t.data_as<float>() : nullptr;
     if (out) {

@@ -92,7 +92,8 @@ struct ModelWeights {
   static ModelWeights absent_like_config(const DecoderSpec& cfg, DType dtype, Device device = Device::cpu(),
                                             int64_t experts_held = -1);
   // Seeded random init by the table's init rule, as Transformers does: normal(0, initializer_range) for
-  // linear, embedding, router and expert weights; ones for every RMSNorm weight. One RNG stream per name.
+  // linear, embedding, router and expert weights; ones for every RMSNorm weight; the embedding's
+  // cfg.padding_idx row zero. One RNG stream per name.
   static ModelWeights random_init(const DecoderSpec& cfg, DType dtype, uint64_t seed);
 
   // The checkpoint read through the family's rules (registry row hf_layout; models/spec/hf_name_map.h): `lookup`

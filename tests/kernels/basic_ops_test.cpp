@@ -84,7 +84,7 @@ TEST(CpuEmbedding, GatherAndScatterAdd) {
     for (int h = 0; h < H; ++h) EXPECT_EQ(out[i * H + h], tv[idv[i] * H + h]);
   auto dv = test::random_floats(4 * H, 8);
   Tensor dtable = Tensor::zeros({V, H}, DType::F32);
-  cpu::embedding_backward(ids, test::f32({4, H}, dv), dtable);
+  cpu::embedding_backward(ids, test::f32({4, H}, dv), dtable, std::nullopt);
   auto g = dtable.to_floats();
   for (int h = 0; h < H; ++h) {
     EXPECT_FLOAT_EQ(g[2 * H + h], dv[0 * H + h] + dv[2 * H + h]);
@@ -97,6 +97,36 @@ TEST(CpuEmbedding, GatherAndScatterAdd) {
   EXPECT_THROW(cpu::embedding_forward(ids, table), Error);
   ids.data_as<int64_t>()[1] = -1;
   EXPECT_THROW(cpu::embedding_forward(ids, table), Error);
+}
+
+// torch's nn.Embedding(padding_idx): the pad row's gradient stays exactly what it was (here a nonzero start, so
+// "no contribution" and "zeroed" differ), and every other row is bit for bit the gradient without a pad index.
+TEST(CpuEmbedding, PaddingIdxRowGetsNoGradient) {
+  const int V = 6, H = 4, N = 9;
+  Tensor ids = Tensor::empty({N}, DType::I64);
+  const int64_t idv[N] = {3, 1, 3, 5, 0, 3, 1, 2, 3};  // the pad id 3 four times, first and last among them
+  for (int i = 0; i < N; ++i) ids.data_as<int64_t>()[i] = idv[i];
+  Tensor dout = test::f32({N, H}, test::random_floats(N * H, 21));
+  const std::vector<float> g0 = test::random_floats(V * H, 22);
+  Tensor plain = test::f32({V, H}, g0), padded = test::f32({V, H}, g0);
+  cpu::embedding_backward(ids, dout, plain, std::nullopt);
+  cpu::embedding_backward(ids, dout, padded, int64_t{3});
+  const std::vector<float> p = plain.to_floats(), q = padded.to_floats();
+  for (int v = 0; v < V; ++v)
+    for (int h = 0; h < H; ++h) {
+      if (v == 3) {
+        EXPECT_EQ(q[v * H + h], g0[v * H + h]) << "pad row, column " << h;
+        EXPECT_NE(p[v * H + h], g0[v * H + h]) << "without a pad index the row trains, column " << h;
+      } else {
+        EXPECT_EQ(q[v * H + h], p[v * H + h]) << "row " << v << ", column " << h;
+      }
+    }
+  // A pad index no token carries changes nothing; one outside [0, V) is refused.
+  Tensor unused = test::f32({V, H}, g0);
+  cpu::embedding_backward(ids, dout, unused, int64_t{4});
+  EXPECT_EQ(unused.to_floats(), p);
+  EXPECT_THROW(cpu::embedding_backward(ids, dout, unused, int64_t{V}), Error);
+  EXPECT_THROW(cpu::embedding_backward(ids, dout, unused, int64_t{-1}), Error);
 }
 
 std::vector<double> naive_rmsnorm(const std::vector<double>& x, const std::vector<double>& w, int rows, int n,

@@ -334,6 +334,46 @@ TEST(Qwen3FamilyConfig, ToJsonKeepsUnknownKeysAndWritesV5) {
   EXPECT_EQ(d["dtype"], "float32");
 }
 
+// pad_token_id is Qwen3(Moe)Model's nn.Embedding padding_idx: absent or null is none; an id in [0, V) is that row;
+// a negative one wraps as torch does (Transformers' config only warns: hub configs carry pad_token_id -1); anything
+// nn.Embedding refuses, or a non-integer, is a one-line error naming the field.
+TEST(Qwen3FamilyConfig, PadTokenIdIsThePaddingIdx) {
+  EXPECT_FALSE(DecoderSpec::from_json(qwen3_30b_a3b(), "c.json").padding_idx.has_value());  // absent
+  for (json base : {tiny_moe(), tiny_dense()}) {
+    json j = base;
+    j["pad_token_id"] = nullptr;
+    EXPECT_FALSE(DecoderSpec::from_json(j, "c.json").padding_idx.has_value());
+    for (int64_t id : {0, 5, 63}) {
+      j["pad_token_id"] = id;
+      EXPECT_EQ(DecoderSpec::from_json(j, "c.json").padding_idx, std::optional<int64_t>(id));
+    }
+    j["pad_token_id"] = -1;
+    const DecoderSpec wrapped = DecoderSpec::from_json(j, "c.json");
+    EXPECT_EQ(wrapped.padding_idx, std::optional<int64_t>(63));
+    EXPECT_EQ(wrapped.to_json()["pad_token_id"], -1);  // saved as read
+    j["pad_token_id"] = -64;
+    EXPECT_EQ(DecoderSpec::from_json(j, "c.json").padding_idx, std::optional<int64_t>(0));
+    for (const json& bad : {json(64), json(-65), json(151643), json(18446744073709551615ull)}) {
+      j["pad_token_id"] = bad;
+      expect_field_error(j, "pad_token_id", "outside the vocabulary");
+    }
+    for (const json& bad : {json("0"), json(1.0), json(true), json::array({0})}) {
+      j["pad_token_id"] = bad;
+      expect_field_error(j, "pad_token_id", "wrong type");
+    }
+  }
+  // The spec owns the index: an edited one is written back, and reads back the same.
+  json j = tiny_moe();
+  j["pad_token_id"] = 5;
+  DecoderSpec c = DecoderSpec::from_json(j, "c.json");
+  EXPECT_EQ(c.to_json()["pad_token_id"], 5);
+  c.padding_idx = 9;
+  EXPECT_EQ(c.to_json()["pad_token_id"], 9);
+  EXPECT_EQ(DecoderSpec::from_json(c.to_json(), "back.json").padding_idx, std::optional<int64_t>(9));
+  c.padding_idx = 64;
+  EXPECT_THROW(DecoderSpec::from_json(c.to_json(), "back.json"), Error);
+}
+
 TEST(Qwen3FamilyConfig, FromFileFixtures) {
   const std::string dir = std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/qwen3_moe/";
   DecoderSpec a = DecoderSpec::from_file(dir + "moe_gqa_aux/ckpt/config.json");
@@ -358,6 +398,7 @@ TEST(Qwen3FamilyConfig, FromFileFixtures) {
   EXPECT_EQ(d.architecture, "Qwen3ForCausalLM");
   EXPECT_EQ(d.num_experts(), 0);
   EXPECT_TRUE(d.tie_word_embeddings);
+  for (const DecoderSpec* s : {&a, &b, &c, &d}) EXPECT_FALSE(s->padding_idx.has_value());  // "pad_token_id": null
 }
 
 TEST(Qwen3FamilyConfig, FromFileErrors) {

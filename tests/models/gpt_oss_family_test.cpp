@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -150,8 +151,54 @@ TEST(GptOssFamily, HostileConfigsNameTheField) {
         Error);
   }
   expect_bad("sliding_window", 0, "sliding_window");
+  expect_bad("pad_token_id", 128, "pad_token_id");  // vocab_size 128: nn.Embedding refuses padding_idx 128
+  expect_bad("pad_token_id", "<|endoftext|>", "pad_token_id");
   expect_bad("quantization_config", {{"quant_method", "mxfp4"}, {"modules_to_not_convert", {1}}},
              "quantization_config.modules_to_not_convert[0]");
+}
+
+// GptOssModel builds nn.Embedding(V, H, pad_token_id): the fixtures' pad_token_id 0 and the hub's 199999
+// (<|endoftext|>) are the padding index.
+TEST(GptOssFamily, PadTokenIdIsThePaddingIdx) {
+  for (const char* variant : {"yarn_window_aux", "tied_mqa_default_rope"})
+    EXPECT_EQ(spec_of(variant).padding_idx, std::optional<int64_t>(0)) << variant;
+  for (const char* preset : {"gpt-oss-20b", "gpt-oss-120b"})
+    EXPECT_EQ(DecoderSpec::from_json(preset_config_json(preset), preset).padding_idx, std::optional<int64_t>(199999));
+  nlohmann::json j = read_json(kFixtures / "yarn_window_aux" / "ckpt" / "config.json");
+  j.erase("pad_token_id");  // GptOssConfig's default: None
+  EXPECT_FALSE(DecoderSpec::from_json(j, "c.json").padding_idx.has_value());
+}
+
+// Transformers' _init_weights zeroes the padding_idx row: both fixture checkpoints (random init, pad_token_id 0)
+// hold a zero row 0 and normal rows elsewhere. CausalLM::from_config (what `mixtune init` runs, then saves) does
+// the same, and only that: without a padding index every other row is bit for bit the same draw.
+TEST(GptOssFamily, RandomInitZeroesThePadRowAsTransformersDoes) {
+  for (const char* variant : {"yarn_window_aux", "tied_mqa_default_rope"}) {
+    SCOPED_TRACE(variant);
+    const DecoderSpec spec = spec_of(variant);
+    const int64_t H = spec.hidden_size;
+    const CausalLM hf = CausalLM::from_pretrained((kFixtures / variant / "ckpt").string());
+    const std::vector<float> hf_embed = hf.weights.embed.to_floats();
+    EXPECT_EQ(std::vector<float>(hf_embed.begin(), hf_embed.begin() + H), std::vector<float>(H, 0.0f));
+    EXPECT_NE(std::vector<float>(hf_embed.begin() + H, hf_embed.begin() + 2 * H), std::vector<float>(H, 0.0f));
+    DecoderSpec no_pad = spec;
+    no_pad.padding_idx.reset();
+    for (DType dt : {DType::F32, DType::BF16}) {
+      const CausalLM ours = CausalLM::from_config(spec, dt, 7), plain = CausalLM::from_config(no_pad, dt, 7);
+      const std::vector<float> e = ours.weights.embed.to_floats(), p = plain.weights.embed.to_floats();
+      ASSERT_EQ(e.size(), hf_embed.size());
+      EXPECT_EQ(std::vector<float>(e.begin(), e.begin() + H), std::vector<float>(H, 0.0f));
+      EXPECT_NE(std::vector<float>(p.begin(), p.begin() + H), std::vector<float>(H, 0.0f));
+      EXPECT_EQ(std::vector<float>(e.begin() + H, e.end()), std::vector<float>(p.begin() + H, p.end()));
+    }
+    // Saved and loaded back (the checkpoint `mixtune init` writes), the row stays zero.
+    const fs::path out = fs::temp_directory_path() / (std::string("mt_gpt_oss_pad_init_") + variant);
+    fs::remove_all(out);
+    CausalLM::from_config(spec, DType::BF16, 7).save_pretrained(out.string());
+    const std::vector<float> back = CausalLM::from_pretrained(out.string()).weights.embed.to_floats();
+    EXPECT_EQ(std::vector<float>(back.begin(), back.begin() + H), std::vector<float>(H, 0.0f));
+    fs::remove_all(out);
+  }
 }
 
 // Transformers' named_parameters() order (a module's own parameters first: sinks before q_proj), names and shapes

@@ -144,6 +144,48 @@ TEST(ModelGrad, FiniteDifferencesMixedSublayers) {
   check_gradients(test::with_layout(tiny_config(false), test::mixed_layout()), 13);
 }
 
+// DecoderSpec::padding_idx (Transformers' nn.Embedding(padding_idx)): the forward is unchanged, the embedding
+// backward skips the pad id's tokens, so untied its row's gradient is exactly zero; tied, the head's gradient still
+// reaches the shared row (as it does HF's tied weight) and only the lookup's part is gone. Every other gradient is
+// bit for bit the one without a padding index.
+TEST(ModelGrad, PadRowGetsNoEmbeddingGradient) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const DecoderSpec c = tiny_config(tied);
+    ModelWeights w = tiny_weights(c, 31);
+    const Batch b = tiny_batch(c.vocab_size, 5);
+    const int64_t pad = b.input_ids.data_as<int64_t>()[2], H = c.hidden_size;
+    DecoderSpec cp = c;
+    cp.padding_idx = pad;
+    DecoderModel m(c, w), mp(cp, w);
+    ModelWeights g = ModelWeights::zeros_like_config(c, DType::F32), gp = ModelWeights::zeros_like_config(c, DType::F32);
+    EXPECT_EQ(mp.forward_backward(b, gp).loss, m.forward_backward(b, g).loss);
+    auto named = g.named_parameters(), named_p = gp.named_parameters();
+    for (size_t i = 0; i < named.size(); ++i) {
+      const std::vector<float> x = named[i].second->to_floats(), y = named_p[i].second->to_floats();
+      if (named[i].second != &g.embed) {
+        EXPECT_EQ(x, y) << named[i].first;
+        continue;
+      }
+      for (int64_t v = 0; v < c.vocab_size; ++v) {
+        const std::vector<float> rx(x.begin() + v * H, x.begin() + (v + 1) * H),
+            ry(y.begin() + v * H, y.begin() + (v + 1) * H);
+        if (v != pad) {
+          EXPECT_EQ(rx, ry) << "row " << v;
+        } else {
+          EXPECT_NE(rx, std::vector<float>(H, 0.0f)) << "without a padding index the row gets the lookup's gradient";
+          EXPECT_NE(rx, ry);
+          if (tied) {
+            EXPECT_NE(ry, std::vector<float>(H, 0.0f)) << "the head's gradient reaches the tied row";
+          } else {
+            EXPECT_EQ(ry, std::vector<float>(H, 0.0f));
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(ModelForward, PackedDocumentsEqualSeparateRuns) {
   DecoderSpec c = tiny_config(false);
   ModelWeights w = tiny_weights(c, 21);

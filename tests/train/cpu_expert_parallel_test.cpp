@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -132,25 +133,28 @@ struct ReplicaRun {
   std::shared_ptr<const ParamTable> table;  // the model's
 };
 
-ReplicaRun run_four_ranks_ep2(bool shard) {
+// pad: the model's padding index (the fixture's config has none); shard_params: ZeRO-3 on top.
+ReplicaRun run_four_ranks_ep2(bool shard, std::optional<int64_t> pad = std::nullopt, bool shard_params = false) {
   const int world = 4, port = test::free_port();
   ReplicaRun run;
   const auto err = test::run_ranks(world, [&](int r) {
     auto comm = tcp_communicator_create(test::env_of(r, world, port), std::chrono::milliseconds(20000));
-    const Recipe recipe = cpu_ep_recipe(2, shard);
+    Recipe recipe = cpu_ep_recipe(2, shard);
+    recipe.parallel.shard_parameters = shard_params;
     LoadOptions lo;
     lo.dtype = DType::F32;
     lo.expert_count = 4;
     lo.expert_first = r % 2 * 4;
     lo.compact_experts = true;
     CausalLM lm = CausalLM::from_pretrained(kCkpt, lo);
+    lm.config.padding_idx = pad;
     auto engine = cpu_engine_create(lm, recipe, comm.get());
     for (int s = 0; s < 3; ++s) run.steps[r].push_back(engine->step({batch_of_rank(r + 4 * s)}, 60.0, 1e-3, 1.0));
     run.state_bytes[r] = engine->optimizer_state_bytes();
     run.shards[r] = engine->optimizer_shards();
     if (r == 0) run.table = lm.weights.table;
     for (auto& [name, t] : lm.weights.named_parameters()) {
-      run.weights[r].push_back(t->clone());
+      run.weights[r].push_back(t->present() ? t->clone() : Tensor());  // ZeRO-3: only the owner holds it
       run.params[r].emplace_back(name, static_cast<int64_t>(t->nbytes()));
     }
   });
@@ -205,6 +209,40 @@ TEST(CpuExpertParallel, ExpertStateShardedOverReplicasTrainsBitwiseLikeUnsharded
         << "unsharded " << whole.state_bytes[r] << " bytes, sharded " << sharded.state_bytes[r];
   }
   EXPECT_EQ(owned_stacks, 2 * 2 * 2) << "each of the 2 MoE layers' 2 stacks owned once per replica group";
+}
+
+// Transformers' nn.Embedding(padding_idx): the pad row gets no gradient, so with no weight decay AdamW leaves it
+// as loaded (zero moments: update 0 / (0 + eps) = 0). Row 7 is in rank 0's tokens; under EP 2 with the optimizer
+// unsharded, ZeRO-1 and ZeRO-3 the row stays bit for bit the checkpoint's on every rank holding the embedding, the
+// three runs end with the same weights, and without a padding index the same row trains.
+TEST(CpuExpertParallel, PadRowGetsNoGradientUnderExpertParallelAndZero) {
+  const int64_t pad = 7;
+  ASSERT_EQ(batch_of_rank(0).input_ids.data_as<int64_t>()[0], pad);
+  LoadOptions lo;
+  lo.dtype = DType::F32;
+  const CausalLM start = CausalLM::from_pretrained(kCkpt, lo);
+  const Tensor start_row = start.weights.embed.rows(pad, pad + 1);
+  const ReplicaRun plain = run_four_ranks_ep2(true), unsharded = run_four_ranks_ep2(false, pad),
+                   zero1 = run_four_ranks_ep2(true, pad), zero3 = run_four_ranks_ep2(true, pad, true);
+  const size_t embed = 0;  // model.embed_tokens.weight comes first in the table
+  ASSERT_EQ(unsharded.params[0][embed].first, "model.embed_tokens.weight");
+  int64_t holders = 0;
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const Tensor& trained = plain.weights[r][embed];
+    ASSERT_TRUE(trained.defined());
+    EXPECT_FALSE(test::tensor_bytes_equal(trained.rows(pad, pad + 1), start_row)) << "without a pad index it trains";
+    for (const ReplicaRun* run : {&unsharded, &zero1, &zero3}) {
+      const Tensor& w = run->weights[r][embed];
+      if (!w.defined()) continue;  // ZeRO-3: another rank owns it
+      ++holders;
+      EXPECT_TRUE(test::tensor_bytes_equal(w.rows(pad, pad + 1), start_row));
+      EXPECT_FALSE(test::tensor_bytes_equal(w, start.weights.embed)) << "the other rows train";
+      ASSERT_TRUE(unsharded.weights[r][embed].defined());
+      EXPECT_TRUE(test::tensor_bytes_equal(w, unsharded.weights[r][embed]));
+    }
+  }
+  EXPECT_EQ(holders, 4 + 4 + 1) << "every rank holds the embedding but under ZeRO-3, where its owner does";
 }
 
 }  // namespace

@@ -35,17 +35,22 @@ Tensor embedding_forward(const Tensor& ids, const Tensor& table) {
   return out;
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, std::optional<int64_t> padding_idx) {
   MT_CHECK(dtable.ndim() == 2, "embedding grad must be 2-d, got {}", dtable.desc());
   const int64_t V = dtable.dim(0), H = dtable.dim(1), N = ids.numel();
   check_f32(dtable, "embedding grad", {V, H});
   check_f32_numel(dout, "embedding dout", N * H);
   check_ids(ids, V);
+  MT_CHECK(!padding_idx || (*padding_idx >= 0 && *padding_idx < V), "embedding padding_idx {} outside [0, {})",
+           padding_idx.value_or(0), V);
+  const int64_t skip = padding_idx.value_or(-1);  // -1 matches no id (checked above)
   const int64_t* id = ids.data_as<int64_t>();
   const float* d = dout.data_as<float>();
   float* g = dtable.data_as<float>();
-  for (int64_t i = 0; i < N; ++i)
+  for (int64_t i = 0; i < N; ++i) {
+    if (id[i] == skip) continue;
     for (int64_t h = 0; h < H; ++h) g[id[i] * H + h] += d[i * H + h];
+  }
 }
 
 }  // namespace mt::cpu

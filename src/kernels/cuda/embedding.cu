@@ -22,14 +22,16 @@ __global__ void embedding_forward_kernel(const I* __restrict__ ids, const T* __r
   out[i] = (id >= 0 && id < V) ? table[id * H + h] : T(0.0f);
 }
 
-// Sort keys: the id, or V for an out-of-range id (sorted last, then skipped). Values: token index.
+// Sort keys: the id, or V for an out-of-range id or the padding index `pad` (-1: none) (sorted last, then
+// skipped). Values: token index.
 template <typename I>
-__global__ void embedding_keys_kernel(const I* __restrict__ ids, uint32_t* keys, int32_t* vals, int64_t N, int64_t V) {
+__global__ void embedding_keys_kernel(const I* __restrict__ ids, uint32_t* keys, int32_t* vals, int64_t N, int64_t V,
+                                      int64_t pad) {
   pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N) return;
   const int64_t id = static_cast<int64_t>(ids[i]);
-  keys[i] = (id >= 0 && id < V) ? static_cast<uint32_t>(id) : static_cast<uint32_t>(V);
+  keys[i] = (id >= 0 && id < V && id != pad) ? static_cast<uint32_t>(id) : static_cast<uint32_t>(V);
   vals[i] = static_cast<int32_t>(i);
 }
 
@@ -93,7 +95,8 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, cuda
   }
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, cudaStream_t stream) {
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, std::optional<int64_t> padding_idx,
+                        cudaStream_t stream) {
   const char* op = "embedding_backward";
   check_ids(ids, op);
   check_float_dtype(dout, op);
@@ -104,16 +107,20 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, c
                   std::string(op) + ": vocabulary or token count exceeds 2^31");
   check_tensor(dtable, op, dev, DType::F32, V * H);
   check_tensor(dout, op, dev, dout.dtype(), N * H);
+  MT_CUDA_REQUIRE(!padding_idx || (*padding_idx >= 0 && *padding_idx < V),
+                  std::string(op) + ": padding_idx " + std::to_string(padding_idx.value_or(0)) + " outside [0, " +
+                      std::to_string(V) + ")");
+  const int64_t pad = padding_idx.value_or(-1);  // -1 matches no id
   if (N == 0 || H == 0) return;
   const Device d = Device::cuda(dev);
   Tensor keys = Tensor::empty({N}, DType::U32, d), vals = Tensor::empty({N}, DType::I32, d);
   Tensor keys_sorted = Tensor::empty({N}, DType::U32, d), vals_sorted = Tensor::empty({N}, DType::I32, d);
   if (ids.dtype() == DType::I64)
     launch_kernel(embedding_keys_kernel<int64_t>, blocks_for(N, 256), 256, 0, stream, ids.data_as<int64_t>(),
-        keys.data_as<uint32_t>(), vals.data_as<int32_t>(), N, V);
+        keys.data_as<uint32_t>(), vals.data_as<int32_t>(), N, V, pad);
   else
     launch_kernel(embedding_keys_kernel<int32_t>, blocks_for(N, 256), 256, 0, stream, ids.data_as<int32_t>(),
-        keys.data_as<uint32_t>(), vals.data_as<int32_t>(), N, V);
+        keys.data_as<uint32_t>(), vals.data_as<int32_t>(), N, V, pad);
   const int end_bit = bits_for(V);
   size_t temp_bytes = 0;
   MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys.data_as<uint32_t>(),

@@ -2,6 +2,9 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+#include <optional>
+
 #include "core/tensor.h"
 
 namespace mt::cuda {
@@ -12,7 +15,9 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, cuda
 
 // dtable F32 [V, H] += Σ_{i: ids[i] = v} dout[i] (dout [N, H], BF16|F32). Deterministic: ids are sorted
 // (stable radix sort), and each id's rows are summed in token order by one block, without atomics.
-// Out-of-range ids contribute nothing.
-void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, cudaStream_t stream);
+// Out-of-range ids contribute nothing; nor do tokens whose id is padding_idx (in [0, V), checked): its row gets no
+// gradient, as torch's nn.Embedding(padding_idx) does (DecoderSpec::padding_idx).
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, std::optional<int64_t> padding_idx,
+                        cudaStream_t stream);
 
 }  // namespace mt::cuda

@@ -472,7 +472,7 @@ CudaLoss DecoderCudaModel::forward_backward(const CudaBatch& b, ModelWeights& gr
     A = {};
     params.release(l, false);
   }
-  cuda::embedding_backward(b.ids, dx, grads.embed, ctx.stream);
+  cuda::embedding_backward(b.ids, dx, grads.embed, cfg_.padding_idx, ctx.stream);  // the pad row: no gradient
   return loss;
 }
 

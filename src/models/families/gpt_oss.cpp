@@ -183,6 +183,7 @@ DecoderSpec parse_gpt_oss(const FieldReader& r) {
           json_found(*r.find("swiglu_limit")));
 
   s.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
+  s.padding_idx = read_padding_idx(r, s.vocab_size);  // GptOssModel: nn.Embedding(V, H, pad_token_id)
   s.norm_eps = r.get_number("rms_norm_eps", 1e-5, true);
   s.initializer_range = r.get_number("initializer_range", 0.02, false);
   s.dtype = read_dtype(r);

@@ -129,6 +129,7 @@ DecoderSpec parse(const FieldReader& r, bool moe) {
   mlp.intermediate_size = any_dense ? r.need_int("intermediate_size") : r.get_int("intermediate_size", 6144);
 
   s.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
+  s.padding_idx = read_padding_idx(r, s.vocab_size);  // Qwen3(Moe)Model: nn.Embedding(V, H, pad_token_id)
   s.norm_eps = r.get_number("rms_norm_eps", 1e-6, true);
   s.initializer_range = r.get_number("initializer_range", 0.02, false);
   s.max_position_embeddings = r.get_int("max_position_embeddings", 32768);

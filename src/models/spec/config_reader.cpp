@@ -123,6 +123,21 @@ DType read_dtype(const FieldReader& r) {
   return DType::F32;
 }
 
+std::optional<int64_t> read_padding_idx(const FieldReader& r, int64_t vocab_size) {
+  const json* v = r.find("pad_token_id");
+  if (!v || v->is_null()) return std::nullopt;
+  const std::string expected = fmt::format("null or an integer in [{}, {})", -vocab_size, vocab_size);
+  if (!v->is_number_integer()) r.bad("pad_token_id", "wrong type", expected, json_found(*v));
+  const bool in_range = v->is_number_unsigned()
+                            ? v->get<uint64_t>() < static_cast<uint64_t>(vocab_size)
+                            : v->get<int64_t>() >= -vocab_size && v->get<int64_t>() < vocab_size;
+  if (!in_range)
+    r.bad("pad_token_id", "outside the vocabulary (Transformers' nn.Embedding refuses it as padding_idx)", expected,
+          json_found(*v));
+  const int64_t id = v->get<int64_t>();
+  return id < 0 ? vocab_size + id : id;
+}
+
 CheckpointQuant read_checkpoint_quant(const FieldReader& r) {
   CheckpointQuant q;
   const json* qc = r.find("quantization_config");

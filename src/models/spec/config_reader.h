@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 
 #include "core/dtype.h"
@@ -50,6 +51,12 @@ void check_tensor_size(const FieldReader& r, const std::string& field, const std
 
 // The storage dtype: v5 `dtype` or hub `torch_dtype` (a null means "not given"); F32 when neither.
 DType read_dtype(const FieldReader& r);
+
+// config.json `pad_token_id` as the padding_idx of Transformers' nn.Embedding(vocab_size, H, pad_token_id): absent
+// or null is none; an integer in [-vocab_size, vocab_size) (a negative one wraps to vocab_size + id, as torch does;
+// Transformers' config only warns about it); anything else is a one-line error naming the file and the field, as
+// nn.Embedding refuses it.
+std::optional<int64_t> read_padding_idx(const FieldReader& r, int64_t vocab_size);
 
 struct CheckpointQuant;
 // config.json `quantization_config`: absent or null is none; fine-grained FP8 ({"quant_method": "fp8", "fmt":

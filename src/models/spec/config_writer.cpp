@@ -23,6 +23,14 @@ json config_json_common(const DecoderSpec& s, const AttentionSpec& a) {
   j["rms_norm_eps"] = s.norm_eps;
   j["initializer_range"] = s.initializer_range;
   j["max_position_embeddings"] = s.max_position_embeddings;
+  // pad_token_id stays as read (a negative id that wrapped stays negative): written only when the spec's padding
+  // index is not the one it denotes (a spec edited in code). A family without padding_idx leaves it alone.
+  if (s.padding_idx) {
+    const auto it = j.find("pad_token_id");
+    const bool same = it != j.end() && it->is_number_integer() &&
+                      (it->get<int64_t>() == *s.padding_idx || it->get<int64_t>() + s.vocab_size == *s.padding_idx);
+    if (!same) j["pad_token_id"] = *s.padding_idx;
+  }
   return j;
 }
 

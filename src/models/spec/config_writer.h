@@ -9,7 +9,8 @@ namespace mt {
 
 // s.raw with the model-level fields and attention `a`'s sizes written: architectures (when absent), model_type,
 // vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, attention_bias,
-// tie_word_embeddings, rms_norm_eps, initializer_range, max_position_embeddings.
+// tie_word_embeddings, rms_norm_eps, initializer_range, max_position_embeddings; pad_token_id when the spec's
+// padding index differs from what the raw config's denotes.
 nlohmann::json config_json_common(const DecoderSpec& s, const AttentionSpec& a);
 
 // v5's `rope_parameters` = `rope` (the family's RoPE fields over whatever extra keys it kept), the legacy

@@ -86,6 +86,8 @@ void spec_check(const DecoderSpec& s, const std::string& file) {
         case SublayerKind::moe: in_range(sub, s.moe.size(), l); break;
         case SublayerKind::mamba2: in_range(sub, s.mamba2.size(), l); break;
       }
+  if (s.padding_idx && (*s.padding_idx < 0 || *s.padding_idx >= s.vocab_size))
+    fail("{}: padding index {} is outside the vocabulary [0, {})", file, *s.padding_idx, s.vocab_size);
   for (const MoeSpec& m : s.moe)
     if (m.num_experts != s.moe[0].num_experts || m.experts_per_token != s.moe[0].experts_per_token)
       fail("{}: MoE layers with different expert counts ({} top-{} and {} top-{}) are not supported", file,

@@ -150,6 +150,11 @@ struct DecoderSpec {
   double norm_eps = 1e-6;  // every RMSNorm of the model (the block norms, the final norm, QK-norm)
   NormRounding norm_rounding = NormRounding::qwen;
   bool tie_word_embeddings = false;
+  // The embedding row of config.json pad_token_id, for families whose Transformers model builds
+  // nn.Embedding(V, H, padding_idx = pad_token_id) (Qwen3, Qwen3-MoE, GPT-OSS, DeepSeek-V3; not Nemotron-H): the
+  // embedding backward gives that row no gradient and the random init zeroes it. In [0, V) (a negative id wraps
+  // as torch does); none when the config has no pad_token_id or the family does not use it.
+  std::optional<int64_t> padding_idx;
   double initializer_range = 0.02;  // normal(0, σ) of the random init
   int64_t max_position_embeddings = 0;
   DType dtype = DType::F32;  // the checkpoint's storage dtype (config dtype | torch_dtype)
@@ -196,8 +201,8 @@ struct DecoderSpec {
   nlohmann::json to_json() const;
 };
 
-// Structural checks every spec passes (indices in range, MoE sublayers agreeing on E and k); throws mt::Error
-// naming `file`.
+// Structural checks every spec passes (indices in range, the padding index in the vocabulary, MoE sublayers
+// agreeing on E and k); throws mt::Error naming `file`.
 void spec_check(const DecoderSpec& s, const std::string& file);
 
 const char* sublayer_kind_name(SublayerKind k);
