@@ -65,7 +65,9 @@
 #         gptoss-long (at most ~9.5 min: the longest trainable sequence of that slice on each side, as long) |
 #         verify-gpt-oss (~2–4 min, CPU: tools/hf_reference/verify_gpt_oss_unseen.py, Transformers-made GPT-OSS
 #         checkpoints of shapes the fixtures lack against mixtune score, convert and one finetune step; VERIFY_ARGS
-#         e.g. "--random 4 --seed 7"; the PASS/FAIL table in verify-gpt-oss.md).
+#         e.g. "--random 4 --seed 7"; the PASS/FAIL table in verify-gpt-oss.md) |
+#         gptoss-recipe (~1–2 min: recipes/gpt-oss-20b.yaml on one GPU at a 2-layer slice, 12 steps; needs
+#         .carry/gptoss-tok.tar.xz, the gpt-oss tokenizer + chat template, and .carry/qsdata.tar.xz).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
 [[ $# -lt 2 ]] && { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2; }
@@ -108,6 +110,23 @@ for stage in "$@"; do
       sed -n '/^variant  */,$p' "$OUT/verify-gpt-oss.log" | tee "$OUT/verify-gpt-oss.md"
       grep -q '^verify-gpt-oss:' "$OUT/verify-gpt-oss.log" || tail -30 "$OUT/verify-gpt-oss.log"
       cp /tmp/verify-gpt-oss/results.json "$OUT/verify-gpt-oss.json" 2>/dev/null ;;
+    gptoss-recipe)  # recipes/gpt-oss-20b.yaml on one GPU: a 2-layer slice of gpt-oss-20b (random weights, the real
+      # gpt-oss tokenizer and harmony template from .carry/gptoss-tok.tar.xz), the quickstart's chat data, 12 steps at
+      # seq 1024; then Transformers loads the saved checkpoint and scores a row like mixtune does.
+      R=/tmp/gptoss-recipe && rm -rf "$R" && mkdir -p "$R" && tar xJf .carry/gptoss-tok.tar.xz -C "$R" \
+        && tar xJf .carry/qsdata.tar.xz -C "$R" \
+        && "$BIN/mixtune" init --preset gpt-oss-20b --layers 2 --seed 7 --tokenizer "$R/gptoss-tok" "$R/base" \
+        && cp "$R/gptoss-tok/chat_template.jinja" "$R/base/" \
+        && { time "$BIN/mixtune" finetune recipes/gpt-oss-20b.yaml --set model.path="$R/base" \
+               --set data.train="$R/qsdata/train.jsonl" --set parallel.ep=1 --set train.max_steps=12 \
+               --set data.seq_len=1024 --set train.grad_accum=2 --set train.log_every=1 \
+               --set optimizer.lr=1.0e-4 --set schedule.warmup_steps=2 --set checkpoint.dir="$R/run"; } \
+             > "$OUT/gptoss-recipe.log" 2>&1; grc=$?
+      tail -20 "$OUT/gptoss-recipe.log"; [[ $grc -eq 0 ]] || rc=1
+      cp "$R/run/metrics.jsonl" "$OUT/gptoss-recipe-metrics.jsonl" 2>/dev/null
+      python3 -c 'import sys, torch; from transformers import AutoModelForCausalLM
+m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16); print("transformers loads", sys.argv[1], type(m).__name__, sum(p.numel() for p in m.parameters()), "parameters")' \
+        "$R/run/final" 2>&1 | tail -2 | tee -a "$OUT/gptoss-recipe.log" ;;
     hf-smoke) OUT=$OUT bash bench/hf_smoke.sh || rc=1 ;;
     hf-realistic)  # Transformers' bf16 reference at a 2-layer Qwen3-30B-A3B slice, then the CUDA engine against it
       PYTHONUNBUFFERED=1 python3 tools/hf_reference/make_realistic_fixture.py /tmp/hf-realistic \
