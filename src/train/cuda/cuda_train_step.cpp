@@ -1,5 +1,7 @@
 #include "train/cuda/cuda_train_step.h"
 
+#include <algorithm>
+
 #include <cmath>
 
 #include "core/error.h"
@@ -102,10 +104,15 @@ EngineStep CudaTrainStep::run_window(const std::vector<CudaBatch>& window, doubl
   cuda::PhaseTimer& timer = model_.timer();
   timer.mark(cuda::Phase::other, stream);
   if (col_.ep) col_.ep->begin_step(stream, exact_rows);
-  // The stacked expert gradients are not zeroed: their first wgrad pass of the step stores (the largest
-  // gradients; saves the memset and one read of dW per layer).
+  // The stacked expert weight gradients are not zeroed: their first wgrad pass of the step stores (the largest
+  // gradients; saves the memset and one read of dW per layer). Every other gradient is summed into, so zeroed: the
+  // per-expert biases too (expert stacks, but their kernels add, and no wgrad pass would mark them written).
+  std::vector<const Tensor*> stored;
+  for (LayerWeights& L : grads_.layers)
+    for (const Tensor* t : {&L.experts_gate_up, &L.experts_down})
+      if (t->defined()) stored.push_back(t);
   for (auto& [name, g] : grads_.named_parameters()) {
-    if (grads_.param_table().is_expert_stack(name))
+    if (std::find(stored.begin(), stored.end(), g) != stored.end())
       model_.overwrite_expert_grad_next(*g);
     else
       cuda::fill_zero_async(*g, stream);

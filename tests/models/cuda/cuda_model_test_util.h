@@ -159,7 +159,16 @@ inline void expect_one_cuda_adamw_step_matches(const std::filesystem::path& vdir
   ASSERT_EQ(copied, stepped_p.size());
   SafetensorsFile after = SafetensorsFile::open((vdir / "after_adamw.safetensors").string());
   int64_t total = 0, well = 0, flipped = 0;
-  for (const auto& [pname, t] : stepped.to_hf(m32.config)) {
+  // Transformers' names and layout where the fixture has them; older fixtures (Qwen3-MoE's legacy spellings, whose
+  // to_hf names are per-expert) store the engine's names and layout.
+  std::vector<std::pair<std::string, Tensor>> compared = stepped.to_hf(m32.config);
+  bool hf_names = true;
+  for (const auto& [pname, t] : compared) hf_names = hf_names && after.has(pname);
+  if (!hf_names) {
+    compared.clear();
+    for (const auto& [pname, t] : stepped.named_parameters()) compared.emplace_back(pname, *t);
+  }
+  for (const auto& [pname, t] : compared) {
     SCOPED_TRACE(pname);
     const std::vector<float> got = t.to_floats(), want = after.tensor(pname).to_floats();
     const std::vector<float> gref = io.tensor("grad." + pname).to_floats();
