@@ -14,6 +14,7 @@
 #include "../../kernels/cuda/error_report.h"
 #include "../../kernels/cuda/cuda_test_util.h"
 #include "../hf_fixture_util.h"
+#include "core/float_convert.h"
 #include "io/safetensors.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/device_context.h"
@@ -192,5 +193,24 @@ inline void expect_one_cuda_adamw_step_matches(const std::filesystem::path& vdir
                 static_cast<long long>(flipped), static_cast<long long>(well), static_cast<long long>(total));
 }
 
+
+
+// The logits of every row as Transformers' bf16 run rounds them: the CUDA model's final hidden state (F32 or BF16 on
+// the device, [T, H]) times the head (host weights, [V, H]) in fp64, rounded once to bf16. The loss never
+// materialises logits, so comparisons with a fixture's logits go through this.
+inline std::vector<float> bf16_logits_from_final_hidden(const Tensor& final_hidden, const Tensor& head, int64_t T,
+                                                        int64_t H, int64_t V) {
+  const std::vector<float> xf = device_floats(final_hidden), hw = head.to_floats();
+  EXPECT_EQ(static_cast<int64_t>(xf.size()), T * H);
+  std::vector<float> logits(static_cast<size_t>(T * V));
+  if (static_cast<int64_t>(xf.size()) != T * H) return logits;
+  for (int64_t r = 0; r < T; ++r)
+    for (int64_t v = 0; v < V; ++v) {
+      double acc = 0;
+      for (int64_t h = 0; h < H; ++h) acc += double(xf[r * H + h]) * hw[v * H + h];
+      logits[r * V + v] = round_bf16(static_cast<float>(acc));
+    }
+  return logits;
+}
 
 }  // namespace mt::test

@@ -95,18 +95,9 @@ TEST_F(CudaGptOssFixture, LossAndLogitsMatchTransformersBf16) {
     EXPECT_LE(rel_diff(loss, ref["loss"].get<double>()), 5e-3) << "loss " << loss << " vs " << ref["loss"];
 
     const DecoderCudaModel::Trace t = model.forward_trace(gb);
-    const std::vector<float> xf = test::device_floats(t.final_hidden);
     const Tensor& head = m.config.tie_word_embeddings ? m.weights.embed : m.weights.lm_head;
-    const std::vector<float> hw = head.to_floats();
-    const int64_t T = gb.tokens(), H = m.config.hidden_size, V = m.config.vocab_size;
-    ASSERT_EQ(static_cast<int64_t>(xf.size()), T * H);
-    std::vector<float> logits(static_cast<size_t>(T * V));
-    for (int64_t r = 0; r < T; ++r)
-      for (int64_t v = 0; v < V; ++v) {
-        double acc = 0;
-        for (int64_t h = 0; h < H; ++h) acc += double(xf[r * H + h]) * hw[v * H + h];
-        logits[r * V + v] = round_bf16(static_cast<float>(acc));
-      }
+    const std::vector<float> logits = test::bf16_logits_from_final_hidden(
+        t.final_hidden, head, gb.tokens(), m.config.hidden_size, m.config.vocab_size);
     const std::vector<float> hf16 =
         SafetensorsFile::open((vdir / "plain_bf16_logits.safetensors").string()).tensor("logits").to_floats();
     const std::vector<float> hf32 = io.tensor("logits").to_floats();
