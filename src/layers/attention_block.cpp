@@ -2,6 +2,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/lora.h"
 #include "kernels/cpu/residual.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
@@ -21,17 +22,26 @@ const Tensor& bias_or_none(bool on, const Tensor& b) {
   static const Tensor none;
   return on ? b : none;
 }
+
+cpu::LoraRef lora_of(const LayerLora* l, int slot) { return l ? l->ref(slot) : cpu::LoraRef(); }
+cpu::LoraGradRef dlora_of(LayerLora* l, int slot) { return l ? l->grad(slot) : cpu::LoraGradRef(); }
+Tensor* grad_of(Tensor& g) { return g.defined() ? &g : nullptr; }  // undefined: a frozen parameter
 }  // namespace
 
 Tensor attention_block_forward(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w, const Tensor& x,
-                               AttentionBlockActs* acts) {
+                               AttentionBlockActs* acts, const LayerLora* lora) {
+  using W = WeightSlot;
   const int64_t B = env.batch, S = env.seq, Hq = spec.heads, Hk = spec.kv_heads, D = spec.head_dim;
   AttentionBlockActs local;
   AttentionBlockActs& s = acts ? *acts : local;
   s.a = cpu::rmsnorm_forward(x, w.input_norm, env.eps(), env.bf16, env.norm_rounds_once());
-  s.q = cpu::linear_forward(s.a, w.q_proj, bias_or_none(spec.qkv_bias, w.q_bias), env.bf16);
-  s.k = cpu::linear_forward(s.a, w.k_proj, bias_or_none(spec.qkv_bias, w.k_bias), env.bf16);
-  s.v = cpu::linear_forward(s.a, w.v_proj, bias_or_none(spec.qkv_bias, w.v_bias), env.bf16).view({B, S, Hk, D});
+  s.q = cpu::lora_linear_forward(s.a, w.q_proj, bias_or_none(spec.qkv_bias, w.q_bias), lora_of(lora, W::q_proj),
+                                 env.bf16);
+  s.k = cpu::lora_linear_forward(s.a, w.k_proj, bias_or_none(spec.qkv_bias, w.k_bias), lora_of(lora, W::k_proj),
+                                 env.bf16);
+  s.v = cpu::lora_linear_forward(s.a, w.v_proj, bias_or_none(spec.qkv_bias, w.v_bias), lora_of(lora, W::v_proj),
+                                 env.bf16)
+            .view({B, S, Hk, D});
   // QK-norm per head over head_dim, before RoPE (Qwen3); without it RoPE reads the projections.
   Tensor qn = spec.qk_norm ? cpu::rmsnorm_forward(s.q.view({B * S, Hq, D}), w.q_norm, env.eps(), env.bf16)
                            : s.q.view({B * S, Hq, D});
@@ -42,19 +52,24 @@ Tensor attention_block_forward(const BlockEnv& env, const AttentionSpec& spec, c
   s.kr = cpu::rope_forward(kn, rope, env.bf16).view({B, S, Hk, D});
   s.o = cpu::attention_forward(attention_shape(env, spec), s.qr, s.kr, s.v, env.doc_ids, env.bf16, s.lse,
                                spec.sinks ? w.sinks : Tensor());
-  Tensor out = cpu::linear_forward(s.o.view({B * S, Hq * D}), w.o_proj, bias_or_none(spec.o_bias, w.o_bias), env.bf16);
+  Tensor out = cpu::lora_linear_forward(s.o.view({B * S, Hq * D}), w.o_proj, bias_or_none(spec.o_bias, w.o_bias),
+                                        lora_of(lora, W::o_proj), env.bf16);
   return cpu::residual_add(x, out, env.bf16);
 }
 
 Tensor attention_block_backward(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w, const Tensor& x,
-                                const AttentionBlockActs& s, const Tensor& dy, LayerWeights& g) {
+                                const AttentionBlockActs& s, const Tensor& dy, LayerWeights& g,
+                                const LayerLora* lora, LayerLora* dlora) {
+  using W = WeightSlot;
   const int64_t T = env.tokens(), Hq = spec.heads, Hk = spec.kv_heads, D = spec.head_dim;
   Tensor dout = Tensor::empty({T, Hq * D}, DType::F32);
-  cpu::linear_backward(dy, s.o.view({T, Hq * D}), w.o_proj, &dout, &g.o_proj);
+  cpu::lora_linear_backward(dy, s.o.view({T, Hq * D}), w.o_proj, lora_of(lora, W::o_proj), &dout, grad_of(g.o_proj),
+                            dlora_of(dlora, W::o_proj));
   if (spec.o_bias) cpu::bias_backward(dy, g.o_bias);
   Tensor dq, dk, dv;
   cpu::attention_backward(attention_shape(env, spec), dout.view(s.o.shape()), s.qr, s.kr, s.v, env.doc_ids, s.lse,
-                          env.bf16, dq, dk, dv, spec.sinks ? w.sinks : Tensor(), spec.sinks ? &g.sinks : nullptr);
+                          env.bf16, dq, dk, dv, spec.sinks ? w.sinks : Tensor(),
+                          spec.sinks ? grad_of(g.sinks) : nullptr);
   const cpu::RopeTables& rope = env.rope.of(spec);
   Tensor dqn = cpu::rope_backward(dq.view({T, Hq, D}), rope);
   Tensor dkn = cpu::rope_backward(dk.view({T, Hk, D}), rope);
@@ -67,10 +82,13 @@ Tensor attention_block_backward(const BlockEnv& env, const AttentionSpec& spec, 
   }
   const int64_t H = env.spec->hidden_size;
   Tensor da = Tensor::empty({T, H}, DType::F32), tmp = Tensor::empty({T, H}, DType::F32);
-  cpu::linear_backward(dqp.view({T, Hq * D}), s.a, w.q_proj, &da, &g.q_proj);
-  cpu::linear_backward(dkp.view({T, Hk * D}), s.a, w.k_proj, &tmp, &g.k_proj);
+  cpu::lora_linear_backward(dqp.view({T, Hq * D}), s.a, w.q_proj, lora_of(lora, W::q_proj), &da, grad_of(g.q_proj),
+                            dlora_of(dlora, W::q_proj));
+  cpu::lora_linear_backward(dkp.view({T, Hk * D}), s.a, w.k_proj, lora_of(lora, W::k_proj), &tmp, grad_of(g.k_proj),
+                            dlora_of(dlora, W::k_proj));
   cpu::add_inplace(da, tmp);
-  cpu::linear_backward(dv.view({T, Hk * D}), s.a, w.v_proj, &tmp, &g.v_proj);
+  cpu::lora_linear_backward(dv.view({T, Hk * D}), s.a, w.v_proj, lora_of(lora, W::v_proj), &tmp, grad_of(g.v_proj),
+                            dlora_of(dlora, W::v_proj));
   cpu::add_inplace(da, tmp);
   Tensor dx = cpu::rmsnorm_backward(da, x, w.input_norm, env.eps(), g.input_norm);
   cpu::add_inplace(dx, dy);

@@ -7,6 +7,7 @@
 #pragma once
 #include "core/tensor.h"
 #include "layers/block_env.h"
+#include "models/lora_adapter.h"
 #include "models/model_weights.h"
 
 namespace mt {
@@ -20,11 +21,13 @@ struct AttentionBlockActs {
   Tensor lse;      // [B, heads, S]
 };
 
-// x F32 [T, H] -> y F32 [T, H]. acts may be null (forward only).
+// x F32 [T, H] -> y F32 [T, H]. acts may be null (forward only). lora (optional): adapters on q/k/v/o_proj.
 Tensor attention_block_forward(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w, const Tensor& x,
-                               AttentionBlockActs* acts);
-// dy [T, H] -> dx [T, H] (including the residual path); parameter gradients added into g.
+                               AttentionBlockActs* acts, const LayerLora* lora = nullptr);
+// dy [T, H] -> dx [T, H] (including the residual path); parameter gradients added into g (an undefined gradient
+// tensor is a frozen parameter: not computed); with lora, the adapters' gradients into dlora.
 Tensor attention_block_backward(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w, const Tensor& x,
-                                const AttentionBlockActs& acts, const Tensor& dy, LayerWeights& g);
+                                const AttentionBlockActs& acts, const Tensor& dy, LayerWeights& g,
+                                const LayerLora* lora = nullptr, LayerLora* dlora = nullptr);
 
 }  // namespace mt

@@ -97,7 +97,7 @@ Tensor lm_head_forward_backward(const BlockEnv& env, const Tensor& final_norm, c
     Tensor dlogits = Tensor::empty(logits.shape(), DType::F32);
     cpu::cross_entropy_backward(logits, tc, scale, dlogits);
     Tensor dnc = dnv.rows(r0, r1);
-    cpu::linear_backward(dlogits, nc, headf, &dnc, &dhead);
+    cpu::linear_backward(dlogits, nc, headf, &dnc, dhead.defined() ? &dhead : nullptr);  // undefined: frozen
   }
   float* dnp = dn.data_as<float>();
   const float* dnvp = dnv.data_as<float>();

@@ -20,7 +20,7 @@ LmHeadOutput lm_head_forward(const BlockEnv& env, const Tensor& final_norm, cons
                              const Tensor& targets, bool want_logits);
 
 // Forward and backward together: d(loss)/d(ce_sum) = scale. Returns dx [T, H]; gradients are added
-// into dfinal_norm [H] and dhead [V, H] (F32). `out` receives ce_sum and count.
+// into dfinal_norm [H] and dhead [V, H] (F32; an undefined one is frozen and not computed). `out` receives ce_sum and count.
 Tensor lm_head_forward_backward(const BlockEnv& env, const Tensor& final_norm, const Tensor& head, const Tensor& x,
                                 const Tensor& targets, float scale, Tensor& dfinal_norm, Tensor& dhead,
                                 LmHeadOutput* out);

@@ -7,6 +7,7 @@
 #include "kernels/cpu/router.h"
 #include "layers/block_env.h"
 #include "layers/expert_parallel.h"
+#include "models/lora_adapter.h"
 #include "models/model_weights.h"
 
 namespace mt {
@@ -20,12 +21,15 @@ struct MoeBlockActs {
 };
 
 // h F32 [T, H] -> y F32 [T, H]. acts may be null (forward only) unless the caller wants the logits.
+// lora (optional): per-expert adapters on the two expert stacks (the router is never adapted).
 Tensor moe_block_forward(const BlockEnv& env, const MoeSpec& spec, const LayerWeights& w, const Tensor& h,
-                         MoeBlockActs* acts);
+                         MoeBlockActs* acts, const LayerLora* lora = nullptr);
 // dy [T, H] -> dh [T, H] (including the residual). dlogits_extra F32 [T, E] (e.g. the aux-loss
 // gradient w.r.t. this layer's router logits) is added before the router backward; may be undefined.
+// Undefined gradient tensors in g are frozen parameters (not computed); with lora, the adapters' gradients go to
+// dlora. Adapters under expert parallelism are refused (the trainer says so first).
 Tensor moe_block_backward(const BlockEnv& env, const MoeSpec& spec, const LayerWeights& w, const Tensor& h,
                           const MoeBlockActs& acts, const Tensor& dy, const Tensor& dlogits_extra,
-                          LayerWeights& g);
+                          LayerWeights& g, const LayerLora* lora = nullptr, LayerLora* dlora = nullptr);
 
 }  // namespace mt

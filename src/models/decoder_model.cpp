@@ -13,13 +13,14 @@
 #include "layers/lm_head.h"
 #include "layers/mlp_block.h"
 #include "layers/moe_block.h"
+#include "models/lora_adapter.h"
 #include "models/param_residency.h"
 #include "models/registry.h"
 
 namespace mt {
 
 void weights_check(const DecoderSpec& c, const ModelWeights& w, const char* what, DType dtype, Device device,
-                   int64_t experts_held) {
+                   int64_t experts_held, bool frozen_allowed) {
   if (static_cast<int64_t>(w.layers.size()) != c.num_layers())
     fail("{}s have {} layers, config num_hidden_layers is {}", what, w.layers.size(), c.num_layers());
   // Against the config's own table: `w` may have been made for another config.
@@ -28,6 +29,7 @@ void weights_check(const DecoderSpec& c, const ModelWeights& w, const char* what
     const Tensor& t = w.slot(e);
     const Shape shape = param_shape_held(e, experts_held);
     const DType dt = param_dtype(e, dtype);
+    if (!t.defined() && frozen_allowed) continue;  // a frozen parameter's gradient
     if (!t.defined()) fail("{} {} is missing", what, e.name);
     if (t.device() != device)
       fail("{} {} is on {}, the model needs it on {}", what, e.name, t.device().str(), device.str());
@@ -43,8 +45,22 @@ namespace {
 
 // Under expert parallelism the stacked expert tensors (parameters and gradients) hold this rank's experts only.
 void check_params(const DecoderSpec& c, const ModelWeights& w, const char* what, DType dtype,
-                  const ExpertParallel* ep) {
-  weights_check(c, w, what, dtype, Device::cpu(), ep ? ep->experts_per_rank : -1);
+                  const ExpertParallel* ep, bool frozen_allowed = false) {
+  weights_check(c, w, what, dtype, Device::cpu(), ep ? ep->experts_per_rank : -1, frozen_allowed);
+}
+
+void check_lora(const DecoderSpec& c, const LoraWeights& l, const char* what) {
+  if (!l.table) fail("{}: LoRA weights without a table", what);
+  if (static_cast<int64_t>(l.layers.size()) != c.num_layers())
+    fail("LoRA {}s have {} layers, config num_hidden_layers is {}", what, l.layers.size(), c.num_layers());
+  for (const LoraEntry& e : l.table->entries) {
+    const Tensor& t = l.slot(e);
+    if (!t.defined()) fail("LoRA {} {} is missing", what, e.name);
+    if (t.dtype() != DType::F32 || !t.device().is_cpu())
+      fail("LoRA {} {}: expected F32 on the CPU, found {}", what, e.name, t.desc());
+    if (t.shape() != e.shape)
+      fail("LoRA {} {}: expected shape {}, found {}", what, e.name, shape_str(e.shape), shape_str(t.shape()));
+  }
 }
 
 }  // namespace
@@ -202,6 +218,15 @@ DecoderModel::DecoderModel(const DecoderSpec& cfg, ModelWeights& weights, const 
          dtype_safetensors_name(dt));
   check_params(cfg_, w_, "parameter", dt, opts_.expert_parallel);
   bf16_ = dt == DType::BF16;
+  if (opts_.lora) {
+    if (opts_.expert_parallel || opts_.residency)
+      fail("LoRA: expert parallelism and sharded parameters are not supported with an adapter");
+    check_lora(cfg_, *opts_.lora, "parameter");
+  }
+}
+
+const LayerLora* DecoderModel::layer_lora(int64_t l) const {
+  return opts_.lora ? &opts_.lora->layers[static_cast<size_t>(l)] : nullptr;
 }
 
 void DecoderModel::fetch(int64_t group) const {
@@ -226,16 +251,18 @@ ForwardResult DecoderModel::forward(const Batch& b, bool want_logits, const Loss
     fetch(l);
     for (const Sublayer& sub : cfg_.layers[static_cast<size_t>(l)].sublayers) switch (sub.kind) {
         case SublayerKind::attention:
-          x = attention_block_forward(env, cfg_.attention[static_cast<size_t>(sub.index)], L, x, nullptr);
+          x = attention_block_forward(env, cfg_.attention[static_cast<size_t>(sub.index)], L, x, nullptr,
+                                      layer_lora(l));
           break;
         case SublayerKind::moe: {
           MoeBlockActs acts;
-          x = moe_block_forward(env, cfg_.moe[static_cast<size_t>(sub.index)], L, x, aux_on ? &acts : nullptr);
+          x = moe_block_forward(env, cfg_.moe[static_cast<size_t>(sub.index)], L, x, aux_on ? &acts : nullptr,
+                                layer_lora(l));
           if (aux_on) router_logits.push_back(acts.logits);
           break;
         }
         case SublayerKind::mlp:
-          x = mlp_block_forward(env, cfg_.mlp[static_cast<size_t>(sub.index)], L, x, nullptr);
+          x = mlp_block_forward(env, cfg_.mlp[static_cast<size_t>(sub.index)], L, x, nullptr, layer_lora(l));
           break;
         case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
       }
@@ -258,8 +285,24 @@ ForwardResult DecoderModel::forward(const Batch& b, bool want_logits, const Loss
 }
 
 ForwardResult DecoderModel::forward_backward(const Batch& b, ModelWeights& grads, const LossOptions& o) {
+  if (opts_.lora) fail("forward_backward: the model has a LoRA adapter; pass its gradient buffers");
+  return forward_backward_impl(b, grads, nullptr, o);
+}
+
+ForwardResult DecoderModel::forward_backward(const Batch& b, ModelWeights& grads, LoraWeights& lora_grads,
+                                             const LossOptions& o) {
+  if (!opts_.lora) fail("forward_backward: LoRA gradient buffers given to a model without an adapter");
+  check_lora(cfg_, lora_grads, "gradient");
+  if (lora_grads.table->entries.size() != opts_.lora->table->entries.size())
+    fail("LoRA gradients have {} tensors, the adapter {}", lora_grads.table->entries.size(),
+         opts_.lora->table->entries.size());
+  return forward_backward_impl(b, grads, &lora_grads, o);
+}
+
+ForwardResult DecoderModel::forward_backward_impl(const Batch& b, ModelWeights& grads, LoraWeights* lora_grads,
+                                                  const LossOptions& o) {
   if (!b.labels.defined()) fail("batch: forward_backward needs labels");
-  check_params(cfg_, grads, "gradient", DType::F32, opts_.expert_parallel);
+  check_params(cfg_, grads, "gradient", DType::F32, opts_.expert_parallel, lora_grads != nullptr);
   Prepared p = prepare_batch(cfg_, b, bf16_, opts_.packed_document_mask, opts_.expert_parallel);
   const BlockEnv& env = p.env;
   const bool aux_on = aux_enabled(cfg_);
@@ -290,13 +333,15 @@ ForwardResult DecoderModel::forward_backward(const Batch& b, ModelWeights& grads
       sv.in = x;
       const size_t k = static_cast<size_t>(subs[i].index);
       switch (subs[i].kind) {
-        case SublayerKind::attention: x = attention_block_forward(env, cfg_.attention[k], L, x, &sv.attn); break;
+        case SublayerKind::attention:
+          x = attention_block_forward(env, cfg_.attention[k], L, x, &sv.attn, layer_lora(l));
+          break;
         case SublayerKind::moe:
-          x = moe_block_forward(env, cfg_.moe[k], L, x, &sv.moe);
+          x = moe_block_forward(env, cfg_.moe[k], L, x, &sv.moe, layer_lora(l));
           router_logits.push_back(sv.moe.logits);
           moe_layers.push_back(l);
           break;
-        case SublayerKind::mlp: x = mlp_block_forward(env, cfg_.mlp[k], L, x, &sv.mlp); break;
+        case SublayerKind::mlp: x = mlp_block_forward(env, cfg_.mlp[k], L, x, &sv.mlp, layer_lora(l)); break;
         case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
       }
     }
@@ -330,6 +375,8 @@ ForwardResult DecoderModel::forward_backward(const Batch& b, ModelWeights& grads
   for (int64_t l = nl - 1; l >= 0; --l) {
     const auto& L = w_.layers[l];
     auto& G = grads.layers[l];
+    const LayerLora* lora = layer_lora(l);
+    LayerLora* dlora = lora_grads ? &lora_grads->layers[static_cast<size_t>(l)] : nullptr;
     fetch(l);
     const std::vector<Sublayer>& subs = cfg_.layers[static_cast<size_t>(l)].sublayers;
     for (size_t i = subs.size(); i-- > 0;) {
@@ -337,19 +384,22 @@ ForwardResult DecoderModel::forward_backward(const Batch& b, ModelWeights& grads
       const size_t k = static_cast<size_t>(subs[i].index);
       switch (subs[i].kind) {
         case SublayerKind::attention:
-          dx = attention_block_backward(env, cfg_.attention[k], L, sv.in, sv.attn, dx, G);
+          dx = attention_block_backward(env, cfg_.attention[k], L, sv.in, sv.attn, dx, G, lora, dlora);
           break;
         case SublayerKind::moe:
-          dx = moe_block_backward(env, cfg_.moe[k], L, sv.in, sv.moe, dx, dlogits_aux[l], G);
+          dx = moe_block_backward(env, cfg_.moe[k], L, sv.in, sv.moe, dx, dlogits_aux[l], G, lora, dlora);
           break;
-        case SublayerKind::mlp: dx = mlp_block_backward(env, cfg_.mlp[k], L, sv.in, sv.mlp, dx, G); break;
+        case SublayerKind::mlp:
+          dx = mlp_block_backward(env, cfg_.mlp[k], L, sv.in, sv.mlp, dx, G, lora, dlora);
+          break;
         case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
       }
       sv = {};
     }
     release(l, false);
   }
-  cpu::embedding_backward(ids, dx, grads.embed, cfg_.padding_idx);  // the pad row: no gradient, as in HF
+  // The pad row: no gradient, as in HF. A frozen embedding (LoRA): none at all.
+  if (grads.embed.defined()) cpu::embedding_backward(ids, dx, grads.embed, cfg_.padding_idx);
   return r;
 }
 

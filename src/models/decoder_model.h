@@ -27,8 +27,9 @@ void model_config_check(const DecoderSpec& cfg);
 // Checks every parameter's presence, shape, dtype and device against cfg; `what` ("parameter",
 // "gradient") names the tensors in the error.
 // experts_held >= 0: the stacked expert tensors hold that many experts (an expert-parallel slice).
+// frozen_allowed: an undefined tensor is a frozen parameter's (absent) gradient, not an error.
 void weights_check(const DecoderSpec& cfg, const ModelWeights& w, const char* what, DType dtype, Device device,
-                   int64_t experts_held = -1);
+                   int64_t experts_held = -1, bool frozen_allowed = false);
 
 // Checks input_ids (I64 [B, S], ids inside the vocabulary), labels and position_ids (like input_ids);
 // throws a one-line mt::Error naming the field.
@@ -51,6 +52,8 @@ struct ForwardResult {
 
 struct ExpertParallel;  // layers/expert_parallel.h
 class ParamResidency;   // models/param_residency.h
+struct LoraWeights;     // models/lora_adapter.h
+struct LayerLora;
 
 struct ModelOptions {
   // Packed documents (position_ids restarting) attend only within themselves, as HF's
@@ -66,6 +69,9 @@ struct ModelOptions {
   // Sharded parameters (ZeRO-3): each group of parameters is fetched before the model reads it and released
   // after. Null: every parameter is present all the time.
   ParamResidency* residency = nullptr;
+  // A LoRA adapter (models/lora_adapter.h) on the adapted slots: y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ there. It must outlive the
+  // model. Not with expert parallelism or sharded parameters (the trainer refuses those first). Null: none.
+  const LoraWeights* lora = nullptr;
 };
 
 class DecoderModel {
@@ -80,11 +86,19 @@ class DecoderModel {
   // Adds d(loss)/d(param) into grads (F32, shaped like the params: ModelWeights::zeros_like_config).
   // Needs labels.
   ForwardResult forward_backward(const Batch& b, ModelWeights& grads, const LossOptions& o = {});
+  // With the LoRA adapter of ModelOptions::lora: its gradients are added into lora_grads (F32, shaped like it:
+  // LoraWeights::zeros), and `grads` may leave parameters undefined: those are frozen, and their gradients are
+  // not computed (lora_base_grads: all but the ones trained in full).
+  ForwardResult forward_backward(const Batch& b, ModelWeights& grads, LoraWeights& lora_grads,
+                                 const LossOptions& o = {});
 
   const DecoderSpec& config() const { return cfg_; }
   bool bf16() const { return bf16_; }
 
  private:
+  ForwardResult forward_backward_impl(const Batch& b, ModelWeights& grads, LoraWeights* lora_grads,
+                                      const LossOptions& o);
+  const LayerLora* layer_lora(int64_t l) const;
   void fetch(int64_t group) const;
   void release(int64_t group, bool backward_follows) const;
   DecoderSpec cfg_;

@@ -50,4 +50,8 @@ HfLayout hf_layout_of(const DecoderSpec& s) {
   return architecture_lookup(s.architecture, "checkpoint layout").hf_layout(s);
 }
 
+std::vector<LoraTargetDef> lora_targets_of(const DecoderSpec& s) {
+  return architecture_lookup(s.architecture, "LoRA targets").lora_targets(s);
+}
+
 }  // namespace mt

@@ -11,6 +11,7 @@
 #include "models/registry.h"
 #include "models/spec/decoder_spec.h"
 #include "models/spec/hf_rules.h"
+#include "models/spec/lora_targets.h"
 
 namespace mt {
 
@@ -30,6 +31,8 @@ struct ArchitectureInfo {
   // The checkpoint layout as rules over the parameter table's names (models/spec/hf_rules.h): how the stored
   // tensors make the parameters on load and are written back on save, and the order save_pretrained writes.
   HfLayout (*hf_layout)(const DecoderSpec& s) = nullptr;
+  // The names `peft.target` may list for this family (models/spec/lora_targets.h).
+  std::vector<LoraTargetDef> (*lora_targets)(const DecoderSpec& s) = nullptr;
 };
 
 // Throws mt::Error "<file>: architecture 'X' is not supported (supported: A, B)".
@@ -40,5 +43,7 @@ const std::vector<ArchitectureInfo>& architecture_list();
 ParamTable param_table_of(const DecoderSpec& s);
 // The checkpoint layout of a spec, by its architecture's row.
 HfLayout hf_layout_of(const DecoderSpec& s);
+// The LoRA target names of a spec's family, by its architecture's row.
+std::vector<LoraTargetDef> lora_targets_of(const DecoderSpec& s);
 
 }  // namespace mt

@@ -21,7 +21,7 @@ struct Section {
 
 const std::vector<Section>& recipe_schema() {
   static const std::vector<Section> s = {
-      {"model", {"path", "dtype"}},
+      {"model", {"path", "dtype", "adapter"}},
       {"data", {"train", "eval", "seq_len", "pack", "truncation", "skip_bad_lines", "tokenizer"}},
       {"train", {"micro_batch_size", "grad_accum", "max_steps", "epochs", "seed", "device", "eval_every",
                  "log_every", "max_nonfinite_steps", "recompute", "deterministic"}},
@@ -32,6 +32,7 @@ const std::vector<Section>& recipe_schema() {
       {"checkpoint", {"dir", "every_steps", "keep_last"}},
       {"parallel",
        {"timeout_s", "ep", "ep_dispatch", "ep_row_headroom", "shard_optimizer", "shard_parameters", "reshard_after_forward", "gpu_collectives"}},
+      {"peft", {"method", "r", "alpha", "dropout", "target", "use_rslora"}},
   };
   return s;
 }
@@ -187,6 +188,33 @@ void recipe_apply_set(const std::string& file, YAML::Node& root, const std::stri
   root[name][key] = value;
 }
 
+// The peft section: LoRA's settings. The target names are the model family's (checked when the model is loaded,
+// models/lora_adapter.h); here only their form.
+void recipe_read_peft(const RecipeReader& r, const YAML::Node& root, Recipe& rc) {
+  RecipePeft& p = rc.peft;
+  const YAML::Node sec = root["peft"];
+  p.enabled = (sec && !sec.IsNull()) || !rc.model.adapter.empty();
+  if (!sec || sec.IsNull()) return;
+  p.method = r.choice("peft", "method", p.method, {"lora"});
+  p.r = r.integer("peft", "r", p.r, 1, int64_t{1} << 20);
+  p.alpha = r.real("peft", "alpha", p.alpha, 0, true, kInf, true, "must be a number > 0");
+  p.dropout = r.real("peft", "dropout", p.dropout, 0, false, 1, true, "must be a number in [0, 1)");
+  if (p.dropout != 0.0)
+    r.bad("peft", "dropout", "must be 0: LoRA dropout is not implemented (PEFT refuses it for expert parameters too)",
+          r.get("peft", "dropout"));
+  p.use_rslora = r.boolean("peft", "use_rslora", p.use_rslora);
+  const YAML::Node t = r.get("peft", "target");
+  if (!t || t.IsNull()) {
+    if (rc.model.adapter.empty()) fail("{}: peft.target: required key is missing", r.file());
+    return;  // the saved adapter's targets
+  }
+  if (!t.IsSequence() || t.size() == 0) r.bad("peft", "target", "must be a non-empty list of target names", t);
+  for (const YAML::Node& n : t) {
+    if (!n.IsScalar() || n.Scalar().empty()) r.bad("peft", "target", "each target must be a non-empty name", n);
+    p.target.push_back(n.Scalar());
+  }
+}
+
 }  // namespace
 
 Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets) {
@@ -211,6 +239,7 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
   Recipe rc;
   rc.model.path = r.str("model", "path", "", true);
   rc.model.dtype = r.choice("model", "dtype", rc.model.dtype, {"bfloat16", "float32"});
+  rc.model.adapter = r.str("model", "adapter", "");
 
   rc.data.train = r.str("data", "train", "", true);
   rc.data.eval = r.str("data", "eval", "");
@@ -285,6 +314,7 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
   rc.parallel.shard_parameters = r.boolean("parallel", "shard_parameters", rc.parallel.shard_parameters);
   rc.parallel.reshard_after_forward =
       r.boolean("parallel", "reshard_after_forward", rc.parallel.reshard_after_forward);
+  recipe_read_peft(r, root, rc);
   if (rc.parallel.shard_parameters && !rc.parallel.shard_optimizer)
     fail("{}: parallel.shard_parameters: needs parallel.shard_optimizer true (the rank that keeps a parameter "
          "also keeps its optimizer state and updates it)",

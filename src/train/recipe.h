@@ -10,6 +10,9 @@ namespace mt {
 struct RecipeModel {
   std::string path;
   std::string dtype = "bfloat16";  // bfloat16 | float32
+  // A saved LoRA adapter (adapter_config.json + adapter_model.safetensors) to continue training; its config
+  // gives the peft settings (a peft section, when present, must agree). Empty: a fresh adapter, or none.
+  std::string adapter;
 };
 
 struct RecipeData {
@@ -73,6 +76,17 @@ struct RecipeCheckpoint {
   int64_t keep_last = 2;
 };
 
+// Parameter-efficient fine-tuning: present = train LoRA adapters (models/lora_adapter.h) on a frozen base.
+struct RecipePeft {
+  bool enabled = false;  // the recipe has a peft section (or model.adapter)
+  std::string method = "lora";
+  int64_t r = 16;
+  double alpha = 32;
+  double dropout = 0.0;  // only 0: LoRA dropout is not implemented (docs/lora.md)
+  bool use_rslora = false;
+  std::vector<std::string> target;  // the family's names (checked against the model when it is loaded)
+};
+
 // Multi-process jobs (`mixtune launch`, mpirun, srun): every rank runs the recipe; the world size comes
 // from the launcher's environment (distributed/process_group_env.h).
 struct RecipeParallel {
@@ -120,6 +134,7 @@ struct Recipe {
   RecipeClip clip;
   RecipeCheckpoint checkpoint;
   RecipeParallel parallel;
+  RecipePeft peft;
 };
 
 // Loads and validates a recipe; each of `sets` is "section.key=value" (value parsed as YAML,

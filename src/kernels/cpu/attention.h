@@ -27,7 +27,7 @@ Tensor attention_forward(const AttentionShape& s, const Tensor& q, const Tensor&
 // dout like out -> dq, dk, dv (overwritten). Recomputes P from q, k and lse; fp32 math (in bf16 mode
 // the rounded P is used for dV, as the forward multiplied it with V).
 // With sinks, dsinks F32 [heads] += d(loss)/d(sink) (= −Σ_rows p_sink · Σ_j P_ij·dP_ij: the sink column's value
-// vector is zero).
+// vector is zero); dsinks null: frozen sinks, not computed.
 void attention_backward(const AttentionShape& s, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& doc, const Tensor& lse, bool bf16, Tensor& dq, Tensor& dk,
                         Tensor& dv, const Tensor& sinks = Tensor(), Tensor* dsinks = nullptr);

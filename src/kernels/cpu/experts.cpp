@@ -29,6 +29,24 @@ Dims check_dims(const Tensor& gate_up, const Tensor& down, const Tensor& weights
   return d;
 }
 
+// The rank of an expert-stacked adapter (A [E, r, in], B [E, out, r]), checked; 0 when off.
+int64_t lora_rank(const LoraRef& l, int64_t E, int64_t in, int64_t out, const char* what) {
+  if (!l.on()) return 0;
+  MT_CHECK(l.b && l.a->ndim() == 3 && l.b->ndim() == 3, "experts {} adapter {} / {}", what, l.a->desc(),
+           l.b ? l.b->desc() : "none");
+  const int64_t r = l.a->dim(1);
+  check_f32(*l.a, "experts adapter A", {E, r, in});
+  check_f32(*l.b, "experts adapter B", {E, out, r});
+  return r;
+}
+
+void check_lora_grads(const LoraRef& l, const LoraGradRef& g) {
+  if (!l.on()) return;
+  MT_CHECK(g.a && g.b, "experts backward: adapter gradients missing");
+  check_f32(*g.a, "experts adapter dA", l.a->shape());
+  check_f32(*g.b, "experts adapter dB", l.b->shape());
+}
+
 // rows += bias (one row of n), rounded in bf16 mode.
 void add_bias_rows(float* rows, int64_t cnt, int64_t n, const float* bias, bool bf16) {
   for (int64_t r = 0; r < cnt; ++r)
@@ -84,12 +102,18 @@ Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weigh
   float* y = s.y.data_as<float>();
   const Tensor b1 = variant.gate_up_bias ? param_f32(*variant.gate_up_bias) : Tensor();
   const Tensor b2 = variant.down_bias ? param_f32(*variant.down_bias) : Tensor();
+  const LoraRef& lora1 = variant.gate_up_lora;
+  const LoraRef& lora2 = variant.down_lora;
+  const int64_t r1 = lora_rank(lora1, E, H, 2 * I, "gate_up"), r2 = lora_rank(lora2, E, I, H, "down");
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = s.offsets[e], cnt = s.offsets[e + 1] - r0;
     if (cnt == 0) continue;
     Tensor w1 = param_f32(gate_up[e]);
     Tensor w2 = param_f32(down[e]);
     gemm_nt(cnt, 2 * I, H, 1.0f, xg + r0 * H, H, w1.data_as<float>(), H, 0.0f, gu + r0 * 2 * I, 2 * I);
+    if (lora1.on())
+      lora_forward_rows(cnt, H, 2 * I, r1, xg + r0 * H, H, lora1.a->data_as<float>() + e * r1 * H,
+                        lora1.b->data_as<float>() + e * 2 * I * r1, lora1.scale, gu + r0 * 2 * I, 2 * I);
     if (bf16) round_bf16_inplace(gu + r0 * 2 * I, cnt * 2 * I);
     if (b1.defined()) add_bias_rows(gu + r0 * 2 * I, cnt, 2 * I, b1.data_as<float>() + e * 2 * I, bf16);
     if (variant.activation == ExpertActivation::swiglu_oai)
@@ -97,6 +121,9 @@ Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weigh
     else
       swiglu_forward_rows(cnt, I, gu + r0 * 2 * I, gu + r0 * 2 * I + I, 2 * I, act + r0 * I, I, bf16);
     gemm_nt(cnt, H, I, 1.0f, act + r0 * I, I, w2.data_as<float>(), I, 0.0f, y + r0 * H, H);
+    if (lora2.on())
+      lora_forward_rows(cnt, I, H, r2, act + r0 * I, I, lora2.a->data_as<float>() + e * r2 * I,
+                        lora2.b->data_as<float>() + e * H * r2, lora2.scale, y + r0 * H, H);
     if (bf16) round_bf16_inplace(y + r0 * H, cnt * H);
     if (b2.defined()) add_bias_rows(y + r0 * H, cnt, H, b2.data_as<float>() + e * H, bf16);
   }
@@ -121,18 +148,24 @@ Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weigh
 
 void experts_backward(const Tensor& dout, const Tensor& weights, const Tensor& gate_up, const Tensor& down,
                       const ExpertsSaved& s, Tensor& dx, Tensor& dweights, Tensor& dgate_up, Tensor& ddown,
-                      const ExpertsVariant& variant, const ExpertsBiasGrads& bias_grads) {
+                      const ExpertsVariant& variant, const ExpertsBiasGrads& bias_grads,
+                      const ExpertsLoraGrads& lora_grads) {
   const Dims d = check_dims(gate_up, down, weights, variant);
-  const bool biased = variant.gate_up_bias != nullptr;
-  MT_CHECK(!biased || (bias_grads.gate_up_bias && bias_grads.down_bias), "experts backward: bias gradients missing");
-  if (biased) {
-    check_f32(*bias_grads.gate_up_bias, "experts dgate_up bias", {d.E, 2 * d.I});
-    check_f32(*bias_grads.down_bias, "experts ddown bias", {d.E, d.H});
-  }
+  // A bias gradient left null, or an undefined weight gradient, is a frozen parameter: not computed.
+  float* dbias1 = variant.gate_up_bias && bias_grads.gate_up_bias ? bias_grads.gate_up_bias->data_as<float>() : nullptr;
+  float* dbias2 = variant.down_bias && bias_grads.down_bias ? bias_grads.down_bias->data_as<float>() : nullptr;
+  if (dbias1) check_f32(*bias_grads.gate_up_bias, "experts dgate_up bias", {d.E, 2 * d.I});
+  if (dbias2) check_f32(*bias_grads.down_bias, "experts ddown bias", {d.E, d.H});
   const int64_t T = d.T, k = d.k, E = d.E, H = d.H, I = d.I, N = T * k;
   check_f32(dout, "experts dout", {T, H});
-  check_f32(dgate_up, "experts dgate_up", {E, 2 * I, H});
-  check_f32(ddown, "experts ddown", {E, H, I});
+  const bool wgrad1 = dgate_up.defined(), wgrad2 = ddown.defined();
+  if (wgrad1) check_f32(dgate_up, "experts dgate_up", {E, 2 * I, H});
+  if (wgrad2) check_f32(ddown, "experts ddown", {E, H, I});
+  const LoraRef& lora1 = variant.gate_up_lora;
+  const LoraRef& lora2 = variant.down_lora;
+  const int64_t r1 = lora_rank(lora1, E, H, 2 * I, "gate_up"), r2 = lora_rank(lora2, E, I, H, "down");
+  check_lora_grads(lora1, lora_grads.gate_up);
+  check_lora_grads(lora2, lora_grads.down);
   MT_CHECK(static_cast<int64_t>(s.slot.size()) == N && s.y.defined(), "experts backward without a saved forward");
   const float* g = dout.data_as<float>();
   const float* wp = weights.data_as<float>();
@@ -168,20 +201,31 @@ void experts_backward(const Tensor& dout, const Tensor& weights, const Tensor& g
     if (cnt == 0) continue;
     Tensor w1 = param_f32(gate_up[e]);
     Tensor w2 = param_f32(down[e]);
-    float* dw1 = dgate_up.data_as<float>() + e * 2 * I * H;
-    float* dw2 = ddown.data_as<float>() + e * H * I;
     gemm_nn(cnt, I, H, 1.0f, dyp + r0 * H, H, w2.data_as<float>(), I, 0.0f, dap + r0 * I, I);
-    gemm_tn(H, I, cnt, 1.0f, dyp + r0 * H, H, act + r0 * I, I, 1.0f, dw2, I);
-    if (biased) sum_rows_into(dyp + r0 * H, cnt, H, bias_grads.down_bias->data_as<float>() + e * H);
+    if (lora2.on())
+      lora_backward_rows(cnt, I, H, r2, act + r0 * I, I, dyp + r0 * H, H, lora2.a->data_as<float>() + e * r2 * I,
+                         lora2.b->data_as<float>() + e * H * r2, lora2.scale, dap + r0 * I, I,
+                         lora_grads.down.a->data_as<float>() + e * r2 * I,
+                         lora_grads.down.b->data_as<float>() + e * H * r2);
+    if (wgrad2)
+      gemm_tn(H, I, cnt, 1.0f, dyp + r0 * H, H, act + r0 * I, I, 1.0f, ddown.data_as<float>() + e * H * I, I);
+    if (dbias2) sum_rows_into(dyp + r0 * H, cnt, H, dbias2 + e * H);
     if (variant.activation == ExpertActivation::swiglu_oai)
       swiglu_oai_backward_rows(cnt, I, dap + r0 * I, I, gu + r0 * 2 * I, gu + r0 * 2 * I + I, 2 * I,
                                dgp + r0 * 2 * I, dgp + r0 * 2 * I + I, 2 * I);
     else
       swiglu_backward_rows(cnt, I, dap + r0 * I, I, gu + r0 * 2 * I, gu + r0 * 2 * I + I, 2 * I, dgp + r0 * 2 * I,
                            dgp + r0 * 2 * I + I, 2 * I);
-    if (biased) sum_rows_into(dgp + r0 * 2 * I, cnt, 2 * I, bias_grads.gate_up_bias->data_as<float>() + e * 2 * I);
+    if (dbias1) sum_rows_into(dgp + r0 * 2 * I, cnt, 2 * I, dbias1 + e * 2 * I);
     gemm_nn(cnt, H, 2 * I, 1.0f, dgp + r0 * 2 * I, 2 * I, w1.data_as<float>(), H, 0.0f, dxp + r0 * H, H);
-    gemm_tn(2 * I, H, cnt, 1.0f, dgp + r0 * 2 * I, 2 * I, xg + r0 * H, H, 1.0f, dw1, H);
+    if (lora1.on())
+      lora_backward_rows(cnt, H, 2 * I, r1, xg + r0 * H, H, dgp + r0 * 2 * I, 2 * I,
+                         lora1.a->data_as<float>() + e * r1 * H, lora1.b->data_as<float>() + e * 2 * I * r1,
+                         lora1.scale, dxp + r0 * H, H, lora_grads.gate_up.a->data_as<float>() + e * r1 * H,
+                         lora_grads.gate_up.b->data_as<float>() + e * 2 * I * r1);
+    if (wgrad1)
+      gemm_tn(2 * I, H, cnt, 1.0f, dgp + r0 * 2 * I, 2 * I, xg + r0 * H, H, 1.0f,
+              dgate_up.data_as<float>() + e * 2 * I * H, H);
   }
 
   dx = Tensor::empty({T, H}, DType::F32);

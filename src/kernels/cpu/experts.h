@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/cpu/lora.h"
 
 namespace mt::cpu {
 
@@ -21,6 +22,17 @@ struct ExpertsVariant {
   // rounded again, as Transformers' grouped path adds them in place).
   const Tensor* gate_up_bias = nullptr;  // F32|BF16 [E, 2I]: gate entries, then up entries
   const Tensor* down_bias = nullptr;     // F32|BF16 [E, H]
+  // Per-expert LoRA adapters (kernels/cpu/lora.h) on the two projections, or off: A [E, r, in], B [E, out, r]
+  // (gate_up: in H, out 2I; down: in I, out H). Each expert's adapter runs over that expert's rows only; its
+  // output joins the base GEMM's in fp32 and the sum is rounded once in bf16 mode (as one GEMM over W + s·B·A
+  // would round; PEFT instead rounds W + s·B·A itself to bf16 first: docs/lora.md).
+  LoraRef gate_up_lora;
+  LoraRef down_lora;
+};
+// The adapters' gradients (F32, accumulated), when the variant has adapters.
+struct ExpertsLoraGrads {
+  LoraGradRef gate_up;
+  LoraGradRef down;
 };
 // Their gradients (F32, accumulated), when the variant has biases.
 struct ExpertsBiasGrads {
@@ -45,10 +57,13 @@ Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weigh
                        const Tensor& down, bool bf16, ExpertsSaved* saved, const ExpertsVariant& variant = {});
 
 // dout F32 [T, H] -> dx F32 [T, H] and dweights F32 [T, k] (both allocated here);
-// dgate_up F32 [E, 2I, H] and ddown F32 [E, H, I] are accumulated. fp32 math on the saved activations.
-// With a biased variant, `bias_grads` receives the biases' gradients (both pointers set).
+// dgate_up F32 [E, 2I, H] and ddown F32 [E, H, I] are accumulated; an undefined one is a frozen weight whose
+// gradient GEMMs are skipped. fp32 math on the saved activations.
+// With a biased variant, `bias_grads` receives the biases' gradients (both pointers set; a null one: frozen).
+// With adapters, `lora_grads` receives theirs.
 void experts_backward(const Tensor& dout, const Tensor& weights, const Tensor& gate_up, const Tensor& down,
                       const ExpertsSaved& saved, Tensor& dx, Tensor& dweights, Tensor& dgate_up, Tensor& ddown,
-                      const ExpertsVariant& variant = {}, const ExpertsBiasGrads& bias_grads = {});
+                      const ExpertsVariant& variant = {}, const ExpertsBiasGrads& bias_grads = {},
+                      const ExpertsLoraGrads& lora_grads = {});
 
 }  // namespace mt::cpu

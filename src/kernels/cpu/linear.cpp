@@ -31,6 +31,7 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, bool bf
 }
 
 void bias_backward(const Tensor& dy, Tensor& db) {
+  if (!db.defined()) return;  // a frozen bias
   MT_CHECK(db.ndim() == 1, "bias gradient must be 1-d, got {}", db.desc());
   const int64_t out = db.dim(0), n = out == 0 ? 0 : dy.numel() / out;
   check_f32_numel(dy, "bias dy", n * out);

@@ -9,7 +9,7 @@ namespace mt::cpu {
 Tensor linear_forward(const Tensor& x, const Tensor& w, bool bf16);
 // With a bias b F32|BF16 [out] (undefined: none): bf16 rounds once, after the add, as cuBLAS's addmm does.
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, bool bf16);
-// db F32 [out] += Σ over rows of dy [..., out].
+// db F32 [out] += Σ over rows of dy [..., out]; nothing when db is undefined (a frozen bias).
 void bias_backward(const Tensor& dy, Tensor& db);
 
 // dy F32 [N, out], x F32 [N, in], w [out, in].

@@ -46,7 +46,7 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, floa
   const int64_t n = w.dim(0);
   check_f32_numel(x, "rmsnorm x", x.numel());
   check_f32_numel(dy, "rmsnorm dy", x.numel());
-  check_f32(dw, "rmsnorm dw", {n});
+  if (dw.defined()) check_f32(dw, "rmsnorm dw", {n});
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
   Tensor dx = Tensor::empty(x.shape(), DType::F32);
   Tensor wf = param_f32(w);
@@ -67,6 +67,7 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, floa
     const float m = static_cast<float>(dot / static_cast<double>(n));
     for (int64_t i = 0; i < n; ++i) dxp[r * n + i] = rs * (gr[i] * wp[i] - xr[i] * rs * m);
   }
+  if (!dw.defined()) return dx;  // a frozen norm weight
   // dw: column sums in a fixed row order (no dependence on the thread count).
   float* dwp = dw.data_as<float>();
 #pragma omp parallel for schedule(static) if ((rows * n) >= kParallelMinWork)

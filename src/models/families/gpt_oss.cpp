@@ -360,11 +360,25 @@ HfLayout gpt_oss_hf_layout() {
   return l;
 }
 
+namespace {
+// PEFT's module names: the attention projections (their biases stay frozen), the routed experts' two fused stacks
+// (PEFT's target_parameters; the expert biases stay frozen), and the router (weight and bias) trained in full.
+std::vector<LoraTargetDef> lora_targets(const DecoderSpec&) {
+  using W = WeightSlot;
+  return {{"q_proj", {W::q_proj}},
+          {"k_proj", {W::k_proj}},
+          {"v_proj", {W::v_proj}},
+          {"o_proj", {W::o_proj}},
+          {"experts", {W::experts_gate_up, W::experts_down}},
+          {"router", {W::router, W::router_bias}, true}};
+}
+}  // namespace
+
 std::vector<ArchitectureInfo> gpt_oss_architectures() {
   return {{kGptOss, "gpt_oss",
            "GPT-OSS decoder (GQA with biases, sinks and alternating sliding windows, YaRN; top-k routed clamped-SwiGLU "
            "experts with biases)",
-           &parse_gpt_oss, &to_json, &param_table, &hf_layout}};
+           &parse_gpt_oss, &to_json, &param_table, &hf_layout, &lora_targets}};
 }
 
 std::vector<PresetInfo> gpt_oss_presets() {

@@ -310,12 +310,25 @@ HfLayout qwen3_hf_layout(bool moe, bool tied_embeddings) {
   return l;
 }
 
+namespace {
+// PEFT's module names: the attention projections, a dense layer's MLP projections, the routed experts (both fused
+// stacks, through PEFT's target_parameters), and the router trained in full.
+std::vector<LoraTargetDef> lora_targets(const DecoderSpec&) {
+  using W = WeightSlot;
+  return {{"q_proj", {W::q_proj}},     {"k_proj", {W::k_proj}},
+          {"v_proj", {W::v_proj}},     {"o_proj", {W::o_proj}},
+          {"gate_proj", {W::mlp_gate}}, {"up_proj", {W::mlp_up}},
+          {"down_proj", {W::mlp_down}}, {"experts", {W::experts_gate_up, W::experts_down}},
+          {"router", {W::router}, true}};
+}
+}  // namespace
+
 std::vector<ArchitectureInfo> qwen3_architectures() {
   return {
       {kQwen3, "qwen3", "Qwen3 dense decoder (QK-norm, GQA, SwiGLU MLP)", &parse_qwen3, &to_json, &param_table,
-       &hf_layout},
+       &hf_layout, &lora_targets},
       {kQwen3Moe, "qwen3_moe", "Qwen3-MoE decoder (Qwen3 attention, top-k routed SwiGLU experts)",
-       &parse_qwen3_moe, &to_json, &param_table, &hf_layout},
+       &parse_qwen3_moe, &to_json, &param_table, &hf_layout, &lora_targets},
   };
 }
 
