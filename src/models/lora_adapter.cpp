@@ -4,6 +4,8 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/float_convert.h"
+#include "kernels/cpu/cpu_tensor.h"
 #include "core/rng.h"
 #include "models/registry.h"
 
@@ -180,6 +182,44 @@ LoraWeights LoraWeights::init(std::shared_ptr<const LoraTable> table, int64_t nu
     rng.fill_uniform(t.data_as<float>(), t.numel(), -bound, bound);
   }
   return w;
+}
+
+void lora_merge_into(ModelWeights& base, const LoraWeights& lora) {
+  MT_CHECK(lora.table != nullptr, "lora_merge_into without an adapter table");
+  const ParamTable& table = base.param_table();
+  const std::vector<LoraEntry>& es = lora.table->entries;
+  for (size_t i = 0; i + 1 < es.size(); i += 2) {
+    const LoraEntry& ea = es[i];
+    const LoraEntry& eb = es[i + 1];
+    MT_CHECK(!ea.is_b && eb.is_b && ea.base == eb.base, "LoRA table: {} is not followed by its B", ea.name);
+    const ParamEntry* pe = table.find(ea.base);
+    if (!pe) fail("merge: the base model has no parameter {} (adapted by {})", ea.base, ea.name);
+    Tensor& w = base.slot(*pe);
+    const Shape want = pe->shape;
+    if (w.shape() != want)
+      fail("merge: base parameter {} has shape {}, the adapter needs {}", ea.base, shape_str(w.shape()),
+           shape_str(want));
+    const Tensor& a = lora.slot(ea);
+    const Tensor& b = lora.slot(eb);
+    const int64_t experts = ea.role == ParamRole::expert_stack ? want[0] : 1;
+    const int64_t in = ea.in, out = ea.out, r = lora.table->config.r;
+    const float s = static_cast<float>(lora.table->config.scaling());
+    std::vector<float> d(static_cast<size_t>(out * in));
+    for (int64_t e = 0; e < experts; ++e) {
+      cpu::gemm_nn(out, in, r, 1.0f, b.data_as<float>() + e * out * r, r, a.data_as<float>() + e * r * in, in, 0.0f,
+                   d.data(), in);
+      const int64_t at = e * out * in;
+      if (w.dtype() == DType::F32) {
+        float* wp = w.data_as<float>() + at;
+        for (int64_t k = 0; k < out * in; ++k) wp[k] = wp[k] + d[static_cast<size_t>(k)] * s;
+      } else {
+        MT_CHECK(w.dtype() == DType::BF16, "merge: {} has dtype {}", ea.base, dtype_safetensors_name(w.dtype()));
+        auto* wp = w.data_as<uint16_t>() + at;
+        for (int64_t k = 0; k < out * in; ++k)
+          wp[k] = float_to_bf16(bf16_to_float(wp[k]) + d[static_cast<size_t>(k)] * s);
+      }
+    }
+  }
 }
 
 ModelWeights lora_base_grads(const DecoderSpec& spec, const LoraTable& table) {

@@ -96,6 +96,11 @@ struct LoraWeights {
   static LoraWeights zeros(std::shared_ptr<const LoraTable> table, int64_t num_layers);
 };
 
+// Merges the adapter into the base (PEFT's merge_and_unload): every adapted W [out, in] (each expert's, for a
+// stack) becomes W + s·B·A, computed as PEFT's get_delta_weight does (d = B·A in fp32, then d·s) and added in fp32,
+// rounded once to W's dtype. The base tensors must hold every expert (not an expert-parallel slice).
+void lora_merge_into(ModelWeights& base, const LoraWeights& lora);
+
 // Gradient buffers for the base under LoRA: zero F32 tensors for the parameters that train in full
 // (table.full), undefined (frozen: no gradient is computed) for every other one.
 ModelWeights lora_base_grads(const DecoderSpec& spec, const LoraTable& table);
