@@ -214,9 +214,14 @@ void lora_merge_into(ModelWeights& base, const LoraWeights& lora) {
         for (int64_t k = 0; k < out * in; ++k) wp[k] = wp[k] + d[static_cast<size_t>(k)] * s;
       } else {
         MT_CHECK(w.dtype() == DType::BF16, "merge: {} has dtype {}", ea.base, dtype_safetensors_name(w.dtype()));
+        // nn.Linear: W.data += Δ (fp32 Δ, one rounding). An expert stack (PEFT's ParamWrapper): Δ is cast to W's
+        // dtype first, then added: two roundings.
+        const bool delta_rounded = ea.role == ParamRole::expert_stack;
         auto* wp = w.data_as<uint16_t>() + at;
-        for (int64_t k = 0; k < out * in; ++k)
-          wp[k] = float_to_bf16(bf16_to_float(wp[k]) + d[static_cast<size_t>(k)] * s);
+        for (int64_t k = 0; k < out * in; ++k) {
+          const float delta = d[static_cast<size_t>(k)] * s;
+          wp[k] = float_to_bf16(bf16_to_float(wp[k]) + (delta_rounded ? round_bf16(delta) : delta));
+        }
       }
     }
   }

@@ -97,8 +97,9 @@ struct LoraWeights {
 };
 
 // Merges the adapter into the base (PEFT's merge_and_unload): every adapted W [out, in] (each expert's, for a
-// stack) becomes W + s·B·A, computed as PEFT's get_delta_weight does (d = B·A in fp32, then d·s) and added in fp32,
-// rounded once to W's dtype. The base tensors must hold every expert (not an expert-parallel slice).
+// stack) becomes W + Δ, Δ = s·B·A computed as PEFT's get_delta_weight does (B·A in fp32, then ·s). F32 W: one fp32
+// add. BF16 W: an nn.Linear target adds the fp32 Δ and rounds once; an expert stack (PEFT's ParamWrapper) rounds Δ to
+// bf16 first, then the sum. The base tensors must hold every expert (not an expert-parallel slice).
 void lora_merge_into(ModelWeights& base, const LoraWeights& lora);
 
 // Gradient buffers for the base under LoRA: zero F32 tensors for the parameters that train in full
