@@ -95,6 +95,7 @@ LoraTable lora_table_of(const DecoderSpec& spec, const LoraConfig& c, const std:
       a.is_b = is_b;
       a.in = in;
       a.out = out;
+      a.interleaved_out = def->interleaved_gate_up && e.slot == WeightSlot::experts_gate_up;
       t.entries.push_back(std::move(a));
     }
   }

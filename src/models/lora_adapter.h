@@ -38,6 +38,9 @@ struct LoraEntry {
   int slot = -1;      // the base weight's WeightSlot
   bool is_b = false;  // A or B
   int64_t in = 0, out = 0;
+  // Transformers' layout interleaves this stack's gate and up outputs (LoraTargetDef::interleaved_gate_up); the
+  // engines' B rows are gate rows then up rows.
+  bool interleaved_out = false;
 };
 
 // Every adapter tensor of a model, in the base table's order (A before B for each adapted weight), and the base

@@ -369,7 +369,7 @@ std::vector<LoraTargetDef> lora_targets(const DecoderSpec&) {
           {"k_proj", {W::k_proj}},
           {"v_proj", {W::v_proj}},
           {"o_proj", {W::o_proj}},
-          {"experts", {W::experts_gate_up, W::experts_down}},
+          {"experts", {W::experts_gate_up, W::experts_down}, false, /*interleaved_gate_up=*/true},
           {"router", {W::router, W::router_bias}, true}};
 }
 }  // namespace

@@ -11,6 +11,9 @@ struct LoraTargetDef {
   std::string name;        // recipe spelling, as PEFT's target_modules would name the module: "q_proj", "experts"
   std::vector<int> slots;  // WeightSlot members it covers, in any layer that has them
   bool full = false;       // true: those parameters train in full (no adapter), as PEFT's modules_to_save
+  // Transformers holds the fused expert gate_up stack with gate and up interleaved along the output (GPT-OSS:
+  // gate = even rows), while the engines hold gate rows then up rows: a saved lora_B's output rows are reordered.
+  bool interleaved_gate_up = false;
 };
 
 }  // namespace mt
