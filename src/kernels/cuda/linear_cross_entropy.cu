@@ -180,7 +180,7 @@ void run(const Tensor& x, const Tensor& w, const Tensor& targets, const LinearCr
     if (!a.compute_grad) continue;
     Tensor dxc = dx->rows(r0, r0 + rows);
     linear_backward_input(lc, w, dxc, stream, 0.0f);
-    linear_backward_weight(lc, xc, *dw, stream, 1.0f);
+    if (dw) linear_backward_weight(lc, xc, *dw, stream, 1.0f);
   }
   launch_kernel(loss_reduce_kernel<I>, 1, 1024, 0, stream, row_loss.data_as<float>(), y, T_, V,
       loss_sum.data_as<float>(), count.data_as<int32_t>());
@@ -205,9 +205,9 @@ void linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& target
   check_tensor(count, op, dev, DType::I32, 1);
   MT_CUDA_REQUIRE(args.chunk_rows > 0, std::string(op) + ": chunk_rows must be positive");
   if (args.compute_grad) {
-    MT_CUDA_REQUIRE(dx && dw, std::string(op) + ": compute_grad needs dx and dw");
+    MT_CUDA_REQUIRE(dx, std::string(op) + ": compute_grad needs dx");
     check_tensor(*dx, op, dev, x.dtype(), T * H);
-    check_tensor(*dw, op, dev, DType::F32, V * H);
+    if (dw) check_tensor(*dw, op, dev, DType::F32, V * H);
   }
   const bool i64 = targets.dtype() == DType::I64;
   if (x.dtype() == DType::BF16) {

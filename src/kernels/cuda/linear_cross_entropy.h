@@ -20,7 +20,8 @@ struct LinearCrossEntropyArgs {
 // x [T, H] (BF16|F32), w [V, H] same dtype, targets I64|I32 [T] (already shifted; −100 ignored; values
 // outside [0, V) are validated on the host by causal_lm_targets and are ignored here).
 // loss_sum F32 [1] and count I32 [1] are overwritten (Σ over valid rows in a fixed order; count of valid rows).
-// dx [T, H] (x's dtype) is overwritten and dw F32 [V, H] accumulated when compute_grad.
+// dx [T, H] (x's dtype) is overwritten and dw F32 [V, H] accumulated when compute_grad (dw null: a frozen head,
+// its gradient GEMM skipped).
 void linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, const LinearCrossEntropyArgs& args,
                           Tensor& loss_sum, Tensor& count, Tensor* dx, Tensor* dw, cudaStream_t stream);
 

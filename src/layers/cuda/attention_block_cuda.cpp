@@ -28,6 +28,26 @@ void project(const CudaBlockEnv& env, bool bias, const Tensor& x, const Tensor& 
     cuda::linear_forward(x, w, y, env.stream);
 }
 
+// y (the projection's base output) += the slot's adapter, if any; returns its u (undefined without one).
+Tensor adapt(const CudaBlockEnv& env, int slot, const Tensor& x, Tensor& y) {
+  const cuda::LoraOperands l = env.lora(slot);
+  return l.on() ? cuda::lora_forward(x, l, y, env.stream) : Tensor();
+}
+
+// dx += the slot's adapter's input gradient (and its A/B gradients), if it has one.
+void adapt_backward(const CudaBlockEnv& env, int slot, const Tensor& dy, const Tensor& x, const Tensor& u, Tensor& dx) {
+  const cuda::LoraOperands l = env.lora(slot);
+  if (l.on()) cuda::lora_backward(dy, x, u, l, dx, env.dlora(slot), env.stream);
+}
+
+// A frozen parameter's gradient slot: a scratch buffer for the fused kernels that always add one (the norms' dw
+// sums come out of the same pass as dx), discarded.
+Tensor& grad_or_scratch(const CudaBlockEnv& env, Tensor& g, const Tensor& like, Tensor& scratch) {
+  if (g.defined()) return g;
+  scratch = Tensor::empty(like.shape(), DType::F32, env.dev());
+  return scratch;
+}
+
 // The sink logits as the flash kernels take them (F32 [heads]; the parameter is BF16), or none.
 Tensor sinks_f32(const CudaBlockEnv& env, const AttentionSpec& spec, const LayerWeights& w) {
   if (!spec.sinks) return Tensor();
@@ -62,6 +82,9 @@ Tensor attention_block_forward_cuda(const CudaBlockEnv& env, const AttentionSpec
   project(env, spec.qkv_bias, a, w.q_proj, w.q_bias, acts.q);
   project(env, spec.qkv_bias, a, w.k_proj, w.k_bias, acts.k);
   project(env, spec.qkv_bias, a, w.v_proj, w.v_bias, acts.v);
+  acts.uq = adapt(env, WeightSlot::q_proj, a, acts.q);
+  acts.uk = adapt(env, WeightSlot::k_proj, a, acts.k);
+  acts.uv = adapt(env, WeightSlot::v_proj, a, acts.v);
   acts.qr = norm_rope(env, spec, acts.q, w.q_norm, Hq);
   acts.kr = norm_rope(env, spec, acts.k, w.k_norm, Hkv);
   acts.o = env.bf16({T, Hq * D});
@@ -70,6 +93,7 @@ Tensor attention_block_forward_cuda(const CudaBlockEnv& env, const AttentionSpec
                                 env.stream, sinks_f32(env, spec, w));
   Tensor y = env.bf16({T, env.cfg->hidden_size});
   project(env, spec.o_bias, acts.o, w.o_proj, w.o_bias, y);
+  acts.uo = adapt(env, WeightSlot::o_proj, acts.o, y);
   return y;
 }
 
@@ -98,8 +122,9 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const AttentionSpe
   env.phase(cuda::Phase::attention);
   Tensor d_o = env.bf16({T, Hq * D});
   cuda::linear_backward_input(dy, w.o_proj, d_o, env.stream);
-  cuda::linear_backward_weight(dy, acts.o, g.o_proj, env.stream);
-  if (spec.o_bias) cuda::bias_backward(dy, g.o_bias, env.stream);
+  if (g.o_proj.defined()) cuda::linear_backward_weight(dy, acts.o, g.o_proj, env.stream);
+  if (spec.o_bias && g.o_bias.defined()) cuda::bias_backward(dy, g.o_bias, env.stream);
+  adapt_backward(env, WeightSlot::o_proj, dy, acts.o, acts.uo, d_o);
 
   Tensor dqr, dkr, dv;
   // The Hopper kernel's fp32 dQ, read by the QK-norm + RoPE backward directly (without the QK-norm, RoPE's backward
@@ -108,8 +133,11 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const AttentionSpe
   cuda::flash_attention_backward(flash_shape(env, spec), d_o, acts.qr, acts.kr, acts.v, acts.o, acts.lse,
                                  env.batch->docs, dqr, dkr, dv, env.stream, spec.qk_norm ? &dq_sums : nullptr,
                                  env.deterministic ? cuda::FlashBwdMode::deterministic : cuda::FlashBwdMode::fast,
-                                 sinks_f32(env, spec, w), spec.sinks ? &g.sinks : nullptr);
+                                 sinks_f32(env, spec, w), spec.sinks && g.sinks.defined() ? &g.sinks : nullptr);
   d_o = Tensor();
+  Tensor scratch_q, scratch_k;  // the QK-norm weights' discarded gradients when they are frozen
+  Tensor& dq_norm = spec.qk_norm ? grad_or_scratch(env, g.q_norm, w.q_norm, scratch_q) : g.q_norm;
+  Tensor& dk_norm = spec.qk_norm ? grad_or_scratch(env, g.k_norm, w.k_norm, scratch_k) : g.k_norm;
 
   // Through RoPE (the rotation's transpose) and the QK-norm where there is one, back to the projections.
   auto unrope_unnorm = [&](Tensor& dr, const Tensor& pre_norm, const Tensor& norm_w, Tensor& dnorm_w, int64_t heads) {
@@ -127,20 +155,25 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const AttentionSpe
     dq = env.bf16({T, Hq * D});
     Tensor dq_rows = dq.view({T * Hq, D});
     cuda::rmsnorm_rope_backward_from_flash_dq(dq_sums, acts.q.view({T * Hq, D}), w.q_norm, env.eps(),
-                                              rope.cos, rope.sin, dq_rows, g.q_norm, env.stream);
+                                              rope.cos, rope.sin, dq_rows, dq_norm, env.stream);
     dq_sums = {};
   } else {
-    dq = unrope_unnorm(dqr, acts.q, w.q_norm, g.q_norm, Hq);
+    dq = unrope_unnorm(dqr, acts.q, w.q_norm, dq_norm, Hq);
   }
   dqr = Tensor();
-  Tensor dk = unrope_unnorm(dkr, acts.k, w.k_norm, g.k_norm, Hkv);
+  Tensor dk = unrope_unnorm(dkr, acts.k, w.k_norm, dk_norm, Hkv);
   dkr = Tensor();
 
   Tensor da = env.bf16({T, env.cfg->hidden_size});
   cuda::linear_backward_input(dq, w.q_proj, da, env.stream, 0.0f);
   cuda::linear_backward_input(dk, w.k_proj, da, env.stream, 1.0f);
   cuda::linear_backward_input(dv, w.v_proj, da, env.stream, 1.0f);
-  AttentionWgradsCuda wg{acts.a, dq, dk, dv, spec.qkv_bias};
+  adapt_backward(env, WeightSlot::q_proj, dq, acts.a, acts.uq, da);
+  adapt_backward(env, WeightSlot::k_proj, dk, acts.a, acts.uk, da);
+  adapt_backward(env, WeightSlot::v_proj, dv, acts.a, acts.uv, da);
+  // A frozen projection's output gradient is not kept for a weight gradient.
+  AttentionWgradsCuda wg{acts.a, g.q_proj.defined() ? dq : Tensor(), g.k_proj.defined() ? dk : Tensor(),
+                         g.v_proj.defined() ? dv : Tensor(), spec.qkv_bias};
   if (deferred)
     *deferred = std::move(wg);
   else
@@ -150,13 +183,14 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const AttentionSpe
 
 void attention_block_wgrads_cuda(const CudaBlockEnv& env, AttentionWgradsCuda& d, LayerWeights& g) {
   env.phase(cuda::Phase::attention);
-  cuda::linear_backward_weight(d.dq, d.a, g.q_proj, env.stream);
-  cuda::linear_backward_weight(d.dk, d.a, g.k_proj, env.stream);
-  cuda::linear_backward_weight(d.dv, d.a, g.v_proj, env.stream);
+  if (d.dq.defined()) cuda::linear_backward_weight(d.dq, d.a, g.q_proj, env.stream);
+  if (d.dk.defined()) cuda::linear_backward_weight(d.dk, d.a, g.k_proj, env.stream);
+  if (d.dv.defined()) cuda::linear_backward_weight(d.dv, d.a, g.v_proj, env.stream);
   if (d.bias) {
-    cuda::bias_backward(d.dq, g.q_bias, env.stream);
-    cuda::bias_backward(d.dk, g.k_bias, env.stream);
-    cuda::bias_backward(d.dv, g.v_bias, env.stream);
+    // The biases train with their projections or not at all (lora_base_grads leaves both undefined).
+    if (d.dq.defined() && g.q_bias.defined()) cuda::bias_backward(d.dq, g.q_bias, env.stream);
+    if (d.dk.defined() && g.k_bias.defined()) cuda::bias_backward(d.dk, g.k_bias, env.stream);
+    if (d.dv.defined() && g.v_bias.defined()) cuda::bias_backward(d.dv, g.v_bias, env.stream);
   }
   d = {};
 }

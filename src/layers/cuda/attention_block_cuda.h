@@ -19,6 +19,8 @@ struct AttentionActsCuda {
   Tensor v;       // [T, Hkv·D]
   Tensor o;       // [T, Hq·D] attention output
   Tensor lse;     // F32 [Hq, T]
+  // LoRA (env.lora): each adapted projection's u = bf16(input·A'ᵀ), BF16 [T, r], kept for its backward.
+  Tensor uq, uk, uv, uo;
 };
 
 // a (the normalised input, kept in acts) -> y BF16 [T, H], before the residual add.
@@ -31,12 +33,13 @@ void attention_acts_restore(const CudaBlockEnv& env, const AttentionSpec& spec, 
                             const Tensor& x, AttentionActsCuda& acts);
 // The q/k/v projections' weight gradients, held back by attention_block_backward_cuda.
 struct AttentionWgradsCuda {
-  Tensor a, dq, dk, dv;
+  Tensor a, dq, dk, dv;  // dq/dk/dv undefined: that projection is frozen
   bool bias = false;  // the projections have biases: their gradients too
 };
 
 // dy BF16 [T, H] (gradient of y) -> da BF16 [T, H] (gradient of the normalised input a); parameter
-// gradients (F32) are added into g (q/k/v/o projections and biases, q/k norms, sinks). The input norm's backward is the
+// gradients (F32) are added into g (q/k/v/o projections and biases, q/k norms, sinks); an undefined one is a
+// frozen parameter (LoRA) and is not computed. The adapters' gradients go to env.dlora. The input norm's backward is the
 // caller's (it fuses the residual gradient). With `deferred`, the q/k/v weight gradients (da does not
 // need them) are left for attention_block_wgrads_cuda, so the caller can queue work that waits for da
 // first (the next expert-parallel exchange) and run them under it.

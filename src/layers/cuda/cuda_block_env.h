@@ -3,8 +3,10 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/lora.h"
 #include "kernels/cuda/phase_timer.h"
 #include "models/cuda/cuda_batch.h"
+#include "models/lora_adapter.h"
 #include "models/spec/decoder_spec.h"
 
 namespace mt {
@@ -23,6 +25,10 @@ struct CudaBlockEnv {
   // count, CudaBatch::uniform_across_ranks); else the per-slot all_to_all, which takes any count.
   bool ep_gather = true;
   bool deterministic = false;  // CudaModelOptions::deterministic
+  // This layer's LoRA adapter (models/cuda/cuda_lora.h): its bf16 working copies (B' = bf16(s·B)) and, in a
+  // backward, its fp32 gradients. Null: no adapter (or no gradients wanted).
+  const LayerLora* lora_layer = nullptr;
+  LayerLora* dlora_layer = nullptr;
 
   int64_t tokens() const { return batch->tokens(); }
   float eps() const { return static_cast<float>(cfg->norm_eps); }
@@ -31,6 +37,17 @@ struct CudaBlockEnv {
   Device dev() const { return Device::cuda(device); }
   Tensor bf16(const Shape& s) const { return Tensor::empty(s, DType::BF16, dev()); }
   void phase(cuda::Phase p) const { timer->mark(p, stream); }
+  // The adapter on weight slot `slot` (WeightSlot) of this layer: off when there is none.
+  cuda::LoraOperands lora(int slot) const {
+    const LoraPair* p = lora_layer ? lora_layer->at(slot) : nullptr;
+    if (!p || !p->on()) return {};
+    return {&p->a, &p->b, lora_layer->scale};
+  }
+  cuda::LoraGrads dlora(int slot) const {
+    LoraPair* p = dlora_layer ? dlora_layer->at(slot) : nullptr;
+    if (!p || !p->on()) return {};
+    return {&p->a, &p->b};
+  }
 };
 
 }  // namespace mt

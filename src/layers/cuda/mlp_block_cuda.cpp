@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/lora.h"
 #include "kernels/cuda/swiglu.h"
 
 namespace mt {
@@ -18,6 +19,11 @@ void check_weights(const MlpDimsCuda& s, const MlpWeightsCuda& w) {
            "mlp block: expected BF16 gate, up {} and down {}, found {}, {}, {}", shape_str(fh), shape_str(hf),
            w.gate.desc(), w.up.desc(), w.down.desc());
 }
+
+// A gradient shaped like its weight, or undefined (frozen).
+bool grad_ok(const Tensor& g, const Shape& s) { return !g.defined() || (g.shape() == s && g.dtype() == DType::F32); }
+
+int gate_or_up_slot(int which) { return which == 0 ? WeightSlot::mlp_gate : WeightSlot::mlp_up; }
 
 // The gate half (column 0) or the up half (column F) of a row-major [T, 2F] buffer.
 void* half(const Tensor& gu, int64_t F, int which) {
@@ -41,11 +47,16 @@ Tensor mlp_block_forward_cuda(const CudaBlockEnv& env, const MlpDimsCuda& spec, 
     const Tensor& wt = which == 0 ? w.gate : w.up;
     cuda::gemm(env.device, env.stream, T, F, H, 1.0f, {n.data(), DType::BF16, H, false},
                {wt.data(), DType::BF16, H, true}, 0.0f, half(acts.gu, F, which), DType::BF16, 2 * F);
+    if (const cuda::LoraOperands l = env.lora(gate_or_up_slot(which)); l.on())
+      (which == 0 ? acts.u_gate : acts.u_up) =
+          cuda::lora_forward_strided(env.device, env.stream, T, n.data(), H, l, half(acts.gu, F, which), 2 * F);
   }
   acts.h = env.bf16({T, F});
   cuda::swiglu_forward(acts.gu, nullptr, acts.h, env.stream);
   Tensor y = env.bf16({T, H});
   cuda::linear_forward(acts.h, w.down, y, env.stream);
+  if (const cuda::LoraOperands l = env.lora(WeightSlot::mlp_down); l.on())
+    acts.u_down = cuda::lora_forward(acts.h, l, y, env.stream);
   return y;
 }
 
@@ -72,16 +83,17 @@ Tensor mlp_block_backward_cuda(const CudaBlockEnv& env, const MlpDimsCuda& spec,
   MT_CHECK(dy.ndim() == 2 && dy.dim(0) == T && dy.dim(1) == H && dy.dtype() == DType::BF16,
            "mlp block: output gradient BF16 [{}, {}], found {}", T, H, dy.desc());
   const Shape fh{F, H}, hf{H, F};
-  MT_CHECK(g.gate.shape() == fh && g.up.shape() == fh && g.down.shape() == hf && g.gate.dtype() == DType::F32 &&
-               g.up.dtype() == DType::F32 && g.down.dtype() == DType::F32,
-           "mlp block: expected F32 gradients {} and {}, found {}, {}, {}", shape_str(fh), shape_str(hf),
-           g.gate.desc(), g.up.desc(), g.down.desc());
+  MT_CHECK(grad_ok(g.gate, fh) && grad_ok(g.up, fh) && grad_ok(g.down, hf),
+           "mlp block: expected F32 gradients {} and {} (or none: frozen), found {}, {}, {}", shape_str(fh),
+           shape_str(hf), g.gate.desc(), g.up.desc(), g.down.desc());
   env.phase(cuda::Phase::mlp);
 
   // Down projection: dh = dy·W_down, dW_down += dyᵀ·h.
   Tensor dh = env.bf16({T, F});
   cuda::linear_backward_input(dy, w.down, dh, env.stream);
-  cuda::linear_backward_weight(dy, acts.h, g.down, env.stream);
+  if (g.down.defined()) cuda::linear_backward_weight(dy, acts.h, g.down, env.stream);
+  if (const cuda::LoraOperands l = env.lora(WeightSlot::mlp_down); l.on())
+    cuda::lora_backward(dy, acts.h, acts.u_down, l, dh, env.dlora(WeightSlot::mlp_down), env.stream);
   // SwiGLU: d(gate | up), fp32 math rounded once to bf16.
   Tensor dgu = env.bf16({T, 2 * F});
   cuda::swiglu_backward(dh, acts.gu, nullptr, dgu, nullptr, env.stream);
@@ -94,8 +106,13 @@ Tensor mlp_block_backward_cuda(const CudaBlockEnv& env, const MlpDimsCuda& spec,
     const void* d = half(dgu, F, which);
     cuda::gemm(env.device, env.stream, T, H, F, 1.0f, {d, DType::BF16, 2 * F, false}, {wt.data(), DType::BF16, H, false},
                which == 0 ? 0.0f : 1.0f, dn.data(), DType::BF16, H);
-    cuda::gemm(env.device, env.stream, F, H, T, 1.0f, {d, DType::BF16, 2 * F, true},
-               {acts.n.data(), DType::BF16, H, false}, 1.0f, dw.data(), DType::F32, H);
+    if (dw.defined())
+      cuda::gemm(env.device, env.stream, F, H, T, 1.0f, {d, DType::BF16, 2 * F, true},
+                 {acts.n.data(), DType::BF16, H, false}, 1.0f, dw.data(), DType::F32, H);
+    if (const cuda::LoraOperands l = env.lora(gate_or_up_slot(which)); l.on())
+      cuda::lora_backward_strided(env.device, env.stream, T, d, 2 * F, acts.n.data(), H,
+                                  which == 0 ? acts.u_gate : acts.u_up, l, dn.data(), H,
+                                  env.dlora(gate_or_up_slot(which)));
   }
   return dn;
 }

@@ -34,6 +34,7 @@ struct MlpWeightsCuda {
 
 // F32 gradients on the device, shaped like the weights; the backward adds into them (beta 1), like every
 // other block's parameter gradients, so micro-batches accumulate. (A const MlpGradsCuda still writes them.)
+// An undefined one is a frozen weight (LoRA): its GEMM is skipped.
 struct MlpGradsCuda {
   Tensor& gate;
   Tensor& up;
@@ -44,6 +45,8 @@ struct MlpActsCuda {
   Tensor n;   // [T, H]  block input (normalised)
   Tensor gu;  // [T, 2F] gate | up GEMM outputs
   Tensor h;   // [T, F]  activation output, the down GEMM's input
+  // LoRA (env.lora on mlp_gate / mlp_up / mlp_down): each adapter's u = bf16(input·A'ᵀ) [T, r], kept.
+  Tensor u_gate, u_up, u_down;
 };
 
 // n BF16 [T, H] (kept in acts) -> y BF16 [T, H]. T may be 0.

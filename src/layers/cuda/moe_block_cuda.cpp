@@ -7,6 +7,7 @@
 #include "kernels/cuda/ep_row_watch.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/lora.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/swiglu.h"
 #include "kernels/cuda/swiglu_oai.h"
@@ -103,11 +104,16 @@ Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, cons
   env.phase(cuda::Phase::experts);
   acts.gu = env.bf16({N, 2 * I});
   cuda::grouped_gemm_forward(acts.xg, w.experts_gate_up, acts.expert_offsets, acts.gu, env.stream);
+  // The adapters join each GEMM's output before its bias (PEFT adapts the weight; the bias stays as it is).
+  if (const cuda::LoraOperands l = env.lora(WeightSlot::experts_gate_up); l.on())
+    acts.u_gate_up = cuda::lora_grouped_forward(acts.xg, acts.expert_offsets, l, acts.gu, env.stream);
   if (spec.expert.bias) cuda::grouped_bias_add(acts.gu, w.experts_gate_up_bias, acts.expert_offsets, env.stream);
   acts.h = env.bf16({N, I});
   activation_forward(spec, acts.gu, acts.h, env.stream);
   acts.yd = env.bf16({N, H});
   cuda::grouped_gemm_forward(acts.h, w.experts_down, acts.expert_offsets, acts.yd, env.stream);
+  if (const cuda::LoraOperands l = env.lora(WeightSlot::experts_down); l.on())
+    acts.u_down = cuda::lora_grouped_forward(acts.h, acts.expert_offsets, l, acts.yd, env.stream);
   if (spec.expert.bias) cuda::grouped_bias_add(acts.yd, w.experts_down_bias, acts.expert_offsets, env.stream);
   if (ep_gathers(env)) {
     env.phase(cuda::Phase::dispatch);
@@ -160,7 +166,11 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, con
                                const MoeActsCuda& acts, const Tensor& dout, const Tensor& aux_dp, LayerWeights& g,
                                ExpertWgradPasses& passes, int64_t layer, EpPending* prefetched) {
   auto wgrad = [&](ExpertWgradPasses::Which which, const Tensor& dy, const Tensor& x, Tensor& dw) {
-    passes.add(layer, which, dy, x, acts.expert_offsets, dw, env.stream);
+    if (dw.defined()) passes.add(layer, which, dy, x, acts.expert_offsets, dw, env.stream);  // else frozen
+  };
+  auto adapter_backward = [&](int slot, const Tensor& dy, const Tensor& x, const Tensor& u, Tensor& dx) {
+    if (const cuda::LoraOperands l = env.lora(slot); l.on())
+      cuda::lora_grouped_backward(dy, x, u, acts.expert_offsets, l, dx, env.dlora(slot), env.stream);
   };
   const int64_t T = env.tokens(), H = env.cfg->hidden_size, E = spec.num_experts, K = spec.experts_per_token,
                 I = spec.expert.intermediate_size;
@@ -197,15 +207,19 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, con
   env.phase(cuda::Phase::experts);
   Tensor dh = env.bf16({N, I});
   cuda::grouped_gemm_dgrad(dyd, w.experts_down, acts.expert_offsets, dh, env.stream);
+  adapter_backward(WeightSlot::experts_down, dyd, acts.h, acts.u_down, dh);
   wgrad(ExpertWgradPasses::down, dyd, acts.h, g.experts_down);
-  if (spec.expert.bias) cuda::grouped_bias_backward(dyd, acts.expert_offsets, g.experts_down_bias, env.stream);
+  if (spec.expert.bias && g.experts_down_bias.defined())
+    cuda::grouped_bias_backward(dyd, acts.expert_offsets, g.experts_down_bias, env.stream);
   dyd = Tensor();
   Tensor dgu = env.bf16({N, 2 * I});
   activation_backward(spec, dh, acts.gu, dgu, env.stream);
-  if (spec.expert.bias) cuda::grouped_bias_backward(dgu, acts.expert_offsets, g.experts_gate_up_bias, env.stream);
+  if (spec.expert.bias && g.experts_gate_up_bias.defined())
+    cuda::grouped_bias_backward(dgu, acts.expert_offsets, g.experts_gate_up_bias, env.stream);
   dh = Tensor();
   Tensor dxg = env.bf16({N, H});
   cuda::grouped_gemm_dgrad(dgu, w.experts_gate_up, acts.expert_offsets, dxg, env.stream);
+  adapter_backward(WeightSlot::experts_gate_up, dgu, acts.xg, acts.u_gate_up, dxg);
   Tensor dn;
   if (gathers) {
     // The input gradients' partial sums go back to their ranks on the side stream, under the wgrad.
@@ -244,9 +258,9 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, con
   else
     cuda::router_backward(dweights, acts.logits, acts.route, spec.router.norm_topk_prob, aux_dp, /*bf16=*/true,
                           dlogits, env.stream);
-  if (spec.router.linear_bias) cuda::bias_backward(dlogits, g.router_bias, env.stream);
+  if (spec.router.linear_bias && g.router_bias.defined()) cuda::bias_backward(dlogits, g.router_bias, env.stream);
   cuda::linear_backward_input(dlogits, w.router, dn, env.stream, 1.0f);
-  cuda::linear_backward_weight(dlogits, acts.n, g.router, env.stream);
+  if (g.router.defined()) cuda::linear_backward_weight(dlogits, acts.n, g.router, env.stream);
   return dn;
 }
 

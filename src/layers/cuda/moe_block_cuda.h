@@ -33,6 +33,8 @@ struct MoeActsCuda {
   Tensor yd;                 // [T·k, H] expert outputs before the routing weights, in plan order
   Tensor expert_offsets;     // I32: the grouped GEMMs' offsets (plan.offsets, or the EP layout's local ones)
   EpDispatch ep;             // under EP: this micro-batch's row counts per group rank
+  // LoRA on the expert stacks (env.lora): each adapter's u = bf16(input_e·A'_eᵀ), BF16 [N, r], kept.
+  Tensor u_gate_up, u_down;
 };
 
 // n -> out BF16 [T, H]. stats: this layer's aux statistics are added (null: none, e.g. a recompute).
@@ -44,7 +46,8 @@ void moe_acts_restore(const CudaBlockEnv& env, const MoeSpec& spec, const LayerW
                       MoeActsCuda& acts);
 // dout BF16 [T, H] -> dn BF16 [T, H] (gradient of the normalised input). aux_dp (F32 [E] or undefined):
 // the aux-loss gradient w.r.t. the router probabilities. Parameter gradients are added into g; the
-// expert weights' go through `passes` (layer `layer`: pairing, first-pass overwrite).
+// expert weights' go through `passes` (layer `layer`: pairing, first-pass overwrite). An undefined gradient is
+// a frozen parameter (LoRA): not computed. The expert adapters' gradients go to env.dlora.
 // dout_all (all_gather EP, optional): dout's all-gather already started (ep_all_gather_async); it is
 // joined here instead of gathering again.
 Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, const LayerWeights& w,

@@ -58,6 +58,24 @@ const Tensor& norm_entering(const DecoderSpec& c, const ModelWeights& w, int64_t
                             : w.final_norm;
 }
 
+// The env of layer l: the model's env with the layer index and that layer's adapter (working copies, and in a
+// backward its gradients).
+CudaBlockEnv layer_env(const CudaBlockEnv& env, int64_t l, const LoraWeights* lora, LoraWeights* dlora) {
+  CudaBlockEnv e = env;
+  e.layer = l;
+  e.lora_layer = lora ? &lora->layers[static_cast<size_t>(l)] : nullptr;
+  e.dlora_layer = dlora ? &dlora->layers[static_cast<size_t>(l)] : nullptr;
+  return e;
+}
+
+// A gradient to pass to a kernel that always adds one (the norms' dw comes out of the same fused pass as dx): the
+// parameter's, or for a frozen one (undefined: LoRA) a scratch buffer whose sums are discarded.
+Tensor& grad_or_scratch(Tensor& g, const Tensor& param, Tensor& scratch) {
+  if (g.defined()) return g;
+  scratch = Tensor::empty(param.shape(), DType::F32, param.device());
+  return scratch;
+}
+
 // ---- The dense MLP sublayer: the shared MLP block, given its dims and weights ----
 MlpDimsCuda mlp_dims(const DecoderSpec& c, const Sublayer& s) {
   const MlpSpec& m = c.mlp[static_cast<size_t>(s.index)];
@@ -175,7 +193,7 @@ struct StreamEnd {
 // computes; the end of layer l reads layer l + 1's first norm, so both are here there. The head's group
 // stays fetched (the caller releases it).
 StreamEnd run_layers(const CudaBlockEnv& env, const ModelWeights& w, const CudaBatch& b, cuda::AuxStats* stats,
-                     std::vector<LayerActs>* keep, Recompute rc, const Params& params) {
+                     std::vector<LayerActs>* keep, Recompute rc, const Params& params, const LoraWeights* lora) {
   const DecoderSpec& c = *env.cfg;
   const int64_t T = b.tokens(), H = c.hidden_size, nl = c.num_layers();
   const int64_t head = ParamResidency::head(nl);
@@ -191,8 +209,7 @@ StreamEnd run_layers(const CudaBlockEnv& env, const ModelWeights& w, const CudaB
   for (int64_t l = 0; l < nl; ++l) {
     LayerActs local;
     LayerActs& acts = keep ? (*keep)[l] : local;
-    CudaBlockEnv lenv = env;
-    lenv.layer = l;
+    const CudaBlockEnv lenv = layer_env(env, l, lora, nullptr);
     params.prefetch(l + 1);
     Tensor y = layer_forward(lenv, w.layers[l], x, a, stats, acts);
     env.phase(Phase::other);
@@ -208,19 +225,39 @@ StreamEnd run_layers(const CudaBlockEnv& env, const ModelWeights& w, const CudaB
   return {x, a};
 }
 
-// Gradients: shaped like the parameters, on the device, F32 (the stacked expert weights may be BF16).
-void check_grads(const ModelWeights& w, const ModelWeights& g, int device) {
+// Gradients: shaped like the parameters, on the device, F32 (the stacked expert weights may be BF16). frozen_allowed:
+// an undefined one is a frozen parameter's (LoRA).
+void check_grads(const ModelWeights& w, const ModelWeights& g, int device, bool frozen_allowed) {
   auto wp = w.named_parameters();
   auto gp = g.named_parameters();
   MT_CHECK(wp.size() == gp.size() && g.layers.size() == w.layers.size(), "gradients: {} tensors for {} parameters",
            gp.size(), wp.size());
   for (size_t i = 0; i < wp.size(); ++i) {
     const Tensor& t = *gp[i].second;
+    if (frozen_allowed && !t.defined()) continue;
     const bool expert = w.param_table().is_expert_stack(gp[i].first);
     MT_CHECK(t.defined() && t.device() == Device::cuda(device) && t.shape() == wp[i].second->shape() &&
                  (t.dtype() == DType::F32 || (expert && t.dtype() == DType::BF16)),
              "gradient {}: expected F32{} {} on cuda:{}, found {}", gp[i].first, expert ? " or BF16" : "",
              shape_str(wp[i].second->shape()), device, t.defined() ? t.desc() + " on " + t.device().str() : "none");
+  }
+}
+
+// A LoRA adapter's tensors on cuda:device: one per table entry, of its shape and dtype `dt`; an expert stack's r a
+// multiple of 8 (the grouped GEMMs' rows).
+void check_cuda_lora(const DecoderSpec& c, const LoraWeights& l, const char* what, DType dt, int device) {
+  if (!l.table) fail("LoRA {}s without a table", what);
+  if (static_cast<int64_t>(l.layers.size()) != c.num_layers())
+    fail("LoRA {}s have {} layers, config num_hidden_layers is {}", what, l.layers.size(), c.num_layers());
+  for (const LoraEntry& e : l.table->entries) {
+    const Tensor& t = l.slot(e);
+    if (!t.defined() || t.dtype() != dt || t.device() != Device::cuda(device) || t.shape() != e.shape)
+      fail("LoRA {} {}: expected {}{} on cuda:{}, found {}", what, e.name, dtype_safetensors_name(dt),
+           shape_str(e.shape), device, t.defined() ? t.desc() + " on " + t.device().str() : "none");
+    if (e.role == ParamRole::expert_stack && l.table->config.r % 8 != 0)
+      fail("peft.r: {} on expert stacks must be a multiple of 8 on the GPU (the grouped GEMMs' 16-byte rows); "
+           "use 8, 16, 32, ...",
+           l.table->config.r);
   }
 }
 
@@ -299,6 +336,11 @@ DecoderCudaModel::DecoderCudaModel(const DecoderSpec& cfg, ModelWeights& weights
   if (const std::string why = cuda_model_unsupported_reason(cfg_); !why.empty())
     fail("config: {} — train this model with train.device: cpu", why);
   weights_check(cfg_, w_, "parameter", DType::BF16, Device::cuda(device_), experts_held());
+  if (opts_.lora) {
+    if (opts_.expert_parallel || opts_.residency)
+      fail("LoRA: expert parallelism and sharded parameters are not supported with an adapter");
+    check_cuda_lora(cfg_, *opts_.lora, "working copy", DType::BF16, device_);
+  }
   aux_on_ = config_adds_aux(cfg_);
   MT_CHECK(opts_.loss_chunk_rows > 0, "loss_chunk_rows must be positive, found {}", opts_.loss_chunk_rows);
   wgrad_passes_.resize(cfg_.num_layers());
@@ -324,7 +366,8 @@ CudaLoss DecoderCudaModel::forward(const CudaBatch& b) {
   if (aux_on_) stats = cuda::aux_stats_zeros(cfg_.num_experts(), device_, ctx.stream);
 
   const Params params{opts_.residency};
-  const Tensor xf = run_layers(env, w_, b, aux_on_ ? &stats : nullptr, nullptr, Recompute::none, params).xf;
+  const Tensor xf =
+      run_layers(env, w_, b, aux_on_ ? &stats : nullptr, nullptr, Recompute::none, params, opts_.lora).xf;
   CudaLoss loss;
   loss.ce_sum = Tensor::empty({1}, DType::F32, env.dev());
   loss.count = Tensor::empty({1}, DType::I32, env.dev());
@@ -356,7 +399,7 @@ DecoderCudaModel::Trace DecoderCudaModel::forward_trace(const CudaBatch& b) {
   const Params params{opts_.residency};
   std::vector<LayerActs> acts(cfg_.num_layers());
   Trace t;
-  t.final_hidden = run_layers(env, w_, b, nullptr, &acts, Recompute::none, params).xf;
+  t.final_hidden = run_layers(env, w_, b, nullptr, &acts, Recompute::none, params, opts_.lora).xf;
   params.release(ParamResidency::head(cfg_.num_layers()), false);
   for (int64_t l = 0; l < cfg_.num_layers(); ++l) {
     Tensor route;  // undefined for a layer without MoE
@@ -370,9 +413,25 @@ DecoderCudaModel::Trace DecoderCudaModel::forward_trace(const CudaBatch& b) {
 }
 
 CudaLoss DecoderCudaModel::forward_backward(const CudaBatch& b, ModelWeights& grads, double ce_divisor) {
+  if (opts_.lora) fail("forward_backward: the model has a LoRA adapter; pass its gradient buffers");
+  return forward_backward_impl(b, grads, nullptr, ce_divisor);
+}
+
+CudaLoss DecoderCudaModel::forward_backward(const CudaBatch& b, ModelWeights& grads, LoraWeights& lora_grads,
+                                            double ce_divisor) {
+  if (!opts_.lora) fail("forward_backward: LoRA gradient buffers given to a model without an adapter");
+  check_cuda_lora(cfg_, lora_grads, "gradient", DType::F32, device_);
+  if (lora_grads.table->entries.size() != opts_.lora->table->entries.size())
+    fail("LoRA gradients have {} tensors, the adapter {}", lora_grads.table->entries.size(),
+         opts_.lora->table->entries.size());
+  return forward_backward_impl(b, grads, &lora_grads, ce_divisor);
+}
+
+CudaLoss DecoderCudaModel::forward_backward_impl(const CudaBatch& b, ModelWeights& grads, LoraWeights* lora_grads,
+                                                 double ce_divisor) {
   MT_CHECK(b.targets.defined(), "batch: forward_backward needs labels");
   MT_CHECK(ce_divisor > 0, "ce_divisor must be positive, found {}", ce_divisor);
-  check_grads(w_, grads, device_);
+  check_grads(w_, grads, device_, lora_grads != nullptr);
   const cuda::DeviceContext& ctx = cuda::device_context(device_);
   CudaBlockEnv env{&cfg_, &b, device_, ctx.stream, &timer_, opts_.expert_parallel};
   env.ep_gather = b.uniform_across_ranks;
@@ -385,7 +444,7 @@ CudaLoss DecoderCudaModel::forward_backward(const CudaBatch& b, ModelWeights& gr
   // Forward, keeping what the recompute policy says.
   std::vector<LayerActs> acts(nl);
   const Params params{opts_.residency};
-  StreamEnd end = run_layers(env, w_, b, aux_on_ ? &stats : nullptr, &acts, rc, params);
+  StreamEnd end = run_layers(env, w_, b, aux_on_ ? &stats : nullptr, &acts, rc, params, opts_.lora);
   Tensor x_last = end.x, xf = end.xf;
   end = {};
 
@@ -400,11 +459,13 @@ CudaLoss DecoderCudaModel::forward_backward(const CudaBatch& b, ModelWeights& gr
   const Tensor& head = cfg_.tie_word_embeddings ? w_.embed : w_.lm_head;
   Tensor& dhead = cfg_.tie_word_embeddings ? grads.embed : grads.lm_head;
   Tensor dxf = env.bf16({T, H});
-  head_loss(env, xf, head, b, args, loss, &dxf, &dhead);
+  head_loss(env, xf, head, b, args, loss, &dxf, dhead.defined() ? &dhead : nullptr);  // undefined: frozen
   xf = Tensor();
   env.phase(Phase::other);
   Tensor dx = env.bf16({T, H});
-  cuda::rmsnorm_backward(dxf, x_last, w_.final_norm, env.eps(), dx, grads.final_norm, nullptr, ctx.stream);
+  Tensor scratch;
+  cuda::rmsnorm_backward(dxf, x_last, w_.final_norm, env.eps(), dx, grad_or_scratch(grads.final_norm, w_.final_norm, scratch),
+                         nullptr, ctx.stream);
   dxf = Tensor();
   x_last = Tensor();
   params.release(ParamResidency::head(nl), false);
@@ -425,8 +486,7 @@ CudaLoss DecoderCudaModel::forward_backward(const CudaBatch& b, ModelWeights& gr
     const auto& L = w_.layers[l];
     auto& G = grads.layers[l];
     LayerActs& A = acts[l];
-    CudaBlockEnv lenv = env;
-    lenv.layer = l;
+    const CudaBlockEnv lenv = layer_env(env, l, opts_.lora, lora_grads);
     const std::vector<Sublayer>& subs = sublayers_of(cfg_, l);
     if (rc == Recompute::full && dout_all.pending) ep_join(*env.ep, dout_all, ctx.stream);  // the recompute gathers too
     layer_restore(lenv, L, A, rc);
@@ -455,7 +515,8 @@ CudaLoss DecoderCudaModel::forward_backward(const CudaBatch& b, ModelWeights& gr
       }
       env.phase(Phase::other);
       Tensor dx_in = env.bf16({T, H});  // the gradient of the sublayer's input: its norm's plus the residual's
-      cuda::rmsnorm_backward(dn, S.x, norm_before(L, s), env.eps(), dx_in, norm_before(G, s), &dx, ctx.stream);
+      cuda::rmsnorm_backward(dn, S.x, norm_before(L, s), env.eps(), dx_in,
+                             grad_or_scratch(norm_before(G, s), norm_before(L, s), scratch), &dx, ctx.stream);
       dn = Tensor();
       dx = dx_in;
       dx_in = Tensor();
@@ -472,7 +533,8 @@ CudaLoss DecoderCudaModel::forward_backward(const CudaBatch& b, ModelWeights& gr
     A = {};
     params.release(l, false);
   }
-  cuda::embedding_backward(b.ids, dx, grads.embed, cfg_.padding_idx, ctx.stream);  // the pad row: no gradient
+  // The pad row: no gradient. A frozen embedding (LoRA): none at all.
+  if (grads.embed.defined()) cuda::embedding_backward(b.ids, dx, grads.embed, cfg_.padding_idx, ctx.stream);
   return loss;
 }
 

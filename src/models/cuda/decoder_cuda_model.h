@@ -24,6 +24,7 @@
 #include "models/cuda/cuda_batch.h"
 #include "models/param_residency.h"
 #include "models/spec/decoder_spec.h"
+#include "models/lora_adapter.h"
 #include "models/model_weights.h"
 #include "train/memory_plan.h"
 
@@ -53,6 +54,10 @@ struct CudaModelOptions {
   // Every reduction in a fixed order, so a run repeats bit for bit (train.deterministic): today that is
   // flash attention's backward (FlashBwdMode::deterministic); every other kernel already sums in a fixed order.
   bool deterministic = false;
+  // A LoRA adapter's bf16 working copies on the device (models/cuda/cuda_lora.h CudaLora::working(): A' = bf16(A),
+  // B' = bf16(s·B)), run at every adapted slot (kernels/cuda/lora.h). It must outlive the model. Not with expert
+  // parallelism or sharded parameters. Null: none.
+  const LoraWeights* lora = nullptr;
 };
 
 // Device scalars of one micro-batch; read them (cuda::to_host) after the step's sync.
@@ -83,6 +88,10 @@ class DecoderCudaModel {
   // Adds d(loss)/d(param) into grads (F32 on the device; the stacked expert weights' may be BF16). loss = ce_sum / ce_divisor +
   // router_aux_loss_coef · aux (when aux_enabled()). Needs targets.
   CudaLoss forward_backward(const CudaBatch& b, ModelWeights& grads, double ce_divisor);
+  // With the LoRA adapter of CudaModelOptions::lora: its gradients are added into lora_grads (F32 on the device,
+  // shaped like the adapter: CudaLora::zero_grads), and `grads` may leave parameters undefined: those are frozen,
+  // and their weight gradients are not computed (lora_base_grads; the input gradients still flow through them).
+  CudaLoss forward_backward(const CudaBatch& b, ModelWeights& grads, LoraWeights& lora_grads, double ce_divisor);
 
   // The next expert weight-gradient pass into `grad` (a stacked expert gradient of the tensors given to
   // forward_backward) stores instead of adding: the step marks them instead of zeroing them.
@@ -100,6 +109,7 @@ class DecoderCudaModel {
   cuda::PhaseTimer& timer() { return timer_; }
 
  private:
+  CudaLoss forward_backward_impl(const CudaBatch& b, ModelWeights& grads, LoraWeights* lora_grads, double ce_divisor);
   DecoderSpec cfg_;
   ModelWeights& w_;
   int device_ = 0;

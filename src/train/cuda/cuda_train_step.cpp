@@ -21,7 +21,22 @@ float host_scalar(const Tensor& t) { return cuda::to_host(t).to_floats()[0]; }
 CudaModelOptions model_options(CudaModelOptions o, const CudaTrainStepOptions& so) {
   o.pair_expert_wgrad = so.pair_expert_wgrad;
   o.expert_parallel = so.collectives.ep;
+  if (so.lora) o.lora = &so.lora->working();
   return o;
+}
+
+// What AdamW updates: every parameter without LoRA; under LoRA the base parameters that train in full (those with
+// a gradient buffer), then the adapter's fp32 masters in table order.
+std::vector<std::pair<std::string, Tensor*>> trained_parameters(ModelWeights& w, const ModelWeights& grads,
+                                                                CudaLora* lora) {
+  auto all = w.named_parameters();
+  if (!lora) return all;
+  std::vector<std::pair<std::string, Tensor*>> r;
+  const auto g = grads.named_parameters();
+  for (size_t i = 0; i < all.size(); ++i)
+    if (g[i].second->defined()) r.push_back(all[i]);
+  for (auto& p : lora->masters().named_parameters()) r.push_back(p);
+  return r;
 }
 
 // The offsets of the parameters this rank's AdamW keeps in the whole parameter list's element order (the
@@ -39,6 +54,13 @@ std::vector<int64_t> updated_offsets(ModelWeights& w, const OptimizerShards& sha
 
 }  // namespace
 
+ModelWeights cuda_lora_base_grads(const DecoderSpec& cfg, const LoraTable& table, int device) {
+  ModelWeights g = lora_base_grads(cfg, table);
+  for (auto& [name, t] : g.named_parameters())
+    if (t->defined()) *t = cuda::to_device(*t, device);
+  return g;
+}
+
 ModelWeights cuda_grad_buffers(const DecoderSpec& cfg, DType expert_dtype, int device, int64_t experts_held) {
   ModelWeights w = ModelWeights::empty_like_config(cfg, DType::F32, Device::cuda(device), experts_held);
   cuda::DeviceContext& ctx = cuda::device_context(device);
@@ -54,11 +76,19 @@ CudaTrainStep::CudaTrainStep(const DecoderSpec& cfg, ModelWeights& weights, int 
     : device_(device),
       col_(o.collectives),
       model_(cfg, weights, device, model_options(o.model, o)),
-      grads_(cuda_grad_buffers(cfg, o.expert_grad_dtype, device, model_.experts_held())),
+      lora_(o.lora),
+      grads_(o.lora ? cuda_lora_base_grads(cfg, *o.lora->masters().table, device)
+                    : cuda_grad_buffers(cfg, o.expert_grad_dtype, device, model_.experts_held())),
+      lora_grads_(o.lora ? o.lora->zero_grads() : LoraWeights()),
       shards_(o.shards),
       params_sharded_(o.params_sharded),
-      adamw_(o.shards.updated(weights.named_parameters()), o.adamw, o.decays, cuda::device_context(device).stream,
-             updated_offsets(weights, o.shards)) {
+      adamw_(o.lora ? trained_parameters(weights, grads_, o.lora) : o.shards.updated(weights.named_parameters()),
+             o.adamw, o.decays, cuda::device_context(device).stream,
+             o.lora ? std::vector<int64_t>() : updated_offsets(weights, o.shards)) {
+  MT_CHECK(!lora_ || (!col_.active() && !shards_.active() && !params_sharded_),
+           "LoRA on the GPU trains on one GPU (no data or expert parallelism, no sharding)");
+  MT_CHECK(!lora_ || lora_->device() == device, "LoRA adapter on cuda:{}, the step on cuda:{}", lora_ ? lora_->device() : 0,
+           device);
   MT_CHECK(!col_.ep || (col_.world && col_.host), "expert parallelism needs the world and host communicators");
   MT_CHECK(!shards_.active() || (col_.world && col_.world->size() == shards_.world()),
            "a sharded optimizer needs the world communicator of its {} ranks", shards_.world());
@@ -70,9 +100,15 @@ CudaTrainStep::CudaTrainStep(const DecoderSpec& cfg, ModelWeights& weights, int 
            "expert stacks sharded over {} replicas need the replica communicator with this rank at its position",
            shards_.replicas().size());
   for (auto& [name, g] : grads_.named_parameters()) {
-    if (shards_.updates(grad_list_.size())) updated_grads_.push_back(g);
+    if (!g->defined()) continue;  // frozen (LoRA)
+    if (lora_ || shards_.updates(grad_list_.size())) updated_grads_.push_back(g);
     grad_list_.push_back(g);
     is_expert_.push_back(grads_.param_table().is_expert_stack(name));
+  }
+  for (auto& [name, g] : lora_grads_.named_parameters()) {  // the adapter's, after the base's (AdamW's order)
+    updated_grads_.push_back(g);
+    grad_list_.push_back(g);
+    is_expert_.push_back(false);
   }
   for (auto& [name, t] : weights.named_parameters()) params_.push_back(t);
   norm_ = Tensor::empty({1}, DType::F32, Device::cuda(device));
@@ -93,6 +129,7 @@ EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_d
   if (s.finite) {
     adamw_.step(updated_grads_, lr, &coef_, stream);
     if (shards_.active()) broadcast_updates(stream);
+    if (lora_) lora_->refresh();  // the GEMMs' bf16 copies of the updated masters
   }
   model_.timer().mark(cuda::Phase::other, stream);
   return s;
@@ -112,13 +149,17 @@ EngineStep CudaTrainStep::run_window(const std::vector<CudaBatch>& window, doubl
     for (const Tensor* t : {&L.experts_gate_up, &L.experts_down})
       if (t->defined()) stored.push_back(t);
   for (auto& [name, g] : grads_.named_parameters()) {
+    if (!g->defined()) continue;  // frozen (LoRA)
     if (std::find(stored.begin(), stored.end(), g) != stored.end())
       model_.overwrite_expert_grad_next(*g);
     else
       cuda::fill_zero_async(*g, stream);
   }
+  for (auto& [name, g] : lora_grads_.named_parameters()) cuda::fill_zero_async(*g, stream);
   std::vector<CudaLoss> losses;
-  for (const CudaBatch& b : window) losses.push_back(model_.forward_backward(b, grads_, ce_divisor));
+  for (const CudaBatch& b : window)
+    losses.push_back(lora_ ? model_.forward_backward(b, grads_, lora_grads_, ce_divisor)
+                           : model_.forward_backward(b, grads_, ce_divisor));
   model_.flush_expert_grads();
   if (col_.active()) {
     timer.mark(cuda::Phase::grad_sync, stream);

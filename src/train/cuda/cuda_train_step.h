@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/adamw.h"
 #include "models/cuda/cuda_batch.h"
+#include "models/cuda/cuda_lora.h"
 #include "models/cuda/decoder_cuda_model.h"
 #include "train/memory_plan.h"
 #include "train/optimizer_shards.h"
@@ -55,6 +56,11 @@ struct CudaTrainStepOptions {
   // ZeRO-3 (train/sharded_params.h; model.residency fetches them): the sharded parameters live on their
   // owners only, so the updated ones are not broadcast (each is fetched at its next use).
   bool params_sharded = false;
+  // LoRA (models/cuda/cuda_lora.h; it must outlive the step): the base is frozen except the parameters its table
+  // trains in full (target `router`). Gradients exist only for the adapter and those; gradient norm, clipping and
+  // AdamW run over them alone (the adapter's fp32 masters updated in place, then its working copies refreshed);
+  // no frozen parameter gets a gradient buffer, moments or a master copy. One GPU only (no collectives).
+  CudaLora* lora = nullptr;
 };
 
 class CudaTrainStep {
@@ -87,7 +93,9 @@ class CudaTrainStep {
   int64_t steps_ = 0;  // steps taken here (named in collective errors)
   int64_t reruns_ = 0;
   DecoderCudaModel model_;
-  ModelWeights grads_;
+  CudaLora* lora_ = nullptr;
+  ModelWeights grads_;     // undefined for a frozen parameter (LoRA)
+  LoraWeights lora_grads_;  // the adapter's (LoRA), else empty
   std::vector<const Tensor*> grad_list_;
   std::vector<bool> is_expert_;  // per grad_list_ entry
   OptimizerShards shards_;
@@ -102,5 +110,8 @@ class CudaTrainStep {
 // weights, which get expert_dtype (and hold experts_held experts when >= 0).
 ModelWeights cuda_grad_buffers(const DecoderSpec& cfg, DType expert_dtype, int device,
                                   int64_t experts_held = -1);
+// The base's gradient buffers under LoRA: F32 zeros on cuda:device for the parameters `table` trains in full,
+// undefined (frozen: none computed) for every other one.
+ModelWeights cuda_lora_base_grads(const DecoderSpec& cfg, const LoraTable& table, int device);
 
 }  // namespace mt
