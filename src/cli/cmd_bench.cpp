@@ -10,6 +10,7 @@
 #include "io/atomic_file.h"
 #include "models/spec/config_writer.h"
 #include "models/decoder_costs.h"
+#include "models/lora_adapter.h"
 #include "models/presets.h"
 #include "models/spec/decoder_spec.h"
 #include "train/memory_plan.h"
@@ -30,7 +31,18 @@ struct BenchArgs {
   bool shard_parameters = false, balanced_router = false, deterministic = false;
   double prompt_fraction = 0.0;
   double device_gib = 133.9;  // an H200's cudaMemGetInfo total (143,771,566,080 bytes)
+  int64_t lora_r = 0;         // > 0: LoRA adapters of this rank on lora_targets, the base frozen
+  double lora_alpha = 0;      // 0: 2·r
+  std::vector<std::string> lora_targets;
 };
+
+// --lora-*: checked here (the family's target names are checked against the model by lora_table_of).
+void check_lora_args(const BenchArgs& a) {
+  if (a.lora_r < 0) fail("bench: --lora-r must be >= 1 (0: full fine-tuning), found {}", a.lora_r);
+  if (a.lora_r == 0 && (!a.lora_targets.empty() || a.lora_alpha != 0))
+    fail("bench: --lora-targets and --lora-alpha need --lora-r");
+  if (a.lora_alpha < 0) fail("bench: --lora-alpha must be > 0 (0: 2·r), found {}", a.lora_alpha);
+}
 
 // --plan-only: the memory plan one GPU of the run would print, without a GPU (a dry run for machines not at
 // hand, e.g. 8 ranks of a full-depth model). The bench's own precision settings; expert wgrads paired when
@@ -64,7 +76,18 @@ void run_plan_only(const BenchArgs& a) {
   in.ep_row_headroom = a.ep_row_headroom;
   in.device_bytes = static_cast<int64_t>(a.device_gib * static_cast<double>(int64_t{1} << 30));
   in.reserve_bytes = memory_plan_reserve_bytes(in.device_bytes);
-  in.pair_expert_wgrad = !a.no_pair_expert_wgrad && pairing_wanted(in, a.grad_accum);
+  check_lora_args(a);
+  if (a.lora_r > 0) {  // as bench_run: PEFT's fp32 adapter with fp32 moments, the router's fp32 master
+    LoraConfig lc;
+    lc.r = a.lora_r;
+    lc.alpha = a.lora_alpha > 0 ? a.lora_alpha : 2.0 * static_cast<double>(a.lora_r);
+    lc.target = a.lora_targets;
+    in.lora = memory_plan_lora(in.cfg, lora_table_of(in.cfg, lc, "bench --lora-targets"));
+    in.fp32_master = true;
+    in.bf16_moments = false;
+    if (a.ep > 1 || a.ranks > 1) fail("bench: --lora-r plans one GPU (no --ep or --ranks)");
+  }
+  in.pair_expert_wgrad = !a.no_pair_expert_wgrad && in.lora.params == 0 && pairing_wanted(in, a.grad_accum);
   // A job of --ranks ranks (default --ep): with more ranks than --ep, each expert group has ranks / ep replicas,
   // over which ZeRO-1 shards the expert stacks' state.
   const int64_t ranks = a.ranks == 0 ? a.ep : a.ranks;
@@ -112,6 +135,10 @@ void run_bench(const BenchArgs& a, const std::string& command) {
   o.ep = a.ep;
   o.ep_dispatch = a.ep_dispatch;
   o.ep_row_headroom = a.ep_row_headroom;
+  check_lora_args(a);
+  o.lora_r = a.lora_r;
+  o.lora_alpha = a.lora_alpha;
+  o.lora_targets = a.lora_targets;
   if (a.device == "cuda")
     o.device = 0;
   else if (a.device.rfind("cuda:", 0) == 0 && a.device.size() > 5 &&
@@ -168,6 +195,14 @@ void add_bench_command(CLI::App& app) {
                 "\"balanced (probe)\"");
   cmd->add_flag("--deterministic", a.deterministic,
                 "train.deterministic's kernels: every reduction in a fixed order (bitwise repeatable steps)");
+  cmd->add_option("--lora-r", a.lora_r,
+                  "train LoRA adapters of this rank (PEFT's init and fp32 adapter) on --lora-targets, the base frozen; "
+                  "one GPU (default 0: full fine-tuning)");
+  cmd->add_option("--lora-alpha", a.lora_alpha, "LoRA alpha (scale alpha / r; default 2·r)");
+  cmd->add_option("--lora-targets", a.lora_targets,
+                  "comma-separated LoRA targets, the family's names (Qwen3-MoE: q_proj,k_proj,v_proj,o_proj,"
+                  "gate_proj,up_proj,down_proj,experts; router trains in full)")
+      ->delimiter(',');
   cmd->add_option("--json-out", a.json_out, "also write the JSON to this file");
   cmd->add_flag("--force", a.force, "run even when the memory plan says the configuration does not fit");
   cmd->add_flag("--plan-only", a.plan_only,

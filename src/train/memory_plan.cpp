@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "models/decoder_costs.h"
+#include "models/lora_adapter.h"
 #include "models/model_weights.h"
 #include "models/registry.h"
 #include "train/optimizer_shards.h"
@@ -195,24 +196,35 @@ MemoryPlan plan_bytes(const MemoryPlanInput& in, const ParamSums& ps, int64_t to
     transient = std::max(transient, lb.backward_peak);
   }
   wide moment_bytes = in.bf16_moments ? kBf16 : kF32;
+  const bool lora = in.lora.params > 0;
+  if (lora) {
+    saved += wide{tokens} * in.lora.saved_per_token;
+    transient += wide{tokens} * in.lora.transient_per_token;
+  }
 
   MemoryPlan p;
   p.param_count = clamp64(count);
-  const wide grad_bytes = count * kF32 - (in.bf16_expert_grads ? expert_count / ep * (kF32 - kBf16) : 0);
+  // Under LoRA only the adapter and the full-trained parameters have gradients and optimizer state; the adapter's
+  // fp32 values are AdamW's parameters themselves (no master copy), next to their bf16 working copies.
+  const wide trained = wide{in.lora.params} + in.lora.full_params;
+  const wide grad_bytes = lora ? trained * kF32
+                               : count * kF32 - (in.bf16_expert_grads ? expert_count / ep * (kF32 - kBf16) : 0);
   p.grads = clamp64(grad_bytes);
-  const wide opt_count = optimizer_param_count(in, d, ps, count, expert_count / ep);
+  const wide opt_count = lora ? trained : optimizer_param_count(in, d, ps, count, expert_count / ep);
+  const wide master_count = lora ? wide{in.lora.full_params} : opt_count;
   wide held = count;  // parameters present on this rank at the peak
   if (in.shard_parameters && in.reshard_after_forward && in.optimizer_shards > 1)
     held = std::min(count, opt_count + fetched_groups_count(in, ps));
-  p.params = clamp64(held * kBf16);
+  const wide param_bytes = held * kBf16 + (lora ? wide{in.lora.params} * (kF32 + kBf16) : 0);
+  p.params = clamp64(param_bytes);
   p.optimizer_param_count = clamp64(opt_count);
-  p.optimizer = clamp64(opt_count * (2 * moment_bytes + (master ? kF32 : 0)));
+  const wide opt_bytes = opt_count * 2 * moment_bytes + (master ? master_count * kF32 : 0);
+  p.optimizer = clamp64(opt_bytes);
   p.activations_saved = clamp64(saved);
   p.activations_transient = clamp64(transient);
   p.activations = clamp64(saved + transient);
   p.workspace = kCublasWorkspaceBytes + kAllocatorSlackBytes;
-  p.total = clamp64(held * kBf16 + grad_bytes + opt_count * (2 * moment_bytes + (master ? kF32 : 0)) + saved +
-                    transient + p.workspace);
+  p.total = clamp64(param_bytes + grad_bytes + opt_bytes + saved + transient + p.workspace);
   p.available = in.device_bytes - in.reserve_bytes;
   p.fits = p.total <= p.available;
   return p;
@@ -308,6 +320,7 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   p.expert_replicas = expert_replicas_of(in);
   p.params_sharded = in.shard_parameters && in.reshard_after_forward && p.optimizer_shards > 1;
   p.bf16_expert_grads = in.bf16_expert_grads;
+  p.lora = in.lora;
   p.full_recompute_fits = plan_bytes(in, ps, in.micro_batch * in.seq, Recompute::full, in.fp32_master).fits;
   p.no_master_fits = plan_bytes(in, ps, in.micro_batch * in.seq, in.recompute, false).fits;
 
@@ -318,6 +331,25 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   int64_t seq_hi = std::max(in.seq, std::min(kMaxSearchSeq, kMaxTokens / in.micro_batch)) / kSeqStep;
   p.max_seq = kSeqStep * search_largest(seq_hi, [&](int64_t s) { return fits_tokens(in.micro_batch * s * kSeqStep); });
   return p;
+}
+
+MemoryPlanLora memory_plan_lora(const DecoderSpec& cfg, const LoraTable& t) {
+  MemoryPlanLora m;
+  m.r = t.config.r;
+  m.params = lora_parameter_count(t);
+  const ParamTable base = param_table_of(cfg);
+  for (const std::string& name : t.full)
+    if (const ParamEntry* e = base.find(name)) m.full_params += shape_numel(e->shape);
+  const int64_t k = std::max<int64_t>(cfg.experts_per_token(), 1);
+  for (const LoraEntry& e : t.entries) {
+    if (e.is_b) continue;  // one u per adapted weight
+    const bool stack = e.role == ParamRole::expert_stack;
+    m.saved_per_token += static_cast<int64_t>((stack ? k : 1) * m.r * kBf16);
+    if (stack)
+      m.transient_per_token = std::max(m.transient_per_token,
+                                       static_cast<int64_t>(k * (std::max(e.in, e.out) + 2 * m.r) * kBf16));
+  }
+  return m;
 }
 
 bool pairing_wanted(MemoryPlanInput in, int64_t grad_accum) {
@@ -337,12 +369,20 @@ std::string MemoryPlan::table() const {
   };
   // ZeRO-3: "1/N" of the replicated tensors, and of the expert stacks "1/R" over their replicas when there are several.
   const std::string experts_share = expert_replicas > 1 ? fmt::format(" (experts 1/{})", expert_replicas) : "";
-  row("parameters",
-      params_sharded ? fmt::format("bf16 ZeRO-3: 1/{}{} + 2 {}groups", optimizer_shards, experts_share,
-                                   experts_share.empty() ? "fetched " : "")
-                     : "bf16",
-      params);
-  row("gradients", bf16_expert_grads ? "fp32, experts bf16" : "fp32", grads);
+  if (lora.params > 0) {
+    // The frozen base has no gradients, optimizer state or masters: only the adapter and the full-trained ones do.
+    t += fmt::format("  LoRA r {}: {:.2f} M adapter parameters + {:.2f} M trained in full; base frozen (bf16 only)\n",
+                     lora.r, static_cast<double>(lora.params) / 1e6, static_cast<double>(lora.full_params) / 1e6);
+    row("parameters", "base bf16 + adapter fp32 and bf16 copy", params);
+    row("gradients", "fp32, adapter + full-trained only", grads);
+  } else {
+    row("parameters",
+        params_sharded ? fmt::format("bf16 ZeRO-3: 1/{}{} + 2 {}groups", optimizer_shards, experts_share,
+                                     experts_share.empty() ? "fetched " : "")
+                       : "bf16",
+        params);
+    row("gradients", bf16_expert_grads ? "fp32, experts bf16" : "fp32", grads);
+  }
   row("optimizer", optimizer_desc(*this), optimizer);
   row("activations",
       fmt::format("saved {:.2f} + peak transient {:.2f}", gib(activations_saved), gib(activations_transient)),

@@ -26,7 +26,9 @@
 #include "kernels/cuda/router.h"
 #include "models/spec/config_writer.h"
 #include "models/causal_lm.h"
+#include "models/cuda/cuda_lora.h"
 #include "models/decoder_costs.h"
+#include "models/lora_adapter.h"
 #include "models/presets.h"
 #include "models/registry.h"
 #include "train/cuda/cuda_job_collectives.h"
@@ -47,6 +49,15 @@ double env_milliseconds(const char* var) {
   if (*end != '\0' || !(v >= 0.0 && v <= 60000.0))
     fail("{}: expected milliseconds in [0, 60000], found '{}'", var, e);
   return v;
+}
+
+// --lora-r / --lora-alpha / --lora-targets as an adapter config (alpha 0: 2·r, the r 16 / alpha 32).
+LoraConfig bench_lora_config(const BenchOptions& o) {
+  LoraConfig c;
+  c.r = o.lora_r;
+  c.alpha = o.lora_alpha > 0 ? o.lora_alpha : 2.0 * static_cast<double>(o.lora_r);
+  c.target = o.lora_targets;
+  return c;
 }
 
 // Dense bf16 GEMM 8192³ through the same cuBLASLt path the model uses: best of 10 timed runs.
@@ -158,6 +169,11 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   if (ep) ep->set_row_headroom(o.ep_row_headroom);
   const int64_t held = ep ? ep->experts_per_rank() : cfg.num_experts();
   const int64_t first_expert = ep ? ep->first_expert() : 0;
+  std::shared_ptr<const LoraTable> lora_table;
+  if (o.lora_r > 0) {
+    if (world > 1) fail("bench: --lora-r runs on one GPU (LoRA with data or expert parallelism is not built)");
+    lora_table = std::make_shared<const LoraTable>(lora_table_of(cfg, bench_lora_config(o), "bench --lora-targets"));
+  }
 
   size_t free_b = 0, total_b = 0;
   MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -178,7 +194,13 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   pin.ep_row_headroom = o.ep_row_headroom;
   pin.device_bytes = static_cast<int64_t>(total_b);
   pin.reserve_bytes = memory_plan_reserve_bytes(pin.device_bytes);
-  const bool pair = !o.no_pair_expert_wgrad && pairing_wanted(pin, o.grad_accum);
+  if (lora_table) {  // the adapter's fp32 moments and the router's fp32 master (PEFT's defaults)
+    pin.lora = memory_plan_lora(cfg, *lora_table);
+    pin.fp32_master = true;
+    pin.bf16_moments = false;
+  }
+  // LoRA: the frozen experts have no weight gradients to pair.
+  const bool pair = !o.no_pair_expert_wgrad && !lora_table && pairing_wanted(pin, o.grad_accum);
   pin.pair_expert_wgrad = pair;
   const MemoryPlan plan = memory_plan(pin);
   if (log) std::fprintf(log, "%s\n", plan.table().c_str());
@@ -310,6 +332,13 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   so.expert_grad_dtype = fp32_master ? DType::F32 : DType::BF16;  // pure bf16: gradients as Transformers keeps them
   so.collectives = ranks.job.step();
   so.shards = shards;
+  std::unique_ptr<CudaLora> lora;
+  if (lora_table) {
+    lora = std::make_unique<CudaLora>(LoraWeights::init(lora_table, cfg.num_layers(), o.seed), device);
+    so.lora = lora.get();
+    so.adamw.bf16_master = true;
+    so.adamw.moment_dtype = DType::F32;
+  }
   std::unique_ptr<ShardedParams> sharded;
   if (shard_params) {
     auto transport = std::make_unique<CudaParamTransport>(*ranks.job.world, device, ranks.job.replicas.get());
@@ -424,6 +453,14 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   j["precision"] = o.precision;
   j["recompute"] = recompute_name(o.recompute);
   j["deterministic"] = o.deterministic;
+  if (lora_table)
+    j["lora"] = {{"r", lora_table->config.r},
+                 {"alpha", lora_table->config.alpha},
+                 {"targets", lora_table->config.target},
+                 {"adapter_parameters", lora_parameter_count(*lora_table)},
+                 {"full_trained", lora_table->full},
+                 {"flops_note", "flops_per_token and MFU count full fine-tuning's 3x forward; LoRA skips the frozen "
+                                "base's weight-gradient GEMMs (about 2x forward plus the adapters)"}};
   j["pair_expert_wgrad"] = pair;
   j["shard_optimizer"] = world > 1 && o.shard_optimizer;
   j["shard_parameters"] = shard_params;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -43,6 +44,12 @@ struct BenchOptions {
   // router. The losses are then meaningless; the step time is what a perfectly balanced router would give.
   bool balanced_router = false;
   bool deterministic = false;  // train.deterministic's kernels (CudaModelOptions::deterministic), to measure its cost
+  // LoRA (lora_r > 0; one GPU): adapters of rank lora_r (alpha lora_alpha, 0: 2·r) on lora_targets (the family's
+  // names, models/spec/lora_targets.h), PEFT's init, the base frozen. The adapter trains in fp32 with fp32 AdamW
+  // moments whatever --precision says (PEFT's default); a full-trained router keeps an fp32 master.
+  int64_t lora_r = 0;
+  double lora_alpha = 0;
+  std::vector<std::string> lora_targets;
   uint64_t seed = 1234;
   std::string command;  // the command line, echoed into the JSON
 };
