@@ -141,5 +141,29 @@ TEST_F(LoraCli, MergeWritesBasePlusScaledBAInTheBaseLayout) {
   EXPECT_FALSE(fs::exists(dir / "m2"));
 }
 
+// inspect --lora-target: the adapter's size from the family's targets, and the frozen base's training state.
+TEST_F(LoraCli, InspectCountsAdapterParameters) {
+  const RunResult r = run("inspect " + kBase + " --json --lora-r 4 --lora-target q_proj,experts,router");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CausalLM base = CausalLM::from_pretrained(kBase);
+  const LoraTable t = lora_table_of(base.config, test::config_of({"q_proj", "experts", "router"}, 4), "t");
+  // Counted independently: q_proj [nq, H] per layer, each MoE layer's two stacks [E, 2I, H], [E, H, I].
+  int64_t want = 0, full = 0;
+  for (const ParamEntry& e : base.weights.param_table().entries()) {
+    if (e.slot == WeightSlot::q_proj) want += 4 * (e.shape[0] + e.shape[1]);
+    if (e.slot == WeightSlot::experts_gate_up || e.slot == WeightSlot::experts_down)
+      want += e.shape[0] * 4 * (e.shape[1] + e.shape[2]);
+    if (e.slot == WeightSlot::router) full += e.shape[0] * e.shape[1];
+  }
+  EXPECT_EQ(j["lora"]["adapter_parameters"].get<int64_t>(), want);
+  EXPECT_EQ(lora_parameter_count(t), want);
+  EXPECT_EQ(j["lora"]["full_trained_parameters"].get<int64_t>(), full);
+  EXPECT_EQ(j["lora"]["training_state_bytes"]["adapter_fp32_with_gradients_and_moments"].get<double>(), 16.0 * want);
+  const RunResult bad = run("inspect " + kBase + " --lora-target q_proj,lm_head");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("'lm_head' is not a LoRA target"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace mt
