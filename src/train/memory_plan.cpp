@@ -197,6 +197,22 @@ MemoryPlan plan_bytes(const MemoryPlanInput& in, const ParamSums& ps, int64_t to
   wide moment_bytes = in.bf16_moments ? kBf16 : kF32;
 
   MemoryPlan p;
+  if (in.lora) {  // frozen base: parameters only; the adapter and full-trained parameters carry the training state
+    const wide adapter = in.lora_params, full = in.lora_full_params;
+    p.param_count = clamp64(count);
+    p.params = clamp64(count * kBf16 + adapter * kF32);
+    p.grads = clamp64((adapter + full) * kF32);
+    p.optimizer_param_count = clamp64(adapter + full);
+    p.optimizer = clamp64((adapter + full) * 2 * moment_bytes + (master ? full * kF32 : 0));
+    p.activations_saved = clamp64(saved);
+    p.activations_transient = clamp64(transient);
+    p.activations = clamp64(saved + transient);
+    p.workspace = kCublasWorkspaceBytes + kAllocatorSlackBytes;
+    p.total = clamp64(static_cast<wide>(p.params) + p.grads + p.optimizer + saved + transient + p.workspace);
+    p.available = in.device_bytes - in.reserve_bytes;
+    p.fits = p.total <= p.available;
+    return p;
+  }
   p.param_count = clamp64(count);
   const wide grad_bytes = count * kF32 - (in.bf16_expert_grads ? expert_count / ep * (kF32 - kBf16) : 0);
   p.grads = clamp64(grad_bytes);
@@ -291,6 +307,12 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   check_range("device_bytes", in.device_bytes, 1, std::numeric_limits<int64_t>::max());
   check_range("reserve_bytes", in.reserve_bytes, 0, in.device_bytes);
   check_range("expert_parallel", in.expert_parallel, 1, std::max<int64_t>(c.num_experts(), 1));
+  if (in.lora) {
+    check_range("lora_params", in.lora_params, 0, int64_t{1} << 50);
+    check_range("lora_full_params", in.lora_full_params, 0, int64_t{1} << 50);
+    if (in.expert_parallel > 1 || in.optimizer_shards > 1 || in.shard_parameters)
+      fail("memory plan: LoRA with expert parallelism or sharding is not supported");
+  }
 
   const ParamSums ps = param_sums(c);
   MemoryPlan p = plan_bytes(in, ps, in.micro_batch * in.seq, in.recompute, in.fp32_master);
@@ -304,6 +326,9 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   p.recompute = in.recompute;
   p.fp32_master = in.fp32_master;
   p.bf16_moments = in.bf16_moments;
+  p.lora = in.lora;
+  p.lora_params = in.lora_params;
+  p.lora_full_params = in.lora_full_params;
   p.optimizer_shards = std::max<int64_t>(in.optimizer_shards, 1);
   p.expert_replicas = expert_replicas_of(in);
   p.params_sharded = in.shard_parameters && in.reshard_after_forward && p.optimizer_shards > 1;
@@ -337,13 +362,23 @@ std::string MemoryPlan::table() const {
   };
   // ZeRO-3: "1/N" of the replicated tensors, and of the expert stacks "1/R" over their replicas when there are several.
   const std::string experts_share = expert_replicas > 1 ? fmt::format(" (experts 1/{})", expert_replicas) : "";
-  row("parameters",
+  if (!lora)
+    row("parameters",
       params_sharded ? fmt::format("bf16 ZeRO-3: 1/{}{} + 2 {}groups", optimizer_shards, experts_share,
                                    experts_share.empty() ? "fetched " : "")
                      : "bf16",
       params);
-  row("gradients", bf16_expert_grads ? "fp32, experts bf16" : "fp32", grads);
-  row("optimizer", optimizer_desc(*this), optimizer);
+  if (lora) {  // the base frozen: its parameters only
+    row("parameters", fmt::format("bf16 base (frozen) + fp32 adapter {:.1f} M", static_cast<double>(lora_params) / 1e6),
+        params);
+    row("gradients", fmt::format("fp32, adapter{}", lora_full_params ? " + router" : ""), grads);
+    row("optimizer", fmt::format("m,v {}, adapter{}", bf16_moments ? "bf16" : "fp32",
+                                 lora_full_params ? (fp32_master ? " + router (fp32 master)" : " + router") : ""),
+        optimizer);
+  } else {
+    row("gradients", bf16_expert_grads ? "fp32, experts bf16" : "fp32", grads);
+    row("optimizer", optimizer_desc(*this), optimizer);
+  }
   row("activations",
       fmt::format("saved {:.2f} + peak transient {:.2f}", gib(activations_saved), gib(activations_transient)),
       activations);

@@ -49,6 +49,13 @@ struct MemoryPlanInput {
   bool shard_parameters = false;
   bool reshard_after_forward = true;
   bool deterministic = false;  // train.deterministic: flash attention's backward keeps dK/dV per query head
+  // LoRA (recipe peft; models/lora_adapter.h): the base frozen, so it has bf16 parameters only (no gradients, no
+  // optimizer state, no master); the adapter's lora_params fp32 parameters with fp32 gradients and moments, and
+  // lora_full_params base parameters trained in full (the router: bf16, fp32 gradients, moments and master).
+  // Activations are counted as for full training (the adapters' [T, r] intermediates are small beside them).
+  // Not with expert parallelism or sharded parameters (refused: LoRA runs in one process so far).
+  bool lora = false;
+  int64_t lora_params = 0, lora_full_params = 0;
 
   int64_t device_bytes = 0;   // total memory of the GPU (cudaMemGetInfo total)
   int64_t reserve_bytes = 0;  // kept free for the CUDA context / fragmentation (caller picks, e.g. 1.5 GiB + 3%)
@@ -73,6 +80,8 @@ struct MemoryPlan {
   int64_t micro_batch = 0, seq = 0, device_bytes = 0, reserve_bytes = 0;
   Recompute recompute = Recompute::selective;
   bool fp32_master = true, bf16_moments = false, bf16_expert_grads = false;
+  bool lora = false;                 // rows as MemoryPlanInput::lora describes
+  int64_t lora_params = 0, lora_full_params = 0;
   bool full_recompute_fits = false;  // the same request with recompute = full fits
   bool no_master_fits = false;       // the same request without fp32 master weights fits
 
