@@ -28,7 +28,7 @@
 // against the mma.sync one: forward_by_kernel / forward_speedup as at head_dim 128, and with a window
 // full_causal_by_kernel for the same shape without it (GPT-OSS's full layers). Under Auto the head_dim 64 sm90
 // forward runs only with MIXTUNE_FLASH_FWD_SM90_HD64=1 (forward_kernel says which ran):
-//   mixtune_bench_flash_attention --head-dim 64 --heads 64 --kv-heads 8 --seq 4096 --window 128 --sinks 1 \
+//   mixtune_bench_flash_attention --head-dim 64 --heads 64 --kv-heads 8 --seq 4096 --window 128 --sinks 1
 //       --scale 0.125 --fwd-sm90-hd64 1
 #include <cuda_runtime_api.h>
 
