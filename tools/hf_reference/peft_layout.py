@@ -4,10 +4,13 @@ Used by peft_probe.py (which checks these rules against the installed PEFT) and 
 every fixture against them). Nothing here imports PEFT: the rules are written from the document, so a PEFT that
 behaves differently makes the comparison fail instead of being copied.
 """
+import json
 import math
+import os
 import re
 
 import torch
+from safetensors import safe_open
 
 PREFIX = "base_model.model."
 
@@ -212,3 +215,26 @@ def doc_keys(table, target_modules, target_parameters):
             nest = ".base_layer" * (len(targeted) - 1 - i)
             keys.append((f"{PREFIX}{path}{nest}", dict(kind="param", module=path, param=p, full=f"{path}.{p}")))
     return [(f"{k}.lora_{ab}.weight", t, ab) for k, t in keys for ab in "AB"]
+
+
+def read_adapter(d):
+    """(adapter_config.json as a dict, {key: tensor}, safetensors metadata) of an adapter directory."""
+    with open(os.path.join(d, "adapter_config.json")) as f:
+        cfg = json.load(f)
+    tensors = {}
+    with safe_open(os.path.join(d, "adapter_model.safetensors"), framework="pt") as f:
+        meta = f.metadata()
+        for k in f.keys():
+            tensors[k] = f.get_tensor(k)
+    return cfg, tensors, meta
+
+
+def live_name(key, adapter="default"):
+    """Saved key -> the PeftModel parameter name (the adapter name goes back in after lora_A / lora_B)."""
+    return re.sub(r"\.lora_([AB])\.weight$", rf".lora_\1.{adapter}.weight", key)
+
+
+def max_rel(a, b):
+    """max |a - b| / max |b| (0 when both are 0)."""
+    a, b = a.double(), b.double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))

@@ -121,22 +121,6 @@ def batch(seed, vocab):
     return ids, labels
 
 
-def max_rel(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-
-
-def read_saved(d):
-    with open(os.path.join(d, "adapter_config.json")) as f:
-        cfg = json.load(f)
-    tensors = {}
-    with safe_open(os.path.join(d, "adapter_model.safetensors"), framework="pt") as f:
-        meta = f.metadata()
-        for k in f.keys():
-            tensors[k] = f.get_tensor(k)
-    return cfg, tensors, meta
-
-
 def wrapper_facts(pm):
     from peft.tuners.lora.layer import ParamWrapper
     facts = []
@@ -185,7 +169,7 @@ def run_case(case, family, r, alpha, rslora, tmods, tparams, keep, chk, report):
 
     sdir = os.path.join(keep, case, "peft_saved")
     pm.save_pretrained(sdir)
-    scfg, tensors, meta = read_saved(sdir)
+    scfg, tensors, meta = L.read_adapter(sdir)
     info["saved_keys"] = {k: list(v.shape) for k, v in tensors.items()}
     info["saved_dtypes"] = sorted({str(v.dtype) for v in tensors.values()})
     info["saved_metadata"] = meta
@@ -221,13 +205,11 @@ def run_case(case, family, r, alpha, rslora, tmods, tparams, keep, chk, report):
     want = L.lora_grads_from_weight_grads(wgrads, tensors, scfg, table, pv)
     worst, worst_key = 0.0, None
     for key, g in want.items():
-        live = key[len("base_model.model."):].replace(".lora_A.weight", ".lora_A.default.weight") \
-            .replace(".lora_B.weight", ".lora_B.default.weight")
-        live = "base_model.model." + live
+        live = L.live_name(key)
         if live not in lora_grads:
             worst, worst_key = float("inf"), f"{live} has no gradient"
             break
-        e = max_rel(lora_grads[live], g)
+        e = L.max_rel(lora_grads[live], g)
         if e > worst:
             worst, worst_key = e, key
     chk.add(case, "gradients dA = s·Bᵀ·G, dB = s·G·Aᵀ (rank-major B)", worst <= TOL_GRAD_REL,
@@ -253,7 +235,7 @@ def run_case(case, family, r, alpha, rslora, tmods, tparams, keep, chk, report):
             continue
         if not torch.equal(msd[name], base_sd[name]):
             changed.append(name)
-        e = max_rel(msd[name], w) if name in deltas else float((msd[name] - w).abs().max())
+        e = L.max_rel(msd[name], w) if name in deltas else float((msd[name] - w).abs().max())
         if e > worst:
             worst, worst_key = e, name
     untouched_ok = set(changed) <= set(deltas)
