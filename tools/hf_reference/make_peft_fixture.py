@@ -150,6 +150,18 @@ def make_variant(family, vname, out_dir, vidx, report):
     vdir = os.path.join(out_dir, f"{family}_lora", vname)
     shutil.rmtree(vdir, ignore_errors=True)
     os.makedirs(vdir)
+    try:
+        write_variant(pm, base, cls, ckpt, table, base_sd, ids, labels, vdir, family, vname, base_dir, seed, margin,
+                      report)
+    except Exception:
+        shutil.rmtree(vdir, ignore_errors=True)  # a variant that fails a check leaves nothing behind
+        raise
+
+
+def write_variant(pm, base, cls, ckpt, table, base_sd, ids, labels, vdir, family, vname, base_dir, seed, margin,
+                  report):
+    r, alpha, rslora, tmods, tparams, save_merged_ckpt = VARIANTS[vname]
+    pv = peft.__version__
     pm.zero_grad(set_to_none=True)
     out = pm(input_ids=ids, labels=labels, use_cache=False)
     logits = out.logits.detach().float().clone()

@@ -43,14 +43,15 @@ TOL_MERGE_REL = 1e-6     # max |merged - expected| / max |expected| per tensor
 TOL_LOGITS = 1e-4        # abs, the bar for logits
 TOL_GRAD_REL = 1e-4      # max |g - expected| / max |expected| per tensor
 
+# 2I != H and I != H, so that every in/out confusion changes a shape (not only values).
 FAMILIES = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
-        vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+        vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
         norm_topk_prob=True, mlp_only_layers=[], decoder_sparse_step=1, tie_word_embeddings=False,
         initializer_range=0.1, max_position_embeddings=256, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
-        vocab_size=128, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=128, hidden_size=64, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
         tie_word_embeddings=False, initializer_range=0.1, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
         pad_token_id=0)),
