@@ -5,7 +5,8 @@
 #   scripts/gpu-session.sh CARRY_TARBALL STAGE...
 #
 # CARRY_TARBALL: .carry/gpu.tar.xz made by scripts/gpu-pack.sh (bin/ with mixtune, mixtune_tests and the
-# kernel benches, lib/ with the non-system shared libraries they need).
+# kernel benches, lib/ with the non-system shared libraries they need); `-` for stages that run no mixtune binary
+# (peft-probe).
 # STAGES: tests (Cuda* gtests) | standard (~2 min) |
 #         fp32master (~3–4 min; 5 runs of at most 100 s each: mixtune --precision fp32-master against every fp32-master baseline of
 #         Transformers — fp32 + autocast, FSDP2 mixed precision on one rank, bf16 + fp32 master copy with fp32 and with
@@ -67,7 +68,10 @@
 #         checkpoints of shapes the fixtures lack against mixtune score, convert and one finetune step; VERIFY_ARGS
 #         e.g. "--random 4 --seed 7"; the PASS/FAIL table in verify-gpt-oss.md) |
 #         gptoss-recipe (~1–2 min: recipes/gpt-oss-20b.yaml on one GPU at a 2-layer slice, 12 steps; needs
-#         .carry/gptoss-tok.tar.xz, the gpt-oss tokenizer + chat template, and .carry/qsdata.tar.xz).
+#         .carry/gptoss-tok.tar.xz, the gpt-oss tokenizer + chat template, and .carry/qsdata.tar.xz) |
+#         peft-probe (~1–2 min, CPU, no binary needed: tools/hf_reference/peft_probe.py checks docs/peft-format.md
+#         against this machine's PEFT, PASS/FAIL table in peft-probe.md; then make_peft_fixture.py writes the LoRA
+#         fixtures to $OUT/peft_fixtures/{qwen3_moe,gpt_oss}_lora/ for tests/fixtures).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
 [[ $# -lt 2 ]] && { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2; }
@@ -77,7 +81,9 @@ OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 G=/tmp/mixtune-gpu
-rm -rf "$G" && mkdir -p "$G" && tar xJf "$TARBALL" -C "$G" || { echo "cannot unpack $TARBALL" >&2; exit 2; }
+if [[ "$TARBALL" != - ]]; then
+  rm -rf "$G" && mkdir -p "$G" && tar xJf "$TARBALL" -C "$G" || { echo "cannot unpack $TARBALL" >&2; exit 2; }
+fi
 BIN=$G/gpu/bin
 export MIXTUNE_COMMIT=$(cat "$G/gpu/COMMIT" 2>/dev/null || echo unknown)
 export LIB_DIR=$G/gpu/lib
@@ -128,6 +134,15 @@ for stage in "$@"; do
 m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16); print("transformers loads", sys.argv[1], type(m).__name__, sum(p.numel() for p in m.parameters()), "parameters")' \
         "$R/run/final" 2>&1 | tail -2 | tee -a "$OUT/gptoss-recipe.log" ;;
     hf-smoke) OUT=$OUT bash bench/hf_smoke.sh || rc=1 ;;
+    peft-probe)  # docs/peft-format.md against this machine's PEFT (CPU, fp32), then the LoRA fixtures
+      OUT=$OUT PYTHONUNBUFFERED=1 python3 tools/hf_reference/peft_probe.py --keep /tmp/peft-probe \
+        > "$OUT/peft-probe.log" 2>&1 || rc=1
+      grep -E '^versions:|^\[(PASS|FAIL)\]|^peft-probe' "$OUT/peft-probe.log" | tail -40
+      [[ -f "$OUT/peft-probe.md" ]] || tail -30 "$OUT/peft-probe.log"
+      rm -rf "$OUT/peft_fixtures"
+      PYTHONUNBUFFERED=1 python3 tools/hf_reference/make_peft_fixture.py "$OUT/peft_fixtures" \
+        > "$OUT/peft_fixtures.log" 2>&1 || { rc=1; grep -B2 -A12 Traceback "$OUT/peft_fixtures.log" | tail -40; }
+      tail -6 "$OUT/peft_fixtures.log"; du -sh "$OUT/peft_fixtures" 2>/dev/null ;;
     hf-realistic)  # Transformers' bf16 reference at a 2-layer Qwen3-30B-A3B slice, then the CUDA engine against it
       PYTHONUNBUFFERED=1 python3 tools/hf_reference/make_realistic_fixture.py /tmp/hf-realistic \
         > "$OUT/hf_realistic_fixture.log" 2>&1 || { rc=1; tail -20 "$OUT/hf_realistic_fixture.log"; }
