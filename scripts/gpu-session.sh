@@ -6,7 +6,7 @@
 #
 # CARRY_TARBALL: .carry/gpu.tar.xz made by scripts/gpu-pack.sh (bin/ with mixtune, mixtune_tests and the
 # kernel benches, lib/ with the non-system shared libraries they need); `-` for stages that run no mixtune binary
-# (peft-probe).
+# (peft-probe, hf-lora).
 # STAGES: tests (Cuda* gtests) | standard (~2 min) |
 #         fp32master (~3–4 min; 5 runs of at most 100 s each: mixtune --precision fp32-master against every fp32-master baseline of
 #         Transformers — fp32 + autocast, FSDP2 mixed precision on one rank, bf16 + fp32 master copy with fp32 and with
@@ -71,7 +71,10 @@
 #         .carry/gptoss-tok.tar.xz, the gpt-oss tokenizer + chat template, and .carry/qsdata.tar.xz) |
 #         peft-probe (~1–2 min, CPU, no binary needed: tools/hf_reference/peft_probe.py checks docs/peft-format.md
 #         against this machine's PEFT, PASS/FAIL table in peft-probe.md; then make_peft_fixture.py writes the LoRA
-#         fixtures to $OUT/peft_fixtures/{qwen3_moe,gpt_oss}_lora/ for tests/fixtures).
+#         fixtures to $OUT/peft_fixtures/{qwen3_moe,gpt_oss}_lora/ for tests/fixtures) |
+#         hf-lora (no binary needed: the Transformers + PEFT LoRA baseline alone, Qwen3-30B-A3B shapes, LAYERS=48
+#         layers, seq 4096, r 16 alpha 32 on attention + experts, gradient checkpointing, GRAD_ACCUM=2, STEPS=3;
+#         hf-lora.json; an 80 GB card may not hold 48 layers: LAYERS=24 there).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
 [[ $# -lt 2 ]] && { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2; }
@@ -134,6 +137,14 @@ for stage in "$@"; do
 m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16); print("transformers loads", sys.argv[1], type(m).__name__, sum(p.numel() for p in m.parameters()), "parameters")' \
         "$R/run/final" 2>&1 | tail -2 | tee -a "$OUT/gptoss-recipe.log" ;;
     hf-smoke) OUT=$OUT bash bench/hf_smoke.sh || rc=1 ;;
+    hf-lora)  # issue 39's baseline: Transformers + PEFT LoRA on a frozen bf16 Qwen3-30B-A3B slice, one GPU
+      PYTHONUNBUFFERED=1 python3 bench/hf_baseline.py --layers ${LAYERS:-48} --seq 4096 --micro-batch 1 \
+        --grad-accum ${GRAD_ACCUM:-2} --steps ${STEPS:-3} --warmup 1 --peft lora --lora-r 16 --lora-alpha 32 \
+        --lora-targets attn,experts --gradient-checkpointing --json-out "$OUT/hf-lora.json" \
+        > "$OUT/hf-lora.log" 2>&1 || rc=1
+      grep -E 'PEFT|tokens/s|OOM|FAILED' "$OUT/hf-lora.log" | tail -5
+      python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("hf-lora:", j.get("gpu"), "layers", j["model"]["layers"], "tokens/s", j.get("tokens_per_s_per_gpu"), "peak GiB", round((j.get("peak_allocated_bytes") or 0) / 2**30, 2), "lora", j.get("lora"), "oom", j.get("oom"), "error", j.get("error"))' \
+        "$OUT/hf-lora.json" 2>/dev/null || tail -20 "$OUT/hf-lora.log" ;;
     peft-probe)  # docs/peft-format.md against this machine's PEFT (CPU, fp32), then the LoRA fixtures
       OUT=$OUT PYTHONUNBUFFERED=1 python3 tools/hf_reference/peft_probe.py --keep /tmp/peft-probe \
         > "$OUT/peft-probe.log" 2>&1 || rc=1

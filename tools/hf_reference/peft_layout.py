@@ -48,16 +48,34 @@ def _param_matches(key, targets):
     return any(key == t or key.endswith("." + t) for t in targets)
 
 
-def resolve_key(key, table, target_parameters):
-    """Saved key -> (target, ab) where target = dict(kind 'linear'|'param', module, param, full) and ab 'A'|'B'.
+def saved_root(path, modules_to_save):
+    """The module PEFT wraps in a ModulesToSaveWrapper for this path (PEFT: name.endswith(entry), no dot rule), or
+    None. The outermost matching ancestor wins, as PEFT wraps it first."""
+    parts = path.split(".")
+    for n in range(1, len(parts) + 1):
+        root = ".".join(parts[:n])
+        if any(root.endswith(t) for t in modules_to_save or []):
+            return root
+    return None
+
+
+def resolve_key(key, table, target_parameters, modules_to_save=None):
+    """Saved key -> (target, ab): target = dict(kind 'linear'|'param'|'full', module, param, full), ab 'A'|'B'|'W'.
 
     Nested ParamWrappers: of the k targeted parameters of one module (registration order), the i-th is saved under
-    'base_layer.' * (k - 1 - i)."""
+    'base_layer.' * (k - 1 - i). A module in modules_to_save is saved whole under its own names ('W', kind 'full';
+    module = the wrapped module, param = the name inside it)."""
     if not key.startswith(PREFIX):
         raise ValueError(f"{key}: does not start with {PREFIX!r}")
     m = re.fullmatch(r"(.*)\.lora_([AB])\.weight", key[len(PREFIX):])
     if not m:
-        raise ValueError(f"{key}: not a lora_A/lora_B weight")
+        full = key[len(PREFIX):]
+        root = saved_root(full.rpartition(".")[0], modules_to_save)
+        owner, _, leaf = full.rpartition(".")
+        if root is None or owner not in table or leaf not in table[owner]["shapes"]:
+            raise ValueError(f"{key}: neither a lora_A/lora_B weight nor a parameter of a modules_to_save module")
+        return dict(kind="full", module=root, param=full[len(root) + 1:], full=full,
+                    shape=table[owner]["shapes"][leaf]), "W"
     path, ab = m.group(1), m.group(2)
     depth = 0
     while path.endswith(".base_layer"):
@@ -116,16 +134,16 @@ def delta(target, table, A, B, s, peft_version):
     return d if out_ax == 1 else d.transpose(1, 2)
 
 
-def group_pairs(tensors, table, target_parameters):
-    """{target full name: dict(target, A, B)} from a saved adapter's tensors."""
+def group_pairs(tensors, table, config):
+    """{target full name: dict(target, A, B | W, keys)} from a saved adapter's tensors."""
     pairs = {}
     for key, t in tensors.items():
-        target, ab = resolve_key(key, table, target_parameters)
+        target, ab = resolve_key(key, table, config.get("target_parameters"), config.get("modules_to_save"))
         entry = pairs.setdefault(target["full"], dict(target=target, keys={}))
         entry[ab] = t
         entry["keys"][ab] = key
     for name, entry in pairs.items():
-        if "A" not in entry or "B" not in entry:
+        if entry["target"]["kind"] != "full" and ("A" not in entry or "B" not in entry):
             raise ValueError(f"{name}: lora_A or lora_B missing")
     return pairs
 
@@ -137,8 +155,16 @@ def merged_state(base_sd, tensors, config, table, peft_version):
     problems = []
     merged = dict(base_sd)
     deltas = {}
-    for name, entry in group_pairs(tensors, table, config.get("target_parameters")).items():
+    for name, entry in group_pairs(tensors, table, config).items():
         target = entry["target"]
+        if target["kind"] == "full":  # trained in full: the saved tensor replaces the weight
+            w = base_sd[name]
+            if tuple(entry["W"].shape) != tuple(w.shape):
+                problems.append(f"{name}: saved {tuple(entry['W'].shape)}, the parameter is {tuple(w.shape)}")
+                continue
+            merged[name] = entry["W"].to(w.dtype)
+            deltas[name] = entry["W"].double() - w.double()
+            continue
         shape = table[target["module"]]["shapes"][target["param"]]
         e_count = shape[0] if (target["kind"] == "param" and len(shape) == 3) else 1
         r = entry["A"].shape[0] // e_count
@@ -164,10 +190,13 @@ def lora_grads_from_weight_grads(weight_grads, tensors, config, table, peft_vers
 
     weight_grads: {param full name: grad in the parameter's layout}. Returns {saved key: grad}."""
     out = {}
-    for name, entry in group_pairs(tensors, table, config.get("target_parameters")).items():
+    for name, entry in group_pairs(tensors, table, config).items():
         target = entry["target"]
-        shape = table[target["module"]]["shapes"][target["param"]]
         g = weight_grads[name].double()
+        if target["kind"] == "full":
+            out[entry["keys"]["W"]] = g
+            continue
+        shape = table[target["module"]]["shapes"][target["param"]]
         A, B = entry["A"].double(), entry["B"].double()
         if target["kind"] == "linear" or len(shape) == 2:
             r = A.shape[0]
@@ -188,23 +217,31 @@ def lora_grads_from_weight_grads(weight_grads, tensors, config, table, peft_vers
     return out
 
 
-def doc_config(r, alpha, target_modules, target_parameters, base, peft_version, use_rslora=False):
+def doc_config(r, alpha, target_modules, target_parameters, base, peft_version, use_rslora=False,
+               modules_to_save=None):
     """adapter_config.json with exactly the fields docs/peft-format.md says mixtune writes."""
     return {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base, "revision": None,
         "inference_mode": True, "r": r, "lora_alpha": alpha, "use_rslora": use_rslora, "rank_pattern": {},
         "alpha_pattern": {}, "target_modules": list(target_modules), "target_parameters": list(target_parameters),
         "exclude_modules": None, "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "lora_bias": False,
-        "use_dora": False, "init_lora_weights": True, "modules_to_save": None, "layers_to_transform": None,
+        "use_dora": False, "init_lora_weights": True, "modules_to_save": modules_to_save, "layers_to_transform": None,
         "layers_pattern": None, "peft_version": peft_version,
     }
 
 
-def doc_keys(table, target_modules, target_parameters):
-    """Saved key names the document predicts for a model: (list of (key, target)), in model order."""
-    keys = []
+def doc_keys(table, target_modules, target_parameters, modules_to_save=None):
+    """Saved key names the document predicts for a model: [(key, target, 'A' | 'B' | 'W')], in model order."""
+    keys, full = [], []
     for path, info in table.items():
         if not path:
+            continue
+        root = saved_root(path, modules_to_save)
+        if root is not None:  # inside a fully trained module: its own names, no LoRA inside it
+            for p in info["params"]:
+                name = f"{path}.{p}"
+                full.append((f"{PREFIX}{name}", dict(kind="full", module=root, param=name[len(root) + 1:],
+                                                     full=name, shape=info["shapes"][p]), "W"))
             continue
         leaf = path.rsplit(".", 1)[-1]
         if info["linear"] and leaf in target_modules:
@@ -214,7 +251,7 @@ def doc_keys(table, target_modules, target_parameters):
         for i, p in enumerate(targeted):
             nest = ".base_layer" * (len(targeted) - 1 - i)
             keys.append((f"{PREFIX}{path}{nest}", dict(kind="param", module=path, param=p, full=f"{path}.{p}")))
-    return [(f"{k}.lora_{ab}.weight", t, ab) for k, t in keys for ab in "AB"]
+    return [(f"{k}.lora_{ab}.weight", t, ab) for k, t in keys for ab in "AB"] + full
 
 
 def read_adapter(d):
@@ -229,8 +266,11 @@ def read_adapter(d):
     return cfg, tensors, meta
 
 
-def live_name(key, adapter="default"):
-    """Saved key -> the PeftModel parameter name (the adapter name goes back in after lora_A / lora_B)."""
+def live_name(key, target=None, adapter="default"):
+    """Saved key -> the PeftModel parameter name: the adapter name goes back in after lora_A / lora_B; a
+    modules_to_save tensor (target kind 'full') lives under <module>.modules_to_save.<adapter>.<name>."""
+    if target is not None and target["kind"] == "full":
+        return f"{PREFIX}{target['module']}.modules_to_save.{adapter}.{target['param']}"
     return re.sub(r"\.lora_([AB])\.weight$", rf".lora_\1.{adapter}.weight", key)
 
 

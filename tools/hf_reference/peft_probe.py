@@ -56,11 +56,14 @@ FAMILIES = {
         tie_word_embeddings=False, initializer_range=0.1, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
         pad_token_id=0)),
 }
-# (name, family, r, alpha, use_rslora, target_modules, target_parameters)
+# (name, family, r, alpha, use_rslora, target_modules, target_parameters, modules_to_save). The last two cases
+# train the router in full (issue 39's `router` target) through PEFT's modules_to_save.
 CASES = [
-    ("qwen3_attn_experts", "qwen3_moe", 4, 8, False, ATTN, EXPERTS),
-    ("gpt_oss_attn_experts", "gpt_oss", 4, 8, False, ATTN, EXPERTS),
-    ("qwen3_down_only_rslora", "qwen3_moe", 3, 5, True, ["q_proj"], ["mlp.experts.down_proj"]),
+    ("qwen3_attn_experts", "qwen3_moe", 4, 8, False, ATTN, EXPERTS, None),
+    ("gpt_oss_attn_experts", "gpt_oss", 4, 8, False, ATTN, EXPERTS, None),
+    ("qwen3_down_only_rslora", "qwen3_moe", 3, 5, True, ["q_proj"], ["mlp.experts.down_proj"], None),
+    ("qwen3_experts_router_full", "qwen3_moe", 4, 8, False, ["q_proj"], EXPERTS, ["gate"]),
+    ("gpt_oss_router_full", "gpt_oss", 2, 4, False, ["o_proj"], [], ["router"]),
 ]
 
 
@@ -135,25 +138,30 @@ def wrapper_facts(pm):
     return facts
 
 
-def run_case(case, family, r, alpha, rslora, tmods, tparams, keep, chk, report):
+def run_case(case, family, r, alpha, rslora, tmods, tparams, saved, keep, chk, report):
     pv = peft.__version__
     config, model = build(family, seed=1234)
     table = L.module_table(model)
     base_sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
     ids, labels = batch(7, config.vocab_size)
     info = dict(case=case, family=family, r=r, lora_alpha=alpha, use_rslora=rslora, target_modules=tmods,
-                target_parameters=tparams,
+                target_parameters=tparams, modules_to_save=saved,
                 experts_layout={k: dict(shapes={p: list(s) for p, s in v["shapes"].items()},
                                         is_transposed=v["is_transposed"], order=v["params"])
                                 for k, v in table.items() if k.endswith("mlp.experts")})
     report["cases"][case] = info
 
     lcfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, use_rslora=rslora, target_modules=tmods,
-                      target_parameters=tparams, init_lora_weights=False, task_type="CAUSAL_LM")
+                      target_parameters=tparams or None, modules_to_save=saved, init_lora_weights=False,
+                      task_type="CAUSAL_LM")
     torch.manual_seed(99)
     pm = get_peft_model(model, lcfg)
     pm.train()
-    info["adapter_parameters"] = {n: list(p.shape) for n, p in pm.named_parameters() if "lora_" in n}
+    with torch.no_grad():  # the trained copy of a modules_to_save module starts equal to the base: move it away
+        for n, p in pm.named_parameters():
+            if ".modules_to_save." in n:
+                p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(5)))
+    info["adapter_parameters"] = {n: list(p.shape) for n, p in pm.named_parameters() if p.requires_grad}
     info["wrappers"] = wrapper_facts(pm)
     print(f"\n## {case}: adapter parameters", flush=True)
     for n, s in info["adapter_parameters"].items():
@@ -166,7 +174,7 @@ def run_case(case, family, r, alpha, rslora, tmods, tparams, keep, chk, report):
     out = pm(input_ids=ids, labels=labels, use_cache=False)
     logits = out.logits.detach().clone()
     out.loss.backward()
-    lora_grads = {n: p.grad.detach().clone() for n, p in pm.named_parameters() if "lora_" in n and p.grad is not None}
+    lora_grads = {n: p.grad.detach().clone() for n, p in pm.named_parameters() if p.requires_grad and p.grad is not None}
 
     sdir = os.path.join(keep, case, "peft_saved")
     pm.save_pretrained(sdir)
@@ -181,7 +189,7 @@ def run_case(case, family, r, alpha, rslora, tmods, tparams, keep, chk, report):
     print(f"## {case}: adapter_config.json\n{json.dumps(scfg, indent=2, sort_keys=True)}", flush=True)
 
     # Names: exactly the predicted set.
-    predicted = {k for k, _, _ in L.doc_keys(table, tmods, tparams)}
+    predicted = {k for k, _, _ in L.doc_keys(table, tmods, tparams, saved)}
     got = set(tensors)
     chk.add(case, "saved key names", predicted == got,
             "as predicted" if predicted == got else
@@ -206,14 +214,14 @@ def run_case(case, family, r, alpha, rslora, tmods, tparams, keep, chk, report):
     want = L.lora_grads_from_weight_grads(wgrads, tensors, scfg, table, pv)
     worst, worst_key = 0.0, None
     for key, g in want.items():
-        live = L.live_name(key)
+        live = L.live_name(key, L.resolve_key(key, table, tparams, saved)[0])
         if live not in lora_grads:
             worst, worst_key = float("inf"), f"{live} has no gradient"
             break
         e = L.max_rel(lora_grads[live], g)
         if e > worst:
             worst, worst_key = e, key
-    chk.add(case, "gradients dA = s·Bᵀ·G, dB = s·G·Aᵀ (rank-major B)", worst <= TOL_GRAD_REL,
+    chk.add(case, "gradients dA = s·Bᵀ·G, dB = s·G·Aᵀ (rank-major B); full modules: G", worst <= TOL_GRAD_REL,
             f"worst rel {worst:.2e} at {worst_key} (tol {TOL_GRAD_REL})")
 
     # Round trip through PEFT's loader.
@@ -257,20 +265,23 @@ def run_case(case, family, r, alpha, rslora, tmods, tparams, keep, chk, report):
     # Writer: an adapter made from the document only, loaded by PEFT.
     g = torch.Generator().manual_seed(4321)
     wtensors = {}
-    for key, target, ab in L.doc_keys(table, tmods, tparams):
-        a_shape, b_shape = L.expected_shapes(target, table, r, pv)
-        shape = a_shape if ab == "A" else b_shape
+    for key, target, ab in L.doc_keys(table, tmods, tparams, saved):
+        if ab == "W":
+            shape = target["shape"]
+        else:
+            a_shape, b_shape = L.expected_shapes(target, table, r, pv)
+            shape = a_shape if ab == "A" else b_shape
         wtensors[key] = 0.2 * torch.randn(shape, generator=g)
     wdir = os.path.join(keep, case, "doc_written")
     os.makedirs(wdir, exist_ok=True)
-    wcfg = L.doc_config(r, alpha, tmods, tparams, "tiny-random", pv, use_rslora=rslora)
+    wcfg = L.doc_config(r, alpha, tmods, tparams, "tiny-random", pv, use_rslora=rslora, modules_to_save=saved)
     with open(os.path.join(wdir, "adapter_config.json"), "w") as f:
         json.dump(wcfg, f, indent=2, sort_keys=True)
     save_file(wtensors, os.path.join(wdir, "adapter_model.safetensors"), metadata={"format": "pt"})
     try:
         pm3 = PeftModel.from_pretrained(fresh(family, config, base_sd), wdir)
         pm3.train()
-        loaded = {n: p for n, p in pm3.named_parameters() if "lora_" in n}
+        loaded = {n: p for n, p in pm3.named_parameters() if "lora_" in n or ".modules_to_save." in n}
         with torch.no_grad():
             l3 = pm3(input_ids=ids, use_cache=False).logits
         wmerged, _, wprob = L.merged_state(base_sd, wtensors, wcfg, table, pv)
@@ -279,7 +290,7 @@ def run_case(case, family, r, alpha, rslora, tmods, tparams, keep, chk, report):
         d_w = float((l3 - l3ref).abs().max())
         chk.add(case, "document-written adapter loads in PEFT with the document's logits",
                 d_w <= TOL_LOGITS and not wprob and len(loaded) == len(wtensors),
-                f"max |Δlogits| {d_w:.2e}; {len(loaded)} LoRA tensors loaded of {len(wtensors)} written"
+                f"max |Δlogits| {d_w:.2e}; {len(loaded)} adapter tensors in the model, {len(wtensors)} written"
                 + (f"; {wprob}" if wprob else ""))
     except Exception as e:  # noqa: BLE001
         chk.add(case, "document-written adapter loads in PEFT", False, f"{type(e).__name__}: {e}")
@@ -291,7 +302,7 @@ def markdown(report, chk):
     lines += [f"| {k} | {val} |" for k, val in v.items()]
     for case, info in report["cases"].items():
         lines += ["", f"## {case} ({info['family']}, r {info['r']}, alpha {info['lora_alpha']}, "
-                      f"rslora {info['use_rslora']})", ""]
+                      f"rslora {info['use_rslora']}, modules_to_save {info['modules_to_save']})", ""]
         for m, e in info.get("experts_layout", {}).items():
             if m.startswith("model.layers.0."):
                 lines.append(f"experts `{m}`: order {e['order']}, shapes {e['shapes']}, "
@@ -323,9 +334,9 @@ def main():
     chk = Check()
     report = dict(versions=versions(), cases={})
     print("versions:", json.dumps(report["versions"]), flush=True)
-    for case, family, r, alpha, rslora, tmods, tparams in CASES:
+    for case, family, r, alpha, rslora, tmods, tparams, saved in CASES:
         try:
-            run_case(case, family, r, alpha, rslora, tmods, tparams, keep, chk, report)
+            run_case(case, family, r, alpha, rslora, tmods, tparams, saved, keep, chk, report)
         except Exception as e:  # noqa: BLE001 - one broken case must not hide the others
             traceback.print_exc()
             chk.add(case, "ran to the end", False, f"{type(e).__name__}: {e}")
