@@ -267,7 +267,7 @@ PY
                python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('mpirun:', j.get('ranks_from'), 'tokens/s per GPU', j.get('tokens_per_s_per_gpu'), 'loss', j.get('loss_first'), j.get('loss_last'))" \
                  "$OUT/mpirun_ep2_host.json" || tail -8 "$OUT/mpirun_ep2_host.log" ;;
     profile-bytes) ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-               --kernel-name regex:'grouped|flash|rmsnorm|combine|gather|swiglu' --csv --print-units base "$BIN/mixtune" \
+               --kernel-name regex:'grouped|flash|rmsnorm|combine|gather|swiglu|gated' --csv --print-units base "$BIN/mixtune" \
                bench --preset qwen3-30b-a3b --layers 2 --seq 4096 --micro-batch 1 --grad-accum 2 --steps 1 --warmup 1 \
                > "$OUT/profile_bytes.csv" 2> "$OUT/profile_bytes.err" || rc=1
              python3 bench/kernel_profile.py "$OUT/profile_bytes.csv" > "$OUT/profile_bytes.md"
