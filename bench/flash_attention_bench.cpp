@@ -9,7 +9,7 @@
 // usage: mixtune_bench_flash_attention [--seq S] [--batch B] [--heads H] [--kv-heads K] [--head-dim D]
 //                                      [--doc-len L] [--reps R] [--energy-seconds S] [--bwd-heads G]
 //                                      [--bwd-heads-sweep ROUNDS] [--fwd-early-ab ROUNDS] [--window W]
-//                                      [--sinks 0|1] [--scale X]
+//                                      [--sinks 0|1] [--scale X] [--fwd-sm90-hd64 0|1]
 // --energy-seconds S also runs the default forward and backward back to back for S seconds each: sustained TFLOP/s
 // and picojoules per FLOP from the GPU's energy counter (bench/sustained_run.h). --bwd-heads G forces the
 // sm90 backward's query heads per work item (0: its measured rule chooses; default: MIXTUNE_FLASH_BWD_HEADS,
@@ -20,10 +20,16 @@
 //
 // Sliding window and sinks (GPT-OSS's sliding layers): --window W (keys j > t − W only), --sinks 1 (a sink logit
 // per query head; the backward also accumulates dsinks), --scale X (softmax scale; 0: head_dim^-1/2). These run
-// the mma.sync kernels. The FLOPs count the pairs the window leaves, Σ_t min(t − doc_start + 1, W) (the window's
+// the mma.sync kernels (head_dim 128), or at head_dim 64 the mma.sync backward and the forward Auto picks. The FLOPs count the pairs the window leaves, Σ_t min(t − doc_start + 1, W) (the window's
 // real work, not the causal half), so TFLOP/s stays comparable with the causal runs; "full_causal" times the same
 // shape (and sinks) without the window, for the O(T·W) against O(T²) comparison. GPT-OSS's sliding layer:
 //   mixtune_bench_flash_attention --head-dim 64 --heads 64 --kv-heads 8 --seq 4096 --window 128 --sinks 1
+// --fwd-sm90-hd64 1 (head_dim 64, a cc 9.0 GPU) also times the Hopper forward (window, sinks and scale included)
+// against the mma.sync one: forward_by_kernel / forward_speedup as at head_dim 128, and with a window
+// full_causal_by_kernel for the same shape without it (GPT-OSS's full layers). Under Auto the head_dim 64 sm90
+// forward runs only with MIXTUNE_FLASH_FWD_SM90_HD64=1 (forward_kernel says which ran):
+//   mixtune_bench_flash_attention --head-dim 64 --heads 64 --kv-heads 8 --seq 4096 --window 128 --sinks 1
+//       --scale 0.125 --fwd-sm90-hd64 1
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -65,7 +71,7 @@ Tensor random_bf16(const mt::Shape& s, uint64_t seed) {
 int main(int argc, char** argv) {
   int64_t S = 4096, B = 1, Hq = 32, Hk = 4, D = 128, doc_len = 0, window = 0;
   int reps = 10, bwd_heads = -1, sweep_rounds = 0, fwd_ab_rounds = 0;
-  bool use_sinks = false;
+  bool use_sinks = false, fwd_sm90_hd64 = false;
   float scale = 0.0f;
   double energy_seconds = 0;
   for (int i = 1; i < argc; ++i) {
@@ -102,6 +108,8 @@ int main(int argc, char** argv) {
       window = v;
     else if (s == "--sinks")
       use_sinks = v != 0;
+    else if (s == "--fwd-sm90-hd64")
+      fwd_sm90_hd64 = v != 0;
     else if (s == "--scale")
       scale = static_cast<float>(std::atof(arg));
     else {
@@ -153,8 +161,11 @@ int main(int argc, char** argv) {
     fa.window = window < T ? static_cast<int>(window) : 0;
     fa.scale = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(D));
     fa.sinks = use_sinks ? sinks.data_as<float>() : nullptr;
-    const bool plain = det::flash_args_plain(fa);  // else only the mma.sync kernels run
-    const bool have_sm90 = plain && det::flash_fwd_sm90_supported(fa);
+    const bool plain = det::flash_args_plain(fa);  // else only the mma.sync backward runs
+    // Whether the sm90 forward takes the call (head_dim 128 plain, or 64 with any args), and whether it is timed
+    // against mma.sync (head_dim 64: with --fwd-sm90-hd64 1).
+    const bool sm90_fwd_takes = det::flash_fwd_sm90_takes_args(fa) && det::flash_fwd_sm90_supported(fa);
+    const bool have_sm90 = sm90_fwd_takes && (D != 64 || fwd_sm90_hd64);
     const bool have_bwd_sm90 = plain && det::flash_bwd_sm90_supported(fa);
     if (bwd_heads >= 0) det::flash_bwd_sm90_heads_set(bwd_heads);
     const int bwd_heads_used =
@@ -197,7 +208,7 @@ int main(int argc, char** argv) {
     const double bwd_sm90_ms = have_bwd_sm90 ? backward_ms(det::FlashBwdKernel::Sm90) : 0.0;
     const double fwd_flops = 4.0 * visible * D * Hq, bwd_flops = 2.5 * fwd_flops;
     // The same shape without the window (the default kernels; sinks and scale kept), for the comparison.
-    double causal_fwd_ms = 0, causal_bwd_ms = 0;
+    double causal_fwd_ms = 0, causal_bwd_ms = 0, causal_sm90_ms = 0, causal_mma_ms = 0;
     if (fs.window > 0) {
       mt::cuda::FlashAttentionShape full = fs;
       full.window = 0;
@@ -205,6 +216,14 @@ int main(int argc, char** argv) {
       causal_fwd_ms = time_ms(reps, ctx.stream, [&] {
         mt::cuda::flash_attention_forward(full, q, k, v, docs, o2, l2, ctx.stream, sinks);
       }, /*warmup=*/2);
+      if (have_sm90 && D == 64)
+        for (const det::FlashFwdKernel kind : {det::FlashFwdKernel::Sm90, det::FlashFwdKernel::MmaSync}) {
+          det::flash_fwd_kernel_set(kind);
+          (kind == det::FlashFwdKernel::Sm90 ? causal_sm90_ms : causal_mma_ms) = time_ms(reps, ctx.stream, [&] {
+            mt::cuda::flash_attention_forward(full, q, k, v, docs, o2, l2, ctx.stream, sinks);
+          }, /*warmup=*/2);
+          det::flash_fwd_kernel_set(det::FlashFwdKernel::Auto);
+        }
       causal_bwd_ms = time_ms(reps, ctx.stream, [&] {
         mt::cuda::flash_attention_backward(full, dout, q, k, v, o2, l2, docs, dq2, dk2, dv2, ctx.stream, nullptr,
                                            mt::cuda::FlashBwdMode::fast, sinks, dsinks_out);
@@ -238,7 +257,10 @@ int main(int argc, char** argv) {
                                            mt::cuda::FlashBwdMode::fast, sinks, dsinks_out);
     });
     const char* env = std::getenv("MIXTUNE_FLASH_FWD");
-    const char* auto_kernel = have_sm90 && (env == nullptr || std::string(env) != "mma") ? "sm90" : "mma";
+    const char* env64 = std::getenv("MIXTUNE_FLASH_FWD_SM90_HD64");
+    const bool auto_sm90 = sm90_fwd_takes && (env == nullptr || std::string(env) != "mma") &&
+                           (D != 64 || (env64 && std::string(env64) == "1"));
+    const char* auto_kernel = auto_sm90 ? "sm90" : "mma";
     std::printf(
         "{\"bench\": \"flash_attention\", \"gpu\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"heads\": %lld, "
         "\"kv_heads\": %lld, \"head_dim\": %lld, \"doc_len\": %lld,\n",
@@ -251,6 +273,12 @@ int main(int argc, char** argv) {
           "\"tflops\": %.1f}}, \"window_speedup\": {\"forward\": %.2f, \"backward\": %.2f},\n",
           causal_fwd_ms, causal_fwd_flops / causal_fwd_ms * 1e-9, causal_bwd_ms, causal_bwd_flops / causal_bwd_ms * 1e-9,
           causal_fwd_ms / fwd_ms, causal_bwd_ms / bwd_ms);
+    if (causal_sm90_ms > 0)
+      std::printf(
+          " \"full_causal_by_kernel\": {\"sm90\": {\"ms\": %.4f, \"tflops\": %.1f}, \"mma\": {\"ms\": %.4f, "
+          "\"tflops\": %.1f}}, \"full_causal_speedup\": %.2f,\n",
+          causal_sm90_ms, causal_fwd_flops / causal_sm90_ms * 1e-9, causal_mma_ms, causal_fwd_flops / causal_mma_ms * 1e-9,
+          causal_mma_ms / causal_sm90_ms);
     std::printf(" \"forward_kernel\": \"%s\", \"forward\": {\"ms\": %.4f, \"tflops\": %.1f%s},\n", auto_kernel, fwd_ms,
                 fwd_flops / fwd_ms * 1e-9, mt_bench::sustained_json(fwd_sus, "").c_str());
     if (have_sm90)

@@ -33,6 +33,18 @@ Precision (--precision):
                     the masters, bf16 compute, fp32 gradients and moments; needs --parallel fsdp2 (one process
                     without torchrun makes a one-rank process group)
 
+LoRA (--peft lora, with --precision bf16 and --parallel none): Transformers + PEFT (get_peft_model, LoraConfig
+r --lora-r, lora_alpha --lora-alpha, dropout 0, bias none) on the bf16 model, which stays frozen (no gradients, no
+optimizer state); --lora-targets attn = target_modules q_proj/k_proj/v_proj/o_proj (lora.Linear), experts =
+target_parameters mlp.experts.gate_up_proj / mlp.experts.down_proj (lora.ParamWrapper: each forward materialises
+W + B·A for every expert of the layer, then the unchanged grouped_mm experts run on it; docs/peft-format.md). PEFT
+upcasts the adapters to fp32 (autocast_adapter_dtype); fused AdamW over the adapter parameters only. Full depth at
+seq 4096 needs --gradient-checkpointing (the ParamWrapper keeps W + ΔW of every layer for the backward otherwise).
+FLOPs: "flops_per_token" stays the full fine-tune count (the same number as mixtune bench's record and every other
+mode here); "lora_flops_factor" = (2 + lora_params / frozen_params) / 3 (NeMo's LoRA convention, anchors.md: the
+frozen weights' weight-gradient GEMMs are not done; parameter counts over the whole model, not per token) and
+"lora_model_tflops_per_gpu" = model TFLOP/s × that factor; --print-flops --peft lora prints both without torch.
+
 Parallelism (--parallel, under `torchrun --nproc-per-node N`; without torchrun a one-rank group):
   none    one process, one GPU
   ddp     torch DistributedDataParallel(gradient_as_bucket_view=True, broadcast_buffers=False)
@@ -54,6 +66,8 @@ collectives (NCCL refuses two ranks on one GPU): a functional check of the multi
   python3 bench/hf_baseline.py --print-flops --layers 12 --seq 4096        # FLOP formula only (no torch needed)
   python3 bench/hf_baseline.py --family gpt-oss --layers 5 --seq 4096 --micro-batch 1 --grad-accum 8
   python3 bench/hf_baseline.py --family gpt-oss --print-flops --layers 5 --seq 4096
+  python3 bench/hf_baseline.py --layers 48 --seq 4096 --grad-accum 1 --peft lora --lora-r 16 --lora-alpha 32 \
+      --lora-targets attn,experts --gradient-checkpointing            # Qwen3-30B-A3B full depth, LoRA
 
 Each rank trains on its own random tokens; rank 0 prints the JSON with per-GPU tokens/s and the largest peak
 memory over the ranks. torch and transformers are imported inside run() so that compare.py (and a machine
@@ -90,6 +104,10 @@ PEAK_989 = 989.0  # H100/H200 dense bf16 peak, TFLOP/s (the NVIDIA suites' MFU d
 EXIT_OOM = 3
 PRECISIONS = ("bf16", "fp32-autocast", "fp32-master-copy", "fp32-mp")
 PARALLEL = ("none", "ddp", "fsdp2")
+LORA_TARGETS = {  # --lora-targets word -> (target_modules, target_parameters), the same names in both families
+    "attn": (["q_proj", "k_proj", "v_proj", "o_proj"], []),
+    "experts": ([], ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
+}
 
 
 def attention_pairs_per_query(seq, window=None):
@@ -173,6 +191,24 @@ def family_param_count(family, layers, vocab=None):
     return gpt_oss_param_count(layers, vocab) if family == "gpt-oss" else qwen3_param_count(layers, vocab)
 
 
+def lora_param_count(family, layers, r, targets):
+    """LoRA parameters of --lora-targets: r x (in + out) per nn.Linear (q, k, v, o) and per expert of each fused
+    expert parameter (gate_up H -> 2I, down I -> H; PEFT's ParamWrapper has E x r rows/columns per parameter)."""
+    s = family_shapes(family)
+    h, hq, hkv, d, e, i = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["experts"], s["moe_inter"]
+    per_layer = 0
+    if "attn" in targets.split(","):
+        per_layer += r * ((h + hq * d) + 2 * (h + hkv * d) + (hq * d + h))
+    if "experts" in targets.split(","):
+        per_layer += e * r * ((h + 2 * i) + (i + h))
+    return layers * per_layer
+
+
+def lora_flops_factor(lora_params, frozen_params):
+    """NeMo's LoRA FLOP convention: the full fine-tune count x (2 + lora / frozen) / 3."""
+    return (2 + lora_params / frozen_params) / 3
+
+
 def family_shapes(family):
     return GPT_OSS_20B if family == "gpt-oss" else QWEN3_30B_A3B
 
@@ -235,6 +271,13 @@ def parse_args(argv):
                     help="rank r on GPU (local rank mod GPU count); needs --dist-backend gloo: functional check only")
     ap.add_argument("--gradient-checkpointing", action="store_true",
                     help="HF per-decoder-layer activation checkpointing, use_reentrant=False")
+    ap.add_argument("--peft", choices=("none", "lora"), default="none",
+                    help="lora: Transformers + PEFT LoRA on a frozen bf16 model (see the module docstring)")
+    ap.add_argument("--lora-r", type=int, default=None, help="--peft lora: rank (default 16)")
+    ap.add_argument("--lora-alpha", type=int, default=None, help="--peft lora: lora_alpha (default 32)")
+    ap.add_argument("--lora-targets", default=None,
+                    help="--peft lora: comma list of attn (q/k/v/o_proj) and experts (target_parameters "
+                         "mlp.experts.gate_up_proj, down_proj); default attn,experts")
     ap.add_argument("--experts-implementation", default="grouped_mm")
     ap.add_argument("--attn-implementation", default=None,
                     help="default: the family's Transformers default (qwen3-moe sdpa, gpt-oss eager)")
@@ -301,7 +344,36 @@ def parse_args(argv):
                  "detected')")
     if a.dist_backend != "nccl" and a.parallel == "none":
         ap.error("--dist-backend applies to --parallel ddp or fsdp2 only")
+    if a.peft == "none":
+        for name in ("lora_r", "lora_alpha", "lora_targets"):
+            if getattr(a, name) is not None:
+                ap.error(f"--{name.replace('_', '-')} applies to --peft lora only")
+    else:
+        if a.precision != "bf16":
+            ap.error("--peft lora trains adapters on a frozen bf16 model: --precision bf16 only (PEFT keeps the "
+                     "adapters in fp32 itself)")
+        if a.parallel != "none":
+            ap.error("--peft lora is measured on one GPU (--parallel none); DDP/FSDP2 with PEFT is not wired here")
+        a.lora_r = 16 if a.lora_r is None else a.lora_r
+        a.lora_alpha = 32 if a.lora_alpha is None else a.lora_alpha
+        a.lora_targets = a.lora_targets or "attn,experts"
+        words = [w.strip() for w in a.lora_targets.split(",") if w.strip()]
+        unknown = [w for w in words if w not in LORA_TARGETS]
+        if unknown or not words:
+            ap.error(f"--lora-targets: expected a comma list of {', '.join(LORA_TARGETS)}, found {a.lora_targets!r}")
+        a.lora_targets = ",".join(w for w in LORA_TARGETS if w in words)  # canonical order, no repeats
+        if a.lora_r < 1 or a.lora_alpha <= 0:
+            ap.error(f"--lora-r must be >= 1 and --lora-alpha > 0, found {a.lora_r} and {a.lora_alpha}")
     return a
+
+
+def lora_target_lists(a):
+    """(target_modules, target_parameters) of --lora-targets."""
+    modules, params = [], []
+    for w in a.lora_targets.split(","):
+        modules += LORA_TARGETS[w][0]
+        params += LORA_TARGETS[w][1]
+    return modules, params
 
 
 def functional_check(a):
@@ -323,6 +395,8 @@ def baseline_label(a):
         par = ""
     gc = "checkpointing" if a.gradient_checkpointing else ""
     extra = ", ".join(x for x in (par, gc) if x)
+    if a.peft == "lora":
+        prec = f"PEFT LoRA r {a.lora_r} ({a.lora_targets.replace(',', '+')}), frozen bf16"
     return f"{prec} [{extra}]" if extra else prec
 
 
@@ -364,6 +438,12 @@ def configuration_text(a, world):
                    "every layer, the window as a mask)" if a.attn_implementation == "eager" else "")
                 + f", experts {a.experts_implementation}; router aux loss off (output_router_logits false, as "
                   f"gpt-oss-20b's config.json)")
+    if a.peft == "lora":
+        modules, params = lora_target_lists(a)
+        prec = (f"PEFT LoRA r {a.lora_r}, alpha {a.lora_alpha}, dropout 0 on a frozen bf16 model (no gradients or "
+                f"optimizer state for it); target_modules {modules or 'none'}, target_parameters {params or 'none'}"
+                f" (ParamWrapper: W + B·A materialised per layer and forward); adapters fp32 (PEFT's "
+                f"autocast_adapter_dtype); AdamW over the adapter parameters only")
     parts = [prec, par, attn,
              f"torch.optim.AdamW fused, lr {a.lr:g}, weight decay 0.01, betas (0.9, 0.999), eps 1e-8",
              "no gradient clipping",
@@ -417,6 +497,7 @@ def base_result(a, command):
         "prompt_fraction": a.prompt_fraction,
         "flops_per_token": family_flops_per_token(a.family, a.layers, a.seq, a.vocab),
         "functional_check": functional_check(a),
+        "peft": a.peft,
         "configuration": configuration_text(a, world),
         "oom": False,
     }
@@ -733,6 +814,47 @@ def fsdp2_wrap(torch, a, model, world, result):
     return raf
 
 
+def apply_lora(torch, a, model, result):
+    """Wraps the bf16 model with PEFT LoRA in place; returns the PeftModel. Checks that only adapters train and
+    that every targeted module really got its adapter."""
+    import peft
+    from peft import LoraConfig, get_peft_model
+    from peft.tuners.lora.layer import Linear as LoraLinear
+    from peft.tuners.lora.layer import ParamWrapper
+    modules, params = lora_target_lists(a)
+    cfg = LoraConfig(r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                     target_modules=modules, target_parameters=params or None)
+    pm = get_peft_model(model, cfg)  # autocast_adapter_dtype=True (the default): adapters upcast to fp32
+    trainable = [(n, p) for n, p in pm.named_parameters() if p.requires_grad]
+    not_lora = [n for n, _ in trainable if "lora_" not in n]
+    if not_lora:
+        raise RuntimeError(f"PEFT left {len(not_lora)} base parameter(s) trainable (first: {not_lora[0]})")
+    lora_params = sum(p.numel() for _, p in trainable)
+    frozen_params = sum(p.numel() for _, p in pm.named_parameters() if not p.requires_grad)
+    linears = sum(isinstance(m, LoraLinear) for m in pm.modules())
+    wrappers = sum(isinstance(m, ParamWrapper) for m in pm.modules())
+    want_linears, want_wrappers = len(modules) * a.layers, len(params) * a.layers
+    if (linears, wrappers) != (want_linears, want_wrappers):
+        raise RuntimeError(f"PEFT made {linears} lora.Linear and {wrappers} ParamWrapper modules, expected "
+                           f"{want_linears} and {want_wrappers} ({a.layers} layers)")
+    factor = lora_flops_factor(lora_params, frozen_params)
+    expected = lora_param_count(a.family, a.layers, a.lora_r, a.lora_targets)
+    if lora_params != expected:
+        log(f"WARNING: {lora_params} LoRA parameters, the formula gives {expected}")
+    result["lora"] = {
+        "peft_version": peft.__version__, "r": a.lora_r, "lora_alpha": a.lora_alpha, "targets": a.lora_targets,
+        "target_modules": modules, "target_parameters": params, "lora_linear_modules": linears,
+        "param_wrappers": wrappers, "trainable_params": lora_params, "frozen_params": frozen_params,
+        "adapter_dtypes": sorted({str(p.dtype).replace("torch.", "") for _, p in trainable}),
+        "flops_factor": factor,
+    }
+    result["lora_flops_factor"] = factor
+    log(f"PEFT {peft.__version__} LoRA r {a.lora_r} alpha {a.lora_alpha} on {a.lora_targets}: {linears} "
+        f"lora.Linear + {wrappers} ParamWrapper modules, {lora_params / 1e6:.1f} M trainable "
+        f"({result['lora']['adapter_dtypes']}) over {frozen_params / 1e9:.3f} B frozen; FLOP factor {factor:.4f}")
+    return pm
+
+
 def run(a, result):
     import torch
     import transformers
@@ -816,6 +938,11 @@ def run(a, result):
         log(f"WARNING: parameter count {params} differs from the {PRESETS[a.family]} slice formula "
             f"{expected_params}")
         result["params_expected"] = expected_params
+    peft_model = None
+    if a.peft == "lora":
+        result["stage"] = "peft"
+        peft_model = apply_lora(torch, a, model, result)  # injects the adapters into `model` itself
+        result["hf"]["optimizer"] = f"torch.optim.AdamW(fused=True, lr={a.lr:g}) over the LoRA parameters only"
 
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) \
         if a.precision == "fp32-autocast" else contextlib.nullcontext
@@ -828,7 +955,7 @@ def run(a, result):
         log(f"WARNING: expected {2 * a.layers} grouped_mm calls (2 per layer) in the probe forward, saw "
             f"{grouped_calls}: the experts may not be running through grouped_mm")
 
-    train_model = model
+    train_model = peft_model if peft_model is not None else model
     if a.parallel == "ddp":
         result["stage"] = "ddp"
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -842,11 +969,13 @@ def run(a, result):
         opt = MasterCopyAdamW(torch, named_params, a.lr, a.master_grad_accum, log)
         result["hf"]["optimizer"] = opt.how + f"; gradients accumulated in {a.master_grad_accum}"
     else:
+        # LoRA: the adapters only (the frozen base has requires_grad False); otherwise every parameter
+        trained = [p for p in model.parameters() if p.requires_grad] if a.peft == "lora" else list(model.parameters())
         try:
-            opt = torch.optim.AdamW(model.parameters(), lr=a.lr, fused=True)
+            opt = torch.optim.AdamW(trained, lr=a.lr, fused=True)
         except (RuntimeError, TypeError) as e:  # a torch without fused AdamW for DTensor parameters
             log(f"fused AdamW rejected ({e}); using foreach")
-            opt = torch.optim.AdamW(model.parameters(), lr=a.lr, foreach=True)
+            opt = torch.optim.AdamW(trained, lr=a.lr, foreach=True)
             result["hf"]["optimizer"] = f"torch.optim.AdamW(foreach=True, lr={a.lr:g})"
     gen = torch.Generator(device=device)
     gen.manual_seed(a.seed + 7777 * rank)  # each rank its own tokens
@@ -921,6 +1050,9 @@ def run(a, result):
         "loss_last": loss_values[-1],
         "losses": loss_values,
     })
+    if a.peft == "lora":  # NeMo's LoRA convention on top of the full fine-tune count (module docstring)
+        result["lora_model_tflops_per_gpu"] = tflops * result["lora_flops_factor"]
+        result["lora_mfu_vs_989"] = tflops * result["lora_flops_factor"] / PEAK_989
     if joules0 is not None and joules1 is not None and joules1 > joules0 and not a.ranks_share_gpu:
         energy = joules1 - joules0  # this rank's GPU, as mixtune's
         result.update({"energy_j_per_step": energy / a.steps, "mean_power_w": energy / elapsed,
@@ -937,8 +1069,12 @@ def main(argv=None):
     a = parse_args(argv)
     if a.print_flops:
         f = family_flops_per_token(a.family, a.layers, a.seq, a.vocab)
-        print(json.dumps({"family": a.family, "preset": PRESETS[a.family], "layers": a.layers, "seq": a.seq,
-                          "flops_per_token": f, "params": family_param_count(a.family, a.layers, a.vocab)}))
+        record = {"family": a.family, "preset": PRESETS[a.family], "layers": a.layers, "seq": a.seq,
+                  "flops_per_token": f, "params": family_param_count(a.family, a.layers, a.vocab)}
+        if a.peft == "lora":
+            n = lora_param_count(a.family, a.layers, a.lora_r, a.lora_targets)
+            record.update(lora_params=n, lora_flops_factor=lora_flops_factor(n, record["params"]))
+        print(json.dumps(record))
         return 0
     command = shlex.join(["python3", sys.argv[0]] + list(argv))
     result = base_result(a, command)

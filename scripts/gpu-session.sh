@@ -5,7 +5,8 @@
 #   scripts/gpu-session.sh CARRY_TARBALL STAGE...
 #
 # CARRY_TARBALL: .carry/gpu.tar.xz made by scripts/gpu-pack.sh (bin/ with mixtune, mixtune_tests and the
-# kernel benches, lib/ with the non-system shared libraries they need).
+# kernel benches, lib/ with the non-system shared libraries they need); `-` for stages that run no mixtune binary
+# (peft-probe, hf-lora).
 # STAGES: tests (Cuda* gtests) | standard (~2 min) |
 #         fp32master (~3–4 min; 5 runs of at most 100 s each: mixtune --precision fp32-master against every fp32-master baseline of
 #         Transformers — fp32 + autocast, FSDP2 mixed precision on one rank, bf16 + fp32 master copy with fp32 and with
@@ -67,7 +68,13 @@
 #         checkpoints of shapes the fixtures lack against mixtune score, convert and one finetune step; VERIFY_ARGS
 #         e.g. "--random 4 --seed 7"; the PASS/FAIL table in verify-gpt-oss.md) |
 #         gptoss-recipe (~1–2 min: recipes/gpt-oss-20b.yaml on one GPU at a 2-layer slice, 12 steps; needs
-#         .carry/gptoss-tok.tar.xz, the gpt-oss tokenizer + chat template, and .carry/qsdata.tar.xz).
+#         .carry/gptoss-tok.tar.xz, the gpt-oss tokenizer + chat template, and .carry/qsdata.tar.xz) |
+#         peft-probe (~1–2 min, CPU, no binary needed: tools/hf_reference/peft_probe.py checks docs/peft-format.md
+#         against this machine's PEFT, PASS/FAIL table in peft-probe.md; then make_peft_fixture.py writes the LoRA
+#         fixtures to $OUT/peft_fixtures/{qwen3_moe,gpt_oss}_lora/ for tests/fixtures) |
+#         hf-lora (no binary needed: the Transformers + PEFT LoRA baseline alone, Qwen3-30B-A3B shapes, LAYERS=48
+#         layers, seq 4096, r 16 alpha 32 on attention + experts, gradient checkpointing, GRAD_ACCUM=2, STEPS=3;
+#         hf-lora.json; an 80 GB card may not hold 48 layers: LAYERS=24 there).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
 [[ $# -lt 2 ]] && { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2; }
@@ -77,7 +84,9 @@ OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 G=/tmp/mixtune-gpu
-rm -rf "$G" && mkdir -p "$G" && tar xJf "$TARBALL" -C "$G" || { echo "cannot unpack $TARBALL" >&2; exit 2; }
+if [[ "$TARBALL" != - ]]; then
+  rm -rf "$G" && mkdir -p "$G" && tar xJf "$TARBALL" -C "$G" || { echo "cannot unpack $TARBALL" >&2; exit 2; }
+fi
 BIN=$G/gpu/bin
 export MIXTUNE_COMMIT=$(cat "$G/gpu/COMMIT" 2>/dev/null || echo unknown)
 export LIB_DIR=$G/gpu/lib
@@ -128,6 +137,23 @@ for stage in "$@"; do
 m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16); print("transformers loads", sys.argv[1], type(m).__name__, sum(p.numel() for p in m.parameters()), "parameters")' \
         "$R/run/final" 2>&1 | tail -2 | tee -a "$OUT/gptoss-recipe.log" ;;
     hf-smoke) OUT=$OUT bash bench/hf_smoke.sh || rc=1 ;;
+    hf-lora)  # issue 39's baseline: Transformers + PEFT LoRA on a frozen bf16 Qwen3-30B-A3B slice, one GPU
+      PYTHONUNBUFFERED=1 python3 bench/hf_baseline.py --layers ${LAYERS:-48} --seq 4096 --micro-batch 1 \
+        --grad-accum ${GRAD_ACCUM:-2} --steps ${STEPS:-3} --warmup 1 --peft lora --lora-r 16 --lora-alpha 32 \
+        --lora-targets attn,experts --gradient-checkpointing --json-out "$OUT/hf-lora.json" \
+        > "$OUT/hf-lora.log" 2>&1 || rc=1
+      grep -E 'PEFT|tokens/s|OOM|FAILED' "$OUT/hf-lora.log" | tail -5
+      python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("hf-lora:", j.get("gpu"), "layers", j["model"]["layers"], "tokens/s", j.get("tokens_per_s_per_gpu"), "peak GiB", round((j.get("peak_allocated_bytes") or 0) / 2**30, 2), "lora", j.get("lora"), "oom", j.get("oom"), "error", j.get("error"))' \
+        "$OUT/hf-lora.json" 2>/dev/null || tail -20 "$OUT/hf-lora.log" ;;
+    peft-probe)  # docs/peft-format.md against this machine's PEFT (CPU, fp32), then the LoRA fixtures
+      OUT=$OUT PYTHONUNBUFFERED=1 python3 tools/hf_reference/peft_probe.py --keep /tmp/peft-probe \
+        > "$OUT/peft-probe.log" 2>&1 || rc=1
+      grep -E '^versions:|^\[(PASS|FAIL)\]|^peft-probe' "$OUT/peft-probe.log" | tail -40
+      [[ -f "$OUT/peft-probe.md" ]] || tail -30 "$OUT/peft-probe.log"
+      rm -rf "$OUT/peft_fixtures"
+      PYTHONUNBUFFERED=1 python3 tools/hf_reference/make_peft_fixture.py "$OUT/peft_fixtures" \
+        > "$OUT/peft_fixtures.log" 2>&1 || { rc=1; grep -B2 -A12 Traceback "$OUT/peft_fixtures.log" | tail -40; }
+      tail -6 "$OUT/peft_fixtures.log"; du -sh "$OUT/peft_fixtures" 2>/dev/null ;;
     hf-realistic)  # Transformers' bf16 reference at a 2-layer Qwen3-30B-A3B slice, then the CUDA engine against it
       PYTHONUNBUFFERED=1 python3 tools/hf_reference/make_realistic_fixture.py /tmp/hf-realistic \
         > "$OUT/hf_realistic_fixture.log" 2>&1 || { rc=1; tail -20 "$OUT/hf_realistic_fixture.log"; }
@@ -241,7 +267,7 @@ PY
                python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('mpirun:', j.get('ranks_from'), 'tokens/s per GPU', j.get('tokens_per_s_per_gpu'), 'loss', j.get('loss_first'), j.get('loss_last'))" \
                  "$OUT/mpirun_ep2_host.json" || tail -8 "$OUT/mpirun_ep2_host.log" ;;
     profile-bytes) ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-               --kernel-name regex:'grouped|flash|rmsnorm|combine|gather|swiglu' --csv --print-units base "$BIN/mixtune" \
+               --kernel-name regex:'grouped|flash|rmsnorm|combine|gather|swiglu|gated' --csv --print-units base "$BIN/mixtune" \
                bench --preset qwen3-30b-a3b --layers 2 --seq 4096 --micro-batch 1 --grad-accum 2 --steps 1 --warmup 1 \
                > "$OUT/profile_bytes.csv" 2> "$OUT/profile_bytes.err" || rc=1
              python3 bench/kernel_profile.py "$OUT/profile_bytes.csv" > "$OUT/profile_bytes.md"

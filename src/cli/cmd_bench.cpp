@@ -82,12 +82,12 @@ void run_plan_only(const BenchArgs& a) {
     lc.r = a.lora_r;
     lc.alpha = a.lora_alpha > 0 ? a.lora_alpha : 2.0 * static_cast<double>(a.lora_r);
     lc.target = a.lora_targets;
-    in.lora = memory_plan_lora(in.cfg, lora_table_of(in.cfg, lc, "bench --lora-targets"));
+    memory_plan_set_lora(in, lora_table_of(in.cfg, lc, "bench --lora-targets"), /*gpu=*/true);
     in.fp32_master = true;
     in.bf16_moments = false;
     if (a.ep > 1 || a.ranks > 1) fail("bench: --lora-r plans one GPU (no --ep or --ranks)");
   }
-  in.pair_expert_wgrad = !a.no_pair_expert_wgrad && in.lora.params == 0 && pairing_wanted(in, a.grad_accum);
+  in.pair_expert_wgrad = !a.no_pair_expert_wgrad && !in.lora && pairing_wanted(in, a.grad_accum);
   // A job of --ranks ranks (default --ep): with more ranks than --ep, each expert group has ranks / ep replicas,
   // over which ZeRO-1 shards the expert stacks' state.
   const int64_t ranks = a.ranks == 0 ? a.ep : a.ranks;

@@ -30,11 +30,14 @@ extern "C" void on_stop_signal(int sig) {
 struct FinetuneArgs {
   std::string recipe;
   std::vector<std::string> sets;
+  std::string adapter;
   bool resume = false;
 };
 
 void run_finetune(const FinetuneArgs& a) {
-  const Recipe recipe = recipe_load(a.recipe, a.sets);
+  std::vector<std::string> sets = a.sets;
+  if (!a.adapter.empty()) sets.push_back("model.adapter=" + a.adapter);  // as --set model.adapter=DIR
+  const Recipe recipe = recipe_load(a.recipe, sets);
   FinetuneOptions o;
   o.resume = a.resume;
   o.stop_requested = [] { return g_stop_signal != 0; };
@@ -58,6 +61,7 @@ void add_finetune_command(CLI::App& app) {
   cmd->add_option("RECIPE", a.recipe, "recipe YAML file")->required();
   cmd->add_option("--set", a.sets, "override a recipe key: section.key=value (YAML value), repeatable");
   cmd->add_flag("--resume", a.resume, "continue from <checkpoint.dir>/latest");
+  cmd->add_option("--adapter", a.adapter, "continue training this LoRA adapter (PEFT format; = --set model.adapter=DIR)");
   cmd->callback([] { run_finetune(a); });
 }
 

@@ -24,13 +24,14 @@
 #include "models/causal_lm.h"
 #include "models/generation_config.h"
 #include "models/generate.h"
+#include "models/lora_checkpoint.h"
 
 namespace mt::cli {
 
 namespace {
 
 struct GenerateArgs {
-  std::string model, prompt, chat, tokenizer;
+  std::string model, prompt, chat, tokenizer, adapter;
   int64_t max_new_tokens = 128;
   std::optional<double> temperature, top_p;
   std::optional<int64_t> top_k;
@@ -99,6 +100,9 @@ void run_generate(const GenerateArgs& a) {
   if (a.max_new_tokens < 0) fail("--max-new-tokens must be >= 0, found {}", a.max_new_tokens);
 
   CausalLM m = CausalLM::from_pretrained(a.model);
+  // Generation runs the adapter merged into the loaded weights (PEFT's merge_and_unload; the KV-cache path has no
+  // unmerged LoRA): equal to the unmerged forward up to rounding (docs/lora.md).
+  if (!a.adapter.empty()) lora_merge_into(m.weights, lora_load_pretrained(a.adapter, m.config, m.weights));
   const GenerationConfig gc = generation_config_read(m.source_dir, m.config.raw);
   const std::string tok_dir = a.tokenizer.empty() ? m.source_dir : a.tokenizer;
   const Tokenizer tok = Tokenizer::from_file(tok_dir);
@@ -175,6 +179,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--top-k", a->top_k, "keep the k most likely tokens, 0 = off (default: generation_config.json's)");
   cmd->add_option("--seed", a->seed, "random seed of the sampler (default 0)");
   cmd->add_option("--tokenizer", a->tokenizer, "directory with tokenizer.json (default: the model directory)");
+  cmd->add_option("--adapter", a->adapter, "a LoRA adapter directory in PEFT's format (merged into the weights)");
   cmd->add_flag("--no-thinking", a->no_thinking, "render --chat with enable_thinking=false")->needs(chat);
   cmd->add_flag("--json", a->json, "print one JSON object: prompt_tokens, generated_ids, text, stop_reason, tokens_per_s");
   cmd->callback([a, prompt, chat] {

@@ -1,5 +1,6 @@
 // mixtune inspect DIR: what a checkpoint is and what training it costs in memory.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <filesystem>
 #include <map>
@@ -9,6 +10,7 @@
 #include "cli/commands.h"
 #include "io/checkpoint_files.h"
 #include "io/hf_cache.h"
+#include "models/lora_adapter.h"
 #include "models/model_weights.h"
 #include "models/registry.h"
 #include "models/spec/decoder_spec.h"
@@ -93,7 +95,13 @@ std::string quant_name(const CheckpointQuant& q) {
   return "unknown";
 }
 
-void run_inspect(const std::string& path, bool as_json) {
+struct InspectLora {
+  int64_t r = 16;
+  double alpha = 32;
+  std::vector<std::string> target;  // empty: no LoRA lines
+};
+
+void run_inspect(const std::string& path, bool as_json, const InspectLora& lora_args) {
   const std::string dir = hf_resolve_model_path(path);
   const std::string cfg_path = (std::filesystem::path(dir) / "config.json").string();
   DecoderSpec c = DecoderSpec::from_file(cfg_path);
@@ -167,6 +175,32 @@ void run_inspect(const std::string& path, bool as_json) {
                         {"norm_topk_prob", m.router.norm_topk_prob}});
   }
   j["stored_quantisation"] = quant_name(c.quant);
+  // LoRA on this model (--lora-target): the adapter's size and the training state with the base frozen.
+  int64_t lora_params = 0, lora_full = 0;
+  if (!lora_args.target.empty()) {
+    LoraConfig lc;
+    lc.r = lora_args.r;
+    lc.alpha = lora_args.alpha;
+    lc.target = lora_args.target;
+    const LoraTable t = lora_table_of(c, lc, "--lora-target");
+    lora_params = lora_parameter_count(t);
+    const ParamTable base = param_table_of(c);
+    for (const std::string& n : t.full) lora_full += shape_numel(base.find(n)->shape);
+    // Frozen base: its parameters only. Adapter (fp32): itself, gradients, two moments; full-trained parameters
+    // as in full training.
+    const double adapter_bytes = static_cast<double>(lora_params) * 16;
+    const double full_bytes = static_cast<double>(lora_full) * (4 + 8 + (c.dtype == DType::F32 ? 0 : 4));
+    j["lora"] = {{"r", lc.r},
+                 {"alpha", lc.alpha},
+                 {"target", lc.target},
+                 {"adapter_parameters", lora_params},
+                 {"full_trained_parameters", lora_full},
+                 {"training_state_bytes",
+                  {{"base_parameters_frozen", param_bytes},
+                   {"adapter_fp32_with_gradients_and_moments", adapter_bytes},
+                   {"full_trained_gradients_moments_master", full_bytes},
+                   {"total_without_activations", param_bytes + adapter_bytes + full_bytes}}}};
+  }
   if (as_json) {
     fmt::print("{}\n", j.dump(2));
     return;
@@ -202,6 +236,15 @@ void run_inspect(const std::string& path, bool as_json) {
   fmt::print("    AdamW moments     {}\n", gib(moments_bytes));
   fmt::print("    master weights    {}\n", gib(master_bytes));
   fmt::print("    total             {}\n", gib(param_bytes + grad_bytes + moments_bytes + master_bytes));
+  if (j.contains("lora")) {
+    const auto& l = j["lora"];
+    fmt::print("  LoRA r {} on {}: {} adapter parameters{}\n", lora_args.r, fmt::join(lora_args.target, ", "),
+               count(lora_params), lora_full ? fmt::format(" + {} trained in full", count(lora_full)) : std::string());
+    fmt::print("    base (frozen)     {}\n", gib(l["training_state_bytes"]["base_parameters_frozen"].get<double>()));
+    fmt::print("    adapter + grads + moments (fp32) {}\n",
+               gib(l["training_state_bytes"]["adapter_fp32_with_gradients_and_moments"].get<double>()));
+    fmt::print("    total             {}\n", gib(l["training_state_bytes"]["total_without_activations"].get<double>()));
+  }
 }
 
 }  // namespace
@@ -212,7 +255,11 @@ void add_inspect_command(CLI::App& app) {
   static bool as_json = false;
   cmd->add_option("DIR", path, "checkpoint directory or Org/Name in the local HF cache")->required();
   cmd->add_flag("--json", as_json, "print JSON");
-  cmd->callback([] { run_inspect(path, as_json); });
+  static InspectLora lora;
+  cmd->add_option("--lora-target", lora.target, "LoRA targets (the family's names, e.g. q_proj,experts): print the "
+                  "adapter's size and training state")->delimiter(',');
+  cmd->add_option("--lora-r", lora.r, "LoRA rank for --lora-target (default 16)");
+  cmd->callback([] { run_inspect(path, as_json, lora); });
 }
 
 }  // namespace mt::cli

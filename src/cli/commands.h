@@ -10,6 +10,7 @@ void add_inspect_command(CLI::App& app);
 void add_init_command(CLI::App& app);
 void add_score_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
+void add_merge_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_finetune_command(CLI::App& app);
 void add_bench_command(CLI::App& app);

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   mt::cli::add_init_command(app);
   mt::cli::add_score_command(app);
   mt::cli::add_convert_command(app);
+  mt::cli::add_merge_command(app);
   mt::cli::add_tokenize_command(app);
   mt::cli::add_generate_command(app);
   mt::cli::add_finetune_command(app);

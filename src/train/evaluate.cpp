@@ -43,9 +43,12 @@ Batch make_batch(const std::vector<const TokenRecord*>& recs) {
 }
 }  // namespace
 
-ScoreResult score_records(CausalLM& model, const std::vector<TokenRecord>& records, bool want_logits) {
+ScoreResult score_records(CausalLM& model, const std::vector<TokenRecord>& records, bool want_logits,
+                          const LoraWeights* adapter) {
   MT_CHECK(!records.empty(), "score of no records");
-  DecoderModel net(model.config, model.weights);
+  ModelOptions mo;
+  mo.lora = adapter;
+  DecoderModel net(model.config, model.weights, mo);
   bool uniform = true;
   for (const auto& r : records) uniform = uniform && r.input_ids.size() == records[0].input_ids.size();
   std::vector<std::vector<const TokenRecord*>> batches;

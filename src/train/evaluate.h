@@ -6,6 +6,7 @@
 #include "core/tensor.h"
 #include "data/token_jsonl.h"
 #include "models/causal_lm.h"
+#include "models/lora_adapter.h"
 
 namespace mt {
 
@@ -19,6 +20,8 @@ struct ScoreResult {
 
 // Records of equal length form one batch [B, S] (exactly Transformers' forward on that batch);
 // otherwise each record is its own batch and the CE is token-weighted over all of them.
-ScoreResult score_records(CausalLM& model, const std::vector<TokenRecord>& records, bool want_logits);
+// adapter (optional): a LoRA adapter on the model (models/lora_adapter.h), run unmerged as PEFT runs it.
+ScoreResult score_records(CausalLM& model, const std::vector<TokenRecord>& records, bool want_logits,
+                          const LoraWeights* adapter = nullptr);
 
 }  // namespace mt

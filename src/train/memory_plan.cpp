@@ -196,35 +196,42 @@ MemoryPlan plan_bytes(const MemoryPlanInput& in, const ParamSums& ps, int64_t to
     transient = std::max(transient, lb.backward_peak);
   }
   wide moment_bytes = in.bf16_moments ? kBf16 : kF32;
-  const bool lora = in.lora.params > 0;
-  if (lora) {
-    saved += wide{tokens} * in.lora.saved_per_token;
-    transient += wide{tokens} * in.lora.transient_per_token;
-  }
 
   MemoryPlan p;
+  if (in.lora) {  // frozen base: parameters only; the adapter and full-trained parameters carry the training state
+    const wide adapter = in.lora_params, full = in.lora_full_params;
+    saved += wide{tokens} * in.lora_saved_per_token;
+    transient += wide{tokens} * in.lora_transient_per_token;
+    p.param_count = clamp64(count);
+    p.params = clamp64(count * kBf16 + adapter * (kF32 + (in.lora_working_copies ? kBf16 : 0)));
+    p.grads = clamp64((adapter + full) * kF32);
+    p.optimizer_param_count = clamp64(adapter + full);
+    p.optimizer = clamp64((adapter + full) * 2 * moment_bytes + (master ? full * kF32 : 0));
+    p.activations_saved = clamp64(saved);
+    p.activations_transient = clamp64(transient);
+    p.activations = clamp64(saved + transient);
+    p.workspace = kCublasWorkspaceBytes + kAllocatorSlackBytes;
+    p.total = clamp64(static_cast<wide>(p.params) + p.grads + p.optimizer + saved + transient + p.workspace);
+    p.available = in.device_bytes - in.reserve_bytes;
+    p.fits = p.total <= p.available;
+    return p;
+  }
   p.param_count = clamp64(count);
-  // Under LoRA only the adapter and the full-trained parameters have gradients and optimizer state; the adapter's
-  // fp32 values are AdamW's parameters themselves (no master copy), next to their bf16 working copies.
-  const wide trained = wide{in.lora.params} + in.lora.full_params;
-  const wide grad_bytes = lora ? trained * kF32
-                               : count * kF32 - (in.bf16_expert_grads ? expert_count / ep * (kF32 - kBf16) : 0);
+  const wide grad_bytes = count * kF32 - (in.bf16_expert_grads ? expert_count / ep * (kF32 - kBf16) : 0);
   p.grads = clamp64(grad_bytes);
-  const wide opt_count = lora ? trained : optimizer_param_count(in, d, ps, count, expert_count / ep);
-  const wide master_count = lora ? wide{in.lora.full_params} : opt_count;
+  const wide opt_count = optimizer_param_count(in, d, ps, count, expert_count / ep);
   wide held = count;  // parameters present on this rank at the peak
   if (in.shard_parameters && in.reshard_after_forward && in.optimizer_shards > 1)
     held = std::min(count, opt_count + fetched_groups_count(in, ps));
-  const wide param_bytes = held * kBf16 + (lora ? wide{in.lora.params} * (kF32 + kBf16) : 0);
-  p.params = clamp64(param_bytes);
+  p.params = clamp64(held * kBf16);
   p.optimizer_param_count = clamp64(opt_count);
-  const wide opt_bytes = opt_count * 2 * moment_bytes + (master ? master_count * kF32 : 0);
-  p.optimizer = clamp64(opt_bytes);
+  p.optimizer = clamp64(opt_count * (2 * moment_bytes + (master ? kF32 : 0)));
   p.activations_saved = clamp64(saved);
   p.activations_transient = clamp64(transient);
   p.activations = clamp64(saved + transient);
   p.workspace = kCublasWorkspaceBytes + kAllocatorSlackBytes;
-  p.total = clamp64(param_bytes + grad_bytes + opt_bytes + saved + transient + p.workspace);
+  p.total = clamp64(held * kBf16 + grad_bytes + opt_count * (2 * moment_bytes + (master ? kF32 : 0)) + saved +
+                    transient + p.workspace);
   p.available = in.device_bytes - in.reserve_bytes;
   p.fits = p.total <= p.available;
   return p;
@@ -303,6 +310,12 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   check_range("device_bytes", in.device_bytes, 1, std::numeric_limits<int64_t>::max());
   check_range("reserve_bytes", in.reserve_bytes, 0, in.device_bytes);
   check_range("expert_parallel", in.expert_parallel, 1, std::max<int64_t>(c.num_experts(), 1));
+  if (in.lora) {
+    check_range("lora_params", in.lora_params, 0, int64_t{1} << 50);
+    check_range("lora_full_params", in.lora_full_params, 0, int64_t{1} << 50);
+    if (in.expert_parallel > 1 || in.optimizer_shards > 1 || in.shard_parameters)
+      fail("memory plan: LoRA with expert parallelism or sharding is not supported");
+  }
 
   const ParamSums ps = param_sums(c);
   MemoryPlan p = plan_bytes(in, ps, in.micro_batch * in.seq, in.recompute, in.fp32_master);
@@ -316,11 +329,13 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   p.recompute = in.recompute;
   p.fp32_master = in.fp32_master;
   p.bf16_moments = in.bf16_moments;
+  p.lora = in.lora;
+  p.lora_params = in.lora_params;
+  p.lora_full_params = in.lora_full_params;
   p.optimizer_shards = std::max<int64_t>(in.optimizer_shards, 1);
   p.expert_replicas = expert_replicas_of(in);
   p.params_sharded = in.shard_parameters && in.reshard_after_forward && p.optimizer_shards > 1;
   p.bf16_expert_grads = in.bf16_expert_grads;
-  p.lora = in.lora;
   p.full_recompute_fits = plan_bytes(in, ps, in.micro_batch * in.seq, Recompute::full, in.fp32_master).fits;
   p.no_master_fits = plan_bytes(in, ps, in.micro_batch * in.seq, in.recompute, false).fits;
 
@@ -333,23 +348,25 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   return p;
 }
 
-MemoryPlanLora memory_plan_lora(const DecoderSpec& cfg, const LoraTable& t) {
-  MemoryPlanLora m;
-  m.r = t.config.r;
-  m.params = lora_parameter_count(t);
-  const ParamTable base = param_table_of(cfg);
+void memory_plan_set_lora(MemoryPlanInput& in, const LoraTable& t, bool gpu) {
+  in.lora = true;
+  in.lora_params = lora_parameter_count(t);
+  in.lora_full_params = 0;
+  const ParamTable base = param_table_of(in.cfg);
   for (const std::string& name : t.full)
-    if (const ParamEntry* e = base.find(name)) m.full_params += shape_numel(e->shape);
-  const int64_t k = std::max<int64_t>(cfg.experts_per_token(), 1);
+    if (const ParamEntry* e = base.find(name)) in.lora_full_params += shape_numel(e->shape);
+  in.lora_working_copies = gpu;
+  in.lora_saved_per_token = in.lora_transient_per_token = 0;
+  if (!gpu) return;
+  const int64_t k = std::max<int64_t>(in.cfg.experts_per_token(), 1), r = t.config.r;
   for (const LoraEntry& e : t.entries) {
     if (e.is_b) continue;  // one u per adapted weight
     const bool stack = e.role == ParamRole::expert_stack;
-    m.saved_per_token += static_cast<int64_t>((stack ? k : 1) * m.r * kBf16);
+    in.lora_saved_per_token += static_cast<int64_t>((stack ? k : 1) * r * kBf16);
     if (stack)
-      m.transient_per_token = std::max(m.transient_per_token,
-                                       static_cast<int64_t>(k * (std::max(e.in, e.out) + 2 * m.r) * kBf16));
+      in.lora_transient_per_token = std::max(in.lora_transient_per_token,
+                                             static_cast<int64_t>(k * (std::max(e.in, e.out) + 2 * r) * kBf16));
   }
-  return m;
 }
 
 bool pairing_wanted(MemoryPlanInput in, int64_t grad_accum) {
@@ -369,21 +386,23 @@ std::string MemoryPlan::table() const {
   };
   // ZeRO-3: "1/N" of the replicated tensors, and of the expert stacks "1/R" over their replicas when there are several.
   const std::string experts_share = expert_replicas > 1 ? fmt::format(" (experts 1/{})", expert_replicas) : "";
-  if (lora.params > 0) {
-    // The frozen base has no gradients, optimizer state or masters: only the adapter and the full-trained ones do.
-    t += fmt::format("  LoRA r {}: {:.2f} M adapter parameters + {:.2f} M trained in full; base frozen (bf16 only)\n",
-                     lora.r, static_cast<double>(lora.params) / 1e6, static_cast<double>(lora.full_params) / 1e6);
-    row("parameters", "base bf16 + adapter fp32 and bf16 copy", params);
-    row("gradients", "fp32, adapter + full-trained only", grads);
-  } else {
+  if (!lora)
     row("parameters",
-        params_sharded ? fmt::format("bf16 ZeRO-3: 1/{}{} + 2 {}groups", optimizer_shards, experts_share,
-                                     experts_share.empty() ? "fetched " : "")
-                       : "bf16",
+      params_sharded ? fmt::format("bf16 ZeRO-3: 1/{}{} + 2 {}groups", optimizer_shards, experts_share,
+                                   experts_share.empty() ? "fetched " : "")
+                     : "bf16",
+      params);
+  if (lora) {  // the base frozen: its parameters only
+    row("parameters", fmt::format("bf16 base (frozen) + fp32 adapter {:.1f} M", static_cast<double>(lora_params) / 1e6),
         params);
+    row("gradients", fmt::format("fp32, adapter{}", lora_full_params ? " + router" : ""), grads);
+    row("optimizer", fmt::format("m,v {}, adapter{}", bf16_moments ? "bf16" : "fp32",
+                                 lora_full_params ? (fp32_master ? " + router (fp32 master)" : " + router") : ""),
+        optimizer);
+  } else {
     row("gradients", bf16_expert_grads ? "fp32, experts bf16" : "fp32", grads);
+    row("optimizer", optimizer_desc(*this), optimizer);
   }
-  row("optimizer", optimizer_desc(*this), optimizer);
   row("activations",
       fmt::format("saved {:.2f} + peak transient {:.2f}", gib(activations_saved), gib(activations_transient)),
       activations);

@@ -19,24 +19,6 @@ namespace mt {
 Recompute recompute_parse(const std::string& name, const std::string& where);
 const char* recompute_name(Recompute r);
 
-struct LoraTable;  // models/lora_adapter.h
-
-// LoRA training (models/lora_adapter.h): the base is frozen, so its parameters are bf16 only (no gradients, optimizer
-// state or fp32 masters); the adapter's parameters are fp32 masters plus bf16 working copies (models/cuda/cuda_lora.h)
-// with fp32 gradients and AdamW moments; `full_params` base parameters (target `router`) train in full as usual.
-struct MemoryPlanLora {
-  int64_t params = 0;       // adapter parameters (lora_parameter_count)
-  int64_t full_params = 0;  // base parameters trained in full
-  int64_t r = 0;
-  // Activations per token: the u = x·A'ᵀ [T, r] each adapted slot keeps (expert stacks: k rows per token), and the
-  // grouped path's temporaries (kernels/cuda/lora.h: its [N, out] output before the add, its [N, in] input
-  // gradient, du and s·u) of the widest adapted expert stack, on top of a layer's backward peak.
-  int64_t saved_per_token = 0;
-  int64_t transient_per_token = 0;
-};
-// The plan's LoRA figures for `table` over `cfg`.
-MemoryPlanLora memory_plan_lora(const DecoderSpec& cfg, const LoraTable& table);
-
 struct MemoryPlanInput {
   DecoderSpec cfg;
   int64_t micro_batch = 1, seq = 4096;
@@ -67,13 +49,28 @@ struct MemoryPlanInput {
   bool shard_parameters = false;
   bool reshard_after_forward = true;
   bool deterministic = false;  // train.deterministic: flash attention's backward keeps dK/dV per query head
-  // LoRA: a frozen base and an adapter (one GPU: no expert parallelism or sharding). lora.params == 0: full
-  // fine-tuning.
-  MemoryPlanLora lora;
+  // LoRA (recipe peft; models/lora_adapter.h): the base frozen, so it has bf16 parameters only (no gradients, no
+  // optimizer state, no master); the adapter's lora_params fp32 parameters with fp32 gradients and moments, and
+  // lora_full_params base parameters trained in full (the router: bf16, fp32 gradients, moments and master).
+  // Activations are counted as for full training (the adapters' [T, r] intermediates are small beside them).
+  // Not with expert parallelism or sharded parameters (refused: LoRA runs in one process so far).
+  bool lora = false;
+  int64_t lora_params = 0, lora_full_params = 0;
+  // The CUDA engine's additions (memory_plan_set_lora): the adapter's bf16 working copies beside its fp32 masters
+  // (models/cuda/cuda_lora.h), and per token the u = x·A'ᵀ [T, r] every adapted slot keeps (an expert stack k rows
+  // per token) plus the grouped path's temporaries of the widest adapted stack (kernels/cuda/lora.h: its [N, out]
+  // output before the add or its [N, in] input gradient, du and s·u) on top of a layer's backward peak.
+  bool lora_working_copies = false;
+  int64_t lora_saved_per_token = 0, lora_transient_per_token = 0;
 
   int64_t device_bytes = 0;   // total memory of the GPU (cudaMemGetInfo total)
   int64_t reserve_bytes = 0;  // kept free for the CUDA context / fragmentation (caller picks, e.g. 1.5 GiB + 3%)
 };
+
+struct LoraTable;  // models/lora_adapter.h
+
+// Sets in.lora and its counts for `table` over in.cfg; gpu: the CUDA engine's working copies and activations too.
+void memory_plan_set_lora(MemoryPlanInput& in, const LoraTable& table, bool gpu);
 
 struct MemoryPlan {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0, total = 0;
@@ -94,7 +91,8 @@ struct MemoryPlan {
   int64_t micro_batch = 0, seq = 0, device_bytes = 0, reserve_bytes = 0;
   Recompute recompute = Recompute::selective;
   bool fp32_master = true, bf16_moments = false, bf16_expert_grads = false;
-  MemoryPlanLora lora;               // params == 0: full fine-tuning
+  bool lora = false;                 // rows as MemoryPlanInput::lora describes
+  int64_t lora_params = 0, lora_full_params = 0;
   bool full_recompute_fits = false;  // the same request with recompute = full fits
   bool no_master_fits = false;       // the same request without fp32 master weights fits
 

@@ -237,6 +237,7 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
 
   const RecipeReader r(path, root);
   Recipe rc;
+  rc.file = path;
   rc.model.path = r.str("model", "path", "", true);
   rc.model.dtype = r.choice("model", "dtype", rc.model.dtype, {"bfloat16", "float32"});
   rc.model.adapter = r.str("model", "adapter", "");

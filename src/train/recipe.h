@@ -126,6 +126,7 @@ constexpr int64_t kMaxGradAccum = int64_t{1} << 20;    // train.grad_accum: 1,04
 constexpr int64_t kMaxTimeoutS = 365LL * 24 * 3600;    // parallel.timeout_s: a year
 
 struct Recipe {
+  std::string file;  // the recipe's path, for errors found after loading (e.g. peft.target against the model)
   RecipeModel model;
   RecipeData data;
   RecipeTrain train;

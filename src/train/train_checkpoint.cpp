@@ -154,6 +154,26 @@ std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& mo
   return final_dir.string();
 }
 
+std::string train_checkpoint_save(const std::string& run_dir, const std::function<void(const std::string&)>& write_model,
+                                  uint64_t model_bytes, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                  const TrainerState& state, int64_t keep_last) {
+  const std::string name = checkpoint_name(state.step);
+  const fs::path final_dir = fs::path(run_dir) / name;
+  uint64_t bytes = model_bytes + (1u << 16);
+  for (const auto& [n, t] : tensors) bytes += t.nbytes();
+  save_or_explain(run_dir, name, bytes, [&] {
+    {
+      AtomicDirWriter out(final_dir.string());
+      write_model(out.path());
+      safetensors_write((fs::path(out.path()) / kOptimizerFile).string(), tensors, optimizer_metadata());
+      write_trainer_state(out.path(), state);
+      out.commit();
+    }
+    point_latest_and_prune(run_dir, name, keep_last);
+  });
+  return final_dir.string();
+}
+
 std::string train_checkpoint_save_shared(const SaveShare& share, const std::string& run_dir, const CausalLM& model,
                                          const std::vector<std::pair<std::string, Tensor>>& tensors,
                                          const TrainerState& state, int64_t keep_last) {
@@ -184,8 +204,11 @@ std::string train_checkpoint_latest(const std::string& run_dir) {
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
   if (checkpoint_step(name) < 0) fail("{}: does not name a checkpoint directory (found '{}')", pointer.string(), name);
   const fs::path dir = fs::path(run_dir) / name;
-  for (const char* f : {"trainer_state.json", "optimizer.safetensors", "config.json"})
+  for (const char* f : {"trainer_state.json", "optimizer.safetensors"})
     if (!fs::is_regular_file(dir / f)) fail("{}: {} is missing: the checkpoint is incomplete", dir.string(), f);
+  // The model (config.json), or a LoRA run's adapter (adapter_config.json).
+  if (!fs::is_regular_file(dir / "config.json") && !fs::is_regular_file(dir / "adapter_config.json"))
+    fail("{}: config.json is missing: the checkpoint is incomplete", dir.string());
   return dir.string();
 }
 

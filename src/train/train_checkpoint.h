@@ -5,6 +5,7 @@
 // <run_dir>/latest (one line: the directory name) move to it, so `latest` never names a partial save.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,6 +39,13 @@ std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& mo
 std::string train_checkpoint_save(const std::string& run_dir, const CausalLM& model, AdamW& optimizer,
                                   const TrainerState& state, int64_t keep_last);
 
+// A LoRA run's checkpoint: `write_model(dir)` writes the adapter's files (models/lora_checkpoint.h) where the
+// model's would go; `model_bytes` is about their size. The rest (optimizer.safetensors, trainer_state.json,
+// `latest`, pruning, errors) as above.
+std::string train_checkpoint_save(const std::string& run_dir, const std::function<void(const std::string&)>& write_model,
+                                  uint64_t model_bytes, const std::vector<std::pair<std::string, Tensor>>& optimizer_state,
+                                  const TrainerState& state, int64_t keep_last);
+
 // The same checkpoint saved by every rank of a job (train/shared_save.h): every rank calls it with its
 // host model and optimizer state (full shapes; the rows `share` gives this rank hold data), no rank
 // gathers the model. The lead moves `latest` and prunes after the commit.
@@ -55,7 +63,7 @@ int64_t train_checkpoint_dir_step(const std::string& name);
 uint64_t train_checkpoint_bytes(const CausalLM& model, const std::vector<std::pair<std::string, Tensor>>& optimizer_state);
 
 // The checkpoint directory `latest` names, or "" when the run has none. A `latest` naming a missing
-// or incomplete directory is an error.
+// or incomplete directory (no config.json, or for a LoRA run no adapter_config.json) is an error.
 std::string train_checkpoint_latest(const std::string& run_dir);
 
 TrainerState train_state_read(const std::string& checkpoint_dir);

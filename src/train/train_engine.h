@@ -14,6 +14,7 @@
 #include "core/tensor.h"
 #include "models/causal_lm.h"
 #include "models/decoder_model.h"
+#include "models/lora_adapter.h"
 #include "train/adamw.h"
 #include "train/optimizer_shards.h"
 #include "train/recipe.h"
@@ -56,6 +57,8 @@ class TrainEngine {
   virtual int64_t optimizer_state_bytes() = 0;
   virtual int64_t peak_memory_bytes() const = 0;    // peak allocated (CPU: host tensors; CUDA: device allocator)
   virtual int64_t peak_reserved_bytes() const = 0;  // CUDA: peak obtained from the driver; CPU: = allocated
+  // The LoRA adapter being trained (recipe `peft`), on the host after weights_to_host(); null for full training.
+  virtual LoraWeights* lora() { return nullptr; }
 };
 
 // The recipe's optimizer section as AdamW hyper-parameters (both engines).

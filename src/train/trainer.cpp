@@ -14,6 +14,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -29,6 +30,8 @@
 #include "models/causal_lm.h"
 #include "models/decoder_model.h"
 #include "models/hf_checkpoint_map.h"
+#include "models/lora_checkpoint.h"
+#include "train/lora_engine.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
 #include "train/optimizer_shards.h"
@@ -60,7 +63,29 @@ nlohmann::json recipe_identity(const Recipe& r, int world) {
   j["train.grad_accum"] = r.train.grad_accum;
   j["train.seed"] = r.train.seed;
   j["optimizer.master_weights"] = r.optimizer.master_weights;
+  if (r.peft.enabled) {  // a LoRA run resumes its adapter; the base comes from model.path again
+    j["model.path"] = r.model.path;
+    if (!r.peft.target.empty()) {
+      std::vector<std::string> t = r.peft.target;
+      std::sort(t.begin(), t.end());
+      j["peft"] = {{"r", r.peft.r}, {"alpha", r.peft.alpha}, {"use_rslora", r.peft.use_rslora}, {"target", t}};
+    }
+  }
   return j;
+}
+
+// What LoRA training does not do yet, refused before any loading.
+void lora_refusals(const Recipe& r, int world) {
+  if (!r.peft.enabled) return;
+  if (world > 1)
+    fail("{}: peft: LoRA training runs in one process so far ({} ranks found; data and expert parallelism with "
+         "adapters are not built)",
+         r.file, world);
+  if (r.parallel.ep > 1) fail("{}: parallel.ep: LoRA training does not support expert parallelism yet", r.file);
+  if (r.train.device != "auto" && r.train.device != "cpu")
+    fail("{}: train.device: '{}': LoRA training runs on the CPU engine so far (the CUDA engine is not built for "
+         "adapters); set train.device: cpu or auto",
+         r.file, r.train.device);
 }
 
 void identity_check(const nlohmann::json& recipe, const nlohmann::json& saved, const std::string& ckpt) {
@@ -154,6 +179,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   std::unique_ptr<Communicator> comm;
   if (pg.world > 1) comm = tcp_communicator_create(pg, std::chrono::seconds(r.parallel.timeout_s));
   check_window_fits_host(r, pg.world);
+  lora_refusals(r, pg.world);
   const bool lead = pg.rank == 0;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> quiet(lead ? nullptr : std::fopen("/dev/null", "w"), &std::fclose);
   std::FILE* log = lead ? o.log : quiet.get();
@@ -215,14 +241,18 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   }
 
   // The engine first (from the model's config): an expert-parallel rank then reads only its experts.
-  const std::string model_src = resume_dir.empty() ? r.model.path : resume_dir;
+  // A LoRA checkpoint holds the adapter, not the model: the base comes from model.path.
+  const std::string model_src = resume_dir.empty() || r.peft.enabled ? r.model.path : resume_dir;
   const std::string model_dir = hf_resolve_model_path(model_src);
   const fs::path config_path = fs::path(model_dir) / "config.json";
   if (!fs::exists(config_path)) fail("{}: no config.json in the model directory", model_dir);
   const DecoderSpec model_cfg = DecoderSpec::from_file(config_path.string());
   std::string device_why;
   // Every rank must agree on the engine (a rank on the CPU and another on a GPU cannot share collectives).
-  int device = train_device_resolve(r, model_cfg, &device_why, pg.local_rank, comm ? std::max(pg.local_world, 1) : 1);
+  int device = r.peft.enabled ? -1
+                              : train_device_resolve(r, model_cfg, &device_why, pg.local_rank,
+                                                     comm ? std::max(pg.local_world, 1) : 1);
+  if (r.peft.enabled) device_why = "LoRA training runs on the CPU engine so far";
   if (comm) {
     double on_gpu[2] = {device >= 0 ? 1.0 : 0.0, 1.0};
     comm->all_reduce_sum(on_gpu, 2, "all_reduce(engine choice)");
@@ -316,8 +346,9 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
     }
   };
   std::unique_ptr<TrainEngine, AbandonOnError> engine(
-      device < 0 ? cpu_engine_create(lm, r, comm.get()).release()
-                 : cuda_engine_hooks()->create(lm, r, device, log, comm.get()).release());
+      r.peft.enabled ? cpu_lora_engine_create(lm, r, lora_adapter_for_run(r, lm, resume_dir)).release()
+      : device < 0   ? cpu_engine_create(lm, r, comm.get()).release()
+                     : cuda_engine_hooks()->create(lm, r, device, log, comm.get()).release());
   progress.message(fmt::format("device: {}{}", engine->device_name(),
                                r.train.device == "auto" ? " (train.device auto: " + device_why + ")" : ""));
   if (const OptimizerShards& sh = engine->optimizer_shards(); sh.active()) {
@@ -351,6 +382,14 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   auto save_checkpoint = [&] {
     engine->weights_to_host();  // every rank: the tensors (or expert rows) it writes
     auto state = engine->optimizer_state_host();
+    if (const LoraWeights* adapter = engine->lora()) {  // the adapter (PEFT's files) instead of the model
+      result.last_checkpoint = train_checkpoint_save(
+          run_dir.string(),
+          [&](const std::string& dir) { lora_write_files(dir, cfg, *adapter, lm.weights, r.model.path); },
+          static_cast<uint64_t>(lora_parameter_count(*adapter->table)) * 4, state, st, r.checkpoint.keep_last);
+      progress.message(fmt::format("checkpoint: {}", result.last_checkpoint));
+      return;
+    }
     warn_space(train_checkpoint_name(st.step), train_checkpoint_bytes(lm, state));
     if (comm)
       result.last_checkpoint =
@@ -381,6 +420,18 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
                                ModelWeights::absent_like_config(cfg, lm.dtype).parameter_count(), r.model.dtype,
                                total_steps,
                                r.train.grad_accum, r.train.micro_batch_size, r.data.seq_len));
+  if (const LoraWeights* adapter = engine->lora()) {
+    int64_t full = 0;
+    for (const std::string& n : adapter->table->full) full += shape_numel(lm.weights.param_table().find(n)->shape);
+    const LoraConfig& lc = adapter->table->config;
+    progress.message(fmt::format("LoRA r {} alpha {} (scaling {:.4g}) on {}: {} adapter parameters{}; the base is "
+                                 "frozen{}",
+                                 lc.r, lc.alpha, lc.scaling(), fmt::join(lc.target, ", "),
+                                 lora_parameter_count(*adapter->table),
+                                 full ? fmt::format(" + {} trained in full", full) : std::string(),
+                                 resume_dir.empty() && !r.model.adapter.empty() ? ", adapter from " + r.model.adapter
+                                                                               : std::string()));
+  }
 
   int64_t last_saved_step = resume_dir.empty() ? -1 : st.step;
   if (o.steps_begin) o.steps_begin();
@@ -530,8 +581,9 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   else
     engine->weights_to_host();
   result.final_dir = (run_dir / "final").string();
-  warn_space("final", train_checkpoint_bytes(lm, {}));
-  if (comm) {
+  if (const LoraWeights* adapter = engine->lora()) {
+    lora_save_pretrained(result.final_dir, cfg, *adapter, lm.weights, r.model.path);
+  } else if (warn_space("final", train_checkpoint_bytes(lm, {})); comm) {
     shared_dir_save(
         share, result.final_dir, [&](const std::string& tmp) { lm.write_pretrained_layout(tmp); },
         [&](const std::string& tmp) {
@@ -541,7 +593,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
     lm.save_pretrained(result.final_dir);
   }
   if (!lead) return result;
-  progress.message(fmt::format("final model: {}", result.final_dir));
+  progress.message(fmt::format("final {}: {}", engine->lora() ? "adapter (PEFT format)" : "model", result.final_dir));
   const std::string why = loss_plot_write((run_dir / "metrics.jsonl").string(), (run_dir / "loss.png").string());
   if (why.empty())
     progress.message(fmt::format("loss curve: {}", (run_dir / "loss.png").string()));

@@ -18,6 +18,8 @@
 #include "data/tokenizer.h"
 #include "models/causal_lm.h"
 #include "models/generate.h"
+#include "models/lora_checkpoint.h"
+#include "../models/lora_test_util.h"
 
 namespace mt {
 namespace {
@@ -240,6 +242,26 @@ TEST_F(GenerateCli, BadInputIsOneLineNamingTheProblem) {
   write(m3 / "config.json", c.dump());
   expect_one_line_error(run("generate --model " + m3.string() + " --prompt 'Hello world'"),
                         "the prompt has 11 tokens, more than max_position_embeddings = 4");
+}
+
+// --adapter: generation runs the adapter merged into the loaded weights, so it equals generating from the
+// checkpoint `mixtune merge` writes; the adapter changes what is generated.
+TEST_F(GenerateCli, AdapterEqualsTheMergedCheckpoint) {
+  CausalLM lm = CausalLM::from_pretrained(model.string());
+  auto table = std::make_shared<const LoraTable>(
+      lora_table_of(lm.config, test::config_of({"q_proj", "o_proj", "experts"}, 4), "t"));
+  lora_save_pretrained((*dir / "adapter").string(), lm.config, test::random_adapter(table, lm.config.num_layers(), 8),
+                       lm.weights, model.string());
+  const RunResult r = run("merge --model " + model.string() + " --adapter " + (*dir / "adapter").string() + " --out " +
+                          (*dir / "merged").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string args = "--prompt 'Hello world' --max-new-tokens 12 --temperature 0 --json";
+  const RunResult with = run(m() + args + " --adapter " + (*dir / "adapter").string());
+  const RunResult merged = run("generate --model " + (*dir / "merged").string() + " " + args);
+  ASSERT_EQ(with.code, 0) << with.err;
+  ASSERT_EQ(merged.code, 0) << merged.err;
+  EXPECT_EQ(json::parse(with.out)["generated_ids"], json::parse(merged.out)["generated_ids"]);
+  EXPECT_NE(json::parse(with.out)["generated_ids"], run_json("--prompt 'Hello world' --max-new-tokens 12 --temperature 0")["generated_ids"]);
 }
 
 }  // namespace

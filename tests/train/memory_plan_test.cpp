@@ -137,6 +137,25 @@ TEST(MemoryPlan, TinyParamsGradsOptimizerExact) {
   EXPECT_EQ(memory_plan(in).param_count, kTinyParams - 512 * 64);
 }
 
+// LoRA: the frozen base keeps its bf16 parameters only; the adapter (fp32) and the full-trained router carry
+// gradients and moments (the router, bf16, also its fp32 master); activations as in full training.
+TEST(MemoryPlan, LoraFreezesTheBase) {
+  MemoryPlanInput in = tiny_input(Recompute::selective);
+  const MemoryPlan full = memory_plan(in);
+  in.lora = true;
+  in.lora_params = 12345;
+  in.lora_full_params = 2 * 8 * 64;  // two routers [E 8, H 64]
+  const MemoryPlan p = memory_plan(in);
+  EXPECT_EQ(p.params, kTinyParams * 2 + 12345 * 4);
+  EXPECT_EQ(p.grads, (12345 + 1024) * 4);
+  EXPECT_EQ(p.optimizer, (12345 + 1024) * 8 + 1024 * 4);
+  EXPECT_EQ(p.activations, full.activations);
+  EXPECT_EQ(p.total, p.params + p.grads + p.optimizer + p.activations + p.workspace);
+  EXPECT_NE(p.table().find("bf16 base (frozen) + fp32 adapter"), std::string::npos) << p.table();
+  in.expert_parallel = 2;
+  EXPECT_THROW(memory_plan(in), Error);
+}
+
 TEST(MemoryPlan, TinyActivationsExactPerRecomputeMode) {
   // none: one layer's backward (698,368) beats the head/loss transient (295,936).
   MemoryPlan none = memory_plan(tiny_input(Recompute::none));

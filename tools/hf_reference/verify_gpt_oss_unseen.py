@@ -33,7 +33,9 @@ comparison arbitrary). Checks per variant:
                      weight decay 0.01 on every parameter; constant lr; no clipping) on one 32-token row vs one
                      torch.optim.AdamW step of Transformers' fp32 model on the same row: step loss rel <= 1e-5;
                      every weight abs <= 1e-5, except where torch's gradient is nonzero and below 1e-6 (Adam divides
-                     by |g| + eps, so those elements are ill-conditioned: held to 2 x lr, and fewer than 1% of all)
+                     by |g| + eps, so those elements are ill-conditioned: held to 2 x lr); every parameter tensor
+                     with nonzero gradients must keep at least half of them well-conditioned, so that each tensor is
+                     really compared (the share of ill-conditioned elements is reported)
   finetune-pad-row   (variant pad_token_in_data only) the same with the config's pad_token_id among the row's
                      tokens: Transformers' nn.Embedding(padding_idx=pad_token_id) gives that row no gradient
 Prints a PASS/FAIL table (INFO rows: within the bounds or not, never a failure) and WORK_DIR/results.json; exit
@@ -53,11 +55,23 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.normpath(os.path.join(HERE, "..", "..", "tests", "fixtures", "gpt_oss"))
+# Transformers' per-expert loop: its bf16 grouped_mm refuses expert widths whose strides are not multiples of
+# 16 bytes ("strides should be multiple of 16 bytes"), which several variants have; the loop is the definition.
+EXPERTS = "eager"
+
+
+def eager_experts(model):
+    """`model` on the per-expert loop (EXPERTS), whichever backend its construction or load chose."""
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation(EXPERTS)
+    return model
+
+
 SEQ = 32          # tokens per row: longer than every fixed window, a multiple of 8 (finetune rounds rows up to 8)
 ROWS = 2          # score rows
 ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
 TOL = dict(loss_rel=1e-5, logits_abs=1e-4, bf16_loss_rel=1e-2, bf16_logits_rel_l2=2e-2, step_abs=1e-5,
-           ill_grad=1e-6, ill_share=0.01, router_gap=1e-4)
+           ill_grad=1e-6, ill_tensor_share=0.5, router_gap=1e-4)
 STORAGE = ("float32", "bfloat16", "mxfp4")
 INFO_CHECKS = ("score-bf16",)  # reported with their bounds, not counted in the exit status
 
@@ -315,7 +329,7 @@ class Variant:
             torch.manual_seed(seed)
             gen = torch.Generator().manual_seed(seed)
             config = self.tf.GptOssConfig(**v["config"])
-            model = self.tf.GptOssForCausalLM(config).float()
+            model = eager_experts(self.tf.GptOssForCausalLM(config).float())
             self.fx.perturb(model, "gpt_oss", gen)
             (self.score_ids, self.score_labels), (self.ft_ids, self.ft_labels) = rows_for(v, gen, torch)
             shutil.rmtree(self.ckpt, ignore_errors=True)
@@ -378,9 +392,11 @@ class Variant:
             quant = json.load(f).get("quantization_config")
         if quant:
             m = self.tf.GptOssForCausalLM.from_pretrained(
-                path, dtype=torch.bfloat16, quantization_config=self.tf.Mxfp4Config(dequantize=True)).to(dtype)
+                path, dtype=torch.bfloat16, quantization_config=self.tf.Mxfp4Config(dequantize=True),
+                experts_implementation=EXPERTS).to(dtype)
         else:
-            m = self.tf.GptOssForCausalLM.from_pretrained(path, dtype=dtype)
+            m = self.tf.GptOssForCausalLM.from_pretrained(path, dtype=dtype, experts_implementation=EXPERTS)
+        m = eager_experts(m)
         m.eval()
         return m
 
@@ -449,6 +465,17 @@ def check_convert(var, binary, to_dtype=None):
     if "quantization_config" in cfg:
         return False, "the converted config.json still declares quantization_config"
     src = var.load(dt)
+    if var.v["storage"] == "mxfp4":
+        # Transformers runs a model loaded through Mxfp4Config(dequantize=True) on other code than a plain load
+        # (its bf16 logits differ by ~0.7 with bit-identical tensors), so the source side is a plain model of the
+        # source's own config holding the tensors that load dequantised: the check stays tensors + config + logits.
+        cfg_src = type(src.config).from_pretrained(var.ckpt)
+        if hasattr(cfg_src, "quantization_config"):
+            del cfg_src.quantization_config
+        plain = eager_experts(var.tf.GptOssForCausalLM(cfg_src).to(dt))
+        plain.load_state_dict(src.state_dict(), strict=True)
+        plain.eval()
+        src = plain
     conv = var.load(dt, out)
     ok, detail = same_models(var, src, conv)
     return ok, f"to {to_dtype or 'the same dtype'} ({cfg.get('dtype', cfg.get('torch_dtype'))}): {detail}"
@@ -489,7 +516,7 @@ def check_finetune(var, binary, whole_pad_row):
     want = {n: p.detach() for n, p in model.named_parameters()}
     got = var.load(torch.float32, os.path.join(run, "final")).state_dict()
     pad = var.v["config"]["pad_token_id"]
-    worst, worst_name, bad, ill, total, missing = 0.0, None, 0, 0, 0, []
+    worst, worst_name, bad, ill, total, missing, untested = 0.0, None, 0, 0, 0, [], []
     for n, w in want.items():
         if n not in got:
             missing.append(n)
@@ -502,16 +529,21 @@ def check_finetune(var, binary, whole_pad_row):
         bound = torch.where(tiny, torch.full_like(diff, 2 * ADAMW["lr"]), torch.full_like(diff, TOL["step_abs"]))
         bad += int((diff > bound).sum())
         ill += int(tiny.sum())
+        nonzero = int((gr != 0).sum())
+        if nonzero and int(tiny.sum()) > TOL["ill_tensor_share"] * nonzero:
+            untested.append(f"{n} ({int(tiny.sum())} of {nonzero})")
         total += diff.numel()
         m = float(diff.masked_fill(tiny, 0).max()) if diff.numel() else 0.0
         if m > worst:
             worst, worst_name = m, n
     rel = abs(got_loss - ref_loss) / abs(ref_loss)
-    ok = not missing and rel <= TOL["loss_rel"] and bad == 0 and ill <= TOL["ill_share"] * max(total, 1)
+    ok = not missing and rel <= TOL["loss_rel"] and bad == 0 and not untested
     detail = (f"step loss {got_loss:.7f} vs {ref_loss:.7f} rel {rel:.1e}; weights: {bad} of {total} outside the "
               f"bound, worst well-conditioned {worst:.1e} ({worst_name}), {ill} ill-conditioned (|g| < 1e-6)")
     if missing:
         detail += f"; missing in final/: {missing[:3]}"
+    if untested:
+        detail += f"; mostly ill-conditioned, so not really compared: {untested[:3]}"
     if whole_pad_row:
         e = (got["model.embed_tokens.weight"].float() - want["model.embed_tokens.weight"]).abs()[pad]
         g = grads["model.embed_tokens.weight"][pad]

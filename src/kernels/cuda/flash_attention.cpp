@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "core/error.h"
 #include "kernels/cuda/device_tensor_check.h"
@@ -58,13 +60,24 @@ detail::FlashArgs check_args(const FlashAttentionShape& s, const Tensor& q, cons
 
 std::atomic<detail::FlashFwdKernel> g_fwd_kernel{detail::FlashFwdKernel::Auto};
 
-// The Hopper forward is the default where it runs (head_dim 128 on a cc 9.0 GPU); MIXTUNE_FLASH_FWD=mma
+// The Hopper forward is the default where it runs (head_dim 128 on a cc 9.0 GPU; head_dim 64 opt-in, below);
+// MIXTUNE_FLASH_FWD=mma
 // selects the mma.sync kernel (read once; for A/B measurements).
 bool sm90_forward_allowed() {
   static const bool on = env_allows_sm90("MIXTUNE_FLASH_FWD");
   return on;
 }
 
+
+// The head_dim 64 sm90 forward is opt-in under Auto until it has been measured on a GPU:
+// MIXTUNE_FLASH_FWD_SM90_HD64=1 (read once) selects it.
+bool sm90_forward_hd64_opted_in() {
+  static const bool on = [] {
+    const char* e = std::getenv("MIXTUNE_FLASH_FWD_SM90_HD64");
+    return e && std::string(e) == "1";
+  }();
+  return on;
+}
 
 // Whether the forward runs the sm90 kernel (flash_fwd_kernel_get, then the environment).
 bool use_sm90_forward(const detail::FlashArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -73,18 +86,19 @@ bool use_sm90_forward(const detail::FlashArgs& a, const Tensor& q, const Tensor&
   if (kind == detail::FlashFwdKernel::MmaSync) return false;
   const bool aligned = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out);
   if (kind == detail::FlashFwdKernel::Sm90) {
-    MT_CHECK(detail::flash_args_plain(a),
-             "flash attention forward: the sm90 kernel has no sliding window, sinks or softmax scale other than "
-             "head_dim^-1/2 (window {}, sinks {}, scale {}); select the mma.sync kernel",
+    MT_CHECK(detail::flash_fwd_sm90_takes_args(a),
+             "flash attention forward: the head_dim 128 sm90 kernel has no sliding window, sinks or softmax scale "
+             "other than head_dim^-1/2 (window {}, sinks {}, scale {}); select the mma.sync kernel",
              a.window, a.sinks ? "given" : "none", a.scale);
     MT_CHECK(detail::flash_fwd_sm90_supported(a),
-             "flash attention forward: the sm90 kernel needs head_dim 128 (got {}), a cc 9.0 GPU and an sm_90a "
-             "build",
+             "flash attention forward: the sm90 kernel needs head_dim 128 or 64 (got {}), a cc 9.0 GPU and an "
+             "sm_90a build",
              a.D);
     MT_CHECK(aligned, "flash attention forward: the sm90 kernel needs 16-byte aligned q, k, v and out");
     return true;
   }
-  return sm90_forward_allowed() && aligned && detail::flash_args_plain(a) && detail::flash_fwd_sm90_supported(a);
+  return sm90_forward_allowed() && aligned && (a.D != 64 || sm90_forward_hd64_opted_in()) &&
+         detail::flash_fwd_sm90_takes_args(a) && detail::flash_fwd_sm90_supported(a);
 }
 
 std::atomic<detail::FlashBwdKernel> g_bwd_kernel{detail::FlashBwdKernel::Auto};

@@ -6,11 +6,12 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention_kernels.h"
+#include "kernels/cuda/flash_attention_tiles.cuh"
 #include "kernels/cuda/sm90_common.cuh"
 #include "kernels/cuda/tensor_checks.h"
 #include "kernels/cuda/kernel_launch.cuh"
 
-// Hopper (sm_90a) flash-attention forward for head_dim 128: TMA tile loads, wgmma, producer/consumer
+// Hopper (sm_90a) flash-attention forward for head_dim 128 and 64: TMA tile loads, wgmma, producer/consumer
 // warpgroups (the FlashAttention-3 dataflow, written from its description). Same contract as the
 // mma.sync forward (flash_attention_fwd.cu): causal GQA over packed documents, scores and softmax in
 // fp32 (log2 domain, exp2), P rounded to bf16 unnormalised, out = P·V / rowsum, lse [Hq][T] natural log.
@@ -35,6 +36,14 @@
 // the Q buffer, 16-byte stores to out; rows past T are neither loaded (TMA zero fill) nor stored.
 // Grid (Hq, query tiles), the last query tiles (longest key ranges) first; the query heads of one KV
 // head are neighbours in launch order, so their K/V tiles come from L2.
+//
+// head_dim 64 (GPT-OSS) is the same kernel with one 64-column box per row: Q·Kᵀ is 4 k-steps, O += P·V is
+// m64n64k16 (O 32 registers), 80 KiB of shared memory. It alone also takes a sliding window, sinks and any
+// scale, with the mma.sync forward's semantics: key range from flash::first_key (the document start or
+// t − W + 1), the running max starts at the sink's logit and the sink's exp2 joins the row sum (lse includes
+// it). A key tile that no row of a consumer warpgroup sees is computed masked (all -inf): it leaves m, l and
+// O exactly as they are (alpha 1 or, with no key seen yet, 0 on zeros; P = 0), so the results are those of a
+// skip. The head_dim 128 instantiation keeps the plain path (doc_start bounds, no sink): its code is unchanged.
 
 namespace mt::cuda {
 
@@ -46,30 +55,39 @@ using sm90::pack_bf16;
 using sm90::sts_u32;
 #endif
 
-constexpr int kD = 128;                      // head_dim
 constexpr int kBM = 128;                     // queries per block: 2 consumer warpgroups x 64
 constexpr int kBN = 128;                     // keys per K/V tile
 constexpr int kStages = 2;                   // K/V ring
 constexpr int kThreads = 384;                // producer warpgroup + 2 consumer warpgroups
 constexpr int kBoxBytes = 128 * 128;         // one [128 rows][64 columns] box: 16 KiB
-constexpr int kTileBytes = 2 * kBoxBytes;    // [128 rows][128 columns]: 32 KiB
-constexpr int kQOff = 0;
-constexpr int kKOff = kQOff + kTileBytes;
-constexpr int kVOff = kKOff + kStages * kTileBytes;
-constexpr int kBarOff = kVOff + kStages * kTileBytes;
 constexpr int kNumBars = 1 + 4 * kStages;    // q_full, k_full[], v_full[], k_empty[], v_empty[]
-constexpr int kAnchorOff = kBarOff + kNumBars * 8;  // EARLY: each consumer thread's running row sums (8 bytes)
-constexpr int kSmemBytes = 1024 + kAnchorOff + 256 * 8;  // 1 KiB of slack to align the tiles to 1024
 static_assert(kBM == kBN, "the visible-tile test and the tile count assume square tiles");
-static_assert(kBarOff % 1024 == 0, "tiles stay 1024-aligned (the 128-byte swizzle atom)");
+
+// Shared-memory layout per head_dim D: a tile is [128 rows][D columns] stored as D / 64 boxes.
+template <int D>
+struct Layout {
+  static_assert(D == 64 || D == 128, "the sm90 forward is built for head_dim 64 and 128");
+  static constexpr int kBoxes = D / 64;
+  static constexpr int kTileBytes = kBoxes * kBoxBytes;  // 32 KiB (D = 128), 16 KiB (D = 64)
+  static constexpr int kQOff = 0;
+  static constexpr int kKOff = kQOff + kTileBytes;
+  static constexpr int kVOff = kKOff + kStages * kTileBytes;
+  static constexpr int kBarOff = kVOff + kStages * kTileBytes;
+  static constexpr int kAnchorOff = kBarOff + kNumBars * 8;  // EARLY: each consumer thread's running row sums
+  static constexpr int kSmemBytes = 1024 + kAnchorOff + 256 * 8;  // 1 KiB of slack to align the tiles to 1024
+  static_assert(kBarOff % 1024 == 0, "tiles stay 1024-aligned (the 128-byte swizzle atom)");
+  // Window, sinks and a given scale: head_dim 64 only (head_dim 128 keeps its measured plain path).
+  static constexpr bool kFeatures = D == 64;
+};
 
 #if MT_SM90A_DEVICE
 
-// S[64] = Q rows (64 x 128, from q_rows) · K tile (128 keys x 128)ᵀ: 8 k-steps of 16 columns; columns
+// S[64] = Q rows (64 x D, from q_rows) · K tile (128 keys x D)ᵀ: D / 16 k-steps of 16 columns; columns
 // 64..127 live in the second box (+16 KiB), a k-step inside a box is +32 bytes.
+template <int D>
 __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_rows, uint32_t k_tile) {
 #pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
+  for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t off = (kk >> 2) * kBoxBytes + (kk & 3) * 32;
     sm90::wgmma_m64n128k16<0, 0>(s, sm90::smem_desc(q_rows + off), sm90::smem_desc(k_tile + off), kk > 0 ? 1 : 0);
   }
@@ -78,11 +96,18 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_rows, uint32
 // O[64] += P (64 x 128 keys, registers) · V tile (128 keys x 128 columns, MN-major): k-step kk takes
 // keys 16kk .. 16kk + 15 (+16 rows of 128 bytes = 2 KiB); the second 64-column box is the leading byte
 // offset (16 KiB) away.
-__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[32], uint32_t v_tile) {
+// head_dim 64: O[32] += P · V tile (128 keys x 64 columns, one box; m64n64k16, the leading byte offset unused).
+template <int D>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[32], uint32_t v_tile) {
 #pragma unroll
-  for (int kk = 0; kk < kBN / 16; ++kk)
-    sm90::wgmma_m64n128k16_rs<1>(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                                 sm90::smem_desc_mn_lbo(v_tile + kk * 2048, kBoxBytes), 1);
+  for (int kk = 0; kk < kBN / 16; ++kk) {
+    if constexpr (D == 128)
+      sm90::wgmma_m64n128k16_rs<1>(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                                   sm90::smem_desc_mn_lbo(v_tile + kk * 2048, kBoxBytes), 1);
+    else
+      sm90::wgmma_m64n64k16_rs<1>(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                                  sm90::smem_desc_mn_lbo(v_tile + kk * 2048, kBoxBytes), 1);
+  }
 }
 
 // Per-thread row state: accumulator element s[4j + e] is row r0 (e < 2) or r0 + 8 (e >= 2), key
@@ -92,7 +117,8 @@ struct RowState {
   float l0, l1;  // this thread's part of the running row sums (the quad's 4 parts are added at the end)
 };
 
-// Hides the keys a row does not see (key > row or key < doc_start(row)): s = -inf.
+// Hides the keys a row does not see (key > row or key < its first key ds0 / ds1: doc_start(row), or
+// flash::first_key(row) with the features): s = -inf.
 __device__ __forceinline__ void mask_tile(float (&s)[64], int k0, int qd, int r0, int ds0, int ds1) {
   const int r1 = r0 + 8;
 #pragma unroll
@@ -152,7 +178,7 @@ __device__ __forceinline__ void pack_p(uint32_t (&p)[32], const float (&s)[64]) 
 #endif  // MT_SM90A_DEVICE
 
 // EARLY: the next tile's softmax is pinned before the wait for this tile's P·V (see the loop).
-template <bool EARLY>
+template <int D, bool EARLY>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                           const __grid_constant__ CUtensorMap map_v, detail::FlashArgs a, bf16* __restrict__ out,
@@ -160,12 +186,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_wait();
 #if MT_SM90A_DEVICE
   using namespace sm90;
+  using L = Layout<D>;
+  constexpr int kTileBytes = L::kTileBytes;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* smem = smem_raw + (base - raw);
-  const uint32_t sQ = base + kQOff, sK = base + kKOff, sV = base + kVOff;
-  const uint32_t q_full = base + kBarOff;
+  const uint32_t sQ = base + L::kQOff, sK = base + L::kKOff, sV = base + L::kVOff;
+  const uint32_t q_full = base + L::kBarOff;
   auto k_full = [&](int s) { return q_full + 8u * (1 + s); };
   auto v_full = [&](int s) { return q_full + 8u * (1 + kStages + s); };
   auto k_empty = [&](int s) { return q_full + 8u * (1 + 2 * kStages + s); };
@@ -176,7 +204,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int h = blockIdx.x, hk = h / (a.Hq / a.Hk);
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kBM;  // the longest key ranges first
   const int q_last = min(q0 + kBM, T) - 1;
-  const int kv_lo = a.doc_start[q0];
+  int kv_lo;
+  if constexpr (L::kFeatures)
+    kv_lo = flash::first_key(a, q0);
+  else
+    kv_lo = a.doc_start[q0];
   const int ntiles = (q_last - kv_lo + kBN) / kBN;  // >= 1 for valid bounds (kv_lo <= q0 <= q_last)
 
   if (tid == 0) {
@@ -202,19 +234,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_prefetch_map(&map_v);
       // Full box bytes even where a box runs past T (TMA counts the zero fill).
       mbar_arrive_expect_tx(q_full, kTileBytes);
-      tma_load_2d(sQ, &map_q, q_full, h * kD, q0);
-      tma_load_2d(sQ + kBoxBytes, &map_q, q_full, h * kD + 64, q0);
+#pragma unroll
+      for (int b = 0; b < L::kBoxes; ++b) tma_load_2d(sQ + b * kBoxBytes, &map_q, q_full, h * D + 64 * b, q0);
       for (int jt = 0; jt < ntiles; ++jt) {
         const int s = jt & 1, k0 = kv_lo + jt * kBN;
         const uint32_t parity = ((jt >> 1) & 1) ^ 1;  // the stage's previous use; a fresh barrier passes
         mbar_wait(k_empty(s), parity);
         mbar_arrive_expect_tx(k_full(s), kTileBytes);
-        tma_load_2d(sK + s * kTileBytes, &map_k, k_full(s), hk * kD, k0);
-        tma_load_2d(sK + s * kTileBytes + kBoxBytes, &map_k, k_full(s), hk * kD + 64, k0);
+#pragma unroll
+        for (int b = 0; b < L::kBoxes; ++b)
+          tma_load_2d(sK + s * kTileBytes + b * kBoxBytes, &map_k, k_full(s), hk * D + 64 * b, k0);
         mbar_wait(v_empty(s), parity);
         mbar_arrive_expect_tx(v_full(s), kTileBytes);
-        tma_load_2d(sV + s * kTileBytes, &map_v, v_full(s), hk * kD, k0);
-        tma_load_2d(sV + s * kTileBytes + kBoxBytes, &map_v, v_full(s), hk * kD + 64, k0);
+#pragma unroll
+        for (int b = 0; b < L::kBoxes; ++b)
+          tma_load_2d(sV + s * kTileBytes + b * kBoxBytes, &map_v, v_full(s), hk * D + 64 * b, k0);
       }
     }
   } else {
@@ -230,18 +264,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int w = ctid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
     const int lrow = 64 * c + 16 * w + g;  // this thread's rows: lrow and lrow + 8 of the block
     const int r0 = q0 + lrow, r1 = r0 + 8;
-    // Rows past T see no key (doc start T): they stay finite and are never stored.
-    const int ds0 = r0 < T ? a.doc_start[r0] : T, ds1 = r1 < T ? a.doc_start[r1] : T;
-    const int ds_max = a.doc_start[q_last];  // doc_start is non-decreasing in t
+    // Each row's first visible key; rows past T see no key (first key T): they stay finite and are never stored.
+    int ds0, ds1, ds_max;
+    float sink2 = -INFINITY;  // the sink's logit in the log2 domain (-inf: none)
+    if constexpr (L::kFeatures) {
+      ds0 = r0 < T ? flash::first_key(a, r0) : T, ds1 = r1 < T ? flash::first_key(a, r1) : T;
+      ds_max = flash::first_key(a, q_last);  // first_key is non-decreasing in t
+      if (a.sinks) sink2 = a.sinks[h] * 1.4426950408889634f;
+    } else {
+      ds0 = r0 < T ? a.doc_start[r0] : T, ds1 = r1 < T ? a.doc_start[r1] : T;
+      ds_max = a.doc_start[q_last];  // doc_start is non-decreasing in t
+    }
     const float scale_log2 = a.scale * 1.4426950408889634f;
     const uint32_t q_rows = sQ + c * 64 * 128;
-    const uint32_t anchor = base + kAnchorOff + (tid - 128) * 8;  // EARLY's store target, never read
+    const uint32_t anchor = base + L::kAnchorOff + (tid - 128) * 8;  // EARLY's store target, never read
 
-    float o[64], s[64];
+    float o[D / 2], s[64];
     uint32_t p[32];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-    RowState st{-INFINITY, -INFINITY, 0.0f, 0.0f};
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+    // The running max starts at the sink's logit (so every exp stays <= 1), as in the mma.sync forward.
+    RowState st{sink2, sink2, 0.0f, 0.0f};
     float alpha0 = 0.0f, alpha1 = 0.0f;
     // Every key of the tile at k0 is visible to every row of the block: no mask.
     auto visible = [&](int k0) { return k0 + kBN - 1 <= q0 && k0 >= ds_max; };
@@ -249,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_wait(q_full, 0);
     mbar_wait(k_full(0), 0);
     wgmma_fence();
-    issue_qk(s, q_rows, sK);
+    issue_qk<D>(s, q_rows, sK);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(s);
@@ -264,11 +307,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int cur = jt & 1, nxt = cur ^ 1;
       mbar_wait(k_full(nxt), ((jt + 1) >> 1) & 1);
       wgmma_fence();  // s, p and o were written by ordinary instructions since the last MMAs
-      issue_qk(s, q_rows, sK + nxt * kTileBytes);
+      issue_qk<D>(s, q_rows, sK + nxt * kTileBytes);
       wgmma_commit();
       mbar_wait(v_full(cur), (jt >> 1) & 1);
       wgmma_fence();  // S_{j+1} issue and a wait since the last fence (ptxas would insert this one itself)
-      issue_pv(o, p, sV + cur * kTileBytes);
+      issue_pv<D>(o, p, sV + cur * kTileBytes);
       wgmma_commit();
       wgmma_wait<1>();  // S_{j+1} done (groups complete in order); P_j·V_j may still run
       fence_regs(s);
@@ -289,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(s);  // keeps the packing below after the wait
       mbar_arrive(v_empty(cur));
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < D / 8; ++j) {
         o[4 * j] *= alpha0, o[4 * j + 1] *= alpha0;
         o[4 * j + 2] *= alpha1, o[4 * j + 3] *= alpha1;
       }
@@ -299,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int jt = ntiles - 1, cur = jt & 1;
       mbar_wait(v_full(cur), (jt >> 1) & 1);
       wgmma_fence();
-      issue_pv(o, p, sV + cur * kTileBytes);
+      issue_pv<D>(o, p, sV + cur * kTileBytes);
       wgmma_commit();
       wgmma_wait<0>();
       fence_regs(o);
@@ -314,11 +357,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, x);
       st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, x);
     }
+    if constexpr (L::kFeatures) {
+      // The sink's column (m >= sink2, finite): lse includes it and the weights sum to 1 − p_sink.
+      if (a.sinks) st.l0 += exp2f(sink2 - st.m0), st.l1 += exp2f(sink2 - st.m1);
+    }
     const float inv0 = st.l0 > 0.0f ? 1.0f / st.l0 : 0.0f, inv1 = st.l1 > 0.0f ? 1.0f / st.l1 : 0.0f;
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // async-proxy reads before generic writes
-    unsigned char* stage = smem + kQOff;
+    unsigned char* stage = smem + L::kQOff;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < D / 8; ++j) {
       const int box = j >> 3, chunk = (j & 7) ^ (lrow & 7);  // (lrow + 8) % 8 == lrow % 8
       unsigned char* at = stage + box * kBoxBytes + lrow * 128 + chunk * 16 + qd * 4;
       *reinterpret_cast<uint32_t*>(at) = pack_bf16(o[4 * j] * inv0, o[4 * j + 1] * inv0);
@@ -330,14 +377,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (r1 < T) lse[static_cast<int64_t>(h) * T + r1] = st.l1 > 0.0f ? (st.m1 + log2f(st.l1)) * kLn2 : -INFINITY;
     }
     named_barrier_sync(1 + c, 128);
-    // 64 rows x 16 chunks of 16 bytes; 16 consecutive threads write one row's 256 bytes.
+    // 64 rows x CH = D / 8 chunks of 16 bytes; CH consecutive threads write one row's 2·D bytes.
+    constexpr int CH = D / 8;
 #pragma unroll
-    for (int it = 0; it < 64 * 16 / 128; ++it) {
+    for (int it = 0; it < 64 * CH / 128; ++it) {
       const int idx = it * 128 + ctid;
-      const int row = 64 * c + (idx >> 4), cc = idx & 15, t = q0 + row;
+      const int row = 64 * c + idx / CH, cc = idx % CH, t = q0 + row;
       if (t < T) {
         const unsigned char* src = stage + (cc >> 3) * kBoxBytes + row * 128 + (((cc & 7) ^ (row & 7)) * 16);
-        *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(t) * a.Hq + h) * kD + cc * 8) =
+        *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(t) * a.Hq + h) * D + cc * 8) =
             *reinterpret_cast<const uint4*>(src);
       }
     }
@@ -348,12 +396,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// q/k/v [T][H][128] bf16 as a 2-D tensor [T rows][H·128 columns]: a box is 64 columns (128 bytes, the
-// swizzle span) of 128 consecutive tokens at column h·128 (+64); rows past T read as zeros.
-CUtensorMap rows_map(const char* what, const void* data, int T, int H) {
+// q/k/v [T][H][D] bf16 as a 2-D tensor [T rows][H·D columns]: a box is 64 columns (128 bytes, the
+// swizzle span) of 128 consecutive tokens at column h·D (+64); rows past T read as zeros.
+CUtensorMap rows_map(const char* what, const void* data, int T, int H, int D) {
   CUtensorMap m;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(H) * kD, static_cast<cuuint64_t>(T)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(H) * kD * 2};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(H) * D, static_cast<cuuint64_t>(T)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(H) * D * 2};
   const cuuint32_t box[2] = {64, 128}, estride[2] = {1, 1};
   const CUresult r = sm90::tensor_map_encoder()(
       &m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(data), dims, strides, box, estride,
@@ -364,6 +412,18 @@ CUtensorMap rows_map(const char* what, const void* data, int T, int H) {
   return m;
 }
 
+template <int D>
+void launch_d(const detail::FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
+              bool early, cudaStream_t stream) {
+  const CUtensorMap mq = rows_map("q", q, a.T, a.Hq, D);
+  const CUtensorMap mk = rows_map("k", k, a.T, a.Hk, D);
+  const CUtensorMap mv = rows_map("v", v, a.T, a.Hk, D);
+  auto* kernel = early ? flash_fwd_sm90_kernel<D, true> : flash_fwd_sm90_kernel<D, false>;
+  constexpr int smem = Layout<D>::kSmemBytes;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid(a.Hq, (a.T + kBM - 1) / kBM);
+  launch_kernel(kernel, grid, kThreads, smem, stream, mq, mk, mv, a, static_cast<bf16*>(out), lse);
+}
 
 }  // namespace
 
@@ -376,33 +436,34 @@ void flash_fwd_sm90_early_softmax_set(int on) { g_fwd_early_softmax.store(on); }
 bool flash_fwd_sm90_supported(const FlashArgs& a) {
   // gridDim.y holds the query tiles (at most 65535); TMA coordinates are int32 (T·H < 2^31 is checked
   // by the caller).
-  return a.D == kD && a.Hk > 0 && a.Hq % a.Hk == 0 && (static_cast<int64_t>(a.T) + kBM - 1) / kBM <= 65535 &&
-         sm90::device_runs_sm90a<flash_fwd_sm90_kernel<true>>();
+  return (a.D == 128 || a.D == 64) && a.Hk > 0 && a.Hq % a.Hk == 0 &&
+         (static_cast<int64_t>(a.T) + kBM - 1) / kBM <= 65535 &&
+         sm90::device_runs_sm90a<flash_fwd_sm90_kernel<128, true>>();
 }
+
+bool flash_fwd_sm90_takes_args(const FlashArgs& a) { return a.D == 64 || flash_args_plain(a); }
 
 void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
                            cudaStream_t stream) {
   if (a.T == 0) return;  // a tensor map needs non-empty dimensions
-  MT_CUDA_REQUIRE(flash_fwd_sm90_supported(a), "flash attention forward (sm90): needs head_dim 128 (got " +
+  MT_CUDA_REQUIRE(flash_fwd_sm90_supported(a), "flash attention forward (sm90): needs head_dim 128 or 64 (got " +
                                                    std::to_string(a.D) +
                                                    "), a cc 9.0 GPU and a build with 90a in CMAKE_CUDA_ARCHITECTURES");
-  MT_CUDA_REQUIRE(flash_args_plain(a), "flash attention forward (sm90): no sliding window, sinks or softmax scale "
-                                       "other than head_dim^-1/2 here (the mma.sync kernel has them)");
+  MT_CUDA_REQUIRE(flash_fwd_sm90_takes_args(a), "flash attention forward (sm90): no sliding window, sinks or softmax "
+                                                "scale other than head_dim^-1/2 at head_dim 128 (the mma.sync kernel "
+                                                "and the head_dim 64 one have them)");
   MT_CUDA_REQUIRE(aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out),
                   "flash attention forward (sm90): q, k, v and out must be 16-byte aligned (TMA, 16-byte stores)");
-  const CUtensorMap mq = rows_map("q", q, a.T, a.Hq);
-  const CUtensorMap mk = rows_map("k", k, a.T, a.Hk);
-  const CUtensorMap mv = rows_map("v", v, a.T, a.Hk);
   static const bool early_from_env = [] {
     const char* e = std::getenv("MIXTUNE_FLASH_FWD_EARLY_SOFTMAX");
     return !(e && std::string(e) == "0");
   }();
   const int set = g_fwd_early_softmax.load();
   const bool early = set >= 0 ? set != 0 : early_from_env;
-  auto* kernel = early ? flash_fwd_sm90_kernel<true> : flash_fwd_sm90_kernel<false>;
-  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  const dim3 grid(a.Hq, (a.T + kBM - 1) / kBM);
-  launch_kernel(kernel, grid, kThreads, kSmemBytes, stream, mq, mk, mv, a, static_cast<bf16*>(out), lse);
+  if (a.D == 64)
+    launch_d<64>(a, q, k, v, out, lse, early, stream);
+  else
+    launch_d<128>(a, q, k, v, out, lse, early, stream);
 }
 
 }  // namespace detail

@@ -29,11 +29,13 @@ void flash_fwd_launch(const FlashArgs& a, const void* q, const void* k, const vo
                       cudaStream_t stream);
 
 // Hopper forward (flash_attention_fwd_sm90.cu: TMA + wgmma), same contract as flash_fwd_launch for
-// head_dim 128 and plain args (flash_args_plain; flash_attention.cpp routes the rest to the mma.sync
-// kernel); q, k, v, out 16-byte aligned. Supported: D == 128 and the current device runs its
-// sm_90a build (a cc 9.0 GPU and 90a in CMAKE_CUDA_ARCHITECTURES; cached per device). The launcher
-// throws where it is not supported.
+// head_dim 128 with plain args (flash_args_plain) and head_dim 64 with any args (window, sinks, scale);
+// flash_attention.cpp routes the rest to the mma.sync kernel; q, k, v, out 16-byte aligned. Supported:
+// D == 128 or 64 and the current device runs its sm_90a build (a cc 9.0 GPU and 90a in
+// CMAKE_CUDA_ARCHITECTURES; cached per device). The launcher throws where it is not supported or
+// flash_fwd_sm90_takes_args is false.
 bool flash_fwd_sm90_supported(const FlashArgs& a);
+bool flash_fwd_sm90_takes_args(const FlashArgs& a);
 void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
                            cudaStream_t stream);
 // The sm90 forward's loop: 1 = the next tile's softmax pinned before the wait for this tile's P·V (the default),
@@ -41,8 +43,9 @@ void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, con
 // environment, read once, selects 0). Tests and the bench set it; process-wide.
 void flash_fwd_sm90_early_softmax_set(int on);
 
-// Which forward flash_attention_forward runs. Auto: the sm90 one where flash_fwd_sm90_supported and the
-// environment does not say MIXTUNE_FLASH_FWD=mma (read once), else mma.sync. MmaSync / Sm90 force one
+// Which forward flash_attention_forward runs. Auto: the sm90 one where flash_fwd_sm90_supported and
+// flash_fwd_sm90_takes_args, the environment does not say MIXTUNE_FLASH_FWD=mma (read once) and, at head_dim
+// 64 (not yet measured on a GPU), it says MIXTUNE_FLASH_FWD_SM90_HD64=1 (read once); else mma.sync. MmaSync / Sm90 force one
 // (Sm90 is an error where it cannot run); tests and the bench use this. Process-wide.
 enum class FlashFwdKernel { Auto, MmaSync, Sm90 };
 void flash_fwd_kernel_set(FlashFwdKernel k);

@@ -195,7 +195,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   pin.device_bytes = static_cast<int64_t>(total_b);
   pin.reserve_bytes = memory_plan_reserve_bytes(pin.device_bytes);
   if (lora_table) {  // the adapter's fp32 moments and the router's fp32 master (PEFT's defaults)
-    pin.lora = memory_plan_lora(cfg, *lora_table);
+    memory_plan_set_lora(pin, *lora_table, /*gpu=*/true);
     pin.fp32_master = true;
     pin.bf16_moments = false;
   }

@@ -26,6 +26,8 @@
 // or a missing term is O(1). With window 1 and no sink every row's softmax is the constant 1: dS = 0 and the CPU
 // dq, dk are exactly 0; the GPU leaves fp32 rounding noise (dP − delta summed in two orders, ~1e-6): 1e-4
 // absolute there. The deterministic backward and dsinks repeat bitwise (memcmp) in both modes.
+// The Hopper forward at head_dim 64 (window, sinks, scale) against the CPU and the mma.sync forward: the Sm90HeadDim64*
+// tests, thresholds derived above them.
 #include "kernels/cuda/flash_attention.h"
 
 #include <gtest/gtest.h>
@@ -894,7 +896,7 @@ TEST(CudaFlashAttentionWindowSinks, BackwardRepeatsBitwiseWithSinks) {
   EXPECT_TRUE(std::any_of(a.dsinks.begin(), a.dsinks.end(), [](float x) { return x != 0.0f; }));
 }
 
-// The Hopper kernels have no window, sinks or other scale: forcing them with one is a clear error; under Auto the
+// The head_dim 128 Hopper kernels have no window, sinks or other scale: forcing them with one is a clear error; under Auto the
 // call runs the mma.sync kernels (on a cc 9.0 GPU too), and the backward then makes dq and leaves dq_sums empty.
 TEST(CudaFlashAttentionWindowSinks, Sm90RefusesFeaturesAndAutoRoutesThemToMmaSync) {
   MT_SKIP_WITHOUT_CUDA();
@@ -932,6 +934,146 @@ TEST(CudaFlashAttentionWindowSinks, Sm90RefusesFeaturesAndAutoRoutesThemToMmaSyn
   ASSERT_TRUE(dq.defined());
   test::expect_norm(test::device_floats(dq), r.dq, 2e-2, 1e-2, "auto dq");
   test::expect_norm(test::device_floats(dsinks), r.dsinks, 2e-2, 1e-2, "auto dsinks");
+}
+
+// ---- The Hopper forward at head_dim 64 (GPT-OSS): window, sinks and a given scale ----
+// Forced with flash_fwd_kernel_set(Sm90) (Auto takes it only with MIXTUNE_FLASH_FWD_SM90_HD64=1). Thresholds as
+// the header's: the kernel scores and normalises in fp32 and rounds the unnormalised P to bf16 before P·V as the
+// mma.sync forward does; only its key tiles are 128 wide instead of 64, so the running max where P is rounded
+// differs: out within about one bf16 rounding of the CPU (max-norm 1e-2, rel-L2 5e-3), lse fp32 on both sides
+// (1e-4 absolute). A key leaking in from outside the window or the document, a missing sink term or a sink in the
+// wrong place is an O(1) error in out or lse. Against the mma.sync forward at GPT-OSS's size (no CPU reference
+// there: minutes) as Sm90AndMmaSyncForwardsAgreeD128 does: out 1e-2 / 5e-3, lse 1e-3.
+
+bool sm90_forward_runs_d64() {
+  (void)stream0();
+  cuda::detail::FlashArgs a;
+  a.T = 128, a.Hq = 1, a.Hk = 1, a.D = 64;
+  return cuda::detail::flash_fwd_sm90_supported(a);
+}
+
+// The forward of one feature case with the given kernel: out and lse.
+FwdOut feature_forward_with(cuda::detail::FlashFwdKernel kind, const FeatureCase& f, const FeatureRef& r) {
+  FwdKernelScope scope(kind);
+  const FeatureDev d = feature_forward(f, r);
+  return {test::device_floats(d.out), test::device_floats(d.lse)};
+}
+
+// The inputs of a case without the CPU reference (for sizes where the CPU would take minutes).
+FeatureRef feature_inputs(const FeatureCase& f, uint64_t seed) {
+  const AttnCase& c = f.c;
+  FeatureRef r;
+  const std::vector<int32_t> doc = make_docs(c, seed);
+  if (!doc.empty()) r.doc = host_i32({c.B, c.S}, doc);
+  r.q = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 1, 1.0f, true);
+  r.k = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 2, 1.0f, true);
+  r.v = test::host_random({c.B, c.S, c.Hk, c.D}, seed + 3, 1.0f, true);
+  r.dout = test::host_random({c.B, c.S, c.Hq, c.D}, seed + 4, 1.0f, true);
+  if (f.sinks) r.sinks = host_sinks(c.Hq, seed + 5);
+  return r;
+}
+
+// Windows 0 (full causal), 1 (each row sees itself and the sink), 7 (inside a key tile) and 128 (GPT-OSS: spans
+// two key tiles), each with and without sinks; GQA 8:1, 4:1 and none; packed documents shorter and longer than the
+// window; T not a multiple of 128 (a partial last query tile, key tiles past T); scales other than 64^-1/2.
+TEST(CudaFlashAttentionWindowSinks, Sm90HeadDim64MatchesCpu) {
+  MT_SKIP_WITHOUT_CUDA();
+  if (!sm90_forward_runs_d64())
+    GTEST_SKIP() << "the sm90 flash-attention forward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
+  const std::vector<FeatureCase> cases = {
+      {{1, 517, 16, 2, 64, 0, 0}, 128, true, 0.125f},
+      {{2, 300, 16, 2, 64, 1, 150}, 128, true, 0.0f},
+      {{1, 700, 8, 1, 64, 90, 400}, 128, false, 0.0f},
+      {{1, 300, 8, 1, 64, 0, 0}, 1, true, 0.0f},
+      {{2, 150, 8, 2, 64, 1, 40}, 1, false, 0.0f},
+      {{2, 200, 8, 2, 64, 5, 60}, 7, true, 0.3f},
+      {{1, 333, 4, 4, 64, 0, 0}, 7, false, 0.05f},
+      {{1, 257, 8, 1, 64, 0, 0}, 0, true, 0.2f},
+      {{2, 300, 8, 1, 64, 1, 150}, 0, false, 0.0f},
+      {{1, 333, 8, 2, 64, 1, 200}, 1000, true, 0.0f},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const FeatureCase& f = cases[i];
+    SCOPED_TRACE(feature_name(f));
+    const FeatureRef r = feature_reference(f, 2100 + 10 * i);
+    const FwdOut got = feature_forward_with(cuda::detail::FlashFwdKernel::Sm90, f, r);
+    test::expect_norm(got.out, r.out, 1e-2, 5e-3, "sm90 out");
+    const double worst = lse_max_abs(f.c, got.lse, r.lse);
+    EXPECT_LE(worst, 1e-4) << "sm90 lse";
+    if (std::getenv("MT_PRINT_ERRORS")) std::printf("[ error    ] sm90 lse: max abs %.3g (limit 1e-4)\n", worst);
+  }
+}
+
+// GPT-OSS's attention layers at the bench's size (seq 4096, 64 / 8 heads, head_dim 64, scale 1/8): the sliding
+// layer (window 128, sinks) and the full layer (sinks), one long row and packed documents of 1..1500 tokens, then
+// two batch rows of 1987 (T not a multiple of 128): sm90 against mma.sync. Every row sees itself and its sink, so
+// every lse is finite on both.
+TEST(CudaFlashAttentionWindowSinks, Sm90AndMmaSyncForwardsAgreeD64) {
+  MT_SKIP_WITHOUT_CUDA();
+  if (!sm90_forward_runs_d64())
+    GTEST_SKIP() << "the sm90 flash-attention forward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
+  using K = cuda::detail::FlashFwdKernel;
+  const std::vector<FeatureCase> cases = {
+      {{1, 4096, 64, 8, 64, 0, 0}, 128, true, 0.125f},    {{1, 4096, 64, 8, 64, 1, 1500}, 128, true, 0.125f},
+      {{1, 4096, 64, 8, 64, 1, 1500}, 0, true, 0.125f},   {{2, 1987, 64, 8, 64, 1, 700}, 128, true, 0.125f},
+      {{2, 1987, 64, 8, 64, 0, 0}, 0, false, 0.0f},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const FeatureCase& f = cases[i];
+    SCOPED_TRACE(feature_name(f));
+    const FeatureRef r = feature_inputs(f, 2300 + 10 * i);
+    const FwdOut a = feature_forward_with(K::Sm90, f, r), b = feature_forward_with(K::MmaSync, f, r);
+    test::expect_norm(a.out, b.out, 1e-2, 5e-3, "sm90 vs mma out");
+    ASSERT_EQ(a.lse.size(), b.lse.size());
+    double worst = 0;
+    size_t non_finite = 0;
+    for (size_t j = 0; j < a.lse.size(); ++j) {
+      if (!std::isfinite(a.lse[j]) || !std::isfinite(b.lse[j]))
+        ++non_finite;
+      else
+        worst = std::max(worst, std::fabs(double(a.lse[j]) - b.lse[j]));
+    }
+    EXPECT_EQ(non_finite, 0u) << "lse: every row sees at least itself";
+    EXPECT_LE(worst, 1e-3) << "sm90 vs mma lse";
+  }
+}
+
+// The pinned softmax at head_dim 64 (window and sinks): bit for bit the unpinned loop's out and lse.
+TEST(CudaFlashAttentionWindowSinks, Sm90HeadDim64EarlySoftmaxIsBitwiseTheSame) {
+  MT_SKIP_WITHOUT_CUDA();
+  if (!sm90_forward_runs_d64())
+    GTEST_SKIP() << "the sm90 flash-attention forward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
+  const FeatureCase f{{2, 1300, 16, 2, 64, 1, 700}, 128, true, 0.125f};
+  const FeatureRef r = feature_inputs(f, 2400);
+  FwdOut late, early;
+  {
+    FwdEarlyScope scope(0);
+    late = feature_forward_with(cuda::detail::FlashFwdKernel::Sm90, f, r);
+  }
+  {
+    FwdEarlyScope scope(1);
+    early = feature_forward_with(cuda::detail::FlashFwdKernel::Sm90, f, r);
+  }
+  EXPECT_TRUE(bitwise_equal(late.out, early.out)) << "out";
+  EXPECT_TRUE(bitwise_equal(late.lse, early.lse)) << "lse";
+}
+
+// Auto leaves head_dim 64 on the mma.sync forward unless MIXTUNE_FLASH_FWD_SM90_HD64=1 (read once per process):
+// bitwise the forced mma.sync result without it, bitwise the forced sm90 result with it.
+TEST(CudaFlashAttentionWindowSinks, AutoTakesSm90HeadDim64OnlyWhenOptedIn) {
+  MT_SKIP_WITHOUT_CUDA();
+  if (!sm90_forward_runs_d64())
+    GTEST_SKIP() << "the sm90 flash-attention forward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
+  using K = cuda::detail::FlashFwdKernel;
+  const FeatureCase f{{1, 700, 16, 2, 64, 1, 300}, 128, true, 0.125f};
+  const FeatureRef r = feature_inputs(f, 2500);
+  const FwdOut autos = feature_forward_with(K::Auto, f, r);
+  const char* e = std::getenv("MIXTUNE_FLASH_FWD_SM90_HD64");
+  const char* fwd = std::getenv("MIXTUNE_FLASH_FWD");
+  const bool opted = e && std::string(e) == "1" && !(fwd && std::string(fwd) == "mma");
+  const FwdOut want = feature_forward_with(opted ? K::Sm90 : K::MmaSync, f, r);
+  EXPECT_TRUE(bitwise_equal(autos.out, want.out)) << (opted ? "opted in: not the sm90 result" : "not the mma.sync result");
+  EXPECT_TRUE(bitwise_equal(autos.lse, want.lse));
 }
 
 TEST(CudaFlashAttentionWindowSinks, BadArgumentsAreErrors) {
