@@ -28,6 +28,12 @@
 #               below), seq 4096, micro-batch 1, grad-accum 8, real router, bf16 on both sides [bf16]
 #   gptoss-long the long workload on the gptoss slice (LAYERS, default 5): bench/longest_seq.py --family gpt-oss
 #               on each side
+#   lora        issue 39: LoRA r 16 / alpha 32 on attention (q/k/v/o) + experts of Qwen3-30B-A3B, the base frozen
+#               bf16, LAYERS layers (default 48: the full depth, for an H200), seq 4096, micro-batch 1, grad-accum 2,
+#               3 timed steps after 1 warm-up: mixtune bench --lora-r 16 --lora-targets q_proj,k_proj,v_proj,o_proj,
+#               experts (recompute none unless --mixtune --recompute is given; an 80 GB card needs --recompute full
+#               at 48 layers: bench --plan-only says) against [lora: hf_baseline.py --peft lora --lora-targets
+#               attn,experts --gradient-checkpointing, PEFT's ParamWrapper experts]
 # FLAGS before any marker go to both sides (--layers --seq --micro-batch --grad-accum --steps --warmup);
 # after --mixtune to mixtune only (e.g. --recompute full); after --hf to every baseline (e.g.
 # --gradient-checkpointing). A flag given explicitly replaces the workload's default (--steps 5 --warmup 2).
@@ -67,7 +73,7 @@ DRY2=${DRY2:-0}
 export NCCL_NVLS_ENABLE=0
 case "$SIDES" in both|mixtune|hf) ;; *) echo "side_by_side: SIDES must be both, mixtune or hf, found '$SIDES'" >&2; exit 2;; esac
 case "$ORDER" in auto|mixtune-first|hf-first) ;; *) echo "side_by_side: ORDER must be auto, mixtune-first or hf-first, found '$ORDER'" >&2; exit 2;; esac
-case "$WORKLOAD" in standard|fp32master|long|custom|standard2|fp32master2|full8|gptoss|gptoss-long) ;; *) echo "side_by_side: unknown workload '$WORKLOAD' (standard, fp32master, long, custom, standard2, fp32master2, full8, gptoss, gptoss-long)" >&2; exit 2;; esac
+case "$WORKLOAD" in standard|fp32master|long|custom|standard2|fp32master2|full8|gptoss|gptoss-long|lora) ;; *) echo "side_by_side: unknown workload '$WORKLOAD' (standard, fp32master, long, custom, standard2, fp32master2, full8, gptoss, gptoss-long, lora)" >&2; exit 2;; esac
 LONG=0
 [[ "$WORKLOAD" == long || "$WORKLOAD" == gptoss-long ]] && LONG=1
 # The model: mixtune's preset and the same shapes for Transformers (hf_baseline.py --family).
@@ -166,6 +172,11 @@ case "$WORKLOAD" in
               "ddp-master|--precision fp32-master-copy --master-grad-accum bf16 --parallel ddp --grad-sync last") ;;
   gptoss)
     DEF[--layers]=${LAYERS:-5} ;;
+  lora)
+    DEF[--layers]=${LAYERS:-48}; DEF[--grad-accum]=2; DEF[--steps]=3; DEF[--warmup]=1
+    has_flag --lora-r "${MIX[@]}" || MIX+=(--lora-r 16 --lora-alpha 32 --lora-targets q_proj,k_proj,v_proj,o_proj,experts)
+    has_flag --recompute "${MIX[@]}" || MIX+=(--recompute none)
+    VARIANTS=("lora|--precision bf16 --peft lora --lora-r 16 --lora-alpha 32 --lora-targets attn,experts --gradient-checkpointing") ;;
   full8)
     DEF[--layers]=48
     has_flag --recompute "${MIX[@]}" || MIX+=(--recompute selective)
@@ -185,6 +196,7 @@ fi
 case "$WORKLOAD" in
   fp32master) RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-100} ;;           # 5 runs of ~20-60 s
   standard2|fp32master2) RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-130} ;;  # 4 runs of ~40-80 s
+  lora) RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-280} ;;  # 2 runs at full depth (load + 4 steps of 2 micro-batches each)
   *) RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-270} ;;
 esac
 if [[ -n "${HF_VARIANTS:-}" ]]; then

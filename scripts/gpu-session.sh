@@ -74,7 +74,10 @@
 #         fixtures to $OUT/peft_fixtures/{qwen3_moe,gpt_oss}_lora/ for tests/fixtures) |
 #         hf-lora (no binary needed: the Transformers + PEFT LoRA baseline alone, Qwen3-30B-A3B shapes, LAYERS=48
 #         layers, seq 4096, r 16 alpha 32 on attention + experts, gradient checkpointing, GRAD_ACCUM=2, STEPS=3;
-#         hf-lora.json; an 80 GB card may not hold 48 layers: LAYERS=24 there).
+#         hf-lora.json; an 80 GB card may not hold 48 layers: LAYERS=24 there) |
+#         lora (~6–9 min: issue 39's side by side, bench/side_by_side.sh lora: mixtune bench --lora-r 16 on attention +
+#         experts against that baseline, LAYERS=48, seq 4096, grad-accum 2; on an 80 GB card LAYERS=24, or
+#         LORA_RECOMPUTE=full for mixtune's full depth) | lora-tests (the CudaLora* gtests alone).
 #         CLOCKS=1 logs clocks/power.
 set -uo pipefail
 [[ $# -lt 2 ]] && { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2; }
@@ -113,6 +116,15 @@ for stage in "$@"; do
              | tail -60 || rc=1 ;;
     standard|fp32master|long|standard2|fp32master2|full8|gptoss|gptoss-long)
                OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$stage" || rc=1 ;;
+    lora)  # issue 39: mixtune LoRA against Transformers + PEFT, one GPU
+      if [[ -n "${LORA_RECOMPUTE:-}" ]]; then
+        OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" lora --mixtune --recompute "$LORA_RECOMPUTE" || rc=1
+      else
+        OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" lora || rc=1
+      fi ;;
+    lora-tests)
+      MIXTUNE_TEST_BINARY=$BIN/mixtune GTEST_FILTER='CudaLora*' bash scripts/gpu-check.sh "$BIN" "$LIB_DIR" 2>&1 \
+        | tee "$OUT/lora-tests.log" | tail -60 || rc=1 ;;
     verify-gpt-oss)  # Transformers-made GPT-OSS checkpoints of unseen shapes: score, convert, one finetune step
       PYTHONUNBUFFERED=1 python3 tools/hf_reference/verify_gpt_oss_unseen.py "$BIN/mixtune" /tmp/verify-gpt-oss \
         ${VERIFY_ARGS:-} > "$OUT/verify-gpt-oss.log" 2>&1 || rc=1
