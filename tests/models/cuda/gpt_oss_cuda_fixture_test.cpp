@@ -39,6 +39,7 @@
 #include "models/cuda/cuda_batch.h"
 #include "models/cuda/decoder_cuda_model.h"
 #include "models/decoder_model.h"
+#include "../../fixture_dir.h"
 
 namespace mt {
 namespace {
@@ -47,15 +48,7 @@ namespace fs = std::filesystem;
 
 const char* kVariants[] = {"yarn_window_aux", "tied_mqa_default_rope"};
 
-fs::path fixtures_dir() {
-  std::vector<fs::path> roots;
-  if (const char* e = std::getenv("MIXTUNE_SOURCE_DIR"); e && *e) roots.emplace_back(e);
-  roots.emplace_back(MIXTUNE_SOURCE_DIR);
-  roots.push_back(fs::current_path());
-  for (const auto& r : roots)
-    if (fs::is_directory(r / "tests/fixtures/gpt_oss")) return r / "tests/fixtures/gpt_oss";
-  return {};
-}
+fs::path fixtures_dir() { return test::fixture_dir("gpt_oss"); }
 
 double rel_diff(double got, double want) { return std::fabs(got - want) / std::fabs(want); }
 

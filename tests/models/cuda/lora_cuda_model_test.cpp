@@ -37,6 +37,7 @@
 #include "models/presets.h"
 #include "models/registry.h"
 #include "train/cuda/cuda_train_step.h"
+#include "../../fixture_dir.h"
 
 namespace mt {
 namespace {
@@ -61,7 +62,7 @@ DecoderSpec qwen_config() {
 }
 
 std::filesystem::path gpt_oss_ckpt() {
-  return std::filesystem::path(MIXTUNE_SOURCE_DIR) / "tests/fixtures/gpt_oss/yarn_window_aux/ckpt";
+  return test::fixture_dir("gpt_oss") / "yarn_window_aux/ckpt";
 }
 
 std::vector<std::string> every_target(const DecoderSpec& s) {

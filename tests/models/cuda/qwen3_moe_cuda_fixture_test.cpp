@@ -63,6 +63,7 @@
 #include "models/cuda/decoder_cuda_model.h"
 #include "models/decoder_model.h"
 #include "train/adamw.h"
+#include "../../fixture_dir.h"
 
 namespace mt {
 namespace {
@@ -71,18 +72,7 @@ namespace fs = std::filesystem;
 
 const char* kBatches[] = {"plain", "packed", "packed2"};
 
-// The binary may run on another machine than the one that built it (scripts/gpu-check.sh carries it):
-// MIXTUNE_SOURCE_DIR in the environment names the source tree there, else the build's source tree, else
-// the working directory (gpu-check runs from the repository root).
-fs::path fixtures_dir() {
-  std::vector<fs::path> roots;
-  if (const char* e = std::getenv("MIXTUNE_SOURCE_DIR"); e && *e) roots.emplace_back(e);
-  roots.emplace_back(MIXTUNE_SOURCE_DIR);
-  roots.push_back(fs::current_path());
-  for (const auto& r : roots)
-    if (fs::is_directory(r / "tests/fixtures/qwen3_moe")) return r / "tests/fixtures/qwen3_moe";
-  return {};
-}
+fs::path fixtures_dir() { return test::fixture_dir("qwen3_moe"); }
 
 using test::device_zeros_like;
 using test::load_batch;
