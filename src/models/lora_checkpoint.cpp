@@ -64,7 +64,7 @@ std::vector<PeftSpelling> peft_spellings(const DecoderSpec& spec, const std::vec
     for (int slot : d.slots)
       for (const ParamEntry& e : base.entries()) {
         if (e.layer < 0 || e.slot != slot) continue;
-        if (!d.full && e.role == ParamRole::expert_stack)
+        if (!d.full && (e.role == ParamRole::expert_stack || d.peft_as_parameter))
           sp.parameters.push_back(without_layer_prefix(e.name));
         else
           sp.modules.push_back(basename_of(module_of(e.name)));
