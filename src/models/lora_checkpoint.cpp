@@ -167,12 +167,14 @@ nlohmann::json lora_peft_config(const DecoderSpec& spec, const LoraTable& table,
   const std::vector<PeftSpelling> spellings = peft_spellings(spec, defs);
   nlohmann::json modules = nlohmann::json::array(), parameters = nlohmann::json::array(),
                  to_save = nlohmann::json::array();
-  for (const std::string& name : table.config.target)
-    for (const PeftSpelling& sp : spellings) {
-      if (sp.def->name != name) continue;
-      for (const auto& m : sp.modules) (sp.def->full ? to_save : modules).push_back(m);
-      for (const auto& p : sp.parameters) parameters.push_back(p);
-    }
+  // In the family's order, whatever the recipe's: a resumed run (whose targets come from the saved config) writes
+  // the same bytes.
+  const std::vector<std::string>& targets = table.config.target;
+  for (const PeftSpelling& sp : spellings) {
+    if (std::find(targets.begin(), targets.end(), sp.def->name) == targets.end()) continue;
+    for (const auto& m : sp.modules) (sp.def->full ? to_save : modules).push_back(m);
+    for (const auto& p : sp.parameters) parameters.push_back(p);
+  }
   nlohmann::json j;  // keys sorted on dump, as PEFT's json.dumps(sort_keys=True)
   j["alpha_pattern"] = nlohmann::json::object();
   j["base_model_name_or_path"] = base_model;
