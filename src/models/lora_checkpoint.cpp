@@ -239,8 +239,8 @@ LoraConfig lora_config_read(const std::string& dir, const DecoderSpec& spec) {
   refuse_unless("exclude_modules", nullptr, "excluded modules are not implemented");
   refuse_unless("layer_replication", nullptr, "layer replication is not implemented");
   refuse_unless("trainable_token_indices", nullptr, "trainable tokens are not implemented");
-  if (const auto d = get("lora_dropout"); d.is_number() && d.get<double>() != 0.0)
-    fail("{}: lora_dropout: {} is not supported (LoRA dropout is not implemented)", where, d.dump());
+  // lora_dropout is read past: it changes training only (score, generate and merge are right whatever it is; a run
+  // continuing such an adapter trains it without dropout, docs/lora.md).
   LoraConfig c;
   const auto r = get("r"), alpha = get("lora_alpha");
   if (!r.is_number_integer() || r.get<int64_t>() < 1) fail("{}: r: expected an integer >= 1, found {}", where, r.dump());
