@@ -241,8 +241,11 @@ void run_inspect(const std::string& path, bool as_json, const InspectLora& lora_
     fmt::print("  LoRA r {} on {}: {} adapter parameters{}\n", lora_args.r, fmt::join(lora_args.target, ", "),
                count(lora_params), lora_full ? fmt::format(" + {} trained in full", count(lora_full)) : std::string());
     fmt::print("    base (frozen)     {}\n", gib(l["training_state_bytes"]["base_parameters_frozen"].get<double>()));
-    fmt::print("    adapter + grads + moments (fp32) {}\n",
+    fmt::print("    adapter state     {} (fp32: the adapter, its gradients and AdamW moments)\n",
                gib(l["training_state_bytes"]["adapter_fp32_with_gradients_and_moments"].get<double>()));
+    if (lora_full)
+      fmt::print("    trained in full   {} (gradients, moments, master)\n",
+                 gib(l["training_state_bytes"]["full_trained_gradients_moments_master"].get<double>()));
     fmt::print("    total             {}\n", gib(l["training_state_bytes"]["total_without_activations"].get<double>()));
   }
 }

@@ -64,7 +64,7 @@ std::vector<PeftSpelling> peft_spellings(const DecoderSpec& spec, const std::vec
     for (int slot : d.slots)
       for (const ParamEntry& e : base.entries()) {
         if (e.layer < 0 || e.slot != slot) continue;
-        if (!d.full && e.role == ParamRole::expert_stack)
+        if (!d.full && (e.role == ParamRole::expert_stack || d.peft_as_parameter))
           sp.parameters.push_back(without_layer_prefix(e.name));
         else
           sp.modules.push_back(basename_of(module_of(e.name)));
@@ -167,12 +167,14 @@ nlohmann::json lora_peft_config(const DecoderSpec& spec, const LoraTable& table,
   const std::vector<PeftSpelling> spellings = peft_spellings(spec, defs);
   nlohmann::json modules = nlohmann::json::array(), parameters = nlohmann::json::array(),
                  to_save = nlohmann::json::array();
-  for (const std::string& name : table.config.target)
-    for (const PeftSpelling& sp : spellings) {
-      if (sp.def->name != name) continue;
-      for (const auto& m : sp.modules) (sp.def->full ? to_save : modules).push_back(m);
-      for (const auto& p : sp.parameters) parameters.push_back(p);
-    }
+  // In the family's order, whatever the recipe's: a resumed run (whose targets come from the saved config) writes
+  // the same bytes.
+  const std::vector<std::string>& targets = table.config.target;
+  for (const PeftSpelling& sp : spellings) {
+    if (std::find(targets.begin(), targets.end(), sp.def->name) == targets.end()) continue;
+    for (const auto& m : sp.modules) (sp.def->full ? to_save : modules).push_back(m);
+    for (const auto& p : sp.parameters) parameters.push_back(p);
+  }
   nlohmann::json j;  // keys sorted on dump, as PEFT's json.dumps(sort_keys=True)
   j["alpha_pattern"] = nlohmann::json::object();
   j["base_model_name_or_path"] = base_model;
@@ -237,8 +239,8 @@ LoraConfig lora_config_read(const std::string& dir, const DecoderSpec& spec) {
   refuse_unless("exclude_modules", nullptr, "excluded modules are not implemented");
   refuse_unless("layer_replication", nullptr, "layer replication is not implemented");
   refuse_unless("trainable_token_indices", nullptr, "trainable tokens are not implemented");
-  if (const auto d = get("lora_dropout"); d.is_number() && d.get<double>() != 0.0)
-    fail("{}: lora_dropout: {} is not supported (LoRA dropout is not implemented)", where, d.dump());
+  // lora_dropout is read past: it changes training only (score, generate and merge are right whatever it is; a run
+  // continuing such an adapter trains it without dropout, docs/lora.md).
   LoraConfig c;
   const auto r = get("r"), alpha = get("lora_alpha");
   if (!r.is_number_integer() || r.get<int64_t>() < 1) fail("{}: r: expected an integer >= 1, found {}", where, r.dump());

@@ -34,7 +34,7 @@ void lora_save_pretrained(const std::string& dir, const DecoderSpec& spec, const
 
 // dir/adapter_config.json as the family's target names (one-line errors naming the file and field for what
 // mixtune does not implement: DoRA, lora_bias, bias != none, fan_in_fan_out, rank/alpha patterns, layer selection,
-// targets it cannot map, an expert target covering one of the two stacks).
+// targets it cannot map, an expert target covering one of the two stacks). lora_dropout is ignored (training only).
 LoraConfig lora_config_read(const std::string& dir, const DecoderSpec& spec);
 // The adapter in dir for `spec`'s model: every tensor checked (name, shape, F32|BF16; none missing, none extra)
 // and converted to the engines' layout (F32). The full-trained base parameters it holds (modules_to_save) are

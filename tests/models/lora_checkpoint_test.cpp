@@ -85,8 +85,11 @@ TEST(LoraCheckpoint, PeftNamesShapesAndConfig) {
   EXPECT_EQ(c["peft_type"], "LORA");
   EXPECT_EQ(c["r"], 3);
   EXPECT_EQ(c["lora_alpha"], 5.0);
-  EXPECT_EQ(c["target_modules"], nlohmann::json({"q_proj", "o_proj", "down_proj"}));
-  EXPECT_EQ(c["target_parameters"], nlohmann::json({"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}));
+  EXPECT_EQ(c["target_modules"], nlohmann::json({"q_proj", "o_proj"}));
+  // In the family's order. The dense layer's down_proj as a parameter (PEFT would turn a down_proj module target of a qwen3_moe model
+  // into the experts' down_proj), the two expert stacks.
+  EXPECT_EQ(c["target_parameters"],
+            nlohmann::json({"mlp.down_proj.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"}));
   EXPECT_EQ(c["modules_to_save"], nlohmann::json({"gate"}));
   EXPECT_EQ(c["base_model_name_or_path"], "Qwen/x");
   const LoraConfig back = lora_config_read(dir.file("a"), s);

@@ -295,5 +295,49 @@ TEST(Recipe, YamlSyntaxErrorHasLineAndColumn) {
   }
 }
 
+
+// The peft section (LoRA): defaults, the form of each field, and what is refused; the target names themselves are
+// checked against the model's family when it is loaded (tests/models/lora_model_test.cpp).
+TEST(Recipe, PeftSection) {
+  {
+    TempRecipe f(kMinimal);
+    EXPECT_FALSE(recipe_load(f.path, {}).peft.enabled);
+  }
+  TempRecipe f(std::string(kMinimal) + "peft: {target: [q_proj, experts]}\n");
+  const Recipe r = recipe_load(f.path, {});
+  EXPECT_TRUE(r.peft.enabled);
+  EXPECT_EQ(r.peft.method, "lora");
+  EXPECT_EQ(r.peft.r, 16);
+  EXPECT_EQ(r.peft.alpha, 32);
+  EXPECT_EQ(r.peft.dropout, 0.0);
+  EXPECT_FALSE(r.peft.use_rslora);
+  EXPECT_EQ(r.peft.target, (std::vector<std::string>{"q_proj", "experts"}));
+  EXPECT_EQ(r.file, f.path);
+  const Recipe s = recipe_load(f.path, {"peft.r=8", "peft.alpha=4", "peft.use_rslora=true"});
+  EXPECT_EQ(s.peft.r, 8);
+  EXPECT_EQ(s.peft.alpha, 4);
+  EXPECT_TRUE(s.peft.use_rslora);
+
+  const std::string p = std::string(kMinimal) + "peft: {target: [q_proj]}\n";
+  EXPECT_EQ(load_error(p, {"peft.method=dora"}), ": peft.method: must be one of lora (found 'dora')");
+  EXPECT_EQ(load_error(p, {"peft.r=0"}), ": peft.r: must be an integer in 1..1048576 (found '0')");
+  EXPECT_EQ(load_error(p, {"peft.alpha=0"}), ": peft.alpha: must be a number > 0 (found '0')");
+  EXPECT_EQ(load_error(p, {"peft.dropout=0.1"}),
+            ": peft.dropout: must be 0: LoRA dropout is not implemented (PEFT refuses it for expert parameters too) "
+            "(found '0.1')");
+  EXPECT_EQ(load_error(p, {"peft.target=[]"}), ": peft.target: must be a non-empty list of target names (found 'a list')");
+  EXPECT_EQ(load_error(p, {"peft.target=q_proj"}),
+            ": peft.target: must be a non-empty list of target names (found 'q_proj')");
+  EXPECT_EQ(load_error(std::string(kMinimal) + "peft: {r: 4}\n"), ": peft.target: required key is missing");
+  EXPECT_EQ(load_error(p, {"peft.rank=4"}),
+            ": --set 'peft.rank=4': unknown key 'peft.rank' (valid keys in 'peft': method, r, alpha, dropout, target, "
+            "use_rslora)");
+  // model.adapter alone turns LoRA on; its adapter_config.json gives the settings.
+  TempRecipe a{std::string(kMinimal)};
+  const Recipe ra = recipe_load(a.path, {"model.adapter=/some/adapter"});
+  EXPECT_TRUE(ra.peft.enabled);
+  EXPECT_TRUE(ra.peft.target.empty());
+}
+
 }  // namespace
 }  // namespace mt

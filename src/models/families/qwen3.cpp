@@ -313,12 +313,18 @@ HfLayout qwen3_hf_layout(bool moe, bool tied_embeddings) {
 namespace {
 // PEFT's module names: the attention projections, a dense layer's MLP projections, the routed experts (both fused
 // stacks, through PEFT's target_parameters), and the router trained in full.
-std::vector<LoraTargetDef> lora_targets(const DecoderSpec&) {
+std::vector<LoraTargetDef> lora_targets(const DecoderSpec& s) {
   using W = WeightSlot;
-  return {{"q_proj", {W::q_proj}},     {"k_proj", {W::k_proj}},
-          {"v_proj", {W::v_proj}},     {"o_proj", {W::o_proj}},
-          {"gate_proj", {W::mlp_gate}}, {"up_proj", {W::mlp_up}},
-          {"down_proj", {W::mlp_down}}, {"experts", {W::experts_gate_up, W::experts_down}},
+  // Qwen3-MoE's dense layers (mlp_only_layers): PEFT would read gate/up/down_proj in target_modules as expert names.
+  const bool as_parameter = s.architecture == kQwen3Moe;
+  return {{"q_proj", {W::q_proj}},
+          {"k_proj", {W::k_proj}},
+          {"v_proj", {W::v_proj}},
+          {"o_proj", {W::o_proj}},
+          {"gate_proj", {W::mlp_gate}, false, false, as_parameter},
+          {"up_proj", {W::mlp_up}, false, false, as_parameter},
+          {"down_proj", {W::mlp_down}, false, false, as_parameter},
+          {"experts", {W::experts_gate_up, W::experts_down}},
           {"router", {W::router}, true}};
 }
 }  // namespace

@@ -14,6 +14,11 @@ struct LoraTargetDef {
   // Transformers holds the fused expert gate_up stack with gate and up interleaved along the output (GPT-OSS:
   // gate = even rows), while the engines hold gate rows then up rows: a saved lora_B's output rows are reordered.
   bool interleaved_gate_up = false;
+  // Saved in PEFT's target_parameters (the 2-D weight, "mlp.down_proj.weight") instead of target_modules: PEFT >=
+  // 0.19 rewrites the target_modules gate_proj / up_proj / down_proj of a model type Transformers v5 converts
+  // (qwen3_moe) into its fused expert parameters, which would leave a dense layer's MLP unadapted. Same tensor
+  // names and function (a ParamWrapper of one "expert": W + s·B·A).
+  bool peft_as_parameter = false;
 };
 
 }  // namespace mt
