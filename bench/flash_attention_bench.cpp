@@ -27,7 +27,7 @@
 // --fwd-sm90-hd64 1 (head_dim 64, a cc 9.0 GPU) also times the Hopper forward (window, sinks and scale included)
 // against the mma.sync one: forward_by_kernel / forward_speedup as at head_dim 128, and with a window
 // full_causal_by_kernel for the same shape without it (GPT-OSS's full layers). Under Auto the head_dim 64 sm90
-// forward runs only with MIXTUNE_FLASH_FWD_SM90_HD64=1 (forward_kernel says which ran):
+// forward runs unless MIXTUNE_FLASH_FWD_SM90_HD64=0 (forward_kernel says which ran):
 //   mixtune_bench_flash_attention --head-dim 64 --heads 64 --kv-heads 8 --seq 4096 --window 128 --sinks 1
 //       --scale 0.125 --fwd-sm90-hd64 1
 #include <cuda_runtime_api.h>
@@ -259,7 +259,7 @@ int main(int argc, char** argv) {
     const char* env = std::getenv("MIXTUNE_FLASH_FWD");
     const char* env64 = std::getenv("MIXTUNE_FLASH_FWD_SM90_HD64");
     const bool auto_sm90 = sm90_fwd_takes && (env == nullptr || std::string(env) != "mma") &&
-                           (D != 64 || (env64 && std::string(env64) == "1"));
+                           (D != 64 || !(env64 && std::string(env64) == "0"));
     const char* auto_kernel = auto_sm90 ? "sm90" : "mma";
     std::printf(
         "{\"bench\": \"flash_attention\", \"gpu\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"heads\": %lld, "

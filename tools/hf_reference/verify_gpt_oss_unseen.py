@@ -393,7 +393,11 @@ class Variant:
         if quant:
             m = self.tf.GptOssForCausalLM.from_pretrained(
                 path, dtype=torch.bfloat16, quantization_config=self.tf.Mxfp4Config(dequantize=True),
-                experts_implementation=EXPERTS).to(dtype)
+                experts_implementation=EXPERTS)
+            # Only a real cast: Module.to(bf16) on the bf16 model would also round the fp32 RoPE inv_freq buffer
+            # to bf16, which no plain bf16 load does (its logits then differ by ~0.7 with identical tensors).
+            if dtype != torch.bfloat16:
+                m = m.to(dtype)
         else:
             m = self.tf.GptOssForCausalLM.from_pretrained(path, dtype=dtype, experts_implementation=EXPERTS)
         m = eager_experts(m)
@@ -465,17 +469,6 @@ def check_convert(var, binary, to_dtype=None):
     if "quantization_config" in cfg:
         return False, "the converted config.json still declares quantization_config"
     src = var.load(dt)
-    if var.v["storage"] == "mxfp4":
-        # Transformers runs a model loaded through Mxfp4Config(dequantize=True) on other code than a plain load
-        # (its bf16 logits differ by ~0.7 with bit-identical tensors), so the source side is a plain model of the
-        # source's own config holding the tensors that load dequantised: the check stays tensors + config + logits.
-        cfg_src = type(src.config).from_pretrained(var.ckpt)
-        if hasattr(cfg_src, "quantization_config"):
-            del cfg_src.quantization_config
-        plain = eager_experts(var.tf.GptOssForCausalLM(cfg_src).to(dt))
-        plain.load_state_dict(src.state_dict(), strict=True)
-        plain.eval()
-        src = plain
     conv = var.load(dt, out)
     ok, detail = same_models(var, src, conv)
     return ok, f"to {to_dtype or 'the same dtype'} ({cfg.get('dtype', cfg.get('torch_dtype'))}): {detail}"

@@ -69,12 +69,13 @@ bool sm90_forward_allowed() {
 }
 
 
-// The head_dim 64 sm90 forward is opt-in under Auto until it has been measured on a GPU:
-// MIXTUNE_FLASH_FWD_SM90_HD64=1 (read once) selects it.
+// The head_dim 64 sm90 forward is Auto's choice (H100, GPT-OSS's shapes: 2.02x the mma.sync forward without a
+// window, 1.24x with the 128-key window; +0.7% of the gpt-oss-20b slice's step, bench/RESULTS.md session 32);
+// MIXTUNE_FLASH_FWD_SM90_HD64=0 (read once) keeps head_dim 64 on mma.sync.
 bool sm90_forward_hd64_opted_in() {
   static const bool on = [] {
     const char* e = std::getenv("MIXTUNE_FLASH_FWD_SM90_HD64");
-    return e && std::string(e) == "1";
+    return !(e && std::string(e) == "0");
   }();
   return on;
 }

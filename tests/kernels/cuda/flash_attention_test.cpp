@@ -937,7 +937,7 @@ TEST(CudaFlashAttentionWindowSinks, Sm90RefusesFeaturesAndAutoRoutesThemToMmaSyn
 }
 
 // ---- The Hopper forward at head_dim 64 (GPT-OSS): window, sinks and a given scale ----
-// Forced with flash_fwd_kernel_set(Sm90) (Auto takes it only with MIXTUNE_FLASH_FWD_SM90_HD64=1). Thresholds as
+// Forced with flash_fwd_kernel_set(Sm90) (Auto takes it unless MIXTUNE_FLASH_FWD_SM90_HD64=0). Thresholds as
 // the header's: the kernel scores and normalises in fp32 and rounds the unnormalised P to bf16 before P·V as the
 // mma.sync forward does; only its key tiles are 128 wide instead of 64, so the running max where P is rounded
 // differs: out within about one bf16 rounding of the CPU (max-norm 1e-2, rel-L2 5e-3), lse fp32 on both sides
@@ -1058,9 +1058,9 @@ TEST(CudaFlashAttentionWindowSinks, Sm90HeadDim64EarlySoftmaxIsBitwiseTheSame) {
   EXPECT_TRUE(bitwise_equal(late.lse, early.lse)) << "lse";
 }
 
-// Auto leaves head_dim 64 on the mma.sync forward unless MIXTUNE_FLASH_FWD_SM90_HD64=1 (read once per process):
-// bitwise the forced mma.sync result without it, bitwise the forced sm90 result with it.
-TEST(CudaFlashAttentionWindowSinks, AutoTakesSm90HeadDim64OnlyWhenOptedIn) {
+// Auto takes the sm90 forward at head_dim 64 unless MIXTUNE_FLASH_FWD_SM90_HD64=0 (read once per process):
+// bitwise the forced sm90 result without it, bitwise the forced mma.sync result with it.
+TEST(CudaFlashAttentionWindowSinks, AutoTakesSm90HeadDim64UnlessOptedOut) {
   MT_SKIP_WITHOUT_CUDA();
   if (!sm90_forward_runs_d64())
     GTEST_SKIP() << "the sm90 flash-attention forward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
@@ -1070,9 +1070,9 @@ TEST(CudaFlashAttentionWindowSinks, AutoTakesSm90HeadDim64OnlyWhenOptedIn) {
   const FwdOut autos = feature_forward_with(K::Auto, f, r);
   const char* e = std::getenv("MIXTUNE_FLASH_FWD_SM90_HD64");
   const char* fwd = std::getenv("MIXTUNE_FLASH_FWD");
-  const bool opted = e && std::string(e) == "1" && !(fwd && std::string(fwd) == "mma");
-  const FwdOut want = feature_forward_with(opted ? K::Sm90 : K::MmaSync, f, r);
-  EXPECT_TRUE(bitwise_equal(autos.out, want.out)) << (opted ? "opted in: not the sm90 result" : "not the mma.sync result");
+  const bool sm90 = !(e && std::string(e) == "0") && !(fwd && std::string(fwd) == "mma");
+  const FwdOut want = feature_forward_with(sm90 ? K::Sm90 : K::MmaSync, f, r);
+  EXPECT_TRUE(bitwise_equal(autos.out, want.out)) << (sm90 ? "default: not the sm90 result" : "opted out: not the mma.sync result");
   EXPECT_TRUE(bitwise_equal(autos.lse, want.lse));
 }
 
