@@ -11,8 +11,8 @@
 // output du), so they get the base gradients' limits of the all-routed CUDA model tests (max-norm 0.06, rel-L2 0.03;
 // CudaDecoderModel.MatchesCpuBf16AllExpertsRouted), or 3x the CPU bf16 model's own distance from its fp32 run where
 // that is larger (the GPU's bf16 noise is of the same kind and size as the CPU bf16 model's; by the triangle
-// inequality 2x would be tight, 3x leaves room for the working copies' roundings, kernels/cuda/lora.h). The router:
-// test::router_limit. Loss: 5e-3 relative, as the base model's.
+// inequality 2x would be tight, 3x leaves room for the working copies' roundings, kernels/cuda/lora.h). The router
+// (trained in full): the same rule over the routers' limits 0.1 / 0.06. Loss: 5e-3 relative, as the base model's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -151,15 +151,21 @@ void expect_matches_cpu(const DecoderSpec& cfg, ModelWeights& host_w, const Lora
   EXPECT_NEAR(got.aux, want.r.aux_loss, 1e-2 * want.r.aux_loss);
 
   // The frozen base has no gradient buffers on the GPU; the router (trained in full) has one.
+  // Its limit: the routers' (0.1 / 0.06), or 3x the CPU bf16 model's own distance from fp32 where larger, as the
+  // adapters' (GPT-OSS's router gradient gathers the bf16 noise of every expert's output: 0.064 rel-L2 on an H100).
   const auto gg = got.grads.named_parameters();
   const auto wg = want.grads.named_parameters();
+  const auto wg32 = want32.grads.named_parameters();
   ASSERT_EQ(gg.size(), wg.size());
   int full = 0;
   for (size_t i = 0; i < gg.size(); ++i) {
     ASSERT_EQ(gg[i].second->defined(), wg[i].second->defined()) << gg[i].first;
     if (!gg[i].second->defined()) continue;
     ++full;
-    test::expect_norm(test::floats_of(*gg[i].second), wg[i].second->to_floats(), 0.1, 0.06, "router gradient " + gg[i].first);
+    const std::vector<float> w = wg[i].second->to_floats();
+    const test::ErrorStats noise = test::error_stats(w, wg32[i].second->to_floats());
+    test::expect_norm(test::floats_of(*gg[i].second), w, std::max(0.1, 3 * noise.max_norm),
+                      std::max(0.06, 3 * noise.rel_l2), "router gradient " + gg[i].first);
   }
   EXPECT_GT(full, 0) << "no router gradient was compared";
 
