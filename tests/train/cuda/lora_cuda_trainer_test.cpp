@@ -49,7 +49,7 @@ using Quiet = test::QuietLog;
 
 constexpr int kSteps = 20;
 
-// The fixture's recipe (micro-batch 2, grad_accum 2, seq 64, clipping 1) with LoRA, kSteps steps at lr 5e-3 after 2
+// The fixture's recipe (micro-batch 2, grad_accum 2, seq 64, clipping 1) with LoRA, kSteps steps at lr 1e-2 after 2
 // warm-up steps, on `device` in `dtype`, plus `sets`.
 Recipe lora_recipe(const io_test::ScratchDir& dir, const std::string& run, const std::string& device,
                    const std::string& dtype, std::vector<std::string> sets = {}) {
@@ -57,7 +57,7 @@ Recipe lora_recipe(const io_test::ScratchDir& dir, const std::string& run, const
   std::ofstream(path, std::ios::app)
       << "peft: {method: lora, r: 16, alpha: 32, target: [q_proj, k_proj, v_proj, o_proj, experts, router]}\n";
   std::vector<std::string> all = {"train.device=" + device, "model.dtype=" + dtype,
-                                  "train.max_steps=" + std::to_string(kSteps), "optimizer.lr=5.0e-3",
+                                  "train.max_steps=" + std::to_string(kSteps), "optimizer.lr=1.0e-2",
                                   "schedule.warmup_steps=2"};
   all.insert(all.end(), sets.begin(), sets.end());
   return recipe_load(path, all);
