@@ -75,6 +75,8 @@
 #         hf-lora (no binary needed: the Transformers + PEFT LoRA baseline alone, Qwen3-30B-A3B shapes, LAYERS=48
 #         layers, seq 4096, r 16 alpha 32 on attention + experts, gradient checkpointing, GRAD_ACCUM=2, STEPS=3;
 #         hf-lora.json; an 80 GB card may not hold 48 layers: LAYERS=24 there) |
+#         lora-recipe (~2–3 min: recipes/qwen3-30b-a3b-lora.yaml on one GPU at a 2-layer slice, 12 steps, then
+#         Transformers + PEFT load the adapter and give mixtune's logits; needs .carry/qsdata.tar.xz) |
 #         lora (~6–9 min: issue 39's side by side, bench/side_by_side.sh lora: mixtune bench --lora-r 16 on attention +
 #         experts against that baseline, LAYERS=48, seq 4096, grad-accum 2; on an 80 GB card LAYERS=24, or
 #         LORA_RECOMPUTE=full for mixtune's full depth) | lora-tests (the CudaLora* gtests alone).
@@ -148,6 +150,26 @@ for stage in "$@"; do
       python3 -c 'import sys, torch; from transformers import AutoModelForCausalLM
 m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16); print("transformers loads", sys.argv[1], type(m).__name__, sum(p.numel() for p in m.parameters()), "parameters")' \
         "$R/run/final" 2>&1 | tail -2 | tee -a "$OUT/gptoss-recipe.log" ;;
+    lora-recipe)  # recipes/qwen3-30b-a3b-lora.yaml on one GPU at a 2-layer slice of qwen3-30b-a3b (random bf16
+      # weights), the quickstart's chat data and Qwen3 tokenizer, 12 steps at the recipe's seq 4096 (grad_accum 2); then
+      # Transformers + PEFT load the saved adapter and give mixtune's logits (check_mixtune_adapter.py, CPU, fp32).
+      R=/tmp/lora-recipe && rm -rf "$R" && mkdir -p "$R" && tar xJf .carry/qsdata.tar.xz -C "$R" \
+        && "$BIN/mixtune" init --preset qwen3-30b-a3b --layers 2 --seed 7 --dtype bfloat16 \
+             --tokenizer "$R/qsdata/tokenizer" "$R/base" \
+        && { time "$BIN/mixtune" finetune recipes/qwen3-30b-a3b-lora.yaml --set model.path="$R/base" \
+               --set data.train="$R/qsdata/train.jsonl" --set train.max_steps=12 --set train.grad_accum=2 \
+               --set train.log_every=1 --set schedule.warmup_steps=2 --set optimizer.lr=1.0e-3 \
+               --set checkpoint.every_steps=6 --set checkpoint.dir="$R/run"; } > "$OUT/lora-recipe.log" 2>&1; lrc=$?
+      tail -25 "$OUT/lora-recipe.log"; [[ $lrc -eq 0 ]] || rc=1
+      cp "$R/run/metrics.jsonl" "$OUT/lora-recipe-metrics.jsonl" 2>/dev/null
+      ls -la "$R/run/final" 2>&1 | tee -a "$OUT/lora-recipe.log"
+      python3 -c 'import json, random; random.seed(1); [print(json.dumps({"input_ids": [random.randrange(151936) for _ in range(64)]})) for _ in range(2)]' \
+        > "$R/check.jsonl"
+      "$BIN/mixtune" score --model "$R/base" --adapter "$R/run/final" --data "$R/check.jsonl" --dtype float32 \
+        --logits "$R/mixtune-logits.npy" >> "$OUT/lora-recipe.log" 2>&1 || rc=1
+      PYTHONUNBUFFERED=1 python3 tools/hf_reference/check_mixtune_adapter.py --base "$R/base" --adapter "$R/run/final" \
+        --data "$R/check.jsonl" --logits "$R/mixtune-logits.npy" 2>&1 | tail -4 | tee -a "$OUT/lora-recipe.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
     hf-smoke) OUT=$OUT bash bench/hf_smoke.sh || rc=1 ;;
     hf-lora)  # issue 39's baseline: Transformers + PEFT LoRA on a frozen bf16 Qwen3-30B-A3B slice, one GPU
       PYTHONUNBUFFERED=1 python3 bench/hf_baseline.py --layers ${LAYERS:-48} --seq 4096 --micro-batch 1 \

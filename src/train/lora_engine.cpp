@@ -123,6 +123,19 @@ LoraConfig lora_config_from(const RecipePeft& p) {
   return c;
 }
 
+std::string lora_gpu_unsupported(const Recipe& r, const DecoderSpec& spec, const std::string& resume_dir) {
+  const std::string saved = !resume_dir.empty() ? resume_dir : r.model.adapter;
+  const LoraTable t = lora_table_of(spec, saved.empty() ? lora_config_from(r.peft) : lora_config_read(saved, spec),
+                                    saved.empty() ? r.file : saved);
+  if (t.config.r % 8 == 0) return "";
+  for (const LoraEntry& e : t.entries)
+    if (e.role == ParamRole::expert_stack)
+      return fmt::format("peft.r {} on expert stacks is not a multiple of 8, which the GPU's grouped GEMMs need (their "
+                         "16-byte rows); use 8, 16, 32, ...",
+                         t.config.r);
+  return "";
+}
+
 LoraWeights lora_adapter_for_run(const Recipe& r, CausalLM& lm, const std::string& resume_dir) {
   const std::string saved = !resume_dir.empty() ? resume_dir : r.model.adapter;
   if (saved.empty()) {

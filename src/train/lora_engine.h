@@ -19,6 +19,10 @@ namespace mt {
 LoraWeights lora_adapter_for_run(const Recipe& r, CausalLM& lm, const std::string& resume_dir);
 // The recipe's peft section as an adapter config (targets as listed).
 LoraConfig lora_config_from(const RecipePeft& p);
+// Why the CUDA engine cannot train the run's adapter on `spec`'s model (its settings as lora_adapter_for_run takes
+// them: the adapter in resume_dir, else model.adapter, else the peft section), or "": an expert stack's r must be a
+// multiple of 8 there (the grouped GEMMs' 16-byte rows).
+std::string lora_gpu_unsupported(const Recipe& r, const DecoderSpec& spec, const std::string& resume_dir);
 
 // lm and the adapter's table must outlive the engine; the engine keeps `adapter` (TrainEngine::lora()).
 std::unique_ptr<TrainEngine> cpu_lora_engine_create(CausalLM& lm, const Recipe& r, LoraWeights adapter);

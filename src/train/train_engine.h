@@ -83,6 +83,11 @@ struct CudaEngineHooks {
   std::function<std::unique_ptr<TrainEngine>(CausalLM& lm, const Recipe& r, int device, std::FILE* log,
                                              Communicator* comm)>
       create;
+  // LoRA (recipe peft): one process on one GPU, the base frozen; the engine trains and keeps `adapter`
+  // (TrainEngine::lora(); train/lora_engine.h: lora_adapter_for_run).
+  std::function<std::unique_ptr<TrainEngine>(CausalLM& lm, const Recipe& r, LoraWeights adapter, int device,
+                                             std::FILE* log)>
+      create_lora;
 };
 void cuda_engine_register(CudaEngineHooks hooks);
 const CudaEngineHooks* cuda_engine_hooks();  // null without CUDA support

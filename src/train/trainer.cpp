@@ -82,10 +82,6 @@ void lora_refusals(const Recipe& r, int world) {
          "adapters are not built)",
          r.file, world);
   if (r.parallel.ep > 1) fail("{}: parallel.ep: LoRA training does not support expert parallelism yet", r.file);
-  if (r.train.device != "auto" && r.train.device != "cpu")
-    fail("{}: train.device: '{}': LoRA training runs on the CPU engine so far (the CUDA engine is not built for "
-         "adapters); set train.device: cpu or auto",
-         r.file, r.train.device);
 }
 
 void identity_check(const nlohmann::json& recipe, const nlohmann::json& saved, const std::string& ckpt) {
@@ -249,10 +245,13 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   const DecoderSpec model_cfg = DecoderSpec::from_file(config_path.string());
   std::string device_why;
   // Every rank must agree on the engine (a rank on the CPU and another on a GPU cannot share collectives).
-  int device = r.peft.enabled ? -1
-                              : train_device_resolve(r, model_cfg, &device_why, pg.local_rank,
-                                                     comm ? std::max(pg.local_world, 1) : 1);
-  if (r.peft.enabled) device_why = "LoRA training runs on the CPU engine so far";
+  int device = train_device_resolve(r, model_cfg, &device_why, pg.local_rank, comm ? std::max(pg.local_world, 1) : 1);
+  if (r.peft.enabled && device >= 0)  // an adapter the GPU cannot train: said before the model loads
+    if (const std::string no = lora_gpu_unsupported(r, model_cfg, resume_dir); !no.empty()) {
+      if (r.train.device != "auto") fail("{}: train.device: '{}': {} (or train on the CPU)", r.file, r.train.device, no);
+      device = -1;
+      device_why = no;
+    }
   if (comm) {
     double on_gpu[2] = {device >= 0 ? 1.0 : 0.0, 1.0};
     comm->all_reduce_sum(on_gpu, 2, "all_reduce(engine choice)");
@@ -346,9 +345,11 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
     }
   };
   std::unique_ptr<TrainEngine, AbandonOnError> engine(
-      r.peft.enabled ? cpu_lora_engine_create(lm, r, lora_adapter_for_run(r, lm, resume_dir)).release()
-      : device < 0   ? cpu_engine_create(lm, r, comm.get()).release()
-                     : cuda_engine_hooks()->create(lm, r, device, log, comm.get()).release());
+      r.peft.enabled && device < 0 ? cpu_lora_engine_create(lm, r, lora_adapter_for_run(r, lm, resume_dir)).release()
+      : r.peft.enabled
+          ? cuda_engine_hooks()->create_lora(lm, r, lora_adapter_for_run(r, lm, resume_dir), device, log).release()
+      : device < 0 ? cpu_engine_create(lm, r, comm.get()).release()
+                   : cuda_engine_hooks()->create(lm, r, device, log, comm.get()).release());
   progress.message(fmt::format("device: {}{}", engine->device_name(),
                                r.train.device == "auto" ? " (train.device auto: " + device_why + ")" : ""));
   if (const OptimizerShards& sh = engine->optimizer_shards(); sh.active()) {

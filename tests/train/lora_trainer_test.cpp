@@ -46,7 +46,7 @@ Recipe lora_recipe(const io_test::ScratchDir& dir, const std::vector<std::string
   const std::string path = dir.file("recipe.yaml");
   std::ofstream(path) << "model: {path: " << kFixtures << "moe_gqa_aux/ckpt, dtype: bfloat16}\n"
                       << "data: {train: " << kFixtures << "train5/train.jsonl, seq_len: 16, pack: false}\n"
-                      << "train: {micro_batch_size: 1, grad_accum: 2, max_steps: 8, seed: 7}\n"
+                      << "train: {micro_batch_size: 1, grad_accum: 2, max_steps: 8, seed: 7, device: cpu}\n"
                       << "optimizer: {lr: 2.0e-2, weight_decay: 0.01}\n"
                       << "clip: {max_grad_norm: 1.0}\n"
                       << "checkpoint: {dir: " << dir.file("run") << "}\n"
@@ -181,12 +181,27 @@ TEST(LoraTrainer, RefusalsAreOneLine) {
   };
   const std::string file = d.file("recipe.yaml");
   EXPECT_EQ(err({"parallel.ep=2"}), file + ": parallel.ep: LoRA training does not support expert parallelism yet");
-  EXPECT_EQ(err({"train.device=cuda"}),
-            file + ": train.device: 'cuda': LoRA training runs on the CPU engine so far (the CUDA engine is not built "
-                   "for adapters); set train.device: cpu or auto");
   EXPECT_EQ(err({"peft.target=[q_proj, lm_head]"}),
             file + ": peft.target: 'lm_head' is not a LoRA target of qwen3_moe models (known: q_proj, k_proj, v_proj, "
                    "o_proj, gate_proj, up_proj, down_proj, experts, router)");
+}
+
+// What the GPU cannot train (r not a multiple of 8 on an expert stack), found from the recipe or a saved adapter's
+// config before any loading (the trainer refuses it on train.device cuda, and auto takes the CPU).
+TEST(LoraTrainer, GpuUnsupportedNamesAnExpertRankNotAMultipleOf8) {
+  io_test::ScratchDir d;
+  const DecoderSpec spec = DecoderSpec::from_file(kFixtures + "moe_gqa_aux/ckpt/config.json");
+  const std::string why = "peft.r 4 on expert stacks is not a multiple of 8, which the GPU's grouped GEMMs need (their "
+                          "16-byte rows); use 8, 16, 32, ...";
+  EXPECT_EQ(lora_gpu_unsupported(lora_recipe(d, {}), spec, ""), why);
+  EXPECT_EQ(lora_gpu_unsupported(lora_recipe(d, {"peft.r=8"}), spec, ""), "");
+  EXPECT_EQ(lora_gpu_unsupported(lora_recipe(d, {"peft.target=[q_proj, o_proj, router]"}), spec, ""), "");
+  // A saved adapter's settings (resume or model.adapter) decide when there is one.
+  test::QuietLog q;
+  ASSERT_EQ(finetune(lora_recipe(d, {"train.max_steps=1"}), q.options()).steps, 1);
+  const std::string saved = (d.path / "run" / "final").string();
+  EXPECT_EQ(lora_gpu_unsupported(lora_recipe(d, {"peft.r=8"}), spec, saved), why);
+  EXPECT_EQ(lora_gpu_unsupported(lora_recipe(d, {"model.adapter=" + saved, "peft.target=null"}), spec, ""), why);
 }
 
 }  // namespace

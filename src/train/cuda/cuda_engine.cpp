@@ -19,6 +19,8 @@
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/cuda_check.h"
+#include "train/cuda/cuda_engine_setup.h"
+#include "train/cuda/cuda_lora_engine.h"
 #include "train/cuda/cuda_param_transport.h"
 #include "train/cuda/cuda_train_step.h"
 #include "train/memory_plan.h"
@@ -34,72 +36,12 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// The rows of a host parameter this rank holds: all of it, or under expert parallelism its experts' slice.
-struct ExpertSlice {
-  int64_t first = 0, count = -1;  // count < 0: every expert
-  std::shared_ptr<const ParamTable> params;  // which parameters are expert stacks (with count >= 0)
-  Tensor of(const std::string& name, const Tensor& host) const {
-    return count >= 0 && params->is_expert_stack(name) ? host.rows(first, first + count) : host;
-  }
-};
-
-// Every host parameter (this rank's slice) uploaded as BF16 (rounded to nearest even when the host holds F32).
-// Under ZeRO-3 the parameters another rank owns stay absent (train/sharded_params.h): never allocated here.
-ModelWeights upload_bf16(const DecoderSpec& cfg, const ModelWeights& host, int device, const ExpertSlice& sl,
-                            const OptimizerShards* params_owned) {
-  ModelWeights d = ModelWeights::absent_like_config(cfg, DType::BF16, Device::cuda(device), sl.count);
-  auto src = host.named_parameters();
-  auto dst = d.named_parameters();
-  for (size_t i = 0; i < src.size(); ++i) {
-    if (params_owned && !params_owned->keeps_weights(i)) continue;
-    Tensor& t = *dst[i].second;
-    t = Tensor::empty(t.shape(), t.dtype(), t.device());
-    const Tensor h = sl.of(src[i].first, *src[i].second);
-    cuda::copy_host_to_device(t, h.dtype() == DType::BF16 ? h : h.to(DType::BF16));
-  }
-  return d;
-}
-
-CudaTrainStepOptions step_options(const Recipe& r) {
-  CudaTrainStepOptions o;
-  o.model.recompute = recompute_parse(r.train.recompute, "train.recompute");
-  o.model.deterministic = r.train.deterministic;
-  o.adamw.hyper = adamw_options_from(r);
-  o.adamw.bf16_master = o.adamw.hyper.master_weights;
-  o.adamw.moment_dtype = r.optimizer.moment_dtype == "bfloat16" ? DType::BF16 : DType::F32;
-  o.adamw.seed = r.train.seed;
-  o.expert_grad_dtype = r.optimizer.expert_grad_dtype == "bfloat16" ? DType::BF16 : DType::F32;
-  if (!r.optimizer.decay_norms_and_biases) o.decays = adamw_hf_decays;
-  return o;
-}
-
 // Prints the plan; refuses what cannot fit. Returns whether to pair expert wgrads (pairing_wanted).
 bool plan_memory(const DecoderSpec& cfg, const Recipe& r, int device, int64_t ep, int64_t world, std::FILE* log) {
-  size_t free_b = 0, total_b = 0;
-  MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  MemoryPlanInput in;
-  in.cfg = cfg;
-  in.micro_batch = r.train.micro_batch_size;
-  in.seq = r.data.seq_len;
-  in.recompute = recompute_parse(r.train.recompute, "train.recompute");
-  in.deterministic = r.train.deterministic;
-  in.fp32_master = r.optimizer.master_weights == "float32";
-  in.bf16_moments = r.optimizer.moment_dtype == "bfloat16";
-  in.bf16_expert_grads = r.optimizer.expert_grad_dtype == "bfloat16";
-  in.expert_parallel = ep;
-  in.optimizer_shards = world > 1 && r.parallel.shard_optimizer ? world : 1;
-  in.shard_parameters = world > 1 && r.parallel.shard_parameters;
-  in.reshard_after_forward = r.parallel.reshard_after_forward;
-  in.ep_all_gather = ep > 1 && ep_dispatch_mode_parse(r.parallel.ep_dispatch, ep, cfg.experts_per_token(),
-                                                      "parallel.ep_dispatch") == EpDispatchMode::all_gather;
-  in.ep_row_headroom = r.parallel.ep_row_headroom;
-  in.device_bytes = static_cast<int64_t>(total_b);
-  in.reserve_bytes = memory_plan_reserve_bytes(in.device_bytes);
+  MemoryPlanInput in = cuda_memory_plan_input(cfg, r, ep, world);
   const bool pair = pairing_wanted(in, r.train.grad_accum);
   in.pair_expert_wgrad = pair;
-  const MemoryPlan p = memory_plan(in);
-  if (log) std::fprintf(log, "%s\n", p.table().c_str());
-  if (!p.fits) fail("cuda:{}: {}", device, p.refusal());
+  cuda_memory_plan_check(in, device, log);
   return pair;
 }
 
@@ -118,7 +60,7 @@ class CudaEngine final : public TrainEngine {
     const bool pair = plan_memory(lm.config, r, device_, ep_ ? ep_->ranks() : 1, comm ? comm->size() : 1, log);
     cuda::allocator_reset_peak(device_);
     if (ep_) slice_ = {ep_->first_expert(), ep_->experts_per_rank(), lm.weights.table};
-    CudaTrainStepOptions so = step_options(r);
+    CudaTrainStepOptions so = cuda_step_options(r);
     so.pair_expert_wgrad = pair;
     so.collectives = col;
     // The owners depend on the parameters' names and element counts only (the expert stacks, the one thing
@@ -126,7 +68,7 @@ class CudaEngine final : public TrainEngine {
     if (ranks && r.parallel.shard_optimizer)
       so.shards = optimizer_shards_for(lm.weights, comm->size(), comm->rank(), ep_ ? ep_->ranks() : 1);
     const bool shard_params = ranks && r.parallel.shard_parameters;
-    weights_ = upload_bf16(lm.config, lm.weights, device_, slice_, shard_params ? &so.shards : nullptr);
+    weights_ = cuda_upload_bf16(lm.config, lm.weights, device_, slice_, shard_params ? &so.shards : nullptr);
     if (shard_params) {
       shards_ = so.shards;
       sharded_params_ = std::make_unique<ShardedParams>(
@@ -264,26 +206,17 @@ class CudaEngine final : public TrainEngine {
     if (const int owner = step_->shards().owner(state_of.empty() ? name : state_of); owner >= 0) {
       if (owner != rank_) return;
     } else if (!expert_rows) {
-      if (writes_output()) copy_to_host_converting(dev, host);
+      if (writes_output()) cuda_copy_to_host_converting(dev, host);
       return;
     } else if (rank_ >= ep_->ranks()) {
       return;  // a replica of the first group's experts: written there
     }
     if (!expert_rows) {
-      copy_to_host_converting(dev, host);
+      cuda_copy_to_host_converting(dev, host);
       return;
     }
     Tensor own = host.rows(slice_.first, slice_.first + slice_.count);
-    copy_to_host_converting(dev, own);
-  }
-
-  static void copy_to_host_converting(const Tensor& dev, Tensor& host) {
-    if (host.dtype() == dev.dtype()) {
-      cuda::copy_device_to_host(host, dev);
-      return;
-    }
-    const Tensor h = cuda::to_host(dev).to(host.dtype());
-    std::memcpy(host.data(), h.data(), host.nbytes());
+    cuda_copy_to_host_converting(dev, own);
   }
 
   Tensor* host_param(const std::string& name) {
@@ -324,7 +257,9 @@ const bool kRegistered = [] {
                         [](CausalLM& lm, const Recipe& r, int device, std::FILE* log,
                            Communicator* comm) -> std::unique_ptr<TrainEngine> {
                           return std::make_unique<CudaEngine>(lm, r, device, log, comm);
-                        }});
+                        },
+                        [](CausalLM& lm, const Recipe& r, LoraWeights adapter, int device,
+                           std::FILE* log) { return cuda_lora_engine_create(lm, r, std::move(adapter), device, log); }});
   return true;
 }();
 
