@@ -67,6 +67,10 @@
 #         verify-gpt-oss (~2–4 min, CPU: tools/hf_reference/verify_gpt_oss_unseen.py, Transformers-made GPT-OSS
 #         checkpoints of shapes the fixtures lack against mixtune score, convert and one finetune step; VERIFY_ARGS
 #         e.g. "--random 4 --seed 7"; the PASS/FAIL table in verify-gpt-oss.md) |
+#         verify-lora (~2–5 min, CPU: tools/hf_reference/verify_lora_unseen.py, PEFT-made adapters on Transformers-made
+#         Qwen3-MoE, Qwen3 and GPT-OSS checkpoints of shapes the fixtures lack against mixtune score --adapter, merge,
+#         one finetune step from the adapter, PEFT's load of our final/, and one-line refusals; VERIFY_ARGS e.g.
+#         "--random 4 --seed 7"; the PASS/FAIL table in verify-lora.md) |
 #         gptoss-recipe (~1–2 min: recipes/gpt-oss-20b.yaml on one GPU at a 2-layer slice, 12 steps; needs
 #         .carry/gptoss-tok.tar.xz, the gpt-oss tokenizer + chat template, and .carry/qsdata.tar.xz) |
 #         peft-probe (~1–2 min, CPU, no binary needed: tools/hf_reference/peft_probe.py checks docs/peft-format.md
@@ -133,6 +137,12 @@ for stage in "$@"; do
       sed -n '/^variant  */,$p' "$OUT/verify-gpt-oss.log" | tee "$OUT/verify-gpt-oss.md"
       grep -q '^verify-gpt-oss:' "$OUT/verify-gpt-oss.log" || tail -30 "$OUT/verify-gpt-oss.log"
       cp /tmp/verify-gpt-oss/results.json "$OUT/verify-gpt-oss.json" 2>/dev/null ;;
+    verify-lora)  # PEFT-made adapters on unseen checkpoints: score, merge, one finetune step, PEFT loads ours, refusals
+      PYTHONUNBUFFERED=1 python3 tools/hf_reference/verify_lora_unseen.py "$BIN/mixtune" /tmp/verify-lora \
+        ${VERIFY_ARGS:-} > "$OUT/verify-lora.log" 2>&1 || rc=1
+      sed -n '/^variant  */,$p' "$OUT/verify-lora.log" | tee "$OUT/verify-lora.md"
+      grep -q '^verify-lora:' "$OUT/verify-lora.log" || tail -30 "$OUT/verify-lora.log"
+      cp /tmp/verify-lora/results.json "$OUT/verify-lora.json" 2>/dev/null ;;
     gptoss-recipe)  # recipes/gpt-oss-20b.yaml on one GPU: a 2-layer slice of gpt-oss-20b (random weights, the real
       # gpt-oss tokenizer and harmony template from .carry/gptoss-tok.tar.xz), the quickstart's chat data, 12 steps at
       # seq 1024; then Transformers loads the saved checkpoint and scores a row like mixtune does.
