@@ -96,6 +96,7 @@ LoraTable lora_table_of(const DecoderSpec& spec, const LoraConfig& c, const std:
       a.in = in;
       a.out = out;
       a.interleaved_out = def->interleaved_gate_up && e.slot == WeightSlot::experts_gate_up;
+      a.peft_parameter = stack || def->peft_as_parameter;
       t.entries.push_back(std::move(a));
     }
   }
@@ -215,9 +216,9 @@ void lora_merge_into(ModelWeights& base, const LoraWeights& lora) {
         for (int64_t k = 0; k < out * in; ++k) wp[k] = wp[k] + d[static_cast<size_t>(k)] * s;
       } else {
         MT_CHECK(w.dtype() == DType::BF16, "merge: {} has dtype {}", ea.base, dtype_safetensors_name(w.dtype()));
-        // nn.Linear: W.data += Δ (fp32 Δ, one rounding). An expert stack (PEFT's ParamWrapper): Δ is cast to W's
-        // dtype first, then added: two roundings.
-        const bool delta_rounded = ea.role == ParamRole::expert_stack;
+        // nn.Linear: W.data += Δ (fp32 Δ, one rounding). A parameter target (PEFT's ParamWrapper: expert stacks,
+        // Qwen3-MoE's dense MLP weights): Δ is cast to W's dtype first, then added: two roundings.
+        const bool delta_rounded = ea.peft_parameter;
         auto* wp = w.data_as<uint16_t>() + at;
         for (int64_t k = 0; k < out * in; ++k) {
           const float delta = d[static_cast<size_t>(k)] * s;

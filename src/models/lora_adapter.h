@@ -41,6 +41,9 @@ struct LoraEntry {
   // Transformers' layout interleaves this stack's gate and up outputs (LoraTargetDef::interleaved_gate_up); the
   // engines' B rows are gate rows then up rows.
   bool interleaved_out = false;
+  // PEFT adapts it as a parameter (lora.ParamWrapper: an expert stack, or a target the family spells in
+  // target_parameters, LoraTargetDef::peft_as_parameter): its merge casts Δ to W's dtype before the add.
+  bool peft_parameter = false;
 };
 
 // Every adapter tensor of a model, in the base table's order (A before B for each adapted weight), and the base
