@@ -42,7 +42,6 @@ Prints a PASS/FAIL table (INFO rows: within the bounds or not, never a failure) 
 status 0 when every counted check passed, 1 otherwise, 2 on a usage error. Each variant's files stay in
 WORK_DIR/<variant>/.
 """
-import argparse
 import json
 import math
 import os
@@ -51,9 +50,10 @@ import shutil
 import subprocess
 import sys
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import verify_harness as H  # noqa: E402  (command line, check loop, table)
 FIXTURES = os.path.normpath(os.path.join(HERE, "..", "..", "tests", "fixtures", "gpt_oss"))
 # Transformers' per-expert loop: its bf16 grouped_mm refuses expert widths whose strides are not multiples of
 # 16 bytes ("strides should be multiple of 16 bytes"), which several variants have; the loop is the definition.
@@ -548,32 +548,9 @@ def check_finetune(var, binary, whole_pad_row):
 # ---------------------------------------------------------------------------------------------------------------
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="See the module docstring for the checks.")
-    ap.add_argument("binary", nargs="?", help="the mixtune binary")
-    ap.add_argument("work", nargs="?", help="a scratch directory (each variant's files stay there)")
-    ap.add_argument("--random", type=int, default=2, help="random variants after the fixed ones (default 2)")
-    ap.add_argument("--seed", type=int, default=1, help="seed of the random variants (default 1)")
-    ap.add_argument("--only", action="append", default=None, help="run this variant only (repeatable)")
-    ap.add_argument("--list", action="store_true", help="print the variants and their checks and exit (no torch)")
-    a = ap.parse_args(argv)
-    if a.random < 0:
-        ap.error("--random must be >= 0")
-    variants = all_variants(a.random, a.seed)
-    if a.only:
-        unknown = sorted(set(a.only) - {v["name"] for v in variants})
-        if unknown:
-            ap.error(f"--only: unknown variant(s) {unknown}; --list names them")
-        variants = [v for v in variants if v["name"] in a.only]
-    if a.list:
-        return print_list(variants)
-    if not a.binary or not a.work:
-        ap.error("give MIXTUNE_BINARY and WORK_DIR (or --list)")
-    if not os.access(a.binary, os.X_OK):
-        ap.error(f"{a.binary}: not an executable mixtune binary")
-    binary = os.path.abspath(a.binary)
-    invalid = [(v["name"], problems(v)) for v in variants if problems(v)]
-    if invalid:
-        ap.error(f"invalid variants: {invalid}")
+    a, variants, binary = H.parse_args(__doc__, all_variants, problems, print_list, argv)
+    if binary is None:
+        return a.list_status
 
     import torch
     import transformers
@@ -591,10 +568,8 @@ def main(argv=None):
         print(f"== {v['name']}: {describe(v)}", flush=True)
         try:
             var = Variant(v, work, torch, transformers, fx)
-        except Exception as e:  # noqa: BLE001 -- a variant Transformers or the script cannot build is a failure
-            traceback.print_exc()
-            results.append(dict(variant=v["name"], check="build", ok=False, counted=True, result="FAIL",
-                                detail=f"{type(e).__name__}: {e}"[:400]))
+        except Exception as e:  # noqa: BLE001 -- reported as the variant's build failure
+            H.build_failure(results, v["name"], e)
             continue
         other = {"float32": "bfloat16", "bfloat16": "float32", "mxfp4": "float32"}[v["storage"]]
         runs = [("score-fp32", lambda: check_score(var, binary, "float32")),
@@ -604,33 +579,15 @@ def main(argv=None):
                 ("finetune", lambda: check_finetune(var, binary, whole_pad_row=False))]
         if v["pad_in_data"]:
             runs.append(("finetune-pad-row", lambda: check_finetune(var, binary, whole_pad_row=True)))
-        for name, fn in runs:
-            try:
-                ok, detail = fn()
-            except Exception as e:  # noqa: BLE001 -- a check that cannot run is a failure, with its reason
-                traceback.print_exc()
-                ok, detail = False, f"{type(e).__name__}: {e}"[:400]
-            info = name in INFO_CHECKS
-            verdict = ("INFO" if info else "PASS") if ok else ("INFO!" if info else "FAIL")
-            results.append(dict(variant=v["name"], check=name, ok=bool(ok), counted=not info, result=verdict,
-                                detail=detail))
-            print(f"   {verdict} {name}: {detail}", flush=True)
-        results[-1]["seconds"] = round(time.monotonic() - t0, 1)
+        H.run_checks(results, v["name"], runs, t0, INFO_CHECKS)
         with open(os.path.join(var.dir, "facts.json"), "w") as f:
             json.dump(dict(variant=v, facts=var.facts), f, indent=2)
     with open(os.path.join(work, "results.json"), "w") as f:
         json.dump(dict(transformers=transformers.__version__, torch=torch.__version__, tolerances=TOL,
                        results=results), f, indent=2)
-    width = max(len(r["variant"]) for r in results)
-    cw = max(len(r["check"]) for r in results)
-    print("\n" + f"{'variant':<{width}}  {'check':<{cw}}  result  detail")
-    for r in results:
-        print(f"{r['variant']:<{width}}  {r['check']:<{cw}}  {r['result']:<6}  {r['detail']}")
-    counted = [r for r in results if r["counted"]]
-    fails = sum(not r["ok"] for r in counted)
-    over = sum(not r["ok"] for r in results if not r["counted"])
+    counted, fails, over = H.print_table(results)
     print(f"\n(INFO: reported, not counted; INFO!: outside the parity tests' bf16 bounds: {over})")
-    print(f"verify-gpt-oss: {len(counted) - fails} passed, {fails} failed ({work}/results.json)")
+    print(f"verify-gpt-oss: {counted - fails} passed, {fails} failed ({work}/results.json)")
     return 1 if fails else 0
 
 

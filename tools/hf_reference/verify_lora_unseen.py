@@ -41,7 +41,6 @@ exactly one stderr line, `mixtune: error: <dir>/adapter_config.json: ...`, holdi
 Prints a PASS/FAIL table and WORK_DIR/results.json; exit status 0 when every check passed, 1 otherwise, 2 on a
 usage error. Each variant's files stay in WORK_DIR/<variant>/.
 """
-import argparse
 import json
 import math
 import os
@@ -50,10 +49,10 @@ import shutil
 import subprocess
 import sys
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import verify_harness as H  # noqa: E402  (command line, check loop, table)
 import verify_gpt_oss_unseen as G  # noqa: E402  (pure Python at import: GPT-OSS config base, sh, yaml_float, jsonl)
 
 FIXTURES = os.path.normpath(os.path.join(HERE, "..", "..", "tests", "fixtures"))
@@ -749,32 +748,9 @@ def check_refusal(case, binary, name, peft_kw, edit, expect):
 # ---------------------------------------------------------------------------------------------------------------
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="See the module docstring for the checks.")
-    ap.add_argument("binary", nargs="?", help="the mixtune binary")
-    ap.add_argument("work", nargs="?", help="a scratch directory (each variant's files stay there)")
-    ap.add_argument("--random", type=int, default=2, help="random variants after the fixed ones (default 2)")
-    ap.add_argument("--seed", type=int, default=1, help="seed of the random variants (default 1)")
-    ap.add_argument("--only", action="append", default=None, help="run this variant only (repeatable)")
-    ap.add_argument("--list", action="store_true", help="print the variants and their checks and exit (no torch)")
-    a = ap.parse_args(argv)
-    if a.random < 0:
-        ap.error("--random must be >= 0")
-    variants = all_variants(a.random, a.seed)
-    if a.only:
-        unknown = sorted(set(a.only) - {v["name"] for v in variants})
-        if unknown:
-            ap.error(f"--only: unknown variant(s) {unknown}; --list names them")
-        variants = [v for v in variants if v["name"] in a.only]
-    if a.list:
-        return print_list(variants)
-    if not a.binary or not a.work:
-        ap.error("give MIXTUNE_BINARY and WORK_DIR (or --list)")
-    if not os.access(a.binary, os.X_OK):
-        ap.error(f"{a.binary}: not an executable mixtune binary")
-    binary = os.path.abspath(a.binary)
-    invalid = [(v["name"], problems(v)) for v in variants if problems(v)]
-    if invalid:
-        ap.error(f"invalid variants: {invalid}")
+    a, variants, binary = H.parse_args(__doc__, all_variants, problems, print_list, argv)
+    if binary is None:
+        return a.list_status
 
     import types
     import torch
@@ -799,10 +775,8 @@ def main(argv=None):
         print(f"== {v['name']}: {describe(v)}", flush=True)
         try:
             case = Case(v, work, m)
-        except Exception as e:  # noqa: BLE001 -- a variant Transformers, PEFT or the script cannot build is a failure
-            traceback.print_exc()
-            results.append(dict(variant=v["name"], check="build", ok=False, result="FAIL",
-                                detail=f"{type(e).__name__}: {e}"[:400]))
+        except Exception as e:  # noqa: BLE001 -- reported as the variant's build failure
+            H.build_failure(results, v["name"], e)
             continue
         if v["refusals"]:
             runs = [(name, (lambda n=name, kw=kw, ed=ed, ex=ex: check_refusal(case, binary, n, kw, ed, ex)))
@@ -812,28 +786,14 @@ def main(argv=None):
                     ("merge", lambda: check_merge(case, binary)),
                     ("finetune", lambda: check_finetune(case, binary)),
                     ("final-in-peft", lambda: check_final_in_peft(case, binary))]
-        for name, fn in runs:
-            try:
-                ok, detail = fn()
-            except Exception as e:  # noqa: BLE001 -- a check that cannot run is a failure, with its reason
-                traceback.print_exc()
-                ok, detail = False, f"{type(e).__name__}: {e}"[:400]
-            verdict = "PASS" if ok else "FAIL"
-            results.append(dict(variant=v["name"], check=name, ok=bool(ok), result=verdict, detail=detail))
-            print(f"   {verdict} {name}: {detail}", flush=True)
-        results[-1]["seconds"] = round(time.monotonic() - t0, 1)
+        H.run_checks(results, v["name"], runs, t0)
         with open(os.path.join(case.dir, "facts.json"), "w") as f:
             json.dump(dict(variant=v, facts=case.facts), f, indent=2)
     with open(os.path.join(work, "results.json"), "w") as f:
         json.dump(dict(peft=peft.__version__, transformers=transformers.__version__, torch=torch.__version__,
                        tolerances=TOL, results=results), f, indent=2)
-    width = max(len(r["variant"]) for r in results)
-    cw = max(len(r["check"]) for r in results)
-    print("\n" + f"{'variant':<{width}}  {'check':<{cw}}  result  detail")
-    for r in results:
-        print(f"{r['variant']:<{width}}  {r['check']:<{cw}}  {r['result']:<6}  {r['detail']}")
-    fails = sum(not r["ok"] for r in results)
-    print(f"\nverify-lora: {len(results) - fails} passed, {fails} failed ({work}/results.json)")
+    counted, fails, _ = H.print_table(results)
+    print(f"\nverify-lora: {counted - fails} passed, {fails} failed ({work}/results.json)")
     return 1 if fails else 0
 
 
