@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -70,6 +72,29 @@ inline int run_mixtune(const std::vector<std::string>& args, const std::filesyst
 inline std::string slurp(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+struct RunResult {
+  int code;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// `mixtune ARGS` through the shell (ARGS may quote and redirect), its stdout and stderr captured.
+inline RunResult run_capture(const std::string& args) {
+  // One file per process: ctest runs the tests of a file in parallel processes.
+  const std::filesystem::path err_file =
+      std::filesystem::temp_directory_path() / ("mt_cli_stderr_" + std::to_string(::getpid()) + ".txt");
+  const std::string cmd = std::string(mixtune_binary()) + " " + args + " 2>" + err_file.string();
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = pclose(p);
+  std::string err = slurp(err_file);
+  std::filesystem::remove(err_file);
+  return {WEXITSTATUS(status), out, err};
 }
 
 }  // namespace mt::test

@@ -11,30 +11,14 @@
 
 #include <unistd.h>
 
+#include "cli_process.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int code;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
-
-RunResult run(const std::string& args) {
-  // One file per process: ctest runs the tests of this file in parallel processes.
-  const fs::path err_file = fs::temp_directory_path() / ("mt_cli_stderr_" + std::to_string(::getpid()) + ".txt");
-  std::string cmd = std::string(MIXTUNE_BINARY) + " " + args + " 2>" + err_file.string();
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  std::ifstream e(err_file);
-  std::string err((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
-  return {WEXITSTATUS(status), out, err};
-}
+using mt::test::RunResult;
+RunResult run(const std::string& args) { return mt::test::run_capture(args); }
 
 void write(const fs::path& p, const std::string& s) {
   std::ofstream f(p, std::ios::binary);

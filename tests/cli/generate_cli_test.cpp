@@ -20,6 +20,7 @@
 #include "models/generate.h"
 #include "models/lora_checkpoint.h"
 #include "../models/lora_test_util.h"
+#include "cli_process.h"
 
 namespace mt {
 namespace {
@@ -27,25 +28,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-struct RunResult {
-  int code;
-  std::string out, err;
-};
-
-RunResult run(const std::string& args) {
-  const fs::path err_file = fs::temp_directory_path() / ("mt_gen_cli_stderr_" + std::to_string(::getpid()) + ".txt");
-  const std::string cmd = std::string(MIXTUNE_BINARY) + " " + args + " 2>" + err_file.string();
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  std::ifstream e(err_file);
-  std::string err((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
-  fs::remove(err_file);
-  return {WEXITSTATUS(status), out, err};
-}
+using mt::test::RunResult;
+RunResult run(const std::string& args) { return mt::test::run_capture(args); }
 
 void write(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
 

@@ -19,36 +19,17 @@
 #include "models/causal_lm.h"
 #include "models/lora_checkpoint.h"
 #include "../models/lora_test_util.h"
+#include "cli_process.h"
 
 namespace mt {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int code;
-  std::string out, err;
-};
+using mt::test::RunResult;
+RunResult run(const std::string& args) { return mt::test::run_capture(args); }
 
-RunResult run(const std::string& args) {
-  const fs::path err_file = fs::temp_directory_path() / ("mt_lora_cli_stderr_" + std::to_string(::getpid()) + ".txt");
-  const std::string cmd = std::string(MIXTUNE_BINARY) + " " + args + " 2>" + err_file.string();
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  std::ifstream e(err_file);
-  return {WEXITSTATUS(status), out, std::string((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>())};
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test::slurp;
 
 class LoraCli : public ::testing::Test {
  protected:

@@ -29,20 +29,9 @@ namespace {
 
 const std::string kFixtures = std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/qwen3_moe/";
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test::slurp;
 
-std::vector<nlohmann::json> metrics_of(const fs::path& run) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+using test::metrics_of;
 
 // A recipe over a fixture checkpoint; `extra` YAML lines are appended to the sections by --set.
 Recipe recipe_for(const io_test::ScratchDir& dir, const std::string& variant, const std::vector<std::string>& sets) {

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../../io/io_test_util.h"
+#include "../train_test_util.h"
 #include "models/causal_lm.h"
 #include "models/presets.h"
 #include "train/recipe.h"
@@ -95,14 +96,7 @@ inline Recipe recipe(const io_test::ScratchDir& dir, const std::string& run, con
   return recipe_load(write_recipe(dir, run), sets);
 }
 
-inline std::vector<nlohmann::json> metrics_of(const std::filesystem::path& run) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+using test::metrics_of;
 
 inline std::vector<double> losses_of(const std::filesystem::path& run) {
   std::vector<double> out;

@@ -63,12 +63,7 @@ Recipe lora_recipe(const io_test::ScratchDir& dir, const std::string& run, const
   return recipe_load(path, all);
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test::slurp;
 
 // Every file of a directory, concatenated in name order with their names.
 std::string dir_bytes(const fs::path& d) {
