@@ -15,12 +15,15 @@ using test::expect_close;
 
 struct Geo {
   int B, S, Hq, Hk, D;
+  int Dv = 0;  // value head size; 0: D
+  int dv() const { return Dv > 0 ? Dv : D; }
 };
 
-// q [B,S,Hq,D], k/v [B,S,Hk,D], doc [B*S] or empty.
+// q [B,S,Hq,D], k [B,S,Hk,D], v [B,S,Hk,Dv], doc [B*S] or empty; out [B,S,Hq,Dv].
 std::vector<double> naive_attention(const Geo& g, const std::vector<double>& q, const std::vector<double>& k,
                                     const std::vector<double>& v, const std::vector<int>& doc) {
-  std::vector<double> o(q.size(), 0.0);
+  const int Dv = g.dv();
+  std::vector<double> o(static_cast<size_t>(g.B) * g.S * g.Hq * Dv, 0.0);
   const double scale = 1.0 / std::sqrt((double)g.D);
   for (int b = 0; b < g.B; ++b)
     for (int h = 0; h < g.Hq; ++h) {
@@ -42,8 +45,8 @@ std::vector<double> naive_attention(const Geo& g, const std::vector<double>& q, 
         for (int j = 0; j <= i; ++j) {
           if (s[j] == -INFINITY) continue;
           const double p = std::exp(s[j] - m) / z;
-          for (int e = 0; e < g.D; ++e)
-            o[((b * g.S + i) * g.Hq + h) * g.D + e] += p * v[((b * g.S + j) * g.Hk + kh) * g.D + e];
+          for (int e = 0; e < Dv; ++e)
+            o[((b * g.S + i) * g.Hq + h) * Dv + e] += p * v[((b * g.S + j) * g.Hk + kh) * Dv + e];
         }
       }
     }
@@ -57,19 +60,21 @@ Tensor doc_tensor(int B, int S, const std::vector<int>& d) {
 }
 
 void check_attention(const Geo& g, const std::vector<int>& doc) {
-  const int nq = g.B * g.S * g.Hq * g.D, nk = g.B * g.S * g.Hk * g.D;
-  auto qv = test::random_floats(nq, 21), kv = test::random_floats(nk, 22), vv = test::random_floats(nk, 23),
-       rv = test::random_floats(nq, 24);
+  const int nq = g.B * g.S * g.Hq * g.D, nk = g.B * g.S * g.Hk * g.D, nv = g.B * g.S * g.Hk * g.dv(),
+            no = g.B * g.S * g.Hq * g.dv();
+  auto qv = test::random_floats(nq, 21), kv = test::random_floats(nk, 22), vv = test::random_floats(nv, 23),
+       rv = test::random_floats(no, 24);
   cpu::AttentionShape s{g.B, g.S, g.Hq, g.Hk, g.D};
+  s.v_dim = g.Dv;
   Tensor q = test::f32({g.B, g.S, g.Hq, g.D}, qv), k = test::f32({g.B, g.S, g.Hk, g.D}, kv),
-         v = test::f32({g.B, g.S, g.Hk, g.D}, vv);
+         v = test::f32({g.B, g.S, g.Hk, g.dv()}, vv);
   Tensor doct = doc.empty() ? Tensor() : doc_tensor(g.B, g.S, doc);
   Tensor lse;
   Tensor o = cpu::attention_forward(s, q, k, v, doct, false, lse);
   auto Q = test::to_double(qv), K = test::to_double(kv), Vd = test::to_double(vv), R = test::to_double(rv);
   expect_close(o.to_floats(), naive_attention(g, Q, K, Vd, doc), 1e-5, 0, "attention out");
   Tensor dq, dk, dv;
-  cpu::attention_backward(s, test::f32({g.B, g.S, g.Hq, g.D}, rv), q, k, v, doct, lse, false, dq, dk, dv);
+  cpu::attention_backward(s, test::f32({g.B, g.S, g.Hq, g.dv()}, rv), q, k, v, doct, lse, false, dq, dk, dv);
   expect_close(dq.to_floats(), test::numeric_grad([&](const std::vector<double>& x) { return test::dot(naive_attention(g, x, K, Vd, doc), R); }, Q),
                1e-4, 1e-6, "dq");
   expect_close(dk.to_floats(), test::numeric_grad([&](const std::vector<double>& x) { return test::dot(naive_attention(g, Q, x, Vd, doc), R); }, K),
@@ -82,6 +87,11 @@ TEST(CpuAttention, CausalGqaMatchesNaive) { check_attention({2, 5, 4, 2, 4}, {})
 TEST(CpuAttention, MhaAndMqa) {
   check_attention({1, 4, 2, 2, 6}, {});
   check_attention({1, 4, 3, 1, 2}, {});
+}
+// MLA's shape (DeepSeek-V3): values narrower and wider than the query/key head.
+TEST(CpuAttention, ValueHeadSizeUnlikeTheKeys) {
+  check_attention({2, 5, 4, 4, 6, 4}, {});
+  check_attention({1, 6, 4, 2, 4, 6}, {0, 0, 1, 1, 1, 2});
 }
 TEST(CpuAttention, PackedDocumentsMatchNaive) { check_attention({2, 6, 4, 2, 4}, {0, 0, 0, 1, 1, 2, 0, 1, 1, 1, 1, 1}); }
 

@@ -15,12 +15,14 @@ namespace mt::cpu {
 
 namespace {
 
+int64_t value_dim(const AttentionShape& s) { return s.v_dim > 0 ? s.v_dim : s.head_dim; }
+
 void check_shapes(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& doc) {
   MT_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0, "attention heads {} / kv_heads {}", s.heads,
            s.kv_heads);
   check_f32(q, "attention q", {s.batch, s.seq, s.heads, s.head_dim});
   check_f32(k, "attention k", {s.batch, s.seq, s.kv_heads, s.head_dim});
-  check_f32(v, "attention v", {s.batch, s.seq, s.kv_heads, s.head_dim});
+  check_f32(v, "attention v", {s.batch, s.seq, s.kv_heads, value_dim(s)});
   if (doc.defined())
     MT_CHECK(doc.dtype() == DType::I32 && doc.shape() == Shape({s.batch, s.seq}), "attention doc ids {}",
              doc.desc());
@@ -89,11 +91,12 @@ std::vector<float> sinks_f32(const AttentionShape& s, const Tensor& sinks) {
 Tensor attention_forward(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
                          const Tensor& doc, bool bf16, Tensor& lse, const Tensor& sinks) {
   check_shapes(s, q, k, v, doc);
-  const int64_t B = s.batch, S = s.seq, Hq = s.heads, Hk = s.kv_heads, D = s.head_dim, group = Hq / Hk;
+  const int64_t B = s.batch, S = s.seq, Hq = s.heads, Hk = s.kv_heads, D = s.head_dim, Dv = value_dim(s),
+                group = Hq / Hk;
   const float scale = scale_of(s);
   const std::vector<float> sink = sinks_f32(s, sinks);
   const bool eager = bf16 && s.eager_bf16;
-  Tensor out = Tensor::empty(q.shape(), DType::F32);
+  Tensor out = Tensor::empty({B, S, Hq, Dv}, DType::F32);
   lse = Tensor::empty({B, Hq, S}, DType::F32);
   std::vector<float> P(static_cast<size_t>(S * S));
   for (int64_t b = 0; b < B; ++b) {
@@ -102,8 +105,8 @@ Tensor attention_forward(const AttentionShape& s, const Tensor& q, const Tensor&
       const int64_t g = h / group;
       const float* qp = q.data_as<float>() + (b * S * Hq + h) * D;
       const float* kp = k.data_as<float>() + (b * S * Hk + g) * D;
-      const float* vp = v.data_as<float>() + (b * S * Hk + g) * D;
-      float* op = out.data_as<float>() + (b * S * Hq + h) * D;
+      const float* vp = v.data_as<float>() + (b * S * Hk + g) * Dv;
+      float* op = out.data_as<float>() + (b * S * Hq + h) * Dv;
       const float* sk = sink.empty() ? nullptr : &sink[static_cast<size_t>(h)];
       gemm_nt(S, S, D, scale, qp, Hq * D, kp, Hk * D, 0.0f, P.data(), S);
       // lse from the fp32 scores (what the backward recomputes P from).
@@ -117,7 +120,7 @@ Tensor attention_forward(const AttentionShape& s, const Tensor& q, const Tensor&
       } else if (bf16) {
         round_bf16_inplace(P.data(), S * S);
       }
-      gemm_nn(S, D, S, 1.0f, P.data(), S, vp, Hk * D, 0.0f, op, Hq * D);
+      gemm_nn(S, Dv, S, 1.0f, P.data(), S, vp, Hk * Dv, 0.0f, op, Hq * Dv);
     }
   }
   if (bf16) round_bf16_inplace(out.data_as<float>(), out.numel());
@@ -128,8 +131,9 @@ void attention_backward(const AttentionShape& s, const Tensor& dout, const Tenso
                         const Tensor& v, const Tensor& doc, const Tensor& lse, bool bf16, Tensor& dq, Tensor& dk,
                         Tensor& dv, const Tensor& sinks, Tensor* dsinks) {
   check_shapes(s, q, k, v, doc);
-  const int64_t B = s.batch, S = s.seq, Hq = s.heads, Hk = s.kv_heads, D = s.head_dim, group = Hq / Hk;
-  check_f32(dout, "attention dout", q.shape());
+  const int64_t B = s.batch, S = s.seq, Hq = s.heads, Hk = s.kv_heads, D = s.head_dim, Dv = value_dim(s),
+                group = Hq / Hk;
+  check_f32(dout, "attention dout", {B, S, Hq, Dv});
   check_f32(lse, "attention lse", {B, Hq, S});
   const float scale = scale_of(s);
   const std::vector<float> sink = sinks_f32(s, sinks);
@@ -145,11 +149,11 @@ void attention_backward(const AttentionShape& s, const Tensor& dout, const Tenso
       const int64_t g = h / group;
       const float* qp = q.data_as<float>() + (b * S * Hq + h) * D;
       const float* kp = k.data_as<float>() + (b * S * Hk + g) * D;
-      const float* vp = v.data_as<float>() + (b * S * Hk + g) * D;
-      const float* gp = dout.data_as<float>() + (b * S * Hq + h) * D;
+      const float* vp = v.data_as<float>() + (b * S * Hk + g) * Dv;
+      const float* gp = dout.data_as<float>() + (b * S * Hq + h) * Dv;
       float* dqp = dq.data_as<float>() + (b * S * Hq + h) * D;
       float* dkp = dk.data_as<float>() + (b * S * Hk + g) * D;
-      float* dvp = dv.data_as<float>() + (b * S * Hk + g) * D;
+      float* dvp = dv.data_as<float>() + (b * S * Hk + g) * Dv;
       const float* lp = lse.data_as<float>() + (b * Hq + h) * S;
       gemm_nt(S, S, D, scale, qp, Hq * D, kp, Hk * D, 0.0f, P.data(), S);
       softmax_rows(S, P.data(), dp, s.window, nullptr, nullptr, lp);
@@ -157,11 +161,11 @@ void attention_backward(const AttentionShape& s, const Tensor& dout, const Tenso
       if (bf16) {
         std::vector<float> Pr(P);
         round_bf16_inplace(Pr.data(), S * S);
-        gemm_tn(S, D, S, 1.0f, Pr.data(), S, gp, Hq * D, 1.0f, dvp, Hk * D);
+        gemm_tn(S, Dv, S, 1.0f, Pr.data(), S, gp, Hq * Dv, 1.0f, dvp, Hk * Dv);
       } else {
-        gemm_tn(S, D, S, 1.0f, P.data(), S, gp, Hq * D, 1.0f, dvp, Hk * D);
+        gemm_tn(S, Dv, S, 1.0f, P.data(), S, gp, Hq * Dv, 1.0f, dvp, Hk * Dv);
       }
-      gemm_nt(S, S, D, 1.0f, gp, Hq * D, vp, Hk * D, 0.0f, dP.data(), S);
+      gemm_nt(S, S, Dv, 1.0f, gp, Hq * Dv, vp, Hk * Dv, 0.0f, dP.data(), S);
       // Softmax backward: dS = P ⊙ (dP − Σ_j P·dP), in place into dP. The sink's column has no value vector
       // (dP_sink = 0): d(sink) = −Σ_i p_sink,i · Σ_j P_ij·dP_ij.
       double dsink = 0.0;
