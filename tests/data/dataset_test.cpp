@@ -309,6 +309,17 @@ TEST(Dataset, DeepSeekV3ChatTrainsExactlyOnAssistantSpans) {
   EXPECT_EQ(tok.decode(runs[1]), "It is 21 degrees in Paris.<｜end▁of▁sentence｜>");
 }
 
+// The template a DeepSeek-V3 tokenizer directory carries selects the layout, as the trainer picks it
+// (chat_template_from_model_dir, then chat_format_of): the npm copy of the hub's tokenizer_config.json.
+TEST(Dataset, DeepSeekV3TokenizerDirSelectsItsLayout) {
+  fs::path dir = fs::path(MIXTUNE_SOURCE_DIR) / ".deps/data";
+  if (const char* d = std::getenv("MIXTUNE_DATA_DIR"); d && *d) dir = d;
+  const std::string tmpl = chat_template_from_model_dir((dir / "tokenizers" / "deepseek_v3").string());
+  EXPECT_EQ(tmpl, chat_template_deepseek_v3());
+  EXPECT_EQ(chat_format_of(tmpl), &chat_format_deepseek_v3());
+  EXPECT_EQ(chat_format_of(chat_template_from_model_dir((dir / "tokenizers" / "qwen3").string())), &chat_format_qwen3());
+}
+
 TEST(Dataset, ChatTemplateMustBeAKnownLayout) {
   const Tokenizer& tok = qwen3();
   TempJsonl chat(R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})"
