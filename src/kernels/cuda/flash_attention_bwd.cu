@@ -58,23 +58,25 @@ __device__ __forceinline__ void load_rows(uint32_t s, const bf16* base, int row0
   flash::load_rows<ROWS, D, kBwdThreads>(s, base, row0, T, H, head);
 }
 
-// The prologue in one launch: delta[h][t] = Σ_d dO·O (fp32), a group of D/8 lanes per (token, head), one 16-byte
-// packet of each a lane; and, grid-stride, the zeroing of the fp32 accumulators (and the sm90 backward's item
-// counter, `counter`). Before, three memsets and the delta kernel: a memset cannot start early under programmatic
+// The prologue in one launch: delta[h][t] = Σ_d dO·O (fp32; D here is the value head size, dO and O are
+// [T][Hq][D]), a group of D/8 lanes per (token, head), one 16-byte packet of each a lane; and, grid-stride, the
+// zeroing of the fp32 accumulators (nq4, nk4, nv4 float4s of dq_acc, dk_acc, dv_acc) and of the sm90 backward's
+// item counter, `counter`. Before, three memsets and the delta kernel: a memset cannot start early under programmatic
 // dependent launch, so each cost a full kernel boundary, and the delta kernel's 4-byte loads ran at ~2.8 TB/s.
 template <int D>
 __global__ void __launch_bounds__(256) flash_bwd_prologue_kernel(const bf16* __restrict__ dout,
                                                                  const bf16* __restrict__ out, int T, int Hq,
                                                                  float* __restrict__ delta, float4* zero_q,
-                                                                 int64_t nq4, float4* zero_k, float4* zero_v,
-                                                                 int64_t nk4, int* counter) {
+                                                                 int64_t nq4, float4* zero_k, int64_t nk4,
+                                                                 float4* zero_v, int64_t nv4, int* counter) {
   pdl_wait();
   constexpr int G = D / 8;  // lanes per row (2..32, a power of two)
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int64_t i = tid; i < nq4; i += threads) zero_q[i] = z;
-  for (int64_t i = tid; i < nk4; i += threads) zero_k[i] = z, zero_v[i] = z;
+  for (int64_t i = tid; i < nk4; i += threads) zero_k[i] = z;
+  for (int64_t i = tid; i < nv4; i += threads) zero_v[i] = z;
   if (tid == 0 && counter) *counter = 0;
   const int64_t w = tid / G, rows = static_cast<int64_t>(T) * Hq;
   const int lane = static_cast<int>(tid % G);
@@ -122,10 +124,12 @@ __global__ void __launch_bounds__(kSinkThreads) flash_sink_grad_kernel(const flo
   if (threadIdx.x == 0) dsinks[h] -= part[0];
 }
 
-// fp32 accumulators -> bf16 for dK and dV in one launch (blockIdx.y: 0 dK times the softmax scale, 1 dV).
-__global__ void dkdv_to_bf16_kernel(const float* __restrict__ dk_acc, const float* __restrict__ dv_acc, int64_t n,
-                                    float dk_mul, bf16* __restrict__ dk, bf16* __restrict__ dv) {
+// fp32 accumulators -> bf16 for dK (nk elements) and dV (nv) in one launch (blockIdx.y: 0 dK times the softmax
+// scale, 1 dV).
+__global__ void dkdv_to_bf16_kernel(const float* __restrict__ dk_acc, const float* __restrict__ dv_acc, int64_t nk,
+                                    int64_t nv, float dk_mul, bf16* __restrict__ dk, bf16* __restrict__ dv) {
   pdl_wait();
+  const int64_t n = blockIdx.y == 0 ? nk : nv;
   const float* src = blockIdx.y == 0 ? dk_acc : dv_acc;
   bf16* dst = blockIdx.y == 0 ? dk : dv;
   const float mul = blockIdx.y == 0 ? dk_mul : 1.0f;
@@ -487,11 +491,13 @@ __global__ void __launch_bounds__(DqCfg<D>::WARPS * 32)
 }
 
 // The deterministic backward's dK, dV: Σ over the G query heads of each KV head, in head order, of the
-// per-head sums [T][Hq][D] -> bf16 [T][Hk][D] (dK times the softmax scale). Four elements per thread.
+// per-head sums [T][Hq][Dk] / [T][Hq][Dv] -> bf16 [T][Hk][Dk] / [T][Hk][Dv] (dK times the softmax scale). Four
+// elements per thread.
 __global__ void dkdv_group_sum_kernel(const float* __restrict__ dk_part, const float* __restrict__ dv_part, int T,
-                                      int Hk, int G, int D, float dk_mul, bf16* __restrict__ dk,
+                                      int Hk, int G, int Dk, int Dv, float dk_mul, bf16* __restrict__ dk,
                                       bf16* __restrict__ dv) {
   pdl_wait();
+  const int D = blockIdx.y == 0 ? Dk : Dv;
   const int64_t n = static_cast<int64_t>(T) * Hk * D;
   const float* src = blockIdx.y == 0 ? dk_part : dv_part;
   bf16* dst = blockIdx.y == 0 ? dk : dv;
@@ -570,24 +576,27 @@ void bwd_det_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* 
   launch_kernel(dq_kern, dq_grid, DqCfg<D>::WARPS * 32, dq_smem, stream, a, q, k, v, dout, lse,
                 static_cast<const float*>(delta), dq_acc);
   to_bf16(dq_acc, static_cast<int64_t>(a.T) * a.Hq * D, a.scale, dq, stream);
-  const int64_t nk = static_cast<int64_t>(a.T) * a.Hk * D;
+  const int dv_dim = detail::flash_value_dim(a);
+  const int64_t nk = static_cast<int64_t>(a.T) * a.Hk * std::max(D, dv_dim);  // the larger of dK, dV
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((nk / 4 + 255) / 256, 32768));
   launch_kernel(dkdv_group_sum_kernel, dim3(blocks, 2), 256, 0, stream, static_cast<const float*>(dk_part),
-                static_cast<const float*>(dv_part), a.T, a.Hk, a.Hq / a.Hk, D, a.scale, static_cast<bf16*>(dk),
-                static_cast<bf16*>(dv));
+                static_cast<const float*>(dv_part), a.T, a.Hk, a.Hq / a.Hk, D, dv_dim, a.scale,
+                static_cast<bf16*>(dk), static_cast<bf16*>(dv));
 }
 
-template <int D>
+// DV: the value head size (dO and O rows); the accumulators' sizes come from a.D (dQ, dK) and DV (dV).
+template <int DV>
 void prologue_launch_d(const detail::FlashArgs& a, const bf16* dout, const bf16* out, float* dq_acc, float* dk_acc,
                        float* dv_acc, float* delta, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(a.T) * a.Hq;
-  const int64_t nq4 = rows * D / 4, nk4 = static_cast<int64_t>(a.T) * a.Hk * D / 4;
+  const int64_t nq4 = rows * a.D / 4, nk4 = static_cast<int64_t>(a.T) * a.Hk * a.D / 4;
+  const int64_t nv4 = static_cast<int64_t>(a.T) * a.Hk * DV / 4;
   // The sm90 backward's item counter: the delta workspace's extra element (flash_attention.cpp allocates it).
   int* counter = reinterpret_cast<int*>(delta + rows);
-  const auto blocks = static_cast<unsigned>((rows * (D / 8) + 255) / 256);
-  launch_kernel(flash_bwd_prologue_kernel<D>, blocks, 256, 0, stream, dout, out, a.T, a.Hq, delta,
-      reinterpret_cast<float4*>(dq_acc), nq4, reinterpret_cast<float4*>(dk_acc), reinterpret_cast<float4*>(dv_acc),
-      nk4, counter);
+  const auto blocks = static_cast<unsigned>((rows * (DV / 8) + 255) / 256);
+  launch_kernel(flash_bwd_prologue_kernel<DV>, blocks, 256, 0, stream, dout, out, a.T, a.Hq, delta,
+      reinterpret_cast<float4*>(dq_acc), nq4, reinterpret_cast<float4*>(dk_acc), nk4,
+      reinterpret_cast<float4*>(dv_acc), nv4, counter);
 }
 
 }  // namespace
@@ -598,14 +607,14 @@ void flash_bwd_prologue(const FlashArgs& a, const void* dout, const void* out, f
                         float* dv_acc, float* delta, cudaStream_t stream) {
   const auto* o = static_cast<const bf16*>(out);
   const auto* g = static_cast<const bf16*>(dout);
-  switch (a.D) {
+  switch (flash_value_dim(a)) {  // delta's lanes per row follow dO's and O's head size
     case 16: return prologue_launch_d<16>(a, g, o, dq_acc, dk_acc, dv_acc, delta, stream);
     case 32: return prologue_launch_d<32>(a, g, o, dq_acc, dk_acc, dv_acc, delta, stream);
     case 64: return prologue_launch_d<64>(a, g, o, dq_acc, dk_acc, dv_acc, delta, stream);
     case 128: return prologue_launch_d<128>(a, g, o, dq_acc, dk_acc, dv_acc, delta, stream);
     case 256: return prologue_launch_d<256>(a, g, o, dq_acc, dk_acc, dv_acc, delta, stream);
     default:
-      MT_CUDA_REQUIRE(false, "flash attention backward: head_dim " + std::to_string(a.D) +
+      MT_CUDA_REQUIRE(false, "flash attention backward: value head size " + std::to_string(flash_value_dim(a)) +
                                  " (supported: 16, 32, 64, 128, 256)");
   }
 }
@@ -613,10 +622,11 @@ void flash_bwd_prologue(const FlashArgs& a, const void* dout, const void* out, f
 void flash_bwd_epilogue(const FlashArgs& a, const float* dq_acc, const float* dk_acc, const float* dv_acc, void* dq,
                         void* dk, void* dv, cudaStream_t stream) {
   const int64_t nq = static_cast<int64_t>(a.T) * a.Hq * a.D, nk = static_cast<int64_t>(a.T) * a.Hk * a.D;
+  const int64_t nv = static_cast<int64_t>(a.T) * a.Hk * flash_value_dim(a);
   if (dq_acc != nullptr) to_bf16(dq_acc, nq, a.scale, dq, stream);
   if (nk == 0) return;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((nk / 4 + 255) / 256, 32768));
-  launch_kernel(dkdv_to_bf16_kernel, dim3(blocks, 2), 256, 0, stream, dk_acc, dv_acc, nk, a.scale,
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((std::max(nk, nv) / 4 + 255) / 256, 32768));
+  launch_kernel(dkdv_to_bf16_kernel, dim3(blocks, 2), 256, 0, stream, dk_acc, dv_acc, nk, nv, a.scale,
       static_cast<bf16*>(dk), static_cast<bf16*>(dv));
 }
 
@@ -631,6 +641,9 @@ void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const
                       const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc, float* dk_acc,
                       float* dv_acc, float* delta, cudaStream_t stream) {
   if (a.T == 0) return;
+  MT_CUDA_REQUIRE(flash_value_dim(a) == a.D, "flash attention: no mma.sync kernel for v_dim " +
+                                               std::to_string(flash_value_dim(a)) + " unlike head_dim " +
+                                               std::to_string(a.D) + " yet");
   auto go = [&](auto d_c) {
     constexpr int D = decltype(d_c)::value;
     bwd_launch_d<D>(a, static_cast<const bf16*>(dout), static_cast<const bf16*>(q), static_cast<const bf16*>(k),
@@ -653,6 +666,9 @@ void flash_bwd_deterministic_launch(const FlashArgs& a, const void* dout, const 
                                     const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc,
                                     float* dk_part, float* dv_part, float* delta, cudaStream_t stream) {
   if (a.T == 0) return;
+  MT_CUDA_REQUIRE(flash_value_dim(a) == a.D, "flash attention: no mma.sync kernel for v_dim " +
+                                               std::to_string(flash_value_dim(a)) + " unlike head_dim " +
+                                               std::to_string(a.D) + " yet");
   auto go = [&](auto d_c) {
     constexpr int D = decltype(d_c)::value;
     bwd_det_launch_d<D>(a, static_cast<const bf16*>(dout), static_cast<const bf16*>(q), static_cast<const bf16*>(k),

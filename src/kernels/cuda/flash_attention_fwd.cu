@@ -211,6 +211,9 @@ namespace detail {
 void flash_fwd_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
                       cudaStream_t stream) {
   if (a.T == 0) return;
+  MT_CUDA_REQUIRE(flash_value_dim(a) == a.D, "flash attention: no mma.sync kernel for v_dim " +
+                                               std::to_string(flash_value_dim(a)) + " unlike head_dim " +
+                                               std::to_string(a.D) + " yet");
   switch (a.D) {
     case 16: return fwd_launch_d<16>(a, q, k, v, out, lse, stream);
     case 32: return fwd_launch_d<32>(a, q, k, v, out, lse, stream);
