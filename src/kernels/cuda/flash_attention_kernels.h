@@ -72,6 +72,13 @@ void flash_bwd_deterministic_launch(const FlashArgs& a, const void* dout, const 
                                     const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc,
                                     float* dk_part, float* dv_part, float* delta, cudaStream_t stream);
 
+// MLA's D 192 / Dv 128 mma.sync backwards (both modes) in one column slice (the default: 255 registers, 16
+// bytes of spills) or two (Sᵀ and dPᵀ computed twice, no spills): flash_bwd_mla_slices_set(1 or 2; -1 =
+// unset: MIXTUNE_FLASH_BWD_MLA_SLICES=2 in the environment, read once, selects 2). Tests and the bench set it
+// until the two are measured; process-wide.
+void flash_bwd_mla_slices_set(int slices);
+int flash_bwd_mla_slices();
+
 // Hopper backward (flash_attention_bwd_sm90.cu: TMA + wgmma), same contract and workspace as
 // flash_bwd_launch for head_dim 128 and plain args (flash_args_plain); q, k, v, dout 16-byte aligned.
 // Supported as for the sm90 forward (D == Dv == 128, a cc 9.0 GPU running the sm_90a build). The launcher throws
