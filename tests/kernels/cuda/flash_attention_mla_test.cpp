@@ -39,6 +39,7 @@
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/flash_attention_dims.h"
 #include "kernels/cuda/flash_attention_kernels.h"
 
 namespace mt {
@@ -421,6 +422,30 @@ TEST(CudaFlashAttentionMla, ShapesAndErrors) {
         << "the sm90 forward has no window at 192 / 128";
     cuda::detail::flash_fwd_kernel_set(cuda::detail::FlashFwdKernel::Auto);
   }
+}
+
+// No GPU needed: which head-size pairs the kernels take, and the backward-shape setting (forced 1 or 2; unset:
+// MIXTUNE_FLASH_BWD_MLA_SLICES=2 selects 2, else 1).
+TEST(CudaFlashAttentionMla, DimsAndBackwardShapeSetting) {
+  EXPECT_TRUE(cuda::flash_attention_dims_supported(192, 128));
+  EXPECT_TRUE(cuda::flash_attention_dims_supported(128, 128));
+  EXPECT_TRUE(cuda::flash_attention_dims_supported(64, 64));
+  EXPECT_FALSE(cuda::flash_attention_dims_supported(192, 192));
+  EXPECT_FALSE(cuda::flash_attention_dims_supported(192, 64));
+  EXPECT_FALSE(cuda::flash_attention_dims_supported(128, 192));
+  EXPECT_FALSE(cuda::flash_attention_head_dim_supported(192)) << "192 only with 128-column values";
+  cuda::detail::FlashArgs a;
+  a.D = 192;
+  EXPECT_EQ(cuda::detail::flash_value_dim(a), 192) << "Dv 0: the key size";
+  a.Dv = 128;
+  EXPECT_EQ(cuda::detail::flash_value_dim(a), 128);
+  cuda::detail::flash_bwd_mla_slices_set(2);
+  EXPECT_EQ(cuda::detail::flash_bwd_mla_slices(), 2);
+  cuda::detail::flash_bwd_mla_slices_set(1);
+  EXPECT_EQ(cuda::detail::flash_bwd_mla_slices(), 1);
+  cuda::detail::flash_bwd_mla_slices_set(-1);
+  const char* e = std::getenv("MIXTUNE_FLASH_BWD_MLA_SLICES");
+  EXPECT_EQ(cuda::detail::flash_bwd_mla_slices(), e && std::string(e) == "2" ? 2 : 1);
 }
 
 }  // namespace
