@@ -32,8 +32,12 @@ detail::FlashArgs check_args(const FlashAttentionShape& s, const Tensor& q, cons
            s.heads, s.kv_heads);
   MT_CHECK(s.v_dim >= 0, "flash attention v_dim {} (0: head_dim)", s.v_dim);
   const int64_t dv = value_dim(s);
-  MT_CHECK(flash_attention_dims_supported(s.head_dim, dv), "flash attention head_dim {} with v_dim {} ({})",
-           s.head_dim, dv, flash_attention_head_dims());
+  if (dv == s.head_dim)
+    MT_CHECK(flash_attention_head_dim_supported(s.head_dim), "flash attention head_dim {} ({})", s.head_dim,
+             flash_attention_head_dims());
+  else
+    MT_CHECK(flash_attention_dims_supported(s.head_dim, dv), "flash attention head_dim {} with v_dim {} ({})",
+             s.head_dim, dv, flash_attention_mla_dims());
   MT_CHECK(s.tokens >= 0 && s.tokens * s.heads < (int64_t{1} << 31) && s.heads <= 65535,
            "flash attention: {} tokens x {} heads", s.tokens, s.heads);
   MT_CHECK(s.window >= 0, "flash attention window {} (0: none)", s.window);

@@ -67,8 +67,8 @@ struct FlashDqSums {
 // S and dP computed twice, and dK/dV workspace for every query head), bitwise the same run to run.
 enum class FlashBwdMode { fast, deterministic };
 
-// dout like out ([T, heads, Dv]) -> dq like q, dk like k, dv like v (BF16; allocated here when undefined). fp32 accumulation in
-// device workspace (see FlashBwdMode for run-to-run reproducibility).
+// dout like out ([T, heads, Dv]) -> dq like q, dk like k, dv like v (BF16; allocated here when undefined). fp32
+// accumulation in device workspace (see FlashBwdMode for run-to-run reproducibility).
 // dq_sums: where the Hopper kernel runs, it receives the dQ sums and dq is left untouched (not allocated);
 // elsewhere (the mma.sync kernels: any window, sinks or non-default scale) dq is made as usual and
 // dq_sums->acc stays undefined.

@@ -15,8 +15,7 @@ inline bool flash_attention_head_dim_supported(int64_t d) {
 inline bool flash_attention_dims_supported(int64_t qk, int64_t v) {
   return qk == v ? flash_attention_head_dim_supported(qk) : qk == 192 && v == 128;
 }
-inline const char* flash_attention_head_dims() {
-  return "supported: 16, 32, 64, 128, 256 (values as keys), 192 with 128-column values (MLA)";
-}
+inline const char* flash_attention_head_dims() { return "supported: 16, 32, 64, 128, 256"; }
+inline const char* flash_attention_mla_dims() { return "supported: 192 with v_dim 128"; }
 
 }  // namespace mt::cuda

@@ -66,8 +66,8 @@ void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const
 
 // The deterministic backward (flash_attention_bwd.cu): the same results to fp32 summation order, every
 // sum in a fixed order (no atomics), so a run repeats bit for bit. dK/dV per query head into dk_part /
-// dv_part [T][Hq][D] / [T][Hq][Dv] (summed over each GQA group in head order), dQ by a separate forward-shaped pass into
-// dq_acc [T][Hq][D]; delta as above. Any head_dim the mma.sync backward takes, on any GPU it runs on.
+// dv_part [T][Hq][D] / [T][Hq][Dv] (summed over each GQA group in head order), dQ by a separate forward-shaped
+// pass into dq_acc [T][Hq][D]; delta as above. Any head_dim the mma.sync backward takes, on any GPU it runs on.
 void flash_bwd_deterministic_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
                                     const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc,
                                     float* dk_part, float* dv_part, float* delta, cudaStream_t stream);
