@@ -1,4 +1,4 @@
-// The GQA attention block's costs (CUDA twin: layers/cuda/attention_block_cuda.h; see block_cost.h).
+// The attention blocks' costs (GQA; MLA as estimated in attention_cost.cpp) (CUDA twin: layers/cuda/attention_block_cuda.h; see block_cost.h).
 #pragma once
 #include <cstdint>
 
@@ -10,7 +10,8 @@ namespace mt {
 // selective recompute drops a, qr and kr. Backward: d(o), flash's fp32 dQ/dK/dV sums and delta, dq, dk, dv, the
 // gradients after RoPE and before the QK-norm, da.
 BlockBytes attention_bytes(const AttentionSpec& a, int64_t hidden, const BlockBatch& b);
-// q, k, v and o projections, plus the causal scores and weighted values (half of the full S x S square; a
+// MLA (DeepSeek-V3) has no CUDA block yet: its bytes are those the CPU block keeps, in bf16 (an estimate).
+// q, k, v and o projections (MLA: its latent projections), plus the causal scores and weighted values (half of the full S x S square; a
 // sliding window caps each query's keys).
 double attention_flops_per_token(const AttentionSpec& a, int64_t hidden, int64_t seq);
 // The RoPE cos and sin tables (F32, rotated dims / 2 per token) a batch carries for this configuration; 0 without
