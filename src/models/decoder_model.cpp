@@ -7,6 +7,7 @@
 #include "kernels/cpu/aux_loss.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/router_sigmoid_group.h"
 #include "layers/attention_block.h"
 #include "layers/block_env.h"
 #include "layers/expert_parallel.h"
@@ -106,9 +107,25 @@ void model_config_check(const DecoderSpec& c) {
   for (const MlpSpec& m : c.mlp) refuse(m.activation != Activation::swiglu || m.bias, "an MLP other than SwiGLU");
   for (const MoeSpec& m : c.moe) {
     refuse(m.expert.activation == Activation::relu2, "experts other than SwiGLU or GPT-OSS's clamped SwiGLU");
-    refuse(m.router.score == RouterScore::sigmoid_group || m.router.correction_bias || m.router.scale != 1.0,
-           "a router other than softmax top-k or top-k softmax");
-    refuse(m.shared_expert.has_value(), "a shared expert");
+    if (m.router.score == RouterScore::sigmoid_group) {
+      // DeepSeek-V3's router (kernels/cpu/router_sigmoid_group.h): fp32 linear without a bias, the correction bias.
+      refuse(m.router.linear_bias || !m.router.correction_bias, "a sigmoid router with a linear bias or without "
+                                                                "its correction bias");
+      refuse(m.aux_loss_on, "the load-balancing loss with a sigmoid router");
+      cpu::SigmoidGroupRouting r;
+      r.top_k = m.experts_per_token;
+      r.groups = m.router.groups;
+      r.topk_groups = m.router.topk_groups;
+      r.scale = m.router.scale;
+      cpu::check_sigmoid_group_routing(r, m.num_experts);
+    } else {
+      refuse(m.router.correction_bias || m.router.scale != 1.0 || m.router.groups != 1,
+             "a correction bias, scaled weights or expert groups with a softmax router");
+    }
+    if (m.shared_expert)
+      refuse(m.shared_expert->activation != Activation::swiglu || m.shared_expert->bias ||
+                 m.shared_expert->intermediate_size <= 0,
+             "a shared expert other than a SwiGLU MLP");
   }
   for (int64_t l = 0; l < c.num_layers(); ++l) {
     for (const Sublayer& sub : c.layers[static_cast<size_t>(l)].sublayers) {
