@@ -82,8 +82,8 @@ std::string router_desc(const MoeSpec& m) {
       return fmt::format("softmax then top-k{}", r.norm_topk_prob ? ", renormalised" : "");
     case RouterScore::topk_softmax: return fmt::format("top-k of the logits then softmax{}", r.linear_bias ? ", biased" : "");
     case RouterScore::sigmoid_group:
-      return fmt::format("sigmoid + selection bias, top-k from the best {} of {} expert groups{}, weights x {}", r.topk_groups, r.groups,
-                         r.norm_topk_prob ? ", renormalised" : "", r.scale);
+      return fmt::format("sigmoid + selection bias, top-k from the best {} of {} expert groups{}, weights x {}",
+                         r.topk_groups, r.groups, r.norm_topk_prob ? ", renormalised" : "", r.scale);
   }
   return "unknown";
 }

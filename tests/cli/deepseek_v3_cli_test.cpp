@@ -189,8 +189,8 @@ std::string byte_tokenizer_json() {
 TEST_F(DeepseekV3Cli, GenerateSaysMlaHasNoDecodeCache) {
   fs::create_directories(dir / "tok");
   std::ofstream(dir / "tok" / "tokenizer.json") << byte_tokenizer_json();
-  const RunResult r = run("generate --model " + kFixtures + "mla_yarn_dense1/ckpt --tokenizer " + (dir / "tok").string() +
-                          " --prompt abc --max-new-tokens 2 --temperature 0");
+  const RunResult r = run("generate --model " + kFixtures + "mla_yarn_dense1/ckpt --tokenizer " +
+                          (dir / "tok").string() + " --prompt abc --max-new-tokens 2 --temperature 0");
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_EQ(r.err.rfind("mixtune: error: ", 0), 0u) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;

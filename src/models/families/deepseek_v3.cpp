@@ -233,7 +233,8 @@ DecoderSpec parse_deepseek_v3(const FieldReader& r) {
   check_tensor_size(r, "vocab_size", "embed_tokens", {s.vocab_size, s.hidden_size});
   check_tensor_size(r, "num_attention_heads", "q_b_proj",
                     {a.heads, a.head_dim, a.q_lora_rank > 0 ? a.q_lora_rank : s.hidden_size});
-  check_tensor_size(r, "num_attention_heads", "kv_b_proj", {a.heads, a.qk_nope_head_dim + a.v_head_dim, a.kv_lora_rank});
+  check_tensor_size(r, "num_attention_heads", "kv_b_proj",
+                    {a.heads, a.qk_nope_head_dim + a.v_head_dim, a.kv_lora_rank});
   check_tensor_size(r, "num_attention_heads", "o_proj", {a.heads, a.v_head_dim, s.hidden_size});
   check_tensor_size(r, "kv_lora_rank", "kv_a_proj_with_mqa", {a.kv_lora_rank + a.qk_rope_head_dim, s.hidden_size});
   check_tensor_size(r, "intermediate_size", "mlp.gate_proj", {dense.intermediate_size, s.hidden_size});
