@@ -227,6 +227,7 @@ SavePlan save_plan(const std::string& dir, const std::vector<std::pair<std::stri
     p.total_parameters += t.numel();
     p.total_size += static_cast<int64_t>(t.nbytes());
   }
+  if (options.total_parameters >= 0) p.total_parameters = options.total_parameters;
   const bool with_index = options.shard_of.has_value();
   p.shards = with_index ? plan_from_mapping(tensors, *options.shard_of, dir) : plan_greedy(tensors, options.max_shard_bytes);
   p.write_index = with_index || p.shards.size() > 1;

@@ -47,6 +47,9 @@ struct CheckpointWriteOptions {
   // Reuse a source checkpoint's layout: tensor name -> shard file name. Every written tensor
   // needs an entry (extra entries are ignored); the index is always written.
   std::optional<std::map<std::string, std::string>> shard_of = std::nullopt;
+  // The index's "total_parameters": Transformers writes num_parameters(), which leaves buffers out (DeepSeek-V3's
+  // e_score_correction_bias), while "total_size" counts every byte written. < 0: every tensor's elements.
+  int64_t total_parameters = -1;
 };
 
 // Writes `tensors` (in state-dict order) into `dir` as save_pretrained does, then removes

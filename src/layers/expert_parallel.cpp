@@ -104,13 +104,14 @@ Tensor ep_experts_forward(const ExpertParallel& ep, const Tensor& x, const Tenso
   Tensor out = Tensor::empty({T, H}, DType::F32);
   float* op = out.data_as<float>();
   const float* wp = weights.data_as<float>();
+  const bool round_product = bf16 && !variant.fp32_weights;
   for (int64_t t = 0; t < T; ++t) {
     float* o = op + t * H;
     for (int64_t h = 0; h < H; ++h) o[h] = 0.0f;
     for (int64_t j = 0; j < k; ++j) {
       const float w = wp[t * k + j];
       const float* yrow = ys + (t * k + j) * H;
-      for (int64_t h = 0; h < H; ++h) o[h] += bf16 ? round_bf16(yrow[h] * w) : yrow[h] * w;
+      for (int64_t h = 0; h < H; ++h) o[h] += round_product ? round_bf16(yrow[h] * w) : yrow[h] * w;
     }
     if (bf16)
       for (int64_t h = 0; h < H; ++h) o[h] = round_bf16(o[h]);

@@ -1,6 +1,10 @@
-// Sparse MoE block with a softmax-top-k router and SwiGLU experts (Qwen3-MoE, hf-numerics.md §3.2):
-// n = post_norm(h); logits = router(n);
-// top-k routing; y = h + Σ_slots w · expert(n).
+// Sparse MoE block (hf-numerics.md §3.2, §4.2, §5.3): n = post_norm(h); logits = router(n); top-k routing;
+// y = h + Σ_slots w · expert(n) [+ shared(n)].
+// Routers: softmax then top-k (Qwen3-MoE), top-k then softmax with a biased router (GPT-OSS), or DeepSeek-V3's sigmoid
+// with group-limited top-k: fp32 logits (the router GEMM in fp32 even in a bf16 model), the fp32 correction bias
+// steering the selection only, fp32 routing weights (so the experts' combine rounds once, cpu::ExpertsVariant).
+// A shared expert (DeepSeek-V3) is a SwiGLU MLP on the same n, added to the routed output: in bf16 the routed sum is
+// rounded, then the bf16 add, then the residual add.
 #pragma once
 #include "core/tensor.h"
 #include "kernels/cpu/experts.h"
@@ -18,10 +22,12 @@ struct MoeBlockActs {
   cpu::RouterOutput route;
   cpu::ExpertsSaved experts;
   EpExpertsSaved ep_experts;  // instead of `experts` under expert parallelism (env.ep)
+  Tensor shared_gate, shared_up, shared_act;  // [T, Fs] the shared expert's (MoeSpec::shared_expert)
 };
 
 // h F32 [T, H] -> y F32 [T, H]. acts may be null (forward only) unless the caller wants the logits.
-// lora (optional): per-expert adapters on the two expert stacks (the router is never adapted).
+// lora (optional): per-expert adapters on the two expert stacks and adapters on the shared expert's projections (the
+// router is never adapted).
 Tensor moe_block_forward(const BlockEnv& env, const MoeSpec& spec, const LayerWeights& w, const Tensor& h,
                          MoeBlockActs* acts, const LayerLora* lora = nullptr);
 // dy [T, H] -> dh [T, H] (including the residual). dlogits_extra F32 [T, E] (e.g. the aux-loss

@@ -19,13 +19,14 @@ RopeTableSet RopeTableSet::build(const DecoderSpec& spec, const Tensor& position
       if (sub.kind != SublayerKind::attention) continue;
       const AttentionSpec& a = spec.attention.at(static_cast<size_t>(sub.index));
       if (find_entry(set.entries, a)) continue;
-      MT_CHECK(a.rope.kind != RopeKind::none && !a.rope.interleaved && a.rope.rotary_dim == 0,
-               "RoPE other than the half split over the whole head (refused by model_config_check)");
+      MT_CHECK(a.rope.kind != RopeKind::none, "attention without RoPE (refused by model_config_check)");
       const RopeSpec& r = a.rope;
+      // The rotated dims: the whole head, or (MLA) rotary_dim of them, whose frequencies span rotary_dim alone.
+      const int64_t D = r.rotary_dim > 0 ? r.rotary_dim : a.head_dim;
       const std::vector<float> inv_freq =
-          r.kind == RopeKind::yarn ? cpu::rope_yarn_inv_freq(a.head_dim, r.theta, r.factor, r.beta_fast, r.beta_slow,
+          r.kind == RopeKind::yarn ? cpu::rope_yarn_inv_freq(D, r.theta, r.factor, r.beta_fast, r.beta_slow,
                                                              r.original_max_position, r.truncate)
-                                   : cpu::rope_default_inv_freq(a.head_dim, r.theta);
+                                   : cpu::rope_default_inv_freq(D, r.theta);
       const float factor = r.kind == RopeKind::yarn ? static_cast<float>(r.attention_factor) : 1.0f;
       set.entries.push_back({a.rope, a.head_dim, cpu::rope_tables(positions, inv_freq, factor, bf16)});
     }

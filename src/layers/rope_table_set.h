@@ -15,12 +15,13 @@ struct RopeTableSet {
   struct Entry {
     RopeSpec rope;
     int64_t head_dim = 0;
-    cpu::RopeTables tables;  // [T, head_dim]
+    cpu::RopeTables tables;  // [T, rotated dims]
   };
   std::vector<Entry> entries;  // in the order the layers first use them
 
-  // positions I64 (any shape, T values). Only the RoPE the CPU kernel implements (default or YaRN, half split,
-  // whole head): model_config_check refuses the others before a model runs.
+  // positions I64 (any shape, T values). Default or YaRN frequencies over the rotated dims (rope.rotary_dim, or
+  // the whole head); the table is [T, rotated dims] for either layout (half split or interleaved). Attention
+  // without RoPE is refused by model_config_check before a model runs.
   static RopeTableSet build(const DecoderSpec& spec, const Tensor& positions, bool bf16);
   // The tables for attention `a` of the spec the set was built from.
   const cpu::RopeTables& of(const AttentionSpec& a) const;

@@ -179,6 +179,7 @@ CausalLM::SaveLayout CausalLM::save_layout(const SaveOptions& options) const {
   tensors = weights.to_hf(config, expert_first);
   CheckpointWriteOptions& wo = l.write;
   wo.max_shard_bytes = std::numeric_limits<int64_t>::max();
+  wo.total_parameters = param_counts(weights.param_table()).total;  // num_parameters(): buffers left out
   // The source layout is reused only when it still describes these tensors (same names, same dtype).
   if (options.reuse_source_sharding && !options.max_shard_bytes && !source_shard_of.empty() &&
       dtype == source_dtype) {

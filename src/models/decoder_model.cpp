@@ -7,10 +7,12 @@
 #include "kernels/cpu/aux_loss.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/router_sigmoid_group.h"
 #include "layers/attention_block.h"
 #include "layers/block_env.h"
 #include "layers/expert_parallel.h"
 #include "layers/lm_head.h"
+#include "layers/mla_attention_block.h"
 #include "layers/mlp_block.h"
 #include "layers/moe_block.h"
 #include "models/lora_adapter.h"
@@ -80,18 +82,50 @@ void model_config_check(const DecoderSpec& c) {
     need(a.heads > 0, "num_attention_heads", a.heads);
     need(a.kv_heads > 0 && a.heads % a.kv_heads == 0, "num_key_value_heads", a.kv_heads);
     need(a.head_dim > 0 && a.head_dim % 2 == 0, "head_dim", a.head_dim);
-    refuse(a.kind != AttentionKind::gqa, "multi-head latent attention");
     refuse(a.scale < 0, "a negative attention scale");
-    refuse(a.v_head_dim != 0 && a.v_head_dim != a.head_dim, "a value head size unlike the key's");
-    refuse(a.rope.kind == RopeKind::none || a.rope.interleaved || a.rope.rotary_dim != 0,
+    refuse(a.rope.kind == RopeKind::none, "attention without RoPE");
+    if (a.kind == AttentionKind::mla) {
+      // DeepSeek-V3's MLA (layers/mla_attention_block.h): RoPE on the rope dims only, as many key/value heads as
+      // query heads, no biases, sinks, window or QK-norm.
+      need(a.kv_heads == a.heads, "num_key_value_heads", a.kv_heads);
+      need(a.qk_nope_head_dim >= 0, "qk_nope_head_dim", a.qk_nope_head_dim);
+      need(a.qk_rope_head_dim > 0 && a.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim", a.qk_rope_head_dim);
+      need(a.head_dim == a.qk_nope_head_dim + a.qk_rope_head_dim, "qk_head_dim", a.head_dim);
+      need(a.rope.rotary_dim == a.qk_rope_head_dim, "rotary dims", a.rope.rotary_dim);
+      need(a.q_lora_rank >= 0, "q_lora_rank", a.q_lora_rank);
+      need(a.kv_lora_rank > 0, "kv_lora_rank", a.kv_lora_rank);
+      need(a.value_dim() > 0, "v_head_dim", a.value_dim());
+      refuse(a.qk_norm || a.qkv_bias || a.o_bias || a.sinks || a.sliding_window != 0 || a.eager_bf16,
+             "MLA with QK-norm, biases, sinks, a sliding window or eager bf16 softmax");
+      continue;
+    }
+    refuse(a.kind != AttentionKind::gqa, "this attention kind");
+    refuse(a.v_head_dim != 0 && a.v_head_dim != a.head_dim, "a value head size unlike the key's (outside MLA)");
+    refuse(a.rope.interleaved || a.rope.rotary_dim != 0,
            "a RoPE other than the half split over the whole head (default or YaRN)");
   }
   for (const MlpSpec& m : c.mlp) refuse(m.activation != Activation::swiglu || m.bias, "an MLP other than SwiGLU");
   for (const MoeSpec& m : c.moe) {
     refuse(m.expert.activation == Activation::relu2, "experts other than SwiGLU or GPT-OSS's clamped SwiGLU");
-    refuse(m.router.score == RouterScore::sigmoid_group || m.router.correction_bias || m.router.scale != 1.0,
-           "a router other than softmax top-k or top-k softmax");
-    refuse(m.shared_expert.has_value(), "a shared expert");
+    if (m.router.score == RouterScore::sigmoid_group) {
+      // DeepSeek-V3's router (kernels/cpu/router_sigmoid_group.h): fp32 linear without a bias, the correction bias.
+      refuse(m.router.linear_bias || !m.router.correction_bias, "a sigmoid router with a linear bias or without "
+                                                                "its correction bias");
+      refuse(m.aux_loss_on, "the load-balancing loss with a sigmoid router");
+      cpu::SigmoidGroupRouting r;
+      r.top_k = m.experts_per_token;
+      r.groups = m.router.groups;
+      r.topk_groups = m.router.topk_groups;
+      r.scale = m.router.scale;
+      cpu::check_sigmoid_group_routing(r, m.num_experts);
+    } else {
+      refuse(m.router.correction_bias || m.router.scale != 1.0 || m.router.groups != 1,
+             "a correction bias, scaled weights or expert groups with a softmax router");
+    }
+    if (m.shared_expert)
+      refuse(m.shared_expert->activation != Activation::swiglu || m.shared_expert->bias ||
+                 m.shared_expert->intermediate_size <= 0,
+             "a shared expert other than a SwiGLU MLP");
   }
   for (int64_t l = 0; l < c.num_layers(); ++l) {
     for (const Sublayer& sub : c.layers[static_cast<size_t>(l)].sublayers) {
@@ -122,6 +156,13 @@ void model_config_check(const DecoderSpec& c) {
 }
 
 namespace {
+
+// The attention block of the spec's kind (GQA or MLA), keeping its intermediates in the matching acts.
+Tensor attention_forward_any(const BlockEnv& env, const AttentionSpec& a, const LayerWeights& w, const Tensor& x,
+                             AttentionBlockActs* gqa, MlaBlockActs* mla, const LayerLora* lora) {
+  return a.kind == AttentionKind::mla ? mla_attention_block_forward(env, a, w, x, mla, lora)
+                                      : attention_block_forward(env, a, w, x, gqa, lora);
+}
 
 struct Prepared {
   BlockEnv env;
@@ -251,8 +292,8 @@ ForwardResult DecoderModel::forward(const Batch& b, bool want_logits, const Loss
     fetch(l);
     for (const Sublayer& sub : cfg_.layers[static_cast<size_t>(l)].sublayers) switch (sub.kind) {
         case SublayerKind::attention:
-          x = attention_block_forward(env, cfg_.attention[static_cast<size_t>(sub.index)], L, x, nullptr,
-                                      layer_lora(l));
+          x = attention_forward_any(env, cfg_.attention[static_cast<size_t>(sub.index)], L, x, nullptr, nullptr,
+                                    layer_lora(l));
           break;
         case SublayerKind::moe: {
           MoeBlockActs acts;
@@ -314,6 +355,7 @@ ForwardResult DecoderModel::forward_backward_impl(const Batch& b, ModelWeights& 
   struct SublayerSaved {
     Tensor in;
     AttentionBlockActs attn;
+    MlaBlockActs mla;
     MoeBlockActs moe;
     MlpBlockActs mlp;
   };
@@ -334,7 +376,7 @@ ForwardResult DecoderModel::forward_backward_impl(const Batch& b, ModelWeights& 
       const size_t k = static_cast<size_t>(subs[i].index);
       switch (subs[i].kind) {
         case SublayerKind::attention:
-          x = attention_block_forward(env, cfg_.attention[k], L, x, &sv.attn, layer_lora(l));
+          x = attention_forward_any(env, cfg_.attention[k], L, x, &sv.attn, &sv.mla, layer_lora(l));
           break;
         case SublayerKind::moe:
           x = moe_block_forward(env, cfg_.moe[k], L, x, &sv.moe, layer_lora(l));
@@ -384,7 +426,9 @@ ForwardResult DecoderModel::forward_backward_impl(const Batch& b, ModelWeights& 
       const size_t k = static_cast<size_t>(subs[i].index);
       switch (subs[i].kind) {
         case SublayerKind::attention:
-          dx = attention_block_backward(env, cfg_.attention[k], L, sv.in, sv.attn, dx, G, lora, dlora);
+          dx = cfg_.attention[k].kind == AttentionKind::mla
+                   ? mla_attention_block_backward(env, cfg_.attention[k], L, sv.in, sv.mla, dx, G, lora, dlora)
+                   : attention_block_backward(env, cfg_.attention[k], L, sv.in, sv.attn, dx, G, lora, dlora);
           break;
         case SublayerKind::moe:
           dx = moe_block_backward(env, cfg_.moe[k], L, sv.in, sv.moe, dx, dlogits_aux[l], G, lora, dlora);

@@ -121,6 +121,13 @@ LoraPair* LayerLora::at(int slot) {
     case W::mlp_down: return &mlp_down;
     case W::experts_gate_up: return &experts_gate_up;
     case W::experts_down: return &experts_down;
+    case W::q_a_proj: return &q_a_proj;
+    case W::q_b_proj: return &q_b_proj;
+    case W::kv_a_proj: return &kv_a_proj;
+    case W::kv_b_proj: return &kv_b_proj;
+    case W::shared_gate: return &shared_gate;
+    case W::shared_up: return &shared_up;
+    case W::shared_down: return &shared_down;
     default: return nullptr;
   }
 }

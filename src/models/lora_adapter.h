@@ -75,6 +75,8 @@ struct LayerLora {
   LoraPair q_proj, k_proj, v_proj, o_proj;
   LoraPair mlp_gate, mlp_up, mlp_down;
   LoraPair experts_gate_up, experts_down;
+  LoraPair q_a_proj, q_b_proj, kv_a_proj, kv_b_proj;  // MLA (DeepSeek-V3)
+  LoraPair shared_gate, shared_up, shared_down;       // the shared expert
   float scale = 0.0f;
 
   LoraPair* at(int slot);  // nullptr for a slot LoRA does not adapt

@@ -24,9 +24,14 @@ constexpr Tensor LayerWeights::*kLayerSlots[] = {
     &LayerWeights::q_bias,          &LayerWeights::k_bias,       &LayerWeights::v_bias, &LayerWeights::o_bias,
     &LayerWeights::sinks,           &LayerWeights::router_bias,  &LayerWeights::experts_gate_up_bias,
     &LayerWeights::experts_down_bias,
+    &LayerWeights::q_a_proj,        &LayerWeights::q_a_norm,     &LayerWeights::q_b_proj,
+    &LayerWeights::kv_a_proj,       &LayerWeights::kv_a_norm,    &LayerWeights::kv_b_proj,
+    &LayerWeights::router_score_bias,
+    &LayerWeights::shared_gate,     &LayerWeights::shared_up,    &LayerWeights::shared_down,
 };
-static_assert(WeightSlot::input_norm == 3 && WeightSlot::experts_down_bias == 24 &&
-                  std::size(kLayerSlots) == WeightSlot::experts_down_bias - WeightSlot::input_norm + 1,
+static_assert(WeightSlot::input_norm == 3 && WeightSlot::experts_down_bias == 24 && WeightSlot::q_a_proj == 25 &&
+                  WeightSlot::router_score_bias == 31 && WeightSlot::shared_down == 34 &&
+                  std::size(kLayerSlots) == WeightSlot::last_layer_slot - WeightSlot::input_norm + 1,
               "kLayerSlots follows WeightSlot");
 
 template <typename W>
@@ -36,7 +41,7 @@ auto& slot_of(W& w, const ParamEntry& e) {
     return w.*kModelSlots[e.slot];
   }
   MT_CHECK(static_cast<size_t>(e.layer) < w.layers.size() && e.slot >= WeightSlot::input_norm &&
-               e.slot <= WeightSlot::experts_down_bias,
+               e.slot <= WeightSlot::last_layer_slot,
            "{}: layer {} slot {} of a struct with {} layers", e.name, e.layer, e.slot, w.layers.size());
   return w.layers[static_cast<size_t>(e.layer)].*kLayerSlots[e.slot - WeightSlot::input_norm];
 }

@@ -29,6 +29,12 @@ struct WeightSlot {
     mlp_gate, mlp_up, mlp_down,  // dense MLP sublayer
     q_bias, k_bias, v_bias, o_bias, sinks,  // attention biases and sink logits (GPT-OSS)
     router_bias, experts_gate_up_bias, experts_down_bias,  // router and expert biases (GPT-OSS)
+    // Multi-head latent attention (DeepSeek-V3): the query's low-rank pair (or q_proj without it), the joint
+    // key/value latent with its norm and up-projection
+    q_a_proj, q_a_norm, q_b_proj, kv_a_proj, kv_a_norm, kv_b_proj,
+    router_score_bias,                     // the fp32 selection bias of a sigmoid router (a buffer, not trained)
+    shared_gate, shared_up, shared_down,   // the shared expert beside the routed ones
+    last_layer_slot = shared_down,
   };
 };
 
@@ -59,6 +65,19 @@ struct LayerWeights {
   Tensor router_bias;           // [E]
   Tensor experts_gate_up_bias;  // [E, 2I] gate entries, then up entries (as experts_gate_up's rows)
   Tensor experts_down_bias;     // [E, H]
+  // MLA (AttentionKind::mla): q_proj is the full query projection when there is no q LoRA (q_lora_rank 0)
+  Tensor q_a_proj;   // [q_lora, H]                     self_attn.q_a_proj.weight
+  Tensor q_a_norm;   // [q_lora]                        self_attn.q_a_layernorm.weight
+  Tensor q_b_proj;   // [heads*(nope+rope), q_lora]     self_attn.q_b_proj.weight
+  Tensor kv_a_proj;  // [kv_lora+rope, H]               self_attn.kv_a_proj_with_mqa.weight
+  Tensor kv_a_norm;  // [kv_lora]                       self_attn.kv_a_layernorm.weight
+  Tensor kv_b_proj;  // [heads*(nope+v), kv_lora]       self_attn.kv_b_proj.weight
+  // Sigmoid routers' selection bias (RouterSpec::correction_bias): F32 whatever the model dtype
+  Tensor router_score_bias;  // [E]  mlp.gate.e_score_correction_bias
+  // The shared expert (MoeSpec::shared_expert): a SwiGLU MLP of intermediate size Fs
+  Tensor shared_gate;  // [Fs, H]  mlp.shared_experts.gate_proj.weight
+  Tensor shared_up;    // [Fs, H]
+  Tensor shared_down;  // [H, Fs]
 };
 
 struct ModelWeights {

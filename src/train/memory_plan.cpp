@@ -66,9 +66,12 @@ ParamSums param_sums(const DecoderSpec& c) {
   s.layer_replicated.assign(static_cast<size_t>(c.num_layers()), 0);
   s.layer_experts.assign(static_cast<size_t>(c.num_layers()), 0);
   for (const ParamEntry& e : t.entries()) {
+    // NOTE: buffers (DeepSeek-V3's fp32 e_score_correction_bias, E floats per MoE layer) have no gradient or
+    // optimizer state; their few bytes are left to the allocator slack.
+    if (e.role == ParamRole::buffer) continue;
     // Every term below assumes trained tensors of the model dtype (bf16 on the GPU).
-    MT_CHECK(e.role != ParamRole::buffer && e.dtype == ParamDType::model,
-             "memory plan: {} ({}) is not planned: buffers and fixed-dtype tensors are not counted yet", e.name,
+    MT_CHECK(e.dtype == ParamDType::model,
+             "memory plan: {} ({}) is not planned: fixed-dtype parameters are not counted yet", e.name,
              param_role_name(e.role));
     wide n = 1;  // wide: a dimension may be 2^31
     for (int64_t dim : e.shape) n *= dim;

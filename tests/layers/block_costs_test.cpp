@@ -286,17 +286,47 @@ TEST(BlockCosts, RopeTablesOnePerAttentionConfigurationInUse) {
                      2.0 * 64 * 4 * (32 + 32) - 2.0 * 64 * 4 * (16 + 16));
 }
 
-TEST(BlockCosts, Mamba2AndMlaAreRefusedWithOneLine) {
+TEST(BlockCosts, Mamba2IsRefusedWithOneLine) {
   DecoderSpec s = mixed_spec();
   s.mamba2.push_back(Mamba2Spec{});
   s.layers[1].sublayers[1] = {SublayerKind::mamba2, 0};
   expect_one_line_error([&] { decoder_flops_per_token(s, 128); }, "layer 1", "Mamba2");
   expect_one_line_error([&] { decoder_layer_bytes(s, 1, batch(Recompute::selective)); }, "layer 1", "Mamba2");
-  DecoderSpec mla = mixed_spec();
-  mla.attention[0].kind = AttentionKind::mla;
-  expect_one_line_error([&] { decoder_flops_per_token(mla, 128); }, "layer 0", "MLA");
-  expect_one_line_error([&] { sublayer_bytes(mla, 2, mla.layers[2].sublayers[0], batch(Recompute::none)); }, "layer 2",
-                        "MLA");
+}
+
+// MLA (no CUDA block yet) is counted as the CPU block keeps it: the FLOPs of its five projections and of the
+// scores at qk 32 / v 16 by hand, the bytes of its saved tensors (here with a q LoRA of 16, kv LoRA 16, rope 8).
+TEST(BlockCosts, MlaIsCountedAsTheCpuBlockKeepsIt) {
+  AttentionSpec a;
+  a.kind = AttentionKind::mla;
+  a.heads = 4;
+  a.kv_heads = 4;
+  a.q_lora_rank = 16;
+  a.kv_lora_rank = 16;
+  a.qk_nope_head_dim = 24;
+  a.qk_rope_head_dim = 8;
+  a.head_dim = 32;
+  a.v_head_dim = 16;
+  a.rope.rotary_dim = 8;
+  const double proj = 64.0 * 16 + 16.0 * 4 * 32 + 64.0 * (16 + 8) + 16.0 * 4 * (24 + 16) + 4.0 * 16 * 64;
+  EXPECT_EQ(attention_flops_per_token(a, 64, 128), 2.0 * proj + 2.0 * 64 * 4 * (32 + 16));
+  a.q_lora_rank = 0;  // a plain q_proj
+  EXPECT_EQ(attention_flops_per_token(a, 64, 128),
+            2.0 * (64.0 * 4 * 32 + 64.0 * 24 + 16.0 * 160 + 64.0 * 64) + 2.0 * 64 * 4 * 48);
+  a.q_lora_rank = 16;
+  const int64_t T = 256;
+  const int64_t kept = sum({T * 16 * 2,            // q latent
+                            T * 128 * 2,           // q
+                            T * 24 * 2,            // kv_a output
+                            T * 160 * 2,           // kv_b output
+                            T * 64 * 2,            // v
+                            T * 64 * 2,            // o
+                            4 * T * 4});           // lse
+  const int64_t cheap = sum({T * 64 * 2, T * 16 * 2, T * 16 * 2, T * 128 * 2, T * 128 * 2});
+  EXPECT_EQ(i64(attention_bytes(a, 64, batch(Recompute::none)).saved), kept + cheap);
+  EXPECT_EQ(i64(attention_bytes(a, 64, batch(Recompute::selective)).saved), kept);
+  EXPECT_EQ(i64(attention_bytes(a, 64, batch(Recompute::full)).recomputed), kept + cheap);
+  EXPECT_EQ(i64(attention_rope_table_bytes(a, T)), 2 * T * 4 * 4);  // the 8 rope dims only
 }
 
 }  // namespace

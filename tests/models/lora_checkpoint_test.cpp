@@ -31,7 +31,8 @@ void expect_same(const LoraWeights& a, const LoraWeights& b) {
 }
 
 TEST(LoraCheckpoint, SavedAdapterReloadsBitIdentically) {
-  for (const DecoderSpec& s : {qwen_spec(), gpt_oss_spec()}) {
+  for (const DecoderSpec& s : {qwen_spec(), gpt_oss_spec(), deepseek_v3_spec("mla_yarn_dense1"),
+                               deepseek_v3_spec("plain_q_legacy_config")}) {
     io_test::ScratchDir dir;
     ModelWeights base = ModelWeights::random_init(s, DType::BF16, 1);
     auto table = std::make_shared<const LoraTable>(lora_table_of(s, config_of(all_targets(s)), "t"));
@@ -97,6 +98,41 @@ TEST(LoraCheckpoint, PeftNamesShapesAndConfig) {
   EXPECT_EQ(back.alpha, 5.0);
   // In the family's order.
   EXPECT_EQ(back.target, (std::vector<std::string>{"q_proj", "o_proj", "down_proj", "experts", "router"}));
+}
+
+// DeepSeek-V3: the MLA projections as modules; gate/up/down_proj name a dense layer's MLP and the shared expert's
+// alike (PEFT matches module-name suffixes) and go to target_parameters as for qwen3_moe (Transformers v5 converts
+// deepseek_v3 checkpoints the same way). Not checked against PEFT itself (no DeepSeek-V3 PEFT fixture yet).
+TEST(LoraCheckpoint, DeepseekV3NamesAndConfig) {
+  const DecoderSpec s = deepseek_v3_spec("mla_yarn_dense1");  // H 32, q LoRA 16, kv LoRA 16, 4 heads; layer 0 dense
+  io_test::ScratchDir dir;
+  ModelWeights base = ModelWeights::random_init(s, DType::F32, 1);
+  auto table = std::make_shared<const LoraTable>(
+      lora_table_of(s, config_of({"q_a_proj", "kv_b_proj", "o_proj", "gate_proj", "experts"}, 2), "t"));
+  lora_save_pretrained(dir.file("a"), s, random_adapter(table, s.num_layers(), 3), base, "deepseek/x");
+  const SafetensorsFile f = SafetensorsFile::open(dir.file("a/adapter_model.safetensors"));
+  const std::string p = "base_model.model.model.layers.";
+  const std::vector<std::pair<std::string, Shape>> want = {
+      {p + "0.self_attn.q_a_proj.lora_A.weight", {2, 32}},
+      {p + "0.self_attn.q_a_proj.lora_B.weight", {16, 2}},
+      {p + "1.self_attn.kv_b_proj.lora_A.weight", {2, 16}},
+      {p + "1.self_attn.kv_b_proj.lora_B.weight", {160, 2}},
+      {p + "0.mlp.gate_proj.lora_B.weight", {48, 2}},
+      {p + "1.mlp.shared_experts.gate_proj.lora_A.weight", {2, 32}},
+      {p + "1.mlp.experts.base_layer.lora_A.weight", {8 * 2, 32}},
+  };
+  for (const auto& [name, shape] : want) {
+    ASSERT_TRUE(f.has(name)) << name;
+    EXPECT_EQ(f.info(name).shape, shape) << name;
+  }
+  EXPECT_EQ(f.names().size(), 2u * (2 + 2 + 2) + 2 * 2 + 4);  // q_a, kv_b, o per layer; gate_proj 0 and 1; experts
+  std::ifstream in(dir.file("a/adapter_config.json"));
+  const nlohmann::json c = nlohmann::json::parse(in);
+  EXPECT_EQ(c["target_modules"], nlohmann::json({"q_a_proj", "kv_b_proj", "o_proj"}));
+  EXPECT_EQ(c["target_parameters"], nlohmann::json({"mlp.gate_proj.weight", "mlp.shared_experts.gate_proj.weight",
+                                                    "mlp.experts.gate_up_proj", "mlp.experts.down_proj"}));
+  EXPECT_EQ(lora_config_read(dir.file("a"), s).target,
+            (std::vector<std::string>{"q_a_proj", "kv_b_proj", "o_proj", "gate_proj", "experts"}));
 }
 
 // PEFT's ParamWrapper delta from the saved tensors, for expert e: A = lora_A.reshape(E, r, in)[e],

@@ -2,7 +2,8 @@
 // base model's logits bitwise; with random A and B the adapted model equals the base model with merged weights
 // W + s·B·A (computed here in double), in logits and loss, and the adapter's gradients equal the chain rule through
 // the merged model's weight gradients (dA = s·Bᵀ·dW, dB = s·dW·Aᵀ) on every adapted slot — attention, dense MLP,
-// experts; Qwen3-MoE and GPT-OSS (biases, sinks, clamped experts). The base stays frozen: only the router (a
+// experts; Qwen3-MoE, GPT-OSS (biases, sinks, clamped experts) and DeepSeek-V3 (the MLA projections, the shared
+// expert's, dense layers). The base stays frozen: only the router (a
 // full-trained target) gets a gradient. Bad adapter settings are one-line errors.
 #include <gtest/gtest.h>
 
@@ -56,7 +57,12 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 class LoraModel : public ::testing::TestWithParam<const char*> {
  protected:
-  DecoderSpec spec() const { return std::string(GetParam()) == "qwen3_moe" ? qwen_spec() : gpt_oss_spec(); }
+  DecoderSpec spec() const {
+    const std::string f = GetParam();
+    if (f == "deepseek_v3") return deepseek_v3_spec("mla_yarn_dense1");           // q LoRA, dense + MoE layers
+    if (f == "deepseek_v3_q_proj") return deepseek_v3_spec("plain_q_legacy_config");  // q_proj, 2 shared experts
+    return f == "qwen3_moe" ? qwen_spec() : gpt_oss_spec();
+  }
 };
 
 TEST_P(LoraModel, ZeroBGivesTheBaseLogitsBitwise) {
@@ -146,7 +152,8 @@ TEST_P(LoraModel, EqualsMergedWeightsForwardAndGradients) {
   EXPECT_EQ(checked, static_cast<int>(table->entries.size() / 2));
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, LoraModel, ::testing::Values("qwen3_moe", "gpt_oss"),
+INSTANTIATE_TEST_SUITE_P(Families, LoraModel,
+                         ::testing::Values("qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v3_q_proj"),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST(LoraTable, NamesShapesAndCounts) {

@@ -61,9 +61,21 @@ inline LoraWeights random_adapter(std::shared_ptr<const LoraTable> t, int64_t la
   return l;
 }
 
+inline DecoderSpec deepseek_v3_spec(const char* variant) {
+  const std::filesystem::path dir = std::filesystem::path(MIXTUNE_SOURCE_DIR) / "tests/fixtures/deepseek_v3" / variant;
+  return DecoderSpec::from_file((dir / "ckpt/config.json").string());
+}
+
+// Every target name of the family that matches a parameter of `s` (DeepSeek-V3 has q_proj or the q LoRA pair).
 inline std::vector<std::string> all_targets(const DecoderSpec& s) {
+  const ParamTable table = param_table_of(s);
   std::vector<std::string> t;
-  for (const LoraTargetDef& d : lora_targets_of(s)) t.push_back(d.name);
+  for (const LoraTargetDef& d : lora_targets_of(s)) {
+    bool matches = false;
+    for (const ParamEntry& e : table.entries())
+      for (int slot : d.slots) matches = matches || (e.layer >= 0 && e.slot == slot);
+    if (matches) t.push_back(d.name);
+  }
   return t;
 }
 

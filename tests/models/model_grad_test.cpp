@@ -49,6 +49,10 @@ ModelWeights tiny_weights(const DecoderSpec& c, uint64_t seed) {
   for (auto& [name, t] : w.named_parameters())
     if (t->ndim() == 1)
       for (int64_t i = 0; i < t->numel(); ++i) t->data_as<float>()[i] = 1.0f + d(g);
+  // Buffers (DeepSeek-V3's selection bias) away from zero too, so that they steer the routing.
+  for (const ParamEntry& e : w.param_table().entries())
+    if (e.role == ParamRole::buffer)
+      for (int64_t i = 0; i < w.slot(e).numel(); ++i) w.slot(e).data_as<float>()[i] = d(g);
   return w;
 }
 
@@ -142,6 +146,58 @@ TEST(ModelGrad, FiniteDifferencesTied) { check_gradients(tiny_config(true), 11);
 // the norms before each kind included, gets the loss's derivative.
 TEST(ModelGrad, FiniteDifferencesMixedSublayers) {
   check_gradients(test::with_layout(tiny_config(false), test::mixed_layout()), 13);
+}
+
+// DeepSeek-V3 (tiny): MLA with a q LoRA, interleaved YaRN RoPE and mscale in the softmax scale, or a plain q_proj
+// with the half-split default RoPE; a dense first layer, then sigmoid group-routed experts with a shared expert.
+// The fp32 correction bias is a buffer: random here so that it steers the selection, never differentiated.
+DecoderSpec tiny_deepseek_v3(bool q_lora, int64_t dense_layers) {
+  nlohmann::json j = {
+      {"architectures", {"DeepseekV3ForCausalLM"}},
+      {"vocab_size", 23},
+      {"hidden_size", 12},
+      {"intermediate_size", 10},
+      {"moe_intermediate_size", 5},
+      {"num_hidden_layers", 3},
+      {"num_attention_heads", 3},
+      {"kv_lora_rank", 5},
+      {"qk_nope_head_dim", 4},
+      {"qk_rope_head_dim", 4},
+      {"v_head_dim", 3},
+      {"n_routed_experts", 4},
+      {"num_experts_per_tok", 2},
+      {"n_group", q_lora ? 2 : 1},
+      {"topk_group", 1},
+      {"n_shared_experts", 1},
+      {"routed_scaling_factor", 1.7},
+      {"norm_topk_prob", q_lora},
+      {"first_k_dense_replace", dense_layers},
+      {"rms_norm_eps", 1e-6},
+      {"initializer_range", 0.4},
+  };
+  if (q_lora) {
+    j["q_lora_rank"] = 6;
+    j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}, {"mscale", 1.0},
+                            {"mscale_all_dim", 0.8}, {"original_max_position_embeddings", 16}};
+  } else {
+    j["q_lora_rank"] = nullptr;
+    j["rope_interleave"] = false;
+  }
+  return DecoderSpec::from_json(j, "tiny_deepseek_v3");
+}
+
+TEST(ModelGrad, FiniteDifferencesDeepseekV3Mla) {
+  for (bool q_lora : {true, false}) {
+    SCOPED_TRACE(q_lora ? "q LoRA, interleaved YaRN" : "q_proj, half-split default RoPE");
+    check_gradients(tiny_deepseek_v3(q_lora, /*dense_layers=*/3), 14);
+  }
+}
+
+TEST(ModelGrad, FiniteDifferencesDeepseekV3) {
+  for (bool q_lora : {true, false}) {
+    SCOPED_TRACE(q_lora ? "2 groups, renormalised" : "1 group, not renormalised");
+    check_gradients(tiny_deepseek_v3(q_lora, /*dense_layers=*/1), 15);
+  }
 }
 
 // DecoderSpec::padding_idx (Transformers' nn.Embedding(padding_idx)): the forward is unchanged, the embedding

@@ -131,6 +131,7 @@ Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weigh
   Tensor out = Tensor::empty({T, H}, DType::F32);
   float* op = out.data_as<float>();
   const float* wp = weights.data_as<float>();
+  const bool round_product = bf16 && !variant.fp32_weights;
 #pragma omp parallel for schedule(static) if ((T * H * k) >= kParallelMinWork)
   for (int64_t t = 0; t < T; ++t) {
     float* o = op + t * H;
@@ -138,7 +139,7 @@ Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weigh
     for (int64_t j = 0; j < k; ++j) {
       const float w = wp[t * k + j];
       const float* yr = y + static_cast<int64_t>(s.row[t * k + j]) * H;
-      for (int64_t h = 0; h < H; ++h) o[h] += bf16 ? round_bf16(yr[h] * w) : yr[h] * w;
+      for (int64_t h = 0; h < H; ++h) o[h] += round_product ? round_bf16(yr[h] * w) : yr[h] * w;
     }
     if (bf16)
       for (int64_t h = 0; h < H; ++h) o[h] = round_bf16(o[h]);

@@ -1,6 +1,7 @@
 // Routed SwiGLU experts over a token -> expert assignment (Qwen3MoeExperts, GptOssExperts; grouped_mm dataflow):
 //   for each (token t, slot s): e = index[t, s], y = down_e( act(gate_e x_t [+ bg_e], up_e x_t [+ bu_e]) ) [+ bd_e]
-//   out[t] = Σ_s weights[t, s] · y          (bf16: bf16(y·w) per slot, summed in fp32, rounded once)
+//   out[t] = Σ_s weights[t, s] · y          (bf16: bf16(y·w) per slot, summed in fp32, rounded once; with fp32
+//                                            routing weights, as DeepSeek-V3's, y·w stays fp32: one rounding)
 // Slots are grouped by expert (a counting sort, stable in slot order) and each expert runs two sgemms
 // over its rows; experts that received no tokens are skipped.
 #pragma once
@@ -28,6 +29,10 @@ struct ExpertsVariant {
   // would round; PEFT instead rounds W + s·B·A itself to bf16 first: docs/lora.md).
   LoraRef gate_up_lora;
   LoraRef down_lora;
+  // The routing weights are fp32 in Transformers (DeepSeek-V3, Nemotron-H: its router does not cast them to bf16),
+  // so grouped_mm's `y · w` is a bf16 · fp32 product kept in fp32: in bf16 mode only the sum over the k slots is
+  // rounded. false: bf16 weights, each product rounded to bf16 first (Qwen3-MoE, GPT-OSS).
+  bool fp32_weights = false;
 };
 // The adapters' gradients (F32, accumulated), when the variant has adapters.
 struct ExpertsLoraGrads {

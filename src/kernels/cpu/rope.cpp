@@ -128,4 +128,55 @@ Tensor rope_backward(const Tensor& dy, const RopeTables& t) {
   return dx;
 }
 
+Tensor rope_interleaved_forward(const Tensor& x, const RopeTables& t, bool bf16) {
+  const int64_t T = t.cos.dim(0), D = t.cos.dim(1), half = D / 2;
+  check_f32_numel(x, "rope input", x.numel());
+  MT_CHECK(T > 0 ? x.numel() % (T * D) == 0 : x.numel() == 0, "rope input {} for {} positions of dim {}", x.desc(),
+           T, D);
+  const int64_t heads = T == 0 ? 0 : x.numel() / (T * D);
+  Tensor out = Tensor::empty(x.shape(), DType::F32);
+  const float* xp = x.data_as<float>();
+  const float* c = t.cos.data_as<float>();
+  const float* s = t.sin.data_as<float>();
+  float* o = out.data_as<float>();
+  auto r = [bf16](float v) { return bf16 ? round_bf16(v) : v; };
+#pragma omp parallel for schedule(static) if ((T * heads * D) >= kParallelMinWork)
+  for (int64_t p = 0; p < T; ++p) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* xr = xp + (p * heads + h) * D;
+      float* orow = o + (p * heads + h) * D;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = xr[2 * i], x2 = xr[2 * i + 1], cv = c[p * D + i], sv = s[p * D + i];
+        orow[i] = r(r(x1 * cv) - r(x2 * sv));
+        orow[half + i] = r(r(x2 * cv) + r(x1 * sv));
+      }
+    }
+  }
+  return out;
+}
+
+Tensor rope_interleaved_backward(const Tensor& dy, const RopeTables& t) {
+  const int64_t T = t.cos.dim(0), D = t.cos.dim(1), half = D / 2;
+  check_f32_numel(dy, "rope dy", dy.numel());
+  const int64_t heads = T == 0 ? 0 : dy.numel() / (T * D);
+  Tensor dx = Tensor::empty(dy.shape(), DType::F32);
+  const float* g = dy.data_as<float>();
+  const float* c = t.cos.data_as<float>();
+  const float* s = t.sin.data_as<float>();
+  float* d = dx.data_as<float>();
+#pragma omp parallel for schedule(static) if ((T * heads * D) >= kParallelMinWork)
+  for (int64_t p = 0; p < T; ++p) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* gr = g + (p * heads + h) * D;
+      float* dr = d + (p * heads + h) * D;
+      for (int64_t i = 0; i < half; ++i) {
+        const float g1 = gr[i], g2 = gr[half + i], cv = c[p * D + i], sv = s[p * D + i];
+        dr[2 * i] = g1 * cv + g2 * sv;
+        dr[2 * i + 1] = g2 * cv - g1 * sv;
+      }
+    }
+  }
+  return dx;
+}
+
 }  // namespace mt::cpu

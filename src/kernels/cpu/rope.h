@@ -33,4 +33,13 @@ Tensor rope_forward(const Tensor& x, const RopeTables& t, bool bf16);
 // dy like x -> dx (the exact transpose of the fp32 rotation).
 Tensor rope_backward(const Tensor& dy, const RopeTables& t);
 
+// DeepSeek-V3's interleaved layout (Transformers' apply_rotary_pos_emb_interleave): pairs (x_2i, x_2i+1) rotate by
+// angle i, and the output is de-interleaved, evens then odds:
+//   out_i = x_2i·cos_i − x_2i+1·sin_i,  out_{D/2+i} = x_2i+1·cos_i + x_2i·sin_i       (i < D/2)
+// (applied alike to queries and keys, the permutation leaves every q·k unchanged). Tables as rope_tables makes
+// them (cos_i = cos[i], the first half). bf16: every product and the sum rounded, as the eager ops do.
+Tensor rope_interleaved_forward(const Tensor& x, const RopeTables& t, bool bf16);
+// dy like the output -> dx like x (the exact transpose of the fp32 map).
+Tensor rope_interleaved_backward(const Tensor& dy, const RopeTables& t);
+
 }  // namespace mt::cpu

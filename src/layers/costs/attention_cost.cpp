@@ -6,7 +6,49 @@
 
 namespace mt {
 
+namespace {
+
+// The query's input width: the q LoRA rank, or the hidden size for a plain q_proj.
+CostBytes mla_q_in(const AttentionSpec& a, int64_t hidden) { return a.q_lora_rank > 0 ? a.q_lora_rank : hidden; }
+
+// MLA has no CUDA block yet: this counts what the CPU block (layers/mla_attention_block.h) keeps, in bf16, as the
+// estimate a CUDA twin would start from. Kept: the q latent before and after its norm (q LoRA only), q, the kv
+// latent and its normed part, kv_b's output, the assembled query and key (RoPE applied, the rope key broadcast to
+// every head), v (a view of kv_b's output on the CPU, counted apart here), o, lse; selective recompute drops the
+// norm outputs and the assembled query and key.
+BlockBytes mla_attention_bytes(const AttentionSpec& a, int64_t hidden, const BlockBatch& b) {
+  const CostBytes T = b.tokens, H = hidden, Hq = a.heads, D = a.head_dim, Dv = a.value_dim();
+  const CostBytes qr = a.q_lora_rank, kvr = a.kv_lora_rank, rope = a.qk_rope_head_dim, nope = a.qk_nope_head_dim;
+  const CostBytes th = T * H * kCostBf16;
+  const CostBytes qa = T * qr * kCostBf16, q = T * Hq * D * kCostBf16, ckv = T * (kvr + rope) * kCostBf16;
+  const CostBytes kvn = T * kvr * kCostBf16, kv = T * Hq * (nope + Dv) * kCostBf16;
+  const CostBytes v = T * Hq * Dv * kCostBf16, o = T * Hq * Dv * kCostBf16, lse = Hq * T * kCostF32;
+  const CostBytes kept = qa + q + ckv + kv + v + o + lse;
+  const CostBytes cheap = th /*a*/ + qa /*q latent normed*/ + kvn + q /*query*/ + q /*key*/;
+  BlockBytes r;
+  r.saved = b.recompute == Recompute::full ? 0 : b.recompute == Recompute::selective ? kept : kept + cheap;
+  r.recomputed = b.recompute == Recompute::full ? kept + cheap : b.recompute == Recompute::selective ? cheap : 0;
+  const CostBytes flash = Hq * (2 * D + Dv) * T * kCostF32 + Hq * T * kCostF32;  // dq dk dv sums, delta
+  r.backward = o /*d(o)*/ + flash + 2 * q + v /*dq dk dv*/ + kv /*d(kv)*/ + ckv /*d(ckv)*/ + 2 * qa /*d(q latent)*/ +
+               th /*da*/;
+  return r;
+}
+
+double mla_attention_flops_per_token(const AttentionSpec& a, int64_t hidden, int64_t seq) {
+  const double H = static_cast<double>(hidden), Hq = static_cast<double>(a.heads), D = static_cast<double>(a.head_dim),
+               Dv = static_cast<double>(a.value_dim()), kvr = static_cast<double>(a.kv_lora_rank),
+               rope = static_cast<double>(a.qk_rope_head_dim), nope = static_cast<double>(a.qk_nope_head_dim),
+               qin = static_cast<double>(mla_q_in(a, hidden));
+  const double q = (a.q_lora_rank > 0 ? H * qin : 0.0) + qin * Hq * D;
+  const double projections = q + H * (kvr + rope) + kvr * Hq * (nope + Dv) + Hq * Dv * H;
+  const double S = static_cast<double>(seq);
+  return 2.0 * projections + 2.0 * (S / 2) * Hq * (D + Dv);
+}
+
+}  // namespace
+
 BlockBytes attention_bytes(const AttentionSpec& a, int64_t hidden, const BlockBatch& b) {
+  if (a.kind == AttentionKind::mla) return mla_attention_bytes(a, hidden, b);
   MT_CHECK(a.kind == AttentionKind::gqa, "attention cost: only GQA attention has a CUDA block");
   const CostBytes T = b.tokens, H = hidden, Hq = a.heads, Hkv = a.kv_heads, D = a.head_dim, Dv = a.value_dim();
   // Heads of flash's fp32 dK/dV sums: the deterministic backward keeps every query head's, summed in order after.
@@ -26,6 +68,7 @@ BlockBytes attention_bytes(const AttentionSpec& a, int64_t hidden, const BlockBa
 }
 
 double attention_flops_per_token(const AttentionSpec& a, int64_t hidden, int64_t seq) {
+  if (a.kind == AttentionKind::mla) return mla_attention_flops_per_token(a, hidden, seq);
   MT_CHECK(a.kind == AttentionKind::gqa, "attention cost: only GQA attention has a CUDA block");
   const double H = static_cast<double>(hidden), Hq = static_cast<double>(a.heads),
                Hkv = static_cast<double>(a.kv_heads), D = static_cast<double>(a.head_dim),

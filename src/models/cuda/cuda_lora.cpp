@@ -47,7 +47,7 @@ void CudaLora::refresh() {
   for (size_t l = 0; l < masters_.layers.size(); ++l) {
     const LayerLora& m = masters_.layers[l];
     LayerLora& w = working_.layers[l];
-    for (int slot = 0; slot <= WeightSlot::experts_down_bias; ++slot) {
+    for (int slot = 0; slot <= WeightSlot::last_layer_slot; ++slot) {
       const LoraPair* mp = m.at(slot);
       if (!mp || !mp->on()) continue;
       LoraPair* wp = w.at(slot);

@@ -299,6 +299,8 @@ std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
   for (int64_t l = 0; l < c.num_layers(); ++l)
     for (const Sublayer& s : sublayers_of(c, l)) {
       const size_t k = static_cast<size_t>(s.index);
+      if (s.kind == SublayerKind::attention && c.attention[k].kind != AttentionKind::gqa)
+        return "multi-head latent attention (MLA) has no CUDA kernels yet";
       if (s.kind == SublayerKind::attention) {
         const RopeSpec& r = c.attention[k].rope;
         if ((r.kind != RopeKind::standard && r.kind != RopeKind::yarn) || r.interleaved || r.rotary_dim != 0)
@@ -308,8 +310,10 @@ std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
         const MoeSpec& m = c.moe[k];
         if (m.expert.activation != Activation::swiglu && m.expert.activation != Activation::swiglu_oai)
           return "experts with this activation have no CUDA kernel yet";
-        if (m.router.score != RouterScore::softmax_topk && m.router.score != RouterScore::topk_softmax)
+        if ((m.router.score != RouterScore::softmax_topk && m.router.score != RouterScore::topk_softmax) ||
+            m.router.correction_bias || m.router.scale != 1.0)
           return "this router (sigmoid group-limited top-k) has no CUDA kernel yet";
+        if (m.shared_expert) return "a shared expert beside the routed ones has no CUDA block yet";
       }
       if (s.kind == SublayerKind::mlp && (c.mlp[k].bias || c.mlp[k].activation != Activation::swiglu))
         return "a dense MLP with biases or an activation other than SwiGLU has no CUDA kernels yet";

@@ -17,4 +17,7 @@ std::vector<ArchitectureInfo> gpt_oss_architectures();  // families/gpt_oss.cpp
 std::vector<PresetInfo> gpt_oss_presets();
 HfLayout gpt_oss_hf_layout();
 
+std::vector<ArchitectureInfo> deepseek_v3_architectures();  // families/deepseek_v3.cpp
+std::vector<PresetInfo> deepseek_v3_presets();
+
 }  // namespace mt
