@@ -57,36 +57,9 @@ TEST(ExpertBiasCudaTrainer, Qwen3MoeGpuLogsTheBalanceOfTheCpu) {
   }
 }
 
-// DeepSeek-V3 at the shapes the GPU kernels take (MLA heads 192 / 128, sizes multiples of 8), 2 layers (the first
-// dense), 8 experts in 4 groups keep 2, top-2, one shared expert.
-nlohmann::json small_deepseek_v3() {
-  nlohmann::json j = preset_config_json("deepseek-v3");
-  j["vocab_size"] = 512;
-  j["hidden_size"] = 128;
-  j["intermediate_size"] = 256;
-  j["moe_intermediate_size"] = 64;
-  j["num_hidden_layers"] = 2;
-  j["first_k_dense_replace"] = 1;
-  j["num_attention_heads"] = 2;
-  j["num_key_value_heads"] = 2;
-  j["q_lora_rank"] = 64;
-  j["kv_lora_rank"] = 64;
-  j["n_routed_experts"] = 8;
-  j["n_group"] = 4;
-  j["topk_group"] = 2;
-  j["num_experts_per_tok"] = 2;
-  j["n_shared_experts"] = 1;
-  j["initializer_range"] = 0.05;
-  j["eos_token_id"] = 2;
-  j["pad_token_id"] = 0;
-  j["dtype"] = "float32";
-  j.erase("torch_dtype");
-  return j;
-}
-
 TEST(ExpertBiasCudaTrainer, DeepseekV3GpuBalancesASkewedRouter) {
   MT_SKIP_WITHOUT_CUDA();
-  const DecoderSpec spec = DecoderSpec::from_json(small_deepseek_v3(), "test");
+  const DecoderSpec spec = DecoderSpec::from_json(test::small_deepseek_v3(), "test");
   if (const std::string no = cuda_model_unsupported_reason(spec); !no.empty())
     GTEST_SKIP() << "the CUDA model cannot run DeepSeek-V3 yet: " << no;
   io_test::ScratchDir dir;
