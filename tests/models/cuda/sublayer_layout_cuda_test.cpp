@@ -363,5 +363,20 @@ TEST(CudaSublayerLayout, UnsupportedReasonChecksEverySublayerConfiguration) {
             "intermediate_size 100 must be a multiple of 8 for the dense MLP layers' GEMMs");
 }
 
+// DeepSeek-V3 runs on the CPU engine only: MLA, the sigmoid group router with its selection bias and scale, and the
+// shared expert have no CUDA kernels yet, each refused in one line (no GPU needed).
+TEST(CudaSublayerLayout, DeepseekV3IsRefusedUntilItsKernelsLand) {
+  const DecoderSpec dsv3 = DecoderSpec::from_file(std::string(MIXTUNE_SOURCE_DIR) +
+                                                  "/tests/fixtures/deepseek_v3/mla_yarn_dense1/ckpt/config.json");
+  EXPECT_EQ(cuda_model_unsupported_reason(dsv3), "multi-head latent attention (MLA) has no CUDA kernels yet");
+  DecoderSpec routed = mixed_spec(2);
+  routed.moe[0].router.score = RouterScore::sigmoid_group;
+  routed.moe[0].router.correction_bias = true;
+  EXPECT_EQ(cuda_model_unsupported_reason(routed), "this router (sigmoid group-limited top-k) has no CUDA kernel yet");
+  DecoderSpec shared = mixed_spec(2);
+  shared.moe[0].shared_expert = MlpSpec{64, Activation::swiglu, false};
+  EXPECT_EQ(cuda_model_unsupported_reason(shared), "a shared expert beside the routed ones has no CUDA block yet");
+}
+
 }  // namespace
 }  // namespace mt
