@@ -32,9 +32,6 @@ using nlohmann::json;
 
 constexpr const char* kDeepseekV3 = "DeepseekV3ForCausalLM";
 
-// Transformers' get_mscale / yarn_get_mscale (modeling_rope_utils.py, modeling_deepseek_v3.py).
-double yarn_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
-
 // The RoPE of the rope dims and the softmax scale it implies.
 struct DsRope {
   RopeSpec rope;

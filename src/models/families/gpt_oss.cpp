@@ -25,9 +25,6 @@ using nlohmann::json;
 
 constexpr const char* kGptOss = "GptOssForCausalLM";
 
-// Transformers' get_mscale (modeling_rope_utils.py, §7).
-double yarn_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
-
 // v5 `rope_parameters` {rope_type, rope_theta, factor, ...}, or the hub's top-level `rope_theta` + `rope_scaling`
 // ({type | rope_type, ...}). GPT-OSS's default is YaRN (factor 32, beta 32/1, no truncation, original 4096) on
 // theta 150000. Accepted kinds: yarn and default.

@@ -1,10 +1,14 @@
 #include "models/spec/decoder_spec.h"
 
+#include <cmath>
+
 #include "core/error.h"
 #include "models/registry.h"
 #include "models/spec/config_reader.h"
 
 namespace mt {
+
+double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
 
 namespace {
 

@@ -39,6 +39,10 @@ struct RopeSpec {
   bool operator==(const RopeSpec&) const = default;  // the same rotation: layers may share one table
 };
 
+// Transformers' YaRN get_mscale (modeling_rope_utils.py; DeepSeek-V3's yarn_get_mscale): 0.1·m·ln(factor) + 1, or 1
+// when factor <= 1. The families' attention factors and DeepSeek-V3's softmax scale are ratios and squares of it.
+double yarn_mscale(double factor, double m);
+
 enum class AttentionKind {
   gqa,  // grouped-query attention (MHA and MQA are its special cases)
   mla,  // multi-head latent attention (DeepSeek-V3): declared, no engine runs it yet
