@@ -9,7 +9,8 @@
 // usage: mixtune_bench_flash_attention [--seq S] [--batch B] [--heads H] [--kv-heads K] [--head-dim D]
 //                                      [--doc-len L] [--reps R] [--energy-seconds S] [--bwd-heads G]
 //                                      [--bwd-heads-sweep ROUNDS] [--fwd-early-ab ROUNDS] [--window W]
-//                                      [--sinks 0|1] [--scale X] [--fwd-sm90-hd64 0|1]
+//                                      [--sinks 0|1] [--scale X] [--fwd-sm90-hd64 0|1] [--v-dim DV]
+//                                      [--bwd-mla-slices-ab ROUNDS]
 // --energy-seconds S also runs the default forward and backward back to back for S seconds each: sustained TFLOP/s
 // and picojoules per FLOP from the GPU's energy counter (bench/sustained_run.h). --bwd-heads G forces the
 // sm90 backward's query heads per work item (0: its measured rule chooses; default: MIXTUNE_FLASH_BWD_HEADS,
@@ -30,6 +31,15 @@
 // forward runs unless MIXTUNE_FLASH_FWD_SM90_HD64=0 (forward_kernel says which ran):
 //   mixtune_bench_flash_attention --head-dim 64 --heads 64 --kv-heads 8 --seq 4096 --window 128 --sinks 1
 //       --scale 0.125 --fwd-sm90-hd64 1
+//
+// MLA (DeepSeek-V3: q, k 192 columns, v and out 128): --head-dim 192 --v-dim 128 (--v-dim 0: the head dim). FLOPs
+// per visible pair and head: forward 2·(D + Dv) (Q·Kᵀ over D, P·V over Dv; 4·D at equal dims), backward
+// 2·(3·D + 2·Dv) (S, dK, dQ over D; dP, dV over Dv; 2.5x the forward at equal dims). Where the Hopper forward runs
+// (a cc 9.0 GPU) forward_by_kernel times it against mma.sync (forced; Auto takes it only with
+// MIXTUNE_FLASH_FWD_SM90_MLA=1); --bwd-mla-slices-ab ROUNDS times the mma.sync backward in one column slice and in two
+// alternately (backward_by_mla_slices, medians). DeepSeek-V3's heads (128, all distinct KV heads) at seq 4096:
+//   mixtune_bench_flash_attention --head-dim 192 --v-dim 128 --heads 128 --kv-heads 128 --scale 0.1352
+//       --bwd-mla-slices-ab 3
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -69,8 +79,8 @@ Tensor random_bf16(const mt::Shape& s, uint64_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t S = 4096, B = 1, Hq = 32, Hk = 4, D = 128, doc_len = 0, window = 0;
-  int reps = 10, bwd_heads = -1, sweep_rounds = 0, fwd_ab_rounds = 0;
+  int64_t S = 4096, B = 1, Hq = 32, Hk = 4, D = 128, Dv = 0, doc_len = 0, window = 0;
+  int reps = 10, bwd_heads = -1, sweep_rounds = 0, fwd_ab_rounds = 0, mla_ab_rounds = 0;
   bool use_sinks = false, fwd_sm90_hd64 = false;
   float scale = 0.0f;
   double energy_seconds = 0;
@@ -92,6 +102,10 @@ int main(int argc, char** argv) {
       Hk = v;
     else if (s == "--head-dim")
       D = v;
+    else if (s == "--v-dim")
+      Dv = v;
+    else if (s == "--bwd-mla-slices-ab")
+      mla_ab_rounds = static_cast<int>(v);
     else if (s == "--doc-len")
       doc_len = v;
     else if (s == "--reps")
@@ -122,8 +136,9 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     const int64_t T = B * S;
-    Tensor q = random_bf16({T, Hq, D}, 1), k = random_bf16({T, Hk, D}, 2), v = random_bf16({T, Hk, D}, 3);
-    Tensor dout = random_bf16({T, Hq, D}, 4);
+    if (Dv <= 0) Dv = D;
+    Tensor q = random_bf16({T, Hq, D}, 1), k = random_bf16({T, Hk, D}, 2), v = random_bf16({T, Hk, Dv}, 3);
+    Tensor dout = random_bf16({T, Hq, Dv}, 4);
     Tensor doc;
     if (doc_len > 0) {
       Tensor h = Tensor::empty({B, S}, DType::I32);
@@ -143,6 +158,7 @@ int main(int argc, char** argv) {
     const double visible = visible_pairs(window), visible_causal = visible_pairs(0);
     mt::cuda::AttentionDocs docs = mt::cuda::attention_docs_from_ids(doc, B, S, 0, ctx.stream);
     mt::cuda::FlashAttentionShape fs{T, Hq, Hk, D};
+    fs.v_dim = Dv;
     fs.window = window;
     fs.scale = scale;
     Tensor sinks, dsinks;
@@ -157,6 +173,7 @@ int main(int argc, char** argv) {
     namespace det = mt::cuda::detail;
     det::FlashArgs fa;
     fa.T = static_cast<int>(T), fa.Hq = static_cast<int>(Hq), fa.Hk = static_cast<int>(Hk), fa.D = static_cast<int>(D);
+    fa.Dv = static_cast<int>(Dv);
     // What flash_attention.cpp makes of the shape: a window reaching past every row is none.
     fa.window = window < T ? static_cast<int>(window) : 0;
     fa.scale = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(D));
@@ -206,7 +223,10 @@ int main(int argc, char** argv) {
     const double bwd_ms = backward_ms(det::FlashBwdKernel::Auto);
     const double bwd_mma_ms = have_bwd_sm90 ? backward_ms(det::FlashBwdKernel::MmaSync) : bwd_ms;
     const double bwd_sm90_ms = have_bwd_sm90 ? backward_ms(det::FlashBwdKernel::Sm90) : 0.0;
-    const double fwd_flops = 4.0 * visible * D * Hq, bwd_flops = 2.5 * fwd_flops;
+    // Per visible pair and head: forward Q·Kᵀ (D) + P·V (Dv), backward S, dK, dQ (D) + dP, dV (Dv); 2 FLOPs a MAC.
+    const double fwd_per_pair = 2.0 * static_cast<double>(D + Dv);
+    const double bwd_per_pair = 2.0 * static_cast<double>(3 * D + 2 * Dv);
+    const double fwd_flops = fwd_per_pair * visible * Hq, bwd_flops = bwd_per_pair * visible * Hq;
     // The same shape without the window (the default kernels; sinks and scale kept), for the comparison.
     double causal_fwd_ms = 0, causal_bwd_ms = 0, causal_sm90_ms = 0, causal_mma_ms = 0;
     if (fs.window > 0) {
@@ -229,7 +249,23 @@ int main(int argc, char** argv) {
                                            mt::cuda::FlashBwdMode::fast, sinks, dsinks_out);
       }, /*warmup=*/2);
     }
-    const double causal_fwd_flops = 4.0 * visible_causal * D * Hq, causal_bwd_flops = 2.5 * causal_fwd_flops;
+    const double causal_fwd_flops = fwd_per_pair * visible_causal * Hq;
+    const double causal_bwd_flops = bwd_per_pair * visible_causal * Hq;
+    // MLA's backward in one column slice and in two, alternating; medians over the rounds.
+    std::vector<double> mla_ab[2];
+    if (Dv != D && mla_ab_rounds > 0) {
+      det::flash_bwd_kernel_set(det::FlashBwdKernel::MmaSync);
+      for (int r = 0; r < mla_ab_rounds; ++r)
+        for (int sl = 1; sl <= 2; ++sl) {
+          det::flash_bwd_mla_slices_set(sl);
+          mla_ab[sl - 1].push_back(time_ms(reps, ctx.stream, [&] {
+            mt::cuda::flash_attention_backward(fs, dout, q, k, v, out, lse, docs, dq, dk, dv, ctx.stream, nullptr,
+                                               mt::cuda::FlashBwdMode::fast, sinks, dsinks_out);
+          }, /*warmup=*/2));
+        }
+      det::flash_bwd_mla_slices_set(-1);
+      det::flash_bwd_kernel_set(det::FlashBwdKernel::Auto);
+    }
     // The sweep: every divisor G of the group, alternating within a round; medians over the rounds.
     std::vector<int> sweep_g;
     std::vector<std::vector<double>> sweep_ms;
@@ -258,13 +294,16 @@ int main(int argc, char** argv) {
     });
     const char* env = std::getenv("MIXTUNE_FLASH_FWD");
     const char* env64 = std::getenv("MIXTUNE_FLASH_FWD_SM90_HD64");
+    const char* env_mla = std::getenv("MIXTUNE_FLASH_FWD_SM90_MLA");
     const bool auto_sm90 = sm90_fwd_takes && (env == nullptr || std::string(env) != "mma") &&
-                           (D != 64 || !(env64 && std::string(env64) == "0"));
+                           (D != 64 || !(env64 && std::string(env64) == "0")) &&
+                           (Dv == D || (env_mla && std::string(env_mla) == "1"));
     const char* auto_kernel = auto_sm90 ? "sm90" : "mma";
     std::printf(
         "{\"bench\": \"flash_attention\", \"gpu\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"heads\": %lld, "
-        "\"kv_heads\": %lld, \"head_dim\": %lld, \"doc_len\": %lld,\n",
-        prop.name, (long long)B, (long long)S, (long long)Hq, (long long)Hk, (long long)D, (long long)doc_len);
+        "\"kv_heads\": %lld, \"head_dim\": %lld, \"v_dim\": %lld, \"doc_len\": %lld,\n",
+        prop.name, (long long)B, (long long)S, (long long)Hq, (long long)Hk, (long long)D, (long long)Dv,
+        (long long)doc_len);
     std::printf(" \"window\": %lld, \"sinks\": %s, \"scale\": %.6g, \"visible_pairs\": %.0f,\n", (long long)window,
                 use_sinks ? "true" : "false", fa.scale, visible);
     if (fs.window > 0)
@@ -303,6 +342,16 @@ int main(int argc, char** argv) {
         const double med = m[m.size() / 2];
         std::printf("%s\"%s\": {\"ms\": %.4f, \"tflops\": %.1f}", on ? ", " : "", on ? "early" : "late", med,
                     fwd_flops / med * 1e-9);
+      }
+      std::printf("},\n");
+    }
+    if (!mla_ab[0].empty()) {
+      std::printf(" \"backward_by_mla_slices\": {");
+      for (int sl = 0; sl < 2; ++sl) {
+        std::vector<double> m = mla_ab[sl];
+        std::sort(m.begin(), m.end());
+        const double med = m[m.size() / 2];
+        std::printf("%s\"%d\": {\"ms\": %.4f, \"tflops\": %.1f}", sl ? ", " : "", sl + 1, med, bwd_flops / med * 1e-9);
       }
       std::printf("},\n");
     }

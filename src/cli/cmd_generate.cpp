@@ -70,6 +70,7 @@ std::string chat_prompt(const GenerateArgs& a, const std::string& template_dir) 
   co.enable_thinking = !a.no_thinking;
   const std::string tmpl = chat_template_from_model_dir(template_dir);
   if (tmpl.empty()) return chat_render_qwen3(messages, co);
+  co = chat_options_for_template(tmpl, co);  // a template's own needs (DeepSeek-V3: its BOS, null contents)
   return chat_render(jinja_compile(tmpl, template_dir + " chat template"), messages, co);
 }
 

@@ -16,7 +16,8 @@ namespace fs = std::filesystem;
 constexpr size_t kMaxTemplateFileBytes = size_t{64} << 20;
 
 const std::vector<const ChatFormat*>& formats() {
-  static const std::vector<const ChatFormat*> all = {&chat_format_qwen3(), &chat_format_gpt_oss()};
+  static const std::vector<const ChatFormat*> all = {&chat_format_qwen3(), &chat_format_gpt_oss(),
+                                                      &chat_format_deepseek_v3()};
   return all;
 }
 
@@ -44,6 +45,11 @@ std::string chat_format_names() {
   std::string out;
   for (const ChatFormat* f : formats()) out += (out.empty() ? "" : ", ") + std::string(f->name);
   return out;
+}
+
+ChatOptions chat_options_for_template(std::string_view template_text, ChatOptions options) {
+  if (const ChatFormat* f = chat_format_of(template_text); f && f->prepare) f->prepare(options);
+  return options;
 }
 
 std::string chat_template_from_model_dir(const std::string& dir) {

@@ -22,14 +22,28 @@ struct ChatFormat {
   // template would render only in part (a message or tool call it drops).
   ChatRender (*render_spans)(const JinjaTemplate& tmpl, const std::vector<ChatMessage>& messages,
                              const ChatOptions& options) = nullptr;
+  // Sets on `options` what Transformers passes this layout's template besides the conversation, for a
+  // plain chat_render of it (render_spans does this itself); nullptr = nothing. DeepSeek-V3: the
+  // tokenizer's bos/eos/pad tokens (under template_kwargs, where the caller's own keys win, as kwargs do in
+  // apply_chat_template) and null contents passed as null.
+  void (*prepare)(ChatOptions& options) = nullptr;
 };
 
-const ChatFormat& chat_format_qwen3();    // chat_template_qwen3.cpp
-const ChatFormat& chat_format_gpt_oss();  // chat_template_gpt_oss.cpp
+const ChatFormat& chat_format_qwen3();        // chat_template_qwen3.cpp
+const ChatFormat& chat_format_gpt_oss();      // chat_template_gpt_oss.cpp
+const ChatFormat& chat_format_deepseek_v3();  // chat_template_deepseek_v3.cpp
+
+// DeepSeek-V3's chat template, verbatim from its tokenizer_config.json (2,145 characters); its layout
+// recognises this exact text only.
+std::string_view chat_template_deepseek_v3();
 
 // The layout whose cutter applies to `template_text`, or nullptr.
 const ChatFormat* chat_format_of(std::string_view template_text);
-std::string chat_format_names();  // "Qwen3 (ChatML), GPT-OSS (harmony)", for error messages
+std::string chat_format_names();  // "Qwen3 (ChatML), GPT-OSS (harmony), DeepSeek-V3", for error messages
+
+// `options` prepared for a plain chat_render with the template `template_text` (ChatFormat::prepare of
+// its layout; unchanged when it has none or mixtune knows no layout for it).
+ChatOptions chat_options_for_template(std::string_view template_text, ChatOptions options);
 
 // A checkpoint's chat template, as Transformers loads it: <dir>/chat_template.jinja, else
 // tokenizer_config.json's "chat_template" (a string, or the entry named "default" of a list of

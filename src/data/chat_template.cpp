@@ -64,6 +64,8 @@ void check_messages(const std::vector<ChatMessage>& messages, const ChatOptions&
     if (!role_valid(m.role))
       fail("{}.role: unknown role {} (valid: {})", f, json_quote_short(m.role), kRoleList);
     check_utf8(m.content, f + ".content");
+    if (m.content_null && (m.role != "assistant" || m.tool_calls.empty() || !m.content.empty()))
+      fail("{}.content: null only on an assistant message with tool calls, and then without text", f);
     if (m.reasoning_content) check_utf8(*m.reasoning_content, f + ".reasoning_content");
     if (m.thinking) check_utf8(*m.thinking, f + ".thinking");
     if (!m.tool_calls.empty() && m.role != "assistant")
@@ -109,6 +111,7 @@ std::vector<ChatMessage> chat_messages_from_json(const ojson& messages, std::str
     if (!j.contains("content") || j["content"].is_null()) {
       // NOTE: HF's Qwen3 template fails on a null content; OpenAI writes null next to tool calls.
       if (!content_optional) fail("{}.content: missing (only an assistant message with tool calls may omit it)", at(what, f));
+      m.content_null = true;
     } else if (j["content"].is_array()) {
       fail("{}.content: expected a string, found array (content parts are not supported)", at(what, f));
     } else {
@@ -143,10 +146,10 @@ ojson chat_template_kwargs_from_json(const ojson& kwargs, std::string_view what)
   return kwargs;
 }
 
-ojson chat_messages_to_json(const std::vector<ChatMessage>& messages) {
+ojson chat_messages_to_json(const std::vector<ChatMessage>& messages, bool null_content) {
   ojson out = ojson::array();
   for (const ChatMessage& m : messages) {
-    ojson j = {{"role", m.role}, {"content", m.content}};
+    ojson j = {{"role", m.role}, {"content", m.content_null && null_content ? ojson() : ojson(m.content)}};
     if (m.reasoning_content) j["reasoning_content"] = *m.reasoning_content;
     if (m.thinking) j["thinking"] = *m.thinking;
     if (!m.tool_calls.empty()) {
@@ -163,7 +166,7 @@ ojson chat_messages_to_json(const std::vector<ChatMessage>& messages) {
 std::string chat_render(const JinjaTemplate& tmpl, const std::vector<ChatMessage>& messages, const ChatOptions& options) {
   check_messages(messages, options);
   ojson vars = ojson::object();
-  vars["messages"] = chat_messages_to_json(messages);
+  vars["messages"] = chat_messages_to_json(messages, options.null_content);
   vars["tools"] = options.tools;
   vars["add_generation_prompt"] = options.add_generation_prompt;
   vars["enable_thinking"] = options.enable_thinking;

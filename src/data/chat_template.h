@@ -33,6 +33,9 @@ struct ChatToolCall {
 struct ChatMessage {
   std::string role;  // system, developer, user, assistant, tool
   std::string content;
+  // The content was JSON null or absent (an assistant message with tool calls only; `content` is then "").
+  // Templates see "" unless ChatOptions::null_content asks for null.
+  bool content_null = false;
   // Absent (nullopt) and "" differ in the template: when set, even to "", it replaces the
   // <think>...</think> block parsed out of `content`. Qwen3's key.
   std::optional<std::string> reasoning_content;
@@ -50,6 +53,10 @@ struct ChatOptions {
   nlohmann::ordered_json template_kwargs;
   // strftime_now's clock (JinjaEnv::now): unset = the local time now, as Transformers.
   std::optional<int64_t> now;
+  // Pass a null content (ChatMessage::content_null) to the template as null, as OpenAI clients and
+  // Transformers do, instead of "". Off by default: the Qwen3 and GPT-OSS templates fail on a null
+  // content under jinja2; DeepSeek-V3's renders tool calls only for a null one (its layout sets this).
+  bool null_content = false;
 };
 
 // Byte offsets [begin, end) into the rendered text.
@@ -63,7 +70,7 @@ struct ChatRender {
 // OpenAI-format messages: [{"role", "content", "reasoning_content"?, "thinking"?, "tool_calls"?:
 // [{"type": "function", "function": {"name", "arguments"}}]}]. A flat call {"name", "arguments"} is
 // accepted too (the templates read either). content may be null or missing only on an assistant
-// message with tool calls (read as ""); a null reasoning_content or thinking is absent. Other keys
+// message with tool calls (read as "", content_null set); a null reasoning_content or thinking is absent. Other keys
 // (name, tool_call_id, ...) are ignored, as the templates ignore them. Errors are one line:
 // "<what>: messages[2].role: unknown role 'foo' (valid: ...)".
 std::vector<ChatMessage> chat_messages_from_json(const nlohmann::ordered_json& messages, std::string_view what);
@@ -75,8 +82,9 @@ nlohmann::ordered_json chat_tools_from_json(const nlohmann::ordered_json& tools,
 // add_generation_prompt, enable_thinking); errors name "<what>: chat_template_kwargs.<key>".
 nlohmann::ordered_json chat_template_kwargs_from_json(const nlohmann::ordered_json& kwargs, std::string_view what);
 
-// The messages as the template sees them (OpenAI-format dicts).
-nlohmann::ordered_json chat_messages_to_json(const std::vector<ChatMessage>& messages);
+// The messages as the template sees them (OpenAI-format dicts); a content_null content is written as
+// null when `null_content`, else as "".
+nlohmann::ordered_json chat_messages_to_json(const std::vector<ChatMessage>& messages, bool null_content = false);
 
 // Renders with any HF chat template: variables messages, tools, add_generation_prompt,
 // enable_thinking and template_kwargs; strftime_now reads options.now. Checks the messages first

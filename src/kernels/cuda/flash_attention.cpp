@@ -24,12 +24,20 @@ void check_flat(const Tensor& t, const char* what, DType dt, int64_t numel, Devi
 
 float default_scale(int64_t head_dim) { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
 
+int64_t value_dim(const FlashAttentionShape& s) { return s.v_dim > 0 ? s.v_dim : s.head_dim; }
+
 detail::FlashArgs check_args(const FlashAttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
                              const AttentionDocs& docs, const Tensor& sinks) {
   MT_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0, "flash attention heads {} / kv_heads {}",
            s.heads, s.kv_heads);
-  MT_CHECK(flash_attention_head_dim_supported(s.head_dim), "flash attention head_dim {} ({})", s.head_dim,
-           flash_attention_head_dims());
+  MT_CHECK(s.v_dim >= 0, "flash attention v_dim {} (0: head_dim)", s.v_dim);
+  const int64_t dv = value_dim(s);
+  if (dv == s.head_dim)
+    MT_CHECK(flash_attention_head_dim_supported(s.head_dim), "flash attention head_dim {} ({})", s.head_dim,
+             flash_attention_head_dims());
+  else
+    MT_CHECK(flash_attention_dims_supported(s.head_dim, dv), "flash attention head_dim {} with v_dim {} ({})",
+             s.head_dim, dv, flash_attention_mla_dims());
   MT_CHECK(s.tokens >= 0 && s.tokens * s.heads < (int64_t{1} << 31) && s.heads <= 65535,
            "flash attention: {} tokens x {} heads", s.tokens, s.heads);
   MT_CHECK(s.window >= 0, "flash attention window {} (0: none)", s.window);
@@ -38,7 +46,7 @@ detail::FlashArgs check_args(const FlashAttentionShape& s, const Tensor& q, cons
   const Device dev = q.device();
   check_flat(q, "flash attention q", DType::BF16, s.tokens * s.heads * s.head_dim, dev);
   check_flat(k, "flash attention k", DType::BF16, s.tokens * s.kv_heads * s.head_dim, dev);
-  check_flat(v, "flash attention v", DType::BF16, s.tokens * s.kv_heads * s.head_dim, dev);
+  check_flat(v, "flash attention v", DType::BF16, s.tokens * s.kv_heads * dv, dev);
   check_flat(docs.start, "attention doc start", DType::I32, s.tokens, dev);
   check_flat(docs.end, "attention doc end", DType::I32, s.tokens, dev);
   detail::FlashArgs a;
@@ -46,6 +54,7 @@ detail::FlashArgs check_args(const FlashAttentionShape& s, const Tensor& q, cons
   a.Hq = static_cast<int>(s.heads);
   a.Hk = static_cast<int>(s.kv_heads);
   a.D = static_cast<int>(s.head_dim);
+  a.Dv = static_cast<int>(dv);
   // A window that reaches past the first token of every row (window >= T) masks nothing: none.
   a.window = s.window < s.tokens ? static_cast<int>(s.window) : 0;
   a.scale = s.scale > 0.0f ? s.scale : default_scale(s.head_dim);
@@ -80,6 +89,16 @@ bool sm90_forward_hd64_opted_in() {
   return on;
 }
 
+// MLA's D 192 / Dv 128 sm90 forward was written without a GPU: Auto takes it only with
+// MIXTUNE_FLASH_FWD_SM90_MLA=1 (read once) until its tests have passed on an H100 (NOTES.md, flash attention).
+bool sm90_forward_mla_opted_in() {
+  static const bool on = [] {
+    const char* e = std::getenv("MIXTUNE_FLASH_FWD_SM90_MLA");
+    return e && std::string(e) == "1";
+  }();
+  return on;
+}
+
 // Whether the forward runs the sm90 kernel (flash_fwd_kernel_get, then the environment).
 bool use_sm90_forward(const detail::FlashArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
                       const Tensor& out) {
@@ -88,17 +107,18 @@ bool use_sm90_forward(const detail::FlashArgs& a, const Tensor& q, const Tensor&
   const bool aligned = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out);
   if (kind == detail::FlashFwdKernel::Sm90) {
     MT_CHECK(detail::flash_fwd_sm90_takes_args(a),
-             "flash attention forward: the head_dim 128 sm90 kernel has no sliding window, sinks or softmax scale "
-             "other than head_dim^-1/2 (window {}, sinks {}, scale {}); select the mma.sync kernel",
-             a.window, a.sinks ? "given" : "none", a.scale);
+             "flash attention forward: the sm90 kernel has no sliding window, sinks or (at head_dim 128) softmax "
+             "scale other than head_dim^-1/2 (head_dim {}, window {}, sinks {}, scale {}); select the mma.sync kernel",
+             a.D, a.window, a.sinks ? "given" : "none", a.scale);
     MT_CHECK(detail::flash_fwd_sm90_supported(a),
-             "flash attention forward: the sm90 kernel needs head_dim 128 or 64 (got {}), a cc 9.0 GPU and an "
-             "sm_90a build",
-             a.D);
+             "flash attention forward: the sm90 kernel needs head_dim 128 or 64, or 192 with v_dim 128 (got {} / {}), "
+             "a cc 9.0 GPU and an sm_90a build",
+             a.D, a.Dv);
     MT_CHECK(aligned, "flash attention forward: the sm90 kernel needs 16-byte aligned q, k, v and out");
     return true;
   }
   return sm90_forward_allowed() && aligned && (a.D != 64 || sm90_forward_hd64_opted_in()) &&
+         (a.Dv == a.D || sm90_forward_mla_opted_in()) &&
          detail::flash_fwd_sm90_takes_args(a) && detail::flash_fwd_sm90_supported(a);
 }
 
@@ -123,13 +143,25 @@ bool use_sm90_backward(const detail::FlashArgs& a, const Tensor& dout, const Ten
              "head_dim^-1/2 (window {}, sinks {}, scale {}); select the mma.sync kernel",
              a.window, a.sinks || a.dsinks ? "given" : "none", a.scale);
     MT_CHECK(detail::flash_bwd_sm90_supported(a),
-             "flash attention backward: the sm90 kernel needs head_dim 128 (got {}), a cc 9.0 GPU and an sm_90a "
-             "build",
-             a.D);
+             "flash attention backward: the sm90 kernel needs head_dim and v_dim 128 (got {} / {}), a cc 9.0 GPU "
+             "and an sm_90a build",
+             a.D, a.Dv);
     MT_CHECK(aligned, "flash attention backward: the sm90 kernel needs 16-byte aligned dout, q, k and v");
     return true;
   }
   return sm90_backward_allowed() && aligned && detail::flash_args_plain(a) && detail::flash_bwd_sm90_supported(a);
+}
+
+// out's shape: q's (head_dim == v_dim), q's with the last dim v_dim where that is head_dim, else [T, heads, Dv].
+Shape out_shape(const FlashAttentionShape& s, const Tensor& q) {
+  const int64_t vdim = value_dim(s);
+  if (vdim == s.head_dim) return q.shape();
+  if (q.ndim() >= 1 && q.dim(-1) == s.head_dim) {
+    Shape sh = q.shape();
+    sh.back() = vdim;
+    return sh;
+  }
+  return {s.tokens, s.heads, vdim};
 }
 
 void ensure(Tensor& t, const Tensor& like, const char* what) {
@@ -169,7 +201,10 @@ void flash_attention_forward(const FlashAttentionShape& s, const Tensor& q, cons
                              const AttentionDocs& docs, Tensor& out, Tensor& lse, cudaStream_t stream,
                              const Tensor& sinks) {
   const detail::FlashArgs a = check_args(s, q, k, v, docs, sinks);
-  ensure(out, q, "flash attention out");
+  if (!out.defined())
+    out = Tensor::empty(out_shape(s, q), DType::BF16, q.device());
+  else
+    check_flat(out, "flash attention out", DType::BF16, s.tokens * s.heads * a.Dv, q.device());
   if (!lse.defined())
     lse = Tensor::empty({s.heads, s.tokens}, DType::F32, q.device());
   else
@@ -191,8 +226,9 @@ void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, 
     check_flat(*dsinks, "flash attention dsinks", DType::F32, s.heads, q.device());
     a.dsinks = dsinks->data_as<float>();
   }
-  check_flat(dout, "flash attention dout", DType::BF16, q.numel(), q.device());
-  check_flat(out, "flash attention out", DType::BF16, q.numel(), q.device());
+  const int64_t out_numel = s.tokens * s.heads * a.Dv;
+  check_flat(dout, "flash attention dout", DType::BF16, out_numel, q.device());
+  check_flat(out, "flash attention out", DType::BF16, out_numel, q.device());
   check_flat(lse, "flash attention lse", DType::F32, s.heads * s.tokens, q.device());
   const bool det = mode == FlashBwdMode::deterministic;
   const bool sm90 = !det && use_sm90_backward(a, dout, q, k, v);
@@ -207,10 +243,10 @@ void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, 
   MT_CHECK(reinterpret_cast<uintptr_t>(dk.data()) % 8 == 0 && reinterpret_cast<uintptr_t>(dv.data()) % 8 == 0,
            "flash attention backward: dk and dv must be 8-byte aligned");
   Tensor dq_acc = Tensor::empty({q.numel()}, DType::F32, q.device());
-  // The deterministic backward keeps each query head's dK, dV apart until the group sum: [T][Hq][D].
-  const int64_t kv_acc = det ? q.numel() : k.numel();
-  Tensor dk_acc = Tensor::empty({kv_acc}, DType::F32, q.device());
-  Tensor dv_acc = Tensor::empty({kv_acc}, DType::F32, q.device());
+  // The deterministic backward keeps each query head's dK, dV apart until the group sum: [T][Hq][D], [T][Hq][Dv].
+  const int64_t k_acc = det ? q.numel() : k.numel(), v_acc = det ? out_numel : v.numel();
+  Tensor dk_acc = Tensor::empty({k_acc}, DType::F32, q.device());
+  Tensor dv_acc = Tensor::empty({v_acc}, DType::F32, q.device());
   Tensor delta = Tensor::empty({s.heads * s.tokens + 1}, DType::F32, q.device());  // + the sm90 item counter
   if (sums_out) *dq_sums = {dq_acc, a.scale, s.tokens, s.heads};
   if (s.tokens == 0) return;

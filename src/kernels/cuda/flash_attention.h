@@ -5,8 +5,9 @@
 // Tokens are one packed sequence of T = B·S rows (batch rows concatenated): token t attends to keys
 // [doc_start[t], t], and with a sliding window W only to keys j > t − W (Transformers' sliding mask, GPT-OSS's
 // even layers). Documents are contiguous runs (as packing makes them); a batch row boundary is always a
-// document boundary. Head dims 16, 32, 64, 128 and 256; heads % kv_heads == 0 (query head h reads KV head
-// h / (heads / kv_heads), as repeat_kv does). Every call is asynchronous on `stream`.
+// document boundary. Head dims 16, 32, 64, 128 and 256 for q, k and v alike, or MLA's (DeepSeek-V3) 192 for q
+// and k with 128 for v and the output (FlashAttentionShape::v_dim); heads % kv_heads == 0 (query head h reads
+// KV head h / (heads / kv_heads), as repeat_kv does). Every call is asynchronous on `stream`.
 //
 // Sinks (GPT-OSS, hf-numerics.md §4.2): a learned logit per query head joins each row's softmax as one more
 // column with a zero value vector. It is on the scale of the scores (not multiplied by the softmax scale); lse
@@ -14,7 +15,9 @@
 //
 // Kernels: head_dim 128 on a cc 9.0 GPU runs the Hopper (TMA + wgmma) forward and backward by default; they
 // have no window, sinks or softmax scale other than head_dim^-1/2, so calls with any of those run the mma.sync
-// kernels (a window of at least `tokens` is no window, and takes the Hopper path).
+// kernels (a window of at least `tokens` is no window, and takes the Hopper path). MLA's 192 / 128 runs the
+// mma.sync kernels; its Hopper forward runs only where asked for (MIXTUNE_FLASH_FWD_SM90_MLA=1, or
+// detail::flash_fwd_kernel_set), until it has been measured on a GPU.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -36,15 +39,17 @@ AttentionDocs attention_docs_from_ids(const Tensor& doc, int64_t batch, int64_t 
 AttentionDocs attention_docs_from_cu_seqlens(const Tensor& cu_seqlens, int64_t tokens, cudaStream_t stream);
 
 struct FlashAttentionShape {
-  int64_t tokens = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t tokens = 0, heads = 0, kv_heads = 0, head_dim = 0;  // head_dim: of q and k
+  int64_t v_dim = 0;    // head size of v, out, dout and dv; 0: head_dim (MLA: 128 against head_dim 192)
   int64_t window = 0;   // > 0: query t sees keys j > t − window only; 0: full causal
   float scale = 0.0f;   // softmax scale on q·k; 0: head_dim^-1/2
 };
 
-// q BF16 [T, heads, D] (any shape with that many elements, e.g. [B, S, heads, D]), k, v BF16
-// [T, kv_heads, D] -> out BF16 like q, lse F32 [heads, T] (natural log; includes the sink). Undefined
-// outputs are allocated here; defined ones are checked and overwritten. sinks: F32 [heads] on the device, or
-// undefined (no sink column).
+// q BF16 [T, heads, D] (any shape with that many elements, e.g. [B, S, heads, D]), k BF16 [T, kv_heads, D],
+// v BF16 [T, kv_heads, Dv] (D = head_dim, Dv = v_dim or D) -> out BF16 [.., heads, Dv] (q's shape with the last
+// dim Dv; allocated as [T, heads, Dv] where q's last dim is not D), lse F32 [heads, T] (natural log; includes the
+// sink). Undefined outputs are allocated here; defined ones are checked (element count) and overwritten. sinks:
+// F32 [heads] on the device, or undefined (no sink column).
 void flash_attention_forward(const FlashAttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
                              const AttentionDocs& docs, Tensor& out, Tensor& lse, cudaStream_t stream,
                              const Tensor& sinks = Tensor());
@@ -62,8 +67,8 @@ struct FlashDqSums {
 // S and dP computed twice, and dK/dV workspace for every query head), bitwise the same run to run.
 enum class FlashBwdMode { fast, deterministic };
 
-// dout like out -> dq like q, dk/dv like k (BF16; allocated here when undefined). fp32 accumulation in
-// device workspace (see FlashBwdMode for run-to-run reproducibility).
+// dout like out ([T, heads, Dv]) -> dq like q, dk like k, dv like v (BF16; allocated here when undefined). fp32
+// accumulation in device workspace (see FlashBwdMode for run-to-run reproducibility).
 // dq_sums: where the Hopper kernel runs, it receives the dQ sums and dq is left untouched (not allocated);
 // elsewhere (the mma.sync kernels: any window, sinks or non-default scale) dq is made as usual and
 // dq_sums->acc stays undefined.

@@ -584,15 +584,16 @@ int flash_bwd_sm90_heads_per_item(int T, int Hq, int Hk, int sms) {
 
 bool flash_bwd_sm90_supported(const FlashArgs& a) {
   // TMA coordinates and the item count are int32 (T·H < 2^31 is checked by the caller).
-  return a.D == kD && a.Hk > 0 && a.Hq % a.Hk == 0 && sm90::device_runs_sm90a<flash_bwd_sm90_kernel>();
+  return a.D == kD && flash_value_dim(a) == kD && a.Hk > 0 && a.Hq % a.Hk == 0 &&
+         sm90::device_runs_sm90a<flash_bwd_sm90_kernel>();
 }
 
 void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
                            const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc,
                            float* dk_acc, float* dv_acc, float* delta, cudaStream_t stream) {
   if (a.T == 0) return;  // a tensor map needs non-empty dimensions
-  MT_CUDA_REQUIRE(flash_bwd_sm90_supported(a), "flash attention backward (sm90): needs head_dim 128 (got " +
-                                                   std::to_string(a.D) +
+  MT_CUDA_REQUIRE(flash_bwd_sm90_supported(a), "flash attention backward (sm90): needs head_dim and v_dim 128 (got " +
+                                                   std::to_string(a.D) + " / " + std::to_string(flash_value_dim(a)) +
                                                    "), a cc 9.0 GPU and a build with 90a in CMAKE_CUDA_ARCHITECTURES");
   MT_CUDA_REQUIRE(flash_args_plain(a),
                   "flash attention backward (sm90): no sliding window, sinks or softmax scale other than "

@@ -20,6 +20,8 @@
 // running max, sum and O bitwise as they are), and the per-element mask runs only in tiles that not every
 // row of the warp sees entirely. Sinks: the running max starts at the sink's logit and the sink's exp joins
 // the row sum at the end, so lse includes it and the weights sum to 1 − p_sink.
+// DQK: head size of q and k (Q and K tiles, Q·Kᵀ k-steps); DV: of v and out (V tiles, the O accumulator). Equal
+// except MLA's 192 / 128, whose output rows are staged in the first 16·DV·2 bytes of the warp's Q rows.
 
 namespace mt::cuda {
 
@@ -30,17 +32,19 @@ using mma::bf16;
 
 using flash::load_rows;
 
-template <int D>
-__global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)
+template <int DQK, int DV>
+__global__ void __launch_bounds__(FwdCfg<DQK, DV>::WARPS * 32, FwdCfg<DQK, DV>::MIN_BLOCKS)
     flash_fwd_kernel(detail::FlashArgs a, const bf16* __restrict__ q, const bf16* __restrict__ k,
                      const bf16* __restrict__ v, bf16* __restrict__ out, float* __restrict__ lse) {
   pdl_wait();
-  constexpr int BM = FwdCfg<D>::BM, BN = FwdCfg<D>::BN, THREADS = FwdCfg<D>::WARPS * 32;
-  constexpr int CH = D / 8, NO = D / 8, NS = BN / 8;
+  using Cfg = FwdCfg<DQK, DV>;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, THREADS = Cfg::WARPS * 32;
+  constexpr int CH = DQK / 8, CHV = DV / 8, NO = DV / 8, NS = BN / 8;
+  constexpr int K_TILE = BN * DQK * 2, V_TILE = BN * DV * 2;  // bytes of one K, one V buffer
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sQ = mma::smem_u32(smem);
-  const uint32_t sK0 = sQ + BM * D * 2;  // two K buffers, then two V buffers
-  const uint32_t sV0 = sK0 + 2 * BN * D * 2;
+  const uint32_t sK0 = sQ + BM * DQK * 2;  // two K buffers, then two V buffers
+  const uint32_t sV0 = sK0 + 2 * K_TILE;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, qd = lane & 3, mi_ = lane >> 3;
   const int h = blockIdx.x, hk = h / (a.Hq / a.Hk);
   const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest key ranges first
@@ -49,9 +53,9 @@ __global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)
   const int kv_lo = flash::first_key(a, q0);
   const int ntiles = (q_last - kv_lo + BN) / BN;
 
-  load_rows<BM, D, THREADS>(sQ, q, q0, T, a.Hq, h);
-  load_rows<BN, D, THREADS>(sK0, k, kv_lo, T, a.Hk, hk);
-  load_rows<BN, D, THREADS>(sV0, v, kv_lo, T, a.Hk, hk);
+  load_rows<BM, DQK, THREADS>(sQ, q, q0, T, a.Hq, h);
+  load_rows<BN, DQK, THREADS>(sK0, k, kv_lo, T, a.Hk, hk);
+  load_rows<BN, DV, THREADS>(sV0, v, kv_lo, T, a.Hk, hk);
   mma::cp_async_commit();
 
   const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
@@ -73,12 +77,12 @@ __global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)
 
   for (int jt = 0; jt < ntiles; ++jt) {
     const int k0 = kv_lo + jt * BN;
-    const uint32_t sK = sK0 + (jt & 1) * BN * D * 2, sV = sV0 + (jt & 1) * BN * D * 2;
+    const uint32_t sK = sK0 + (jt & 1) * K_TILE, sV = sV0 + (jt & 1) * V_TILE;
     mma::cp_async_wait<0>();
     __syncthreads();  // this tile landed, and every warp is done with the other buffer
     if (jt + 1 < ntiles) {
-      load_rows<BN, D, THREADS>(sK0 + ((jt + 1) & 1) * BN * D * 2, k, k0 + BN, T, a.Hk, hk);
-      load_rows<BN, D, THREADS>(sV0 + ((jt + 1) & 1) * BN * D * 2, v, k0 + BN, T, a.Hk, hk);
+      load_rows<BN, DQK, THREADS>(sK0 + ((jt + 1) & 1) * K_TILE, k, k0 + BN, T, a.Hk, hk);
+      load_rows<BN, DV, THREADS>(sV0 + ((jt + 1) & 1) * V_TILE, v, k0 + BN, T, a.Hk, hk);
     }
     mma::cp_async_commit();
     if (k0 > w_last || k0 + BN - 1 < w_lo_min) continue;  // no row of this warp sees a key of the tile
@@ -88,7 +92,7 @@ __global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)
 #pragma unroll
     for (int j = 0; j < NS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < DQK / 16; ++kk) {
       uint32_t af[4];
       mma::ldmatrix_x4(af, sQ + flash::tile_offset<CH>(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
 #pragma unroll
@@ -148,17 +152,19 @@ __global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)
       pa[2] = mma::pack_bf16(s[2 * t + 1][0], s[2 * t + 1][1]);
       pa[3] = mma::pack_bf16(s[2 * t + 1][2], s[2 * t + 1][3]);
 #pragma unroll
-      for (int pr = 0; pr < D / 16; ++pr) {
+      for (int pr = 0; pr < DV / 16; ++pr) {
         uint32_t b[4];
         const int vrow = 16 * t + (mi_ & 1) * 8 + (lane & 7);
-        mma::ldmatrix_x4_trans(b, sV + flash::tile_offset<CH>(vrow, 16 * pr + (mi_ >> 1) * 8));
+        mma::ldmatrix_x4_trans(b, sV + flash::tile_offset<CHV>(vrow, 16 * pr + (mi_ >> 1) * 8));
         mma::mma_16816(o[2 * pr], pa, b[0], b[1]);
         mma::mma_16816(o[2 * pr + 1], pa, b[2], b[3]);
       }
     }
   }
 
-  // Finish: full row sums across the quad, normalise, stage the warp's rows in its own part of sQ.
+  // Finish: full row sums across the quad, normalise, stage the warp's rows in its own part of sQ (16 rows of DV
+  // columns in the tile layout of CHV chunks from the start of its 16·DQK·2 bytes: at DV == DQK exactly where
+  // the rows were).
 #pragma unroll
   for (int o_ = 1; o_ < 4; o_ <<= 1) {
     l0 += __shfl_xor_sync(0xffffffffu, l0, o_);
@@ -166,14 +172,18 @@ __global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)
   }
   if (a.sinks) l0 += exp2f(sink2 - m0), l1 += exp2f(sink2 - m1);  // m >= sink2 (finite): the sink's column
   const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-  unsigned char* sq_bytes = smem;
+  // Where block row r (one of the warp's 16), column col is staged: the Q tile's own place for it at DV == DQK.
+  auto stage_at = [&](int r, int col) -> unsigned char* {
+    if constexpr (DV == DQK)
+      return smem + flash::tile_offset<CH>(r, col);
+    else
+      return smem + warp * 16 * DQK * 2 + flash::tile_offset<CHV>(r - warp * 16, col);
+  };
 #pragma unroll
   for (int j = 0; j < NO; ++j) {
     const int col = 8 * j + 2 * qd;
-    *reinterpret_cast<uint32_t*>(sq_bytes + flash::tile_offset<CH>(warp * 16 + g, col)) =
-        mma::pack_bf16(o[j][0] * inv0, o[j][1] * inv0);
-    *reinterpret_cast<uint32_t*>(sq_bytes + flash::tile_offset<CH>(warp * 16 + g + 8, col)) =
-        mma::pack_bf16(o[j][2] * inv1, o[j][3] * inv1);
+    *reinterpret_cast<uint32_t*>(stage_at(warp * 16 + g, col)) = mma::pack_bf16(o[j][0] * inv0, o[j][1] * inv0);
+    *reinterpret_cast<uint32_t*>(stage_at(warp * 16 + g + 8, col)) = mma::pack_bf16(o[j][2] * inv1, o[j][3] * inv1);
   }
   if (qd == 0) {
     constexpr float kLn2 = 0.6931471805599453f;
@@ -181,26 +191,26 @@ __global__ void __launch_bounds__(FwdCfg<D>::WARPS * 32, FwdCfg<D>::MIN_BLOCKS)
     if (r1 < T) lse[static_cast<int64_t>(h) * T + r1] = l1 > 0.0f ? (m1 + log2f(l1)) * kLn2 : -INFINITY;
   }
   __syncwarp();
-  static_assert(16 * CH % 32 == 0, "output rows split over the lanes");
+  static_assert(16 * CHV % 32 == 0, "output rows split over the lanes");
 #pragma unroll
-  for (int it = 0; it < 16 * CH / 32; ++it) {
+  for (int it = 0; it < 16 * CHV / 32; ++it) {
     const int idx = it * 32 + lane;
-    const int i = warp * 16 + idx / CH, c = idx % CH, t = q0 + i;
+    const int i = warp * 16 + idx / CHV, c = idx % CHV, t = q0 + i;
     if (t < T)
-      *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(t) * a.Hq + h) * D + c * 8) =
-          *reinterpret_cast<const uint4*>(sq_bytes + flash::tile_offset<CH>(i, c * 8));
+      *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(t) * a.Hq + h) * DV + c * 8) =
+          *reinterpret_cast<const uint4*>(stage_at(i, c * 8));
   }
 }
 
-template <int D>
+template <int DQK, int DV = DQK>
 void fwd_launch_d(const detail::FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
                   cudaStream_t stream) {
-  constexpr int smem = flash::fwd_smem_bytes<D>();
-  flash::require_smem(smem, D, "forward");
-  auto kern = flash_fwd_kernel<D>;
+  constexpr int smem = flash::fwd_smem_bytes<DQK, DV>();
+  flash::require_smem(smem, DQK, "forward");
+  auto kern = flash_fwd_kernel<DQK, DV>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid(a.Hq, (a.T + FwdCfg<D>::BM - 1) / FwdCfg<D>::BM);
-  launch_kernel(kern, grid, FwdCfg<D>::WARPS * 32, smem, stream, a, static_cast<const bf16*>(q),
+  const dim3 grid(a.Hq, (a.T + FwdCfg<DQK, DV>::BM - 1) / FwdCfg<DQK, DV>::BM);
+  launch_kernel(kern, grid, FwdCfg<DQK, DV>::WARPS * 32, smem, stream, a, static_cast<const bf16*>(q),
       static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<bf16*>(out), lse);
 }
 
@@ -211,6 +221,12 @@ namespace detail {
 void flash_fwd_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
                       cudaStream_t stream) {
   if (a.T == 0) return;
+  if (flash_value_dim(a) != a.D) {
+    MT_CUDA_REQUIRE(a.D == 192 && flash_value_dim(a) == 128,
+                    "flash attention forward: head_dim " + std::to_string(a.D) + " with v_dim " +
+                        std::to_string(flash_value_dim(a)) + " (supported: 192 with 128)");
+    return fwd_launch_d<192, 128>(a, q, k, v, out, lse, stream);
+  }
   switch (a.D) {
     case 16: return fwd_launch_d<16>(a, q, k, v, out, lse, stream);
     case 32: return fwd_launch_d<32>(a, q, k, v, out, lse, stream);

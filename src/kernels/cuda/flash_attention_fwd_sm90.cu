@@ -44,6 +44,12 @@
 // it). A key tile that no row of a consumer warpgroup sees is computed masked (all -inf): it leaves m, l and
 // O exactly as they are (alpha 1 or, with no key seen yet, 0 on zeros; P = 0), so the results are those of a
 // skip. The head_dim 128 instantiation keeps the plain path (doc_start bounds, no sink): its code is unchanged.
+//
+// MLA (DeepSeek-V3: q and k 192 columns, v and out 128) is the same kernel with three boxes per Q and K row and two
+// per V row: Q·Kᵀ is 12 k-steps of m64n128k16, O += P·V as at head_dim 128 (O 64 registers); 208 KiB of tiles
+// (Q 48 + 2 x (K 48 + V 32)), 211 KiB with the barriers, anchor and alignment slack. Plain path with any softmax
+// scale (MLA's yarn scale), no window or sinks. Written without a GPU: Auto takes it only with
+// MIXTUNE_FLASH_FWD_SM90_MLA=1 (flash_attention.cpp).
 
 namespace mt::cuda {
 
@@ -63,21 +69,26 @@ constexpr int kBoxBytes = 128 * 128;         // one [128 rows][64 columns] box: 
 constexpr int kNumBars = 1 + 4 * kStages;    // q_full, k_full[], v_full[], k_empty[], v_empty[]
 static_assert(kBM == kBN, "the visible-tile test and the tile count assume square tiles");
 
-// Shared-memory layout per head_dim D: a tile is [128 rows][D columns] stored as D / 64 boxes.
-template <int D>
+// Shared-memory layout per head size: a Q or K tile is [128 rows][DQK columns] stored as DQK / 64 boxes, a V tile
+// [128 rows][DV columns] as DV / 64 boxes (DQK = DV except MLA's 192 / 128).
+template <int DQK, int DV = DQK>
 struct Layout {
-  static_assert(D == 64 || D == 128, "the sm90 forward is built for head_dim 64 and 128");
-  static constexpr int kBoxes = D / 64;
-  static constexpr int kTileBytes = kBoxes * kBoxBytes;  // 32 KiB (D = 128), 16 KiB (D = 64)
+  static_assert(((DQK == 64 || DQK == 128) && DV == DQK) || (DQK == 192 && DV == 128),
+                "the sm90 forward is built for head_dim 64 and 128, and 192 with 128-column values");
+  static constexpr int kQKBoxes = DQK / 64, kVBoxes = DV / 64;
+  static constexpr int kQKTileBytes = kQKBoxes * kBoxBytes;  // 32 KiB (128), 16 KiB (64), 48 KiB (192)
+  static constexpr int kVTileBytes = kVBoxes * kBoxBytes;
   static constexpr int kQOff = 0;
-  static constexpr int kKOff = kQOff + kTileBytes;
-  static constexpr int kVOff = kKOff + kStages * kTileBytes;
-  static constexpr int kBarOff = kVOff + kStages * kTileBytes;
+  static constexpr int kKOff = kQOff + kQKTileBytes;
+  static constexpr int kVOff = kKOff + kStages * kQKTileBytes;
+  static constexpr int kBarOff = kVOff + kStages * kVTileBytes;
   static constexpr int kAnchorOff = kBarOff + kNumBars * 8;  // EARLY: each consumer thread's running row sums
   static constexpr int kSmemBytes = 1024 + kAnchorOff + 256 * 8;  // 1 KiB of slack to align the tiles to 1024
   static_assert(kBarOff % 1024 == 0, "tiles stay 1024-aligned (the 128-byte swizzle atom)");
-  // Window, sinks and a given scale: head_dim 64 only (head_dim 128 keeps its measured plain path).
-  static constexpr bool kFeatures = D == 64;
+  // Window and sinks: head_dim 64 only (head_dim 128 keeps its measured plain path; MLA has neither). Any scale
+  // runs at every size (the kernel multiplies by a.scale); flash_fwd_sm90_takes_args says which calls come here.
+  static constexpr bool kFeatures = DQK == 64;
+  static_assert(kSmemBytes <= 227 * 1024, "an sm90 block's shared memory");
 };
 
 #if MT_SM90A_DEVICE
@@ -178,7 +189,7 @@ __device__ __forceinline__ void pack_p(uint32_t (&p)[32], const float (&s)[64]) 
 #endif  // MT_SM90A_DEVICE
 
 // EARLY: the next tile's softmax is pinned before the wait for this tile's P·V (see the loop).
-template <int D, bool EARLY>
+template <int DQK, int DV, bool EARLY>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                           const __grid_constant__ CUtensorMap map_v, detail::FlashArgs a, bf16* __restrict__ out,
@@ -186,8 +197,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_wait();
 #if MT_SM90A_DEVICE
   using namespace sm90;
-  using L = Layout<D>;
-  constexpr int kTileBytes = L::kTileBytes;
+  using L = Layout<DQK, DV>;
+  constexpr int kQKTileBytes = L::kQKTileBytes, kVTileBytes = L::kVTileBytes;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -233,22 +244,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_prefetch_map(&map_k);
       tma_prefetch_map(&map_v);
       // Full box bytes even where a box runs past T (TMA counts the zero fill).
-      mbar_arrive_expect_tx(q_full, kTileBytes);
+      mbar_arrive_expect_tx(q_full, kQKTileBytes);
 #pragma unroll
-      for (int b = 0; b < L::kBoxes; ++b) tma_load_2d(sQ + b * kBoxBytes, &map_q, q_full, h * D + 64 * b, q0);
+      for (int b = 0; b < L::kQKBoxes; ++b) tma_load_2d(sQ + b * kBoxBytes, &map_q, q_full, h * DQK + 64 * b, q0);
       for (int jt = 0; jt < ntiles; ++jt) {
         const int s = jt & 1, k0 = kv_lo + jt * kBN;
         const uint32_t parity = ((jt >> 1) & 1) ^ 1;  // the stage's previous use; a fresh barrier passes
         mbar_wait(k_empty(s), parity);
-        mbar_arrive_expect_tx(k_full(s), kTileBytes);
+        mbar_arrive_expect_tx(k_full(s), kQKTileBytes);
 #pragma unroll
-        for (int b = 0; b < L::kBoxes; ++b)
-          tma_load_2d(sK + s * kTileBytes + b * kBoxBytes, &map_k, k_full(s), hk * D + 64 * b, k0);
+        for (int b = 0; b < L::kQKBoxes; ++b)
+          tma_load_2d(sK + s * kQKTileBytes + b * kBoxBytes, &map_k, k_full(s), hk * DQK + 64 * b, k0);
         mbar_wait(v_empty(s), parity);
-        mbar_arrive_expect_tx(v_full(s), kTileBytes);
+        mbar_arrive_expect_tx(v_full(s), kVTileBytes);
 #pragma unroll
-        for (int b = 0; b < L::kBoxes; ++b)
-          tma_load_2d(sV + s * kTileBytes + b * kBoxBytes, &map_v, v_full(s), hk * D + 64 * b, k0);
+        for (int b = 0; b < L::kVBoxes; ++b)
+          tma_load_2d(sV + s * kVTileBytes + b * kBoxBytes, &map_v, v_full(s), hk * DV + 64 * b, k0);
       }
     }
   } else {
@@ -279,10 +290,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t q_rows = sQ + c * 64 * 128;
     const uint32_t anchor = base + L::kAnchorOff + (tid - 128) * 8;  // EARLY's store target, never read
 
-    float o[D / 2], s[64];
+    float o[DV / 2], s[64];
     uint32_t p[32];
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+    for (int i = 0; i < DV / 2; ++i) o[i] = 0.0f;
     // The running max starts at the sink's logit (so every exp stays <= 1), as in the mma.sync forward.
     RowState st{sink2, sink2, 0.0f, 0.0f};
     float alpha0 = 0.0f, alpha1 = 0.0f;
@@ -292,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_wait(q_full, 0);
     mbar_wait(k_full(0), 0);
     wgmma_fence();
-    issue_qk<D>(s, q_rows, sK);
+    issue_qk<DQK>(s, q_rows, sK);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(s);
@@ -307,11 +318,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int cur = jt & 1, nxt = cur ^ 1;
       mbar_wait(k_full(nxt), ((jt + 1) >> 1) & 1);
       wgmma_fence();  // s, p and o were written by ordinary instructions since the last MMAs
-      issue_qk<D>(s, q_rows, sK + nxt * kTileBytes);
+      issue_qk<DQK>(s, q_rows, sK + nxt * kQKTileBytes);
       wgmma_commit();
       mbar_wait(v_full(cur), (jt >> 1) & 1);
       wgmma_fence();  // S_{j+1} issue and a wait since the last fence (ptxas would insert this one itself)
-      issue_pv<D>(o, p, sV + cur * kTileBytes);
+      issue_pv<DV>(o, p, sV + cur * kVTileBytes);
       wgmma_commit();
       wgmma_wait<1>();  // S_{j+1} done (groups complete in order); P_j·V_j may still run
       fence_regs(s);
@@ -332,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(s);  // keeps the packing below after the wait
       mbar_arrive(v_empty(cur));
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
+      for (int j = 0; j < DV / 8; ++j) {
         o[4 * j] *= alpha0, o[4 * j + 1] *= alpha0;
         o[4 * j + 2] *= alpha1, o[4 * j + 3] *= alpha1;
       }
@@ -342,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int jt = ntiles - 1, cur = jt & 1;
       mbar_wait(v_full(cur), (jt >> 1) & 1);
       wgmma_fence();
-      issue_pv<D>(o, p, sV + cur * kTileBytes);
+      issue_pv<DV>(o, p, sV + cur * kVTileBytes);
       wgmma_commit();
       wgmma_wait<0>();
       fence_regs(o);
@@ -365,7 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // async-proxy reads before generic writes
     unsigned char* stage = smem + L::kQOff;
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
+    for (int j = 0; j < DV / 8; ++j) {
       const int box = j >> 3, chunk = (j & 7) ^ (lrow & 7);  // (lrow + 8) % 8 == lrow % 8
       unsigned char* at = stage + box * kBoxBytes + lrow * 128 + chunk * 16 + qd * 4;
       *reinterpret_cast<uint32_t*>(at) = pack_bf16(o[4 * j] * inv0, o[4 * j + 1] * inv0);
@@ -377,15 +388,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (r1 < T) lse[static_cast<int64_t>(h) * T + r1] = st.l1 > 0.0f ? (st.m1 + log2f(st.l1)) * kLn2 : -INFINITY;
     }
     named_barrier_sync(1 + c, 128);
-    // 64 rows x CH = D / 8 chunks of 16 bytes; CH consecutive threads write one row's 2·D bytes.
-    constexpr int CH = D / 8;
+    // 64 rows x CH = DV / 8 chunks of 16 bytes; CH consecutive threads write one row's 2·DV bytes (staged in the
+    // first DV / 64 boxes of the Q tile).
+    constexpr int CH = DV / 8;
 #pragma unroll
     for (int it = 0; it < 64 * CH / 128; ++it) {
       const int idx = it * 128 + ctid;
       const int row = 64 * c + idx / CH, cc = idx % CH, t = q0 + row;
       if (t < T) {
         const unsigned char* src = stage + (cc >> 3) * kBoxBytes + row * 128 + (((cc & 7) ^ (row & 7)) * 16);
-        *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(t) * a.Hq + h) * D + cc * 8) =
+        *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(t) * a.Hq + h) * DV + cc * 8) =
             *reinterpret_cast<const uint4*>(src);
       }
     }
@@ -412,14 +424,14 @@ CUtensorMap rows_map(const char* what, const void* data, int T, int H, int D) {
   return m;
 }
 
-template <int D>
+template <int DQK, int DV = DQK>
 void launch_d(const detail::FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
               bool early, cudaStream_t stream) {
-  const CUtensorMap mq = rows_map("q", q, a.T, a.Hq, D);
-  const CUtensorMap mk = rows_map("k", k, a.T, a.Hk, D);
-  const CUtensorMap mv = rows_map("v", v, a.T, a.Hk, D);
-  auto* kernel = early ? flash_fwd_sm90_kernel<D, true> : flash_fwd_sm90_kernel<D, false>;
-  constexpr int smem = Layout<D>::kSmemBytes;
+  const CUtensorMap mq = rows_map("q", q, a.T, a.Hq, DQK);
+  const CUtensorMap mk = rows_map("k", k, a.T, a.Hk, DQK);
+  const CUtensorMap mv = rows_map("v", v, a.T, a.Hk, DV);
+  auto* kernel = early ? flash_fwd_sm90_kernel<DQK, DV, true> : flash_fwd_sm90_kernel<DQK, DV, false>;
+  constexpr int smem = Layout<DQK, DV>::kSmemBytes;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(a.Hq, (a.T + kBM - 1) / kBM);
   launch_kernel(kernel, grid, kThreads, smem, stream, mq, mk, mv, a, static_cast<bf16*>(out), lse);
@@ -436,22 +448,29 @@ void flash_fwd_sm90_early_softmax_set(int on) { g_fwd_early_softmax.store(on); }
 bool flash_fwd_sm90_supported(const FlashArgs& a) {
   // gridDim.y holds the query tiles (at most 65535); TMA coordinates are int32 (T·H < 2^31 is checked
   // by the caller).
-  return (a.D == 128 || a.D == 64) && a.Hk > 0 && a.Hq % a.Hk == 0 &&
+  const int dv = flash_value_dim(a);
+  return (((a.D == 128 || a.D == 64) && dv == a.D) || (a.D == 192 && dv == 128)) && a.Hk > 0 && a.Hq % a.Hk == 0 &&
          (static_cast<int64_t>(a.T) + kBM - 1) / kBM <= 65535 &&
-         sm90::device_runs_sm90a<flash_fwd_sm90_kernel<128, true>>();
+         sm90::device_runs_sm90a<flash_fwd_sm90_kernel<128, 128, true>>();
 }
 
-bool flash_fwd_sm90_takes_args(const FlashArgs& a) { return a.D == 64 || flash_args_plain(a); }
+// head_dim 64: any args; MLA's 192 / 128: any scale, no window or sinks; head_dim 128: plain only.
+bool flash_fwd_sm90_takes_args(const FlashArgs& a) {
+  if (a.D == 64) return true;
+  if (a.D == 192) return a.window == 0 && a.sinks == nullptr && a.dsinks == nullptr;
+  return flash_args_plain(a);
+}
 
 void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
                            cudaStream_t stream) {
   if (a.T == 0) return;  // a tensor map needs non-empty dimensions
-  MT_CUDA_REQUIRE(flash_fwd_sm90_supported(a), "flash attention forward (sm90): needs head_dim 128 or 64 (got " +
-                                                   std::to_string(a.D) +
-                                                   "), a cc 9.0 GPU and a build with 90a in CMAKE_CUDA_ARCHITECTURES");
-  MT_CUDA_REQUIRE(flash_fwd_sm90_takes_args(a), "flash attention forward (sm90): no sliding window, sinks or softmax "
-                                                "scale other than head_dim^-1/2 at head_dim 128 (the mma.sync kernel "
-                                                "and the head_dim 64 one have them)");
+  MT_CUDA_REQUIRE(flash_fwd_sm90_supported(a), "flash attention forward (sm90): needs head_dim 128 or 64, or 192 "
+                                                "with v_dim 128 (got " + std::to_string(a.D) + " / " +
+                                                std::to_string(flash_value_dim(a)) +
+                                                "), a cc 9.0 GPU and a build with 90a in CMAKE_CUDA_ARCHITECTURES");
+  MT_CUDA_REQUIRE(flash_fwd_sm90_takes_args(a), "flash attention forward (sm90): no sliding window or sinks at "
+                                                "head_dim 128 or 192, no softmax scale other than head_dim^-1/2 at "
+                                                "128 (the mma.sync kernel and the head_dim 64 one have them)");
   MT_CUDA_REQUIRE(aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out),
                   "flash attention forward (sm90): q, k, v and out must be 16-byte aligned (TMA, 16-byte stores)");
   static const bool early_from_env = [] {
@@ -462,6 +481,8 @@ void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, con
   const bool early = set >= 0 ? set != 0 : early_from_env;
   if (a.D == 64)
     launch_d<64>(a, q, k, v, out, lse, early, stream);
+  else if (a.D == 192)
+    launch_d<192, 128>(a, q, k, v, out, lse, early, stream);
   else
     launch_d<128>(a, q, k, v, out, lse, early, stream);
 }

@@ -1,8 +1,9 @@
 // Raw launchers of the flash-attention kernels (flash_attention_fwd.cu, flash_attention_fwd_sm90.cu,
 // flash_attention_bwd.cu, attention_docs.cu), called by flash_attention.cpp after its checks. Layouts:
-// q/out/dout [T][Hq][D], k/v [T][Hk][D] bf16; lse/delta [Hq][T] fp32; doc_start/doc_end [T] int32 (token
-// t attends to keys [doc_start[t], t], and with window W > 0 to keys j > t − W only: keys
-// [max(doc_start[t], t − W + 1), t]; doc_end[t] is one past the last token of t's document).
+// q [T][Hq][D], k [T][Hk][D], v [T][Hk][Dv], out/dout [T][Hq][Dv] bf16 (Dv = D except MLA's D 192 / Dv 128);
+// lse/delta [Hq][T] fp32; doc_start/doc_end [T] int32 (token t attends to keys [doc_start[t], t], and with
+// window W > 0 to keys j > t − W only: keys [max(doc_start[t], t − W + 1), t]; doc_end[t] is one past the
+// last token of t's document).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -11,7 +12,8 @@
 namespace mt::cuda::detail {
 
 struct FlashArgs {
-  int T = 0, Hq = 0, Hk = 0, D = 0;
+  int T = 0, Hq = 0, Hk = 0, D = 0;  // D: head size of q and k
+  int Dv = 0;          // head size of v and out; 0: D (flash_value_dim)
   int window = 0;      // > 0 and < T: sliding window (keys j > t − window); 0: none (flash_attention.cpp
                        // turns a window >= T into 0, so the kernels never form t − window out of range)
   float scale = 0.0f;  // softmax scale on q·k (D^-0.5 unless the caller gives one)
@@ -21,6 +23,9 @@ struct FlashArgs {
   float* dsinks = nullptr;       // backward: [Hq] += d(loss)/d(sink), or null; needs sinks
 };
 
+// The value (and output) head size of a call: Dv, or D where Dv is 0.
+inline int flash_value_dim(const FlashArgs& a) { return a.Dv > 0 ? a.Dv : a.D; }
+
 // Whether a call uses none of the features only the mma.sync kernels have (window, sinks or dsinks, a scale
 // other than D^-0.5): the sm90 kernels take only such calls.
 bool flash_args_plain(const FlashArgs& a);
@@ -29,11 +34,11 @@ void flash_fwd_launch(const FlashArgs& a, const void* q, const void* k, const vo
                       cudaStream_t stream);
 
 // Hopper forward (flash_attention_fwd_sm90.cu: TMA + wgmma), same contract as flash_fwd_launch for
-// head_dim 128 with plain args (flash_args_plain) and head_dim 64 with any args (window, sinks, scale);
-// flash_attention.cpp routes the rest to the mma.sync kernel; q, k, v, out 16-byte aligned. Supported:
-// D == 128 or 64 and the current device runs its sm_90a build (a cc 9.0 GPU and 90a in
-// CMAKE_CUDA_ARCHITECTURES; cached per device). The launcher throws where it is not supported or
-// flash_fwd_sm90_takes_args is false.
+// head_dim 128 with plain args (flash_args_plain), head_dim 64 with any args (window, sinks, scale) and MLA's
+// D 192 / Dv 128 with any scale (no window or sinks); flash_attention.cpp routes the rest to the mma.sync
+// kernel; q, k, v, out 16-byte aligned. Supported: D == Dv == 128 or 64, or D 192 / Dv 128, and the current
+// device runs its sm_90a build (a cc 9.0 GPU and 90a in CMAKE_CUDA_ARCHITECTURES; cached per device). The
+// launcher throws where it is not supported or flash_fwd_sm90_takes_args is false.
 bool flash_fwd_sm90_supported(const FlashArgs& a);
 bool flash_fwd_sm90_takes_args(const FlashArgs& a);
 void flash_fwd_sm90_launch(const FlashArgs& a, const void* q, const void* k, const void* v, void* out, float* lse,
@@ -45,13 +50,14 @@ void flash_fwd_sm90_early_softmax_set(int on);
 
 // Which forward flash_attention_forward runs. Auto: the sm90 one where flash_fwd_sm90_supported and
 // flash_fwd_sm90_takes_args, the environment does not say MIXTUNE_FLASH_FWD=mma (read once) and, at head_dim
-// 64, not MIXTUNE_FLASH_FWD_SM90_HD64=0 (read once); else mma.sync. MmaSync / Sm90 force one
+// 64, not MIXTUNE_FLASH_FWD_SM90_HD64=0 (read once), and at D 192 / Dv 128 only with MIXTUNE_FLASH_FWD_SM90_MLA=1
+// (read once; opt-in until measured on a GPU); else mma.sync. MmaSync / Sm90 force one
 // (Sm90 is an error where it cannot run); tests and the bench use this. Process-wide.
 enum class FlashFwdKernel { Auto, MmaSync, Sm90 };
 void flash_fwd_kernel_set(FlashFwdKernel k);
 FlashFwdKernel flash_fwd_kernel_get();
 
-// Workspace (fp32, zeroed here): dq_acc [T][Hq][D], dk_acc / dv_acc [T][Hk][D], delta [Hq][T] and one
+// Workspace (fp32, zeroed here): dq_acc [T][Hq][D], dk_acc [T][Hk][D], dv_acc [T][Hk][Dv], delta [Hq][T] and one
 // element more (the sm90 backward's work-item counter). With a.dsinks, also dsinks += −Σ_t p_sink·delta
 // (flash_sink_grad_launch).
 void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
@@ -60,15 +66,22 @@ void flash_bwd_launch(const FlashArgs& a, const void* dout, const void* q, const
 
 // The deterministic backward (flash_attention_bwd.cu): the same results to fp32 summation order, every
 // sum in a fixed order (no atomics), so a run repeats bit for bit. dK/dV per query head into dk_part /
-// dv_part [T][Hq][D] (summed over each GQA group in head order), dQ by a separate forward-shaped pass into
-// dq_acc [T][Hq][D]; delta as above. Any head_dim the mma.sync backward takes, on any GPU it runs on.
+// dv_part [T][Hq][D] / [T][Hq][Dv] (summed over each GQA group in head order), dQ by a separate forward-shaped
+// pass into dq_acc [T][Hq][D]; delta as above. Any head_dim the mma.sync backward takes, on any GPU it runs on.
 void flash_bwd_deterministic_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
                                     const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc,
                                     float* dk_part, float* dv_part, float* delta, cudaStream_t stream);
 
+// MLA's D 192 / Dv 128 mma.sync backwards (both modes) in one column slice (the default: 255 registers, 16
+// bytes of spills) or two (Sᵀ and dPᵀ computed twice, no spills): flash_bwd_mla_slices_set(1 or 2; -1 =
+// unset: MIXTUNE_FLASH_BWD_MLA_SLICES=2 in the environment, read once, selects 2). Tests and the bench set it
+// until the two are measured; process-wide.
+void flash_bwd_mla_slices_set(int slices);
+int flash_bwd_mla_slices();
+
 // Hopper backward (flash_attention_bwd_sm90.cu: TMA + wgmma), same contract and workspace as
 // flash_bwd_launch for head_dim 128 and plain args (flash_args_plain); q, k, v, dout 16-byte aligned.
-// Supported as for the sm90 forward (D == 128, a cc 9.0 GPU running the sm_90a build). The launcher throws
+// Supported as for the sm90 forward (D == Dv == 128, a cc 9.0 GPU running the sm_90a build). The launcher throws
 // where it is not supported.
 bool flash_bwd_sm90_supported(const FlashArgs& a);
 // dq null: dq_acc keeps the fp32 dQ sums (flash_dq_layout.cuh) and no bf16 dq is made.

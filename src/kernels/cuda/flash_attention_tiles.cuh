@@ -68,9 +68,10 @@ __device__ __forceinline__ void load_rows(uint32_t s, const mma::bf16* base, int
 }
 
 // Forward: a block of WARPS x 16 query rows (BM) walks the key range in tiles of BN keys; Q stays in
-// shared memory, K and V tiles are double-buffered. Per warp the O accumulator is 16 x D fp32 (D / 2
-// registers per thread) and the score tile 16 x BN (BN / 8 registers per thread).
-template <int D>
+// shared memory, K and V tiles are double-buffered. Per warp the O accumulator is 16 x DV fp32 (DV / 2
+// registers per thread) and the score tile 16 x BN (BN / 2 registers per thread). DQK: head size of q and k,
+// DV: of v and the output (equal except MLA's 192 / 128).
+template <int DQK, int DV = DQK>
 struct FwdCfg;
 // head_dim 16: Q·Kᵀ is one mma k-step and the O accumulator 8 registers. Three blocks per SM (registers
 // capped at 80: 80 used, no spills; 90 at the 128 cap); 128-key tiles spill at 80 (120 registers at 128).
@@ -99,62 +100,83 @@ template <>
 struct FwdCfg<256> {
   static constexpr int BM = 128, BN = 32, WARPS = 8, MIN_BLOCKS = 1;
 };
+// MLA (DeepSeek-V3): q·k over 192 columns, 128 value columns. The live registers are D = 128's (O 64, scores
+// 32 at 64-key tiles; Q·Kᵀ only takes 12 k-steps instead of 8); shared memory 128 KiB (Q 48 + 2 x (K 24 +
+// V 16) KiB), which also fits an sm_80 part. Register count and spills: NOTES.md (flash attention, MLA).
+template <>
+struct FwdCfg<192, 128> {
+  static constexpr int BM = 128, BN = 64, WARPS = 8, MIN_BLOCKS = 1;
+};
 
-template <int D>
+template <int DQK, int DV = DQK>
 constexpr int fwd_smem_bytes() {
-  using C = FwdCfg<D>;
+  using C = FwdCfg<DQK, DV>;
   static_assert(C::BM == 16 * C::WARPS && C::BN % 16 == 0, "forward tile shape");
-  return (C::BM * D + 4 * C::BN * D) * 2;  // Q + double-buffered K and V
+  static_assert(DV <= DQK, "the output is staged in the warp's own Q rows");
+  return (C::BM * DQK + 2 * C::BN * DQK + 2 * C::BN * DV) * 2;  // Q + double-buffered K and V
 }
 
 // Backward: a block of 8 warps x 16 keys (BN = 128) walks the queries that see its keys in steps of BMQ
-// (Q, dO, lse, delta, doc_start double-buffered). Per warp dK and dV accumulate 16 x DH fp32 in
-// registers (DH / 2 registers per thread each), so DH is capped at 128: for D = 256 each block owns one
-// DH-column slice of dQ/dK/dV (grid z = D / DH) and recomputes Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ over the full
-// D (2 of the 5 GEMMs done twice: 1.4x the FLOPs, traded for no dK/dV exchange between warps).
-template <int D>
+// (Q, dO, lse, delta, doc_start double-buffered). Per warp dK and dV accumulate 16 x DHK and 16 x DHV fp32 in
+// registers (DHK / 2 + DHV / 2 registers per thread), so a row of dK plus dV is capped near 256 columns: for
+// D = 256 each block owns one column slice of dQ/dK/dV (grid z = SLICES: DHK = DQK / SLICES, DHV = DV / SLICES)
+// and recomputes Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ over the full head sizes (2 of the 5 GEMMs done twice: 1.4x the
+// FLOPs, traded for no dK/dV exchange between warps).
+template <int DQK, int DV = DQK>
 struct BwdCfg;
-// head_dim 16: the dQ warp split needs DQN = DH / WD / 8 even, so WD = 1 and all 8 warps split the
+// head_dim 16: the dQ warp split needs DQN = DHK / WD / 8 even, so WD = 1 and all 8 warps split the
 // queries: BMQ = 128. The 16 x 128 Sᵀ and dPᵀ tiles are 128 registers per thread: 216 used, one block
 // per SM (two blocks would cap at 128 and spill ~1 KB).
 template <>
 struct BwdCfg<16> {
-  static constexpr int BMQ = 128, DH = 16, MIN_BLOCKS = 1;
+  static constexpr int BMQ = 128, SLICES = 1, MIN_BLOCKS = 1;
 };
-// BMQ = 64 is the smallest step the dQ warp split allows at DH = 32 (DQN = 2). Two blocks per SM cap
+// BMQ = 64 is the smallest step the dQ warp split allows at DHK = 32 (DQN = 2). Two blocks per SM cap
 // registers at 128: ptxas spills 20 bytes there (12 before the sliding window; 198 registers uncapped, one
 // block per SM).
 template <>
 struct BwdCfg<32> {
-  static constexpr int BMQ = 64, DH = 32, MIN_BLOCKS = 2;
+  static constexpr int BMQ = 64, SLICES = 1, MIN_BLOCKS = 2;
 };
 template <>
 struct BwdCfg<64> {
-  static constexpr int BMQ = 64, DH = 64, MIN_BLOCKS = 1;
+  static constexpr int BMQ = 64, SLICES = 1, MIN_BLOCKS = 1;
 };
 template <>
 struct BwdCfg<128> {
-  static constexpr int BMQ = 32, DH = 128, MIN_BLOCKS = 1;
+  static constexpr int BMQ = 32, SLICES = 1, MIN_BLOCKS = 1;
 };
 template <>
 struct BwdCfg<256> {
-  static constexpr int BMQ = 32, DH = 128, MIN_BLOCKS = 1;
+  static constexpr int BMQ = 32, SLICES = 2, MIN_BLOCKS = 1;
+};
+// MLA (DeepSeek-V3): dK 192 + dV 128 columns, 192 + Sᵀ 16 + dPᵀ 16 accumulator registers per thread at
+// BMQ = 32: ptxas (sm_90a) holds it in 255 registers with 16 bytes of spills. Also built with two slices
+// (dK 96 + dV 64 columns each; Sᵀ and dPᵀ twice: 1.38x the MMAs; 242 registers, no spills), chosen at run time
+// (detail::flash_bwd_mla_slices_set) until the two are measured. Numbers: NOTES.md (flash attention, MLA).
+template <>
+struct BwdCfg<192, 128> {
+  static constexpr int BMQ = 32, SLICES = 1, MIN_BLOCKS = 1;
 };
 
 constexpr int kBwdBN = 128, kBwdWarps = 8, kBwdThreads = kBwdWarps * 32;
 
-template <int D>
+// SLICES_: the column slices (grid z); BwdCfg's unless a variant is asked for (MLA's two-slice one).
+template <int DQK, int DV = DQK, int SLICES_ = BwdCfg<DQK, DV>::SLICES>
 struct BwdTiles {
-  using C = BwdCfg<D>;
-  static constexpr int BMQ = C::BMQ, DH = C::DH, SLICES = D / DH;
+  using C = BwdCfg<DQK, DV>;
+  static constexpr int BMQ = C::BMQ, SLICES = SLICES_, DHK = DQK / SLICES, DHV = DV / SLICES;
   static constexpr int LDS = BMQ + 8;  // dSᵀ staging row stride (elements): conflict-free ldmatrix
-  static constexpr int Q_BYTES = BMQ * D * 2;
-  // K, V, 2 x (Q, dO), dSᵀ, then 2 x (lse, delta, doc_start) of BMQ each.
-  static constexpr int SMEM = 2 * kBwdBN * D * 2 + 4 * Q_BYTES + kBwdBN * LDS * 2 + 2 * 3 * BMQ * 4;
-  // dQ step tile BMQ x DH split over the warps: WQ warps along queries (16 rows each), WD along columns.
-  static constexpr int WQ = BMQ / 16, WD = kBwdWarps / WQ, DQN = DH / WD / 8;
-  static_assert(D % DH == 0 && DH % 16 == 0 && BMQ % 16 == 0, "backward tile shape");
-  static_assert(WQ * WD == kBwdWarps && DQN % 2 == 0, "dQ warp split");
+  static constexpr int Q_BYTES = BMQ * DQK * 2, O_BYTES = BMQ * DV * 2;  // one buffer of Q, of dO
+  static constexpr int K_BYTES = kBwdBN * DQK * 2, V_BYTES = kBwdBN * DV * 2;
+  // K, V, 2 x Q, 2 x dO, dSᵀ, then 2 x (lse, delta, doc_start) of BMQ each.
+  static constexpr int SMEM = K_BYTES + V_BYTES + 2 * Q_BYTES + 2 * O_BYTES + kBwdBN * LDS * 2 + 2 * 3 * BMQ * 4;
+  // dQ step tile BMQ x DHK split over the warps: WQ warps along queries (16 rows each), WD along columns,
+  // DQN 8-column tiles each (an odd DQN takes its last tile with ldmatrix .x2).
+  static constexpr int WQ = BMQ / 16, WD = kBwdWarps / WQ, DQN = DHK / WD / 8;
+  static_assert(DQK % SLICES == 0 && DV % SLICES == 0 && DHK % 16 == 0 && DHV % 16 == 0 && BMQ % 16 == 0,
+                "backward tile shape");
+  static_assert(WQ * WD == kBwdWarps && DQN >= 1 && DQN * WD * 8 == DHK, "dQ warp split");
 };
 
 // A tile configuration larger than the current device's opt-in shared memory per block (the D = 256
