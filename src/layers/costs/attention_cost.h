@@ -1,4 +1,5 @@
-// The attention blocks' costs (GQA; MLA as estimated in attention_cost.cpp) (CUDA twin: layers/cuda/attention_block_cuda.h; see block_cost.h).
+// The attention blocks' costs (CUDA twins: layers/cuda/attention_block_cuda.h for GQA,
+// layers/cuda/mla_attention_block_cuda.h for MLA; see block_cost.h).
 #pragma once
 #include <cstdint>
 
@@ -10,10 +11,16 @@ namespace mt {
 // selective recompute drops a, qr and kr. Backward: d(o), flash's fp32 dQ/dK/dV sums and delta, dq, dk, dv, the
 // gradients after RoPE and before the QK-norm, da.
 BlockBytes attention_bytes(const AttentionSpec& a, int64_t hidden, const BlockBatch& b);
-// MLA (DeepSeek-V3) has no CUDA block yet: its bytes are those the CPU block keeps, in bf16 (an estimate).
+// MLA (DeepSeek-V3): qa (q LoRA), q, ckv, kv, o, lse kept; a, the latent norms' outputs, the latent's copy and the
+// assembled query, key and value cheap. Backward: d(o), the flash fp32 sums, the assembly's gradients, the
+// projections' input gradients.
 // q, k, v and o projections (MLA: its latent projections), plus the causal scores and weighted values (half of the full S x S square; a
 // sliding window caps each query's keys).
 double attention_flops_per_token(const AttentionSpec& a, int64_t hidden, int64_t seq);
+// The value head size flash attention runs an MLA spec at: v_head_dim where the kernels take (head_dim,
+// v_head_dim) (DeepSeek-V3's 192 / 128), else head_dim with the value zero-padded (any head_dim the kernels have,
+// v_head_dim <= head_dim); 0 when neither.
+int64_t mla_flash_value_dim(const AttentionSpec& a);
 // The RoPE cos and sin tables (F32, rotated dims / 2 per token) a batch carries for this configuration; 0 without
 // RoPE.
 CostBytes attention_rope_table_bytes(const AttentionSpec& a, int64_t tokens);
