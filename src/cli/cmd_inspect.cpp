@@ -81,7 +81,9 @@ std::string router_desc(const MoeSpec& m) {
     case RouterScore::softmax_topk:
       return fmt::format("softmax then top-k{}", r.norm_topk_prob ? ", renormalised" : "");
     case RouterScore::topk_softmax: return fmt::format("top-k of the logits then softmax{}", r.linear_bias ? ", biased" : "");
-    case RouterScore::sigmoid_group: return "sigmoid, group-limited top-k";
+    case RouterScore::sigmoid_group:
+      return fmt::format("sigmoid + selection bias, top-k from the best {} of {} expert groups{}, weights x {}",
+                         r.topk_groups, r.groups, r.norm_topk_prob ? ", renormalised" : "", r.scale);
   }
   return "unknown";
 }
@@ -156,13 +158,19 @@ void run_inspect(const std::string& path, bool as_json, const InspectLora& lora_
   j["attention"] = nlohmann::json::array();
   for (const auto& [i, layers] : attention_layers) {
     const AttentionSpec& a = c.attention[static_cast<size_t>(i)];
-    j["attention"].push_back({{"layers", layers},
-                              {"kind", a.kind == AttentionKind::mla ? "mla" : "gqa"},
-                              {"heads", a.heads},
-                              {"kv_heads", a.kv_heads},
-                              {"head_dim", a.head_dim},
-                              {"v_head_dim", a.value_dim()},
-                              {"sliding_window", a.sliding_window}});
+    nlohmann::json e = {{"layers", layers},
+                        {"kind", a.kind == AttentionKind::mla ? "mla" : "gqa"},
+                        {"heads", a.heads},
+                        {"kv_heads", a.kv_heads},
+                        {"head_dim", a.head_dim},
+                        {"v_head_dim", a.value_dim()},
+                        {"sliding_window", a.sliding_window}};
+    if (a.kind == AttentionKind::mla) {
+      e["q_lora_rank"] = a.q_lora_rank;
+      e["kv_lora_rank"] = a.kv_lora_rank;
+      e["qk_rope_head_dim"] = a.qk_rope_head_dim;
+    }
+    j["attention"].push_back(e);
   }
   j["moe"] = nlohmann::json::array();
   for (const auto& [i, layers] : moe_layers_of) {
@@ -172,7 +180,8 @@ void run_inspect(const std::string& path, bool as_json, const InspectLora& lora_
                         {"experts_per_token", m.experts_per_token},
                         {"expert_intermediate_size", m.expert.intermediate_size},
                         {"router", router_name(m.router)},
-                        {"norm_topk_prob", m.router.norm_topk_prob}});
+                        {"norm_topk_prob", m.router.norm_topk_prob},
+                        {"shared_expert_intermediate_size", m.shared_expert ? m.shared_expert->intermediate_size : 0}});
   }
   j["stored_quantisation"] = quant_name(c.quant);
   // LoRA on this model (--lora-target): the adapter's size and the training state with the base frozen.
@@ -216,9 +225,12 @@ void run_inspect(const std::string& path, bool as_json, const InspectLora& lora_
                attention_desc(c.attention[static_cast<size_t>(i)]));
   for (const auto& [i, layers] : moe_layers_of) {
     const MoeSpec& m = c.moe[static_cast<size_t>(i)];
-    fmt::print("  experts        {}{} per MoE layer, top-{}, expert intermediate {}, router: {}\n",
+    fmt::print("  experts        {}{} per MoE layer, top-{}, expert intermediate {}{}, router: {}\n",
                moe_layers_of.size() > 1 ? "layers " + layer_ranges(layers) + ": " : "", m.num_experts,
-               m.experts_per_token, m.expert.intermediate_size, router_desc(m));
+               m.experts_per_token, m.expert.intermediate_size,
+               m.shared_expert ? fmt::format(", shared expert intermediate {}", m.shared_expert->intermediate_size)
+                               : std::string(),
+               router_desc(m));
   }
   fmt::print("  vocabulary     {} ({} embeddings)\n", c.vocab_size, c.tie_word_embeddings ? "tied" : "untied");
   fmt::print("  parameters     {} total, {} active per token ({} in routed experts)\n", count(p.total),

@@ -102,7 +102,7 @@ void model_config_check(const DecoderSpec& c) {
     refuse(a.kind != AttentionKind::gqa, "this attention kind");
     refuse(a.v_head_dim != 0 && a.v_head_dim != a.head_dim, "a value head size unlike the key's (outside MLA)");
     refuse(a.rope.interleaved || a.rope.rotary_dim != 0,
-           "a GQA RoPE other than the half split over the whole head (default or YaRN)");
+           "a RoPE other than the half split over the whole head (default or YaRN)");
   }
   for (const MlpSpec& m : c.mlp) refuse(m.activation != Activation::swiglu || m.bias, "an MLP other than SwiGLU");
   for (const MoeSpec& m : c.moe) {

@@ -8,6 +8,8 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "models/decoder_model.h"
+#include "models/registry.h"
 #include "models/spec/decoder_spec.h"
 
 namespace mt {
@@ -120,6 +122,44 @@ TEST(DecoderSpecFuzz, MutatedJson) {
   // Both outcomes must actually occur, or the mutations are not exercising anything.
   EXPECT_GT(parsed, 100);
   EXPECT_LT(parsed, 3900);
+}
+
+// DeepSeek-V3's two fixture configs (v5 and hub spellings): the same mutations; a config that parses also passes
+// the CPU engine's config check (or says in one line why not), gives a parameter table and round-trips to_json.
+TEST(DecoderSpecFuzz, MutatedDeepseekV3Json) {
+  Rng rng(20261206);
+  int parsed = 0, total = 0;
+  for (const char* variant : {"mla_yarn_dense1", "plain_q_legacy_config"}) {
+    std::ifstream in(std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/deepseek_v3/" + variant + "/ckpt/config.json");
+    const json base = json::parse(in);
+    ASSERT_NO_THROW(DecoderSpec::from_json(base, "fuzz.json"));
+    for (uint64_t iter = 0; iter < 2000; ++iter, ++total) {
+      json j = base;
+      mutate(j, rng);
+      bool ok = false;
+      expect_clean_outcome(
+          [&] {
+            DecoderSpec c = DecoderSpec::from_json(j, "fuzz.json");
+            ok = true;
+            const AttentionSpec& a = c.only_attention();
+            EXPECT_EQ(a.head_dim, a.qk_nope_head_dim + a.qk_rope_head_dim);
+            EXPECT_EQ(a.rope.rotary_dim, a.qk_rope_head_dim);
+            EXPECT_LE(c.experts_per_token(), c.num_experts());
+            try {
+              model_config_check(c);
+            } catch (const Error& e) {
+              ADD_FAILURE() << "iteration " << iter << ": parsed but refused by the engine: " << e.what();
+            }
+            EXPECT_FALSE(param_table_of(c).entries().empty());
+            DecoderSpec back = DecoderSpec::from_json(c.to_json(), "fuzz.json");
+            EXPECT_EQ(back.to_json(), c.to_json());
+          },
+          "fuzz.json", iter);
+      parsed += ok;
+    }
+  }
+  EXPECT_GT(parsed, 100);
+  EXPECT_LT(parsed, total - 100);
 }
 
 TEST(DecoderSpecFuzz, TruncatedAndCorruptedText) {

@@ -178,6 +178,9 @@ TEST(DeepseekV3Family, HostileConfigsNameTheField) {
   expect_bad("n_group", 0, "field 'n_group'");
   expect_bad("topk_group", 5, "field 'topk_group'");
   expect_bad("num_experts_per_tok", 5, "field 'num_experts_per_tok'");  // 2 groups of 2 reachable
+  const nlohmann::json absent(nlohmann::json::value_t::discarded);
+  expect_bad("num_experts_per_tok", absent, "8 (the default)");  // V3's top-8 does not fit 4 reachable experts
+  expect_bad("n_group", absent, "8 (the default)");              // 8 groups of 1 expert
   expect_bad("n_shared_experts", 0, "field 'n_shared_experts'");
   expect_bad("first_k_dense_replace", -1, "field 'first_k_dense_replace'");
   expect_bad("first_k_dense_replace", nullptr, "field 'first_k_dense_replace'");

@@ -62,8 +62,8 @@ inline LoraWeights random_adapter(std::shared_ptr<const LoraTable> t, int64_t la
 }
 
 inline DecoderSpec deepseek_v3_spec(const char* variant) {
-  return DecoderSpec::from_file(
-      (std::filesystem::path(MIXTUNE_SOURCE_DIR) / "tests/fixtures/deepseek_v3" / variant / "ckpt/config.json").string());
+  const std::filesystem::path dir = std::filesystem::path(MIXTUNE_SOURCE_DIR) / "tests/fixtures/deepseek_v3" / variant;
+  return DecoderSpec::from_file((dir / "ckpt/config.json").string());
 }
 
 // Every target name of the family that matches a parameter of `s` (DeepSeek-V3 has q_proj or the q LoRA pair).

@@ -190,7 +190,8 @@ TEST(CpuExpertParallelDeepseekV3, EngineStepsFollowEp1AndTheSharedSaveIsTheWhole
       shared_dir_save(
           share, dir.file("ep2"), [&](const std::string& tmp) { lm.write_pretrained_layout(tmp); },
           [&](const std::string& tmp) {
-            lm.write_pretrained_rows(tmp, [&](const std::string& n, const Tensor& t) { return share.model_rows(n, t); });
+            lm.write_pretrained_rows(tmp,
+                                     [&](const std::string& n, const Tensor& t) { return share.model_rows(n, t); });
           });
     });
     for (int r = 0; r < kWorld; ++r) ASSERT_EQ(err[r], "") << "ep " << ep << " rank " << r;

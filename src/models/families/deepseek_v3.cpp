@@ -202,15 +202,27 @@ DecoderSpec parse_deepseek_v3(const FieldReader& r) {
   m.router.correction_bias = true;
   m.router.norm_topk_prob = r.get_bool("norm_topk_prob", true);
   m.router.scale = r.get_number("routed_scaling_factor", 2.5, false);
-  m.router.groups = r.get_int("n_group", 8, 1, m.num_experts);
+  // Defaults (8 groups, 4 kept, top-8) are V3's; whether read or defaulted, each must fit the experts, else the field
+  // is named (with "(default)" when it is absent).
+  auto value_of = [&](const char* field, int64_t v) {
+    return r.present(field) ? json_found(*r.find(field)) : fmt::format("{} (the default)", v);
+  };
+  m.router.groups = r.get_int("n_group", 8);
   // The router takes the top two scores of each group and views the E scores as [groups, E / groups].
   if (m.num_experts % m.router.groups != 0 || m.num_experts / m.router.groups < 2)
     r.bad("n_group", "the experts must split into groups of at least 2",
           fmt::format("a divisor of n_routed_experts = {} leaving >= 2 experts per group", m.num_experts),
-          std::to_string(m.router.groups));
-  m.router.topk_groups = r.get_int("topk_group", 4, 1, m.router.groups);
+          value_of("n_group", m.router.groups));
+  m.router.topk_groups = r.get_int("topk_group", 4);
+  if (m.router.topk_groups > m.router.groups)
+    r.bad("topk_group", "more groups kept than there are",
+          fmt::format("an integer in [1, {}] (n_group)", m.router.groups), value_of("topk_group", m.router.topk_groups));
   const int64_t reachable = m.router.topk_groups * (m.num_experts / m.router.groups);
-  m.experts_per_token = r.get_int("num_experts_per_tok", 8, 1, reachable);
+  m.experts_per_token = r.get_int("num_experts_per_tok", 8);
+  if (m.experts_per_token > reachable)
+    r.bad("num_experts_per_tok", "more experts than the kept groups hold",
+          fmt::format("an integer in [1, {}] (topk_group x n_routed_experts / n_group)", reachable),
+          value_of("num_experts_per_tok", m.experts_per_token));
   const int64_t shared = r.get_int("n_shared_experts", 1, 1, kMaxDim);
   m.shared_expert = MlpSpec{m.expert.intermediate_size * shared, Activation::swiglu, false};
   m.aux_loss_on = false;  // DeepseekV3ForCausalLM computes no auxiliary loss
@@ -233,7 +245,8 @@ DecoderSpec parse_deepseek_v3(const FieldReader& r) {
   check_tensor_size(r, "vocab_size", "embed_tokens", {s.vocab_size, s.hidden_size});
   check_tensor_size(r, "num_attention_heads", "q_b_proj",
                     {a.heads, a.head_dim, a.q_lora_rank > 0 ? a.q_lora_rank : s.hidden_size});
-  check_tensor_size(r, "num_attention_heads", "kv_b_proj", {a.heads, a.qk_nope_head_dim + a.v_head_dim, a.kv_lora_rank});
+  check_tensor_size(r, "num_attention_heads", "kv_b_proj",
+                    {a.heads, a.qk_nope_head_dim + a.v_head_dim, a.kv_lora_rank});
   check_tensor_size(r, "num_attention_heads", "o_proj", {a.heads, a.v_head_dim, s.hidden_size});
   check_tensor_size(r, "kv_lora_rank", "kv_a_proj_with_mqa", {a.kv_lora_rank + a.qk_rope_head_dim, s.hidden_size});
   check_tensor_size(r, "intermediate_size", "mlp.gate_proj", {dense.intermediate_size, s.hidden_size});

@@ -1,0 +1,200 @@
+// DeepSeek-V3 through the `mixtune` binary on the CPU (tests/fixtures/deepseek_v3): inspect describes the MLA /
+// sigmoid-router / shared-expert model, score gives Transformers' fp32 loss, finetune reproduces Transformers' five
+// AdamW steps on two packed documents (losses rel 1e-4, final weights abs 1e-4, as tests/train/trainer_test.cpp
+// does for Qwen3-MoE), convert dequantises the FP8 checkpoint, bench --plan-only plans the presets, and generate
+// says in one line that MLA has no decode cache yet.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <unistd.h>
+
+#include "../train/fixture_tensors.h"
+#include "../train/train_test_util.h"
+#include "cli_process.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using mt::test::RunResult;
+using mt::test::slurp;
+
+const std::string kFixtures = std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/deepseek_v3/";
+
+RunResult run(const std::string& args) { return mt::test::run_capture(args); }
+
+class DeepseekV3Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = fs::temp_directory_path() / ("mt_dsv3_cli_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  fs::path dir;
+};
+
+TEST_F(DeepseekV3Cli, InspectDescribesTheModel) {
+  RunResult r = run("inspect --json " + kFixtures + "mla_yarn_dense1/ckpt");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["architecture"], "DeepseekV3ForCausalLM");
+  EXPECT_EQ(j["dense_layers"], 1);
+  EXPECT_EQ(j["moe_layers"], 1);
+  EXPECT_EQ(j["parameters"]["total"], 42976);  // Transformers' num_parameters() (meta.json)
+  EXPECT_EQ(j["attention"][0]["kind"], "mla");
+  EXPECT_EQ(j["attention"][0]["head_dim"], 32);
+  EXPECT_EQ(j["attention"][0]["v_head_dim"], 16);
+  EXPECT_EQ(j["attention"][0]["q_lora_rank"], 16);
+  EXPECT_EQ(j["moe"][0]["router"], "sigmoid_group");
+  EXPECT_EQ(j["moe"][0]["shared_expert_intermediate_size"], 16);
+  r = run("inspect " + kFixtures + "mla_yarn_dense1/ckpt_fp8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("MLA, 4 heads, q_lora_rank 16, kv_lora_rank 16, qk dims 24+8, v_head_dim 16"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("shared expert intermediate 16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fp8 e4m3, 128x128 blocks"), std::string::npos) << r.out;
+}
+
+// The fixture's plain batch, one JSONL record per row: the token-weighted mean over the rows is Transformers' loss.
+TEST_F(DeepseekV3Cli, ScoreGivesTransformersLoss) {
+  for (const char* variant : {"mla_yarn_dense1", "plain_q_legacy_config"}) {
+    SCOPED_TRACE(variant);
+    const auto batch = mt::test::fixture_tensors_read(kFixtures + variant + "/plain.safetensors");
+    const mt::Tensor& ids = batch.at("input_ids");
+    const mt::Tensor& labels = batch.at("labels");
+    std::ofstream data(dir / "plain.jsonl");
+    for (int64_t row = 0; row < ids.dim(0); ++row) {
+      nlohmann::json rec;
+      for (int64_t s = 0; s < ids.dim(1); ++s) {
+        rec["input_ids"].push_back(ids.data_as<int64_t>()[row * ids.dim(1) + s]);
+        rec["labels"].push_back(labels.data_as<int64_t>()[row * ids.dim(1) + s]);
+      }
+      data << rec.dump() << "\n";
+    }
+    data.close();
+    const RunResult r = run("score --model " + kFixtures + variant + "/ckpt --data " + (dir / "plain.jsonl").string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto s = nlohmann::json::parse(r.out);
+    const auto meta = nlohmann::json::parse(slurp(kFixtures + variant + "/meta.json"))["batches"]["plain"]["fp32"];
+    EXPECT_EQ(s["tokens"], meta["tokens"]);
+    EXPECT_NEAR(s["loss"].get<double>(), meta["loss"].get<double>(), 1e-5 * meta["loss"].get<double>());
+    EXPECT_EQ(s["aux_loss"], 0.0);
+  }
+}
+
+// `mixtune finetune` on the CPU over the fixture's train.jsonl, packed into one 16-token row as Transformers'
+// DataCollatorWithFlattening packed it (positions restart, each document's first label dropped), against
+// Transformers' five AdamW steps. torch.optim.AdamW(model.parameters()) decays every parameter.
+TEST_F(DeepseekV3Cli, FinetuneMatchesTransformersFiveSteps) {
+  const fs::path recipe = dir / "recipe.yaml";
+  std::ofstream(recipe) << "model: {path: " << kFixtures << "mla_yarn_dense1/ckpt, dtype: float32}\n"
+                        << "data: {train: " << kFixtures << "train5/train.jsonl, seq_len: 16, pack: true}\n"
+                        << "train: {device: cpu, micro_batch_size: 1, grad_accum: 1, max_steps: 5, seed: 7}\n"
+                        << "optimizer: {lr: 1.0e-3, betas: [0.9, 0.95], eps: 1.0e-8, weight_decay: 0.01, "
+                           "decay_norms_and_biases: true}\n"
+                        << "schedule: {name: constant}\n"
+                        << "clip: {max_grad_norm: 0}\n"
+                        << "checkpoint: {dir: " << (dir / "run").string() << "}\n";
+  ASSERT_EQ(mt::test::run_mixtune({"finetune", recipe.string()}, dir / "log"), 0) << slurp(dir / "log");
+  const auto meta = nlohmann::json::parse(slurp(kFixtures + "train5/meta.json"));
+  const auto m = mt::test::metrics_of(dir / "run");
+  ASSERT_EQ(m.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    const double got = m[i]["loss"].get<double>(), want = meta["steps"][i]["loss"].get<double>();
+    EXPECT_LE(std::fabs(got - want), 1e-4 * want) << "step " << i + 1;
+    EXPECT_EQ(m[i]["trained_tokens"], meta["steps"][i]["tokens"]) << "step " << i + 1;
+  }
+  const auto ref = mt::test::fixture_checkpoint_read(kFixtures + "train5/final");
+  const auto got = mt::test::fixture_checkpoint_read((dir / "run" / "final").string());
+  ASSERT_EQ(got.tensors.size(), ref.tensors.size());
+  double worst = 0;
+  for (const auto& [name, t] : ref.tensors) {
+    ASSERT_TRUE(got.tensors.count(name)) << name;
+    const mt::Tensor& g = got.tensors.at(name);
+    ASSERT_EQ(g.shape(), t.shape()) << name;
+    ASSERT_EQ(g.dtype(), t.dtype()) << name;
+    for (int64_t i = 0; i < t.numel(); ++i)
+      worst = std::max(worst, double(std::fabs(g.data_as<float>()[i] - t.data_as<float>()[i])));
+  }
+  EXPECT_LE(worst, 1e-4);
+  EXPECT_EQ(got.shard_of, ref.shard_of);  // the source's shard layout, the buffer's shard included
+  // Not trained: the selection bias is saved as loaded.
+  const std::string bias = "model.layers.1.mlp.gate.e_score_correction_bias";
+  const auto src = mt::test::fixture_checkpoint_read(kFixtures + "mla_yarn_dense1/ckpt");
+  EXPECT_TRUE(mt::test::tensor_bytes_equal(got.tensors.at(bias), src.tensors.at(bias)));
+}
+
+TEST_F(DeepseekV3Cli, ConvertDequantisesFp8) {
+  const RunResult r = run("convert --in " + kFixtures + "mla_yarn_dense1/ckpt_fp8 --out " + (dir / "bf16").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto cfg = nlohmann::json::parse(slurp(dir / "bf16" / "config.json"));
+  EXPECT_FALSE(cfg.contains("quantization_config"));
+  EXPECT_EQ(cfg["dtype"], "bfloat16");
+  const auto want = mt::test::fixture_tensors_read(kFixtures + "mla_yarn_dense1/ckpt_fp8_dequantized.safetensors");
+  const auto got = mt::test::fixture_tensors_read((dir / "bf16" / "model.safetensors").string());
+  EXPECT_EQ(got.at("model.layers.0.self_attn.kv_b_proj.weight").to_floats(),
+            want.at("model.layers.0.self_attn.kv_b_proj.weight").to_floats());
+}
+
+// Both presets plan without a GPU (MLA counted as the CPU block keeps it); DeepSeek-V3 at full size does not fit one
+// GPU, one layer of it does.
+TEST_F(DeepseekV3Cli, BenchPlansThePresets) {
+  RunResult help = run("bench --help");
+  for (const char* p : {"deepseek-v3", "moonlight-16b-a3b"}) EXPECT_NE(help.out.find(p), std::string::npos) << p;
+  RunResult moon = run("bench --plan-only --preset moonlight-16b-a3b --layers 4 --seq 4096 --device-gib 139");
+  EXPECT_EQ(moon.code, 0) << moon.out << moon.err;
+  EXPECT_NE(moon.out.find("memory plan: 4 layers (3 MoE)"), std::string::npos) << moon.out;
+  RunResult v3 = run("bench --plan-only --preset deepseek-v3 --seq 4096");
+  EXPECT_EQ(v3.code, 1) << v3.out << v3.err;
+  EXPECT_NE(v3.out.find("memory plan: 61 layers (58 MoE)"), std::string::npos) << v3.out;
+  EXPECT_NE(v3.err.find("does not fit"), std::string::npos) << v3.err;
+}
+
+// A byte-level tokenizer.json (GPT-2's byte map, token id = byte value, no merges): "abc" is ids 97..99, inside the
+// fixture's vocabulary of 128.
+std::string byte_tokenizer_json() {
+  auto utf8 = [](uint32_t cp) {
+    std::string s;
+    if (cp < 0x80) return s += static_cast<char>(cp), s;
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+    return s;
+  };
+  nlohmann::json vocab = nlohmann::json::object();
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    vocab[utf8(printable ? b : next++)] = b;
+  }
+  const nlohmann::json byte_level = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", true}};
+  return nlohmann::json{{"version", "1.0"},
+                        {"added_tokens", nlohmann::json::array()},
+                        {"normalizer", nullptr},
+                        {"pre_tokenizer", byte_level},
+                        {"post_processor", byte_level},
+                        {"decoder", byte_level},
+                        {"model",
+                         {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"byte_fallback", false},
+                          {"ignore_merges", false}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}}
+      .dump();
+}
+
+TEST_F(DeepseekV3Cli, GenerateSaysMlaHasNoDecodeCache) {
+  fs::create_directories(dir / "tok");
+  std::ofstream(dir / "tok" / "tokenizer.json") << byte_tokenizer_json();
+  const RunResult r = run("generate --model " + kFixtures + "mla_yarn_dense1/ckpt --tokenizer " +
+                          (dir / "tok").string() + " --prompt abc --max-new-tokens 2 --temperature 0");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_EQ(r.err.rfind("mixtune: error: ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find("multi-head latent attention"), std::string::npos) << r.err;
+}
+
+}  // namespace
