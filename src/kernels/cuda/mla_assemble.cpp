@@ -30,7 +30,8 @@ Checked check_dims(const MlaAssembleDims& d, const Tensor& ckv, const Tensor& co
   MT_CHECK(d.tokens * d.heads * (d.nope + d.rope + dv_pad) < (int64_t{1} << 40), "mla: {} tokens x {} heads", d.tokens,
            d.heads);
   MT_CHECK(ckv.defined() && ckv.ndim() == 2 && ckv.dim(0) == d.tokens && ckv.dim(1) > d.rope,
-           "mla: ckv must be [T={}, kv_lora + {}], found {}", d.tokens, d.rope, ckv.defined() ? ckv.desc() : "undefined");
+           "mla: ckv must be [T={}, kv_lora + {}], found {}", d.tokens, d.rope,
+           ckv.defined() ? ckv.desc() : "undefined");
   check_flat(ckv, "ckv", ckv.numel(), dev);
   const int64_t half = d.rope / 2;
   for (const Tensor* t : {&cos, &sin}) {

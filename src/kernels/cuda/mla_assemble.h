@@ -3,8 +3,9 @@
 //   query[t, h] = [ q[t, h, :nope] | rope(q[t, h, nope:]) ]
 //   key[t, h]   = [ kv[t, h, :nope] | rope(ckv[t, C - rope:]) ]        (one rope key per token, on every head)
 //   value[t, h] = [ kv[t, h, nope:] | 0 … ]                            (Dv columns, zero-padded to v_pad)
-// q BF16 [T, heads·(nope + rope)] (q_b_proj's or q_proj's output), ckv BF16 [T, C] (kv_a_proj_with_mqa's: the kv latent,
-// then the rope key in its last `rope` columns), kv BF16 [T, heads·(nope + Dv)] (kv_b_proj's: k_nope | v per head).
+// q BF16 [T, heads·(nope + rope)] (q_b_proj's or q_proj's output), ckv BF16 [T, C] (kv_a_proj_with_mqa's: the kv
+// latent, then the rope key in its last `rope` columns), kv BF16 [T, heads·(nope + Dv)] (kv_b_proj's: k_nope | v per
+// head).
 // RoPE on the rope columns only, from the batch's table of that width (cos, sin F32 [T, rope/2]): interleaved pairs
 // (x_2i, x_2i+1) with the output de-interleaved (evens, then odds: Transformers' apply_rotary_pos_emb_interleave), or
 // the half split (x_i, x_{i+rope/2}); bf16: each product and the sum rounded, as the eager ops and the CPU reference.

@@ -7,8 +7,8 @@
 // layout is deterministic and equal to the CPU's ExpertsSaved). Experts with no tokens have empty ranges.
 //
 // Routing weights are applied in the combine, as HF's grouped_mm path does (hf-numerics.md §1.3):
-// out[t] = Σ_s bf16(w[t,s] · y[row]) summed in fp32 and rounded once. With fp32 routing weights (DeepSeek-V3) the products
-// stay fp32 (moe_combine's round_product). Passing no weights gives the plain
+// out[t] = Σ_s bf16(w[t,s] · y[row]) summed in fp32 and rounded once. With fp32 routing weights (DeepSeek-V3) the
+// products stay fp32 (moe_combine's round_product). Passing no weights gives the plain
 // sum, for a caller that applied the weights earlier (e.g. in the expert activation, cuda/swiglu.h).
 // Every call is asynchronous on `stream`.
 #pragma once

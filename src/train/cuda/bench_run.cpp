@@ -308,7 +308,8 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
     }
     auto bsrc = lm.weights.named_buffers();  // F32, replicated (DeepSeek-V3's e_score_correction_bias)
     auto bdst = w.named_buffers();
-    for (size_t i = 0; i < bsrc.size() && i < bdst.size(); ++i) *bdst[i].second = cuda::to_device(*bsrc[i].second, device);
+    for (size_t i = 0; i < bsrc.size() && i < bdst.size(); ++i)
+      *bdst[i].second = cuda::to_device(*bsrc[i].second, device);
   } else {
     for (auto& [name, t] : w.named_buffers()) {  // Transformers' init: zeros
       *t = Tensor::empty(t->shape(), t->dtype(), Device::cuda(device));

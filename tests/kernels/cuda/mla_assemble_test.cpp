@@ -37,7 +37,9 @@ std::vector<float> cols(const std::vector<float>& v, int64_t rows, int64_t width
   return r;
 }
 
-std::vector<float> first_half(const Tensor& full) { return cols(full.to_floats(), full.dim(0), full.dim(1), 0, full.dim(1) / 2); }
+std::vector<float> first_half(const Tensor& full) {
+  return cols(full.to_floats(), full.dim(0), full.dim(1), 0, full.dim(1) / 2);
+}
 
 std::vector<float> rounded(std::vector<float> v) {
   for (float& x : v) x = round_bf16(x);

@@ -106,7 +106,8 @@ void run_case(const test::MlaGeometry& g, int64_t S, uint64_t seed, const std::s
     }
   }
   const LayerWeights& L = w.layers[0];
-  const Tensor x = test::host_random({T, H}, seed + 1, 1.0f, true), dy = test::host_random({T, H}, seed + 2, 1.0f, true);
+  const Tensor x = test::host_random({T, H}, seed + 1, 1.0f, true);
+  const Tensor dy = test::host_random({T, H}, seed + 2, 1.0f, true);
 
   // CPU block.
   MlaBlockActs ca;

@@ -86,7 +86,8 @@ TEST_F(CudaDeepseekV3Fixture, LossAndLogitsMatchTransformersBf16) {
     ASSERT_EQ(count, ref["tokens"].get<int64_t>());
     const double ce = cuda::to_host(l.ce_sum).to_floats()[0] / static_cast<double>(count);
     // No farther from Transformers' bf16 loss than 5e-3, or than that is from its fp32 loss where larger.
-    const double move = rel_diff(ref["ce_loss"].get<double>(), meta["batches"][c.batch]["fp32"]["ce_loss"].get<double>());
+    const double move =
+        rel_diff(ref["ce_loss"].get<double>(), meta["batches"][c.batch]["fp32"]["ce_loss"].get<double>());
     EXPECT_LE(rel_diff(ce, ref["ce_loss"].get<double>()), std::max(5e-3, move)) << "ce " << ce << " vs " << ref["ce_loss"];
     EXPECT_LE(rel_diff(ce, ref["loss"].get<double>()), std::max(5e-3, move)) << "loss " << ce << " vs " << ref["loss"];
     if (std::string(c.batch) != "plain") continue;  // bf16 logits are stored for the plain batch
