@@ -259,6 +259,17 @@ DecoderModel::DecoderModel(const DecoderSpec& cfg, ModelWeights& weights, const 
          dtype_safetensors_name(dt));
   check_params(cfg_, w_, "parameter", dt, opts_.expert_parallel);
   bf16_ = dt == DType::BF16;
+  if (opts_.expert_load) {
+    MT_CHECK(static_cast<int64_t>(opts_.expert_load->size()) == cfg_.num_layers(), "expert loads of {} layers for {}",
+             opts_.expert_load->size(), cfg_.num_layers());
+    for (int64_t l = 0; l < cfg_.num_layers(); ++l)
+      for (const Sublayer& sub : cfg_.layers[static_cast<size_t>(l)].sublayers)
+        if (sub.kind == SublayerKind::moe) {
+          const Tensor& t = (*opts_.expert_load)[static_cast<size_t>(l)];
+          MT_CHECK(t.defined() && t.dtype() == DType::I32 && t.shape() == Shape{cfg_.moe[static_cast<size_t>(sub.index)].num_experts},
+                   "expert loads of layer {}: expected I32 [E], found {}", l, t.defined() ? t.desc() : "none");
+        }
+  }
   if (opts_.lora) {
     if (opts_.expert_parallel || opts_.residency)
       fail("LoRA: expert parallelism and sharded parameters are not supported with an adapter");
@@ -380,6 +391,7 @@ ForwardResult DecoderModel::forward_backward_impl(const Batch& b, ModelWeights& 
           break;
         case SublayerKind::moe:
           x = moe_block_forward(env, cfg_.moe[k], L, x, &sv.moe, layer_lora(l));
+          if (opts_.expert_load) cpu::router_expert_load_add(sv.moe.route.index, (*opts_.expert_load)[l]);
           router_logits.push_back(sv.moe.logits);
           moe_layers.push_back(l);
           break;

@@ -4,6 +4,7 @@
 // plain fp32 for F32 parameters, the bf16 rounding points of hf-numerics.md §1.1 for BF16 parameters.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 #include "models/spec/decoder_spec.h"
@@ -72,6 +73,10 @@ struct ModelOptions {
   // A LoRA adapter (models/lora_adapter.h) on the adapted slots: y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ there. It must outlive the
   // model. Not with expert parallelism or sharded parameters (the trainer refuses those first). Null: none.
   const LoraWeights* lora = nullptr;
+  // Per decoder layer, I32 [E] on the CPU (undefined for a layer without MoE; train/expert_load.h): forward_backward
+  // adds each MoE layer's routed slots per expert (this process's tokens, over all E experts also under expert
+  // parallelism). forward() does not count (evaluation). Null: nothing counted.
+  std::vector<Tensor>* expert_load = nullptr;
 };
 
 class DecoderModel {

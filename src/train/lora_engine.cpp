@@ -11,6 +11,7 @@
 #include "core/memory.h"
 #include "models/lora_checkpoint.h"
 #include "train/adamw.h"
+#include "train/expert_load.h"
 #include "train/grad_clip.h"
 #include "train/train_checkpoint.h"
 
@@ -20,7 +21,8 @@ namespace {
 class CpuLoraEngine final : public TrainEngine {
  public:
   CpuLoraEngine(CausalLM& lm, const Recipe& r, LoraWeights adapter)
-      : lm_(lm), adapter_(std::move(adapter)), model_(lm.config, lm.weights, model_options(adapter_)),
+      : lm_(lm), adapter_(std::move(adapter)), loads_(ExpertLoads::zeros(lm.config)),
+        model_(lm.config, lm.weights, model_options(adapter_, loads_)),
         base_grads_(lora_base_grads(lm.config, *adapter_.table)),
         lora_grads_(LoraWeights::zeros(adapter_.table, lm.config.num_layers())),
         optimizer_(trainable(lm, adapter_), adamw_options_from(r),
@@ -28,6 +30,7 @@ class CpuLoraEngine final : public TrainEngine {
     if (r.optimizer.moment_dtype != "float32")
       fail("optimizer.moment_dtype: '{}' is supported on CUDA only (the CPU optimizer keeps float32 moments)",
            r.optimizer.moment_dtype);
+    expert_bias_recipe_check(r, lm.config);  // refuses a bias update: the base is frozen
     for (auto& [name, g] : lora_grads_.named_parameters()) grads_.push_back(g);
     for (const std::string& name : adapter_.table->full) grads_.push_back(&base_grads_.slot(*table().find(name)));
     grads_const_.assign(grads_.begin(), grads_.end());
@@ -38,6 +41,7 @@ class CpuLoraEngine final : public TrainEngine {
 
   EngineStep step(const std::vector<Batch>& window, double ce_divisor, double lr, double max_grad_norm) override {
     for (Tensor* g : grads_) std::memset(g->data(), 0, g->nbytes());
+    if (!loads_.empty()) loads_.flat.fill_zero();
     LossOptions lo;
     lo.ce_divisor = ce_divisor;
     EngineStep s;
@@ -48,6 +52,7 @@ class CpuLoraEngine final : public TrainEngine {
       s.aux_loss += f.aux_loss;
     }
     if (!window.empty()) s.aux_loss /= static_cast<double>(window.size());
+    s.expert_load_max_over_mean = expert_loads_max_over_mean(loads_);  // the metric only: the base stays frozen
     s.grad_norm = grad_global_norm(grads_);
     s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
     if (s.finite) {
@@ -85,9 +90,10 @@ class CpuLoraEngine final : public TrainEngine {
 
  private:
   const ParamTable& table() const { return lm_.weights.param_table(); }
-  static ModelOptions model_options(const LoraWeights& adapter) {
+  static ModelOptions model_options(const LoraWeights& adapter, ExpertLoads& loads) {
     ModelOptions o;
     o.lora = &adapter;
+    if (!loads.empty()) o.expert_load = &loads.layers;
     return o;
   }
   // The adapter's tensors, then the full-trained base parameters, in table order.
@@ -103,6 +109,7 @@ class CpuLoraEngine final : public TrainEngine {
 
   CausalLM& lm_;
   LoraWeights adapter_;
+  ExpertLoads loads_;  // this step's routed slots per expert and MoE layer (metrics only)
   DecoderModel model_;
   ModelWeights base_grads_;  // undefined but for the full-trained parameters
   LoraWeights lora_grads_;

@@ -12,6 +12,7 @@ struct StepReport {
   int64_t step = 0, total_steps = 0;
   double loss = 0, lr = 0, tokens_per_s = 0, grad_norm = 0;
   double seconds_per_step = 0;  // recent average, for the ETA
+  double expert_load = 0;       // routed experts' max/mean load (EngineStep); 0: no routed experts, not shown
   bool skipped = false;
 };
 

@@ -33,6 +33,7 @@ const std::vector<Section>& recipe_schema() {
       {"parallel",
        {"timeout_s", "ep", "ep_dispatch", "ep_row_headroom", "shard_optimizer", "shard_parameters", "reshard_after_forward", "gpu_collectives"}},
       {"peft", {"method", "r", "alpha", "dropout", "target", "use_rslora"}},
+      {"moe", {"bias_update_rate"}},
   };
   return s;
 }
@@ -316,6 +317,12 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& sets
   rc.parallel.reshard_after_forward =
       r.boolean("parallel", "reshard_after_forward", rc.parallel.reshard_after_forward);
   recipe_read_peft(r, root, rc);
+  rc.moe.bias_update_rate = r.real("moe", "bias_update_rate", rc.moe.bias_update_rate, 0, false, kInf, true,
+                                   "must be a finite number >= 0");
+  if (rc.moe.bias_update_rate > 0 && rc.peft.enabled)
+    fail("{}: moe.bias_update_rate: LoRA training keeps the base model frozen, and the selection bias is part of it "
+         "(an adapter checkpoint does not carry it); set 0, or train in full (no peft section)",
+         path);
   if (rc.parallel.shard_parameters && !rc.parallel.shard_optimizer)
     fail("{}: parallel.shard_parameters: needs parallel.shard_optimizer true (the rank that keeps a parameter "
          "also keeps its optimizer state and updates it)",

@@ -87,6 +87,15 @@ struct RecipePeft {
   std::vector<std::string> target;  // the family's names (checked against the model when it is loaded)
 };
 
+// Mixture-of-experts training settings.
+struct RecipeMoe {
+  // DeepSeek-V3's auxiliary-loss-free load balancing (train/expert_load.h): after each optimizer step every MoE
+  // layer's selection bias (e_score_correction_bias) moves by γ = bias_update_rate toward the experts that got fewer
+  // tokens than the mean: bias_e += γ · sign(mean_load − load_e). 0: never (Transformers' behaviour). Needs a model
+  // with that bias; not with LoRA (the bias belongs to the frozen base).
+  double bias_update_rate = 0.0;
+};
+
 // Multi-process jobs (`mixtune launch`, mpirun, srun): every rank runs the recipe; the world size comes
 // from the launcher's environment (distributed/process_group_env.h).
 struct RecipeParallel {
@@ -136,6 +145,7 @@ struct Recipe {
   RecipeCheckpoint checkpoint;
   RecipeParallel parallel;
   RecipePeft peft;
+  RecipeMoe moe;
 };
 
 // Loads and validates a recipe; each of `sets` is "section.key=value" (value parsed as YAML,

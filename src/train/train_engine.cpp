@@ -10,6 +10,7 @@
 #include "distributed/communicator.h"
 #include "layers/expert_parallel.h"
 #include "train/adamw.h"
+#include "train/expert_load.h"
 #include "train/grad_clip.h"
 #include "train/sharded_params.h"
 #include "train/train_checkpoint.h"
@@ -32,13 +33,16 @@ class CpuEngine final : public TrainEngine {
                     ? optimizer_shards_for(lm.weights, comm_->size(), comm_->rank(), r.parallel.ep)
                     : OptimizerShards()),
         sharded_params_(sharded_params_of(lm, r, shards_, comm_)),
-        model_(lm.config, lm.weights, model_options(ep_, sharded_params_.get())),
+        loads_(ExpertLoads::zeros(lm.config)),
+        bias_rate_(r.moe.bias_update_rate),
+        model_(lm.config, lm.weights, model_options(ep_, sharded_params_.get(), loads_)),
         grads_(ModelWeights::zeros_like_config(lm.config, DType::F32, split() ? ep_.experts_per_rank : -1)),
         optimizer_(shards_.updated(lm.weights.named_parameters()), adamw_options_from(r),
                    r.optimizer.decay_norms_and_biases ? std::function<bool(const std::string&)>() : adamw_hf_decays) {
     if (r.optimizer.moment_dtype != "float32")
       fail("optimizer.moment_dtype: '{}' is supported on CUDA only (the CPU optimizer keeps float32 moments)",
            r.optimizer.moment_dtype);
+    expert_bias_recipe_check(r, lm.config);
     if (r.optimizer.expert_grad_dtype != "float32")
       fail("optimizer.expert_grad_dtype: '{}' is supported on CUDA only (the CPU keeps float32 gradients)",
            r.optimizer.expert_grad_dtype);
@@ -61,6 +65,7 @@ class CpuEngine final : public TrainEngine {
 
   EngineStep step(const std::vector<Batch>& window, double ce_divisor, double lr, double max_grad_norm) override {
     for (Tensor* g : grad_list_) std::memset(g->data(), 0, g->nbytes());
+    if (!loads_.empty()) loads_.flat.fill_zero();
     LossOptions lo;
     lo.ce_divisor = ce_divisor;
     EngineStep s;
@@ -74,10 +79,22 @@ class CpuEngine final : public TrainEngine {
     if (comm_) {
       ++steps_;
       reduce_gradients();
-      double sums[4] = {s.loss, s.ce_loss, s.aux_loss, micro_batches};
-      comm_->all_reduce_sum(sums, 4, "all_reduce(loss sums, step " + std::to_string(steps_) + ")");
+      // The loss sums and every rank's expert loads (exact in doubles) in one all-reduce.
+      std::vector<double> sums = {s.loss, s.ce_loss, s.aux_loss, micro_batches};
+      const int64_t nloads = loads_.empty() ? 0 : loads_.flat.numel();
+      const int32_t* load = nloads ? loads_.flat.data_as<int32_t>() : nullptr;
+      for (int64_t i = 0; i < nloads; ++i) sums.push_back(load[i]);
+      comm_->all_reduce_sum(sums.data(), static_cast<int64_t>(sums.size()),
+                            "all_reduce(loss sums and expert loads, step " + std::to_string(steps_) + ")");
       s.loss = sums[0], s.ce_loss = sums[1], s.aux_loss = sums[2], micro_batches = sums[3];
+      for (int64_t i = 0; i < nloads; ++i) {
+        const double v = sums[4 + static_cast<size_t>(i)];
+        MT_CHECK(v <= 2147483647.0, "step {}: an expert load of {} slots over the ranks (more than int32 holds)",
+                 steps_, v);
+        loads_.flat.data_as<int32_t>()[i] = static_cast<int32_t>(v);
+      }
     }
+    s.expert_load_max_over_mean = expert_loads_max_over_mean(loads_);
     if (micro_batches > 0) s.aux_loss /= micro_batches;
     s.grad_norm = shards_.active() || split() ? distributed_grad_norm() : grad_global_norm(grad_list_);
     s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
@@ -87,6 +104,8 @@ class CpuEngine final : public TrainEngine {
       // Sharded parameters (the expert stacks too) are fetched from their owners at their next use instead.
       if (shards_.active() && !sharded_params_) broadcast_updates();
       if (shards_.experts_sharded() && !sharded_params_) broadcast_expert_updates();
+      // After the optimizer step, every rank alike from the summed loads (DeepSeek-V3's bias update).
+      if (bias_rate_ > 0) expert_bias_update_all(loads_, lm_.weights, bias_rate_);
     }
     return s;
   }
@@ -305,10 +324,11 @@ class CpuEngine final : public TrainEngine {
     lm.experts_partial = true;
     return ep;
   }
-  static ModelOptions model_options(const ExpertParallel& ep, ParamResidency* residency) {
+  static ModelOptions model_options(const ExpertParallel& ep, ParamResidency* residency, ExpertLoads& loads) {
     ModelOptions o;
     if (!ep.group.empty()) o.expert_parallel = &ep;
     o.residency = residency;
+    if (!loads.empty()) o.expert_load = &loads.layers;
     return o;
   }
   // ZeRO-3 (parallel.shard_parameters): the ZeRO-1 owners keep the parameters too. One process: nothing to
@@ -327,6 +347,8 @@ class CpuEngine final : public TrainEngine {
   std::vector<float> flat_;
   OptimizerShards shards_;  // ZeRO-1 over the ranks (train/optimizer_shards.h), or none
   std::unique_ptr<ShardedParams> sharded_params_;  // ZeRO-3 (train/sharded_params.h), or none
+  ExpertLoads loads_;       // this step's routed slots per expert and MoE layer (summed over the ranks)
+  double bias_rate_ = 0;    // moe.bias_update_rate
   DecoderModel model_;
   ModelWeights grads_;
   AdamW optimizer_;         // the parameters this rank updates

@@ -25,6 +25,9 @@ struct EngineStep {
   double loss = 0, ce_loss = 0, aux_loss = 0;  // aux: mean over the micro-batches
   double grad_norm = 0;                        // before clipping
   bool finite = true;                          // false: the update was skipped
+  // The step's routing balance over every rank's tokens (train/expert_load.h): the largest over the MoE layers of
+  // max_e load_e / mean load, 1 = even. 0: the model has no routed experts.
+  double expert_load_max_over_mean = 0;
 };
 
 struct EngineEval {
@@ -69,7 +72,9 @@ class Communicator;
 // The CPU reference engine. lm must outlive it. With a communicator of more than one rank it trains data
 // parallel: each rank runs forward/backward on its own micro-batches of the window, then the gradients
 // and the loss sums are summed over the ranks (bitwise the same on every rank) before the identical
-// clipping and AdamW step on every rank's copy of the parameters. With parallel.ep > 1 a rank's copy holds
+// clipping and AdamW step on every rank's copy of the parameters. The routed-expert loads of the step are summed
+// over the ranks too (with the loss sums) and, with moe.bias_update_rate > 0, update every rank's selection biases
+// alike after the optimizer step (train/expert_load.h). With parallel.ep > 1 a rank's copy holds
 // its own experts only (lm's expert stacks become that slice), their gradients are summed over the ranks
 // holding the same experts and their norms over the expert-parallel group. comm must outlive the engine.
 std::unique_ptr<TrainEngine> cpu_engine_create(CausalLM& lm, const Recipe& r, Communicator* comm = nullptr);

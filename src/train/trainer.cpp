@@ -31,6 +31,7 @@
 #include "models/decoder_model.h"
 #include "models/hf_checkpoint_map.h"
 #include "models/lora_checkpoint.h"
+#include "train/expert_load.h"
 #include "train/lora_engine.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
@@ -243,6 +244,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
   const fs::path config_path = fs::path(model_dir) / "config.json";
   if (!fs::exists(config_path)) fail("{}: no config.json in the model directory", model_dir);
   const DecoderSpec model_cfg = DecoderSpec::from_file(config_path.string());
+  expert_bias_recipe_check(r, model_cfg);  // before the model loads
   std::string device_why;
   // Every rank must agree on the engine (a rank on the CPU and another on a GPU cannot share collectives).
   int device = train_device_resolve(r, model_cfg, &device_why, pg.local_rank, comm ? std::max(pg.local_world, 1) : 1);
@@ -521,6 +523,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
     rec["tokens_per_s"] = seconds > 0 ? static_cast<double>(window_tokens) / seconds : 0.0;
     rec["peak_memory_bytes"] = engine->peak_memory_bytes();
     rec["peak_reserved_bytes"] = engine->peak_reserved_bytes();
+    if (es.expert_load_max_over_mean > 0) rec["expert_load_max_over_mean"] = es.expert_load_max_over_mean;
     rec["epoch"] = st.loader.epoch;
     if (!finite) rec["skipped"] = true;
 
@@ -533,6 +536,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
     rep.tokens_per_s = rec["tokens_per_s"].get<double>();
     rep.seconds_per_step = avg;
     rep.skipped = !finite;
+    rep.expert_load = es.expert_load_max_over_mean;
     if (!finite) {
       progress.message(fmt::format("warning: step {}: non-finite {} ({} in a row); the update was skipped",
                                    st.step, std::isfinite(loss) ? "gradients" : "loss", st.nonfinite_streak));

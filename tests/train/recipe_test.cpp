@@ -174,7 +174,7 @@ TEST(Recipe, UnknownKeyAndSection) {
             ": unknown key 'train.foo' (valid keys in 'train': micro_batch_size, grad_accum, max_steps, epochs, "
             "seed, device, eval_every, log_every, max_nonfinite_steps, recompute, deterministic)");
   EXPECT_EQ(load_error(std::string(kMinimal) + "trian: {epochs: 1}\n"),
-            ": unknown section 'trian' (valid sections: model, data, train, optimizer, schedule, clip, checkpoint, parallel, peft)");
+            ": unknown section 'trian' (valid sections: model, data, train, optimizer, schedule, clip, checkpoint, parallel, peft, moe)");
   EXPECT_EQ(load_error(std::string(kMinimal) + "clip: 3\n"), ": clip: must be a mapping of keys (found 3)");
   EXPECT_EQ(load_error("- a\n- b\n"), ": the recipe must be a mapping of sections (found a list)");
 }

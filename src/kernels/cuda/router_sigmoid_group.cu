@@ -199,13 +199,26 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (lane < k) store_out(out + my_idx, g);
 }
 
-__global__ void expert_load_kernel(const int32_t* __restrict__ index, int64_t slots, int E, int32_t* __restrict__ load) {
+// A block histogram in shared memory when E fits there (smem_load), then one global atomicAdd per expert and block:
+// the counts are integers, so the order does not matter; a block has 256 threads and up to 64 blocks, so a layer of
+// T·k slots costs ≤ 64·E global atomics instead of T·k of them onto E addresses.
+__global__ void expert_load_kernel(const int32_t* __restrict__ index, int64_t slots, int E, int32_t* __restrict__ load,
+                                   bool smem_load) {
   pdl_wait();
+  extern __shared__ int s_count[];
+  if (smem_load) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s_count[e] = 0;
+    __syncthreads();
+  }
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < slots;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int e = index[i];
-    if (e >= 0 && e < E) atomicAdd(&load[e], 1);
+    if (e >= 0 && e < E) atomicAdd(smem_load ? &s_count[e] : &load[e], 1);
   }
+  if (!smem_load) return;
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    if (s_count[e]) atomicAdd(&load[e], s_count[e]);
 }
 
 int experts_per_lane(int E) {
@@ -291,8 +304,11 @@ void router_sigmoid_group_backward_launch(const float* dweights, const void* log
 }
 
 void router_expert_load_launch(const int32_t* index, int64_t slots, int E, int32_t* load, cudaStream_t stream) {
-  const int blocks = static_cast<int>(std::min<int64_t>((slots + 255) / 256, 1024));
-  launch_kernel(expert_load_kernel, blocks, 256, 0, stream, index, slots, E, load);
+  const bool smem_load = E <= 12288;  // 48 KiB of counts: no opt-in needed
+  const int blocks = static_cast<int>(std::min<int64_t>((slots + 255) / 256, smem_load ? 64 : 1024));
+  if (blocks == 0) return;
+  launch_kernel(expert_load_kernel, blocks, 256, smem_load ? static_cast<size_t>(E) * sizeof(int) : 0, stream, index,
+                slots, E, load, smem_load);
 }
 
 }  // namespace detail

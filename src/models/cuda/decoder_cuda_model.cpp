@@ -10,6 +10,7 @@
 #include "kernels/cuda/linear_cross_entropy.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/router.h"
+#include "kernels/cuda/router_sigmoid_group.h"
 #include "kernels/cuda/row_select.h"
 #include "layers/cuda/attention_block_cuda.h"
 #include "layers/cuda/mla_attention_block_cuda.h"
@@ -206,8 +207,10 @@ struct StreamEnd {
 // Under ZeRO-3 the groups are fetched in reading order, each next one prefetched while the current one
 // computes; the end of layer l reads layer l + 1's first norm, so both are here there. The head's group
 // stays fetched (the caller releases it).
+// expert_load (CudaModelOptions::expert_load, or null): each MoE layer's routed slots are added there.
 StreamEnd run_layers(const CudaBlockEnv& env, const ModelWeights& w, const CudaBatch& b, cuda::AuxStats* stats,
-                     std::vector<LayerActs>* keep, Recompute rc, const Params& params, const LoraWeights* lora) {
+                     std::vector<LayerActs>* keep, Recompute rc, const Params& params, const LoraWeights* lora,
+                     std::vector<Tensor>* expert_load = nullptr) {
   const DecoderSpec& c = *env.cfg;
   const int64_t T = b.tokens(), H = c.hidden_size, nl = c.num_layers();
   const int64_t head = ParamResidency::head(nl);
@@ -226,6 +229,10 @@ StreamEnd run_layers(const CudaBlockEnv& env, const ModelWeights& w, const CudaB
     const CudaBlockEnv lenv = layer_env(env, l, lora, nullptr);
     params.prefetch(l + 1);
     Tensor y = layer_forward(lenv, w.layers[l], x, a, stats, acts);
+    if (expert_load)  // the routed slots per expert: the MoE block's route.index, global expert ids [T, k]
+      for (const SublayerActs& s : acts.subs)
+        if (s.moe.route.index.defined())
+          cuda::router_expert_load_add(s.moe.route.index, (*expert_load)[static_cast<size_t>(l)], env.stream);
     env.phase(Phase::other);
     params.fetch(l + 1);
     const Tensor x_last = acts.subs.back().x;  // the last sublayer's input
@@ -488,7 +495,7 @@ CudaLoss DecoderCudaModel::forward_backward_impl(const CudaBatch& b, ModelWeight
   // Forward, keeping what the recompute policy says.
   std::vector<LayerActs> acts(nl);
   const Params params{opts_.residency};
-  StreamEnd end = run_layers(env, w_, b, aux_on_ ? &stats : nullptr, &acts, rc, params, opts_.lora);
+  StreamEnd end = run_layers(env, w_, b, aux_on_ ? &stats : nullptr, &acts, rc, params, opts_.lora, opts_.expert_load);
   Tensor x_last = end.x, xf = end.xf;
   end = {};
 

@@ -58,6 +58,10 @@ struct CudaModelOptions {
   // B' = bf16(s·B)), run at every adapted slot (kernels/cuda/lora.h). It must outlive the model. Not with expert
   // parallelism or sharded parameters. Null: none.
   const LoraWeights* lora = nullptr;
+  // Per decoder layer, I32 [E] on the model's device (undefined for a layer without MoE; train/expert_load.h):
+  // forward_backward adds each MoE layer's routed slots per expert (from the block's route.index: this rank's tokens,
+  // global expert ids, also under expert parallelism). Neither forward() nor a recompute counts. Null: none.
+  std::vector<Tensor>* expert_load = nullptr;
 };
 
 // Device scalars of one micro-batch; read them (cuda::to_host) after the step's sync.

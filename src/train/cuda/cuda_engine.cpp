@@ -23,6 +23,7 @@
 #include "train/cuda/cuda_lora_engine.h"
 #include "train/cuda/cuda_param_transport.h"
 #include "train/cuda/cuda_train_step.h"
+#include "train/expert_load.h"
 #include "train/memory_plan.h"
 #include "train/sharded_params.h"
 #include "train/train_checkpoint.h"
@@ -49,10 +50,12 @@ class CudaEngine final : public TrainEngine {
  public:
   // comm: the job's host communicator when it has more than one rank (one GPU per rank), else null.
   CudaEngine(CausalLM& lm, const Recipe& r, int device, std::FILE* log, Communicator* comm)
-      : lm_(lm), device_(device), host_f32_(lm.weights.embed.dtype() == DType::F32), log_(log) {
+      : lm_(lm), device_(device), host_f32_(lm.weights.embed.dtype() == DType::F32),
+        bias_update_(r.moe.bias_update_rate > 0), log_(log) {
     if (host_f32_ && r.optimizer.master_weights != "float32")
       fail("model.dtype float32 with optimizer.master_weights none: on CUDA the model computes in bf16 and "
            "float32 means fp32 master weights; set optimizer.master_weights: float32 or model.dtype: bfloat16");
+    expert_bias_recipe_check(r, lm.config);
     cuda::device_set(device_);
     CudaStepCollectives col;
     const bool ranks = comm && comm->size() > 1;
@@ -115,6 +118,7 @@ class CudaEngine final : public TrainEngine {
   // Each rank brings to the host what it writes of a save (train/shared_save.h): rank 0 every tensor that is
   // not split over ranks, the first expert-parallel group's ranks their experts' rows. Nothing is gathered.
   void weights_to_host() override {
+    biases_to_host();
     if (host_f32_) {
       for (auto& [name, t] : step_->optimizer().named_state())
         if (ends_with(name, ".master")) to_host_own(name, *t, *host_param(name.substr(0, name.size() - 7)));
@@ -219,6 +223,17 @@ class CudaEngine final : public TrainEngine {
     cuda_copy_to_host_converting(dev, own);
   }
 
+  // The selection biases the aux-loss-free balancing moved (moe.bias_update_rate; fp32 buffers, the same on every
+  // rank), where rank 0 writes them; nothing to do without the update.
+  void biases_to_host() {
+    if (!bias_update_ || !writes_output()) return;
+    for (size_t l = 0; l < lm_.weights.layers.size(); ++l) {
+      const Tensor& dev = weights_.layers[l].router_score_bias;
+      Tensor& host = lm_.weights.layers[l].router_score_bias;
+      if (dev.defined() && host.defined()) cuda::copy_device_to_host(host, dev);
+    }
+  }
+
   Tensor* host_param(const std::string& name) {
     for (auto& [n, t] : lm_.weights.named_parameters())
       if (n == name) return t;
@@ -237,6 +252,7 @@ class CudaEngine final : public TrainEngine {
   CausalLM& lm_;
   int device_;
   bool host_f32_;
+  bool bias_update_ = false;  // moe.bias_update_rate > 0
   std::FILE* log_ = nullptr;
   int rank_ = 0;
   int64_t steps_ = 0;  // step() calls in this process

@@ -41,6 +41,7 @@ CudaTrainStepOptions cuda_step_options(const Recipe& r) {
   o.adamw.seed = r.train.seed;
   o.expert_grad_dtype = r.optimizer.expert_grad_dtype == "bfloat16" ? DType::BF16 : DType::F32;
   if (!r.optimizer.decay_norms_and_biases) o.decays = adamw_hf_decays;
+  o.expert_bias_rate = r.moe.bias_update_rate;
   return o;
 }
 

@@ -12,6 +12,7 @@
 #include "models/cuda/cuda_lora.h"
 #include "train/cuda/cuda_engine_setup.h"
 #include "train/cuda/cuda_train_step.h"
+#include "train/expert_load.h"
 #include "train/memory_plan.h"
 #include "train/train_checkpoint.h"
 
@@ -32,6 +33,7 @@ class CudaLoraEngine final : public TrainEngine {
     if (host_f32_ && r.optimizer.master_weights != "float32")
       fail("model.dtype float32 with optimizer.master_weights none: on CUDA the model computes in bf16 and "
            "float32 means fp32 master weights; set optimizer.master_weights: float32 or model.dtype: bfloat16");
+    expert_bias_recipe_check(r, lm.config);  // refuses a bias update: the base is frozen
     cuda::device_set(device_);
     MemoryPlanInput in = cuda_memory_plan_input(lm.config, r, /*ep=*/1, /*world=*/1);
     memory_plan_set_lora(in, *adapter_.table, /*gpu=*/true);  // frozen experts: no wgrads to pair

@@ -9,6 +9,7 @@
 #include "distributed/cuda/device_communicator.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/expert_bias.h"
 #include "kernels/cuda/grad_norm.h"
 
 namespace mt {
@@ -18,11 +19,28 @@ namespace {
 float host_scalar(const Tensor& t) { return cuda::to_host(t).to_floats()[0]; }
 
 // The step flushes after its micro-batches, so the model may pair their expert wgrads.
-CudaModelOptions model_options(CudaModelOptions o, const CudaTrainStepOptions& so) {
+CudaModelOptions model_options(CudaModelOptions o, const CudaTrainStepOptions& so, ExpertLoads& loads) {
   o.pair_expert_wgrad = so.pair_expert_wgrad;
   o.expert_parallel = so.collectives.ep;
   if (so.lora) o.lora = &so.lora->working();
+  if (!loads.empty()) o.expert_load = &loads.layers;
   return o;
+}
+
+// The layers whose selection bias the update moves: a MoE layer of a router with a correction bias, whose bias is
+// an F32 [E] tensor on the device.
+void check_device_biases(const DecoderSpec& cfg, const ModelWeights& w, const ExpertLoads& loads, int device) {
+  for (int64_t l = 0; l < cfg.num_layers(); ++l)
+    for (const Sublayer& sub : cfg.layers[static_cast<size_t>(l)].sublayers) {
+      if (sub.kind != SublayerKind::moe || !cfg.moe[static_cast<size_t>(sub.index)].router.correction_bias) continue;
+      const Tensor& b = w.layers[static_cast<size_t>(l)].router_score_bias;
+      const int64_t E = cfg.moe[static_cast<size_t>(sub.index)].num_experts;
+      if (!b.defined() || b.device() != Device::cuda(device) || b.dtype() != DType::F32 || b.shape() != Shape{E} ||
+          !loads.layers[static_cast<size_t>(l)].defined())
+        fail("moe.bias_update_rate: layer {}'s selection bias (e_score_correction_bias) is not an F32 [{}] tensor on "
+             "cuda:{} (found {})",
+             l, E, device, b.defined() ? b.desc() + " on " + b.device().str() : "none");
+    }
 }
 
 // What AdamW updates: every parameter without LoRA; under LoRA the base parameters that train in full (those with
@@ -75,7 +93,11 @@ CudaTrainStep::CudaTrainStep(const DecoderSpec& cfg, ModelWeights& weights, int 
                              const CudaTrainStepOptions& o)
     : device_(device),
       col_(o.collectives),
-      model_(cfg, weights, device, model_options(o.model, o)),
+      weights_(weights),
+      loads_host_(ExpertLoads::zeros(cfg)),
+      loads_(loads_host_.like(Device::cuda(device))),
+      expert_bias_rate_(o.expert_bias_rate),
+      model_(cfg, weights, device, model_options(o.model, o, loads_)),
       lora_(o.lora),
       grads_(o.lora ? cuda_lora_base_grads(cfg, *o.lora->masters().table, device)
                     : cuda_grad_buffers(cfg, o.expert_grad_dtype, device, model_.experts_held())),
@@ -111,6 +133,9 @@ CudaTrainStep::CudaTrainStep(const DecoderSpec& cfg, ModelWeights& weights, int 
     is_expert_.push_back(false);
   }
   for (auto& [name, t] : weights.named_parameters()) params_.push_back(t);
+  MT_CHECK(std::isfinite(expert_bias_rate_) && expert_bias_rate_ >= 0, "expert bias rate {}", expert_bias_rate_);
+  MT_CHECK(!lora_ || expert_bias_rate_ == 0, "LoRA keeps the base frozen: no expert bias update");
+  if (expert_bias_rate_ > 0) check_device_biases(cfg, weights, loads_, device);
   norm_ = Tensor::empty({1}, DType::F32, Device::cuda(device));
   coef_ = Tensor::empty({1}, DType::F32, Device::cuda(device));
 }
@@ -127,9 +152,12 @@ EngineStep CudaTrainStep::step(const std::vector<CudaBatch>& window, double ce_d
     MT_CHECK(!rerun, "step {}: expert rows passed their budget with exact counts", steps_);
   }
   if (s.finite) {
+    // The loads summed over the ranks back on the device while the stream is idle (the copy waits for it).
+    if (expert_bias_rate_ > 0 && col_.host) cuda::copy_host_to_device(loads_.flat, loads_host_.flat);
     adamw_.step(updated_grads_, lr, &coef_, stream);
     if (shards_.active()) broadcast_updates(stream);
     if (lora_) lora_->refresh();  // the GEMMs' bf16 copies of the updated masters
+    if (expert_bias_rate_ > 0) update_expert_biases(stream);
   }
   model_.timer().mark(cuda::Phase::other, stream);
   return s;
@@ -156,6 +184,7 @@ EngineStep CudaTrainStep::run_window(const std::vector<CudaBatch>& window, doubl
       cuda::fill_zero_async(*g, stream);
   }
   for (auto& [name, g] : lora_grads_.named_parameters()) cuda::fill_zero_async(*g, stream);
+  if (!loads_.empty()) cuda::fill_zero_async(loads_.flat, stream);  // a rerun counts again
   std::vector<CudaLoss> losses;
   for (const CudaBatch& b : window)
     losses.push_back(lora_ ? model_.forward_backward(b, grads_, lora_grads_, ce_divisor)
@@ -186,15 +215,36 @@ EngineStep CudaTrainStep::run_window(const std::vector<CudaBatch>& window, doubl
   double micro_batches = static_cast<double>(window.size());
   // Layers whose expert rows passed their budget: any on any rank reruns the step on every rank.
   double overflows = col_.ep ? static_cast<double>(col_.ep->end_step(stream).overflows) : 0.0;
-  if (col_.host) {  // every rank's loss sums (each rank ran its own micro-batches)
-    double sums[5] = {s.loss, s.ce_loss, s.aux_loss, micro_batches, overflows};
-    col_.host->all_reduce_sum(sums, 5, "all_reduce(loss sums, step " + std::to_string(steps_) + ")");
+  if (!loads_.empty()) cuda::copy_device_to_host(loads_host_.flat, loads_.flat);  // after the sync: a small copy
+  if (col_.host) {  // every rank's loss sums (each rank ran its own micro-batches) and expert loads (exact as doubles)
+    std::vector<double> sums = {s.loss, s.ce_loss, s.aux_loss, micro_batches, overflows};
+    const int64_t nloads = loads_.empty() ? 0 : loads_host_.flat.numel();
+    int32_t* load = nloads ? loads_host_.flat.data_as<int32_t>() : nullptr;
+    for (int64_t i = 0; i < nloads; ++i) sums.push_back(load[i]);
+    col_.host->all_reduce_sum(sums.data(), static_cast<int64_t>(sums.size()),
+                              "all_reduce(loss sums and expert loads, step " + std::to_string(steps_) + ")");
     s.loss = sums[0], s.ce_loss = sums[1], s.aux_loss = sums[2], micro_batches = sums[3], overflows = sums[4];
+    for (int64_t i = 0; i < nloads; ++i) {
+      const double v = sums[5 + static_cast<size_t>(i)];
+      MT_CHECK(v <= 2147483647.0, "step {}: an expert load of {} slots over the ranks (more than int32 holds)", steps_, v);
+      load[i] = static_cast<int32_t>(v);
+    }
   }
+  s.expert_load_max_over_mean = expert_loads_max_over_mean(loads_host_);
   if (micro_batches > 0) s.aux_loss /= micro_batches;
   s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
   *rerun = overflows > 0;
   return s;
+}
+
+// DeepSeek-V3's bias update after the optimizer step, every rank alike from the loads summed over the ranks (on the
+// host, with the loss sums; step() put them back on the device): each layer's bias by kernels/cuda/expert_bias.h,
+// bitwise the CPU rule.
+void CudaTrainStep::update_expert_biases(cudaStream_t stream) {
+  for (size_t l = 0; l < loads_.layers.size(); ++l) {
+    Tensor& bias = weights_.layers[l].router_score_bias;
+    if (loads_.layers[l].defined() && bias.defined()) cuda::expert_bias_update(loads_.layers[l], bias, expert_bias_rate_, stream);
+  }
 }
 
 // Every sharded parameter from its owner to the other ranks (one NCCL group): over the world, and the expert

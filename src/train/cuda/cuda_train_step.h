@@ -15,6 +15,7 @@
 #include "models/cuda/cuda_batch.h"
 #include "models/cuda/cuda_lora.h"
 #include "models/cuda/decoder_cuda_model.h"
+#include "train/expert_load.h"
 #include "train/memory_plan.h"
 #include "train/optimizer_shards.h"
 #include "train/train_engine.h"
@@ -61,6 +62,10 @@ struct CudaTrainStepOptions {
   // AdamW run over them alone (the adapter's fp32 masters updated in place, then its working copies refreshed);
   // no frozen parameter gets a gradient buffer, moments or a master copy. One GPU only (no collectives).
   CudaLora* lora = nullptr;
+  // DeepSeek-V3's auxiliary-loss-free balancing (recipe moe.bias_update_rate, train/expert_load.h): after each
+  // optimizer step every MoE layer's selection bias (the weights' router_score_bias, F32 on the device) moves by this
+  // rate from the step's loads, summed over the ranks. 0: never. The loads are counted either way (the metric).
+  double expert_bias_rate = 0;
 };
 
 class CudaTrainStep {
@@ -68,6 +73,7 @@ class CudaTrainStep {
   // weights: BF16 on cuda:device; kept by reference.
   CudaTrainStep(const DecoderSpec& cfg, ModelWeights& weights, int device, const CudaTrainStepOptions& o);
 
+  // EngineStep::expert_load_max_over_mean comes from the step's routed-expert loads (every rank's).
   EngineStep step(const std::vector<CudaBatch>& window, double ce_divisor, double lr, double max_grad_norm);
   EngineEval eval(const CudaBatch& b);
 
@@ -84,6 +90,7 @@ class CudaTrainStep {
   void reduce_gradients(cudaStream_t stream);
   void complete_sumsq(Tensor& sumsq, cudaStream_t stream);
   void broadcast_updates(cudaStream_t stream);
+  void update_expert_biases(cudaStream_t stream);
   // Zeroed gradients, forward+backward of the window, reductions and the norm, the one sync, the losses;
   // exact_rows: the expert rows counted on the host. Sets *rerun when the budget was passed on some rank.
   EngineStep run_window(const std::vector<CudaBatch>& window, double ce_divisor, double max_grad_norm,
@@ -92,6 +99,10 @@ class CudaTrainStep {
   CudaStepCollectives col_;
   int64_t steps_ = 0;  // steps taken here (named in collective errors)
   int64_t reruns_ = 0;
+  ModelWeights& weights_;
+  ExpertLoads loads_host_;  // the step's loads read back (summed over the ranks)
+  ExpertLoads loads_;       // on the device: the model adds into them
+  double expert_bias_rate_ = 0;
   DecoderCudaModel model_;
   CudaLora* lora_ = nullptr;
   ModelWeights grads_;     // undefined for a frozen parameter (LoRA)
