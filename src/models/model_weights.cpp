@@ -46,13 +46,14 @@ auto& slot_of(W& w, const ParamEntry& e) {
   return w.layers[static_cast<size_t>(e.layer)].*kLayerSlots[e.slot - WeightSlot::input_norm];
 }
 
+// The table's parameters (buffers = false) or its buffers (true), in table order.
 template <typename P, typename W>
-std::vector<std::pair<std::string, P>> named_of(W& w) {
+std::vector<std::pair<std::string, P>> named_of(W& w, bool buffers = false) {
   std::vector<std::pair<std::string, P>> r;
   if (!w.table) return r;
   r.reserve(w.table->entries().size());
   for (const ParamEntry& e : w.table->entries())
-    if (e.role != ParamRole::buffer) r.emplace_back(e.name, &slot_of(w, e));
+    if ((e.role == ParamRole::buffer) == buffers) r.emplace_back(e.name, &slot_of(w, e));
   return r;
 }
 
@@ -95,6 +96,12 @@ std::vector<std::pair<std::string, Tensor*>> ModelWeights::named_parameters() { 
 
 std::vector<std::pair<std::string, const Tensor*>> ModelWeights::named_parameters() const {
   return named_of<const Tensor*>(*this);
+}
+
+std::vector<std::pair<std::string, Tensor*>> ModelWeights::named_buffers() { return named_of<Tensor*>(*this, true); }
+
+std::vector<std::pair<std::string, const Tensor*>> ModelWeights::named_buffers() const {
+  return named_of<const Tensor*>(*this, true);
 }
 
 ModelWeights ModelWeights::empty_like_config(const DecoderSpec& cfg, DType dtype, Device device,

@@ -98,6 +98,10 @@ struct ModelWeights {
   // state_dict order (the table's). Empty without a table.
   std::vector<std::pair<std::string, Tensor*>> named_parameters();
   std::vector<std::pair<std::string, const Tensor*>> named_parameters() const;
+  // The table's buffers (ParamRole::buffer: held and saved, never trained; DeepSeek-V3's fp32
+  // e_score_correction_bias), in table order. An engine that moves the parameters to a device moves these too.
+  std::vector<std::pair<std::string, Tensor*>> named_buffers();
+  std::vector<std::pair<std::string, const Tensor*>> named_buffers() const;
 
   // Tensors shaped like the parameters for `cfg`, zero-filled, of `dtype` (gradient buffers, moments).
   // experts_held >= 0: the stacked expert tensors hold that many experts (an expert-parallel rank's slice).

@@ -294,9 +294,11 @@ TEST(BlockCosts, Mamba2IsRefusedWithOneLine) {
   expect_one_line_error([&] { decoder_layer_bytes(s, 1, batch(Recompute::selective)); }, "layer 1", "Mamba2");
 }
 
-// MLA (no CUDA block yet) is counted as the CPU block keeps it: the FLOPs of its five projections and of the
-// scores at qk 32 / v 16 by hand, the bytes of its saved tensors (here with a q LoRA of 16, kv LoRA 16, rope 8).
-TEST(BlockCosts, MlaIsCountedAsTheCpuBlockKeepsIt) {
+// MLA is counted as its CUDA block (layers/cuda/mla_attention_block_cuda.h) keeps it: the FLOPs of its five
+// projections and of the scores at qk 32 / v 16 by hand, the bytes of its saved tensors (here with a q LoRA of 16, kv
+// LoRA 16, rope 8; flash attention runs qk 32 with the value zero-padded to 32, so o is 32 wide and o without its
+// padding is kept too), and at DeepSeek-V3's 192 / 128, which the kernels run without padding.
+TEST(BlockCosts, MlaIsCountedAsItsCudaBlockKeepsIt) {
   AttentionSpec a;
   a.kind = AttentionKind::mla;
   a.heads = 4;
@@ -308,6 +310,7 @@ TEST(BlockCosts, MlaIsCountedAsTheCpuBlockKeepsIt) {
   a.head_dim = 32;
   a.v_head_dim = 16;
   a.rope.rotary_dim = 8;
+  EXPECT_EQ(mla_flash_value_dim(a), 32);
   const double proj = 64.0 * 16 + 16.0 * 4 * 32 + 64.0 * (16 + 8) + 16.0 * 4 * (24 + 16) + 4.0 * 16 * 64;
   EXPECT_EQ(attention_flops_per_token(a, 64, 128), 2.0 * proj + 2.0 * 64 * 4 * (32 + 16));
   a.q_lora_rank = 0;  // a plain q_proj
@@ -319,14 +322,32 @@ TEST(BlockCosts, MlaIsCountedAsTheCpuBlockKeepsIt) {
                             T * 128 * 2,           // q
                             T * 24 * 2,            // kv_a output
                             T * 160 * 2,           // kv_b output
-                            T * 64 * 2,            // v
-                            T * 64 * 2,            // o
+                            T * 4 * 32 * 2,        // o, value width padded to 32
+                            T * 4 * 16 * 2,        // o without the padding (o_proj's input)
                             4 * T * 4});           // lse
-  const int64_t cheap = sum({T * 64 * 2, T * 16 * 2, T * 16 * 2, T * 128 * 2, T * 128 * 2});
+  const int64_t cheap = sum({T * 64 * 2,                // a
+                             T * 16 * 2,                // q latent normed
+                             T * 16 * 2, T * 16 * 2,    // kv latent, normed
+                             T * 128 * 2, T * 128 * 2,  // query, key
+                             T * 4 * 32 * 2});          // value (padded)
   EXPECT_EQ(i64(attention_bytes(a, 64, batch(Recompute::none)).saved), kept + cheap);
   EXPECT_EQ(i64(attention_bytes(a, 64, batch(Recompute::selective)).saved), kept);
   EXPECT_EQ(i64(attention_bytes(a, 64, batch(Recompute::full)).recomputed), kept + cheap);
   EXPECT_EQ(i64(attention_rope_table_bytes(a, T)), 2 * T * 4 * 4);  // the 8 rope dims only
+
+  // DeepSeek-V3's head sizes: no padding, o is o_proj's input.
+  a.qk_nope_head_dim = 128;
+  a.qk_rope_head_dim = 64;
+  a.head_dim = 192;
+  a.v_head_dim = 128;
+  a.rope.rotary_dim = 64;
+  a.kv_lora_rank = 64;
+  EXPECT_EQ(mla_flash_value_dim(a), 128);
+  const int64_t kept192 = sum({T * 16 * 2, T * 4 * 192 * 2, T * (64 + 64) * 2, T * 4 * 256 * 2, T * 4 * 128 * 2,
+                               4 * T * 4});
+  EXPECT_EQ(i64(attention_bytes(a, 64, batch(Recompute::selective)).saved), kept192);
+  a.v_head_dim = 256;  // a value wider than the keys: no kernel
+  EXPECT_EQ(mla_flash_value_dim(a), 0);
 }
 
 }  // namespace

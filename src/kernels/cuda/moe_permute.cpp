@@ -106,7 +106,8 @@ Tensor moe_gather(const Tensor& x, const MoePlan& plan, cudaStream_t stream) {
   return xg;
 }
 
-void moe_combine(const Tensor& y, const Tensor& weights, const MoePlan& plan, Tensor& out, cudaStream_t stream) {
+void moe_combine(const Tensor& y, const Tensor& weights, const MoePlan& plan, Tensor& out, cudaStream_t stream,
+                 bool round_product) {
   MT_CHECK(y.defined() && y.ndim() == 2, "moe combine: y must be [T·k, H]");
   const int64_t T = plan.tokens, k = plan.top_k, H = y.dim(1);
   check_rows(y, plan, "moe combine y", H);
@@ -116,7 +117,7 @@ void moe_combine(const Tensor& y, const Tensor& weights, const MoePlan& plan, Te
   check_same_device(out, y, "moe combine");
   detail::moe_combine_launch(y.data(), weights.defined() ? weights.data_as<float>() : nullptr,
                              plan.row_of_slot.data_as<int32_t>(), row_limit(plan), T, static_cast<int>(k),
-                             static_cast<int>(H), out.data(), out.dtype() == DType::F32, stream);
+                             static_cast<int>(H), out.data(), out.dtype() == DType::F32, stream, round_product);
 }
 
 void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& weights, const MoePlan& plan, Tensor& dy,

@@ -172,12 +172,12 @@ __global__ void gather_kernel(const bf16* __restrict__ x, int64_t N, const int32
   }
 }
 
-// One warp per token: out[t] = Σ_s (bf16(w·y[row]) | y[row]), fp32 sum, rounded once for a bf16 output.
+// One warp per token: out[t] = Σ_s (bf16(w·y[row]) | w·y[row] | y[row]), fp32 sum, rounded once for a bf16 output.
 // The whole warp walks H together (lanes past H stay in step) because the slot loop uses shuffles.
 template <int U, bool WEIGHTED, typename Tout>
 __global__ void combine_kernel(const bf16* __restrict__ y, const float* __restrict__ weights,
                                const int32_t* __restrict__ row_of_slot, const int32_t* __restrict__ row_limit,
-                               int64_t T, int k, int H, Tout* __restrict__ out) {
+                               int64_t T, int k, int H, Tout* __restrict__ out, bool round_product) {
   pdl_wait();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (t >= T) return;
@@ -202,7 +202,7 @@ __global__ void combine_kernel(const bf16* __restrict__ y, const float* __restri
         float v[U];
         load_u<U>(y + r * H + h, v);
 #pragma unroll
-        for (int i = 0; i < U; ++i) acc[i] += WEIGHTED ? round_bf16_dev(v[i] * w) : v[i];
+        for (int i = 0; i < U; ++i) acc[i] += WEIGHTED ? (round_product ? round_bf16_dev(v[i] * w) : v[i] * w) : v[i];
       }
     }
     if (active) store_u<U>(out + t * H + h, acc);
@@ -294,7 +294,7 @@ void moe_gather_launch(const void* x, int64_t N, const int32_t* row_limit, int H
 }
 
 void moe_combine_launch(const void* y, const float* weights, const int32_t* row_of_slot, const int32_t* row_limit,
-                        int64_t T, int k, int H, void* out, bool out_f32, cudaStream_t stream) {
+                        int64_t T, int k, int H, void* out, bool out_f32, cudaStream_t stream, bool round_product) {
   if (T == 0 || H == 0) return;
   const bf16* ys = static_cast<const bf16*>(y);
   const bool vec = H % 8 == 0 && aligned16(y) && aligned16(out);
@@ -303,7 +303,7 @@ void moe_combine_launch(const void* y, const float* weights, const int32_t* row_
     constexpr bool W = decltype(w_c)::value;
     using Tout = std::remove_pointer_t<decltype(o)>;
     launch_kernel(combine_kernel<U, W, Tout>, row_blocks(T), kRowWarps * 32, 0, stream, ys, weights, row_of_slot,
-        row_limit, T, k, H, o);
+        row_limit, T, k, H, o, round_product);
   };
   auto with_out = [&](auto u_c, auto w_c) {
     if (out_f32)

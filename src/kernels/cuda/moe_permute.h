@@ -7,7 +7,8 @@
 // layout is deterministic and equal to the CPU's ExpertsSaved). Experts with no tokens have empty ranges.
 //
 // Routing weights are applied in the combine, as HF's grouped_mm path does (hf-numerics.md §1.3):
-// out[t] = Σ_s bf16(w[t,s] · y[row]) summed in fp32 and rounded once. Passing no weights gives the plain
+// out[t] = Σ_s bf16(w[t,s] · y[row]) summed in fp32 and rounded once. With fp32 routing weights (DeepSeek-V3) the
+// products stay fp32 (moe_combine's round_product). Passing no weights gives the plain
 // sum, for a caller that applied the weights earlier (e.g. in the expert activation, cuda/swiglu.h).
 // Every call is asynchronous on `stream`.
 #pragma once
@@ -49,7 +50,10 @@ void moe_gather_live(const Tensor& x, const MoePlan& plan, Tensor& xg, cudaStrea
 
 // y BF16 [T·k, H] (grouped rows; a local plan: [>= live rows, H]), weights F32 [T, k] or undefined -> out
 // BF16|F32 [T, H] (overwritten; a local plan sums only its live slots, a token with none gets zeros).
-void moe_combine(const Tensor& y, const Tensor& weights, const MoePlan& plan, Tensor& out, cudaStream_t stream);
+// round_product false: each y·w stays fp32 before the fp32 sum (DeepSeek-V3's fp32 routing weights: grouped_mm's
+// bf16·fp32 product is fp32, hf-numerics.md §5.3), so only the sum is rounded.
+void moe_combine(const Tensor& y, const Tensor& weights, const MoePlan& plan, Tensor& out, cudaStream_t stream,
+                 bool round_product = true);
 
 // dout BF16|F32 [T, H] -> dy BF16 [T·k, H]: dy[row] = bf16(dout[t] · w[t,s]) (or dout[t] without weights),
 // and, with weights, dweights F32 [T, k] = Σ_h dout[t, h] · y[row, h]. Outputs allocated by the caller.

@@ -22,7 +22,8 @@ void moe_local_ids_launch(const int32_t* index, int64_t N, int first, int count,
 // weights may be null (plain sum). out_f32 selects the output dtype (else bf16). row_limit (device, may be
 // null): slots whose row is >= *row_limit are skipped.
 void moe_combine_launch(const void* y, const float* weights, const int32_t* row_of_slot, const int32_t* row_limit,
-                        int64_t T, int k, int H, void* out, bool out_f32, cudaStream_t stream);
+                        int64_t T, int k, int H, void* out, bool out_f32, cudaStream_t stream,
+                        bool round_product = true);
 
 // weights may be null (then dweights is not written). dout_f32 selects dout's dtype (else bf16). row_limit as
 // for the combine: a skipped slot writes no dy row and a zero dweight.

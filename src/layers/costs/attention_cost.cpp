@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kernels/cuda/flash_attention_dims.h"  // header-only: the head sizes, also in CPU builds
 
 namespace mt {
 
@@ -11,26 +12,29 @@ namespace {
 // The query's input width: the q LoRA rank, or the hidden size for a plain q_proj.
 CostBytes mla_q_in(const AttentionSpec& a, int64_t hidden) { return a.q_lora_rank > 0 ? a.q_lora_rank : hidden; }
 
-// MLA has no CUDA block yet: this counts what the CPU block (layers/mla_attention_block.h) keeps, in bf16, as the
-// estimate a CUDA twin would start from. Kept: the q latent before and after its norm (q LoRA only), q, the kv
-// latent and its normed part, kv_b's output, the assembled query and key (RoPE applied, the rope key broadcast to
-// every head), v (a view of kv_b's output on the CPU, counted apart here), o, lse; selective recompute drops the
-// norm outputs and the assembled query and key.
+// What layers/cuda/mla_attention_block_cuda.h keeps. Kept: the q latent (q LoRA only), q, ckv, kv_b's output kv, the
+// attention output o (at the flash value width Dvp) and, where Dvp pads Dv, o without its padding, lse; selective
+// recompute drops a, the latent norms' outputs, the latent's copy and the assembled query, key and value.
 BlockBytes mla_attention_bytes(const AttentionSpec& a, int64_t hidden, const BlockBatch& b) {
   const CostBytes T = b.tokens, H = hidden, Hq = a.heads, D = a.head_dim, Dv = a.value_dim();
+  const CostBytes Dvp = std::max<CostBytes>(mla_flash_value_dim(a), Dv);
   const CostBytes qr = a.q_lora_rank, kvr = a.kv_lora_rank, rope = a.qk_rope_head_dim, nope = a.qk_nope_head_dim;
   const CostBytes th = T * H * kCostBf16;
   const CostBytes qa = T * qr * kCostBf16, q = T * Hq * D * kCostBf16, ckv = T * (kvr + rope) * kCostBf16;
-  const CostBytes kvn = T * kvr * kCostBf16, kv = T * Hq * (nope + Dv) * kCostBf16;
-  const CostBytes v = T * Hq * Dv * kCostBf16, o = T * Hq * Dv * kCostBf16, lse = Hq * T * kCostF32;
-  const CostBytes kept = qa + q + ckv + kv + v + o + lse;
-  const CostBytes cheap = th /*a*/ + qa /*q latent normed*/ + kvn + q /*query*/ + q /*key*/;
+  const CostBytes lat = T * kvr * kCostBf16, kv = T * Hq * (nope + Dv) * kCostBf16;
+  const CostBytes vp = T * Hq * Dvp * kCostBf16, o_flat = Dvp > Dv ? T * Hq * Dv * kCostBf16 : 0;
+  const CostBytes lse = Hq * T * kCostF32;
+  const CostBytes kept = qa + q + ckv + kv + vp /*o*/ + o_flat + lse;
+  const CostBytes cheap = th /*a*/ + qa /*q latent normed*/ + 2 * lat /*latent, normed*/ + 2 * q /*query, key*/ +
+                          vp /*value*/;
   BlockBytes r;
   r.saved = b.recompute == Recompute::full ? 0 : b.recompute == Recompute::selective ? kept : kept + cheap;
   r.recomputed = b.recompute == Recompute::full ? kept + cheap : b.recompute == Recompute::selective ? cheap : 0;
-  const CostBytes flash = Hq * (2 * D + Dv) * T * kCostF32 + Hq * T * kCostF32;  // dq dk dv sums, delta
-  r.backward = o /*d(o)*/ + flash + 2 * q + v /*dq dk dv*/ + kv /*d(kv)*/ + ckv /*d(ckv)*/ + 2 * qa /*d(q latent)*/ +
-               th /*da*/;
+  // The mma.sync backward's fp32 dQ, dK, dV sums (every head is a key/value head) and delta.
+  const CostBytes flash = Hq * (2 * D + Dvp) * T * kCostF32 + Hq * T * kCostF32;
+  r.backward = T * Hq * Dv * kCostBf16 /*d(o)*/ + (Dvp > Dv ? vp : 0) /*padded d(o)*/ + flash +
+               2 * q + vp /*dquery dkey dvalue*/ + q + kv + ckv /*dq dkv dckv*/ + 2 * lat /*d(kvn) d(latent)*/ +
+               2 * qa /*d(qan) d(qa)*/ + th /*da*/;
   return r;
 }
 
@@ -46,6 +50,13 @@ double mla_attention_flops_per_token(const AttentionSpec& a, int64_t hidden, int
 }
 
 }  // namespace
+
+int64_t mla_flash_value_dim(const AttentionSpec& a) {
+  const int64_t qk = a.head_dim, v = a.value_dim();
+  if (cuda::flash_attention_dims_supported(qk, v)) return v;
+  if (cuda::flash_attention_head_dim_supported(qk) && v <= qk) return qk;
+  return 0;
+}
 
 BlockBytes attention_bytes(const AttentionSpec& a, int64_t hidden, const BlockBatch& b) {
   if (a.kind == AttentionKind::mla) return mla_attention_bytes(a, hidden, b);

@@ -9,7 +9,7 @@ namespace mt {
 
 namespace {
 
-// The attention spec of `s` (GQA, or MLA whose bytes are the CPU block's: layers/costs/attention_cost.h).
+// The attention spec of `s` (GQA or MLA: layers/costs/attention_cost.h).
 const AttentionSpec& attention_with_kernels(const DecoderSpec& spec, int64_t /*layer*/, const Sublayer& s) {
   return spec.attention.at(static_cast<size_t>(s.index));
 }

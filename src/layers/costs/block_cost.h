@@ -45,7 +45,7 @@ struct BlockBytes {
 };
 
 // The costs of sublayer `s` of `spec` (switching on its kind). Mamba2 sublayers have no kernels yet and are
-// refused with a one-line mt::Error naming `layer`; MLA is counted as its CPU block keeps it (no CUDA block yet).
+// refused with a one-line mt::Error naming `layer`.
 BlockBytes sublayer_bytes(const DecoderSpec& spec, int64_t layer, const Sublayer& s, const BlockBatch& b);
 // Forward FLOPs per token of sublayer `s` at sequence length `seq` (multiply-adds count 2; the training step is
 // 3x this: backward computes the input and the weight gradients). Same refusals.

@@ -16,7 +16,9 @@ BlockBytes moe_bytes(const MoeSpec& m, int64_t hidden, const BlockBatch& b) {
   if (gathers && b.ep_row_headroom > 1)
     R = static_cast<CostBytes>(std::ceil(static_cast<double>(Tk) * b.ep_row_headroom));
 
-  const CostBytes n = T * H * kCostBf16, logits = T * E * kCostBf16;
+  // The sigmoid group router's logits are F32 (its d(logits) stays BF16).
+  const CostBytes logits = T * E * (m.router.score == RouterScore::sigmoid_group ? kCostF32 : kCostBf16);
+  const CostBytes n = T * H * kCostBf16, dlogits = T * E * kCostBf16;
   const CostBytes route = Tk * kCostI32 + Tk * kCostF32;                 // index, weight
   const CostBytes plan = (E + 1) * kCostI32 + Tk * kCostI32 + Tk * kCostI32;  // offsets, row_of_slot, slot_of_row
   const CostBytes xg = R * H * kCostBf16, gu = R * G * kCostBf16, h = R * I * kCostBf16, yd = R * H * kCostBf16;
@@ -34,14 +36,14 @@ BlockBytes moe_bytes(const MoeSpec& m, int64_t hidden, const BlockBatch& b) {
   if (b.pair_expert_wgrad)  // held until the next micro-batch's pass: dyd [R, H], h [R, I], dgu [R, 2I], xg [R, H]
     r.saved += R * (2 * H + I + G) * kCostBf16;
   r.backward = R * H * kCostBf16 /*dyd*/ + R * I * kCostBf16 /*dh*/ + R * G * kCostBf16 /*dgu*/ +
-               R * H * kCostBf16 /*dxg*/ + n /*dn*/ + Tk * kCostF32 /*d(weights)*/ + logits /*d(logits)*/;
+               R * H * kCostBf16 /*dxg*/ + n /*dn*/ + Tk * kCostF32 /*d(weights)*/ + dlogits /*d(logits)*/;
   // Under expert parallelism: the gathered output gradient and the input gradient's partial sums [ep·T, H] each
   // (all_gather), or the source-major copy of a dispatch [T·k, H] (all_to_all).
   if (gathers)
     r.backward += 2 * ep * T * H * kCostBf16;
   else if (ep > 1)
     r.backward += Tk * H * kCostBf16;
-  if (m.shared_expert) {  // the dense MLP block, run beside the routed experts on the same normalised input
+  if (m.shared_expert) {  // the dense MLP block on the same normalised input (its n is the block's: counted twice)
     const BlockBytes s = mlp_bytes(*m.shared_expert, hidden, b);
     r.saved += s.saved;
     r.recomputed += s.recomputed;

@@ -23,7 +23,7 @@ void check_weights(const MlpDimsCuda& s, const MlpWeightsCuda& w) {
 // A gradient shaped like its weight, or undefined (frozen).
 bool grad_ok(const Tensor& g, const Shape& s) { return !g.defined() || (g.shape() == s && g.dtype() == DType::F32); }
 
-int gate_or_up_slot(int which) { return which == 0 ? WeightSlot::mlp_gate : WeightSlot::mlp_up; }
+int gate_or_up_slot(const MlpWeightsCuda& w, int which) { return which == 0 ? w.slot_gate : w.slot_up; }
 
 // The gate half (column 0) or the up half (column F) of a row-major [T, 2F] buffer.
 void* half(const Tensor& gu, int64_t F, int which) {
@@ -47,7 +47,7 @@ Tensor mlp_block_forward_cuda(const CudaBlockEnv& env, const MlpDimsCuda& spec, 
     const Tensor& wt = which == 0 ? w.gate : w.up;
     cuda::gemm(env.device, env.stream, T, F, H, 1.0f, {n.data(), DType::BF16, H, false},
                {wt.data(), DType::BF16, H, true}, 0.0f, half(acts.gu, F, which), DType::BF16, 2 * F);
-    if (const cuda::LoraOperands l = env.lora(gate_or_up_slot(which)); l.on())
+    if (const cuda::LoraOperands l = env.lora(gate_or_up_slot(w, which)); l.on())
       (which == 0 ? acts.u_gate : acts.u_up) =
           cuda::lora_forward_strided(env.device, env.stream, T, n.data(), H, l, half(acts.gu, F, which), 2 * F);
   }
@@ -55,7 +55,7 @@ Tensor mlp_block_forward_cuda(const CudaBlockEnv& env, const MlpDimsCuda& spec, 
   cuda::swiglu_forward(acts.gu, nullptr, acts.h, env.stream);
   Tensor y = env.bf16({T, H});
   cuda::linear_forward(acts.h, w.down, y, env.stream);
-  if (const cuda::LoraOperands l = env.lora(WeightSlot::mlp_down); l.on())
+  if (const cuda::LoraOperands l = env.lora(w.slot_down); l.on())
     acts.u_down = cuda::lora_forward(acts.h, l, y, env.stream);
   return y;
 }
@@ -74,7 +74,7 @@ void mlp_acts_restore(const CudaBlockEnv& env, const MlpDimsCuda& spec, MlpActsC
 }
 
 Tensor mlp_block_backward_cuda(const CudaBlockEnv& env, const MlpDimsCuda& spec, const MlpWeightsCuda& w,
-                               const MlpActsCuda& acts, const Tensor& dy, const MlpGradsCuda& g) {
+                               const MlpActsCuda& acts, const Tensor& dy, const MlpGradsCuda& g, Tensor* dn_into) {
   check_weights(spec, w);
   const int64_t H = spec.hidden, F = spec.intermediate;
   MT_CHECK(acts.n.defined() && acts.gu.defined() && acts.h.defined(),
@@ -92,27 +92,30 @@ Tensor mlp_block_backward_cuda(const CudaBlockEnv& env, const MlpDimsCuda& spec,
   Tensor dh = env.bf16({T, F});
   cuda::linear_backward_input(dy, w.down, dh, env.stream);
   if (g.down.defined()) cuda::linear_backward_weight(dy, acts.h, g.down, env.stream);
-  if (const cuda::LoraOperands l = env.lora(WeightSlot::mlp_down); l.on())
-    cuda::lora_backward(dy, acts.h, acts.u_down, l, dh, env.dlora(WeightSlot::mlp_down), env.stream);
+  if (const cuda::LoraOperands l = env.lora(w.slot_down); l.on())
+    cuda::lora_backward(dy, acts.h, acts.u_down, l, dh, env.dlora(w.slot_down), env.stream);
   // SwiGLU: d(gate | up), fp32 math rounded once to bf16.
   Tensor dgu = env.bf16({T, 2 * F});
   cuda::swiglu_backward(dh, acts.gu, nullptr, dgu, nullptr, env.stream);
   dh = Tensor();
   // dn = d_gate·W_gate + d_up·W_up (the second GEMM adds, beta 1); dW_gate += d_gateᵀ·n, dW_up += d_upᵀ·n.
-  Tensor dn = env.bf16({T, H});
+  Tensor dn = dn_into ? *dn_into : env.bf16({T, H});
+  if (dn_into)
+    MT_CHECK(dn.shape() == Shape({T, H}) && dn.dtype() == DType::BF16, "mlp block: dn_into BF16 [{}, {}], found {}", T,
+             H, dn.desc());
   for (int which = 0; which < 2; ++which) {
     const Tensor& wt = which == 0 ? w.gate : w.up;
     Tensor& dw = which == 0 ? g.gate : g.up;
     const void* d = half(dgu, F, which);
     cuda::gemm(env.device, env.stream, T, H, F, 1.0f, {d, DType::BF16, 2 * F, false}, {wt.data(), DType::BF16, H, false},
-               which == 0 ? 0.0f : 1.0f, dn.data(), DType::BF16, H);
+               which == 0 && !dn_into ? 0.0f : 1.0f, dn.data(), DType::BF16, H);
     if (dw.defined())
       cuda::gemm(env.device, env.stream, F, H, T, 1.0f, {d, DType::BF16, 2 * F, true},
                  {acts.n.data(), DType::BF16, H, false}, 1.0f, dw.data(), DType::F32, H);
-    if (const cuda::LoraOperands l = env.lora(gate_or_up_slot(which)); l.on())
+    if (const cuda::LoraOperands l = env.lora(gate_or_up_slot(w, which)); l.on())
       cuda::lora_backward_strided(env.device, env.stream, T, d, 2 * F, acts.n.data(), H,
                                   which == 0 ? acts.u_gate : acts.u_up, l, dn.data(), H,
-                                  env.dlora(gate_or_up_slot(which)));
+                                  env.dlora(gate_or_up_slot(w, which)));
   }
   return dn;
 }

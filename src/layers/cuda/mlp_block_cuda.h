@@ -13,6 +13,7 @@
 
 #include "core/tensor.h"
 #include "layers/cuda/cuda_block_env.h"
+#include "models/model_weights.h"
 #include "models/spec/decoder_spec.h"
 
 namespace mt {
@@ -25,11 +26,13 @@ struct MlpDimsCuda {
   Activation activation = Activation::swiglu;
 };
 
-// BF16 parameters on the device, HF's nn.Linear layout [out, in].
+// BF16 parameters on the device, HF's nn.Linear layout [out, in], and the weight slots (WeightSlot) whose LoRA
+// adapters (env.lora) they take: a dense layer's mlp_*, a shared expert's shared_*.
 struct MlpWeightsCuda {
   const Tensor& gate;  // [F, H]
   const Tensor& up;    // [F, H]
   const Tensor& down;  // [H, F]
+  int slot_gate = WeightSlot::mlp_gate, slot_up = WeightSlot::mlp_up, slot_down = WeightSlot::mlp_down;
 };
 
 // F32 gradients on the device, shaped like the weights; the backward adds into them (beta 1), like every
@@ -56,8 +59,10 @@ void mlp_acts_drop_cheap(MlpActsCuda& acts);  // drops n and h
 // Recomputes h from gu if it was dropped. n is the caller's to restore (it owns the norm before the block).
 void mlp_acts_restore(const CudaBlockEnv& env, const MlpDimsCuda& spec, MlpActsCuda& acts);
 // dy BF16 [T, H] (gradient of y) -> dn BF16 [T, H] (gradient of n); the weight gradients are added into g.
-// acts must be complete (after mlp_acts_restore, with n set).
+// acts must be complete (after mlp_acts_restore, with n set). dn_into (optional, BF16 [T, H]): dn is added into it
+// (its GEMMs accumulate there: a shared expert's gradient joining the routed experts') and it is returned.
 Tensor mlp_block_backward_cuda(const CudaBlockEnv& env, const MlpDimsCuda& spec, const MlpWeightsCuda& w,
-                               const MlpActsCuda& acts, const Tensor& dy, const MlpGradsCuda& g);
+                               const MlpActsCuda& acts, const Tensor& dy, const MlpGradsCuda& g,
+                               Tensor* dn_into = nullptr);
 
 }  // namespace mt

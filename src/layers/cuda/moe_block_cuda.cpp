@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <string>
 
+#include "core/error.h"
 #include "kernels/cuda/bias.h"
 #include "kernels/cuda/ep_row_watch.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/lora.h"
 #include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/router_sigmoid_group.h"
 #include "kernels/cuda/swiglu.h"
 #include "kernels/cuda/swiglu_oai.h"
 
@@ -38,9 +40,27 @@ void activation_backward(const MoeSpec& spec, const Tensor& dh, const Tensor& gu
     cuda::swiglu_backward(dh, gu, nullptr, dgu, nullptr, stream);
 }
 
-// Routing from the router logits: softmax over all experts then top-k (Qwen3-MoE), or top-k of the logits then a
-// softmax over those k (GPT-OSS).
-cuda::RouterResult route(const MoeSpec& spec, const Tensor& logits, cuda::AuxStats* stats, cudaStream_t stream) {
+bool sigmoid_router(const MoeSpec& spec) { return spec.router.score == RouterScore::sigmoid_group; }
+
+cuda::SigmoidGroupRouting sigmoid_routing(const MoeSpec& spec) {
+  cuda::SigmoidGroupRouting r;
+  r.top_k = spec.experts_per_token;
+  r.groups = spec.router.groups;
+  r.topk_groups = spec.router.topk_groups;
+  r.norm_topk_prob = spec.router.norm_topk_prob;
+  r.scale = spec.router.scale;
+  return r;
+}
+
+// Routing from the router logits: softmax over all experts then top-k (Qwen3-MoE), top-k of the logits then a
+// softmax over those k (GPT-OSS), or DeepSeek-V3's sigmoid group-limited top-k with its correction bias.
+cuda::RouterResult route(const MoeSpec& spec, const LayerWeights& w, const Tensor& logits, cuda::AuxStats* stats,
+                         cudaStream_t stream) {
+  if (sigmoid_router(spec)) {
+    MT_CHECK(stats == nullptr, "the sigmoid group router has no load-balancing loss statistics");
+    return cuda::router_sigmoid_group_forward(logits, spec.router.correction_bias ? w.router_score_bias : Tensor(),
+                                              sigmoid_routing(spec), nullptr, stream);
+  }
   if (spec.router.score == RouterScore::topk_softmax)
     return cuda::router_topk_softmax_forward(logits, spec.experts_per_token, /*bf16=*/true, stats, stream);
   return cuda::router_forward(logits, spec.experts_per_token, spec.router.norm_topk_prob, /*bf16=*/true, stats,
@@ -49,18 +69,30 @@ cuda::RouterResult route(const MoeSpec& spec, const Tensor& logits, cuda::AuxSta
 
 }  // namespace
 
+MlpDimsCuda moe_shared_dims(const DecoderSpec& cfg, const MoeSpec& spec) {
+  MT_CHECK(spec.shared_expert.has_value(), "MoE block: no shared expert");
+  return {cfg.hidden_size, spec.shared_expert->intermediate_size, spec.shared_expert->activation};
+}
+MlpWeightsCuda moe_shared_weights(const LayerWeights& w) {
+  return {w.shared_gate, w.shared_up, w.shared_down, WeightSlot::shared_gate, WeightSlot::shared_up,
+          WeightSlot::shared_down};
+}
+MlpGradsCuda moe_shared_grads(LayerWeights& g) { return {g.shared_gate, g.shared_up, g.shared_down}; }
+
 Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, const LayerWeights& w, const Tensor& n,
                               cuda::AuxStats* stats, MoeActsCuda& acts) {
   const int64_t T = env.tokens(), H = env.cfg->hidden_size, E = spec.num_experts, K = spec.experts_per_token,
                 I = spec.expert.intermediate_size;
   env.phase(cuda::Phase::dispatch);
   acts.n = n;
-  acts.logits = env.bf16({T, E});
+  // The sigmoid router's logits are fp32: the GEMM of the bf16 operands written as fp32, not rounded.
+  acts.logits = sigmoid_router(spec) ? Tensor::empty({T, E}, DType::F32, env.dev()) : env.bf16({T, E});
   if (spec.router.linear_bias)
     cuda::linear_forward_bias(n, w.router, w.router_bias, acts.logits, env.stream);
   else
     cuda::linear_forward(n, w.router, acts.logits, env.stream);
-  acts.route = route(spec, acts.logits, stats, env.stream);
+  acts.route = route(spec, w, acts.logits, stats, env.stream);
+  const bool round_product = !sigmoid_router(spec);  // fp32 routing weights: w · y stays fp32 (hf-numerics.md §5.3)
   if (cuda::balanced_routing_probe()) cuda::router_force_balanced(acts.route, E, env.stream);  // bench probe only
   if (const int every = cuda::routing_fault_probe())  // test probe only
     cuda::router_inject_fault(acts.route, acts.logits, every, env.stream);
@@ -115,22 +147,31 @@ Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, cons
   if (const cuda::LoraOperands l = env.lora(WeightSlot::experts_down); l.on())
     acts.u_down = cuda::lora_grouped_forward(acts.h, acts.expert_offsets, l, acts.yd, env.stream);
   if (spec.expert.bias) cuda::grouped_bias_add(acts.yd, w.experts_down_bias, acts.expert_offsets, env.stream);
+  Tensor out;
   if (ep_gathers(env)) {
     env.phase(cuda::Phase::dispatch);
     Tensor partial = env.bf16({acts.n_all.dim(0), H});
-    cuda::moe_combine(acts.yd, acts.w_all, acts.plan, partial, env.stream);
+    cuda::moe_combine(acts.yd, acts.w_all, acts.plan, partial, env.stream, round_product);
     env.phase(cuda::Phase::comm);
-    return ep_reduce_scatter_rows(*env.ep, partial, env.stream, ep_what(env, "reduce_scatter(expert combine, forward)"));
+    out = ep_reduce_scatter_rows(*env.ep, partial, env.stream, ep_what(env, "reduce_scatter(expert combine, forward)"));
+  } else {
+    if (env.ep) {
+      env.phase(cuda::Phase::comm);
+      acts.yd = ep_from_experts(*env.ep, acts.ep, acts.yd, T * K, env.stream,
+                                ep_what(env, "all_to_allv(expert combine, forward)"));
+    }
+    env.phase(cuda::Phase::dispatch);
+    out = env.bf16({T, H});
+    cuda::moe_combine(acts.yd, acts.route.weights, acts.plan, out, env.stream, round_product);
   }
-  if (env.ep) {
-    env.phase(cuda::Phase::comm);
-    acts.yd = ep_from_experts(*env.ep, acts.ep, acts.yd, T * K, env.stream,
-                              ep_what(env, "all_to_allv(expert combine, forward)"));
+  if (spec.shared_expert) {
+    // DeepseekV3MoE: experts(...) + shared_experts(n), the bf16 add of two bf16 tensors.
+    // NOTE: run after the routed experts on the same stream; overlapping it with them (a second stream) is left for
+    // later.
+    const Tensor shared = mlp_block_forward_cuda(env, moe_shared_dims(*env.cfg, spec), moe_shared_weights(w), n,
+                                                 acts.shared);
+    cuda::lora_add_rows(out, shared, 1.0f, nullptr, env.stream);
   }
-
-  env.phase(cuda::Phase::dispatch);
-  Tensor out = env.bf16({T, H});
-  cuda::moe_combine(acts.yd, acts.route.weights, acts.plan, out, env.stream);
   return out;
 }
 
@@ -138,6 +179,7 @@ void moe_acts_drop_cheap(MoeActsCuda& acts) {
   acts.n = Tensor();
   if (!acts.ep.active()) acts.xg = Tensor();
   acts.h = Tensor();
+  mlp_acts_drop_cheap(acts.shared);
 }
 
 void moe_acts_restore(const CudaBlockEnv& env, const MoeSpec& spec, const LayerWeights& w, const Tensor& x,
@@ -159,6 +201,10 @@ void moe_acts_restore(const CudaBlockEnv& env, const MoeSpec& spec, const LayerW
   if (!acts.h.defined()) {
     acts.h = env.bf16({acts.gu.dim(0), I});
     activation_forward(spec, acts.gu, acts.h, env.stream);
+  }
+  if (spec.shared_expert) {
+    acts.shared.n = acts.n;
+    mlp_acts_restore(env, moe_shared_dims(*env.cfg, spec), acts.shared);
   }
 }
 
@@ -253,7 +299,9 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, con
     dxg = Tensor();
   }
   Tensor dlogits = env.bf16({T, E});
-  if (spec.router.score == RouterScore::topk_softmax)
+  if (sigmoid_router(spec))  // no aux loss: aux_dp is undefined (the spec has none)
+    cuda::router_sigmoid_group_backward(dweights, acts.logits, acts.route, sigmoid_routing(spec), dlogits, env.stream);
+  else if (spec.router.score == RouterScore::topk_softmax)
     cuda::router_topk_softmax_backward(dweights, acts.logits, acts.route, aux_dp, /*bf16=*/true, dlogits, env.stream);
   else
     cuda::router_backward(dweights, acts.logits, acts.route, spec.router.norm_topk_prob, aux_dp, /*bf16=*/true,
@@ -261,6 +309,9 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, con
   if (spec.router.linear_bias && g.router_bias.defined()) cuda::bias_backward(dlogits, g.router_bias, env.stream);
   cuda::linear_backward_input(dlogits, w.router, dn, env.stream, 1.0f);
   if (g.router.defined()) cuda::linear_backward_weight(dlogits, acts.n, g.router, env.stream);
+  if (spec.shared_expert)  // dout reaches it unchanged; its input gradient is added into dn
+    mlp_block_backward_cuda(env, moe_shared_dims(*env.cfg, spec), moe_shared_weights(w), acts.shared, dout,
+                            moe_shared_grads(g), &dn);
   return dn;
 }
 

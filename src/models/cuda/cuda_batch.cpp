@@ -69,17 +69,22 @@ CudaBatch cuda_batch_upload(const DecoderSpec& cfg, const Batch& b, int device, 
   for (const AttentionSpec& a : cfg.attention) {
     if (find_table(g.rope_tables, a)) continue;  // identical configurations share one table
     const RopeSpec& r = a.rope;
-    if ((r.kind != RopeKind::standard && r.kind != RopeKind::yarn) || r.interleaved || r.rotary_dim != 0)
-      fail("config: the CUDA batch has RoPE tables for the half-split RoPE (default or YaRN) only");
-    CudaRopeTable t{r, a.head_dim, Tensor::empty({T, a.head_dim / 2}, DType::F32, Device::cuda(device)),
-                    Tensor::empty({T, a.head_dim / 2}, DType::F32, Device::cuda(device))};
+    if (r.kind != RopeKind::standard && r.kind != RopeKind::yarn)
+      fail("config: the CUDA batch has RoPE tables for the default and YaRN RoPE only");
+    // GQA rotates whole heads in the half split; MLA (layers/cuda/mla_attention_block_cuda.h) rotates its rope
+    // columns, interleaved or split, with frequencies over those columns alone (as layers/rope_table_set.cpp).
+    if (a.kind == AttentionKind::gqa && (r.interleaved || r.rotary_dim != 0))
+      fail("config: interleaved or partial RoPE on grouped-query attention has no CUDA kernels yet");
+    const int64_t D = r.rotary_dim > 0 ? r.rotary_dim : a.head_dim;
+    CudaRopeTable t{r, a.head_dim, Tensor::empty({T, D / 2}, DType::F32, Device::cuda(device)),
+                    Tensor::empty({T, D / 2}, DType::F32, Device::cuda(device))};
     if (r.kind == RopeKind::yarn)  // the frequencies as the CPU reference computes them (layers/rope_table_set.cpp)
       cuda::rope_tables(positions,
-                        cpu::rope_yarn_inv_freq(a.head_dim, r.theta, r.factor, r.beta_fast, r.beta_slow,
+                        cpu::rope_yarn_inv_freq(D, r.theta, r.factor, r.beta_fast, r.beta_slow,
                                                 r.original_max_position, r.truncate),
                         static_cast<float>(r.attention_factor), /*bf16=*/true, t.cos, t.sin, ctx.stream);
     else
-      cuda::rope_tables(positions, a.head_dim, r.theta, /*bf16=*/true, t.cos, t.sin, ctx.stream);
+      cuda::rope_tables(positions, D, r.theta, /*bf16=*/true, t.cos, t.sin, ctx.stream);
     g.rope_tables.push_back(std::move(t));
   }
   const Tensor doc_ids = document_mask ? batch_document_ids(b) : Tensor();

@@ -17,7 +17,7 @@ namespace mt {
 struct CudaRopeTable {
   RopeSpec rope;
   int64_t head_dim = 0;
-  Tensor cos, sin;  // F32 [T, head_dim / 2]
+  Tensor cos, sin;  // F32 [T, D / 2], D the rotated dims (rope.rotary_dim, or head_dim when 0)
 };
 
 struct CudaBatch {

@@ -13,6 +13,7 @@
 #include "kernels/cuda/router_sigmoid_group.h"
 #include "kernels/cuda/row_select.h"
 #include "layers/cuda/attention_block_cuda.h"
+#include "layers/cuda/mla_attention_block_cuda.h"
 #include "layers/cuda/mlp_block_cuda.h"
 #include "layers/cuda/moe_block_cuda.h"
 #include "models/decoder_model.h"
@@ -24,10 +25,11 @@ namespace {
 using cuda::Phase;
 
 // One sublayer's saved state: x its input (the residual stream) and the tensors its block keeps (those of its
-// kind; the other two stay empty).
+// kind; the others stay empty).
 struct SublayerActs {
   Tensor x;
   AttentionActsCuda attn;
+  MlaActsCuda mla;
   MoeActsCuda moe;
   MlpActsCuda mlp;
 };
@@ -44,6 +46,10 @@ const AttentionSpec& attention_spec(const DecoderSpec& c, const Sublayer& s) {
   return c.attention[static_cast<size_t>(s.index)];
 }
 const MoeSpec& moe_spec(const DecoderSpec& c, const Sublayer& s) { return c.moe[static_cast<size_t>(s.index)]; }
+// An attention sublayer of multi-head latent attention (layers/cuda/mla_attention_block_cuda.h), not GQA.
+bool is_mla(const DecoderSpec& c, const Sublayer& s) {
+  return s.kind == SublayerKind::attention && attention_spec(c, s).kind == AttentionKind::mla;
+}
 
 // The norm before a sublayer, by the weights' slot rule (model_weights.h WeightSlot): input_norm before the
 // attention, post_norm before the MLP or MoE. Parameters and gradients alike.
@@ -93,7 +99,9 @@ Tensor sublayer_forward(const CudaBlockEnv& env, const Sublayer& s, const LayerW
   const DecoderSpec& c = *env.cfg;
   acts.x = x;
   switch (s.kind) {
-    case SublayerKind::attention: return attention_block_forward_cuda(env, attention_spec(c, s), L, a, acts.attn);
+    case SublayerKind::attention:
+      if (is_mla(c, s)) return mla_attention_block_forward_cuda(env, attention_spec(c, s), L, a, acts.mla);
+      return attention_block_forward_cuda(env, attention_spec(c, s), L, a, acts.attn);
     case SublayerKind::mlp: return mlp_block_forward_cuda(env, mlp_dims(c, s), mlp_weights(L), a, acts.mlp);
     case SublayerKind::moe: return moe_block_forward_cuda(env, moe_spec(c, s), L, a, stats, acts.moe);
     case SublayerKind::mamba2: break;
@@ -126,6 +134,7 @@ void layer_release(LayerActs& acts, Recompute r) {
   if (r == Recompute::selective) {
     for (SublayerActs& s : acts.subs) {
       attention_acts_drop_cheap(s.attn);
+      mla_acts_drop_cheap(s.mla);
       moe_acts_drop_cheap(s.moe);
       mlp_acts_drop_cheap(s.mlp);
     }
@@ -140,7 +149,12 @@ void layer_release(LayerActs& acts, Recompute r) {
 void sublayer_restore(const CudaBlockEnv& env, const Sublayer& s, const LayerWeights& L, SublayerActs& acts) {
   const DecoderSpec& c = *env.cfg;
   switch (s.kind) {
-    case SublayerKind::attention: attention_acts_restore(env, attention_spec(c, s), L, acts.x, acts.attn); return;
+    case SublayerKind::attention:
+      if (is_mla(c, s))
+        mla_acts_restore(env, attention_spec(c, s), L, acts.x, acts.mla);
+      else
+        attention_acts_restore(env, attention_spec(c, s), L, acts.x, acts.attn);
+      return;
     case SublayerKind::moe: moe_acts_restore(env, moe_spec(c, s), L, acts.x, acts.moe); return;
     case SublayerKind::mlp:
       if (!acts.mlp.n.defined()) {  // the norm before the block is the caller's
@@ -306,27 +320,53 @@ std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
   for (int64_t l = 0; l < c.num_layers(); ++l)
     for (const Sublayer& s : sublayers_of(c, l)) {
       const size_t k = static_cast<size_t>(s.index);
-      if (s.kind == SublayerKind::attention && c.attention[k].kind != AttentionKind::gqa)
-        return "multi-head latent attention (MLA) has no CUDA kernels yet";
       if (s.kind == SublayerKind::attention) {
-        const RopeSpec& r = c.attention[k].rope;
-        if ((r.kind != RopeKind::standard && r.kind != RopeKind::yarn) || r.interleaved || r.rotary_dim != 0)
-          return "attention without RoPE, or with interleaved or partial RoPE, has no CUDA kernels yet";
+        const AttentionSpec& a = c.attention[k];
+        const RopeSpec& r = a.rope;
+        if (r.kind != RopeKind::standard && r.kind != RopeKind::yarn)
+          return "attention without RoPE has no CUDA kernels yet";
+        if (a.kind == AttentionKind::mla) {  // its own head sizes and RoPE columns (interleaved or split)
+          if (const std::string why = mla_cuda_unsupported_reason(a); !why.empty())
+            return "multi-head latent attention: " + why;
+          if (c.hidden_size % 8 != 0 || a.q_lora_rank % 8 != 0 || a.kv_lora_rank % 8 != 0 ||
+              (a.kv_lora_rank + a.qk_rope_head_dim) % 8 != 0 || (a.heads * a.head_dim) % 8 != 0 ||
+              (a.heads * (a.qk_nope_head_dim + a.value_dim())) % 8 != 0 || (a.heads * a.value_dim()) % 8 != 0)
+            return fmt::format("multi-head latent attention: q_lora_rank {}, kv_lora_rank {} (+ qk_rope_head_dim {}) "
+                               "and the heads' widths must be multiples of 8 for the GEMMs",
+                               a.q_lora_rank, a.kv_lora_rank, a.qk_rope_head_dim);
+        } else {
+          if (r.interleaved || r.rotary_dim != 0)
+            return "grouped-query attention with interleaved or partial RoPE has no CUDA kernels yet";
+          if (!cuda::flash_attention_head_dim_supported(a.head_dim))
+            return fmt::format("head_dim {} has no flash-attention kernel ({})", a.head_dim,
+                               cuda::flash_attention_head_dims());
+        }
       }
       if (s.kind == SublayerKind::moe) {
         const MoeSpec& m = c.moe[k];
         if (m.expert.activation != Activation::swiglu && m.expert.activation != Activation::swiglu_oai)
           return "experts with this activation have no CUDA kernel yet";
-        if ((m.router.score != RouterScore::softmax_topk && m.router.score != RouterScore::topk_softmax) ||
-            m.router.correction_bias || m.router.scale != 1.0)
-          return "this router (sigmoid group-limited top-k) has no CUDA kernel yet";
-        if (m.shared_expert) return "a shared expert beside the routed ones has no CUDA block yet";
+        if (m.router.score == RouterScore::sigmoid_group) {  // kernels/cuda/router_sigmoid_group.h's limits
+          if (m.num_experts > 1024 || m.experts_per_token > 32)
+            return fmt::format("the sigmoid group router's CUDA kernel takes up to 1024 experts and top-32 (found {} "
+                               "experts, top-{})",
+                               m.num_experts, m.experts_per_token);
+          if (m.aux_loss_on) return "a load-balancing loss with the sigmoid group router has no CUDA kernel yet";
+          if (m.router.linear_bias) return "a biased router linear with the sigmoid group router is not supported";
+        } else if (m.router.correction_bias || m.router.scale != 1.0) {
+          return "a softmax router with a correction bias or a routed scaling factor has no CUDA kernel yet";
+        }
+        if (m.shared_expert) {
+          const MlpSpec& se = *m.shared_expert;
+          if (se.bias || se.activation != Activation::swiglu)
+            return "a shared expert with biases or an activation other than SwiGLU has no CUDA kernels yet";
+          if (se.intermediate_size % 8 != 0)
+            return fmt::format("the shared expert's intermediate size {} must be a multiple of 8 for its GEMMs",
+                               se.intermediate_size);
+        }
       }
       if (s.kind == SublayerKind::mlp && (c.mlp[k].bias || c.mlp[k].activation != Activation::swiglu))
         return "a dense MLP with biases or an activation other than SwiGLU has no CUDA kernels yet";
-      if (s.kind == SublayerKind::attention && !cuda::flash_attention_head_dim_supported(c.attention[k].head_dim))
-        return fmt::format("head_dim {} has no flash-attention kernel ({})", c.attention[k].head_dim,
-                           cuda::flash_attention_head_dims());
       if (s.kind == SublayerKind::moe && (c.hidden_size % 8 != 0 || c.moe[k].expert.intermediate_size % 8 != 0))
         return fmt::format("hidden_size {} and moe_intermediate_size {} must be multiples of 8 for the grouped GEMM",
                            c.hidden_size, c.moe[k].expert.intermediate_size);
@@ -512,8 +552,12 @@ CudaLoss DecoderCudaModel::forward_backward_impl(const CudaBatch& b, ModelWeight
       Tensor dn;
       switch (s.kind) {
         case SublayerKind::attention:
-          dn = attention_block_backward_cuda(lenv, attention_spec(cfg_, s), L, S.attn, dx, G,
-                                             prefetch ? &wgrads : nullptr);
+          // MLA defers no weight gradient (wgrads stays empty: its call below does nothing).
+          if (is_mla(cfg_, s))
+            dn = mla_attention_block_backward_cuda(lenv, attention_spec(cfg_, s), L, S.mla, dx, G);
+          else
+            dn = attention_block_backward_cuda(lenv, attention_spec(cfg_, s), L, S.attn, dx, G,
+                                               prefetch ? &wgrads : nullptr);
           break;
         case SublayerKind::mlp:
           dn = mlp_block_backward_cuda(lenv, mlp_dims(cfg_, s), mlp_weights(L), S.mlp, dx, mlp_grads(G));

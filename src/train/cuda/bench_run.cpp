@@ -306,7 +306,15 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
       const Tensor& h = *src[i].second;
       cuda::copy_host_to_device(*dst[i].second, lm.weights.param_table().is_expert_stack(src[i].first) ? h.rows(first_expert, first_expert + held) : h);
     }
+    auto bsrc = lm.weights.named_buffers();  // F32, replicated (DeepSeek-V3's e_score_correction_bias)
+    auto bdst = w.named_buffers();
+    for (size_t i = 0; i < bsrc.size() && i < bdst.size(); ++i)
+      *bdst[i].second = cuda::to_device(*bsrc[i].second, device);
   } else {
+    for (auto& [name, t] : w.named_buffers()) {  // Transformers' init: zeros
+      *t = Tensor::empty(t->shape(), t->dtype(), Device::cuda(device));
+      cuda::fill_zero_async(*t, ctx.stream);
+    }
     uint64_t k = 0;
     for (auto& [name, t] : w.named_parameters()) {
       ++k;

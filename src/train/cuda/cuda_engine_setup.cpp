@@ -24,6 +24,10 @@ ModelWeights cuda_upload_bf16(const DecoderSpec& cfg, const ModelWeights& host, 
     const Tensor h = sl.of(src[i].first, *src[i].second);
     cuda::copy_host_to_device(t, h.dtype() == DType::BF16 ? h : h.to(DType::BF16));
   }
+  // Buffers (never trained, replicated on every rank, whatever the sharding) keep their own dtype (F32).
+  auto bsrc = host.named_buffers();
+  auto bdst = d.named_buffers();
+  for (size_t i = 0; i < bsrc.size(); ++i) *bdst[i].second = cuda::to_device(*bsrc[i].second, device);
   return d;
 }
 

@@ -363,19 +363,32 @@ TEST(CudaSublayerLayout, UnsupportedReasonChecksEverySublayerConfiguration) {
             "intermediate_size 100 must be a multiple of 8 for the dense MLP layers' GEMMs");
 }
 
-// DeepSeek-V3 runs on the CPU engine only: MLA, the sigmoid group router with its selection bias and scale, and the
-// shared expert have no CUDA kernels yet, each refused in one line (no GPU needed).
-TEST(CudaSublayerLayout, DeepseekV3IsRefusedUntilItsKernelsLand) {
+// DeepSeek-V3 runs on the GPU (MLA, the sigmoid group router, shared experts); what the kernels lack is still refused
+// in one line (no GPU needed): MLA head sizes without a flash kernel, more experts than the router kernel takes, a
+// shared expert whose width the GEMMs cannot split.
+TEST(CudaSublayerLayout, DeepseekV3RunsAndItsKernelLimitsAreRefused) {
   const DecoderSpec dsv3 = DecoderSpec::from_file(std::string(MIXTUNE_SOURCE_DIR) +
                                                   "/tests/fixtures/deepseek_v3/mla_yarn_dense1/ckpt/config.json");
-  EXPECT_EQ(cuda_model_unsupported_reason(dsv3), "multi-head latent attention (MLA) has no CUDA kernels yet");
+  EXPECT_EQ(cuda_model_unsupported_reason(dsv3), "");
+  DecoderSpec mla = dsv3;
+  mla.attention[0].qk_nope_head_dim = 32, mla.attention[0].head_dim = 40;  // qk 40: no flash kernel
+  EXPECT_NE(cuda_model_unsupported_reason(mla).find("multi-head latent attention: query/key head size 40"),
+            std::string::npos)
+      << cuda_model_unsupported_reason(mla);
   DecoderSpec routed = mixed_spec(2);
   routed.moe[0].router.score = RouterScore::sigmoid_group;
   routed.moe[0].router.correction_bias = true;
-  EXPECT_EQ(cuda_model_unsupported_reason(routed), "this router (sigmoid group-limited top-k) has no CUDA kernel yet");
+  routed.moe[0].aux_loss_on = false;
+  EXPECT_EQ(cuda_model_unsupported_reason(routed), "");
+  routed.moe[0].num_experts = 2048;
+  EXPECT_EQ(cuda_model_unsupported_reason(routed),
+            "the sigmoid group router's CUDA kernel takes up to 1024 experts and top-32 (found 2048 experts, top-2)");
   DecoderSpec shared = mixed_spec(2);
   shared.moe[0].shared_expert = MlpSpec{64, Activation::swiglu, false};
-  EXPECT_EQ(cuda_model_unsupported_reason(shared), "a shared expert beside the routed ones has no CUDA block yet");
+  EXPECT_EQ(cuda_model_unsupported_reason(shared), "");
+  shared.moe[0].shared_expert->intermediate_size = 60;
+  EXPECT_EQ(cuda_model_unsupported_reason(shared),
+            "the shared expert's intermediate size 60 must be a multiple of 8 for its GEMMs");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The CUDA training tests' model and data: a small MoE (head_dim 64 for the flash-attention kernels,
 // 8 experts), or a dense Qwen3 of the same attention (intermediate_size 256), or a GPT-OSS of the same size (biases,
-// sinks, a 16-token window on every other layer, YaRN, the clamped experts), saved as an F32 checkpoint; 64
+// sinks, a 16-token window on every other layer, YaRN, the clamped experts), or a DeepSeek-V3 (MLA, the sigmoid group
+// router, a shared expert), saved as an F32 checkpoint; 64
 // pre-tokenized examples with a learnable pattern (each sequence counts up from a random start), a recipe writer and
 // the metrics reader.
 #pragma once
@@ -20,7 +21,7 @@
 
 namespace mt {
 
-enum class TrainModel { qwen3_moe, dense_qwen3, gpt_oss };
+enum class TrainModel { qwen3_moe, dense_qwen3, gpt_oss, deepseek_v3 };
 
 inline nlohmann::json gpt_oss_train_config() {
   nlohmann::json j = preset_config_json("gpt-oss-20b");
@@ -45,6 +46,33 @@ inline nlohmann::json gpt_oss_train_config() {
   return j;
 }
 
+// DeepSeek-V3 of the same size: MLA at DeepSeek-V3's head sizes (qk 128 + 64, v 128; q and kv LoRA ranks 64),
+// interleaved YaRN, layer 0 dense, layer 1 8 experts in 4 groups (keep 2), top-2 × 2.5 with a shared expert.
+inline nlohmann::json deepseek_v3_train_config() {
+  nlohmann::json j = preset_config_json("deepseek-v3");
+  j["vocab_size"] = 512;
+  j["hidden_size"] = 128;
+  j["intermediate_size"] = 128;
+  j["moe_intermediate_size"] = 64;
+  j["num_hidden_layers"] = 2;
+  j["first_k_dense_replace"] = 1;
+  j["n_routed_experts"] = 8;
+  j["num_experts_per_tok"] = 2;
+  j["n_group"] = 4;
+  j["topk_group"] = 2;
+  j["n_shared_experts"] = 1;
+  j["num_attention_heads"] = 2;
+  j["num_key_value_heads"] = 2;
+  j["q_lora_rank"] = 64;
+  j["kv_lora_rank"] = 64;
+  j["initializer_range"] = 0.05;
+  j["max_position_embeddings"] = 4096;
+  j["eos_token_id"] = 2;
+  j["pad_token_id"] = 0;
+  j["torch_dtype"] = "float32";
+  return j;
+}
+
 inline void write_model_and_data(const io_test::ScratchDir& dir, TrainModel kind = TrainModel::qwen3_moe) {
   const bool dense = kind == TrainModel::dense_qwen3;
   nlohmann::json j = preset_config_json("qwen3-moe-test");
@@ -65,6 +93,7 @@ inline void write_model_and_data(const io_test::ScratchDir& dir, TrainModel kind
       j.erase(k);
   }
   if (kind == TrainModel::gpt_oss) j = gpt_oss_train_config();
+  if (kind == TrainModel::deepseek_v3) j = deepseek_v3_train_config();
   CausalLM lm = CausalLM::from_config(DecoderSpec::from_json(j, "test"), DType::F32, 3);
   lm.save_pretrained(dir.file("model"));
   std::ofstream out(dir.file("train.jsonl"));
