@@ -82,8 +82,9 @@ TEST_F(LoraCli, MergeWritesBasePlusScaledBAInTheBaseLayout) {
     // q_proj / v_proj: W + s·B·A from the adapter file's nn.Linear tensors.
     const bool linear = name.find("q_proj.weight") != std::string::npos || name.find("v_proj.weight") != std::string::npos;
     if (!linear) {
-      if (name.find("mlp.experts.") == std::string::npos)
+      if (name.find("mlp.experts.") == std::string::npos) {
         EXPECT_EQ(t.to_floats(), p.to_floats()) << name << " changed";  // not adapted: the base's values
+      }
       continue;
     }
     const std::string module = name.substr(0, name.size() - std::string(".weight").size());

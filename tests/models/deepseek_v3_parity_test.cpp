@@ -73,8 +73,9 @@ TEST_P(DeepseekV3Parity, Fp32LossLogitsAndGradientsMatchTransformers) {
   EXPECT_EQ(compared, static_cast<int>(io.names().size()) - (io.has("position_ids") ? 4 : 3));
   // The buffer gets no gradient: it is not a parameter.
   for (const LayerWeights& L : grads.layers)
-    if (L.router_score_bias.defined())
+    if (L.router_score_bias.defined()) {
       EXPECT_EQ(L.router_score_bias.to_floats(), std::vector<float>(L.router_score_bias.numel(), 0.0f));
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Batches, DeepseekV3Parity, ::testing::ValuesIn(kCases), case_name);
