@@ -15,6 +15,17 @@ seeded random token ids with fused torch AdamW (lr 1e-5). --family picks the mod
                        _supports_sdpa = False (models/gpt_oss/modeling_gpt_oss.py of 5.17), so sdpa is refused;
                        eager builds the full [heads, S, S + 1] score matrix on every layer, the sliding ones
                        included (the window is a mask).
+  moonlight            Moonlight-16B-A3B through DeepseekV3Config (`mixtune bench --preset moonlight-16b-a3b`):
+                       hidden 2048, MLA with 16 heads (plain q_proj, kv LoRA 512, qk 128+64, v 128), layer 0 dense
+                       (intermediate 11264), then 64 experts top-6 of intermediate 1408 + 2 shared, sigmoid router
+                       (one group), vocab 163840, RoPE theta 50000. Attention "sdpa".
+  deepseek-v3          DeepSeek-V3 through DeepseekV3Config (`mixtune bench --preset deepseek-v3`): hidden 7168, MLA
+                       with 128 heads (q LoRA 1536, kv LoRA 512, qk 128+64, v 128), layers 0-2 dense (intermediate
+                       18432), then 256 experts top-8 of intermediate 2048 + 1 shared, 8 groups keeping 4, vocab
+                       129280, YaRN RoPE (factor 40). Attention "sdpa". One MoE layer alone holds 11.3 B parameters:
+                       beyond one GPU with bf16 AdamW, so the side-by-side slice is the three dense layers.
+                       Both through bench/hf_deepseek_v3.py (shapes, FLOPs, parameter count, config); no router
+                       aux loss (DeepseekV3ForCausalLM computes none); --peft lora is not wired for them.
 One step = grad_accum micro-batches (loss / grad_accum, backward) + optimizer.step + zero_grad(set_to_none=True).
 
 Prints one JSON object on stdout (progress goes to stderr) with the keys of the `mixtune bench` contract
@@ -66,6 +77,8 @@ collectives (NCCL refuses two ranks on one GPU): a functional check of the multi
   python3 bench/hf_baseline.py --print-flops --layers 12 --seq 4096        # FLOP formula only (no torch needed)
   python3 bench/hf_baseline.py --family gpt-oss --layers 5 --seq 4096 --micro-batch 1 --grad-accum 8
   python3 bench/hf_baseline.py --family gpt-oss --print-flops --layers 5 --seq 4096
+  python3 bench/hf_baseline.py --family moonlight --layers 10 --seq 4096 --micro-batch 1 --grad-accum 8
+  python3 bench/hf_baseline.py --family deepseek-v3 --print-flops --layers 3 --seq 4096
   python3 bench/hf_baseline.py --layers 48 --seq 4096 --grad-accum 1 --peft lora --lora-r 16 --lora-alpha 32 \
       --lora-targets attn,experts --gradient-checkpointing            # Qwen3-30B-A3B full depth, LoRA
 
@@ -83,6 +96,9 @@ import subprocess
 import sys
 import time
 
+from hf_deepseek_v3 import DSV3_PRESETS, DSV3_SHAPES, dsv3_description, dsv3_flops_per_token, dsv3_moe_layers, \
+    dsv3_param_count, make_dsv3_config
+
 # Qwen3-30B-A3B shapes (config.json of Qwen/Qwen3-30B-A3B; hf-numerics.md §3.1).
 QWEN3_30B_A3B = dict(
     hidden=2048, heads=32, kv_heads=4, head_dim=128, experts=128, top_k=8, moe_inter=768, vocab=151936,
@@ -97,9 +113,11 @@ GPT_OSS_20B = dict(
 )
 GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "truncate": False, "original_max_position_embeddings": 4096}
-FAMILIES = ("qwen3-moe", "gpt-oss")
-PRESETS = {"qwen3-moe": "qwen3-30b-a3b", "gpt-oss": "gpt-oss-20b"}  # mixtune bench --preset of each family
-DEFAULT_ATTN = {"qwen3-moe": "sdpa", "gpt-oss": "eager"}  # Transformers' own default for GPT-OSS is eager
+FAMILIES = ("qwen3-moe", "gpt-oss") + tuple(DSV3_SHAPES)
+PRESETS = {"qwen3-moe": "qwen3-30b-a3b", "gpt-oss": "gpt-oss-20b", **DSV3_PRESETS}  # mixtune bench --preset
+# Transformers' own default for GPT-OSS is eager; DeepSeek-V3's sdpa takes the qk width 192 and value width 128 as
+# they are (only flash_attention_2 pads the value).
+DEFAULT_ATTN = {"qwen3-moe": "sdpa", "gpt-oss": "eager", "moonlight": "sdpa", "deepseek-v3": "sdpa"}
 PEAK_989 = 989.0  # H100/H200 dense bf16 peak, TFLOP/s (the NVIDIA suites' MFU denominator)
 EXIT_OOM = 3
 PRECISIONS = ("bf16", "fp32-autocast", "fp32-master-copy", "fp32-mp")
@@ -183,12 +201,21 @@ def gpt_oss_param_count(layers, vocab=None):
 
 
 def family_flops_per_token(family, layers, seq, vocab=None):
+    if family in DSV3_SHAPES:
+        return dsv3_flops_per_token(family, layers, seq, vocab)
     return gpt_oss_flops_per_token(layers, seq, vocab) if family == "gpt-oss" else \
         qwen3_flops_per_token(layers, seq, vocab)
 
 
 def family_param_count(family, layers, vocab=None):
+    if family in DSV3_SHAPES:
+        return dsv3_param_count(family, layers, vocab)
     return gpt_oss_param_count(layers, vocab) if family == "gpt-oss" else qwen3_param_count(layers, vocab)
+
+
+def family_moe_layers(family, layers):
+    """Layers of the slice with routed experts (two grouped_mm calls each in a forward)."""
+    return dsv3_moe_layers(family, layers) if family in DSV3_SHAPES else layers
 
 
 def lora_param_count(family, layers, r, targets):
@@ -210,6 +237,8 @@ def lora_flops_factor(lora_params, frozen_params):
 
 
 def family_shapes(family):
+    if family in DSV3_SHAPES:
+        return DSV3_SHAPES[family]
     return GPT_OSS_20B if family == "gpt-oss" else QWEN3_30B_A3B
 
 
@@ -244,7 +273,8 @@ def git_commit():
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--family", choices=FAMILIES, default="qwen3-moe",
-                    help="qwen3-moe: Qwen3-30B-A3B shapes (default); gpt-oss: gpt-oss-20b shapes")
+                    help="qwen3-moe: Qwen3-30B-A3B shapes (default); gpt-oss: gpt-oss-20b shapes; moonlight: "
+                         "Moonlight-16B-A3B shapes; deepseek-v3: DeepSeek-V3 shapes")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--micro-batch", type=int, default=1)
@@ -280,7 +310,7 @@ def parse_args(argv):
                          "mlp.experts.gate_up_proj, down_proj); default attn,experts")
     ap.add_argument("--experts-implementation", default="grouped_mm")
     ap.add_argument("--attn-implementation", default=None,
-                    help="default: the family's Transformers default (qwen3-moe sdpa, gpt-oss eager)")
+                    help="default: the family's Transformers default (gpt-oss eager, the others sdpa)")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--device", default="cuda:0", help="one-process runs (torchrun ranks use LOCAL_RANK)")
@@ -349,6 +379,9 @@ def parse_args(argv):
             if getattr(a, name) is not None:
                 ap.error(f"--{name.replace('_', '-')} applies to --peft lora only")
     else:
+        if a.family in DSV3_SHAPES:
+            ap.error(f"--peft lora is not wired for --family {a.family} (its LoRA parameter count and targets are "
+                     f"Qwen3-MoE's and GPT-OSS's)")
         if a.precision != "bf16":
             ap.error("--peft lora trains adapters on a frozen bf16 model: --precision bf16 only (PEFT keeps the "
                      "adapters in fp32 itself)")
@@ -438,6 +471,9 @@ def configuration_text(a, world):
                    "every layer, the window as a mask)" if a.attn_implementation == "eager" else "")
                 + f", experts {a.experts_implementation}; router aux loss off (output_router_logits false, as "
                   f"gpt-oss-20b's config.json)")
+    elif a.family in DSV3_SHAPES:
+        attn = (f"{dsv3_description(a.family, a.layers)}; attention {a.attn_implementation}, experts "
+                f"{a.experts_implementation}; no router aux loss (DeepseekV3ForCausalLM computes none)")
     if a.peft == "lora":
         modules, params = lora_target_lists(a)
         prec = (f"PEFT LoRA r {a.lora_r}, alpha {a.lora_alpha}, dropout 0 on a frozen bf16 model (no gradients or "
@@ -475,6 +511,10 @@ def model_record(a):
         m["family"] = a.family
         m["sliding_window"] = shapes["sliding_window"]
         m["layer_types"] = gpt_oss_layer_types(a.layers)
+    elif a.family in DSV3_SHAPES:
+        m["family"] = a.family
+        m["dense_layers"] = a.layers - dsv3_moe_layers(a.family, a.layers)
+        m["moe_layers"] = dsv3_moe_layers(a.family, a.layers)
     return m
 
 
@@ -561,6 +601,8 @@ def measure_gemm_ceiling(torch, device, n=8192, iters=10, trials=5):
 
 
 def make_config(a):
+    if a.family in DSV3_SHAPES:
+        return make_dsv3_config(a, log)
     return make_gpt_oss_config(a) if a.family == "gpt-oss" else make_qwen3_config(a)
 
 
@@ -659,7 +701,8 @@ def build_model(torch, a, cfg, dtype, device):
 
 def probe_expert_ops(torch, model, device, autocast, vocab, tokens=256):
     """Counts the aten ops of one small no-grad forward, to show which kernels the experts really ran
-    (grouped_mm: 2 grouped GEMMs per layer; eager: a per-expert loop of mm/linear calls)."""
+    (grouped_mm: 2 grouped GEMMs per layer; eager: a per-expert loop of mm/linear calls) and which kernel sdpa
+    picked (aten._scaled_dot_product_{flash,efficient,cudnn}_attention; its math fallback shows as bmm)."""
     from torch.utils._python_dispatch import TorchDispatchMode
     counts = {}
 
@@ -672,7 +715,9 @@ def probe_expert_ops(torch, model, device, autocast, vocab, tokens=256):
     ids = torch.randint(0, vocab, (1, tokens), device=device)
     with torch.no_grad(), autocast(), OpCounter():
         model(input_ids=ids, use_cache=False)
-    keep = {k: v for k, v in counts.items() if "grouped_mm" in k or k in ("aten.mm", "aten.addmm", "aten.bmm")}
+    # sdpa's kernel choice here is the no-grad one; with gradients it is the same unless a kernel lacks a backward.
+    keep = {k: v for k, v in counts.items()
+            if "grouped_mm" in k or "scaled_dot_product" in k or k in ("aten.mm", "aten.addmm", "aten.bmm")}
     return dict(sorted(keep.items()))
 
 
@@ -908,7 +953,9 @@ def run(a, result):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     experts_active = getattr(model.config, "_experts_implementation", None)
     attn_active = getattr(model.config, "_attn_implementation", None)
-    experts_mod = model.model.layers[0].mlp.experts if hasattr(model.model.layers[0].mlp, "experts") else None
+    # The first layer with routed experts (DeepSeek-V3's first first_k_dense_replace layers are dense).
+    experts_mod = next((layer.mlp.experts for layer in model.model.layers if hasattr(layer.mlp, "experts")), None)
+    moe_layers = family_moe_layers(a.family, a.layers)
     grouped_fn = ("torch.nn.functional.grouped_mm" if hasattr(torch.nn.functional, "grouped_mm") else
                   "torch._grouped_mm" if hasattr(torch, "_grouped_mm") else "none")
     params = params_total
@@ -928,7 +975,9 @@ def run(a, result):
     log(f"{result['baseline']}: experts {experts_active} (requested via {how}; class "
         f"{result['hf']['experts_class']}; {grouped_fn}); attention: {attn_active}; params {params / 1e9:.3f} B; "
         f"dtype {param_dtype}; {world} rank(s)")
-    if experts_active != a.experts_implementation:
+    if moe_layers == 0:  # e.g. DeepSeek-V3's three dense layers: no experts run, whatever the setting says
+        log(f"no MoE layer in this {a.layers}-layer slice: experts implementation {experts_active!r} unused")
+    elif experts_active != a.experts_implementation:
         raise RuntimeError(f"experts implementation: expected {a.experts_implementation!r}, found "
                            f"{experts_active!r}")
     if attn_active != a.attn_implementation:
@@ -951,8 +1000,8 @@ def run(a, result):
     result["hf"]["probe_ops_256_tokens"] = ops
     grouped_calls = sum(v for k, v in ops.items() if "grouped_mm" in k)
     log(f"ops of one 256-token forward: {ops}")
-    if a.experts_implementation == "grouped_mm" and a.parallel != "fsdp2" and grouped_calls != 2 * a.layers:
-        log(f"WARNING: expected {2 * a.layers} grouped_mm calls (2 per layer) in the probe forward, saw "
+    if a.experts_implementation == "grouped_mm" and a.parallel != "fsdp2" and grouped_calls != 2 * moe_layers:
+        log(f"WARNING: expected {2 * moe_layers} grouped_mm calls (2 per MoE layer) in the probe forward, saw "
             f"{grouped_calls}: the experts may not be running through grouped_mm")
 
     train_model = peft_model if peft_model is not None else model

@@ -9,7 +9,9 @@
 # micro-batch). Two ranks under torchrun sharing the GPU over gloo (--ranks-share-gpu --dist-backend gloo,
 # vocabulary 8192): DDP bf16 (no_sync), FSDP2 bf16 (set_requires_gradient_sync), FSDP2 mixed precision, DDP with
 # the fp32 master copy. GPT-OSS (--family gpt-oss: eager attention, grouped_mm), bf16 with and without gradient
-# checkpointing. PEFT LoRA (attn + experts, frozen bf16): Qwen3-MoE with gradient checkpointing, GPT-OSS without
+# checkpointing. DeepSeek-V3 family (DeepseekV3Config, sdpa, grouped_mm): Moonlight at 2 layers (its dense layer and
+# one MoE layer), DeepSeek-V3 at 1 (dense). PEFT LoRA (attn + experts, frozen bf16): Qwen3-MoE with gradient
+# checkpointing, GPT-OSS without
 # (SMOKE_MODES="lora-gc gptoss-lora" runs only those). Modes run two at a time (SMOKE_PARALLEL=1: one at a time); each under SMOKE_TIMEOUT_S
 # (150). A mode passes when it exits 0 with a record of positive tokens/s and finite losses.
 # Output in $OUT (default bench/out): smoke-MODE.json/.log, smoke.txt (the OK/FAIL lines).
@@ -36,6 +38,8 @@ MODES=(
   "ddp-master-2r|2|--precision fp32-master-copy --master-grad-accum bf16 --parallel ddp --grad-sync last"
   "gptoss-bf16|1|--family gpt-oss --precision bf16"
   "gptoss-gc|1|--family gpt-oss --precision bf16 --gradient-checkpointing"
+  "moonlight-bf16|1|--family moonlight --precision bf16 --layers 2"
+  "dsv3-bf16|1|--family deepseek-v3 --precision bf16"
   "lora-gc|1|--peft lora --lora-r 16 --lora-alpha 32 --lora-targets attn,experts --gradient-checkpointing"
   "gptoss-lora|1|--family gpt-oss --peft lora --lora-targets attn,experts"
 )

@@ -28,6 +28,14 @@
 #               below), seq 4096, micro-batch 1, grad-accum 8, real router, bf16 on both sides [bf16]
 #   gptoss-long the long workload on the gptoss slice (LAYERS, default 5): bench/longest_seq.py --family gpt-oss
 #               on each side
+#   moonlight   issue 40: a Moonlight-16B-A3B slice: mixtune bench --preset moonlight-16b-a3b against hf_baseline.py
+#               --family moonlight (DeepseekV3Config, sdpa, grouped_mm experts, fused AdamW), LAYERS layers (default
+#               10: layer 0 dense, 9 MoE; the most that fit Transformers on an 80 GB H100 with room to spare,
+#               arithmetic below), seq 4096, micro-batch 1, grad-accum 8, real router, bf16 on both sides [bf16]
+#   dsv3        issue 40: a DeepSeek-V3 slice: mixtune bench --preset deepseek-v3 against hf_baseline.py --family
+#               deepseek-v3 (the same Transformers settings), LAYERS layers (default 3: the model's three dense MLA
+#               layers; its first MoE layer alone, 11.3 B parameters, fits no single GPU on either side, arithmetic
+#               below), seq 4096, micro-batch 1, grad-accum 8, bf16 on both sides [bf16]
 #   lora        issue 39: LoRA r 16 / alpha 32 on attention (q/k/v/o) + experts of Qwen3-30B-A3B, the base frozen
 #               bf16, LAYERS layers (default 48: the full depth, for an H200), seq 4096, micro-batch 1, grad-accum 2,
 #               3 timed steps after 1 warm-up: mixtune bench --lora-r 16 --lora-targets q_proj,k_proj,v_proj,o_proj,
@@ -49,7 +57,7 @@
 # 10-minute call even if every run hits it), NAME (file prefix, default the workload), BUDGET_S (long: seconds
 # per side; default 280 for mixtune and 230 for Transformers with both sides, 540 with one),
 # LONG_MIXTUNE_CONFIGS (full,selective,none), LONG_HF_CONFIGS (on,off), LAYERS (long: 4; gptoss, gptoss-long:
-# 5), DRY2=1
+# 5; moonlight: 10; dsv3: 3), DRY2=1
 # (standard2/fp32master2/full8 as a functional check on ONE GPU: both ranks share it, Transformers over gloo
 # (--ranks-share-gpu --dist-backend gloo --vocab 8192), mixtune over host-staged collectives
 # (--gpu-collectives host); 1 layer, seq 1024, grad-accum 2, 1 warm-up + 1 step; never a measurement),
@@ -73,7 +81,7 @@ DRY2=${DRY2:-0}
 export NCCL_NVLS_ENABLE=0
 case "$SIDES" in both|mixtune|hf) ;; *) echo "side_by_side: SIDES must be both, mixtune or hf, found '$SIDES'" >&2; exit 2;; esac
 case "$ORDER" in auto|mixtune-first|hf-first) ;; *) echo "side_by_side: ORDER must be auto, mixtune-first or hf-first, found '$ORDER'" >&2; exit 2;; esac
-case "$WORKLOAD" in standard|fp32master|long|custom|standard2|fp32master2|full8|gptoss|gptoss-long|lora) ;; *) echo "side_by_side: unknown workload '$WORKLOAD' (standard, fp32master, long, custom, standard2, fp32master2, full8, gptoss, gptoss-long, lora)" >&2; exit 2;; esac
+case "$WORKLOAD" in standard|fp32master|long|custom|standard2|fp32master2|full8|gptoss|gptoss-long|lora|moonlight|dsv3) ;; *) echo "side_by_side: unknown workload '$WORKLOAD' (standard, fp32master, long, custom, standard2, fp32master2, full8, gptoss, gptoss-long, lora, moonlight, dsv3)" >&2; exit 2;; esac
 LONG=0
 [[ "$WORKLOAD" == long || "$WORKLOAD" == gptoss-long ]] && LONG=1
 # The model: mixtune's preset and the same shapes for Transformers (hf_baseline.py --family).
@@ -91,6 +99,31 @@ PRESET=qwen3-30b-a3b; FAMILY=qwen3-moe
 #   total 8.63 + 9.30 N + 10.7 GiB + allocator slack: N = 5 -> 65.9 GiB (fills ~85%), N = 6 -> 75.2 GiB (leaves
 #   under 4 GiB for fragmentation and the CUDA context: out of memory in practice), so N = 5.
 if [[ "$WORKLOAD" == gptoss || "$WORKLOAD" == gptoss-long ]]; then PRESET=gpt-oss-20b; FAMILY=gpt-oss; fi
+# Moonlight-16B-A3B slice of N layers (layer 0 dense, then MoE) on an 80 GB H100, Transformers bf16, fused AdamW:
+#   parameters (hf_baseline.py --print-flops): 671.1 M embedding + LM head; dense layer 83.0 M (MLA 13.76 M: q_proj
+#     2048 x 3072, kv_a 2048 x 576, kv_b 512 x 4096, o 2048 x 2048; MLP 3 x 2048 x 11264 = 69.2 M); MoE layer
+#     584.8 M (64 experts x 3 x 2048 x 1408 = 553.6 M, 2 shared 17.3 M, router 0.13 M, MLA 13.76 M); bf16 parameter,
+#     gradient and AdamW moments = 8 bytes each: 5.00 + 0.62 + 4.36 (N - 1) GiB.
+#   activations kept per MoE layer at seq 4096, micro-batch 1 (grouped_mm on 6 x 4096 rows: gathered input 2048 wide,
+#     gate_up output 2816, SiLU(gate) and the product 1408 each, down output 2048 = 0.45 GiB; the router's fp32 input
+#     copy, the shared experts 0.12 GiB; MLA: q, kv_a, kv_b outputs, the latent norm, RoPE copies, the concatenated
+#     query and key (192 wide), sdpa's output and o_proj's input 0.19 GiB; two RMSNorms' fp32 input and bf16 output
+#     0.09 GiB) = 0.85 GiB; the dense layer 0.63 GiB (its SwiGLU's four [4096, 11264] tensors 0.34 GiB).
+#   LM head at its backward: bf16 logits [4096, 163840] 1.25 GiB + fp32 log-softmax, its gradient and the input
+#     gradient 3 x 2.5 GiB = 8.75 GiB.
+#   total 5.00 + 0.62 + 8.75 + (N - 1)(4.36 + 0.85) + 0.63 GiB: N = 10 -> 61.9 GiB, N = 11 -> 67.1 GiB, N = 12 -> 72.3
+#   GiB. The gpt-oss slice's 65.9 GiB estimate was its measured peak allocated, and it reserved 8 GiB more (74.1):
+#   N = 11 would reserve ~75 of 79.1 GiB, N = 12 cannot; so N = 10 (mixtune's plan: 58.3 GiB).
+# DeepSeek-V3 slice: one MoE layer holds 256 x 3 x 7168 x 2048 = 11.27 B expert parameters, 84 GiB at 8 bytes on
+#   either side (mixtune: bf16 parameter, expert gradient and moments) before any activation, and Transformers adds
+#   the expert stack's 14 GiB weight gradient on every micro-batch after the first: no single GPU (80 GB H100, 141 GB
+#   H200) holds the first four layers (15.11 B parameters, 112.6 GiB static) for Transformers. The three dense
+#   layers (3.60 B parameters: 1.85 B embedding + LM head, 0.58 B per layer: MLA 187 M with q LoRA 1536 and 128
+#   heads, MLP 3 x 7168 x 18432 = 396 M) are the V3-shaped slice that fits: 26.8 GiB static + activations 2.1 GiB
+#   per layer (128-head MLA 1.2 GiB, SwiGLU 0.56 GiB, norms 0.33 GiB) + LM head 6.9 GiB = 40 GiB (mixtune's plan:
+#   41.9 GiB, its non-expert gradients being fp32).
+if [[ "$WORKLOAD" == moonlight ]]; then PRESET=moonlight-16b-a3b; FAMILY=moonlight; fi
+if [[ "$WORKLOAD" == dsv3 ]]; then PRESET=deepseek-v3; FAMILY=deepseek-v3; fi
 [[ -n "${SEQS:-}" ]] && { echo "side_by_side: SEQS is gone: the long workload searches (bench/longest_seq.py); set LONG_*_CONFIGS, LAYERS, BUDGET_S" >&2; exit 2; }
 NPROC=1
 if [[ "$WORKLOAD" == standard2 || "$WORKLOAD" == fp32master2 ]]; then NPROC=2; fi
@@ -172,6 +205,10 @@ case "$WORKLOAD" in
               "ddp-master|--precision fp32-master-copy --master-grad-accum bf16 --parallel ddp --grad-sync last") ;;
   gptoss)
     DEF[--layers]=${LAYERS:-5} ;;
+  moonlight)
+    DEF[--layers]=${LAYERS:-10} ;;
+  dsv3)
+    DEF[--layers]=${LAYERS:-3} ;;
   lora)
     DEF[--layers]=${LAYERS:-48}; DEF[--grad-accum]=2; DEF[--steps]=3; DEF[--warmup]=1
     has_flag --lora-r "${MIX[@]}" || MIX+=(--lora-r 16 --lora-alpha 32 --lora-targets q_proj,k_proj,v_proj,o_proj,experts)

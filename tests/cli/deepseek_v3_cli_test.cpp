@@ -156,6 +156,40 @@ TEST_F(DeepseekV3Cli, BenchPlansThePresets) {
   EXPECT_NE(v3.err.find("does not fit"), std::string::npos) << v3.err;
 }
 
+// The side-by-side slices of issue 40 (bench/side_by_side.sh moonlight, dsv3) on an 80 GB H100 (79.1 GiB): Moonlight's
+// first 10 layers (1 dense + 9 MoE) and DeepSeek-V3's three dense layers fit; V3's fourth layer, its first MoE layer
+// (11.3 B parameters), does not. Their FLOPs per token, counted here by hand from the shapes (MLA's five projections
+// and the scores at qk 192 / v 128 over S/2 keys, SwiGLU MLPs, routed top-k + shared experts, the LM head; router
+// left out), are what bench/hf_baseline.py --family moonlight|deepseek-v3 --print-flops prints for the same slice.
+TEST_F(DeepseekV3Cli, BenchPlansTheSideBySideSlices) {
+  const double S = 4096;
+  auto mla = [&](double H, double Hq, double q_lora) {
+    const double D = 192, Dv = 128, kv_lora = 512, rope = 64, nope = 128;
+    const double q = q_lora > 0 ? H * q_lora + q_lora * Hq * D : H * Hq * D;
+    return 2.0 * (q + H * (kv_lora + rope) + kv_lora * Hq * (nope + Dv) + Hq * Dv * H) + 2.0 * (S / 2) * Hq * (D + Dv);
+  };
+  auto swiglu = [](double H, double I) { return 2.0 * 3 * H * I; };
+  const double moon = 3 * (2.0 * 163840 * 2048 + 10 * mla(2048, 16, 0) + swiglu(2048, 11264) +
+                           9 * (6 + 2) * swiglu(2048, 1408));
+  const double v3 = 3 * (2.0 * 129280 * 7168 + 3 * mla(7168, 128, 1536) + 3 * swiglu(7168, 18432));
+  auto flops_line = [](double f) {
+    return "model FLOPs per token at seq 4096 (training: 3 x forward; router, norms and biases excluded): " +
+           std::to_string(static_cast<long long>(f)) + "\n";
+  };
+  RunResult m = run("bench --plan-only --preset moonlight-16b-a3b --layers 10 --seq 4096 --device-gib 79.1");
+  EXPECT_EQ(m.code, 0) << m.out << m.err;
+  EXPECT_NE(m.out.find("memory plan: 10 layers (9 MoE), 6.02 B parameters"), std::string::npos) << m.out;
+  EXPECT_NE(m.out.find(flops_line(moon)), std::string::npos) << m.out;
+  RunResult d = run("bench --plan-only --preset deepseek-v3 --layers 3 --seq 4096 --device-gib 79.1");
+  EXPECT_EQ(d.code, 0) << d.out << d.err;
+  EXPECT_NE(d.out.find("memory plan: 3 layers (0 MoE), 3.60 B parameters"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find(flops_line(v3)), std::string::npos) << d.out;
+  RunResult moe = run("bench --plan-only --preset deepseek-v3 --layers 4 --seq 4096 --device-gib 79.1");
+  EXPECT_EQ(moe.code, 1) << moe.out << moe.err;
+  EXPECT_NE(moe.out.find("memory plan: 4 layers (1 MoE), 15.11 B parameters"), std::string::npos) << moe.out;
+  EXPECT_NE(moe.err.find("does not fit"), std::string::npos) << moe.err;
+}
+
 // A byte-level tokenizer.json (GPT-2's byte map, token id = byte value, no merges): "abc" is ids 97..99, inside the
 // fixture's vocabulary of 128.
 std::string byte_tokenizer_json() {
