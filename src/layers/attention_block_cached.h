@@ -19,7 +19,7 @@ struct AttentionCache {
 
   // Zero-filled for `capacity` positions of attention `spec` (GQA).
   static AttentionCache create(const AttentionSpec& spec, int64_t capacity);
-  int64_t bytes() const { return static_cast<int64_t>(k.nbytes() + v.nbytes()); }
+  int64_t bytes() const { return k.defined() ? static_cast<int64_t>(k.nbytes() + v.nbytes()) : 0; }
 };
 
 // x F32 [n, H]; cache rows >= offset + n -> y F32 [n, H].

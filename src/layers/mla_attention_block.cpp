@@ -62,13 +62,11 @@ Tensor rope_bwd(const AttentionSpec& a, const Tensor& dy, const cpu::RopeTables&
 
 }  // namespace
 
-Tensor mla_attention_block_forward(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w,
-                                   const Tensor& x, MlaBlockActs* acts, const LayerLora* lora) {
+Tensor mla_project_rows(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w, const Tensor& x,
+                        MlaBlockActs& s, const LayerLora* lora) {
   using W = WeightSlot;
   const Dims d = dims_of(env, spec);
   const int64_t T = d.T, Hq = d.heads;
-  MlaBlockActs local;
-  MlaBlockActs& s = acts ? *acts : local;
   const Tensor none;
   s.a = cpu::rmsnorm_forward(x, w.input_norm, env.eps(), env.bf16, env.norm_rounds_once());
   if (d.q_lora > 0) {
@@ -82,26 +80,46 @@ Tensor mla_attention_block_forward(const BlockEnv& env, const AttentionSpec& spe
   const int64_t ckv_w = d.kv_lora + d.rope;
   s.kv_lat = take_cols(s.ckv, T, ckv_w, 0, d.kv_lora);
   s.kvn = cpu::rmsnorm_forward(s.kv_lat, w.kv_a_norm, kMlaLatentNormEps, env.bf16);
-  s.kv = cpu::lora_linear_forward(s.kvn, w.kv_b_proj, none, lora_of(lora, W::kv_b_proj), env.bf16);
 
   // RoPE on the rope dims of every query head and of the one shared rope key.
   const cpu::RopeTables& rope = env.rope.of(spec);
   const Tensor q_rot = rope_fwd(spec, take_cols(s.q, T * Hq, d.D, d.nope, d.rope), rope, env.bf16);
-  const Tensor k_rot = rope_fwd(spec, take_cols(s.ckv, T, ckv_w, d.kv_lora, d.rope), rope, env.bf16);
-
-  // query = [q_nope | q_rot], key = [k_nope | k_rot on every head], value = kv's v columns.
+  // query = [q_nope | q_rot].
   s.query = s.q.clone().view({env.batch, env.seq, Hq, d.D});
   put_cols(s.query, T * Hq, d.D, d.nope, q_rot, d.rope);
-  s.key = Tensor::empty({env.batch, env.seq, Hq, d.D}, DType::F32);
-  put_cols(s.key, T * Hq, d.D, 0, take_cols(s.kv, T * Hq, d.nope + d.Dv, 0, d.nope), d.nope);
-  {
-    const float* kr = k_rot.data_as<float>();
-    float* kp = s.key.data_as<float>();
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < Hq; ++h)
-        std::memcpy(kp + (t * Hq + h) * d.D + d.nope, kr + t * d.rope, sizeof(float) * d.rope);
-  }
-  s.value = take_cols(s.kv, T * Hq, d.nope + d.Dv, d.nope, d.Dv).view({env.batch, env.seq, Hq, d.Dv});
+  return rope_fwd(spec, take_cols(s.ckv, T, ckv_w, d.kv_lora, d.rope), rope, env.bf16);
+}
+
+void mla_keys_values(const AttentionSpec& spec, const Tensor& kv, const Tensor& k_rot, Tensor& key, Tensor& value) {
+  const int64_t R = k_rot.dim(0), Hq = spec.heads, nope = spec.qk_nope_head_dim, rope = spec.qk_rope_head_dim;
+  const int64_t D = spec.head_dim, Dv = spec.value_dim();
+  MT_CHECK(kv.numel() == R * Hq * (nope + Dv) && k_rot.shape() == Shape({R, rope}),
+           "MLA keys/values from kv {} and k_rot {} for {} heads of {} + {} (v {})", kv.desc(), k_rot.desc(), Hq,
+           nope, rope, Dv);
+  // key = [k_nope | k_rot on every head], value = kv's v columns.
+  key = Tensor::empty({R, Hq, D}, DType::F32);
+  put_cols(key, R * Hq, D, 0, take_cols(kv, R * Hq, nope + Dv, 0, nope), nope);
+  const float* kr = k_rot.data_as<float>();
+  float* kp = key.data_as<float>();
+  for (int64_t t = 0; t < R; ++t)
+    for (int64_t h = 0; h < Hq; ++h) std::memcpy(kp + (t * Hq + h) * D + nope, kr + t * rope, sizeof(float) * rope);
+  value = take_cols(kv, R * Hq, nope + Dv, nope, Dv).view({R, Hq, Dv});
+}
+
+Tensor mla_attention_block_forward(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w,
+                                   const Tensor& x, MlaBlockActs* acts, const LayerLora* lora) {
+  using W = WeightSlot;
+  const Dims d = dims_of(env, spec);
+  const int64_t T = d.T, Hq = d.heads;
+  MlaBlockActs local;
+  MlaBlockActs& s = acts ? *acts : local;
+  const Tensor none;
+  const Tensor k_rot = mla_project_rows(env, spec, w, x, s, lora);
+  s.kv = cpu::lora_linear_forward(s.kvn, w.kv_b_proj, none, lora_of(lora, W::kv_b_proj), env.bf16);
+  Tensor key, value;
+  mla_keys_values(spec, s.kv, k_rot, key, value);
+  s.key = key.view({env.batch, env.seq, Hq, d.D});
+  s.value = value.view({env.batch, env.seq, Hq, d.Dv});
   s.o = cpu::attention_forward(attention_shape(env, spec), s.query, s.key, s.value, env.doc_ids, env.bf16, s.lse);
   Tensor out = cpu::lora_linear_forward(s.o.view({T, Hq * d.Dv}), w.o_proj, none, lora_of(lora, W::o_proj), env.bf16);
   return cpu::residual_add(x, out, env.bf16);

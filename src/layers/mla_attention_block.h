@@ -37,6 +37,15 @@ struct MlaBlockActs {
 // q_b_proj / kv_a_proj_with_mqa / kv_b_proj / o_proj.
 Tensor mla_attention_block_forward(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w,
                                    const Tensor& x, MlaBlockActs* acts, const LayerLora* lora = nullptr);
+// The row-by-row part of the block, shared with the cached block (mla_attention_block_cached.h) so both compute the
+// same numbers: fills acts.a, qa, qan, q, ckv, kv_lat, kvn and query ([B, S, heads, nope+rope], RoPE applied) and
+// returns the shared rope key after RoPE, F32 [T, qk_rope_head_dim].
+Tensor mla_project_rows(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w, const Tensor& x,
+                        MlaBlockActs& acts, const LayerLora* lora = nullptr);
+// Per-head keys and values of R positions from kv_b_proj's output kv (R·heads·(nope+v) values) and their rope keys
+// k_rot [R, rope]: key F32 [R, heads, nope+rope] = [k_nope | k_rot on every head], value F32 [R, heads, v].
+void mla_keys_values(const AttentionSpec& spec, const Tensor& kv, const Tensor& k_rot, Tensor& key, Tensor& value);
+
 // dy [T, H] -> dx [T, H] (including the residual path); parameter gradients added into g (an undefined gradient
 // tensor is a frozen parameter: not computed); with lora, the adapters' gradients into dlora.
 Tensor mla_attention_block_backward(const BlockEnv& env, const AttentionSpec& spec, const LayerWeights& w,

@@ -1,5 +1,7 @@
 #include "models/decode_cache.h"
 
+#include <utility>
+
 #include "core/error.h"
 
 namespace mt {
@@ -18,10 +20,13 @@ DecodeCache DecodeCache::create(const DecoderSpec& spec, int64_t capacity) {
       switch (sub.kind) {
         case SublayerKind::attention: {
           const AttentionSpec& a = spec.attention.at(static_cast<size_t>(sub.index));
-          if (a.kind != AttentionKind::gqa)
-            fail("decode cache: layer {}: multi-head latent attention has no decode cache yet", l);
+          DecodeCacheEntry e{l, i, sub.kind};
+          if (a.kind == AttentionKind::mla)
+            e.mla = MlaCache::create(a, capacity);
+          else
+            e.attention = AttentionCache::create(a, capacity);
           index[i] = static_cast<int>(c.entries.size());
-          c.entries.push_back({l, i, sub.kind, AttentionCache::create(a, capacity)});
+          c.entries.push_back(std::move(e));
           break;
         }
         case SublayerKind::mlp:

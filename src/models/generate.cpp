@@ -8,6 +8,7 @@
 #include "kernels/cpu/cpu_tensor.h"
 #include "kernels/cpu/embedding.h"
 #include "layers/attention_block_cached.h"
+#include "layers/mla_attention_block_cached.h"
 #include "layers/rope_table_set.h"
 #include "layers/lm_head.h"
 #include "layers/mlp_block.h"
@@ -33,7 +34,9 @@ Tensor decoder_layers_forward_cached(const BlockEnv& env, const ModelWeights& w,
           DecodeCacheEntry* e = cache.find(l, i);
           MT_CHECK(e != nullptr && e->kind == SublayerKind::attention, "layer {} sublayer {}: no attention cache", l,
                    i);
-          h = attention_block_forward_cached(env, spec.attention[k], L, h, offset, e->attention);
+          const AttentionSpec& a = spec.attention[k];
+          h = a.kind == AttentionKind::mla ? mla_attention_block_forward_cached(env, a, L, h, offset, e->mla)
+                                           : attention_block_forward_cached(env, a, L, h, offset, e->attention);
           break;
         }
         case SublayerKind::moe: h = moe_block_forward(env, spec.moe[k], L, h, nullptr); break;

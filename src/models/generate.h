@@ -29,7 +29,8 @@ class Generator {
   // allocates a cache for `capacity` positions.
   Generator(const DecoderSpec& cfg, ModelWeights& weights, int64_t capacity);
 
-  // Runs `ids` at positions length()..length()+n-1 and appends their state (keys/values) to the cache.
+  // Runs `ids` at positions length()..length()+n-1 and appends their state (keys/values, or MLA's latent and rope
+  // key) to the cache.
   // Returns F32 logits [n, V] when all_positions, else [V] for the last token. mt::Error for an empty
   // list, an id outside the vocabulary, or more positions than the capacity.
   Tensor extend(const std::vector<int64_t>& ids, bool all_positions = false);

@@ -299,14 +299,32 @@ TEST(DecodeCache, ConfigCheckPerAttentionConfiguration) {
             "model");
 }
 
+// An MLA configuration gets the latent and the rope key of each position instead of keys and values (the DeepSeek-V3
+// checkpoints run it in deepseek_v3_generate_test.cpp).
+TEST(DecodeCache, MlaSublayerHoldsItsLatentAndRopeKey) {
+  const MixedModel m = mixed_model();
+  DecoderSpec mla = m.spec;
+  AttentionSpec& a = mla.attention[2];
+  a.kind = AttentionKind::mla;
+  a.kv_lora_rank = 12;
+  a.qk_rope_head_dim = 4;
+  const DecodeCache c = DecodeCache::create(mla, 5);
+  ASSERT_EQ(c.entries.size(), 4u);
+  const DecodeCacheEntry& e = c.entries[2];
+  EXPECT_EQ(e.layer, 3);
+  EXPECT_EQ(e.mla.latent.shape(), Shape({5, 12}));
+  EXPECT_EQ(e.mla.k_rot.shape(), Shape({5, 4}));
+  EXPECT_FALSE(e.attention.k.defined());
+  EXPECT_FALSE(c.entries[1].mla.latent.defined());
+  EXPECT_EQ(e.bytes(), 5 * 4 * (12 + 4));
+  // The GQA layers as before: 5 positions × 4 bytes × (k, v) × (2·8 + 1·16 + 2·8).
+  EXPECT_EQ(c.bytes(), 5 * 4 * (12 + 4) + 5 * 4 * 2 * (16 + 16 + 16));
+}
+
 TEST(DecodeCache, RefusesWhatItCannotHold) {
   const MixedModel m = mixed_model();
   EXPECT_EQ(error_of([&] { DecodeCache::create(m.spec, 0); }),
             "decode cache: capacity must be >= 1 position, found 0");
-  DecoderSpec mla = m.spec;
-  mla.attention[2].kind = AttentionKind::mla;
-  EXPECT_EQ(error_of([&] { DecodeCache::create(mla, 4); }),
-            "decode cache: layer 3: multi-head latent attention has no decode cache yet");
   DecoderSpec mamba = m.spec;
   mamba.mamba2 = {Mamba2Spec{}};
   mamba.layers[2].sublayers = {{SublayerKind::mamba2, 0}};

@@ -7,6 +7,9 @@ where outputs[i] are the tokens model.generate() appends to prompts[i] (the EOS 
 generate() returns it): fp32 on the CPU, do_sample=False, use_cache=True, max_new_tokens=12, the checkpoint's
 generation_config (eos_token_id 2). Each prompt runs alone (batch 1, no padding).
 tests/models/generate_test.cpp (GreedyEqualsTransformersGoldens) checks mixtune's KV-cache greedy decode against it.
+The GPT-OSS, DeepSeek-V3 and Nemotron-H goldens (same format, prompts kept only when greedy decoding is unambiguous)
+are made with the rest of those families' fixtures by make_family_fixtures.py --family F; tests/models/
+gpt_oss_parity_test.cpp and deepseek_v3_generate_test.cpp read them.
 
 Usage: make_generate_goldens.py [FIXTURES_DIR]   (default: tests/fixtures/qwen3_moe next to this script's repo)
 """

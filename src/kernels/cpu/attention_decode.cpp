@@ -50,11 +50,12 @@ Tensor attention_decode_forward(const AttentionDecodeShape& s, const Tensor& q, 
            s.kv_heads);
   MT_CHECK(s.offset >= 0 && s.queries >= 1, "attention decode offset {} queries {}", s.offset, s.queries);
   const int64_t n = s.queries, Hq = s.heads, Hk = s.kv_heads, D = s.head_dim, group = Hq / Hk;
+  const int64_t Dv = s.v_dim > 0 ? s.v_dim : D;
   const int64_t L = s.offset + n;  // keys visible to the last query
   check_f32(q, "attention decode q", {n, Hq, D});
   MT_CHECK(k_cache.ndim() == 3 && k_cache.dim(0) >= L, "attention decode k cache {} for {} keys", k_cache.desc(), L);
   check_f32(k_cache, "attention decode k cache", {k_cache.dim(0), Hk, D});
-  check_f32(v_cache, "attention decode v cache", k_cache.shape());
+  check_f32(v_cache, "attention decode v cache", {k_cache.dim(0), Hk, Dv});
   const float scale = s.scale > 0 ? s.scale : 1.0f / std::sqrt(static_cast<float>(D));
   const bool eager = bf16 && s.eager_bf16;
   std::vector<float> sink;
@@ -62,14 +63,14 @@ Tensor attention_decode_forward(const AttentionDecodeShape& s, const Tensor& q, 
     MT_CHECK(sinks.ndim() == 1 && sinks.dim(0) == Hq, "attention decode sinks {} for {} heads", sinks.desc(), Hq);
     sink = param_f32(sinks).to_floats();
   }
-  Tensor out = Tensor::empty(q.shape(), DType::F32);
+  Tensor out = Tensor::empty({n, Hq, Dv}, DType::F32);
   std::vector<float> P(static_cast<size_t>(n * L));
   for (int64_t h = 0; h < Hq; ++h) {
     const int64_t g = h / group;
     const float* qp = q.data_as<float>() + h * D;
     const float* kp = k_cache.data_as<float>() + g * D;
-    const float* vp = v_cache.data_as<float>() + g * D;
-    float* op = out.data_as<float>() + h * D;
+    const float* vp = v_cache.data_as<float>() + g * Dv;
+    float* op = out.data_as<float>() + h * Dv;
     if (eager) {  // bf16(bf16(q·k)·scale), as the eager matmul and multiply round
       gemm_nt(n, L, D, 1.0f, qp, Hq * D, kp, Hk * D, 0.0f, P.data(), L);
       for (float& x : P) x = round_bf16(round_bf16(x) * scale);
@@ -79,7 +80,7 @@ Tensor attention_decode_forward(const AttentionDecodeShape& s, const Tensor& q, 
     softmax_visible_rows(n, L, s.offset, s.window, sink.empty() ? nullptr : &sink[static_cast<size_t>(h)], eager,
                          P.data());
     if (bf16 && !eager) round_bf16_inplace(P.data(), n * L);
-    gemm_nn(n, D, L, 1.0f, P.data(), L, vp, Hk * D, 0.0f, op, Hq * D);
+    gemm_nn(n, Dv, L, 1.0f, P.data(), L, vp, Hk * Dv, 0.0f, op, Hq * Dv);
   }
   if (bf16) round_bf16_inplace(out.data_as<float>(), out.numel());
   return out;

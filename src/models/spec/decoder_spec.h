@@ -45,7 +45,7 @@ double yarn_mscale(double factor, double m);
 
 enum class AttentionKind {
   gqa,  // grouped-query attention (MHA and MQA are its special cases)
-  mla,  // multi-head latent attention (DeepSeek-V3): declared, no engine runs it yet
+  mla,  // multi-head latent attention (DeepSeek-V3): layers/mla_attention_block.h
 };
 
 struct AttentionSpec {
