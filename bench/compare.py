@@ -183,6 +183,17 @@ def mixtune_configuration(rec):
     """Everything that defines the mixtune side, from its record."""
     prec = rec.get("precision")
     parts = []
+    lora = rec.get("lora")
+    if lora:
+        n = lora.get("adapter_parameters")
+        opt = rec.get("optimizer_state_bytes")
+        moments = (f"AdamW moments {opt / n / 2:.0f} bytes each" if n and opt else "AdamW moments")
+        parts.append(f"LoRA r {lora.get('r')}, alpha {lora.get('alpha'):g} on {', '.join(lora.get('targets') or [])}"
+                     + (f" ({n / 1e6:.0f} M adapter parameters)" if n else "")
+                     + f"; frozen {prec} base (no gradients, moments or master copy for it); adapters fp32 masters with "
+                     f"bf16 working copies, {moments}"
+                     + (f"; trained in full: {', '.join(lora['full_trained'])}" if lora.get("full_trained") else ""))
+        prec = None
     if prec == "fp32-master":
         parts.append("fp32 master weights, fp32 gradients and AdamW moments, bf16 compute")
     elif prec == "bf16":

@@ -159,6 +159,63 @@ TEST_F(CudaDeepseekV3Fixture, GradientsMatchCpuBf16) {
   }
 }
 
+// Each document of the packed batch (one row, documents of 7 and 9 tokens) scored inside the row (the other
+// document's labels ignored) and alone as its own row: Transformers honours the documents (meta.json
+// hf.packed_vs_separate_max_abs ~4e-6), so the two must agree up to bf16 noise from the other GEMM shapes. With every
+// expert routed no near-tie can flip a decision: 2e-3 relative (the plain batch's CUDA-vs-Transformers distance is
+// 3e-4). With the fixture's own router (top-2 of 4 groups, router_min_gap 2.9e-3, below bf16 noise) the numbers are
+// printed under MT_PRINT_ERRORS, with the CPU bf16 model's, to tell a flip from a packing fault.
+TEST_F(CudaDeepseekV3Fixture, PackedDocumentsEqualSeparateRows) {
+  const fs::path vdir = dir_ / "mla_yarn_dense1";
+  CausalLM m = CausalLM::from_pretrained((vdir / "ckpt").string(), {DType::BF16});
+  const Batch packed = test::load_batch(SafetensorsFile::open((vdir / "packed.safetensors").string()));
+  ASSERT_EQ(packed.input_ids.dim(0), 1);
+  const int64_t S = packed.input_ids.dim(1);
+  const int64_t* pos = packed.position_ids.data_as<int64_t>();
+  std::vector<int64_t> starts;
+  for (int64_t t = 0; t < S; ++t)
+    if (t == 0 || pos[t] != pos[t - 1] + 1) starts.push_back(t);
+  ASSERT_EQ(starts.size(), 2u);
+  starts.push_back(S);
+  ModelWeights dev_w = test::to_device_weights(m.weights);
+  for (const bool all_routed : {true, false}) {
+    DecoderSpec cfg = m.config;
+    if (all_routed)
+      for (MoeSpec& moe : cfg.moe) moe.router.groups = moe.router.topk_groups = 1, moe.experts_per_token = moe.num_experts;
+    DecoderCudaModel model(cfg, dev_w, 0);
+    DecoderModel cpu(cfg, m.weights);
+    for (size_t d = 0; d + 1 < starts.size(); ++d) {
+      SCOPED_TRACE((all_routed ? "all routed, document " : "fixture router, document ") + std::to_string(d));
+      const int64_t a = starts[d], n = starts[d + 1] - a;
+      Batch inside = packed;
+      inside.labels = packed.labels.clone();
+      for (int64_t t = 0; t < S; ++t)
+        if (t < a || t >= a + n) inside.labels.data_as<int64_t>()[t] = -100;
+      Batch alone;
+      alone.input_ids = Tensor::empty({1, n}, DType::I64);
+      alone.labels = Tensor::empty({1, n}, DType::I64);
+      for (int64_t t = 0; t < n; ++t) {
+        alone.input_ids.data_as<int64_t>()[t] = packed.input_ids.data_as<int64_t>()[a + t];
+        alone.labels.data_as<int64_t>()[t] = packed.labels.data_as<int64_t>()[a + t];
+      }
+      auto gpu_ce = [&](const Batch& b) {
+        const CudaLoss l = model.forward(cuda_batch_upload(cfg, b, 0));
+        return cuda::to_host(l.ce_sum).to_floats()[0] / static_cast<double>(cuda::to_host(l.count).data_as<int32_t>()[0]);
+      };
+      const double g_in = gpu_ce(inside), g_alone = gpu_ce(alone);
+      const double c_in = cpu.forward(inside, false).ce_loss, c_alone = cpu.forward(alone, false).ce_loss;
+      if (std::getenv("MT_PRINT_ERRORS"))
+        std::printf("[ packed   ] %s doc %zu (%lld tokens): cuda in row %.6f alone %.6f | cpu bf16 in row %.6f alone %.6f\n",
+                    all_routed ? "all routed" : "fixture router", d, static_cast<long long>(n), g_in, g_alone, c_in,
+                    c_alone);
+      if (all_routed) {
+        EXPECT_LE(rel_diff(g_in, g_alone), 2e-3) << "cuda in row " << g_in << " alone " << g_alone;
+        EXPECT_LE(rel_diff(g_in, c_in), 5e-3) << "cuda " << g_in << " cpu bf16 " << c_in;
+      }
+    }
+  }
+}
+
 TEST_F(CudaDeepseekV3Fixture, OneAdamWStepMatchesTransformers) {
   for (const char* variant : kVariants) {
     SCOPED_TRACE(variant);
