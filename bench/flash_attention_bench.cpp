@@ -35,8 +35,8 @@
 // MLA (DeepSeek-V3: q, k 192 columns, v and out 128): --head-dim 192 --v-dim 128 (--v-dim 0: the head dim). FLOPs
 // per visible pair and head: forward 2·(D + Dv) (Q·Kᵀ over D, P·V over Dv; 4·D at equal dims), backward
 // 2·(3·D + 2·Dv) (S, dK, dQ over D; dP, dV over Dv; 2.5x the forward at equal dims). Where the Hopper forward runs
-// (a cc 9.0 GPU) forward_by_kernel times it against mma.sync (forced; Auto takes it only with
-// MIXTUNE_FLASH_FWD_SM90_MLA=1); --bwd-mla-slices-ab ROUNDS times the mma.sync backward in one column slice and in two
+// (a cc 9.0 GPU) forward_by_kernel times it against mma.sync (forced; Auto takes it unless
+// MIXTUNE_FLASH_FWD_SM90_MLA=0); --bwd-mla-slices-ab ROUNDS times the mma.sync backward in one column slice and in two
 // alternately (backward_by_mla_slices, medians). DeepSeek-V3's heads (128, all distinct KV heads) at seq 4096:
 //   mixtune_bench_flash_attention --head-dim 192 --v-dim 128 --heads 128 --kv-heads 128 --scale 0.1352
 //       --bwd-mla-slices-ab 3

@@ -89,12 +89,12 @@ bool sm90_forward_hd64_opted_in() {
   return on;
 }
 
-// MLA's D 192 / Dv 128 sm90 forward was written without a GPU: Auto takes it only with
-// MIXTUNE_FLASH_FWD_SM90_MLA=1 (read once) until its tests have passed on an H100 (NOTES.md, flash attention).
+// MLA's D 192 / Dv 128 sm90 forward: Auto's default since its tests passed on an H200 (session 34: 2.55x the
+// mma.sync forward, NOTES.md flash attention); MIXTUNE_FLASH_FWD_SM90_MLA=0 (read once) opts out.
 bool sm90_forward_mla_opted_in() {
   static const bool on = [] {
     const char* e = std::getenv("MIXTUNE_FLASH_FWD_SM90_MLA");
-    return e && std::string(e) == "1";
+    return !(e && std::string(e) == "0");
   }();
   return on;
 }

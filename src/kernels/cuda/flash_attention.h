@@ -16,8 +16,7 @@
 // Kernels: head_dim 128 on a cc 9.0 GPU runs the Hopper (TMA + wgmma) forward and backward by default; they
 // have no window, sinks or softmax scale other than head_dim^-1/2, so calls with any of those run the mma.sync
 // kernels (a window of at least `tokens` is no window, and takes the Hopper path). MLA's 192 / 128 runs the
-// mma.sync kernels; its Hopper forward runs only where asked for (MIXTUNE_FLASH_FWD_SM90_MLA=1, or
-// detail::flash_fwd_kernel_set), until it has been measured on a GPU.
+// Hopper forward by default (MIXTUNE_FLASH_FWD_SM90_MLA=0 opts out) and the mma.sync backward.
 #pragma once
 #include <cuda_runtime_api.h>
 

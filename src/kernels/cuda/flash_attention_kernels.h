@@ -50,8 +50,8 @@ void flash_fwd_sm90_early_softmax_set(int on);
 
 // Which forward flash_attention_forward runs. Auto: the sm90 one where flash_fwd_sm90_supported and
 // flash_fwd_sm90_takes_args, the environment does not say MIXTUNE_FLASH_FWD=mma (read once) and, at head_dim
-// 64, not MIXTUNE_FLASH_FWD_SM90_HD64=0 (read once), and at D 192 / Dv 128 only with MIXTUNE_FLASH_FWD_SM90_MLA=1
-// (read once; opt-in until measured on a GPU); else mma.sync. MmaSync / Sm90 force one
+// 64, not MIXTUNE_FLASH_FWD_SM90_HD64=0 (read once), and at D 192 / Dv 128 not MIXTUNE_FLASH_FWD_SM90_MLA=0
+// (read once); else mma.sync. MmaSync / Sm90 force one
 // (Sm90 is an error where it cannot run); tests and the bench use this. Process-wide.
 enum class FlashFwdKernel { Auto, MmaSync, Sm90 };
 void flash_fwd_kernel_set(FlashFwdKernel k);

@@ -2,7 +2,7 @@
 // FlashAttentionShape::v_dim) against cpu::attention_forward / attention_backward with AttentionShape::v_dim, in bf16
 // mode: forward out and lse, backward dq, dk, dv, with the mma.sync kernels (both backward shapes: one column
 // slice and two, flash_bwd_mla_slices_set; fast and deterministic), and the Hopper forward where it runs (forced:
-// Auto takes it only with MIXTUNE_FLASH_FWD_SM90_MLA=1).
+// Auto takes it unless MIXTUNE_FLASH_FWD_SM90_MLA=0).
 //
 // Shapes: one row of 256..1024 tokens, 4..16 heads, MHA (MLA broadcasts its shared RoPE key over the heads, so
 // every query head has its own key and value head), packed documents, odd lengths, two batch rows; one GQA case
@@ -327,9 +327,9 @@ TEST(CudaFlashAttentionMla, Sm90ForwardMatchesCpuAndMmaSync) {
   }
 }
 
-// Auto takes the 192 / 128 sm90 forward only with MIXTUNE_FLASH_FWD_SM90_MLA=1 (read once per process): bitwise
-// the forced mma.sync result without it, the forced sm90 result with it (run the test once each way).
-TEST(CudaFlashAttentionMla, AutoTakesSm90ForwardOnlyWhenOptedIn) {
+// Auto takes the 192 / 128 sm90 forward unless MIXTUNE_FLASH_FWD_SM90_MLA=0 (read once per process): bitwise the
+// forced sm90 result by default, the forced mma.sync result with it (run the test once each way).
+TEST(CudaFlashAttentionMla, AutoTakesSm90ForwardUnlessOptedOut) {
   MT_SKIP_WITHOUT_CUDA();
   if (!sm90_forward_runs_mla())
     GTEST_SKIP() << "the sm90 flash-attention forward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
@@ -340,10 +340,10 @@ TEST(CudaFlashAttentionMla, AutoTakesSm90ForwardOnlyWhenOptedIn) {
   const std::vector<float> autos = test::device_floats(d.out);
   const char* e = std::getenv("MIXTUNE_FLASH_FWD_SM90_MLA");
   const char* fwd = std::getenv("MIXTUNE_FLASH_FWD");
-  const bool sm90 = e && std::string(e) == "1" && !(fwd && std::string(fwd) == "mma");
+  const bool sm90 = !(e && std::string(e) == "0") && !(fwd && std::string(fwd) == "mma");
   forward(c, d, sm90 ? K::Sm90 : K::MmaSync);
   EXPECT_TRUE(bitwise_equal(autos, test::device_floats(d.out)))
-      << (sm90 ? "opted in: not the sm90 result" : "default: not the mma.sync result");
+      << (sm90 ? "default: not the sm90 result" : "opted out: not the mma.sync result");
 }
 
 // The shape contract: out allocated as q's shape with 128 columns (or [T, heads, 128] from a flat q); v, out,
