@@ -7,8 +7,12 @@
 // Checkpoints load in bf16 as Transformers' bf16 rows did; the fp32 e_score_correction_bias stays fp32.
 //
 // Thresholds (the derivations of tests/models/cuda/gpt_oss_cuda_fixture_test.cpp, which this follows):
-// - CE loss vs Transformers' bf16: 5e-3 relative, or Transformers' own fp32-to-bf16 move on the batch where larger
-//   (meta.json: 5.7e-4 on plain, 6.5e-3 on packed2; our bf16 noise is of the same kind). Transformers' sdpa on the
+// - CE loss vs the CPU model in bf16 (the same rounding points): 5e-3 relative on every batch. vs Transformers' bf16:
+//   that 5e-3 plus the CPU model's own bf16-to-fp32 move plus Transformers' own fp32-to-bf16 move on the batch
+//   (meta.json: 5.7e-4 on plain, 1.2e-3 on packed, 6.5e-3 on packed2): the triangle through the fp32 loss, which
+//   both fp32 models match to 1e-5; the packed batches hold near-tied group-limited routing decisions, which bf16 noise
+//   flips differently on each side (measured: CPU bf16 5.6596 vs fp32 5.5842 on packed, 6.8494 vs 6.9054 on packed2;
+//   the GPU 5.676 on packed). Transformers' sdpa on the
 //   CPU runs torch's flash attention, which rounds exp(s − max) to bf16 before P·V and normalises after, as the CUDA
 //   kernels do.
 // - logits: within 3x Transformers' own bf16-vs-fp32 distance (rel-L2 and max-norm; floor one bf16 step), by the
@@ -85,11 +89,15 @@ TEST_F(CudaDeepseekV3Fixture, LossAndLogitsMatchTransformersBf16) {
     const int64_t count = cuda::to_host(l.count).data_as<int32_t>()[0];
     ASSERT_EQ(count, ref["tokens"].get<int64_t>());
     const double ce = cuda::to_host(l.ce_sum).to_floats()[0] / static_cast<double>(count);
-    // No farther from Transformers' bf16 loss than 5e-3, or than that is from its fp32 loss where larger.
-    const double move =
-        rel_diff(ref["ce_loss"].get<double>(), meta["batches"][c.batch]["fp32"]["ce_loss"].get<double>());
-    EXPECT_LE(rel_diff(ce, ref["ce_loss"].get<double>()), std::max(5e-3, move)) << "ce " << ce << " vs " << ref["ce_loss"];
-    EXPECT_LE(rel_diff(ce, ref["loss"].get<double>()), std::max(5e-3, move)) << "loss " << ce << " vs " << ref["loss"];
+    const Batch hb = test::load_batch(io);
+    const double cpu16 = DecoderModel(m.config, m.weights).forward(hb, false).ce_loss;
+    EXPECT_LE(rel_diff(ce, cpu16), 5e-3) << "ce " << ce << " vs the CPU model in bf16 " << cpu16;
+    // From Transformers' bf16 loss: the triangle GPU → CPU bf16 (5e-3) → fp32 (the CPU's bf16 move) → Transformers'
+    // bf16 (its own move).
+    const double fp32 = meta["batches"][c.batch]["fp32"]["ce_loss"].get<double>();
+    const double bound = 5e-3 + rel_diff(ref["ce_loss"].get<double>(), fp32) + rel_diff(cpu16, fp32);
+    EXPECT_LE(rel_diff(ce, ref["ce_loss"].get<double>()), bound) << "ce " << ce << " vs " << ref["ce_loss"];
+    EXPECT_LE(rel_diff(ce, ref["loss"].get<double>()), bound) << "loss " << ce << " vs " << ref["loss"];
     if (std::string(c.batch) != "plain") continue;  // bf16 logits are stored for the plain batch
 
     const DecoderCudaModel::Trace t = model.forward_trace(gb);
