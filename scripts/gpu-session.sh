@@ -67,10 +67,10 @@
 #         verify-gpt-oss (~2–4 min, CPU: tools/hf_reference/verify_gpt_oss_unseen.py, Transformers-made GPT-OSS
 #         checkpoints of shapes the fixtures lack against mixtune score, convert and one finetune step; VERIFY_ARGS
 #         e.g. "--random 4 --seed 7"; the PASS/FAIL table in verify-gpt-oss.md) |
-#         verify-dsv3 (~0.5 min for the default 12 variants, CPU: tools/hf_reference/verify_deepseek_v3_unseen.py, Transformers-made DeepSeek-V3
-#         checkpoints of shapes the fixtures lack — FP8 with partial blocks, MTP layers present, hub spellings — against
-#         mixtune score, convert and one finetune step, plus configs mixtune must refuse in one line; VERIFY_ARGS e.g.
-#         "--random 4 --seed 7"; the PASS/FAIL table in verify-dsv3.md) |
+#         verify-dsv3 (~0.5 min for the default 12 variants, CPU: tools/hf_reference/verify_deepseek_v3_unseen.py,
+#         Transformers-made DeepSeek-V3 checkpoints of shapes the fixtures lack — FP8 with partial blocks, MTP layers
+#         present, hub spellings — against mixtune score, convert and one finetune step, plus configs mixtune must
+#         refuse in one line; VERIFY_ARGS e.g. "--random 4 --seed 7"; the PASS/FAIL table in verify-dsv3.md) |
 #         verify-lora (~2–5 min, CPU: tools/hf_reference/verify_lora_unseen.py, PEFT-made adapters on Transformers-made
 #         Qwen3-MoE, Qwen3 and GPT-OSS checkpoints of shapes the fixtures lack against mixtune score --adapter, merge,
 #         one finetune step from the adapter, PEFT's load of our final/, and one-line refusals; VERIFY_ARGS e.g.
@@ -144,7 +144,7 @@ for stage in "$@"; do
       sed -n '/^variant  */,$p' "$OUT/verify-gpt-oss.log" | tee "$OUT/verify-gpt-oss.md"
       grep -q '^verify-gpt-oss:' "$OUT/verify-gpt-oss.log" || tail -30 "$OUT/verify-gpt-oss.log"
       cp /tmp/verify-gpt-oss/results.json "$OUT/verify-gpt-oss.json" 2>/dev/null ;;
-    verify-dsv3)  # Transformers-made DeepSeek-V3 checkpoints of unseen shapes (FP8, MTP, refusals too): score, convert, finetune
+    verify-dsv3)  # Transformers-made DeepSeek-V3 checkpoints of unseen shapes: score, convert, finetune, refusals
       PYTHONUNBUFFERED=1 python3 tools/hf_reference/verify_deepseek_v3_unseen.py "$BIN/mixtune" /tmp/verify-dsv3 \
         ${VERIFY_ARGS:-} > "$OUT/verify-dsv3.log" 2>&1 || rc=1
       sed -n '/^variant  */,$p' "$OUT/verify-dsv3.log" | tee "$OUT/verify-dsv3.md"
@@ -193,9 +193,9 @@ m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16); pri
       PYTHONUNBUFFERED=1 python3 tools/hf_reference/check_mixtune_adapter.py --base "$R/base" --adapter "$R/run/final" \
         --data "$R/check.jsonl" --logits "$R/mixtune-logits.npy" 2>&1 | tail -4 | tee -a "$OUT/lora-recipe.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
-    dsv3-recipe)  # recipes/moonlight-16b-a3b.yaml on one GPU: a LAYERS=3-layer slice of moonlight-16b-a3b (random bf16
-      # weights: layer 0 dense, the rest MoE; zero selection biases), the quickstart's chat data and Qwen3 tokenizer (its
-      # ChatML template, from tokenizer_config.json), 50 steps at seq 2048 (grad_accum 2) with the recipe's
+    dsv3-recipe)  # recipes/moonlight-16b-a3b.yaml on one GPU: a LAYERS=3-layer slice of moonlight-16b-a3b (random
+      # bf16 weights: layer 0 dense, the rest MoE; zero selection biases), the quickstart's chat data and Qwen3
+      # tokenizer (its ChatML template, from tokenizer_config.json), 50 steps at seq 2048 (grad_accum 2) with the recipe's
       # moe.bias_update_rate 0.001 (the aux-loss-free update on the GPU); then Transformers loads final/ and scores rows
       # on the CPU in fp32 against `mixtune score --dtype float32` (check_mixtune_checkpoint.py: loss rel <= 1e-5,
       # logits max abs <= 1e-4, every MoE layer's bias moved).
