@@ -72,6 +72,10 @@
 #         verify-gpt-oss (~2–4 min, CPU: tools/hf_reference/verify_gpt_oss_unseen.py, Transformers-made GPT-OSS
 #         checkpoints of shapes the fixtures lack against mixtune score, convert and one finetune step; VERIFY_ARGS
 #         e.g. "--random 4 --seed 7"; the PASS/FAIL table in verify-gpt-oss.md) |
+#         verify-dsv3 (~0.5 min for the default 12 variants, CPU: tools/hf_reference/verify_deepseek_v3_unseen.py,
+#         Transformers-made DeepSeek-V3 checkpoints of shapes the fixtures lack — FP8 with partial blocks, MTP layers
+#         present, hub spellings — against mixtune score, convert and one finetune step, plus configs mixtune must
+#         refuse in one line; VERIFY_ARGS e.g. "--random 4 --seed 7"; the PASS/FAIL table in verify-dsv3.md) |
 #         verify-lora (~2–5 min, CPU: tools/hf_reference/verify_lora_unseen.py, PEFT-made adapters on Transformers-made
 #         Qwen3-MoE, Qwen3 and GPT-OSS checkpoints of shapes the fixtures lack against mixtune score --adapter, merge,
 #         one finetune step from the adapter, PEFT's load of our final/, and one-line refusals; VERIFY_ARGS e.g.
@@ -86,6 +90,9 @@
 #         hf-lora.json; an 80 GB card may not hold 48 layers: LAYERS=24 there) |
 #         lora-recipe (~2–3 min: recipes/qwen3-30b-a3b-lora.yaml on one GPU at a 2-layer slice, 12 steps, then
 #         Transformers + PEFT load the adapter and give mixtune's logits; needs .carry/qsdata.tar.xz) |
+#         dsv3-recipe (~1 min: recipes/moonlight-16b-a3b.yaml on one GPU at a LAYERS=3-layer slice, 50 bf16 steps at
+#         seq 2048 with the aux-loss-free bias update, metrics in dsv3-recipe-metrics.jsonl; then Transformers loads the
+#         saved checkpoint and scores rows like `mixtune score --dtype float32`; needs .carry/qsdata.tar.xz) |
 #         lora (~6–9 min: issue 39's side by side, bench/side_by_side.sh lora: mixtune bench --lora-r 16 on attention +
 #         experts against that baseline, LAYERS=48, seq 4096, grad-accum 2; on an 80 GB card LAYERS=24, or
 #         LORA_RECOMPUTE=full for mixtune's full depth) | lora-tests (the CudaLora* gtests alone).
@@ -142,6 +149,12 @@ for stage in "$@"; do
       sed -n '/^variant  */,$p' "$OUT/verify-gpt-oss.log" | tee "$OUT/verify-gpt-oss.md"
       grep -q '^verify-gpt-oss:' "$OUT/verify-gpt-oss.log" || tail -30 "$OUT/verify-gpt-oss.log"
       cp /tmp/verify-gpt-oss/results.json "$OUT/verify-gpt-oss.json" 2>/dev/null ;;
+    verify-dsv3)  # Transformers-made DeepSeek-V3 checkpoints of unseen shapes: score, convert, finetune, refusals
+      PYTHONUNBUFFERED=1 python3 tools/hf_reference/verify_deepseek_v3_unseen.py "$BIN/mixtune" /tmp/verify-dsv3 \
+        ${VERIFY_ARGS:-} > "$OUT/verify-dsv3.log" 2>&1 || rc=1
+      sed -n '/^variant  */,$p' "$OUT/verify-dsv3.log" | tee "$OUT/verify-dsv3.md"
+      grep -q '^verify-dsv3:' "$OUT/verify-dsv3.log" || tail -30 "$OUT/verify-dsv3.log"
+      cp /tmp/verify-dsv3/results.json "$OUT/verify-dsv3.json" 2>/dev/null ;;
     verify-lora)  # PEFT-made adapters on unseen checkpoints: score, merge, one finetune step, PEFT loads ours, refusals
       PYTHONUNBUFFERED=1 python3 tools/hf_reference/verify_lora_unseen.py "$BIN/mixtune" /tmp/verify-lora \
         ${VERIFY_ARGS:-} > "$OUT/verify-lora.log" 2>&1 || rc=1
@@ -184,6 +197,27 @@ m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16); pri
         --logits "$R/mixtune-logits.npy" >> "$OUT/lora-recipe.log" 2>&1 || rc=1
       PYTHONUNBUFFERED=1 python3 tools/hf_reference/check_mixtune_adapter.py --base "$R/base" --adapter "$R/run/final" \
         --data "$R/check.jsonl" --logits "$R/mixtune-logits.npy" 2>&1 | tail -4 | tee -a "$OUT/lora-recipe.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+    dsv3-recipe)  # recipes/moonlight-16b-a3b.yaml on one GPU: a LAYERS=3-layer slice of moonlight-16b-a3b (random
+      # bf16 weights: layer 0 dense, the rest MoE; zero selection biases), the quickstart's chat data and Qwen3
+      # tokenizer (its ChatML template, from tokenizer_config.json), 50 steps at seq 2048 (grad_accum 2) with the recipe's
+      # moe.bias_update_rate 0.001 (the aux-loss-free update on the GPU); then Transformers loads final/ and scores rows
+      # on the CPU in fp32 against `mixtune score --dtype float32` (check_mixtune_checkpoint.py: loss rel <= 1e-5,
+      # logits max abs <= 1e-4, every MoE layer's bias moved).
+      R=/tmp/dsv3-recipe && rm -rf "$R" && mkdir -p "$R" && tar xJf .carry/qsdata.tar.xz -C "$R" \
+        && "$BIN/mixtune" init --preset moonlight-16b-a3b --layers "${LAYERS:-3}" --seed 7 --dtype bfloat16 \
+             --tokenizer "$R/qsdata/tokenizer" "$R/base" \
+        && { time "$BIN/mixtune" finetune recipes/moonlight-16b-a3b.yaml --set model.path="$R/base" \
+               --set data.train="$R/qsdata/train.jsonl" --set parallel.ep=1 --set train.max_steps=50 \
+               --set data.seq_len=2048 --set train.grad_accum=2 --set train.log_every=1 --set optimizer.lr=1.0e-4 \
+               --set schedule.warmup_steps=5 --set checkpoint.dir="$R/run"; } > "$OUT/dsv3-recipe.log" 2>&1; drc=$?
+      tail -20 "$OUT/dsv3-recipe.log"; [[ $drc -eq 0 ]] || rc=1
+      cp "$R/run/metrics.jsonl" "$OUT/dsv3-recipe-metrics.jsonl" 2>/dev/null
+      python3 -c 'import json, sys; m = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]; s = [r for r in m if "loss" in r]; print("dsv3-recipe:", len(s), "steps, loss", s[0]["loss"], "->", s[-1]["loss"], "; load max/mean", s[0].get("expert_load_max_over_mean"), "->", s[-1].get("expert_load_max_over_mean"))' \
+        "$R/run/metrics.jsonl" 2>&1 | tee -a "$OUT/dsv3-recipe.log"
+      PYTHONUNBUFFERED=1 python3 tools/hf_reference/check_mixtune_checkpoint.py --binary "$BIN/mixtune" \
+        --model "$R/run/final" --work "$R/check" --vocab 151669 --expect-bias-moved 2>&1 | tail -8 \
+        | tee -a "$OUT/dsv3-recipe.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
     hf-smoke) OUT=$OUT bash bench/hf_smoke.sh || rc=1 ;;
     hf-lora)  # issue 39's baseline: Transformers + PEFT LoRA on a frozen bf16 Qwen3-30B-A3B slice, one GPU

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 
@@ -337,6 +340,61 @@ TEST(Recipe, PeftSection) {
   const Recipe ra = recipe_load(a.path, {"model.adapter=/some/adapter"});
   EXPECT_TRUE(ra.peft.enabled);
   EXPECT_TRUE(ra.peft.target.empty());
+}
+
+// recipes/ of the source tree ($MIXTUNE_SOURCE_DIR where the test binary runs elsewhere, as tests/fixture_dir.h).
+std::filesystem::path shipped_recipes_dir() {
+  std::vector<std::filesystem::path> roots;
+  if (const char* e = std::getenv("MIXTUNE_SOURCE_DIR"); e && *e) roots.emplace_back(e);
+  roots.emplace_back(MIXTUNE_SOURCE_DIR);
+  roots.push_back(std::filesystem::current_path());
+  for (const auto& r : roots)
+    if (std::filesystem::is_regular_file(r / "recipes" / "quickstart.yaml")) return r / "recipes";
+  return {};
+}
+
+// Every recipe shipped in recipes/ loads (recipe_load checks each key, value and bound, and throws otherwise), and the
+// ones the README and scripts/gpu-session.sh run keep what their header comments promise.
+TEST(Recipe, ShippedRecipesLoad) {
+  const std::filesystem::path dir = shipped_recipes_dir();
+  ASSERT_FALSE(dir.empty()) << "recipes/quickstart.yaml not found";
+  std::map<std::string, Recipe> loaded;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(e.path().string());
+    loaded.emplace(e.path().filename().string(), recipe_load(e.path().string(), {}));
+  }
+  for (const char* name : {"quickstart.yaml", "quickstart-lora.yaml", "gpt-oss-20b.yaml", "qwen3-30b-a3b-lora.yaml",
+                           "moonlight-16b-a3b.yaml"})
+    ASSERT_EQ(loaded.count(name), 1u) << name;
+
+  // Moonlight-16B-A3B: 4 GPUs, experts split over them, pure bf16, the aux-loss-free bias update on.
+  const Recipe& m = loaded.at("moonlight-16b-a3b.yaml");
+  EXPECT_EQ(m.model.dtype, "bfloat16");
+  EXPECT_EQ(m.train.device, "cuda");
+  EXPECT_EQ(m.train.recompute, "none");
+  EXPECT_EQ(m.parallel.ep, 4);
+  EXPECT_EQ(m.optimizer.master_weights, "none");
+  EXPECT_EQ(m.optimizer.moment_dtype, "bfloat16");
+  EXPECT_EQ(m.optimizer.expert_grad_dtype, "bfloat16");
+  EXPECT_DOUBLE_EQ(m.moe.bias_update_rate, 0.001);
+  EXPECT_FALSE(m.peft.enabled);
+  // The overrides scripts/gpu-session.sh's dsv3-recipe stage runs it with (one GPU, a slice, 50 steps).
+  const Recipe slice = recipe_load((dir / "moonlight-16b-a3b.yaml").string(),
+                                   {"parallel.ep=1", "train.max_steps=50", "data.seq_len=2048", "train.grad_accum=2",
+                                    "train.log_every=1", "optimizer.lr=1.0e-4", "schedule.warmup_steps=5"});
+  EXPECT_EQ(slice.parallel.ep, 1);
+  EXPECT_EQ(slice.train.max_steps, 50);
+  EXPECT_DOUBLE_EQ(slice.moe.bias_update_rate, 0.001);
+
+  const Recipe& g = loaded.at("gpt-oss-20b.yaml");  // GPT-OSS has no selection bias: the update stays off
+  EXPECT_EQ(g.parallel.ep, 4);
+  EXPECT_EQ(g.moe.bias_update_rate, 0.0);
+  const Recipe& l = loaded.at("qwen3-30b-a3b-lora.yaml");
+  EXPECT_TRUE(l.peft.enabled);
+  EXPECT_EQ(l.peft.r, 16);
+  EXPECT_EQ(l.peft.alpha, 32);
+  EXPECT_EQ(l.train.recompute, "full");
 }
 
 }  // namespace
