@@ -48,7 +48,9 @@ TEST_P(GptOssParity, Fp32LossLogitsAndGradientsMatchTransformers) {
   const ForwardResult fwd = net.forward(b, true);
   EXPECT_LE(std::fabs(fwd.loss - ref["loss"].get<double>()) / ref["loss"].get<double>(), 1e-5);
   EXPECT_LE(std::fabs(fwd.ce_loss - ref["ce_loss"].get<double>()) / ref["ce_loss"].get<double>(), 1e-5);
-  if (!ref["aux_loss"].is_null()) EXPECT_NEAR(fwd.aux_loss, ref["aux_loss"].get<double>(), 1e-5 * ref["aux_loss"].get<double>());
+  if (!ref["aux_loss"].is_null()) {
+    EXPECT_NEAR(fwd.aux_loss, ref["aux_loss"].get<double>(), 1e-5 * ref["aux_loss"].get<double>());
+  }
   EXPECT_EQ(fwd.tokens, ref["tokens"].get<int64_t>());
   EXPECT_LE(max_abs_diff(fwd.logits.to_floats(), io.tensor("logits").to_floats()), 1e-4);
 
@@ -102,8 +104,9 @@ TEST_P(GptOssParity, Bf16LossAndLogitsCloseToTransformersBf16) {
   SafetensorsFile io = SafetensorsFile::open((dir / "plain.safetensors").string());
   const ForwardResult r = DecoderModel(m.config, m.weights).forward(load_batch(io), true);
   EXPECT_LE(std::fabs(r.loss - b16["loss"].get<double>()) / b16["loss"].get<double>(), 1e-2);
-  if (!b16["aux_loss"].is_null())
+  if (!b16["aux_loss"].is_null()) {
     EXPECT_LE(std::fabs(r.aux_loss - b16["aux_loss"].get<double>()) / b16["aux_loss"].get<double>(), 1e-2);
+  }
   SafetensorsFile l16 = SafetensorsFile::open((dir / "plain_bf16_logits.safetensors").string());
   EXPECT_LE(rel_norm_error(r.logits.to_floats(), l16.tensor("logits").to_floats()), 2e-2);
 }

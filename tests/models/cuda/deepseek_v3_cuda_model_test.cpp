@@ -129,8 +129,9 @@ void expect_matches_cpu(const DecoderSpec& cfg, double loss_tol, test::GradLimit
   });
   // The correction bias is a buffer: the device copy is untouched.
   for (size_t l = 0; l < host_w.layers.size(); ++l)
-    if (host_w.layers[l].router_score_bias.defined())
+    if (host_w.layers[l].router_score_bias.defined()) {
       EXPECT_EQ(test::device_floats(dev_w.layers[l].router_score_bias), host_w.layers[l].router_score_bias.to_floats());
+    }
 }
 
 TEST(CudaDeepseekV3, MatchesCpuBf16AllExpertsRouted) {

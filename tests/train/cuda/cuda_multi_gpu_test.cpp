@@ -218,7 +218,9 @@ TEST(CudaMultiGpu, GptOssExpertParallelTracksOneGpuOver50Steps) {
           const double own = rel_l2((X.*stack)[e], (Y.*stack)[e]);
           farthest = std::max(farthest, own);
           for (int64_t o = 0; o < E; ++o)
-            if (o != e) EXPECT_LT(own, rel_l2((X.*stack)[o], (Y.*stack)[e])) << "nearer to expert " << o;
+            if (o != e) {
+              EXPECT_LT(own, rel_l2((X.*stack)[o], (Y.*stack)[e])) << "nearer to expert " << o;
+            }
         }
     }
     std::printf("gpt-oss %s: expert biases at most %.4f from the one-GPU run's (rel-L2)\n", run_name, farthest);

@@ -241,9 +241,10 @@ TEST(CudaLoraTrainer, ResumeContinuesTheRun) {
       EXPECT_LE(std::fabs(r - a), 3 * spread) << "step " << i + 1;
     }
   }
-  if (bitwise)
+  if (bitwise) {
     EXPECT_TRUE(dir_bytes(dir.path / "resumed" / "final") == dir_bytes(dir.path / "a" / "final"))
         << "the resumed run's final adapter differs";
+  }
 }
 
 TEST(CudaLoraTrainer, RefusesWhatTheGpuCannotTrainBeforeLoading) {
