@@ -21,6 +21,7 @@
 #include "models/registry.h"
 #include "models/spec/config_writer.h"
 #include "train/adamw.h"
+#include "train/sharded_params.h"
 #include "hf_fixture_util.h"
 
 namespace mt {
@@ -336,6 +337,11 @@ TEST(NemotronHFamily, ParameterTableFollowsTransformers) {
   EXPECT_TRUE(t.find("model.layers.0.mixer.D")->decay);
   EXPECT_TRUE(t.find("model.layers.0.mixer.conv1d.weight")->decay);
   for (const ParamEntry& e : t.entries()) EXPECT_EQ(e.decay, adamw_hf_decays(e.name)) << e.name;
+  // ZeRO-3's residency groups come from the table (not from Qwen's names): the embedding's, each layer's, the head's.
+  EXPECT_EQ(ShardedParams::group_of(*t.find("model.embeddings.weight"), 6), ParamResidency::kEmbedding);
+  EXPECT_EQ(ShardedParams::group_of(*t.find("model.layers.4.mixer.experts.up_proj"), 6), 4);
+  EXPECT_EQ(ShardedParams::group_of(*t.find("model.norm_f.weight"), 6), ParamResidency::head(6));
+  EXPECT_EQ(ShardedParams::group_of(*t.find("lm_head.weight"), 6), ParamResidency::head(6));
 }
 
 // Transformers' Mamba2 init: A_log = log(1..heads), D = 1, dt_bias = softplus⁻¹(dt) with dt in [time_step_min,
