@@ -1,7 +1,7 @@
 // Pre-norm Mamba2 mixer block (Nemotron-H's `M` layers: NemotronHMamba2Mixer.torch_forward in Transformers 5.17,
 // hf-numerics.md §6.2), over a spec's Mamba2Spec:
 //   n = input_norm(x);  z | xBC | dt = in_proj(n)                         (d_inner | d_inner + 2·groups·state | heads)
-//   xBC = silu(conv1d(xBC) + conv_bias);  xs | B | C = xBC               (causal depthwise, kernels/cpu/conv1d_causal.h)
+//   xBC = silu(conv1d(xBC) + conv_bias);  xs | B | C = xBC              (causal depthwise: kernels/cpu/conv1d_causal.h)
 //   dt = max(softplus(dt + dt_bias), time_step_min);  A = −exp(A_log)
 //   y = SSD(xs, dt, A, B, C) + D·xs                                       (fp32, chunked: kernels/cpu/ssd_scan.h)
 //   y = x + out_proj(gated_rmsnorm(y, z))                                 (fp32 norm per group: rmsnorm_gated.h)

@@ -159,7 +159,8 @@ TEST_P(NemotronHParity, GenerateIsRefusedInOneLine) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, NemotronHParity, ::testing::Values("hybrid_all_kinds", "one_group_dt_clamp_pattern"));
+INSTANTIATE_TEST_SUITE_P(Variants, NemotronHParity,
+                         ::testing::Values("hybrid_all_kinds", "one_group_dt_clamp_pattern"));
 
 // Five AdamW steps (lr 1e-3, constant, no clipping) on one 40-token sequence: losses rel 1e-4, final weights abs 1e-4
 // against Transformers' saved model.
