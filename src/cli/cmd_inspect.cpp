@@ -123,8 +123,15 @@ void run_inspect(const std::string& path, bool as_json, const InspectLora& lora_
     }
   }
   const ParamCounts p = param_counts(param_table_of(c));
-  int64_t moe_layers = 0;
-  for (int64_t l = 0; l < c.num_layers(); ++l) moe_layers += c.is_moe_layer(l);
+  // Layers by what they hold: MoE, a dense MLP, a Mamba2 mixer, attention with no feed-forward (Nemotron-H's one
+  // sublayer per layer).
+  int64_t moe_layers = 0, dense_layers = 0, mamba2_layers = 0, attention_only = 0;
+  for (int64_t l = 0; l < c.num_layers(); ++l) {
+    moe_layers += c.is_moe_layer(l);
+    dense_layers += c.mlp_of(l) != nullptr;
+    mamba2_layers += c.mamba2_of(l) != nullptr;
+    attention_only += c.attention_of(l) && !c.moe_of(l) && !c.mlp_of(l);
+  }
   const double param_bytes = static_cast<double>(p.total) * static_cast<double>(dtype_size(c.dtype));
   const double grad_bytes = static_cast<double>(p.total) * 4;
   const double moments_bytes = static_cast<double>(p.total) * 8;
@@ -136,7 +143,9 @@ void run_inspect(const std::string& path, bool as_json, const InspectLora& lora_
       {"dtype", std::string(dtype_torch_name(c.dtype))},
       {"layers", c.num_layers()},
       {"moe_layers", moe_layers},
-      {"dense_layers", c.num_layers() - moe_layers},
+      {"dense_layers", dense_layers},
+      {"mamba2_layers", mamba2_layers},
+      {"attention_only_layers", attention_only},
       {"hidden_size", c.hidden_size},
       {"experts", c.num_experts()},
       {"experts_per_token", c.experts_per_token()},
@@ -183,6 +192,18 @@ void run_inspect(const std::string& path, bool as_json, const InspectLora& lora_
                         {"norm_topk_prob", m.router.norm_topk_prob},
                         {"shared_expert_intermediate_size", m.shared_expert ? m.shared_expert->intermediate_size : 0}});
   }
+  const auto mamba2_layers_of = layers_by_config(c, SublayerKind::mamba2);
+  j["mamba2"] = nlohmann::json::array();
+  for (const auto& [i, layers] : mamba2_layers_of) {
+    const Mamba2Spec& m = c.mamba2[static_cast<size_t>(i)];
+    j["mamba2"].push_back({{"layers", layers},
+                           {"heads", m.heads},
+                           {"head_dim", m.head_dim},
+                           {"state", m.state},
+                           {"groups", m.groups},
+                           {"conv_kernel", m.conv_kernel},
+                           {"chunk", m.chunk}});
+  }
   j["stored_quantisation"] = quant_name(c.quant);
   // LoRA on this model (--lora-target): the adapter's size and the training state with the base frozen.
   int64_t lora_params = 0, lora_full = 0;
@@ -216,8 +237,10 @@ void run_inspect(const std::string& path, bool as_json, const InspectLora& lora_
   }
   fmt::print("{}\n", dir);
   fmt::print("  architecture   {} ({})\n", arch.name, arch.description);
-  fmt::print("  layers         {} ({} MoE, {} dense)\n", c.num_layers(), moe_layers,
-             c.num_layers() - moe_layers);
+  fmt::print("  layers         {} ({} MoE, {} dense{})\n", c.num_layers(), moe_layers, dense_layers,
+             mamba2_layers + attention_only > 0
+                 ? fmt::format(", {} Mamba2, {} attention only", mamba2_layers, attention_only)
+                 : std::string());
   // One line per configuration; the layers are named when they differ.
   for (const auto& [i, layers] : attention_layers)
     fmt::print("  attention      {}hidden {}, {}\n",
@@ -231,6 +254,11 @@ void run_inspect(const std::string& path, bool as_json, const InspectLora& lora_
                m.shared_expert ? fmt::format(", shared expert intermediate {}", m.shared_expert->intermediate_size)
                                : std::string(),
                router_desc(m));
+  }
+  for (const auto& [i, layers] : mamba2_layers_of) {
+    const Mamba2Spec& m = c.mamba2[static_cast<size_t>(i)];
+    fmt::print("  mamba2         layers {}: {} heads x {}, state {}, {} group(s), conv {}, chunk {}\n",
+               layer_ranges(layers), m.heads, m.head_dim, m.state, m.groups, m.conv_kernel, m.chunk);
   }
   fmt::print("  vocabulary     {} ({} embeddings)\n", c.vocab_size, c.tie_word_embeddings ? "tied" : "untied");
   fmt::print("  parameters     {} total, {} active per token ({} in routed experts)\n", count(p.total),

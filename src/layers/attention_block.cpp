@@ -47,9 +47,14 @@ Tensor attention_block_forward(const BlockEnv& env, const AttentionSpec& spec, c
                            : s.q.view({B * S, Hq, D});
   Tensor kn = spec.qk_norm ? cpu::rmsnorm_forward(s.k.view({B * S, Hk, D}), w.k_norm, env.eps(), env.bf16)
                            : s.k.view({B * S, Hk, D});
-  const cpu::RopeTables& rope = env.rope.of(spec);
-  s.qr = cpu::rope_forward(qn, rope, env.bf16).view({B, S, Hq, D});
-  s.kr = cpu::rope_forward(kn, rope, env.bf16).view({B, S, Hk, D});
+  if (spec.rope.kind == RopeKind::none) {  // NoPE (Nemotron-H): the projections as they are
+    s.qr = qn.view({B, S, Hq, D});
+    s.kr = kn.view({B, S, Hk, D});
+  } else {
+    const cpu::RopeTables& rope = env.rope.of(spec);
+    s.qr = cpu::rope_forward(qn, rope, env.bf16).view({B, S, Hq, D});
+    s.kr = cpu::rope_forward(kn, rope, env.bf16).view({B, S, Hk, D});
+  }
   s.o = cpu::attention_forward(attention_shape(env, spec), s.qr, s.kr, s.v, env.doc_ids, env.bf16, s.lse,
                                spec.sinks ? w.sinks : Tensor());
   Tensor out = cpu::lora_linear_forward(s.o.view({B * S, Hq * D}), w.o_proj, bias_or_none(spec.o_bias, w.o_bias),
@@ -70,9 +75,9 @@ Tensor attention_block_backward(const BlockEnv& env, const AttentionSpec& spec, 
   cpu::attention_backward(attention_shape(env, spec), dout.view(s.o.shape()), s.qr, s.kr, s.v, env.doc_ids, s.lse,
                           env.bf16, dq, dk, dv, spec.sinks ? w.sinks : Tensor(),
                           spec.sinks ? grad_of(g.sinks) : nullptr);
-  const cpu::RopeTables& rope = env.rope.of(spec);
-  Tensor dqn = cpu::rope_backward(dq.view({T, Hq, D}), rope);
-  Tensor dkn = cpu::rope_backward(dk.view({T, Hk, D}), rope);
+  const bool nope = spec.rope.kind == RopeKind::none;
+  Tensor dqn = nope ? dq.view({T, Hq, D}) : cpu::rope_backward(dq.view({T, Hq, D}), env.rope.of(spec));
+  Tensor dkn = nope ? dk.view({T, Hk, D}) : cpu::rope_backward(dk.view({T, Hk, D}), env.rope.of(spec));
   Tensor dqp = spec.qk_norm ? cpu::rmsnorm_backward(dqn, s.q.view({T, Hq, D}), w.q_norm, env.eps(), g.q_norm) : dqn;
   Tensor dkp = spec.qk_norm ? cpu::rmsnorm_backward(dkn, s.k.view({T, Hk, D}), w.k_norm, env.eps(), g.k_norm) : dkn;
   if (spec.qkv_bias) {

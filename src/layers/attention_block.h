@@ -1,5 +1,6 @@
 // Pre-norm GQA self-attention block with QK-norm and half-split RoPE (Qwen3, hf-numerics.md §2), or with q/k/v/o
-// biases, per-head sinks, a sliding window and YaRN RoPE without QK-norm (GPT-OSS, §4.2):
+// biases, per-head sinks, a sliding window and YaRN RoPE without QK-norm (GPT-OSS, §4.2), or without any positional
+// encoding (Nemotron-H, §6.2: q and k as projected):
 //   a = input_norm(x); q = rope(q_norm(q_proj a)); k = rope(k_norm(k_proj a)); v = v_proj a
 //   y = x + o_proj(attention(q, k, v))
 // The block input x is kept by the caller; the intermediates live in AttentionBlockActs so a caller

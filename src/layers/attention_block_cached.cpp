@@ -33,9 +33,9 @@ Tensor attention_block_forward_cached(const BlockEnv& env, const AttentionSpec& 
   // QK-norm per head over head_dim, before RoPE (Qwen3).
   Tensor qn = spec.qk_norm ? cpu::rmsnorm_forward(q.view({n, Hq, D}), w.q_norm, env.eps(), env.bf16) : q.view({n, Hq, D});
   Tensor kn = spec.qk_norm ? cpu::rmsnorm_forward(k.view({n, Hk, D}), w.k_norm, env.eps(), env.bf16) : k.view({n, Hk, D});
-  const cpu::RopeTables& rope = env.rope.of(spec);
-  Tensor qr = cpu::rope_forward(qn, rope, env.bf16);
-  k_cache.rows(offset, offset + n).copy_from(cpu::rope_forward(kn, rope, env.bf16));
+  const bool nope = spec.rope.kind == RopeKind::none;  // Nemotron-H: no positional encoding
+  Tensor qr = nope ? qn : cpu::rope_forward(qn, env.rope.of(spec), env.bf16);
+  k_cache.rows(offset, offset + n).copy_from(nope ? kn : cpu::rope_forward(kn, env.rope.of(spec), env.bf16));
   v_cache.rows(offset, offset + n).copy_from(v.view({n, Hk, D}));
   cpu::AttentionDecodeShape shape{offset, n, Hq, Hk, D};
   shape.window = spec.sliding_window;

@@ -1,4 +1,5 @@
-// Dense SwiGLU MLP block (Transformers Qwen3MLP): n = post_norm(h); y = h + down(silu(gate n) ⊙ up n).
+// Dense MLP block: n = post_norm(h); y = h + down(silu(gate n) ⊙ up n) (SwiGLU, Transformers' Qwen3MLP), or
+// y = h + down(relu(up n)²) (ReLU², no gate: NemotronHMLP).
 #pragma once
 #include "core/tensor.h"
 #include "layers/block_env.h"
@@ -9,8 +10,8 @@ namespace mt {
 
 struct MlpBlockActs {
   Tensor n;        // [T, H]
-  Tensor gate, up; // [T, F]
-  Tensor act;      // [T, F] silu(gate) ⊙ up
+  Tensor gate, up; // [T, F] (gate: SwiGLU only)
+  Tensor act;      // [T, F] silu(gate) ⊙ up, or relu(up)²
 };
 
 // lora (optional): adapters on gate/up/down.

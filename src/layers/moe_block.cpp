@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/lora.h"
+#include "kernels/cpu/relu2.h"
 #include "kernels/cpu/residual.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/router_sigmoid_group.h"
@@ -57,6 +58,7 @@ cpu::ExpertsVariant experts_variant(const MoeSpec& spec, const LayerWeights& w, 
     v.down_lora = lora->ref(WeightSlot::experts_down);
   }
   v.activation = spec.expert.activation == Activation::swiglu_oai ? cpu::ExpertActivation::swiglu_oai
+                 : spec.expert.activation == Activation::relu2    ? cpu::ExpertActivation::relu2
                                                                   : cpu::ExpertActivation::swiglu;
   if (spec.expert.bias) {
     v.gate_up_bias = &w.experts_gate_up_bias;
@@ -88,12 +90,16 @@ Tensor moe_block_forward(const BlockEnv& env, const MoeSpec& spec, const LayerWe
                      : cpu::experts_forward(s.n, s.route.index, s.route.weights, w.experts_gate_up, w.experts_down,
                                             env.bf16, &s.experts, variant);
   if (spec.shared_expert) {
-    // DeepseekV3MoE: experts(...) + shared_experts(residuals), a bf16 add of two bf16 tensors in a bf16 model.
+    // DeepseekV3MoE / NemotronHMoE: experts(...) + shared_experts(residuals), a bf16 add of two bf16 tensors in a
+    // bf16 model. The shared expert is SwiGLU (DeepSeek-V3) or ReLU² without a gate (Nemotron-H).
     using W = WeightSlot;
     const Tensor none;
-    s.shared_gate = cpu::lora_linear_forward(s.n, w.shared_gate, none, lora_of(lora, W::shared_gate), env.bf16);
+    const bool relu2 = spec.shared_expert->activation == Activation::relu2;
+    if (!relu2)
+      s.shared_gate = cpu::lora_linear_forward(s.n, w.shared_gate, none, lora_of(lora, W::shared_gate), env.bf16);
     s.shared_up = cpu::lora_linear_forward(s.n, w.shared_up, none, lora_of(lora, W::shared_up), env.bf16);
-    s.shared_act = cpu::swiglu_forward(s.shared_gate, s.shared_up, env.bf16);
+    s.shared_act = relu2 ? cpu::relu2_forward(s.shared_up, env.bf16)
+                         : cpu::swiglu_forward(s.shared_gate, s.shared_up, env.bf16);
     out = cpu::residual_add(
         out, cpu::lora_linear_forward(s.shared_act, w.shared_down, none, lora_of(lora, W::shared_down), env.bf16),
         env.bf16);
@@ -131,10 +137,14 @@ Tensor moe_block_backward(const BlockEnv& env, const MoeSpec& spec, const LayerW
     cpu::lora_linear_backward(dy, s.shared_act, w.shared_down, lora_of(lora, W::shared_down), &dact,
                               grad_of(g.shared_down), dlora_of(dlora, W::shared_down));
     Tensor dgate, dup;
-    cpu::swiglu_backward(dact, s.shared_gate, s.shared_up, dgate, dup);
-    cpu::lora_linear_backward(dgate, s.n, w.shared_gate, lora_of(lora, W::shared_gate), &tmp, grad_of(g.shared_gate),
-                              dlora_of(dlora, W::shared_gate));
-    cpu::add_inplace(dn, tmp);
+    if (spec.shared_expert->activation == Activation::relu2) {
+      dup = cpu::relu2_backward(dact, s.shared_up);
+    } else {
+      cpu::swiglu_backward(dact, s.shared_gate, s.shared_up, dgate, dup);
+      cpu::lora_linear_backward(dgate, s.n, w.shared_gate, lora_of(lora, W::shared_gate), &tmp,
+                                grad_of(g.shared_gate), dlora_of(dlora, W::shared_gate));
+      cpu::add_inplace(dn, tmp);
+    }
     cpu::lora_linear_backward(dup, s.n, w.shared_up, lora_of(lora, W::shared_up), &tmp, grad_of(g.shared_up),
                               dlora_of(dlora, W::shared_up));
     cpu::add_inplace(dn, tmp);

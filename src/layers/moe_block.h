@@ -3,8 +3,9 @@
 // Routers: softmax then top-k (Qwen3-MoE), top-k then softmax with a biased router (GPT-OSS), or DeepSeek-V3's sigmoid
 // with group-limited top-k: fp32 logits (the router GEMM in fp32 even in a bf16 model), the fp32 correction bias
 // steering the selection only, fp32 routing weights (so the experts' combine rounds once, cpu::ExpertsVariant).
-// A shared expert (DeepSeek-V3) is a SwiGLU MLP on the same n, added to the routed output: in bf16 the routed sum is
-// rounded, then the bf16 add, then the residual add.
+// A shared expert (DeepSeek-V3: SwiGLU; Nemotron-H: ReLU² without a gate) is an MLP on the same n, added to the
+// routed output: in bf16 the routed sum is rounded, then the bf16 add, then the residual add. Nemotron-H's routed
+// experts are ReLU² too, up/down only (cpu::ExpertActivation::relu2).
 #pragma once
 #include "core/tensor.h"
 #include "kernels/cpu/experts.h"
@@ -22,7 +23,7 @@ struct MoeBlockActs {
   cpu::RouterOutput route;
   cpu::ExpertsSaved experts;
   EpExpertsSaved ep_experts;  // instead of `experts` under expert parallelism (env.ep)
-  Tensor shared_gate, shared_up, shared_act;  // [T, Fs] the shared expert's (MoeSpec::shared_expert)
+  Tensor shared_gate, shared_up, shared_act;  // [T, Fs] the shared expert's (MoeSpec::shared_expert; no gate: ReLU²)
 };
 
 // h F32 [T, H] -> y F32 [T, H]. acts may be null (forward only) unless the caller wants the logits.

@@ -18,8 +18,7 @@ RopeTableSet RopeTableSet::build(const DecoderSpec& spec, const Tensor& position
     for (const Sublayer& sub : layer.sublayers) {
       if (sub.kind != SublayerKind::attention) continue;
       const AttentionSpec& a = spec.attention.at(static_cast<size_t>(sub.index));
-      if (find_entry(set.entries, a)) continue;
-      MT_CHECK(a.rope.kind != RopeKind::none, "attention without RoPE (refused by model_config_check)");
+      if (a.rope.kind == RopeKind::none || find_entry(set.entries, a)) continue;  // NoPE needs no table
       const RopeSpec& r = a.rope;
       // The rotated dims: the whole head, or (MLA) rotary_dim of them, whose frequencies span rotary_dim alone.
       const int64_t D = r.rotary_dim > 0 ? r.rotary_dim : a.head_dim;

@@ -21,7 +21,7 @@ struct RopeTableSet {
 
   // positions I64 (any shape, T values). Default or YaRN frequencies over the rotated dims (rope.rotary_dim, or
   // the whole head); the table is [T, rotated dims] for either layout (half split or interleaved). Attention
-  // without RoPE is refused by model_config_check before a model runs.
+  // without RoPE (RopeKind::none) gets no table.
   static RopeTableSet build(const DecoderSpec& spec, const Tensor& positions, bool bf16);
   // The tables for attention `a` of the spec the set was built from.
   const cpu::RopeTables& of(const AttentionSpec& a) const;

@@ -12,6 +12,7 @@
 #include "layers/block_env.h"
 #include "layers/expert_parallel.h"
 #include "layers/lm_head.h"
+#include "layers/mamba2_mixer_block.h"
 #include "layers/mla_attention_block.h"
 #include "layers/mlp_block.h"
 #include "layers/moe_block.h"
@@ -77,14 +78,24 @@ void model_config_check(const DecoderSpec& c) {
   spec_check(c, "config");  // sublayer indices in range (a spec made in code has not been through from_json)
   need(c.vocab_size > 0, "vocab_size", c.vocab_size);
   need(c.hidden_size > 0, "hidden_size", c.hidden_size);
-  refuse(!c.mamba2.empty(), "a Mamba2 mixer");
+  for (const Mamba2Spec& m : c.mamba2) {
+    // Nemotron-H's mixer (layers/mamba2_mixer_block.h).
+    need(m.heads > 0, "mamba_num_heads", m.heads);
+    need(m.head_dim > 0, "mamba_head_dim", m.head_dim);
+    need(m.state > 0, "ssm_state_size", m.state);
+    need(m.groups > 0 && m.heads % m.groups == 0, "n_groups", m.groups);
+    need(m.conv_kernel > 0, "conv_kernel", m.conv_kernel);
+    need(m.chunk > 0, "chunk_size", m.chunk);
+    refuse(!(m.norm_eps > 0) || !(m.time_step_min >= 0), "a Mamba2 norm eps <= 0 or a negative time_step_min");
+  }
   for (const AttentionSpec& a : c.attention) {
     need(a.heads > 0, "num_attention_heads", a.heads);
     need(a.kv_heads > 0 && a.heads % a.kv_heads == 0, "num_key_value_heads", a.kv_heads);
-    need(a.head_dim > 0 && a.head_dim % 2 == 0, "head_dim", a.head_dim);
+    // RoPE rotates pairs of dims; without it (Nemotron-H's NoPE) any size goes.
+    need(a.head_dim > 0 && (a.head_dim % 2 == 0 || a.rope.kind == RopeKind::none), "head_dim", a.head_dim);
     refuse(a.scale < 0, "a negative attention scale");
-    refuse(a.rope.kind == RopeKind::none, "attention without RoPE");
     if (a.kind == AttentionKind::mla) {
+      refuse(a.rope.kind == RopeKind::none, "multi-head latent attention without RoPE");
       // DeepSeek-V3's MLA (layers/mla_attention_block.h): RoPE on the rope dims only, as many key/value heads as
       // query heads, no biases, sinks, window or QK-norm.
       need(a.kv_heads == a.heads, "num_key_value_heads", a.kv_heads);
@@ -101,12 +112,13 @@ void model_config_check(const DecoderSpec& c) {
     }
     refuse(a.kind != AttentionKind::gqa, "this attention kind");
     refuse(a.v_head_dim != 0 && a.v_head_dim != a.head_dim, "a value head size unlike the key's (outside MLA)");
-    refuse(a.rope.interleaved || a.rope.rotary_dim != 0,
+    refuse(a.rope.kind != RopeKind::none && (a.rope.interleaved || a.rope.rotary_dim != 0),
            "a RoPE other than the half split over the whole head (default or YaRN)");
   }
-  for (const MlpSpec& m : c.mlp) refuse(m.activation != Activation::swiglu || m.bias, "an MLP other than SwiGLU");
+  for (const MlpSpec& m : c.mlp)
+    refuse(m.activation == Activation::swiglu_oai || m.bias, "an MLP other than SwiGLU or ReLU² without biases");
   for (const MoeSpec& m : c.moe) {
-    refuse(m.expert.activation == Activation::relu2, "experts other than SwiGLU or GPT-OSS's clamped SwiGLU");
+    refuse(m.expert.activation == Activation::relu2 && m.expert.bias, "ReLU² experts with biases");
     if (m.router.score == RouterScore::sigmoid_group) {
       // DeepSeek-V3's router (kernels/cpu/router_sigmoid_group.h): fp32 linear without a bias, the correction bias.
       refuse(m.router.linear_bias || !m.router.correction_bias, "a sigmoid router with a linear bias or without "
@@ -123,13 +135,12 @@ void model_config_check(const DecoderSpec& c) {
              "a correction bias, scaled weights or expert groups with a softmax router");
     }
     if (m.shared_expert)
-      refuse(m.shared_expert->activation != Activation::swiglu || m.shared_expert->bias ||
+      refuse(m.shared_expert->activation == Activation::swiglu_oai || m.shared_expert->bias ||
                  m.shared_expert->intermediate_size <= 0,
-             "a shared expert other than a SwiGLU MLP");
+             "a shared expert other than a SwiGLU or ReLU² MLP without biases");
   }
   for (int64_t l = 0; l < c.num_layers(); ++l) {
     for (const Sublayer& sub : c.layers[static_cast<size_t>(l)].sublayers) {
-      refuse(sub.kind == SublayerKind::mamba2, "a Mamba2 mixer");
       if (sub.kind == SublayerKind::moe) {
         const MoeSpec& m = c.moe[static_cast<size_t>(sub.index)];
         need(m.expert.intermediate_size > 0, "moe_intermediate_size", m.expert.intermediate_size);
@@ -140,18 +151,23 @@ void model_config_check(const DecoderSpec& c) {
         need(m.intermediate_size > 0, "intermediate_size", m.intermediate_size);
       }
     }
-    // A layer's weights hold at most one attention and one feed-forward (MLP or MoE) sublayer, in either order:
-    // the norm before each is chosen by its kind (model_weights.h WeightSlot: input_norm, post_norm).
+    // A layer's weights hold at most one token mixer (attention or Mamba2) and one feed-forward (MLP or MoE)
+    // sublayer, in either order: the norm before each is chosen by its kind (model_weights.h WeightSlot: input_norm,
+    // post_norm).
     const std::vector<Sublayer>& subs = c.layers[static_cast<size_t>(l)].sublayers;
-    int attention = 0, feed_forward = 0;
+    int attention = 0, mamba2 = 0, feed_forward = 0;
     for (const Sublayer& sub : subs) {
       attention += sub.kind == SublayerKind::attention;
+      mamba2 += sub.kind == SublayerKind::mamba2;
       feed_forward += sub.kind == SublayerKind::mlp || sub.kind == SublayerKind::moe;
     }
     if (subs.empty()) fail("config: layer {} has no sublayer", l);
     if (attention > 1 || feed_forward > 1)
       fail("config: layer {} has {} attention and {} MLP/MoE sublayers; a layer holds at most one of each", l,
            attention, feed_forward);
+    if (mamba2 > 0 && attention + mamba2 > 1)  // both read input_norm
+      fail("config: layer {} has {} attention and {} Mamba2 sublayers; a layer holds at most one token mixer", l,
+           attention, mamba2);
   }
 }
 
@@ -316,7 +332,9 @@ ForwardResult DecoderModel::forward(const Batch& b, bool want_logits, const Loss
         case SublayerKind::mlp:
           x = mlp_block_forward(env, cfg_.mlp[static_cast<size_t>(sub.index)], L, x, nullptr, layer_lora(l));
           break;
-        case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
+        case SublayerKind::mamba2:
+          x = mamba2_block_forward(env, cfg_.mamba2[static_cast<size_t>(sub.index)], L, x, nullptr);
+          break;
       }
     release(l, false);
   }
@@ -362,13 +380,14 @@ ForwardResult DecoderModel::forward_backward_impl(const Batch& b, ModelWeights& 
 
   // Forward, keeping every block input and its intermediates.
   Tensor ids = b.input_ids.view({env.tokens()});
-  // Per layer and sublayer: its input and its block's intermediates (one of the three kinds).
+  // Per layer and sublayer: its input and its block's intermediates (one of the four kinds).
   struct SublayerSaved {
     Tensor in;
     AttentionBlockActs attn;
     MlaBlockActs mla;
     MoeBlockActs moe;
     MlpBlockActs mlp;
+    Mamba2BlockActs mamba2;
   };
   std::vector<std::vector<SublayerSaved>> saved(nl);
   fetch(ParamResidency::kEmbedding);
@@ -396,7 +415,7 @@ ForwardResult DecoderModel::forward_backward_impl(const Batch& b, ModelWeights& 
           moe_layers.push_back(l);
           break;
         case SublayerKind::mlp: x = mlp_block_forward(env, cfg_.mlp[k], L, x, &sv.mlp, layer_lora(l)); break;
-        case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
+        case SublayerKind::mamba2: x = mamba2_block_forward(env, cfg_.mamba2[k], L, x, &sv.mamba2); break;
       }
     }
     release(l, true);
@@ -448,7 +467,7 @@ ForwardResult DecoderModel::forward_backward_impl(const Batch& b, ModelWeights& 
         case SublayerKind::mlp:
           dx = mlp_block_backward(env, cfg_.mlp[k], L, sv.in, sv.mlp, dx, G, lora, dlora);
           break;
-        case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
+        case SublayerKind::mamba2: dx = mamba2_block_backward(env, cfg_.mamba2[k], L, sv.in, sv.mamba2, dx, G); break;
       }
       sv = {};
     }

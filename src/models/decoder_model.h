@@ -1,5 +1,5 @@
 // The generic decoder on the CPU reference backend: embedding, then per layer each sublayer of the spec
-// (attention, dense MLP, MoE; pre-norm + residual inside each block of src/layers), final norm and LM head;
+// (attention, dense MLP, MoE, Mamba2; pre-norm + residual inside each block of src/layers), final norm and LM head;
 // forward, loss and an explicit backward over the same blocks (no general autograd). Numerics follow Transformers 5.17:
 // plain fp32 for F32 parameters, the bf16 rounding points of hf-numerics.md §1.1 for BF16 parameters.
 #pragma once

@@ -1,6 +1,7 @@
 #include "models/model_weights.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 
 #include "core/error.h"
@@ -28,9 +29,13 @@ constexpr Tensor LayerWeights::*kLayerSlots[] = {
     &LayerWeights::kv_a_proj,       &LayerWeights::kv_a_norm,    &LayerWeights::kv_b_proj,
     &LayerWeights::router_score_bias,
     &LayerWeights::shared_gate,     &LayerWeights::shared_up,    &LayerWeights::shared_down,
+    &LayerWeights::mamba_in_proj,   &LayerWeights::mamba_in_proj_bias, &LayerWeights::mamba_conv_weight,
+    &LayerWeights::mamba_conv_bias, &LayerWeights::mamba_dt_bias, &LayerWeights::mamba_a_log, &LayerWeights::mamba_d,
+    &LayerWeights::mamba_norm,      &LayerWeights::mamba_out_proj, &LayerWeights::mamba_out_proj_bias,
 };
 static_assert(WeightSlot::input_norm == 3 && WeightSlot::experts_down_bias == 24 && WeightSlot::q_a_proj == 25 &&
                   WeightSlot::router_score_bias == 31 && WeightSlot::shared_down == 34 &&
+                  WeightSlot::mamba_in_proj == 35 && WeightSlot::mamba_out_proj_bias == 44 &&
                   std::size(kLayerSlots) == WeightSlot::last_layer_slot - WeightSlot::input_norm + 1,
               "kLayerSlots follows WeightSlot");
 
@@ -141,6 +146,20 @@ ModelWeights ModelWeights::random_init(const DecoderSpec& cfg, DType dtype, uint
       case ParamInit::normal: {
         Rng rng(seed, rng_stream_of(e.name));
         rng.fill_normal(v.data(), t.numel(), 0.0, cfg.initializer_range);
+        break;
+      }
+      case ParamInit::a_log:
+        for (size_t h = 0; h < v.size(); ++h) v[h] = static_cast<float>(std::log(static_cast<double>(h + 1)));
+        break;
+      case ParamInit::dt_bias: {
+        const Mamba2Spec* m = cfg.mamba2_of(e.layer);
+        MT_CHECK(m != nullptr, "random_init: {} outside a Mamba2 layer", e.name);
+        Rng rng(seed, rng_stream_of(e.name));
+        const double lo = std::log(m->time_step_min), hi = std::log(m->time_step_max);
+        for (float& x : v) {
+          const double dt = std::max(std::exp(rng.uniform() * (hi - lo) + lo), m->time_step_floor);
+          x = static_cast<float>(dt + std::log(-std::expm1(-dt)));  // softplus⁻¹(dt)
+        }
         break;
       }
     }

@@ -20,7 +20,8 @@ namespace mt {
 
 // ParamEntry::slot of a table entry: the ModelWeights member holding it (model-level slots for layer -1, the
 // LayerWeights members otherwise). The norm before a layer's attention sublayer is input_norm, the one before its
-// feed-forward sublayer (MLP or MoE) post_norm.
+// feed-forward sublayer (MLP or MoE) post_norm; a Mamba2 mixer's is input_norm. Nemotron-H's one norm per layer
+// (model.layers.L.norm.weight) takes the slot its sublayer's kind reads.
 struct WeightSlot {
   enum : int {
     embed, final_norm, lm_head,  // model level
@@ -34,7 +35,10 @@ struct WeightSlot {
     q_a_proj, q_a_norm, q_b_proj, kv_a_proj, kv_a_norm, kv_b_proj,
     router_score_bias,                     // the fp32 selection bias of a sigmoid router (a buffer, not trained)
     shared_gate, shared_up, shared_down,   // the shared expert beside the routed ones
-    last_layer_slot = shared_down,
+    // Mamba2 mixer (Nemotron-H): projections, the causal conv1d, the scan's per-head parameters, the gated norm
+    mamba_in_proj, mamba_in_proj_bias, mamba_conv_weight, mamba_conv_bias, mamba_dt_bias, mamba_a_log, mamba_d,
+    mamba_norm, mamba_out_proj, mamba_out_proj_bias,
+    last_layer_slot = mamba_out_proj_bias,
   };
 };
 
@@ -49,9 +53,10 @@ struct LayerWeights {
   Tensor post_norm;   // [H]           model.layers.L.post_attention_layernorm.weight
   // MoE layers
   Tensor router;           // [E, H]     model.layers.L.mlp.gate.weight
-  Tensor experts_gate_up;  // [E, 2I, H] (HF: experts.e.gate_proj / up_proj, stacked)
+  Tensor experts_gate_up;  // [E, 2I, H] (HF: experts.e.gate_proj / up_proj, stacked); [E, I, H] up_proj alone for
+                           //            experts without a gate (ReLU², Nemotron-H's mixer.experts.up_proj)
   Tensor experts_down;     // [E, H, I]  (HF: experts.e.down_proj, stacked)
-  // Dense MLP layers
+  // Dense MLP layers (mlp_gate absent for an activation without a gate: ReLU²)
   Tensor mlp_gate;  // [F, H]
   Tensor mlp_up;    // [F, H]
   Tensor mlp_down;  // [H, F]
@@ -74,10 +79,22 @@ struct LayerWeights {
   Tensor kv_b_proj;  // [heads*(nope+v), kv_lora]       self_attn.kv_b_proj.weight
   // Sigmoid routers' selection bias (RouterSpec::correction_bias): F32 whatever the model dtype
   Tensor router_score_bias;  // [E]  mlp.gate.e_score_correction_bias
-  // The shared expert (MoeSpec::shared_expert): a SwiGLU MLP of intermediate size Fs
+  // The shared expert (MoeSpec::shared_expert): an MLP of intermediate size Fs (no gate for ReLU²)
   Tensor shared_gate;  // [Fs, H]  mlp.shared_experts.gate_proj.weight
   Tensor shared_up;    // [Fs, H]
   Tensor shared_down;  // [H, Fs]
+  // Mamba2 mixer (Mamba2Spec; Nemotron-H's model.layers.L.mixer.*): Di = heads·head_dim, C = Di + 2·groups·state,
+  // nh = heads, K = conv_kernel
+  Tensor mamba_in_proj;        // [Di + C + nh, H]  in_proj.weight (rows: z, then x|B|C, then dt)
+  Tensor mamba_in_proj_bias;   // [Di + C + nh]     in_proj.bias (use_bias)
+  Tensor mamba_conv_weight;    // [C, 1, K]         conv1d.weight (depthwise)
+  Tensor mamba_conv_bias;      // [C]               conv1d.bias (use_conv_bias)
+  Tensor mamba_dt_bias;        // [nh]              dt_bias
+  Tensor mamba_a_log;          // [nh]              A_log (A = −exp(A_log))
+  Tensor mamba_d;              // [nh]              D (skip)
+  Tensor mamba_norm;           // [Di]              norm.weight (gated RMSNorm)
+  Tensor mamba_out_proj;       // [H, Di]           out_proj.weight
+  Tensor mamba_out_proj_bias;  // [H]               out_proj.bias (use_bias)
 };
 
 struct ModelWeights {

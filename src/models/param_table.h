@@ -28,6 +28,7 @@ enum class ParamUse {
   norm,       // an RMSNorm weight
   bias,       // an additive bias
   sink,       // a learned per-head logit joining the attention softmax (GPT-OSS): normal init, decayed
+  ssm,        // a Mamba2 scan or conv1d parameter that is no GEMM (conv1d.weight, A_log, D): decayed
   lm_head,    // the untied LM head
 };
 
@@ -40,6 +41,8 @@ enum class ParamInit {
   normal,  // normal(0, initializer_range)
   ones,
   zeros,
+  a_log,    // log(1), log(2), ..., log(heads): Mamba2's A_log (A = −1, −2, ...)
+  dt_bias,  // softplus⁻¹ of a log-uniform dt in [time_step_min, time_step_max], at least time_step_floor (Mamba2)
 };
 
 struct ParamEntry {

@@ -8,7 +8,7 @@ namespace mt {
 const std::vector<PresetInfo>& preset_list() {
   static const std::vector<PresetInfo> list = [] {
     std::vector<PresetInfo> r;
-    for (auto* family : {&qwen3_presets, &gpt_oss_presets, &deepseek_v3_presets}) {
+    for (auto* family : {&qwen3_presets, &gpt_oss_presets, &deepseek_v3_presets, &nemotron_h_presets}) {
       std::vector<PresetInfo> f = family();
       r.insert(r.end(), f.begin(), f.end());
     }

@@ -22,7 +22,8 @@ std::string name_printable(const std::string& s) {
 const std::vector<ArchitectureInfo>& architecture_list() {
   static const std::vector<ArchitectureInfo> rows = [] {
     std::vector<ArchitectureInfo> r;
-    for (auto* family : {&qwen3_architectures, &gpt_oss_architectures, &deepseek_v3_architectures}) {
+    for (auto* family :
+         {&qwen3_architectures, &gpt_oss_architectures, &deepseek_v3_architectures, &nemotron_h_architectures}) {
       std::vector<ArchitectureInfo> f = family();
       r.insert(r.end(), f.begin(), f.end());
     }

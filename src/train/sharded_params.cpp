@@ -92,6 +92,11 @@ int64_t ShardedParams::group_of(const std::string& param, int64_t num_layers) {
   return head(num_layers);  // model.norm.weight, lm_head.weight
 }
 
+int64_t ShardedParams::group_of(const ParamEntry& e, int64_t num_layers) {
+  if (e.layer >= 0) return e.layer;
+  return e.use == ParamUse::embedding ? kEmbedding : head(num_layers);
+}
+
 ShardedParams::ShardedParams(ModelWeights& w, const DecoderSpec& cfg, const OptimizerShards& shards,
                              std::unique_ptr<ParamTransport> transport, bool reshard_after_forward)
     : shards_(shards),
@@ -104,7 +109,9 @@ ShardedParams::ShardedParams(ModelWeights& w, const DecoderSpec& cfg, const Opti
     const int owner = shards.owner(i);
     if (owner < 0) continue;  // every rank holding it keeps it (the expert stacks of a single copy)
     const auto& [name, t] = params[i];
-    const int64_t g = group_of(name, num_layers_);
+    const ParamEntry* e = w.param_table().find(name);
+    MT_CHECK(e != nullptr, "sharded parameters: {} is not in the parameter table", name);
+    const int64_t g = group_of(*e, num_layers_);
     const bool replicas = shards.over_replicas(i);
     const ShardedParam m{t, owner, replicas, replicas ? shards.replica_index(owner) : owner};
     groups_[g].push_back(m);

@@ -68,7 +68,10 @@ class ShardedParams final : public ParamResidency {
   void prefetch(int64_t group) override;
   void release(int64_t group, bool backward_follows) override;
 
-  // The ParamResidency group of a parameter name (tied embeddings: the embedding's, which the head also reads).
+  // The ParamResidency group of a parameter table entry: its layer, the embedding's (tied embeddings: the head also
+  // reads it), or the head's (final norm, lm_head).
+  static int64_t group_of(const ParamEntry& e, int64_t num_layers);
+  // The same from a Qwen-style name alone (model.embed_tokens / model.layers.N. / the rest).
   static int64_t group_of(const std::string& param, int64_t num_layers);
 
  private:

@@ -162,6 +162,44 @@ TEST(DecoderSpecFuzz, MutatedDeepseekV3Json) {
   EXPECT_LT(parsed, total - 100);
 }
 
+// Nemotron-H's two fixture configs (v5 layers_block_type and hub hybrid_override_pattern spellings): the same
+// mutations; a config that parses passes the CPU engine's config check, gives a parameter table and round-trips
+// to_json.
+TEST(DecoderSpecFuzz, MutatedNemotronHJson) {
+  Rng rng(20261207);
+  int parsed = 0, total = 0;
+  for (const char* variant : {"hybrid_all_kinds", "one_group_dt_clamp_pattern"}) {
+    std::ifstream in(std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/nemotron_h/" + variant + "/ckpt/config.json");
+    const json base = json::parse(in);
+    ASSERT_NO_THROW(DecoderSpec::from_json(base, "fuzz.json"));
+    for (uint64_t iter = 0; iter < 2000; ++iter, ++total) {
+      json j = base;
+      mutate(j, rng);
+      bool ok = false;
+      expect_clean_outcome(
+          [&] {
+            DecoderSpec c = DecoderSpec::from_json(j, "fuzz.json");
+            ok = true;
+            EXPECT_GE(c.num_layers(), 1);
+            EXPECT_LE(c.experts_per_token(), c.num_experts());
+            for (const Mamba2Spec& m : c.mamba2) EXPECT_EQ(m.heads % m.groups, 0);
+            try {
+              model_config_check(c);
+            } catch (const Error& e) {
+              ADD_FAILURE() << "iteration " << iter << ": parsed but refused by the engine: " << e.what();
+            }
+            EXPECT_FALSE(param_table_of(c).entries().empty());
+            DecoderSpec back = DecoderSpec::from_json(c.to_json(), "fuzz.json");
+            EXPECT_EQ(back.to_json(), c.to_json());
+          },
+          "fuzz.json", iter);
+      parsed += ok;
+    }
+  }
+  EXPECT_GT(parsed, 100);
+  EXPECT_LT(parsed, total - 100);
+}
+
 TEST(DecoderSpecFuzz, TruncatedAndCorruptedText) {
   Rng rng(7);
   const std::string text = valid_config().dump(2);

@@ -282,7 +282,7 @@ TEST(Qwen3FamilyConfig, UnknownArchitecture) {
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(),
                  "m/config.json: architecture 'LlamaForCausalLM' is not supported (supported: DeepseekV3ForCausalLM, "
-                 "GptOssForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)");
+                 "GptOssForCausalLM, NemotronHForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)");
   }
 }
 
@@ -291,7 +291,8 @@ TEST(ArchitectureRegistry, LookupAndList) {
   EXPECT_EQ(architecture_lookup("Qwen3ForCausalLM", "f").model_type, "qwen3");
   EXPECT_EQ(architecture_lookup("GptOssForCausalLM", "f").model_type, "gpt_oss");
   EXPECT_EQ(architecture_lookup("DeepseekV3ForCausalLM", "f").model_type, "deepseek_v3");
-  ASSERT_EQ(architecture_list().size(), 4u);
+  EXPECT_EQ(architecture_lookup("NemotronHForCausalLM", "f").model_type, "nemotron_h");
+  ASSERT_EQ(architecture_list().size(), 5u);
   for (const ArchitectureInfo& a : architecture_list()) EXPECT_FALSE(a.description.empty());
   try {
     architecture_lookup(std::string("Bad\nName") + std::string(200, 'x'), "x.json");

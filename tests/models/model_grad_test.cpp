@@ -200,6 +200,48 @@ TEST(ModelGrad, FiniteDifferencesDeepseekV3) {
   }
 }
 
+// Nemotron-H (tiny): every layer kind ("M*E-M": Mamba2 mixers with several scan chunks in a 7-token row and a packed
+// row, NoPE attention, sigmoid-routed ReLU² experts with a ReLU² shared expert, a ReLU² MLP). The first config has
+// in_proj/out_proj biases, no conv bias and a dt floor some tokens sit on (the clamp passes no gradient there); the
+// second two Mamba groups of two heads and a conv bias. What the fixtures do not cover (use_bias) is checked here.
+DecoderSpec tiny_nemotron_h(bool proj_bias) {
+  const nlohmann::json j = {
+      {"architectures", {"NemotronHForCausalLM"}},
+      {"vocab_size", 23},
+      {"hidden_size", 12},
+      {"hybrid_override_pattern", "M*E-M"},
+      {"intermediate_size", 10},
+      {"moe_intermediate_size", 5},
+      {"moe_shared_expert_intermediate_size", 7},
+      {"num_attention_heads", 4},
+      {"num_key_value_heads", 2},
+      {"head_dim", 5},  // odd: no RoPE to need pairs
+      {"mamba_num_heads", 4},
+      {"mamba_head_dim", 3},
+      {"n_groups", proj_bias ? 1 : 2},
+      {"ssm_state_size", 4},
+      {"conv_kernel", 3},
+      {"chunk_size", 3},
+      {"use_bias", proj_bias},
+      {"use_conv_bias", !proj_bias},
+      {"time_step_min", proj_bias ? 1.0 : 0.001},
+      {"n_routed_experts", 4},
+      {"num_experts_per_tok", 2},
+      {"routed_scaling_factor", 1.7},
+      {"norm_topk_prob", proj_bias},
+      {"layer_norm_epsilon", 1e-6},
+      {"initializer_range", 0.4},
+  };
+  return DecoderSpec::from_json(j, "tiny_nemotron_h");
+}
+
+TEST(ModelGrad, FiniteDifferencesNemotronH) {
+  for (bool proj_bias : {true, false}) {
+    SCOPED_TRACE(proj_bias ? "projection biases, one group, dt floor 1.0" : "conv bias, two groups");
+    check_gradients(tiny_nemotron_h(proj_bias), 16);
+  }
+}
+
 // DecoderSpec::padding_idx (Transformers' nn.Embedding(padding_idx)): the forward is unchanged, the embedding
 // backward skips the pad id's tokens, so untied its row's gradient is exactly zero; tied, the head's gradient still
 // reaches the shared row (as it does HF's tied weight) and only the lookup's part is gone. Every other gradient is

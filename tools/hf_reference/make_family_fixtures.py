@@ -23,6 +23,9 @@ and for the first GPT-OSS / DeepSeek-V3 variant a quantised checkpoint made from
 Packed batches (position_ids restarting per document) are made only where HF's default forward honours the
 documents (checked: meta.json hf.packed_vs_separate_max_abs): DeepSeek-V3 yes; GPT-OSS no (its model forward
 builds the masks without position_ids); Nemotron-H no (the Mamba2 mixer ignores position_ids).
+Nemotron-H's Mamba2 mixers run Transformers' pure-torch SSD path (torch_forward): use_mamba_kernels=False in the
+config, and MambaPathProbe clears is_fast_path_available before every mixer forward and asserts that no fused-kernel
+call happened (meta.json hf.mamba_path = "torch_forward").
 Everything runs on the CPU in float32 unless stated.
 """
 import argparse
@@ -136,6 +139,41 @@ NEMH_KIND_NAMES = {  # 5.17 spells the kinds of layers_block_type either way; re
 
 def hf_class(name):
     return getattr(transformers, name)
+
+
+class MambaPathProbe:
+    """Nemotron-H: Transformers' Mamba2 mixer takes its fused mamba_ssm path when the kernels load and its pure-torch
+    SSD path (torch_forward, hf-numerics.md §6.2) otherwise; the fixtures are the torch path's. NEMH_BASE already sets
+    use_mamba_kernels=False; this also clears the module's is_fast_path_available before every forward and counts
+    which path ran, so a machine where the kernels would load cannot change the reference silently."""
+
+    def __init__(self):
+        from transformers.models.nemotron_h import modeling_nemotron_h as mod
+        self.mod = mod
+        self.calls = {"torch_forward": 0, "cuda_kernels_forward": 0}
+        mixer = mod.NemotronHMamba2Mixer
+        for path in self.calls:
+            original = getattr(mixer, path)
+
+            def counted(this, *a, _original=original, _path=path, **k):
+                self.calls[_path] += 1
+                return _original(this, *a, **k)
+
+            setattr(mixer, path, counted)
+        forward = mixer.forward
+
+        def forced(this, *a, **k):
+            mod.is_fast_path_available = False
+            return forward(this, *a, **k)
+
+        mixer.forward = forced
+
+    def check(self):
+        assert self.calls["cuda_kernels_forward"] == 0 and self.calls["torch_forward"] > 0, self.calls
+        return "torch_forward"
+
+
+MAMBA_PROBE = None
 
 
 def build_model(fam, overrides):
@@ -368,6 +406,8 @@ def make_variant(fam_name, fam, out_dir, idx, name, overrides, batch_names):
         print(f"{name}: seed {seed} has router gap {gap:.2e}, retrying", flush=True)
     print(f"{name}: seed {seed}, router gap {gap:.3e}, config {config.to_dict()}", flush=True)
     facts = hf_facts(model)
+    if MAMBA_PROBE is not None:
+        facts["mamba_path"] = MAMBA_PROBE.check()
     lens = [16, 20] if fam_name == "nemotron_h" else [7, 9]
     facts["packed_vs_separate_max_abs"] = packing_check(model, gen, lens)
     print(f"{name}: facts {facts}", flush=True)
@@ -758,6 +798,9 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(4)
     fam = FAMILIES[args.family]
+    if args.family == "nemotron_h":
+        global MAMBA_PROBE
+        MAMBA_PROBE = MambaPathProbe()
     os.makedirs(args.out, exist_ok=True)
     failed = 0
     first = None

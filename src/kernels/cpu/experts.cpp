@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_tensor.h"
+#include "kernels/cpu/relu2.h"
 #include "kernels/cpu/swiglu.h"
 #include "kernels/cpu/swiglu_oai.h"
 
@@ -12,18 +13,22 @@ namespace mt::cpu {
 namespace {
 struct Dims {
   int64_t T, k, E, H, I;
+  int64_t F;  // the first projection's rows: 2I (gate | up) or I (up alone)
 };
+
+bool gated(const ExpertsVariant& v) { return v.activation != ExpertActivation::relu2; }
 
 Dims check_dims(const Tensor& gate_up, const Tensor& down, const Tensor& weights, const ExpertsVariant& v) {
   MT_CHECK(gate_up.ndim() == 3 && down.ndim() == 3, "experts weights {} / {}", gate_up.desc(), down.desc());
   MT_CHECK(weights.ndim() == 2, "experts routing weights {}", weights.desc());
-  Dims d{weights.dim(0), weights.dim(1), gate_up.dim(0), gate_up.dim(2), gate_up.dim(1) / 2};
-  check_param(gate_up, "experts gate_up", {d.E, 2 * d.I, d.H});
+  const int64_t I = gated(v) ? gate_up.dim(1) / 2 : gate_up.dim(1);
+  Dims d{weights.dim(0), weights.dim(1), gate_up.dim(0), gate_up.dim(2), I, gated(v) ? 2 * I : I};
+  check_param(gate_up, "experts gate_up", {d.E, d.F, d.H});
   check_param(down, "experts down", {d.E, d.H, d.I});
   check_f32(weights, "experts routing weights", {d.T, d.k});
   MT_CHECK((v.gate_up_bias == nullptr) == (v.down_bias == nullptr), "experts: both biases or neither");
   if (v.gate_up_bias) {
-    check_param(*v.gate_up_bias, "experts gate_up bias", {d.E, 2 * d.I});
+    check_param(*v.gate_up_bias, "experts gate_up bias", {d.E, d.F});
     check_param(*v.down_bias, "experts down bias", {d.E, d.H});
   }
   return d;
@@ -66,7 +71,7 @@ void sum_rows_into(const float* rows, int64_t cnt, int64_t n, float* dbias) {
 Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weights, const Tensor& gate_up,
                        const Tensor& down, bool bf16, ExpertsSaved* saved, const ExpertsVariant& variant) {
   const Dims d = check_dims(gate_up, down, weights, variant);
-  const int64_t T = d.T, k = d.k, E = d.E, H = d.H, I = d.I, N = T * k;
+  const int64_t T = d.T, k = d.k, E = d.E, H = d.H, I = d.I, F = d.F, N = T * k;
   check_f32(x, "experts input", {T, H});
   MT_CHECK(index.dtype() == DType::I32 && index.shape() == Shape({T, k}), "experts index {}", index.desc());
   ExpertsSaved local;
@@ -89,7 +94,7 @@ Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weigh
   }
 
   s.xg = Tensor::empty({N, H}, DType::F32);
-  s.gate_up = Tensor::empty({N, 2 * I}, DType::F32);
+  s.gate_up = Tensor::empty({N, F}, DType::F32);
   s.act = Tensor::empty({N, I}, DType::F32);
   s.y = Tensor::empty({N, H}, DType::F32);
   const float* xp = x.data_as<float>();
@@ -104,22 +109,24 @@ Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weigh
   const Tensor b2 = variant.down_bias ? param_f32(*variant.down_bias) : Tensor();
   const LoraRef& lora1 = variant.gate_up_lora;
   const LoraRef& lora2 = variant.down_lora;
-  const int64_t r1 = lora_rank(lora1, E, H, 2 * I, "gate_up"), r2 = lora_rank(lora2, E, I, H, "down");
+  const int64_t r1 = lora_rank(lora1, E, H, F, "gate_up"), r2 = lora_rank(lora2, E, I, H, "down");
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = s.offsets[e], cnt = s.offsets[e + 1] - r0;
     if (cnt == 0) continue;
     Tensor w1 = param_f32(gate_up[e]);
     Tensor w2 = param_f32(down[e]);
-    gemm_nt(cnt, 2 * I, H, 1.0f, xg + r0 * H, H, w1.data_as<float>(), H, 0.0f, gu + r0 * 2 * I, 2 * I);
+    gemm_nt(cnt, F, H, 1.0f, xg + r0 * H, H, w1.data_as<float>(), H, 0.0f, gu + r0 * F, F);
     if (lora1.on())
-      lora_forward_rows(cnt, H, 2 * I, r1, xg + r0 * H, H, lora1.a->data_as<float>() + e * r1 * H,
-                        lora1.b->data_as<float>() + e * 2 * I * r1, lora1.scale, gu + r0 * 2 * I, 2 * I);
-    if (bf16) round_bf16_inplace(gu + r0 * 2 * I, cnt * 2 * I);
-    if (b1.defined()) add_bias_rows(gu + r0 * 2 * I, cnt, 2 * I, b1.data_as<float>() + e * 2 * I, bf16);
+      lora_forward_rows(cnt, H, F, r1, xg + r0 * H, H, lora1.a->data_as<float>() + e * r1 * H,
+                        lora1.b->data_as<float>() + e * F * r1, lora1.scale, gu + r0 * F, F);
+    if (bf16) round_bf16_inplace(gu + r0 * F, cnt * F);
+    if (b1.defined()) add_bias_rows(gu + r0 * F, cnt, F, b1.data_as<float>() + e * F, bf16);
     if (variant.activation == ExpertActivation::swiglu_oai)
-      swiglu_oai_forward_rows(cnt, I, gu + r0 * 2 * I, gu + r0 * 2 * I + I, 2 * I, act + r0 * I, I, bf16);
+      swiglu_oai_forward_rows(cnt, I, gu + r0 * F, gu + r0 * F + I, F, act + r0 * I, I, bf16);
+    else if (variant.activation == ExpertActivation::relu2)
+      relu2_forward_rows(cnt, I, gu + r0 * F, F, act + r0 * I, I, bf16);
     else
-      swiglu_forward_rows(cnt, I, gu + r0 * 2 * I, gu + r0 * 2 * I + I, 2 * I, act + r0 * I, I, bf16);
+      swiglu_forward_rows(cnt, I, gu + r0 * F, gu + r0 * F + I, F, act + r0 * I, I, bf16);
     gemm_nt(cnt, H, I, 1.0f, act + r0 * I, I, w2.data_as<float>(), I, 0.0f, y + r0 * H, H);
     if (lora2.on())
       lora_forward_rows(cnt, I, H, r2, act + r0 * I, I, lora2.a->data_as<float>() + e * r2 * I,
@@ -155,16 +162,16 @@ void experts_backward(const Tensor& dout, const Tensor& weights, const Tensor& g
   // A bias gradient left null, or an undefined weight gradient, is a frozen parameter: not computed.
   float* dbias1 = variant.gate_up_bias && bias_grads.gate_up_bias ? bias_grads.gate_up_bias->data_as<float>() : nullptr;
   float* dbias2 = variant.down_bias && bias_grads.down_bias ? bias_grads.down_bias->data_as<float>() : nullptr;
-  if (dbias1) check_f32(*bias_grads.gate_up_bias, "experts dgate_up bias", {d.E, 2 * d.I});
+  if (dbias1) check_f32(*bias_grads.gate_up_bias, "experts dgate_up bias", {d.E, d.F});
   if (dbias2) check_f32(*bias_grads.down_bias, "experts ddown bias", {d.E, d.H});
-  const int64_t T = d.T, k = d.k, E = d.E, H = d.H, I = d.I, N = T * k;
+  const int64_t T = d.T, k = d.k, E = d.E, H = d.H, I = d.I, F = d.F, N = T * k;
   check_f32(dout, "experts dout", {T, H});
   const bool wgrad1 = dgate_up.defined(), wgrad2 = ddown.defined();
-  if (wgrad1) check_f32(dgate_up, "experts dgate_up", {E, 2 * I, H});
+  if (wgrad1) check_f32(dgate_up, "experts dgate_up", {E, F, H});
   if (wgrad2) check_f32(ddown, "experts ddown", {E, H, I});
   const LoraRef& lora1 = variant.gate_up_lora;
   const LoraRef& lora2 = variant.down_lora;
-  const int64_t r1 = lora_rank(lora1, E, H, 2 * I, "gate_up"), r2 = lora_rank(lora2, E, I, H, "down");
+  const int64_t r1 = lora_rank(lora1, E, H, F, "gate_up"), r2 = lora_rank(lora2, E, I, H, "down");
   check_lora_grads(lora1, lora_grads.gate_up);
   check_lora_grads(lora2, lora_grads.down);
   MT_CHECK(static_cast<int64_t>(s.slot.size()) == N && s.y.defined(), "experts backward without a saved forward");
@@ -189,7 +196,7 @@ void experts_backward(const Tensor& dout, const Tensor& weights, const Tensor& g
   }
 
   Tensor dact = Tensor::empty({N, I}, DType::F32);
-  Tensor dgu = Tensor::empty({N, 2 * I}, DType::F32);
+  Tensor dgu = Tensor::empty({N, F}, DType::F32);
   Tensor dxg = Tensor::empty({N, H}, DType::F32);
   const float* xg = s.xg.data_as<float>();
   const float* gu = s.gate_up.data_as<float>();
@@ -212,21 +219,23 @@ void experts_backward(const Tensor& dout, const Tensor& weights, const Tensor& g
       gemm_tn(H, I, cnt, 1.0f, dyp + r0 * H, H, act + r0 * I, I, 1.0f, ddown.data_as<float>() + e * H * I, I);
     if (dbias2) sum_rows_into(dyp + r0 * H, cnt, H, dbias2 + e * H);
     if (variant.activation == ExpertActivation::swiglu_oai)
-      swiglu_oai_backward_rows(cnt, I, dap + r0 * I, I, gu + r0 * 2 * I, gu + r0 * 2 * I + I, 2 * I,
-                               dgp + r0 * 2 * I, dgp + r0 * 2 * I + I, 2 * I);
+      swiglu_oai_backward_rows(cnt, I, dap + r0 * I, I, gu + r0 * F, gu + r0 * F + I, F,
+                               dgp + r0 * F, dgp + r0 * F + I, F);
+    else if (variant.activation == ExpertActivation::relu2)
+      relu2_backward_rows(cnt, I, dap + r0 * I, I, gu + r0 * F, F, dgp + r0 * F, F);
     else
-      swiglu_backward_rows(cnt, I, dap + r0 * I, I, gu + r0 * 2 * I, gu + r0 * 2 * I + I, 2 * I, dgp + r0 * 2 * I,
-                           dgp + r0 * 2 * I + I, 2 * I);
-    if (dbias1) sum_rows_into(dgp + r0 * 2 * I, cnt, 2 * I, dbias1 + e * 2 * I);
-    gemm_nn(cnt, H, 2 * I, 1.0f, dgp + r0 * 2 * I, 2 * I, w1.data_as<float>(), H, 0.0f, dxp + r0 * H, H);
+      swiglu_backward_rows(cnt, I, dap + r0 * I, I, gu + r0 * F, gu + r0 * F + I, F, dgp + r0 * F,
+                           dgp + r0 * F + I, F);
+    if (dbias1) sum_rows_into(dgp + r0 * F, cnt, F, dbias1 + e * F);
+    gemm_nn(cnt, H, F, 1.0f, dgp + r0 * F, F, w1.data_as<float>(), H, 0.0f, dxp + r0 * H, H);
     if (lora1.on())
-      lora_backward_rows(cnt, H, 2 * I, r1, xg + r0 * H, H, dgp + r0 * 2 * I, 2 * I,
-                         lora1.a->data_as<float>() + e * r1 * H, lora1.b->data_as<float>() + e * 2 * I * r1,
+      lora_backward_rows(cnt, H, F, r1, xg + r0 * H, H, dgp + r0 * F, F,
+                         lora1.a->data_as<float>() + e * r1 * H, lora1.b->data_as<float>() + e * F * r1,
                          lora1.scale, dxp + r0 * H, H, lora_grads.gate_up.a->data_as<float>() + e * r1 * H,
-                         lora_grads.gate_up.b->data_as<float>() + e * 2 * I * r1);
+                         lora_grads.gate_up.b->data_as<float>() + e * F * r1);
     if (wgrad1)
-      gemm_tn(2 * I, H, cnt, 1.0f, dgp + r0 * 2 * I, 2 * I, xg + r0 * H, H, 1.0f,
-              dgate_up.data_as<float>() + e * 2 * I * H, H);
+      gemm_tn(F, H, cnt, 1.0f, dgp + r0 * F, F, xg + r0 * H, H, 1.0f,
+              dgate_up.data_as<float>() + e * F * H, H);
   }
 
   dx = Tensor::empty({T, H}, DType::F32);

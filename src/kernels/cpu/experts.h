@@ -1,5 +1,7 @@
-// Routed SwiGLU experts over a token -> expert assignment (Qwen3MoeExperts, GptOssExperts; grouped_mm dataflow):
+// Routed experts over a token -> expert assignment (Qwen3MoeExperts, GptOssExperts, NemotronHExperts; grouped_mm
+// dataflow):
 //   for each (token t, slot s): e = index[t, s], y = down_e( act(gate_e x_t [+ bg_e], up_e x_t [+ bu_e]) ) [+ bd_e]
+//   (without a gate, ReLU²: y = down_e( relu(up_e x_t)² ))
 //   out[t] = Σ_s weights[t, s] · y          (bf16: bf16(y·w) per slot, summed in fp32, rounded once; with fp32
 //                                            routing weights, as DeepSeek-V3's, y·w stays fp32: one rounding)
 // Slots are grouped by expert (a counting sort, stable in slot order) and each expert runs two sgemms
@@ -16,6 +18,7 @@ namespace mt::cpu {
 enum class ExpertActivation {
   swiglu,      // silu(g)·u
   swiglu_oai,  // GPT-OSS's clamped form (kernels/cpu/swiglu_oai.h)
+  relu2,       // relu(u)², no gate: the first projection is up_proj alone, [E, I, H] (Nemotron-H; kernels/cpu/relu2.h)
 };
 struct ExpertsVariant {
   ExpertActivation activation = ExpertActivation::swiglu;
@@ -50,13 +53,14 @@ struct ExpertsSaved {
   std::vector<int32_t> slot;     // [N = T·k]: grouped row -> flat slot t·k + s
   std::vector<int32_t> row;      // [N]: flat slot -> grouped row
   Tensor xg;                     // F32 [N, H] gathered inputs
-  Tensor gate_up;                // F32 [N, 2I] gate | up projections (pre-activation)
+  Tensor gate_up;                // F32 [N, 2I] gate | up projections (pre-activation); [N, I] up alone for ReLU²
   Tensor act;                    // F32 [N, I]  the activation's output
   Tensor y;                      // F32 [N, H]  expert outputs before the routing weight
 };
 
 // x F32 [T, H], index I32 [T, k] (values checked in [0, E)), weights F32 [T, k],
-// gate_up F32|BF16 [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up), down F32|BF16 [E, H, I] -> out F32 [T, H].
+// gate_up F32|BF16 [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up; ReLU²: [E, I, H] up), down F32|BF16 [E, H, I] -> out
+// F32 [T, H].
 // `saved` (optional) receives what backward needs.
 Tensor experts_forward(const Tensor& x, const Tensor& index, const Tensor& weights, const Tensor& gate_up,
                        const Tensor& down, bool bf16, ExpertsSaved* saved, const ExpertsVariant& variant = {});

@@ -15,7 +15,7 @@ const AttentionSpec& attention_with_kernels(const DecoderSpec& spec, int64_t /*l
 }
 
 [[noreturn]] void refuse_mamba2(int64_t layer) {
-  fail("layer {}: Mamba2 sublayers have no kernels yet, so no memory or FLOPs cost model", layer);
+  fail("layer {}: Mamba2 sublayers have no CUDA block yet, so no memory or FLOPs cost model", layer);
 }
 
 }  // namespace

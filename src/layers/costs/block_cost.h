@@ -44,7 +44,7 @@ struct BlockBytes {
   CostBytes backward = 0;    // its backward's working buffers (gradients of its activations)
 };
 
-// The costs of sublayer `s` of `spec` (switching on its kind). Mamba2 sublayers have no kernels yet and are
+// The costs of sublayer `s` of `spec` (switching on its kind). Mamba2 sublayers have no CUDA block yet and are
 // refused with a one-line mt::Error naming `layer`.
 BlockBytes sublayer_bytes(const DecoderSpec& spec, int64_t layer, const Sublayer& s, const BlockBatch& b);
 // Forward FLOPs per token of sublayer `s` at sequence length `seq` (multiply-adds count 2; the training step is

@@ -320,6 +320,7 @@ std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
   for (int64_t l = 0; l < c.num_layers(); ++l)
     for (const Sublayer& s : sublayers_of(c, l)) {
       const size_t k = static_cast<size_t>(s.index);
+      if (s.kind == SublayerKind::mamba2) return "the Mamba2 mixer has no CUDA kernels yet";
       if (s.kind == SublayerKind::attention) {
         const AttentionSpec& a = c.attention[k];
         const RopeSpec& r = a.rope;

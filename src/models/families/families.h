@@ -20,4 +20,7 @@ HfLayout gpt_oss_hf_layout();
 std::vector<ArchitectureInfo> deepseek_v3_architectures();  // families/deepseek_v3.cpp
 std::vector<PresetInfo> deepseek_v3_presets();
 
+std::vector<ArchitectureInfo> nemotron_h_architectures();  // families/nemotron_h.cpp
+std::vector<PresetInfo> nemotron_h_presets();
+
 }  // namespace mt

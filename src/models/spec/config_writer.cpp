@@ -62,6 +62,18 @@ void config_json_set_layers(json& j, int64_t n) {
       *it = cut;
     }
   }
+  // Nemotron-H's layer list and pattern define the layer count: cut to n, or repeated cyclically up to n.
+  if (auto it = j.find("layers_block_type"); it != j.end() && it->is_array() && !it->empty()) {
+    json cut = json::array();
+    for (int64_t l = 0; l < n; ++l) cut.push_back((*it)[static_cast<size_t>(l) % it->size()]);
+    *it = cut;
+  }
+  if (auto it = j.find("hybrid_override_pattern"); it != j.end() && it->is_string() && !it->empty()) {
+    const std::string p = it->get<std::string>();
+    std::string cut;
+    for (int64_t l = 0; l < n; ++l) cut += p[static_cast<size_t>(l) % p.size()];
+    *it = cut;
+  }
   if (auto it = j.find("mlp_only_layers"); it != j.end() && it->is_array()) {
     json kept = json::array();
     for (const json& v : *it)

@@ -23,7 +23,8 @@ nlohmann::json config_json_rope_base(const nlohmann::json& j, bool from_legacy);
 
 // `--layers N` on a config: num_hidden_layers = n, and the per-layer lists cut to the first n layers (layer_types;
 // dropped when it lists fewer, so the family's default pattern applies) and layer indices past n dropped
-// (mlp_only_layers), so the config stays valid for any family.
+// (mlp_only_layers), so the config stays valid for any family. Nemotron-H's layers_block_type / hybrid_override_pattern
+// (which define its layer count) are cut to n, or repeated cyclically when they list fewer.
 void config_json_set_layers(nlohmann::json& j, int64_t n);
 
 }  // namespace mt

@@ -35,6 +35,9 @@ const MlpSpec* DecoderSpec::mlp_of(int64_t layer) const {
 const MoeSpec* DecoderSpec::moe_of(int64_t layer) const {
   return spec_at(moe, find_sublayer(*this, layer, SublayerKind::moe));
 }
+const Mamba2Spec* DecoderSpec::mamba2_of(int64_t layer) const {
+  return spec_at(mamba2, find_sublayer(*this, layer, SublayerKind::mamba2));
+}
 
 bool DecoderSpec::has_moe() const {
   for (int64_t l = 0; l < num_layers(); ++l)

@@ -108,11 +108,23 @@ struct MoeSpec {
   double aux_loss_coef = 0.0;
 };
 
-// Nemotron-H's mixer: declared for the family to come, no engine runs it yet.
+// Nemotron-H's Mamba2 mixer (hf-numerics.md §6.2; layers/mamba2_mixer_block.h): in_proj -> z | xBC | dt, a causal
+// depthwise conv1d over xBC, the SSD scan over `heads` heads of head_dim channels with an N = `state` state shared by
+// `groups` groups of heads, a gated RMSNorm over `groups` groups of channels, out_proj.
 struct Mamba2Spec {
   int64_t heads = 0, head_dim = 0, state = 0, groups = 0, conv_kernel = 0, chunk = 0;
-  bool conv_bias = false, proj_bias = false;
-  double norm_eps = 1e-5;
+  bool conv_bias = false;  // conv1d has a bias (use_conv_bias)
+  bool proj_bias = false;  // in_proj and out_proj have biases (Nemotron-H's use_bias)
+  double norm_eps = 1e-5;  // the gated RMSNorm's
+  // dt = max(softplus(dt + dt_bias), time_step_min): Transformers 5.17's chunked (training) path clamps below only.
+  double time_step_min = 1e-3;
+  // The random init of dt_bias: softplus⁻¹ of dt drawn log-uniformly in [time_step_min, time_step_max], at least
+  // time_step_floor (NemotronHPreTrainedModel._init_weights).
+  double time_step_max = 0.1, time_step_floor = 1e-4;
+
+  int64_t inner() const { return heads * head_dim; }               // d_inner: z, x and y channels
+  int64_t conv_dim() const { return inner() + 2 * groups * state; }  // x | B | C, the conv1d's channels
+  int64_t in_proj_dim() const { return inner() + conv_dim() + heads; }  // z | xBC | dt
 };
 
 enum class SublayerKind { attention, mlp, moe, mamba2 };
@@ -179,6 +191,7 @@ struct DecoderSpec {
   const AttentionSpec* attention_of(int64_t layer) const;
   const MlpSpec* mlp_of(int64_t layer) const;
   const MoeSpec* moe_of(int64_t layer) const;
+  const Mamba2Spec* mamba2_of(int64_t layer) const;
   bool is_moe_layer(int64_t layer) const { return moe_of(layer) != nullptr; }
   bool has_moe() const;
 

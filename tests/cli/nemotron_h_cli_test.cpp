@@ -1,0 +1,151 @@
+// Nemotron-H through the `mixtune` binary on the CPU (tests/fixtures/nemotron_h): inspect describes the hybrid model,
+// score gives Transformers' fp32 loss, finetune reproduces Transformers' five AdamW steps on one sequence (losses rel
+// 1e-4, final weights abs 1e-4), and generate / bench --plan-only say in one line what is not there yet (the Mamba2
+// decode cache, the CUDA Mamba2 block's cost model).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <unistd.h>
+
+#include "../train/fixture_tensors.h"
+#include "../train/train_test_util.h"
+#include "cli_process.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using mt::test::RunResult;
+using mt::test::slurp;
+
+const std::string kFixtures = std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/nemotron_h/";
+
+RunResult run(const std::string& args) { return mt::test::run_capture(args); }
+
+class NemotronHCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(kFixtures)) GTEST_SKIP() << kFixtures << " is absent (tests/fixtures/README.md)";
+    dir = fs::temp_directory_path() / ("mt_nemh_cli_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  void TearDown() override {
+    if (!dir.empty()) fs::remove_all(dir);
+  }
+  fs::path dir;
+};
+
+TEST_F(NemotronHCli, InspectDescribesTheModel) {
+  RunResult r = run("inspect --json " + kFixtures + "hybrid_all_kinds/ckpt");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["architecture"], "NemotronHForCausalLM");
+  EXPECT_EQ(j["layers"], 6);
+  EXPECT_EQ(j["moe_layers"], 2);
+  EXPECT_EQ(j["dense_layers"], 1);
+  EXPECT_EQ(j["mamba2_layers"], 2);
+  EXPECT_EQ(j["attention_only_layers"], 1);
+  // Transformers' num_parameters() (meta.json)
+  EXPECT_EQ(j["parameters"]["total"],
+            nlohmann::json::parse(slurp(kFixtures + "hybrid_all_kinds/meta.json"))["hf"]["parameters"]);
+  ASSERT_EQ(j["mamba2"].size(), 1u);
+  EXPECT_EQ(j["mamba2"][0]["layers"], nlohmann::json({0, 2}));
+  EXPECT_EQ(j["mamba2"][0]["heads"], 4);
+  EXPECT_EQ(j["mamba2"][0]["state"], 16);
+  EXPECT_EQ(j["mamba2"][0]["groups"], 2);
+  EXPECT_EQ(j["attention"][0]["layers"], nlohmann::json({3}));
+  EXPECT_EQ(j["moe"][0]["router"], "sigmoid_group");
+  EXPECT_EQ(j["moe"][0]["shared_expert_intermediate_size"], 32);
+  r = run("inspect " + kFixtures + "one_group_dt_clamp_pattern/ckpt");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("mamba2         layers 1, 3: 4 heads x 16, state 16, 1 group(s), conv 4, chunk 8"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("no RoPE"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("4 (1 MoE, 0 dense, 2 Mamba2, 1 attention only)"), std::string::npos) << r.out;
+}
+
+// The fixture's plain batch, one JSONL record per row: the token-weighted mean over the rows is Transformers' loss.
+TEST_F(NemotronHCli, ScoreGivesTransformersLoss) {
+  for (const char* variant : {"hybrid_all_kinds", "one_group_dt_clamp_pattern"}) {
+    SCOPED_TRACE(variant);
+    const auto batch = mt::test::fixture_tensors_read(kFixtures + variant + "/plain.safetensors");
+    const mt::Tensor& ids = batch.at("input_ids");
+    const mt::Tensor& labels = batch.at("labels");
+    std::ofstream data(dir / "plain.jsonl");
+    for (int64_t row = 0; row < ids.dim(0); ++row) {
+      nlohmann::json rec;
+      for (int64_t s = 0; s < ids.dim(1); ++s) {
+        rec["input_ids"].push_back(ids.data_as<int64_t>()[row * ids.dim(1) + s]);
+        rec["labels"].push_back(labels.data_as<int64_t>()[row * ids.dim(1) + s]);
+      }
+      data << rec.dump() << "\n";
+    }
+    data.close();
+    const RunResult r = run("score --model " + kFixtures + variant + "/ckpt --data " + (dir / "plain.jsonl").string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto s = nlohmann::json::parse(r.out);
+    const auto meta = nlohmann::json::parse(slurp(kFixtures + variant + "/meta.json"))["batches"]["plain"]["fp32"];
+    EXPECT_EQ(s["tokens"], meta["tokens"]);
+    EXPECT_NEAR(s["loss"].get<double>(), meta["loss"].get<double>(), 1e-5 * meta["loss"].get<double>());
+    EXPECT_EQ(s["aux_loss"], 0.0);
+  }
+}
+
+// `mixtune finetune` on the CPU over the fixture's train.jsonl (one 40-token sequence) against Transformers' five
+// AdamW steps. torch.optim.AdamW(model.parameters()) decays every parameter.
+TEST_F(NemotronHCli, FinetuneMatchesTransformersFiveSteps) {
+  const fs::path recipe = dir / "recipe.yaml";
+  std::ofstream(recipe) << "model: {path: " << kFixtures << "hybrid_all_kinds/ckpt, dtype: float32}\n"
+                        << "data: {train: " << kFixtures << "train5/train.jsonl, seq_len: 40, pack: true}\n"
+                        << "train: {device: cpu, micro_batch_size: 1, grad_accum: 1, max_steps: 5, seed: 7}\n"
+                        << "optimizer: {lr: 1.0e-3, betas: [0.9, 0.95], eps: 1.0e-8, weight_decay: 0.01, "
+                           "decay_norms_and_biases: true}\n"
+                        << "schedule: {name: constant}\n"
+                        << "clip: {max_grad_norm: 0}\n"
+                        << "checkpoint: {dir: " << (dir / "run").string() << "}\n";
+  ASSERT_EQ(mt::test::run_mixtune({"finetune", recipe.string()}, dir / "log"), 0) << slurp(dir / "log");
+  const auto meta = nlohmann::json::parse(slurp(kFixtures + "train5/meta.json"));
+  const auto m = mt::test::metrics_of(dir / "run");
+  ASSERT_EQ(m.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    const double got = m[i]["loss"].get<double>(), want = meta["steps"][i]["loss"].get<double>();
+    EXPECT_LE(std::fabs(got - want), 1e-4 * want) << "step " << i + 1;
+    EXPECT_EQ(m[i]["trained_tokens"], meta["steps"][i]["tokens"]) << "step " << i + 1;
+  }
+  const auto ref = mt::test::fixture_checkpoint_read(kFixtures + "train5/final");
+  const auto got = mt::test::fixture_checkpoint_read((dir / "run" / "final").string());
+  ASSERT_EQ(got.tensors.size(), ref.tensors.size());
+  double worst = 0;
+  for (const auto& [name, t] : ref.tensors) {
+    ASSERT_TRUE(got.tensors.count(name)) << name;
+    const mt::Tensor& g = got.tensors.at(name);
+    ASSERT_EQ(g.shape(), t.shape()) << name;
+    ASSERT_EQ(g.dtype(), t.dtype()) << name;
+    for (int64_t i = 0; i < t.numel(); ++i)
+      worst = std::max(worst, double(std::fabs(g.data_as<float>()[i] - t.data_as<float>()[i])));
+  }
+  EXPECT_LE(worst, 1e-4);
+  EXPECT_EQ(got.shard_of, ref.shard_of);  // the source's shard layout (backbone. names, per-expert tensors)
+  // Not trained: the selection bias is saved as loaded.
+  const std::string bias = "backbone.layers.1.mixer.gate.e_score_correction_bias";
+  const auto src = mt::test::fixture_checkpoint_read(kFixtures + "hybrid_all_kinds/ckpt");
+  EXPECT_TRUE(mt::test::tensor_bytes_equal(got.tensors.at(bias), src.tensors.at(bias)));
+}
+
+TEST_F(NemotronHCli, WhatIsMissingIsSaidInOneLine) {
+  const RunResult bench = run("bench --plan-only --preset nemotron-3-nano-30b-a3b --layers 6 --seq 4096");
+  EXPECT_EQ(bench.code, 1) << bench.out << bench.err;
+  EXPECT_EQ(std::count(bench.err.begin(), bench.err.end(), '\n'), 1) << bench.err;
+  EXPECT_NE(bench.err.find("Mamba2"), std::string::npos) << bench.err;
+  RunResult help = run("bench --help");
+  EXPECT_NE(help.out.find("nemotron-3-nano-30b-a3b"), std::string::npos);
+}
+
+}  // namespace
