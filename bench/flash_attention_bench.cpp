@@ -37,7 +37,10 @@
 // 2·(3·D + 2·Dv) (S, dK, dQ over D; dP, dV over Dv; 2.5x the forward at equal dims). Where the Hopper forward runs
 // (a cc 9.0 GPU) forward_by_kernel times it against mma.sync (forced; Auto takes it unless
 // MIXTUNE_FLASH_FWD_SM90_MLA=0); --bwd-mla-slices-ab ROUNDS times the mma.sync backward in one column slice and in two
-// alternately (backward_by_mla_slices, medians). DeepSeek-V3's heads (128, all distinct KV heads) at seq 4096:
+// alternately (backward_by_mla_slices, medians). The Hopper backward at 192 / 128 (a cc 9.0 GPU; any scale) is timed
+// against mma.sync in backward_by_kernel / backward_speedup as at head_dim 128 (forced; Auto takes it only with
+// MIXTUNE_FLASH_BWD_SM90_MLA=1, backward_kernel says which ran). DeepSeek-V3's heads (128, all distinct KV heads) at
+// seq 4096:
 //   mixtune_bench_flash_attention --head-dim 192 --v-dim 128 --heads 128 --kv-heads 128 --scale 0.1352
 //       --bwd-mla-slices-ab 3
 #include <cuda_runtime_api.h>
@@ -178,12 +181,12 @@ int main(int argc, char** argv) {
     fa.window = window < T ? static_cast<int>(window) : 0;
     fa.scale = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(D));
     fa.sinks = use_sinks ? sinks.data_as<float>() : nullptr;
-    const bool plain = det::flash_args_plain(fa);  // else only the mma.sync backward runs
     // Whether the sm90 forward takes the call (head_dim 128 plain, or 64 with any args), and whether it is timed
     // against mma.sync (head_dim 64: with --fwd-sm90-hd64 1).
     const bool sm90_fwd_takes = det::flash_fwd_sm90_takes_args(fa) && det::flash_fwd_sm90_supported(fa);
     const bool have_sm90 = sm90_fwd_takes && (D != 64 || fwd_sm90_hd64);
-    const bool have_bwd_sm90 = plain && det::flash_bwd_sm90_supported(fa);
+    // The sm90 backward: head_dim 128 plain, or MLA's 192 / 128 with any scale (no window or sinks).
+    const bool have_bwd_sm90 = det::flash_bwd_sm90_takes_args(fa) && det::flash_bwd_sm90_supported(fa);
     if (bwd_heads >= 0) det::flash_bwd_sm90_heads_set(bwd_heads);
     const int bwd_heads_used =
         have_bwd_sm90 ? det::flash_bwd_sm90_heads_per_item(static_cast<int>(T), static_cast<int>(Hq),
@@ -297,7 +300,7 @@ int main(int argc, char** argv) {
     const char* env_mla = std::getenv("MIXTUNE_FLASH_FWD_SM90_MLA");
     const bool auto_sm90 = sm90_fwd_takes && (env == nullptr || std::string(env) != "mma") &&
                            (D != 64 || !(env64 && std::string(env64) == "0")) &&
-                           (Dv == D || (env_mla && std::string(env_mla) == "1"));
+                           (Dv == D || !(env_mla && std::string(env_mla) == "0"));
     const char* auto_kernel = auto_sm90 ? "sm90" : "mma";
     std::printf(
         "{\"bench\": \"flash_attention\", \"gpu\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"heads\": %lld, "
@@ -326,7 +329,11 @@ int main(int argc, char** argv) {
           "%.1f}}, \"forward_speedup\": %.2f,\n",
           sm90_ms, fwd_flops / sm90_ms * 1e-9, mma_ms, fwd_flops / mma_ms * 1e-9, mma_ms / sm90_ms);
     const char* benv = std::getenv("MIXTUNE_FLASH_BWD");
-    const char* auto_bwd = have_bwd_sm90 && (benv == nullptr || std::string(benv) != "mma") ? "sm90" : "mma";
+    const char* benv_mla = std::getenv("MIXTUNE_FLASH_BWD_SM90_MLA");  // 192 / 128: Auto's sm90 only with "1"
+    const char* auto_bwd = have_bwd_sm90 && (benv == nullptr || std::string(benv) != "mma") &&
+                                   (Dv == D || (benv_mla && std::string(benv_mla) == "1"))
+                               ? "sm90"
+                               : "mma";
     std::printf(" \"backward_kernel\": \"%s\",", auto_bwd);
     if (have_bwd_sm90)
       std::printf(

@@ -9,7 +9,8 @@
 set -uo pipefail
 NVCC=${1:?usage: check-sm90-ptxas.sh NVCC SOURCE_DIR}
 SRC=${2:?usage: check-sm90-ptxas.sh NVCC SOURCE_DIR}
-files=(grouped_gemm_sm90 grouped_gemm_wgrad_sm90 flash_attention_fwd_sm90 flash_attention_bwd_sm90)
+files=(grouped_gemm_sm90 grouped_gemm_wgrad_sm90 flash_attention_fwd_sm90 flash_attention_bwd_sm90
+       flash_attention_bwd_sm90_mla)
 tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT
 rc=0
 for f in "${files[@]}"; do

@@ -131,6 +131,17 @@ bool sm90_backward_allowed() {
   return on;
 }
 
+// MLA's D 192 / Dv 128 sm90 backward (flash_attention_bwd_sm90_mla.cu) was written without a GPU: Auto takes it only
+// with MIXTUNE_FLASH_BWD_SM90_MLA=1 (read once) until its tests have passed on a cc 9.0 GPU; flash_bwd_kernel_set(Sm90)
+// forces it.
+bool sm90_backward_mla_opted_in() {
+  static const bool on = [] {
+    const char* e = std::getenv("MIXTUNE_FLASH_BWD_SM90_MLA");
+    return e && std::string(e) == "1";
+  }();
+  return on;
+}
+
 // Whether the backward runs the sm90 kernel (flash_bwd_kernel_get, then the environment).
 bool use_sm90_backward(const detail::FlashArgs& a, const Tensor& dout, const Tensor& q, const Tensor& k,
                        const Tensor& v) {
@@ -138,18 +149,19 @@ bool use_sm90_backward(const detail::FlashArgs& a, const Tensor& dout, const Ten
   if (kind == detail::FlashBwdKernel::MmaSync) return false;
   const bool aligned = aligned16(dout) && aligned16(q) && aligned16(k) && aligned16(v);
   if (kind == detail::FlashBwdKernel::Sm90) {
-    MT_CHECK(detail::flash_args_plain(a),
-             "flash attention backward: the sm90 kernel has no sliding window, sinks or softmax scale other than "
-             "head_dim^-1/2 (window {}, sinks {}, scale {}); select the mma.sync kernel",
-             a.window, a.sinks || a.dsinks ? "given" : "none", a.scale);
+    MT_CHECK(detail::flash_bwd_sm90_takes_args(a),
+             "flash attention backward: the sm90 kernel has no sliding window, sinks or (at head_dim 128) softmax "
+             "scale other than head_dim^-1/2 (head_dim {}, window {}, sinks {}, scale {}); select the mma.sync kernel",
+             a.D, a.window, a.sinks || a.dsinks ? "given" : "none", a.scale);
     MT_CHECK(detail::flash_bwd_sm90_supported(a),
-             "flash attention backward: the sm90 kernel needs head_dim and v_dim 128 (got {} / {}), a cc 9.0 GPU "
-             "and an sm_90a build",
+             "flash attention backward: the sm90 kernel needs head_dim and v_dim 128, or head_dim 192 with v_dim 128 "
+             "(got {} / {}), a cc 9.0 GPU and an sm_90a build",
              a.D, a.Dv);
     MT_CHECK(aligned, "flash attention backward: the sm90 kernel needs 16-byte aligned dout, q, k and v");
     return true;
   }
-  return sm90_backward_allowed() && aligned && detail::flash_args_plain(a) && detail::flash_bwd_sm90_supported(a);
+  return sm90_backward_allowed() && aligned && (a.D != 192 || sm90_backward_mla_opted_in()) &&
+         detail::flash_bwd_sm90_takes_args(a) && detail::flash_bwd_sm90_supported(a);
 }
 
 // out's shape: q's (head_dim == v_dim), q's with the last dim v_dim where that is head_dim, else [T, heads, Dv].
@@ -232,7 +244,7 @@ void flash_attention_backward(const FlashAttentionShape& s, const Tensor& dout, 
   check_flat(lse, "flash attention lse", DType::F32, s.heads * s.tokens, q.device());
   const bool det = mode == FlashBwdMode::deterministic;
   const bool sm90 = !det && use_sm90_backward(a, dout, q, k, v);
-  const bool sums_out = dq_sums && sm90;
+  const bool sums_out = dq_sums && sm90 && a.D == 128;  // the 192 / 128 sm90 kernel makes a bf16 dq
   if (dq_sums) *dq_sums = {};
   if (!sums_out) ensure(dq, q, "flash attention dq");
   ensure(dk, k, "flash attention dk");
@@ -268,6 +280,12 @@ namespace detail {
 
 bool flash_args_plain(const FlashArgs& a) {
   return a.window == 0 && a.sinks == nullptr && a.dsinks == nullptr && a.scale == default_scale(a.D);
+}
+
+// MLA's 192 / 128: any scale (its yarn scale), no window or sinks; head_dim 128: plain only.
+bool flash_bwd_sm90_takes_args(const FlashArgs& a) {
+  if (a.D == 192) return a.window == 0 && a.sinks == nullptr && a.dsinks == nullptr;
+  return flash_args_plain(a);
 }
 
 void flash_fwd_kernel_set(FlashFwdKernel k) { g_fwd_kernel.store(k); }

@@ -68,9 +68,9 @@ enum class FlashBwdMode { fast, deterministic };
 
 // dout like out ([T, heads, Dv]) -> dq like q, dk like k, dv like v (BF16; allocated here when undefined). fp32
 // accumulation in device workspace (see FlashBwdMode for run-to-run reproducibility).
-// dq_sums: where the Hopper kernel runs, it receives the dQ sums and dq is left untouched (not allocated);
-// elsewhere (the mma.sync kernels: any window, sinks or non-default scale) dq is made as usual and
-// dq_sums->acc stays undefined.
+// dq_sums: where the head_dim 128 Hopper kernel runs, it receives the dQ sums and dq is left untouched (not
+// allocated); elsewhere (the mma.sync kernels: any window, sinks or non-default scale; MLA's 192 / 128) dq is made as
+// usual and dq_sums->acc stays undefined.
 // sinks / dsinks: the forward's sinks F32 [heads] (or undefined) and their gradient F32 [heads] on the device,
 // ACCUMULATED (dsinks[h] += −Σ_rows p_sink · Σ_d dO·O), summed in a fixed order in both modes (bitwise the same
 // run to run). The sinks are only read for dsinks (lse already holds them); dsinks needs sinks.

@@ -61,7 +61,12 @@ namespace {
 
 using sm90::bf16;
 #if MT_SM90A_DEVICE
+using sm90::ex2;
+using sm90::lds_f2;
+using sm90::lds_i1;
+using sm90::lds_i2;
 using sm90::pack_bf16;
+using sm90::sts_f2;
 using sm90::sts_u32;
 #endif
 
@@ -89,34 +94,6 @@ static_assert(kSOff % 1024 == 0 && kDQOff % 1024 == 0, "swizzled tiles stay 1024
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 
 #if MT_SM90A_DEVICE
-
-// Shared-memory accesses by 32-bit address (generic pointers would hold 64-bit registers the consumer
-// cannot spare).
-__device__ __forceinline__ float2 lds_f2(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
-  return v;
-}
-__device__ __forceinline__ int2 lds_i2(uint32_t addr) {
-  int2 v;
-  asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
-  return v;
-}
-__device__ __forceinline__ int lds_i1(uint32_t addr) {
-  int v;
-  asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
-__device__ __forceinline__ void sts_f2(uint32_t addr, float x, float y) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
-}
-
-// 2^x in one MUFU.EX2 (flush-to-zero: P below 2^-126 is 0, far under bf16's resolution of P's sum).
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // acc[32] = A rows (64 keys x 128, K-major in two 16 KiB boxes, descriptor low half a_lo) · B (64
 // queries x 128, K-major in two 8 KiB boxes, b_lo)ᵀ: 8 k-steps of 16 columns; k-step kk is box kk / 4,
@@ -583,6 +560,7 @@ int flash_bwd_sm90_heads_per_item(int T, int Hq, int Hk, int sms) {
 }
 
 bool flash_bwd_sm90_supported(const FlashArgs& a) {
+  if (a.D == 192) return flash_bwd_sm90_mla_supported(a);  // MLA's 192 / 128: flash_attention_bwd_sm90_mla.cu
   // TMA coordinates and the item count are int32 (T·H < 2^31 is checked by the caller).
   return a.D == kD && flash_value_dim(a) == kD && a.Hk > 0 && a.Hq % a.Hk == 0 &&
          sm90::device_runs_sm90a<flash_bwd_sm90_kernel>();
@@ -591,9 +569,12 @@ bool flash_bwd_sm90_supported(const FlashArgs& a) {
 void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
                            const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc,
                            float* dk_acc, float* dv_acc, float* delta, cudaStream_t stream) {
+  if (a.D == 192)  // MLA's 192 / 128
+    return flash_bwd_sm90_mla_launch(a, dout, q, k, v, out, lse, dq, dk, dv, dq_acc, dk_acc, dv_acc, delta, stream);
   if (a.T == 0) return;  // a tensor map needs non-empty dimensions
-  MT_CUDA_REQUIRE(flash_bwd_sm90_supported(a), "flash attention backward (sm90): needs head_dim and v_dim 128 (got " +
-                                                   std::to_string(a.D) + " / " + std::to_string(flash_value_dim(a)) +
+  MT_CUDA_REQUIRE(flash_bwd_sm90_supported(a), "flash attention backward (sm90): needs head_dim and v_dim 128, or 192 "
+                                               "with v_dim 128 (got " + std::to_string(a.D) + " / " +
+                                                   std::to_string(flash_value_dim(a)) +
                                                    "), a cc 9.0 GPU and a build with 90a in CMAKE_CUDA_ARCHITECTURES");
   MT_CUDA_REQUIRE(flash_args_plain(a),
                   "flash attention backward (sm90): no sliding window, sinks or softmax scale other than "

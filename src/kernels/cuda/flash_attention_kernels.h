@@ -80,11 +80,13 @@ void flash_bwd_mla_slices_set(int slices);
 int flash_bwd_mla_slices();
 
 // Hopper backward (flash_attention_bwd_sm90.cu: TMA + wgmma), same contract and workspace as
-// flash_bwd_launch for head_dim 128 and plain args (flash_args_plain); q, k, v, dout 16-byte aligned.
-// Supported as for the sm90 forward (D == Dv == 128, a cc 9.0 GPU running the sm_90a build). The launcher throws
-// where it is not supported.
+// flash_bwd_launch for head_dim 128 with plain args (flash_args_plain) and for MLA's D 192 / Dv 128 with any scale
+// and no window or sinks (flash_bwd_sm90_takes_args; flash_attention_bwd_sm90_mla.cu, which the two entry points
+// below route 192 / 128 to); q, k, v, dout 16-byte aligned. Supported: D == Dv == 128 or D 192 / Dv 128, a cc 9.0
+// GPU running the sm_90a build. The launcher throws where it is not supported or the args are not taken.
 bool flash_bwd_sm90_supported(const FlashArgs& a);
-// dq null: dq_acc keeps the fp32 dQ sums (flash_dq_layout.cuh) and no bf16 dq is made.
+bool flash_bwd_sm90_takes_args(const FlashArgs& a);
+// dq null (head_dim 128 only): dq_acc keeps the fp32 dQ sums (flash_dq_layout.cuh) and no bf16 dq is made.
 void flash_bwd_sm90_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
                            const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc,
                            float* dk_acc, float* dv_acc, float* delta, cudaStream_t stream);
@@ -97,6 +99,12 @@ void flash_bwd_sm90_heads_set(int g);
 int flash_bwd_sm90_heads_per_item(int T, int Hq, int Hk, int sms);
 // The sm90 backward's dQ sums to bf16 dq [T][Hq][128] (× scale).
 void flash_dq_sums_to_bf16(const float* dq_acc, int T, int Hq, float scale, void* dq, cudaStream_t stream);
+// The 192 / 128 kernel (flash_attention_bwd_sm90_mla.cu): 96-key items, 3 consumer warpgroups; dq_acc in its own
+// layout ([Hq][3][T][64], flash_dq_layout.cuh's in-row permutation), converted to bf16 dq inside the launch.
+bool flash_bwd_sm90_mla_supported(const FlashArgs& a);
+void flash_bwd_sm90_mla_launch(const FlashArgs& a, const void* dout, const void* q, const void* k, const void* v,
+                               const void* out, const float* lse, void* dq, void* dk, void* dv, float* dq_acc,
+                               float* dk_acc, float* dv_acc, float* delta, cudaStream_t stream);
 
 // The steps around the main backward kernel that both backwards share (flash_attention_bwd.cu):
 // prologue (one kernel) = zero dq_acc / dk_acc / dv_acc and the int after delta's T·Hq floats (the sm90
@@ -113,7 +121,8 @@ void flash_bwd_epilogue(const FlashArgs& a, const float* dq_acc, const float* dk
 void flash_sink_grad_launch(const FlashArgs& a, const float* lse, const float* delta, cudaStream_t stream);
 
 // Which backward flash_attention_backward runs: as FlashFwdKernel, with MIXTUNE_FLASH_BWD=mma (read once)
-// selecting the mma.sync one under Auto.
+// selecting the mma.sync one under Auto; at D 192 / Dv 128 Auto takes the sm90 one only with
+// MIXTUNE_FLASH_BWD_SM90_MLA=1 (read once) until its tests have passed on a cc 9.0 GPU.
 enum class FlashBwdKernel { Auto, MmaSync, Sm90 };
 void flash_bwd_kernel_set(FlashBwdKernel k);
 FlashBwdKernel flash_bwd_kernel_get();

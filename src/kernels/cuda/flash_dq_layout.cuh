@@ -1,7 +1,9 @@
 // The sm90 flash backward's fp32 dQ sums (flash_attention_bwd_sm90.cu): [Hq][2 column halves][T][64], and inside
 // a token's half the column pair 4j + e (columns 8j + 2e, +1; j < 8, e < 4) at pair slot 4(j ^ (t & 3)) + e, so a
 // warpgroup's 64 x 64 dQ tile is one contiguous run (one bulk reduce-add). Shared by the kernel that turns them
-// into bf16 dq and the fused QK-norm + RoPE backward that reads them directly (rmsnorm.cu).
+// into bf16 dq and the fused QK-norm + RoPE backward that reads them directly (rmsnorm.cu). The 192 / 128 (MLA)
+// sm90 backward keeps [Hq][3 column thirds][T][64] with the same in-row permutation (flash_dq_slot; its own
+// conversion in flash_attention_bwd_sm90_mla.cu).
 #pragma once
 #include <cstdint>
 

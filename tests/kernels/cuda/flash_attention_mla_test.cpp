@@ -1,8 +1,9 @@
 // CUDA flash attention with MLA's head sizes (DeepSeek-V3: q and k 192 columns, v and the output 128;
 // FlashAttentionShape::v_dim) against cpu::attention_forward / attention_backward with AttentionShape::v_dim, in bf16
 // mode: forward out and lse, backward dq, dk, dv, with the mma.sync kernels (both backward shapes: one column
-// slice and two, flash_bwd_mla_slices_set; fast and deterministic), and the Hopper forward where it runs (forced:
-// Auto takes it unless MIXTUNE_FLASH_FWD_SM90_MLA=0).
+// slice and two, flash_bwd_mla_slices_set; fast and deterministic), and the Hopper forward and backward where they
+// run (forced: Auto takes the forward unless MIXTUNE_FLASH_FWD_SM90_MLA=0, the backward only with
+// MIXTUNE_FLASH_BWD_SM90_MLA=1).
 //
 // Shapes: one row of 256..1024 tokens, 4..16 heads, MHA (MLA broadcasts its shared RoPE key over the heads, so
 // every query head has its own key and value head), packed documents, odd lengths, two batch rows; one GQA case
@@ -22,6 +23,14 @@
 // Sm90 forward (192 / 128: three 64-column boxes per Q and K row, two per V row): the same rounding points as the
 // mma.sync forward, only 128-key tiles instead of 64 (the running max where P is rounded differs): out 1e-2 /
 // 5e-3 and lse 1e-4 against the CPU, out 1e-2 / 5e-3 and lse 1e-3 against the mma.sync forward at the bench's size.
+// Sm90 backward (192 / 128: 96-key items, 3 consumer warpgroups; flash_attention_bwd_sm90_mla.cu), derived as the
+// head_dim 128 sm90 backward's tests (flash_attention_test.cpp, Sm90AndMmaSyncBackwardsAgreeD128): it rounds P and
+// dS to bf16 for the tensor cores as the mma.sync backward does, forms dS from the bf16 P (the mma.sync one from the
+// fp32 P: a difference of about one bf16 rounding of P inside dS) and sums in fp32 in another order; its outputs
+// are bf16. So it meets the CPU tolerance above (2e-2 / 1e-2) and agrees with the mma.sync backward within it at the
+// bench's size (measured at head_dim 128 on an H200: sm90 vs CPU ≤ 5.2e-3 / 3.2e-3, sm90 vs mma.sync dq/dk rel-L2
+// 3.5e-3, dv 1e-5). A key or column slice of the wrong warpgroup, a transposed P or dS tile, a wrong dQ third or a
+// wrong KV head in the flush is an O(1) error.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -279,6 +288,28 @@ bool sm90_forward_runs_mla() {
   return cuda::detail::flash_fwd_sm90_supported(a);
 }
 
+bool sm90_backward_runs_mla() {
+  (void)stream0();  // makes device 0 current
+  cuda::detail::FlashArgs a;
+  a.T = 128, a.Hq = 1, a.Hk = 1, a.D = kDqk, a.Dv = kDv;
+  return cuda::detail::flash_bwd_sm90_supported(a);
+}
+
+// The fast backward with `kind` (Sm90 forced, MmaSync in one column slice, or Auto) on the forward's out and lse.
+Grads backward_with(const MlaCase& c, const Dev& d, cuda::detail::FlashBwdKernel kind) {
+  cuda::detail::flash_bwd_kernel_set(kind);
+  Tensor dq, dk, dv;
+  try {
+    cuda::flash_attention_backward(flash_shape(c), d.dout, d.q, d.k, d.v, d.out, d.lse, d.docs, dq, dk, dv, stream0(),
+                                   nullptr, cuda::FlashBwdMode::fast, d.sinks);
+  } catch (...) {
+    cuda::detail::flash_bwd_kernel_set(cuda::detail::FlashBwdKernel::Auto);
+    throw;
+  }
+  cuda::detail::flash_bwd_kernel_set(cuda::detail::FlashBwdKernel::Auto);
+  return {test::device_floats(dq), test::device_floats(dk), test::device_floats(dv)};
+}
+
 // The Hopper forward at 192 / 128, forced: against the CPU on the cases above without a window or sinks (it has
 // neither at this size), then against the mma.sync forward at the bench's size (seq 4096, 16 heads: one document,
 // packed documents, and two rows of 1987: partial tiles past T). Every row sees itself: every lse is finite.
@@ -346,6 +377,107 @@ TEST(CudaFlashAttentionMla, AutoTakesSm90ForwardUnlessOptedOut) {
       << (sm90 ? "default: not the sm90 result" : "opted out: not the mma.sync result");
 }
 
+// The Hopper backward at 192 / 128, forced, against the CPU on the cases above without a window or sinks (it has
+// neither), plus one item shorter than its 96 keys (T 67, MQA) and three rows of short documents; the mma.sync
+// backward on the same inputs against the CPU too; on the GQA cases every heads-per-item G dividing the group (dK, dV
+// of G query heads summed in registers before one flush). Then against the mma.sync backward at the bench's size
+// (seq 4096, 16 heads: one document, packed documents, two rows of 1987: partial items and steps past T).
+TEST(CudaFlashAttentionMla, Sm90BackwardMatchesCpuAndMmaSync) {
+  MT_SKIP_WITHOUT_CUDA();
+  if (!sm90_backward_runs_mla())
+    GTEST_SKIP() << "the sm90 flash-attention backward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
+  using K = cuda::detail::FlashBwdKernel;
+  std::vector<MlaCase> cases;
+  for (const MlaCase& c : cpu_cases())
+    if (c.window == 0 && !c.sinks) cases.push_back(c);
+  cases.push_back({1, 67, 2, 1, 0, 0});
+  cases.push_back({3, 171, 4, 4, 1, 45, kDsv3Scale});
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const MlaCase& c = cases[i];
+    SCOPED_TRACE(name(c));
+    const Inputs in = make_inputs(c, 4800 + 10 * i);
+    const Ref want = cpu_reference(c, in);
+    Dev d = to_device(c, in);
+    forward(c, d, cuda::detail::FlashFwdKernel::Auto);
+    const Grads sm90 = backward_with(c, d, K::Sm90);
+    ASSERT_EQ(sm90.dq.size(), static_cast<size_t>(c.B) * c.S * c.Hq * kDqk);
+    ASSERT_EQ(sm90.dv.size(), static_cast<size_t>(c.B) * c.S * c.Hk * kDv);
+    expect_grads(sm90, want, "sm90");
+    expect_grads(backward_with(c, d, K::MmaSync), want, "mma");
+    for (int g = 2; g <= c.Hq / c.Hk; g *= 2) {
+      cuda::detail::flash_bwd_sm90_heads_set(g);
+      const Grads got = backward_with(c, d, K::Sm90);
+      cuda::detail::flash_bwd_sm90_heads_set(-1);
+      expect_grads(got, want, "sm90 G " + std::to_string(g));
+    }
+  }
+  for (const MlaCase& c : {MlaCase{1, 4096, 16, 16, 0, 0, kDsv3Scale}, MlaCase{1, 4096, 16, 16, 1, 1500},
+                           MlaCase{2, 1987, 16, 16, 1, 700, kDsv3Scale}}) {
+    SCOPED_TRACE("sm90 vs mma: " + name(c));
+    Dev d = to_device(c, make_inputs(c, 4900 + c.S + c.max_doc));
+    forward(c, d, cuda::detail::FlashFwdKernel::Auto);
+    const Grads a = backward_with(c, d, K::Sm90), b = backward_with(c, d, K::MmaSync);
+    test::expect_norm(a.dq, b.dq, 2e-2, 1e-2, "sm90 vs mma dq");
+    test::expect_norm(a.dk, b.dk, 2e-2, 1e-2, "sm90 vs mma dk");
+    test::expect_norm(a.dv, b.dv, 2e-2, 1e-2, "sm90 vs mma dv");
+  }
+}
+
+// Auto runs the 192 / 128 sm90 backward only with MIXTUNE_FLASH_BWD_SM90_MLA=1 (read once per process; run the test
+// once each way). Neither fast backward repeats bit for bit (fp32 atomics), so Auto's result is told apart by
+// distance: the two kernels differ by about one bf16 rounding of P inside dS (dq, dk rel-L2 ~3e-3 at head_dim 128),
+// a kernel against itself by the order of fp32 sums only (~1e-5); Auto's must lie within a quarter of the kernels'
+// distance of the kernel it should have run.
+TEST(CudaFlashAttentionMla, AutoTakesSm90BackwardOnlyWhenOptedIn) {
+  MT_SKIP_WITHOUT_CUDA();
+  if (!sm90_backward_runs_mla())
+    GTEST_SKIP() << "the sm90 flash-attention backward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
+  using K = cuda::detail::FlashBwdKernel;
+  const MlaCase c{1, 1024, 8, 8, 1, 500, kDsv3Scale};
+  Dev d = to_device(c, make_inputs(c, 4950));
+  forward(c, d, cuda::detail::FlashFwdKernel::Auto);
+  const Grads autos = backward_with(c, d, K::Auto), sm90 = backward_with(c, d, K::Sm90),
+              mma = backward_with(c, d, K::MmaSync);
+  auto dist = [](const Grads& x, const Grads& y) {
+    return test::error_stats(x.dq, y.dq).rel_l2 + test::error_stats(x.dk, y.dk).rel_l2;
+  };
+  const double apart = dist(sm90, mma);
+  ASSERT_GT(apart, 1e-3) << "the two backwards agree too closely for this test to tell which one Auto ran";
+  const char* e = std::getenv("MIXTUNE_FLASH_BWD_SM90_MLA");
+  const char* bwd = std::getenv("MIXTUNE_FLASH_BWD");
+  const bool sm90_expected = e && std::string(e) == "1" && !(bwd && std::string(bwd) == "mma");
+  const double to_sm90 = dist(autos, sm90), to_mma = dist(autos, mma);
+  if (sm90_expected)
+    EXPECT_LT(to_sm90, apart / 4) << "opted in: Auto's gradients are not the sm90 backward's (to mma.sync " << to_mma
+                                  << ", kernels apart " << apart << ")";
+  else
+    EXPECT_LT(to_mma, apart / 4) << "not opted in: Auto's gradients are not the mma.sync backward's (to sm90 " << to_sm90
+                                 << ", kernels apart " << apart << ")";
+}
+
+// The sm90 backward at 192 / 128 has no window or sinks: forcing it with either is an error naming them, before
+// anything runs; under Auto (opted in or not) such calls run the mma.sync backward. Any softmax scale is taken.
+TEST(CudaFlashAttentionMla, Sm90BackwardRefusesWindowAndSinks) {
+  MT_SKIP_WITHOUT_CUDA();
+  const MlaCase windowed{1, 300, 4, 4, 1, 150, kDsv3Scale, 100, false}, sinks{1, 300, 4, 4, 1, 150, 0.0f, 0, true};
+  for (const MlaCase& c : {windowed, sinks}) {
+    SCOPED_TRACE(name(c));
+    const Inputs in = make_inputs(c, 5000);
+    const Ref want = cpu_reference(c, in);
+    Dev d = to_device(c, in);
+    forward(c, d, cuda::detail::FlashFwdKernel::MmaSync);
+    try {
+      (void)backward_with(c, d, cuda::detail::FlashBwdKernel::Sm90);
+      ADD_FAILURE() << "the sm90 backward accepted a window or sinks";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the sm90 kernel has no sliding window, sinks"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("head_dim 192"), std::string::npos) << e.what();
+    }
+    expect_grads(backward_with(c, d, cuda::detail::FlashBwdKernel::Auto), want, "auto");
+  }
+}
+
 // The shape contract: out allocated as q's shape with 128 columns (or [T, heads, 128] from a flat q); v, out,
 // dout, a given out and dv checked against v_dim; unsupported pairs, a negative v_dim, the sm90 backward and the
 // sm90 forward with a window are errors naming the sizes; nothing runs on the device for them.
@@ -406,11 +538,18 @@ TEST(CudaFlashAttentionMla, ShapesAndErrors) {
   Tensor dq3, dk3;
   EXPECT_THROW(cuda::flash_attention_backward(s, dout, q, k, v, out, lse, docs, dq3, dk3, dv_wrong, stream0()), Error)
       << "dv of k's size";
-  {
+  if (!sm90_backward_runs_mla()) {
     cuda::detail::flash_bwd_kernel_set(cuda::detail::FlashBwdKernel::Sm90);
     Tensor a, b, c2;
-    EXPECT_THROW(cuda::flash_attention_backward(s, dout, q, k, v, out, lse, docs, a, b, c2, stream0()), Error)
-        << "the sm90 backward has no 192 / 128";
+    try {
+      cuda::flash_attention_backward(s, dout, q, k, v, out, lse, docs, a, b, c2, stream0());
+      ADD_FAILURE() << "the sm90 backward was forced on a device that does not run it";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("needs head_dim and v_dim 128, or head_dim 192 with v_dim 128 (got 192 / "
+                                           "128), a cc 9.0 GPU"),
+                std::string::npos)
+          << e.what();
+    }
     cuda::detail::flash_bwd_kernel_set(cuda::detail::FlashBwdKernel::Auto);
   }
   if (sm90_forward_runs_mla()) {
