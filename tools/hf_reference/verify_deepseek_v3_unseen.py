@@ -71,7 +71,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import verify_harness as H  # noqa: E402  (command line, check loop, table)
-import verify_gpt_oss_unseen as G  # noqa: E402  (pure Python at import: sh, yaml_float, write_jsonl, the checks)
+import verify_gpt_oss_unseen as G  # noqa: E402  (pure Python at import: its settings and checks)
 from dsv3_reference import EXPERTS, FP8_BLOCK, RouterProbe, eager_experts, fp8_misread, in_memory_name  # noqa: E402
 
 FIXTURES = os.path.normpath(os.path.join(HERE, "..", "..", "tests", "fixtures", "deepseek_v3"))
@@ -593,9 +593,9 @@ def check_finetune(var, binary, whole_pad_row):
     run = os.path.join(var.dir, "finetune_run")
     shutil.rmtree(run, ignore_errors=True)
     data = os.path.join(var.dir, "finetune.jsonl")
-    G.write_jsonl(data, var.ft_ids, var.ft_labels)
+    H.write_jsonl(data, var.ft_ids, var.ft_labels)
     recipe = os.path.join(var.dir, "finetune.yaml")
-    y = G.yaml_float
+    y = H.yaml_float
     with open(recipe, "w") as f:
         f.write(f"model: {{path: {var.ckpt}, dtype: float32}}\n"
                 f"data: {{train: {data}, seq_len: {SEQ}, pack: false}}\n"
@@ -607,7 +607,7 @@ def check_finetune(var, binary, whole_pad_row):
                 "clip: {max_grad_norm: 0}\n"
                 "moe: {bias_update_rate: 0.0}\n"
                 f"checkpoint: {{dir: {run}}}\n")
-    G.sh([binary, "finetune", recipe], cwd=var.dir)
+    H.sh([binary, "finetune", recipe], cwd=var.dir)
     with open(os.path.join(run, "metrics.jsonl")) as f:
         metrics = [json.loads(line) for line in f if line.strip()]
     got_loss = float(metrics[0]["loss"])
@@ -698,7 +698,7 @@ def check_refused(var, binary):
     """mixtune score and convert each refuse the checkpoint in one stderr line naming the config field."""
     field = var.v["refuse"]
     data = os.path.join(var.dir, "score.jsonl")
-    G.write_jsonl(data, var.score_ids, var.score_labels)
+    H.write_jsonl(data, var.score_ids, var.score_labels)
     want = f"mixtune: error: {os.path.join(var.ckpt, 'config.json')}: field '{field}'"
     ok, out = True, []
     for cmd in (["score", "--model", var.ckpt, "--data", data],

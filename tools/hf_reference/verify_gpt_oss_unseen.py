@@ -54,6 +54,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import verify_harness as H  # noqa: E402  (command line, check loop, table)
+from verify_harness import same_models, sh, write_jsonl, yaml_float  # noqa: E402,F401
 FIXTURES = os.path.normpath(os.path.join(HERE, "..", "..", "tests", "fixtures", "gpt_oss"))
 # Transformers' per-expert loop: its bf16 grouped_mm refuses expert widths whose strides are not multiples of
 # 16 bytes ("strides should be multiple of 16 bytes"), which several variants have; the loop is the definition.
@@ -249,21 +250,6 @@ def print_list(variants):
 # ---------------------------------------------------------------------------------------------------------------
 # Helpers
 
-def sh(args, cwd=None, timeout=900):
-    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
-    if r.returncode != 0:
-        err = [l for l in r.stderr.strip().splitlines() if l.strip()]
-        raise RuntimeError(f"`{' '.join(str(a) for a in args[:2])} ...` exit {r.returncode}: "
-                           f"{err[-1] if err else r.stdout.strip()[-300:]}")
-    return r.stdout
-
-
-def yaml_float(x):
-    """A float as a YAML float literal that reads back as the same double ("1e-08" -> "1.0e-08")."""
-    t = repr(float(x))
-    return t.replace("e", ".0e", 1) if "e" in t and "." not in t else t
-
-
 def legacy_config(path):
     """config.json rewritten with the spellings of openai/gpt-oss-* hub checkpoints (hf-numerics.md §1.2, §4.1)."""
     with open(path) as f:
@@ -301,12 +287,6 @@ def rows_for(v, gen, torch):
     ft_labels = ft_ids.clone()
     ft_labels[0, :5] = -100
     return (score_ids, score_labels), (ft_ids, ft_labels)
-
-
-def write_jsonl(path, ids, labels):
-    with open(path, "w") as f:
-        for r in range(ids.shape[0]):
-            f.write(json.dumps({"input_ids": ids[r].tolist(), "labels": labels[r].tolist()}) + "\n")
 
 
 class Variant:
@@ -439,23 +419,6 @@ def check_score(var, binary, dtype_name):
     ok = rel <= TOL["bf16_loss_rel"] and l2 <= TOL["bf16_logits_rel_l2"]
     return ok, (f"loss {got['loss']:.5f} vs {ref_loss:.5f}{aux_text}: rel {rel:.1e} (<= {TOL['bf16_loss_rel']:g}); "
                 f"logits rel L2 {l2:.1e} (<= {TOL['bf16_logits_rel_l2']:g})")
-
-
-def same_models(var, a, b):
-    """(identical?, detail): tensor names, every tensor bit for bit, the logits of the score rows."""
-    torch = var.torch
-    sa, sb = a.state_dict(), b.state_dict()
-    if set(sa) != set(sb):
-        return False, (f"tensor names differ: only in the source's load {sorted(set(sa) - set(sb))[:4]}, only in "
-                       f"the converted one's {sorted(set(sb) - set(sa))[:4]}")
-    diff = [n for n in sa if sa[n].dtype != sb[n].dtype or sa[n].shape != sb[n].shape or not torch.equal(sa[n], sb[n])]
-    with torch.no_grad():
-        la = a(input_ids=var.score_ids, use_cache=False).logits.float()
-        lb = b(input_ids=var.score_ids, use_cache=False).logits.float()
-    d = float((la - lb).abs().max())
-    ok = not diff and d == 0.0
-    return ok, (f"{len(sa)} tensors, {len(diff)} differ" + (f" (first {diff[0]})" if diff else "")
-                + f"; logits max abs diff {d:.3g} (must be 0)")
 
 
 def check_convert(var, binary, to_dtype=None):

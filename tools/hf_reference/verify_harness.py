@@ -1,7 +1,9 @@
 """What the verify_*_unseen.py scripts share: their command line, the loop that runs a variant's checks (a check
 that raises is a failure with its reason) and the PASS/FAIL table. Pure Python at import (no torch)."""
 import argparse
+import json
 import os
+import subprocess
 import time
 import traceback
 
@@ -70,3 +72,40 @@ def print_table(results):
         print(f"{r['variant']:<{width}}  {r['check']:<{cw}}  {r['result']:<6}  {r['detail']}")
     counted = [r for r in results if r["counted"]]
     return len(counted), sum(not r["ok"] for r in counted), sum(not r["ok"] for r in results if not r["counted"])
+
+
+# ---- helpers every verifier uses (same_models needs torch at call time: var.torch) ----
+
+def sh(args, cwd=None, timeout=900):
+    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+    if r.returncode != 0:
+        err = [l for l in r.stderr.strip().splitlines() if l.strip()]
+        raise RuntimeError(f"`{' '.join(str(a) for a in args[:2])} ...` exit {r.returncode}: "
+                           f"{err[-1] if err else r.stdout.strip()[-300:]}")
+    return r.stdout
+
+def yaml_float(x):
+    """A float as a YAML float literal that reads back as the same double ("1e-08" -> "1.0e-08")."""
+    t = repr(float(x))
+    return t.replace("e", ".0e", 1) if "e" in t and "." not in t else t
+
+def write_jsonl(path, ids, labels):
+    with open(path, "w") as f:
+        for r in range(ids.shape[0]):
+            f.write(json.dumps({"input_ids": ids[r].tolist(), "labels": labels[r].tolist()}) + "\n")
+
+def same_models(var, a, b):
+    """(identical?, detail): tensor names, every tensor bit for bit, the logits of the score rows."""
+    torch = var.torch
+    sa, sb = a.state_dict(), b.state_dict()
+    if set(sa) != set(sb):
+        return False, (f"tensor names differ: only in the source's load {sorted(set(sa) - set(sb))[:4]}, only in "
+                       f"the converted one's {sorted(set(sb) - set(sa))[:4]}")
+    diff = [n for n in sa if sa[n].dtype != sb[n].dtype or sa[n].shape != sb[n].shape or not torch.equal(sa[n], sb[n])]
+    with torch.no_grad():
+        la = a(input_ids=var.score_ids, use_cache=False).logits.float()
+        lb = b(input_ids=var.score_ids, use_cache=False).logits.float()
+    d = float((la - lb).abs().max())
+    ok = not diff and d == 0.0
+    return ok, (f"{len(sa)} tensors, {len(diff)} differ" + (f" (first {diff[0]})" if diff else "")
+                + f"; logits max abs diff {d:.3g} (must be 0)")

@@ -53,7 +53,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import verify_harness as H  # noqa: E402  (command line, check loop, table)
-import verify_gpt_oss_unseen as G  # noqa: E402  (pure Python at import: GPT-OSS config base, sh, yaml_float, jsonl)
+import verify_gpt_oss_unseen as G  # noqa: E402  (pure Python at import: the GPT-OSS config base)
 
 FIXTURES = os.path.normpath(os.path.join(HERE, "..", "..", "tests", "fixtures"))
 SEQ = G.SEQ        # 32 tokens per row (a multiple of 8: finetune rounds rows up to 8)
@@ -531,9 +531,9 @@ def score_with_mixtune(case, binary, adapter, tag):
     import numpy as np
     torch = case.torch
     data = os.path.join(case.dir, "score.jsonl")
-    G.write_jsonl(data, case.score_ids, case.score_labels)
+    H.write_jsonl(data, case.score_ids, case.score_labels)
     npy = os.path.join(case.dir, f"score_{tag}.npy")
-    got = json.loads(G.sh([binary, "score", "--model", case.ckpt, "--adapter", adapter, "--data", data,
+    got = json.loads(H.sh([binary, "score", "--model", case.ckpt, "--adapter", adapter, "--data", data,
                            "--dtype", "float32", "--logits", npy]))
     return got, torch.from_numpy(np.load(npy))
 
@@ -575,7 +575,7 @@ def check_merge(case, binary):
     ours, theirs = os.path.join(case.dir, "merged_mixtune"), os.path.join(case.dir, "merged_peft")
     for d in (ours, theirs):
         shutil.rmtree(d, ignore_errors=True)
-    G.sh([binary, "merge", "--model", case.ckpt, "--adapter", case.adapter, "--out", ours])
+    H.sh([binary, "merge", "--model", case.ckpt, "--adapter", case.adapter, "--out", ours])
     case.peft(case.stored_dtype(), case.adapter).merge_and_unload().save_pretrained(theirs)
     a, b = read_safetensors_dir(ours, torch), read_safetensors_dir(theirs, torch)
     if set(a) != set(b):
@@ -631,9 +631,9 @@ def check_finetune(case, binary):
     run = os.path.join(case.dir, "finetune_run")
     shutil.rmtree(run, ignore_errors=True)
     data = os.path.join(case.dir, "finetune.jsonl")
-    G.write_jsonl(data, case.ft_ids, case.ft_labels)
+    H.write_jsonl(data, case.ft_ids, case.ft_labels)
     recipe = os.path.join(case.dir, "finetune.yaml")
-    y = G.yaml_float
+    y = H.yaml_float
     with open(recipe, "w") as f:
         f.write(f"model: {{path: {case.ckpt}, dtype: float32, adapter: {case.adapter}}}\n"
                 f"peft: {{method: lora, r: {lo['r']}, alpha: {y(lo['alpha'])}, dropout: 0.0, "
@@ -646,7 +646,7 @@ def check_finetune(case, binary):
                 "schedule: {name: constant}\n"
                 "clip: {max_grad_norm: 0}\n"
                 f"checkpoint: {{dir: {run}}}\n")
-    G.sh([binary, "finetune", recipe], cwd=case.dir)
+    H.sh([binary, "finetune", recipe], cwd=case.dir)
     with open(os.path.join(run, "metrics.jsonl")) as f:
         got_loss = float(json.loads(next(line for line in f if line.strip()))["loss"])
     pm = case.peft(torch.float32, case.adapter, trainable=True)
@@ -731,7 +731,7 @@ def check_refusal(case, binary, name, peft_kw, edit, expect):
         with open(cfg_path, "w") as f:
             json.dump(cfg, f, indent=2, sort_keys=True)
     data = os.path.join(case.dir, "refusal.jsonl")
-    G.write_jsonl(data, case.score_ids, case.score_labels)
+    H.write_jsonl(data, case.score_ids, case.score_labels)
     out = []
     ok = True
     for cmd in (["score", "--model", case.ckpt, "--adapter", adir, "--data", data],
