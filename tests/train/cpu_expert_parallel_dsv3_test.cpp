@@ -28,20 +28,18 @@
 #include "../distributed/thread_ranks.h"
 #include "../io/io_test_util.h"
 #include "../models/hf_fixture_util.h"
+#include "expert_parallel_parity.h"
 #include "fixture_tensors.h"
 
 namespace mt {
 namespace {
 
 namespace fs = std::filesystem;
-using test::rel_norm_error;
 
 const std::string kCkpt = std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/deepseek_v3/mla_yarn_dense1/ckpt";
-constexpr int kWorld = 2;
-constexpr double kLossRel = 1e-6;
-constexpr double kLogitsRel = 1e-5;
-constexpr double kGradRel = 1e-5;
-constexpr double kTensorGradRel = 1e-4;
+constexpr int kWorld = test::kEpWorld;
+constexpr double kLossRel = test::kEpLossRel;
+constexpr double kGradRel = test::kEpGradRel;
 constexpr double kLr = 1e-3;
 
 // Two documents packed into a row of 24 tokens per rank (ids inside the vocabulary of 128), first labels masked.
@@ -60,97 +58,13 @@ Batch batch_of_rank(int rank) {
   return b;
 }
 
-int64_t num_experts() { return DecoderSpec::from_file(kCkpt + "/config.json").num_experts(); }
-
-CausalLM load_rank(int rank, int64_t ep, DType dtype) {
-  LoadOptions lo;
-  lo.dtype = dtype;
-  if (ep > 1) {
-    lo.expert_count = num_experts() / ep;
-    lo.expert_first = rank % ep * lo.expert_count;
-    lo.compact_experts = true;
-  }
-  return CausalLM::from_pretrained(kCkpt, lo);
-}
-
-using Named = std::vector<std::pair<std::string, Tensor>>;
-Named cloned(ModelWeights& w) {
-  Named r;
-  for (auto& [name, t] : w.named_parameters()) r.emplace_back(name, t->clone());
-  return r;
-}
-
-std::vector<float> rows_of_sum(const Tensor& a, const Tensor& b, int64_t first, int64_t n) {
-  const std::vector<float> x = a.rows(first, first + n).to_floats(), y = b.rows(first, first + n).to_floats();
-  std::vector<float> s(x.size());
-  for (size_t i = 0; i < x.size(); ++i) s[i] = static_cast<float>(double(x[i]) + y[i]);
-  return s;
-}
+int64_t num_experts() { return test::fixture_num_experts(kCkpt); }
+CausalLM load_rank(int rank, int64_t ep, DType dtype) { return test::load_expert_slice(kCkpt, rank, ep, dtype); }
+using Named = test::NamedTensors;
+Named cloned(ModelWeights& w) { return test::cloned_parameters(w); }
 
 TEST(CpuExpertParallelDeepseekV3, Ep2MatchesEp1LossLogitsAndEveryGradient) {
-  const int64_t E = num_experts(), per_rank = E / kWorld;
-  struct RankOut {
-    ForwardResult fwd, fb;
-    Named grads;
-  };
-  std::vector<RankOut> out(kWorld);
-  const int port = test::free_port();
-  const auto err = test::run_ranks(kWorld, [&](int r) {
-    auto comm = tcp_communicator_create(test::env_of(r, kWorld, port), std::chrono::milliseconds(20000));
-    CausalLM lm = load_rank(r, kWorld, DType::F32);
-    const ExpertParallel ep = expert_parallel_for(comm.get(), kWorld, E);
-    ModelOptions mo;
-    mo.expert_parallel = &ep;
-    DecoderModel net(lm.config, lm.weights, mo);
-    const Batch b = batch_of_rank(r);
-    out[r].fwd = net.forward(b, true);
-    ModelWeights g = ModelWeights::zeros_like_config(lm.config, DType::F32, per_rank);
-    out[r].fb = net.forward_backward(b, g);
-    out[r].grads = cloned(g);
-  });
-  for (int r = 0; r < kWorld; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
-
-  CausalLM whole = load_rank(0, 1, DType::F32);
-  DecoderModel net(whole.config, whole.weights);
-  std::vector<ForwardResult> fwd(kWorld);
-  std::vector<Named> grads(kWorld);
-  for (int r = 0; r < kWorld; ++r) {
-    fwd[r] = net.forward(batch_of_rank(r), true);
-    ModelWeights g = ModelWeights::zeros_like_config(whole.config, DType::F32);
-    net.forward_backward(batch_of_rank(r), g);
-    grads[r] = cloned(g);
-  }
-  const ParamTable& table = whole.weights.param_table();
-  for (int r = 0; r < kWorld; ++r) {
-    SCOPED_TRACE("rank " + std::to_string(r));
-    for (const ForwardResult* f : {&out[r].fwd, &out[r].fb}) {
-      EXPECT_NEAR(f->loss, fwd[r].loss, kLossRel * fwd[r].loss);
-      EXPECT_EQ(f->tokens, fwd[r].tokens);
-    }
-    EXPECT_LE(rel_norm_error(out[r].fwd.logits.to_floats(), fwd[r].logits.to_floats()), kLogitsRel);
-    ASSERT_EQ(out[r].grads.size(), grads[r].size());
-    std::vector<float> all_got, all_want;
-    int stacks = 0;
-    for (size_t i = 0; i < grads[r].size(); ++i) {
-      const auto& [name, g] = out[r].grads[i];
-      SCOPED_TRACE(name);
-      ASSERT_EQ(name, grads[r][i].first);
-      const bool stack = table.is_expert_stack(name);
-      stacks += stack;
-      const std::vector<float> want = stack ? rows_of_sum(grads[0][i].second, grads[1][i].second, r * per_rank,
-                                                          per_rank)
-                                            : grads[r][i].second.to_floats();
-      if (stack) {
-        EXPECT_EQ(g.dim(0), per_rank);
-      }
-      const std::vector<float> got = g.to_floats();
-      EXPECT_LE(rel_norm_error(got, want), kTensorGradRel);
-      all_got.insert(all_got.end(), got.begin(), got.end());
-      all_want.insert(all_want.end(), want.begin(), want.end());
-    }
-    EXPECT_EQ(stacks, 2);  // gate_up_proj and down_proj of layer 1
-    EXPECT_LE(rel_norm_error(all_got, all_want), kGradRel);
-  }
+  test::expect_ep2_matches_ep1(kCkpt, batch_of_rank, 2);  // gate_up_proj and down_proj of layer 1
 }
 
 Recipe cpu_ep_recipe(int64_t ep) {
