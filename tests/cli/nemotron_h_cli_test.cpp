@@ -75,19 +75,8 @@ TEST_F(NemotronHCli, InspectDescribesTheModel) {
 TEST_F(NemotronHCli, ScoreGivesTransformersLoss) {
   for (const char* variant : {"hybrid_all_kinds", "one_group_dt_clamp_pattern"}) {
     SCOPED_TRACE(variant);
-    const auto batch = mt::test::fixture_tensors_read(kFixtures + variant + "/plain.safetensors");
-    const mt::Tensor& ids = batch.at("input_ids");
-    const mt::Tensor& labels = batch.at("labels");
-    std::ofstream data(dir / "plain.jsonl");
-    for (int64_t row = 0; row < ids.dim(0); ++row) {
-      nlohmann::json rec;
-      for (int64_t s = 0; s < ids.dim(1); ++s) {
-        rec["input_ids"].push_back(ids.data_as<int64_t>()[row * ids.dim(1) + s]);
-        rec["labels"].push_back(labels.data_as<int64_t>()[row * ids.dim(1) + s]);
-      }
-      data << rec.dump() << "\n";
-    }
-    data.close();
+    mt::test::write_batch_jsonl(mt::test::fixture_tensors_read(kFixtures + variant + "/plain.safetensors"),
+                                (dir / "plain.jsonl").string());
     const RunResult r = run("score --model " + kFixtures + variant + "/ckpt --data " + (dir / "plain.jsonl").string());
     ASSERT_EQ(r.code, 0) << r.err;
     const auto s = nlohmann::json::parse(r.out);
@@ -121,17 +110,7 @@ TEST_F(NemotronHCli, FinetuneMatchesTransformersFiveSteps) {
   }
   const auto ref = mt::test::fixture_checkpoint_read(kFixtures + "train5/final");
   const auto got = mt::test::fixture_checkpoint_read((dir / "run" / "final").string());
-  ASSERT_EQ(got.tensors.size(), ref.tensors.size());
-  double worst = 0;
-  for (const auto& [name, t] : ref.tensors) {
-    ASSERT_TRUE(got.tensors.count(name)) << name;
-    const mt::Tensor& g = got.tensors.at(name);
-    ASSERT_EQ(g.shape(), t.shape()) << name;
-    ASSERT_EQ(g.dtype(), t.dtype()) << name;
-    for (int64_t i = 0; i < t.numel(); ++i)
-      worst = std::max(worst, double(std::fabs(g.data_as<float>()[i] - t.data_as<float>()[i])));
-  }
-  EXPECT_LE(worst, 1e-4);
+  EXPECT_LE(mt::test::max_abs_checkpoint_diff(got, ref), 1e-4);
   EXPECT_EQ(got.shard_of, ref.shard_of);  // the source's shard layout (backbone. names, per-expert tensors)
   // Not trained: the selection bias is saved as loaded.
   const std::string bias = "backbone.layers.1.mixer.gate.e_score_correction_bias";

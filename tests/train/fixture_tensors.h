@@ -3,6 +3,8 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -60,6 +62,41 @@ inline FixtureCheckpoint fixture_checkpoint_read(const std::string& dir) {
 
 inline bool tensor_bytes_equal(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+// A fixture batch's input_ids and labels (I64 [B, S]) as the pre-tokenized JSONL `mixtune score` reads, a row a line.
+inline void write_batch_jsonl(const std::map<std::string, Tensor>& batch, const std::string& path) {
+  const Tensor& ids = batch.at("input_ids");
+  const Tensor& labels = batch.at("labels");
+  std::ofstream data(path);
+  for (int64_t row = 0; row < ids.dim(0); ++row) {
+    nlohmann::json rec;
+    for (int64_t s = 0; s < ids.dim(1); ++s) {
+      rec["input_ids"].push_back(ids.data_as<int64_t>()[row * ids.dim(1) + s]);
+      rec["labels"].push_back(labels.data_as<int64_t>()[row * ids.dim(1) + s]);
+    }
+    data << rec.dump() << "\n";
+  }
+  if (!data) throw std::runtime_error("write_batch_jsonl: cannot write " + path);
+}
+
+// The largest |got - ref| over every F32 tensor of two checkpoints with the same names, shapes and dtypes; throws
+// naming the first tensor where they differ otherwise.
+inline double max_abs_checkpoint_diff(const FixtureCheckpoint& got, const FixtureCheckpoint& ref) {
+  if (got.tensors.size() != ref.tensors.size())
+    throw std::runtime_error("checkpoints hold " + std::to_string(got.tensors.size()) + " and " +
+                             std::to_string(ref.tensors.size()) + " tensors");
+  double worst = 0;
+  for (const auto& [name, t] : ref.tensors) {
+    const auto it = got.tensors.find(name);
+    if (it == got.tensors.end()) throw std::runtime_error(name + " missing");
+    const Tensor& g = it->second;
+    if (g.shape() != t.shape() || g.dtype() != t.dtype() || t.dtype() != DType::F32)
+      throw std::runtime_error(name + ": shape or dtype differs (or is not F32)");
+    for (int64_t i = 0; i < t.numel(); ++i)
+      worst = std::max(worst, static_cast<double>(std::fabs(g.data_as<float>()[i] - t.data_as<float>()[i])));
+  }
+  return worst;
 }
 
 }  // namespace mt::test
