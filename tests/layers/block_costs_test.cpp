@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "layers/costs/attention_cost.h"
 #include "layers/costs/block_cost.h"
+#include "layers/costs/mamba2_cost.h"
 #include "layers/costs/mlp_cost.h"
 #include "layers/costs/moe_cost.h"
 #include "models/decoder_costs.h"
@@ -286,12 +287,29 @@ TEST(BlockCosts, RopeTablesOnePerAttentionConfigurationInUse) {
                      2.0 * 64 * 4 * (32 + 32) - 2.0 * 64 * 4 * (16 + 16));
 }
 
-TEST(BlockCosts, Mamba2IsRefusedWithOneLine) {
+// The Mamba2 mixer as its CUDA block keeps it (layers/cuda/mamba2_mixer_block_cuda.h), at 4 heads of 8, 2 groups of
+// state 16, conv 4, chunk 16 on hidden 64: Di 32, C = 32 + 2·2·16 = 96, in_proj width 32 + 96 + 4 = 132; T = 256.
+TEST(BlockCosts, Mamba2KeepsWhatTheCudaBlockKeeps) {
+  Mamba2Spec m;
+  m.heads = 4, m.head_dim = 8, m.groups = 2, m.state = 16, m.conv_kernel = 4, m.chunk = 16;
+  const int64_t n = 256 * 64 * 2, proj = 256 * 132 * 2, act = 256 * 96 * 2, dt = 256 * 4 * 4, y = 256 * 32 * 4,
+                g = 256 * 32 * 2, states = 16 * 4 * 8 * 16 * 4;  // 16 chunks of [heads, P, N] fp32
+  EXPECT_EQ(i64(mamba2_scan_states_bytes(m, 256)), states);
+  EXPECT_EQ(i64(mamba2_bytes(m, 64, batch(Recompute::none)).saved), proj + y + states + n + act + dt + g);
+  EXPECT_EQ(i64(mamba2_bytes(m, 64, batch(Recompute::selective)).saved), proj + y + states);
+  EXPECT_EQ(i64(mamba2_bytes(m, 64, batch(Recompute::selective)).recomputed), n + act + dt + g);
+  EXPECT_EQ(i64(mamba2_bytes(m, 64, batch(Recompute::full)).saved), 0);
+  EXPECT_EQ(i64(mamba2_bytes(m, 64, batch(Recompute::full)).recomputed), proj + y + states + n + act + dt + g);
+  EXPECT_EQ(i64(mamba2_bytes(m, 64, batch(Recompute::none)).backward), g + proj + y + act + dt + n);
+  // in_proj + out_proj, the conv's 4 taps on 96 channels, the scan (2 groups x 2·16·16, 4 heads x (2·16·8 + 4·8·16)).
+  EXPECT_EQ(mamba2_flops_per_token(m, 64), 2.0 * 64 * 132 + 2.0 * 32 * 64 + 2.0 * 96 * 4 + 2 * 2.0 * 16 * 16 +
+                                               4 * (2.0 * 16 * 8 + 4.0 * 8 * 16));
+  // In a model: layer 1's MLP replaced by the mixer counts it.
   DecoderSpec s = mixed_spec();
-  s.mamba2.push_back(Mamba2Spec{});
+  s.mamba2.push_back(m);
   s.layers[1].sublayers[1] = {SublayerKind::mamba2, 0};
-  expect_one_line_error([&] { decoder_flops_per_token(s, 128); }, "layer 1", "Mamba2");
-  expect_one_line_error([&] { decoder_layer_bytes(s, 1, batch(Recompute::selective)); }, "layer 1", "Mamba2");
+  EXPECT_EQ(decoder_flops_per_token(s, 128) - decoder_flops_per_token(mixed_spec(), 128),
+            mamba2_flops_per_token(m, 64) - mlp_flops_per_token(mixed_spec().mlp[0], 64));
 }
 
 // MLA is counted as its CUDA block (layers/cuda/mla_attention_block_cuda.h) keeps it: the FLOPs of its five

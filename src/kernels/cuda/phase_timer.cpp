@@ -15,6 +15,7 @@ const char* phase_name(Phase p) {
     case Phase::comm: return "comm";
     case Phase::grad_sync: return "grad_sync";
     case Phase::mlp: return "mlp";
+    case Phase::mamba: return "mamba";
     case Phase::other: return "other";
   }
   return "other";

@@ -11,9 +11,10 @@ namespace mt::cuda {
 
 // comm: the expert-parallel all-to-alls and regroups; comm_plan: their row-count exchange (an all_gather and
 // the host's wait for it, during which the GPU runs dry); grad_sync: the gradient all-reduce of a multi-GPU
-// step; mlp: the dense MLP blocks (layers/cuda/mlp_block_cuda.h). The NCCL kernels run on the compute stream.
-enum class Phase { attention, experts, dispatch, head_loss, optimizer, comm_plan, comm, grad_sync, mlp, other };
-constexpr int kPhaseCount = 10;
+// step; mlp: the dense MLP blocks (layers/cuda/mlp_block_cuda.h); mamba: the Mamba2 mixers
+// (layers/cuda/mamba2_mixer_block_cuda.h). The NCCL kernels run on the compute stream.
+enum class Phase { attention, experts, dispatch, head_loss, optimizer, comm_plan, comm, grad_sync, mlp, mamba, other };
+constexpr int kPhaseCount = 11;
 const char* phase_name(Phase p);
 
 class PhaseTimer {

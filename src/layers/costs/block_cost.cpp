@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "layers/costs/attention_cost.h"
+#include "layers/costs/mamba2_cost.h"
 #include "layers/costs/mlp_cost.h"
 #include "layers/costs/moe_cost.h"
 
@@ -14,10 +15,6 @@ const AttentionSpec& attention_with_kernels(const DecoderSpec& spec, int64_t /*l
   return spec.attention.at(static_cast<size_t>(s.index));
 }
 
-[[noreturn]] void refuse_mamba2(int64_t layer) {
-  fail("layer {}: Mamba2 sublayers have no CUDA block yet, so no memory or FLOPs cost model", layer);
-}
-
 }  // namespace
 
 BlockBytes sublayer_bytes(const DecoderSpec& spec, int64_t layer, const Sublayer& s, const BlockBatch& b) {
@@ -26,7 +23,7 @@ BlockBytes sublayer_bytes(const DecoderSpec& spec, int64_t layer, const Sublayer
     case SublayerKind::attention: return attention_bytes(attention_with_kernels(spec, layer, s), spec.hidden_size, b);
     case SublayerKind::mlp: return mlp_bytes(spec.mlp.at(i), spec.hidden_size, b);
     case SublayerKind::moe: return moe_bytes(spec.moe.at(i), spec.hidden_size, b);
-    case SublayerKind::mamba2: refuse_mamba2(layer);
+    case SublayerKind::mamba2: return mamba2_bytes(spec.mamba2.at(i), spec.hidden_size, b);
   }
   fail("layer {}: unknown sublayer kind {}", layer, static_cast<int>(s.kind));
 }
@@ -38,7 +35,7 @@ double sublayer_flops_per_token(const DecoderSpec& spec, int64_t layer, const Su
       return attention_flops_per_token(attention_with_kernels(spec, layer, s), spec.hidden_size, seq);
     case SublayerKind::mlp: return mlp_flops_per_token(spec.mlp.at(i), spec.hidden_size);
     case SublayerKind::moe: return moe_flops_per_token(spec.moe.at(i), spec.hidden_size);
-    case SublayerKind::mamba2: refuse_mamba2(layer);
+    case SublayerKind::mamba2: return mamba2_flops_per_token(spec.mamba2.at(i), spec.hidden_size);
   }
   fail("layer {}: unknown sublayer kind {}", layer, static_cast<int>(s.kind));
 }

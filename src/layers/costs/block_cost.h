@@ -44,11 +44,10 @@ struct BlockBytes {
   CostBytes backward = 0;    // its backward's working buffers (gradients of its activations)
 };
 
-// The costs of sublayer `s` of `spec` (switching on its kind). Mamba2 sublayers have no CUDA block yet and are
-// refused with a one-line mt::Error naming `layer`.
+// The costs of sublayer `s` of `spec` (switching on its kind); `layer` names it in errors.
 BlockBytes sublayer_bytes(const DecoderSpec& spec, int64_t layer, const Sublayer& s, const BlockBatch& b);
 // Forward FLOPs per token of sublayer `s` at sequence length `seq` (multiply-adds count 2; the training step is
-// 3x this: backward computes the input and the weight gradients). Same refusals.
+// 3x this: backward computes the input and the weight gradients).
 double sublayer_flops_per_token(const DecoderSpec& spec, int64_t layer, const Sublayer& s, int64_t seq);
 
 }  // namespace mt

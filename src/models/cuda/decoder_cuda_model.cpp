@@ -11,8 +11,10 @@
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/router.h"
 #include "kernels/cuda/router_sigmoid_group.h"
+#include "kernels/cuda/ssd_scan.h"
 #include "kernels/cuda/row_select.h"
 #include "layers/cuda/attention_block_cuda.h"
+#include "layers/cuda/mamba2_mixer_block_cuda.h"
 #include "layers/cuda/mla_attention_block_cuda.h"
 #include "layers/cuda/mlp_block_cuda.h"
 #include "layers/cuda/moe_block_cuda.h"
@@ -32,6 +34,7 @@ struct SublayerActs {
   MlaActsCuda mla;
   MoeActsCuda moe;
   MlpActsCuda mlp;
+  Mamba2ActsCuda mamba;
 };
 
 // One decoder layer's saved state: one SublayerActs per sublayer of its spec, in execution order.
@@ -46,16 +49,17 @@ const AttentionSpec& attention_spec(const DecoderSpec& c, const Sublayer& s) {
   return c.attention[static_cast<size_t>(s.index)];
 }
 const MoeSpec& moe_spec(const DecoderSpec& c, const Sublayer& s) { return c.moe[static_cast<size_t>(s.index)]; }
+const Mamba2Spec& mamba2_spec(const DecoderSpec& c, const Sublayer& s) { return c.mamba2[static_cast<size_t>(s.index)]; }
 // An attention sublayer of multi-head latent attention (layers/cuda/mla_attention_block_cuda.h), not GQA.
 bool is_mla(const DecoderSpec& c, const Sublayer& s) {
   return s.kind == SublayerKind::attention && attention_spec(c, s).kind == AttentionKind::mla;
 }
 
 // The norm before a sublayer, by the weights' slot rule (model_weights.h WeightSlot): input_norm before the
-// attention, post_norm before the MLP or MoE. Parameters and gradients alike.
+// attention and the Mamba2 mixer, post_norm before the MLP or MoE. Parameters and gradients alike.
 template <typename Weights>
 auto& norm_before(Weights& L, const Sublayer& s) {
-  return s.kind == SublayerKind::attention ? L.input_norm : L.post_norm;
+  return s.kind == SublayerKind::attention || s.kind == SublayerKind::mamba2 ? L.input_norm : L.post_norm;
 }
 
 // The first norm of layer l, or the final norm after the last layer (the one the residual add of the layer
@@ -104,7 +108,7 @@ Tensor sublayer_forward(const CudaBlockEnv& env, const Sublayer& s, const LayerW
       return attention_block_forward_cuda(env, attention_spec(c, s), L, a, acts.attn);
     case SublayerKind::mlp: return mlp_block_forward_cuda(env, mlp_dims(c, s), mlp_weights(L), a, acts.mlp);
     case SublayerKind::moe: return moe_block_forward_cuda(env, moe_spec(c, s), L, a, stats, acts.moe);
-    case SublayerKind::mamba2: break;
+    case SublayerKind::mamba2: return mamba2_block_forward_cuda(env, mamba2_spec(c, s), L, a, acts.mamba);
   }
   fail("layer {}: a {} sublayer has no CUDA block", env.layer, sublayer_kind_name(s.kind));
 }
@@ -137,6 +141,7 @@ void layer_release(LayerActs& acts, Recompute r) {
       mla_acts_drop_cheap(s.mla);
       moe_acts_drop_cheap(s.moe);
       mlp_acts_drop_cheap(s.mlp);
+      mamba2_acts_drop_cheap(s.mamba);
     }
     return;
   }
@@ -164,7 +169,7 @@ void sublayer_restore(const CudaBlockEnv& env, const Sublayer& s, const LayerWei
       }
       mlp_acts_restore(env, mlp_dims(c, s), acts.mlp);
       return;
-    case SublayerKind::mamba2: break;
+    case SublayerKind::mamba2: mamba2_acts_restore(env, mamba2_spec(c, s), L, acts.x, acts.mamba); return;
   }
   fail("layer {}: a {} sublayer has no CUDA block", env.layer, sublayer_kind_name(s.kind));
 }
@@ -320,7 +325,16 @@ std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
   for (int64_t l = 0; l < c.num_layers(); ++l)
     for (const Sublayer& s : sublayers_of(c, l)) {
       const size_t k = static_cast<size_t>(s.index);
-      if (s.kind == SublayerKind::mamba2) return "the Mamba2 mixer has no CUDA kernels yet";
+      if (s.kind == SublayerKind::mamba2) {
+        const Mamba2Spec& m = c.mamba2[k];
+        if (const std::string why = cuda::ssd_scan_unsupported_reason({m.heads, m.head_dim, m.groups, m.state});
+            !why.empty())
+          return "the Mamba2 mixer's scan: " + why;
+        if (m.in_proj_dim() % 8 != 0 || m.inner() % 8 != 0)
+          return fmt::format("the Mamba2 mixer's in_proj width {} (d_inner {} + conv_dim {} + heads {}) and d_inner "
+                             "must be multiples of 8 for the GEMMs",
+                             m.in_proj_dim(), m.inner(), m.conv_dim(), m.heads);
+      }
       if (s.kind == SublayerKind::attention) {
         const AttentionSpec& a = c.attention[k];
         const RopeSpec& r = a.rope;
@@ -567,7 +581,9 @@ CudaLoss DecoderCudaModel::forward_backward_impl(const CudaBatch& b, ModelWeight
           dn = moe_block_backward_cuda(lenv, moe_spec(cfg_, s), L, S.moe, dx, aux_dp, G, wgrad_passes_, l, &dout_all);
           MT_CHECK(!dout_all.pending, "layer {}: the prefetched output-gradient all-gather was not used", l);
           break;
-        case SublayerKind::mamba2: fail("layer {}: a mamba2 sublayer has no CUDA block", l);
+        case SublayerKind::mamba2:
+          dn = mamba2_block_backward_cuda(lenv, mamba2_spec(cfg_, s), L, S.mamba, dx, G);
+          break;
       }
       env.phase(Phase::other);
       Tensor dx_in = env.bf16({T, H});  // the gradient of the sublayer's input: its norm's plus the residual's
@@ -578,6 +594,7 @@ CudaLoss DecoderCudaModel::forward_backward_impl(const CudaBatch& b, ModelWeight
       dx_in = Tensor();
       S.moe = {};  // freed before the all-gather's buffers; the attention's input stays for its weight gradients
       S.mlp = {};
+      S.mamba = {};
       if (prefetch) {
         env.phase(Phase::comm);
         const std::string what = "layer " + std::to_string(next_layer) + ": all_gather(output gradient, backward)";
