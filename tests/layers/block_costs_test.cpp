@@ -99,6 +99,31 @@ TEST(BlockCosts, AttentionKeepsWhatTheCudaBlockKeeps) {
   EXPECT_EQ(i64(attention_bytes(a, 64, det).backward), backward + 2 * (4 - 2) * 16 * 256 * 4);
 }
 
+// NoPE without a QK-norm (Nemotron-H's attention): the block attends over q and k themselves (qr, kr are no copies)
+// and hands flash's dq, dk to the projections as they are; with a QK-norm, its output and its gradient are copies
+// again.
+TEST(BlockCosts, AttentionWithoutRopeKeepsNoRotatedCopies) {
+  AttentionSpec a = mixed_spec().attention[0];  // 4 / 2 heads of 16, QK-norm
+  a.rope.kind = RopeKind::none;
+  const int64_t kept = sum({256 * 64 * 2, 256 * 32 * 2, 256 * 32 * 2, 256 * 64 * 2, 4 * 256 * 4});  // q k v o lse
+  const int64_t qk = 256 * 64 * 2 + 256 * 32 * 2;
+  const int64_t backward = sum({256 * 64 * 2,                               // d(o)
+                                (4 + 2 * 2) * 16 * 256 * 4 + 4 * 256 * 4,  // flash fp32 sums, delta
+                                256 * 64 * 2, 2 * 256 * 32 * 2,             // dq, dk, dv
+                                256 * 64 * 2});                             // da
+  const BlockBytes normed = attention_bytes(a, 64, batch(Recompute::none));
+  EXPECT_EQ(i64(normed.saved), kept + 256 * 64 * 2 + qk);
+  EXPECT_EQ(i64(normed.backward), backward + 2 * qk);
+  a.qk_norm = false;
+  const BlockBytes none = attention_bytes(a, 64, batch(Recompute::none));
+  const BlockBytes sel = attention_bytes(a, 64, batch(Recompute::selective));
+  EXPECT_EQ(i64(none.saved), kept + 256 * 64 * 2);  // and a
+  EXPECT_EQ(i64(sel.saved), kept);
+  EXPECT_EQ(i64(sel.recomputed), 256 * 64 * 2);  // a alone
+  EXPECT_EQ(i64(none.backward), backward);
+  EXPECT_EQ(i64(attention_rope_table_bytes(a, 256)), 0);
+}
+
 TEST(BlockCosts, AttentionValueDimWindowAndRopeTables) {
   AttentionSpec a = mixed_spec().attention[0];  // 4 / 2 heads of 16
   a.v_head_dim = 8;
@@ -165,6 +190,16 @@ TEST(BlockCosts, MoeKeepsWhatTheCudaBlockKeeps) {
   pair.pair_expert_wgrad = true;
   EXPECT_EQ(i64(moe_bytes(m, 64, pair).saved), 512 * (64 + 48 + 96 + 64) * 2);
   EXPECT_EQ(moe_flops_per_token(m, 64), 2 * 2.0 * 3 * 64 * 48);  // k experts, router left out
+  // ReLU² experts (Nemotron-H): up alone, the first GEMM's rows and their gradient I wide instead of 2I.
+  MoeSpec relu2 = m;
+  relu2.expert.activation = Activation::relu2;
+  EXPECT_EQ(i64(moe_bytes(relu2, 64, batch(Recompute::selective)).saved), kept - 512 * 48 * 2);
+  EXPECT_EQ(i64(moe_bytes(relu2, 64, batch(Recompute::none)).backward), backward - 512 * 48 * 2);
+  EXPECT_EQ(i64(moe_bytes(relu2, 64, pair).saved), 512 * (64 + 48 + 48 + 64) * 2);
+  EXPECT_EQ(moe_flops_per_token(relu2, 64), 2 * 2.0 * 2 * 64 * 48);
+  relu2.shared_expert = MlpSpec{32, Activation::relu2, false};
+  EXPECT_EQ(i64(moe_bytes(relu2, 64, batch(Recompute::selective)).saved), kept - 512 * 48 * 2 + 256 * 32 * 2);
+  EXPECT_EQ(moe_flops_per_token(relu2, 64), 2 * 2.0 * 2 * 64 * 48 + 2.0 * 2 * 64 * 32);
   MoeSpec shared = m;
   shared.shared_expert = MlpSpec{32, Activation::swiglu, false};
   EXPECT_EQ(moe_flops_per_token(shared, 64), 2 * 2.0 * 3 * 64 * 48 + 2.0 * 3 * 64 * 32);

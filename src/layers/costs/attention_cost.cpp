@@ -68,13 +68,16 @@ BlockBytes attention_bytes(const AttentionSpec& a, int64_t hidden, const BlockBa
   const CostBytes q = T * Hq * D * kCostBf16, k = T * Hkv * D * kCostBf16, v = T * Hkv * Dv * kCostBf16;
   const CostBytes o = T * Hq * Dv * kCostBf16, lse = Hq * T * kCostF32;
   const CostBytes kept = q + k + v + o + lse;
-  const CostBytes cheap = th /*a*/ + q /*qr*/ + k /*kr*/;
+  // qr and kr (after the QK-norm and RoPE) are q and k themselves, no copy, without either (NoPE: Nemotron-H); so are
+  // the gradients before them.
+  const bool transformed = a.rope.kind != RopeKind::none || a.qk_norm;
+  const CostBytes qk = transformed ? q + k : 0;
+  const CostBytes cheap = th /*a*/ + qk /*qr, kr*/;
   BlockBytes r;
   r.saved = b.recompute == Recompute::full ? 0 : b.recompute == Recompute::selective ? kept : kept + cheap;
   r.recomputed = b.recompute == Recompute::full ? kept + cheap : b.recompute == Recompute::selective ? cheap : 0;
   const CostBytes flash = (Hq * D + flash_kv_heads * (D + Dv)) * T * kCostF32 + Hq * T * kCostF32;  // dq dk dv, delta
-  r.backward = o /*d(o)*/ + flash + q + k + v /*dq dk dv*/ + q + k /*after RoPE*/ + q + k /*before QK-norm*/ +
-               th /*da*/;
+  r.backward = o /*d(o)*/ + flash + q + k + v /*dq dk dv*/ + qk /*after RoPE*/ + qk /*before QK-norm*/ + th /*da*/;
   return r;
 }
 

@@ -56,12 +56,20 @@ Tensor sinks_f32(const CudaBlockEnv& env, const AttentionSpec& spec, const Layer
   return s;
 }
 
+bool has_rope(const AttentionSpec& spec) { return spec.rope.kind != RopeKind::none; }
+
 // x [T, heads·D] -> rope(rms_norm over each head's D values) in one pass with the QK-norm, or rope(x) without it.
+// Without RoPE (NoPE: Nemotron-H) the QK-norm alone, or x itself (no copy: qr and kr are q and k).
 Tensor norm_rope(const CudaBlockEnv& env, const AttentionSpec& spec, const Tensor& x, const Tensor& norm_w,
                  int64_t heads) {
   const int64_t T = env.tokens(), D = spec.head_dim;
-  const CudaRopeTable& rope = env.batch->rope_table(spec);
+  if (!has_rope(spec) && !spec.qk_norm) return x;
   Tensor n = env.bf16({T * heads, D});
+  if (!has_rope(spec)) {
+    cuda::rmsnorm_forward(x.view({T * heads, D}), norm_w, env.eps(), n, nullptr, env.stream);
+    return n.view({T, heads * D});
+  }
+  const CudaRopeTable& rope = env.batch->rope_table(spec);
   if (spec.qk_norm)
     cuda::rmsnorm_rope_forward(x.view({T * heads, D}), norm_w, env.eps(), rope.cos, rope.sin, n, env.stream);
   else
@@ -118,7 +126,7 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const AttentionSpe
                                      const AttentionActsCuda& acts, const Tensor& dy, LayerWeights& g,
                                      AttentionWgradsCuda* deferred) {
   const int64_t T = env.tokens(), D = spec.head_dim, Hq = spec.heads, Hkv = spec.kv_heads;
-  const CudaRopeTable& rope = env.batch->rope_table(spec);
+  const CudaRopeTable* rope = has_rope(spec) ? &env.batch->rope_table(spec) : nullptr;  // NoPE: no table
   env.phase(cuda::Phase::attention);
   Tensor d_o = env.bf16({T, Hq * D});
   cuda::linear_backward_input(dy, w.o_proj, d_o, env.stream);
@@ -128,10 +136,11 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const AttentionSpe
 
   Tensor dqr, dkr, dv;
   // The Hopper kernel's fp32 dQ, read by the QK-norm + RoPE backward directly (without the QK-norm, RoPE's backward
-  // reads the bf16 dq).
+  // reads the bf16 dq; without RoPE, the plain QK-norm backward or nothing does).
   cuda::FlashDqSums dq_sums;
   cuda::flash_attention_backward(flash_shape(env, spec), d_o, acts.qr, acts.kr, acts.v, acts.o, acts.lse,
-                                 env.batch->docs, dqr, dkr, dv, env.stream, spec.qk_norm ? &dq_sums : nullptr,
+                                 env.batch->docs, dqr, dkr, dv, env.stream,
+                                 spec.qk_norm && rope ? &dq_sums : nullptr,
                                  env.deterministic ? cuda::FlashBwdMode::deterministic : cuda::FlashBwdMode::fast,
                                  sinks_f32(env, spec, w), spec.sinks && g.sinks.defined() ? &g.sinks : nullptr);
   d_o = Tensor();
@@ -139,15 +148,20 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const AttentionSpe
   Tensor& dq_norm = spec.qk_norm ? grad_or_scratch(env, g.q_norm, w.q_norm, scratch_q) : g.q_norm;
   Tensor& dk_norm = spec.qk_norm ? grad_or_scratch(env, g.k_norm, w.k_norm, scratch_k) : g.k_norm;
 
-  // Through RoPE (the rotation's transpose) and the QK-norm where there is one, back to the projections.
+  // Through RoPE (the rotation's transpose) and the QK-norm where there is one, back to the projections. Without
+  // either, the attention's gradient is the projection's.
   auto unrope_unnorm = [&](Tensor& dr, const Tensor& pre_norm, const Tensor& norm_w, Tensor& dnorm_w, int64_t heads) {
+    if (!rope && !spec.qk_norm) return dr.view({T, heads * D});
     Tensor dpre = env.bf16({T, heads * D});
     Tensor dpre_rows = dpre.view({T * heads, D});
-    if (spec.qk_norm)
+    if (!rope)
+      cuda::rmsnorm_backward(dr.view({T * heads, D}), pre_norm.view({T * heads, D}), norm_w, env.eps(), dpre_rows,
+                             dnorm_w, nullptr, env.stream);
+    else if (spec.qk_norm)
       cuda::rmsnorm_rope_backward(dr.view({T * heads, D}), pre_norm.view({T * heads, D}), norm_w, env.eps(),
-                                  rope.cos, rope.sin, dpre_rows, dnorm_w, env.stream);
+                                  rope->cos, rope->sin, dpre_rows, dnorm_w, env.stream);
     else
-      cuda::rope_backward(dr.view({T * heads, D}), rope.cos, rope.sin, dpre_rows, env.stream);
+      cuda::rope_backward(dr.view({T * heads, D}), rope->cos, rope->sin, dpre_rows, env.stream);
     return dpre;
   };
   Tensor dq;
@@ -155,7 +169,7 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const AttentionSpe
     dq = env.bf16({T, Hq * D});
     Tensor dq_rows = dq.view({T * Hq, D});
     cuda::rmsnorm_rope_backward_from_flash_dq(dq_sums, acts.q.view({T * Hq, D}), w.q_norm, env.eps(),
-                                              rope.cos, rope.sin, dq_rows, dq_norm, env.stream);
+                                              rope->cos, rope->sin, dq_rows, dq_norm, env.stream);
     dq_sums = {};
   } else {
     dq = unrope_unnorm(dqr, acts.q, w.q_norm, dq_norm, Hq);

@@ -2,7 +2,9 @@
 // head dims, options; its RoPE table is the batch's for that spec, CudaBatch::rope_table):
 //   a = input_norm(x); q = rope([q_norm](q_proj a [+ bq])); k = rope([k_norm](k_proj a [+ bk])); v = v_proj a [+ bv]
 //   y = o_proj(flash_attention(q, k, v [, sinks, window, scale])) [+ bo]   (the residual add is fused into the next
-//   norm). QK-norm: Qwen3; biases, sinks and sliding windows: GPT-OSS.
+//   norm). QK-norm: Qwen3; biases, sinks and sliding windows: GPT-OSS. Without RoPE (RopeKind::none, Nemotron-H's
+//   NoPE attention) there is no rotation and no table: qr, kr are the QK-norm's outputs, or q, k themselves without
+//   one.
 // Tensors the backward needs live in AttentionActsCuda; the cheap ones (a, qr, kr) may be dropped
 // after the forward and recomputed (selective recompute).
 #pragma once
@@ -15,7 +17,7 @@ namespace mt {
 struct AttentionActsCuda {
   Tensor a;       // [T, H]       normalised block input
   Tensor q, k;    // [T, Hq·D], [T, Hkv·D] projections (with their biases) before the QK-norm
-  Tensor qr, kr;  // after the QK-norm (where the spec has it) and RoPE
+  Tensor qr, kr;  // after the QK-norm (where the spec has it) and RoPE (where it has one); else q, k
   Tensor v;       // [T, Hkv·D]
   Tensor o;       // [T, Hq·D] attention output
   Tensor lse;     // F32 [Hq, T]

@@ -1,8 +1,10 @@
 // A dense MLP block on the GPU (CPU twin: layers/mlp_block.h), described by explicit inputs so any
-// architecture can use it (Qwen3's dense layers, Qwen3-MoE's mlp_only_layers; later DeepSeek-V3's first
-// dense layers and shared experts):
-//   gu = [n·W_gateᵀ | n·W_upᵀ]  two GEMMs into the halves of one [T, 2F] buffer (bf16, one rounding each)
-//   h  = act(gu)                 SwiGLU: bf16(bf16(silu(gate)) · up), HF's two roundings
+// architecture can use it (Qwen3's dense layers, Qwen3-MoE's mlp_only_layers, DeepSeek-V3's first dense layers and
+// shared experts, Nemotron-H's MLP layers and shared experts):
+//   SwiGLU: gu = [n·W_gateᵀ | n·W_upᵀ]  two GEMMs into the halves of one [T, 2F] buffer (bf16, one rounding each)
+//           h  = bf16(bf16(silu(gate)) · up)   HF's two roundings
+//   ReLU²:  gu = n·W_upᵀ                 one GEMM, [T, F] (no gate weight)
+//           h  = bf16(relu(up)²)         one rounding (kernels/cuda/relu2.h)
 //   y  = h·W_downᵀ               (bf16; the residual add is fused into the next norm by the caller)
 // n is the normalised input (the norm before the block belongs to the caller, as for the MoE block).
 // Reads no model config: only the env's stream, device and phase timer, and the dims given here.
@@ -18,8 +20,8 @@
 
 namespace mt {
 
-// The block's dims (a DecoderSpec's MlpSpec plus the hidden size). Only SwiGLU is implemented; GPT-OSS's clamped
-// SwiGLU and Nemotron-H's ReLU² (up and down only) come with those families.
+// The block's dims (a DecoderSpec's MlpSpec plus the hidden size). SwiGLU or ReLU² (up and down only); GPT-OSS's
+// clamped SwiGLU has no dense MLP to serve.
 struct MlpDimsCuda {
   int64_t hidden = 0;        // H
   int64_t intermediate = 0;  // F
@@ -29,7 +31,7 @@ struct MlpDimsCuda {
 // BF16 parameters on the device, HF's nn.Linear layout [out, in], and the weight slots (WeightSlot) whose LoRA
 // adapters (env.lora) they take: a dense layer's mlp_*, a shared expert's shared_*.
 struct MlpWeightsCuda {
-  const Tensor& gate;  // [F, H]
+  const Tensor& gate;  // [F, H]; undefined for ReLU² (no gate)
   const Tensor& up;    // [F, H]
   const Tensor& down;  // [H, F]
   int slot_gate = WeightSlot::mlp_gate, slot_up = WeightSlot::mlp_up, slot_down = WeightSlot::mlp_down;
@@ -39,17 +41,17 @@ struct MlpWeightsCuda {
 // other block's parameter gradients, so micro-batches accumulate. (A const MlpGradsCuda still writes them.)
 // An undefined one is a frozen weight (LoRA): its GEMM is skipped.
 struct MlpGradsCuda {
-  Tensor& gate;
+  Tensor& gate;  // not read for ReLU²
   Tensor& up;
   Tensor& down;
 };
 
 struct MlpActsCuda {
   Tensor n;   // [T, H]  block input (normalised)
-  Tensor gu;  // [T, 2F] gate | up GEMM outputs
+  Tensor gu;  // [T, 2F] gate | up GEMM outputs (SwiGLU), [T, F] up (ReLU²)
   Tensor h;   // [T, F]  activation output, the down GEMM's input
   // LoRA (env.lora on mlp_gate / mlp_up / mlp_down): each adapter's u = bf16(input·A'ᵀ) [T, r], kept.
-  Tensor u_gate, u_up, u_down;
+  Tensor u_gate, u_up, u_down;  // u_gate: SwiGLU only
 };
 
 // n BF16 [T, H] (kept in acts) -> y BF16 [T, H]. T may be 0.

@@ -9,6 +9,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/lora.h"
+#include "kernels/cuda/relu2.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/router_sigmoid_group.h"
 #include "kernels/cuda/swiglu.h"
@@ -26,16 +27,28 @@ bool ep_gathers(const CudaBlockEnv& env) {
   return env.ep && env.ep->mode() == EpDispatchMode::all_gather && env.ep_gather;
 }
 
-// The experts' activation on the packed gate | up rows: SwiGLU (Qwen3-MoE) or the clamped form (GPT-OSS).
+// The width of the experts' first GEMM: the packed gate | up rows (2I) of a gated activation, or up alone (I) for
+// ReLU² (experts_gate_up is [E, I, H] then: model_weights.h).
+int64_t first_gemm_width(const MoeSpec& spec) {
+  const int64_t I = spec.expert.intermediate_size;
+  return spec.expert.activation == Activation::relu2 ? I : 2 * I;
+}
+
+// The experts' activation on the first GEMM's rows: SwiGLU (Qwen3-MoE, DeepSeek-V3), the clamped form (GPT-OSS), or
+// ReLU² on up alone (Nemotron-H).
 void activation_forward(const MoeSpec& spec, const Tensor& gu, Tensor& h, cudaStream_t stream) {
   if (spec.expert.activation == Activation::swiglu_oai)
     cuda::swiglu_oai_forward(gu, nullptr, h, stream);
+  else if (spec.expert.activation == Activation::relu2)
+    cuda::relu2_forward(gu, h, stream);
   else
     cuda::swiglu_forward(gu, nullptr, h, stream);
 }
 void activation_backward(const MoeSpec& spec, const Tensor& dh, const Tensor& gu, Tensor& dgu, cudaStream_t stream) {
   if (spec.expert.activation == Activation::swiglu_oai)
     cuda::swiglu_oai_backward(dh, gu, nullptr, dgu, nullptr, stream);
+  else if (spec.expert.activation == Activation::relu2)
+    cuda::relu2_backward(dh, gu, dgu, stream);
   else
     cuda::swiglu_backward(dh, gu, nullptr, dgu, nullptr, stream);
 }
@@ -134,7 +147,7 @@ Tensor moe_block_forward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, cons
   const int64_t N = acts.xg.dim(0);
 
   env.phase(cuda::Phase::experts);
-  acts.gu = env.bf16({N, 2 * I});
+  acts.gu = env.bf16({N, first_gemm_width(spec)});
   cuda::grouped_gemm_forward(acts.xg, w.experts_gate_up, acts.expert_offsets, acts.gu, env.stream);
   // The adapters join each GEMM's output before its bias (PEFT adapts the weight; the bias stays as it is).
   if (const cuda::LoraOperands l = env.lora(WeightSlot::experts_gate_up); l.on())
@@ -258,7 +271,7 @@ Tensor moe_block_backward_cuda(const CudaBlockEnv& env, const MoeSpec& spec, con
   if (spec.expert.bias && g.experts_down_bias.defined())
     cuda::grouped_bias_backward(dyd, acts.expert_offsets, g.experts_down_bias, env.stream);
   dyd = Tensor();
-  Tensor dgu = env.bf16({N, 2 * I});
+  Tensor dgu = env.bf16({N, first_gemm_width(spec)});
   activation_backward(spec, dh, acts.gu, dgu, env.stream);
   if (spec.expert.bias && g.experts_gate_up_bias.defined())
     cuda::grouped_bias_backward(dgu, acts.expert_offsets, g.experts_gate_up_bias, env.stream);

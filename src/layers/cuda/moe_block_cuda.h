@@ -1,15 +1,17 @@
 // The sparse MoE block on the GPU (CPU twin: layers/moe_block.h), given its sublayer spec (experts, k,
 // expert size, router, shared expert), without a host sync:
 //   logits = router(n); top-k routing (fused softmax/top-k/renorm, aux statistics on the device);
-//   tokens permuted into the expert-contiguous layout; gate_up = grouped GEMM; h = SwiGLU;
+//   tokens permuted into the expert-contiguous layout; gate_up = grouped GEMM; h = SwiGLU (or GPT-OSS's clamped
+//   form; or ReLU² on up alone, Nemotron-H: experts_gate_up [E, I, H], the first GEMM I wide);
 //   y_e = grouped GEMM (down); out = Σ_slots w · y_e       (the residual add is fused into the next norm)
 // Routers: Qwen3-MoE's softmax then top-k, GPT-OSS's top-k then softmax (bf16 logits of a bf16 GEMM), DeepSeek-V3's
 // sigmoid group-limited top-k (kernels/cuda/router_sigmoid_group.h): fp32 logits (the bf16 operands' GEMM with fp32
 // output, as Transformers' F.linear(x.float(), W.float())), the fp32 e_score_correction_bias steering the selection
 // (a buffer: no gradient), fp32 routing weights, so each w · y_e stays fp32 and only the sum is rounded. Its backward
 // takes bf16 d(logits) into the router's two bf16 GEMMs (one more rounding than Transformers' fp32 linear backward).
-// A shared expert (DeepSeek-V3) is the dense MLP block (layers/cuda/mlp_block_cuda.h) on the same n, its output added
-// to the routed sum in bf16 (Transformers' bf16 add); its input gradient joins dn in its own dgrad GEMMs.
+// A shared expert (DeepSeek-V3's SwiGLU, Nemotron-H's ReLU²) is the dense MLP block (layers/cuda/mlp_block_cuda.h) on
+// the same n, its output added to the routed sum in bf16 (Transformers' bf16 add); its input gradient joins dn in its
+// own dgrad GEMMs.
 // The cheap tensors (n, the gathered input xg, h, the shared expert's activation) may be dropped after the forward
 // and recomputed.
 // Under expert parallelism (env.ep) the expert GEMMs run on this rank's experts only
@@ -37,8 +39,8 @@ struct MoeActsCuda {
   Tensor n_all, w_all;       // all_gather EP: the group's n [ep·T, H] and routing weights F32 [ep·T, k]
   Tensor xg;                 // [N, H] the expert GEMMs' input rows (N = T·k; under EP: room for this rank's
                              // experts' rows, all_gather: the live count on the device, plan.offsets)
-  Tensor gu;                 // [N, 2I] gate|up
-  Tensor h;                  // [N, I] SwiGLU output
+  Tensor gu;                 // [N, 2I] gate|up ([N, I] up for ReLU²)
+  Tensor h;                  // [N, I] activation output
   Tensor yd;                 // [T·k, H] expert outputs before the routing weights, in plan order
   Tensor expert_offsets;     // I32: the grouped GEMMs' offsets (plan.offsets, or the EP layout's local ones)
   EpDispatch ep;             // under EP: this micro-batch's row counts per group rank

@@ -67,7 +67,8 @@ CudaBatch cuda_batch_upload(const DecoderSpec& cfg, const Batch& b, int device, 
   }
   const Tensor positions = cuda::to_device(batch_positions(b).view({T}), device);
   for (const AttentionSpec& a : cfg.attention) {
-    if (find_table(g.rope_tables, a)) continue;  // identical configurations share one table
+    // Identical configurations share one table; attention without RoPE (NoPE: Nemotron-H) needs none.
+    if (a.rope.kind == RopeKind::none || find_table(g.rope_tables, a)) continue;
     const RopeSpec& r = a.rope;
     if (r.kind != RopeKind::standard && r.kind != RopeKind::yarn)
       fail("config: the CUDA batch has RoPE tables for the default and YaRN RoPE only");

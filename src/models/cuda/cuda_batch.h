@@ -29,8 +29,8 @@ struct CudaBatch {
   // LM head computes logits for those rows only (ignored rows add nothing to the loss or any gradient).
   // Undefined when every row has a target.
   Tensor target_rows, row_targets;
-  // One table per distinct (rope, head_dim) among the spec's attention configurations (one for every model
-  // today); an attention block finds its own with rope_table().
+  // One table per distinct (rope, head_dim) among the spec's attention configurations that rotate (none for a
+  // spec whose attention has no RoPE, Nemotron-H's); an attention block finds its own with rope_table().
   std::vector<CudaRopeTable> rope_tables;
   cuda::AttentionDocs docs;  // per token: its document's [start, end)
   bool uniform_across_ranks = true;  // Batch::uniform_across_ranks

@@ -337,9 +337,8 @@ std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
       }
       if (s.kind == SublayerKind::attention) {
         const AttentionSpec& a = c.attention[k];
+        // Any RoPE kind, none included (NoPE: Nemotron-H; GQA only, model_config_check refuses MLA without RoPE).
         const RopeSpec& r = a.rope;
-        if (r.kind != RopeKind::standard && r.kind != RopeKind::yarn)
-          return "attention without RoPE has no CUDA kernels yet";
         if (a.kind == AttentionKind::mla) {  // its own head sizes and RoPE columns (interleaved or split)
           if (const std::string why = mla_cuda_unsupported_reason(a); !why.empty())
             return "multi-head latent attention: " + why;
@@ -350,7 +349,7 @@ std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
                                "and the heads' widths must be multiples of 8 for the GEMMs",
                                a.q_lora_rank, a.kv_lora_rank, a.qk_rope_head_dim);
         } else {
-          if (r.interleaved || r.rotary_dim != 0)
+          if (r.kind != RopeKind::none && (r.interleaved || r.rotary_dim != 0))
             return "grouped-query attention with interleaved or partial RoPE has no CUDA kernels yet";
           if (!cuda::flash_attention_head_dim_supported(a.head_dim))
             return fmt::format("head_dim {} has no flash-attention kernel ({})", a.head_dim,
@@ -359,8 +358,7 @@ std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
       }
       if (s.kind == SublayerKind::moe) {
         const MoeSpec& m = c.moe[k];
-        if (m.expert.activation != Activation::swiglu && m.expert.activation != Activation::swiglu_oai)
-          return "experts with this activation have no CUDA kernel yet";
+        // SwiGLU, GPT-OSS's clamped SwiGLU and ReLU² (up alone) have kernels: every Activation.
         if (m.router.score == RouterScore::sigmoid_group) {  // kernels/cuda/router_sigmoid_group.h's limits
           if (m.num_experts > 1024 || m.experts_per_token > 32)
             return fmt::format("the sigmoid group router's CUDA kernel takes up to 1024 experts and top-32 (found {} "
@@ -373,19 +371,20 @@ std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
         }
         if (m.shared_expert) {
           const MlpSpec& se = *m.shared_expert;
-          if (se.bias || se.activation != Activation::swiglu)
-            return "a shared expert with biases or an activation other than SwiGLU has no CUDA kernels yet";
+          if (se.bias || (se.activation != Activation::swiglu && se.activation != Activation::relu2))
+            return "a shared expert with biases or an activation other than SwiGLU and ReLU² has no CUDA kernels yet";
           if (se.intermediate_size % 8 != 0)
             return fmt::format("the shared expert's intermediate size {} must be a multiple of 8 for its GEMMs",
                                se.intermediate_size);
         }
       }
-      if (s.kind == SublayerKind::mlp && (c.mlp[k].bias || c.mlp[k].activation != Activation::swiglu))
-        return "a dense MLP with biases or an activation other than SwiGLU has no CUDA kernels yet";
+      if (s.kind == SublayerKind::mlp &&
+          (c.mlp[k].bias || (c.mlp[k].activation != Activation::swiglu && c.mlp[k].activation != Activation::relu2)))
+        return "a dense MLP with biases or an activation other than SwiGLU and ReLU² has no CUDA kernels yet";
       if (s.kind == SublayerKind::moe && (c.hidden_size % 8 != 0 || c.moe[k].expert.intermediate_size % 8 != 0))
         return fmt::format("hidden_size {} and moe_intermediate_size {} must be multiples of 8 for the grouped GEMM",
                            c.hidden_size, c.moe[k].expert.intermediate_size);
-      // the gate and up halves of the dense MLP's [T, 2F] buffer
+      // the gate and up halves of the dense MLP's [T, 2F] buffer (ReLU²: up alone, [T, F])
       if (s.kind == SublayerKind::mlp && c.mlp[k].intermediate_size % 8 != 0)
         return fmt::format("intermediate_size {} must be a multiple of 8 for the dense MLP layers' GEMMs",
                            c.mlp[k].intermediate_size);

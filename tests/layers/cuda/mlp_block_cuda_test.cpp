@@ -22,6 +22,15 @@
 //     larger T the per-term errors have random signs and average): 1e-2 / 5e-3.
 //   dn = d_gate·W_gate + d_up·W_up: 2u per term plus the two roundings: 1.6e-2 / 6e-3.
 // The gradients start from random values of the products' size, so a store instead of an add fails.
+//
+// ReLU² (CudaMlpBlockRelu2: Nemotron-H's MLP layers and shared expert; up and down only, no gate weight), the same
+// derivations with one op fewer:
+//   up GEMM: 4e-3 / 3e-3 (as gate|up). ReLU² from the GPU's up: bit for bit (kernels/cuda/relu2.h: no transcendental
+//   function, one rounding on both sides). down GEMM: 4e-3 / 3e-3. y end to end: a flipped up rounding moves h = up²
+//   by twice its relative step, one element of h: 1e-2 / 5e-3 as for SwiGLU.
+//   Backward: dW_down 8e-3 / 2e-3 and from the GPU's own h 2e-5 / 5e-6 (as above); d_up = 2·up·dh rounded twice on
+//   the GPU (dh, d_up: ≤ 2u per element), so dW_up 1e-2 / 5e-3; dn = d_up·W_up, one GEMM with one rounding (SwiGLU's
+//   two-part bound holds a fortiori): 1.6e-2 / 6e-3.
 #include "layers/cuda/mlp_block_cuda.h"
 
 #include <gtest/gtest.h>
@@ -35,6 +44,7 @@
 #include "../../kernels/cuda/error_report.h"
 #include "core/error.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/relu2.h"
 #include "kernels/cpu/swiglu.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/device_copy.h"
@@ -182,6 +192,144 @@ TEST(CudaMlpBlock, MatchesCpuBlockBf16) {
   uint64_t seed = 3100;
   const Case cases[] = {{1, 64, 128}, {7, 40, 24}, {133, 128, 344}, {300, 96, 200}, {64, 256, 512}};
   for (const Case& c : cases) run_case(c, seed += 20);
+}
+
+// ReLU²: up and down only (no gate weight, no gate gradient), the CPU block on the same weights.
+void run_relu2_case(const Case& c, uint64_t seed) {
+  const int64_t T = c.T, H = c.H, F = c.F;
+  SCOPED_TRACE("relu2 T=" + std::to_string(T) + " H=" + std::to_string(H) + " F=" + std::to_string(F));
+  DecoderSpec cfg;
+  cfg.norm_eps = 1e-5;
+  BlockEnv cpu_env;
+  cpu_env.spec = &cfg;
+  cpu_env.bf16 = true;
+  MlpSpec cpu_mlp{F, Activation::relu2, false};
+
+  LayerWeights L;
+  {
+    std::vector<float> nw = test::cuda_random_floats(static_cast<size_t>(H), seed, 0.1f);
+    for (float& x : nw) x = round_bf16(1.0f + x);
+    L.post_norm = Tensor::from_floats({H}, nw).to(DType::BF16);
+  }
+  L.mlp_up = bf16_values({F, H}, seed + 2, 1.0f / std::sqrt(float(H))).to(DType::BF16);
+  L.mlp_down = bf16_values({H, F}, seed + 3, 1.0f / std::sqrt(float(F))).to(DType::BF16);
+  const Tensor h = bf16_values({T, H}, seed + 4, 1.0f), dy = bf16_values({T, H}, seed + 5, 1.0f);
+  const float g0_scale = 0.5f * std::sqrt(static_cast<float>(T));
+  const Tensor g0_up = test::host_random({F, H}, seed + 7, g0_scale);
+  const Tensor g0_down = test::host_random({H, F}, seed + 8, g0_scale);
+
+  MlpBlockActs acts;
+  mlp_block_forward(cpu_env, cpu_mlp, L, h, &acts);
+  ASSERT_FALSE(acts.gate.defined());
+  const Tensor y_cpu = cpu::linear_forward(acts.act, L.mlp_down, true);
+  LayerWeights G;
+  G.post_norm = Tensor::zeros({H}, DType::F32);
+  G.mlp_up = g0_up.clone();
+  G.mlp_down = g0_down.clone();
+  mlp_block_backward(cpu_env, cpu_mlp, L, h, acts, dy, G);
+  EXPECT_FALSE(G.mlp_gate.defined());
+  Tensor dact = Tensor::empty({T, F}, DType::F32);
+  cpu::linear_backward(dy, acts.act, L.mlp_down, &dact, nullptr);
+  Tensor dn_cpu = Tensor::empty({T, H}, DType::F32);
+  cpu::linear_backward(cpu::relu2_backward(dact, acts.up), acts.n, L.mlp_up, &dn_cpu, nullptr);
+
+  BareEnv be;
+  const MlpDimsCuda spec{H, F, Activation::relu2};
+  const Tensor none, wu = cuda::to_device(L.mlp_up, 0), wd = cuda::to_device(L.mlp_down, 0);
+  const MlpWeightsCuda w{none, wu, wd};
+  const Tensor n = test::device_from_host(acts.n, DType::BF16);
+  MlpActsCuda ga;
+  const Tensor y = mlp_block_forward_cuda(be.env, spec, w, n, ga);
+  ASSERT_EQ(y.shape(), (Shape{T, H}));
+  ASSERT_EQ(ga.gu.shape(), (Shape{T, F}));  // up alone
+  ASSERT_EQ(ga.h.shape(), (Shape{T, F}));
+  EXPECT_FALSE(ga.u_gate.defined());
+
+  const std::vector<float> up = test::device_floats(ga.gu), hv = test::device_floats(ga.h), yv = test::device_floats(y);
+  test::expect_norm(up, acts.up.to_floats(), 4e-3, 3e-3, "up");
+  EXPECT_EQ(hv, cpu::relu2_forward(Tensor::from_floats({T, F}, up), true).to_floats()) << "relu2 (from the GPU's up)";
+  const Tensor hg = Tensor::from_floats({T, F}, hv);
+  test::expect_norm(yv, cpu::linear_forward(hg, L.mlp_down, true).to_floats(), 4e-3, 3e-3, "down (from the GPU's h)");
+  test::expect_norm(yv, y_cpu.to_floats(), 1e-2, 5e-3, "y end to end");
+
+  const Tensor ddy = test::device_from_host(dy, DType::BF16);
+  Tensor no_gate, duw[2], ddw[2], dn[2];
+  for (int run = 0; run < 2; ++run) {
+    duw[run] = cuda::to_device(g0_up, 0);
+    ddw[run] = cuda::to_device(g0_down, 0);
+    dn[run] = mlp_block_backward_cuda(be.env, spec, w, ga, ddy, MlpGradsCuda{no_gate, duw[run], ddw[run]});
+  }
+  EXPECT_FALSE(no_gate.defined());
+  ASSERT_EQ(dn[0].shape(), (Shape{T, H}));
+  const std::vector<float> dnv = test::device_floats(dn[0]);
+  test::expect_norm(dnv, dn_cpu.to_floats(), 1.6e-2, 6e-3, "dn");
+  test::expect_norm(test::device_floats(ddw[0]), G.mlp_down.to_floats(), 8e-3, 2e-3, "dW_down");
+  test::expect_norm(test::device_floats(duw[0]), G.mlp_up.to_floats(), 1e-2, 5e-3, "dW_up");
+  {
+    Tensor want = g0_down.clone();
+    cpu::linear_backward(dy, hg, L.mlp_down, nullptr, &want);
+    test::expect_norm(test::device_floats(ddw[0]), want.to_floats(), 2e-5, 5e-6, "dW_down (from the GPU's h)");
+  }
+  EXPECT_EQ(test::device_floats(duw[1]), test::device_floats(duw[0])) << "dW_up differs between two runs";
+  EXPECT_EQ(test::device_floats(ddw[1]), test::device_floats(ddw[0])) << "dW_down differs between two runs";
+  EXPECT_EQ(test::device_floats(dn[1]), dnv) << "dn differs between two runs";
+
+  // dn_into (a shared expert's input gradient joining the routed experts'): dn added onto what is there.
+  const Tensor base = bf16_values({T, H}, seed + 9, 1.0f);
+  Tensor into = test::device_from_host(base, DType::BF16);
+  Tensor duw2 = cuda::to_device(g0_up, 0), ddw2 = cuda::to_device(g0_down, 0);
+  const Tensor joined =
+      mlp_block_backward_cuda(be.env, spec, w, ga, ddy, MlpGradsCuda{no_gate, duw2, ddw2}, &into);
+  EXPECT_EQ(joined.data(), into.data());
+  std::vector<float> want_joined = base.to_floats();
+  for (size_t i = 0; i < want_joined.size(); ++i) want_joined[i] += dnv[i];
+  // The GEMM adds in fp32 onto the bf16 base and rounds once; dnv was rounded on its own: one step apart at most.
+  test::expect_norm(test::device_floats(joined), want_joined, 8e-3, 4e-3, "dn added into dn_into");
+}
+
+TEST(CudaMlpBlockRelu2, MatchesCpuBlockBf16) {
+  MT_SKIP_WITHOUT_CUDA();
+  uint64_t seed = 5100;
+  const Case cases[] = {{1, 64, 128}, {7, 40, 24}, {133, 128, 344}, {300, 96, 200}, {64, 256, 512}};
+  for (const Case& c : cases) run_relu2_case(c, seed += 20);
+}
+
+// Selective recompute for ReLU²: h recomputed from the kept up is bitwise the forward's; no tokens: empty output and
+// untouched gradients; a gate weight given to a ReLU² block is refused (it has none to read).
+TEST(CudaMlpBlockRelu2, RecomputeZeroTokensAndRefusals) {
+  MT_SKIP_WITHOUT_CUDA();
+  const int64_t T = 37, H = 64, F = 96;
+  BareEnv be;
+  const MlpDimsCuda spec{H, F, Activation::relu2};
+  const Tensor none;
+  const Tensor wu = test::device_from_host(test::host_random({F, H}, 2, 0.125f, true), DType::BF16);
+  const Tensor wd = test::device_from_host(test::host_random({H, F}, 3, 0.1f, true), DType::BF16);
+  const MlpWeightsCuda w{none, wu, wd};
+  const Tensor n = test::device_from_host(test::host_random({T, H}, 4, 1.0f, true), DType::BF16);
+  MlpActsCuda acts;
+  mlp_block_forward_cuda(be.env, spec, w, n, acts);
+  const std::vector<float> h_fwd = test::device_floats(acts.h);
+  mlp_acts_drop_cheap(acts);
+  EXPECT_FALSE(acts.h.defined());
+  mlp_acts_restore(be.env, spec, acts);
+  ASSERT_TRUE(acts.h.defined());
+  EXPECT_EQ(test::device_floats(acts.h), h_fwd);
+
+  const Tensor n0 = Tensor::empty({0, H}, DType::BF16, Device::cuda(0));
+  MlpActsCuda empty;
+  EXPECT_EQ(mlp_block_forward_cuda(be.env, spec, w, n0, empty).shape(), (Shape{0, H}));
+  const Tensor g0 = test::host_random({F, H}, 5, 1.0f), g0d = test::host_random({H, F}, 6, 1.0f);
+  Tensor gg, gu = cuda::to_device(g0, 0), gd = cuda::to_device(g0d, 0);
+  const Tensor dy0 = Tensor::empty({0, H}, DType::BF16, Device::cuda(0));
+  EXPECT_EQ(mlp_block_backward_cuda(be.env, spec, w, empty, dy0, MlpGradsCuda{gg, gu, gd}).shape(), (Shape{0, H}));
+  EXPECT_EQ(test::device_floats(gu), g0.to_floats());
+  EXPECT_EQ(test::device_floats(gd), g0d.to_floats());
+
+  MlpActsCuda refused;
+  EXPECT_THROW(mlp_block_forward_cuda(be.env, spec, {wu, wu, wd}, n, refused), Error);  // a gate for ReLU²
+  EXPECT_THROW(mlp_block_forward_cuda(be.env, MlpDimsCuda{H, F, Activation::swiglu}, w, n, refused), Error);  // none
+  EXPECT_THROW(mlp_block_forward_cuda(be.env, MlpDimsCuda{H, F, Activation::swiglu_oai}, {wu, wu, wd}, n, refused),
+               Error);
 }
 
 // Selective recompute: h dropped and recomputed from the kept gate|up is bitwise the forward's, so the
