@@ -25,7 +25,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_baseline import PEAK_989, preset_flops_per_token  # noqa: E402  (pure-Python part of that file)
+from hf_baseline import PEAK_989, preset_flops_per_token, preset_layer_pattern  # noqa: E402  (pure-Python part)
 
 GIB = float(1 << 30)
 
@@ -155,8 +155,9 @@ def workload_text(rec, with_precision=True):
              f"recompute {rec.get('recompute')}" if rec.get("recompute") and with_precision else None,
              f"router {rec.get('router')}" if rec.get("router") else None,
              f"prompt {rec['prompt_fraction']:.0%} unlabelled" if rec.get("prompt_fraction") else None]
+    pattern = preset_layer_pattern(w["preset"], w["layers"])  # Nemotron-H: which kinds of layers the slice holds
     parts = [f"{w['preset']} slice" if w["preset"] else None,
-             f"{w['layers']} layers" if w["layers"] is not None else None,
+             (f"{w['layers']} layers" + (f" {pattern}" if pattern else "")) if w["layers"] is not None else None,
              f"seq {w['seq']}" if w["seq"] is not None else None,
              f"mbs {w['micro_batch']}" if w["micro_batch"] is not None else None,
              f"grad-accum {w['grad_accum']}" if w["grad_accum"] is not None else None,
@@ -287,6 +288,8 @@ def bench_rows(m, h):
     if hf:
         rows.append(("HF experts / attention", "", f"{hf.get('experts_implementation')} / "
                      f"{hf.get('attn_implementation')}", ""))
+        if isinstance(hf.get("mamba"), dict):  # Nemotron-H: the fused mamba_ssm kernels or the torch SSD path
+            rows.append(("HF Mamba2 path", "", str(hf["mamba"].get("path", "?")).split(":")[0], ""))
     return rows
 
 
@@ -421,7 +424,9 @@ def search_config_lines(label, rec):
     out = []
     steps = f"{rec.get('warmup')} warm-up + {rec.get('steps')} timed step(s)"
     model = f"{rec['preset']} slice, " if rec.get("preset") else ""
-    head = (f"{label}: {model}{rec.get('layers')} layers, micro-batch 1, grad-accum 1, {steps} per try, each try a "
+    pattern = preset_layer_pattern(rec.get("preset"), rec.get("layers"))
+    head = (f"{label}: {model}{rec.get('layers')} layers{' ' + pattern if pattern else ''}, micro-batch 1, "
+            f"grad-accum 1, {steps} per try, each try a "
             f"fresh process; extra flags: {' '.join(rec.get('extra_args') or []) or 'none'}")
     if rec.get("alloc_conf"):
         head += f"; PYTORCH_ALLOC_CONF {rec['alloc_conf']}"
@@ -613,11 +618,29 @@ def markdown_report(d, title, now=None):
     if notes:
         out += [""] + [f"* NOTE: {n}" for n in notes]
     if not d["longest"]:
-        out += ["", "FLOPs per token: 6 × matmul params (q/k/v/o + top-k experts, router excluded) + 6·S·Hq·D "
-                    "causal attention per layer (a sliding-window layer of W keys: 12·P·Hq·D over its "
-                    "P = (2SW − W²)/2S visible keys per query) + 6·V·H LM head; MFU = model TFLOP/s ÷ the dense "
-                    "bf16 GEMM 8192³ rate measured in the same process (and ÷ 989)."]
+        out += ["", flops_note(m, h)]
     return "\n".join(out) + "\n"
+
+
+MFU_NOTE = "MFU = model TFLOP/s ÷ the dense bf16 GEMM 8192³ rate measured in the same process (and ÷ 989)."
+# The FLOP convention of a preset whose layers are not all attention + experts (default: the note's first form).
+PRESET_FLOPS_NOTES = {
+    "nemotron-3-nano-30b-a3b": (
+        "FLOPs per token (Nemotron-H, per layer kind, bench/hf_nemotron_h.py): Mamba2 3 × (2·H·in_proj + "
+        "2·d_inner·H + 2·conv_dim·K + the chunked scan at chunk Q: per group 2·Q·N, per head 2·Q·P + 4·P·N); MoE 6 × "
+        "(top-k + shared ReLU² experts' up + down params, router excluded); attention 6 × q/k/v/o params + 6·S·Hq·D "
+        "causal (no positional encoding); + 6·V·H LM head."),
+}
+
+
+def flops_note(m, h):
+    for rec in (m, h):
+        note = PRESET_FLOPS_NOTES.get((rec.get("model") or {}).get("preset"))
+        if note:
+            return f"{note} {MFU_NOTE}"
+    return ("FLOPs per token: 6 × matmul params (q/k/v/o + top-k experts, router excluded) + 6·S·Hq·D causal "
+            "attention per layer (a sliding-window layer of W keys: 12·P·Hq·D over its P = (2SW − W²)/2S visible "
+            f"keys per query) + 6·V·H LM head; {MFU_NOTE}")
 
 
 def main(argv=None):

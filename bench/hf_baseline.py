@@ -26,6 +26,15 @@ seeded random token ids with fused torch AdamW (lr 1e-5). --family picks the mod
                        beyond one GPU with bf16 AdamW, so the side-by-side slice is the three dense layers.
                        Both through bench/hf_deepseek_v3.py (shapes, FLOPs, parameter count, config); no router
                        aux loss (DeepseekV3ForCausalLM computes none); --peft lora is not wired for them.
+  nemotron-h           NVIDIA Nemotron 3 Nano (30B-A3B) through NemotronHConfig (`mixtune bench --preset
+                       nemotron-3-nano-30b-a3b`), through bench/hf_nemotron_h.py: hidden 2688, the first N letters of
+                       hybrid_override_pattern MEMEM*EMEMEM*... (M Mamba2: 64 heads x 64, 8 groups, state 128, conv 4,
+                       chunk 128; E: 128 ReLU² experts top-6 of 1856 + 1 shared of 3712, sigmoid router, scale 2.5;
+                       *: 32/2 heads x 128 without positional encoding), vocab 131072, untied. Attention "sdpa",
+                       experts grouped_mm (NemotronHExperts is @use_experts_implementation(has_gate=False): up and
+                       down only). The Mamba2 mixers run the fused mamba_ssm kernels when installed, else
+                       Transformers' torch SSD path; the record says which ("hf"."mamba"). No router aux loss;
+                       --peft lora is not wired.
 One step = grad_accum micro-batches (loss / grad_accum, backward) + optimizer.step + zero_grad(set_to_none=True).
 
 Prints one JSON object on stdout (progress goes to stderr) with the keys of the `mixtune bench` contract
@@ -79,6 +88,8 @@ collectives (NCCL refuses two ranks on one GPU): a functional check of the multi
   python3 bench/hf_baseline.py --family gpt-oss --print-flops --layers 5 --seq 4096
   python3 bench/hf_baseline.py --family moonlight --layers 10 --seq 4096 --micro-batch 1 --grad-accum 8
   python3 bench/hf_baseline.py --family deepseek-v3 --print-flops --layers 3 --seq 4096
+  python3 bench/hf_baseline.py --family nemotron-h --layers 6 --seq 4096 --micro-batch 1 --grad-accum 8
+  python3 bench/hf_baseline.py --family nemotron-h --print-flops --layers 6 --seq 4096
   python3 bench/hf_baseline.py --layers 48 --seq 4096 --grad-accum 1 --peft lora --lora-r 16 --lora-alpha 32 \
       --lora-targets attn,experts --gradient-checkpointing            # Qwen3-30B-A3B full depth, LoRA
 
@@ -98,6 +109,9 @@ import time
 
 from hf_deepseek_v3 import DSV3_PRESETS, DSV3_SHAPES, dsv3_description, dsv3_flops_per_token, dsv3_moe_layers, \
     dsv3_param_count, make_dsv3_config
+from hf_nemotron_h import NEMOTRON_PRESETS, NEMOTRON_SHAPES, make_nemotron_h_config, mamba_path, \
+    nemotron_description, nemotron_flops_per_token, nemotron_layer_counts, nemotron_layer_pattern, \
+    nemotron_moe_layers, nemotron_param_count
 
 # Qwen3-30B-A3B shapes (config.json of Qwen/Qwen3-30B-A3B; hf-numerics.md §3.1).
 QWEN3_30B_A3B = dict(
@@ -113,11 +127,14 @@ GPT_OSS_20B = dict(
 )
 GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "truncate": False, "original_max_position_embeddings": 4096}
-FAMILIES = ("qwen3-moe", "gpt-oss") + tuple(DSV3_SHAPES)
-PRESETS = {"qwen3-moe": "qwen3-30b-a3b", "gpt-oss": "gpt-oss-20b", **DSV3_PRESETS}  # mixtune bench --preset
+FAMILIES = ("qwen3-moe", "gpt-oss") + tuple(DSV3_SHAPES) + tuple(NEMOTRON_SHAPES)
+PRESETS = {"qwen3-moe": "qwen3-30b-a3b", "gpt-oss": "gpt-oss-20b", **DSV3_PRESETS,
+           **NEMOTRON_PRESETS}  # mixtune bench --preset
 # Transformers' own default for GPT-OSS is eager; DeepSeek-V3's sdpa takes the qk width 192 and value width 128 as
-# they are (only flash_attention_2 pads the value).
-DEFAULT_ATTN = {"qwen3-moe": "sdpa", "gpt-oss": "eager", "moonlight": "sdpa", "deepseek-v3": "sdpa"}
+# they are (only flash_attention_2 pads the value); Nemotron-H's NoPE GQA layers run sdpa (_supports_sdpa).
+DEFAULT_ATTN = {"qwen3-moe": "sdpa", "gpt-oss": "eager", "moonlight": "sdpa", "deepseek-v3": "sdpa",
+                "nemotron-h": "sdpa"}
+LORA_FAMILIES = ("qwen3-moe", "gpt-oss")  # --peft lora: the families whose LoRA targets and counts are wired
 PEAK_989 = 989.0  # H100/H200 dense bf16 peak, TFLOP/s (the NVIDIA suites' MFU denominator)
 EXIT_OOM = 3
 PRECISIONS = ("bf16", "fp32-autocast", "fp32-master-copy", "fp32-mp")
@@ -203,6 +220,8 @@ def gpt_oss_param_count(layers, vocab=None):
 def family_flops_per_token(family, layers, seq, vocab=None):
     if family in DSV3_SHAPES:
         return dsv3_flops_per_token(family, layers, seq, vocab)
+    if family in NEMOTRON_SHAPES:
+        return nemotron_flops_per_token(family, layers, seq, vocab)
     return gpt_oss_flops_per_token(layers, seq, vocab) if family == "gpt-oss" else \
         qwen3_flops_per_token(layers, seq, vocab)
 
@@ -210,12 +229,30 @@ def family_flops_per_token(family, layers, seq, vocab=None):
 def family_param_count(family, layers, vocab=None):
     if family in DSV3_SHAPES:
         return dsv3_param_count(family, layers, vocab)
+    if family in NEMOTRON_SHAPES:
+        return nemotron_param_count(family, layers, vocab)
     return gpt_oss_param_count(layers, vocab) if family == "gpt-oss" else qwen3_param_count(layers, vocab)
 
 
 def family_moe_layers(family, layers):
     """Layers of the slice with routed experts (two grouped_mm calls each in a forward)."""
+    if family in NEMOTRON_SHAPES:
+        return nemotron_moe_layers(family, layers)
     return dsv3_moe_layers(family, layers) if family in DSV3_SHAPES else layers
+
+
+def layer_pattern(family, layers):
+    """The slice's layer kinds as a pattern string (Nemotron-H's hybrid_override_pattern letters), or None for the
+    families whose layers are all alike."""
+    return nemotron_layer_pattern(family, layers) if family in NEMOTRON_SHAPES else None
+
+
+def preset_layer_pattern(preset, layers):
+    """layer_pattern for a mixtune preset name (compare.py describes both sides' records with it)."""
+    for family, name in PRESETS.items():
+        if preset == name and isinstance(layers, int) and layers > 0:
+            return layer_pattern(family, layers)
+    return None
 
 
 def lora_param_count(family, layers, r, targets):
@@ -239,6 +276,8 @@ def lora_flops_factor(lora_params, frozen_params):
 def family_shapes(family):
     if family in DSV3_SHAPES:
         return DSV3_SHAPES[family]
+    if family in NEMOTRON_SHAPES:
+        return NEMOTRON_SHAPES[family]
     return GPT_OSS_20B if family == "gpt-oss" else QWEN3_30B_A3B
 
 
@@ -274,7 +313,8 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--family", choices=FAMILIES, default="qwen3-moe",
                     help="qwen3-moe: Qwen3-30B-A3B shapes (default); gpt-oss: gpt-oss-20b shapes; moonlight: "
-                         "Moonlight-16B-A3B shapes; deepseek-v3: DeepSeek-V3 shapes")
+                         "Moonlight-16B-A3B shapes; deepseek-v3: DeepSeek-V3 shapes; nemotron-h: Nemotron 3 Nano "
+                         "(30B-A3B) shapes, the first --layers letters of its layer pattern")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--micro-batch", type=int, default=1)
@@ -379,7 +419,7 @@ def parse_args(argv):
             if getattr(a, name) is not None:
                 ap.error(f"--{name.replace('_', '-')} applies to --peft lora only")
     else:
-        if a.family in DSV3_SHAPES:
+        if a.family not in LORA_FAMILIES:
             ap.error(f"--peft lora is not wired for --family {a.family} (its LoRA parameter count and targets are "
                      f"Qwen3-MoE's and GPT-OSS's)")
         if a.precision != "bf16":
@@ -474,6 +514,10 @@ def configuration_text(a, world):
     elif a.family in DSV3_SHAPES:
         attn = (f"{dsv3_description(a.family, a.layers)}; attention {a.attn_implementation}, experts "
                 f"{a.experts_implementation}; no router aux loss (DeepseekV3ForCausalLM computes none)")
+    elif a.family in NEMOTRON_SHAPES:  # run() appends the Mamba2 path once the model is built
+        attn = (f"{nemotron_description(a.family, a.layers)}; attention {a.attn_implementation}, experts "
+                f"{a.experts_implementation}; no router aux loss (NemotronHForCausalLM computes none); fp32 logits "
+                f"(NemotronHForCausalLM upcasts them)")
     if a.peft == "lora":
         modules, params = lora_target_lists(a)
         prec = (f"PEFT LoRA r {a.lora_r}, alpha {a.lora_alpha}, dropout 0 on a frozen bf16 model (no gradients or "
@@ -515,6 +559,12 @@ def model_record(a):
         m["family"] = a.family
         m["dense_layers"] = a.layers - dsv3_moe_layers(a.family, a.layers)
         m["moe_layers"] = dsv3_moe_layers(a.family, a.layers)
+    elif a.family in NEMOTRON_SHAPES:
+        counts = nemotron_layer_counts(a.family, a.layers)
+        m["family"] = a.family
+        m["layer_pattern"] = nemotron_layer_pattern(a.family, a.layers)
+        m.update(mamba2_layers=counts["M"], moe_layers=counts["E"], attention_layers=counts["*"],
+                 dense_layers=counts["-"])
     return m
 
 
@@ -603,6 +653,8 @@ def measure_gemm_ceiling(torch, device, n=8192, iters=10, trials=5):
 def make_config(a):
     if a.family in DSV3_SHAPES:
         return make_dsv3_config(a, log)
+    if a.family in NEMOTRON_SHAPES:
+        return make_nemotron_h_config(a, log)
     return make_gpt_oss_config(a) if a.family == "gpt-oss" else make_qwen3_config(a)
 
 
@@ -953,8 +1005,11 @@ def run(a, result):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     experts_active = getattr(model.config, "_experts_implementation", None)
     attn_active = getattr(model.config, "_attn_implementation", None)
-    # The first layer with routed experts (DeepSeek-V3's first first_k_dense_replace layers are dense).
-    experts_mod = next((layer.mlp.experts for layer in model.model.layers if hasattr(layer.mlp, "experts")), None)
+    # The first layer with routed experts (DeepSeek-V3's first first_k_dense_replace layers are dense; Nemotron-H's
+    # experts are a layer's `mixer` on its E layers).
+    experts_mod = next((m.experts for layer in model.model.layers
+                        for m in (getattr(layer, "mlp", None), getattr(layer, "mixer", None))
+                        if hasattr(m, "experts")), None)
     moe_layers = family_moe_layers(a.family, a.layers)
     grouped_fn = ("torch.nn.functional.grouped_mm" if hasattr(torch.nn.functional, "grouped_mm") else
                   "torch._grouped_mm" if hasattr(torch, "_grouped_mm") else "none")
@@ -975,6 +1030,13 @@ def run(a, result):
     log(f"{result['baseline']}: experts {experts_active} (requested via {how}; class "
         f"{result['hf']['experts_class']}; {grouped_fn}); attention: {attn_active}; params {params / 1e9:.3f} B; "
         f"dtype {param_dtype}; {world} rank(s)")
+    if a.family in NEMOTRON_SHAPES:  # which Mamba2 path trains: the fused mamba_ssm kernels or the torch SSD
+        mamba = mamba_path(model)
+        result["hf"]["mamba"] = mamba
+        result["configuration"] += f"; Mamba2 mixers: {mamba['path']}"
+        result["hf"]["configuration"] = result["configuration"]
+        log(f"Mamba2 path: {mamba['path']} (is_fast_path_available {mamba['is_fast_path_available']}; installed "
+            f"{mamba['installed']}; use_mamba_kernels {mamba['use_mamba_kernels']})")
     if moe_layers == 0:  # e.g. DeepSeek-V3's three dense layers: no experts run, whatever the setting says
         log(f"no MoE layer in this {a.layers}-layer slice: experts implementation {experts_active!r} unused")
     elif experts_active != a.experts_implementation:
@@ -1120,6 +1182,8 @@ def main(argv=None):
         f = family_flops_per_token(a.family, a.layers, a.seq, a.vocab)
         record = {"family": a.family, "preset": PRESETS[a.family], "layers": a.layers, "seq": a.seq,
                   "flops_per_token": f, "params": family_param_count(a.family, a.layers, a.vocab)}
+        if layer_pattern(a.family, a.layers):
+            record["layer_pattern"] = layer_pattern(a.family, a.layers)
         if a.peft == "lora":
             n = lora_param_count(a.family, a.layers, a.lora_r, a.lora_targets)
             record.update(lora_params=n, lora_flops_factor=lora_flops_factor(n, record["params"]))

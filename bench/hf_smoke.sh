@@ -10,8 +10,10 @@
 # vocabulary 8192): DDP bf16 (no_sync), FSDP2 bf16 (set_requires_gradient_sync), FSDP2 mixed precision, DDP with
 # the fp32 master copy. GPT-OSS (--family gpt-oss: eager attention, grouped_mm), bf16 with and without gradient
 # checkpointing. DeepSeek-V3 family (DeepseekV3Config, sdpa, grouped_mm): Moonlight at 2 layers (its dense layer and
-# one MoE layer), DeepSeek-V3 at 1 (dense). PEFT LoRA (attn + experts, frozen bf16): Qwen3-MoE with gradient
-# checkpointing, GPT-OSS without
+# one MoE layer), DeepSeek-V3 at 1 (dense). Nemotron-H (--family nemotron-h: NemotronHConfig, sdpa, grouped_mm; the
+# Mamba2 mixers on whichever path Transformers finds) at 6 layers, MEMEM* (every kind of its layers), without and with
+# gradient checkpointing. PEFT LoRA (attn + experts, frozen bf16): Qwen3-MoE with gradient checkpointing, GPT-OSS
+# without
 # (SMOKE_MODES="lora-gc gptoss-lora" runs only those). Modes run two at a time (SMOKE_PARALLEL=1: one at a time); each under SMOKE_TIMEOUT_S
 # (150). A mode passes when it exits 0 with a record of positive tokens/s and finite losses.
 # Output in $OUT (default bench/out): smoke-MODE.json/.log, smoke.txt (the OK/FAIL lines).
@@ -42,6 +44,8 @@ MODES=(
   "dsv3-bf16|1|--family deepseek-v3 --precision bf16"
   "lora-gc|1|--peft lora --lora-r 16 --lora-alpha 32 --lora-targets attn,experts --gradient-checkpointing"
   "gptoss-lora|1|--family gpt-oss --peft lora --lora-targets attn,experts"
+  "nemotron-bf16|1|--family nemotron-h --precision bf16 --layers 6"
+  "nemotron-gc|1|--family nemotron-h --precision bf16 --layers 6 --gradient-checkpointing"
 )
 [[ -n "${SMOKE_MODES:-}" ]] && { KEEP=(); for m in "${MODES[@]}"; do for w in $SMOKE_MODES; do [[ ${m%%|*} == "$w" ]] && KEEP+=("$m"); done; done; MODES=("${KEEP[@]}"); }
 

@@ -8,7 +8,8 @@
 
 --family picks the model on both sides: qwen3-moe (default; mixtune --preset qwen3-30b-a3b, hf_baseline.py
 --family qwen3-moe), gpt-oss (mixtune --preset gpt-oss-20b, hf_baseline.py --family gpt-oss), moonlight or
-deepseek-v3 (mixtune --preset moonlight-16b-a3b / deepseek-v3; hf_baseline.py's DeepseekV3Config).
+deepseek-v3 (mixtune --preset moonlight-16b-a3b / deepseek-v3; hf_baseline.py's DeepseekV3Config), nemotron-h
+(mixtune --preset nemotron-3-nano-30b-a3b; hf_baseline.py's NemotronHConfig).
 
 Each configuration (mixtune: --recompute full | selective | none; Transformers: gradient checkpointing on | off)
 is searched on its own: 4 layers (--layers), micro-batch 1, grad-accum 1, --warmup 1 + --steps 1 (two optimizer
@@ -20,7 +21,8 @@ as ok, oom (CUDA out of memory), refused (mixtune's memory plan refuses the leng
 The search. A first length: mixtune's memory plan bound (`mixtune bench --plan-only`'s "largest seq at
 micro_batch 1", for this GPU's memory, rounded down to the resolution), else --start (Transformers: 16,384
 without checkpointing, 32,768 with; GPT-OSS, whose eager attention keeps [heads, S, S] per layer: 4,096 without,
-8,192 with; Moonlight and DeepSeek-V3 under sdpa as Qwen3-MoE). If the first length fails it is halved until one trains. Then a
+8,192 with; Moonlight and DeepSeek-V3 under sdpa as Qwen3-MoE; Nemotron-H, whose torch SSD path holds ~8 MiB per
+token of fp32 gradients in each Mamba2 layer's backward: 4,096 without, 8,192 with). If the first length fails it is halved until one trains. Then a
 prediction (the plan bound, or a linear fit of peak reserved memory over the lengths that trained, against the
 GPU's memory less 1.5 GiB) is tried, and from it lengths one resolution step, two, four, ... further in the
 direction of its outcome until the edge is crossed; with no prediction the last length that trained is doubled
@@ -59,7 +61,8 @@ sys.path.insert(0, HERE)
 from hf_baseline import FAMILIES, PRESETS  # noqa: E402  (pure-Python part of that file)
 # Transformers' first length per family and configuration when there is no plan bound (--start overrides).
 HF_START = {"qwen3-moe": {"on": 32768, "off": 16384}, "gpt-oss": {"on": 8192, "off": 4096},
-            "moonlight": {"on": 32768, "off": 16384}, "deepseek-v3": {"on": 32768, "off": 16384}}
+            "moonlight": {"on": 32768, "off": 16384}, "deepseek-v3": {"on": 32768, "off": 16384},
+            "nemotron-h": {"on": 8192, "off": 4096}}
 MARGIN_BYTES = int(1.5 * (1 << 30))  # CUDA context and what the caching allocator cannot use
 FIXED_FLAGS = ("--seq", "--micro-batch", "--grad-accum", "--steps", "--warmup", "--json-out", "--family",
                "--preset")
@@ -350,8 +353,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--side", choices=("mixtune", "hf"))
     ap.add_argument("--family", choices=FAMILIES, default="qwen3-moe",
-                    help="the model on both sides: qwen3-moe (mixtune --preset qwen3-30b-a3b) or gpt-oss "
-                         "(--preset gpt-oss-20b)")
+                    help="the model on both sides: qwen3-moe (mixtune --preset qwen3-30b-a3b), gpt-oss "
+                         "(--preset gpt-oss-20b), moonlight, deepseek-v3 or nemotron-h (--preset "
+                         "nemotron-3-nano-30b-a3b)")
     ap.add_argument("--bin", help="the mixtune binary (--side mixtune)")
     ap.add_argument("--configs", default=None,
                     help="comma-separated, in the order to run: mixtune full,selective,none (default); "

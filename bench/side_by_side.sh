@@ -36,6 +36,14 @@
 #               deepseek-v3 (the same Transformers settings), LAYERS layers (default 3: the model's three dense MLA
 #               layers; its first MoE layer alone, 11.3 B parameters, fits no single GPU on either side, arithmetic
 #               below), seq 4096, micro-batch 1, grad-accum 8, bf16 on both sides [bf16]
+#   nemotron    issue 41: a Nemotron 3 Nano slice: mixtune bench --preset nemotron-3-nano-30b-a3b against
+#               hf_baseline.py --family nemotron-h (NemotronHConfig, sdpa, grouped_mm experts, fused AdamW; the Mamba2
+#               mixers on Transformers' torch SSD path unless mamba_ssm is installed: the record says which), LAYERS
+#               layers (default 6: MEMEM*, the pattern's first repeating group, 3 Mamba2 + 2 MoE + 1 attention; the
+#               most that fit Transformers' torch SSD path on an 80 GB H100, arithmetic below), seq 4096, micro-batch
+#               1, grad-accum 8, real router, bf16 on both sides [bf16]
+#   nemotron-long the long workload on the nemotron slice (LAYERS, default 6): bench/longest_seq.py --family
+#               nemotron-h on each side
 #   lora        issue 39: LoRA r 16 / alpha 32 on attention (q/k/v/o) + experts of Qwen3-30B-A3B, the base frozen
 #               bf16, LAYERS layers (default 48: the full depth, for an H200), seq 4096, micro-batch 1, grad-accum 2,
 #               3 timed steps after 1 warm-up: mixtune bench --lora-r 16 --lora-targets q_proj,k_proj,v_proj,o_proj,
@@ -57,7 +65,7 @@
 # 10-minute call even if every run hits it), NAME (file prefix, default the workload), BUDGET_S (long: seconds
 # per side; default 280 for mixtune and 230 for Transformers with both sides, 540 with one),
 # LONG_MIXTUNE_CONFIGS (full,selective,none), LONG_HF_CONFIGS (on,off), LAYERS (long: 4; gptoss, gptoss-long:
-# 5; moonlight: 10; dsv3: 3), DRY2=1
+# 5; moonlight: 10; dsv3: 3; nemotron, nemotron-long: 6), DRY2=1
 # (standard2/fp32master2/full8 as a functional check on ONE GPU: both ranks share it, Transformers over gloo
 # (--ranks-share-gpu --dist-backend gloo --vocab 8192), mixtune over host-staged collectives
 # (--gpu-collectives host); 1 layer, seq 1024, grad-accum 2, 1 warm-up + 1 step; never a measurement),
@@ -81,9 +89,9 @@ DRY2=${DRY2:-0}
 export NCCL_NVLS_ENABLE=0
 case "$SIDES" in both|mixtune|hf) ;; *) echo "side_by_side: SIDES must be both, mixtune or hf, found '$SIDES'" >&2; exit 2;; esac
 case "$ORDER" in auto|mixtune-first|hf-first) ;; *) echo "side_by_side: ORDER must be auto, mixtune-first or hf-first, found '$ORDER'" >&2; exit 2;; esac
-case "$WORKLOAD" in standard|fp32master|long|custom|standard2|fp32master2|full8|gptoss|gptoss-long|lora|moonlight|dsv3) ;; *) echo "side_by_side: unknown workload '$WORKLOAD' (standard, fp32master, long, custom, standard2, fp32master2, full8, gptoss, gptoss-long, lora, moonlight, dsv3)" >&2; exit 2;; esac
+case "$WORKLOAD" in standard|fp32master|long|custom|standard2|fp32master2|full8|gptoss|gptoss-long|lora|moonlight|dsv3|nemotron|nemotron-long) ;; *) echo "side_by_side: unknown workload '$WORKLOAD' (standard, fp32master, long, custom, standard2, fp32master2, full8, gptoss, gptoss-long, lora, moonlight, dsv3, nemotron, nemotron-long)" >&2; exit 2;; esac
 LONG=0
-[[ "$WORKLOAD" == long || "$WORKLOAD" == gptoss-long ]] && LONG=1
+[[ "$WORKLOAD" == long || "$WORKLOAD" == gptoss-long || "$WORKLOAD" == nemotron-long ]] && LONG=1
 # The model: mixtune's preset and the same shapes for Transformers (hf_baseline.py --family).
 PRESET=qwen3-30b-a3b; FAMILY=qwen3-moe
 # gpt-oss-20b slice of N layers on an 80 GB H100 (79.1 GiB usable), Transformers bf16 with fused AdamW:
@@ -124,6 +132,36 @@ if [[ "$WORKLOAD" == gptoss || "$WORKLOAD" == gptoss-long ]]; then PRESET=gpt-os
 #   41.9 GiB, its non-expert gradients being fp32).
 if [[ "$WORKLOAD" == moonlight ]]; then PRESET=moonlight-16b-a3b; FAMILY=moonlight; fi
 if [[ "$WORKLOAD" == dsv3 ]]; then PRESET=deepseek-v3; FAMILY=deepseek-v3; fi
+# Nemotron 3 Nano slice of N layers (the first N letters of MEMEM*EMEMEM*...) on an 80 GB H100 (79.1 GiB usable),
+# Transformers bf16, fused AdamW, the Mamba2 mixers on its torch SSD path (no mamba_ssm on the GPU machines):
+#   parameters (hf_baseline.py --print-flops; bench/hf_nemotron_h.py): 704.6 M embedding + LM head; Mamba2 layer
+#     38.7 M (in_proj 2688 x 10304, out_proj 4096 x 2688, conv, gated norm); MoE layer 1297.5 M (128 experts x 2 x
+#     2688 x 1856 = 1277.2 M, shared 20.0 M, router 0.3 M); attention layer 23.4 M; bf16 parameter, gradient and
+#     AdamW moments = 8 bytes each: 5.25 GiB + 0.29 GiB per M, 9.67 GiB per E, 0.17 GiB per *. N = 6 (MEMEM*):
+#     3.44 B parameters, 25.6 GiB; N = 7 (+E): 4.74 B, 35.3 GiB; N = 12: 7.45 B, 55.5 GiB.
+#   the torch SSD path at seq 4096 (32 chunks of 128, 64 heads, head_dim 64, state 128, all fp32): it forms
+#     G = C[:, :, :, None] * B[:, :, None] of shape [chunks, 128, 128, heads, state] = 32 x 128 x 128 x 64 x 128 x 4 B =
+#     16 GiB before summing over the state, then three products of [chunks, 128, 128 or heads, heads or 128, 64,
+#     (128)] = 8 GiB each (Y_diag, the chunk states, C x states). The forward holds one of them at a time (16 GiB
+#     transient); the backward of each product materialises BOTH operands' gradients at the product's full shape
+#     before summing them down (autograd reduces a broadcast gradient after the node returns): 2 x 16 = 32 GiB at
+#     the G product, a transient of every Mamba2 layer's backward.
+#   activations kept per layer at seq 4096, micro-batch 1: Mamba2 ~1.8 GiB (in_proj output 84 MB, conv output 50 MB,
+#     the fp32 x, x dt, B and C after repeat_interleave to 64 heads (134 MB each), the [heads, chunks, 128, 128]
+#     decay L, G and M (134 MB each), the chunk states (2 x 138 MB), the fp32 gated norm's five [4096, 4096]
+#     tensors, the norms); MoE ~1.0 GiB (grouped_mm on 6 x 4096 rows: gathered input 2688 wide, up output 1856,
+#     ReLU² terms, down output and its fp32 weighting; the shared expert 3712 wide; the router's fp32 input);
+#     attention ~0.2 GiB.
+#   LM head at its backward: bf16 logits [4096, 131072] 1 GiB + the fp32 copy (NemotronHForCausalLM upcasts), the
+#     fp32 log-softmax, its gradient 3 x 2 GiB = 7 GiB (freed before the layers' backward).
+#   peak = static + kept activations + the 32 GiB transient: N = 6 -> 25.6 + 7.6 + 32 = 65 GiB (the LM head's
+#   41 GiB earlier), with the allocator's 16 GiB blocks ~70 GiB reserved; N = 7 -> 35.3 + 8.6 + 32 = 76 GiB, over
+#   what 79.1 GiB leaves for fragmentation and the CUDA context; so N = 6, the pattern's first group MEMEM*
+#   (mixtune's plan at 6 layers is far smaller: its SSD kernel keeps only the [chunks, heads, 64, 128] states).
+#   An H200 (139.8 GiB) holds N = 13 (MEMEM*EMEMEM*, two groups: 55.7 + 16.2 + 32 = 104 GiB): LAYERS=13.
+#   The long workload: the 32 GiB grows with the sequence (8 MiB per token), so Transformers' longest at 6 layers
+#   on an H100 is near 5k tokens without checkpointing and 6k with ((79.1 - 1.5 - 25.6) GiB / ~10 or ~8.5 MiB).
+if [[ "$WORKLOAD" == nemotron || "$WORKLOAD" == nemotron-long ]]; then PRESET=nemotron-3-nano-30b-a3b; FAMILY=nemotron-h; fi
 [[ -n "${SEQS:-}" ]] && { echo "side_by_side: SEQS is gone: the long workload searches (bench/longest_seq.py); set LONG_*_CONFIGS, LAYERS, BUDGET_S" >&2; exit 2; }
 NPROC=1
 if [[ "$WORKLOAD" == standard2 || "$WORKLOAD" == fp32master2 ]]; then NPROC=2; fi
@@ -209,6 +247,8 @@ case "$WORKLOAD" in
     DEF[--layers]=${LAYERS:-10} ;;
   dsv3)
     DEF[--layers]=${LAYERS:-3} ;;
+  nemotron)
+    DEF[--layers]=${LAYERS:-6} ;;
   lora)
     DEF[--layers]=${LAYERS:-48}; DEF[--grad-accum]=2; DEF[--steps]=3; DEF[--warmup]=1
     has_flag --lora-r "${MIX[@]}" || MIX+=(--lora-r 16 --lora-alpha 32 --lora-targets q_proj,k_proj,v_proj,o_proj,experts)
@@ -328,7 +368,8 @@ if [[ $LONG == 1 ]]; then
   MJ="$OUTDIR/$NAME-mixtune.json"; HJ="$OUTDIR/$NAME-hf.json"
   LONG_COMMON=(--family "$FAMILY")
   if [[ -n "${LAYERS:-}" ]]; then LONG_COMMON+=(--layers "$LAYERS")
-  elif [[ "$WORKLOAD" == gptoss-long ]]; then LONG_COMMON+=(--layers 5); fi  # the gptoss slice
+  elif [[ "$WORKLOAD" == gptoss-long ]]; then LONG_COMMON+=(--layers 5)  # the gptoss slice
+  elif [[ "$WORKLOAD" == nemotron-long ]]; then LONG_COMMON+=(--layers 6); fi  # the nemotron slice
   LONG_MIX=(--side mixtune --bin "$BIN_ABS" --configs "${LONG_MIXTUNE_CONFIGS:-full,selective,none}")
   LONG_HF=(--side hf --configs "${LONG_HF_CONFIGS:-on,off}")
   has_flag --recompute "${COMMON[@]}" "${MIX[@]}" && LONG_MIX=(--side mixtune --bin "$BIN_ABS")

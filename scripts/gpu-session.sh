@@ -15,8 +15,8 @@
 #         Transformers:
 #         mixtune --recompute full, selective, none; Transformers gradient checkpointing on, off; the ratio of the
 #         best configurations) |
-#         hf-smoke (~1–2 min: every bench/hf_baseline.py mode at 1 layer (Moonlight 2), seq 512, one step after one
-#         warm-up, OK/FAIL per mode, incl. DDP and FSDP2 with two ranks sharing the GPU over gloo and FSDP2 mixed precision on
+#         hf-smoke (~1–2 min: every bench/hf_baseline.py mode at 1 layer (Moonlight 2, Nemotron-H 6), seq 512, one
+#         step after one warm-up, OK/FAIL per mode, incl. DDP and FSDP2 with two ranks sharing the GPU over gloo and FSDP2 mixed precision on
 #         one rank; a functional check) | hf-dry2 (~2–3 min: the standard2 and fp32master2 Transformers baselines
 #         with both ranks on this ONE GPU over gloo, 1 layer, seq 1024: a functional check, NOT a two-GPU
 #         measurement; DRY2_SIDES=both adds mixtune over host-staged collectives) | long-smoke (~1 min: the
@@ -69,6 +69,11 @@
 #         DeepseekV3Config with sdpa, grouped_mm, fused AdamW; each side at most RUN_TIMEOUT_S=270 s) |
 #         dsv3 (~2–4 min, issue 40: a DeepSeek-V3 slice, LAYERS=3, its three dense MLA layers (a MoE layer of V3 fits
 #         no single GPU with AdamW), the same settings: mixtune --preset deepseek-v3 against Transformers) |
+#         nemotron (~2–4 min, issue 41: a Nemotron 3 Nano slice, LAYERS=6 layers MEMEM* (3 Mamba2 + 2 MoE + 1
+#         attention; an H200 holds LAYERS=13), seq 4096, micro-batch 1, grad-accum 8, real router: mixtune --preset
+#         nemotron-3-nano-30b-a3b against Transformers' NemotronHConfig with sdpa, grouped_mm, fused AdamW and its
+#         torch SSD path for the Mamba2 mixers where mamba_ssm is not installed (the record says which path ran)) |
+#         nemotron-long (at most ~9.5 min: the longest trainable sequence of that slice on each side, as long) |
 #         verify-gpt-oss (~2–4 min, CPU: tools/hf_reference/verify_gpt_oss_unseen.py, Transformers-made GPT-OSS
 #         checkpoints of shapes the fixtures lack against mixtune score, convert and one finetune step; VERIFY_ARGS
 #         e.g. "--random 4 --seed 7"; the PASS/FAIL table in verify-gpt-oss.md) |
@@ -132,7 +137,7 @@ for stage in "$@"; do
              && export MIXTUNE_QUICKSTART_DATA=/tmp/qsdata/qsdata  # CudaTrainer.PureBf16TracksCpuFp32OnQuickstartData
            MIXTUNE_TEST_BINARY=$BIN/mixtune GTEST_FILTER=${GTEST_FILTER:-Cuda*} bash scripts/gpu-check.sh "$BIN" "$LIB_DIR" 2>&1 | tee "$OUT/tests.log" \
              | tail -60 || rc=1 ;;
-    standard|fp32master|long|standard2|fp32master2|full8|gptoss|gptoss-long|moonlight|dsv3)
+    standard|fp32master|long|standard2|fp32master2|full8|gptoss|gptoss-long|moonlight|dsv3|nemotron|nemotron-long)
                OUT=$OUT bash bench/side_by_side.sh "$BIN/mixtune" "$stage" || rc=1 ;;
     lora)  # issue 39: mixtune LoRA against Transformers + PEFT, one GPU
       if [[ -n "${LORA_RECOMPUTE:-}" ]]; then
