@@ -328,14 +328,15 @@ TEST(BlockCosts, Mamba2KeepsWhatTheCudaBlockKeeps) {
   Mamba2Spec m;
   m.heads = 4, m.head_dim = 8, m.groups = 2, m.state = 16, m.conv_kernel = 4, m.chunk = 16;
   const int64_t n = 256 * 64 * 2, proj = 256 * 132 * 2, act = 256 * 96 * 2, dt = 256 * 4 * 4, y = 256 * 32 * 4,
-                g = 256 * 32 * 2, states = 16 * 4 * 8 * 16 * 4;  // 16 chunks of [heads, P, N] fp32
+                g = 256 * 32 * 2, states = 4 * 4 * 8 * 16 * 4;  // the CUDA scan's 4 chunks of 64: [heads, P, N] fp32
+  const int64_t scan_backward = states + 4 * 2 * 64 * 64 * 4;                // their gradients, C·Bᵀ per (chunk, group)
   EXPECT_EQ(i64(mamba2_scan_states_bytes(m, 256)), states);
   EXPECT_EQ(i64(mamba2_bytes(m, 64, batch(Recompute::none)).saved), proj + y + states + n + act + dt + g);
   EXPECT_EQ(i64(mamba2_bytes(m, 64, batch(Recompute::selective)).saved), proj + y + states);
   EXPECT_EQ(i64(mamba2_bytes(m, 64, batch(Recompute::selective)).recomputed), n + act + dt + g);
   EXPECT_EQ(i64(mamba2_bytes(m, 64, batch(Recompute::full)).saved), 0);
   EXPECT_EQ(i64(mamba2_bytes(m, 64, batch(Recompute::full)).recomputed), proj + y + states + n + act + dt + g);
-  EXPECT_EQ(i64(mamba2_bytes(m, 64, batch(Recompute::none)).backward), g + proj + y + act + dt + n);
+  EXPECT_EQ(i64(mamba2_bytes(m, 64, batch(Recompute::none)).backward), g + proj + y + act + dt + n + scan_backward);
   // in_proj + out_proj, the conv's 4 taps on 96 channels, the scan (2 groups x 2·16·16, 4 heads x (2·16·8 + 4·8·16)).
   EXPECT_EQ(mamba2_flops_per_token(m, 64), 2.0 * 64 * 132 + 2.0 * 32 * 64 + 2.0 * 96 * 4 + 2 * 2.0 * 16 * 16 +
                                                4 * (2.0 * 16 * 8 + 4.0 * 8 * 16));

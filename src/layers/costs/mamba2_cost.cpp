@@ -2,10 +2,15 @@
 
 namespace mt {
 
+namespace {
+// The CUDA scan's own chunk length (kernels/cuda/ssd_scan.h kSsdChunk, a fixed grid over the micro-batch's tokens;
+// the spec's chunk_size only sets Transformers' and the CPU's).
+constexpr CostBytes kScanChunk = 64;
+CostBytes scan_chunks(int64_t tokens) { return (tokens + kScanChunk - 1) / kScanChunk; }
+}  // namespace
+
 CostBytes mamba2_scan_states_bytes(const Mamba2Spec& m, int64_t tokens) {
-  // TODO(ssd-cuda): the kernel's own chunk length and layout; until it lands, Transformers' chunk.
-  const CostBytes chunk = m.chunk > 0 ? m.chunk : 128, chunks = (tokens + chunk - 1) / chunk;
-  return chunks * m.heads * m.head_dim * m.state * kCostF32;
+  return scan_chunks(tokens) * m.heads * m.head_dim * m.state * kCostF32;
 }
 
 BlockBytes mamba2_bytes(const Mamba2Spec& m, int64_t hidden, const BlockBatch& b) {
@@ -16,7 +21,10 @@ BlockBytes mamba2_bytes(const Mamba2Spec& m, int64_t hidden, const BlockBatch& b
   BlockBytes r;
   r.saved = b.recompute == Recompute::full ? 0 : b.recompute == Recompute::selective ? kept : kept + cheap;
   r.recomputed = b.recompute == Recompute::full ? kept + cheap : b.recompute == Recompute::selective ? cheap : 0;
-  r.backward = T * Di * kCostBf16 /*dg*/ + proj /*dproj*/ + y /*the scan's dy*/ + act /*dact*/ + dt /*ddt*/ + n /*dn*/;
+  // The scan's backward also takes a buffer of the states' size (their gradients) and C·Bᵀ per (chunk, group).
+  const CostBytes scan = states + scan_chunks(b.tokens) * m.groups * kScanChunk * kScanChunk * kCostF32;
+  r.backward = T * Di * kCostBf16 /*dg*/ + proj /*dproj*/ + y /*the scan's dy*/ + act /*dact*/ + dt /*ddt*/ + n /*dn*/ +
+               scan;
   return r;
 }
 
