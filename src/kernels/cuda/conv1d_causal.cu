@@ -25,7 +25,7 @@ constexpr int kMaxK = 4;
 struct ConvParams {
   const void* w;
   const void* b;  // null: no bias
-  bool param_bf16;
+  bool w_bf16, b_bf16;
 };
 
 // The K taps (and the bias) of channels c..c+V−1 as fp32.
@@ -34,8 +34,8 @@ __device__ __forceinline__ void load_taps(const ConvParams& p, int64_t c, float 
 #pragma unroll
   for (int e = 0; e < V; ++e) {
 #pragma unroll
-    for (int j = 0; j < K; ++j) w[j][e] = load_param(p.w, p.param_bf16, (c + e) * K + j);
-    b[e] = p.b ? load_param(p.b, p.param_bf16, c + e) : 0.0f;
+    for (int j = 0; j < K; ++j) w[j][e] = load_param(p.w, p.w_bf16, (c + e) * K + j);
+    b[e] = p.b ? load_param(p.b, p.b_bf16, c + e) : 0.0f;
   }
 }
 
@@ -275,14 +275,19 @@ ConvDims check_conv(const char* op, const Tensor& proj, int64_t col0, const Tens
   MT_CUDA_REQUIRE(w.dtype() == DType::BF16 || w.dtype() == DType::F32,
                   std::string(op) + ": weight must be BF16 or F32, got " + tensor_where(w));
   check_tensor(w, op, dev, w.dtype(), d.C * d.K);
-  if (b.defined()) check_tensor(b, op, dev, w.dtype(), d.C);
+  if (b.defined()) {
+    MT_CUDA_REQUIRE(b.dtype() == DType::BF16 || b.dtype() == DType::F32,
+                    std::string(op) + ": bias must be BF16 or F32, got " + tensor_where(b));
+    check_tensor(b, op, dev, b.dtype(), d.C);
+  }
   check_tensor(docs.start, op, dev, DType::I32, d.T);
   check_tensor(docs.end, op, dev, DType::I32, d.T);
   return d;
 }
 
 ConvParams conv_params(const Tensor& w, const Tensor& b) {
-  return {w.data(), b.defined() ? b.data() : nullptr, w.dtype() == DType::BF16};
+  return {w.data(), b.defined() ? b.data() : nullptr, w.dtype() == DType::BF16,
+          b.defined() && b.dtype() == DType::BF16};
 }
 
 // V channels per thread where every row start of x (and of the other [T, ·] operands) is V-element aligned.
@@ -296,6 +301,8 @@ bool vec_ok(int V, size_t elt, int64_t C, std::initializer_list<std::pair<const 
 template <typename T, int V>
 void launch_fwd(const ConvDims& d, const T* x, ConvParams p, const int32_t* start, T* act, cudaStream_t stream) {
   const dim3 grid(blocks_for(d.C / V, kVecs), blocks_for(d.T, kRuns * kRun));
+  MT_CUDA_REQUIRE(grid.y <= 65535u, "conv1d_causal_silu_forward: " + std::to_string(d.T) + " tokens (at most " +
+                                        std::to_string(65535 * kRuns * kRun) + ")");
   const dim3 block(kVecs, kRuns);
   switch (d.K) {
     case 1: launch_kernel(conv_fwd_kernel<T, 1, V>, grid, block, 0, stream, x, d.W, p, start, act, d.T, d.C); break;
