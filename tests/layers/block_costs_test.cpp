@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -55,17 +54,6 @@ BlockBatch batch(Recompute r) {
   return b;
 }
 
-void expect_one_line_error(const std::function<void()>& f, const std::string& a, const std::string& b) {
-  try {
-    f();
-    ADD_FAILURE() << "no error (" << a << ")";
-  } catch (const Error& e) {
-    const std::string w = e.what();
-    EXPECT_NE(w.find(a), std::string::npos) << w;
-    EXPECT_NE(w.find(b), std::string::npos) << w;
-    EXPECT_EQ(w.find('\n'), std::string::npos) << w;
-  }
-}
 
 // ---- each block by hand ----
 
