@@ -54,21 +54,21 @@ void check_spec(const Mamba2Spec& m, const BlockEnv& env) {
 
 }  // namespace
 
-Tensor mamba2_block_forward(const BlockEnv& env, const Mamba2Spec& spec, const LayerWeights& w, const Tensor& x,
-                            Mamba2BlockActs* acts) {
-  check_spec(spec, env);
-  Mamba2BlockActs local;
-  Mamba2BlockActs& s = acts ? *acts : local;
-  const int64_t T = env.tokens(), Di = spec.inner(), Cd = spec.conv_dim(), nh = spec.heads;
-  const int64_t GN = spec.groups * spec.state;
+Tensor mamba2_project_rows(const BlockEnv& env, const Mamba2Spec& spec, const LayerWeights& w, const Tensor& x,
+                           Mamba2BlockActs& s) {
+  const int64_t Di = spec.inner(), Cd = spec.conv_dim();
   const Tensor none;
   s.n = cpu::rmsnorm_forward(x, w.input_norm, env.eps(), env.bf16, env.norm_rounds_once());
   const Tensor proj = cpu::linear_forward(s.n, w.mamba_in_proj, spec.proj_bias ? w.mamba_in_proj_bias : none, env.bf16);
   s.z = columns(proj, 0, Di);
   s.xbc = columns(proj, Di, Cd);
-  const std::vector<cpu::SeqSegment> segs = cpu::document_segments(env.doc_ids, env.batch, env.seq);
-  s.conv = cpu::conv1d_causal_forward(s.xbc, w.mamba_conv_weight, spec.conv_bias ? w.mamba_conv_bias : none, segs,
-                                      env.bf16);
+  return columns(proj, Di + Cd, spec.heads);
+}
+
+void mamba2_conv_activations(const BlockEnv& env, const Mamba2Spec& spec, const LayerWeights& w, const Tensor& dt_in,
+                             Mamba2BlockActs& s) {
+  const int64_t T = s.conv.dim(0), Di = spec.inner(), Cd = spec.conv_dim(), nh = spec.heads;
+  const int64_t GN = spec.groups * spec.state;
   Tensor act = Tensor::empty({T, Cd}, DType::F32);
   {
     const float* c = s.conv.data_as<float>();
@@ -79,7 +79,6 @@ Tensor mamba2_block_forward(const BlockEnv& env, const Mamba2Spec& spec, const L
   s.B = columns(act, Di, GN).view({T, spec.groups, spec.state});
   s.C = columns(act, Di + GN, GN).view({T, spec.groups, spec.state});
   // dt = clamp(softplus(dt + dt_bias), min = time_step_min): bf16 ops in a bf16 model (Transformers' torch path).
-  const Tensor dt_in = columns(proj, Di + Cd, nh);
   const Tensor dt_bias = cpu::param_f32(w.mamba_dt_bias);
   s.dt_raw = Tensor::empty({T, nh}, DType::F32);
   s.dt = Tensor::empty({T, nh}, DType::F32);
@@ -97,8 +96,22 @@ Tensor mamba2_block_forward(const BlockEnv& env, const Mamba2Spec& spec, const L
   s.A = Tensor::empty({nh}, DType::F32);
   const Tensor a_log = cpu::param_f32(w.mamba_a_log);
   for (int64_t h = 0; h < nh; ++h) s.A.data_as<float>()[h] = -std::exp(a_log.data_as<float>()[h]);
+}
+
+Tensor mamba2_block_forward(const BlockEnv& env, const Mamba2Spec& spec, const LayerWeights& w, const Tensor& x,
+                            Mamba2BlockActs* acts, Tensor* final_state) {
+  check_spec(spec, env);
+  Mamba2BlockActs local;
+  Mamba2BlockActs& s = acts ? *acts : local;
+  const int64_t T = env.tokens(), Di = spec.inner();
+  const Tensor none;
+  const Tensor dt_in = mamba2_project_rows(env, spec, w, x, s);
+  const std::vector<cpu::SeqSegment> segs = cpu::document_segments(env.doc_ids, env.batch, env.seq);
+  s.conv = cpu::conv1d_causal_forward(s.xbc, w.mamba_conv_weight, spec.conv_bias ? w.mamba_conv_bias : none, segs,
+                                      env.bf16);
+  mamba2_conv_activations(env, spec, w, dt_in, s);
   const cpu::SsdInputs in{s.x, s.dt, s.A, s.B, s.C, cpu::param_f32(w.mamba_d)};
-  s.y = cpu::ssd_scan_chunked_forward(ssd_shape(spec), in, segs);
+  s.y = cpu::ssd_scan_chunked_forward(ssd_shape(spec), in, segs, final_state);
   s.g = cpu::rmsnorm_gated_forward(s.y.view({T, Di}), s.z, w.mamba_norm, Di / spec.groups,
                                    static_cast<float>(spec.norm_eps));
   if (env.bf16) cpu::round_bf16_inplace(s.g.data_as<float>(), s.g.numel());  // out_proj(scan_output.to(dtype))

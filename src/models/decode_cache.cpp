@@ -17,10 +17,13 @@ DecodeCache DecodeCache::create(const DecoderSpec& spec, int64_t capacity) {
     index.assign(subs.size(), -1);
     for (size_t i = 0; i < subs.size(); ++i) {
       const Sublayer& sub = subs[i];
+      DecodeCacheEntry e;
+      e.layer = l;
+      e.sublayer = i;
+      e.kind = sub.kind;
       switch (sub.kind) {
         case SublayerKind::attention: {
           const AttentionSpec& a = spec.attention.at(static_cast<size_t>(sub.index));
-          DecodeCacheEntry e{l, i, sub.kind};
           if (a.kind == AttentionKind::mla)
             e.mla = MlaCache::create(a, capacity);
           else
@@ -31,7 +34,12 @@ DecodeCache DecodeCache::create(const DecoderSpec& spec, int64_t capacity) {
         }
         case SublayerKind::mlp:
         case SublayerKind::moe: break;  // token by token: nothing to keep
-        case SublayerKind::mamba2: fail("decode cache: layer {}: a Mamba2 mixer has no decode cache yet", l);
+        case SublayerKind::mamba2: {
+          e.mamba2 = Mamba2Cache::create(spec.mamba2.at(static_cast<size_t>(sub.index)));
+          index[i] = static_cast<int>(c.entries.size());
+          c.entries.push_back(std::move(e));
+          break;
+        }
       }
     }
   }

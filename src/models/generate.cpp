@@ -8,6 +8,7 @@
 #include "kernels/cpu/cpu_tensor.h"
 #include "kernels/cpu/embedding.h"
 #include "layers/attention_block_cached.h"
+#include "layers/mamba2_mixer_block_cached.h"
 #include "layers/mla_attention_block_cached.h"
 #include "layers/rope_table_set.h"
 #include "layers/lm_head.h"
@@ -41,7 +42,12 @@ Tensor decoder_layers_forward_cached(const BlockEnv& env, const ModelWeights& w,
         }
         case SublayerKind::moe: h = moe_block_forward(env, spec.moe[k], L, h, nullptr); break;
         case SublayerKind::mlp: h = mlp_block_forward(env, spec.mlp[k], L, h, nullptr); break;
-        case SublayerKind::mamba2: MT_CHECK(false, "mamba2 sublayer (refused by model_config_check)");
+        case SublayerKind::mamba2: {
+          DecodeCacheEntry* e = cache.find(l, i);
+          MT_CHECK(e != nullptr && e->kind == SublayerKind::mamba2, "layer {} sublayer {}: no Mamba2 cache", l, i);
+          h = mamba2_block_forward_cached(env, spec.mamba2[k], L, h, offset, e->mamba2);
+          break;
+        }
       }
     }
   }

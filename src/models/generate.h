@@ -1,7 +1,9 @@
 // Text generation with the generic decoder on the CPU reference backend: a per-sublayer cache (decode_cache.h),
 // the prompt run once (prefill), then one token per step against the cache. The logits equal those of
 // DecoderModel::forward() over the whole sequence (same ops and bf16 rounding points; fp32 sums may
-// associate differently inside the GEMMs). One sequence at a time.
+// associate differently inside the GEMMs), except after a Mamba2 prefill: its steps run the recurrence instead of the
+// chunked scan (equal up to fp32 rounding in fp32; in bf16 Transformers' decode rounding, a few ulps away:
+// layers/mamba2_mixer_block_cached.h). One sequence at a time.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -30,7 +32,7 @@ class Generator {
   Generator(const DecoderSpec& cfg, ModelWeights& weights, int64_t capacity);
 
   // Runs `ids` at positions length()..length()+n-1 and appends their state (keys/values, or MLA's latent and rope
-  // key) to the cache.
+  // key) to the cache, or advances it (Mamba2's conv window and SSM state).
   // Returns F32 logits [n, V] when all_positions, else [V] for the last token. mt::Error for an empty
   // list, an id outside the vocabulary, or more positions than the capacity.
   Tensor extend(const std::vector<int64_t>& ids, bool all_positions = false);

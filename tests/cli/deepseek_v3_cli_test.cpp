@@ -16,6 +16,7 @@
 
 #include "../train/fixture_tensors.h"
 #include "../train/train_test_util.h"
+#include "byte_tokenizer.h"
 #include "cli_process.h"
 #include "models/causal_lm.h"
 #include "models/generate.h"
@@ -172,39 +173,9 @@ TEST_F(DeepseekV3Cli, BenchPlansTheSideBySideSlices) {
   EXPECT_NE(moe.err.find("does not fit"), std::string::npos) << moe.err;
 }
 
-// A byte-level tokenizer.json (GPT-2's byte map, token id = byte value, no merges): "abc" is ids 97..99, inside the
-// fixture's vocabulary of 128.
-std::string byte_tokenizer_json() {
-  auto utf8 = [](uint32_t cp) {
-    std::string s;
-    if (cp < 0x80) return s += static_cast<char>(cp), s;
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-    return s;
-  };
-  nlohmann::json vocab = nlohmann::json::object();
-  uint32_t next = 256;
-  for (uint32_t b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    vocab[utf8(printable ? b : next++)] = b;
-  }
-  const nlohmann::json byte_level = {
-      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", true}};
-  return nlohmann::json{{"version", "1.0"},
-                        {"added_tokens", nlohmann::json::array()},
-                        {"normalizer", nullptr},
-                        {"pre_tokenizer", byte_level},
-                        {"post_processor", byte_level},
-                        {"decoder", byte_level},
-                        {"model",
-                         {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"byte_fallback", false},
-                          {"ignore_merges", false}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}}
-      .dump();
-}
-
 TEST_F(DeepseekV3Cli, GenerateRunsTheMlaDecodeCache) {
   fs::create_directories(dir / "tok");
-  std::ofstream(dir / "tok" / "tokenizer.json") << byte_tokenizer_json();
+  std::ofstream(dir / "tok" / "tokenizer.json") << mt::test::byte_tokenizer_json();
   const std::string base =
       "generate --model " + kFixtures + "mla_yarn_dense1/ckpt --tokenizer " + (dir / "tok").string() + " --json ";
   RunResult r = run(base + "--prompt abc --max-new-tokens 6 --temperature 0");

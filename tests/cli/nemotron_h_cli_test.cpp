@@ -1,6 +1,8 @@
 // Nemotron-H through the `mixtune` binary on the CPU (tests/fixtures/nemotron_h): inspect describes the hybrid model,
 // score gives Transformers' fp32 loss, finetune reproduces Transformers' five AdamW steps on one sequence (losses rel
-// 1e-4, final weights abs 1e-4), and bench --plan-only plans the hybrid model.
+// 1e-4, final weights abs 1e-4), generate runs the Mamba2 decode cache (greedy ids equal the library's generate(),
+// which tests/models/nemotron_h_generate_test.cpp holds to Transformers' goldens), and bench --plan-only plans the
+// hybrid model.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -14,7 +16,10 @@
 
 #include "../train/fixture_tensors.h"
 #include "../train/train_test_util.h"
+#include "byte_tokenizer.h"
 #include "cli_process.h"
+#include "models/causal_lm.h"
+#include "models/generate.h"
 
 namespace {
 
@@ -115,6 +120,35 @@ TEST_F(NemotronHCli, FinetuneMatchesTransformersFiveSteps) {
   const std::string bias = "backbone.layers.1.mixer.gate.e_score_correction_bias";
   const auto src = mt::test::fixture_checkpoint_read(kFixtures + "hybrid_all_kinds/ckpt");
   EXPECT_TRUE(mt::test::tensor_bytes_equal(got.tensors.at(bias), src.tensors.at(bias)));
+}
+
+TEST_F(NemotronHCli, GenerateRunsTheMamba2DecodeCache) {
+  fs::create_directories(dir / "tok");
+  std::ofstream(dir / "tok" / "tokenizer.json") << mt::test::byte_tokenizer_json();
+  const std::string base =
+      "generate --model " + kFixtures + "hybrid_all_kinds/ckpt --tokenizer " + (dir / "tok").string() + " --json ";
+  RunResult r = run(base + "--prompt abcdefghijk --max-new-tokens 6 --temperature 0");  // 11 tokens: two chunks
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["prompt_tokens"], 11);
+  mt::CausalLM lm = mt::CausalLM::from_pretrained(kFixtures + "hybrid_all_kinds/ckpt");
+  mt::GenerateOptions o;
+  o.max_new_tokens = 6;
+  o.sampling.temperature = 0;
+  o.eos_token_ids = {2};  // generation_config.json
+  std::vector<int64_t> prompt;
+  for (char ch = 'a'; ch <= 'k'; ++ch) prompt.push_back(ch);  // byte ids
+  const mt::GenerateResult want = mt::generate(lm.config, lm.weights, prompt, o);
+  EXPECT_EQ(j["generated_ids"].get<std::vector<int64_t>>(), want.ids);
+  EXPECT_EQ(j["stop_reason"], want.stop_reason);
+
+  // Sampled: the same seed gives the same tokens, another seed others.
+  const std::string sampled = base + "--prompt abc --max-new-tokens 12 --temperature 1.5 --seed ";
+  r = run(sampled + "3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto s3 = nlohmann::json::parse(r.out)["generated_ids"];
+  EXPECT_EQ(nlohmann::json::parse(run(sampled + "3").out)["generated_ids"], s3);
+  EXPECT_NE(nlohmann::json::parse(run(sampled + "4").out)["generated_ids"], s3);
 }
 
 // The memory plan counts the Mamba2 mixers (layers/costs/mamba2_cost.h): 6 layers of the real shapes (M E M E M *)

@@ -12,6 +12,8 @@
 #include <cmath>
 #include <vector>
 
+#include "core/error.h"
+#include "core/float_convert.h"
 #include "kernels/cpu/conv1d_causal.h"
 #include "kernels/cpu/relu2.h"
 #include "kernels/cpu/rmsnorm_gated.h"
@@ -172,6 +174,22 @@ TEST(RmsnormGated, ForwardBackwardMatchReference) {
   const auto a = cpu::rmsnorm_gated_forward(yt, zt, wt, group, eps).to_floats();
   const auto b = cpu::rmsnorm_gated_forward(f32({rows, n}, y2), zt, wt, group, eps).to_floats();
   for (int64_t i = group; i < n; ++i) EXPECT_EQ(a[i], b[i]) << i;
+  // bf16_input (a bf16 scan output, Transformers' decode step): the normalised value is rounded to bf16, then its
+  // product with the weight.
+  const auto c = cpu::rmsnorm_gated_forward(yt, zt, wt, group, eps, true).to_floats();
+  for (int64_t i = 0; i < rows * n; ++i) {
+    double ss = 0;
+    const int64_t g0 = i / group * group;
+    for (int64_t k = g0; k < g0 + group; ++k) {
+      const double t = double(y[k]) * (z[k] / (1 + std::exp(-double(z[k]))));
+      ss += t * t;
+    }
+    const double u = double(y[i]) * (z[i] / (1 + std::exp(-double(z[i])))) / std::sqrt(ss / group + eps);
+    // One bf16 rounding of u and one of the product, each within 2^-8 relative (8 significant bits, to nearest):
+    // within 2^-7 of the exact value.
+    EXPECT_NEAR(c[i], w[i % n] * u, std::fabs(w[i % n] * u) * 0x1p-7 + 1e-7) << i;
+    EXPECT_EQ(c[i], round_bf16(c[i])) << i;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -265,6 +283,36 @@ TEST(SsdScan, ChunkedMatchesTheRecurrence) {
     expect_scan_grads(cpu::ssd_scan_chunked_backward(shape, scan_inputs(s), f32({kTokens, H, P}, to_float(r)), kSegs),
                       s, r, "chunked");
   }
+}
+
+// The chunked form's final state (what a decode cache continues from) is the recurrence's S after the segment's last
+// token: one segment of 22 tokens in chunks of 4 (a partial last chunk), 22 (one chunk) and 1.
+TEST(SsdScan, ChunkedFinalStateIsTheRecurrencesLastState) {
+  const ScanData s = scan_data(70);
+  const SeqSegment seg{0, kTokens};
+  std::vector<double> want(H * P * N, 0.0);
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t g = h / (H / G);
+    for (int64_t t = seg.start; t < seg.start + seg.length; ++t) {
+      const double dt = s.dt[t * H + h], decay = std::exp(s.A[h] * dt);
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t n = 0; n < N; ++n) {
+          double& st = want[(h * P + p) * N + n];
+          st = decay * st + dt * s.x[(t * H + h) * P + p] * s.B[(t * G + g) * N + n];
+        }
+    }
+  }
+  for (int64_t chunk : {4, 22, 1}) {
+    SCOPED_TRACE(chunk);
+    Tensor state;
+    const Tensor y = cpu::ssd_scan_chunked_forward({H, P, G, N, chunk}, scan_inputs(s), {seg}, &state);
+    EXPECT_EQ(state.shape(), Shape({H, P, N}));
+    expect_close(state.to_floats(), want, kFwdRtol, kAtol, "final state");
+    // The output is the one without a final state.
+    EXPECT_EQ(y.to_floats(), cpu::ssd_scan_chunked_forward({H, P, G, N, chunk}, scan_inputs(s), {seg}).to_floats());
+  }
+  Tensor state;
+  EXPECT_THROW(cpu::ssd_scan_chunked_forward({H, P, G, N, 4}, scan_inputs(s), kSegs, &state), Error);
 }
 
 // A long segment with strong decay (exp(segsum) spans many orders of magnitude and underflows across chunks): the two

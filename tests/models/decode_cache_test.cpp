@@ -321,15 +321,42 @@ TEST(DecodeCache, MlaSublayerHoldsItsLatentAndRopeKey) {
   EXPECT_EQ(c.bytes(), 5 * 4 * (12 + 4) + 5 * 4 * 2 * (16 + 16 + 16));
 }
 
-TEST(DecodeCache, RefusesWhatItCannotHold) {
+TEST(DecodeCache, RefusesAZeroCapacity) {
   const MixedModel m = mixed_model();
   EXPECT_EQ(error_of([&] { DecodeCache::create(m.spec, 0); }),
             "decode cache: capacity must be >= 1 position, found 0");
+}
+
+// A Mamba2 sublayer holds its conv window and its SSM state, whatever the capacity (the Nemotron-H checkpoints run it
+// in nemotron_h_generate_test.cpp).
+TEST(DecodeCache, Mamba2SublayerHoldsItsWindowAndState) {
+  const MixedModel m = mixed_model();
   DecoderSpec mamba = m.spec;
-  mamba.mamba2 = {Mamba2Spec{}};
-  mamba.layers[2].sublayers = {{SublayerKind::mamba2, 0}};
-  EXPECT_EQ(error_of([&] { DecodeCache::create(mamba, 4); }),
-            "decode cache: layer 2: a Mamba2 mixer has no decode cache yet");
+  Mamba2Spec ms;
+  ms.heads = 4;
+  ms.head_dim = 6;
+  ms.groups = 2;
+  ms.state = 5;
+  ms.conv_kernel = 4;
+  ms.chunk = 8;
+  mamba.mamba2 = {ms};
+  mamba.layers[2].sublayers = {{SublayerKind::mamba2, 0}, {SublayerKind::mlp, 0}};
+  for (int64_t capacity : {4, 40}) {
+    DecodeCache c = DecodeCache::create(mamba, capacity);
+    ASSERT_EQ(c.entries.size(), 5u);
+    const DecodeCacheEntry& e = c.entries[2];
+    EXPECT_EQ(e.layer, 2);
+    EXPECT_EQ(e.kind, SublayerKind::mamba2);
+    EXPECT_EQ(c.find(2, 0), &c.entries[2]);
+    EXPECT_EQ(c.find(2, 1), nullptr);
+    // conv_dim = 4·6 + 2·2·5 = 44 channels × 3 window rows, and 4 × 6 × 5 state values.
+    EXPECT_EQ(e.mamba2.conv.shape(), Shape({44, 3}));
+    EXPECT_EQ(e.mamba2.ssm.shape(), Shape({4, 6, 5}));
+    EXPECT_FALSE(e.attention.k.defined());
+    EXPECT_EQ(e.bytes(), 4 * (44 * 3 + 4 * 6 * 5));
+    // The GQA layers: capacity × 4 bytes × (k, v) × (2·8 + 1·16 + 2·8 + 2·8).
+    EXPECT_EQ(c.bytes(), 4 * (44 * 3 + 4 * 6 * 5) + capacity * 4 * 2 * (16 + 16 + 16 + 16));
+  }
 }
 
 }  // namespace

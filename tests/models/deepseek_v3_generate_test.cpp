@@ -20,28 +20,14 @@ namespace mt {
 namespace {
 
 namespace fs = std::filesystem;
+using test::full_forward_logits;
+using test::random_ids;
 using test::rel_norm_error;
 const fs::path kFixtures = fs::path(MIXTUNE_SOURCE_DIR) / "tests/fixtures/deepseek_v3";
 const char* kVariants[] = {"mla_yarn_dense1", "plain_q_legacy_config"};
 
 CausalLM load(const char* variant, DType dtype) {
   return CausalLM::from_pretrained((kFixtures / variant / "ckpt").string(), {dtype});
-}
-
-std::vector<int64_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int64_t> ids;
-  for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int64_t>(rng.next_u64() % vocab));
-  return ids;
-}
-
-// F32 [S, V] logits of forward() over the whole sequence, no cache.
-std::vector<float> full_logits(const CausalLM& m, const std::vector<int64_t>& ids) {
-  Batch b;
-  b.input_ids = Tensor::empty({1, static_cast<int64_t>(ids.size())}, DType::I64);
-  std::copy(ids.begin(), ids.end(), b.input_ids.data_as<int64_t>());
-  ModelWeights w = m.weights;  // shares the tensors; DecoderModel wants a mutable reference
-  return DecoderModel(m.config, w).forward(b, true).logits.to_floats();
 }
 
 // Prefill `first` tokens, then the next `chunk` together (a prefill at offset > 0), then one per step.
@@ -78,7 +64,7 @@ class DeepseekV3Generate : public ::testing::TestWithParam<const char*> {};
 TEST_P(DeepseekV3Generate, CachedLogitsEqualFullForwardFp32) {
   CausalLM m = load(GetParam(), DType::F32);
   const auto ids = random_ids(40, m.config.vocab_size, 31);
-  const auto ref = full_logits(m, ids);
+  const auto ref = full_forward_logits(m, ids);
   const auto got = cached_logits(m, ids, 5, 4);
   ASSERT_EQ(got.size(), ref.size());
   const double diff = test::max_abs_diff(got, ref);
@@ -96,7 +82,7 @@ TEST_P(DeepseekV3Generate, CachedLogitsEqualFullForwardFp32) {
 TEST_P(DeepseekV3Generate, CachedLogitsEqualFullForwardBf16) {
   CausalLM m = load(GetParam(), DType::BF16);
   const auto ids = random_ids(24, m.config.vocab_size, 32);
-  const auto ref = full_logits(m, ids);
+  const auto ref = full_forward_logits(m, ids);
   const auto got = cached_logits(m, ids, 5, 4);
   ASSERT_EQ(got.size(), ref.size());
   size_t equal = 0;
@@ -149,7 +135,7 @@ TEST_P(DeepseekV3Generate, GreedyEqualsArgmaxOfFullForwardEachStep) {
   std::vector<int64_t> seq = prompt, ref;
   const int64_t V = m.config.vocab_size;
   for (int s = 0; s < 10; ++s) {
-    const auto logits = full_logits(m, seq);
+    const auto logits = full_forward_logits(m, seq);
     const float* last = logits.data() + (seq.size() - 1) * V;
     ref.push_back(std::max_element(last, last + V) - last);
     seq.push_back(ref.back());

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
 #include "models/decoder_model.h"
@@ -68,6 +69,24 @@ inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
   return m;
+}
+
+// n ids drawn uniformly from [0, vocab) with Rng(seed).
+inline std::vector<int64_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int64_t>(rng.next_u64() % vocab));
+  return ids;
+}
+
+// F32 [S, V] logits of DecoderModel::forward() over the whole sequence, no cache: what the cached generation of a
+// family is held to.
+inline std::vector<float> full_forward_logits(const CausalLM& m, const std::vector<int64_t>& ids) {
+  Batch b;
+  b.input_ids = Tensor::empty({1, static_cast<int64_t>(ids.size())}, DType::I64);
+  std::copy(ids.begin(), ids.end(), b.input_ids.data_as<int64_t>());
+  ModelWeights w = m.weights;  // shares the tensors; DecoderModel wants a mutable reference
+  return DecoderModel(m.config, w).forward(b, true).logits.to_floats();
 }
 
 // Transformers' greedy generate() goldens (<dir>/generate.json: prompts, outputs, max_new_tokens) against ours on

@@ -36,7 +36,8 @@ void gate_row(const float* y, const float* z, int64_t n, int64_t group, float ep
 }
 }  // namespace
 
-Tensor rmsnorm_gated_forward(const Tensor& y, const Tensor& z, const Tensor& w, int64_t group, float eps) {
+Tensor rmsnorm_gated_forward(const Tensor& y, const Tensor& z, const Tensor& w, int64_t group, float eps,
+                             bool bf16_input) {
   const GatedDims d = gated_dims(y, z, w, group);
   const int64_t n = d.n;
   const Tensor wf = param_f32(w);
@@ -49,7 +50,10 @@ Tensor rmsnorm_gated_forward(const Tensor& y, const Tensor& z, const Tensor& w, 
   for (int64_t r = 0; r < d.rows; ++r) {
     std::vector<float> t(static_cast<size_t>(n)), rstd(static_cast<size_t>(n / group));
     gate_row(yp + r * n, zp + r * n, n, group, eps, t.data(), rstd.data());
-    for (int64_t i = 0; i < n; ++i) op[r * n + i] = wp[i] * (t[i] * rstd[i / group]);
+    if (bf16_input)
+      for (int64_t i = 0; i < n; ++i) op[r * n + i] = round_bf16(wp[i] * round_bf16(t[i] * rstd[i / group]));
+    else
+      for (int64_t i = 0; i < n; ++i) op[r * n + i] = wp[i] * (t[i] * rstd[i / group]);
   }
   return out;
 }

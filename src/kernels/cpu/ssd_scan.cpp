@@ -270,8 +270,9 @@ void chunk_matrices(const HeadView& v, const ChunkedHead& c, int64_t z, std::vec
     }
 }
 
-// Forward of one head; y (when given) receives Y_diag + Y_off + D·x.
-ChunkedHead chunked_head(const HeadView& v, int64_t Q, float* y) {
+// Forward of one head; y (when given) receives Y_diag + Y_off + D·x, final (when given, [P, N]) the state after the
+// segment: the last row of the states matrix, Σ_{k=1..nc} exp(segsum)[nc, k] · st_{k−1}.
+ChunkedHead chunked_head(const HeadView& v, int64_t Q, float* y, float* final = nullptr) {
   const Dims& d = v.d;
   const int64_t P = d.P, N = d.N;
   ChunkedHead c;
@@ -332,6 +333,14 @@ ChunkedHead chunked_head(const HeadView& v, int64_t Q, float* y) {
       for (int64_t e = 0; e < P * N; ++e) s_in[e] += K * st[e];
     }
   }
+  if (final) {
+    std::fill(final, final + P * N, 0.0f);
+    for (int64_t k = 1; k <= c.nc; ++k) {
+      const float K = std::exp(seg[static_cast<size_t>(c.nc * (c.nc + 1) + k)]);
+      const float* st = c.st.data() + (k - 1) * P * N;
+      for (int64_t e = 0; e < P * N; ++e) final[e] += K * st[e];
+    }
+  }
   if (!y) return c;
   // Y_off = (C · S_in) · exp(cs), then the D skip.
   for (int64_t z = 0; z < c.nc; ++z) {
@@ -354,15 +363,23 @@ ChunkedHead chunked_head(const HeadView& v, int64_t Q, float* y) {
 
 }  // namespace
 
-Tensor ssd_scan_chunked_forward(const SsdShape& s, const SsdInputs& in, const std::vector<SeqSegment>& segs) {
+Tensor ssd_scan_chunked_forward(const SsdShape& s, const SsdInputs& in, const std::vector<SeqSegment>& segs,
+                                Tensor* final_state) {
   const Dims d = check_inputs(s, in, segs);
   MT_CHECK(s.chunk >= 1, "ssd scan: chunk {}", s.chunk);
+  MT_CHECK(!final_state || segs.size() == 1, "ssd scan: a final state for {} segments (one only)", segs.size());
   Tensor y = Tensor::empty({d.T, d.H, d.P}, DType::F32);
   float* yp = y.data_as<float>();
+  float* fp = nullptr;
+  if (final_state) {
+    *final_state = Tensor::empty({d.H, d.P, d.N}, DType::F32);
+    fp = final_state->data_as<float>();
+  }
   const int64_t items = static_cast<int64_t>(segs.size()) * d.H;
 #pragma omp parallel for schedule(dynamic, 1) if ((d.T * d.H * d.P * d.N) >= kParallelMinWork)
   for (int64_t k = 0; k < items; ++k)
-    chunked_head(head_view(d, in, segs[static_cast<size_t>(k / d.H)], k % d.H), s.chunk, yp);
+    chunked_head(head_view(d, in, segs[static_cast<size_t>(k / d.H)], k % d.H), s.chunk, yp,
+                 fp ? fp + (k % d.H) * d.P * d.N : nullptr);
   return y;
 }
 

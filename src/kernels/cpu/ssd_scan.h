@@ -45,7 +45,11 @@ Tensor ssd_scan_sequential_forward(const SsdShape& s, const SsdInputs& in, const
 SsdGrads ssd_scan_sequential_backward(const SsdShape& s, const SsdInputs& in, const Tensor& dy,
                                       const std::vector<SeqSegment>& segs);
 
-Tensor ssd_scan_chunked_forward(const SsdShape& s, const SsdInputs& in, const std::vector<SeqSegment>& segs);
+// final_state (optional, one segment only): the state after the segment's last token, F32 [heads, P, N], as the
+// chunked form has it (Transformers' new_states[:, -1], the ssm_state its torch path hands to the decode cache:
+// Σ_z exp(segsum of the chunk totals)_{last,z} · state_z).
+Tensor ssd_scan_chunked_forward(const SsdShape& s, const SsdInputs& in, const std::vector<SeqSegment>& segs,
+                                Tensor* final_state = nullptr);
 SsdGrads ssd_scan_chunked_backward(const SsdShape& s, const SsdInputs& in, const Tensor& dy,
                                    const std::vector<SeqSegment>& segs);
 
