@@ -95,6 +95,10 @@
 #         hf-lora.json; an 80 GB card may not hold 48 layers: LAYERS=24 there) |
 #         lora-recipe (~2–3 min: recipes/qwen3-30b-a3b-lora.yaml on one GPU at a 2-layer slice, 12 steps, then
 #         Transformers + PEFT load the adapter and give mixtune's logits; needs .carry/qsdata.tar.xz) |
+#         nemotron-recipe (~1–2 min, issue 41: recipes/nemotron-3-nano-30b-a3b.yaml on one GPU at a LAYERS=6-layer slice,
+#         50 bf16 steps at seq 2048 on the CUDA Mamba2 kernels, metrics in nemotron-recipe-metrics.jsonl; then
+#         Transformers loads the saved checkpoint and scores rows like `mixtune score --dtype float32`; needs
+#         .carry/qsdata.tar.xz) |
 #         dsv3-recipe (~1 min: recipes/moonlight-16b-a3b.yaml on one GPU at a LAYERS=3-layer slice, 50 bf16 steps at
 #         seq 2048 with the aux-loss-free bias update, metrics in dsv3-recipe-metrics.jsonl; then Transformers loads the
 #         saved checkpoint and scores rows like `mixtune score --dtype float32`; needs .carry/qsdata.tar.xz) |
@@ -202,6 +206,28 @@ m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16); pri
         --logits "$R/mixtune-logits.npy" >> "$OUT/lora-recipe.log" 2>&1 || rc=1
       PYTHONUNBUFFERED=1 python3 tools/hf_reference/check_mixtune_adapter.py --base "$R/base" --adapter "$R/run/final" \
         --data "$R/check.jsonl" --logits "$R/mixtune-logits.npy" 2>&1 | tail -4 | tee -a "$OUT/lora-recipe.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+    nemotron-recipe)  # recipes/nemotron-3-nano-30b-a3b.yaml on one GPU: a LAYERS=6-layer slice (MEMEM*) of
+      # nemotron-3-nano-30b-a3b (random bf16 weights, zero selection biases) with the vocabulary widened to the Qwen3
+      # tokenizer's 151,936 rows (the quickstart's chat data; the preset's 131,072 is smaller), 50 bf16 steps at seq 2048
+      # (grad_accum 2) on the CUDA Mamba2 kernels; then Transformers loads final/ and scores rows on the CPU in fp32
+      # against `mixtune score --dtype float32` (check_mixtune_checkpoint.py: loss rel <= 1e-5, logits max abs <= 1e-4).
+      R=/tmp/nemotron-recipe && rm -rf "$R" && mkdir -p "$R" && tar xJf .carry/qsdata.tar.xz -C "$R" \
+        && "$BIN/mixtune" init --preset nemotron-3-nano-30b-a3b --layers "${LAYERS:-6}" --dtype bfloat16 "$R/preset" \
+        && python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["vocab_size"] = 151936; json.dump(c, open(sys.argv[2], "w"), indent=1)' \
+             "$R/preset/config.json" "$R/config.json" \
+        && "$BIN/mixtune" init --config "$R/config.json" --seed 7 --dtype bfloat16 --tokenizer "$R/qsdata/tokenizer" \
+             "$R/base" \
+        && { time "$BIN/mixtune" finetune recipes/nemotron-3-nano-30b-a3b.yaml --set model.path="$R/base" \
+               --set data.train="$R/qsdata/train.jsonl" --set parallel.ep=1 --set train.max_steps=50 \
+               --set data.seq_len=2048 --set train.grad_accum=2 --set train.log_every=1 --set optimizer.lr=1.0e-4 \
+               --set schedule.warmup_steps=5 --set checkpoint.dir="$R/run"; } > "$OUT/nemotron-recipe.log" 2>&1; nrc=$?
+      tail -12 "$OUT/nemotron-recipe.log"; [[ $nrc -eq 0 ]] || rc=1
+      cp "$R/run/metrics.jsonl" "$OUT/nemotron-recipe-metrics.jsonl" 2>/dev/null
+      python3 -c 'import json, sys; m = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]; s = [r for r in m if "loss" in r]; print("nemotron-recipe:", len(s), "steps, loss", s[0]["loss"], "->", s[-1]["loss"], "; tokens/s", s[-1].get("tokens_per_s"))' \
+        "$R/run/metrics.jsonl" 2>&1 | tee -a "$OUT/nemotron-recipe.log"
+      PYTHONUNBUFFERED=1 python3 tools/hf_reference/check_mixtune_checkpoint.py --binary "$BIN/mixtune" \
+        --model "$R/run/final" --work "$R/check" --vocab 151669 2>&1 | tail -6 | tee -a "$OUT/nemotron-recipe.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
     dsv3-recipe)  # recipes/moonlight-16b-a3b.yaml on one GPU: a LAYERS=3-layer slice of moonlight-16b-a3b (random
       # bf16 weights: layer 0 dense, the rest MoE; zero selection biases), the quickstart's chat data and Qwen3

@@ -365,7 +365,7 @@ TEST(Recipe, ShippedRecipesLoad) {
     loaded.emplace(e.path().filename().string(), recipe_load(e.path().string(), {}));
   }
   for (const char* name : {"quickstart.yaml", "quickstart-lora.yaml", "gpt-oss-20b.yaml", "qwen3-30b-a3b-lora.yaml",
-                           "moonlight-16b-a3b.yaml"})
+                           "moonlight-16b-a3b.yaml", "nemotron-3-nano-30b-a3b.yaml"})
     ASSERT_EQ(loaded.count(name), 1u) << name;
 
   // Moonlight-16B-A3B: 4 GPUs, experts split over them, pure bf16, the aux-loss-free bias update on.
@@ -386,6 +386,19 @@ TEST(Recipe, ShippedRecipesLoad) {
   EXPECT_EQ(slice.parallel.ep, 1);
   EXPECT_EQ(slice.train.max_steps, 50);
   EXPECT_DOUBLE_EQ(slice.moe.bias_update_rate, 0.001);
+
+  // Nemotron 3 Nano: 8 GPUs, experts split over them, pure bf16, the selection bias as loaded; the overrides of
+  // scripts/gpu-session.sh's nemotron-recipe stage.
+  const Recipe& n = loaded.at("nemotron-3-nano-30b-a3b.yaml");
+  EXPECT_EQ(n.parallel.ep, 8);
+  EXPECT_EQ(n.train.recompute, "none");
+  EXPECT_EQ(n.optimizer.master_weights, "none");
+  EXPECT_EQ(n.moe.bias_update_rate, 0.0);
+  const Recipe nslice = recipe_load((dir / "nemotron-3-nano-30b-a3b.yaml").string(),
+                                    {"parallel.ep=1", "train.max_steps=50", "data.seq_len=2048", "train.grad_accum=2",
+                                     "train.log_every=1", "optimizer.lr=1.0e-4", "schedule.warmup_steps=5"});
+  EXPECT_EQ(nslice.parallel.ep, 1);
+  EXPECT_EQ(nslice.train.max_steps, 50);
 
   const Recipe& g = loaded.at("gpt-oss-20b.yaml");  // GPT-OSS has no selection bias: the update stays off
   EXPECT_EQ(g.parallel.ep, 4);
