@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -66,6 +67,9 @@ nlohmann::json nemotron_test_json() {
 
 DecoderSpec nemotron_test_spec() { return DecoderSpec::from_json(nemotron_test_json(), "nemotron-h test"); }
 
+// The engine's opt-in for its Mamba2 kernels (decoder_cuda_model.h cuda_mamba2_opted_in); each test is its own process.
+void opt_in() { setenv("MIXTUNE_CUDA_MAMBA2", "1", 1); }
+
 struct CudaRun {
   double ce = 0;
   int64_t count = 0;
@@ -104,6 +108,11 @@ test::GradLimit grad_limit(const std::string& name, test::GradLimit base) {
 }
 
 TEST(CudaNemotronH, SpecIsAcceptedAndPresetToo) {
+  unsetenv("MIXTUNE_CUDA_MAMBA2");
+  const std::string why = cuda_model_unsupported_reason(nemotron_test_spec());
+  EXPECT_NE(why.find("MIXTUNE_CUDA_MAMBA2=1"), std::string::npos) << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+  opt_in();
   EXPECT_EQ(cuda_model_unsupported_reason(nemotron_test_spec()), "");
   EXPECT_EQ(cuda_model_unsupported_reason(
                 DecoderSpec::from_json(preset_config_json("nemotron-3-nano-30b-a3b"), "nemotron-3-nano-30b-a3b")),
@@ -112,6 +121,7 @@ TEST(CudaNemotronH, SpecIsAcceptedAndPresetToo) {
 
 TEST(CudaNemotronH, MatchesCpuBf16) {
   MT_SKIP_WITHOUT_CUDA();
+  opt_in();
   const DecoderSpec cfg = nemotron_test_spec();
   ASSERT_EQ(cuda_model_unsupported_reason(cfg), "");
   ModelWeights host_w = random_weights(cfg, 7);
@@ -151,6 +161,7 @@ TEST(CudaNemotronH, MatchesCpuBf16) {
 
 TEST(CudaNemotronH, RecomputePoliciesAgree) {
   MT_SKIP_WITHOUT_CUDA();
+  opt_in();
   const DecoderSpec cfg = nemotron_test_spec();
   ModelWeights host_w = random_weights(cfg, 11);
   ModelWeights dev_w = to_device_weights(host_w);
@@ -170,6 +181,7 @@ TEST(CudaNemotronH, RecomputePoliciesAgree) {
 // the GEMMs see other row counts): 2e-3 relative.
 TEST(CudaNemotronH, PackedDocumentsEqualSeparateRows) {
   MT_SKIP_WITHOUT_CUDA();
+  opt_in();
   const DecoderSpec cfg = nemotron_test_spec();
   ModelWeights host_w = random_weights(cfg, 13);
   ModelWeights dev_w = to_device_weights(host_w);
