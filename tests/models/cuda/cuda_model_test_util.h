@@ -73,6 +73,40 @@ inline std::vector<float> floats_of(const Tensor& t) {
   return t.device().is_cpu() ? t.to_floats() : device_floats(t);
 }
 
+// One forward_backward of the CUDA model on `b` (LM head in chunks of 64 rows, so the tests' small batches take
+// several): the loss sum and its mean over `div`, the target count, whether a load-balancing loss came out, and the
+// gradients (F32 on the device, zero-initialised).
+struct CudaRun {
+  float ce_sum = 0;
+  double ce = 0;  // ce_sum / div
+  int32_t count = 0;
+  bool aux = false;
+  ModelWeights grads;
+};
+inline CudaRun run_cuda(const DecoderSpec& cfg, ModelWeights& dev_w, const Batch& b, Recompute rc, double div,
+                        bool deterministic = false) {
+  CudaModelOptions o;
+  o.recompute = rc;
+  o.loss_chunk_rows = 64;
+  o.deterministic = deterministic;
+  DecoderCudaModel model(cfg, dev_w, 0, o);
+  const CudaBatch gb = cuda_batch_upload(cfg, b, 0);
+  CudaRun r;
+  r.grads = device_zeros_like(cfg);
+  const CudaLoss l = model.forward_backward(gb, r.grads, div);
+  r.ce_sum = cuda::to_host(l.ce_sum).to_floats()[0];
+  r.ce = r.ce_sum / div;
+  r.count = cuda::to_host(l.count).data_as<int32_t>()[0];
+  r.aux = l.aux.defined();
+  return r;
+}
+
+// A random correction bias (Transformers' init is zeros, which would leave its selection role untested).
+inline void randomise_correction_bias(ModelWeights& w, uint64_t seed) {
+  for (LayerWeights& L : w.layers)
+    if (L.router_score_bias.defined()) L.router_score_bias = host_random(L.router_score_bias.shape(), seed++, 0.05f);
+}
+
 // Normalised-error limits of one gradient (cuda_test_util.h).
 struct GradLimit {
   double max_norm, rel_l2;

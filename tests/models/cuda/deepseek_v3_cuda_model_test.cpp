@@ -45,7 +45,9 @@
 namespace mt {
 namespace {
 
-using test::device_zeros_like;
+using test::CudaRun;
+using test::randomise_correction_bias;
+using test::run_cuda;
 using test::MlaGeometry;
 using test::test_batch;
 using test::to_device_weights;
@@ -65,34 +67,6 @@ DecoderSpec all_routed(const MlaGeometry& g) {
   return DecoderSpec::from_json(j, "dsv3 all routed");
 }
 
-struct CudaRun {
-  double ce = 0;
-  int64_t count = 0;
-  ModelWeights grads;
-};
-
-CudaRun run_cuda(const DecoderSpec& cfg, ModelWeights& dev_w, const Batch& b, Recompute rc, double div) {
-  CudaModelOptions o;
-  o.recompute = rc;
-  o.loss_chunk_rows = 64;
-  DecoderCudaModel model(cfg, dev_w, 0, o);
-  const CudaBatch gb = cuda_batch_upload(cfg, b, 0);
-  CudaRun r;
-  r.grads = device_zeros_like(cfg);
-  const CudaLoss l = model.forward_backward(gb, r.grads, div);
-  r.ce = cuda::to_host(l.ce_sum).to_floats()[0] / div;
-  r.count = cuda::to_host(l.count).data_as<int32_t>()[0];
-  EXPECT_FALSE(l.aux.defined());  // DeepSeek-V3 adds no load-balancing loss
-  return r;
-}
-
-// A random correction bias (Transformers' init is zeros, which would leave its selection role untested).
-void randomise_correction_bias(ModelWeights& w, uint64_t seed) {
-  for (LayerWeights& L : w.layers)
-    if (L.router_score_bias.defined())
-      L.router_score_bias = test::host_random(L.router_score_bias.shape(), seed++, 0.05f);
-}
-
 void expect_matches_cpu(const DecoderSpec& cfg, double loss_tol, test::GradLimit lim) {
   ASSERT_EQ(cuda_model_unsupported_reason(cfg), "");
   ModelWeights host_w = ModelWeights::random_init(cfg, DType::BF16, 7);
@@ -108,6 +82,7 @@ void expect_matches_cpu(const DecoderSpec& cfg, double loss_tol, test::GradLimit
   DecoderModel(cfg, w32).forward_backward(b, cpu32_g);
   const CudaRun got = run_cuda(cfg, dev_w, b, Recompute::none, static_cast<double>(want.tokens));
   EXPECT_EQ(got.count, want.tokens);
+  EXPECT_FALSE(got.aux);  // DeepSeek-V3 adds no load-balancing loss
   EXPECT_NEAR(got.ce, want.ce_loss, loss_tol * want.ce_loss);
   {  // forward() agrees with forward_backward's loss
     DecoderCudaModel m(cfg, dev_w, 0);

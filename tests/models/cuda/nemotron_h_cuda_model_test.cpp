@@ -35,7 +35,8 @@
 namespace mt {
 namespace {
 
-using test::device_zeros_like;
+using test::CudaRun;
+using test::run_cuda;
 using test::test_batch;
 using test::to_device_weights;
 
@@ -70,33 +71,12 @@ DecoderSpec nemotron_test_spec() { return DecoderSpec::from_json(nemotron_test_j
 // The engine's opt-in for its Mamba2 kernels (decoder_cuda_model.h cuda_mamba2_opted_in); each test is its own process.
 void opt_in() { setenv("MIXTUNE_CUDA_MAMBA2", "1", 1); }
 
-struct CudaRun {
-  double ce = 0;
-  int64_t count = 0;
-  ModelWeights grads;
-};
-
-CudaRun run_cuda(const DecoderSpec& cfg, ModelWeights& dev_w, const Batch& b, Recompute rc, double div) {
-  CudaModelOptions o;
-  o.recompute = rc;
-  o.loss_chunk_rows = 64;
-  DecoderCudaModel model(cfg, dev_w, 0, o);
-  const CudaBatch gb = cuda_batch_upload(cfg, b, 0);
-  CudaRun r;
-  r.grads = device_zeros_like(cfg);
-  const CudaLoss l = model.forward_backward(gb, r.grads, div);
-  r.ce = cuda::to_host(l.ce_sum).to_floats()[0] / div;
-  r.count = cuda::to_host(l.count).data_as<int32_t>()[0];
-  EXPECT_FALSE(l.aux.defined());  // Nemotron-H adds no load-balancing loss
-  return r;
-}
-
 // Random correction biases and Mamba2 scalars away from their inits (zeros; A_log = log(1..heads), D = 1), so the
 // selection bias and every per-head path are exercised.
 ModelWeights random_weights(const DecoderSpec& cfg, uint64_t seed) {
   ModelWeights w = ModelWeights::random_init(cfg, DType::BF16, seed);
+  test::randomise_correction_bias(w, seed + 100);
   for (LayerWeights& L : w.layers) {
-    if (L.router_score_bias.defined()) L.router_score_bias = test::host_random(L.router_score_bias.shape(), seed++, 0.05f);
     if (L.mamba_d.defined()) L.mamba_d = test::host_random(L.mamba_d.shape(), seed++, 1.0f, true).to(DType::BF16);
   }
   return w;
@@ -136,6 +116,7 @@ TEST(CudaNemotronH, MatchesCpuBf16) {
   const ForwardResult want32 = DecoderModel(cfg, w32).forward_backward(b, cpu32_g);
   const CudaRun got = run_cuda(cfg, dev_w, b, Recompute::none, static_cast<double>(want.tokens));
   EXPECT_EQ(got.count, want.tokens);
+  EXPECT_FALSE(got.aux);  // Nemotron-H adds no load-balancing loss
   // The loss: within 5e-3 of the CPU bf16, or of the CPU fp32 by as much as the CPU bf16 is from it (triangle).
   const double loss_tol = std::max(5e-3 * want.ce_loss, 3 * std::abs(want.ce_loss - want32.ce_loss));
   EXPECT_NEAR(got.ce, want.ce_loss, loss_tol) << "CPU fp32 " << want32.ce_loss;

@@ -41,7 +41,9 @@
 namespace mt {
 namespace {
 
-using test::device_zeros_like;
+using test::CudaRun;
+using test::randomise_correction_bias;
+using test::run_cuda;
 using test::test_batch;
 using test::to_device_weights;
 
@@ -82,35 +84,6 @@ DecoderSpec qwen_nope_spec() {
   DecoderSpec s = DecoderSpec::from_json(j, "qwen nope");
   for (AttentionSpec& a : s.attention) a.rope.kind = RopeKind::none;
   return s;
-}
-
-struct CudaRun {
-  float ce_sum = 0;
-  int32_t count = 0;
-  ModelWeights grads;
-};
-
-CudaRun run_cuda(const DecoderSpec& cfg, ModelWeights& dev_w, const Batch& b, Recompute rc, double div,
-                 bool deterministic = false) {
-  CudaModelOptions o;
-  o.recompute = rc;
-  o.loss_chunk_rows = 64;
-  o.deterministic = deterministic;
-  DecoderCudaModel model(cfg, dev_w, 0, o);
-  const CudaBatch gb = cuda_batch_upload(cfg, b, 0);
-  CudaRun r;
-  r.grads = device_zeros_like(cfg);
-  const CudaLoss l = model.forward_backward(gb, r.grads, div);
-  r.ce_sum = cuda::to_host(l.ce_sum).to_floats()[0];
-  r.count = cuda::to_host(l.count).data_as<int32_t>()[0];
-  return r;
-}
-
-// A random correction bias (Transformers' init is zeros, which would leave its selection role untested).
-void randomise_correction_bias(ModelWeights& w, uint64_t seed) {
-  for (LayerWeights& L : w.layers)
-    if (L.router_score_bias.defined())
-      L.router_score_bias = test::host_random(L.router_score_bias.shape(), seed++, 0.05f);
 }
 
 test::GradLimit router_or(const std::string& name, test::GradLimit base) {
