@@ -131,21 +131,7 @@ TEST_P(DeepseekV3Generate, CacheHoldsTheLatentAndTheRopeKeyOnly) {
 // The slow reference: for each new token, forward() over everything so far, argmax of the last row.
 TEST_P(DeepseekV3Generate, GreedyEqualsArgmaxOfFullForwardEachStep) {
   CausalLM m = load(GetParam(), DType::F32);
-  const auto prompt = random_ids(7, m.config.vocab_size, 33);
-  std::vector<int64_t> seq = prompt, ref;
-  const int64_t V = m.config.vocab_size;
-  for (int s = 0; s < 10; ++s) {
-    const auto logits = full_forward_logits(m, seq);
-    const float* last = logits.data() + (seq.size() - 1) * V;
-    ref.push_back(std::max_element(last, last + V) - last);
-    seq.push_back(ref.back());
-  }
-  GenerateOptions o;
-  o.max_new_tokens = 10;
-  o.sampling.temperature = 0;
-  const GenerateResult r = generate(m.config, m.weights, prompt, o);
-  EXPECT_EQ(r.ids, ref);
-  EXPECT_EQ(r.stop_reason, "max_new_tokens");
+  test::expect_greedy_equals_full_forward_argmax(m, random_ids(7, m.config.vocab_size, 33));
 }
 
 // Transformers' greedy generate() (fp32, use_cache=True; its DynamicCache holds full per-head keys and values, whose
@@ -160,21 +146,7 @@ TEST_P(DeepseekV3Generate, GreedyEqualsTransformersGoldens) {
 
 TEST_P(DeepseekV3Generate, SamplingIsSeededAndTopK1IsGreedy) {
   CausalLM m = load(GetParam(), DType::F32);
-  const auto prompt = random_ids(4, m.config.vocab_size, 34);
-  GenerateOptions o;
-  o.max_new_tokens = 12;
-  o.sampling.temperature = 1.5;
-  o.seed = 5;
-  const auto a = generate(m.config, m.weights, prompt, o).ids;
-  EXPECT_EQ(a.size(), 12u);
-  EXPECT_EQ(generate(m.config, m.weights, prompt, o).ids, a);
-  o.seed = 6;
-  EXPECT_NE(generate(m.config, m.weights, prompt, o).ids, a);
-  o.sampling.top_k = 1;
-  const auto k1 = generate(m.config, m.weights, prompt, o).ids;
-  o.sampling = {};
-  o.sampling.temperature = 0;
-  EXPECT_EQ(generate(m.config, m.weights, prompt, o).ids, k1);
+  test::expect_sampling_seeded_and_top_k1_greedy(m, random_ids(4, m.config.vocab_size, 34));
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, DeepseekV3Generate, ::testing::ValuesIn(kVariants));

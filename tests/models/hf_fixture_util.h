@@ -89,6 +89,43 @@ inline std::vector<float> full_forward_logits(const CausalLM& m, const std::vect
   return DecoderModel(m.config, w).forward(b, true).logits.to_floats();
 }
 
+// Greedy generate() (its decode cache) against the slow reference: for each new token, forward() over everything so
+// far and the argmax of the last row; 10 new tokens after `prompt`.
+inline void expect_greedy_equals_full_forward_argmax(CausalLM& m, const std::vector<int64_t>& prompt) {
+  std::vector<int64_t> seq = prompt, ref;
+  const int64_t V = m.config.vocab_size;
+  for (int s = 0; s < 10; ++s) {
+    const auto logits = full_forward_logits(m, seq);
+    const float* last = logits.data() + (seq.size() - 1) * V;
+    ref.push_back(std::max_element(last, last + V) - last);
+    seq.push_back(ref.back());
+  }
+  GenerateOptions o;
+  o.max_new_tokens = 10;
+  o.sampling.temperature = 0;
+  const GenerateResult r = generate(m.config, m.weights, prompt, o);
+  EXPECT_EQ(r.ids, ref);
+  EXPECT_EQ(r.stop_reason, "max_new_tokens");
+}
+
+// Sampling at temperature 1.5: the same seed gives the same 12 tokens, another seed others, and top-k 1 is greedy.
+inline void expect_sampling_seeded_and_top_k1_greedy(CausalLM& m, const std::vector<int64_t>& prompt) {
+  GenerateOptions o;
+  o.max_new_tokens = 12;
+  o.sampling.temperature = 1.5;
+  o.seed = 5;
+  const auto a = generate(m.config, m.weights, prompt, o).ids;
+  EXPECT_EQ(a.size(), 12u);
+  EXPECT_EQ(generate(m.config, m.weights, prompt, o).ids, a);
+  o.seed = 6;
+  EXPECT_NE(generate(m.config, m.weights, prompt, o).ids, a);
+  o.sampling.top_k = 1;
+  const auto k1 = generate(m.config, m.weights, prompt, o).ids;
+  o.sampling = {};
+  o.sampling.temperature = 0;
+  EXPECT_EQ(generate(m.config, m.weights, prompt, o).ids, k1);
+}
+
 // Transformers' greedy generate() goldens (<dir>/generate.json: prompts, outputs, max_new_tokens) against ours on
 // <dir>/ckpt in fp32.
 inline void expect_greedy_equals_goldens(const std::filesystem::path& dir) {
