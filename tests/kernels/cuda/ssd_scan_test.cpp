@@ -12,8 +12,11 @@
 //   (64-term fp32 sums of terms larger than their result); the CPU's sequential backward has its own fp32
 //   recurrence. dx, dB, dC, ddt, dD: 3e-4 max-norm, 5e-5 rel-L2; dA (each element a sum over all T tokens of
 //   cancelling terms): 1e-3 both.
-// * BF16 act: the inputs are bf16 values (the CPU gets the same numbers); dact is rounded once to bf16 (≤ 2^-9 ≈
-//   2.0e-3 relative, RMS ≈ 2^-9/√3 ≈ 1.1e-3): 2.5e-3 max-norm, 1.5e-3 rel-L2 on dact; the F32 outputs as above.
+// * BF16 act: the inputs are bf16 values (the CPU gets the same numbers); dact is rounded once to bf16: bf16 keeps 8
+//   significant bits, so the unit roundoff is u = 2^-8 ≈ 3.9e-3 (each |error| ≤ u·|value|, hence ‖error‖ ≤ u·‖ref‖; the
+//   RMS is ≈ 1.6e-3, the 1.6–1.8e-3 measured on an H100). dact: 4.5e-3 max-norm, 4e-3 rel-L2 (u plus the fp32
+//   terms above); the F32 outputs as above. (Until 2026-12-07 this said u = 2^-9 and allowed 1.5e-3 rel-L2: the
+//   first GPU run failed on it, on rounding alone.)
 // * Runs with and without the states buffer, and repeated runs, are compared bit for bit.
 #include <gtest/gtest.h>
 
@@ -39,7 +42,7 @@ cudaStream_t stream0() { return cuda::device_context(0).stream; }
 constexpr double kFwdMax = 1e-4, kFwdL2 = 2e-5;
 constexpr double kGradMax = 3e-4, kGradL2 = 5e-5;
 constexpr double kDaTol = 1e-3;
-constexpr double kBf16Max = 2.5e-3, kBf16L2 = 1.5e-3;
+constexpr double kBf16Max = 4.5e-3, kBf16L2 = 4e-3;
 constexpr int64_t kExtraCols = 3;  // act columns past x | B | C: the backward must leave them alone
 constexpr float kSentinel = 7.0f, kDdInit = 0.25f;
 

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "../../fixture_dir.h"
 #include "../../kernels/cuda/cuda_test_util.h"
 #include "core/error.h"
 #include "cuda_model_test_util.h"
@@ -191,8 +192,9 @@ TEST(CudaNemotronHRelu2NoRope, BatchHasNoRopeTable) {
 TEST(CudaNemotronHRelu2NoRope, RefusalsNameTheSize) {
   EXPECT_EQ(cuda_model_unsupported_reason(nemotron_spec(2)), "");
   // The fixture's mixer: in_proj 64 + 128 + 4 = 196 wide.
-  const DecoderSpec hybrid = DecoderSpec::from_file(std::string(MIXTUNE_SOURCE_DIR) +
-                                                    "/tests/fixtures/nemotron_h/hybrid_all_kinds/ckpt/config.json");
+  // fixture_dir: the binary may run on the GPU machine, away from the tree it was built in.
+  const DecoderSpec hybrid =
+      DecoderSpec::from_file((test::fixture_dir("nemotron_h/hybrid_all_kinds") / "ckpt/config.json").string());
   const std::string why = cuda_model_unsupported_reason(hybrid);
   EXPECT_NE(why.find("in_proj width 196"), std::string::npos) << why;
   EXPECT_EQ(why.find('\n'), std::string::npos) << why;

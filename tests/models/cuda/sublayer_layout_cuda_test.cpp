@@ -13,6 +13,8 @@
 // - The batch's RoPE tables: one per distinct (RoPE, head_dim) among the attention configurations.
 #include <gtest/gtest.h>
 
+#include "../../fixture_dir.h"
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -367,8 +369,9 @@ TEST(CudaSublayerLayout, UnsupportedReasonChecksEverySublayerConfiguration) {
 // in one line (no GPU needed): MLA head sizes without a flash kernel, more experts than the router kernel takes, a
 // shared expert whose width the GEMMs cannot split.
 TEST(CudaSublayerLayout, DeepseekV3RunsAndItsKernelLimitsAreRefused) {
-  const DecoderSpec dsv3 = DecoderSpec::from_file(std::string(MIXTUNE_SOURCE_DIR) +
-                                                  "/tests/fixtures/deepseek_v3/mla_yarn_dense1/ckpt/config.json");
+  // fixture_dir: the binary may run on the GPU machine, away from the tree it was built in.
+  const DecoderSpec dsv3 =
+      DecoderSpec::from_file((test::fixture_dir("deepseek_v3/mla_yarn_dense1") / "ckpt/config.json").string());
   EXPECT_EQ(cuda_model_unsupported_reason(dsv3), "");
   DecoderSpec mla = dsv3;
   mla.attention[0].qk_nope_head_dim = 32, mla.attention[0].head_dim = 40;  // qk 40: no flash kernel
