@@ -38,8 +38,8 @@
 // (a cc 9.0 GPU) forward_by_kernel times it against mma.sync (forced; Auto takes it unless
 // MIXTUNE_FLASH_FWD_SM90_MLA=0); --bwd-mla-slices-ab ROUNDS times the mma.sync backward in one column slice and in two
 // alternately (backward_by_mla_slices, medians). The Hopper backward at 192 / 128 (a cc 9.0 GPU; any scale) is timed
-// against mma.sync in backward_by_kernel / backward_speedup as at head_dim 128 (forced; Auto takes it only with
-// MIXTUNE_FLASH_BWD_SM90_MLA=1, backward_kernel says which ran). DeepSeek-V3's heads (128, all distinct KV heads) at
+// against mma.sync in backward_by_kernel / backward_speedup as at head_dim 128 (forced; Auto takes it unless
+// MIXTUNE_FLASH_BWD_SM90_MLA=0, backward_kernel says which ran). DeepSeek-V3's heads (128, all distinct KV heads) at
 // seq 4096:
 //   mixtune_bench_flash_attention --head-dim 192 --v-dim 128 --heads 128 --kv-heads 128 --scale 0.1352
 //       --bwd-mla-slices-ab 3
@@ -329,9 +329,9 @@ int main(int argc, char** argv) {
           "%.1f}}, \"forward_speedup\": %.2f,\n",
           sm90_ms, fwd_flops / sm90_ms * 1e-9, mma_ms, fwd_flops / mma_ms * 1e-9, mma_ms / sm90_ms);
     const char* benv = std::getenv("MIXTUNE_FLASH_BWD");
-    const char* benv_mla = std::getenv("MIXTUNE_FLASH_BWD_SM90_MLA");  // 192 / 128: Auto's sm90 only with "1"
+    const char* benv_mla = std::getenv("MIXTUNE_FLASH_BWD_SM90_MLA");  // 192 / 128: Auto's sm90 unless "0"
     const char* auto_bwd = have_bwd_sm90 && (benv == nullptr || std::string(benv) != "mma") &&
-                                   (Dv == D || (benv_mla && std::string(benv_mla) == "1"))
+                                   (Dv == D || !(benv_mla && std::string(benv_mla) == "0"))
                                ? "sm90"
                                : "mma";
     std::printf(" \"backward_kernel\": \"%s\",", auto_bwd);

@@ -131,13 +131,12 @@ bool sm90_backward_allowed() {
   return on;
 }
 
-// MLA's D 192 / Dv 128 sm90 backward (flash_attention_bwd_sm90_mla.cu) was written without a GPU: Auto takes it only
-// with MIXTUNE_FLASH_BWD_SM90_MLA=1 (read once) until its tests have passed on a cc 9.0 GPU; flash_bwd_kernel_set(Sm90)
-// forces it.
+// MLA's D 192 / Dv 128 sm90 backward (flash_attention_bwd_sm90_mla.cu): Auto's default since its tests passed on a
+// cc 9.0 GPU (bench/RESULTS.md session 35); MIXTUNE_FLASH_BWD_SM90_MLA=0 (read once) opts out, as for the forward.
 bool sm90_backward_mla_opted_in() {
   static const bool on = [] {
     const char* e = std::getenv("MIXTUNE_FLASH_BWD_SM90_MLA");
-    return e && std::string(e) == "1";
+    return !(e && std::string(e) == "0");
   }();
   return on;
 }

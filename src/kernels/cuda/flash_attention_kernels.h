@@ -121,8 +121,8 @@ void flash_bwd_epilogue(const FlashArgs& a, const float* dq_acc, const float* dk
 void flash_sink_grad_launch(const FlashArgs& a, const float* lse, const float* delta, cudaStream_t stream);
 
 // Which backward flash_attention_backward runs: as FlashFwdKernel, with MIXTUNE_FLASH_BWD=mma (read once)
-// selecting the mma.sync one under Auto; at D 192 / Dv 128 Auto takes the sm90 one only with
-// MIXTUNE_FLASH_BWD_SM90_MLA=1 (read once) until its tests have passed on a cc 9.0 GPU.
+// selecting the mma.sync one under Auto; at D 192 / Dv 128 Auto takes the sm90 one unless
+// MIXTUNE_FLASH_BWD_SM90_MLA=0 (read once).
 enum class FlashBwdKernel { Auto, MmaSync, Sm90 };
 void flash_bwd_kernel_set(FlashBwdKernel k);
 FlashBwdKernel flash_bwd_kernel_get();

@@ -2,8 +2,7 @@
 // FlashAttentionShape::v_dim) against cpu::attention_forward / attention_backward with AttentionShape::v_dim, in bf16
 // mode: forward out and lse, backward dq, dk, dv, with the mma.sync kernels (both backward shapes: one column
 // slice and two, flash_bwd_mla_slices_set; fast and deterministic), and the Hopper forward and backward where they
-// run (forced: Auto takes the forward unless MIXTUNE_FLASH_FWD_SM90_MLA=0, the backward only with
-// MIXTUNE_FLASH_BWD_SM90_MLA=1).
+// run (forced; Auto takes both unless MIXTUNE_FLASH_FWD_SM90_MLA=0 / MIXTUNE_FLASH_BWD_SM90_MLA=0).
 //
 // Shapes: one row of 256..1024 tokens, 4..16 heads, MHA (MLA broadcasts its shared RoPE key over the heads, so
 // every query head has its own key and value head), packed documents, odd lengths, two batch rows; one GQA case
@@ -423,12 +422,12 @@ TEST(CudaFlashAttentionMla, Sm90BackwardMatchesCpuAndMmaSync) {
   }
 }
 
-// Auto runs the 192 / 128 sm90 backward only with MIXTUNE_FLASH_BWD_SM90_MLA=1 (read once per process; run the test
+// Auto runs the 192 / 128 sm90 backward unless MIXTUNE_FLASH_BWD_SM90_MLA=0 (read once per process; run the test
 // once each way). Neither fast backward repeats bit for bit (fp32 atomics), so Auto's result is told apart by
 // distance: the two kernels differ by about one bf16 rounding of P inside dS (dq, dk rel-L2 ~3e-3 at head_dim 128),
 // a kernel against itself by the order of fp32 sums only (~1e-5); Auto's must lie within a quarter of the kernels'
 // distance of the kernel it should have run.
-TEST(CudaFlashAttentionMla, AutoTakesSm90BackwardOnlyWhenOptedIn) {
+TEST(CudaFlashAttentionMla, AutoTakesSm90BackwardUnlessOptedOut) {
   MT_SKIP_WITHOUT_CUDA();
   if (!sm90_backward_runs_mla())
     GTEST_SKIP() << "the sm90 flash-attention backward needs a cc 9.0 GPU and an sm_90a build (device 0 has neither)";
@@ -445,13 +444,13 @@ TEST(CudaFlashAttentionMla, AutoTakesSm90BackwardOnlyWhenOptedIn) {
   ASSERT_GT(apart, 1e-3) << "the two backwards agree too closely for this test to tell which one Auto ran";
   const char* e = std::getenv("MIXTUNE_FLASH_BWD_SM90_MLA");
   const char* bwd = std::getenv("MIXTUNE_FLASH_BWD");
-  const bool sm90_expected = e && std::string(e) == "1" && !(bwd && std::string(bwd) == "mma");
+  const bool sm90_expected = !(e && std::string(e) == "0") && !(bwd && std::string(bwd) == "mma");
   const double to_sm90 = dist(autos, sm90), to_mma = dist(autos, mma);
   if (sm90_expected)
-    EXPECT_LT(to_sm90, apart / 4) << "opted in: Auto's gradients are not the sm90 backward's (to mma.sync " << to_mma
+    EXPECT_LT(to_sm90, apart / 4) << "default: Auto's gradients are not the sm90 backward's (to mma.sync " << to_mma
                                   << ", kernels apart " << apart << ")";
   else
-    EXPECT_LT(to_mma, apart / 4) << "not opted in: Auto's gradients are not the mma.sync backward's (to sm90 " << to_sm90
+    EXPECT_LT(to_mma, apart / 4) << "opted out: Auto's gradients are not the mma.sync backward's (to sm90 " << to_sm90
                                  << ", kernels apart " << apart << ")";
 }
 
