@@ -554,7 +554,10 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
       rec["eval_tokens"] = e.tokens;
       progress.message(fmt::format("step {}: eval_loss {:.4f} over {} tokens", st.step, e.ce_loss, e.tokens));
     }
-    if (metrics) metrics->append(rec);
+    if (metrics) {
+      metrics->append(rec);
+      if (o.on_metrics) o.on_metrics(rec);
+    }
     progress.step(rep);
     result.last_loss = loss;
 
