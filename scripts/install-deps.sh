@@ -4,6 +4,8 @@ set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config
       nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
       libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
+      # protoc decodes the TensorBoard event records in the tests (the writer itself needs no protobuf).
+      protobuf-compiler
       libonig-dev libutf8proc-dev libyaml-cpp-dev
       # Open MPI: mpirun jobs bootstrap through it; the tests start jobs with mpirun.
       openmpi-bin libopenmpi-dev
