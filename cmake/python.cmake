@@ -5,6 +5,11 @@ set(MIXTUNE_PYTHON AUTO CACHE STRING "Build the Python module: AUTO, ON or OFF")
 set_property(CACHE MIXTUNE_PYTHON PROPERTY STRINGS AUTO ON OFF)
 set(MIXTUNE_PYTHON_DIR lib/python3/dist-packages CACHE STRING "Where the Python package is installed, under the prefix")
 if(NOT MIXTUNE_PYTHON STREQUAL "OFF")
+  # Debian's interpreter (whose python3-numpy the tests use, and whose dist-packages the package fills), not one
+  # that comes first on PATH (pyenv, a venv), unless the caller names one.
+  if(NOT DEFINED Python3_EXECUTABLE AND EXISTS /usr/bin/python3)
+    set(Python3_EXECUTABLE /usr/bin/python3)
+  endif()
   if(MIXTUNE_PYTHON STREQUAL "ON")
     find_package(Python3 REQUIRED COMPONENTS Interpreter Development.Module)
     find_package(pybind11 CONFIG REQUIRED)

@@ -3,10 +3,12 @@
 # example project examples/consumer configured with find_package(mixtune) against it, built and run on a
 # Transformers-made fixture (its 5 fine-tuning steps checked against Transformers' losses), the installed CLI
 # run from the prefix, and the Python tests (tests/python) run against the installed module.
-#   scripts/check-install.sh BUILD_DIR SOURCE_DIR
+#   scripts/check-install.sh BUILD_DIR SOURCE_DIR [PYTHON (the interpreter the module was built for)]
 set -euo pipefail
 build=$(realpath "$1")
 src=$(realpath "$2")
+py=${3:-/usr/bin/python3}
+[[ -x $py ]] || py=python3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
@@ -40,7 +42,7 @@ clip: {max_grad_norm: 0}
 checkpoint: {dir: $work/run}
 YAML
 "$work/consumer/mixtune_consumer" "$fx/moe_gqa_aux/ckpt" "$work/recipe.yaml" "$work/saved" > "$work/consumer.jsonl"
-python3 - "$work/consumer.jsonl" "$fx/train5/meta.json" "$work/saved" <<'PY'
+"$py" - "$work/consumer.jsonl" "$fx/train5/meta.json" "$work/saved" <<'PY'
 import json, os, sys
 events = [json.loads(line) for line in open(sys.argv[1])]
 meta = json.load(open(sys.argv[2]))
@@ -58,7 +60,7 @@ PY
 
 pydir=$prefix/lib/python3/dist-packages
 if [[ -d $pydir/mixtune ]]; then
-  PYTHONPATH=$pydir MIXTUNE_SOURCE_DIR=$src python3 -m unittest discover -s "$src/tests/python" -v 2>&1 | tail -15
+  PYTHONPATH=$pydir MIXTUNE_SOURCE_DIR=$src "$py" -m unittest discover -s "$src/tests/python" -v 2>&1 | tail -15
   status=${PIPESTATUS[0]}
   [[ $status -eq 0 ]] || { echo "check-install: the Python tests failed"; exit 1; }
 else

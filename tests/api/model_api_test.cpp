@@ -121,7 +121,7 @@ TEST(ModelApi, InspectAndInfoDescribeTheCheckpoint) {
   EXPECT_EQ(i.architecture, "Qwen3MoeForCausalLM");
   EXPECT_EQ(i.model_type, "qwen3_moe");
   EXPECT_EQ(i.layers, config["num_hidden_layers"].get<int64_t>());
-  EXPECT_EQ(i.experts, config["num_experts"].get<int64_t>());
+  EXPECT_EQ(i.experts, config["num_local_experts"].get<int64_t>());
   EXPECT_EQ(i.experts_per_token, config["num_experts_per_tok"].get<int64_t>());
   EXPECT_GT(i.parameters.total, i.parameters.active_per_token);
   EXPECT_EQ(nlohmann::json::parse(i.json)["parameters"]["total"].get<int64_t>(), i.parameters.total);

@@ -61,10 +61,12 @@ class ModuleTest(unittest.TestCase):
         self.assertEqual(info["architecture"], "Qwen3MoeForCausalLM")
         self.assertEqual(info["layers"], config["num_hidden_layers"])
         self.assertEqual(info["vocab_size"], config["vocab_size"])
-        self.assertEqual(info["experts"], config["num_experts"])
+        self.assertEqual(info["experts"], config["num_local_experts"])
+        self.assertEqual(info["experts_per_token"], config["num_experts_per_tok"])
 
     def test_score_matches_transformers(self):
-        meta = json.load(open(os.path.join(FIXTURES, "moe_gqa_aux", "meta.json")))
+        with open(os.path.join(FIXTURES, "moe_gqa_aux", "meta.json")) as f:
+            meta = json.load(f)
         batch = read_safetensors(os.path.join(FIXTURES, "moe_gqa_aux", "plain.safetensors"), ["input_ids", "labels"])
         model = mixtune.from_pretrained(CKPT, dtype="float32")
         out = model.score(batch["input_ids"], labels=batch["labels"], logits=True)
@@ -89,7 +91,8 @@ class ModuleTest(unittest.TestCase):
         self.assertAlmostEqual(total / count, out["ce_loss"], delta=1e-5 * out["ce_loss"])
 
     def test_finetune_five_steps_match_transformers(self):
-        meta = json.load(open(os.path.join(FIXTURES, "train5", "meta.json")))
+        with open(os.path.join(FIXTURES, "train5", "meta.json")) as f:
+            meta = json.load(f)
         with tempfile.TemporaryDirectory() as d:
             seen = []
             # The fixture ran torch.optim.AdamW(model.parameters()): every parameter decays.
@@ -108,7 +111,8 @@ class ModuleTest(unittest.TestCase):
             self.assertEqual(trained.info["architecture"], "Qwen3MoeForCausalLM")
 
     def test_greedy_generation_matches_transformers(self):
-        golden = json.load(open(os.path.join(FIXTURES, "moe_gqa_aux", "generate.json")))
+        with open(os.path.join(FIXTURES, "moe_gqa_aux", "generate.json")) as f:
+            golden = json.load(f)
         model = mixtune.from_pretrained(CKPT, dtype="float32")
         for prompt, want in zip(golden["prompts"], golden["outputs"]):
             streamed = []
@@ -146,7 +150,8 @@ class ModuleTest(unittest.TestCase):
 
             with self.assertRaises(KeyboardInterrupt):
                 mixtune.finetune(recipe, set={"checkpoint.every_steps": 100}, on_step=interrupt_at_two, quiet=True)
-            self.assertTrue(os.path.isdir(os.path.join(d, "run", "latest")))
+            with open(os.path.join(d, "run", "latest")) as f:  # names the checkpoint the stop wrote
+                self.assertEqual(f.read().strip(), "checkpoint-000002")
             with open(os.path.join(d, "run", "metrics.jsonl")) as f:
                 self.assertEqual([json.loads(line)["step"] for line in f], [1, 2])
             r = mixtune.finetune(recipe, set={"checkpoint.every_steps": 100}, resume=True, quiet=True)
