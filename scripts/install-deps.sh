@@ -4,9 +4,13 @@ set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config
       nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
       libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
+      # protoc decodes the TensorBoard event records in the tests (the writer itself needs no protobuf).
+      protobuf-compiler
       libonig-dev libutf8proc-dev libyaml-cpp-dev
       # Open MPI: mpirun jobs bootstrap through it; the tests start jobs with mpirun.
       openmpi-bin libopenmpi-dev
+      # The Python module (pybind11) and its tests (numpy arrays); dpkg-dev: cpack -G DEB's tools.
+      python3-dev pybind11-dev python3-numpy dpkg-dev
       # Real Q&A for the quickstart's chat data (tools/quickstart_data): the quiz(6) files and the riddles.
       bsdgames fortunes-min)
 missing=()

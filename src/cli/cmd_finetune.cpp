@@ -1,5 +1,5 @@
 // mixtune finetune RECIPE.yaml [--set key.path=value ...] [--resume]
-// SIGINT / SIGTERM once training steps run: finish the current optimizer step, write a checkpoint, exit with
+// Built on the library API (mixtune::finetune). SIGINT / SIGTERM once training steps run: finish the current optimizer step, write a checkpoint, exit with
 // 130 / 143. A second signal kills the process at once (the default action is restored by the first). During
 // set-up (rendezvous, loading) there is nothing to checkpoint: the first signal ends the process at once.
 #include <csignal>
@@ -8,15 +8,14 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
-#include "train/recipe.h"
-#include "train/trainer.h"
+#include "mixtune/mixtune.h"
 
 namespace mt::cli {
 
 namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
-volatile std::sig_atomic_t g_steps_running = 0;  // set by FinetuneOptions::steps_begin
+volatile std::sig_atomic_t g_steps_running = 0;  // set by FinetuneOptions::on_steps_begin
 
 extern "C" void on_stop_signal(int sig) {
   std::signal(sig, SIG_DFL);
@@ -35,16 +34,15 @@ struct FinetuneArgs {
 };
 
 void run_finetune(const FinetuneArgs& a) {
-  std::vector<std::string> sets = a.sets;
-  if (!a.adapter.empty()) sets.push_back("model.adapter=" + a.adapter);  // as --set model.adapter=DIR
-  const Recipe recipe = recipe_load(a.recipe, sets);
-  FinetuneOptions o;
+  mixtune::FinetuneOptions o;
+  o.set = a.sets;
+  o.adapter = a.adapter;  // as --set model.adapter=DIR
   o.resume = a.resume;
   o.stop_requested = [] { return g_stop_signal != 0; };
-  o.steps_begin = [] { g_steps_running = 1; };
+  o.on_steps_begin = [] { g_steps_running = 1; };
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
-  const FinetuneResult r = finetune(recipe, o);
+  const mixtune::FinetuneResult r = mixtune::finetune(a.recipe, o);
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
   if (r.interrupted) {

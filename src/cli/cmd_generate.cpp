@@ -17,8 +17,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "data/chat_format.h"
-#include "data/chat_template.h"
+#include "data/chat_prompt.h"
 #include "data/tokenizer.h"
 #include "io/json_text.h"
 #include "models/causal_lm.h"
@@ -54,24 +53,12 @@ std::string read_messages_file(const std::string& path) {
   return text;
 }
 
-// The rendered chat prompt: a JSON array of messages, or an object holding one under "messages", through the
-// chat template of `template_dir` (the tokenizer's directory, where Transformers reads it from).
+// The rendered chat prompt of --chat through the chat template of `template_dir` (the tokenizer's directory, where
+// Transformers reads it from).
 std::string chat_prompt(const GenerateArgs& a, const std::string& template_dir) {
   const std::string what = "--chat " + a.chat;
-  nlohmann::ordered_json j = json_parse_strict(read_messages_file(a.chat), what, 64);
-  if (j.is_object()) {
-    if (!j.contains("messages")) fail("{}: expected a JSON array of messages or an object with \"messages\"", what);
-    j = j["messages"];
-  }
-  const std::vector<ChatMessage> messages = chat_messages_from_json(j, what);
-  if (messages.empty()) fail("{}: messages: the array is empty", what);
-  ChatOptions co;
-  co.add_generation_prompt = true;
-  co.enable_thinking = !a.no_thinking;
-  const std::string tmpl = chat_template_from_model_dir(template_dir);
-  if (tmpl.empty()) return chat_render_qwen3(messages, co);
-  co = chat_options_for_template(tmpl, co);  // a template's own needs (DeepSeek-V3: its BOS, null contents)
-  return chat_render(jinja_compile(tmpl, template_dir + " chat template"), messages, co);
+  return chat_prompt_render(json_parse_strict(read_messages_file(a.chat), what, 64), template_dir, !a.no_thinking,
+                            what);
 }
 
 // Sampling options: the command line, else generation_config.json, else HF's defaults (1.0, 1.0, off).

@@ -124,6 +124,10 @@ GenerateResult generate(const DecoderSpec& cfg, ModelWeights& weights, const std
       r.stop_reason = budget == o.max_new_tokens ? "max_new_tokens" : "max_length";
       break;
     }
+    if (o.stop_requested && o.stop_requested()) {
+      r.stop_reason = "stopped";
+      break;
+    }
     logits = gen.decode_step(id);
   }
   r.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();

@@ -60,11 +60,12 @@ struct GenerateOptions {
   SamplingOptions sampling;
   uint64_t seed = 0;
   std::vector<int64_t> eos_token_ids;  // generation stops after producing any of these
+  std::function<bool()> stop_requested;  // polled after each token: true ends generation ("stopped")
 };
 
 struct GenerateResult {
   std::vector<int64_t> ids;  // the generated tokens, the EOS that stopped generation included
-  // "eos" | "max_new_tokens" | "max_length" (prompt + generated reached max_position_embeddings)
+  // "eos" | "max_new_tokens" | "max_length" (prompt + generated reached max_position_embeddings) | "stopped"
   std::string stop_reason;
   double prefill_seconds = 0, decode_seconds = 0;
 };

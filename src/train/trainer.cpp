@@ -39,6 +39,7 @@
 #include "train/progress.h"
 #include "train/run_dir.h"
 #include "train/shared_save.h"
+#include "train/tensorboard_log.h"
 #include "train/train_checkpoint.h"
 #include "train/train_engine.h"
 
@@ -417,6 +418,33 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
 
   std::optional<MetricsLog> metrics;
   if (lead) metrics.emplace((run_dir / "metrics.jsonl").string(), resume_dir.empty() ? -1 : st.step);
+  // The same records as TensorBoard scalars. Like the loss plot, a view of metrics.jsonl: a failure warns
+  // once and the run goes on without it. A resume starts a new event file whose SessionLog START at the
+  // next step makes TensorBoard drop what an interrupted run wrote past its checkpoint.
+  std::optional<TensorBoardLog> tensorboard;
+  auto tensorboard_off = [&](const std::exception& e) {
+    progress.message(fmt::format("warning: no TensorBoard events from here on: {}", e.what()));
+    tensorboard.reset();
+  };
+  if (lead) {
+    try {
+      tensorboard.emplace((run_dir / "tensorboard").string(), st.step + 1, !resume_dir.empty());
+    } catch (const std::exception& e) {
+      tensorboard_off(e);
+    }
+  }
+  auto record_step = [&](const nlohmann::ordered_json& rec) {
+    if (metrics) {
+      metrics->append(rec);
+      if (o.on_metrics) o.on_metrics(rec);
+    }
+    if (!tensorboard) return;
+    try {
+      tensorboard->scalars(st.step, tensorboard_scalars_of_metrics(rec));
+    } catch (const std::exception& e) {
+      tensorboard_off(e);
+    }
+  };
   progress.message(fmt::format("model {}: {} parameters ({}), {} steps of {} x {} micro-batches x {} tokens",
                                r.model.path,
                                // the whole model's (an expert-parallel CPU rank holds only its experts)
@@ -541,7 +569,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
       progress.message(fmt::format("warning: step {}: non-finite {} ({} in a row); the update was skipped",
                                    st.step, std::isfinite(loss) ? "gradients" : "loss", st.nonfinite_streak));
       if (st.nonfinite_streak >= r.train.max_nonfinite_steps) {
-        if (metrics) metrics->append(rec);
+        record_step(rec);
         fail("training diverged: {} consecutive steps with a non-finite loss or gradients (last: step {}); lower "
              "optimizer.lr, enable clip.max_grad_norm or check the data (train.max_nonfinite_steps = {})",
              st.nonfinite_streak, st.step, r.train.max_nonfinite_steps);
@@ -554,7 +582,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
       rec["eval_tokens"] = e.tokens;
       progress.message(fmt::format("step {}: eval_loss {:.4f} over {} tokens", st.step, e.ce_loss, e.tokens));
     }
-    if (metrics) metrics->append(rec);
+    record_step(rec);
     progress.step(rep);
     result.last_loss = loss;
 
@@ -604,6 +632,7 @@ FinetuneResult finetune(const Recipe& r, const FinetuneOptions& o) {
     progress.message(fmt::format("loss curve: {}", (run_dir / "loss.png").string()));
   else
     progress.message("warning: no loss plot: " + why);
+  if (tensorboard) progress.message(fmt::format("TensorBoard: tensorboard --logdir {}", run_dir.string()));
   return result;
 }
 

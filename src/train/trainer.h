@@ -10,6 +10,8 @@
 #include <functional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "train/recipe.h"
 
 namespace mt {
@@ -22,6 +24,8 @@ struct FinetuneOptions {
   // to save, so the CLI lets a signal end the process at once (a rank waiting on a rendezvous that never
   // completes must not sit out parallel.timeout_s after Ctrl-C).
   std::function<void()> steps_begin;
+  // Called on the lead rank with each step's metrics.jsonl record, after it is written (the library's on_step).
+  std::function<void(const nlohmann::ordered_json&)> on_metrics;
   std::FILE* log = stderr;               // progress, warnings
   int progress_tty = -1;                 // -1: decide by isatty(log); 0/1 force
 };

@@ -1,6 +1,6 @@
 // The training loop end to end on the CPU: Transformers parity (tests/fixtures/qwen3_moe/train5, made by
 // tools/hf_reference/make_model_fixtures.py), bitwise resume, accumulation normalisation, divergence stop,
-// checkpoint rotation and refusals.
+// checkpoint rotation, refusals and the TensorBoard event files.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +20,7 @@
 #include "train/recipe.h"
 #include "train/train_engine.h"
 #include "train/trainer.h"
+#include "tensorboard_test_util.h"
 #include "train_test_util.h"
 
 namespace fs = std::filesystem;
@@ -312,6 +313,71 @@ TEST(Trainer, EvalLossAndDeviceChoice) {
           << m;
     }
   }
+}
+
+// TensorBoard shows what metrics.jsonl holds: train/loss and eval/loss at every step equal the records' values
+// (as float). A resume from an earlier checkpoint than the interrupted run reached (as after a kill between a
+// step's record and its checkpoint) writes a second event file whose SessionLog START at the resumed step
+// drops what the interrupted run wrote from there on.
+TEST(Trainer, TensorBoardEventsFollowMetricsThroughAResume) {
+  io_test::ScratchDir dir;
+  Quiet q;
+  const Recipe r = recipe_for(dir, "moe_gqa_aux",
+                              {"train.max_steps=4", "checkpoint.every_steps=2", "checkpoint.keep_last=3",
+                               "data.eval=" + kFixtures + "train5/train.jsonl", "train.eval_every=2"});
+  FinetuneOptions first = q.options();
+  int calls = 0;
+  first.stop_requested = [&] { return ++calls == 3; };
+  ASSERT_EQ(finetune(r, first).steps, 3);
+  std::ofstream(dir.file("run/latest")) << "checkpoint-000002\n";
+  ASSERT_EQ(finetune(r, q.options(/*resume=*/true)).steps, 4);
+
+  const fs::path tb = dir.path / "run" / "tensorboard";
+  const auto files = test::event_files(tb);
+  ASSERT_EQ(files.size(), 2u);
+  std::vector<std::vector<test::DecodedEvent>> events(2);
+  for (size_t f = 0; f < 2; ++f)
+    for (const std::string& payload : test::tfrecords_read(files[f])) events[f].push_back(test::event_decode(payload));
+  // file_version, START at the first step the file writes, then one event a step.
+  const std::vector<std::vector<int64_t>> want_steps = {{0, 1, 1, 2, 3}, {0, 3, 3, 4}};
+  for (size_t f = 0; f < 2; ++f) {
+    ASSERT_EQ(events[f].size(), want_steps[f].size()) << files[f];
+    EXPECT_EQ(events[f][0].file_version, "brain.Event:2");
+    EXPECT_TRUE(events[f][1].session_start) << files[f];
+    for (size_t i = 0; i < events[f].size(); ++i)
+      EXPECT_EQ(events[f][i].step, want_steps[f][i]) << files[f] << " event " << i;
+  }
+  const auto m = metrics_of(dir.path / "run");
+  ASSERT_EQ(m.size(), 4u);
+  const auto loss = test::tensorboard_series(tb, "train/loss"), eval = test::tensorboard_series(tb, "eval/loss");
+  ASSERT_EQ(loss.size(), 4u);
+  for (int64_t step = 1; step <= 4; ++step)
+    EXPECT_EQ(loss.at(step), m[step - 1]["loss"].get<float>()) << "step " << step;
+  ASSERT_EQ(eval.size(), 2u);
+  EXPECT_EQ(eval.at(2), m[1]["eval_loss"].get<float>());
+  EXPECT_EQ(eval.at(4), m[3]["eval_loss"].get<float>());
+  // Every numeric field of a step record is a scalar.
+  std::set<std::string> tags;
+  for (const auto& [tag, value] : events[1][3].values) tags.insert(tag);
+  for (const char* t : {"train/loss", "train/ce_loss", "train/aux_loss", "train/grad_norm", "train/lr",
+                        "train/tokens_per_s", "train/peak_memory_bytes", "train/expert_load_max_over_mean",
+                        "eval/loss", "eval/tokens"})
+    EXPECT_TRUE(tags.count(t)) << t;
+}
+
+// Like the loss plot, TensorBoard output that cannot be written is a warning; the run goes on.
+TEST(Trainer, UnwritableTensorBoardDirectoryOnlyWarns) {
+  io_test::ScratchDir dir;
+  Quiet q;
+  fs::create_directories(dir.path / "run");
+  std::ofstream(dir.file("run/tensorboard")) << "a file where the directory would go";
+  ASSERT_EQ(finetune(recipe_for(dir, "moe_gqa_aux", {"train.max_steps=2"}), q.options()).steps, 2);
+  EXPECT_EQ(metrics_of(dir.path / "run").size(), 2u);
+  std::fflush(q.f);
+  std::rewind(q.f);
+  std::string log(1 << 16, '\0');
+  log.resize(std::fread(log.data(), 1, log.size(), q.f));
+  EXPECT_NE(log.find("warning: no TensorBoard events from here on: "), std::string::npos) << log;
 }
 
 }  // namespace
