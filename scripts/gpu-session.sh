@@ -81,6 +81,9 @@
 #         Transformers-made DeepSeek-V3 checkpoints of shapes the fixtures lack — FP8 with partial blocks, MTP layers
 #         present, hub spellings — against mixtune score, convert and one finetune step, plus configs mixtune must
 #         refuse in one line; VERIFY_ARGS e.g. "--random 4 --seed 7"; the PASS/FAIL table in verify-dsv3.md) |
+#         verify-nemotron (issue 41: tools/hf_reference/verify_nemotron_h_unseen.py, Transformers-made Nemotron-H
+#         checkpoints of unseen shapes against mixtune: score fp32, convert, one finetune step; CPU; VERIFY_ARGS as
+#         verify-dsv3; the table in verify-nemotron.md) |
 #         verify-lora (~2–5 min, CPU: tools/hf_reference/verify_lora_unseen.py, PEFT-made adapters on Transformers-made
 #         Qwen3-MoE, Qwen3 and GPT-OSS checkpoints of shapes the fixtures lack against mixtune score --adapter, merge,
 #         one finetune step from the adapter, PEFT's load of our final/, and one-line refusals; VERIFY_ARGS e.g.
@@ -166,6 +169,12 @@ for stage in "$@"; do
       sed -n '/^variant  */,$p' "$OUT/verify-dsv3.log" | tee "$OUT/verify-dsv3.md"
       grep -q '^verify-dsv3:' "$OUT/verify-dsv3.log" || tail -30 "$OUT/verify-dsv3.log"
       cp /tmp/verify-dsv3/results.json "$OUT/verify-dsv3.json" 2>/dev/null ;;
+    verify-nemotron)  # Transformers-made Nemotron-H checkpoints of unseen shapes: score, convert, finetune (issue 41)
+      PYTHONUNBUFFERED=1 python3 tools/hf_reference/verify_nemotron_h_unseen.py "$BIN/mixtune" /tmp/verify-nemotron \
+        ${VERIFY_ARGS:-} > "$OUT/verify-nemotron.log" 2>&1 || rc=1
+      sed -n '/^variant  */,$p' "$OUT/verify-nemotron.log" | tee "$OUT/verify-nemotron.md"
+      grep -q '^verify-nemotron' "$OUT/verify-nemotron.log" || tail -30 "$OUT/verify-nemotron.log"
+      cp /tmp/verify-nemotron/results.json "$OUT/verify-nemotron.json" 2>/dev/null ;;
     verify-lora)  # PEFT-made adapters on unseen checkpoints: score, merge, one finetune step, PEFT loads ours, refusals
       PYTHONUNBUFFERED=1 python3 tools/hf_reference/verify_lora_unseen.py "$BIN/mixtune" /tmp/verify-lora \
         ${VERIFY_ARGS:-} > "$OUT/verify-lora.log" 2>&1 || rc=1
