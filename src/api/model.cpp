@@ -211,6 +211,8 @@ GenerateResult Model::generate(const std::vector<int64_t>& prompt_ids, const Gen
       mt::fail("generate: the LoRA adapter {} is attached unmerged; call merge_adapter() first (the cached decode "
                "runs merged weights)",
                impl_->adapter_dir);
+    if (options.max_new_tokens < 0)
+      mt::fail("generate: GenerateOptions.max_new_tokens must be >= 0, found {}", options.max_new_tokens);
     mt::CausalLM& lm = impl_->lm;
     for (size_t i = 0; i < prompt_ids.size(); ++i)
       if (prompt_ids[i] < 0 || prompt_ids[i] >= lm.config.vocab_size)
