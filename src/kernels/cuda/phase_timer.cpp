@@ -1,5 +1,6 @@
 #include "kernels/cuda/phase_timer.h"
 
+#include "core/memory.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace mt::cuda {
@@ -34,9 +35,17 @@ void PhaseTimer::mark(Phase p, cudaStream_t stream) {
     phases_.push_back(p);
   }
   const auto now = std::chrono::steady_clock::now();
-  if (used_ > 0)
-    host_totals_[static_cast<int>(phases_[used_ - 1])] +=
-        std::chrono::duration<double, std::milli>(now - last_host_).count();
+  if (used_ > 0) {
+    const int prev = static_cast<int>(phases_[used_ - 1]);
+    host_totals_[prev] += std::chrono::duration<double, std::milli>(now - last_host_).count();
+    int dev = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    const int64_t peak = memory_stats(Device::cuda(dev)).peak_bytes;
+    if (peak > last_peak_) {  // the phase that ends here raised the peak
+      peak_by_phase_[prev] = peak;
+      last_peak_ = peak;
+    }
+  }
   last_host_ = now;
   phases_[used_] = p;
   MT_CUDA_CHECK(cudaEventRecord(pool_[used_], stream));

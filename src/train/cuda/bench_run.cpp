@@ -510,6 +510,12 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   for (int p = 0; p < cuda::kPhaseCount; ++p)
     host_phases[cuda::phase_name(static_cast<cuda::Phase>(p))] = host[p] / static_cast<double>(o.steps);
   j["host_phases_ms"] = host_phases;
+  nlohmann::ordered_json phase_peaks;  // GiB: the allocator's peak when each phase last raised it
+  const auto& phase_peak_bytes = trainer.model().timer().peak_bytes_by_phase();
+  for (int p = 0; p < cuda::kPhaseCount; ++p)
+    if (phase_peak_bytes[p] > 0)
+      phase_peaks[cuda::phase_name(static_cast<cuda::Phase>(p))] = static_cast<double>(phase_peak_bytes[p]) / (1 << 30);
+  j["peak_gib_by_phase"] = phase_peaks;
   if (ep) {
     // comm_ms: compute-stream time in the comm phase (collectives on the compute stream, waiting for the
     // slower rank, and the joins of side-stream reduce-scatters). hidden_fraction: 1 - comm_ms / the time
