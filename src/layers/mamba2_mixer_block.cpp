@@ -7,6 +7,7 @@
 #include "kernels/cpu/conv1d_causal.h"
 #include "kernels/cpu/cpu_tensor.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/lora.h"
 #include "kernels/cpu/residual.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rmsnorm_gated.h"
@@ -18,6 +19,8 @@ namespace mt {
 namespace {
 
 Tensor* grad_of(Tensor& g) { return g.defined() ? &g : nullptr; }  // undefined: a frozen parameter
+cpu::LoraRef lora_of(const LayerLora* l, int slot) { return l ? l->ref(slot) : cpu::LoraRef(); }
+cpu::LoraGradRef dlora_of(LayerLora* l, int slot) { return l ? l->grad(slot) : cpu::LoraGradRef(); }
 
 // Columns [c0, c0 + n) of a [T, width] tensor, as a new [T, n] one.
 Tensor columns(const Tensor& t, int64_t c0, int64_t n) {
@@ -55,11 +58,12 @@ void check_spec(const Mamba2Spec& m, const BlockEnv& env) {
 }  // namespace
 
 Tensor mamba2_project_rows(const BlockEnv& env, const Mamba2Spec& spec, const LayerWeights& w, const Tensor& x,
-                           Mamba2BlockActs& s) {
+                           Mamba2BlockActs& s, const LayerLora* lora) {
   const int64_t Di = spec.inner(), Cd = spec.conv_dim();
   const Tensor none;
   s.n = cpu::rmsnorm_forward(x, w.input_norm, env.eps(), env.bf16, env.norm_rounds_once());
-  const Tensor proj = cpu::linear_forward(s.n, w.mamba_in_proj, spec.proj_bias ? w.mamba_in_proj_bias : none, env.bf16);
+  const Tensor proj = cpu::lora_linear_forward(s.n, w.mamba_in_proj, spec.proj_bias ? w.mamba_in_proj_bias : none,
+                                               lora_of(lora, WeightSlot::mamba_in_proj), env.bf16);
   s.z = columns(proj, 0, Di);
   s.xbc = columns(proj, Di, Cd);
   return columns(proj, Di + Cd, spec.heads);
@@ -99,13 +103,13 @@ void mamba2_conv_activations(const BlockEnv& env, const Mamba2Spec& spec, const 
 }
 
 Tensor mamba2_block_forward(const BlockEnv& env, const Mamba2Spec& spec, const LayerWeights& w, const Tensor& x,
-                            Mamba2BlockActs* acts, Tensor* final_state) {
+                            Mamba2BlockActs* acts, Tensor* final_state, const LayerLora* lora) {
   check_spec(spec, env);
   Mamba2BlockActs local;
   Mamba2BlockActs& s = acts ? *acts : local;
   const int64_t T = env.tokens(), Di = spec.inner();
   const Tensor none;
-  const Tensor dt_in = mamba2_project_rows(env, spec, w, x, s);
+  const Tensor dt_in = mamba2_project_rows(env, spec, w, x, s, lora);
   const std::vector<cpu::SeqSegment> segs = cpu::document_segments(env.doc_ids, env.batch, env.seq);
   s.conv = cpu::conv1d_causal_forward(s.xbc, w.mamba_conv_weight, spec.conv_bias ? w.mamba_conv_bias : none, segs,
                                       env.bf16);
@@ -115,19 +119,21 @@ Tensor mamba2_block_forward(const BlockEnv& env, const Mamba2Spec& spec, const L
   s.g = cpu::rmsnorm_gated_forward(s.y.view({T, Di}), s.z, w.mamba_norm, Di / spec.groups,
                                    static_cast<float>(spec.norm_eps));
   if (env.bf16) cpu::round_bf16_inplace(s.g.data_as<float>(), s.g.numel());  // out_proj(scan_output.to(dtype))
-  const Tensor out = cpu::linear_forward(s.g, w.mamba_out_proj, spec.proj_bias ? w.mamba_out_proj_bias : none,
-                                         env.bf16);
+  const Tensor out = cpu::lora_linear_forward(s.g, w.mamba_out_proj, spec.proj_bias ? w.mamba_out_proj_bias : none,
+                                              lora_of(lora, WeightSlot::mamba_out_proj), env.bf16);
   return cpu::residual_add(x, out, env.bf16);
 }
 
 Tensor mamba2_block_backward(const BlockEnv& env, const Mamba2Spec& spec, const LayerWeights& w, const Tensor& x,
-                             const Mamba2BlockActs& s, const Tensor& dy, LayerWeights& g) {
+                             const Mamba2BlockActs& s, const Tensor& dy, LayerWeights& g, const LayerLora* lora,
+                             LayerLora* dlora) {
   check_spec(spec, env);
   const int64_t T = env.tokens(), H = env.spec->hidden_size, Di = spec.inner(), Cd = spec.conv_dim(),
                 nh = spec.heads, GN = spec.groups * spec.state;
   // out_proj (the bf16 rounding of its input passes the gradient through).
   Tensor dgn = Tensor::empty({T, Di}, DType::F32);
-  cpu::linear_backward(dy, s.g, w.mamba_out_proj, &dgn, grad_of(g.mamba_out_proj));
+  cpu::lora_linear_backward(dy, s.g, w.mamba_out_proj, lora_of(lora, WeightSlot::mamba_out_proj), &dgn,
+                            grad_of(g.mamba_out_proj), dlora_of(dlora, WeightSlot::mamba_out_proj));
   if (spec.proj_bias) cpu::bias_backward(dy, g.mamba_out_proj_bias);
   // The gated norm.
   Tensor dyscan, dz;
@@ -183,7 +189,8 @@ Tensor mamba2_block_backward(const BlockEnv& env, const Mamba2Spec& spec, const 
   put_columns(dproj, Di, dxbc);
   put_columns(dproj, Di + Cd, ddt_in);
   Tensor dn = Tensor::empty({T, H}, DType::F32);
-  cpu::linear_backward(dproj, s.n, w.mamba_in_proj, &dn, grad_of(g.mamba_in_proj));
+  cpu::lora_linear_backward(dproj, s.n, w.mamba_in_proj, lora_of(lora, WeightSlot::mamba_in_proj), &dn,
+                            grad_of(g.mamba_in_proj), dlora_of(dlora, WeightSlot::mamba_in_proj));
   if (spec.proj_bias) cpu::bias_backward(dproj, g.mamba_in_proj_bias);
   Tensor dx = cpu::rmsnorm_backward(dn, x, w.input_norm, env.eps(), g.input_norm);
   cpu::add_inplace(dx, dy);

@@ -16,6 +16,7 @@
 #pragma once
 #include "core/tensor.h"
 #include "layers/block_env.h"
+#include "models/lora_adapter.h"
 #include "models/model_weights.h"
 
 namespace mt {
@@ -35,19 +36,22 @@ struct Mamba2BlockActs {
 
 // x F32 [T, H] -> y F32 [T, H]. acts may be null (forward only). final_state (optional; one sequence: batch 1, no
 // doc_ids): the scan's state after the last token, F32 [heads, head_dim, state] (ssd_scan.h's chunked final state).
+// lora (optional): the layer's adapters on in_proj and out_proj (kernels/cpu/lora.h; the cached block runs merged
+// weights and passes none).
 Tensor mamba2_block_forward(const BlockEnv& env, const Mamba2Spec& spec, const LayerWeights& w, const Tensor& x,
-                            Mamba2BlockActs* acts, Tensor* final_state = nullptr);
+                            Mamba2BlockActs* acts, Tensor* final_state = nullptr, const LayerLora* lora = nullptr);
 
 // The row-wise pieces of the forward, shared with the cached block (mamba2_mixer_block_cached.h).
 // input_norm and in_proj over the rows of x: s.n, s.z and s.xbc; returns the dt columns before the bias, [T, heads].
 Tensor mamba2_project_rows(const BlockEnv& env, const Mamba2Spec& spec, const LayerWeights& w, const Tensor& x,
-                           Mamba2BlockActs& s);
+                           Mamba2BlockActs& s, const LayerLora* lora = nullptr);
 // From the conv's output s.conv [T, C]: silu and the split into s.x, s.B, s.C; s.dt_raw and s.dt from dt_in; s.A.
 void mamba2_conv_activations(const BlockEnv& env, const Mamba2Spec& spec, const LayerWeights& w, const Tensor& dt_in,
                              Mamba2BlockActs& s);
 // dy [T, H] -> dx [T, H] (including the residual); parameter gradients added into g (an undefined gradient tensor is
-// a frozen parameter: not computed).
+// a frozen parameter: not computed); the adapters' (lora as in the forward) into dlora.
 Tensor mamba2_block_backward(const BlockEnv& env, const Mamba2Spec& spec, const LayerWeights& w, const Tensor& x,
-                             const Mamba2BlockActs& acts, const Tensor& dy, LayerWeights& g);
+                             const Mamba2BlockActs& acts, const Tensor& dy, LayerWeights& g,
+                             const LayerLora* lora = nullptr, LayerLora* dlora = nullptr);
 
 }  // namespace mt

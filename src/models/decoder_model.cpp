@@ -333,7 +333,8 @@ ForwardResult DecoderModel::forward(const Batch& b, bool want_logits, const Loss
           x = mlp_block_forward(env, cfg_.mlp[static_cast<size_t>(sub.index)], L, x, nullptr, layer_lora(l));
           break;
         case SublayerKind::mamba2:
-          x = mamba2_block_forward(env, cfg_.mamba2[static_cast<size_t>(sub.index)], L, x, nullptr);
+          x = mamba2_block_forward(env, cfg_.mamba2[static_cast<size_t>(sub.index)], L, x, nullptr, nullptr,
+                                   layer_lora(l));
           break;
       }
     release(l, false);
@@ -415,7 +416,9 @@ ForwardResult DecoderModel::forward_backward_impl(const Batch& b, ModelWeights& 
           moe_layers.push_back(l);
           break;
         case SublayerKind::mlp: x = mlp_block_forward(env, cfg_.mlp[k], L, x, &sv.mlp, layer_lora(l)); break;
-        case SublayerKind::mamba2: x = mamba2_block_forward(env, cfg_.mamba2[k], L, x, &sv.mamba2); break;
+        case SublayerKind::mamba2:
+          x = mamba2_block_forward(env, cfg_.mamba2[k], L, x, &sv.mamba2, nullptr, layer_lora(l));
+          break;
       }
     }
     release(l, true);
@@ -467,7 +470,9 @@ ForwardResult DecoderModel::forward_backward_impl(const Batch& b, ModelWeights& 
         case SublayerKind::mlp:
           dx = mlp_block_backward(env, cfg_.mlp[k], L, sv.in, sv.mlp, dx, G, lora, dlora);
           break;
-        case SublayerKind::mamba2: dx = mamba2_block_backward(env, cfg_.mamba2[k], L, sv.in, sv.mamba2, dx, G); break;
+        case SublayerKind::mamba2:
+          dx = mamba2_block_backward(env, cfg_.mamba2[k], L, sv.in, sv.mamba2, dx, G, lora, dlora);
+          break;
       }
       sv = {};
     }

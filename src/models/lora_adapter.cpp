@@ -87,6 +87,7 @@ LoraTable lora_table_of(const DecoderSpec& spec, const LoraConfig& c, const std:
       LoraEntry a;
       a.name = module + (is_b ? ".lora_B.weight" : ".lora_A.weight");
       a.base = e.name;
+      a.target = def->name;
       a.shape = is_b ? Shape{out, c.r} : Shape{c.r, in};
       if (stack) a.shape.insert(a.shape.begin(), e.shape[0]);
       a.role = e.role;
@@ -128,6 +129,8 @@ LoraPair* LayerLora::at(int slot) {
     case W::shared_gate: return &shared_gate;
     case W::shared_up: return &shared_up;
     case W::shared_down: return &shared_down;
+    case W::mamba_in_proj: return &mamba_in_proj;
+    case W::mamba_out_proj: return &mamba_out_proj;
     default: return nullptr;
   }
 }

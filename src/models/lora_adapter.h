@@ -32,6 +32,7 @@ struct LoraConfig {
 struct LoraEntry {
   std::string name;  // engine name: the base module's name + ".lora_A.weight" / ".lora_B.weight"
   std::string base;  // the adapted parameter's table name
+  std::string target;  // the family's target name that adapts it (LoraTargetDef::name: "in_proj", "experts")
   Shape shape;       // A [r, in] | B [out, r]; an expert stack's: [E, r, in] | [E, out, r]
   ParamRole role = ParamRole::replicated;  // replicated | expert_stack
   int64_t layer = -1;
@@ -77,6 +78,7 @@ struct LayerLora {
   LoraPair experts_gate_up, experts_down;
   LoraPair q_a_proj, q_b_proj, kv_a_proj, kv_b_proj;  // MLA (DeepSeek-V3)
   LoraPair shared_gate, shared_up, shared_down;       // the shared expert
+  LoraPair mamba_in_proj, mamba_out_proj;             // the Mamba2 mixer's projections (Nemotron-H)
   float scale = 0.0f;
 
   LoraPair* at(int slot);  // nullptr for a slot LoRA does not adapt

@@ -388,10 +388,25 @@ HfLayout hf_layout(const DecoderSpec&) {
   return l;
 }
 
-// PEFT's module names for the attention projections; the Mamba2 mixer, the MLPs and the experts take no adapter yet.
+// PEFT's module names (every layer kind's module is `mixer`): the attention projections, the Mamba2 mixer's in_proj
+// and out_proj (their biases, with use_bias, stay frozen), the ReLU² up/down projections of the dense MLP layers and
+// of the shared expert (one name covers both, as PEFT matches module-name suffixes), the routed experts' fused
+// up_proj / down_proj stacks (target_parameters: mixer.experts.up_proj [E, I, H] is a parameter in Transformers v5,
+// so PEFT's target_modules up_proj / down_proj reach the nn.Linear ones only) and the router trained in full. Unlike
+// qwen3_moe and deepseek_v3, nemotron_h has its own conversion pattern, which PEFT's v4 -> v5 target rewriting does
+// not list, so up_proj / down_proj stay target_modules.
 std::vector<LoraTargetDef> lora_targets(const DecoderSpec&) {
   using W = WeightSlot;
-  return {{"q_proj", {W::q_proj}}, {"k_proj", {W::k_proj}}, {"v_proj", {W::v_proj}}, {"o_proj", {W::o_proj}}};
+  return {{"q_proj", {W::q_proj}},
+          {"k_proj", {W::k_proj}},
+          {"v_proj", {W::v_proj}},
+          {"o_proj", {W::o_proj}},
+          {"in_proj", {W::mamba_in_proj}},
+          {"out_proj", {W::mamba_out_proj}},
+          {"up_proj", {W::mlp_up, W::shared_up}},
+          {"down_proj", {W::mlp_down, W::shared_down}},
+          {"experts", {W::experts_gate_up, W::experts_down}},
+          {"router", {W::router}, true}};
 }
 
 // NVIDIA-Nemotron-3-Nano-30B-A3B's shapes (hf-numerics.md §6.1: 52 layers = 23 Mamba2 + 23 MoE + 6 attention) in
