@@ -192,20 +192,7 @@ TEST(GenerateLimits, MaxPositionEmbeddingsAndBadInputs) {
 TEST(GenerateSampling, SameSeedSameTokensAndSeedMatters) {
   CausalLM m = CausalLM::from_pretrained((kFixtures / "moe_gqa_aux/ckpt").string(), {DType::F32});
   const auto prompt = random_ids(4, m.config.vocab_size, 15);
-  GenerateOptions o;
-  o.max_new_tokens = 12;
-  o.sampling.temperature = 1.5;  // flat enough that different draws pick different tokens
-  o.seed = 5;
-  const auto a = generate(m.config, m.weights, prompt, o).ids;
-  EXPECT_EQ(generate(m.config, m.weights, prompt, o).ids, a);
-  o.seed = 6;
-  EXPECT_NE(generate(m.config, m.weights, prompt, o).ids, a);
-  // top_k = 1 is greedy whatever the temperature and seed.
-  o.sampling.top_k = 1;
-  const auto k1 = generate(m.config, m.weights, prompt, o).ids;
-  o.sampling = {};
-  o.sampling.temperature = 0;
-  EXPECT_EQ(generate(m.config, m.weights, prompt, o).ids, k1);
+  test::expect_sampling_seeded_and_top_k1_greedy(m, prompt);
 }
 
 // Transformers' greedy generate() (use_cache=True, fp32) on the same checkpoints, when the goldens exist.

@@ -75,20 +75,22 @@ inline std::vector<float> floats_of(const Tensor& t) {
 
 // One forward_backward of the CUDA model on `b` (LM head in chunks of 64 rows, so the tests' small batches take
 // several): the loss sum and its mean over `div`, the target count, whether a load-balancing loss came out, and the
-// gradients (F32 on the device, zero-initialised).
+// gradients (F32 on the device, zero-initialised). residency: ZeRO-3-style parameter fetching (models/param_residency.h).
 struct CudaRun {
   float ce_sum = 0;
   double ce = 0;  // ce_sum / div
   int32_t count = 0;
   bool aux = false;
+  float aux_value = 0;  // the load-balancing loss when aux
   ModelWeights grads;
 };
 inline CudaRun run_cuda(const DecoderSpec& cfg, ModelWeights& dev_w, const Batch& b, Recompute rc, double div,
-                        bool deterministic = false) {
+                        bool deterministic = false, ParamResidency* residency = nullptr) {
   CudaModelOptions o;
   o.recompute = rc;
   o.loss_chunk_rows = 64;
   o.deterministic = deterministic;
+  o.residency = residency;
   DecoderCudaModel model(cfg, dev_w, 0, o);
   const CudaBatch gb = cuda_batch_upload(cfg, b, 0);
   CudaRun r;
@@ -98,6 +100,7 @@ inline CudaRun run_cuda(const DecoderSpec& cfg, ModelWeights& dev_w, const Batch
   r.ce = r.ce_sum / div;
   r.count = cuda::to_host(l.count).data_as<int32_t>()[0];
   r.aux = l.aux.defined();
+  r.aux_value = r.aux ? cuda::to_host(l.aux).to_floats()[0] : 0.0f;
   return r;
 }
 

@@ -125,28 +125,12 @@ class PoisoningResidency final : public ParamResidency {
   std::map<int64_t, bool> present_;
 };
 
-struct CudaRun {
-  float ce_sum = 0, aux = 0;
-  int32_t count = 0;
-  ModelWeights grads;
-};
+using test::CudaRun;
 
+// Deterministic runs (the comparisons below are bit for bit).
 CudaRun run_cuda(const DecoderSpec& cfg, ModelWeights& dev_w, const Batch& b, Recompute rc,
                  ParamResidency* residency = nullptr, double div = 100.0) {
-  CudaModelOptions o;
-  o.recompute = rc;
-  o.loss_chunk_rows = 64;
-  o.deterministic = true;
-  o.residency = residency;
-  DecoderCudaModel model(cfg, dev_w, 0, o);
-  const CudaBatch gb = cuda_batch_upload(cfg, b, 0);
-  CudaRun r;
-  r.grads = device_zeros_like(cfg);
-  const CudaLoss l = model.forward_backward(gb, r.grads, div);
-  r.ce_sum = cuda::to_host(l.ce_sum).to_floats()[0];
-  r.count = cuda::to_host(l.count).data_as<int32_t>()[0];
-  r.aux = l.aux.defined() ? cuda::to_host(l.aux).to_floats()[0] : 0.0f;
-  return r;
+  return test::run_cuda(cfg, dev_w, b, rc, div, /*deterministic=*/true, residency);
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -157,8 +141,9 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 void expect_same_run(const CudaRun& got, const CudaRun& want, const std::string& what,
                      const std::function<std::string(const std::string&)>& name_in_got = {}) {
   EXPECT_EQ(got.count, want.count) << what;
-  EXPECT_TRUE(same_bits({got.ce_sum, got.aux}, {want.ce_sum, want.aux}))
-      << what << ": ce_sum " << got.ce_sum << " vs " << want.ce_sum << ", aux " << got.aux << " vs " << want.aux;
+  EXPECT_TRUE(same_bits({got.ce_sum, got.aux_value}, {want.ce_sum, want.aux_value}))
+      << what << ": ce_sum " << got.ce_sum << " vs " << want.ce_sum << ", aux " << got.aux_value << " vs "
+      << want.aux_value;
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : got.grads.named_parameters()) by_name[name] = t;
   const auto w = want.grads.named_parameters();
@@ -181,7 +166,7 @@ TEST(CudaSublayerLayout, RegroupedLayersComputeTheQwenModelBitwise) {
   const Batch b = test_batch(s);
   for (Recompute rc : kPolicies) {
     const CudaRun want = run_cuda(s, dev_w, b, rc);
-    ASSERT_GT(want.aux, 0.0f);
+    ASSERT_GT(want.aux_value, 0.0f);
     for (const std::vector<int>& sizes : std::vector<std::vector<int>>{{2, 1, 2, 1}, {1, 2, 1, 1, 1}}) {
       const DecoderSpec r = test::regrouped(s, sizes);
       ModelWeights rw_host = test::regrouped_weights(s, sizes, host_w);
@@ -279,7 +264,7 @@ TEST(CudaSublayerLayout, MixedLayoutMatchesCpuBf16) {
     CudaRun got = run_cuda(cfg, dev_w, b, rc, nullptr, div);
     EXPECT_EQ(got.count, want.tokens);
     EXPECT_NEAR(got.ce_sum / div, want.ce_loss, 5e-3 * want.ce_loss);
-    EXPECT_NEAR(got.aux, want.aux_loss, 1e-2 * want.aux_loss);
+    EXPECT_NEAR(got.aux_value, want.aux_loss, 1e-2 * want.aux_loss);
     test::expect_gradients_near(got.grads, cpu_g,
                                 [](size_t, const std::string& name) { return test::router_limit(name, {0.06, 0.03}); });
     runs.push_back(std::move(got));
