@@ -9,8 +9,8 @@ PKGS=(build-essential cmake ninja-build pkg-config
       libonig-dev libutf8proc-dev libyaml-cpp-dev
       # Open MPI: mpirun jobs bootstrap through it; the tests start jobs with mpirun.
       openmpi-bin libopenmpi-dev
-      # The Python module (pybind11) and its tests (numpy arrays); dpkg-dev: cpack -G DEB's tools.
-      python3-dev pybind11-dev python3-numpy dpkg-dev
+      # The Python module (pybind11) and its tests (numpy arrays); dpkg-dev and file: the .deb and its check.
+      python3-dev pybind11-dev python3-numpy dpkg-dev file
       # Real Q&A for the quickstart's chat data (tools/quickstart_data): the quiz(6) files and the riddles.
       bsdgames fortunes-min)
 missing=()
