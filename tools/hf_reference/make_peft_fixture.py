@@ -2,7 +2,7 @@
 """LoRA fixtures made by Hugging Face PEFT on the existing tiny checkpoints (run where transformers 5.17 + peft +
 torch exist: the GPU machine; everything on the CPU in float32).
 
-    make_peft_fixture.py OUTDIR        (the repository root must be the working directory)
+    make_peft_fixture.py OUTDIR [--families nemotron_h,...]   (the repository root must be the working directory)
 
 For each base fixture (qwen3_moe/moe_gqa_aux, gpt_oss/yarn_window_aux, nemotron_h/hybrid_all_kinds: its ckpt/ and
 the input_ids/labels of its plain.safetensors) and each variant it writes OUTDIR/<family>_lora/<variant>/:
@@ -266,12 +266,18 @@ def write_variant(pm, base, cls, ckpt, table, base_sd, ids, labels, vdir, family
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
+    ap.add_argument("--families", default=",".join(BASES),
+                    help="comma-separated subset of " + ", ".join(BASES) + " (default: all)")
     args = ap.parse_args()
+    families = [f for f in args.families.split(",") if f]
+    unknown = [f for f in families if f not in BASES]
+    if unknown:
+        ap.error(f"--families: unknown {', '.join(unknown)}")
     torch.set_num_threads(4)
     os.makedirs(args.out, exist_ok=True)
     print("peft", peft.__version__, "transformers", transformers.__version__, "torch", torch.__version__, flush=True)
     report, failed = {}, 0
-    for family in BASES:
+    for family in families:
         for vidx, vname in enumerate(variants_of(family)):
             try:
                 make_variant(family, vname, args.out, vidx, report)
