@@ -139,8 +139,6 @@ rc=0
 for stage in "$@"; do
   echo "=== stage $stage ($(date -u +%H:%M:%S))"
   [[ -n "$SMI_PID" ]] && echo "$(date -u +%H:%M:%S.%N) stage $stage" >> "$CLOCK_MARKS"
-  # The CUDA Mamba2 kernels run only when opted in until their GPU tests have passed (decoder_cuda_model.h).
-  [[ "$stage" == nemotron* ]] && export MIXTUNE_CUDA_MAMBA2=1
   case "$stage" in
     tests) [[ -f .carry/qsdata.tar.xz ]] && mkdir -p /tmp/qsdata && tar xJf .carry/qsdata.tar.xz -C /tmp/qsdata \
              && export MIXTUNE_QUICKSTART_DATA=/tmp/qsdata/qsdata  # CudaTrainer.PureBf16TracksCpuFp32OnQuickstartData

@@ -321,11 +321,6 @@ void head_loss(const CudaBlockEnv& env, const Tensor& xf, const Tensor& head, co
 
 }  // namespace
 
-bool cuda_mamba2_opted_in() {
-  const char* e = std::getenv("MIXTUNE_CUDA_MAMBA2");
-  return e && std::string(e) == "1";
-}
-
 std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
   // What the CPU engine runs and the CUDA kernels do not yet.
   // The configurations the layers run (a declared one no layer uses, such as Qwen3-MoE's mlp[0] without dense
@@ -343,8 +338,6 @@ std::string cuda_model_unsupported_reason(const DecoderSpec& c) {
           return fmt::format("the Mamba2 mixer's in_proj width {} (d_inner {} + conv_dim {} + heads {}) and d_inner "
                              "must be multiples of 8 for the GEMMs",
                              m.in_proj_dim(), m.inner(), m.conv_dim(), m.heads);
-        if (!cuda_mamba2_opted_in())
-          return "the CUDA Mamba2 kernels have not passed their GPU tests yet (MIXTUNE_CUDA_MAMBA2=1 runs them anyway)";
       }
       if (s.kind == SublayerKind::attention) {
         const AttentionSpec& a = c.attention[k];

@@ -33,10 +33,6 @@ namespace mt {
 // Why the CUDA model cannot run `cfg` ("" when it can), over every sublayer configuration a layer uses: a head_dim
 // the flash-attention kernels lack, expert/hidden/intermediate sizes that are not multiples of 8.
 std::string cuda_model_unsupported_reason(const DecoderSpec& cfg);
-// The CUDA Mamba2 kernels (kernels/cuda/{conv1d_causal,mamba2_dt,ssd_scan,rmsnorm_gated}) and block were written
-// without a GPU: the engine runs a Mamba2 model only with MIXTUNE_CUDA_MAMBA2=1 (read at each check) until their tests
-// have passed on one, the flash kernels' opt-in pattern; otherwise cuda_model_unsupported_reason refuses it in one line.
-bool cuda_mamba2_opted_in();
 
 struct CudaModelOptions {
   Recompute recompute = Recompute::selective;

@@ -68,9 +68,6 @@ nlohmann::json nemotron_test_json() {
 
 DecoderSpec nemotron_test_spec() { return DecoderSpec::from_json(nemotron_test_json(), "nemotron-h test"); }
 
-// The engine's opt-in for its Mamba2 kernels (decoder_cuda_model.h cuda_mamba2_opted_in); each test is its own process.
-void opt_in() { setenv("MIXTUNE_CUDA_MAMBA2", "1", 1); }
-
 // Random correction biases and Mamba2 scalars away from their inits (zeros; A_log = log(1..heads), D = 1), so the
 // selection bias and every per-head path are exercised.
 ModelWeights random_weights(const DecoderSpec& cfg, uint64_t seed) {
@@ -88,11 +85,6 @@ test::GradLimit grad_limit(const std::string& name, test::GradLimit base) {
 }
 
 TEST(CudaNemotronH, SpecIsAcceptedAndPresetToo) {
-  unsetenv("MIXTUNE_CUDA_MAMBA2");
-  const std::string why = cuda_model_unsupported_reason(nemotron_test_spec());
-  EXPECT_NE(why.find("MIXTUNE_CUDA_MAMBA2=1"), std::string::npos) << why;
-  EXPECT_EQ(why.find('\n'), std::string::npos) << why;
-  opt_in();
   EXPECT_EQ(cuda_model_unsupported_reason(nemotron_test_spec()), "");
   EXPECT_EQ(cuda_model_unsupported_reason(
                 DecoderSpec::from_json(preset_config_json("nemotron-3-nano-30b-a3b"), "nemotron-3-nano-30b-a3b")),
@@ -101,7 +93,6 @@ TEST(CudaNemotronH, SpecIsAcceptedAndPresetToo) {
 
 TEST(CudaNemotronH, MatchesCpuBf16) {
   MT_SKIP_WITHOUT_CUDA();
-  opt_in();
   const DecoderSpec cfg = nemotron_test_spec();
   ASSERT_EQ(cuda_model_unsupported_reason(cfg), "");
   ModelWeights host_w = random_weights(cfg, 7);
@@ -142,7 +133,6 @@ TEST(CudaNemotronH, MatchesCpuBf16) {
 
 TEST(CudaNemotronH, RecomputePoliciesAgree) {
   MT_SKIP_WITHOUT_CUDA();
-  opt_in();
   const DecoderSpec cfg = nemotron_test_spec();
   ModelWeights host_w = random_weights(cfg, 11);
   ModelWeights dev_w = to_device_weights(host_w);
@@ -162,7 +152,6 @@ TEST(CudaNemotronH, RecomputePoliciesAgree) {
 // the GEMMs see other row counts): 2e-3 relative.
 TEST(CudaNemotronH, PackedDocumentsEqualSeparateRows) {
   MT_SKIP_WITHOUT_CUDA();
-  opt_in();
   const DecoderSpec cfg = nemotron_test_spec();
   ModelWeights host_w = random_weights(cfg, 13);
   ModelWeights dev_w = to_device_weights(host_w);
