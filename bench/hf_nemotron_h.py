@@ -11,8 +11,9 @@ build the same layers: M a Mamba2 mixer, E sigmoid-routed ReLU² experts + a ReL
 without positional encoding, - a dense ReLU² MLP (none in Nano). Every layer is one pre-norm + one mixer.
 
 The Mamba2 mixer in Transformers: with mamba_ssm and causal_conv1d importable (or the hub kernel
-kernels-community/mamba-ssm), training runs the fused mamba_split_conv1d_scan_combined; without them
-NemotronHMamba2Mixer.torch_forward, the chunked SSD written in plain torch ops. That path materialises, per chunk
+kernels-community/mamba-ssm), training runs the fused mamba_split_conv1d_scan_combined; without them the chunked
+SSD written in plain torch ops (NemotronHMamba2Mixer.torch_forward in earlier versions; in 5.17 the reference torch
+fallbacks of mamba_chunk_scan_combined and causal_conv1d_fn, which it warns of at run time). That path materialises, per chunk
 of 128 tokens, fp32 products of shape [chunk, chunk, heads, state or head_dim] before reducing them (side_by_side.sh
 counts what that costs); mamba_path() says which one this machine runs.
 """
@@ -215,8 +216,9 @@ def mamba_path(model):
     elif fast and on_cuda:
         path = "fused: cuda_kernels_forward, mamba_split_conv1d_scan_combined (mamba_ssm)"
     else:
-        path = ("torch: NemotronHMamba2Mixer.torch_forward, the chunked SSD in torch ops (mamba_ssm / causal_conv1d "
-                "kernels not available)")
+        how = ("NemotronHMamba2Mixer.torch_forward" if hasattr(type(mixers[0]), "torch_forward") else
+               "the reference torch fallbacks of mamba_chunk_scan_combined / causal_conv1d_fn")
+        path = f"torch: {how}, the chunked SSD in torch ops (mamba_ssm / causal_conv1d kernels not available)"
     installed = {name: importlib.util.find_spec(name) is not None for name in ("mamba_ssm", "causal_conv1d", "kernels")}
     return {"path": path, "is_fast_path_available": fast, "module": mod.__name__,
             "use_mamba_kernels": getattr(model.config, "use_mamba_kernels", None), "installed": installed,

@@ -142,16 +142,22 @@ def hf_class(name):
 
 
 class MambaPathProbe:
-    """Nemotron-H: Transformers' Mamba2 mixer takes its fused mamba_ssm path when the kernels load and its pure-torch
-    SSD path (torch_forward, hf-numerics.md §6.2) otherwise; the fixtures are the torch path's. NEMH_BASE already sets
-    use_mamba_kernels=False; this also clears the module's is_fast_path_available before every forward and counts
-    which path ran, so a machine where the kernels would load cannot change the reference silently."""
+    """Nemotron-H: Transformers' Mamba2 mixer takes a fused mamba_ssm path when the kernels load and a pure-torch SSD
+    path (hf-numerics.md §6.2) otherwise; the fixtures are the torch path's. NEMH_BASE already sets
+    use_mamba_kernels=False. Where the mixer has the two paths as methods (torch_forward / cuda_kernels_forward), this
+    clears the module's is_fast_path_available before every forward and counts which path ran. Transformers 5.17's
+    mixer has no such methods: it calls mamba_chunk_scan_combined & co., which fall back to reference torch
+    implementations when neither mamba_ssm nor the `kernels` package (hub kernels) can provide them (its warning:
+    "falling back to its reference PyTorch implementation"); there the probe requires both to be absent. Either way a
+    machine where the kernels would load cannot change the reference silently."""
+
+    PATHS = ("torch_forward", "cuda_kernels_forward")
 
     def __init__(self):
         from transformers.models.nemotron_h import modeling_nemotron_h as mod
         self.mod = mod
-        self.calls = {"torch_forward": 0, "cuda_kernels_forward": 0}
         mixer = mod.NemotronHMamba2Mixer
+        self.calls = {p: 0 for p in self.PATHS if hasattr(mixer, p)}
         for path in self.calls:
             original = getattr(mixer, path)
 
@@ -160,6 +166,8 @@ class MambaPathProbe:
                 return _original(this, *a, **k)
 
             setattr(mixer, path, counted)
+        if not self.calls:
+            return
         forward = mixer.forward
 
         def forced(this, *a, **k):
@@ -169,8 +177,13 @@ class MambaPathProbe:
         mixer.forward = forced
 
     def check(self):
-        assert self.calls["cuda_kernels_forward"] == 0 and self.calls["torch_forward"] > 0, self.calls
-        return "torch_forward"
+        if self.calls:
+            assert self.calls.get("cuda_kernels_forward", 0) == 0 and self.calls.get("torch_forward", 0) > 0, self.calls
+            return "torch_forward"
+        import importlib.util
+        present = [n for n in ("mamba_ssm", "kernels") if importlib.util.find_spec(n) is not None]
+        assert not present, f"Mamba2 kernels could load ({', '.join(present)} installed): the reference must be torch's"
+        return "torch reference fallbacks of mamba_chunk_scan_combined / causal_conv1d_fn (mamba_ssm, kernels absent)"
 
 
 MAMBA_PROBE = None
