@@ -10,7 +10,6 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "models/lora_checkpoint.h"
-#include "models/lora_cuda_support.h"
 #include "train/adamw.h"
 #include "train/expert_load.h"
 #include "train/grad_clip.h"
@@ -135,7 +134,6 @@ std::string lora_gpu_unsupported(const Recipe& r, const DecoderSpec& spec, const
   const std::string saved = !resume_dir.empty() ? resume_dir : r.model.adapter;
   const LoraTable t = lora_table_of(spec, saved.empty() ? lora_config_from(r.peft) : lora_config_read(saved, spec),
                                     saved.empty() ? r.file : saved);
-  if (std::string why = lora_cuda_unsupported(t); !why.empty()) return why;
   if (t.config.r % 8 == 0) return "";
   for (const LoraEntry& e : t.entries)
     if (e.role == ParamRole::expert_stack)

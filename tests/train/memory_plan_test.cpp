@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "models/lora_adapter.h"
 #include "models/presets.h"
 #include "train/memory_plan.h"
 
@@ -154,6 +155,27 @@ TEST(MemoryPlan, LoraFreezesTheBase) {
   EXPECT_NE(p.table().find("bf16 base (frozen) + fp32 adapter"), std::string::npos) << p.table();
   in.expert_parallel = 2;
   EXPECT_THROW(memory_plan(in), Error);
+}
+
+// On the GPU every adapted weight keeps its u = x·A'ᵀ, BF16 [T, r], for the backward: the Mamba2 mixer's in_proj and
+// out_proj too (layers/cuda/mamba2_mixer_block_cuda.h), a dense slot's r values a token, an expert stack's k·r.
+TEST(MemoryPlan, LoraCountsEveryAdaptedSlotsUOnTheGpu) {
+  MemoryPlanInput in;
+  in.cfg = DecoderSpec::from_file(std::string(MIXTUNE_SOURCE_DIR) +
+                                  "/tests/fixtures/nemotron_h/hybrid_all_kinds/ckpt/config.json");  // M E M * E -
+  LoraConfig c;
+  c.r = 8;
+  c.alpha = 16;
+  c.target = {"in_proj", "out_proj"};
+  memory_plan_set_lora(in, lora_table_of(in.cfg, c, "test"), /*gpu=*/true);
+  EXPECT_EQ(in.lora_saved_per_token, 2 * 2 * 8 * 2);  // 2 Mamba2 layers x 2 projections x r 8 x 2 bytes
+  EXPECT_EQ(in.lora_transient_per_token, 0);          // no expert stack
+  c.target = {"in_proj", "experts"};
+  memory_plan_set_lora(in, lora_table_of(in.cfg, c, "test"), /*gpu=*/true);
+  const int64_t k = in.cfg.experts_per_token();
+  EXPECT_EQ(in.lora_saved_per_token, 2 * 8 * 2 + 2 * 2 * k * 8 * 2);  // + 2 MoE layers x 2 stacks x k·r
+  memory_plan_set_lora(in, lora_table_of(in.cfg, c, "test"), /*gpu=*/false);
+  EXPECT_EQ(in.lora_saved_per_token, 0);  // the CPU engine's activations are not planned here
 }
 
 TEST(MemoryPlan, TinyActivationsExactPerRecomputeMode) {

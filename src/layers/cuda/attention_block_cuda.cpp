@@ -28,18 +28,6 @@ void project(const CudaBlockEnv& env, bool bias, const Tensor& x, const Tensor& 
     cuda::linear_forward(x, w, y, env.stream);
 }
 
-// y (the projection's base output) += the slot's adapter, if any; returns its u (undefined without one).
-Tensor adapt(const CudaBlockEnv& env, int slot, const Tensor& x, Tensor& y) {
-  const cuda::LoraOperands l = env.lora(slot);
-  return l.on() ? cuda::lora_forward(x, l, y, env.stream) : Tensor();
-}
-
-// dx += the slot's adapter's input gradient (and its A/B gradients), if it has one.
-void adapt_backward(const CudaBlockEnv& env, int slot, const Tensor& dy, const Tensor& x, const Tensor& u, Tensor& dx) {
-  const cuda::LoraOperands l = env.lora(slot);
-  if (l.on()) cuda::lora_backward(dy, x, u, l, dx, env.dlora(slot), env.stream);
-}
-
 // A frozen parameter's gradient slot: a scratch buffer for the fused kernels that always add one (the norms' dw
 // sums come out of the same pass as dx), discarded.
 Tensor& grad_or_scratch(const CudaBlockEnv& env, Tensor& g, const Tensor& like, Tensor& scratch) {
@@ -90,9 +78,9 @@ Tensor attention_block_forward_cuda(const CudaBlockEnv& env, const AttentionSpec
   project(env, spec.qkv_bias, a, w.q_proj, w.q_bias, acts.q);
   project(env, spec.qkv_bias, a, w.k_proj, w.k_bias, acts.k);
   project(env, spec.qkv_bias, a, w.v_proj, w.v_bias, acts.v);
-  acts.uq = adapt(env, WeightSlot::q_proj, a, acts.q);
-  acts.uk = adapt(env, WeightSlot::k_proj, a, acts.k);
-  acts.uv = adapt(env, WeightSlot::v_proj, a, acts.v);
+  acts.uq = env.lora_forward(WeightSlot::q_proj, a, acts.q);
+  acts.uk = env.lora_forward(WeightSlot::k_proj, a, acts.k);
+  acts.uv = env.lora_forward(WeightSlot::v_proj, a, acts.v);
   acts.qr = norm_rope(env, spec, acts.q, w.q_norm, Hq);
   acts.kr = norm_rope(env, spec, acts.k, w.k_norm, Hkv);
   acts.o = env.bf16({T, Hq * D});
@@ -101,7 +89,7 @@ Tensor attention_block_forward_cuda(const CudaBlockEnv& env, const AttentionSpec
                                 env.stream, sinks_f32(env, spec, w));
   Tensor y = env.bf16({T, env.cfg->hidden_size});
   project(env, spec.o_bias, acts.o, w.o_proj, w.o_bias, y);
-  acts.uo = adapt(env, WeightSlot::o_proj, acts.o, y);
+  acts.uo = env.lora_forward(WeightSlot::o_proj, acts.o, y);
   return y;
 }
 
@@ -132,7 +120,7 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const AttentionSpe
   cuda::linear_backward_input(dy, w.o_proj, d_o, env.stream);
   if (g.o_proj.defined()) cuda::linear_backward_weight(dy, acts.o, g.o_proj, env.stream);
   if (spec.o_bias && g.o_bias.defined()) cuda::bias_backward(dy, g.o_bias, env.stream);
-  adapt_backward(env, WeightSlot::o_proj, dy, acts.o, acts.uo, d_o);
+  env.lora_backward(WeightSlot::o_proj, dy, acts.o, acts.uo, d_o);
 
   Tensor dqr, dkr, dv;
   // The Hopper kernel's fp32 dQ, read by the QK-norm + RoPE backward directly (without the QK-norm, RoPE's backward
@@ -182,9 +170,9 @@ Tensor attention_block_backward_cuda(const CudaBlockEnv& env, const AttentionSpe
   cuda::linear_backward_input(dq, w.q_proj, da, env.stream, 0.0f);
   cuda::linear_backward_input(dk, w.k_proj, da, env.stream, 1.0f);
   cuda::linear_backward_input(dv, w.v_proj, da, env.stream, 1.0f);
-  adapt_backward(env, WeightSlot::q_proj, dq, acts.a, acts.uq, da);
-  adapt_backward(env, WeightSlot::k_proj, dk, acts.a, acts.uk, da);
-  adapt_backward(env, WeightSlot::v_proj, dv, acts.a, acts.uv, da);
+  env.lora_backward(WeightSlot::q_proj, dq, acts.a, acts.uq, da);
+  env.lora_backward(WeightSlot::k_proj, dk, acts.a, acts.uk, da);
+  env.lora_backward(WeightSlot::v_proj, dv, acts.a, acts.uv, da);
   // A frozen projection's output gradient is not kept for a weight gradient.
   AttentionWgradsCuda wg{acts.a, g.q_proj.defined() ? dq : Tensor(), g.k_proj.defined() ? dk : Tensor(),
                          g.v_proj.defined() ? dv : Tensor(), spec.qkv_bias};

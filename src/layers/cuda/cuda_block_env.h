@@ -48,6 +48,17 @@ struct CudaBlockEnv {
     if (!p || !p->on()) return {};
     return {&p->a, &p->b};
   }
+  // y (slot's base projection output, x its input) += the slot's adapter, if any; returns its u (kernels/cuda/lora.h),
+  // which the backward reads, or an undefined tensor without an adapter.
+  Tensor lora_forward(int slot, const Tensor& x, Tensor& y) const {
+    const cuda::LoraOperands l = lora(slot);
+    return l.on() ? cuda::lora_forward(x, l, y, stream) : Tensor();
+  }
+  // dx (the base projection's input gradient) += the slot's adapter's, and its A/B gradients into dlora, if it has one.
+  void lora_backward(int slot, const Tensor& dy, const Tensor& x, const Tensor& u, Tensor& dx) const {
+    const cuda::LoraOperands l = lora(slot);
+    if (l.on()) cuda::lora_backward(dy, x, u, l, dx, dlora(slot), stream);
+  }
 };
 
 }  // namespace mt

@@ -80,12 +80,14 @@ Tensor mamba2_block_forward_cuda(const CudaBlockEnv& env, const Mamba2Spec& spec
     cuda::linear_forward_bias(n, w.mamba_in_proj, w.mamba_in_proj_bias, acts.proj, env.stream);
   else
     cuda::linear_forward(n, w.mamba_in_proj, acts.proj, env.stream);
+  acts.u_in = env.lora_forward(WeightSlot::mamba_in_proj, n, acts.proj);
   forward_from_proj(env, spec, w, acts, /*scan=*/true);
   Tensor out = env.bf16({T, H});
   if (spec.proj_bias)
     cuda::linear_forward_bias(acts.g, w.mamba_out_proj, w.mamba_out_proj_bias, out, env.stream);
   else
     cuda::linear_forward(acts.g, w.mamba_out_proj, out, env.stream);
+  acts.u_out = env.lora_forward(WeightSlot::mamba_out_proj, acts.g, out);
   return out;
 }
 
@@ -125,9 +127,10 @@ Tensor mamba2_block_backward_cuda(const CudaBlockEnv& env, const Mamba2Spec& spe
   const cuda::AttentionDocs& docs = env.batch->docs;
   env.phase(cuda::Phase::mamba);
 
-  // out_proj: dg = dy·W_out; dW_out += dyᵀ·g.
+  // out_proj: dg = dy·W_out (+ the adapter's); dW_out += dyᵀ·g unless frozen.
   Tensor dg = env.bf16({T, Di});
   cuda::linear_backward_input(dy, w.mamba_out_proj, dg, env.stream);
+  env.lora_backward(WeightSlot::mamba_out_proj, dy, a.g, a.u_out, dg);
   if (g.mamba_out_proj.defined()) cuda::linear_backward_weight(dy, a.g, g.mamba_out_proj, env.stream);
   if (spec.proj_bias && g.mamba_out_proj_bias.defined()) cuda::bias_backward(dy, g.mamba_out_proj_bias, env.stream);
 
@@ -156,9 +159,10 @@ Tensor mamba2_block_backward_cuda(const CudaBlockEnv& env, const Mamba2Spec& spe
                                     env.stream);
   dact = Tensor();
 
-  // in_proj: dn = dproj·W_in; dW_in += dprojᵀ·n.
+  // in_proj: dn = dproj·W_in (+ the adapter's); dW_in += dprojᵀ·n unless frozen.
   Tensor dn = env.bf16({T, H});
   cuda::linear_backward_input(dproj, w.mamba_in_proj, dn, env.stream);
+  env.lora_backward(WeightSlot::mamba_in_proj, dproj, a.n, a.u_in, dn);
   if (g.mamba_in_proj.defined()) cuda::linear_backward_weight(dproj, a.n, g.mamba_in_proj, env.stream);
   if (spec.proj_bias && g.mamba_in_proj_bias.defined()) cuda::bias_backward(dproj, g.mamba_in_proj_bias, env.stream);
   return dn;

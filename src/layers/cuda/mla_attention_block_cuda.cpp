@@ -49,18 +49,6 @@ cuda::MlaAssembleDims assemble_dims(const Dims& d, const AttentionSpec& spec) {
   return a;
 }
 
-// y (the projection's base output) += the slot's adapter, if any; returns its u (undefined without one).
-Tensor adapt(const CudaBlockEnv& env, int slot, const Tensor& x, Tensor& y) {
-  const cuda::LoraOperands l = env.lora(slot);
-  return l.on() ? cuda::lora_forward(x, l, y, env.stream) : Tensor();
-}
-
-// dx += the slot's adapter's input gradient (and its A/B gradients), if it has one.
-void adapt_backward(const CudaBlockEnv& env, int slot, const Tensor& dy, const Tensor& x, const Tensor& u, Tensor& dx) {
-  const cuda::LoraOperands l = env.lora(slot);
-  if (l.on()) cuda::lora_backward(dy, x, u, l, dx, env.dlora(slot), env.stream);
-}
-
 // A frozen norm weight's gradient: a scratch buffer for the norm backward, which always adds one, discarded.
 Tensor& grad_or_scratch(const CudaBlockEnv& env, Tensor& g, const Tensor& like, Tensor& scratch) {
   if (g.defined()) return g;
@@ -72,7 +60,7 @@ Tensor& grad_or_scratch(const CudaBlockEnv& env, Tensor& g, const Tensor& like, 
 Tensor project(const CudaBlockEnv& env, int slot, const Tensor& x, const Tensor& w, int64_t out, Tensor& u) {
   Tensor y = env.bf16({x.dim(0), out});
   cuda::linear_forward(x, w, y, env.stream);
-  u = adapt(env, slot, x, y);
+  u = env.lora_forward(slot, x, y);
   return y;
 }
 
@@ -81,7 +69,7 @@ void project_backward(const CudaBlockEnv& env, int slot, const Tensor& dy, const
                       const Tensor& u, Tensor& dx, float beta, Tensor& dw) {
   cuda::linear_backward_input(dy, w, dx, env.stream, beta);
   if (dw.defined()) cuda::linear_backward_weight(dy, x, dw, env.stream);
-  adapt_backward(env, slot, dy, x, u, dx);
+  env.lora_backward(slot, dy, x, u, dx);
 }
 
 Tensor latent_norm(const CudaBlockEnv& env, const Tensor& x, const Tensor& w) {
@@ -157,7 +145,7 @@ Tensor mla_attention_block_forward_cuda(const CudaBlockEnv& env, const Attention
   }
   Tensor y = env.bf16({d.T, d.H});
   cuda::linear_forward(s.o_flat, w.o_proj, y, env.stream);
-  s.uo = adapt(env, W::o_proj, s.o_flat, y);
+  s.uo = env.lora_forward(W::o_proj, s.o_flat, y);
   return y;
 }
 

@@ -20,7 +20,6 @@
 #include "layers/cuda/mlp_block_cuda.h"
 #include "layers/cuda/moe_block_cuda.h"
 #include "models/decoder_model.h"
-#include "models/lora_cuda_support.h"
 
 namespace mt {
 
@@ -271,11 +270,10 @@ void check_grads(const ModelWeights& w, const ModelWeights& g, int device, bool 
   }
 }
 
-// A LoRA adapter the CUDA blocks apply (models/lora_cuda_support.h), its tensors on cuda:device: one per table entry,
+// A LoRA adapter (every adaptable slot has its CUDA block's path), its tensors on cuda:device: one per table entry,
 // of its shape and dtype `dt`; an expert stack's r a multiple of 8 (the grouped GEMMs' rows).
 void check_cuda_lora(const DecoderSpec& c, const LoraWeights& l, const char* what, DType dt, int device) {
   if (!l.table) fail("LoRA {}s without a table", what);
-  if (const std::string why = lora_cuda_unsupported(*l.table); !why.empty()) fail("LoRA: {} (train on the CPU)", why);
   if (static_cast<int64_t>(l.layers.size()) != c.num_layers())
     fail("LoRA {}s have {} layers, config num_hidden_layers is {}", what, l.layers.size(), c.num_layers());
   for (const LoraEntry& e : l.table->entries) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -66,6 +67,11 @@ inline Batch test_batch(const DecoderSpec& cfg) {
     pos[i] = r == 0 ? t : (t < 40 ? t : (t < 70 ? t - 40 : t - 70));
   }
   return b;
+}
+
+// The same floats bit for bit (a recompute or a rerun that must repeat the forward exactly).
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 // A tensor's elements as floats on the host, from the device or the host.

@@ -1,23 +1,30 @@
 // The CUDA model with a LoRA adapter (models/cuda/cuda_lora.h, CudaModelOptions::lora) against the CPU model with the
-// same adapter (ModelOptions::lora), both over BF16 parameters: loss, the adapter's A/B gradients on every adapted
-// slot (attention, dense MLP, experts) and the router's (trained in full); Qwen3-MoE with a dense layer, and GPT-OSS
-// (biases, sinks, clamped experts: all frozen). The frozen base gets no gradient buffer on either side. B = 0
-// (PEFT's init) gives the base model's loss and final hidden state bit for bit on the GPU; the recompute policies
-// agree with each other.
+// same adapter (ModelOptions::lora), both over BF16 parameters: loss, logits, the adapter's A/B gradients on every
+// adapted slot (attention, dense MLP, experts, the Mamba2 mixer's in_proj and out_proj) and the router's (trained in
+// full); Qwen3-MoE with a dense layer, GPT-OSS (biases, sinks, clamped experts: all frozen) and Nemotron-H
+// (nemotron_h_cuda_test_util.h: Mamba2, NoPE attention, ReLU² MLP, shared and routed experts; under each recompute
+// policy too). The frozen base gets no gradient buffer on either side. B = 0 (PEFT's init) gives the base model's
+// loss and final hidden state bit for bit on the GPU; the recompute policies agree with each other (Nemotron-H with
+// train.deterministic: bit for bit).
 //
-// Limits: every expert routed (top-k = E), so no routing decision can flip and what remains is bf16 activations with
-// different accumulation orders and rounding points. The adapter's gradients are weight gradients of the same form
-// as the base's (Σ over tokens of a bf16 activation times a bf16 output gradient, dA through one more bf16 GEMM
-// output du), so they get the base gradients' limits of the all-routed CUDA model tests (max-norm 0.06, rel-L2 0.03;
-// CudaDecoderModel.MatchesCpuBf16AllExpertsRouted), or 3x the CPU bf16 model's own distance from its fp32 run where
-// that is larger (the GPU's bf16 noise is of the same kind and size as the CPU bf16 model's; by the triangle
-// inequality 2x would be tight, 3x leaves room for the working copies' roundings, kernels/cuda/lora.h). The router
-// (trained in full): the same rule over the routers' limits 0.1 / 0.06. Loss: 5e-3 relative, as the base model's.
+// Limits: Qwen3-MoE and GPT-OSS route every expert (top-k = E), so no routing decision can flip and what remains is
+// bf16 activations with different accumulation orders and rounding points; Nemotron-H keeps its top-2 of 8 (its
+// near-ties flip on either engine: CudaNemotronH.MatchesCpuBf16), which the noise rule below takes in. The adapter's
+// gradients are weight gradients of the same form as the base's (Σ over tokens of a bf16 activation times a bf16
+// output gradient, dA through one more bf16 GEMM output du), so they get the base gradients' limits of the all-routed
+// CUDA model tests (max-norm 0.06, rel-L2 0.03; CudaDecoderModel.MatchesCpuBf16AllExpertsRouted), or 3x the CPU bf16
+// model's own distance from its fp32 run where that is larger (the GPU's bf16 noise is of the same kind and size as
+// the CPU bf16 model's; by the triangle inequality 2x would be tight, 3x leaves room for the working copies'
+// roundings, kernels/cuda/lora.h). The router (trained in full): the same rule over the routers' limits 0.1 / 0.06.
+// Loss: 5e-3 relative, as the base model's, or 3x the CPU bf16 loss's distance from fp32 where larger. Logits (the
+// GPU's final hidden state through the head in fp64, rounded to bf16 as the CPU bf16 model's are): 3x the CPU bf16
+// logits' distance from fp32, at least one bf16 step (2^-8), as CudaSublayerLayout's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
@@ -36,6 +43,7 @@
 #include "models/lora_adapter.h"
 #include "models/presets.h"
 #include "models/registry.h"
+#include "nemotron_h_cuda_test_util.h"
 #include "train/cuda/cuda_train_step.h"
 #include "../../fixture_dir.h"
 
@@ -94,6 +102,7 @@ LoraWeights adapter_for(std::shared_ptr<const LoraTable> t, int64_t layers, floa
 
 struct CpuRun {
   ForwardResult r;
+  std::vector<float> logits;  // [B·S, V], a forward of its own
   ModelWeights grads;
   LoraWeights lora_grads;
 };
@@ -106,6 +115,7 @@ CpuRun cpu_run(const DecoderSpec& cfg, ModelWeights& w, const LoraWeights& adapt
   run.grads = lora_base_grads(cfg, *adapter.table);
   run.lora_grads = LoraWeights::zeros(adapter.table, cfg.num_layers());
   run.r = m.forward_backward(b, run.grads, run.lora_grads);
+  run.logits = m.forward(b, /*want_logits=*/true).logits.to_floats();
   return run;
 }
 
@@ -117,9 +127,10 @@ struct GpuRun {
 };
 
 GpuRun gpu_run(const DecoderSpec& cfg, ModelWeights& dev_w, const CudaLora& lora, const Batch& b, Recompute rc,
-               double div) {
+               double div, bool deterministic = false) {
   CudaModelOptions o;
   o.recompute = rc;
+  o.deterministic = deterministic;
   o.loss_chunk_rows = 64;
   o.lora = &lora.working();
   DecoderCudaModel model(cfg, dev_w, 0, o);
@@ -134,8 +145,10 @@ GpuRun gpu_run(const DecoderSpec& cfg, ModelWeights& dev_w, const CudaLora& lora
   return r;
 }
 
-// The CUDA model with `adapter` against the CPU bf16 model with it (and its fp32 twin for the noise floor).
-void expect_matches_cpu(const DecoderSpec& cfg, ModelWeights& host_w, const LoraWeights& adapter) {
+// The CUDA model with `adapter` against the CPU bf16 model with it (and its fp32 twin for the noise floor), the
+// GPU's loss and gradients under each of `policies`.
+void expect_matches_cpu(const DecoderSpec& cfg, ModelWeights& host_w, const LoraWeights& adapter,
+                        std::initializer_list<Recompute> policies = {Recompute::none}) {
   const Batch b = test::test_batch(cfg);
   ModelWeights w32 = host_w;  // the same bf16 values as F32
   for (auto& [name, t] : w32.named_parameters()) *t = t->to(DType::F32);
@@ -145,47 +158,78 @@ void expect_matches_cpu(const DecoderSpec& cfg, ModelWeights& host_w, const Lora
 
   ModelWeights dev_w = test::to_device_weights(host_w);
   const CudaLora lora(adapter, 0);
-  const GpuRun got = gpu_run(cfg, dev_w, lora, b, Recompute::none, static_cast<double>(want.r.tokens));
-  EXPECT_EQ(got.count, want.r.tokens);
-  EXPECT_NEAR(got.ce, want.r.ce_loss, 5e-3 * want.r.ce_loss);
-  EXPECT_NEAR(got.aux, want.r.aux_loss, 1e-2 * want.r.aux_loss);
+  {  // The logits, through the forward alone.
+    CudaModelOptions o;
+    o.lora = &lora.working();
+    DecoderCudaModel model(cfg, dev_w, 0, o);
+    const Tensor hidden = model.forward_trace(cuda_batch_upload(cfg, b, 0)).final_hidden;
+    const Tensor& head = cfg.tie_word_embeddings ? host_w.embed : host_w.lm_head;
+    const std::vector<float> logits =
+        test::bf16_logits_from_final_hidden(hidden, head, hidden.dim(0), cfg.hidden_size, cfg.vocab_size);
+    const test::ErrorStats noise = test::error_stats(want.logits, want32.logits);
+    const double step = 1.0 / 256.0;
+    test::expect_norm(logits, want.logits, std::max(3 * noise.max_norm, step), std::max(3 * noise.rel_l2, step),
+                      "logits");
+  }
 
-  // The frozen base has no gradient buffers on the GPU; the router (trained in full) has one.
-  // Its limit: the routers' (0.1 / 0.06), or 3x the CPU bf16 model's own distance from fp32 where larger, as the
-  // adapters' (GPT-OSS's router gradient gathers the bf16 noise of every expert's output: 0.064 rel-L2 on an H100).
-  const auto gg = got.grads.named_parameters();
+  const double loss_tol = std::max(5e-3 * want.r.ce_loss, 3 * std::abs(want.r.ce_loss - want32.r.ce_loss));
   const auto wg = want.grads.named_parameters();
   const auto wg32 = want32.grads.named_parameters();
-  ASSERT_EQ(gg.size(), wg.size());
-  int full = 0;
-  for (size_t i = 0; i < gg.size(); ++i) {
-    ASSERT_EQ(gg[i].second->defined(), wg[i].second->defined()) << gg[i].first;
-    if (!gg[i].second->defined()) continue;
-    ++full;
-    const std::vector<float> w = wg[i].second->to_floats();
-    const test::ErrorStats noise = test::error_stats(w, wg32[i].second->to_floats());
-    test::expect_norm(test::floats_of(*gg[i].second), w, std::max(0.1, 3 * noise.max_norm),
-                      std::max(0.06, 3 * noise.rel_l2), "router gradient " + gg[i].first);
-  }
-  EXPECT_GT(full, 0) << "no router gradient was compared";
-
-  // Every adapter gradient.
-  const auto ga = got.lora_grads.named_parameters();
   const auto wa = want.lora_grads.named_parameters();
   const auto w32a = want32.lora_grads.named_parameters();
-  ASSERT_EQ(ga.size(), wa.size());
-  ASSERT_GT(ga.size(), 0u);
-  for (size_t i = 0; i < ga.size(); ++i) {
-    ASSERT_EQ(ga[i].first, wa[i].first);
-    const std::vector<float> w = wa[i].second->to_floats();
-    const test::ErrorStats noise = test::error_stats(w, w32a[i].second->to_floats());
-    double sum = 0;
-    for (float v : w) sum += std::fabs(v);
-    ASSERT_GT(sum, 0.0) << ga[i].first << ": a zero reference gradient cannot tell anything";
-    test::expect_norm(test::device_floats(*ga[i].second), w, std::max(0.06, 3 * noise.max_norm),
-                      std::max(0.03, 3 * noise.rel_l2), "adapter gradient " + ga[i].first);
+  for (Recompute rc : policies) {
+    SCOPED_TRACE(recompute_name(rc));
+    const GpuRun got = gpu_run(cfg, dev_w, lora, b, rc, static_cast<double>(want.r.tokens));
+    EXPECT_EQ(got.count, want.r.tokens);
+    EXPECT_NEAR(got.ce, want.r.ce_loss, loss_tol) << "CPU fp32 " << want32.r.ce_loss;
+    EXPECT_NEAR(got.aux, want.r.aux_loss, 1e-2 * want.r.aux_loss);
+
+    // The frozen base has no gradient buffers on the GPU; the router (trained in full) has one.
+    // Its limit: the routers' (0.1 / 0.06), or 3x the CPU bf16 model's own distance from fp32 where larger, as the
+    // adapters' (GPT-OSS's router gradient gathers the bf16 noise of every expert's output: 0.064 rel-L2 on an H100).
+    const auto gg = got.grads.named_parameters();
+    ASSERT_EQ(gg.size(), wg.size());
+    int full = 0;
+    for (size_t i = 0; i < gg.size(); ++i) {
+      ASSERT_EQ(gg[i].second->defined(), wg[i].second->defined()) << gg[i].first;
+      if (!gg[i].second->defined()) continue;
+      ++full;
+      const std::vector<float> w = wg[i].second->to_floats();
+      const test::ErrorStats noise = test::error_stats(w, wg32[i].second->to_floats());
+      test::expect_norm(test::floats_of(*gg[i].second), w, std::max(0.1, 3 * noise.max_norm),
+                        std::max(0.06, 3 * noise.rel_l2), "router gradient " + gg[i].first);
+    }
+    EXPECT_GT(full, 0) << "no router gradient was compared";
+
+    // Every adapter gradient.
+    const auto ga = got.lora_grads.named_parameters();
+    ASSERT_EQ(ga.size(), wa.size());
+    ASSERT_GT(ga.size(), 0u);
+    for (size_t i = 0; i < ga.size(); ++i) {
+      ASSERT_EQ(ga[i].first, wa[i].first);
+      const std::vector<float> w = wa[i].second->to_floats();
+      const test::ErrorStats noise = test::error_stats(w, w32a[i].second->to_floats());
+      double sum = 0;
+      for (float v : w) sum += std::fabs(v);
+      ASSERT_GT(sum, 0.0) << ga[i].first << ": a zero reference gradient cannot tell anything";
+      test::expect_norm(test::device_floats(*ga[i].second), w, std::max(0.06, 3 * noise.max_norm),
+                        std::max(0.03, 3 * noise.rel_l2), "adapter gradient " + ga[i].first);
+    }
   }
 }
+
+// Every target of Nemotron-H adapted, the Mamba2 projections among them (r 8: the expert stacks' grouped GEMMs need
+// a multiple of 8). B std 0.05 makes each adapter's output a fair part of its projection's: u = n·Aᵀ is ~0.6 (A
+// U(±1/√64), 64 unit inputs), s·u·Bᵀ ~2·0.6·0.05·√8 ≈ 0.17 against the base's ~0.08·√64 = 0.64.
+std::shared_ptr<const LoraTable> nemotron_table(const DecoderSpec& cfg) {
+  std::shared_ptr<const LoraTable> t = table_for(cfg, 8);
+  int mamba = 0;
+  for (const LoraEntry& e : t->entries)
+    mamba += e.slot == WeightSlot::mamba_in_proj || e.slot == WeightSlot::mamba_out_proj;
+  EXPECT_EQ(mamba, 2 * 2 * 2) << "in_proj and out_proj (A and B) of the two Mamba2 layers";
+  return t;
+}
+constexpr float kNemotronBStd = 0.05f;
 
 TEST(CudaLoraModel, QwenMoeWithDenseLayerMatchesCpuBf16) {
   MT_SKIP_WITHOUT_CUDA();
@@ -204,14 +248,21 @@ TEST(CudaLoraModel, GptOssMatchesCpuBf16) {
   expect_matches_cpu(cfg, m.weights, adapter);
 }
 
+TEST(CudaLoraModel, NemotronHMatchesCpuBf16UnderEveryRecomputePolicy) {
+  MT_SKIP_WITHOUT_CUDA();
+  const DecoderSpec cfg = test::nemotron_test_spec();
+  ASSERT_EQ(cuda_model_unsupported_reason(cfg), "");
+  ModelWeights host_w = test::nemotron_random_weights(cfg, 7);
+  const LoraWeights adapter = adapter_for(nemotron_table(cfg), cfg.num_layers(), kNemotronBStd);
+  expect_matches_cpu(cfg, host_w, adapter, {Recompute::none, Recompute::selective, Recompute::full});
+}
+
 // PEFT's init (B = 0): every adapter adds exactly zero (kernels/cuda/lora.h: bf16(y + 0) = y), so the loss and the
 // final hidden state equal the base model's bit for bit, through the forward and the training forward alike.
-TEST(CudaLoraModel, ZeroBGivesTheBaseModelBitwise) {
-  MT_SKIP_WITHOUT_CUDA();
-  const DecoderSpec cfg = qwen_config();
-  ModelWeights host_w = ModelWeights::random_init(cfg, DType::BF16, 9);
+void expect_zero_b_gives_the_base_model_bitwise(const DecoderSpec& cfg, ModelWeights& host_w,
+                                                std::shared_ptr<const LoraTable> table) {
   ModelWeights dev_w = test::to_device_weights(host_w);
-  const LoraWeights adapter = LoraWeights::init(table_for(cfg, 16), cfg.num_layers(), 5);
+  const LoraWeights adapter = LoraWeights::init(std::move(table), cfg.num_layers(), 5);
   const CudaLora lora(adapter, 0);
   const Batch b = test::test_batch(cfg);
   const CudaBatch gb = cuda_batch_upload(cfg, b, 0);
@@ -243,6 +294,20 @@ TEST(CudaLoraModel, ZeroBGivesTheBaseModelBitwise) {
   }
 }
 
+TEST(CudaLoraModel, ZeroBGivesTheBaseModelBitwise) {
+  MT_SKIP_WITHOUT_CUDA();
+  const DecoderSpec cfg = qwen_config();
+  ModelWeights host_w = ModelWeights::random_init(cfg, DType::BF16, 9);
+  expect_zero_b_gives_the_base_model_bitwise(cfg, host_w, table_for(cfg, 16));
+}
+
+TEST(CudaLoraModel, NemotronHZeroBGivesTheBaseModelBitwise) {
+  MT_SKIP_WITHOUT_CUDA();
+  const DecoderSpec cfg = test::nemotron_test_spec();
+  ModelWeights host_w = test::nemotron_random_weights(cfg, 9);
+  expect_zero_b_gives_the_base_model_bitwise(cfg, host_w, nemotron_table(cfg));
+}
+
 // Recompute none | selective | full with an adapter: the same loss bits, gradients within the flash backward's
 // reordering (as CudaDecoderModel.RecomputePoliciesAgree).
 TEST(CudaLoraModel, RecomputePoliciesAgree) {
@@ -261,6 +326,37 @@ TEST(CudaLoraModel, RecomputePoliciesAgree) {
     const auto n = none.lora_grads.named_parameters();
     for (size_t i = 0; i < a.size(); ++i)
       test::expect_norm(test::device_floats(*a[i].second), test::device_floats(*n[i].second), 2e-3, 1e-3, a[i].first);
+  }
+}
+
+// Nemotron-H with train.deterministic (flash's backward without atomics; every other kernel, the Mamba2 ones included,
+// sums in a fixed order): selective keeps the adapters' u and recomputes n and g bit for bit from the kept x, proj and
+// y; full reruns the layer, adapters included. So the loss and every adapter and router gradient are the same bits
+// under each policy.
+TEST(CudaLoraModel, NemotronHRecomputePoliciesAgreeBitwise) {
+  MT_SKIP_WITHOUT_CUDA();
+  const DecoderSpec cfg = test::nemotron_test_spec();
+  ModelWeights host_w = test::nemotron_random_weights(cfg, 11);
+  ModelWeights dev_w = test::to_device_weights(host_w);
+  const CudaLora lora(adapter_for(nemotron_table(cfg), cfg.num_layers(), kNemotronBStd), 0);
+  const Batch b = test::test_batch(cfg);
+  const GpuRun none = gpu_run(cfg, dev_w, lora, b, Recompute::none, 100.0, /*deterministic=*/true);
+  for (Recompute rc : {Recompute::selective, Recompute::full}) {
+    SCOPED_TRACE(recompute_name(rc));
+    const GpuRun r = gpu_run(cfg, dev_w, lora, b, rc, 100.0, /*deterministic=*/true);
+    EXPECT_EQ(r.ce, none.ce);
+    const auto a = r.lora_grads.named_parameters(), n = none.lora_grads.named_parameters();
+    ASSERT_EQ(a.size(), n.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_TRUE(test::same_bits(test::device_floats(*a[i].second), test::device_floats(*n[i].second)))
+          << "adapter gradient " << a[i].first << " differs";
+    const auto g = r.grads.named_parameters(), w = none.grads.named_parameters();
+    ASSERT_EQ(g.size(), w.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (!g[i].second->defined()) continue;  // frozen
+      EXPECT_TRUE(test::same_bits(test::device_floats(*g[i].second), test::device_floats(*w[i].second)))
+          << "gradient " << g[i].first << " differs";
+    }
   }
 }
 

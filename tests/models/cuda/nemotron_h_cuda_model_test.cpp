@@ -1,11 +1,9 @@
-// The CUDA model on Nemotron-H (the hybrid M E M * E - layout of tests/fixtures/nemotron_h/hybrid_all_kinds at sizes
-// the GEMMs take: hidden 64, 8 Mamba2 heads of 16 in 2 groups of state 16 (in_proj 128 + 192 + 8 = 328 wide, chunk
-// 16), NoPE attention 4 / 2 heads of 32, 8 ReLU² experts top-2 with the sigmoid router, its correction bias and a
-// ReLU² shared expert, a ReLU² dense MLP) against the CPU reference model, both with BF16 parameters (the CPU at
-// Transformers' bf16 rounding points): loss and every parameter gradient of one micro-batch with packed documents and
-// ignored labels (cuda_model_test_util.h test_batch: the second row holds three documents, so the conv window and
-// the scan state restart inside a row), the recompute policies against each other, and a packed row against its
-// documents run as separate rows.
+// The CUDA model on Nemotron-H (nemotron_h_cuda_test_util.h: the hybrid M E M * E - layout of
+// tests/fixtures/nemotron_h/hybrid_all_kinds at sizes the GEMMs take) against the CPU reference model, both with BF16
+// parameters (the CPU at Transformers' bf16 rounding points): loss and every parameter gradient of one micro-batch
+// with packed documents and ignored labels (cuda_model_test_util.h test_batch: the second row holds three documents,
+// so the conv window and the scan state restart inside a row), the recompute policies against each other, and a
+// packed row against its documents run as separate rows.
 //
 // Thresholds (the rule of tests/models/cuda/deepseek_v3_cuda_model_test.cpp): loss 5e-3 relative, gradients 0.06
 // max-norm / 0.03 rel-L2, the router's 0.1 / 0.06 — each raised to 3x the CPU bf16 gradient's own distance from the
@@ -31,53 +29,16 @@
 #include "models/cuda/decoder_cuda_model.h"
 #include "models/decoder_model.h"
 #include "models/presets.h"
+#include "nemotron_h_cuda_test_util.h"
 
 namespace mt {
 namespace {
 
 using test::CudaRun;
+using test::nemotron_test_spec;
 using test::run_cuda;
 using test::test_batch;
 using test::to_device_weights;
-
-nlohmann::json nemotron_test_json() {
-  nlohmann::json j = preset_config_json("nemotron-3-nano-30b-a3b");
-  j.erase("hybrid_override_pattern");
-  j["layers_block_type"] = {"mamba", "moe", "mamba", "attention", "moe", "mlp"};
-  j["hidden_size"] = 64;
-  j["mamba_num_heads"] = 8;
-  j["mamba_head_dim"] = 16;
-  j["n_groups"] = 2;
-  j["ssm_state_size"] = 16;
-  j["chunk_size"] = 16;
-  j["num_attention_heads"] = 4;
-  j["num_key_value_heads"] = 2;
-  j["head_dim"] = 32;
-  j["n_routed_experts"] = 8;
-  j["num_experts_per_tok"] = 2;
-  j["moe_intermediate_size"] = 32;
-  j["moe_shared_expert_intermediate_size"] = 48;
-  j["intermediate_size"] = 96;
-  j["vocab_size"] = 256;
-  j["initializer_range"] = 0.08;
-  j["torch_dtype"] = "float32";
-  j["eos_token_id"] = 1;
-  j["pad_token_id"] = 0;
-  return j;
-}
-
-DecoderSpec nemotron_test_spec() { return DecoderSpec::from_json(nemotron_test_json(), "nemotron-h test"); }
-
-// Random correction biases and Mamba2 scalars away from their inits (zeros; A_log = log(1..heads), D = 1), so the
-// selection bias and every per-head path are exercised.
-ModelWeights random_weights(const DecoderSpec& cfg, uint64_t seed) {
-  ModelWeights w = ModelWeights::random_init(cfg, DType::BF16, seed);
-  test::randomise_correction_bias(w, seed + 100);
-  for (LayerWeights& L : w.layers) {
-    if (L.mamba_d.defined()) L.mamba_d = test::host_random(L.mamba_d.shape(), seed++, 1.0f, true).to(DType::BF16);
-  }
-  return w;
-}
 
 test::GradLimit grad_limit(const std::string& name, test::GradLimit base) {
   const bool router = name.find(".mixer.gate.") != std::string::npos;
@@ -95,7 +56,7 @@ TEST(CudaNemotronH, MatchesCpuBf16) {
   MT_SKIP_WITHOUT_CUDA();
   const DecoderSpec cfg = nemotron_test_spec();
   ASSERT_EQ(cuda_model_unsupported_reason(cfg), "");
-  ModelWeights host_w = random_weights(cfg, 7);
+  ModelWeights host_w = test::nemotron_random_weights(cfg, 7);
   ModelWeights dev_w = to_device_weights(host_w);
   const Batch b = test_batch(cfg);
   ModelWeights cpu_g = ModelWeights::zeros_like_config(cfg, DType::F32);
@@ -134,7 +95,7 @@ TEST(CudaNemotronH, MatchesCpuBf16) {
 TEST(CudaNemotronH, RecomputePoliciesAgree) {
   MT_SKIP_WITHOUT_CUDA();
   const DecoderSpec cfg = nemotron_test_spec();
-  ModelWeights host_w = random_weights(cfg, 11);
+  ModelWeights host_w = test::nemotron_random_weights(cfg, 11);
   ModelWeights dev_w = to_device_weights(host_w);
   const Batch b = test_batch(cfg);
   const CudaRun none = run_cuda(cfg, dev_w, b, Recompute::none, 100.0);
@@ -153,7 +114,7 @@ TEST(CudaNemotronH, RecomputePoliciesAgree) {
 TEST(CudaNemotronH, PackedDocumentsEqualSeparateRows) {
   MT_SKIP_WITHOUT_CUDA();
   const DecoderSpec cfg = nemotron_test_spec();
-  ModelWeights host_w = random_weights(cfg, 13);
+  ModelWeights host_w = test::nemotron_random_weights(cfg, 13);
   ModelWeights dev_w = to_device_weights(host_w);
   const std::vector<int64_t> lens = {40, 30, 26};
   const int64_t S = 96;

@@ -24,7 +24,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -45,6 +44,7 @@ namespace {
 using test::CudaRun;
 using test::randomise_correction_bias;
 using test::run_cuda;
+using test::same_bits;
 using test::test_batch;
 using test::to_device_weights;
 
@@ -153,10 +153,6 @@ TEST(CudaNemotronHRelu2NoRope, MatchesCpuBf16AllExpertsRouted) {
 TEST(CudaNemotronHRelu2NoRope, MatchesCpuBf16TopTwo) {
   MT_SKIP_WITHOUT_CUDA();
   expect_matches_cpu(nemotron_spec(2), 5e-3, {0.35, 0.2}, kNemotronParts);
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 TEST(CudaNemotronHRelu2NoRope, RecomputePoliciesAgreeBitwise) {

@@ -16,7 +16,6 @@
 #include "../../fixture_dir.h"
 
 #include <algorithm>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <string>
@@ -42,6 +41,7 @@ namespace {
 
 using K = SublayerKind;
 using test::device_zeros_like;
+using test::same_bits;
 using test::test_batch;
 using test::to_device_weights;
 
@@ -131,10 +131,6 @@ using test::CudaRun;
 CudaRun run_cuda(const DecoderSpec& cfg, ModelWeights& dev_w, const Batch& b, Recompute rc,
                  ParamResidency* residency = nullptr, double div = 100.0) {
   return test::run_cuda(cfg, dev_w, b, rc, div, /*deterministic=*/true, residency);
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 // got's loss and every gradient bit for bit want's; name_in_got maps want's parameter names to got's.
