@@ -116,6 +116,10 @@ ROWS = [
     ("MFU vs 989", mfu_989, "pct", False),
     ("peak allocated (GiB)", lambda r: num(r, "peak_allocated_bytes"), "gib", True),
     ("peak reserved (GiB)", lambda r: num(r, "peak_reserved_bytes"), "gib", True),
+    # mixtune only: its tensors' own peak (the allocator's less block rounding and reused roomier blocks), and its
+    # memory plan's total for the run
+    ("peak of tensor bytes (GiB)", lambda r: num(r, "peak_tensor_bytes"), "gib", False),
+    ("memory plan (GiB)", lambda r: num(r, "memory_plan_bytes"), "gib", False),
     ("GPU energy per step (J)", lambda r: num(r, "energy_j_per_step"), "f1", True),
     ("mean GPU power (W)", lambda r: num(r, "mean_power_w"), "int", True),
     ("energy per model FLOP (pJ)", lambda r: num(r, "energy_pj_per_model_flop"), "f2", True),

@@ -53,6 +53,15 @@ void PhaseTimer::mark(Phase p, cudaStream_t stream) {
 }
 
 void PhaseTimer::collect() {
+  if (used_ > 0) {  // the last phase's raise of the peak (no mark follows it)
+    int dev = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    const int64_t peak = memory_stats(Device::cuda(dev)).peak_bytes;
+    if (peak > last_peak_) {
+      peak_by_phase_[static_cast<int>(phases_[used_ - 1])] = peak;
+      last_peak_ = peak;
+    }
+  }
   for (size_t i = 0; i + 1 < used_; ++i) {
     float ms = 0;
     MT_CUDA_CHECK(cudaEventElapsedTime(&ms, pool_[i], pool_[i + 1]));

@@ -37,7 +37,8 @@ class PhaseTimer {
   // comes near the GPU time, the host's launch rate holds the GPU back.
   const std::array<double, kPhaseCount>& host_totals_ms() const { return host_totals_; }
   void reset_totals() { totals_.fill(0.0), host_totals_.fill(0.0); }
-  // The device allocator's peak (bytes) as it stood when each phase last raised it, read on the host at the marks:
+  // The tensors' peak (core/memory.h, bytes) as it stood when each phase last raised it, read on the host at the
+  // marks and at collect() for the last phase:
   // allocations are made as the host enqueues, so the phase that set the run's peak is the one whose entry equals
   // it (the memory plan's checks: which block's activations or transients the plan misses).
   const std::array<int64_t, kPhaseCount>& peak_bytes_by_phase() const { return peak_by_phase_; }

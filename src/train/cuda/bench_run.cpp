@@ -12,6 +12,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "distributed/communicator.h"
 #include "distributed/mpi_bootstrap.h"
 #include "distributed/process_group_env.h"
@@ -279,6 +280,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   }
   cuda::allocator_empty_cache(device);
   cuda::allocator_reset_peak(device);
+  memory_reset_peak(Device::cuda(device));
 
   // Parameters on the device: a checkpoint's, or the Transformers init (normal(0, initializer_range),
   // norms 1) drawn on the device. Every rank draws the same replicated parameters; expert slices differ.
@@ -381,7 +383,10 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
       window.push_back(cuda_batch_upload(cfg, host.back(), device));
     }
     const bool timed = s >= o.warmup;
-    trainer.model().timer().enable(timed);
+    // Marked in the warm-up steps too, so that peak_gib_by_phase sees the first steps' allocations (the optimizer's
+    // state, the allocator's first blocks); their times are dropped before the first timed step.
+    trainer.model().timer().enable(true);
+    if (s == o.warmup) trainer.model().timer().reset_totals();
     cuda::stream_sync(ctx.stream);
     if (ranks.host) ranks.host->barrier("barrier(bench step " + std::to_string(s + 1) + ")");
     const int64_t mallocs0 = cuda::allocator_stats(device).cuda_malloc_calls;
@@ -420,16 +425,20 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
                    timed ? "" : " (warm-up)");
   }
   const cuda::AllocatorStats mem = cuda::allocator_stats(device);
-  // Per-GPU memory: the largest over the ranks (peak allocated, peak reserved, optimizer state kept).
-  double peaks[3] = {static_cast<double>(mem.peak_allocated_bytes), static_cast<double>(mem.peak_reserved_bytes),
-                     static_cast<double>(trainer.optimizer_state_bytes())};
+  // Per-GPU memory: the largest over the ranks (peak allocated, peak reserved, optimizer state kept, and the peak
+  // of the tensors' own bytes: the allocator's peak less its block rounding and the slack of reused roomier blocks,
+  // which is what the memory plan counts).
+  constexpr int kPeaks = 4;
+  double peaks[kPeaks] = {static_cast<double>(mem.peak_allocated_bytes), static_cast<double>(mem.peak_reserved_bytes),
+                          static_cast<double>(trainer.optimizer_state_bytes()),
+                          static_cast<double>(memory_stats(Device::cuda(device)).peak_bytes)};
   if (ranks.host) {
-    double all[3 * 64] = {};
+    double all[kPeaks * 64] = {};
     MT_CHECK(world <= 64, "bench: at most 64 ranks");
-    for (int k = 0; k < 3; ++k) all[3 * rank + k] = peaks[k];
-    ranks.host->all_reduce_sum(all, 3 * world, "all_reduce(peak memory)");
+    for (int k = 0; k < kPeaks; ++k) all[kPeaks * rank + k] = peaks[k];
+    ranks.host->all_reduce_sum(all, kPeaks * world, "all_reduce(peak memory)");
     for (int q = 0; q < world; ++q)
-      for (int k = 0; k < 3; ++k) peaks[k] = std::max(peaks[k], all[3 * q + k]);
+      for (int k = 0; k < kPeaks; ++k) peaks[k] = std::max(peaks[k], all[kPeaks * q + k]);
   }
   if (rank != 0) return j;
   cudaDeviceProp prop{};
@@ -494,6 +503,7 @@ nlohmann::ordered_json bench_run(const BenchOptions& o, std::FILE* log_in) {
   }
   j["peak_allocated_bytes"] = static_cast<int64_t>(peaks[0]);
   j["peak_reserved_bytes"] = static_cast<int64_t>(peaks[1]);
+  j["peak_tensor_bytes"] = static_cast<int64_t>(peaks[3]);
   j["memory_plan_bytes"] = plan.total;
   j["optimizer_state_bytes"] = static_cast<int64_t>(peaks[2]);  // the largest rank's AdamW state
   j["memory_plan_optimizer_bytes"] = plan.optimizer;
