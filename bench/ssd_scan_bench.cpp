@@ -2,7 +2,8 @@
 // state 128): forward with the states buffer, backward with it and without it (recomputing the states). Prints one
 // JSON object: ms per call, TFLOP/s of the MACs the kernels execute (chunk 64; the masked C·Bᵀ counted whole), GB/s
 // of the main DRAM traffic (act, y / dy, dact, the states and dS_in buffers at each read and write; L2 hits not
-// subtracted).
+// subtracted), and that traffic against a device-to-device copy measured in the same run (of_copy; copy_floor_ms: the
+// time the bytes take at the copy rate).
 //
 // usage: mixtune_bench_ssd_scan [--tokens T] [--seq S] [--doc-len L] [--bf16 0|1] [--reps R]
 //   T tokens (default 4096) in rows of S (default 4096); --doc-len L > 0 packs documents of L tokens in each row.
@@ -91,6 +92,17 @@ int main(int argc, char** argv) {
     mt::cuda::ssd_scan_backward(s, act, dt, A, D, docs, dy, nullptr, dact, ddt, dA, dD, stream);
   });
 
+  // The floor the byte counts are held to: a device-to-device copy of 512 MiB (read + write counted), as
+  // mixtune_bench_memory_kernels measures it.
+  const int64_t copy_bytes = 512LL << 20;
+  Tensor c0 = Tensor::empty({copy_bytes}, DType::U8, mt::Device::cuda(0));
+  Tensor c1 = Tensor::empty({copy_bytes}, DType::U8, mt::Device::cuda(0));
+  MT_CUDA_CHECK(cudaMemsetAsync(c0.data(), 1, copy_bytes, stream));
+  const double copy_ms = mt_bench::time_ms(reps, stream, [&] {
+    MT_CUDA_CHECK(cudaMemcpyAsync(c1.data(), c0.data(), copy_bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  const double copy_gbps = 2.0 * static_cast<double>(copy_bytes) / copy_ms * 1e-6;
+
   // MACs the kernels run (ssd_scan.h): per (chunk, head) and per (chunk, group).
   const double Q = static_cast<double>(mt::cuda::kSsdChunk), nc = std::ceil(static_cast<double>(T) / Q);
   const double state_mac = nc * H * P * N * Q;
@@ -105,16 +117,18 @@ int main(int argc, char** argv) {
 
   cudaDeviceProp prop{};
   MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  auto row = [](const char* op, double ms, double mac, double bytes, bool last) {
-    std::printf("  {\"op\": \"%s\", \"ms\": %.4f, \"tflops\": %.2f, \"gbps\": %.0f}%s\n", op, ms, 2 * mac / ms * 1e-9,
-                bytes / ms * 1e-6, last ? "" : ",");
+  auto row = [&](const char* op, double ms, double mac, double bytes, bool last) {
+    const double gbps = bytes / ms * 1e-6;
+    std::printf("  {\"op\": \"%s\", \"ms\": %.4f, \"tflops\": %.2f, \"gbps\": %.0f, \"of_copy\": %.2f, "
+                "\"copy_floor_ms\": %.4f}%s\n",
+                op, ms, 2 * mac / ms * 1e-9, gbps, gbps / copy_gbps, bytes / copy_gbps * 1e-6, last ? "" : ",");
   };
   std::printf("{\"bench\": \"ssd_scan\", \"gpu\": \"%s\", \"tokens\": %lld, \"seq\": %lld, \"doc_len\": %lld, "
               "\"act\": \"%s\", \"heads\": %lld, \"head_dim\": %lld, \"groups\": %lld, \"state\": %lld, "
-              "\"states_mib\": %.1f,\n \"ops\": [\n",
+              "\"states_mib\": %.1f, \"copy_gbps\": %.0f,\n \"ops\": [\n",
               prop.name, static_cast<long long>(T), static_cast<long long>(S), static_cast<long long>(doc_len),
               bf16 ? "bf16" : "f32", static_cast<long long>(H), static_cast<long long>(P), static_cast<long long>(G),
-              static_cast<long long>(N), st / (1024.0 * 1024.0));
+              static_cast<long long>(N), st / (1024.0 * 1024.0), copy_gbps);
   row("forward", fwd_ms, fwd_mac, fwd_bytes, false);
   row("backward", bwd_ms, bwd_mac, bwd_bytes, false);
   row("backward_recompute", bwd_re_ms, bwd_mac + state_mac, re_bytes, true);
