@@ -139,6 +139,23 @@ void from_peft(const LoraEntry& e, const Tensor& p, Tensor& t, int64_t r) {
       for (int64_t j = 0; j < r; ++j) dst[(ex * e.out + o) * r + j] = src[peft_out_row(e, o) * r * E + j * E + ex];
 }
 
+// The base's buffers in the modules trained in full (DeepSeek-V3's and Nemotron-H's router: e_score_correction_bias):
+// PEFT saves a modules_to_save copy's whole state dict, persistent buffers included, so its file holds them beside
+// the router weight. Table order.
+std::vector<const ParamEntry*> full_module_buffers(const LoraTable& t, const ModelWeights& base) {
+  std::vector<const ParamEntry*> out;
+  for (const ParamEntry& e : base.param_table().entries()) {
+    if (e.role != ParamRole::buffer) continue;
+    const std::string module = e.name.substr(0, e.name.rfind('.'));
+    for (const std::string& full : t.full)
+      if (module_of(full) == module) {
+        out.push_back(&e);
+        break;
+      }
+  }
+  return out;
+}
+
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) fail("{}: cannot open", p.string());
@@ -159,6 +176,7 @@ std::vector<std::pair<std::string, Tensor>> lora_to_peft(const LoraWeights& lora
     MT_CHECK(pe != nullptr, "lora_to_peft: {} is not a base parameter", name);
     out.emplace_back(kPeftPrefix + name, base.slot(*pe));
   }
+  for (const ParamEntry* e : full_module_buffers(t, base)) out.emplace_back(kPeftPrefix + e->name, base.slot(*e));
   return out;
 }
 
@@ -331,6 +349,19 @@ LoraWeights lora_load_pretrained(const std::string& dir, const DecoderSpec& spec
       fail("{}: tensor '{}' is {} {} (expected {})", path, name, dtype_safetensors_name(info.dtype),
            shape_str(info.shape), shape_str(dst.shape()));
     dst.copy_from(f.tensor(name).clone());
+    used.insert(name);
+  }
+  // The full-trained modules' buffers, as PEFT writes them; optional (adapters saved before mixtune wrote them lack
+  // them, and PEFT loads either). Present, they replace the base's, as PEFT's loaded copy does.
+  for (const ParamEntry* e : full_module_buffers(*table, base)) {
+    const std::string name = kPeftPrefix + e->name;
+    if (!f.has(name)) continue;
+    const SafetensorsInfo& info = f.info(name);
+    Tensor& held = base.slot(*e);
+    if (info.shape != held.shape() || (info.dtype != DType::F32 && info.dtype != DType::BF16))
+      fail("{}: tensor '{}' is {} {} (expected F32 or BF16 {}: the module's buffer)", path, name,
+           dtype_safetensors_name(info.dtype), shape_str(info.shape), shape_str(held.shape()));
+    held.copy_from(f.tensor(name).to(held.dtype()));
     used.insert(name);
   }
   for (const std::string& n : f.names())

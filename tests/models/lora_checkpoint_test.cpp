@@ -135,6 +135,52 @@ TEST(LoraCheckpoint, DeepseekV3NamesAndConfig) {
             (std::vector<std::string>{"q_a_proj", "kv_b_proj", "o_proj", "gate_proj", "experts"}));
 }
 
+// The router trained in full is a PEFT modules_to_save copy, saved as its whole state dict: DeepSeek-V3's (and
+// Nemotron-H's) gate holds the persistent fp32 buffer e_score_correction_bias beside its weight, so PEFT's file has
+// both. We write it, read it when present (it replaces the base's, as PEFT's loaded copy does) and still read
+// adapters without it.
+TEST(LoraCheckpoint, RouterSavedWithItsSelectionBiasAsPeftDoes) {
+  const DecoderSpec s = deepseek_v3_spec("mla_yarn_dense1");  // layer 0 dense, layer 1 MoE (8 experts)
+  io_test::ScratchDir dir;
+  ModelWeights base = ModelWeights::random_init(s, DType::F32, 1);
+  base.layers[1].router_score_bias = Tensor::from_floats({8}, {0.5f, -0.25f, 0.125f, 0, 1, -1, 2, -2});
+  auto table = std::make_shared<const LoraTable>(lora_table_of(s, config_of({"o_proj", "router"}, 2), "t"));
+  const LoraWeights l = random_adapter(table, s.num_layers(), 3);
+  lora_save_pretrained(dir.file("a"), s, l, base, "deepseek/x");
+  const std::string bias = "base_model.model.model.layers.1.mlp.gate.e_score_correction_bias";
+  {
+    const SafetensorsFile f = SafetensorsFile::open(dir.file("a/adapter_model.safetensors"));
+    ASSERT_TRUE(f.has(bias));
+    EXPECT_EQ(f.info(bias).dtype, DType::F32);
+    EXPECT_EQ(f.tensor(bias).to_floats(), base.layers[1].router_score_bias.to_floats());
+    EXPECT_TRUE(f.has("base_model.model.model.layers.1.mlp.gate.weight"));
+    EXPECT_EQ(f.names().size(), 2u * 2 + 2);  // o_proj A and B per layer; layer 1's router weight and bias
+  }
+  // Read back into a base whose bias differs: the file's replaces it.
+  ModelWeights fresh = ModelWeights::random_init(s, DType::F32, 2);
+  lora_load_pretrained(dir.file("a"), s, fresh);
+  EXPECT_EQ(fresh.layers[1].router_score_bias.to_floats(), base.layers[1].router_score_bias.to_floats());
+  // Without the bias (an adapter saved before it was written): loads, the base's bias stays.
+  auto tensors = lora_to_peft(l, base);
+  ASSERT_EQ(tensors.back().first, bias);
+  tensors.pop_back();
+  safetensors_write(dir.file("a/adapter_model.safetensors"), tensors);
+  ModelWeights other = ModelWeights::random_init(s, DType::F32, 3);
+  const std::vector<float> before = other.layers[1].router_score_bias.to_floats();
+  lora_load_pretrained(dir.file("a"), s, other);
+  EXPECT_EQ(other.layers[1].router_score_bias.to_floats(), before);
+  // A wrong shape is a one-line error naming the tensor.
+  tensors.emplace_back(bias, Tensor::zeros({7}, DType::F32));
+  safetensors_write(dir.file("a/adapter_model.safetensors"), tensors);
+  try {
+    lora_load_pretrained(dir.file("a"), s, other);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + bias + "' is F32 [7]"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+  }
+}
+
 // PEFT's ParamWrapper delta from the saved tensors, for expert e: A = lora_A.reshape(E, r, in)[e],
 // B = lora_B.reshape(out, r, E)[:, :, e], ΔW_e = s·B·A ([out, in] in Transformers' out/in numbering).
 std::vector<double> peft_delta(const SafetensorsFile& f, const std::string& key_prefix, int64_t E, int64_t r,
