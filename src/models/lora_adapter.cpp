@@ -32,7 +32,8 @@ std::string module_of(const std::string& param) {
 
 std::string known_names(const std::vector<LoraTargetDef>& defs) {
   std::string s;
-  for (const LoraTargetDef& d : defs) s += (s.empty() ? "" : ", ") + d.name;
+  for (const LoraTargetDef& d : defs)
+    if (d.refused.empty()) s += (s.empty() ? "" : ", ") + d.name;
   return s;
 }
 
@@ -60,6 +61,7 @@ LoraTable lora_table_of(const DecoderSpec& spec, const LoraConfig& c, const std:
     if (!def)
       fail("{}: peft.target: '{}' is not a LoRA target of {} models (known: {})", source, name, spec.model_type,
            known_names(defs));
+    if (!def->refused.empty()) fail("{}: peft.target: '{}': {}", source, name, def->refused);
     if (!seen.insert(name).second) fail("{}: peft.target: '{}' is listed twice", source, name);
     int64_t matches = 0;
     for (const ParamEntry& e : base.entries()) matches += covers(*def, e);

@@ -285,6 +285,11 @@ LoraConfig lora_config_read(const std::string& dir, const DecoderSpec& spec) {
   const std::vector<LoraTargetDef> defs = lora_targets_of(spec);
   for (const PeftSpelling& sp : peft_spellings(spec, defs)) {
     std::set<std::string>& mods = sp.def->full ? to_save : modules;
+    if (!sp.def->refused.empty()) {
+      for (const auto& m : sp.modules)
+        if (mods.count(m)) fail("{}: target_modules: '{}': {}", where, m, sp.def->refused);
+      continue;
+    }
     bool any = false, all = true;
     for (const auto& m : sp.modules) {
       any = any || mods.count(m) != 0;

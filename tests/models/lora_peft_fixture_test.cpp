@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 
 struct Case {
   const char* family;   // fixture directory <family>_lora
-  const char* variant;  // attn_experts | attn_only
+  const char* variant;  // attn_experts | attn_only | all_targets (Nemotron-H)
   const char* base;     // the base fixture's checkpoint
 };
 
@@ -36,6 +36,7 @@ const Case kCases[] = {
     {"qwen3_moe", "attn_only", "qwen3_moe/moe_gqa_aux/ckpt"},
     {"gpt_oss", "attn_experts", "gpt_oss/yarn_window_aux/ckpt"},
     {"gpt_oss", "attn_only", "gpt_oss/yarn_window_aux/ckpt"},
+    {"nemotron_h", "all_targets", "nemotron_h/hybrid_all_kinds/ckpt"},
 };
 
 const fs::path kFixtures = test::fixture_dir("");

@@ -66,11 +66,13 @@ inline DecoderSpec deepseek_v3_spec(const char* variant) {
   return DecoderSpec::from_file((dir / "ckpt/config.json").string());
 }
 
-// Every target name of the family that matches a parameter of `s` (DeepSeek-V3 has q_proj or the q LoRA pair).
+// Every target name of the family that matches a parameter of `s` (DeepSeek-V3 has q_proj or the q LoRA pair), but
+// the refused ones (Nemotron-H's out_proj).
 inline std::vector<std::string> all_targets(const DecoderSpec& s) {
   const ParamTable table = param_table_of(s);
   std::vector<std::string> t;
   for (const LoraTargetDef& d : lora_targets_of(s)) {
+    if (!d.refused.empty()) continue;
     bool matches = false;
     for (const ParamEntry& e : table.entries())
       for (int slot : d.slots) matches = matches || (e.layer >= 0 && e.slot == slot);

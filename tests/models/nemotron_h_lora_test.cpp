@@ -1,6 +1,6 @@
 // LoRA on Nemotron-H (issue 39) on the hybrid_all_kinds fixture (fp32; layers M E M * E -: Mamba2 mixers, ReLU²
-// experts with a ReLU² shared expert, attention, a dense ReLU² MLP), every target the family declares: q/k/v/o_proj,
-// the Mamba2 mixer's in_proj and out_proj, up_proj / down_proj (dense MLP and shared expert), the routed experts'
+// experts with a ReLU² shared expert, attention, a dense ReLU² MLP), every target the family takes: q/k/v/o_proj,
+// the Mamba2 mixer's in_proj (its out_proj is refused, as PEFT refuses it), up_proj / down_proj (dense MLP and shared expert), the routed experts'
 // up-only and down stacks, the router trained in full. With random non-zero A and B:
 //   the adapted model's logits are the merged model's (lora_merge_into: W + s·B·A);
 //   the adapter's gradients are the chain rule through the merged model's weight gradients (dA = s·Bᵀ·dW,
@@ -15,6 +15,7 @@
 #include <set>
 
 #include "../io/io_test_util.h"
+#include "core/error.h"
 #include "io/safetensors.h"
 #include "lora_test_util.h"
 #include "models/causal_lm.h"
@@ -28,7 +29,7 @@ namespace fs = std::filesystem;
 
 const std::string kCkpt = std::string(MIXTUNE_SOURCE_DIR) + "/tests/fixtures/nemotron_h/hybrid_all_kinds/ckpt";
 const std::vector<std::string> kAllTargets = {"q_proj",  "k_proj",    "v_proj",  "o_proj", "in_proj",
-                                              "out_proj", "up_proj", "down_proj", "experts", "router"};
+                                              "up_proj", "down_proj", "experts", "router"};
 
 CausalLM load_fp32() {
   LoadOptions lo;
@@ -75,7 +76,7 @@ TEST(NemotronHLora, TableCoversEveryNewTarget) {
   std::set<int> slots;
   for (const LoraEntry& e : t.entries) slots.insert(e.slot);
   using W = WeightSlot;
-  for (int slot : {W::mamba_in_proj, W::mamba_out_proj, W::mlp_up, W::mlp_down, W::shared_up, W::shared_down,
+  for (int slot : {W::mamba_in_proj, W::mlp_up, W::mlp_down, W::shared_up, W::shared_down,
                    W::experts_gate_up, W::experts_down, W::q_proj, W::o_proj})
     EXPECT_TRUE(slots.count(slot)) << "slot " << slot;
   const LoraEntry* in = t.find("model.layers.0.mixer.in_proj.lora_A.weight");
@@ -84,7 +85,6 @@ TEST(NemotronHLora, TableCoversEveryNewTarget) {
   EXPECT_EQ(in->shape, (Shape{3, 32}));  // [r, H]
   // in_proj: d_inner 64 + conv_dim (64 + 2·2·16) + heads 4 = 196 outputs.
   EXPECT_EQ(t.find("model.layers.2.mixer.in_proj.lora_B.weight")->shape, (Shape{196, 3}));
-  EXPECT_EQ(t.find("model.layers.0.mixer.out_proj.lora_A.weight")->shape, (Shape{3, 64}));
   // The up-only expert stack [E, I, H] = [8, 16, 32].
   EXPECT_EQ(t.find("model.layers.1.mixer.experts.up_proj.lora_B.weight")->shape, (Shape{8, 16, 3}));
   EXPECT_EQ(t.find("model.layers.4.mixer.shared_experts.down_proj.lora_A.weight")->shape, (Shape{3, 32}));
@@ -181,8 +181,6 @@ TEST(NemotronHLora, PeftFilesNamesConfigAndReload) {
   // nn.Linear targets: PEFT's module paths in Transformers v5's memory (model., every layer's module `mixer`).
   EXPECT_EQ(f.info(p + "0.mixer.in_proj.lora_A.weight").shape, (Shape{4, 32}));
   EXPECT_EQ(f.info(p + "0.mixer.in_proj.lora_B.weight").shape, (Shape{196, 4}));
-  EXPECT_EQ(f.info(p + "2.mixer.out_proj.lora_A.weight").shape, (Shape{4, 64}));
-  EXPECT_EQ(f.info(p + "2.mixer.out_proj.lora_B.weight").shape, (Shape{32, 4}));
   EXPECT_EQ(f.info(p + "5.mixer.up_proj.lora_A.weight").shape, (Shape{4, 32}));
   EXPECT_EQ(f.info(p + "5.mixer.down_proj.lora_B.weight").shape, (Shape{32, 4}));
   EXPECT_EQ(f.info(p + "1.mixer.shared_experts.up_proj.lora_B.weight").shape, (Shape{32, 4}));
@@ -197,8 +195,8 @@ TEST(NemotronHLora, PeftFilesNamesConfigAndReload) {
 
   std::ifstream in(dir.file("a/adapter_config.json"));
   const nlohmann::json c = nlohmann::json::parse(in);
-  EXPECT_EQ(c["target_modules"], nlohmann::json({"q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "out_proj",
-                                                 "up_proj", "down_proj"}));
+  EXPECT_EQ(c["target_modules"], nlohmann::json({"q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "up_proj",
+                                                 "down_proj"}));
   EXPECT_EQ(c["target_parameters"], nlohmann::json({"mixer.experts.up_proj", "mixer.experts.down_proj"}));
   EXPECT_EQ(c["modules_to_save"], nlohmann::json({"gate"}));
 
@@ -213,11 +211,52 @@ TEST(NemotronHLora, PeftFilesNamesConfigAndReload) {
     EXPECT_EQ(na[i].second->to_floats(), nb[i].second->to_floats()) << na[i].first;
   }
 
-  // A PEFT config naming the Mamba2 projections alone reads as those targets.
+  // A PEFT config naming the Mamba2 projection alone reads as that target.
   io_test::ScratchDir d2;
-  auto only = std::make_shared<const LoraTable>(lora_table_of(s, config_of({"in_proj", "out_proj"}), "test"));
+  auto only = std::make_shared<const LoraTable>(lora_table_of(s, config_of({"in_proj"}), "test"));
   lora_save_pretrained(d2.file("b"), s, random_adapter(only, s.num_layers(), 6), lm.weights, "nvidia/x");
-  EXPECT_EQ(lora_config_read(d2.file("b"), s).target, (std::vector<std::string>{"in_proj", "out_proj"}));
+  EXPECT_EQ(lora_config_read(d2.file("b"), s).target, (std::vector<std::string>{"in_proj"}));
+}
+
+// PEFT's _check_lora_target_modules_mamba rejects LoRA on out_proj and conv1d of nemotron_h models (peft 0.21 on
+// the GPU machine: "Module 'out_proj' is incompatible with Mamba-based models"), so an adapter holding one would not
+// load there: a recipe naming out_proj and an adapter config listing it are one-line errors that say so.
+TEST(NemotronHLora, OutProjIsRefusedAsPeftRefusesIt) {
+  CausalLM lm = load_fp32();
+  const DecoderSpec& s = lm.config;
+  try {
+    lora_table_of(s, config_of({"in_proj", "out_proj"}), "r.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("r.yaml: peft.target: 'out_proj': PEFT refuses LoRA on the Mamba2 mixer's out_proj", 0), 0u) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  // Unknown-target errors list what is taken, without out_proj.
+  try {
+    lora_table_of(s, config_of({"conv1d"}), "r.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("'conv1d' is not a LoRA target of nemotron_h models (known: q_proj, k_proj, v_proj, o_proj, "
+                     "in_proj, up_proj, down_proj, experts, router)"),
+              std::string::npos)
+        << m;
+  }
+  io_test::ScratchDir d;
+  auto only = std::make_shared<const LoraTable>(lora_table_of(s, config_of({"in_proj"}), "test"));
+  lora_save_pretrained(d.file("a"), s, random_adapter(only, s.num_layers(), 6), lm.weights, "nvidia/x");
+  std::ifstream in(d.file("a/adapter_config.json"));
+  nlohmann::json c = nlohmann::json::parse(in);
+  c["target_modules"] = {"in_proj", "out_proj"};
+  std::ofstream(d.file("a/adapter_config.json")) << c.dump(2);
+  try {
+    lora_config_read(d.file("a"), s);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("target_modules: 'out_proj': PEFT refuses LoRA"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

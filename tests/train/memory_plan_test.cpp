@@ -157,8 +157,8 @@ TEST(MemoryPlan, LoraFreezesTheBase) {
   EXPECT_THROW(memory_plan(in), Error);
 }
 
-// On the GPU every adapted weight keeps its u = x·A'ᵀ, BF16 [T, r], for the backward: the Mamba2 mixer's in_proj and
-// out_proj too (layers/cuda/mamba2_mixer_block_cuda.h), a dense slot's r values a token, an expert stack's k·r.
+// On the GPU every adapted weight keeps its u = x·A'ᵀ, BF16 [T, r], for the backward: the Mamba2 mixer's in_proj
+// too (layers/cuda/mamba2_mixer_block_cuda.h), a dense slot's r values a token, an expert stack's k·r.
 TEST(MemoryPlan, LoraCountsEveryAdaptedSlotsUOnTheGpu) {
   MemoryPlanInput in;
   in.cfg = DecoderSpec::from_file(std::string(MIXTUNE_SOURCE_DIR) +
@@ -166,9 +166,9 @@ TEST(MemoryPlan, LoraCountsEveryAdaptedSlotsUOnTheGpu) {
   LoraConfig c;
   c.r = 8;
   c.alpha = 16;
-  c.target = {"in_proj", "out_proj"};
+  c.target = {"in_proj", "q_proj"};
   memory_plan_set_lora(in, lora_table_of(in.cfg, c, "test"), /*gpu=*/true);
-  EXPECT_EQ(in.lora_saved_per_token, 2 * 2 * 8 * 2);  // 2 Mamba2 layers x 2 projections x r 8 x 2 bytes
+  EXPECT_EQ(in.lora_saved_per_token, 3 * 8 * 2);  // 2 Mamba2 layers' in_proj + 1 attention q_proj, r 8, 2 bytes
   EXPECT_EQ(in.lora_transient_per_token, 0);          // no expert stack
   c.target = {"in_proj", "experts"};
   memory_plan_set_lora(in, lora_table_of(in.cfg, c, "test"), /*gpu=*/true);

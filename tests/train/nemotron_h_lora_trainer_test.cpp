@@ -1,8 +1,8 @@
 // LoRA training of Nemotron-H on the CPU (issue 39) on the hybrid_all_kinds fixture (layers M E M * E -): a recipe
-// whose peft targets are the Mamba2 mixer's in_proj / out_proj, the ReLU² MLP and shared expert's up/down, the experts
+// whose peft targets are the Mamba2 mixer's in_proj, the ReLU² MLP and shared expert's up/down, the experts
 // and the router trains; only the adapter and the routers move, every other base byte stays as loaded; the adapter
-// saved in final/ has trained (non-zero) B on the Mamba2 projections. The trainer's GPU check (run without a GPU)
-// takes every Nemotron-H target, the Mamba2 projections included, and still refuses an expert rank not a multiple of 8.
+// saved in final/ has trained (non-zero) B on the Mamba2 in_proj. The trainer's GPU check (run without a GPU)
+// takes every Nemotron-H target, the Mamba2 in_proj included, and still refuses an expert rank not a multiple of 8.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -35,7 +35,7 @@ Recipe nemotron_lora_recipe(const io_test::ScratchDir& dir, const std::vector<st
                       << "optimizer: {lr: 1.0e-2, weight_decay: 0.01}\n"
                       << "clip: {max_grad_norm: 1.0}\n"
                       << "checkpoint: {dir: " << dir.file("run") << "}\n"
-                      << "peft: {r: 4, alpha: 8, target: [in_proj, out_proj, up_proj, down_proj, experts, router]}\n";
+                      << "peft: {r: 4, alpha: 8, target: [in_proj, up_proj, down_proj, experts, router]}\n";
   return recipe_load(path, sets);
 }
 
@@ -51,16 +51,16 @@ TEST(NemotronHLoraTrainer, TwoStepsTrainTheMambaProjectionsAdapterOnly) {
   lo.dtype = DType::F32;
   CausalLM base = CausalLM::from_pretrained(kCkpt, lo);
   const LoraWeights l = lora_load_pretrained(fin.string(), base.config, base.weights);
-  // B starts at zero (PEFT's init): non-zero after two steps on every layer's in_proj and out_proj.
+  // B starts at zero (PEFT's init): non-zero after two steps on every Mamba2 layer's in_proj.
   int mamba_b_trained = 0;
   for (const LoraEntry& e : l.table->entries) {
-    if (!e.is_b || (e.target != "in_proj" && e.target != "out_proj")) continue;
+    if (!e.is_b || e.target != "in_proj") continue;
     bool nonzero = false;
     for (float v : l.slot(e).to_floats()) nonzero = nonzero || v != 0;
     EXPECT_TRUE(nonzero) << e.name;
     mamba_b_trained += nonzero;
   }
-  EXPECT_EQ(mamba_b_trained, 4);  // layers 0 and 2, in_proj and out_proj
+  EXPECT_EQ(mamba_b_trained, 2);  // layers 0 and 2
 }
 
 // The engine alone: after two steps only the adapter and the full-trained routers moved.
@@ -96,13 +96,13 @@ TEST(NemotronHLoraTrainer, OnlyAdapterAndRoutersChange) {
   EXPECT_EQ(adapters_moved, static_cast<int>(engine->lora()->table->entries.size() / 2));
 }
 
-// The CUDA blocks apply every target (layers/cuda/mamba2_mixer_block_cuda.h: in_proj and out_proj); what is left
-// refused is r % 8 != 0 on the expert stacks (the recipe's r is 4).
+// The CUDA blocks apply every target (layers/cuda/mamba2_mixer_block_cuda.h: in_proj); what is left refused is
+// r % 8 != 0 on the expert stacks (the recipe's r is 4).
 TEST(NemotronHLoraTrainer, CudaTakesTheMambaProjections) {
   io_test::ScratchDir d;
   const DecoderSpec spec = DecoderSpec::from_file(kCkpt + "/config.json");
   EXPECT_EQ(lora_gpu_unsupported(nemotron_lora_recipe(d, {"peft.r=8"}), spec, ""), "");
-  EXPECT_EQ(lora_gpu_unsupported(nemotron_lora_recipe(d, {"peft.target=[in_proj, out_proj]"}), spec, ""), "");
+  EXPECT_EQ(lora_gpu_unsupported(nemotron_lora_recipe(d, {"peft.target=[in_proj]"}), spec, ""), "");
   EXPECT_EQ(lora_gpu_unsupported(nemotron_lora_recipe(d, {}), spec, ""),
             "peft.r 4 on expert stacks is not a multiple of 8, which the GPU's grouped GEMMs need (their 16-byte "
             "rows); use 8, 16, 32, ...");

@@ -54,11 +54,11 @@ VARIANTS = {
     "attn_only": (3, 5, True, ATTN, [], False),
 }
 # Families with their own variants instead of VARIANTS (other module names). Nemotron-H (issue 39): every target
-# mixtune declares, the Mamba2 mixer's in_proj / out_proj included; its experts are up-only (mixer.experts.up_proj
-# [E, I, H]). Not run yet: lora_peft_fixture_test.cpp does not read tests/fixtures/nemotron_h_lora/ yet either.
+# mixtune takes, the Mamba2 mixer's in_proj included (PEFT refuses out_proj and conv1d on Mamba models); its experts
+# are up-only (mixer.experts.up_proj [E, I, H]). lora_peft_fixture_test.cpp reads tests/fixtures/nemotron_h_lora/.
 FAMILY_VARIANTS = {
     "nemotron_h": {
-        "all_targets": (4, 8, False, ATTN + ["in_proj", "out_proj", "up_proj", "down_proj"],
+        "all_targets": (4, 8, False, ATTN + ["in_proj", "up_proj", "down_proj"],
                         ["mixer.experts.up_proj", "mixer.experts.down_proj"], False),
     },
 }

@@ -8,7 +8,9 @@
 //   g    = gated_rmsnorm(y, z)                      BF16 [T, Di] (kernels/cuda/rmsnorm_gated.h)
 //   out  = out_proj(g) [+ b] [+ LoRA]               BF16 [T, H], before the residual add (the next norm fuses it)
 // LoRA (env.lora on mamba_in_proj / mamba_out_proj): the adapter is added onto the base output (kernels/cuda/lora.h),
-// as in every other CUDA block and in the CPU twin (cpu::lora_linear_forward).
+// as in every other CUDA block and in the CPU twin (cpu::lora_linear_forward). Nemotron-H's out_proj target is
+// refused before any table is built (PEFT refuses it: families/nemotron_h.cpp), so only in_proj is adapted today;
+// the block stays general over both slots, as the CPU twin is.
 // The bf16 rounding points are the CPU block's (Transformers' torch path); the scan and the gated norm run in fp32.
 // Packed documents restart the conv window and the scan state (env.batch->docs), as on the CPU.
 // Recompute: act, dt, A and g are cheap elementwise/conv work over proj and y and may be dropped after the forward

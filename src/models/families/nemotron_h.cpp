@@ -389,7 +389,8 @@ HfLayout hf_layout(const DecoderSpec&) {
 }
 
 // PEFT's module names (every layer kind's module is `mixer`): the attention projections, the Mamba2 mixer's in_proj
-// and out_proj (their biases, with use_bias, stay frozen), the ReLU² up/down projections of the dense MLP layers and
+// (its bias, with use_bias, stays frozen; out_proj is known but refused: PEFT's _check_lora_target_modules_mamba
+// rejects out_proj and conv1d on nemotron_h, so an adapter holding it would not load in PEFT), the ReLU² up/down projections of the dense MLP layers and
 // of the shared expert (one name covers both, as PEFT matches module-name suffixes), the routed experts' fused
 // up_proj / down_proj stacks (target_parameters: mixer.experts.up_proj [E, I, H] is a parameter in Transformers v5,
 // so PEFT's target_modules up_proj / down_proj reach the nn.Linear ones only) and the router trained in full. Unlike
@@ -402,7 +403,9 @@ std::vector<LoraTargetDef> lora_targets(const DecoderSpec&) {
           {"v_proj", {W::v_proj}},
           {"o_proj", {W::o_proj}},
           {"in_proj", {W::mamba_in_proj}},
-          {"out_proj", {W::mamba_out_proj}},
+          {"out_proj", {W::mamba_out_proj}, false, false, false,
+           "PEFT refuses LoRA on the Mamba2 mixer's out_proj (and conv1d) of nemotron_h models, so such an adapter "
+           "would not load there; adapt in_proj, the attention projections, up_proj / down_proj or experts"},
           {"up_proj", {W::mlp_up, W::shared_up}},
           {"down_proj", {W::mlp_down, W::shared_down}},
           {"experts", {W::experts_gate_up, W::experts_down}},

@@ -19,6 +19,9 @@ struct LoraTargetDef {
   // (qwen3_moe) into its fused expert parameters, which would leave a dense layer's MLP unadapted. Same tensor
   // names and function (a ParamWrapper of one "expert": W + s·B·A).
   bool peft_as_parameter = false;
+  // Non-empty: a module PEFT refuses to adapt for this model type (why, one line): named in a recipe or an adapter
+  // config, it is an error with this reason rather than an unknown target.
+  std::string refused;
 };
 
 }  // namespace mt

@@ -1,15 +1,16 @@
 // The CUDA model with a LoRA adapter (models/cuda/cuda_lora.h, CudaModelOptions::lora) against the CPU model with the
 // same adapter (ModelOptions::lora), both over BF16 parameters: loss, logits, the adapter's A/B gradients on every
-// adapted slot (attention, dense MLP, experts, the Mamba2 mixer's in_proj and out_proj) and the router's (trained in
+// adapted slot (attention, dense MLP, experts, the Mamba2 mixer's in_proj) and the router's (trained in
 // full); Qwen3-MoE with a dense layer, GPT-OSS (biases, sinks, clamped experts: all frozen) and Nemotron-H
 // (nemotron_h_cuda_test_util.h: Mamba2, NoPE attention, ReLU² MLP, shared and routed experts; under each recompute
 // policy too). The frozen base gets no gradient buffer on either side. B = 0 (PEFT's init) gives the base model's
 // loss and final hidden state bit for bit on the GPU; the recompute policies agree with each other (Nemotron-H with
 // train.deterministic: bit for bit).
 //
-// Limits: Qwen3-MoE and GPT-OSS route every expert (top-k = E), so no routing decision can flip and what remains is
-// bf16 activations with different accumulation orders and rounding points; Nemotron-H keeps its top-2 of 8 (its
-// near-ties flip on either engine: CudaNemotronH.MatchesCpuBf16), which the noise rule below takes in. The adapter's
+// Limits: every model routes every expert (top-k = E), so no routing decision can flip and what remains is bf16
+// activations with different accumulation orders and rounding points. (Nemotron-H at its top-2 of 8 flipped
+// near-ties between the engines on an H100, session 37: one token's logits 0.41 apart, the routers' gradients 0.18
+// rel-L2 and, through them, every adapter gradient ~1.1-1.8x its limit; routing itself is CudaNemotronH.*'s.) The adapter's
 // gradients are weight gradients of the same form as the base's (Σ over tokens of a bf16 activation times a bf16
 // output gradient, dA through one more bf16 GEMM output du), so they get the base gradients' limits of the all-routed
 // CUDA model tests (max-norm 0.06, rel-L2 0.03; CudaDecoderModel.MatchesCpuBf16AllExpertsRouted), or 3x the CPU bf16
@@ -75,7 +76,8 @@ std::filesystem::path gpt_oss_ckpt() {
 
 std::vector<std::string> every_target(const DecoderSpec& s) {
   std::vector<std::string> t;
-  for (const LoraTargetDef& d : lora_targets_of(s)) t.push_back(d.name);
+  for (const LoraTargetDef& d : lora_targets_of(s))
+    if (d.refused.empty()) t.push_back(d.name);
   return t;
 }
 
@@ -218,15 +220,15 @@ void expect_matches_cpu(const DecoderSpec& cfg, ModelWeights& host_w, const Lora
   }
 }
 
-// Every target of Nemotron-H adapted, the Mamba2 projections among them (r 8: the expert stacks' grouped GEMMs need
-// a multiple of 8). B std 0.05 makes each adapter's output a fair part of its projection's: u = n·Aᵀ is ~0.6 (A
+// Every target of Nemotron-H adapted, the Mamba2 in_proj among them (out_proj is refused, as PEFT refuses it; r 8:
+// the expert stacks' grouped GEMMs need a multiple of 8). B std 0.05 makes each adapter's output a fair part of its projection's: u = n·Aᵀ is ~0.6 (A
 // U(±1/√64), 64 unit inputs), s·u·Bᵀ ~2·0.6·0.05·√8 ≈ 0.17 against the base's ~0.08·√64 = 0.64.
 std::shared_ptr<const LoraTable> nemotron_table(const DecoderSpec& cfg) {
   std::shared_ptr<const LoraTable> t = table_for(cfg, 8);
   int mamba = 0;
   for (const LoraEntry& e : t->entries)
-    mamba += e.slot == WeightSlot::mamba_in_proj || e.slot == WeightSlot::mamba_out_proj;
-  EXPECT_EQ(mamba, 2 * 2 * 2) << "in_proj and out_proj (A and B) of the two Mamba2 layers";
+    mamba += e.slot == WeightSlot::mamba_in_proj;
+  EXPECT_EQ(mamba, 2 * 2) << "in_proj (A and B) of the two Mamba2 layers";
   return t;
 }
 constexpr float kNemotronBStd = 0.05f;
@@ -250,7 +252,8 @@ TEST(CudaLoraModel, GptOssMatchesCpuBf16) {
 
 TEST(CudaLoraModel, NemotronHMatchesCpuBf16UnderEveryRecomputePolicy) {
   MT_SKIP_WITHOUT_CUDA();
-  const DecoderSpec cfg = test::nemotron_test_spec();
+  DecoderSpec cfg = test::nemotron_test_spec();
+  for (MoeSpec& moe : cfg.moe) moe.experts_per_token = moe.num_experts;  // no routing flip (the header's limits)
   ASSERT_EQ(cuda_model_unsupported_reason(cfg), "");
   ModelWeights host_w = test::nemotron_random_weights(cfg, 7);
   const LoraWeights adapter = adapter_for(nemotron_table(cfg), cfg.num_layers(), kNemotronBStd);
