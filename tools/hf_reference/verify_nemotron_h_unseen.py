@@ -88,12 +88,14 @@ FIXED = [
           n_routed_experts=5, num_experts_per_tok=2, moe_intermediate_size=24, moe_shared_expert_intermediate_size=16,
           routed_scaling_factor=2.5),
      "float32", {"legacy": True}),
+    # Top-1 without normalisation: normalised, the one weight is s/s = 1 and the router's gradient only rounding
+    # residue (~1e-9), which one AdamW step turns into ±lr moves that no comparison can check (session 37's run).
     ("mqa_top1_nano_like_pattern",
      "MEMEM*EM",
      dict(hidden_size=64, mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4,
           chunk_size=8, num_attention_heads=4, num_key_value_heads=1, head_dim=16, intermediate_size=32,
           n_routed_experts=4, num_experts_per_tok=1, moe_intermediate_size=16, moe_shared_expert_intermediate_size=32,
-          routed_scaling_factor=2.5),
+          routed_scaling_factor=2.5, norm_topk_prob=False),
      "float32", {}),
 ]
 
