@@ -42,6 +42,18 @@ constexpr size_t kRoomySlackBytes = size_t{2} << 30;
 constexpr size_t kDefaultReleaseBytes = size_t{4} << 30;
 size_t g_release_bytes[64] = {};
 
+// The roomy slack as a fraction of the request (1.0: up to 2x). MIXTUNE_ALLOC_ROOMY_SLACK overrides it (a number in
+// [0.125, 1]) for measuring what the roomy reuse costs in peak memory (bench/NOTES.md session 37: on the Nemotron
+// slice the allocator's peak was 4.9 GiB above the tensors' own).
+double roomy_slack_fraction() {
+  static const double f = [] {
+    const char* e = std::getenv("MIXTUNE_ALLOC_ROOMY_SLACK");
+    const double v = e && *e ? std::strtod(e, nullptr) : 1.0;
+    return v >= 0.125 && v <= 1.0 ? v : 1.0;
+  }();
+  return f;
+}
+
 size_t cache_release_bytes(int device) {
   static const size_t env = [] {
     const char* e = std::getenv("MIXTUNE_ALLOC_RELEASE_GIB");
@@ -120,7 +132,8 @@ void* device_alloc(int device, size_t nbytes) {
   // the cache (a device sync and a storm of cudaMalloc; measured: 2,210 cudaMalloc per training step with
   // paired expert wgrads at 1/8, none at 2x).
   auto it = p.free_blocks.lower_bound(cls);
-  const size_t slack = p.free_bytes > kRoomySlackBytes ? cls : cls / 8;
+  const size_t slack =
+      p.free_bytes > kRoomySlackBytes ? static_cast<size_t>(static_cast<double>(cls) * roomy_slack_fraction()) : cls / 8;
   if (it != p.free_blocks.end() && it->first <= cls + slack) {
     void* ptr = it->second;
     const size_t size = it->first;
