@@ -24,8 +24,8 @@ size_t size_class(size_t n) {
   return (n + r - 1) / r * r;
 }
 
-// While more than this is cached, a request may take a cached block up to twice its size (rather than
-// leaving gigabytes of roomy blocks unused).
+// While more than this is cached, a request may take a cached block up to 1.25x its size (rather than leaving
+// gigabytes of roomy blocks unused; roomy_slack_fraction).
 constexpr size_t kRoomySlackBytes = size_t{2} << 30;
 
 // A miss while more than this is cached (and unusable for the request) first returns the cache to the
@@ -42,14 +42,19 @@ constexpr size_t kRoomySlackBytes = size_t{2} << 30;
 constexpr size_t kDefaultReleaseBytes = size_t{4} << 30;
 size_t g_release_bytes[64] = {};
 
-// The roomy slack as a fraction of the request (1.0: up to 2x). MIXTUNE_ALLOC_ROOMY_SLACK overrides it (a number in
-// [0.125, 1]) for measuring what the roomy reuse costs in peak memory (bench/NOTES.md session 37: on the Nemotron
-// slice the allocator's peak was 4.9 GiB above the tensors' own).
+// The roomy slack as a fraction of the request: 0.25 (a block up to 1.25x the request). It was 1.0 (up to 2x) until
+// session 37, where on one H100 (bench/RESULTS.md session 37, call K; MIXTUNE_ALLOC_ROOMY_SLACK 1 / 0.25 / 0.125)
+// the Nemotron slice's peak fell from 36.39 to 31.63 GiB allocated (its tensors: 31.51) at the same tokens/s
+// (89,979 / 90,231 / 90,405; cudaMalloc 465 / 470 / 470 per run), while Moonlight (58.14 GiB) and the Qwen3 standard
+// workload (74.66 → 74.64) kept their peaks, tokens/s within 1.7% (53,166 / 52,558 / 52,238 and 58,798 / 58,759 /
+// 58,659, falling in run order) and cudaMalloc 4,430 → 4,465 and 1,315 → 1,566 per run. MIXTUNE_ALLOC_ROOMY_SLACK
+// (a number in [0.125, 1]) overrides it.
 double roomy_slack_fraction() {
   static const double f = [] {
+    constexpr double kDefault = 0.25;
     const char* e = std::getenv("MIXTUNE_ALLOC_ROOMY_SLACK");
-    const double v = e && *e ? std::strtod(e, nullptr) : 1.0;
-    return v >= 0.125 && v <= 1.0 ? v : 1.0;
+    const double v = e && *e ? std::strtod(e, nullptr) : kDefault;
+    return v >= 0.125 && v <= 1.0 ? v : kDefault;
   }();
   return f;
 }
@@ -128,9 +133,9 @@ void* device_alloc(int device, size_t nbytes) {
   std::lock_guard<std::mutex> lock(allocator().mutex);
   DevicePool& p = pool(device);
   // Best fit among cached blocks, accepting at most 1/8 slack so a small request cannot pin a huge block —
-  // up to 2x while more than kRoomySlackBytes sit cached: using a roomier cached block beats returning
-  // the cache (a device sync and a storm of cudaMalloc; measured: 2,210 cudaMalloc per training step with
-  // paired expert wgrads at 1/8, none at 2x).
+  // up to 1.25x while more than kRoomySlackBytes sit cached: using a roomier cached block beats returning
+  // the cache (a device sync and a storm of cudaMalloc; measured when paired expert wgrads came in: 2,210
+  // cudaMalloc per training step at 1/8, none at 2x; session 37: +36 a step at 1.25x, the same peaks).
   auto it = p.free_blocks.lower_bound(cls);
   const size_t slack =
       p.free_bytes > kRoomySlackBytes ? static_cast<size_t>(static_cast<double>(cls) * roomy_slack_fraction()) : cls / 8;
