@@ -1,6 +1,8 @@
 // CUDA infrastructure: error reporting, device discovery, allocator, host<->device copies.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <optional>
 #include <string>
 
@@ -138,6 +140,34 @@ TEST(CudaDevice, AllocatorCachesAndAccounts) {
   cuda::allocator_empty_cache(0);
   const auto emptied = cuda::allocator_stats(0);
   EXPECT_EQ(emptied.reserved_bytes, emptied.allocated_bytes);
+}
+
+// With more than 2 GiB cached a request may take a cached block up to 1.25x its size (device_allocator.cpp,
+// roomy_slack_fraction), no roomier: a 2.6 GiB block is not handed to a 2 GiB request, a 1 GiB one is to 0.9 GiB.
+TEST(CudaDevice, AllocatorRoomyReuseIsBoundedAt125Percent) {
+  MT_SKIP_WITHOUT_CUDA();
+  if (std::getenv("MIXTUNE_ALLOC_ROOMY_SLACK")) GTEST_SKIP() << "MIXTUNE_ALLOC_ROOMY_SLACK overrides the rule";
+  cuda::device_context(0);
+  cuda::allocator_empty_cache(0);
+  const int64_t MiB = int64_t{1} << 20;
+  {
+    Tensor big = Tensor::empty({2662 * MiB}, DType::U8, Device::cuda(0));  // 2.6 GiB
+    Tensor one = Tensor::empty({1024 * MiB}, DType::U8, Device::cuda(0));  // 1 GiB
+  }  // both cached: 3.6 GiB, above the 2 GiB that allows roomy reuse, below the 4 GiB release threshold
+  const auto cached = cuda::allocator_stats(0);
+  {
+    Tensor t = Tensor::empty({2048 * MiB}, DType::U8, Device::cuda(0));  // 2.6 > 1.25 x 2: a new block
+    const auto s = cuda::allocator_stats(0);
+    EXPECT_EQ(s.cuda_malloc_calls, cached.cuda_malloc_calls + 1);
+    EXPECT_EQ(s.allocated_bytes - cached.allocated_bytes, 2048 * MiB);
+  }
+  const auto before = cuda::allocator_stats(0);
+  Tensor u = Tensor::empty({922 * MiB}, DType::U8, Device::cuda(0));  // 1 GiB <= 1.25 x 0.9 GiB: reused
+  const auto s = cuda::allocator_stats(0);
+  EXPECT_EQ(s.cuda_malloc_calls, before.cuda_malloc_calls);
+  EXPECT_EQ(s.cache_hits, before.cache_hits + 1);
+  EXPECT_EQ(s.allocated_bytes - before.allocated_bytes, 1024 * MiB);
+  cuda::allocator_empty_cache(0);
 }
 
 TEST(CudaDevice, OutOfMemoryIsAnError) {
