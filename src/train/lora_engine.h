@@ -21,7 +21,7 @@ LoraWeights lora_adapter_for_run(const Recipe& r, CausalLM& lm, const std::strin
 LoraConfig lora_config_from(const RecipePeft& p);
 // Why the CUDA engine cannot train the run's adapter on `spec`'s model (its settings as lora_adapter_for_run takes
 // them: the adapter in resume_dir, else model.adapter, else the peft section), or "": an expert stack's r must be a
-// multiple of 8 there (the grouped GEMMs' 16-byte rows). Every target the families offer has a CUDA path (each
+// multiple of 8 there (the grouped GEMMs' 16-byte rows). Every target the families take has a CUDA path (each
 // adaptable slot of LayerLora is applied by its CUDA block).
 std::string lora_gpu_unsupported(const Recipe& r, const DecoderSpec& spec, const std::string& resume_dir);
 

@@ -1,7 +1,7 @@
-// LoRA on Nemotron-H (issue 39) on the hybrid_all_kinds fixture (fp32; layers M E M * E -: Mamba2 mixers, ReLU²
-// experts with a ReLU² shared expert, attention, a dense ReLU² MLP), every target the family takes: q/k/v/o_proj,
-// the Mamba2 mixer's in_proj (its out_proj is refused, as PEFT refuses it), up_proj / down_proj (dense MLP and shared expert), the routed experts'
-// up-only and down stacks, the router trained in full. With random non-zero A and B:
+// LoRA on Nemotron-H (issue 39) on the hybrid_all_kinds fixture (fp32; layers M E M * E -: Mamba2 mixers, ReLU² experts
+// with a ReLU² shared expert, attention, a dense ReLU² MLP), every target the family takes: q/k/v/o_proj, the Mamba2
+// mixer's in_proj (its out_proj is refused, as PEFT refuses it), up_proj / down_proj (dense MLP and shared expert), the
+// routed experts' up-only and down stacks, the router trained in full. With random non-zero A and B:
 //   the adapted model's logits are the merged model's (lora_merge_into: W + s·B·A);
 //   the adapter's gradients are the chain rule through the merged model's weight gradients (dA = s·Bᵀ·dW,
 //   dB = s·dW·Aᵀ), the routers' gradients the merged model's;

@@ -137,8 +137,9 @@ void* device_alloc(int device, size_t nbytes) {
   // the cache (a device sync and a storm of cudaMalloc; measured when paired expert wgrads came in: 2,210
   // cudaMalloc per training step at 1/8, none at 2x; session 37: +36 a step at 1.25x, the same peaks).
   auto it = p.free_blocks.lower_bound(cls);
-  const size_t slack =
-      p.free_bytes > kRoomySlackBytes ? static_cast<size_t>(static_cast<double>(cls) * roomy_slack_fraction()) : cls / 8;
+  const size_t slack = p.free_bytes > kRoomySlackBytes
+                           ? static_cast<size_t>(static_cast<double>(cls) * roomy_slack_fraction())
+                           : cls / 8;
   if (it != p.free_blocks.end() && it->first <= cls + slack) {
     void* ptr = it->second;
     const size_t size = it->first;

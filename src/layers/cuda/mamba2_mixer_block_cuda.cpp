@@ -87,7 +87,6 @@ Tensor mamba2_block_forward_cuda(const CudaBlockEnv& env, const Mamba2Spec& spec
     cuda::linear_forward_bias(acts.g, w.mamba_out_proj, w.mamba_out_proj_bias, out, env.stream);
   else
     cuda::linear_forward(acts.g, w.mamba_out_proj, out, env.stream);
-  acts.u_out = env.lora_forward(WeightSlot::mamba_out_proj, acts.g, out);
   return out;
 }
 
@@ -127,10 +126,9 @@ Tensor mamba2_block_backward_cuda(const CudaBlockEnv& env, const Mamba2Spec& spe
   const cuda::AttentionDocs& docs = env.batch->docs;
   env.phase(cuda::Phase::mamba);
 
-  // out_proj: dg = dy·W_out (+ the adapter's); dW_out += dyᵀ·g unless frozen.
+  // out_proj (never adapted: its LoRA target is refused): dg = dy·W_out; dW_out += dyᵀ·g unless frozen.
   Tensor dg = env.bf16({T, Di});
   cuda::linear_backward_input(dy, w.mamba_out_proj, dg, env.stream);
-  env.lora_backward(WeightSlot::mamba_out_proj, dy, a.g, a.u_out, dg);
   if (g.mamba_out_proj.defined()) cuda::linear_backward_weight(dy, a.g, g.mamba_out_proj, env.stream);
   if (spec.proj_bias && g.mamba_out_proj_bias.defined()) cuda::bias_backward(dy, g.mamba_out_proj_bias, env.stream);
 

@@ -390,12 +390,12 @@ HfLayout hf_layout(const DecoderSpec&) {
 
 // PEFT's module names (every layer kind's module is `mixer`): the attention projections, the Mamba2 mixer's in_proj
 // (its bias, with use_bias, stays frozen; out_proj is known but refused: PEFT's _check_lora_target_modules_mamba
-// rejects out_proj and conv1d on nemotron_h, so an adapter holding it would not load in PEFT), the ReLU² up/down projections of the dense MLP layers and
-// of the shared expert (one name covers both, as PEFT matches module-name suffixes), the routed experts' fused
-// up_proj / down_proj stacks (target_parameters: mixer.experts.up_proj [E, I, H] is a parameter in Transformers v5,
-// so PEFT's target_modules up_proj / down_proj reach the nn.Linear ones only) and the router trained in full. Unlike
-// qwen3_moe and deepseek_v3, nemotron_h has its own conversion pattern, which PEFT's v4 -> v5 target rewriting does
-// not list, so up_proj / down_proj stay target_modules.
+// rejects out_proj and conv1d on nemotron_h, so an adapter holding it would not load in PEFT), the ReLU² up/down
+// projections of the dense MLP layers and of the shared expert (one name covers both, as PEFT matches module-name
+// suffixes), the routed experts' fused up_proj / down_proj stacks (target_parameters: mixer.experts.up_proj [E, I, H]
+// is a parameter in Transformers v5, so PEFT's target_modules up_proj / down_proj reach the nn.Linear ones only) and
+// the router trained in full. Unlike qwen3_moe and deepseek_v3, nemotron_h has its own conversion pattern, which PEFT's
+// v4 -> v5 target rewriting does not list, so up_proj / down_proj stay target_modules.
 std::vector<LoraTargetDef> lora_targets(const DecoderSpec&) {
   using W = WeightSlot;
   return {{"q_proj", {W::q_proj}},

@@ -220,9 +220,10 @@ void expect_matches_cpu(const DecoderSpec& cfg, ModelWeights& host_w, const Lora
   }
 }
 
-// Every target of Nemotron-H adapted, the Mamba2 in_proj among them (out_proj is refused, as PEFT refuses it; r 8:
-// the expert stacks' grouped GEMMs need a multiple of 8). B std 0.05 makes each adapter's output a fair part of its projection's: u = n·Aᵀ is ~0.6 (A
-// U(±1/√64), 64 unit inputs), s·u·Bᵀ ~2·0.6·0.05·√8 ≈ 0.17 against the base's ~0.08·√64 = 0.64.
+// Every target of Nemotron-H adapted, the Mamba2 in_proj among them (out_proj is refused, as PEFT refuses it; r 8: the
+// expert stacks' grouped GEMMs need a multiple of 8). B std 0.05 makes each adapter's output a fair part of its
+// projection's: u = n·Aᵀ is ~0.6 (A U(±1/√64), 64 unit inputs), s·u·Bᵀ ~2·0.6·0.05·√8 ≈ 0.17 against the base's
+// ~0.08·√64 = 0.64.
 std::shared_ptr<const LoraTable> nemotron_table(const DecoderSpec& cfg) {
   std::shared_ptr<const LoraTable> t = table_for(cfg, 8);
   int mamba = 0;

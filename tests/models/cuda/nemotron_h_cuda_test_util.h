@@ -5,7 +5,6 @@
 // random BF16 weights with every per-head path exercised.
 #pragma once
 #include <cstdint>
-#include <cstdlib>
 
 #include "../../kernels/cuda/cuda_test_util.h"
 #include "cuda_model_test_util.h"
