@@ -21,7 +21,7 @@ struct LoraTargetDef {
   bool peft_as_parameter = false;
   // Non-empty: a module PEFT refuses to adapt for this model type (why, one line): named in a recipe or an adapter
   // config, it is an error with this reason rather than an unknown target.
-  std::string refused;
+  std::string refused = {};
 };
 
 }  // namespace mt
