@@ -108,14 +108,7 @@ int main(int argc, char** argv) {
   };
 
   // The ceiling: a device-to-device copy of 512 MiB (read + write counted).
-  const int64_t copy_bytes = 512LL << 20;
-  Tensor c0 = dev_empty({copy_bytes}, DType::U8), c1 = dev_empty({copy_bytes}, DType::U8);
-  MT_CUDA_CHECK(cudaMemsetAsync(c0.data(), 1, copy_bytes, st));
-  const double copy_ms = time_ms(static_cast<int>(a.reps), st, [&] {
-    MT_CUDA_CHECK(cudaMemcpyAsync(c1.data(), c0.data(), copy_bytes, cudaMemcpyDeviceToDevice, st));
-  });
-  const double copy_gbps = 2.0 * copy_bytes / copy_ms * 1e-6;
-  c0 = Tensor(), c1 = Tensor();
+  const double copy_gbps = mt_bench::copy_rate_gbps(static_cast<int>(a.reps), st);
 
   const double act = static_cast<double>(T) * H * 2;  // one [T, H] bf16 activation
   {

@@ -92,16 +92,8 @@ int main(int argc, char** argv) {
     mt::cuda::ssd_scan_backward(s, act, dt, A, D, docs, dy, nullptr, dact, ddt, dA, dD, stream);
   });
 
-  // The floor the byte counts are held to: a device-to-device copy of 512 MiB (read + write counted), as
-  // mixtune_bench_memory_kernels measures it.
-  const int64_t copy_bytes = 512LL << 20;
-  Tensor c0 = Tensor::empty({copy_bytes}, DType::U8, mt::Device::cuda(0));
-  Tensor c1 = Tensor::empty({copy_bytes}, DType::U8, mt::Device::cuda(0));
-  MT_CUDA_CHECK(cudaMemsetAsync(c0.data(), 1, copy_bytes, stream));
-  const double copy_ms = mt_bench::time_ms(reps, stream, [&] {
-    MT_CUDA_CHECK(cudaMemcpyAsync(c1.data(), c0.data(), copy_bytes, cudaMemcpyDeviceToDevice, stream));
-  });
-  const double copy_gbps = 2.0 * static_cast<double>(copy_bytes) / copy_ms * 1e-6;
+  // The floor the byte counts are held to: a device-to-device copy, as mixtune_bench_memory_kernels measures it.
+  const double copy_gbps = mt_bench::copy_rate_gbps(reps, stream);
 
   // MACs the kernels run (ssd_scan.h): per (chunk, head) and per (chunk, group).
   const double Q = static_cast<double>(mt::cuda::kSsdChunk), nc = std::ceil(static_cast<double>(T) / Q);
